@@ -1,0 +1,99 @@
+//! Builds the device crate for `nvptx64-nvidia-cuda` into PTX, once per GPU architecture, and
+//! lets the library embed the text (`include_str!` of `$OUT_DIR/nccl_<arch>.ptx`). Needs no CUDA
+//! toolkit: rustc's own NVPTX backend writes the PTX, the driver compiles it at load time.
+//! A nested cargo builds in its own target directory, so the outer build's lock is never waited on.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Architectures we ship PTX for; the loader picks the newest one not above the device's.
+const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+fn main() {
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo:rerun-if-changed=device/src");
+    println!("cargo:rerun-if-changed=device/Cargo.toml");
+    println!("cargo:rerun-if-env-changed=NCCL_RS_SKIP_PTX");
+
+    let mut table = String::from("/// (architecture, PTX text) for every architecture built.\npub static PTX: &[(u32, &str)] = &[\n");
+    for arch in ARCHS {
+        let ptx = out.join(format!("nccl_{arch}.ptx"));
+        if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
+            // For machines that only run the simulator and cannot build for nvptx.
+            fs::write(&ptx, "").expect("write empty PTX");
+        } else {
+            build_ptx(&manifest, &out, arch, &ptx);
+        }
+        let sm: u32 = arch.trim_start_matches("sm_").parse().expect("sm_NN");
+        table.push_str(&format!(
+            "    ({sm}, include_str!(concat!(env!(\"OUT_DIR\"), \"/nccl_{arch}.ptx\"))),\n"
+        ));
+    }
+    table.push_str("];\n");
+    fs::write(out.join("ptx_table.rs"), table).expect("write ptx_table.rs");
+}
+
+fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path) {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target_dir = out.join("nvptx");
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(manifest)
+        .args([
+            "rustc",
+            "--release",
+            "--lib",
+            "-p",
+            "nccl-device",
+            "--target",
+            "nvptx64-nvidia-cuda",
+        ])
+        .args(["-Zbuild-std=core", "--target-dir"])
+        .arg(&target_dir)
+        .args(["--", "--emit=asm", "-Ccodegen-units=1", "-Cdebuginfo=0"])
+        .arg(format!("-Ctarget-cpu={arch}"));
+    // The outer build's flags and wrappers (clippy, coverage, host RUSTFLAGS) are not for nvptx.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    // core too must turn panics into traps: a kernel cannot unwind, and a call to core's panic
+    // machinery would be an undefined symbol in the PTX.
+    cmd.env("RUSTFLAGS", "-Zunstable-options -Cpanic=immediate-abort");
+    let status = cmd
+        .status()
+        .expect("nccl-rs build.rs: cannot run cargo for the device crate");
+    if !status.success() {
+        panic!("nccl-rs build.rs: the device crate failed to build for nvptx64-nvidia-cuda ({arch}); rustc's message is above");
+    }
+    let deps = target_dir.join("nvptx64-nvidia-cuda/release/deps");
+    let newest = fs::read_dir(&deps)
+        .expect("device build wrote no deps folder")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "s")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("nccl_device-"))
+        })
+        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("device build wrote no PTX");
+    let ptx = fs::read_to_string(&newest).expect("read PTX");
+    // An unresolved call would only fail when the driver loads the module: fail the build instead.
+    if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
+        panic!("nccl-rs build.rs: the PTX for {arch} calls an undefined function: {line}");
+    }
+    fs::write(dest, ptx).expect("write PTX");
+}

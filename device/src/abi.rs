@@ -1,0 +1,90 @@
+//! Structures that host and device both read (DESIGN rule 1): defined once here, compiled on
+//! both sides. All pointers are device addresses stored as `u64` so the layout is identical on
+//! the host (64-bit) and on the GPU; size assertions pin the layout.
+
+/// Slots in every connection FIFO.
+pub const NCCL_STEPS: u32 = 8;
+/// Most channels a communicator may have.
+pub const MAX_CHANNELS: usize = 32;
+/// Bytes of one FIFO slot line alignment; counters live in their own 128-byte lines.
+pub const CTRL_LINE: usize = 128;
+
+/// The sending side of one connection: we write into the peer's FIFO.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnSend {
+    /// The peer's receive FIFO (NCCL_STEPS slots of `slot_bytes`), addressable from this GPU.
+    pub fifo: u64,
+    /// The peer's tail counter: we publish `step + 1` there after filling slot `step % NCCL_STEPS`.
+    pub tail: u64,
+    /// Our head counter: the peer publishes how many slots it has consumed.
+    pub head: u64,
+    /// Steps sent so far on this connection; persists across kernel launches.
+    pub step: u64,
+}
+
+/// The receiving side of one connection: the peer writes into our FIFO.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnRecv {
+    /// Our FIFO.
+    pub fifo: u64,
+    /// Our tail counter, written by the peer.
+    pub tail: u64,
+    /// The peer's head counter: we publish `step + 1` after consuming a slot.
+    pub head: u64,
+    /// Steps received so far; persists across kernel launches.
+    pub step: u64,
+}
+
+/// One channel of one rank: its ring neighbours and connections.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelDev {
+    /// Our position in this channel's ring (0..nranks); chunk numbers are ring positions.
+    pub ring_index: u32,
+    pub ring_prev: u32,
+    pub ring_next: u32,
+    pub _pad: u32,
+    pub send: ConnSend,
+    pub recv: ConnRecv,
+}
+
+/// What a kernel needs of its communicator; lives in device memory, one per rank.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevComm {
+    pub rank: u32,
+    pub nranks: u32,
+    pub nchannels: u32,
+    /// Bytes of one FIFO slot (NCCL_BUFFSIZE / NCCL_STEPS).
+    pub slot_bytes: u32,
+    /// `nchannels` ChannelDev structures in device memory.
+    pub channels: u64,
+}
+
+/// The arguments of one collective launch, passed by value as the kernel's only parameter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollArgs {
+    /// `*mut DevComm` in device memory.
+    pub comm: u64,
+    pub sendbuff: u64,
+    pub recvbuff: u64,
+    /// Elements in the user buffer (per rank for AllReduce).
+    pub count: u64,
+    /// The reduction's scalar as raw bits of the element type (premulsum factor, avg divisor).
+    pub redop_arg: u64,
+    /// Elements moved per FIFO step (a multiple of the 16-byte pack for the type).
+    pub chunk_elems: u32,
+    pub _pad: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<ConnSend>() == 32);
+    assert!(core::mem::size_of::<ConnRecv>() == 32);
+    assert!(core::mem::size_of::<ChannelDev>() == 80);
+    assert!(core::mem::size_of::<DevComm>() == 24);
+    assert!(core::mem::size_of::<CollArgs>() == 48);
+    assert!(core::mem::align_of::<CollArgs>() == 8);
+};

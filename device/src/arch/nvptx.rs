@@ -1,0 +1,149 @@
+//! The facade on NVIDIA GPUs: special registers, barriers, memory-model loads/stores and fences
+//! written as inline PTX.
+
+use super::Pack16;
+use core::arch::asm;
+use core::arch::nvptx;
+
+#[inline(always)]
+pub fn thread_idx() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_idx() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_dim() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn grid_dim() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// `__syncthreads()`: every thread of the CTA waits here.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: a CTA-wide barrier; every thread of the CTA reaches it (kernels keep control flow
+    // uniform around barriers).
+    unsafe { asm!("bar.sync 0;", options(nostack)) }
+}
+
+/// A named barrier `id` (1..16) for `nthreads` threads (a multiple of 32).
+#[inline(always)]
+pub fn barrier_named(id: u32, nthreads: u32) {
+    // SAFETY: as sync_threads, for the threads taking part.
+    unsafe { asm!("bar.sync {}, {};", in(reg32) id, in(reg32) nthreads, options(nostack)) }
+}
+
+/// Load with acquire semantics at system scope: sees what a peer GPU or the host released.
+#[inline(always)]
+pub unsafe fn ld_acquire_sys(p: *const u64) -> u64 {
+    let v: u64;
+    asm!("ld.acquire.sys.global.u64 {}, [{}];", out(reg64) v, in(reg64) p, options(nostack));
+    v
+}
+
+/// Store with release semantics at system scope: everything this thread wrote (and what it
+/// observed through a barrier) is visible to whoever acquires the value.
+#[inline(always)]
+pub unsafe fn st_release_sys(p: *mut u64, v: u64) {
+    asm!("st.release.sys.global.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
+}
+
+#[inline(always)]
+pub unsafe fn ld_volatile(p: *const u64) -> u64 {
+    let v: u64;
+    asm!("ld.volatile.global.u64 {}, [{}];", out(reg64) v, in(reg64) p, options(nostack));
+    v
+}
+
+#[inline(always)]
+pub unsafe fn st_volatile(p: *mut u64, v: u64) {
+    asm!("st.volatile.global.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
+}
+
+/// `__threadfence_system()`.
+#[inline(always)]
+pub fn fence_sys() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) }
+}
+
+/// `__threadfence()`.
+#[inline(always)]
+pub fn fence_gpu() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
+/// 16-byte load that bypasses L1 (data written by other GPUs must never come from a stale L1 line).
+#[inline(always)]
+pub unsafe fn ld_pack(p: *const Pack16) -> Pack16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.cg.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly));
+    Pack16([a, b, c, d])
+}
+
+/// 16-byte store.
+#[inline(always)]
+pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
+    let [a, b, c, d] = v.0;
+    asm!("st.global.v4.u32 [{}], {{{}, {}, {}, {}}};",
+        in(reg64) p, in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
+}
+
+/// Spin-loop hint: back off briefly so polling does not saturate the memory system.
+#[inline(always)]
+pub fn spin_pause() {
+    // SAFETY: nanosleep only delays this thread (sm_70+).
+    unsafe { asm!("nanosleep.u32 20;", options(nostack)) }
+}
+
+/// Warp shuffle: the value `v` of lane `src` (within `mask`).
+#[inline(always)]
+pub fn shfl_sync(mask: u32, v: u32, src: u32) -> u32 {
+    let r: u32;
+    // SAFETY: warp-synchronous register exchange among the lanes in `mask`.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {}, {}, {}, 31, {};", out(reg32) r, in(reg32) v, in(reg32) src, in(reg32) mask, options(nostack))
+    };
+    r
+}
+
+/// Warp vote: true when `p` holds on any lane of `mask`.
+#[inline(always)]
+pub fn vote_any(mask: u32, p: bool) -> bool {
+    let r: u32;
+    // SAFETY: warp-synchronous vote among the lanes in `mask`.
+    unsafe {
+        asm!("{{ .reg .pred %p, %q; setp.ne.u32 %p, {}, 0; vote.sync.any.pred %q, %p, {}; selp.u32 {}, 1, 0, %q; }}",
+            in(reg32) p as u32, in(reg32) mask, out(reg32) r, options(nostack))
+    };
+    r != 0
+}
+
+/// Warp vote: true when `p` holds on every lane of `mask`.
+#[inline(always)]
+pub fn vote_all(mask: u32, p: bool) -> bool {
+    let r: u32;
+    // SAFETY: warp-synchronous vote among the lanes in `mask`.
+    unsafe {
+        asm!("{{ .reg .pred %p, %q; setp.ne.u32 %p, {}, 0; vote.sync.all.pred %q, %p, {}; selp.u32 {}, 1, 0, %q; }}",
+            in(reg32) p as u32, in(reg32) mask, out(reg32) r, options(nostack))
+    };
+    r != 0
+}
+
+/// Stop the kernel with an error the host sees as a launch failure.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: trap ends the kernel.
+    unsafe { asm!("trap;", options(nostack, noreturn)) }
+}

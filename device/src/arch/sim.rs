@@ -1,0 +1,218 @@
+//! The facade on host threads: the CPU simulator. A CTA is a group of OS threads started by
+//! [`run_cta`]; each thread knows its indices through a thread-local context. Barriers block on
+//! a condition variable, spin loops yield, memory-model operations map onto Rust atomics with
+//! the same ordering, so a missing fence or a wrong flag breaks here as it breaks on a GPU.
+
+use super::Pack16;
+use core::sync::atomic::{fence, AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::sync::{Arc, Condvar, Mutex};
+use std::vec::Vec;
+
+/// Lanes per simulated warp (warp operations span `min(WARP, block_dim)` threads).
+pub const WARP: u32 = 32;
+const NAMED_BARRIERS: usize = 16;
+
+#[derive(Default)]
+struct BarrierState {
+    arrived: u32,
+    generation: u64,
+}
+
+/// A reusable barrier for a thread count given at each arrival (as `bar.sync id, n`).
+#[derive(Default)]
+struct Barrier {
+    state: Mutex<BarrierState>,
+    cv: Condvar,
+}
+
+impl Barrier {
+    fn wait(&self, count: u32) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let gen = s.generation;
+        s.arrived += 1;
+        if s.arrived >= count {
+            s.arrived = 0;
+            s.generation += 1;
+            self.cv.notify_all();
+            return;
+        }
+        while s.generation == gen {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// What the threads of one CTA share.
+struct Cta {
+    barriers: [Barrier; NAMED_BARRIERS],
+    /// One exchange row per warp for shuffles and votes.
+    warp_slots: Vec<Mutex<Vec<u32>>>,
+    warp_barriers: Vec<Barrier>,
+}
+
+#[derive(Clone)]
+struct Ctx {
+    tid: u32,
+    bid: u32,
+    bdim: u32,
+    gdim: u32,
+    cta: Arc<Cta>,
+}
+
+std::thread_local! {
+    static CTX: RefCell<Option<Ctx>> = const { RefCell::new(None) };
+}
+
+fn with_ctx<R>(f: impl FnOnce(&Ctx) -> R) -> R {
+    CTX.with(|c| match c.borrow().as_ref() {
+        Some(ctx) => f(ctx),
+        None => panic!("nccl-device: a kernel facade call outside a simulated CTA"),
+    })
+}
+
+/// Runs `body` as CTA `block` of a grid of `grid` CTAs with `threads` threads, returning when
+/// every thread has finished. A panic in any thread is re-raised here.
+pub fn run_cta(block: u32, grid: u32, threads: u32, body: &(dyn Fn() + Sync)) {
+    let warps = threads.div_ceil(WARP) as usize;
+    let cta = Arc::new(Cta {
+        barriers: Default::default(),
+        warp_slots: (0..warps)
+            .map(|_| Mutex::new(std::vec![0; WARP as usize]))
+            .collect(),
+        warp_barriers: (0..warps).map(|_| Barrier::default()).collect(),
+    });
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|tid| {
+                let ctx = Ctx {
+                    tid,
+                    bid: block,
+                    bdim: threads,
+                    gdim: grid,
+                    cta: cta.clone(),
+                };
+                std::thread::Builder::new()
+                    .name(std::format!("sim-cta{block}-t{tid}"))
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(s, move || {
+                        CTX.with(|c| *c.borrow_mut() = Some(ctx));
+                        body();
+                        CTX.with(|c| *c.borrow_mut() = None);
+                    })
+                    .expect("nccl-device sim: cannot start a CTA thread")
+            })
+            .collect();
+        for h in handles {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+    });
+}
+
+pub fn thread_idx() -> u32 {
+    with_ctx(|c| c.tid)
+}
+pub fn block_idx() -> u32 {
+    with_ctx(|c| c.bid)
+}
+pub fn block_dim() -> u32 {
+    with_ctx(|c| c.bdim)
+}
+pub fn grid_dim() -> u32 {
+    with_ctx(|c| c.gdim)
+}
+
+pub fn sync_threads() {
+    with_ctx(|c| c.cta.barriers[0].wait(c.bdim))
+}
+
+pub fn barrier_named(id: u32, nthreads: u32) {
+    with_ctx(|c| c.cta.barriers[id as usize % NAMED_BARRIERS].wait(nthreads))
+}
+
+pub unsafe fn ld_acquire_sys(p: *const u64) -> u64 {
+    // SAFETY: the caller passes a valid, 8-byte aligned counter shared among threads.
+    (*(p as *const AtomicU64)).load(Ordering::Acquire)
+}
+
+pub unsafe fn st_release_sys(p: *mut u64, v: u64) {
+    // SAFETY: as ld_acquire_sys.
+    (*(p as *const AtomicU64)).store(v, Ordering::Release)
+}
+
+pub unsafe fn ld_volatile(p: *const u64) -> u64 {
+    // SAFETY: as ld_acquire_sys; relaxed is what a volatile load promises.
+    (*(p as *const AtomicU64)).load(Ordering::Relaxed)
+}
+
+pub unsafe fn st_volatile(p: *mut u64, v: u64) {
+    // SAFETY: as ld_acquire_sys.
+    (*(p as *const AtomicU64)).store(v, Ordering::Relaxed)
+}
+
+pub fn fence_sys() {
+    fence(Ordering::SeqCst)
+}
+
+pub fn fence_gpu() {
+    fence(Ordering::SeqCst)
+}
+
+pub unsafe fn ld_pack(p: *const Pack16) -> Pack16 {
+    // SAFETY: the caller passes a valid, 16-byte aligned address.
+    core::ptr::read_volatile(p)
+}
+
+pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
+    // SAFETY: as ld_pack.
+    core::ptr::write_volatile(p, v)
+}
+
+pub fn spin_pause() {
+    std::thread::yield_now()
+}
+
+/// Runs a warp-wide exchange: every lane of this thread's warp publishes `v`, then `pick`
+/// reads the row. Lanes outside `mask` must not call it (as on the GPU).
+fn warp_exchange<R>(mask: u32, v: u32, pick: impl FnOnce(&[u32], u32) -> R) -> R {
+    with_ctx(|c| {
+        let warp = (c.tid / WARP) as usize;
+        let lane = c.tid % WARP;
+        let lanes = mask.count_ones();
+        c.cta.warp_slots[warp]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())[lane as usize] = v;
+        c.cta.warp_barriers[warp].wait(lanes);
+        let r = {
+            let row = c.cta.warp_slots[warp]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            pick(&row, lane)
+        };
+        // Nobody may overwrite the row before every lane has read it.
+        c.cta.warp_barriers[warp].wait(lanes);
+        r
+    })
+}
+
+pub fn shfl_sync(mask: u32, v: u32, src: u32) -> u32 {
+    warp_exchange(mask, v, |row, _| row[(src % WARP) as usize])
+}
+
+pub fn vote_any(mask: u32, p: bool) -> bool {
+    warp_exchange(mask, p as u32, |row, _| {
+        (0..WARP).any(|l| mask & (1 << l) != 0 && row[l as usize] != 0)
+    })
+}
+
+pub fn vote_all(mask: u32, p: bool) -> bool {
+    warp_exchange(mask, p as u32, |row, _| {
+        (0..WARP).all(|l| mask & (1 << l) == 0 || row[l as usize] != 0)
+    })
+}
+
+pub fn trap() -> ! {
+    panic!("nccl-device: kernel trap")
+}

@@ -1,0 +1,23 @@
+//! The PTX entry points: one kernel per (collective, element type, reduction), each a thin
+//! call into the generic collective code.
+
+use crate::abi::CollArgs;
+
+macro_rules! all_reduce_kernel {
+    ($tn:ident, $t:ty, $on:ident, $op:ty) => {
+        paste_kernel!(nccl_all_reduce_, $tn, $on, $t, $op);
+    };
+}
+
+macro_rules! paste_kernel {
+    ($prefix:ident, $tn:ident, $on:ident, $t:ty, $op:ty) => {
+        const _: () = {
+            #[export_name = concat!(stringify!($prefix), stringify!($tn), "_", stringify!($on))]
+            pub unsafe extern "ptx-kernel" fn kernel(args: CollArgs) {
+                crate::coll::all_reduce::run::<$t, $op>(&args)
+            }
+        };
+    };
+}
+
+crate::for_each_type_op!(all_reduce_kernel);

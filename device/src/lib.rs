@@ -1,0 +1,28 @@
+//! nccl-device: everything that runs on the GPU, written once and compiled two ways:
+//! to PTX by rustc's `nvptx64-nvidia-cuda` target (the kernels the driver loads), and for the
+//! host, where `arch::sim` runs the same code on threads (the CPU simulator).
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+)]
+#![allow(clippy::missing_safety_doc)]
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
+pub mod abi;
+pub mod arch;
+pub mod coll;
+pub mod ops;
+pub mod prims;
+pub mod types;
+
+#[cfg(target_arch = "nvptx64")]
+mod kernels;
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    arch::trap()
+}

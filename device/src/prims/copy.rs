@@ -1,0 +1,147 @@
+//! The data mover under every primitive: reads up to two sources (a FIFO slot and a user
+//! buffer), reduces them, and writes up to two destinations, all threads of the CTA sharing the
+//! work in 16-byte packs (coalesced, several packs in flight per thread).
+
+use crate::arch::{self, Pack16};
+use crate::ops::{map1, map2, pack_elems, RedOp};
+use crate::types::Elem;
+
+/// Packs each thread keeps in flight per loop iteration.
+const UNROLL: usize = 4;
+
+/// The sources and destinations of one step; a null pointer is an absent one.
+#[derive(Clone, Copy)]
+pub struct Move<T> {
+    /// Data received from the previous rank (already reduced upstream).
+    pub recv: *const T,
+    /// This rank's own input; `pre` of the operator applies to it.
+    pub input: *const T,
+    pub output: *mut T,
+    pub send: *mut T,
+    /// Apply the operator's `post` (this step produces the final value).
+    pub post: bool,
+}
+
+impl<T: Elem> Move<T> {
+    #[inline(always)]
+    fn aligned(&self) -> bool {
+        let bits =
+            self.recv as usize | self.input as usize | self.output as usize | self.send as usize;
+        bits % 16 == 0
+    }
+
+    #[inline(always)]
+    fn combine<O: RedOp<T>>(&self, op: &O, r: Pack16, x: Pack16) -> Pack16 {
+        let mut v = if self.input.is_null() {
+            r
+        } else {
+            let x = if O::HAS_PRE {
+                map1::<T>(x, |a| op.pre(a))
+            } else {
+                x
+            };
+            if self.recv.is_null() {
+                x
+            } else {
+                map2::<T>(r, x, |a, b| op.reduce(a, b))
+            }
+        };
+        if O::HAS_POST && self.post {
+            v = map1::<T>(v, |a| op.post(a));
+        }
+        v
+    }
+
+    #[inline(always)]
+    fn combine_one<O: RedOp<T>>(&self, op: &O, r: T, x: T) -> T {
+        let mut v = if self.input.is_null() {
+            r
+        } else {
+            let x = op.pre(x);
+            if self.recv.is_null() {
+                x
+            } else {
+                op.reduce(r, x)
+            }
+        };
+        if self.post {
+            v = op.post(v);
+        }
+        v
+    }
+
+    /// Moves `n` elements; thread `tid` of `nthreads` takes its share. Every pointer that is
+    /// not null must be valid for `n` elements.
+    #[inline(always)]
+    pub unsafe fn run<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
+        let pe = pack_elems::<T>();
+        let npacks = if self.aligned() { n / pe } else { 0 };
+        let p = |ptr: *const T, i: usize| (ptr as *const Pack16).add(i);
+        let mut i = tid;
+        while i + (UNROLL - 1) * nthreads < npacks {
+            let mut r = [Pack16::default(); UNROLL];
+            let mut x = [Pack16::default(); UNROLL];
+            for u in 0..UNROLL {
+                if !self.recv.is_null() {
+                    r[u] = arch::ld_pack(p(self.recv, i + u * nthreads));
+                }
+                if !self.input.is_null() {
+                    x[u] = arch::ld_pack(p(self.input, i + u * nthreads));
+                }
+            }
+            for u in 0..UNROLL {
+                let v = self.combine(op, r[u], x[u]);
+                let k = i + u * nthreads;
+                if !self.output.is_null() {
+                    arch::st_pack((self.output as *mut Pack16).add(k), v);
+                }
+                if !self.send.is_null() {
+                    arch::st_pack((self.send as *mut Pack16).add(k), v);
+                }
+            }
+            i += UNROLL * nthreads;
+        }
+        while i < npacks {
+            let r = if self.recv.is_null() {
+                Pack16::default()
+            } else {
+                arch::ld_pack(p(self.recv, i))
+            };
+            let x = if self.input.is_null() {
+                Pack16::default()
+            } else {
+                arch::ld_pack(p(self.input, i))
+            };
+            let v = self.combine(op, r, x);
+            if !self.output.is_null() {
+                arch::st_pack((self.output as *mut Pack16).add(i), v);
+            }
+            if !self.send.is_null() {
+                arch::st_pack((self.send as *mut Pack16).add(i), v);
+            }
+            i += nthreads;
+        }
+        // What packs did not cover: the tail, or everything when a buffer is not 16-byte aligned.
+        let mut e = npacks * pe + tid;
+        while e < n {
+            let r = if self.recv.is_null() {
+                T::default()
+            } else {
+                core::ptr::read_volatile(self.recv.add(e))
+            };
+            let x = if self.input.is_null() {
+                T::default()
+            } else {
+                core::ptr::read_volatile(self.input.add(e))
+            };
+            let v = self.combine_one(op, r, x);
+            if !self.output.is_null() {
+                core::ptr::write_volatile(self.output.add(e), v);
+            }
+            if !self.send.is_null() {
+                core::ptr::write_volatile(self.send.add(e), v);
+            }
+            e += nthreads;
+        }
+    }
+}

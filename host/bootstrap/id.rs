@@ -1,0 +1,199 @@
+//! The unique id (`ncclUniqueId`): 128 opaque bytes that tell every rank where the bootstrap
+//! root listens, plus a nonce that tells one bootstrap from another.
+//!
+//! Layout (little-endian): magic u64 | version u32 | flags u32 | nonce u64 | root address
+//! (`wire::ADDR_BYTES`) | zeros. Everything is written deterministically, so that two processes
+//! that build the id from the same `NCCL_COMM_ID` get the very same bytes.
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::io::Read;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{root, socket, wire};
+use crate::error::{Error, Result};
+
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// `ncclUniqueId`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct UniqueId {
+    pub internal: [u8; UNIQUE_ID_BYTES],
+}
+
+/// Flag: no root was started for this id; rank 0 starts it in `Bootstrap::init` (NCCL_COMM_ID).
+pub(crate) const FLAG_ROOT_AT_INIT: u32 = 1;
+/// The nonce of ids built from NCCL_COMM_ID: fixed, because every process builds its own id.
+const COMM_ID_NONCE: u64 = 0x434f_4d4d_5f49_4400;
+
+const OFF_VERSION: usize = 8;
+const OFF_FLAGS: usize = 12;
+const OFF_NONCE: usize = 16;
+const OFF_ADDR: usize = 24;
+
+/// What an id says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IdFields {
+    pub root: SocketAddr,
+    pub nonce: u64,
+    pub flags: u32,
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl UniqueId {
+    pub(crate) fn encode(f: &IdFields) -> UniqueId {
+        let mut v = Vec::with_capacity(UNIQUE_ID_BYTES);
+        v.extend_from_slice(&wire::MAGIC.to_le_bytes());
+        v.extend_from_slice(&wire::VERSION.to_le_bytes());
+        v.extend_from_slice(&f.flags.to_le_bytes());
+        v.extend_from_slice(&f.nonce.to_le_bytes());
+        wire::put_addr(&mut v, &f.root);
+        let mut internal = [0u8; UNIQUE_ID_BYTES];
+        internal[..v.len()].copy_from_slice(&v);
+        UniqueId { internal }
+    }
+
+    pub(crate) fn fields(&self) -> Result<IdFields> {
+        let b = &self.internal;
+        if le_u64(b, 0) != wire::MAGIC {
+            return Err(Error::invalid_argument(
+                "a unique id that was never produced by ncclGetUniqueId (wrong magic)",
+            ));
+        }
+        let version = le_u32(b, OFF_VERSION);
+        if version != wire::VERSION {
+            return Err(Error::invalid_argument(format!(
+                "unique id of bootstrap version {version}, this build speaks {}",
+                wire::VERSION
+            )));
+        }
+        let root = wire::get_addr(&b[OFF_ADDR..OFF_ADDR + wire::ADDR_BYTES]).map_err(|e| {
+            Error::invalid_argument(format!("unique id holds no valid address: {}", e.message))
+        })?;
+        Ok(IdFields {
+            root,
+            nonce: le_u64(b, OFF_NONCE),
+            flags: le_u32(b, OFF_FLAGS),
+        })
+    }
+
+    /// The root's address and the nonce; Err(invalid_argument) for bytes that are not an id.
+    pub fn decode(&self) -> Result<(SocketAddr, u64)> {
+        self.fields().map(|f| (f.root, f.nonce))
+    }
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not through `fields()`: that would log a warning for every bad id printed.
+        let b = &self.internal;
+        let addr = wire::get_addr(&b[OFF_ADDR..OFF_ADDR + wire::ADDR_BYTES]);
+        match addr {
+            Ok(a) if le_u64(b, 0) == wire::MAGIC => write!(
+                f,
+                "UniqueId(root {a}, nonce {:#018x})",
+                le_u64(b, OFF_NONCE)
+            ),
+            _ => write!(f, "UniqueId(<not a bootstrap id>)"),
+        }
+    }
+}
+
+/// 64 random bits: /dev/urandom, else a hash of time, pid and a counter under std's randomly
+/// keyed hasher.
+fn random_nonce() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// The id for `NCCL_COMM_ID=host:port`: no root is started now; rank 0 starts it at init.
+pub(crate) fn id_from_comm_id(value: &str) -> Result<UniqueId> {
+    let v = value.trim();
+    let bad = |why: String| {
+        Error::invalid_argument(format!(
+            "NCCL_COMM_ID={v:?} is not a usable <ip>:<port> ({why})"
+        ))
+    };
+    let root = match v.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => {
+            let all: Vec<SocketAddr> = v
+                .to_socket_addrs()
+                .map_err(|e| bad(e.to_string()))?
+                .collect();
+            *all.iter()
+                .find(|a| a.is_ipv4())
+                .or_else(|| all.first())
+                .ok_or_else(|| bad("the name resolves to nothing".into()))?
+        }
+    };
+    if root.port() == 0 {
+        return Err(bad("port 0".into()));
+    }
+    Ok(UniqueId::encode(&IdFields {
+        root,
+        nonce: COMM_ID_NONCE,
+        flags: FLAG_ROOT_AT_INIT,
+    }))
+}
+
+/// `ncclGetUniqueId`. Starts the bootstrap root (a detached thread listening on this host's
+/// address, see `socket::choose_address`) and returns the id that leads the ranks to it. With
+/// `NCCL_COMM_ID=ip:port` set, the id encodes that address instead and the root is started by
+/// the rank 0 that calls `Bootstrap::init`.
+pub fn get_unique_id() -> Result<UniqueId> {
+    if let Ok(v) = std::env::var("NCCL_COMM_ID") {
+        if !v.trim().is_empty() {
+            return id_from_comm_id(&v);
+        }
+    }
+    new_root_id()
+}
+
+/// Starts a fresh root on this host and returns its id, whatever `NCCL_COMM_ID` says: for ids
+/// made inside the library (communicator split, ...), where the fixed NCCL_COMM_ID address
+/// would clash with the bootstrap that is already using it.
+pub fn new_root_id() -> Result<UniqueId> {
+    let ip = socket::choose_address();
+    let listener = socket::listen(SocketAddr::new(ip, 0), false)
+        .map_err(|e| Error::system(format!("bootstrap root: cannot listen on {ip}: {e}")))?;
+    let root = socket::local_addr(&listener)
+        .map_err(|e| Error::system(format!("bootstrap root: no local address: {e}")))?;
+    let nonce = random_nonce();
+    root::spawn(listener, root, nonce)?;
+    Ok(UniqueId::encode(&IdFields {
+        root,
+        nonce,
+        flags: 0,
+    }))
+}

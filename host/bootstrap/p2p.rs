@@ -1,0 +1,357 @@
+//! Rank-to-rank traffic. Each rank listens; a sender opens one connection per peer on first
+//! use, introduces itself with a `Connect` frame, then sends data frames on it. On the receiving
+//! side an accept thread hands every connection to a reader thread of its own, which files the
+//! frames into a mailbox keyed by (sender, channel, tag); `take` waits on that mailbox with a
+//! deadline. Because readers always drain their sockets, two ranks sending to each other at
+//! once never deadlock, and a peer that closes its end is noticed at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::BufReader;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use super::root::HELLO_WAIT;
+use super::socket;
+use super::wire::{self, Channel, Connect, Msg};
+use crate::error::{Error, Result};
+
+/// Locks, recovering from poisoning: nothing here panics while holding a lock, and the data
+/// behind each lock stays consistent between statements.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+type Key = (usize, Channel, u32);
+
+#[derive(Default)]
+struct Mailbox {
+    queues: HashMap<Key, VecDeque<Vec<u8>>>,
+    /// Per peer: open incoming connections, and why the last one closed.
+    live: HashMap<usize, (u32, Option<String>)>,
+}
+
+/// Every socket this rank has open, so that `close` can shut them all down at once without
+/// taking the per-peer send locks (a blocked send may be holding one).
+#[derive(Default)]
+struct Registry {
+    closed: Option<&'static str>,
+    next: u64,
+    socks: HashMap<u64, TcpStream>,
+}
+
+pub(crate) struct Shared {
+    pub rank: usize,
+    pub nranks: usize,
+    pub nonce: u64,
+    closed: AtomicBool,
+    mailbox: Mutex<Mailbox>,
+    arrived: Condvar,
+    registry: Mutex<Registry>,
+    listener: Socket,
+}
+
+impl Shared {
+    /// Takes over the rank's listener and starts accepting peers.
+    pub(crate) fn start(
+        rank: usize,
+        nranks: usize,
+        nonce: u64,
+        listener: Socket,
+    ) -> Result<Arc<Shared>> {
+        let accepting = listener
+            .try_clone()
+            .map_err(|e| Error::system(format!("bootstrap: cannot duplicate a listener: {e}")))?;
+        let shared = Arc::new(Shared {
+            rank,
+            nranks,
+            nonce,
+            closed: AtomicBool::new(false),
+            mailbox: Mutex::new(Mailbox::default()),
+            arrived: Condvar::new(),
+            registry: Mutex::new(Registry::default()),
+            listener,
+        });
+        let s = shared.clone();
+        socket::spawn("nccl-bs-accept", move || accept_loop(s, accepting))
+            .map_err(|e| Error::system(format!("bootstrap: cannot start a thread: {e}")))?;
+        Ok(shared)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Err once `close` ran: later operations fail instead of hanging.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if !self.is_closed() {
+            return Ok(());
+        }
+        let why = lock(&self.registry).closed.unwrap_or("closed");
+        Err(Error::remote(format!(
+            "bootstrap of rank {} was {why}",
+            self.rank
+        )))
+    }
+
+    /// Remembers a socket for `close`; None (and the caller drops it) once closed.
+    pub(crate) fn register(&self, s: &TcpStream) -> Option<u64> {
+        let mut reg = lock(&self.registry);
+        if reg.closed.is_some() {
+            return None;
+        }
+        let copy = s.try_clone().ok()?;
+        reg.next += 1;
+        let id = reg.next;
+        reg.socks.insert(id, copy);
+        Some(id)
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        lock(&self.registry).socks.remove(&id);
+    }
+
+    /// Shuts down every socket and the listener, wakes every waiter. Idempotent.
+    pub(crate) fn close(&self, why: &'static str) {
+        {
+            let mut reg = lock(&self.registry);
+            if reg.closed.is_some() {
+                return;
+            }
+            reg.closed = Some(why);
+            self.closed.store(true, Ordering::SeqCst);
+            for (_, s) in reg.socks.drain() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        // Wakes the accept thread out of accept() (Linux returns EINVAL there).
+        let _ = self.listener.shutdown(Shutdown::Both);
+        // Taking the mailbox lock orders this notify after any waiter's check of `closed`.
+        drop(lock(&self.mailbox));
+        self.arrived.notify_all();
+    }
+
+    pub(crate) fn deliver(&self, from: usize, channel: Channel, tag: u32, msg: Vec<u8>) {
+        lock(&self.mailbox)
+            .queues
+            .entry((from, channel, tag))
+            .or_default()
+            .push_back(msg);
+        self.arrived.notify_all();
+    }
+
+    /// The next message from `from` on (channel, tag), waiting until `deadline`.
+    pub(crate) fn take(
+        &self,
+        from: usize,
+        channel: Channel,
+        tag: u32,
+        deadline: Instant,
+    ) -> Result<Vec<u8>> {
+        let key = (from, channel, tag);
+        let mut mb = lock(&self.mailbox);
+        loop {
+            if let Some(q) = mb.queues.get_mut(&key) {
+                if let Some(m) = q.pop_front() {
+                    if q.is_empty() {
+                        mb.queues.remove(&key);
+                    }
+                    return Ok(m);
+                }
+            }
+            self.check_open()?;
+            if let Some((0, Some(why))) = mb.live.get(&from) {
+                return Err(Error::remote(format!(
+                    "bootstrap rank {}: rank {from} closed its connection ({why}) before \
+                     sending the awaited message ({channel:?} tag {tag})",
+                    self.rank
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::remote(format!(
+                    "bootstrap rank {}: timed out waiting for a message from rank {from} \
+                     ({channel:?} tag {tag})",
+                    self.rank
+                )));
+            }
+            mb = self
+                .arrived
+                .wait_timeout(mb, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn peer_opened(&self, from: usize) {
+        let mut mb = lock(&self.mailbox);
+        let e = mb.live.entry(from).or_default();
+        e.0 += 1;
+        e.1 = None;
+    }
+
+    fn peer_closed(&self, from: usize, why: String) {
+        {
+            let mut mb = lock(&self.mailbox);
+            let e = mb.live.entry(from).or_default();
+            e.0 = e.0.saturating_sub(1);
+            e.1 = Some(why);
+        }
+        self.arrived.notify_all();
+    }
+}
+
+/// This rank's connection to one peer.
+pub(crate) struct Outgoing {
+    stream: TcpStream,
+    id: u64,
+    write_timeout: Option<Duration>,
+}
+
+impl Outgoing {
+    /// Connects to `peer` at `addr` and introduces ourselves.
+    pub(crate) fn open(
+        shared: &Shared,
+        peer: usize,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<Outgoing> {
+        let rank = shared.rank;
+        let stream = socket::connect(addr, deadline, || shared.is_closed()).map_err(|e| {
+            Error::remote(format!(
+                "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
+            ))
+        })?;
+        let Some(id) = shared.register(&stream) else {
+            return Err(shared
+                .check_open()
+                .err()
+                .unwrap_or_else(|| Error::system("bootstrap: cannot duplicate a socket")));
+        };
+        let hello = wire::encode_connect(&Connect {
+            nonce: shared.nonce,
+            from: rank as u32,
+            nranks: shared.nranks as u32,
+        });
+        let out = Outgoing {
+            stream,
+            id,
+            write_timeout: None,
+        };
+        if let Err(e) = socket::write_frame(&out.stream, &hello, deadline) {
+            shared.unregister(id);
+            return Err(Error::remote(format!(
+                "bootstrap rank {rank}: cannot greet rank {peer} at {addr}: {e}"
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Writes one frame. On error the connection is unusable: the caller must `discard` it.
+    pub(crate) fn write(&mut self, frame: &[u8], timeout: Duration) -> std::io::Result<()> {
+        if self.write_timeout != Some(timeout) {
+            self.stream.set_write_timeout(Some(timeout))?;
+            self.write_timeout = Some(timeout);
+        }
+        let mut w = &self.stream;
+        std::io::Write::write_all(&mut w, frame)
+    }
+
+    pub(crate) fn discard(self, shared: &Shared) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        shared.unregister(self.id);
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: Socket) {
+    loop {
+        let accepted = listener.accept();
+        if shared.is_closed() {
+            return;
+        }
+        match accepted {
+            Ok((sock, _)) => {
+                let stream: TcpStream = sock.into();
+                let Some(id) = shared.register(&stream) else {
+                    return;
+                };
+                let s = shared.clone();
+                if let Err(e) = socket::spawn("nccl-bs-recv", move || read_peer(&s, stream, id)) {
+                    log::warn!("bootstrap rank {}: cannot start a reader: {e}", shared.rank);
+                    shared.unregister(id);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log::warn!("bootstrap rank {}: accept failed: {e}", shared.rank);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Checks the `Connect` greeting of an incoming connection; the sender's rank if it is ours.
+fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Result<usize, String> {
+    let body = socket::read_frame(
+        stream,
+        wire::MAX_CTRL_BODY,
+        socket::deadline_after(HELLO_WAIT),
+    )
+    .map_err(|e| e.to_string())?;
+    match wire::decode(&body) {
+        Ok(Msg::Connect(c))
+            if c.nonce == shared.nonce
+                && c.nranks as usize == shared.nranks
+                && (c.from as usize) < shared.nranks =>
+        {
+            Ok(c.from as usize)
+        }
+        Ok(_) => Err("not a greeting of this bootstrap".into()),
+        Err(e) => Err(e.message),
+    }
+}
+
+fn read_peer(shared: &Shared, stream: TcpStream, id: u64) {
+    let rank = shared.rank;
+    let _ = stream.set_nodelay(true);
+    let from = match greeting(shared, &stream) {
+        Ok(f) => f,
+        Err(why) => {
+            if !shared.is_closed() {
+                log::warn!("bootstrap rank {rank}: dropping an incoming connection: {why}");
+            }
+            shared.unregister(id);
+            return;
+        }
+    };
+    shared.peer_opened(from);
+    // No read timeout from here on: an idle peer is normal, and `take` carries the deadlines.
+    let _ = stream.set_read_timeout(None);
+    let mut r = BufReader::with_capacity(64 << 10, &stream);
+    let why = loop {
+        let mut body = match socket::read_frame_untimed(&mut r, wire::MAX_DATA_BODY) {
+            Ok(Some(b)) => b,
+            Ok(None) => break "closed by the peer".to_string(),
+            Err(e) => break e.to_string(),
+        };
+        let (channel, tag, header) = match wire::decode(&body) {
+            Ok(Msg::Data {
+                channel,
+                tag,
+                payload,
+            }) => (channel, tag, body.len() - payload.len()),
+            Ok(_) => break "unexpected message".to_string(),
+            Err(e) => break e.message,
+        };
+        body.drain(..header);
+        shared.deliver(from, channel, tag, body);
+    };
+    if !shared.is_closed() {
+        log::debug!("bootstrap rank {rank}: connection from rank {from} ended: {why}");
+    }
+    shared.peer_closed(from, why);
+    shared.unregister(id);
+}

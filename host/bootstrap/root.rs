@@ -1,0 +1,269 @@
+//! The bootstrap root: a detached thread that waits for every rank's hello, then sends each
+//! rank the table of all ranks' listen addresses and exits. If a rank's timeout expires before
+//! all arrived, it tells every rank that did arrive how many came, and exits.
+//!
+//! Connections are read by one short-lived thread each, so a silent or slow connection never
+//! holds up the others; anything that is not a valid hello is logged and dropped.
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use super::socket;
+use super::wire::{self, Hello, Msg};
+use crate::error::{Error, NcclResult, Result};
+
+/// How long a connection to the root may stay silent before it is dropped.
+pub(crate) const HELLO_WAIT: Duration = Duration::from_secs(10);
+/// How long the root waits to hand a rank its answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+struct Arrival {
+    hello: Hello,
+    stream: TcpStream,
+}
+
+/// Starts the root on `listener` (bound to `addr`) for the bootstrap identified by `nonce`.
+pub(crate) fn spawn(listener: Socket, addr: SocketAddr, nonce: u64) -> Result<()> {
+    socket::spawn("nccl-bs-root", move || run(listener, addr, nonce))
+        .map(|_| ())
+        .map_err(|e| Error::system(format!("bootstrap root: cannot start its thread: {e}")))
+}
+
+fn run(listener: Socket, addr: SocketAddr, nonce: u64) {
+    let (tx, rx) = mpsc::channel::<Arrival>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepting = match listener.try_clone() {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!("bootstrap root {addr}: cannot duplicate the listener: {e}");
+            return;
+        }
+    };
+    let stop2 = stop.clone();
+    if let Err(e) = socket::spawn("nccl-bs-root-accept", move || {
+        accept_loop(accepting, addr, nonce, tx, stop2)
+    }) {
+        log::warn!("bootstrap root {addr}: cannot start the accept thread: {e}");
+        return;
+    }
+    gather(&rx, addr, nonce);
+    stop.store(true, Ordering::SeqCst);
+    // Wakes the accept thread out of accept() (Linux returns EINVAL there) and frees the port.
+    let _ = listener.shutdown(std::net::Shutdown::Both);
+}
+
+fn accept_loop(
+    listener: Socket,
+    addr: SocketAddr,
+    nonce: u64,
+    tx: Sender<Arrival>,
+    stop: Arc<AtomicBool>,
+) {
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match accepted {
+            Ok((sock, _)) => {
+                let stream: TcpStream = sock.into();
+                let tx = tx.clone();
+                if let Err(e) = socket::spawn("nccl-bs-root-conn", move || {
+                    read_hello(stream, addr, nonce, tx)
+                }) {
+                    log::warn!("bootstrap root {addr}: cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log::warn!("bootstrap root {addr}: accept failed: {e}");
+                // Out of file descriptors and the like: do not spin.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Tells a rank why it cannot join; best effort.
+fn refuse(stream: &TcpStream, code: NcclResult, message: &str) {
+    let deadline = socket::deadline_after(Duration::from_secs(1));
+    let _ = socket::write_frame(stream, &wire::encode_fail(code, message), deadline);
+}
+
+fn read_hello(stream: TcpStream, addr: SocketAddr, nonce: u64, tx: Sender<Arrival>) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let _ = stream.set_nodelay(true);
+    let body = match socket::read_frame(
+        &stream,
+        wire::MAX_CTRL_BODY,
+        socket::deadline_after(HELLO_WAIT),
+    ) {
+        Ok(b) => b,
+        Err(e) => {
+            log::warn!("bootstrap root {addr}: dropping connection from {peer}: {e}");
+            return;
+        }
+    };
+    let hello = match wire::decode(&body) {
+        Ok(Msg::Hello(h)) => h,
+        Ok(_) => {
+            log::warn!("bootstrap root {addr}: dropping connection from {peer}: not a hello");
+            return;
+        }
+        Err(e) => {
+            log::warn!(
+                "bootstrap root {addr}: dropping connection from {peer}: {}",
+                e.message
+            );
+            return;
+        }
+    };
+    if hello.nonce != nonce {
+        log::warn!("bootstrap root {addr}: {peer} brought the nonce of another unique id");
+        refuse(
+            &stream,
+            NcclResult::InvalidUsage,
+            &format!("the bootstrap root at {addr} belongs to another unique id (stale id?)"),
+        );
+        return;
+    }
+    let (rank, nranks) = (hello.rank as usize, hello.nranks as usize);
+    if nranks == 0 || nranks > wire::MAX_RANKS || rank >= nranks {
+        log::warn!("bootstrap root {addr}: {peer} says rank {rank} of {nranks}");
+        refuse(
+            &stream,
+            NcclResult::InvalidArgument,
+            &format!("rank {rank} of {nranks} ranks is out of range"),
+        );
+        return;
+    }
+    // The root thread is gone once the bootstrap completed or failed; nothing to do then.
+    let _ = tx.send(Arrival { hello, stream });
+}
+
+struct Joined {
+    stream: TcpStream,
+    listen: SocketAddr,
+}
+
+/// Waits for all ranks, answers them. Returns when the bootstrap completed or failed.
+fn gather(rx: &mpsc::Receiver<Arrival>, addr: SocketAddr, nonce: u64) {
+    let mut joined: Vec<Option<Joined>> = Vec::new();
+    let mut count = 0usize;
+    // The earliest moment at which some arrived rank gives up, and that rank.
+    let mut expiry: Option<(Instant, usize)> = None;
+    let mut first_arrival: Option<Instant> = None;
+    loop {
+        let next = match expiry {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some((at, _)) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+        };
+        let a = match next {
+            Ok(a) => a,
+            Err(RecvTimeoutError::Timeout) => {
+                let (who, waited) = match (expiry, first_arrival) {
+                    (Some((_, r)), Some(t)) => (r, t.elapsed()),
+                    _ => (0, Duration::ZERO),
+                };
+                let missing: Vec<String> = joined
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, j)| j.is_none())
+                    .map(|(r, _)| r.to_string())
+                    .take(16)
+                    .collect();
+                let more = joined.len() - count;
+                let message = format!(
+                    "bootstrap timed out: only {count} of {} ranks arrived at the root {addr} \
+                     within {} ms, before rank {who}'s timeout expired (missing ranks: {}{})",
+                    joined.len(),
+                    socket::millis(waited),
+                    missing.join(", "),
+                    if more > missing.len() { ", ..." } else { "" },
+                );
+                log::warn!("{message}");
+                for j in joined.iter().flatten() {
+                    refuse(&j.stream, NcclResult::RemoteError, &message);
+                }
+                return;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                log::warn!("bootstrap root {addr}: the accept thread stopped");
+                for j in joined.iter().flatten() {
+                    refuse(
+                        &j.stream,
+                        NcclResult::SystemError,
+                        "the bootstrap root failed",
+                    );
+                }
+                return;
+            }
+        };
+        let (rank, nranks) = (a.hello.rank as usize, a.hello.nranks as usize);
+        if joined.is_empty() {
+            joined.resize_with(nranks, || None);
+        } else if nranks != joined.len() {
+            log::warn!(
+                "bootstrap root {addr}: rank {rank} says nranks={nranks}, earlier ranks said {}",
+                joined.len()
+            );
+            refuse(
+                &a.stream,
+                NcclResult::InvalidUsage,
+                &format!(
+                    "rank {rank} called with nranks={nranks} but other ranks with nranks={}",
+                    joined.len()
+                ),
+            );
+            continue;
+        }
+        if joined[rank].is_some() {
+            log::warn!("bootstrap root {addr}: rank {rank} arrived twice");
+            refuse(
+                &a.stream,
+                NcclResult::InvalidUsage,
+                &format!("rank {rank} joined the same bootstrap twice"),
+            );
+            continue;
+        }
+        let now = Instant::now();
+        first_arrival.get_or_insert(now);
+        let gives_up = now
+            .checked_add(Duration::from_millis(a.hello.timeout_ms))
+            .unwrap_or_else(|| socket::deadline_after(Duration::MAX));
+        if expiry.is_none_or(|(at, _)| gives_up < at) {
+            expiry = Some((gives_up, rank));
+        }
+        joined[rank] = Some(Joined {
+            stream: a.stream,
+            listen: a.hello.listen,
+        });
+        count += 1;
+        if count == joined.len() {
+            break;
+        }
+    }
+    let table: Vec<SocketAddr> = joined.iter().flatten().map(|j| j.listen).collect();
+    log::info!(
+        "bootstrap root {addr}: all {} ranks arrived; sending the address table",
+        table.len()
+    );
+    let frame = wire::encode_table(nonce, &table);
+    let deadline = socket::deadline_after(ANSWER_WAIT);
+    for (rank, j) in joined.iter().enumerate() {
+        if let Some(j) = j {
+            if let Err(e) = socket::write_frame(&j.stream, &frame, deadline) {
+                // That rank will fail on its own; the others can still go on.
+                log::warn!("bootstrap root {addr}: cannot send the table to rank {rank}: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Sockets for the bootstrap: which local address to use, listeners, connects that retry until
+//! a deadline, and frame I/O in which every read and write is bounded by a deadline.
+
+use std::ffi::CStr;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::wire;
+
+/// Upper bound for any wait, so that `Instant + Duration` can never overflow.
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `now + d`, with absurdly long durations cut to a year.
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d.min(FOREVER))
+        .unwrap_or_else(|| now + Duration::from_secs(3600))
+}
+
+/// Whole milliseconds of `d`, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Does interface `name` pass an `NCCL_SOCKET_IFNAME` value? The value is a comma-separated
+/// list of name prefixes; a leading `^` turns it into an exclusion list, a leading `=` (after
+/// the `^`, if any) asks for exact names instead of prefixes.
+pub(crate) fn ifname_matches(spec: &str, name: &str) -> bool {
+    let (exclude, spec) = match spec.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, spec),
+    };
+    let (exact, spec) = match spec.strip_prefix('=') {
+        Some(rest) => (true, rest),
+        None => (false, spec),
+    };
+    let hit = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .any(|p| {
+            if exact {
+                name == p
+            } else {
+                name.starts_with(p)
+            }
+        });
+    hit != exclude
+}
+
+struct Iface {
+    name: String,
+    ip: IpAddr,
+    up: bool,
+    loopback: bool,
+}
+
+/// Every address of every interface, from getifaddrs(3); empty if it fails.
+fn interfaces() -> Vec<Iface> {
+    let mut found = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs only writes the list head into `head`; we free it below, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return found;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs; its
+        // `ifa_name` is a NUL-terminated string and `ifa_addr`, when not null, points to a
+        // sockaddr whose family field says which sockaddr_* it really is (read unaligned).
+        unsafe {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+                continue;
+            }
+            let ip = match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = std::ptr::read_unaligned(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = std::ptr::read_unaligned(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            };
+            found.push(Iface {
+                name: CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned(),
+                ip,
+                up: ifa.ifa_flags & libc::IFF_UP as u32 != 0,
+                loopback: ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0,
+            });
+        }
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed exactly once.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
+/// The address this host offers to the other ranks: the first interface that is up and passes
+/// `NCCL_SOCKET_IFNAME` (default: not loopback, not docker*, not virbr*), IPv4 before IPv6
+/// (link-local IPv6 is skipped: it needs a scope to be reachable); else 127.0.0.1.
+pub(crate) fn choose_address() -> IpAddr {
+    let spec = std::env::var("NCCL_SOCKET_IFNAME")
+        .ok()
+        .filter(|s| !s.trim().is_empty());
+    let all = interfaces();
+    let usable = |want_v4: bool| {
+        all.iter().find(|i| {
+            let family_ok = match i.ip {
+                IpAddr::V4(_) => want_v4,
+                IpAddr::V6(v6) => !want_v4 && (v6.segments()[0] & 0xffc0) != 0xfe80,
+            };
+            let name_ok = match &spec {
+                Some(s) => ifname_matches(s, &i.name),
+                None => !i.loopback && ifname_matches("^docker,virbr", &i.name),
+            };
+            i.up && family_ok && name_ok
+        })
+    };
+    match usable(true).or_else(|| usable(false)) {
+        Some(i) => {
+            log::info!("bootstrap: using interface {} address {}", i.name, i.ip);
+            i.ip
+        }
+        None => {
+            if let Some(s) = &spec {
+                log::warn!(
+                    "bootstrap: no interface matches NCCL_SOCKET_IFNAME={s}; using 127.0.0.1"
+                );
+            }
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        }
+    }
+}
+
+/// The local address the kernel would use to reach `target` (a UDP connect sends nothing), so
+/// that a rank listens on the interface that faces the root. Falls back to `choose_address`.
+pub(crate) fn local_ip_toward(target: IpAddr) -> IpAddr {
+    if target.is_loopback() {
+        return target;
+    }
+    let any: IpAddr = match target {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let probe = UdpSocket::bind((any, 0))
+        .and_then(|u| u.connect((target, 9)).map(|()| u))
+        .and_then(|u| u.local_addr());
+    match probe {
+        Ok(a) if !a.ip().is_unspecified() => a.ip(),
+        _ => choose_address(),
+    }
+}
+
+/// A listening TCP socket on `addr` (port 0: any free port).
+pub(crate) fn listen(addr: SocketAddr, reuse_address: bool) -> io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if reuse_address {
+        s.set_reuse_address(true)?;
+    }
+    s.bind(&addr.into())?;
+    // The kernel caps the backlog at somaxconn; ask for plenty so that many ranks connecting
+    // at once are not dropped into SYN retries.
+    s.listen(4096)?;
+    Ok(s)
+}
+
+pub(crate) fn local_addr(s: &Socket) -> io::Result<SocketAddr> {
+    s.local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "listener has no IP address"))
+}
+
+/// Connects to `addr`, retrying (the listener may not be up yet, or its backlog full) until
+/// `deadline` or until `give_up()` says so; the stream comes back with TCP_NODELAY set.
+pub(crate) fn connect(
+    addr: SocketAddr,
+    deadline: Instant,
+    give_up: impl Fn() -> bool,
+) -> io::Result<TcpStream> {
+    // One attempt waits at most this long, so that `give_up` is looked at now and then even
+    // when SYNs go unanswered.
+    const ATTEMPT: Duration = Duration::from_secs(1);
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"));
+        }
+        if give_up() {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "connect abandoned",
+            ));
+        }
+        match TcpStream::connect_timeout(&addr, left.min(ATTEMPT)) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(e);
+                }
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "timed out")
+}
+
+/// Arms `s`'s read timeout for what is left until `deadline`.
+fn arm_read(s: &TcpStream, deadline: Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(timed_out());
+    }
+    s.set_read_timeout(Some(left))
+}
+
+/// Writes a whole frame, giving up at `deadline` (the stream is then unusable).
+pub(crate) fn write_frame(s: &TcpStream, frame: &[u8], deadline: Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(timed_out());
+    }
+    s.set_write_timeout(Some(left))?;
+    let mut w = s;
+    w.write_all(frame).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock => timed_out(),
+        _ => e,
+    })
+}
+
+/// Reads one frame body of at most `max` bytes. `arm` runs before every read (to set a
+/// timeout). Ok(None): the peer closed the connection cleanly between frames.
+fn read_frame_with<R: Read>(
+    r: &mut R,
+    max: usize,
+    mut arm: impl FnMut() -> io::Result<()>,
+) -> io::Result<Option<Vec<u8>>> {
+    let mut fill = |buf: &mut [u8]| -> io::Result<usize> {
+        loop {
+            arm()?;
+            match r.read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // A socket read timeout surfaces as EAGAIN.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(timed_out()),
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let eof = |got: usize, want: usize| {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("connection closed inside a frame ({got} of {want} bytes)"),
+        )
+    };
+    let mut prefix = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match fill(&mut prefix[got..])? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(eof(got, 4)),
+            n => got += n,
+        }
+    }
+    let Some(len) = wire::body_len(prefix, max) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "frame of {} bytes exceeds the limit of {max}",
+                u32::from_le_bytes(prefix)
+            ),
+        ));
+    };
+    // Grow the buffer with what really arrives: the length came from the peer.
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    while body.len() < len {
+        let start = body.len();
+        body.resize(start + (len - start).min(1 << 20), 0);
+        let n = fill(&mut body[start..])?;
+        if n == 0 {
+            return Err(eof(start, len));
+        }
+        body.truncate(start + n);
+    }
+    Ok(Some(body))
+}
+
+/// Reads one frame body from `s`, failing at `deadline` or on EOF.
+pub(crate) fn read_frame(s: &TcpStream, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+    let mut r = s;
+    read_frame_with(&mut r, max, || arm_read(s, deadline))?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by peer"))
+}
+
+/// Reads one frame body from a buffered stream with no timeout (the caller's waits carry the
+/// deadlines). Ok(None) on a clean close between frames.
+pub(crate) fn read_frame_untimed<R: Read>(r: &mut R, max: usize) -> io::Result<Option<Vec<u8>>> {
+    read_frame_with(r, max, || Ok(()))
+}
+
+/// Is this I/O error a timeout (as opposed to a broken connection)?
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    )
+}
+
+/// Spawns a helper thread with a small stack (many of them exist at once with many ranks).
+pub(crate) fn spawn(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .stack_size(256 << 10)
+        .spawn(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifname_spec() {
+        assert!(ifname_matches("eth", "eth0"));
+        assert!(ifname_matches("ib,eth", "eth1"));
+        assert!(!ifname_matches("ib", "eth0"));
+        assert!(!ifname_matches("^eth", "eth0"));
+        assert!(ifname_matches("^eth", "ib0"));
+        assert!(ifname_matches("=eth0", "eth0"));
+        assert!(!ifname_matches("=eth0", "eth01"));
+        assert!(!ifname_matches("^=eth0", "eth0"));
+        assert!(ifname_matches("^=eth0", "eth01"));
+        assert!(!ifname_matches("^docker,virbr", "docker0"));
+        assert!(ifname_matches("^docker,virbr", "enp1s0"));
+    }
+
+    #[test]
+    fn address_choice_is_usable() {
+        let ip = choose_address();
+        assert!(!ip.is_unspecified());
+        let l = listen(SocketAddr::new(ip, 0), false).expect("listen on chosen address");
+        let a = local_addr(&l).expect("local addr");
+        assert_eq!(a.ip(), ip);
+        assert_eq!(
+            local_ip_toward(Ipv4Addr::LOCALHOST.into()),
+            IpAddr::from(Ipv4Addr::LOCALHOST)
+        );
+    }
+}

@@ -1,0 +1,511 @@
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::id::{id_from_comm_id, IdFields};
+use super::wire::{self, Channel, Hello, Msg};
+use super::*;
+use crate::error::NcclResult;
+
+const T: Duration = Duration::from_secs(10);
+
+/// xorshift64*: reproducible randomness without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Runs `f` on `nranks` threads that each joined the bootstrap of `id`.
+fn with_ranks<R: Send>(
+    id: &UniqueId,
+    nranks: usize,
+    f: impl Fn(Bootstrap) -> R + Sync,
+) -> Vec<Result<R>> {
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..nranks)
+            .map(|r| {
+                let f = &f;
+                s.spawn(move || Bootstrap::init(id, r, nranks, T).map(f))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
+fn payload(rank: usize, round: usize) -> Vec<u8> {
+    (0..rank * 37 + round * 5 + rank % 3)
+        .map(|i| (i * 31 + rank * 7 + round) as u8)
+        .collect()
+}
+
+#[test]
+fn id_round_trip_and_rejection() {
+    let v4 = IdFields {
+        root: SocketAddr::from((Ipv4Addr::new(10, 1, 2, 3), 4567)),
+        nonce: 0x0123_4567_89ab_cdef,
+        flags: 0,
+    };
+    let v6 = IdFields {
+        root: SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::new(0xfe80, 0, 0, 0, 1, 2, 3, 4),
+            9,
+            0,
+            7,
+        )),
+        nonce: 42,
+        flags: id::FLAG_ROOT_AT_INIT,
+    };
+    for f in [v4, v6] {
+        let id = UniqueId::encode(&f);
+        assert_eq!(id.fields().expect("decode"), f);
+        assert_eq!(id.decode().expect("decode"), (f.root, f.nonce));
+        assert!(format!("{id:?}").contains(&f.root.to_string()));
+        let mut bad = id;
+        bad.internal[0] ^= 1;
+        let e = bad.decode().expect_err("wrong magic");
+        assert_eq!(e.code, NcclResult::InvalidArgument);
+        assert!(e.message.contains("never produced"), "{}", e.message);
+        assert_eq!(format!("{bad:?}"), "UniqueId(<not a bootstrap id>)");
+    }
+    let zero = UniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
+    assert!(zero.decode().is_err());
+    let a = get_unique_id().expect("id");
+    let b = get_unique_id().expect("id");
+    assert_ne!(a, b);
+    assert_ne!(a.decode().expect("a").1, b.decode().expect("b").1);
+
+    assert!(id_from_comm_id("not an address").is_err());
+    assert!(id_from_comm_id("127.0.0.1:0").is_err());
+    let c = id_from_comm_id(" 127.0.0.1:5555 ").expect("comm id");
+    assert_eq!(c, id_from_comm_id("127.0.0.1:5555").expect("comm id"));
+    assert_eq!(
+        c.decode().expect("decode").0,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 5555))
+    );
+}
+
+fn check_group(nranks: usize) {
+    let id = get_unique_id().expect("id");
+    let results = with_ranks(&id, nranks, |bs| -> Result<()> {
+        let r = bs.rank();
+        assert_eq!(bs.nranks(), nranks);
+        assert_eq!(bs.peer_addresses().len(), nranks);
+        for round in 0..3 {
+            let all = bs.allgather(&payload(r, round))?;
+            for (q, got) in all.iter().enumerate() {
+                assert_eq!(got, &payload(q, round), "rank {r} round {round} from {q}");
+            }
+            bs.barrier()?;
+        }
+        // Point-to-point: every rank sends to its two ring neighbours on two tags.
+        let next = (r + 1) % nranks;
+        let prev = (r + nranks - 1) % nranks;
+        for tag in [7u32, 9] {
+            for seq in 0..3u8 {
+                bs.send(next, tag, &[r as u8, tag as u8, seq])?;
+                bs.send(prev, tag + 100, &[r as u8, seq])?;
+            }
+        }
+        for tag in [9u32, 7] {
+            for seq in 0..3u8 {
+                assert_eq!(bs.recv(prev, tag)?, vec![prev as u8, tag as u8, seq]);
+                assert_eq!(bs.recv(next, tag + 100)?, vec![next as u8, seq]);
+            }
+        }
+        bs.barrier()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r} init: {e}"))
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+#[test]
+fn groups_of_2_3_8() {
+    for n in [1, 2, 3, 8] {
+        check_group(n);
+    }
+}
+
+#[test]
+fn sixty_four_ranks_are_fast() {
+    let id = get_unique_id().expect("id");
+    let start = Instant::now();
+    let results = with_ranks(&id, 64, |bs| {
+        let all = bs.allgather(&payload(bs.rank(), 0))?;
+        let ok = all.iter().enumerate().all(|(q, v)| *v == payload(q, 0));
+        Ok::<_, Error>((ok, start.elapsed()))
+    });
+    let mut slowest = Duration::ZERO;
+    for res in results {
+        let (ok, t) = res.expect("init").expect("allgather");
+        assert!(ok);
+        slowest = slowest.max(t);
+    }
+    eprintln!("64 ranks: init + allgather in {slowest:?}");
+    assert!(slowest < Duration::from_secs(3), "took {slowest:?}");
+}
+
+#[test]
+fn all_pairs_tags_self_and_large_messages() {
+    let id = get_unique_id().expect("id");
+    let n = 4;
+    let results = with_ranks(&id, n, |bs| -> Result<()> {
+        let r = bs.rank();
+        for p in 0..n {
+            for tag in 0..3u32 {
+                for seq in 0..4u8 {
+                    bs.send(p, tag, &[r as u8, p as u8, tag as u8, seq])?;
+                }
+            }
+        }
+        for p in (0..n).rev() {
+            for tag in (0..3u32).rev() {
+                for seq in 0..4u8 {
+                    assert_eq!(bs.recv(p, tag)?, vec![p as u8, r as u8, tag as u8, seq]);
+                }
+            }
+        }
+        // Both directions at once with messages larger than socket buffers: must not deadlock.
+        let peer = r ^ 1;
+        let big: Vec<u8> = (0..(8 << 20)).map(|i| (i % 251) as u8 ^ r as u8).collect();
+        bs.send(peer, 77, &big)?;
+        let got = bs.recv(peer, 77)?;
+        assert_eq!(got.len(), big.len());
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8 ^ peer as u8));
+        bs.send(r, 5, b"")?;
+        assert_eq!(bs.recv(r, 5)?, Vec::<u8>::new());
+        assert!(bs.send(n, 0, b"x").is_err());
+        assert!(bs.recv(n, 0).is_err());
+        bs.barrier()
+    });
+    for res in results {
+        res.expect("init").expect("rank");
+    }
+}
+
+#[test]
+fn missing_rank_times_out_everywhere() {
+    let id = get_unique_id().expect("id");
+    let start = Instant::now();
+    let results: Vec<Result<Bootstrap>> = thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| s.spawn(move || Bootstrap::init(&id, r, 3, Duration::from_millis(500))))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).collect()
+    });
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    for res in results {
+        let e = res.expect_err("must fail");
+        assert_eq!(e.code, NcclResult::RemoteError);
+        assert!(e.message.contains("only 2 of 3 ranks"), "{}", e.message);
+        assert!(e.message.contains("missing ranks: 2"), "{}", e.message);
+    }
+}
+
+#[test]
+fn root_gone_gives_error_not_hang() {
+    // An id pointing at a port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let id = UniqueId::encode(&IdFields {
+        root: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        nonce: 1,
+        flags: 0,
+    });
+    let start = Instant::now();
+    let e = Bootstrap::init(&id, 0, 2, Duration::from_millis(300)).expect_err("no root");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(e.code, NcclResult::RemoteError);
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_le_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Sends `bytes` to `addr`, then reads whatever comes back until the root closes.
+fn poke(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect to root");
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut back = Vec::new();
+    let _ = s.read_to_end(&mut back);
+    back
+}
+
+fn refusal(back: &[u8]) -> (NcclResult, String) {
+    assert!(back.len() > 4, "no answer");
+    match wire::decode(&back[4..]).expect("decodable answer") {
+        Msg::Fail { code, message } => (code, message),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+#[test]
+fn root_survives_garbage() {
+    let id = get_unique_id().expect("id");
+    let (root, nonce) = id.decode().expect("decode");
+    // A silent connection stays open during the whole bootstrap.
+    let silent = TcpStream::connect(root).expect("silent");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    assert!(poke(root, &rng.bytes(300)).is_empty());
+    assert!(poke(root, &frame(&rng.bytes(40))).is_empty());
+    assert!(poke(root, &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3]).is_empty());
+    // Truncated: announces 60 bytes, sends 10.
+    let mut trunc = 60u32.to_le_bytes().to_vec();
+    trunc.extend_from_slice(&[1; 10]);
+    assert!(poke(root, &trunc).is_empty());
+    let hello = |nonce, rank, nranks| {
+        wire::encode_hello(&Hello {
+            nonce,
+            rank,
+            nranks,
+            timeout_ms: 1000,
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
+        })
+    };
+    let good = hello(nonce, 0, 3);
+    // Wrong magic in an otherwise valid hello.
+    let mut bad_magic = good.clone();
+    bad_magic[5] ^= 0x40;
+    assert!(poke(root, &bad_magic).is_empty());
+    // Truncated hello.
+    assert!(poke(root, &good[..good.len() - 3]).is_empty());
+    // Valid hellos that the root must refuse, with a reason.
+    let (code, msg) = refusal(&poke(root, &hello(nonce ^ 1, 0, 3)));
+    assert_eq!(code, NcclResult::InvalidUsage, "{msg}");
+    let (code, msg) = refusal(&poke(root, &hello(nonce, 3, 3)));
+    assert_eq!(code, NcclResult::InvalidArgument, "{msg}");
+    // After all that, a real bootstrap on the same id.
+    for res in with_ranks(&id, 3, |bs| bs.allgather(&[bs.rank() as u8])) {
+        assert_eq!(
+            res.expect("init").expect("allgather"),
+            vec![vec![0], vec![1], vec![2]]
+        );
+    }
+    drop(silent);
+}
+
+#[test]
+fn root_refuses_inconsistent_ranks() {
+    let id = get_unique_id().expect("id");
+    let gate = Barrier::new(2);
+    thread::scope(|s| {
+        let first = s.spawn(|| {
+            gate.wait();
+            Bootstrap::init(&id, 0, 2, T)
+        });
+        let second = s.spawn(|| {
+            gate.wait();
+            thread::sleep(Duration::from_millis(100));
+            let e = Bootstrap::init(&id, 1, 3, T).expect_err("nranks mismatch");
+            assert_eq!(e.code, NcclResult::InvalidUsage, "{}", e.message);
+            let e = Bootstrap::init(&id, 0, 2, T).expect_err("rank 0 twice");
+            assert_eq!(e.code, NcclResult::InvalidUsage, "{}", e.message);
+            Bootstrap::init(&id, 1, 2, T)
+        });
+        let a = first.join().expect("join").expect("rank 0");
+        let b = second.join().expect("join").expect("rank 1");
+        thread::scope(|s| {
+            s.spawn(|| a.barrier().expect("barrier 0"));
+            s.spawn(|| b.barrier().expect("barrier 1"));
+        });
+    });
+}
+
+#[test]
+fn bad_arguments() {
+    let id = get_unique_id().expect("id");
+    let e = Bootstrap::init(&id, 2, 2, T).expect_err("rank out of range");
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+    let e = Bootstrap::init(&id, 0, 0, T).expect_err("no ranks");
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+    let junk = UniqueId {
+        internal: [7; UNIQUE_ID_BYTES],
+    };
+    let e = Bootstrap::init(&junk, 0, 1, T).expect_err("junk id");
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+}
+
+#[test]
+fn comm_id_mode_root_started_by_rank0() {
+    let mut roots = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, 0))];
+    match TcpListener::bind("[::1]:0") {
+        Ok(_) => roots.push(SocketAddr::from((Ipv6Addr::LOCALHOST, 0))),
+        Err(e) => eprintln!("IPv6 part skipped: cannot bind [::1]: {e}"),
+    }
+    for any_port in roots {
+        let root = TcpListener::bind(any_port)
+            .and_then(|l| l.local_addr())
+            .expect("free port");
+        let id = id_from_comm_id(&root.to_string()).expect("id");
+        assert_eq!(id.decode().expect("decode").0, root);
+        for res in with_ranks(&id, 3, |bs| {
+            assert_eq!(bs.peer_addresses()[bs.rank()].is_ipv6(), root.is_ipv6());
+            bs.allgather(&payload(bs.rank(), 1))
+        }) {
+            let all = res.expect("init").expect("allgather");
+            assert!(all.iter().enumerate().all(|(q, v)| *v == payload(q, 1)));
+        }
+    }
+}
+
+#[test]
+fn dead_peer_abort_and_op_timeout() {
+    let id = get_unique_id().expect("id");
+    let mut ranks: Vec<Bootstrap> = with_ranks(&id, 3, |bs| bs)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    let c = ranks.pop().expect("rank 2");
+    let b = ranks.pop().expect("rank 1");
+    let a = ranks.pop().expect("rank 0");
+
+    // A live peer that never sends: the operation timeout.
+    a.set_op_timeout(Duration::from_millis(200));
+    let start = Instant::now();
+    let e = a.recv(2, 1).expect_err("nothing sent");
+    assert!(e.message.contains("timed out"), "{}", e.message);
+    assert!(start.elapsed() < Duration::from_secs(2));
+    a.set_op_timeout(Duration::from_secs(60));
+
+    // A message sent just before the sender goes away is still delivered; then the closed
+    // connection is an immediate error, not a 60 s wait.
+    c.send(0, 3, b"last words").expect("send");
+    drop(c);
+    assert_eq!(a.recv(2, 3).expect("delivered"), b"last words");
+    let start = Instant::now();
+    let e = a.recv(2, 3).expect_err("peer gone");
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // Abort wakes a waiting receiver, and every later call fails.
+    let start = Instant::now();
+    thread::scope(|s| {
+        let waiter = s.spawn(|| b.recv(0, 1));
+        thread::sleep(Duration::from_millis(50));
+        b.abort();
+        let e = waiter.join().expect("join").expect_err("aborted");
+        assert!(e.message.contains("aborted"), "{}", e.message);
+    });
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(b.send(0, 1, b"x").is_err());
+    assert!(b.recv(0, 1).is_err());
+    assert!(b.allgather(b"x").is_err());
+    assert!(b.barrier().is_err());
+    // The aborted rank's peers see its connections close.
+    let start = Instant::now();
+    assert!(a.barrier().is_err());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn fuzz_decoder() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let hello = wire::encode_hello(&Hello {
+        nonce: 5,
+        rank: 1,
+        nranks: 4,
+        timeout_ms: 10,
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 1234)),
+    });
+    let addrs: Vec<SocketAddr> = (0..5)
+        .map(|i| SocketAddr::from((Ipv4Addr::new(10, 0, 0, i), 1000 + u16::from(i))))
+        .collect();
+    let table = wire::encode_table(9, &addrs);
+    let fail = wire::encode_fail(NcclResult::RemoteError, "only 2 of 3 ranks arrived");
+    let connect = wire::encode_connect(&wire::Connect {
+        nonce: 1,
+        from: 2,
+        nranks: 3,
+    });
+    let data = wire::encode_data(Channel::Barrier, 3, b"payload").expect("data");
+    let valid = [hello, table, fail, connect, data];
+    // The valid frames decode to what was encoded.
+    assert!(matches!(wire::decode(&valid[0][4..]), Ok(Msg::Hello(h)) if h.rank == 1));
+    assert!(matches!(wire::decode(&valid[1][4..]), Ok(Msg::Table { addrs: a, .. }) if a == addrs));
+    assert!(
+        matches!(wire::decode(&valid[4][4..]), Ok(Msg::Data { channel: Channel::Barrier, tag: 3, payload }) if payload == b"payload")
+    );
+    for i in 0..40_000 {
+        let body = if i % 2 == 0 {
+            let len = rng.below(120);
+            let mut b = rng.bytes(len);
+            if !b.is_empty() && i % 4 == 0 {
+                b[0] = (rng.below(6)) as u8; // a known message type, random rest
+            }
+            b
+        } else {
+            // Mutate a valid body: flip bytes, cut, or extend.
+            let mut b = valid[rng.below(valid.len())][4..].to_vec();
+            for _ in 0..1 + rng.below(3) {
+                match rng.below(3) {
+                    0 if !b.is_empty() => {
+                        let at = rng.below(b.len());
+                        b[at] = rng.next() as u8;
+                    }
+                    1 => b.truncate(rng.below(b.len() + 1)),
+                    _ => {
+                        let extra = rng.below(8);
+                        b.extend(rng.bytes(extra));
+                    }
+                }
+            }
+            b
+        };
+        let _ = wire::decode(&body);
+        let mut prefix = [0u8; 4];
+        for (p, s) in prefix.iter_mut().zip(body.iter()) {
+            *p = *s;
+        }
+        let _ = wire::body_len(prefix, wire::MAX_CTRL_BODY);
+        let _ = wire::get_addr(&body);
+        let mut raw = [0u8; UNIQUE_ID_BYTES];
+        for (d, s) in raw.iter_mut().zip(body.iter()) {
+            *d = *s;
+        }
+        if i % 3 == 0 {
+            raw[..8].copy_from_slice(&wire::MAGIC.to_le_bytes());
+        }
+        let id = UniqueId { internal: raw };
+        let _ = id.decode();
+        let _ = format!("{id:?}");
+    }
+}

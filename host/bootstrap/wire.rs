@@ -1,0 +1,369 @@
+//! What travels on the bootstrap sockets. A frame is a little-endian `u32` body length followed
+//! by the body; the body's first byte says which message it is. Encoding and decoding are pure
+//! functions (bytes in, message or error out, no socket in sight) so that the decoder can be
+//! fuzzed: every length and count in a body is checked against what is really there.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+
+use crate::error::{Error, NcclResult, Result};
+
+/// "nccl-rs\0": the first field of every control message and of the unique id.
+pub(crate) const MAGIC: u64 = 0x6e63_636c_2d72_7300;
+/// Bumped whenever a message layout changes, so that two builds never misread each other.
+pub(crate) const VERSION: u32 = 1;
+/// Most ranks one bootstrap accepts (keeps the root's address table a sane size).
+pub(crate) const MAX_RANKS: usize = 1 << 20;
+/// Largest body accepted on a connection before it proved to be one of ours (hello, connect).
+pub(crate) const MAX_CTRL_BODY: usize = 1024;
+/// Largest body of a data frame between ranks.
+pub(crate) const MAX_DATA_BODY: usize = 256 << 20;
+/// Bytes of a data frame body in front of the payload: type, channel, tag.
+pub(crate) const DATA_HEADER: usize = 1 + 1 + 4;
+/// Largest payload of one `send` or of one rank's `allgather` contribution.
+pub(crate) const MAX_PAYLOAD: usize = MAX_DATA_BODY - DATA_HEADER;
+/// Encoded size of a socket address: family, port, 16 address bytes, IPv6 scope id.
+pub(crate) const ADDR_BYTES: usize = 1 + 2 + 16 + 4;
+/// Longest error text the root sends back.
+const MAX_FAIL_TEXT: usize = 900;
+
+const T_HELLO: u8 = 1;
+const T_TABLE: u8 = 2;
+const T_FAIL: u8 = 3;
+const T_CONNECT: u8 = 4;
+const T_DATA: u8 = 5;
+
+/// Which conversation a data frame belongs to; user tags and internal traffic never mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Channel {
+    User,
+    Allgather,
+    Barrier,
+}
+
+impl Channel {
+    fn to_u8(self) -> u8 {
+        match self {
+            Channel::User => 0,
+            Channel::Allgather => 1,
+            Channel::Barrier => 2,
+        }
+    }
+    fn from_u8(v: u8) -> Option<Channel> {
+        match v {
+            0 => Some(Channel::User),
+            1 => Some(Channel::Allgather),
+            2 => Some(Channel::Barrier),
+            _ => None,
+        }
+    }
+}
+
+/// A rank introducing itself to the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub nonce: u64,
+    pub rank: u32,
+    pub nranks: u32,
+    /// How long this rank is still willing to wait for the others.
+    pub timeout_ms: u64,
+    /// Where this rank's own listener accepts peers.
+    pub listen: SocketAddr,
+}
+
+/// First frame on a rank-to-rank connection: who is calling, for which bootstrap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Connect {
+    pub nonce: u64,
+    pub from: u32,
+    pub nranks: u32,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Msg<'a> {
+    Hello(Hello),
+    /// Root to every rank once all arrived: every rank's listen address, by rank.
+    Table {
+        nonce: u64,
+        addrs: Vec<SocketAddr>,
+    },
+    /// Root to a rank: the bootstrap cannot complete, and why.
+    Fail {
+        code: NcclResult,
+        message: String,
+    },
+    Connect(Connect),
+    Data {
+        channel: Channel,
+        tag: u32,
+        payload: &'a [u8],
+    },
+}
+
+fn malformed(what: &str) -> Error {
+    Error::remote(format!("malformed bootstrap message: {what}"))
+}
+
+/// Builds one frame: reserves the length prefix and patches it at the end.
+struct Frame(Vec<u8>);
+
+impl Frame {
+    fn new(kind: u8, capacity: usize) -> Frame {
+        let mut v = Vec::with_capacity(4 + capacity);
+        v.extend_from_slice(&[0; 4]);
+        v.push(kind);
+        Frame(v)
+    }
+    fn control(kind: u8, capacity: usize) -> Frame {
+        let mut f = Frame::new(kind, 12 + capacity);
+        f.u64(MAGIC);
+        f.u32(VERSION);
+        f
+    }
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn addr(&mut self, a: &SocketAddr) {
+        put_addr(&mut self.0, a);
+    }
+    fn finish(mut self) -> Vec<u8> {
+        // Bodies are bounded well below 4 GiB by the callers (MAX_RANKS, MAX_PAYLOAD).
+        let len = (self.0.len() - 4) as u32;
+        self.0[..4].copy_from_slice(&len.to_le_bytes());
+        self.0
+    }
+}
+
+/// Appends the `ADDR_BYTES` encoding of `a`.
+pub(crate) fn put_addr(out: &mut Vec<u8>, a: &SocketAddr) {
+    let mut ip = [0u8; 16];
+    let (family, scope) = match a {
+        SocketAddr::V4(v4) => {
+            ip[..4].copy_from_slice(&v4.ip().octets());
+            (4u8, 0u32)
+        }
+        SocketAddr::V6(v6) => {
+            ip.copy_from_slice(&v6.ip().octets());
+            (6u8, v6.scope_id())
+        }
+    };
+    out.push(family);
+    out.extend_from_slice(&a.port().to_le_bytes());
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&scope.to_le_bytes());
+}
+
+/// Reads an address written by `put_addr`; port 0 or an unknown family is an error.
+pub(crate) fn get_addr(b: &[u8]) -> Result<SocketAddr> {
+    let mut r = Rd(b);
+    r.addr()
+}
+
+/// A cursor that never reads past its slice.
+struct Rd<'a>(&'a [u8]);
+
+impl<'a> Rd<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(malformed("truncated"));
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn addr(&mut self) -> Result<SocketAddr> {
+        let family = self.u8()?;
+        let port = self.u16()?;
+        let ip: [u8; 16] = self.array()?;
+        let scope = self.u32()?;
+        if port == 0 {
+            return Err(malformed("address with port 0"));
+        }
+        match family {
+            4 => {
+                let v4 = Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]);
+                Ok(SocketAddr::new(IpAddr::V4(v4), port))
+            }
+            6 => Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                0,
+                scope,
+            ))),
+            _ => Err(malformed("unknown address family")),
+        }
+    }
+    fn end(&self) -> Result<()> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(malformed("trailing bytes"))
+        }
+    }
+}
+
+/// The body length announced by a frame's 4-byte prefix, if it is within `max`.
+pub(crate) fn body_len(prefix: [u8; 4], max: usize) -> Option<usize> {
+    let n = u32::from_le_bytes(prefix) as usize;
+    (n <= max).then_some(n)
+}
+
+/// Largest body of a root's answer to a rank of an `nranks`-rank bootstrap.
+pub(crate) fn answer_body_max(nranks: usize) -> usize {
+    (1 + 12 + 8 + 4 + nranks.min(MAX_RANKS) * ADDR_BYTES).max(1 + 12 + 1 + 4 + MAX_FAIL_TEXT)
+}
+
+pub(crate) fn encode_hello(h: &Hello) -> Vec<u8> {
+    let mut f = Frame::control(T_HELLO, 24 + ADDR_BYTES);
+    f.u64(h.nonce);
+    f.u32(h.rank);
+    f.u32(h.nranks);
+    f.u64(h.timeout_ms);
+    f.addr(&h.listen);
+    f.finish()
+}
+
+pub(crate) fn encode_connect(c: &Connect) -> Vec<u8> {
+    let mut f = Frame::control(T_CONNECT, 16);
+    f.u64(c.nonce);
+    f.u32(c.from);
+    f.u32(c.nranks);
+    f.finish()
+}
+
+/// The address table; `addrs.len()` must not exceed `MAX_RANKS` (the root only builds tables
+/// from validated hellos).
+pub(crate) fn encode_table(nonce: u64, addrs: &[SocketAddr]) -> Vec<u8> {
+    let mut f = Frame::control(T_TABLE, 12 + addrs.len() * ADDR_BYTES);
+    f.u64(nonce);
+    f.u32(addrs.len() as u32);
+    for a in addrs {
+        f.addr(a);
+    }
+    f.finish()
+}
+
+pub(crate) fn encode_fail(code: NcclResult, message: &str) -> Vec<u8> {
+    let mut end = message.len().min(MAX_FAIL_TEXT);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let text = &message.as_bytes()[..end];
+    let mut f = Frame::control(T_FAIL, 5 + text.len());
+    f.u8(code as u8);
+    f.u32(text.len() as u32);
+    f.0.extend_from_slice(text);
+    f.finish()
+}
+
+/// A data frame; Err(invalid_argument) when the payload is over `MAX_PAYLOAD`.
+pub(crate) fn encode_data(channel: Channel, tag: u32, payload: &[u8]) -> Result<Vec<u8>> {
+    if payload.len() > MAX_PAYLOAD {
+        return Err(Error::invalid_argument(format!(
+            "bootstrap message of {} bytes exceeds the limit of {MAX_PAYLOAD} bytes",
+            payload.len()
+        )));
+    }
+    let mut f = Frame::new(T_DATA, DATA_HEADER + payload.len());
+    f.u8(channel.to_u8());
+    f.u32(tag);
+    f.0.extend_from_slice(payload);
+    Ok(f.finish())
+}
+
+fn code_from_u8(v: u8) -> NcclResult {
+    match v {
+        1 => NcclResult::UnhandledCudaError,
+        2 => NcclResult::SystemError,
+        3 => NcclResult::InternalError,
+        4 => NcclResult::InvalidArgument,
+        5 => NcclResult::InvalidUsage,
+        // A failure that says "success" or "in progress" is nonsense: report it as remote.
+        _ => NcclResult::RemoteError,
+    }
+}
+
+/// Decodes one frame body (without its length prefix). Pure; never panics on any input.
+pub(crate) fn decode(body: &[u8]) -> Result<Msg<'_>> {
+    let mut r = Rd(body);
+    let kind = r.u8()?;
+    if kind == T_DATA {
+        let channel = Channel::from_u8(r.u8()?).ok_or_else(|| malformed("unknown channel"))?;
+        let tag = r.u32()?;
+        return Ok(Msg::Data {
+            channel,
+            tag,
+            payload: r.0,
+        });
+    }
+    if r.u64()? != MAGIC {
+        return Err(malformed("wrong magic"));
+    }
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(malformed(&format!(
+            "version {version}, this build speaks {VERSION}"
+        )));
+    }
+    let msg = match kind {
+        T_HELLO => Msg::Hello(Hello {
+            nonce: r.u64()?,
+            rank: r.u32()?,
+            nranks: r.u32()?,
+            timeout_ms: r.u64()?,
+            listen: r.addr()?,
+        }),
+        T_CONNECT => Msg::Connect(Connect {
+            nonce: r.u64()?,
+            from: r.u32()?,
+            nranks: r.u32()?,
+        }),
+        T_TABLE => {
+            let nonce = r.u64()?;
+            let count = r.u32()? as usize;
+            // Check the count against the bytes really present before allocating for it.
+            if count > MAX_RANKS || r.0.len() != count * ADDR_BYTES {
+                return Err(malformed("address table size does not match its count"));
+            }
+            let mut addrs = Vec::with_capacity(count);
+            for _ in 0..count {
+                addrs.push(r.addr()?);
+            }
+            Msg::Table { nonce, addrs }
+        }
+        T_FAIL => {
+            let code = code_from_u8(r.u8()?);
+            let len = r.u32()? as usize;
+            let text = r.take(len)?;
+            Msg::Fail {
+                code,
+                message: String::from_utf8_lossy(text).into_owned(),
+            }
+        }
+        _ => return Err(malformed("unknown message type")),
+    };
+    r.end()?;
+    Ok(msg)
+}

@@ -1,0 +1,287 @@
+//! Communicators: state and lifecycle (init, destroy, abort) and the per-rank facts shared at
+//! init.
+
+mod peer;
+
+use crate::bootstrap::{Bootstrap, UniqueId};
+use crate::cuda::{DevBuffer, Device, Kernel};
+use crate::error::{Error, Result};
+use crate::transport::p2p::{Layout, P2p, PeerAddr};
+use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS};
+use nccl_device::ops::RedOpKind;
+use nccl_device::types::DataType;
+use peer::PeerInfo;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Launch shape and buffer sizes, decided by rank 0's parameters so every rank agrees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub nchannels: u32,
+    pub nthreads: u32,
+    pub slot_bytes: u32,
+}
+
+impl Shape {
+    /// From this process's parameters for `device`.
+    fn from_env(device: &Device) -> Result<Shape> {
+        let env = crate::env::int;
+        let sim = device.is_sim();
+        let buff = match crate::env::raw("NCCL_BUFFSIZE") {
+            Some(_) => env("NCCL_BUFFSIZE"),
+            None if sim => env("NCCL_RS_SIM_BUFFSIZE"),
+            None => env("NCCL_BUFFSIZE"),
+        };
+        if buff < 8 * 1024 || buff > (1 << 30) {
+            return Err(Error::invalid_argument(format!(
+                "NCCL_BUFFSIZE={buff}: use 8 KiB to 1 GiB"
+            )));
+        }
+        let slot = (buff as u32 / nccl_device::abi::NCCL_STEPS) & !127;
+        let nthreads = if sim {
+            env("NCCL_RS_SIM_NTHREADS")
+        } else {
+            env("NCCL_NTHREADS")
+        };
+        if !(1..=1024).contains(&nthreads) || (!sim && nthreads % 32 != 0) {
+            return Err(Error::invalid_argument(format!(
+                "NCCL_NTHREADS={nthreads}: use a multiple of 32 up to 1024"
+            )));
+        }
+        let auto = if sim { 2 } else { 16 };
+        let (min, max) = (env("NCCL_MIN_NCHANNELS"), env("NCCL_MAX_NCHANNELS"));
+        let mut n = auto;
+        if max > 0 {
+            n = n.min(max);
+        }
+        if min > 0 {
+            n = n.max(min);
+        }
+        let n = n.clamp(1, MAX_CHANNELS as i64) as u32;
+        Ok(Shape {
+            nchannels: n,
+            nthreads: nthreads as u32,
+            slot_bytes: slot,
+        })
+    }
+}
+
+/// One rank's communicator.
+pub struct Comm {
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) device: Device,
+    pub(crate) shape: Shape,
+    pub(crate) bootstrap: Bootstrap,
+    /// DevComm followed by its ChannelDev array, in device memory.
+    pub(crate) dev_comm: DevBuffer,
+    _p2p: Option<P2p>,
+    kernels: Mutex<HashMap<(&'static str, DataType, RedOpKind), Kernel>>,
+    aborted: AtomicBool,
+    /// Device memory this communicator took at init (bytes), for reports.
+    pub(crate) init_bytes: usize,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Comm(rank {} of {} on {:?})",
+            self.rank, self.nranks, self.device
+        )
+    }
+}
+
+impl Comm {
+    /// `ncclCommInitRank` on `device`: every rank calls it with the same id and count.
+    pub fn init_rank_on(device: Device, nranks: usize, id: &UniqueId, rank: usize) -> Result<Comm> {
+        crate::debug::init();
+        if nranks == 0 {
+            return Err(Error::invalid_argument("nranks is 0"));
+        }
+        if rank >= nranks {
+            return Err(Error::invalid_argument(format!(
+                "rank {rank} is out of range (nranks {nranks})"
+            )));
+        }
+        id.decode()?;
+        let t0 = Instant::now();
+        crate::env::log_params();
+        device.make_current()?;
+        let shape = Shape::from_env(&device)?;
+        let timeout =
+            Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+        let bootstrap =
+            Bootstrap::init(id, rank, nranks, timeout).map_err(|e| e.context("bootstrap"))?;
+        let me = PeerInfo::local(rank, &device, shape)?;
+        let peers = PeerInfo::exchange(&bootstrap, &me)?;
+        let shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
+        let (free_before, _) = device.mem_info()?;
+
+        // One ring, rank order, on every channel (every GPU pair is equal on an NVLink switch).
+        let prev = (rank + nranks - 1) % nranks;
+        let next = (rank + 1) % nranks;
+        let layout = Layout {
+            nchannels: shape.nchannels as usize,
+            slot_bytes: shape.slot_bytes as usize,
+        };
+        let p2p = if nranks > 1 {
+            let addrs: Vec<PeerAddr> = peers
+                .iter()
+                .map(|p| PeerAddr {
+                    device: p.device,
+                    same_process: p.same_process(&me),
+                })
+                .collect();
+            Some(P2p::setup(&device, &bootstrap, &addrs, prev, next, layout)?)
+        } else {
+            None
+        };
+
+        let nch = shape.nchannels as usize;
+        let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+        let dev_comm = device.alloc(head + nch * std::mem::size_of::<ChannelDev>())?;
+        let mut channels = vec![ChannelDev::default(); nch];
+        for (c, ch) in channels.iter_mut().enumerate() {
+            ch.ring_index = rank as u32;
+            ch.ring_prev = prev as u32;
+            ch.ring_next = next as u32;
+            if let Some(p) = &p2p {
+                (ch.send, ch.recv) = p.conns(c);
+            }
+        }
+        let dc = DevComm {
+            rank: rank as u32,
+            nranks: nranks as u32,
+            nchannels: shape.nchannels,
+            slot_bytes: shape.slot_bytes,
+            channels: dev_comm.ptr + head as u64,
+        };
+        dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
+        dev_comm.write(head, as_bytes(&channels))?;
+        bootstrap.barrier()?;
+        let (free_after, _) = device.mem_info()?;
+        log::info!(
+            "comm rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, init {:.1} ms",
+            device.ordinal,
+            if device.is_sim() { "simulator" } else { "cuda" },
+            shape.nchannels,
+            shape.nthreads,
+            shape.slot_bytes / 1024,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(Comm {
+            rank,
+            nranks,
+            device,
+            shape,
+            bootstrap,
+            dev_comm,
+            _p2p: p2p,
+            kernels: Mutex::new(HashMap::new()),
+            aborted: AtomicBool::new(false),
+            init_bytes: free_before.saturating_sub(free_after),
+        })
+    }
+
+    /// `ncclCommInitRank`: on the calling thread's current device.
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize) -> Result<Comm> {
+        Comm::init_rank_on(Device::current()?, nranks, id, rank)
+    }
+
+    /// `ncclCommInitAll`: one communicator per device for a single process, rank i on
+    /// `devices[i]`.
+    pub fn init_all(devices: &[i32]) -> Result<Vec<Comm>> {
+        if devices.is_empty() {
+            return Err(Error::invalid_argument("ncclCommInitAll with no devices"));
+        }
+        let id = crate::bootstrap::get_unique_id()?;
+        let n = devices.len();
+        let opened: Vec<Device> = devices
+            .iter()
+            .map(|&d| Device::open(d))
+            .collect::<Result<_>>()?;
+        let results: Vec<Result<Comm>> = std::thread::scope(|s| {
+            let handles: Vec<_> = opened
+                .into_iter()
+                .enumerate()
+                .map(|(i, dev)| s.spawn(move || Comm::init_rank_on(dev, n, &id, i)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::internal("an init thread panicked")))
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// `ncclCommCount`.
+    pub fn count(&self) -> usize {
+        self.nranks
+    }
+    /// `ncclCommCuDevice`.
+    pub fn cu_device(&self) -> i32 {
+        self.device.ordinal
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+    /// Device memory this communicator allocated at init (cuMemGetInfo before and after).
+    pub fn init_device_bytes(&self) -> usize {
+        self.init_bytes
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage("the communicator was aborted"));
+        }
+        Ok(())
+    }
+
+    /// `ncclCommAbort`: stops the bootstrap so no later call waits on a peer; the memory is
+    /// released when the communicator drops.
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.bootstrap.abort();
+    }
+
+    /// The kernel of `coll` for this type and op, loaded once per communicator.
+    pub(crate) fn kernel(&self, coll: &'static str, dt: DataType, op: RedOpKind) -> Result<Kernel> {
+        let key = (coll, dt, op);
+        if let Some(k) = self
+            .kernels
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .get(&key)
+        {
+            return Ok(*k);
+        }
+        let family = format!("nccl_{coll}_{}_", dt.name());
+        let k = self
+            .device
+            .kernel(&format!("{family}{}", op.name()), &family)?;
+        self.kernels
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .insert(key, k);
+        Ok(k)
+    }
+}
+
+/// The bytes of plain-data ABI structures, for copying them to the device.
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: T is a #[repr(C)] ABI structure of plain integers (no padding holes read as
+    // uninitialised: every ABI type pads explicitly).
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}

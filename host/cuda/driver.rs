@@ -1,0 +1,495 @@
+//! The real backend: the CUDA driver API through cudarc's dynamically loaded bindings. Nothing
+//! links against libcuda; a machine without a driver gets an error value, never a panic.
+
+use super::{DevPtr, DeviceProps, StreamHandle};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+/// Turns a driver status into our error, with the driver's own name and message.
+pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: both calls only write a pointer to a static string (or leave it null).
+    unsafe {
+        sys::cuGetErrorName(r, &mut name);
+        sys::cuGetErrorString(r, &mut text);
+    }
+    let s = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            format!("{r:?}")
+        } else {
+            // SAFETY: the driver returned a NUL-terminated static string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    Err(Error::cuda(format!(
+        "{what} failed: {} ({})",
+        s(name),
+        s(text)
+    )))
+}
+
+/// Loads libcuda and calls cuInit once; later calls return the same outcome.
+pub fn init() -> Result<()> {
+    static INIT: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: probing for the library has no side effects beyond loading it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::system(
+                "no CUDA driver found (libcuda.so could not be loaded); set NCCL_RS_BACKEND=sim to use the CPU simulator",
+            ));
+        }
+        // SAFETY: cuInit takes flags 0.
+        check(unsafe { sys::cuInit(0) }, "cuInit")
+    })
+    .clone()
+}
+
+pub fn device_count() -> Result<usize> {
+    init()?;
+    let mut n = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n.max(0) as usize)
+}
+
+/// A raw driver handle that may cross threads (the driver's handles are process-wide).
+#[derive(Clone, Copy, Debug)]
+struct Raw<T>(T);
+// SAFETY: CUDA driver handles (contexts, modules, functions) may be used from any thread.
+unsafe impl<T> Send for Raw<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Raw<T> {}
+
+/// One GPU: its primary context (shared with the CUDA runtime and other libraries in the
+/// process) and its lazily loaded kernel modules.
+pub struct Device {
+    pub ordinal: i32,
+    dev: sys::CUdevice,
+    ctx: Raw<sys::CUcontext>,
+    sm: u32,
+    modules: Mutex<HashMap<String, Raw<sys::CUmodule>>>,
+    functions: Mutex<HashMap<String, Raw<sys::CUfunction>>>,
+}
+
+impl Device {
+    pub fn open(ordinal: i32) -> Result<Device> {
+        let n = device_count()?;
+        if ordinal < 0 || ordinal as usize >= n {
+            return Err(Error::invalid_argument(format!(
+                "CUDA device {ordinal} does not exist ({n} visible)"
+            )));
+        }
+        let mut dev = 0;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: plain out-parameters; the primary context is retained for the Device's life.
+        unsafe {
+            check(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
+            check(
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+        }
+        let mut d = Device {
+            ordinal,
+            dev,
+            ctx: Raw(ctx),
+            sm: 0,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        };
+        let (major, minor) = d.compute_capability()?;
+        d.sm = major * 10 + minor;
+        Ok(d)
+    }
+
+    /// The device of the calling thread's current context, as `cudaGetDevice` would say.
+    pub fn current_ordinal() -> Result<i32> {
+        init()?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: out-parameter.
+        check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+        if ctx.is_null() {
+            return Ok(0);
+        }
+        let mut dev = 0;
+        // SAFETY: out-parameter; a context is current.
+        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        Ok(dev)
+    }
+
+    pub fn make_current(&self) -> Result<()> {
+        // SAFETY: the context is retained while self lives.
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.ctx.0) },
+            "cuCtxSetCurrent",
+        )
+    }
+
+    fn attr(&self, a: sys::CUdevice_attribute) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: out-parameter.
+        check(
+            unsafe { sys::cuDeviceGetAttribute(&mut v, a, self.dev) },
+            "cuDeviceGetAttribute",
+        )?;
+        Ok(v)
+    }
+
+    fn compute_capability(&self) -> Result<(u32, u32)> {
+        use sys::CUdevice_attribute::*;
+        Ok((
+            self.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+            self.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+        ))
+    }
+
+    pub fn props(&self) -> Result<DeviceProps> {
+        use sys::CUdevice_attribute::*;
+        let mut name = [0 as std::ffi::c_char; 128];
+        let mut bus = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffers are as long as the lengths passed.
+        unsafe {
+            check(
+                sys::cuDeviceGetName(name.as_mut_ptr(), 128, self.dev),
+                "cuDeviceGetName",
+            )?;
+            check(
+                sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 32, self.dev),
+                "cuDeviceGetPCIBusId",
+            )?;
+        }
+        // SAFETY: the driver wrote NUL-terminated strings.
+        let cstr = |b: &[std::ffi::c_char]| {
+            unsafe { CStr::from_ptr(b.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let (major, minor) = self.compute_capability()?;
+        Ok(DeviceProps {
+            name: cstr(&name),
+            bus_id: cstr(&bus),
+            compute_capability: (major, minor),
+            sm_count: self.attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+        })
+    }
+
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.make_current()?;
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: out-parameters; our context is current.
+        check(
+            unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+            "cuMemGetInfo",
+        )?;
+        Ok((free, total))
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+        self.make_current()?;
+        let mut p = 0;
+        // SAFETY: out-parameter; our context is current.
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+            &format!("cuMemAlloc of {bytes} bytes"),
+        )?;
+        // SAFETY: p is a fresh allocation of at least `bytes` bytes.
+        check(unsafe { sys::cuMemsetD8_v2(p, 0, bytes) }, "cuMemsetD8")?;
+        Ok(p)
+    }
+
+    pub fn free(&self, p: DevPtr) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: p came from alloc on this device and is freed once (the owner's Drop).
+        check(unsafe { sys::cuMemFree_v2(p) }, "cuMemFree")
+    }
+
+    pub fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: the caller passes a device range of src.len() bytes.
+        check(
+            unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()) },
+            "cuMemcpyHtoD",
+        )
+    }
+
+    pub fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: the caller passes a device range of dst.len() bytes.
+        check(
+            unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()) },
+            "cuMemcpyDtoH",
+        )
+    }
+
+    /// The device a pointer belongs to, or None when the driver does not know it.
+    pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
+        self.make_current()?;
+        let mut ordinal: i32 = -1;
+        // SAFETY: out-parameter of the size the attribute defines (an int).
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut ordinal as *mut i32 as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                p,
+            )
+        };
+        Ok(if r == sys::CUresult::CUDA_SUCCESS {
+            Some(ordinal)
+        } else {
+            None
+        })
+    }
+
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        let mut v = 0;
+        // SAFETY: out-parameter.
+        check(
+            unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.dev, peer.dev) },
+            "cuDeviceCanAccessPeer",
+        )?;
+        Ok(v != 0)
+    }
+
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: enabling access to a retained peer context.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.0, 0) };
+        if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check(r, "cuCtxEnablePeerAccess")
+    }
+
+    pub fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
+        self.make_current()?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: p is the base of an allocation of ours.
+        check(
+            unsafe { sys::cuIpcGetMemHandle(&mut h, p) },
+            "cuIpcGetMemHandle",
+        )?;
+        Ok(h.reserved.map(|c| c as u8))
+    }
+
+    pub fn open_ipc(&self, handle: &[u8; 64]) -> Result<DevPtr> {
+        self.make_current()?;
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut p = 0;
+        // SAFETY: out-parameter; the handle came from a peer's cuIpcGetMemHandle.
+        check(
+            unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut p,
+                    h,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            },
+            "cuIpcOpenMemHandle",
+        )?;
+        Ok(p)
+    }
+
+    pub fn close_ipc(&self, p: DevPtr) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: p came from open_ipc and is closed once.
+        check(
+            unsafe { sys::cuIpcCloseMemHandle(p) },
+            "cuIpcCloseMemHandle",
+        )
+    }
+
+    /// The kernel `name`; its family's module (`family` is a name prefix) is JIT-compiled on
+    /// first use and kept.
+    pub fn function(&self, name: &str, family: &str) -> Result<usize> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .get(name)
+        {
+            return Ok(f.0 as usize);
+        }
+        self.make_current()?;
+        let module = {
+            let mut modules = self
+                .modules
+                .lock()
+                .map_err(|_| Error::internal("module cache poisoned"))?;
+            match modules.get(family) {
+                Some(m) => m.0,
+                None => {
+                    let ptx = super::ptx::for_arch(self.sm).ok_or_else(|| {
+                        Error::invalid_usage(format!(
+                            "no PTX for sm_{} in this build (built for sm_80 and sm_90)",
+                            self.sm
+                        ))
+                    })?;
+                    let text = super::ptx::family(ptx, family);
+                    let c = std::ffi::CString::new(text)
+                        .map_err(|_| Error::internal("PTX holds a NUL byte"))?;
+                    let t0 = Instant::now();
+                    let mut m = std::ptr::null_mut();
+                    // SAFETY: c is NUL-terminated PTX text.
+                    check(
+                        unsafe { sys::cuModuleLoadData(&mut m, c.as_ptr() as *const c_void) },
+                        "cuModuleLoadData",
+                    )?;
+                    log::info!(
+                        "cuda: loaded kernel module {family}* on device {} in {:.1} ms",
+                        self.ordinal,
+                        t0.elapsed().as_secs_f64() * 1e3
+                    );
+                    modules.insert(family.to_string(), Raw(m));
+                    m
+                }
+            }
+        };
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| Error::internal("kernel name holds a NUL byte"))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: out-parameter; module is loaded.
+        check(
+            unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) },
+            &format!("cuModuleGetFunction({name})"),
+        )?;
+        self.functions
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .insert(name.to_string(), Raw(f));
+        Ok(f as usize)
+    }
+
+    /// Launches `func` with one by-value parameter `arg` of `arg_bytes` bytes.
+    pub fn launch(
+        &self,
+        func: usize,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        arg: *const u8,
+    ) -> Result<()> {
+        self.make_current()?;
+        let mut params = [arg as *mut c_void];
+        // SAFETY: func is a kernel of this context taking one parameter, which `arg` points at.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    func as sys::CUfunction,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream.0 as sys::CUstream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+    }
+
+    pub fn stream_create(&self) -> Result<StreamHandle> {
+        self.make_current()?;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-parameter; CU_STREAM_NON_BLOCKING = 1.
+        check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
+        Ok(StreamHandle(s as u64))
+    }
+
+    pub fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: s came from stream_create.
+        check(
+            unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) },
+            "cuStreamDestroy",
+        )
+    }
+
+    pub fn stream_sync(&self, s: StreamHandle) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: s is a stream of this context (or 0).
+        check(
+            unsafe { sys::cuStreamSynchronize(s.0 as sys::CUstream) },
+            "cuStreamSynchronize",
+        )
+    }
+
+    /// Whether all work on `s` is done (without waiting).
+    pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        self.make_current()?;
+        // SAFETY: s is a stream of this context (or 0).
+        let r = unsafe { sys::cuStreamQuery(s.0 as sys::CUstream) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r, "cuStreamQuery").map(|_| true)
+    }
+
+    pub fn event_create(&self) -> Result<u64> {
+        self.make_current()?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: out-parameter; default flags (timing enabled).
+        check(unsafe { sys::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;
+        Ok(e as u64)
+    }
+
+    pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: e and s belong to this context.
+        check(
+            unsafe { sys::cuEventRecord(e as sys::CUevent, s.0 as sys::CUstream) },
+            "cuEventRecord",
+        )
+    }
+
+    pub fn event_sync(&self, e: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: e belongs to this context.
+        check(
+            unsafe { sys::cuEventSynchronize(e as sys::CUevent) },
+            "cuEventSynchronize",
+        )
+    }
+
+    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
+        self.make_current()?;
+        let mut ms = 0f32;
+        // SAFETY: both events belong to this context and have completed.
+        check(
+            unsafe { sys::cuEventElapsedTime(&mut ms, start as sys::CUevent, end as sys::CUevent) },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
+    }
+
+    pub fn event_destroy(&self, e: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: e came from event_create.
+        check(
+            unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) },
+            "cuEventDestroy",
+        )
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in open(); modules die with the context.
+        unsafe {
+            sys::cuDevicePrimaryCtxRelease_v2(self.dev);
+        }
+    }
+}

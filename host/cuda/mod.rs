@@ -1,0 +1,315 @@
+//! The only module that talks to a GPU (DESIGN rule 3). Two backends behind one API: the CUDA
+//! driver (`driver`) and the CPU simulator (`sim`), which runs the same device kernels on host
+//! threads. The backend is chosen explicitly — `NCCL_RS_BACKEND=cuda|sim` or [`set_backend`]
+//! before first use — and never swapped in silently when a GPU is missing.
+
+pub mod driver;
+pub mod ptx;
+pub mod sim;
+
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A device address (on the simulator, a host address).
+pub type DevPtr = u64;
+
+/// A stream as the user holds it: a `CUstream` on the driver backend (0 is the legacy default
+/// stream), a simulator stream id on the simulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StreamHandle(pub u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Cuda,
+    Sim,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeviceProps {
+    pub name: String,
+    pub bus_id: String,
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+}
+
+static BACKEND: AtomicU8 = AtomicU8::new(0); // 0: not chosen yet, 1: cuda, 2: sim
+
+/// Chooses the backend for this process. Allowed once, before any device is opened (or again
+/// with the same choice).
+pub fn set_backend(b: Backend) -> Result<()> {
+    let want = if b == Backend::Cuda { 1 } else { 2 };
+    match BACKEND.compare_exchange(0, want, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => Ok(()),
+        Err(cur) if cur == want => Ok(()),
+        Err(_) => Err(Error::invalid_usage(
+            "the backend was already chosen; set it before any other nccl call",
+        )),
+    }
+}
+
+/// The backend in use: the one set, else `NCCL_RS_BACKEND` (cuda by default).
+pub fn backend() -> Backend {
+    if BACKEND.load(Ordering::SeqCst) == 0 {
+        let b = match std::env::var("NCCL_RS_BACKEND").as_deref() {
+            Ok("sim") | Ok("SIM") | Ok("simulator") => Backend::Sim,
+            _ => Backend::Cuda,
+        };
+        let _ = set_backend(b);
+    }
+    if BACKEND.load(Ordering::SeqCst) == 2 {
+        Backend::Sim
+    } else {
+        Backend::Cuda
+    }
+}
+
+pub fn device_count() -> Result<usize> {
+    match backend() {
+        Backend::Cuda => driver::device_count(),
+        Backend::Sim => Ok(sim::device_count()),
+    }
+}
+
+enum Imp {
+    Cuda(driver::Device),
+    Sim(sim::Device),
+}
+
+/// Calls the same method on whichever backend holds the device.
+macro_rules! dispatch {
+    ($self:ident . $m:ident ( $($a:expr),* )) => {
+        match &*$self.imp {
+            Imp::Cuda(d) => d.$m($($a),*),
+            Imp::Sim(d) => d.$m($($a),*),
+        }
+    };
+}
+
+/// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.
+#[derive(Clone)]
+pub struct Device {
+    imp: Arc<Imp>,
+    pub ordinal: i32,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.ordinal)
+    }
+}
+
+impl Device {
+    /// The device `ordinal`, opened once and shared by everyone in the process.
+    pub fn open(ordinal: i32) -> Result<Device> {
+        static OPEN: OnceLock<Mutex<Vec<Option<Device>>>> = OnceLock::new();
+        let table = OPEN.get_or_init(|| Mutex::new(Vec::new()));
+        let mut t = table
+            .lock()
+            .map_err(|_| Error::internal("device table poisoned"))?;
+        if ordinal >= 0 {
+            if let Some(Some(d)) = t.get(ordinal as usize) {
+                return Ok(d.clone());
+            }
+        }
+        let imp = match backend() {
+            Backend::Cuda => Imp::Cuda(driver::Device::open(ordinal)?),
+            Backend::Sim => Imp::Sim(sim::Device::open(ordinal)?),
+        };
+        let d = Device {
+            imp: Arc::new(imp),
+            ordinal,
+        };
+        let i = ordinal as usize;
+        if t.len() <= i {
+            t.resize(i + 1, None);
+        }
+        t[i] = Some(d.clone());
+        Ok(d)
+    }
+
+    /// The calling thread's current device (`cudaGetDevice`).
+    pub fn current() -> Result<Device> {
+        let ordinal = match backend() {
+            Backend::Cuda => driver::Device::current_ordinal()?,
+            Backend::Sim => sim::current_ordinal(),
+        };
+        Device::open(ordinal)
+    }
+
+    pub fn is_sim(&self) -> bool {
+        matches!(*self.imp, Imp::Sim(_))
+    }
+
+    /// Makes this device current for the calling thread (`cudaSetDevice`).
+    pub fn make_current(&self) -> Result<()> {
+        dispatch!(self.make_current())
+    }
+    pub fn props(&self) -> Result<DeviceProps> {
+        dispatch!(self.props())
+    }
+    /// (free, total) bytes of device memory.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        dispatch!(self.mem_info())
+    }
+    /// Zeroed device memory, freed when the buffer drops.
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuffer> {
+        let ptr = dispatch!(self.alloc(bytes))?;
+        Ok(DevBuffer {
+            dev: self.clone(),
+            ptr,
+            bytes,
+        })
+    }
+    pub fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        dispatch!(self.copy_htod(dst, src))
+    }
+    pub fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        dispatch!(self.copy_dtoh(dst, src))
+    }
+    /// The ordinal of the device owning `p`, or None if `p` is not device memory we know.
+    pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
+        dispatch!(self.pointer_device(p))
+    }
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        match (&*self.imp, &*peer.imp) {
+            (Imp::Cuda(a), Imp::Cuda(b)) => a.can_access_peer(b),
+            (Imp::Sim(_), Imp::Sim(_)) => Ok(true),
+            _ => Ok(false),
+        }
+    }
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        match (&*self.imp, &*peer.imp) {
+            (Imp::Cuda(a), Imp::Cuda(b)) => a.enable_peer_access(b),
+            (Imp::Sim(_), Imp::Sim(_)) => Ok(()),
+            _ => Err(Error::internal("peer access between backends")),
+        }
+    }
+    /// A handle another process can open to map `buf`.
+    pub fn ipc_handle(&self, buf: &DevBuffer) -> Result<[u8; 64]> {
+        dispatch!(self.ipc_handle(buf.ptr))
+    }
+    /// Maps a peer process's buffer; unmapped when the mapping drops.
+    pub fn open_ipc(&self, handle: &[u8; 64]) -> Result<IpcMapping> {
+        let ptr = dispatch!(self.open_ipc(handle))?;
+        Ok(IpcMapping {
+            dev: self.clone(),
+            ptr,
+        })
+    }
+    /// The kernel `name` of the module family `family` (a name prefix), loaded lazily.
+    pub fn kernel(&self, name: &str, family: &str) -> Result<Kernel> {
+        Ok(Kernel(dispatch!(self.function(name, family))?))
+    }
+    /// Launches `kernel` on `grid` CTAs of `block` threads with `arg` as its only parameter.
+    pub fn launch<A: Copy + Send + 'static>(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        arg: &A,
+    ) -> Result<()> {
+        match &*self.imp {
+            Imp::Cuda(d) => d.launch(kernel.0, grid, block, stream, arg as *const A as *const u8),
+            Imp::Sim(d) => d.launch(
+                kernel.0,
+                grid,
+                block,
+                stream,
+                arg as *const A as *const u8,
+                std::mem::size_of::<A>(),
+            ),
+        }
+    }
+    pub fn stream_create(&self) -> Result<StreamHandle> {
+        dispatch!(self.stream_create())
+    }
+    pub fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
+        dispatch!(self.stream_destroy(s))
+    }
+    pub fn stream_sync(&self, s: StreamHandle) -> Result<()> {
+        dispatch!(self.stream_sync(s))
+    }
+    pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        dispatch!(self.stream_query(s))
+    }
+    pub fn event_create(&self) -> Result<u64> {
+        dispatch!(self.event_create())
+    }
+    pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
+        dispatch!(self.event_record(e, s))
+    }
+    pub fn event_sync(&self, e: u64) -> Result<()> {
+        dispatch!(self.event_sync(e))
+    }
+    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
+        dispatch!(self.event_elapsed_ms(start, end))
+    }
+    pub fn event_destroy(&self, e: u64) -> Result<()> {
+        dispatch!(self.event_destroy(e))
+    }
+}
+
+/// A kernel entry point of a device (an opaque backend handle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel(usize);
+
+/// Device memory owned by the runtime.
+pub struct DevBuffer {
+    dev: Device,
+    pub ptr: DevPtr,
+    pub bytes: usize,
+}
+
+impl std::fmt::Debug for DevBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DevBuffer({:#x}, {} bytes on {:?})",
+            self.ptr, self.bytes, self.dev
+        )
+    }
+}
+
+impl DevBuffer {
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if offset + data.len() > self.bytes {
+            return Err(Error::internal("DevBuffer write out of range"));
+        }
+        self.dev.copy_htod(self.ptr + offset as u64, data)
+    }
+    pub fn read(&self, offset: usize, data: &mut [u8]) -> Result<()> {
+        if offset + data.len() > self.bytes {
+            return Err(Error::internal("DevBuffer read out of range"));
+        }
+        self.dev.copy_dtoh(data, self.ptr + offset as u64)
+    }
+}
+
+impl Drop for DevBuffer {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.free(self.ptr)) {
+            log::warn!("freeing device memory: {e}");
+        }
+    }
+}
+
+/// A peer process's buffer mapped into ours.
+pub struct IpcMapping {
+    dev: Device,
+    pub ptr: DevPtr,
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.close_ipc(self.ptr)) {
+            log::warn!("closing a peer mapping: {e}");
+        }
+    }
+}

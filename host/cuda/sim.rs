@@ -1,0 +1,518 @@
+//! The CPU simulator backend: device memory is host memory (POSIX shared memory, so that
+//! simulated GPUs in other processes can map it like CUDA IPC), a stream is a worker thread
+//! running its queue in order, and a kernel launch runs the real `nccl-device` kernels, each
+//! CTA a group of host threads (`nccl_device::arch::sim`).
+
+use super::{DevPtr, DeviceProps, StreamHandle};
+use crate::error::{Error, Result};
+use nccl_device::abi::CollArgs;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Instant;
+
+/// Simulated GPUs in the process: `NCCL_RS_SIM_DEVICES`, 8 by default.
+pub fn device_count() -> usize {
+    std::env::var("NCCL_RS_SIM_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
+
+std::thread_local! {
+    static CURRENT: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+pub fn current_ordinal() -> i32 {
+    CURRENT.with(|c| c.get())
+}
+
+/// One piece of simulated device memory.
+struct Region {
+    bytes: usize,
+    ordinal: i32,
+    /// The shared-memory name, for allocations we own (None for mappings of a peer's).
+    name: Option<String>,
+}
+
+fn regions() -> &'static Mutex<BTreeMap<u64, Region>> {
+    static R: OnceLock<Mutex<BTreeMap<u64, Region>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Maps the shared-memory object `name` (creating it with `bytes` when `create`).
+fn map_shm(name: &str, bytes: usize, create: bool) -> Result<u64> {
+    let c =
+        std::ffi::CString::new(name).map_err(|_| Error::internal("shm name holds a NUL byte"))?;
+    let flags = if create {
+        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR
+    } else {
+        libc::O_RDWR
+    };
+    // SAFETY: plain system calls on a name we own; every result is checked.
+    unsafe {
+        let fd = libc::shm_open(c.as_ptr(), flags, 0o600);
+        if fd < 0 {
+            return Err(Error::system(format!(
+                "shm_open({name}): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let len = bytes.max(1);
+        if create && libc::ftruncate(fd, len as libc::off_t) != 0 {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            libc::shm_unlink(c.as_ptr());
+            return Err(Error::system(format!("ftruncate({name}, {len}): {e}")));
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            libc::close(fd);
+            return Err(Error::system(format!(
+                "fstat({name}): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let size = st.st_size as usize;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        libc::close(fd);
+        if p == libc::MAP_FAILED {
+            return Err(Error::system(format!(
+                "mmap({name}, {size}): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(p as u64)
+    }
+}
+
+/// Kernels the simulator knows, by PTX entry-point name.
+type Entry = unsafe fn(&CollArgs);
+
+fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
+    static T: OnceLock<(Vec<Entry>, HashMap<String, usize>)> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut fns: Vec<Entry> = Vec::new();
+        let mut names = HashMap::new();
+        macro_rules! add {
+            ($tn:ident, $t:ty, $on:ident, $op:ty) => {
+                names.insert(
+                    concat!("nccl_all_reduce_", stringify!($tn), "_", stringify!($on)).to_string(),
+                    fns.len(),
+                );
+                fns.push(nccl_device::coll::all_reduce::run::<$t, $op> as Entry);
+            };
+        }
+        nccl_device::for_each_type_op!(add);
+        (fns, names)
+    })
+}
+
+type Job = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    submitted: u64,
+    done: u64,
+    /// The first failure (a kernel trap), reported by every later sync.
+    error: Option<String>,
+    /// Destroyed: the worker ends once the queue is empty.
+    closed: bool,
+}
+
+/// An in-order queue of work, run by its own thread.
+struct Stream {
+    q: Mutex<Queue>,
+    cv: Condvar,
+}
+
+impl Stream {
+    fn start() -> Arc<Stream> {
+        let s = Arc::new(Stream {
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+        });
+        let w = s.clone();
+        std::thread::Builder::new()
+            .name("sim-stream".into())
+            .spawn(move || w.work())
+            .expect("nccl-rs sim: cannot start a stream thread");
+        s
+    }
+
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut q = lock(&self.q);
+                loop {
+                    if let Some(j) = q.jobs.pop_front() {
+                        break j;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let failed = lock(&self.q).error.is_some();
+            let r = if failed { Ok(()) } else { job() };
+            let mut q = lock(&self.q);
+            if let Err(e) = r {
+                q.error.get_or_insert(e);
+            }
+            q.done += 1;
+            self.cv.notify_all();
+        }
+    }
+
+    fn push(&self, job: Job) {
+        let mut q = lock(&self.q);
+        q.jobs.push_back(job);
+        q.submitted += 1;
+        self.cv.notify_all();
+    }
+
+    fn sync(&self) -> Result<()> {
+        let mut q = lock(&self.q);
+        let target = q.submitted;
+        while q.done < target {
+            q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        match &q.error {
+            Some(e) => Err(Error::cuda(format!("simulated kernel failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn idle(&self) -> Result<bool> {
+        let q = lock(&self.q);
+        match &q.error {
+            Some(e) => Err(Error::cuda(format!("simulated kernel failed: {e}"))),
+            None => Ok(q.done == q.submitted),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Event {
+    at: Mutex<Option<Instant>>,
+}
+
+struct Registry {
+    streams: HashMap<u64, Arc<Stream>>,
+    events: HashMap<u64, Arc<Event>>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(|| {
+        Mutex::new(Registry {
+            streams: HashMap::new(),
+            events: HashMap::new(),
+        })
+    })
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub struct Device {
+    pub ordinal: i32,
+    /// The legacy default stream (handle 0) of this device.
+    default_stream: Arc<Stream>,
+}
+
+impl Device {
+    pub fn open(ordinal: i32) -> Result<Device> {
+        let n = device_count();
+        if ordinal < 0 || ordinal as usize >= n {
+            return Err(Error::invalid_argument(format!(
+                "simulated device {ordinal} does not exist ({n} simulated; NCCL_RS_SIM_DEVICES sets how many)"
+            )));
+        }
+        Ok(Device {
+            ordinal,
+            default_stream: Stream::start(),
+        })
+    }
+
+    fn stream(&self, s: StreamHandle) -> Result<Arc<Stream>> {
+        if s.0 == 0 {
+            return Ok(self.default_stream.clone());
+        }
+        lock(registry())
+            .streams
+            .get(&s.0)
+            .cloned()
+            .ok_or_else(|| Error::invalid_argument(format!("unknown simulator stream {:#x}", s.0)))
+    }
+
+    fn event(&self, e: u64) -> Result<Arc<Event>> {
+        lock(registry())
+            .events
+            .get(&e)
+            .cloned()
+            .ok_or_else(|| Error::invalid_argument(format!("unknown event {e:#x}")))
+    }
+
+    pub fn make_current(&self) -> Result<()> {
+        CURRENT.with(|c| c.set(self.ordinal));
+        Ok(())
+    }
+
+    pub fn props(&self) -> Result<DeviceProps> {
+        Ok(DeviceProps {
+            name: "nccl-rs CPU simulator".into(),
+            bus_id: format!("0000:{:02x}:00.0", self.ordinal + 1),
+            compute_capability: (9, 0),
+            sm_count: 4,
+        })
+    }
+
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        let used: usize = lock(regions())
+            .values()
+            .filter(|r| r.ordinal == self.ordinal && r.name.is_some())
+            .map(|r| r.bytes)
+            .sum();
+        let total = 16usize << 30;
+        Ok((total.saturating_sub(used), total))
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+        let name = format!(
+            "/ncclrs-{}-{}",
+            std::process::id(),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        );
+        let p = map_shm(&name, bytes, true)?;
+        lock(regions()).insert(
+            p,
+            Region {
+                bytes,
+                ordinal: self.ordinal,
+                name: Some(name),
+            },
+        );
+        Ok(p)
+    }
+
+    fn unmap(&self, p: DevPtr) -> Result<()> {
+        let r = lock(regions()).remove(&p).ok_or_else(|| {
+            Error::invalid_argument(format!("{p:#x} is not simulated device memory"))
+        })?;
+        // SAFETY: p and its size come from our own mmap of this region.
+        unsafe {
+            libc::munmap(p as *mut libc::c_void, r.bytes.max(1));
+            if let Some(name) = r.name {
+                if let Ok(c) = std::ffi::CString::new(name) {
+                    libc::shm_unlink(c.as_ptr());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn free(&self, p: DevPtr) -> Result<()> {
+        self.unmap(p)
+    }
+
+    fn check_range(&self, p: DevPtr, len: usize) -> Result<()> {
+        let regions = lock(regions());
+        match regions.range(..=p).next_back() {
+            Some((&base, r)) if p + len as u64 <= base + r.bytes as u64 => Ok(()),
+            _ => Err(Error::cuda(format!(
+                "memcpy on {len} bytes at {p:#x}: not simulated device memory"
+            ))),
+        }
+    }
+
+    pub fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        self.check_range(dst, src.len())?;
+        // SAFETY: the range lies inside a live mapping (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    pub fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        self.check_range(src, dst.len())?;
+        // SAFETY: the range lies inside a live mapping (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
+        let regions = lock(regions());
+        Ok(match regions.range(..=p).next_back() {
+            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => Some(r.ordinal),
+            _ => None,
+        })
+    }
+
+    pub fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
+        let regions = lock(regions());
+        let r = regions.get(&p).ok_or_else(|| {
+            Error::invalid_argument("IPC handle of a pointer that is no allocation base")
+        })?;
+        let name = r
+            .name
+            .as_ref()
+            .ok_or_else(|| Error::invalid_argument("IPC handle of a peer's mapping"))?;
+        let mut h = [0u8; 64];
+        h[..4].copy_from_slice(&(r.ordinal as u32).to_le_bytes());
+        h[4..12].copy_from_slice(&(r.bytes as u64).to_le_bytes());
+        let n = name.len().min(51);
+        h[12..12 + n].copy_from_slice(&name.as_bytes()[..n]);
+        Ok(h)
+    }
+
+    pub fn open_ipc(&self, h: &[u8; 64]) -> Result<DevPtr> {
+        let ordinal = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as i32;
+        let bytes = u64::from_le_bytes(h[4..12].try_into().unwrap_or_default()) as usize;
+        let end = h[12..].iter().position(|&b| b == 0).map_or(64, |i| 12 + i);
+        let name = std::str::from_utf8(&h[12..end])
+            .map_err(|_| Error::invalid_argument("malformed simulator IPC handle"))?;
+        let p = map_shm(name, bytes, false)?;
+        lock(regions()).insert(
+            p,
+            Region {
+                bytes,
+                ordinal,
+                name: None,
+            },
+        );
+        Ok(p)
+    }
+
+    pub fn close_ipc(&self, p: DevPtr) -> Result<()> {
+        self.unmap(p)
+    }
+
+    pub fn function(&self, name: &str, _family: &str) -> Result<usize> {
+        kernel_table()
+            .1
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::internal(format!("the simulator has no kernel {name}")))
+    }
+
+    pub fn launch(
+        &self,
+        func: usize,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        arg: *const u8,
+        size: usize,
+    ) -> Result<()> {
+        if size != std::mem::size_of::<CollArgs>() {
+            return Err(Error::internal("simulated kernels take CollArgs"));
+        }
+        // SAFETY: the caller passes a CollArgs (checked by size) that we copy before returning.
+        let args: CollArgs = unsafe { std::ptr::read_unaligned(arg as *const CollArgs) };
+        let entry = *kernel_table()
+            .0
+            .get(func)
+            .ok_or_else(|| Error::internal("bad simulator kernel handle"))?;
+        let s = self.stream(stream)?;
+        s.push(Box::new(move || {
+            let body = move || {
+                // SAFETY: the host wired `args` to live buffers and a communicator, as on a GPU.
+                unsafe { entry(&args) }
+            };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                std::thread::scope(|sc| {
+                    for b in 0..grid {
+                        let body = &body;
+                        sc.spawn(move || nccl_device::arch::sim::run_cta(b, grid, block, body));
+                    }
+                })
+            }));
+            r.map_err(|p| {
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "kernel panicked".into())
+            })
+        }));
+        Ok(())
+    }
+
+    pub fn stream_create(&self) -> Result<StreamHandle> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0x5;
+        lock(registry()).streams.insert(id, Stream::start());
+        Ok(StreamHandle(id))
+    }
+
+    pub fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
+        if s.0 == 0 {
+            return Err(Error::invalid_argument(
+                "the default stream cannot be destroyed",
+            ));
+        }
+        let st = self.stream(s)?;
+        lock(registry()).streams.remove(&s.0);
+        // Work already queued still runs (as cuStreamDestroy promises); then the worker ends.
+        lock(&st.q).closed = true;
+        st.cv.notify_all();
+        Ok(())
+    }
+
+    pub fn stream_sync(&self, s: StreamHandle) -> Result<()> {
+        self.stream(s)?.sync()
+    }
+
+    pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        self.stream(s)?.idle()
+    }
+
+    pub fn event_create(&self) -> Result<u64> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0xe;
+        lock(registry())
+            .events
+            .insert(id, Arc::new(Event::default()));
+        Ok(id)
+    }
+
+    pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
+        let ev = self.event(e)?;
+        *lock(&ev.at) = None;
+        self.stream(s)?.push(Box::new(move || {
+            *lock(&ev.at) = Some(Instant::now());
+            Ok(())
+        }));
+        Ok(())
+    }
+
+    pub fn event_sync(&self, e: u64) -> Result<()> {
+        let ev = self.event(e)?;
+        while lock(&ev.at).is_none() {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
+    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
+        let (a, b) = (*lock(&self.event(start)?.at), *lock(&self.event(end)?.at));
+        match (a, b) {
+            (Some(a), Some(b)) => Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3),
+            _ => Err(Error::invalid_usage("event not completed")),
+        }
+    }
+
+    pub fn event_destroy(&self, e: u64) -> Result<()> {
+        lock(registry()).events.remove(&e);
+        Ok(())
+    }
+}

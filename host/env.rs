@@ -1,0 +1,180 @@
+//! Every NCCL_* parameter in one table (DESIGN rule 6): name, default, meaning. Values come from
+//! the environment, else from `NCCL_CONF_FILE` (or `~/.nccl.conf`, then `/etc/nccl.conf`) lines
+//! `NAME=value`; they are read when a communicator is created and logged at NCCL_DEBUG=INFO.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// One parameter: its name, its default (as text) and what it does.
+pub struct Param {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+pub const PARAMS: &[Param] = &[
+    Param {
+        name: "NCCL_BUFFSIZE",
+        default: "4194304",
+        doc: "bytes of each connection FIFO (NCCL_STEPS slots)",
+    },
+    Param {
+        name: "NCCL_NTHREADS",
+        default: "512",
+        doc: "threads per CTA of the collective kernels",
+    },
+    Param {
+        name: "NCCL_MIN_NCHANNELS",
+        default: "0",
+        doc: "fewest channels a communicator uses (0: automatic)",
+    },
+    Param {
+        name: "NCCL_MAX_NCHANNELS",
+        default: "0",
+        doc: "most channels a communicator uses (0: automatic)",
+    },
+    Param {
+        name: "NCCL_P2P_DISABLE",
+        default: "0",
+        doc: "1: no peer-to-peer transport between GPUs",
+    },
+    Param {
+        name: "NCCL_NVLS_ENABLE",
+        default: "0",
+        doc: "1: allow NVLink SHARP multicast objects (off here: never on shared hosts)",
+    },
+    Param {
+        name: "NCCL_COMM_ID",
+        default: "",
+        doc: "ip:port of the bootstrap root, instead of the unique id's",
+    },
+    Param {
+        name: "NCCL_BOOTSTRAP_TIMEOUT_MS",
+        default: "120000",
+        doc: "how long init waits for every rank to arrive",
+    },
+    Param {
+        name: "NCCL_DEBUG",
+        default: "WARN",
+        doc: "VERSION, WARN, INFO or TRACE",
+    },
+    Param {
+        name: "NCCL_RS_BACKEND",
+        default: "cuda",
+        doc: "cuda: real GPUs; sim: the CPU simulator",
+    },
+    Param {
+        name: "NCCL_RS_SIM_DEVICES",
+        default: "8",
+        doc: "how many GPUs the simulator shows",
+    },
+    Param {
+        name: "NCCL_RS_SIM_NTHREADS",
+        default: "4",
+        doc: "threads per simulated CTA",
+    },
+    Param {
+        name: "NCCL_RS_SIM_BUFFSIZE",
+        default: "65536",
+        doc: "NCCL_BUFFSIZE under the simulator, unless NCCL_BUFFSIZE is set",
+    },
+];
+
+fn conf_file() -> &'static HashMap<String, String> {
+    static CONF: OnceLock<HashMap<String, String>> = OnceLock::new();
+    CONF.get_or_init(|| {
+        let mut paths = Vec::new();
+        if let Ok(p) = std::env::var("NCCL_CONF_FILE") {
+            paths.push(p);
+        } else {
+            if let Ok(home) = std::env::var("HOME") {
+                paths.push(format!("{home}/.nccl.conf"));
+            }
+            paths.push("/etc/nccl.conf".into());
+        }
+        let mut map = HashMap::new();
+        for p in paths {
+            if let Ok(text) = std::fs::read_to_string(&p) {
+                map.extend(parse_conf(&text));
+            }
+        }
+        map
+    })
+}
+
+/// `NAME=value` lines; `#` starts a comment.
+pub fn parse_conf(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+/// The raw value of a parameter: environment first, then the configuration file.
+pub fn raw(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .or_else(|| conf_file().get(name).cloned())
+        .filter(|v| !v.is_empty())
+}
+
+/// An integer parameter: its value, or the table's default when unset or malformed
+/// (malformed values are reported).
+pub fn int(name: &str) -> i64 {
+    let default = || {
+        PARAMS
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.default.parse().ok())
+            .unwrap_or(0)
+    };
+    match raw(name) {
+        None => default(),
+        Some(v) => parse_int(&v).unwrap_or_else(|| {
+            log::warn!("{name}={v} is not an integer; using the default");
+            default()
+        }),
+    }
+}
+
+/// Decimal or 0x-hexadecimal.
+pub fn parse_int(v: &str) -> Option<i64> {
+    let v = v.trim();
+    match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(h) => i64::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+/// Logs every parameter that is set (NCCL_DEBUG=INFO).
+pub fn log_params() {
+    for p in PARAMS {
+        if let Some(v) = raw(p.name) {
+            log::info!("{} set to {v} ({})", p.name, p.doc);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_integers_and_conf_lines() {
+        assert_eq!(parse_int("4194304"), Some(4194304));
+        assert_eq!(parse_int("0x400000"), Some(4194304));
+        assert_eq!(parse_int("four"), None);
+        let kv =
+            parse_conf("# comment\nNCCL_BUFFSIZE = 1024 # trailing\n\nbad line\nNCCL_DEBUG=INFO\n");
+        assert_eq!(
+            kv,
+            vec![
+                ("NCCL_BUFFSIZE".into(), "1024".into()),
+                ("NCCL_DEBUG".into(), "INFO".into())
+            ]
+        );
+        assert!(PARAMS.iter().all(|p| p.name.starts_with("NCCL_")));
+    }
+}

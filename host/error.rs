@@ -1,0 +1,124 @@
+//! The one error type of the runtime (DESIGN rule 4): each variant is one `ncclResult_t`, and
+//! every error carries the message that `ncclGetLastError` returns.
+
+use std::fmt;
+use std::sync::Mutex;
+
+/// `ncclResult_t`, value for value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NcclResult {
+    Success = 0,
+    UnhandledCudaError = 1,
+    SystemError = 2,
+    InternalError = 3,
+    InvalidArgument = 4,
+    InvalidUsage = 5,
+    RemoteError = 6,
+    InProgress = 7,
+}
+
+impl NcclResult {
+    /// The fixed string `ncclGetErrorString` returns for this code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NcclResult::Success => "no error",
+            NcclResult::UnhandledCudaError => {
+                "unhandled cuda error (run with NCCL_DEBUG=INFO for details)"
+            }
+            NcclResult::SystemError => {
+                "unhandled system error (run with NCCL_DEBUG=INFO for details)"
+            }
+            NcclResult::InternalError => {
+                "internal error - please report this issue to the nccl-rs developers"
+            }
+            NcclResult::InvalidArgument => {
+                "invalid argument (run with NCCL_DEBUG=WARN for details)"
+            }
+            NcclResult::InvalidUsage => "invalid usage (run with NCCL_DEBUG=WARN for details)",
+            NcclResult::RemoteError => "remote process exited or there was a network error",
+            NcclResult::InProgress => "NCCL operation in progress",
+        }
+    }
+}
+
+/// An error: its `ncclResult_t` and a message saying what went wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub code: NcclResult,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+
+impl Error {
+    pub fn new(code: NcclResult, message: impl Into<String>) -> Error {
+        let message = message.into();
+        log::warn!("{message}");
+        if let Ok(mut last) = LAST_ERROR.lock() {
+            last.clone_from(&message);
+        }
+        Error { code, message }
+    }
+    pub fn cuda(message: impl Into<String>) -> Error {
+        Error::new(NcclResult::UnhandledCudaError, message)
+    }
+    pub fn system(message: impl Into<String>) -> Error {
+        Error::new(NcclResult::SystemError, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::new(NcclResult::InternalError, message)
+    }
+    pub fn invalid_argument(message: impl Into<String>) -> Error {
+        Error::new(NcclResult::InvalidArgument, message)
+    }
+    pub fn invalid_usage(message: impl Into<String>) -> Error {
+        Error::new(NcclResult::InvalidUsage, message)
+    }
+    pub fn remote(message: impl Into<String>) -> Error {
+        Error::new(NcclResult::RemoteError, message)
+    }
+    /// Adds what was being done when the error happened, keeping the code.
+    pub fn context(self, what: impl fmt::Display) -> Error {
+        Error::new(self.code, format!("{what}: {}", self.message))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::system(format!("system call failed: {e}"))
+    }
+}
+
+/// The message of the last error raised in this process (`ncclGetLastError`).
+pub fn last_error() -> String {
+    LAST_ERROR.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_nccl_result_t() {
+        assert_eq!(NcclResult::InvalidArgument as i32, 4);
+        assert_eq!(NcclResult::InProgress as i32, 7);
+        let e = Error::invalid_usage("rank 9 out of range");
+        assert_eq!(e.code, NcclResult::InvalidUsage);
+        assert!(last_error().contains("rank 9") || !last_error().is_empty());
+        assert!(e
+            .context("ncclCommInitRank")
+            .message
+            .starts_with("ncclCommInitRank: "));
+    }
+}

@@ -1,0 +1,53 @@
+//! nccl-rs: collective communication among GPUs, NCCL's job rebuilt in Rust, kernels included.
+//!
+//! ```no_run
+//! use nccl::{Comm, DataType, ReduceOp};
+//! let comms = Comm::init_all(&[0, 1])?;
+//! for c in &comms {
+//!     let dev = c.device();
+//!     let buf = dev.alloc(1024 * 4)?;
+//!     c.all_reduce(buf.ptr, buf.ptr, 1024, DataType::Float32, ReduceOp::Sum, Default::default())?;
+//!     dev.stream_sync(Default::default())?;
+//! }
+//! # Ok::<(), nccl::Error>(())
+//! ```
+
+pub mod bootstrap;
+pub mod comm;
+pub mod cuda;
+pub mod debug;
+pub mod enqueue;
+pub mod env;
+pub mod error;
+pub mod transport;
+
+pub use bootstrap::{get_unique_id, UniqueId};
+pub use comm::Comm;
+pub use cuda::{Backend, DevPtr, Device, StreamHandle};
+pub use enqueue::ReduceOp;
+pub use error::{Error, NcclResult, Result};
+pub use nccl_device::types::DataType;
+
+/// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
+pub const VERSION: i32 = 22503;
+pub const VERSION_STRING: &str = "2.25.3";
+
+/// The device code as PTX, one text per GPU architecture.
+pub mod ptx {
+    include!(concat!(env!("OUT_DIR"), "/ptx_table.rs"));
+}
+
+impl Comm {
+    /// `ncclAllReduce`: reduces `count` elements of every rank's `send` into every rank's `recv`.
+    pub fn all_reduce(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        enqueue::all_reduce(self, send, recv, count, dtype, op, stream)
+    }
+}

@@ -1,0 +1,158 @@
+//! The p2p transport. Every rank owns one device block holding, per channel, its receive FIFO
+//! (NCCL_STEPS slots), its receive tail counter and its send head counter — each counter in its
+//! own 128-byte line. A sender writes into its next's block (FIFO data and tail) and polls its
+//! own head; a receiver polls its own tail and writes its prev's head. So every poll is local
+//! and every remote access is a store.
+
+use crate::bootstrap::Bootstrap;
+use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
+use crate::error::{Error, Result};
+use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
+
+/// Where things sit inside a rank's block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub nchannels: usize,
+    pub slot_bytes: usize,
+}
+
+impl Layout {
+    fn ctrl_bytes(&self) -> usize {
+        self.nchannels * 2 * CTRL_LINE
+    }
+    pub fn recv_tail(&self, ch: usize) -> u64 {
+        (ch * 2 * CTRL_LINE) as u64
+    }
+    pub fn send_head(&self, ch: usize) -> u64 {
+        (ch * 2 * CTRL_LINE + CTRL_LINE) as u64
+    }
+    pub fn fifo(&self, ch: usize) -> u64 {
+        (self.ctrl_bytes() + ch * NCCL_STEPS as usize * self.slot_bytes) as u64
+    }
+    pub fn total(&self) -> usize {
+        self.ctrl_bytes() + self.nchannels * NCCL_STEPS as usize * self.slot_bytes
+    }
+}
+
+/// How a rank is reached: its block and whether it shares our process.
+pub struct PeerAddr {
+    pub device: i32,
+    pub same_process: bool,
+}
+
+/// What one rank publishes about its block.
+const EXPORT_BYTES: usize = 64 + 8;
+
+/// The memory of a communicator's p2p connections: our block and the peers' blocks mapped.
+pub struct P2p {
+    pub layout: Layout,
+    pub own: DevBuffer,
+    /// Mapped blocks of peers in other processes (kept alive; unmapped on drop).
+    _mappings: Vec<IpcMapping>,
+    /// Each ring neighbour's block as we address it: (prev, next).
+    prev_base: DevPtr,
+    next_base: DevPtr,
+}
+
+impl P2p {
+    /// Allocates our block, exchanges blocks with every rank and maps our ring neighbours'.
+    pub fn setup(
+        device: &Device,
+        bootstrap: &Bootstrap,
+        peers: &[PeerAddr],
+        prev: usize,
+        next: usize,
+        layout: Layout,
+    ) -> Result<P2p> {
+        let own = device.alloc(layout.total())?;
+        let mut export = vec![0u8; EXPORT_BYTES];
+        export[..64].copy_from_slice(&device.ipc_handle(&own)?);
+        export[64..].copy_from_slice(&own.ptr.to_le_bytes());
+        let all = bootstrap.allgather(&export)?;
+        let mut mappings = Vec::new();
+        let mut base_of = |r: usize| -> Result<DevPtr> {
+            let e = all
+                .get(r)
+                .filter(|e| e.len() == EXPORT_BYTES)
+                .ok_or_else(|| {
+                    Error::remote(format!("rank {r} sent a malformed p2p connection record"))
+                })?;
+            if r == bootstrap.rank() {
+                return Ok(own.ptr);
+            }
+            if peers[r].same_process {
+                let peer = Device::open(peers[r].device)?;
+                if peer.ordinal != device.ordinal {
+                    if !device.can_access_peer(&peer)? {
+                        return Err(Error::system(format!(
+                            "GPU {} cannot access GPU {} (no peer-to-peer path); only p2p is implemented",
+                            device.ordinal, peer.ordinal
+                        )));
+                    }
+                    device.enable_peer_access(&peer)?;
+                }
+                return Ok(u64::from_le_bytes(e[64..72].try_into().unwrap_or_default()));
+            }
+            let handle: [u8; 64] = e[..64].try_into().unwrap_or([0; 64]);
+            let m = device
+                .open_ipc(&handle)
+                .map_err(|err| err.context(format!("mapping rank {r}'s buffers")))?;
+            let p = m.ptr;
+            mappings.push(m);
+            Ok(p)
+        };
+        let prev_base = base_of(prev)?;
+        let next_base = if next == prev {
+            prev_base
+        } else {
+            base_of(next)?
+        };
+        Ok(P2p {
+            layout,
+            own,
+            _mappings: mappings,
+            prev_base,
+            next_base,
+        })
+    }
+
+    /// Channel `ch`'s connections: send to next, receive from prev (steps start at 0).
+    pub fn conns(&self, ch: usize) -> (ConnSend, ConnRecv) {
+        let l = &self.layout;
+        let send = ConnSend {
+            fifo: self.next_base + l.fifo(ch),
+            tail: self.next_base + l.recv_tail(ch),
+            head: self.own.ptr + l.send_head(ch),
+            step: 0,
+        };
+        let recv = ConnRecv {
+            fifo: self.own.ptr + l.fifo(ch),
+            tail: self.own.ptr + l.recv_tail(ch),
+            head: self.prev_base + l.send_head(ch),
+            step: 0,
+        };
+        (send, recv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_keeps_counters_in_their_own_lines() {
+        let l = Layout {
+            nchannels: 3,
+            slot_bytes: 1 << 19,
+        };
+        let mut offs: Vec<u64> = (0..3)
+            .flat_map(|c| [l.recv_tail(c), l.send_head(c)])
+            .collect();
+        offs.sort();
+        assert!(offs.windows(2).all(|w| w[1] - w[0] >= CTRL_LINE as u64));
+        assert_eq!(l.fifo(0) as usize, 3 * 2 * CTRL_LINE);
+        assert_eq!(l.fifo(2) - l.fifo(1), 8 << 19);
+        assert_eq!(l.total(), l.fifo(2) as usize + (8 << 19));
+        assert_eq!(l.fifo(0) % 128, 0);
+    }
+}

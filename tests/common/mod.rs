@@ -1,0 +1,347 @@
+//! Shared by the simulator and GPU suites: random inputs, poisoned outputs, a host reference
+//! computed with the device crate's own element arithmetic, and the comparison (exact for
+//! integers, a tolerance from the reduction depth for floats).
+#![allow(dead_code)]
+
+use nccl::{Comm, DataType, DevPtr, ReduceOp, StreamHandle};
+use nccl_device::types::Elem;
+
+/// A small deterministic generator (xorshift*), so failures reproduce from the seed.
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Calls `$body` with `T` bound to the Rust element type of `$dt`.
+#[macro_export]
+macro_rules! with_elem {
+    ($dt:expr, $T:ident => $body:expr) => {{
+        use nccl_device::types::*;
+        match $dt {
+            DataType::Int8 => {
+                type $T = i8;
+                $body
+            }
+            DataType::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            DataType::Int32 => {
+                type $T = i32;
+                $body
+            }
+            DataType::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            DataType::Int64 => {
+                type $T = i64;
+                $body
+            }
+            DataType::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            DataType::Float16 => {
+                type $T = F16;
+                $body
+            }
+            DataType::Float32 => {
+                type $T = f32;
+                $body
+            }
+            DataType::Float64 => {
+                type $T = f64;
+                $body
+            }
+            DataType::Bfloat16 => {
+                type $T = Bf16;
+                $body
+            }
+            DataType::Float8e4m3 => {
+                type $T = F8E4M3;
+                $body
+            }
+            DataType::Float8e5m2 => {
+                type $T = F8E5M2;
+                $body
+            }
+        }
+    }};
+}
+
+/// Relative precision (one ulp at 1.0) of a float type.
+pub fn epsilon(dt: DataType) -> f64 {
+    match dt {
+        DataType::Float16 => 2f64.powi(-10),
+        DataType::Bfloat16 => 2f64.powi(-7),
+        DataType::Float32 => 2f64.powi(-23),
+        DataType::Float64 => 2f64.powi(-52),
+        DataType::Float8e4m3 => 2f64.powi(-3),
+        DataType::Float8e5m2 => 2f64.powi(-2),
+        _ => 0.0,
+    }
+}
+
+pub const ALL_OPS: [ReduceOp; 6] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Avg,
+    ReduceOp::PreMulSum { scalar_bits: 0 }, // the scalar is filled in per type
+];
+
+/// The op with a scalar of the right type (PreMulSum by 0.5 for floats, 3 for integers).
+pub fn typed_op(op: ReduceOp, dt: DataType) -> ReduceOp {
+    match op {
+        ReduceOp::PreMulSum { .. } => {
+            let bits = with_elem!(dt, T => Elem::to_bits(T::from_f64(if dt.is_float() { 0.5 } else { 3.0 })));
+            ReduceOp::PreMulSum { scalar_bits: bits }
+        }
+        o => o,
+    }
+}
+
+/// A random input of `count` elements for rank `rank`, in a range where the op stays finite.
+pub fn input<T: Elem>(count: usize, op: ReduceOp, seed: u64, rank: usize) -> Vec<T> {
+    let mut rng = Rng::new(seed ^ ((rank as u64 + 1) << 32));
+    (0..count)
+        .map(|_| {
+            if T::IS_FLOAT {
+                match op {
+                    ReduceOp::Prod => T::from_f64(rng.uniform(0.5, 1.5)),
+                    _ => T::from_f64(rng.uniform(-4.0, 4.0)),
+                }
+            } else {
+                match op {
+                    ReduceOp::Prod => T::from_f64((rng.next() % 3) as f64 + 1.0),
+                    _ => T::from_bits(rng.next() % 100),
+                }
+            }
+        })
+        .collect()
+}
+
+/// The reference result and a per-element tolerance.
+pub fn reference<T: Elem>(inputs: &[Vec<T>], op: ReduceOp, dt: DataType) -> Vec<(T, f64)> {
+    use nccl_device::ops::{Avg, Max, Min, PreMulSum, Prod, RedOp, Sum};
+    fn fold<T: Elem, O: RedOp<T>>(inputs: &[Vec<T>], op: O, i: usize) -> (T, f64) {
+        let mut acc = op.pre(inputs[0][i]);
+        let mut mag = acc.to_f64().abs();
+        for x in &inputs[1..] {
+            let v = op.pre(x[i]);
+            mag += v.to_f64().abs();
+            acc = op.reduce(acc, v);
+        }
+        (op.post(acc), mag)
+    }
+    let n = inputs.len() as f64;
+    let eps = epsilon(dt);
+    let count = inputs[0].len();
+    (0..count)
+        .map(|i| {
+            let (v, mag) = match op {
+                ReduceOp::Sum => fold(inputs, <Sum as RedOp<T>>::new(0), i),
+                ReduceOp::Prod => fold(inputs, <Prod as RedOp<T>>::new(0), i),
+                ReduceOp::Max => fold(inputs, <Max as RedOp<T>>::new(0), i),
+                ReduceOp::Min => fold(inputs, <Min as RedOp<T>>::new(0), i),
+                ReduceOp::Avg => fold(inputs, <Avg<T> as RedOp<T>>::new(inputs.len() as u64), i),
+                ReduceOp::PreMulSum { scalar_bits } => {
+                    fold(inputs, <PreMulSum<T> as RedOp<T>>::new(scalar_bits), i)
+                }
+            };
+            let tol = match op {
+                ReduceOp::Max | ReduceOp::Min => 0.0,
+                ReduceOp::Prod => 2.0 * n * eps * v.to_f64().abs(),
+                _ => 2.0 * n * eps * mag.max(1.0),
+            };
+            (v, tol)
+        })
+        .collect()
+}
+
+/// Compares `got` with the reference; the first mismatch as a message.
+pub fn compare<T: Elem>(got: &[T], want: &[(T, f64)], what: &str) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} elements, want {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let mut wrong = 0usize;
+    let mut first = None;
+    for (i, (g, (w, tol))) in got.iter().zip(want).enumerate() {
+        let ok = if T::IS_FLOAT {
+            let (g, w) = (g.to_f64(), w.to_f64());
+            (g - w).abs() <= *tol || (g.is_nan() && w.is_nan())
+        } else {
+            g == w
+        };
+        if !ok {
+            wrong += 1;
+            first.get_or_insert(format!("[{i}] got {g:?} want {w:?} (tol {tol:e})"));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(f) => Err(format!("{what}: {wrong} of {} wrong, first {f}", got.len())),
+    }
+}
+
+pub fn to_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain element types without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+pub fn from_bytes<T: Elem>(b: &[u8]) -> Vec<T> {
+    let n = b.len() / std::mem::size_of::<T>();
+    // SAFETY: reads n elements of plain data from b (unaligned reads).
+    (0..n)
+        .map(|i| unsafe { std::ptr::read_unaligned((b.as_ptr() as *const T).add(i)) })
+        .collect()
+}
+
+/// How the test drives the ranks of one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drive {
+    /// One thread launches on every communicator in turn.
+    OneThread,
+    /// A thread per communicator.
+    ThreadPerRank,
+}
+
+/// Communicators with a stream each (tests running side by side must not share the default
+/// stream: two collectives queued in different orders on two devices would wait on each other).
+pub struct Ranks {
+    pub comms: Vec<Comm>,
+    pub streams: Vec<StreamHandle>,
+}
+
+impl Ranks {
+    pub fn new(comms: Vec<Comm>) -> Ranks {
+        let streams = comms
+            .iter()
+            .map(|c| c.device().stream_create().expect("create a stream"))
+            .collect();
+        Ranks { comms, streams }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for (c, s) in self.comms.iter().zip(&self.streams) {
+            let _ = c.device().stream_destroy(*s);
+        }
+    }
+}
+
+/// Runs one AllReduce on every communicator with fresh random data and poisoned outputs, and
+/// checks every rank's result.
+pub fn check_all_reduce(
+    ranks: &Ranks,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    seed: u64,
+    drive: Drive,
+) -> Result<(), String> {
+    with_elem!(dt, T => check_typed::<T>(ranks, count, op, in_place, seed, drive))
+}
+
+fn check_typed<T: Elem>(
+    ranks: &Ranks,
+    count: usize,
+    op: ReduceOp,
+    in_place: bool,
+    seed: u64,
+    drive: Drive,
+) -> Result<(), String> {
+    let dt = T::DTYPE;
+    let op = typed_op(op, dt);
+    let (comms, streams) = (&ranks.comms, &ranks.streams);
+    let n = comms.len();
+    let inputs: Vec<Vec<T>> = (0..n)
+        .map(|r| input::<T>(count, op, seed, comms[r].rank()))
+        .collect();
+    let want = reference(&inputs, op, dt);
+    let bytes = count * std::mem::size_of::<T>();
+    let e = |e: nccl::Error| e.to_string();
+    let mut bufs = Vec::new();
+    for (c, x) in comms.iter().zip(&inputs) {
+        let dev = c.device();
+        let send = dev.alloc(bytes.max(1)).map_err(e)?;
+        send.write(0, to_bytes(x)).map_err(e)?;
+        let recv = if in_place {
+            None
+        } else {
+            let r = dev.alloc(bytes.max(1)).map_err(e)?;
+            r.write(0, &vec![0xA5u8; bytes]).map_err(e)?; // poison
+            Some(r)
+        };
+        bufs.push((send, recv));
+    }
+    let ptrs: Vec<(DevPtr, DevPtr)> = bufs
+        .iter()
+        .map(|(s, r)| (s.ptr, r.as_ref().map_or(s.ptr, |r| r.ptr)))
+        .collect();
+    let launch = |i: usize| -> Result<(), String> {
+        let c = &comms[i];
+        c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
+            .map_err(e)?;
+        c.device().stream_sync(streams[i]).map_err(e)
+    };
+    match drive {
+        Drive::OneThread => {
+            for (i, c) in comms.iter().enumerate() {
+                c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
+                    .map_err(e)?;
+            }
+            for (c, s) in comms.iter().zip(streams) {
+                c.device().stream_sync(*s).map_err(e)?;
+            }
+        }
+        Drive::ThreadPerRank => {
+            let rs: Vec<Result<(), String>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..n).map(|i| s.spawn(move || launch(i))).collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err("rank thread panicked".into()))
+                    })
+                    .collect()
+            });
+            rs.into_iter().collect::<Result<Vec<_>, _>>()?;
+        }
+    }
+    for (i, c) in comms.iter().enumerate() {
+        let mut out = vec![0u8; bytes];
+        c.device().copy_dtoh(&mut out, ptrs[i].1).map_err(e)?;
+        compare(
+            &from_bytes::<T>(&out),
+            &want,
+            &format!(
+                "AllReduce {} {:?} count {count} {} rank {}",
+                dt.name(),
+                op,
+                if in_place { "in-place" } else { "out-of-place" },
+                c.rank()
+            ),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! AllReduce on the CPU simulator: the real device kernels on host threads.
+
+mod common;
+
+use common::{check_all_reduce, Drive, Ranks, ALL_OPS};
+use nccl::{Backend, Comm, DataType};
+
+fn sim_comms(n: usize) -> Ranks {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    let devs: Vec<i32> = (0..n as i32).collect();
+    Ranks::new(Comm::init_all(&devs).expect("init_all on the simulator"))
+}
+
+#[test]
+fn every_type_and_op_on_two_ranks() {
+    let comms = sim_comms(2);
+    for (k, dt) in DataType::ALL.into_iter().enumerate() {
+        for op in ALL_OPS {
+            for (count, in_place) in [(1, false), (37, true), (1000, false)] {
+                check_all_reduce(
+                    &comms,
+                    count,
+                    dt,
+                    op,
+                    in_place,
+                    k as u64 * 31 + count as u64,
+                    Drive::OneThread,
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn rank_counts_and_odd_sizes() {
+    for n in [1usize, 3, 4] {
+        let comms = sim_comms(n);
+        for count in [0usize, 1, 7, 13, 4099, 50_000] {
+            for in_place in [false, true] {
+                let drive = if count % 2 == 0 {
+                    Drive::ThreadPerRank
+                } else {
+                    Drive::OneThread
+                };
+                check_all_reduce(
+                    &comms,
+                    count,
+                    DataType::Float32,
+                    nccl::ReduceOp::Sum,
+                    in_place,
+                    count as u64,
+                    drive,
+                )
+                .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+            }
+        }
+    }
+}
