@@ -45,9 +45,10 @@ impl Shape {
         } else {
             env("NCCL_NTHREADS")
         };
-        if !(1..=1024).contains(&nthreads) || (!sim && nthreads % 32 != 0) {
+        let most = crate::cuda::MAX_THREADS as i64;
+        if !(1..=most).contains(&nthreads) || (!sim && nthreads % 32 != 0) {
             return Err(Error::invalid_argument(format!(
-                "NCCL_NTHREADS={nthreads}: use a multiple of 32 up to 1024"
+                "NCCL_NTHREADS={nthreads}: use a multiple of 32 up to {most}"
             )));
         }
         let auto = if sim { 2 } else { 16 };

@@ -339,10 +339,21 @@ impl Device {
                         .map_err(|_| Error::internal("PTX holds a NUL byte"))?;
                     let t0 = Instant::now();
                     let mut m = std::ptr::null_mut();
-                    // SAFETY: c is NUL-terminated PTX text.
+                    // Every launch of up to MAX_THREADS threads must fit the register file.
+                    let mut opts = [sys::CUjit_option::CU_JIT_MAX_REGISTERS];
+                    let mut vals = [(65536 / super::MAX_THREADS) as usize as *mut c_void];
+                    // SAFETY: c is NUL-terminated PTX text; one option with its value.
                     check(
-                        unsafe { sys::cuModuleLoadData(&mut m, c.as_ptr() as *const c_void) },
-                        "cuModuleLoadData",
+                        unsafe {
+                            sys::cuModuleLoadDataEx(
+                                &mut m,
+                                c.as_ptr() as *const c_void,
+                                1,
+                                opts.as_mut_ptr(),
+                                vals.as_mut_ptr(),
+                            )
+                        },
+                        "cuModuleLoadDataEx",
                     )?;
                     log::info!(
                         "cuda: loaded kernel module {family}* on device {} in {:.1} ms",

@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// Most threads a kernel launch may have (kernels are compiled to fit the register file at it).
+pub const MAX_THREADS: u32 = 512;
+
 /// A device address (on the simulator, a host address).
 pub type DevPtr = u64;
 

@@ -275,14 +275,15 @@ fn check_typed<T: Elem>(
     let op = typed_op(op, dt);
     let (comms, streams) = (&ranks.comms, &ranks.streams);
     let n = comms.len();
-    let inputs: Vec<Vec<T>> = (0..n)
-        .map(|r| input::<T>(count, op, seed, comms[r].rank()))
-        .collect();
+    // Every process computes every rank's input (they depend on the seed and rank only), so the
+    // reference is the same whether the ranks live here or in other processes.
+    let inputs: Vec<Vec<T>> = (0..comms[0].count()).map(|r| input::<T>(count, op, seed, r)).collect();
     let want = reference(&inputs, op, dt);
     let bytes = count * std::mem::size_of::<T>();
     let e = |e: nccl::Error| e.to_string();
     let mut bufs = Vec::new();
-    for (c, x) in comms.iter().zip(&inputs) {
+    for c in comms.iter() {
+        let x = &inputs[c.rank()];
         let dev = c.device();
         let send = dev.alloc(bytes.max(1)).map_err(e)?;
         send.write(0, to_bytes(x)).map_err(e)?;
@@ -344,4 +345,99 @@ fn check_typed<T: Elem>(
         )?;
     }
     Ok(())
+}
+
+/// Multi-process tests: the parent starts `nranks` copies of the current test binary running
+/// test `test_name`, each told its rank and the unique id through the environment.
+pub mod procs {
+    use nccl::UniqueId;
+
+    const RANK: &str = "NCCL_RS_TEST_RANK";
+    const NRANKS: &str = "NCCL_RS_TEST_NRANKS";
+    const ID: &str = "NCCL_RS_TEST_ID";
+
+    /// In a child: (rank, nranks, id).
+    pub fn child() -> Option<(usize, usize, UniqueId)> {
+        let rank = std::env::var(RANK).ok()?.parse().ok()?;
+        let nranks = std::env::var(NRANKS).ok()?.parse().ok()?;
+        let hex = std::env::var(ID).ok()?;
+        let mut id = UniqueId { internal: [0; nccl::bootstrap::UNIQUE_ID_BYTES] };
+        for (i, b) in id.internal.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some((rank, nranks, id))
+    }
+
+    /// In the parent: runs the children and fails with their output if any fails.
+    pub fn run(test_name: &str, nranks: usize, extra_env: &[(&str, &str)]) {
+        let id = nccl::get_unique_id().expect("unique id");
+        let hex: String = id.internal.iter().map(|b| format!("{b:02x}")).collect();
+        let exe = std::env::current_exe().expect("test binary path");
+        let children: Vec<_> = (0..nranks)
+            .map(|r| {
+                let mut cmd = std::process::Command::new(&exe);
+                cmd.args([test_name, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+                    .env(RANK, r.to_string())
+                    .env(NRANKS, nranks.to_string())
+                    .env(ID, &hex);
+                for (k, v) in extra_env {
+                    cmd.env(k, v);
+                }
+                cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+                cmd.spawn().expect("start a rank process")
+            })
+            .collect();
+        // Collect output on threads (pipes must not fill up); when one rank fails, the others
+        // are killed, since they would wait on it forever.
+        let mut children: Vec<_> = children
+            .into_iter()
+            .map(|mut c| {
+                let mut so = c.stdout.take().expect("piped stdout");
+                let mut se = c.stderr.take().expect("piped stderr");
+                let t = std::thread::spawn(move || {
+                    use std::io::Read;
+                    let mut text = String::new();
+                    let _ = so.read_to_string(&mut text);
+                    let _ = se.read_to_string(&mut text);
+                    text
+                });
+                (c, Some(t), None)
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+        loop {
+            let mut running = 0;
+            let mut any_failed = false;
+            for (c, _, status) in children.iter_mut() {
+                if status.is_none() {
+                    match c.try_wait() {
+                        Ok(Some(s)) => *status = Some(s),
+                        _ => running += 1,
+                    }
+                }
+                if status.is_some_and(|s: std::process::ExitStatus| !s.success()) {
+                    any_failed = true;
+                }
+            }
+            if running == 0 {
+                break;
+            }
+            if any_failed || std::time::Instant::now() > deadline {
+                for (c, _, _) in children.iter_mut() {
+                    let _ = c.kill();
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut failed = Vec::new();
+        for (r, (_, t, status)) in children.iter_mut().enumerate() {
+            let text = t.take().and_then(|t| t.join().ok()).unwrap_or_default();
+            let ok = status.is_some_and(|s| s.success());
+            // A child that ran no test (wrong name) must not count as a pass.
+            if !ok || !text.contains("1 passed") {
+                failed.push(format!("rank {r} ({status:?}):\n{text}"));
+            }
+        }
+        assert!(failed.is_empty(), "rank processes failed:\n{}", failed.join("\n"));
+    }
 }

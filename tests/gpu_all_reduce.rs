@@ -1,0 +1,101 @@
+//! AllReduce on real GPUs. Ignored where there is no GPU (run them on the GPU host through
+//! ../shared/tools/gpu-bundle, which passes --include-ignored); there, too few GPUs is a failure,
+//! not a pass.
+
+mod common;
+
+use common::{check_all_reduce, Drive, Ranks, ALL_OPS};
+use nccl::{Backend, Comm, DataType, ReduceOp};
+
+const WHY: &str = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)";
+
+fn gpus(n: usize) -> Ranks {
+    nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
+    let have = nccl::cuda::device_count().unwrap_or_else(|e| panic!("no GPUs: {e}"));
+    assert!(have >= n, "this test needs {n} GPUs, {have} visible");
+    let devs: Vec<i32> = (0..n as i32).collect();
+    Ranks::new(Comm::init_all(&devs).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
+}
+
+const COUNTS: [usize; 9] = [0, 1, 2, 3, 7, 13, 1021, 65_537, (1 << 20) + 3];
+
+fn matrix(n: usize) {
+    let ranks = gpus(n);
+    for (k, dt) in DataType::ALL.into_iter().enumerate() {
+        for op in ALL_OPS {
+            for (i, count) in COUNTS.into_iter().enumerate() {
+                let in_place = i % 2 == 1;
+                check_all_reduce(&ranks, count, dt, op, in_place, (k * 100 + i) as u64, Drive::OneThread)
+                    .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn every_type_op_count_on_2_gpus() {
+    matrix(2);
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn every_type_op_count_on_4_gpus() {
+    matrix(4);
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn thread_per_gpu_and_large_buffers() {
+    for n in [2usize, 4] {
+        let ranks = gpus(n);
+        for (count, dt) in [(1usize << 28, DataType::Float32), (1 << 27, DataType::Int64), (12_345_677, DataType::Bfloat16)] {
+            for in_place in [false, true] {
+                check_all_reduce(&ranks, count, dt, ReduceOp::Sum, in_place, count as u64, Drive::ThreadPerRank)
+                    .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn process_per_gpu() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
+        let dev = nccl::Device::open(rank as i32).expect("open the GPU");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
+        let ranks = Ranks::new(vec![comm]);
+        for dt in DataType::ALL {
+            for op in ALL_OPS {
+                for count in [1usize, 997, (1 << 22) + 1] {
+                    check_all_reduce(&ranks, count, dt, op, count % 2 == 0, 11, Drive::OneThread)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
+        return;
+    }
+    let _ = WHY;
+    for n in [2usize, 4] {
+        common::procs::run("process_per_gpu", n, &[]);
+    }
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn bad_buffers_are_rejected() {
+    let ranks = gpus(2);
+    let c0 = &ranks.comms[0];
+    let other = ranks.comms[1].device().alloc(4096).expect("alloc on GPU 1");
+    let mine = c0.device().alloc(4096).expect("alloc on GPU 0");
+    let s = ranks.streams[0];
+    let err = c0.all_reduce(other.ptr, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s).unwrap_err();
+    assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
+    assert!(err.message.contains("device 1"), "{err}");
+    let host = vec![0u8; 64];
+    let err = c0.all_reduce(host.as_ptr() as u64, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s).unwrap_err();
+    assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
+    let err = c0.all_reduce(mine.ptr + 2, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s).unwrap_err();
+    assert!(err.message.contains("aligned"), "{err}");
+}
