@@ -25,8 +25,16 @@ fn matrix(n: usize) {
         for op in ALL_OPS {
             for (i, count) in COUNTS.into_iter().enumerate() {
                 let in_place = i % 2 == 1;
-                check_all_reduce(&ranks, count, dt, op, in_place, (k * 100 + i) as u64, Drive::OneThread)
-                    .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
+                check_all_reduce(
+                    &ranks,
+                    count,
+                    dt,
+                    op,
+                    in_place,
+                    (k * 100 + i) as u64,
+                    Drive::OneThread,
+                )
+                .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
             }
         }
     }
@@ -49,10 +57,22 @@ fn every_type_op_count_on_4_gpus() {
 fn thread_per_gpu_and_large_buffers() {
     for n in [2usize, 4] {
         let ranks = gpus(n);
-        for (count, dt) in [(1usize << 28, DataType::Float32), (1 << 27, DataType::Int64), (12_345_677, DataType::Bfloat16)] {
+        for (count, dt) in [
+            (1usize << 28, DataType::Float32),
+            (1 << 27, DataType::Int64),
+            (12_345_677, DataType::Bfloat16),
+        ] {
             for in_place in [false, true] {
-                check_all_reduce(&ranks, count, dt, ReduceOp::Sum, in_place, count as u64, Drive::ThreadPerRank)
-                    .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
+                check_all_reduce(
+                    &ranks,
+                    count,
+                    dt,
+                    ReduceOp::Sum,
+                    in_place,
+                    count as u64,
+                    Drive::ThreadPerRank,
+                )
+                .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
             }
         }
     }
@@ -64,7 +84,8 @@ fn process_per_gpu() {
     if let Some((rank, nranks, id)) = common::procs::child() {
         nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
         let dev = nccl::Device::open(rank as i32).expect("open the GPU");
-        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
+        let comm =
+            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
         let ranks = Ranks::new(vec![comm]);
         for dt in DataType::ALL {
             for op in ALL_OPS {
@@ -90,12 +111,32 @@ fn bad_buffers_are_rejected() {
     let other = ranks.comms[1].device().alloc(4096).expect("alloc on GPU 1");
     let mine = c0.device().alloc(4096).expect("alloc on GPU 0");
     let s = ranks.streams[0];
-    let err = c0.all_reduce(other.ptr, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s).unwrap_err();
+    let err = c0
+        .all_reduce(other.ptr, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s)
+        .unwrap_err();
     assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
     assert!(err.message.contains("device 1"), "{err}");
     let host = vec![0u8; 64];
-    let err = c0.all_reduce(host.as_ptr() as u64, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s).unwrap_err();
+    let err = c0
+        .all_reduce(
+            host.as_ptr() as u64,
+            mine.ptr,
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+            s,
+        )
+        .unwrap_err();
     assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
-    let err = c0.all_reduce(mine.ptr + 2, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s).unwrap_err();
+    let err = c0
+        .all_reduce(
+            mine.ptr + 2,
+            mine.ptr,
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+            s,
+        )
+        .unwrap_err();
     assert!(err.message.contains("aligned"), "{err}");
 }

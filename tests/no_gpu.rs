@@ -11,8 +11,17 @@ fn cuda_backend_without_a_gpu_is_a_clear_error() {
             assert_eq!(e.code, nccl::NcclResult::InvalidArgument, "{e}");
         }
         Err(e) => {
-            assert!(matches!(e.code, nccl::NcclResult::SystemError | nccl::NcclResult::UnhandledCudaError), "{e}");
-            assert!(e.message.contains("NCCL_RS_BACKEND=sim") || e.message.contains("cu"), "{e}");
+            assert!(
+                matches!(
+                    e.code,
+                    nccl::NcclResult::SystemError | nccl::NcclResult::UnhandledCudaError
+                ),
+                "{e}"
+            );
+            assert!(
+                e.message.contains("NCCL_RS_BACKEND=sim") || e.message.contains("cu"),
+                "{e}"
+            );
             assert!(nccl::Comm::init_all(&[0, 1]).is_err());
         }
     }

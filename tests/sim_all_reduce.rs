@@ -63,11 +63,17 @@ fn ranks_as_processes() {
     if let Some((rank, nranks, id)) = common::procs::child() {
         nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
-        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
+        let comm =
+            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
         let ranks = Ranks::new(vec![comm]);
-        for (dt, op) in [(DataType::Float32, nccl::ReduceOp::Sum), (DataType::Int64, nccl::ReduceOp::Max), (DataType::Bfloat16, nccl::ReduceOp::Avg)] {
+        for (dt, op) in [
+            (DataType::Float32, nccl::ReduceOp::Sum),
+            (DataType::Int64, nccl::ReduceOp::Max),
+            (DataType::Bfloat16, nccl::ReduceOp::Avg),
+        ] {
             for count in [1usize, 31, 5000] {
-                check_all_reduce(&ranks, count, dt, op, count % 2 == 1, 7, Drive::OneThread).unwrap_or_else(|e| panic!("{e}"));
+                check_all_reduce(&ranks, count, dt, op, count % 2 == 1, 7, Drive::OneThread)
+                    .unwrap_or_else(|e| panic!("{e}"));
             }
         }
         return;
@@ -81,7 +87,17 @@ fn ranks_as_processes() {
 fn eight_ranks_every_op() {
     let ranks = sim_comms(8);
     for op in ALL_OPS {
-        check_all_reduce(&ranks, 999, DataType::Float16, op, false, 3, Drive::ThreadPerRank).unwrap_or_else(|e| panic!("{e}"));
-        check_all_reduce(&ranks, 1001, DataType::Int32, op, true, 4, Drive::OneThread).unwrap_or_else(|e| panic!("{e}"));
+        check_all_reduce(
+            &ranks,
+            999,
+            DataType::Float16,
+            op,
+            false,
+            3,
+            Drive::ThreadPerRank,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        check_all_reduce(&ranks, 1001, DataType::Int32, op, true, 4, Drive::OneThread)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }

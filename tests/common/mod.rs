@@ -277,7 +277,9 @@ fn check_typed<T: Elem>(
     let n = comms.len();
     // Every process computes every rank's input (they depend on the seed and rank only), so the
     // reference is the same whether the ranks live here or in other processes.
-    let inputs: Vec<Vec<T>> = (0..comms[0].count()).map(|r| input::<T>(count, op, seed, r)).collect();
+    let inputs: Vec<Vec<T>> = (0..comms[0].count())
+        .map(|r| input::<T>(count, op, seed, r))
+        .collect();
     let want = reference(&inputs, op, dt);
     let bytes = count * std::mem::size_of::<T>();
     let e = |e: nccl::Error| e.to_string();
@@ -361,7 +363,9 @@ pub mod procs {
         let rank = std::env::var(RANK).ok()?.parse().ok()?;
         let nranks = std::env::var(NRANKS).ok()?.parse().ok()?;
         let hex = std::env::var(ID).ok()?;
-        let mut id = UniqueId { internal: [0; nccl::bootstrap::UNIQUE_ID_BYTES] };
+        let mut id = UniqueId {
+            internal: [0; nccl::bootstrap::UNIQUE_ID_BYTES],
+        };
         for (i, b) in id.internal.iter_mut().enumerate() {
             *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
         }
@@ -376,14 +380,21 @@ pub mod procs {
         let children: Vec<_> = (0..nranks)
             .map(|r| {
                 let mut cmd = std::process::Command::new(&exe);
-                cmd.args([test_name, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
-                    .env(RANK, r.to_string())
-                    .env(NRANKS, nranks.to_string())
-                    .env(ID, &hex);
+                cmd.args([
+                    test_name,
+                    "--exact",
+                    "--include-ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(RANK, r.to_string())
+                .env(NRANKS, nranks.to_string())
+                .env(ID, &hex);
                 for (k, v) in extra_env {
                     cmd.env(k, v);
                 }
-                cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
                 cmd.spawn().expect("start a rank process")
             })
             .collect();
@@ -438,6 +449,10 @@ pub mod procs {
                 failed.push(format!("rank {r} ({status:?}):\n{text}"));
             }
         }
-        assert!(failed.is_empty(), "rank processes failed:\n{}", failed.join("\n"));
+        assert!(
+            failed.is_empty(),
+            "rank processes failed:\n{}",
+            failed.join("\n")
+        );
     }
 }

@@ -216,3 +216,79 @@ pub fn vote_all(mask: u32, p: bool) -> bool {
 pub fn trap() -> ! {
     panic!("nccl-device: kernel trap")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::sync::atomic::AtomicU32;
+
+    #[test]
+    fn indices_barriers_and_warp_ops() {
+        let hits = AtomicU32::new(0);
+        let sums = Mutex::new(std::vec::Vec::new());
+        let body = || {
+            let t = thread_idx();
+            assert_eq!(block_dim(), 40);
+            assert_eq!(grid_dim(), 3);
+            hits.fetch_add(1, Ordering::SeqCst);
+            sync_threads();
+            // Everyone arrived before anyone passed the barrier.
+            assert_eq!(hits.load(Ordering::SeqCst) % 40, 0);
+            // A named barrier for the first warp only.
+            if t < 32 {
+                barrier_named(1, 32);
+                let mask = u32::MAX;
+                assert_eq!(shfl_sync(mask, t * 10, 5), 50);
+                assert!(vote_any(mask, t == 31));
+                assert!(!vote_all(mask, t != 7));
+                assert!(vote_all(mask, t < 32));
+            }
+            sync_threads();
+            lock_push(&sums, (block_idx(), t));
+        };
+        for b in 0..3 {
+            hits.store(0, Ordering::SeqCst);
+            run_cta(b, 3, 40, &body);
+        }
+        assert_eq!(sums.lock().unwrap().len(), 120);
+    }
+
+    fn lock_push(m: &Mutex<std::vec::Vec<(u32, u32)>>, v: (u32, u32)) {
+        m.lock().unwrap().push(v);
+    }
+
+    #[test]
+    fn release_acquire_publishes_data() {
+        let data = std::boxed::Box::new([0u64; 64]);
+        let flag = std::boxed::Box::new(0u64);
+        let (dp, fp) = (data.as_ptr() as u64, &*flag as *const u64 as u64);
+        let body = move || unsafe {
+            if thread_idx() == 0 {
+                for i in 0..64 {
+                    *(dp as *mut u64).add(i) = i as u64 + 1;
+                }
+                st_release_sys(fp as *mut u64, 1);
+            } else {
+                while ld_acquire_sys(fp as *const u64) == 0 {
+                    spin_pause();
+                }
+                for i in 0..64 {
+                    assert_eq!(*(dp as *const u64).add(i), i as u64 + 1);
+                }
+            }
+        };
+        run_cta(0, 1, 2, &body);
+    }
+
+    #[test]
+    fn a_trap_reaches_the_launcher() {
+        let r = std::panic::catch_unwind(|| {
+            run_cta(0, 1, 2, &|| {
+                if thread_idx() == 1 {
+                    trap();
+                }
+            })
+        });
+        assert!(r.is_err());
+    }
+}
