@@ -116,7 +116,7 @@ fn bad_buffers_are_rejected() {
         .unwrap_err();
     assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
     assert!(err.message.contains("device 1"), "{err}");
-    let host = vec![0u8; 64];
+    let host = [0u8; 64];
     let err = c0
         .all_reduce(
             host.as_ptr() as u64,

@@ -290,7 +290,7 @@ impl Mini {
     }
 
     #[inline(always)]
-    fn to_f32(self, v: u32) -> f32 {
+    fn decode(self, v: u32) -> f32 {
         let sign = if v >> (self.e + self.m) & 1 != 0 {
             -1.0f32
         } else {
@@ -318,7 +318,7 @@ impl Mini {
     }
 
     #[inline(always)]
-    fn from_f32(self, x: f32) -> u32 {
+    fn encode(self, x: f32) -> u32 {
         let sign = (x.to_bits() >> 31) << (self.e + self.m);
         if x.is_nan() {
             return sign | self.nan();
@@ -434,8 +434,8 @@ small_float!(
     F16,
     u16,
     Float16,
-    |v| HALF.to_f32(v as u32),
-    |x| HALF.from_f32(x) as u16
+    |v| HALF.decode(v as u32),
+    |x| HALF.encode(x) as u16
 );
 small_float!(
     Bf16,
@@ -448,15 +448,15 @@ small_float!(
     F8E4M3,
     u8,
     Float8e4m3,
-    |v| E4M3.to_f32(v as u32),
-    |x| E4M3.from_f32(x) as u8
+    |v| E4M3.decode(v as u32),
+    |x| E4M3.encode(x) as u8
 );
 small_float!(
     F8E5M2,
     u8,
     Float8e5m2,
-    |v| E5M2.to_f32(v as u32),
-    |x| E5M2.from_f32(x) as u8
+    |v| E5M2.decode(v as u32),
+    |x| E5M2.encode(x) as u8
 );
 
 #[inline(always)]
@@ -476,12 +476,12 @@ mod tests {
     #[test]
     fn half_round_trips_every_value() {
         for v in 0u32..=0xffff {
-            let f = HALF.to_f32(v);
+            let f = HALF.decode(v);
             if f.is_nan() {
                 assert!(F16::from_f32(f).to_f32().is_nan());
                 continue;
             }
-            assert_eq!(HALF.from_f32(f), v, "half {v:#06x} = {f}");
+            assert_eq!(HALF.encode(f), v, "half {v:#06x} = {f}");
         }
     }
 
@@ -509,9 +509,9 @@ mod tests {
     fn fp8_formats() {
         for v in 0u32..=0xff {
             for fmt in [E4M3, E5M2] {
-                let f = fmt.to_f32(v);
+                let f = fmt.decode(v);
                 if !f.is_nan() && f.is_finite() {
-                    assert_eq!(fmt.from_f32(f), v, "fp8 {v:#04x} = {f}");
+                    assert_eq!(fmt.encode(f), v, "fp8 {v:#04x} = {f}");
                 }
             }
         }

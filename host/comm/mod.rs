@@ -34,7 +34,7 @@ impl Shape {
             None if sim => env("NCCL_RS_SIM_BUFFSIZE"),
             None => env("NCCL_BUFFSIZE"),
         };
-        if buff < 8 * 1024 || buff > (1 << 30) {
+        if !(8 * 1024..=(1 << 30)).contains(&buff) {
             return Err(Error::invalid_argument(format!(
                 "NCCL_BUFFSIZE={buff}: use 8 KiB to 1 GiB"
             )));

@@ -58,7 +58,7 @@ fn check_buffer(comm: &Comm, what: &str, p: DevPtr, bytes: usize, dt: DataType) 
     if p == 0 {
         return Err(Error::invalid_argument(format!("{what} is a null pointer")));
     }
-    if p % dt.size() as u64 != 0 {
+    if !p.is_multiple_of(dt.size() as u64) {
         return Err(Error::invalid_argument(format!(
             "{what} {p:#x} is not aligned to its {}-byte elements ({})",
             dt.size(),

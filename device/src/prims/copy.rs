@@ -27,7 +27,7 @@ impl<T: Elem> Move<T> {
     fn aligned(&self) -> bool {
         let bits =
             self.recv as usize | self.input as usize | self.output as usize | self.send as usize;
-        bits % 16 == 0
+        bits.is_multiple_of(16)
     }
 
     #[inline(always)]
