@@ -415,10 +415,11 @@ enum Picked {
 
 fn pick_backend(args: &Args) -> Picked {
     let explicit = match args.backend {
-        Some(b) => Some((b, "--backend")),
+        Some(Backend::Sim) => Some((Backend::Sim, "--backend sim")),
+        Some(Backend::Cuda) => Some((Backend::Cuda, "--backend cuda")),
         None => match std::env::var("NCCL_RS_BACKEND").as_deref() {
-            Ok("sim") | Ok("SIM") | Ok("simulator") => Some((Backend::Sim, "NCCL_RS_BACKEND")),
-            Ok("cuda") | Ok("CUDA") => Some((Backend::Cuda, "NCCL_RS_BACKEND")),
+            Ok("sim") | Ok("SIM") | Ok("simulator") => Some((Backend::Sim, "NCCL_RS_BACKEND=sim")),
+            Ok("cuda") | Ok("CUDA") => Some((Backend::Cuda, "NCCL_RS_BACKEND=cuda")),
             _ => None,
         },
     };
@@ -429,7 +430,7 @@ fn pick_backend(args: &Args) -> Picked {
                 return Picked::Exit(ExitCode::FAILURE);
             }
             let why = match std::env::var(REASON_ENV) {
-                Ok(r) if how == "--backend" => r,
+                Ok(r) if args.backend.is_some() => r,
                 _ => format!("chosen with {how}"),
             };
             Picked::Run(Backend::Sim, why)
@@ -1282,6 +1283,10 @@ impl Bench {
                 }
                 tile(&data.inputs[r], &mut host[..send_bytes]);
                 dev.copy_htod(send, &host[..send_bytes]).map_err(e)?;
+                // A copy from pageable memory may return before its DMA lands, and the
+                // collective runs on a non-blocking stream: wait on the legacy stream that
+                // carried the copies.
+                dev.stream_sync(StreamHandle::default()).map_err(e)?;
             }
             self.run(lib, call, 1, 0)?;
             let mut wrong = 0;

@@ -202,6 +202,8 @@ impl Device {
         )?;
         // SAFETY: p is a fresh allocation of at least `bytes` bytes.
         check(unsafe { sys::cuMemsetD8_v2(p, 0, bytes) }, "cuMemsetD8")?;
+        // The memset runs on the legacy stream; our kernels run on non-blocking streams.
+        self.sync_legacy_stream()?;
         Ok(p)
     }
 
@@ -217,6 +219,17 @@ impl Device {
         check(
             unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()) },
             "cuMemcpyHtoD",
+        )?;
+        // From pageable memory the call may return before the DMA lands; kernels on non-blocking
+        // streams would not wait for it. Copies are synchronous in this API: finish it here.
+        self.sync_legacy_stream()
+    }
+
+    fn sync_legacy_stream(&self) -> Result<()> {
+        // SAFETY: the legacy default stream of the current context.
+        check(
+            unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
+            "cuStreamSynchronize",
         )
     }
 
