@@ -20,24 +20,7 @@ fn gpus(n: usize) -> Ranks {
 const COUNTS: [usize; 9] = [0, 1, 2, 3, 7, 13, 1021, 65_537, (1 << 20) + 3];
 
 fn matrix(n: usize) {
-    let ranks = gpus(n);
-    for (k, dt) in DataType::ALL.into_iter().enumerate() {
-        for op in ALL_OPS {
-            for (i, count) in COUNTS.into_iter().enumerate() {
-                let in_place = i % 2 == 1;
-                check_all_reduce(
-                    &ranks,
-                    count,
-                    dt,
-                    op,
-                    in_place,
-                    (k * 100 + i) as u64,
-                    Drive::OneThread,
-                )
-                .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
-            }
-        }
-    }
+    common::type_op_matrix(&gpus(n), &COUNTS, Drive::OneThread);
 }
 
 #[test]

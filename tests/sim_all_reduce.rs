@@ -12,24 +12,9 @@ fn sim_comms(n: usize) -> Ranks {
 }
 
 #[test]
-fn every_type_and_op_on_two_ranks() {
-    let comms = sim_comms(2);
-    for (k, dt) in DataType::ALL.into_iter().enumerate() {
-        for op in ALL_OPS {
-            for (count, in_place) in [(1, false), (37, true), (1000, false)] {
-                check_all_reduce(
-                    &comms,
-                    count,
-                    dt,
-                    op,
-                    in_place,
-                    k as u64 * 31 + count as u64,
-                    Drive::OneThread,
-                )
-                .unwrap_or_else(|e| panic!("{e}"));
-            }
-        }
-    }
+fn every_type_and_op_on_two_and_four_ranks() {
+    common::type_op_matrix(&sim_comms(2), &[0, 1, 37, 1000], Drive::OneThread);
+    common::type_op_matrix(&sim_comms(4), &[1, 13, 4099], Drive::ThreadPerRank);
 }
 
 #[test]
@@ -78,7 +63,7 @@ fn ranks_as_processes() {
         }
         return;
     }
-    for n in [2usize, 3] {
+    for n in [2usize, 3, 4, 8] {
         common::procs::run("ranks_as_processes", n, &[]);
     }
 }

@@ -51,7 +51,8 @@ impl Shape {
                 "NCCL_NTHREADS={nthreads}: use a multiple of 32 up to {most}"
             )));
         }
-        let auto = if sim { 2 } else { 16 };
+        // 32 channels: measured 333 GB/s at 2 GiB on 4xH200 against 286 with 16 (NCCL: 362).
+        let auto = if sim { 2 } else { 32 };
         let (min, max) = (env("NCCL_MIN_NCHANNELS"), env("NCCL_MAX_NCHANNELS"));
         let mut n = auto;
         if max > 0 {

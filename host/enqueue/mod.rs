@@ -46,7 +46,7 @@ impl ReduceOp {
 }
 
 /// Smallest per-channel share worth a channel of its own (bytes); smaller calls use fewer CTAs.
-const MIN_CHANNEL_BYTES: usize = 256 * 1024;
+const MIN_CHANNEL_BYTES: usize = 64 * 1024;
 
 /// How many channels a call of `bytes` uses on a communicator with `max` channels.
 pub fn channels_for(bytes: usize, max: u32) -> u32 {
@@ -130,7 +130,8 @@ mod tests {
     #[test]
     fn small_calls_use_few_channels() {
         assert_eq!(channels_for(8, 16), 1);
-        assert_eq!(channels_for(1 << 20, 16), 4);
+        assert_eq!(channels_for(1 << 20, 32), 16);
+        assert_eq!(channels_for(1 << 20, 4), 4);
         assert_eq!(channels_for(1 << 30, 16), 16);
         assert_eq!(channels_for(1 << 30, 0), 1);
         assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));

@@ -349,6 +349,19 @@ fn check_typed<T: Elem>(
     Ok(())
 }
 
+/// Every element type and reduction at each count, alternating in-place and out-of-place.
+pub fn type_op_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
+    for (k, dt) in DataType::ALL.into_iter().enumerate() {
+        for op in ALL_OPS {
+            for (i, &count) in counts.iter().enumerate() {
+                let in_place = (i + k) % 2 == 1;
+                check_all_reduce(ranks, count, dt, op, in_place, (k * 100 + i) as u64, drive)
+                    .unwrap_or_else(|e| panic!("{} ranks: {e}", ranks.comms[0].count()));
+            }
+        }
+    }
+}
+
 /// Multi-process tests: the parent starts `nranks` copies of the current test binary running
 /// test `test_name`, each told its rank and the unique id through the environment.
 pub mod procs {
