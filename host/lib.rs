@@ -37,6 +37,17 @@ pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx_table.rs"));
 }
 
+/// `ncclGroupStart`: operations issued by this thread until the matching [`group_end`] are
+/// launched together when it ends.
+pub fn group_start() {
+    enqueue::group::start()
+}
+
+/// `ncclGroupEnd`.
+pub fn group_end() -> Result<()> {
+    enqueue::group::end()
+}
+
 impl Comm {
     /// `ncclAllReduce`: reduces `count` elements of every rank's `send` into every rank's `recv`.
     pub fn all_reduce(

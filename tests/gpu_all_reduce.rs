@@ -20,7 +20,15 @@ fn gpus(n: usize) -> Ranks {
 const COUNTS: [usize; 9] = [0, 1, 2, 3, 7, 13, 1021, 65_537, (1 << 20) + 3];
 
 fn matrix(n: usize) {
-    common::type_op_matrix(&gpus(n), &COUNTS, Drive::OneThread);
+    common::type_op_matrix(
+        &gpus(n),
+        &COUNTS,
+        if n == 2 {
+            Drive::Group
+        } else {
+            Drive::OneThread
+        },
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! Turns collective calls into kernel launches: checks the arguments, sizes the grid and the
-//! chunks, and launches on the user's stream.
+//! chunks, and launches on the user's stream (at once, or when the thread's group ends).
+
+pub mod group;
 
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
@@ -87,6 +89,18 @@ pub fn all_reduce(
     op: ReduceOp,
     stream: StreamHandle,
 ) -> Result<()> {
+    all_reduce_checked(comm, send, recv, count, dt, op, stream).map_err(group::record_error)
+}
+
+fn all_reduce_checked(
+    comm: &Comm,
+    send: DevPtr,
+    recv: DevPtr,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    stream: StreamHandle,
+) -> Result<()> {
     comm.check_usable()?;
     let bytes = count
         .checked_mul(dt.size())
@@ -119,8 +133,10 @@ pub fn all_reduce(
     };
     let kernel = comm.kernel("all_reduce", dt, op.kind())?;
     let grid = channels_for(bytes, shape.nchannels);
-    comm.device
-        .launch(kernel, grid, shape.nthreads, stream, &args)
+    let (device, block) = (comm.device.clone(), shape.nthreads);
+    group::ordered(Box::new(move || {
+        device.launch(kernel, grid, block, stream, &args)
+    }))
 }
 
 #[cfg(test)]

@@ -222,6 +222,8 @@ pub enum Drive {
     OneThread,
     /// A thread per communicator.
     ThreadPerRank,
+    /// One thread, every launch inside ncclGroupStart/End.
+    Group,
 }
 
 /// Communicators with a stream each (tests running side by side must not share the default
@@ -314,6 +316,17 @@ fn check_typed<T: Elem>(
                 c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
                     .map_err(e)?;
             }
+            for (c, s) in comms.iter().zip(streams) {
+                c.device().stream_sync(*s).map_err(e)?;
+            }
+        }
+        Drive::Group => {
+            nccl::group_start();
+            for (i, c) in comms.iter().enumerate() {
+                c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
+                    .map_err(e)?;
+            }
+            nccl::group_end().map_err(e)?;
             for (c, s) in comms.iter().zip(streams) {
                 c.device().stream_sync(*s).map_err(e)?;
             }
