@@ -23,11 +23,7 @@ fn rank_counts_and_odd_sizes() {
         let comms = sim_comms(n);
         for count in [0usize, 1, 7, 13, 4099, 50_000] {
             for in_place in [false, true] {
-                let drive = if count % 2 == 0 {
-                    Drive::ThreadPerRank
-                } else {
-                    Drive::OneThread
-                };
+                let drive = [Drive::ThreadPerRank, Drive::OneThread, Drive::Group][count % 3];
                 check_all_reduce(
                     &comms,
                     count,
