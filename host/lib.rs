@@ -13,19 +13,25 @@
 //! ```
 
 pub mod bootstrap;
+#[cfg(feature = "capi")]
+pub mod capi;
 pub mod comm;
 pub mod cuda;
 pub mod debug;
 pub mod enqueue;
 pub mod env;
 pub mod error;
+pub mod graph;
+pub mod topo;
 pub mod transport;
+pub mod tune;
 
 pub use bootstrap::{get_unique_id, UniqueId};
-pub use comm::Comm;
+pub use comm::{Comm, Config, PendingComm, SPLIT_NOCOLOR};
 pub use cuda::{Backend, DevPtr, Device, StreamHandle};
-pub use enqueue::ReduceOp;
+pub use enqueue::{CollCall, ReduceOp};
 pub use error::{Error, NcclResult, Result};
+pub use nccl_device::abi::Coll;
 pub use nccl_device::types::DataType;
 
 /// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
@@ -50,6 +56,7 @@ pub fn group_end() -> Result<()> {
 
 impl Comm {
     /// `ncclAllReduce`: reduces `count` elements of every rank's `send` into every rank's `recv`.
+    #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
         send: DevPtr,
@@ -59,6 +66,113 @@ impl Comm {
         op: ReduceOp,
         stream: StreamHandle,
     ) -> Result<()> {
-        enqueue::all_reduce(self, send, recv, count, dtype, op, stream)
+        let call = CollCall {
+            coll: Coll::AllReduce,
+            send,
+            recv,
+            count,
+            dt: dtype,
+            op,
+            root: 0,
+            stream,
+        };
+        enqueue::collective(self, call)
+    }
+
+    /// `ncclBroadcast`: copies `count` elements of `send` on `root` to `recv` on every rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn broadcast(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let call = CollCall {
+            coll: Coll::Broadcast,
+            send,
+            recv,
+            count,
+            dt: dtype,
+            op: ReduceOp::Sum,
+            root,
+            stream,
+        };
+        enqueue::collective(self, call)
+    }
+
+    /// `ncclReduce`: reduces every rank's `send` into `recv` on `root`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let call = CollCall {
+            coll: Coll::Reduce,
+            send,
+            recv,
+            count,
+            dt: dtype,
+            op,
+            root,
+            stream,
+        };
+        enqueue::collective(self, call)
+    }
+
+    /// `ncclAllGather`: every rank's `count` elements, gathered in rank order into `recv`
+    /// (nranks × count elements) on every rank.
+    pub fn all_gather(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let call = CollCall {
+            coll: Coll::AllGather,
+            send,
+            recv,
+            count,
+            dt: dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+            stream,
+        };
+        enqueue::collective(self, call)
+    }
+
+    /// `ncclReduceScatter`: reduces every rank's `send` (nranks × count elements) and leaves
+    /// block `rank` (count elements) in each rank's `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let call = CollCall {
+            coll: Coll::ReduceScatter,
+            send,
+            recv,
+            count,
+            dt: dtype,
+            op,
+            root: 0,
+            stream,
+        };
+        enqueue::collective(self, call)
     }
 }

@@ -46,6 +46,9 @@ pub struct ChannelDev {
     pub ring_prev: u32,
     pub ring_next: u32,
     pub _pad: u32,
+    /// The ring as ranks: `nranks` u32 in device memory, `ring_ranks[pos]` is the rank at ring
+    /// position `pos`.
+    pub ring_ranks: u64,
     pub send: ConnSend,
     pub recv: ConnRecv,
 }
@@ -77,14 +80,53 @@ pub struct CollArgs {
     pub redop_arg: u64,
     /// Elements moved per FIFO step (a multiple of the 16-byte pack for the type).
     pub chunk_elems: u32,
+    /// Which collective ([`Coll`] as u32).
+    pub coll: u32,
+    /// The root rank of Broadcast and Reduce.
+    pub root: u32,
     pub _pad: u32,
+}
+
+/// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Coll {
+    AllReduce = 0,
+    Broadcast = 1,
+    Reduce = 2,
+    AllGather = 3,
+    ReduceScatter = 4,
+}
+
+impl Coll {
+    pub const ALL: [Coll; 5] = [
+        Coll::AllReduce,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+    ];
+
+    pub fn from_raw(v: u32) -> Option<Coll> {
+        Coll::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "AllReduce",
+            Coll::Broadcast => "Broadcast",
+            Coll::Reduce => "Reduce",
+            Coll::AllGather => "AllGather",
+            Coll::ReduceScatter => "ReduceScatter",
+        }
+    }
 }
 
 const _: () = {
     assert!(core::mem::size_of::<ConnSend>() == 32);
     assert!(core::mem::size_of::<ConnRecv>() == 32);
-    assert!(core::mem::size_of::<ChannelDev>() == 80);
+    assert!(core::mem::size_of::<ChannelDev>() == 88);
     assert!(core::mem::size_of::<DevComm>() == 24);
-    assert!(core::mem::size_of::<CollArgs>() == 48);
+    assert!(core::mem::size_of::<CollArgs>() == 56);
     assert!(core::mem::align_of::<CollArgs>() == 8);
 };

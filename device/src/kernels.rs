@@ -1,11 +1,11 @@
-//! The PTX entry points: one kernel per (collective, element type, reduction), each a thin
-//! call into the generic collective code.
+//! The PTX entry points: one kernel per (element type, reduction), each a thin call into the
+//! generic collective code, which picks the collective from its arguments.
 
 use crate::abi::CollArgs;
 
-macro_rules! all_reduce_kernel {
+macro_rules! coll_kernel {
     ($tn:ident, $t:ty, $on:ident, $op:ty) => {
-        paste_kernel!(nccl_all_reduce_, $tn, $on, $t, $op);
+        paste_kernel!(nccl_coll_, $tn, $on, $t, $op);
     };
 }
 
@@ -14,10 +14,10 @@ macro_rules! paste_kernel {
         const _: () = {
             #[export_name = concat!(stringify!($prefix), stringify!($tn), "_", stringify!($on))]
             pub unsafe extern "ptx-kernel" fn kernel(args: CollArgs) {
-                crate::coll::all_reduce::run::<$t, $op>(&args)
+                crate::coll::run::<$t, $op>(&args)
             }
         };
     };
 }
 
-crate::for_each_type_op!(all_reduce_kernel);
+crate::for_each_type_op!(coll_kernel);

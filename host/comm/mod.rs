@@ -1,10 +1,20 @@
-//! Communicators: state and lifecycle (init, destroy, abort) and the per-rank facts shared at
-//! init.
+//! Communicators: state and lifecycle (init, split, finalize, destroy, abort) and the per-rank
+//! facts shared at init.
+//!
+//! A [`Comm`] is always a complete communicator. Creation that does not block the caller
+//! (non-blocking [`Config`], or inside `ncclGroupStart`/`End`) gives a [`PendingComm`] that turns
+//! into a `Comm` when the creation completes.
 
+mod config;
 mod peer;
+mod pending;
+mod split;
 
-use crate::bootstrap::{Bootstrap, UniqueId};
-use crate::cuda::{DevBuffer, Device, Kernel};
+pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
+pub use pending::{Launch, PendingComm};
+
+use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
+use crate::cuda::{DevBuffer, Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS};
@@ -25,8 +35,9 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// From this process's parameters for `device`.
-    fn from_env(device: &Device) -> Result<Shape> {
+    /// From this process's parameters for `device`, the channels bounded by the config's
+    /// minCTAs / maxCTAs.
+    fn from_env(device: &Device, config: &ResolvedConfig) -> Result<Shape> {
         let env = crate::env::int;
         let sim = device.is_sim();
         let buff = match crate::env::raw("NCCL_BUFFSIZE") {
@@ -61,7 +72,7 @@ impl Shape {
         if min > 0 {
             n = n.max(min);
         }
-        let n = n.clamp(1, MAX_CHANNELS as i64) as u32;
+        let n = config.bound_channels(n.clamp(1, MAX_CHANNELS as i64) as u32);
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
@@ -84,6 +95,15 @@ pub struct Comm {
     aborted: AtomicBool,
     /// Device memory this communicator took at init (bytes), for reports.
     pub(crate) init_bytes: usize,
+    config: ResolvedConfig,
+    /// Set by `abort`; also stops a split child's creation.
+    abort_flag: AbortFlag,
+    /// After `finalize` (or `destroy`'s flush): no more operations.
+    finalized: AtomicBool,
+    /// Streams operations were issued on, flushed by `finalize`/`destroy`.
+    streams: Mutex<Vec<StreamHandle>>,
+    /// An error raised outside any call (`ncclCommGetAsyncError`).
+    async_error: Mutex<Option<Error>>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -96,32 +116,55 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-impl Comm {
-    /// `ncclCommInitRank` on `device`: every rank calls it with the same id and count.
-    pub fn init_rank_on(device: Device, nranks: usize, id: &UniqueId, rank: usize) -> Result<Comm> {
-        crate::debug::init();
-        if nranks == 0 {
-            return Err(Error::invalid_argument("nranks is 0"));
-        }
-        if rank >= nranks {
-            return Err(Error::invalid_argument(format!(
-                "rank {rank} is out of range (nranks {nranks})"
-            )));
-        }
+fn check_args(nranks: usize, rank: usize, ids: &[UniqueId]) -> Result<()> {
+    if nranks == 0 {
+        return Err(Error::invalid_argument("nranks is 0"));
+    }
+    if rank >= nranks {
+        return Err(Error::invalid_argument(format!(
+            "rank {rank} is out of range (nranks {nranks})"
+        )));
+    }
+    if ids.is_empty() {
+        return Err(Error::invalid_argument("no unique id given"));
+    }
+    if ids.len() > nranks {
+        return Err(Error::invalid_argument(format!(
+            "{} unique ids for {nranks} ranks: at most one id per rank",
+            ids.len()
+        )));
+    }
+    for id in ids {
         id.decode()?;
+    }
+    Ok(())
+}
+
+impl Comm {
+    /// Creates this rank's communicator: bootstrap over `ids` (one root each), peer facts,
+    /// transport, device structures. Every wait stops early when `abort` is set.
+    pub(crate) fn create(
+        device: Device,
+        nranks: usize,
+        ids: &[UniqueId],
+        rank: usize,
+        config: ResolvedConfig,
+        abort: &AbortFlag,
+    ) -> Result<Comm> {
+        crate::debug::init();
+        check_args(nranks, rank, ids)?;
         let t0 = Instant::now();
         crate::env::log_params();
         device.make_current()?;
-        let shape = Shape::from_env(&device)?;
+        let shape = Shape::from_env(&device, &config)?;
         let timeout =
             Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
-        let bootstrap =
-            Bootstrap::init(id, rank, nranks, timeout).map_err(|e| e.context("bootstrap"))?;
+        let bootstrap = Bootstrap::init_scalable(ids, rank, nranks, timeout, abort)
+            .map_err(|e| e.context("bootstrap"))?;
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
         let shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
         let (free_before, _) = device.mem_info()?;
-
         // One ring, rank order, on every channel (every GPU pair is equal on an NVLink switch).
         let prev = (rank + nranks - 1) % nranks;
         let next = (rank + 1) % nranks;
@@ -144,10 +187,14 @@ impl Comm {
 
         let nch = shape.nchannels as usize;
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
-        let dev_comm = device.alloc(head + nch * std::mem::size_of::<ChannelDev>())?;
+        // DevComm, the channels, then the ring as ranks (one ring order for every channel).
+        let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
+        let ring: Vec<u32> = (0..nranks as u32).collect();
+        let dev_comm = device.alloc(ring_at + nranks * 4)?;
         let mut channels = vec![ChannelDev::default(); nch];
         for (c, ch) in channels.iter_mut().enumerate() {
             ch.ring_index = rank as u32;
+            ch.ring_ranks = dev_comm.ptr + ring_at as u64;
             ch.ring_prev = prev as u32;
             ch.ring_next = next as u32;
             if let Some(p) = &p2p {
@@ -163,10 +210,13 @@ impl Comm {
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
+        dev_comm.write(ring_at, as_bytes(&ring))?;
         bootstrap.barrier()?;
         let (free_after, _) = device.mem_info()?;
+        abort.check()?;
         log::info!(
-            "comm rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, init {:.1} ms",
+            "comm {}rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, init {:.1} ms",
+            config.comm_name.as_deref().map(|n| format!("{n} ")).unwrap_or_default(),
             device.ordinal,
             if device.is_sim() { "simulator" } else { "cuda" },
             shape.nchannels,
@@ -185,6 +235,106 @@ impl Comm {
             kernels: Mutex::new(HashMap::new()),
             aborted: AtomicBool::new(false),
             init_bytes: free_before.saturating_sub(free_after),
+            config,
+            abort_flag: abort.clone(),
+            finalized: AtomicBool::new(false),
+            streams: Mutex::new(Vec::new()),
+            async_error: Mutex::new(None),
+        })
+    }
+
+    /// `ncclCommInitRank` on `device`: every rank calls it with the same id and count.
+    pub fn init_rank_on(device: Device, nranks: usize, id: &UniqueId, rank: usize) -> Result<Comm> {
+        Comm::init_rank_config_on(device, nranks, id, rank, &Config::default())
+    }
+
+    /// `ncclCommInitRankConfig` on `device`, waiting for the creation whatever
+    /// `config.blocking` says (see [`Comm::start_init_rank_config_on`] for the non-blocking
+    /// form).
+    pub fn init_rank_config_on(
+        device: Device,
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        config: &Config,
+    ) -> Result<Comm> {
+        let config = config.resolve(None)?;
+        Comm::create(
+            device,
+            nranks,
+            std::slice::from_ref(id),
+            rank,
+            config,
+            &AbortFlag::new(),
+        )
+    }
+
+    /// `ncclCommInitRankConfig` on the calling thread's current device.
+    pub fn init_rank_config(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        config: &Config,
+    ) -> Result<Comm> {
+        Comm::init_rank_config_on(Device::current()?, nranks, id, rank, config)
+    }
+
+    /// `ncclCommInitRankScalable` on `device`: every rank passes the same `ids` (1 to nranks
+    /// of them, each from `get_unique_id`); rank r's bootstrap goes through the root of
+    /// `ids[RootPlan::block_of(r)]`, so no root serves more than about nranks/len ranks.
+    pub fn init_rank_scalable_on(
+        device: Device,
+        nranks: usize,
+        rank: usize,
+        ids: &[UniqueId],
+        config: &Config,
+    ) -> Result<Comm> {
+        let config = config.resolve(None)?;
+        Comm::create(device, nranks, ids, rank, config, &AbortFlag::new())
+    }
+
+    /// `ncclCommInitRankScalable` on the calling thread's current device.
+    pub fn init_rank_scalable(
+        nranks: usize,
+        rank: usize,
+        ids: &[UniqueId],
+        config: &Config,
+    ) -> Result<Comm> {
+        Comm::init_rank_scalable_on(Device::current()?, nranks, rank, ids, config)
+    }
+
+    /// `ncclCommInitRankConfig` that honours `config.blocking` and groups: a blocking config
+    /// creates now (or, inside `group_start`/`group_end`, at the group's end, concurrently with
+    /// the group's other creations); a non-blocking one creates on a thread of its own and
+    /// returns at once. Argument errors come back here; creation errors from the handle.
+    pub fn start_init_rank_config_on(
+        device: Device,
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        config: &Config,
+    ) -> Result<PendingComm> {
+        Comm::start_init_rank_scalable_on(device, nranks, rank, std::slice::from_ref(id), config)
+    }
+
+    /// The non-blocking / group-aware form of [`Comm::init_rank_scalable_on`].
+    pub fn start_init_rank_scalable_on(
+        device: Device,
+        nranks: usize,
+        rank: usize,
+        ids: &[UniqueId],
+        config: &Config,
+    ) -> Result<PendingComm> {
+        let config = config.resolve(None)?;
+        check_args(nranks, rank, ids)?;
+        let launch = if config.blocking {
+            Launch::Blocking
+        } else {
+            Launch::Background
+        };
+        let ids = ids.to_vec();
+        PendingComm::start(launch, move |abort| {
+            Comm::create(device, nranks, &ids, rank, config, abort)
         })
     }
 
@@ -225,6 +375,14 @@ impl Comm {
     pub fn rank(&self) -> usize {
         self.rank
     }
+    /// `ncclCommUserRank`.
+    pub fn user_rank(&self) -> usize {
+        self.rank
+    }
+    /// The options this communicator runs with.
+    pub fn config(&self) -> &ResolvedConfig {
+        &self.config
+    }
     /// `ncclCommCount`.
     pub fn count(&self) -> usize {
         self.nranks
@@ -248,14 +406,82 @@ impl Comm {
         if self.aborted.load(Ordering::Acquire) {
             return Err(Error::invalid_usage("the communicator was aborted"));
         }
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "the communicator was finalized: only ncclCommDestroy may follow",
+            ));
+        }
         Ok(())
     }
 
-    /// `ncclCommAbort`: stops the bootstrap so no later call waits on a peer; the memory is
-    /// released when the communicator drops.
-    pub fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.bootstrap.abort();
+    /// Remembers a stream an operation was issued on, so that finalize and destroy wait for
+    /// it. Enqueue calls this for every launch.
+    pub(crate) fn note_stream(&self, s: StreamHandle) {
+        let mut v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+
+    /// Records an error raised outside any call; `get_async_error` reports it.
+    pub(crate) fn set_async_error(&self, e: Error) {
+        let mut slot = self.async_error.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    /// `ncclCommGetAsyncError`: Ok, or the error an operation raised in the background.
+    pub fn get_async_error(&self) -> Result<()> {
+        match &*self.async_error.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every operation this rank issued.
+    fn flush(&self) -> Result<()> {
+        let streams = self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for s in streams {
+            self.device.stream_sync(s).map_err(|e| {
+                e.context(format!("rank {}: flushing stream {:#x}", self.rank, s.0))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `ncclCommFinalize`: waits until every operation this rank issued completed and every
+    /// rank finalized (a barrier), so that `destroy` afterwards frees without waiting on
+    /// anyone. Later operations are invalid usage. In a non-blocking C communicator this runs
+    /// in the background.
+    pub fn finalize(&self) -> Result<()> {
+        self.check_usable()?;
+        self.flush()?;
+        self.bootstrap
+            .barrier()
+            .map_err(|e| e.context(format!("rank {}: finalize", self.rank)))?;
+        self.finalized.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether `finalize` completed.
+    pub fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    /// `ncclCommDestroy`: waits for this rank's own operations (not for other ranks, unlike
+    /// finalize) and frees everything. Dropping a `Comm` does the same, ignoring errors.
+    pub fn destroy(self) -> Result<()> {
+        let r = if self.is_finalized() || self.aborted.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            self.flush()
+        };
+        self.finalized.store(true, Ordering::Release);
+        drop(self);
+        r
     }
 
     /// The kernel of `coll` for this type and op, loaded once per communicator.
@@ -278,6 +504,16 @@ impl Comm {
             .map_err(|_| Error::internal("kernel cache poisoned"))?
             .insert(key, k);
         Ok(k)
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if !self.is_finalized() && !self.is_aborted() {
+            if let Err(e) = self.flush() {
+                log::warn!("destroying rank {}: {e}", self.rank);
+            }
+        }
     }
 }
 

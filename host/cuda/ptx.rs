@@ -54,7 +54,7 @@ mod tests {
     }
 
     #[test]
-    fn embedded_ptx_has_every_all_reduce_kernel() {
+    fn embedded_ptx_has_every_kernel() {
         let Some(ptx) = for_arch(90) else {
             eprintln!("PTX not embedded (NCCL_RS_SKIP_PTX): nothing to check");
             return;
@@ -62,11 +62,7 @@ mod tests {
         assert!(ptx.contains(".target sm_90"));
         for dt in nccl_device::types::DataType::ALL {
             for op in nccl_device::ops::RedOpKind::ALL {
-                let name = format!(
-                    ".visible .entry nccl_all_reduce_{}_{}(",
-                    dt.name(),
-                    op.name()
-                );
+                let name = format!(".visible .entry nccl_coll_{}_{}(", dt.name(), op.name());
                 assert!(ptx.contains(&name), "{name} missing");
             }
         }

@@ -108,10 +108,10 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
         macro_rules! add {
             ($tn:ident, $t:ty, $on:ident, $op:ty) => {
                 names.insert(
-                    concat!("nccl_all_reduce_", stringify!($tn), "_", stringify!($on)).to_string(),
+                    concat!("nccl_coll_", stringify!($tn), "_", stringify!($on)).to_string(),
                     fns.len(),
                 );
-                fns.push(nccl_device::coll::all_reduce::run::<$t, $op> as Entry);
+                fns.push(nccl_device::coll::run::<$t, $op> as Entry);
             };
         }
         nccl_device::for_each_type_op!(add);

@@ -6,7 +6,7 @@ pub mod group;
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
-use nccl_device::abi::CollArgs;
+use nccl_device::abi::{Coll, CollArgs};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
 
@@ -79,61 +79,98 @@ fn check_buffer(comm: &Comm, what: &str, p: DevPtr, bytes: usize, dt: DataType) 
     }
 }
 
-/// `ncclAllReduce`.
-pub fn all_reduce(
-    comm: &Comm,
-    send: DevPtr,
-    recv: DevPtr,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    stream: StreamHandle,
-) -> Result<()> {
-    all_reduce_checked(comm, send, recv, count, dt, op, stream).map_err(group::record_error)
+/// One collective call as the API received it.
+#[derive(Clone, Copy, Debug)]
+pub struct CollCall {
+    pub coll: Coll,
+    pub send: DevPtr,
+    pub recv: DevPtr,
+    /// Elements: of the whole buffer (AllReduce, Broadcast, Reduce), of each rank's block
+    /// (AllGather's input, ReduceScatter's output).
+    pub count: usize,
+    pub dt: DataType,
+    pub op: ReduceOp,
+    /// Broadcast and Reduce only.
+    pub root: usize,
+    pub stream: StreamHandle,
 }
 
-fn all_reduce_checked(
-    comm: &Comm,
-    send: DevPtr,
-    recv: DevPtr,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    stream: StreamHandle,
-) -> Result<()> {
+/// Checks a call and launches it now, or when the calling thread's group ends.
+pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
+    launch_checked(comm, call)
+        .map_err(|e| group::record_error(e.context(format!("nccl{}", call.coll.name()))))
+}
+
+fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     comm.check_usable()?;
-    let bytes = count
-        .checked_mul(dt.size())
+    let n = comm.nranks;
+    let bytes = c
+        .count
+        .checked_mul(c.dt.size())
+        .and_then(|b| b.checked_mul(n))
         .filter(|&b| b <= isize::MAX as usize)
+        .map(|b| b / n)
         .ok_or_else(|| {
             Error::invalid_argument(format!(
-                "count {count} of {} overflows the byte size",
-                dt.name()
+                "count {} of {} overflows the byte size",
+                c.count,
+                c.dt.name()
             ))
         })?;
-    if count == 0 {
+    let rooted = matches!(c.coll, Coll::Broadcast | Coll::Reduce);
+    if rooted && c.root >= n {
+        return Err(Error::invalid_argument(format!(
+            "root {} is out of range (nranks {n})",
+            c.root
+        )));
+    }
+    if c.count == 0 {
         return Ok(());
     }
-    check_buffer(comm, "sendbuff", send, bytes, dt)?;
-    check_buffer(comm, "recvbuff", recv, bytes, dt)?;
+    let me_root = c.root == comm.rank;
+    let (send_bytes, recv_bytes) = match c.coll {
+        Coll::AllGather => (bytes, bytes * n),
+        Coll::ReduceScatter => (bytes * n, bytes),
+        _ => (bytes, bytes),
+    };
+    if c.coll != Coll::Broadcast || me_root {
+        check_buffer(comm, "sendbuff", c.send, send_bytes, c.dt)?;
+    }
+    if c.coll != Coll::Reduce || me_root {
+        check_buffer(comm, "recvbuff", c.recv, recv_bytes, c.dt)?;
+    }
+    // Copies move bytes: one kernel serves every type.
+    let copy = matches!(c.coll, Coll::Broadcast | Coll::AllGather);
+    let (dt, op, count) = if copy {
+        (DataType::Uint8, ReduceOp::Sum, bytes)
+    } else {
+        (c.dt, c.op, c.count)
+    };
     let redop_arg = match op {
-        ReduceOp::Avg => comm.nranks as u64,
+        ReduceOp::Avg => n as u64,
         ReduceOp::PreMulSum { scalar_bits } => scalar_bits,
         _ => 0,
     };
     let shape = comm.shape;
     let args = CollArgs {
         comm: comm.dev_comm.ptr,
-        sendbuff: send,
-        recvbuff: recv,
+        sendbuff: c.send,
+        recvbuff: c.recv,
         count: count as u64,
         redop_arg,
         chunk_elems: shape.slot_bytes / dt.size() as u32,
+        coll: c.coll as u32,
+        root: c.root as u32,
         _pad: 0,
     };
-    let kernel = comm.kernel("all_reduce", dt, op.kind())?;
-    let grid = channels_for(bytes, shape.nchannels);
-    let (device, block) = (comm.device.clone(), shape.nthreads);
+    let kernel = comm.kernel("coll", dt, op.kind())?;
+    let moved = if matches!(c.coll, Coll::AllGather | Coll::ReduceScatter) {
+        bytes * n
+    } else {
+        bytes
+    };
+    let grid = channels_for(moved, shape.nchannels);
+    let (device, block, stream) = (comm.device.clone(), shape.nthreads, c.stream);
     group::ordered(Box::new(move || {
         device.launch(kernel, grid, block, stream, &args)
     }))

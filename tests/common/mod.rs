@@ -3,7 +3,7 @@
 //! integers, a tolerance from the reduction depth for floats).
 #![allow(dead_code)]
 
-use nccl::{Comm, DataType, DevPtr, ReduceOp, StreamHandle};
+use nccl::{Coll, Comm, DataType, ReduceOp, StreamHandle};
 use nccl_device::types::Elem;
 
 /// A small deterministic generator (xorshift*), so failures reproduce from the seed.
@@ -262,13 +262,76 @@ pub fn check_all_reduce(
     seed: u64,
     drive: Drive,
 ) -> Result<(), String> {
-    with_elem!(dt, T => check_typed::<T>(ranks, count, op, in_place, seed, drive))
+    check_collective(
+        ranks,
+        Coll::AllReduce,
+        count,
+        dt,
+        op,
+        0,
+        in_place,
+        seed,
+        drive,
+    )
 }
 
-fn check_typed<T: Elem>(
+/// Runs one collective on every communicator with fresh random data and poisoned outputs, and
+/// checks every rank's result against the host reference.
+#[allow(clippy::too_many_arguments)]
+pub fn check_collective(
     ranks: &Ranks,
+    coll: Coll,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    root: usize,
+    in_place: bool,
+    seed: u64,
+    drive: Drive,
+) -> Result<(), String> {
+    with_elem!(dt, T => check_typed::<T>(ranks, coll, count, op, root, in_place, seed, drive))
+}
+
+/// Each rank's expected output, or None where the collective leaves it undefined.
+fn expected<T: Elem>(
+    coll: Coll,
+    inputs: &[Vec<T>],
     count: usize,
     op: ReduceOp,
+    root: usize,
+) -> Vec<Option<Vec<(T, f64)>>> {
+    let n = inputs.len();
+    let exact = |v: &[T]| v.iter().map(|&x| (x, 0.0)).collect::<Vec<_>>();
+    match coll {
+        Coll::AllReduce => {
+            let r = reference(inputs, op, T::DTYPE);
+            vec![Some(r); n]
+        }
+        Coll::Reduce => {
+            let r = reference(inputs, op, T::DTYPE);
+            (0..n).map(|i| (i == root).then(|| r.clone())).collect()
+        }
+        Coll::Broadcast => vec![Some(exact(&inputs[root])); n],
+        Coll::AllGather => {
+            let all: Vec<T> = inputs.iter().flatten().copied().collect();
+            vec![Some(exact(&all)); n]
+        }
+        Coll::ReduceScatter => {
+            let r = reference(inputs, op, T::DTYPE);
+            (0..n)
+                .map(|i| Some(r[i * count..(i + 1) * count].to_vec()))
+                .collect()
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_typed<T: Elem>(
+    ranks: &Ranks,
+    coll: Coll,
+    count: usize,
+    op: ReduceOp,
+    root: usize,
     in_place: bool,
     seed: u64,
     drive: Drive,
@@ -276,64 +339,88 @@ fn check_typed<T: Elem>(
     let dt = T::DTYPE;
     let op = typed_op(op, dt);
     let (comms, streams) = (&ranks.comms, &ranks.streams);
-    let n = comms.len();
+    let n = comms[0].count();
+    let (in_len, out_len) = match coll {
+        Coll::AllGather => (count, n * count),
+        Coll::ReduceScatter => (n * count, count),
+        _ => (count, count),
+    };
     // Every process computes every rank's input (they depend on the seed and rank only), so the
     // reference is the same whether the ranks live here or in other processes.
-    let inputs: Vec<Vec<T>> = (0..comms[0].count())
-        .map(|r| input::<T>(count, op, seed, r))
-        .collect();
-    let want = reference(&inputs, op, dt);
-    let bytes = count * std::mem::size_of::<T>();
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(in_len, op, seed, r)).collect();
+    let want = expected(coll, &inputs, count, op, root);
+    let size = std::mem::size_of::<T>();
     let e = |e: nccl::Error| e.to_string();
+    // (buffers kept alive, send pointer, recv pointer) per local communicator.
     let mut bufs = Vec::new();
     for c in comms.iter() {
-        let x = &inputs[c.rank()];
+        let r = c.rank();
         let dev = c.device();
-        let send = dev.alloc(bytes.max(1)).map_err(e)?;
-        send.write(0, to_bytes(x)).map_err(e)?;
-        let recv = if in_place {
-            None
+        let x = to_bytes(&inputs[r]);
+        if in_place {
+            let len = in_len.max(out_len) * size;
+            let b = dev.alloc(len.max(1)).map_err(e)?;
+            b.write(0, &vec![0xA5u8; len]).map_err(e)?;
+            let (s, o) = match coll {
+                Coll::AllGather => ((r * count * size) as u64, 0),
+                Coll::ReduceScatter => (0, (r * count * size) as u64),
+                _ => (0, 0),
+            };
+            b.write(s as usize, x).map_err(e)?;
+            let (sp, rp) = (b.ptr + s, b.ptr + o);
+            bufs.push((vec![b], sp, rp));
         } else {
-            let r = dev.alloc(bytes.max(1)).map_err(e)?;
-            r.write(0, &vec![0xA5u8; bytes]).map_err(e)?; // poison
-            Some(r)
-        };
-        bufs.push((send, recv));
+            let sb = dev.alloc((in_len * size).max(1)).map_err(e)?;
+            sb.write(0, x).map_err(e)?;
+            let rb = dev.alloc((out_len * size).max(1)).map_err(e)?;
+            rb.write(0, &vec![0xA5u8; out_len * size]).map_err(e)?; // poison
+            let (sp, rp) = (sb.ptr, rb.ptr);
+            bufs.push((vec![sb, rb], sp, rp));
+        }
     }
-    let ptrs: Vec<(DevPtr, DevPtr)> = bufs
-        .iter()
-        .map(|(s, r)| (s.ptr, r.as_ref().map_or(s.ptr, |r| r.ptr)))
-        .collect();
-    let launch = |i: usize| -> Result<(), String> {
-        let c = &comms[i];
-        c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
-            .map_err(e)?;
-        c.device().stream_sync(streams[i]).map_err(e)
+    let call = |i: usize| -> Result<(), String> {
+        let (c, s, (_, sp, rp)) = (&comms[i], streams[i], &bufs[i]);
+        match coll {
+            Coll::AllReduce => c.all_reduce(*sp, *rp, count, dt, op, s),
+            Coll::Broadcast => c.broadcast(*sp, *rp, count, dt, root, s),
+            Coll::Reduce => c.reduce(*sp, *rp, count, dt, op, root, s),
+            Coll::AllGather => c.all_gather(*sp, *rp, count, dt, s),
+            Coll::ReduceScatter => c.reduce_scatter(*sp, *rp, count, dt, op, s),
+        }
+        .map_err(e)
+    };
+    let sync_all = || -> Result<(), String> {
+        for (c, s) in comms.iter().zip(streams) {
+            c.device().stream_sync(*s).map_err(e)?;
+        }
+        Ok(())
     };
     match drive {
         Drive::OneThread => {
-            for (i, c) in comms.iter().enumerate() {
-                c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
-                    .map_err(e)?;
+            for i in 0..comms.len() {
+                call(i)?;
             }
-            for (c, s) in comms.iter().zip(streams) {
-                c.device().stream_sync(*s).map_err(e)?;
-            }
+            sync_all()?;
         }
         Drive::Group => {
             nccl::group_start();
-            for (i, c) in comms.iter().enumerate() {
-                c.all_reduce(ptrs[i].0, ptrs[i].1, count, dt, op, streams[i])
-                    .map_err(e)?;
-            }
-            nccl::group_end().map_err(e)?;
-            for (c, s) in comms.iter().zip(streams) {
-                c.device().stream_sync(*s).map_err(e)?;
-            }
+            let r: Result<(), String> = (0..comms.len()).try_for_each(call);
+            let end = nccl::group_end().map_err(e);
+            r?;
+            end?;
+            sync_all()?;
         }
         Drive::ThreadPerRank => {
             let rs: Vec<Result<(), String>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..n).map(|i| s.spawn(move || launch(i))).collect();
+                let hs: Vec<_> = (0..comms.len())
+                    .map(|i| {
+                        let call = &call;
+                        s.spawn(move || {
+                            call(i)?;
+                            comms[i].device().stream_sync(streams[i]).map_err(e)
+                        })
+                    })
+                    .collect();
                 hs.into_iter()
                     .map(|h| {
                         h.join()
@@ -345,13 +432,17 @@ fn check_typed<T: Elem>(
         }
     }
     for (i, c) in comms.iter().enumerate() {
-        let mut out = vec![0u8; bytes];
-        c.device().copy_dtoh(&mut out, ptrs[i].1).map_err(e)?;
+        let Some(want) = &want[c.rank()] else {
+            continue;
+        };
+        let mut out = vec![0u8; out_len * size];
+        c.device().copy_dtoh(&mut out, bufs[i].2).map_err(e)?;
         compare(
             &from_bytes::<T>(&out),
-            &want,
+            want,
             &format!(
-                "AllReduce {} {:?} count {count} {} rank {}",
+                "{} {} {:?} count {count} root {root} {} rank {}",
+                coll.name(),
                 dt.name(),
                 op,
                 if in_place { "in-place" } else { "out-of-place" },
@@ -370,6 +461,34 @@ pub fn type_op_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
                 let in_place = (i + k) % 2 == 1;
                 check_all_reduce(ranks, count, dt, op, in_place, (k * 100 + i) as u64, drive)
                     .unwrap_or_else(|e| panic!("{} ranks: {e}", ranks.comms[0].count()));
+            }
+        }
+    }
+}
+
+/// Every collective with every type, a rotating reduction and root, at each count, in-place and
+/// out-of-place.
+pub fn collective_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
+    let n = ranks.comms[0].count();
+    for coll in Coll::ALL {
+        for (k, dt) in DataType::ALL.into_iter().enumerate() {
+            for (i, &count) in counts.iter().enumerate() {
+                for in_place in [false, true] {
+                    let op = ALL_OPS[(k + i) % ALL_OPS.len()];
+                    let root = (k + i + 1) % n;
+                    check_collective(
+                        ranks,
+                        coll,
+                        count,
+                        dt,
+                        op,
+                        root,
+                        in_place,
+                        (k * 1000 + i) as u64,
+                        drive,
+                    )
+                    .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+                }
             }
         }
     }

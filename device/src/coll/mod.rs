@@ -1,6 +1,142 @@
-//! Collectives, one file each, generic over element type and reduction.
+//! Collectives, one file each, generic over element type and reduction. One kernel entry point
+//! per (type, reduction) runs whichever collective `CollArgs::coll` names; copies (Broadcast,
+//! AllGather) run as bytes through the uint8 entry point.
 
+pub mod all_gather;
 pub mod all_reduce;
+pub mod broadcast;
+pub mod reduce;
+pub mod reduce_scatter;
+
+use crate::abi::{ChannelDev, Coll, CollArgs, DevComm};
+use crate::arch;
+use crate::ops::{pack_elems, RedOp};
+use crate::prims::copy::Move;
+use crate::prims::Simple;
+use crate::types::Elem;
+
+/// Runs the collective `args.coll` as CTA `block_idx` (one channel).
+///
+/// # Safety
+/// `args` describes buffers and a communicator wired by the host; every rank of the
+/// communicator launches the same collective with the same count and grid.
+pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+    let mut k = Kernel::<T, O>::new(args);
+    match Coll::from_raw(args.coll) {
+        Some(Coll::AllReduce) => all_reduce::ring(&mut k),
+        Some(Coll::Broadcast) => broadcast::ring(&mut k),
+        Some(Coll::Reduce) => reduce::ring(&mut k),
+        Some(Coll::AllGather) => all_gather::ring(&mut k),
+        Some(Coll::ReduceScatter) => reduce_scatter::ring(&mut k),
+        None => arch::trap(),
+    }
+}
+
+/// What every collective's CTA starts from: its arguments, its channel's slice of the data and
+/// its ring.
+pub struct Kernel<T, O> {
+    pub args: CollArgs,
+    pub op: O,
+    pub nranks: usize,
+    pub input: *const T,
+    pub output: *mut T,
+    /// This channel's slice of the per-rank count.
+    pub start: usize,
+    pub end: usize,
+    pub tid: usize,
+    pub nthreads: usize,
+    pub ch: *mut ChannelDev,
+    pub slot_bytes: u32,
+}
+
+impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
+    unsafe fn new(args: &CollArgs) -> Self {
+        let comm = &*(args.comm as *const DevComm);
+        let ch_id = arch::block_idx() as usize;
+        let (start, end) =
+            channel_range::<T>(args.count as usize, ch_id, arch::grid_dim() as usize);
+        Kernel {
+            args: *args,
+            op: O::new(args.redop_arg),
+            nranks: comm.nranks as usize,
+            input: args.sendbuff as *const T,
+            output: args.recvbuff as *mut T,
+            start,
+            end,
+            tid: arch::thread_idx() as usize,
+            nthreads: arch::block_dim() as usize,
+            ch: (comm.channels as *mut ChannelDev).add(ch_id),
+            slot_bytes: comm.slot_bytes,
+        }
+    }
+
+    /// Our position in the ring.
+    #[inline(always)]
+    pub unsafe fn ring_ix(&self) -> usize {
+        (*self.ch).ring_index as usize
+    }
+
+    /// The rank `k` positions upstream of us (`k` = 0 is us).
+    #[inline(always)]
+    pub unsafe fn rank_upstream(&self, k: usize) -> usize {
+        let pos = (self.ring_ix() + self.nranks - k % self.nranks) % self.nranks;
+        *((*self.ch).ring_ranks as *const u32).add(pos) as usize
+    }
+
+    /// How many hops downstream of `rank` we are.
+    #[inline(always)]
+    pub unsafe fn distance_from(&self, rank: usize) -> usize {
+        let ranks = (*self.ch).ring_ranks as *const u32;
+        let mut pos = 0;
+        while pos < self.nranks && *ranks.add(pos) as usize != rank {
+            pos += 1;
+        }
+        (self.ring_ix() + self.nranks - pos) % self.nranks
+    }
+
+    /// The Simple primitives on this channel's ring connections.
+    #[inline(always)]
+    pub unsafe fn prims(&self) -> Simple {
+        Simple::new(self.ch, self.slot_bytes)
+    }
+
+    /// Elements per step: the host's chunk, never more than a FIFO slot.
+    #[inline(always)]
+    pub fn max_chunk(&self) -> usize {
+        let slot = self.slot_bytes as usize / core::mem::size_of::<T>();
+        core::cmp::min(self.args.chunk_elems as usize, slot)
+    }
+
+    /// A single rank: the result is the input, reduced with itself alone.
+    #[inline(always)]
+    pub unsafe fn local_copy(&self, input: *const T, output: *mut T, n: usize) {
+        let mv = Move {
+            input,
+            output,
+            post: true,
+            ..Move::none()
+        };
+        mv.run(&self.op, n, self.tid, self.nthreads);
+    }
+}
+
+/// The range of elements channel `ch` of `nch` owns.
+#[inline(always)]
+pub fn channel_range<T>(count: usize, ch: usize, nch: usize) -> (usize, usize) {
+    let per = align_up(div_ceil(count, nch), pack_elems::<T>());
+    let start = core::cmp::min(ch * per, count);
+    (start, core::cmp::min(start + per, count))
+}
+
+#[inline(always)]
+pub(crate) const fn div_ceil(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+#[inline(always)]
+pub(crate) const fn align_up(a: usize, b: usize) -> usize {
+    a.div_ceil(b) * b
+}
 
 /// Calls `$m!(type_name, RustType, op_name, OpType)` once per (element type, reduction) pair:
 /// the matrix of kernels both the PTX entry points and the simulator's dispatch are made from.
@@ -24,12 +160,28 @@ macro_rules! for_each_type_op {
     };
 }
 
-#[inline(always)]
-pub(crate) const fn div_ceil(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-#[inline(always)]
-pub(crate) const fn align_up(a: usize, b: usize) -> usize {
-    a.div_ceil(b) * b
+    #[test]
+    fn channels_cover_the_buffer_once() {
+        for count in [0usize, 1, 3, 17, 1000, 4099] {
+            for nch in [1usize, 2, 3, 16] {
+                let mut next = 0;
+                for c in 0..nch {
+                    let (s, e) = channel_range::<f32>(count, c, nch);
+                    assert!(
+                        s <= e && s == next.min(count),
+                        "count {count} nch {nch} ch {c}"
+                    );
+                    if e > s {
+                        assert_eq!(s % 4, 0, "channel slices start on a pack");
+                    }
+                    next = next.max(e);
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
 }

@@ -23,6 +23,18 @@ pub struct Move<T> {
 }
 
 impl<T: Elem> Move<T> {
+    /// Nothing to read or write yet: fill in what a step uses with struct update syntax.
+    #[inline(always)]
+    pub fn none() -> Move<T> {
+        Move {
+            recv: core::ptr::null(),
+            input: core::ptr::null(),
+            output: core::ptr::null_mut(),
+            send: core::ptr::null_mut(),
+            post: false,
+        }
+    }
+
     #[inline(always)]
     fn aligned(&self) -> bool {
         let bits =

@@ -3,6 +3,7 @@
 //! not a pass.
 
 mod common;
+// Every collective through the same harness as the simulator suite.
 
 use common::{check_all_reduce, Drive, Ranks, ALL_OPS};
 use nccl::{Backend, Comm, DataType, ReduceOp};
@@ -130,4 +131,12 @@ fn bad_buffers_are_rejected() {
         )
         .unwrap_err();
     assert!(err.message.contains("aligned"), "{err}");
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn every_collective_on_2_and_4_gpus() {
+    for (n, drive) in [(2, Drive::Group), (4, Drive::OneThread)] {
+        common::collective_matrix(&gpus(n), &[1, 13, 1021, (1 << 20) + 5], drive);
+    }
 }

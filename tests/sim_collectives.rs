@@ -82,3 +82,15 @@ fn eight_ranks_every_op() {
             .unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+#[test]
+fn every_collective_on_2_3_4_and_8_ranks() {
+    for (n, drive) in [
+        (2, Drive::Group),
+        (3, Drive::OneThread),
+        (4, Drive::ThreadPerRank),
+        (8, Drive::OneThread),
+    ] {
+        common::collective_matrix(&sim_comms(n), &[1, 17, 3000], drive);
+    }
+}
