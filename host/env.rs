@@ -54,6 +54,66 @@ pub const PARAMS: &[Param] = &[
         doc: "how long init waits for every rank to arrive",
     },
     Param {
+        name: "NCCL_SOCKET_IFNAME",
+        default: "",
+        doc: "interfaces the bootstrap may use: prefixes, ^ to exclude, = for exact names",
+    },
+    Param {
+        name: "NCCL_SOCKET_FAMILY",
+        default: "",
+        doc: "AF_INET or AF_INET6: the bootstrap's address family (default: IPv4 first)",
+    },
+    Param {
+        name: "NCCL_SOCKET_RETRY_CNT",
+        default: "34",
+        doc: "failed connection attempts the bootstrap retries",
+    },
+    Param {
+        name: "NCCL_SOCKET_RETRY_SLEEP_MSEC",
+        default: "100",
+        doc: "pause between connection retries, times the attempt number (ms)",
+    },
+    Param {
+        name: "NCCL_UID_STAGGER_THRESHOLD",
+        default: "256",
+        doc: "ranks per unique id above which hellos to its root are paced",
+    },
+    Param {
+        name: "NCCL_UID_STAGGER_RATE",
+        default: "7000",
+        doc: "hellos per second a root receives when paced",
+    },
+    Param {
+        name: "NCCL_COMM_BLOCKING",
+        default: "1",
+        doc: "0: communicators are non-blocking unless their config says otherwise",
+    },
+    Param {
+        name: "NCCL_CGA_CLUSTER_SIZE",
+        default: "4",
+        doc: "CTA cluster size (0 to 8) unless the config sets cgaClusterSize",
+    },
+    Param {
+        name: "NCCL_MIN_CTAS",
+        default: "1",
+        doc: "fewest CTAs (channels) unless the config sets minCTAs",
+    },
+    Param {
+        name: "NCCL_MAX_CTAS",
+        default: "32",
+        doc: "most CTAs (channels) unless the config sets maxCTAs",
+    },
+    Param {
+        name: "NCCL_NET",
+        default: "",
+        doc: "network to use (Socket, IB), unless the config sets netName",
+    },
+    Param {
+        name: "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+        default: "0",
+        doc: "1: split children share the parent's resources unless the config says otherwise",
+    },
+    Param {
         name: "NCCL_DEBUG",
         default: "WARN",
         doc: "VERSION, WARN, INFO or TRACE",
@@ -77,6 +137,51 @@ pub const PARAMS: &[Param] = &[
         name: "NCCL_RS_SIM_BUFFSIZE",
         default: "65536",
         doc: "NCCL_BUFFSIZE under the simulator, unless NCCL_BUFFSIZE is set",
+    },
+    Param {
+        name: "NCCL_TOPO_FILE",
+        default: "",
+        doc: "topology XML to use instead of detecting the node",
+    },
+    Param {
+        name: "NCCL_TOPO_DUMP_FILE",
+        default: "",
+        doc: "file the detected topology XML is written to",
+    },
+    Param {
+        name: "NCCL_P2P_LEVEL",
+        default: "",
+        doc: "farthest path (LOC, NVL, PIX, PXB, PHB, SYS) P2P is used over (default PXB)",
+    },
+    Param {
+        name: "NCCL_SHM_DISABLE",
+        default: "0",
+        doc: "1: no shared-memory transport between GPUs",
+    },
+    Param {
+        name: "NCCL_NET_GDR_LEVEL",
+        default: "",
+        doc: "farthest GPU-NIC path (LOC, PIX, PXB, PHB, SYS) GPUDirect RDMA is used over (default PXB)",
+    },
+    Param {
+        name: "NCCL_CROSS_NIC",
+        default: "2",
+        doc: "0: rings keep one NIC per node (rails); 1: may change NIC; 2: only when it helps",
+    },
+    Param {
+        name: "NCCL_ALGO",
+        default: "",
+        doc: "algorithms allowed: list, ^list to exclude, or coll:list;coll:list",
+    },
+    Param {
+        name: "NCCL_PROTO",
+        default: "",
+        doc: "protocols allowed (LL, LL128, Simple): list, ^list, or coll:list;coll:list",
+    },
+    Param {
+        name: "NCCL_TUNER_PLUGIN",
+        default: "",
+        doc: "tuner plugin library (path, name, or X for libnccl-tuner-X.so)",
     },
 ];
 

@@ -12,9 +12,22 @@
 //! is bounded: by the init timeout during `init`, by the operation timeout afterwards
 //! (`set_op_timeout`), and a peer that closes its connection is noticed at once.
 //!
-//! Environment read here: `NCCL_COMM_ID` (`get_unique_id`) and `NCCL_SOCKET_IFNAME` (which
-//! interface the root listens on).
+//! Several roots (`ncclCommInitRankScalable`): ranks split into one contiguous block per unique
+//! id ([`RootPlan`]); each block bootstraps with its own root as above, except that the root of
+//! the first id also takes the first rank of every other block as an extra member. Rank 0 thus
+//! learns every block's first rank and they learn rank 0; they send rank 0 their block's table,
+//! rank 0 sends the complete table back, and each first rank forwards it within its block. No
+//! root handles more than its block (plus one rank per other block).
+//!
+//! Every wait can be cut short by an [`AbortFlag`] (`init_with`, `init_scalable`): setting it
+//! shuts down the sockets the rank is blocked on.
+//!
+//! Environment read here (through `crate::env`): `NCCL_COMM_ID` (`get_unique_id`),
+//! `NCCL_SOCKET_IFNAME` and `NCCL_SOCKET_FAMILY` (which interface and address family the root
+//! listens on), `NCCL_SOCKET_RETRY_CNT` and `NCCL_SOCKET_RETRY_SLEEP_MSEC` (connect retries),
+//! `NCCL_UID_STAGGER_THRESHOLD` and `NCCL_UID_STAGGER_RATE` (hello pacing).
 
+mod abort;
 mod id;
 mod p2p;
 mod root;
@@ -29,6 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub use abort::AbortFlag;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 
 use crate::error::{Error, Result};
@@ -51,6 +65,8 @@ pub struct Bootstrap {
     /// running at once on one rank would take each other's messages.
     collective: Mutex<()>,
     op_timeout_ms: AtomicU64,
+    /// Closes this bootstrap when the init's abort flag is set.
+    _abort_hook: abort::HookGuard,
 }
 
 const _: () = {
@@ -63,8 +79,43 @@ impl Bootstrap {
     /// id and nranks, and it returns when all of them arrived. If they do not all arrive within
     /// `timeout`, every rank that did returns an error saying how many came.
     pub fn init(id: &UniqueId, rank: usize, nranks: usize, timeout: Duration) -> Result<Bootstrap> {
+        Bootstrap::init_scalable(
+            std::slice::from_ref(id),
+            rank,
+            nranks,
+            timeout,
+            &AbortFlag::new(),
+        )
+    }
+
+    /// `init`, stopped promptly (with an error) when `abort` is set.
+    pub fn init_with(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+        abort: &AbortFlag,
+    ) -> Result<Bootstrap> {
+        Bootstrap::init_scalable(std::slice::from_ref(id), rank, nranks, timeout, abort)
+    }
+
+    /// Joins a bootstrap served by several roots, one per id (`ncclCommInitRankScalable`):
+    /// every rank passes the same ids, and rank r talks to the root of id
+    /// [`RootPlan::block_of`]`(r)` — ranks split into `ids.len()` contiguous blocks, the first
+    /// `nranks % ids.len()` one rank larger, as NCCL documents. See the module text for how the
+    /// blocks' tables are merged. With one id this is the ordinary bootstrap.
+    pub fn init_scalable(
+        ids: &[UniqueId],
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+        abort: &AbortFlag,
+    ) -> Result<Bootstrap> {
         let deadline = socket::deadline_after(timeout);
-        let fields = id.fields()?;
+        if ids.is_empty() {
+            return Err(Error::invalid_argument("bootstrap: no unique id given"));
+        }
+        let fields: Vec<id::IdFields> = ids.iter().map(|i| i.fields()).collect::<Result<_>>()?;
         if nranks == 0 || nranks > wire::MAX_RANKS {
             return Err(Error::invalid_argument(format!(
                 "bootstrap: nranks {nranks} is not in 1..={}",
@@ -76,49 +127,152 @@ impl Bootstrap {
                 "bootstrap: rank {rank} is out of range for {nranks} ranks"
             )));
         }
-        if fields.flags & id::FLAG_ROOT_AT_INIT != 0 && rank == 0 {
-            let l = socket::listen(fields.root, true).map_err(|e| {
+        // An NCCL_COMM_ID id names one fixed root: several of them would all be that root.
+        let nids = if fields[0].flags & id::FLAG_ROOT_AT_INIT != 0 {
+            1
+        } else {
+            ids.len()
+        };
+        if nids > nranks {
+            return Err(Error::invalid_argument(format!(
+                "bootstrap: {nids} unique ids for only {nranks} ranks (at most one id per rank)"
+            )));
+        }
+        abort.check()?;
+        let plan = RootPlan::new(nranks, nids);
+        let block = plan.block_of(rank);
+        let local = rank - plan.start(block);
+        let (f0, fk) = (fields[0], fields[block]);
+        if f0.flags & id::FLAG_ROOT_AT_INIT != 0 && rank == 0 {
+            let l = socket::listen(f0.root, true).map_err(|e| {
                 Error::system(format!(
                     "bootstrap: cannot start the root on {} (NCCL_COMM_ID): {e}",
-                    fields.root
+                    f0.root
                 ))
             })?;
-            root::spawn(l, fields.root, fields.nonce)?;
+            root::spawn(l, f0.root, f0.nonce)?;
         }
-        let ip = socket::local_ip_toward(fields.root.ip());
+        let ip = socket::local_ip_toward(fk.root.ip());
         let listener = socket::listen(SocketAddr::new(ip, 0), false).map_err(|e| {
             Error::system(format!("bootstrap rank {rank}: cannot listen on {ip}: {e}"))
         })?;
         let me = socket::local_addr(&listener)
             .map_err(|e| Error::system(format!("bootstrap rank {rank}: no local address: {e}")))?;
-        let shared = Shared::start(rank, nranks, fields.nonce, listener)?;
+        // The first id's nonce names the whole bootstrap: every rank knows it.
+        let shared = Shared::start(rank, nranks, f0.nonce, listener)?;
+        let closer = shared.clone();
+        let hook = abort.hook(move || closer.close("aborted"));
         // From here on, dropping `bs` on an error path closes what was opened.
         let mut bs = Bootstrap {
             shared,
-            peers: Vec::new(),
+            peers: vec![me; nranks],
             out: (0..nranks).map(|_| Mutex::new(None)).collect(),
             collective: Mutex::new(()),
             op_timeout_ms: AtomicU64::new(socket::millis(timeout.max(DEFAULT_OP_TIMEOUT))),
+            _abort_hook: hook,
         };
         log::debug!(
-            "bootstrap rank {rank}/{nranks}: listening on {me}, root at {}",
-            fields.root
+            "bootstrap rank {rank}/{nranks}: listening on {me}, root at {} ({nids} roots)",
+            fk.root
         );
-        bs.peers = exchange_with_root(fields.root, fields.nonce, rank, nranks, me, deadline)?;
+        stagger(plan.size(block), local, abort)?;
+        let peers = if nids == 1 {
+            exchange_with_root(f0.root, f0.nonce, rank, nranks, me, deadline, abort)?
+        } else {
+            bs.merge_tables(&fields, &plan, me, deadline, abort)?
+        };
+        if peers.len() != nranks || peers[rank] != me {
+            return Err(Error::remote(format!(
+                "bootstrap rank {rank}: the address table does not list this rank at {me}"
+            )));
+        }
+        bs.peers = peers;
         if nranks > 1 {
             // The ring connection now, so that a broken peer shows at init and the first
             // allgather does not pay for it.
             let next = (rank + 1) % nranks;
             let at_least = socket::deadline_after(ROOT_GRACE);
             let mut slot = lock(&bs.out[next]);
-            *slot = Some(Outgoing::open(
-                &bs.shared,
-                next,
-                bs.peers[next],
-                deadline.max(at_least),
-            )?);
+            if slot.is_none() {
+                *slot = Some(Outgoing::open(
+                    &bs.shared,
+                    next,
+                    bs.peers[next],
+                    deadline.max(at_least),
+                )?);
+            }
         }
         Ok(bs)
+    }
+
+    /// The address table of a bootstrap with several roots. Each block's root serves its block
+    /// as an ordinary bootstrap; the root of id 0 also serves the leaders (first ranks) of the
+    /// other blocks, as extra ranks after block 0's. So rank 0 learns every leader, and every
+    /// leader rank 0. Leaders send rank 0 their block's table; rank 0 sends the whole table to
+    /// block 0 and to the leaders, and each leader forwards it to its block.
+    fn merge_tables(
+        &mut self,
+        fields: &[id::IdFields],
+        plan: &RootPlan,
+        me: SocketAddr,
+        deadline: Instant,
+        abort: &AbortFlag,
+    ) -> Result<Vec<SocketAddr>> {
+        const TAG_BLOCK: u32 = 1;
+        const TAG_FULL: u32 = 2;
+        let (rank, nranks) = (self.rank(), self.nranks());
+        let nids = plan.nids;
+        let block = plan.block_of(rank);
+        let (start, size) = (plan.start(block), plan.size(block));
+        let local = rank - start;
+        let n0 = plan.size(0);
+        let guests = nids - 1;
+        let f = fields[block];
+        let own_n = if block == 0 { n0 + guests } else { size };
+        let table = exchange_with_root(f.root, f.nonce, local, own_n, me, deadline, abort)?;
+        self.peers[start..start + size].copy_from_slice(&table[..size]);
+        let leaders_from = |peers: &mut [SocketAddr], t: &[SocketAddr]| {
+            for j in 1..nids {
+                peers[plan.start(j)] = t[n0 + j - 1];
+            }
+            peers[..n0].copy_from_slice(&t[..n0]);
+        };
+        if block == 0 {
+            leaders_from(&mut self.peers, &table);
+        } else if local == 0 {
+            let f0 = fields[0];
+            let guest = n0 + block - 1;
+            let t0 =
+                exchange_with_root(f0.root, f0.nonce, guest, n0 + guests, me, deadline, abort)?;
+            leaders_from(&mut self.peers, &t0);
+        }
+        let take = |from: usize, tag: u32, count: usize| -> Result<Vec<SocketAddr>> {
+            let b = self.shared.take(from, Channel::Setup, tag, deadline)?;
+            wire::decode_addrs(&b, count)
+        };
+        if rank == 0 {
+            let mut full = self.peers.clone();
+            for j in 1..nids {
+                let t = take(plan.start(j), TAG_BLOCK, plan.size(j))?;
+                full[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
+            }
+            let msg = wire::encode_addrs(&full);
+            for r in (1..n0).chain((1..nids).map(|j| plan.start(j))) {
+                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
+            }
+            Ok(full)
+        } else if local == 0 {
+            let mine = wire::encode_addrs(&self.peers[start..start + size]);
+            self.send_on(0, Channel::Setup, TAG_BLOCK, &mine)?;
+            let full = take(0, TAG_FULL, nranks)?;
+            let msg = wire::encode_addrs(&full);
+            for r in start + 1..start + size {
+                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
+            }
+            Ok(full)
+        } else {
+            take(start, TAG_FULL, nranks)
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -276,12 +430,22 @@ fn exchange_with_root(
     nranks: usize,
     me: SocketAddr,
     deadline: Instant,
+    abort: &AbortFlag,
 ) -> Result<Vec<SocketAddr>> {
-    let stream = socket::connect(root, deadline, || false).map_err(|e| {
-        Error::remote(format!(
-            "bootstrap rank {rank}: cannot reach the root at {root}: {e}"
-        ))
+    let stream = socket::connect(root, deadline, || abort.is_aborted()).map_err(|e| {
+        abort.check().err().unwrap_or_else(|| {
+            Error::remote(format!(
+                "bootstrap rank {rank}: cannot reach the root at {root}: {e}"
+            ))
+        })
     })?;
+    // Abort shuts the socket down, which ends the wait for the root's answer at once.
+    let _hook = match stream.try_clone() {
+        Ok(s) => Some(abort.hook(move || {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        })),
+        Err(_) => None,
+    };
     let hello = wire::Hello {
         nonce,
         rank: rank as u32,
@@ -296,7 +460,9 @@ fn exchange_with_root(
         ))
     })?;
     let body = socket::read_frame(&stream, wire::answer_body_max(nranks), late).map_err(|e| {
-        if socket::is_timeout(&e) {
+        if let Err(aborted) = abort.check() {
+            aborted
+        } else if socket::is_timeout(&e) {
             Error::remote(format!(
                 "bootstrap rank {rank}: no answer from the root at {root} in time \
                  (not all {nranks} ranks arrived?)"
@@ -317,4 +483,59 @@ fn exchange_with_root(
             "bootstrap rank {rank}: the root at {root} answered nonsense"
         ))),
     }
+}
+
+/// How ranks are spread over several unique ids (NCCL's rule): `nranks / nids` ranks per id,
+/// and the first `nranks % nids` ids one more; rank r uses the id of the block it falls in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootPlan {
+    pub nranks: usize,
+    pub nids: usize,
+}
+
+impl RootPlan {
+    /// `nids` must be in 1..=nranks.
+    pub fn new(nranks: usize, nids: usize) -> RootPlan {
+        RootPlan {
+            nranks,
+            nids: nids.clamp(1, nranks.max(1)),
+        }
+    }
+    fn per(&self) -> (usize, usize) {
+        (self.nranks / self.nids, self.nranks % self.nids)
+    }
+    /// First rank of block `k`.
+    pub fn start(&self, k: usize) -> usize {
+        let (rpr, rmr) = self.per();
+        k * rpr + k.min(rmr)
+    }
+    /// Ranks in block `k`.
+    pub fn size(&self, k: usize) -> usize {
+        let (rpr, rmr) = self.per();
+        rpr + usize::from(k < rmr)
+    }
+    /// The block (the index of the unique id) of `rank`.
+    pub fn block_of(&self, rank: usize) -> usize {
+        let (rpr, rmr) = self.per();
+        let rlim = rmr * (rpr + 1);
+        if rank < rlim {
+            rank / (rpr + 1)
+        } else {
+            rmr + (rank - rlim) / rpr.max(1)
+        }
+    }
+}
+
+/// NCCL_UID_STAGGER_THRESHOLD / _RATE: when more ranks than the threshold share one root, each
+/// waits `local / rate` seconds before its hello, so the root sees at most `rate` hellos per
+/// second.
+fn stagger(block_size: usize, local: usize, abort: &AbortFlag) -> Result<()> {
+    let threshold = crate::env::int("NCCL_UID_STAGGER_THRESHOLD").max(0) as usize;
+    let rate = crate::env::int("NCCL_UID_STAGGER_RATE");
+    if block_size <= threshold || rate <= 0 || local == 0 {
+        return Ok(());
+    }
+    abort.sleep(Duration::from_micros(
+        (local as u64).saturating_mul(1_000_000) / rate as u64,
+    ))
 }

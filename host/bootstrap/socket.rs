@@ -101,13 +101,26 @@ fn interfaces() -> Vec<Iface> {
     found
 }
 
+/// Which address family `NCCL_SOCKET_FAMILY` asks for: Some(true) IPv4 only, Some(false)
+/// IPv6 only, None either (IPv4 first).
+pub(crate) fn family_wanted() -> Option<bool> {
+    match crate::env::raw("NCCL_SOCKET_FAMILY")?.trim() {
+        "AF_INET" | "af_inet" | "4" | "inet" => Some(true),
+        "AF_INET6" | "af_inet6" | "6" | "inet6" => Some(false),
+        other => {
+            log::warn!("NCCL_SOCKET_FAMILY={other} is neither AF_INET nor AF_INET6; ignored");
+            None
+        }
+    }
+}
+
 /// The address this host offers to the other ranks: the first interface that is up and passes
-/// `NCCL_SOCKET_IFNAME` (default: not loopback, not docker*, not virbr*), IPv4 before IPv6
-/// (link-local IPv6 is skipped: it needs a scope to be reachable); else 127.0.0.1.
+/// `NCCL_SOCKET_IFNAME` (default: not loopback, not docker*, not virbr*) and
+/// `NCCL_SOCKET_FAMILY`, IPv4 before IPv6 (link-local IPv6 is skipped: it needs a scope to be
+/// reachable); else the loopback address of the family.
 pub(crate) fn choose_address() -> IpAddr {
-    let spec = std::env::var("NCCL_SOCKET_IFNAME")
-        .ok()
-        .filter(|s| !s.trim().is_empty());
+    let spec = crate::env::raw("NCCL_SOCKET_IFNAME").filter(|s| !s.trim().is_empty());
+    let family = family_wanted();
     let all = interfaces();
     let usable = |want_v4: bool| {
         all.iter().find(|i| {
@@ -122,7 +135,11 @@ pub(crate) fn choose_address() -> IpAddr {
             i.up && family_ok && name_ok
         })
     };
-    match usable(true).or_else(|| usable(false)) {
+    let found = match family {
+        Some(v4) => usable(v4),
+        None => usable(true).or_else(|| usable(false)),
+    };
+    match found {
         Some(i) => {
             log::info!("bootstrap: using interface {} address {}", i.name, i.ip);
             i.ip
@@ -130,10 +147,14 @@ pub(crate) fn choose_address() -> IpAddr {
         None => {
             if let Some(s) = &spec {
                 log::warn!(
-                    "bootstrap: no interface matches NCCL_SOCKET_IFNAME={s}; using 127.0.0.1"
+                    "bootstrap: no interface matches NCCL_SOCKET_IFNAME={s}; using the loopback address"
                 );
             }
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
+            if family == Some(false) {
+                IpAddr::V6(Ipv6Addr::LOCALHOST)
+            } else {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            }
         }
     }
 }
@@ -176,8 +197,35 @@ pub(crate) fn local_addr(s: &Socket) -> io::Result<SocketAddr> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "listener has no IP address"))
 }
 
+/// How often and how long `connect` retries: `NCCL_SOCKET_RETRY_CNT` failed attempts at most,
+/// pausing between them from 1 ms, doubling, up to `NCCL_SOCKET_RETRY_SLEEP_MSEC` times the
+/// attempt number (NCCL's linear back-off, with a fast start for listeners that are just
+/// coming up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retry {
+    pub count: u32,
+    pub sleep_ms: u64,
+}
+
+impl Retry {
+    pub(crate) fn from_env() -> Retry {
+        Retry {
+            count: crate::env::int("NCCL_SOCKET_RETRY_CNT").clamp(0, u32::MAX as i64) as u32,
+            sleep_ms: crate::env::int("NCCL_SOCKET_RETRY_SLEEP_MSEC").max(0) as u64,
+        }
+    }
+
+    /// The pause after failed attempt number `n` (1-based).
+    pub(crate) fn pause(&self, n: u32) -> Duration {
+        let fast = 1u64 << n.min(20);
+        let linear = self.sleep_ms.saturating_mul(n as u64);
+        Duration::from_millis(fast.min(linear.max(1)))
+    }
+}
+
 /// Connects to `addr`, retrying (the listener may not be up yet, or its backlog full) until
-/// `deadline` or until `give_up()` says so; the stream comes back with TCP_NODELAY set.
+/// `deadline`, until the retries of `NCCL_SOCKET_RETRY_CNT` are spent, or until `give_up()`
+/// says so; the stream comes back with TCP_NODELAY set.
 pub(crate) fn connect(
     addr: SocketAddr,
     deadline: Instant,
@@ -186,7 +234,8 @@ pub(crate) fn connect(
     // One attempt waits at most this long, so that `give_up` is looked at now and then even
     // when SYNs go unanswered.
     const ATTEMPT: Duration = Duration::from_secs(1);
-    let mut pause = Duration::from_millis(1);
+    let retry = Retry::from_env();
+    let mut failures = 0u32;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -204,12 +253,15 @@ pub(crate) fn connect(
                 return Ok(s);
             }
             Err(e) => {
+                failures += 1;
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(e);
+                if left.is_zero() || failures > retry.count {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("{e} (after {failures} attempts)"),
+                    ));
                 }
-                std::thread::sleep(pause.min(left));
-                pause = (pause * 2).min(Duration::from_millis(100));
+                std::thread::sleep(retry.pause(failures).min(left));
             }
         }
     }
@@ -348,6 +400,22 @@ mod tests {
         assert!(ifname_matches("^=eth0", "eth01"));
         assert!(!ifname_matches("^docker,virbr", "docker0"));
         assert!(ifname_matches("^docker,virbr", "enp1s0"));
+    }
+
+    #[test]
+    fn retry_pauses_start_fast_and_grow_linearly() {
+        let r = Retry {
+            count: 34,
+            sleep_ms: 100,
+        };
+        assert_eq!(r.pause(1), Duration::from_millis(2));
+        assert_eq!(r.pause(5), Duration::from_millis(32));
+        assert_eq!(r.pause(12), Duration::from_millis(1200));
+        let zero = Retry {
+            count: 1,
+            sleep_ms: 0,
+        };
+        assert_eq!(zero.pause(3), Duration::from_millis(1));
     }
 
     #[test]

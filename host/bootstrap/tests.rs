@@ -509,3 +509,95 @@ fn fuzz_decoder() {
         let _ = format!("{id:?}");
     }
 }
+
+#[test]
+fn root_plan_follows_nccl_rule() {
+    // 10 ranks over 3 ids: 4, 3, 3.
+    let p = RootPlan::new(10, 3);
+    assert_eq!((p.start(0), p.size(0)), (0, 4));
+    assert_eq!((p.start(1), p.size(1)), (4, 3));
+    assert_eq!((p.start(2), p.size(2)), (7, 3));
+    let blocks: Vec<usize> = (0..10).map(|r| p.block_of(r)).collect();
+    assert_eq!(blocks, vec![0, 0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    for (n, k) in [(1, 1), (7, 7), (64, 4), (5, 2), (100, 7)] {
+        let p = RootPlan::new(n, k);
+        let sizes: usize = (0..k).map(|b| p.size(b)).sum();
+        assert_eq!(sizes, n);
+        for r in 0..n {
+            let b = p.block_of(r);
+            assert!(
+                p.start(b) <= r && r < p.start(b) + p.size(b),
+                "{n}/{k} rank {r}"
+            );
+        }
+    }
+}
+
+fn scalable_group(nranks: usize, nids: usize) {
+    let ids: Vec<UniqueId> = (0..nids).map(|_| get_unique_id().expect("id")).collect();
+    let ids = &ids;
+    let results: Vec<Result<Vec<Vec<u8>>>> = thread::scope(|s| {
+        let hs: Vec<_> = (0..nranks)
+            .map(|r| {
+                s.spawn(move || {
+                    let bs = Bootstrap::init_scalable(ids, r, nranks, T, &AbortFlag::new())?;
+                    let all = bs.allgather(&payload(r, 1))?;
+                    bs.barrier()?;
+                    Ok(all)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        let all = res.unwrap_or_else(|e| panic!("{nranks} ranks / {nids} ids, rank {r}: {e}"));
+        for (q, got) in all.iter().enumerate() {
+            assert_eq!(got, &payload(q, 1));
+        }
+    }
+}
+
+#[test]
+fn several_roots() {
+    for (n, k) in [(4, 4), (16, 4), (10, 3), (9, 2), (5, 1)] {
+        scalable_group(n, k);
+    }
+    let ids = [get_unique_id().expect("id"), get_unique_id().expect("id")];
+    let e = Bootstrap::init_scalable(&ids, 0, 1, T, &AbortFlag::new()).unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+    let e = Bootstrap::init_scalable(&[], 0, 1, T, &AbortFlag::new()).unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+}
+
+#[test]
+fn abort_stops_a_waiting_init() {
+    let id = get_unique_id().expect("id");
+    let flag = AbortFlag::new();
+    let start = Instant::now();
+    let res = thread::scope(|s| {
+        let h = s.spawn(|| Bootstrap::init_with(&id, 0, 2, Duration::from_secs(60), &flag));
+        thread::sleep(Duration::from_millis(100));
+        flag.abort();
+        h.join().expect("join")
+    });
+    let e = res.expect_err("aborted");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+    assert!(e.message.contains("aborted"), "{e}");
+}
+
+#[test]
+fn address_lists_round_trip() {
+    let a = vec![
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
+        SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
+    ];
+    let b = wire::encode_addrs(&a);
+    assert_eq!(wire::decode_addrs(&b, 2).expect("decode"), a);
+    assert!(wire::decode_addrs(&b, 3).is_err());
+    assert!(wire::decode_addrs(&b[1..], 2).is_err());
+}

@@ -38,6 +38,8 @@ pub(crate) enum Channel {
     User,
     Allgather,
     Barrier,
+    /// Internal set-up traffic (the address tables of a bootstrap with several roots).
+    Setup,
 }
 
 impl Channel {
@@ -46,6 +48,7 @@ impl Channel {
             Channel::User => 0,
             Channel::Allgather => 1,
             Channel::Barrier => 2,
+            Channel::Setup => 3,
         }
     }
     fn from_u8(v: u8) -> Option<Channel> {
@@ -53,6 +56,7 @@ impl Channel {
             0 => Some(Channel::User),
             1 => Some(Channel::Allgather),
             2 => Some(Channel::Barrier),
+            3 => Some(Channel::Setup),
             _ => None,
         }
     }
@@ -156,6 +160,23 @@ pub(crate) fn put_addr(out: &mut Vec<u8>, a: &SocketAddr) {
     out.extend_from_slice(&a.port().to_le_bytes());
     out.extend_from_slice(&ip);
     out.extend_from_slice(&scope.to_le_bytes());
+}
+
+/// A list of addresses, `ADDR_BYTES` each (the payload of set-up messages).
+pub(crate) fn encode_addrs(addrs: &[SocketAddr]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES);
+    for a in addrs {
+        put_addr(&mut v, a);
+    }
+    v
+}
+
+/// Decodes exactly `count` addresses; anything else is a malformed message.
+pub(crate) fn decode_addrs(b: &[u8], count: usize) -> Result<Vec<SocketAddr>> {
+    if count > MAX_RANKS || b.len() != count.saturating_mul(ADDR_BYTES) {
+        return Err(malformed("address list size does not match its count"));
+    }
+    b.chunks_exact(ADDR_BYTES).map(get_addr).collect()
 }
 
 /// Reads an address written by `put_addr`; port 0 or an unknown family is an error.

@@ -416,6 +416,7 @@ impl Comm {
 
     /// Remembers a stream an operation was issued on, so that finalize and destroy wait for
     /// it. Enqueue calls this for every launch.
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
     pub(crate) fn note_stream(&self, s: StreamHandle) {
         let mut v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         if !v.contains(&s) {
@@ -424,6 +425,7 @@ impl Comm {
     }
 
     /// Records an error raised outside any call; `get_async_error` reports it.
+    #[allow(dead_code)] // for proxies and enqueue, which report errors outside any call
     pub(crate) fn set_async_error(&self, e: Error) {
         let mut slot = self.async_error.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert(e);
@@ -482,6 +484,20 @@ impl Comm {
         self.finalized.store(true, Ordering::Release);
         drop(self);
         r
+    }
+
+    /// `ncclCommAbort`: stops the bootstrap so no later call waits on a peer, even a dead one;
+    /// later operations are invalid usage. The memory is released when the communicator drops
+    /// (without waiting for outstanding operations).
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.abort_flag.abort();
+        self.bootstrap.abort();
+    }
+
+    /// Whether `abort` was called.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
     }
 
     /// The kernel of `coll` for this type and op, loaded once per communicator.
