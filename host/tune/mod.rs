@@ -1,0 +1,627 @@
+//! Tuning: for each call, the algorithm, protocol, channel count and thread count, from a
+//! latency/bandwidth model of every (collective, algorithm, protocol), user filters (NCCL_ALGO,
+//! NCCL_PROTO) and an optional tuner plugin (NCCL_TUNER_PLUGIN).
+//!
+//! Entry points:
+//! - [`Tuner::new`]`(&system, &graphs, &TuneParams::from_env()?)` once per communicator,
+//!   [`Tuner::choose`]`(coll, bytes)` per call → [`Choice`] { algo, proto, nchannels, nthreads,
+//!   est_time_us }. `bytes` is the size of one rank's buffer: the send buffer of AllReduce,
+//!   Broadcast and Reduce, the output of AllGather, the input of ReduceScatter (NCCL's `nBytes`).
+//! - [`AlgoFilter::parse`] / [`ProtoFilter::parse`]: NCCL's syntax: `ring,tree`, `^tree`,
+//!   `allreduce:tree,ring;broadcast:ring` (names in any case; an unknown name or collective is an
+//!   invalid-argument error).
+//!
+//! The model: time = latency + bus bytes / bandwidth, where
+//! - bus bytes = bytes × 2(n−1)/n (AllReduce ring), (n−1)/n (AllGather, ReduceScatter), 1
+//!   (Broadcast, Reduce), and for the tree the data once each way through every link;
+//! - bandwidth = the graph's bandwidth (intra-node ring, or the network when it is the bottleneck)
+//!   × the protocol's efficiency (Simple 0.965, LL128 0.89, LL 0.41 of the link), × the tree's
+//!   efficiency for Tree, × the share of channels the size keeps busy;
+//! - latency = the (algorithm, protocol) base plus one hop latency per step, by link kind.
+//!
+//! The constants are calibrated on NVIDIA NCCL on the 4×H200 host with one protocol forced
+//! (`../shared/baselines/README.md`): LL ≈ 152 GB/s busbw and 9 µs, LL128 ≈ 330 GB/s and 22 µs,
+//! Simple ≈ 358 GB/s and 35 µs (4 ranks, AllReduce); Tree ≈ 0.47 of Ring on one node.
+
+pub mod plugin;
+
+use crate::error::{Error, Result};
+use crate::graph::Graphs;
+use crate::topo::{PathType, System};
+use std::fmt;
+
+/// The collectives the model knows (values are NCCL's `ncclFunc_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Coll {
+    Broadcast = 0,
+    Reduce = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    AllReduce = 4,
+}
+
+impl Coll {
+    pub const ALL: [Coll; 5] = [
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::AllReduce,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Coll::Broadcast => "Broadcast",
+            Coll::Reduce => "Reduce",
+            Coll::AllGather => "AllGather",
+            Coll::ReduceScatter => "ReduceScatter",
+            Coll::AllReduce => "AllReduce",
+        }
+    }
+}
+
+/// Algorithms (values are NCCL's algorithm indices, as the tuner plugin's cost table uses them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Algo {
+    Tree = 0,
+    Ring = 1,
+    CollNetDirect = 2,
+    CollNetChain = 3,
+    Nvls = 4,
+    NvlsTree = 5,
+    Pat = 6,
+}
+
+pub const NUM_ALGOS: usize = 7;
+
+impl Algo {
+    pub const ALL: [Algo; NUM_ALGOS] = [
+        Algo::Tree,
+        Algo::Ring,
+        Algo::CollNetDirect,
+        Algo::CollNetChain,
+        Algo::Nvls,
+        Algo::NvlsTree,
+        Algo::Pat,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algo::Tree => "Tree",
+            Algo::Ring => "Ring",
+            Algo::CollNetDirect => "CollNetDirect",
+            Algo::CollNetChain => "CollNetChain",
+            Algo::Nvls => "NVLS",
+            Algo::NvlsTree => "NVLSTree",
+            Algo::Pat => "PAT",
+        }
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Protocols (values are NCCL's protocol indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Ll = 0,
+    Ll128 = 1,
+    Simple = 2,
+}
+
+pub const NUM_PROTOS: usize = 3;
+
+impl Proto {
+    pub const ALL: [Proto; NUM_PROTOS] = [Proto::Ll, Proto::Ll128, Proto::Simple];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Ll => "LL",
+            Proto::Ll128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Per-collective allow mask over items of one kind (algorithms or protocols).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Filter<const N: usize> {
+    /// `allowed[coll][item]`.
+    pub allowed: [[bool; N]; 5],
+}
+
+pub type AlgoFilter = Filter<NUM_ALGOS>;
+pub type ProtoFilter = Filter<NUM_PROTOS>;
+
+impl<const N: usize> Default for Filter<N> {
+    fn default() -> Self {
+        Filter {
+            allowed: [[true; N]; 5],
+        }
+    }
+}
+
+fn coll_by_name(s: &str) -> Option<Coll> {
+    let k: String = s
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    Coll::ALL
+        .into_iter()
+        .find(|c| c.as_str().eq_ignore_ascii_case(&k))
+}
+
+impl<const N: usize> Filter<N> {
+    fn parse_with(var: &str, text: &str, names: &dyn Fn(&str) -> Option<usize>) -> Result<Self> {
+        let mut f = Filter::default();
+        let bad = |what: String| Error::invalid_argument(format!("{var}={text}: {what}"));
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (colls, list): (Vec<Coll>, &str) = match entry.split_once(':') {
+                Some((c, l)) => {
+                    let c = c.trim();
+                    let coll =
+                        coll_by_name(c).ok_or_else(|| bad(format!("unknown collective '{c}'")))?;
+                    (vec![coll], l)
+                }
+                None => (Coll::ALL.to_vec(), entry),
+            };
+            let list = list.trim();
+            let (exclude, list) = match list.strip_prefix('^') {
+                Some(l) => (true, l),
+                None => (false, list),
+            };
+            let mut mask = [exclude; N];
+            let mut any = false;
+            for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let i = names(name).ok_or_else(|| bad(format!("unknown name '{name}'")))?;
+                mask[i] = !exclude;
+                any = true;
+            }
+            if !any {
+                return Err(bad("empty list".into()));
+            }
+            for c in colls {
+                f.allowed[c as usize] = mask;
+            }
+        }
+        Ok(f)
+    }
+
+    pub fn allows(&self, coll: Coll, item: usize) -> bool {
+        self.allowed[coll as usize][item]
+    }
+}
+
+impl AlgoFilter {
+    /// NCCL_ALGO's syntax.
+    pub fn parse(var: &str, text: &str) -> Result<AlgoFilter> {
+        Filter::parse_with(var, text, &|n| {
+            let n = n.to_ascii_lowercase();
+            Algo::ALL
+                .into_iter()
+                .find(|a| a.as_str().eq_ignore_ascii_case(&n))
+                .map(|a| a as usize)
+        })
+    }
+}
+
+impl ProtoFilter {
+    /// NCCL_PROTO's syntax.
+    pub fn parse(var: &str, text: &str) -> Result<ProtoFilter> {
+        Filter::parse_with(var, text, &|n| {
+            Proto::ALL
+                .into_iter()
+                .find(|p| p.as_str().eq_ignore_ascii_case(n))
+                .map(|p| p as usize)
+        })
+    }
+}
+
+/// The tuning parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuneParams {
+    pub algo: AlgoFilter,
+    pub proto: ProtoFilter,
+    /// NCCL_NTHREADS when set.
+    pub nthreads: Option<u32>,
+    /// Most threads a CTA may have (the kernels' limit).
+    pub max_threads: u32,
+    /// NCCL_TUNER_PLUGIN when set.
+    pub plugin: Option<String>,
+}
+
+impl Default for TuneParams {
+    fn default() -> TuneParams {
+        TuneParams {
+            algo: AlgoFilter::default(),
+            proto: ProtoFilter::default(),
+            nthreads: None,
+            max_threads: 512,
+            plugin: None,
+        }
+    }
+}
+
+impl TuneParams {
+    /// From NCCL_ALGO, NCCL_PROTO, NCCL_NTHREADS, NCCL_TUNER_PLUGIN. Bad values are errors.
+    pub fn from_env() -> Result<TuneParams> {
+        let mut p = TuneParams::default();
+        if let Some(v) = crate::env::raw("NCCL_ALGO") {
+            p.algo = AlgoFilter::parse("NCCL_ALGO", &v)?;
+        }
+        if let Some(v) = crate::env::raw("NCCL_PROTO") {
+            p.proto = ProtoFilter::parse("NCCL_PROTO", &v)?;
+        }
+        if crate::env::raw("NCCL_NTHREADS").is_some() {
+            let n = crate::env::int("NCCL_NTHREADS");
+            if !(64..=p.max_threads as i64).contains(&n) || n % 32 != 0 {
+                return Err(Error::invalid_argument(format!(
+                    "NCCL_NTHREADS={n}: use a multiple of 32 from 64 to {}",
+                    p.max_threads
+                )));
+            }
+            p.nthreads = Some(n as u32);
+        }
+        p.plugin = crate::env::raw("NCCL_TUNER_PLUGIN");
+        Ok(p)
+    }
+}
+
+/// What to run for one call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    pub algo: Algo,
+    pub proto: Proto,
+    pub nchannels: usize,
+    pub nthreads: u32,
+    /// The model's estimate, µs.
+    pub est_time_us: f64,
+}
+
+/// Protocol efficiency: the share of the link bandwidth each protocol's kernels reach.
+fn proto_eff(p: Proto) -> f64 {
+    match p {
+        Proto::Ll => 0.41,
+        Proto::Ll128 => 0.89,
+        Proto::Simple => 0.965,
+    }
+}
+
+/// Base latency µs per (algorithm, protocol).
+fn base_lat(a: Algo, p: Proto) -> f64 {
+    match (a, p) {
+        (Algo::Tree, Proto::Ll) => 6.0,
+        (Algo::Tree, Proto::Ll128) => 15.0,
+        (Algo::Tree, Proto::Simple) => 22.0,
+        (_, Proto::Ll) => 5.0,
+        (_, Proto::Ll128) => 14.5,
+        (_, Proto::Simple) => 20.0,
+    }
+}
+
+/// Hop latency µs per protocol for a step over NVLink, PCIe/SHM, or the network.
+fn hop_lat(kind: PathType, p: Proto) -> f64 {
+    let (ll, ll128, simple) = if kind <= PathType::Nvb {
+        (0.6, 1.25, 2.5)
+    } else if kind < PathType::Net {
+        (1.0, 2.0, 3.0)
+    } else {
+        (4.0, 8.0, 12.0)
+    };
+    match p {
+        Proto::Ll => ll,
+        Proto::Ll128 => ll128,
+        Proto::Simple => simple,
+    }
+}
+
+/// Smallest bytes worth a channel of its own, per protocol.
+fn min_bytes_per_channel(p: Proto) -> usize {
+    match p {
+        Proto::Ll => 16 << 10,
+        Proto::Ll128 => 64 << 10,
+        Proto::Simple => 64 << 10,
+    }
+}
+
+/// Tree throughput as a share of the ring's (one node's chain; measured 0.47 on 4×H200).
+const TREE_INTRA_EFF: f64 = 0.47;
+/// Tree throughput over the network as a share of the NICs' (up and down overlap).
+const TREE_INTER_EFF: f64 = 0.9;
+
+/// The per-communicator tuner.
+pub struct Tuner {
+    nranks: usize,
+    nnodes: usize,
+    nlocal: usize,
+    nchannels: usize,
+    bw_intra: f64,
+    bw_inter: f64,
+    intra_type: PathType,
+    ll128_ok: bool,
+    params: TuneParams,
+    plugin: Option<plugin::Plugin>,
+}
+
+impl Tuner {
+    /// A tuner for `graphs` on nodes like `system`; loads the tuner plugin when one is named
+    /// (a plugin that fails to load is reported and skipped, as NCCL does).
+    pub fn new(system: &System, graphs: &Graphs, params: &TuneParams) -> Tuner {
+        let nlocal = system.gpus.len().max(1);
+        let plugin = params.plugin.as_deref().and_then(|name| {
+            match plugin::Plugin::load(name, graphs.nranks, graphs.nnodes) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    log::warn!(
+                        "NCCL_TUNER_PLUGIN={name}: {}; using the internal model",
+                        e.message
+                    );
+                    None
+                }
+            }
+        });
+        // LL128 needs 128-byte store atomicity: NVLink on Volta or newer, every step.
+        let ll128_ok = system.min_sm() >= 70 && graphs.all_nvlink;
+        let t = Tuner {
+            nranks: graphs.nranks,
+            nnodes: graphs.nnodes,
+            nlocal,
+            nchannels: graphs.nchannels,
+            bw_intra: graphs.bw_intra,
+            bw_inter: graphs.bw_inter,
+            intra_type: graphs.intra_type,
+            ll128_ok,
+            params: params.clone(),
+            plugin,
+        };
+        t.log();
+        t
+    }
+
+    /// Whether the (collective, algorithm, protocol) exists here and the filters allow it.
+    pub fn enabled(&self, coll: Coll, algo: Algo, proto: Proto) -> bool {
+        let supported = match algo {
+            Algo::Ring => true,
+            Algo::Tree => coll == Coll::AllReduce,
+            _ => false, // NVLS, CollNet, PAT: not built (NVLS stays off on the shared hosts)
+        };
+        supported
+            && (proto != Proto::Ll128 || self.ll128_ok)
+            && self.params.algo.allows(coll, algo as usize)
+            && self.params.proto.allows(coll, proto as usize)
+    }
+
+    /// Bus bandwidth GB/s of (algo, proto) with all channels busy.
+    fn bw(&self, coll: Coll, algo: Algo, proto: Proto) -> f64 {
+        let ring = if self.nnodes > 1 {
+            self.bw_intra.min(self.bw_inter)
+        } else {
+            self.bw_intra
+        };
+        let mut bw = match algo {
+            Algo::Tree => {
+                // Tree algbw, turned into busbw so both compare on bus bytes.
+                let n = self.nranks as f64;
+                let alg = if self.nnodes > 1 {
+                    (self.bw_intra * TREE_INTRA_EFF).min(self.bw_inter * TREE_INTER_EFF)
+                } else {
+                    self.bw_intra * TREE_INTRA_EFF
+                };
+                alg * 2.0 * (n - 1.0) / n
+            }
+            _ => ring,
+        } * proto_eff(proto);
+        if self.nnodes > 1 && proto == Proto::Ll {
+            bw *= 0.5; // LL over the network: half the payload per packet
+        }
+        if coll != Coll::AllReduce && algo == Algo::Tree {
+            bw = 0.0;
+        }
+        bw
+    }
+
+    fn latency(&self, coll: Coll, algo: Algo, proto: Proto) -> f64 {
+        let nnodes = self.nnodes as f64;
+        // Hops of one pass around a ring: inside nodes, and across them.
+        let intra_steps = if self.nnodes > 1 {
+            (self.nranks - self.nnodes) as f64
+        } else {
+            self.nranks as f64
+        };
+        let intra = hop_lat(self.intra_type, proto);
+        let net = hop_lat(PathType::Net, proto);
+        let base = base_lat(algo, proto);
+        match algo {
+            Algo::Tree => {
+                let depth = (self.nnodes as f64).log2().ceil();
+                base + 2.0 * ((self.nlocal as f64 - 1.0) * intra + depth * net)
+            }
+            _ => {
+                let net_steps = if self.nnodes > 1 { nnodes } else { 0.0 };
+                let pass = intra_steps * intra + net_steps * net;
+                let per = pass * (self.nranks as f64 - 1.0) / self.nranks as f64;
+                base + match coll {
+                    Coll::AllReduce => 2.0 * per,
+                    _ => per,
+                }
+            }
+        }
+    }
+
+    fn bus_bytes(&self, coll: Coll, algo: Algo, bytes: usize) -> f64 {
+        let n = self.nranks as f64;
+        let b = bytes as f64;
+        match (coll, algo) {
+            (Coll::AllReduce, _) => b * 2.0 * (n - 1.0) / n,
+            (Coll::AllGather | Coll::ReduceScatter, _) => b * (n - 1.0) / n,
+            _ => b,
+        }
+    }
+
+    /// Channels worth using for `bytes` with `proto`.
+    fn channels_for(&self, proto: Proto, bytes: usize) -> usize {
+        bytes
+            .div_ceil(min_bytes_per_channel(proto))
+            .clamp(1, self.nchannels.max(1))
+    }
+
+    /// The model's time (µs) for one (collective, algorithm, protocol) and size, with the
+    /// channels it would use; `None` when not enabled.
+    pub fn estimate(&self, coll: Coll, algo: Algo, proto: Proto, bytes: usize) -> Option<f64> {
+        if !self.enabled(coll, algo, proto) {
+            return None;
+        }
+        if self.nranks == 1 {
+            return Some(base_lat(algo, proto));
+        }
+        let nch = self.channels_for(proto, bytes);
+        let bw = self.bw(coll, algo, proto) * nch as f64 / self.nchannels.max(1) as f64;
+        if bw <= 0.0 {
+            return None;
+        }
+        let bus = self.bus_bytes(coll, algo, bytes);
+        Some(self.latency(coll, algo, proto) + bus / (bw * 1e3))
+    }
+
+    fn nthreads_for(&self, proto: Proto, bytes: usize, nch: usize) -> u32 {
+        if let Some(n) = self.params.nthreads {
+            return n;
+        }
+        let per_thread = match proto {
+            Proto::Ll => 8,
+            Proto::Ll128 => 32,
+            Proto::Simple => 64,
+        };
+        let per_channel = bytes / nch.max(1);
+        let mut nt = self.params.max_threads.max(64);
+        while nt > 128 && per_channel < nt as usize * per_thread {
+            nt /= 2;
+        }
+        nt
+    }
+
+    /// Algorithm, protocol, channels and threads for one call of `bytes` bytes.
+    pub fn choose(&self, coll: Coll, bytes: usize) -> Result<Choice> {
+        let mut table = [[-1.0f32; NUM_PROTOS]; NUM_ALGOS];
+        for a in Algo::ALL {
+            for p in Proto::ALL {
+                if let Some(t) = self.estimate(coll, a, p, bytes) {
+                    table[a as usize][p as usize] = t as f32;
+                }
+            }
+        }
+        let mut nch_override = None;
+        if let Some(pl) = &self.plugin {
+            let mut nch = self.nchannels as i32;
+            match pl.get_coll_info(coll, bytes, &mut table, &mut nch) {
+                Ok(()) if nch as usize != self.nchannels && nch > 0 => {
+                    nch_override = Some((nch as usize).min(self.nchannels.max(1)))
+                }
+                Ok(()) => {}
+                Err(e) => log::warn!("tuner plugin: {}; using the internal model", e.message),
+            }
+        }
+        let mut best: Option<(Algo, Proto, f32)> = None;
+        for a in Algo::ALL {
+            for p in Proto::ALL {
+                let t = table[a as usize][p as usize];
+                if t >= 0.0 && self.enabled(coll, a, p) && best.is_none_or(|b| t < b.2) {
+                    best = Some((a, p, t));
+                }
+            }
+        }
+        let Some((algo, proto, _)) = best else {
+            return Err(Error::invalid_usage(format!(
+                "no algorithm/protocol left for {} (NCCL_ALGO/NCCL_PROTO exclude all that apply)",
+                coll.as_str()
+            )));
+        };
+        let nchannels = nch_override.unwrap_or_else(|| self.channels_for(proto, bytes));
+        let est = self.estimate(coll, algo, proto, bytes).unwrap_or(0.0);
+        Ok(Choice {
+            algo,
+            proto,
+            nchannels,
+            nthreads: self.nthreads_for(proto, bytes, nchannels),
+            est_time_us: est,
+        })
+    }
+
+    /// Logs the model's latency and bandwidth table at NCCL_DEBUG=INFO, as NCCL's TUNING lines.
+    pub fn log(&self) {
+        if !log::log_enabled!(log::Level::Info) {
+            return;
+        }
+        log::info!(
+            "Tuning: {} ranks, {} nodes, {} channels, bw intra {:.1} inter {:.1} GB/s, LL128 {}{}",
+            self.nranks,
+            self.nnodes,
+            self.nchannels,
+            self.bw_intra,
+            self.bw_inter,
+            if self.ll128_ok { "on" } else { "off" },
+            self.plugin
+                .as_ref()
+                .map(|p| format!(", tuner plugin {}", p.name))
+                .unwrap_or_default()
+        );
+        for c in Coll::ALL {
+            let mut line = format!("{:>13} ", c.as_str());
+            for a in [Algo::Tree, Algo::Ring] {
+                for p in Proto::ALL {
+                    if self.enabled(c, a, p) {
+                        line.push_str(&format!(
+                            " {}/{} {:.1}us {:.1}GB/s",
+                            a,
+                            p,
+                            self.latency(c, a, p),
+                            self.bw(c, a, p)
+                        ));
+                    }
+                }
+            }
+            log::info!("{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_parse() {
+        let f = AlgoFilter::parse("NCCL_ALGO", "ring").unwrap();
+        assert!(f.allows(Coll::AllReduce, Algo::Ring as usize));
+        assert!(!f.allows(Coll::AllReduce, Algo::Tree as usize));
+        let f = AlgoFilter::parse("NCCL_ALGO", "^Tree").unwrap();
+        assert!(f.allows(Coll::AllReduce, Algo::Ring as usize));
+        assert!(!f.allows(Coll::Broadcast, Algo::Tree as usize));
+        let f = AlgoFilter::parse("NCCL_ALGO", "allreduce:tree,ring;broadcast:ring").unwrap();
+        assert!(f.allows(Coll::AllReduce, Algo::Tree as usize));
+        assert!(!f.allows(Coll::Broadcast, Algo::Tree as usize));
+        assert!(f.allows(Coll::AllGather, Algo::Tree as usize));
+        let f = ProtoFilter::parse("NCCL_PROTO", "^ll128, ll").unwrap();
+        assert!(f.allows(Coll::AllReduce, Proto::Simple as usize));
+        assert!(!f.allows(Coll::AllReduce, Proto::Ll as usize));
+        for bad in [
+            "rings",
+            "allreduce:",
+            "alltoall:ring",
+            "^",
+            "ring;bcast:tree",
+        ] {
+            let e = AlgoFilter::parse("NCCL_ALGO", bad).unwrap_err();
+            assert_eq!(e.code, crate::error::NcclResult::InvalidArgument, "{bad}");
+            assert!(e.message.contains("NCCL_ALGO"));
+        }
+        assert!(ProtoFilter::parse("NCCL_PROTO", "LL256").is_err());
+    }
+}
