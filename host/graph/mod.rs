@@ -386,7 +386,13 @@ pub fn btree_parent(n: usize, i: usize) -> Option<usize> {
 pub fn double_btree(n: usize) -> [Vec<Option<usize>>; 2] {
     let t0: Vec<Option<usize>> = (0..n).map(|i| btree_parent(n, i)).collect();
     // Relabel: position p of tree 0 holds node map(p) in tree 1.
-    let map = |p: usize| if n % 2 == 0 { n - 1 - p } else { (p + 1) % n };
+    let map = |p: usize| {
+        if n.is_multiple_of(2) {
+            n - 1 - p
+        } else {
+            (p + 1) % n
+        }
+    };
     let mut t1 = vec![None; n];
     for p in 0..n {
         t1[map(p)] = t0[p].map(map);

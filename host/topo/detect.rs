@@ -224,7 +224,7 @@ impl Sysfs {
                     })
                     .unwrap_or(100.0);
                 out.push((
-                    format!("{ib}"),
+                    ib.clone(),
                     busid_of(base.join("device")),
                     (gbps * 1000.0) as u64,
                     port.parse().unwrap_or(1),
@@ -390,6 +390,13 @@ impl System {
                         }
                     }
                 });
+                if !found.is_empty() {
+                    // Keep only this communicator's GPUs.
+                    x.retain_pci(&|pci| {
+                        let busid = normalize_busid(pci.attr("busid").unwrap_or(""));
+                        !pci.children.iter().any(|c| c.name == "gpu") || found.contains(&busid)
+                    });
+                }
                 log::info!(
                     "Loaded topology from NCCL_TOPO_FILE={path} ({} of {} local GPUs found in it)",
                     found.len(),
@@ -411,6 +418,13 @@ impl System {
 }
 
 impl XmlNode {
+    fn retain_pci(&mut self, keep: &dyn Fn(&XmlNode) -> bool) {
+        self.children.retain(|c| c.name != "pci" || keep(c));
+        for c in &mut self.children {
+            c.retain_pci(keep);
+        }
+    }
+
     fn find_all_mut_pci(&mut self, f: &mut dyn FnMut(&mut XmlNode)) {
         if self.name == "pci" {
             f(self);
@@ -428,6 +442,7 @@ pub struct Nvml {
 
 /// nvmlPciInfo_t (NVML's v3 layout: legacy bus id, domain, bus, device, ids, bus id).
 #[repr(C)]
+#[allow(dead_code)] // filled by NVML; only the bus id is read
 struct NvmlPciInfo {
     bus_id_legacy: [u8; 16],
     domain: u32,
@@ -448,13 +463,15 @@ impl Nvml {
         // NVML's documented signature `nvmlReturn_t nvmlInit_v2(void)`.
         unsafe {
             let lib = libloading::Library::new("libnvidia-ml.so.1").ok()?;
-            let init: libloading::Symbol<unsafe extern "C" fn() -> i32> =
-                lib.get(b"nvmlInit_v2\0").ok()?;
-            if init() != 0 {
-                log::info!("NVML present but nvmlInit_v2 failed: no NVLink information");
+            let rc = {
+                let init: libloading::Symbol<unsafe extern "C" fn() -> i32> =
+                    lib.get(b"nvmlInit_v2\0").ok()?;
+                init()
+            };
+            if rc != 0 {
+                log::info!("NVML present but nvmlInit_v2 failed ({rc}): no NVLink information");
                 return None;
             }
-            drop(init);
             Some(Nvml { lib })
         }
     }
