@@ -354,6 +354,13 @@ fn busbw(bytes: usize, us: f64) -> f64 {
 
 #[test]
 fn tuner_on_h200x4() {
+    let _ = env_logger::builder()
+        .is_test(true)
+        .filter_level(log::LevelFilter::Info)
+        .try_init();
+    let s = sys(synthetic::h200x4());
+    s.log();
+    graph::search(&s, 1, &Params::default()).unwrap().log(0);
     let t = h200_tuner(&TuneParams::default());
     let tiny = t.choose(Coll::AllReduce, 8).unwrap();
     assert_eq!(tiny.proto, Proto::Ll, "{tiny:?}");

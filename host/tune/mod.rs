@@ -15,7 +15,7 @@
 //! - bus bytes = bytes × 2(n−1)/n (AllReduce ring), (n−1)/n (AllGather, ReduceScatter), 1
 //!   (Broadcast, Reduce), and for the tree the data once each way through every link;
 //! - bandwidth = the graph's bandwidth (intra-node ring, or the network when it is the bottleneck)
-//!   × the protocol's efficiency (Simple 0.965, LL128 0.89, LL 0.41 of the link), × the tree's
+//!   × the protocol's efficiency (Simple 0.99, LL128 0.925, LL 0.42 of the graph's bandwidth), × the tree's
 //!   efficiency for Tree, × the share of channels the size keeps busy;
 //! - latency = the (algorithm, protocol) base plus one hop latency per step, by link kind.
 //!
@@ -288,9 +288,9 @@ pub struct Choice {
 /// Protocol efficiency: the share of the link bandwidth each protocol's kernels reach.
 fn proto_eff(p: Proto) -> f64 {
     match p {
-        Proto::Ll => 0.41,
-        Proto::Ll128 => 0.89,
-        Proto::Simple => 0.965,
+        Proto::Ll => 0.42,
+        Proto::Ll128 => 0.925,
+        Proto::Simple => 0.99,
     }
 }
 
