@@ -1,0 +1,190 @@
+//! `ncclConfig_t` as C lays it out (NCCL 2.25): a header (size, magic, version) and the fields
+//! in NCCL's order. Fields are read only when they lie inside the `size` the caller's header
+//! declares, so programs built against an older, shorter struct work too.
+
+use crate::comm::Config;
+use crate::error::{Error, Result};
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::mem::{offset_of, size_of};
+
+/// `NCCL_API_MAGIC`: `NCCL_CONFIG_INITIALIZER` puts it in `magic`.
+pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT` (INT_MIN): the field is not set.
+pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+
+/// `ncclConfig_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NcclConfig {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub blocking: c_int,
+    pub cga_cluster_size: c_int,
+    pub min_ctas: c_int,
+    pub max_ctas: c_int,
+    pub net_name: *const c_char,
+    pub split_share: c_int,
+    pub traffic_class: c_int,
+    pub comm_name: *const c_char,
+    pub collnet_enable: c_int,
+}
+
+// The layout C sees on LP64 (checked against include/nccl.h by tests/c/capi_test.c too).
+const _: () = {
+    assert!(offset_of!(NcclConfig, blocking) == 16);
+    assert!(offset_of!(NcclConfig, net_name) == 32);
+    assert!(offset_of!(NcclConfig, comm_name) == 48);
+    assert!(size_of::<NcclConfig>() == 64);
+};
+
+impl Default for NcclConfig {
+    /// `NCCL_CONFIG_INITIALIZER`.
+    fn default() -> NcclConfig {
+        NcclConfig {
+            size: size_of::<NcclConfig>(),
+            magic: NCCL_CONFIG_MAGIC,
+            version: crate::VERSION as c_uint,
+            blocking: NCCL_CONFIG_UNDEF_INT,
+            cga_cluster_size: NCCL_CONFIG_UNDEF_INT,
+            min_ctas: NCCL_CONFIG_UNDEF_INT,
+            max_ctas: NCCL_CONFIG_UNDEF_INT,
+            net_name: std::ptr::null(),
+            split_share: NCCL_CONFIG_UNDEF_INT,
+            traffic_class: NCCL_CONFIG_UNDEF_INT,
+            comm_name: std::ptr::null(),
+            collnet_enable: NCCL_CONFIG_UNDEF_INT,
+        }
+    }
+}
+
+/// Reads the field at `offset` if the caller's struct is long enough.
+///
+/// # Safety
+/// `p` points to at least `size` readable bytes.
+unsafe fn field<T: Copy>(p: *const NcclConfig, size: usize, offset: usize) -> Option<T> {
+    if offset + size_of::<T>() > size {
+        return None;
+    }
+    // SAFETY: inside the caller's declared size (see above).
+    Some(unsafe { std::ptr::read_unaligned((p as *const u8).add(offset) as *const T) })
+}
+
+fn int(v: Option<c_int>) -> Option<i32> {
+    v.filter(|&v| v != NCCL_CONFIG_UNDEF_INT)
+}
+
+fn flag(name: &str, v: Option<c_int>) -> Result<Option<bool>> {
+    match int(v) {
+        None => Ok(None),
+        Some(0) => Ok(Some(false)),
+        Some(1) => Ok(Some(true)),
+        Some(x) => Err(Error::invalid_argument(format!(
+            "config.{name} is {x}: use 0 or 1"
+        ))),
+    }
+}
+
+/// # Safety
+/// `s` is null or a NUL-terminated string.
+unsafe fn text(s: Option<*const c_char>) -> Option<String> {
+    let s = s.filter(|p| !p.is_null())?;
+    // SAFETY: the caller's contract.
+    Some(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned())
+}
+
+/// The Rust config of a C `ncclConfig_t*` (NULL: all defaults).
+///
+/// # Safety
+/// `p` is null or points to a config initialised with `NCCL_CONFIG_INITIALIZER` whose string
+/// fields are null or NUL-terminated.
+pub unsafe fn read(p: *const NcclConfig) -> Result<Config> {
+    if p.is_null() {
+        return Ok(Config::default());
+    }
+    // SAFETY: the header is present in every version of the struct.
+    let (size, magic) = unsafe {
+        (
+            std::ptr::read_unaligned(std::ptr::addr_of!((*p).size)),
+            std::ptr::read_unaligned(std::ptr::addr_of!((*p).magic)),
+        )
+    };
+    if magic != NCCL_CONFIG_MAGIC {
+        return Err(Error::invalid_argument(format!(
+            "config magic {magic:#x} is not {NCCL_CONFIG_MAGIC:#x}: initialise ncclConfig_t with \
+             NCCL_CONFIG_INITIALIZER"
+        )));
+    }
+    if size < offset_of!(NcclConfig, blocking) {
+        return Err(Error::invalid_argument(format!(
+            "config size {size} is too small for an ncclConfig_t"
+        )));
+    }
+    let size = size.min(size_of::<NcclConfig>());
+    macro_rules! f {
+        ($name:ident) => {
+            // SAFETY: `read`'s contract; bounded by `size`.
+            unsafe { field(p, size, offset_of!(NcclConfig, $name)) }
+        };
+    }
+    Ok(Config {
+        blocking: flag("blocking", f!(blocking))?,
+        cga_cluster_size: int(f!(cga_cluster_size)),
+        min_ctas: int(f!(min_ctas)),
+        max_ctas: int(f!(max_ctas)),
+        net_name: {
+            let p = f!(net_name);
+            // SAFETY: `read`'s contract: null or NUL-terminated.
+            unsafe { text(p) }
+        },
+        split_share: flag("splitShare", f!(split_share))?,
+        traffic_class: int(f!(traffic_class)),
+        comm_name: {
+            let p = f!(comm_name);
+            // SAFETY: `read`'s contract: null or NUL-terminated.
+            unsafe { text(p) }
+        },
+        collnet_enable: flag("collnetEnable", f!(collnet_enable))?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_fields_within_the_declared_size() {
+        let name = c"trainer";
+        let mut c = NcclConfig {
+            blocking: 0,
+            min_ctas: 2,
+            comm_name: name.as_ptr(),
+            ..NcclConfig::default()
+        };
+        // SAFETY: a valid config on the stack.
+        let r = unsafe { read(&c) }.unwrap();
+        assert_eq!(r.blocking, Some(false));
+        assert_eq!(r.min_ctas, Some(2));
+        assert_eq!(r.max_ctas, None);
+        assert_eq!(r.comm_name.as_deref(), Some("trainer"));
+        // An older, shorter struct: fields past its size are not read.
+        c.size = offset_of!(NcclConfig, net_name);
+        // SAFETY: as above.
+        let r = unsafe { read(&c) }.unwrap();
+        assert_eq!((r.min_ctas, r.comm_name), (Some(2), None));
+        c.magic = 0;
+        // SAFETY: as above.
+        assert!(unsafe { read(&c) }.is_err());
+        let bad = NcclConfig {
+            blocking: 7,
+            ..NcclConfig::default()
+        };
+        // SAFETY: as above.
+        assert!(unsafe { read(&bad) }.is_err());
+        // SAFETY: null is allowed.
+        assert_eq!(
+            unsafe { read(std::ptr::null()) }.unwrap(),
+            Config::default()
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! What a `ncclComm_t` points to: a communicator in creation, ready, or failed, plus a
+//! finalize that may run in the background (non-blocking communicators).
+
+use crate::comm::{Comm, PendingComm};
+use crate::error::{Error, NcclResult, Result};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+enum State {
+    Pending(PendingComm),
+    Ready(Arc<Comm>),
+    Failed(Error),
+}
+
+enum Finalize {
+    NotCalled,
+    Running(JoinHandle<Result<()>>),
+    Done(Result<()>),
+}
+
+/// The object behind `ncclComm_t`.
+pub struct CommHandle {
+    blocking: bool,
+    state: Mutex<State>,
+    finalize: Mutex<Finalize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An "in progress" answer, without logging it or touching the last error (callers poll).
+fn in_progress(what: &str) -> Error {
+    Error {
+        code: NcclResult::InProgress,
+        message: what.to_string(),
+    }
+}
+
+impl CommHandle {
+    pub(crate) fn pending(p: PendingComm, blocking: bool) -> CommHandle {
+        CommHandle {
+            blocking,
+            state: Mutex::new(State::Pending(p)),
+            finalize: Mutex::new(Finalize::NotCalled),
+        }
+    }
+
+    pub(crate) fn from_comm(c: Comm) -> CommHandle {
+        CommHandle {
+            blocking: c.config().blocking,
+            state: Mutex::new(State::Ready(Arc::new(c))),
+            finalize: Mutex::new(Finalize::NotCalled),
+        }
+    }
+
+    /// The communicator, once created; Err(InProgress) while the creation runs, or the
+    /// creation's error.
+    fn resolve(&self) -> Result<Arc<Comm>> {
+        let mut st = lock(&self.state);
+        let taken = match &*st {
+            State::Ready(c) => return Ok(c.clone()),
+            State::Failed(e) => return Err(e.clone()),
+            State::Pending(p) => match p.try_take() {
+                None => return Err(in_progress("the communicator is still being created")),
+                Some(r) => r,
+            },
+        };
+        match taken {
+            Ok(c) => {
+                let c = Arc::new(c);
+                *st = State::Ready(c.clone());
+                Ok(c)
+            }
+            Err(e) => {
+                *st = State::Failed(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// The finalize's state: None when none runs or ran, Some(InProgress), Some(outcome).
+    fn finalize_state(&self) -> Option<Result<()>> {
+        let mut f = lock(&self.finalize);
+        if matches!(&*f, Finalize::Running(h) if h.is_finished()) {
+            if let Finalize::Running(h) = std::mem::replace(&mut *f, Finalize::NotCalled) {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::internal("finalize panicked")));
+                *f = Finalize::Done(r);
+            }
+        }
+        match &*f {
+            Finalize::NotCalled => None,
+            Finalize::Running(_) => Some(Err(in_progress("finalize is in progress"))),
+            Finalize::Done(r) => Some(r.clone()),
+        }
+    }
+
+    /// `ncclCommGetAsyncError`'s answer.
+    pub(crate) fn state(&self) -> NcclResult {
+        let c = match self.resolve() {
+            Ok(c) => c,
+            Err(e) => return e.code,
+        };
+        if let Some(Err(e)) = self.finalize_state() {
+            return e.code;
+        }
+        match c.get_async_error() {
+            Ok(()) => NcclResult::Success,
+            Err(e) => e.code,
+        }
+    }
+
+    /// The communicator for a call that needs a complete one: using it while its creation
+    /// (or finalize) is in progress is invalid usage, as NCCL documents ("poll
+    /// ncclCommGetAsyncError until ncclSuccess before the next call").
+    pub(crate) fn ready(&self) -> Result<Arc<Comm>> {
+        let busy = |what: &str| {
+            Error::invalid_usage(format!(
+                "{what} is still in progress (ncclInProgress): poll ncclCommGetAsyncError until \
+                 it returns ncclSuccess before using the communicator"
+            ))
+        };
+        let c = match self.resolve() {
+            Ok(c) => c,
+            Err(e) if e.code == NcclResult::InProgress => {
+                return Err(busy("the communicator's creation"))
+            }
+            Err(e) => return Err(Error::new(e.code, e.message)),
+        };
+        if let Some(Err(e)) = self.finalize_state() {
+            if e.code == NcclResult::InProgress {
+                return Err(busy("ncclCommFinalize"));
+            }
+        }
+        Ok(c)
+    }
+
+    /// `ncclCommFinalize`.
+    pub(crate) fn finalize(&self) -> Result<NcclResult> {
+        let c = self.ready()?;
+        let mut f = lock(&self.finalize);
+        if !matches!(&*f, Finalize::NotCalled) {
+            return Err(Error::invalid_usage("ncclCommFinalize was already called"));
+        }
+        if self.blocking {
+            let r = c.finalize();
+            *f = Finalize::Done(r.clone());
+            r.map(|()| NcclResult::Success)
+        } else {
+            let h = std::thread::Builder::new()
+                .name("nccl-finalize".into())
+                .spawn(move || c.finalize())
+                .map_err(|e| Error::system(format!("cannot start a finalize thread: {e}")))?;
+            *f = Finalize::Running(h);
+            Ok(NcclResult::InProgress)
+        }
+    }
+
+    /// Destroy is refused while the creation runs (abort, or poll until it completes).
+    pub(crate) fn check_destroyable(&self) -> Result<()> {
+        match self.resolve() {
+            Err(e) if e.code == NcclResult::InProgress => Err(Error::invalid_usage(
+                "ncclCommDestroy on a communicator still being created: poll \
+                 ncclCommGetAsyncError until it completes, or call ncclCommAbort",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `ncclCommDestroy`: waits for a background finalize, then frees.
+    pub(crate) fn destroy(self) -> Result<()> {
+        if let Finalize::Running(h) =
+            std::mem::replace(&mut *lock(&self.finalize), Finalize::NotCalled)
+        {
+            let _ = h.join();
+        }
+        let state = std::mem::replace(
+            &mut *lock(&self.state),
+            State::Failed(in_progress("destroyed")),
+        );
+        match state {
+            State::Ready(c) => match Arc::try_unwrap(c) {
+                Ok(c) => c.destroy(),
+                // A background split of this parent still holds it; it frees it when done.
+                Err(_) => Ok(()),
+            },
+            State::Pending(p) => {
+                // Only when it already failed or completed (check_destroyable).
+                match p.try_take() {
+                    Some(Ok(c)) => c.destroy(),
+                    _ => Ok(()),
+                }
+            }
+            State::Failed(_) => Ok(()),
+        }
+    }
+
+    /// `ncclCommAbort`: stops the creation or the communicator, then frees.
+    pub(crate) fn abort(self) {
+        let state = std::mem::replace(
+            &mut *lock(&self.state),
+            State::Failed(in_progress("aborted")),
+        );
+        match state {
+            State::Pending(p) => {
+                p.abort();
+                // A creation deferred to the end of this thread's group has not started: it
+                // will fail at once there. Otherwise it stops promptly; wait for it.
+                if crate::enqueue::group::depth() == 0 {
+                    if let Ok(c) = p.wait() {
+                        c.abort();
+                    }
+                }
+            }
+            State::Ready(c) => c.abort(),
+            State::Failed(_) => {}
+        }
+        if let Finalize::Running(h) =
+            std::mem::replace(&mut *lock(&self.finalize), Finalize::NotCalled)
+        {
+            let _ = h.join();
+        }
+    }
+}

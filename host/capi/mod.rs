@@ -1,0 +1,556 @@
+//! The C ABI (feature `capi`): NCCL's functions under their C names, each also as `pnccl…`
+//! (the profiling aliases), over the Rust API. `include/nccl.h` declares them.
+//!
+//! Every entry point checks its pointers (null: `ncclInvalidArgument`), catches panics (none
+//! crosses into C: `ncclInternalError`), and records the message of any error for
+//! `ncclGetLastError`. A `ncclComm_t` points to a boxed [`CommHandle`]: a communicator that may
+//! still be in creation (non-blocking config, or created inside a group), ready, or failed.
+
+mod config;
+mod handle;
+
+pub use config::{NcclConfig, NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT};
+pub use handle::CommHandle;
+
+use crate::bootstrap::UniqueId;
+use crate::comm::{Comm, PendingComm};
+use crate::cuda::{DevBuffer, Device, StreamHandle};
+use crate::enqueue::{group, ReduceOp};
+use crate::error::{Error, NcclResult, Result};
+use nccl_device::types::DataType;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// `ncclComm_t`.
+pub type NcclComm = *mut CommHandle;
+/// `cudaStream_t` (a `CUstream`).
+pub type CudaStream = *mut c_void;
+
+/// Runs an entry point's body: errors become their code, panics `ncclInternalError`.
+fn guard(f: impl FnOnce() -> Result<NcclResult>) -> NcclResult {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => e.code,
+        Err(_) => Error::internal("a panic was caught at the C API boundary").code,
+    }
+}
+
+fn null(what: &str) -> Error {
+    Error::invalid_argument(format!("{what} is a null pointer"))
+}
+
+/// Defines `nccl<Name>` and its alias `pnccl<Name>`, both returning `ncclResult_t`.
+macro_rules! export {
+    ($(#[$doc:meta])* fn $name:ident / $alias:ident ($($a:ident : $t:ty),* $(,)?) $body:block) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Pointers must be null or valid for the access NCCL documents for this function.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> NcclResult {
+            guard(|| $body)
+        }
+        /// The profiling alias of the function of the same name without the `p`.
+        ///
+        /// # Safety
+        /// As the function it aliases.
+        #[no_mangle]
+        pub unsafe extern "C" fn $alias($($a: $t),*) -> NcclResult {
+            $name($($a),*)
+        }
+    };
+}
+
+fn handle<'a>(comm: NcclComm) -> Result<&'a CommHandle> {
+    // SAFETY: a non-null ncclComm_t is a pointer this library returned (Box::into_raw) and
+    // that the caller has not destroyed; the handle is Sync.
+    unsafe { comm.as_ref() }.ok_or_else(|| null("comm"))
+}
+
+fn count_of(what: &str, v: c_int) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::invalid_argument(format!("{what} {v} is negative")))
+}
+
+export! {
+    /// `ncclGetVersion`.
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
+        let v = version.as_mut().ok_or_else(|| null("version"))?;
+        *v = crate::VERSION;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclGetUniqueId`.
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut UniqueId) {
+        let out = unique_id.as_mut().ok_or_else(|| null("uniqueId"))?;
+        *out = crate::bootstrap::get_unique_id()?;
+        Ok(NcclResult::Success)
+    }
+}
+
+/// Wraps a creation in a handle and stores it in `out`; what the creation call returns.
+unsafe fn hand_out(out: *mut NcclComm, pending: PendingComm, blocking: bool) -> Result<NcclResult> {
+    let h = Box::new(CommHandle::pending(pending, blocking));
+    let code = if !blocking {
+        NcclResult::InProgress
+    } else if group::depth() > 0 {
+        // Created at the group's end; its errors come back from ncclGroupEnd.
+        NcclResult::Success
+    } else {
+        // Blocking: the creation already ran; report its outcome here.
+        h.ready()?;
+        NcclResult::Success
+    };
+    *out = Box::into_raw(h);
+    Ok(code)
+}
+
+unsafe fn init_scalable(
+    out: *mut NcclComm,
+    nranks: c_int,
+    rank: c_int,
+    ids: Vec<UniqueId>,
+    config: *const NcclConfig,
+) -> Result<NcclResult> {
+    let slot = out.as_mut().ok_or_else(|| null("comm"))?;
+    *slot = std::ptr::null_mut();
+    let n = count_of("nranks", nranks)?;
+    let r = count_of("rank", rank)?;
+    let cfg = config::read(config)?;
+    let blocking = cfg.resolve(None)?.blocking;
+    let device = Device::current()?;
+    let pending = Comm::start_init_rank_scalable_on(device, n, r, &ids, &cfg)?;
+    hand_out(out, pending, blocking)
+}
+
+export! {
+    /// `ncclCommInitRank`: on the calling thread's current device.
+    fn ncclCommInitRank / pncclCommInitRank(comm: *mut NcclComm, nranks: c_int, comm_id: UniqueId, rank: c_int) {
+        init_scalable(comm, nranks, rank, vec![comm_id], std::ptr::null())
+    }
+}
+
+export! {
+    /// `ncclCommInitRankConfig`.
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: *mut NcclComm,
+        nranks: c_int,
+        comm_id: UniqueId,
+        rank: c_int,
+        config: *const NcclConfig,
+    ) {
+        init_scalable(comm, nranks, rank, vec![comm_id], config)
+    }
+}
+
+export! {
+    /// `ncclCommInitRankScalable`: `n_id` ids, rank r using the one NCCL's rule assigns it.
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(
+        newcomm: *mut NcclComm,
+        nranks: c_int,
+        myrank: c_int,
+        n_id: c_int,
+        comm_ids: *const UniqueId,
+        config: *const NcclConfig,
+    ) {
+        if comm_ids.is_null() {
+            return Err(null("commIds"));
+        }
+        let k = count_of("nId", n_id)?;
+        if k == 0 {
+            return Err(Error::invalid_argument("nId is 0"));
+        }
+        let ids = std::slice::from_raw_parts(comm_ids, k).to_vec();
+        init_scalable(newcomm, nranks, myrank, ids, config)
+    }
+}
+
+export! {
+    /// `ncclCommInitAll`: one communicator per device, in this process; `devlist` NULL means
+    /// devices 0 to ndev-1.
+    fn ncclCommInitAll / pncclCommInitAll(comms: *mut NcclComm, ndev: c_int, devlist: *const c_int) {
+        if comms.is_null() {
+            return Err(null("comm"));
+        }
+        let n = count_of("ndev", ndev)?;
+        if n == 0 {
+            return Err(Error::invalid_argument("ndev is 0"));
+        }
+        let devs: Vec<i32> = if devlist.is_null() {
+            (0..ndev).collect()
+        } else {
+            std::slice::from_raw_parts(devlist, n).to_vec()
+        };
+        let out = std::slice::from_raw_parts_mut(comms, n);
+        out.fill(std::ptr::null_mut());
+        for (slot, c) in out.iter_mut().zip(Comm::init_all(&devs)?) {
+            *slot = Box::into_raw(Box::new(CommHandle::from_comm(c)));
+        }
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommSplit`: `newcomm` gets NULL for NCCL_SPLIT_NOCOLOR.
+    fn ncclCommSplit / pncclCommSplit(
+        comm: NcclComm,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut NcclComm,
+        config: *const NcclConfig,
+    ) {
+        let parent = handle(comm)?.ready()?;
+        let slot = newcomm.as_mut().ok_or_else(|| null("newcomm"))?;
+        *slot = std::ptr::null_mut();
+        let cfg = match config.is_null() {
+            true => None,
+            false => Some(config::read(config)?),
+        };
+        let blocking = cfg
+            .clone()
+            .unwrap_or_default()
+            .resolve(Some(parent.config()))?
+            .blocking;
+        match Comm::start_split(&parent, color, key, cfg.as_ref())? {
+            None => Ok(NcclResult::Success),
+            Some(p) => hand_out(newcomm, p, blocking),
+        }
+    }
+}
+
+export! {
+    /// `ncclCommFinalize`: flushes this rank's operations and waits for every rank; in the
+    /// background (ncclInProgress) for a non-blocking communicator.
+    fn ncclCommFinalize / pncclCommFinalize(comm: NcclComm) {
+        handle(comm)?.finalize()
+    }
+}
+
+export! {
+    /// `ncclCommDestroy`: frees the communicator (after flushing this rank's operations).
+    fn ncclCommDestroy / pncclCommDestroy(comm: NcclComm) {
+        handle(comm)?.check_destroyable()?;
+        // SAFETY: the pointer came from Box::into_raw here and is destroyed once (caller's
+        // contract, as in NCCL).
+        let h = Box::from_raw(comm);
+        h.destroy()?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommAbort`: stops everything (a creation in progress too) and frees the
+    /// communicator, promptly, even when peers are gone.
+    fn ncclCommAbort / pncclCommAbort(comm: NcclComm) {
+        handle(comm)?;
+        // SAFETY: as in ncclCommDestroy.
+        let h = Box::from_raw(comm);
+        h.abort();
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommGetAsyncError`: ncclInProgress while a creation or finalize runs, then
+    /// ncclSuccess or the error.
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: NcclComm, async_error: *mut NcclResult) {
+        let h = handle(comm)?;
+        let out = async_error.as_mut().ok_or_else(|| null("asyncError"))?;
+        *out = h.state();
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommCount`.
+    fn ncclCommCount / pncclCommCount(comm: NcclComm, count: *mut c_int) {
+        let c = handle(comm)?.ready()?;
+        *count.as_mut().ok_or_else(|| null("count"))? = c.count() as c_int;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommCuDevice`.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: NcclComm, device: *mut c_int) {
+        let c = handle(comm)?.ready()?;
+        *device.as_mut().ok_or_else(|| null("device"))? = c.cu_device();
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommUserRank`.
+    fn ncclCommUserRank / pncclCommUserRank(comm: NcclComm, rank: *mut c_int) {
+        let c = handle(comm)?.ready()?;
+        *rank.as_mut().ok_or_else(|| null("rank"))? = c.user_rank() as c_int;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclGroupStart`.
+    fn ncclGroupStart / pncclGroupStart() {
+        crate::group_start();
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclGroupEnd`: runs what the group recorded; its first error.
+    fn ncclGroupEnd / pncclGroupEnd() {
+        crate::group_end()?;
+        Ok(NcclResult::Success)
+    }
+}
+
+fn dtype(v: c_int) -> Result<DataType> {
+    u32::try_from(v)
+        .ok()
+        .and_then(DataType::from_raw)
+        .ok_or_else(|| Error::invalid_argument(format!("datatype {v} is not an ncclDataType_t")))
+}
+
+fn redop(v: c_int) -> Result<ReduceOp> {
+    u32::try_from(v)
+        .ok()
+        .and_then(ReduceOp::from_raw)
+        .ok_or_else(|| Error::invalid_argument(format!("reduction {v} is not an ncclRedOp_t")))
+}
+
+/// The communicator of a collective, with the stream noted for finalize/destroy.
+fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(Arc<Comm>, StreamHandle)> {
+    let c = handle(comm)?.ready()?;
+    let s = StreamHandle(stream as usize as u64);
+    c.note_stream(s);
+    Ok((c, s))
+}
+
+fn dev(p: *const c_void) -> u64 {
+    p as usize as u64
+}
+
+export! {
+    /// `ncclAllReduce`.
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let (c, s) = coll_comm(comm, stream)?;
+        c.all_reduce(dev(sendbuff), dev(recvbuff), count, dt, op, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclBroadcast`.
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let root = count_of("root", root)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.broadcast(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclReduce`.
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let root = count_of("root", root)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.reduce(dev(sendbuff), dev(recvbuff), count, dt, op, root, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclAllGather`.
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.all_gather(dev(sendbuff), dev(recvbuff), sendcount, dt, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclReduceScatter`.
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: c_int,
+        op: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let (c, s) = coll_comm(comm, stream)?;
+        c.reduce_scatter(dev(sendbuff), dev(recvbuff), recvcount, dt, op, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+/// Buffers from `ncclMemAlloc`, by address.
+fn allocations() -> &'static Mutex<HashMap<u64, DevBuffer>> {
+    static ALLOCS: OnceLock<Mutex<HashMap<u64, DevBuffer>>> = OnceLock::new();
+    ALLOCS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+export! {
+    /// `ncclMemAlloc`: device memory on the current device.
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
+        let out = ptr.as_mut().ok_or_else(|| null("ptr"))?;
+        let buf = Device::current()?.alloc(size.max(1))?;
+        *out = buf.ptr as usize as *mut c_void;
+        allocations()
+            .lock()
+            .map_err(|_| Error::internal("allocation table poisoned"))?
+            .insert(buf.ptr, buf);
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclMemFree`.
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
+        if ptr.is_null() {
+            return Err(null("ptr"));
+        }
+        let buf = allocations()
+            .lock()
+            .map_err(|_| Error::internal("allocation table poisoned"))?
+            .remove(&dev(ptr));
+        match buf {
+            Some(b) => {
+                drop(b);
+                Ok(NcclResult::Success)
+            }
+            None => Err(Error::invalid_argument(format!(
+                "{ptr:p} was not allocated by ncclMemAlloc"
+            ))),
+        }
+    }
+}
+
+export! {
+    /// nccl-rs extension: makes `device` the calling thread's current device (cudaSetDevice,
+    /// for programs without the CUDA runtime, such as those on the simulator).
+    fn ncclRsSetDevice / pncclRsSetDevice(device: c_int) {
+        Device::open(device)?.make_current()?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// nccl-rs extension: waits for `stream` of the current device (cudaStreamSynchronize).
+    fn ncclRsStreamSynchronize / pncclRsStreamSynchronize(stream: CudaStream) {
+        Device::current()?.stream_sync(StreamHandle(stream as usize as u64))?;
+        Ok(NcclResult::Success)
+    }
+}
+
+/// The fixed strings of `ncclGetErrorString`, NUL-terminated.
+fn error_strings() -> &'static [CString] {
+    static S: OnceLock<Vec<CString>> = OnceLock::new();
+    S.get_or_init(|| {
+        use NcclResult::*;
+        [
+            Success,
+            UnhandledCudaError,
+            SystemError,
+            InternalError,
+            InvalidArgument,
+            InvalidUsage,
+            RemoteError,
+            InProgress,
+        ]
+        .iter()
+        .map(|r| CString::new(r.as_str()).unwrap_or_default())
+        .chain(std::iter::once(
+            CString::new("unknown result code").unwrap_or_default(),
+        ))
+        .collect()
+    })
+}
+
+fn get_error_string(result: c_int) -> *const c_char {
+    let all = error_strings();
+    let i = usize::try_from(result)
+        .ok()
+        .filter(|&i| i + 1 < all.len())
+        .unwrap_or(all.len() - 1);
+    all[i].as_ptr()
+}
+
+/// `ncclGetErrorString`: a static string for every code (unknown codes included).
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
+    catch_unwind(|| get_error_string(result)).unwrap_or(std::ptr::null())
+}
+
+/// The profiling alias of `ncclGetErrorString`.
+#[no_mangle]
+pub extern "C" fn pncclGetErrorString(result: c_int) -> *const c_char {
+    ncclGetErrorString(result)
+}
+
+std::thread_local! {
+    static LAST: std::cell::RefCell<CString> = std::cell::RefCell::new(CString::default());
+}
+
+fn get_last_error() -> *const c_char {
+    let text = crate::error::last_error().replace('\0', " ");
+    LAST.with(|l| {
+        let mut l = l.borrow_mut();
+        *l = CString::new(text).unwrap_or_default();
+        l.as_ptr()
+    })
+}
+
+/// `ncclGetLastError`: the message of the last error in this process (`comm` is unused, as
+/// NCCL allows). The string stays valid until this thread's next call.
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(_comm: NcclComm) -> *const c_char {
+    catch_unwind(get_last_error).unwrap_or(std::ptr::null())
+}
+
+/// The profiling alias of `ncclGetLastError`.
+#[no_mangle]
+pub extern "C" fn pncclGetLastError(comm: NcclComm) -> *const c_char {
+    ncclGetLastError(comm)
+}

@@ -1,0 +1,230 @@
+/*
+ * nccl.h for nccl-rs: the C interface of libnccl.so.2 as built by nccl-rs (feature "capi").
+ * Written for this project after NCCL 2.25's documented API: same names, values and layouts,
+ * so that programs written against NVIDIA NCCL build and run against it unchanged.
+ * It needs no CUDA header: cudaStream_t is declared here as CUDA declares it.
+ */
+#ifndef NCCL_H_
+#define NCCL_H_
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define NCCL_MAJOR 2
+#define NCCL_MINOR 25
+#define NCCL_PATCH 3
+#define NCCL_SUFFIX ""
+
+/* Versions up to 2.8 were encoded X*1000+Y*100+Z, later ones X*10000+Y*100+Z. */
+#define NCCL_VERSION(X, Y, Z) \
+  (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
+#define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A CUDA stream (CUstream); the same declaration as the CUDA runtime's. */
+typedef struct CUstream_st* cudaStream_t;
+
+/* A communicator: an opaque handle. */
+typedef struct ncclComm* ncclComm_t;
+#define NCCL_COMM_NULL NULL
+
+#define NCCL_UNIQUE_ID_BYTES 128
+/* Made by ncclGetUniqueId on one rank and passed to every rank out of band. */
+typedef struct {
+  char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
+
+/* What every function returns. */
+typedef enum {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+  ncclInProgress = 7,
+  ncclNumResults = 8
+} ncclResult_t;
+
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+#define NCCL_CONFIG_UNDEF_PTR NULL
+#define NCCL_SPLIT_NOCOLOR -1
+
+/* Communicator options. Start from NCCL_CONFIG_INITIALIZER and set the fields wanted;
+ * the first three are filled by the initializer and never touched. */
+typedef struct ncclConfig_v22500 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;       /* 0: creation, split and finalize return ncclInProgress and complete
+                         in the background; poll ncclCommGetAsyncError */
+  int cgaClusterSize; /* 0 to 8 */
+  int minCTAs;        /* fewest CTAs (channels) a collective uses */
+  int maxCTAs;        /* most CTAs (channels) a collective uses */
+  const char* netName;
+  int splitShare;     /* 0 or 1 */
+  int trafficClass;
+  const char* commName;
+  int collnetEnable;  /* 0 or 1 */
+} ncclConfig_t;
+
+#define NCCL_CONFIG_INITIALIZER                                                      \
+  {                                                                                  \
+    sizeof(ncclConfig_t),                              /* size */                    \
+        0xcafebeef,                                    /* magic */                   \
+        NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */              \
+        NCCL_CONFIG_UNDEF_INT,                         /* blocking */                \
+        NCCL_CONFIG_UNDEF_INT,                         /* cgaClusterSize */          \
+        NCCL_CONFIG_UNDEF_INT,                         /* minCTAs */                 \
+        NCCL_CONFIG_UNDEF_INT,                         /* maxCTAs */                 \
+        NCCL_CONFIG_UNDEF_PTR,                         /* netName */                 \
+        NCCL_CONFIG_UNDEF_INT,                         /* splitShare */              \
+        NCCL_CONFIG_UNDEF_INT,                         /* trafficClass */            \
+        NCCL_CONFIG_UNDEF_PTR,                         /* commName */                \
+        NCCL_CONFIG_UNDEF_INT                          /* collnetEnable */           \
+  }
+
+/* Element types. */
+typedef enum {
+  ncclInt8 = 0,
+  ncclChar = 0,
+  ncclUint8 = 1,
+  ncclInt32 = 2,
+  ncclInt = 2,
+  ncclUint32 = 3,
+  ncclInt64 = 4,
+  ncclUint64 = 5,
+  ncclFloat16 = 6,
+  ncclHalf = 6,
+  ncclFloat32 = 7,
+  ncclFloat = 7,
+  ncclFloat64 = 8,
+  ncclDouble = 8,
+  ncclBfloat16 = 9,
+  ncclFloat8e4m3 = 10,
+  ncclFloat8e5m2 = 11,
+  ncclNumTypes = 12
+} ncclDataType_t;
+
+/* Reductions (built-in ones; user-defined operators are not provided yet). */
+typedef enum {
+  ncclSum = 0,
+  ncclProd = 1,
+  ncclMax = 2,
+  ncclMin = 3,
+  ncclAvg = 4,
+  ncclNumOps = 5,
+  ncclMaxRedOp = 0x7fffffff
+} ncclRedOp_t;
+
+/* Every function below also exists as pnccl<Name> (the profiling interface). */
+
+/* Version and errors */
+ncclResult_t ncclGetVersion(int* version);
+ncclResult_t pncclGetVersion(int* version);
+const char* ncclGetErrorString(ncclResult_t result);
+const char* pncclGetErrorString(ncclResult_t result);
+/* The message of the last error; comm may be NULL. */
+const char* ncclGetLastError(ncclComm_t comm);
+const char* pncclGetLastError(ncclComm_t comm);
+
+/* Communicator creation */
+ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
+ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId);
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config);
+ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                     ncclConfig_t* config);
+/* Several ids (each from ncclGetUniqueId), the same on every rank; each id's root serves a
+ * contiguous block of about nranks/nId ranks. */
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId* commIds, ncclConfig_t* config);
+ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                       ncclUniqueId* commIds, ncclConfig_t* config);
+/* ndev communicators of one process; devlist NULL means devices 0..ndev-1. */
+ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
+ncclResult_t pncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
+/* Ranks with the same color form a communicator, ordered by key then by rank in comm;
+ * NCCL_SPLIT_NOCOLOR gives *newcomm = NULL. config NULL inherits comm's options. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config);
+ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                            ncclConfig_t* config);
+
+/* Communicator end of life */
+ncclResult_t ncclCommFinalize(ncclComm_t comm);
+ncclResult_t pncclCommFinalize(ncclComm_t comm);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t pncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t pncclCommAbort(ncclComm_t comm);
+
+/* Communicator queries */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
+ncclResult_t pncclCommCount(const ncclComm_t comm, int* count);
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);
+ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device);
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
+ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank);
+
+/* Memory for NCCL buffers, on the current device */
+ncclResult_t ncclMemAlloc(void** ptr, size_t size);
+ncclResult_t pncclMemAlloc(void** ptr, size_t size);
+ncclResult_t ncclMemFree(void* ptr);
+ncclResult_t pncclMemFree(void* ptr);
+
+/* Collectives */
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                            cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                            ncclDataType_t datatype, int root, ncclComm_t comm,
+                            cudaStream_t stream);
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                        cudaStream_t stream);
+ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                         cudaStream_t stream);
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream);
+ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                cudaStream_t stream);
+
+/* Groups */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t pncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+ncclResult_t pncclGroupEnd(void);
+
+/* nccl-rs extensions, for programs without the CUDA runtime (on the CPU simulator, device
+ * memory is host memory and these stand in for cudaSetDevice / cudaStreamSynchronize). */
+ncclResult_t ncclRsSetDevice(int device);
+ncclResult_t ncclRsStreamSynchronize(cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NCCL_H_ */

@@ -1,0 +1,192 @@
+/* The C ABI on the simulator (NCCL_RS_BACKEND=sim): a program written against NCCL's API.
+ * Device memory of the simulator is host memory, so the buffers are filled and checked
+ * directly. Exits 0 and prints "capi ok" when every check passed. */
+#include <nccl.h>
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define EXPECT(cond, ...)                                  \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "%s:%d: FAILED %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+      failures++;                                          \
+    }                                                      \
+  } while (0)
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    ncclResult_t r_ = (call);                                                         \
+    if (r_ != ncclSuccess) {                                                          \
+      fprintf(stderr, "%s:%d: %s -> %d (%s): %s\n", __FILE__, __LINE__, #call, (int)r_, \
+              ncclGetErrorString(r_), ncclGetLastError(NULL));                        \
+      exit(1);                                                                        \
+    }                                                                                 \
+  } while (0)
+
+#define NDEV 2
+#define COUNT 1000
+
+/* The layout C sees must be the one the library reads. */
+_Static_assert(sizeof(ncclConfig_t) == 64, "ncclConfig_t size");
+_Static_assert(offsetof(ncclConfig_t, blocking) == 16, "blocking offset");
+_Static_assert(offsetof(ncclConfig_t, netName) == 32, "netName offset");
+_Static_assert(offsetof(ncclConfig_t, commName) == 48, "commName offset");
+_Static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId size");
+
+static void all_reduce_init_all(void) {
+  ncclComm_t comms[NDEV];
+  CHECK(ncclCommInitAll(comms, NDEV, NULL));
+  float* bufs[NDEV];
+  for (int i = 0; i < NDEV; i++) {
+    int n = -1, dev = -1, rank = -1;
+    CHECK(ncclCommCount(comms[i], &n));
+    CHECK(ncclCommCuDevice(comms[i], &dev));
+    CHECK(ncclCommUserRank(comms[i], &rank));
+    EXPECT(n == NDEV && dev == i && rank == i, "count %d device %d rank %d", n, dev, rank);
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclMemAlloc((void**)&bufs[i], COUNT * sizeof(float)));
+    for (int k = 0; k < COUNT; k++) bufs[i][k] = (float)(k % 97) + 0.5f * (float)i;
+  }
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++)
+    CHECK(ncclAllReduce(bufs[i], bufs[i], COUNT, ncclFloat, ncclSum, comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclRsStreamSynchronize(NULL));
+  }
+  for (int i = 0; i < NDEV; i++) {
+    int wrong = 0;
+    for (int k = 0; k < COUNT; k++) {
+      float want = 2.0f * (float)(k % 97) + 0.5f;
+      if (bufs[i][k] != want) wrong++;
+    }
+    EXPECT(wrong == 0, "rank %d: %d of %d wrong (first %f)", i, wrong, COUNT, bufs[i][0]);
+  }
+
+  /* Bad arguments come back as codes, with a message. */
+  EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, (ncclDataType_t)42, ncclSum, comms[0], NULL) ==
+             ncclInvalidArgument, "bad datatype");
+  EXPECT(strstr(ncclGetLastError(NULL), "datatype 42") != NULL, "message: %s",
+         ncclGetLastError(NULL));
+  EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, ncclFloat, (ncclRedOp_t)99, comms[0], NULL) ==
+             ncclInvalidArgument, "bad op");
+  EXPECT(ncclAllReduce(NULL, bufs[0], COUNT, ncclFloat, ncclSum, comms[0], NULL) ==
+             ncclInvalidArgument, "null sendbuff");
+  EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, ncclFloat, ncclSum, NULL, NULL) ==
+             ncclInvalidArgument, "null comm");
+  EXPECT(ncclCommCount(comms[0], NULL) == ncclInvalidArgument, "null count");
+
+  for (int i = 0; i < NDEV; i++) {
+    ncclResult_t state = ncclInternalError;
+    CHECK(ncclCommGetAsyncError(comms[i], &state));
+    EXPECT(state == ncclSuccess, "async error %d", (int)state);
+    CHECK(ncclMemFree(bufs[i]));
+  }
+  /* No finalize here: a blocking finalize waits for the other rank, driven by this thread. */
+  for (int i = 0; i < NDEV; i++) CHECK(ncclCommDestroy(comms[i]));
+}
+
+static void bad_arguments(void) {
+  int v = 0;
+  CHECK(ncclGetVersion(&v));
+  EXPECT(v == NCCL_VERSION_CODE && v == 22503, "version %d", v);
+  EXPECT(pncclGetVersion(&v) == ncclSuccess, "alias");
+  EXPECT(ncclGetVersion(NULL) == ncclInvalidArgument, "null version");
+  EXPECT(strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0, "%s",
+         ncclGetErrorString(ncclSuccess));
+  EXPECT(strlen(ncclGetErrorString((ncclResult_t)1234)) > 0, "unknown code string");
+  EXPECT(ncclGetUniqueId(NULL) == ncclInvalidArgument, "null id");
+  ncclUniqueId id;
+  CHECK(ncclGetUniqueId(&id));
+  ncclComm_t comm = NULL;
+  EXPECT(ncclCommInitRank(NULL, 2, id, 0) == ncclInvalidArgument, "null comm out");
+  EXPECT(ncclCommInitRank(&comm, 2, id, 5) == ncclInvalidArgument, "rank out of range");
+  EXPECT(comm == NULL, "no comm on failure");
+  EXPECT(ncclCommInitRank(&comm, -1, id, 0) == ncclInvalidArgument, "negative nranks");
+  ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+  bad.magic = 0;
+  EXPECT(ncclCommInitRankConfig(&comm, 1, id, 0, &bad) == ncclInvalidArgument, "bad magic");
+  ncclConfig_t bad2 = NCCL_CONFIG_INITIALIZER;
+  bad2.blocking = 3;
+  EXPECT(ncclCommInitRankConfig(&comm, 1, id, 0, &bad2) == ncclInvalidArgument, "bad blocking");
+  ncclUniqueId garbage;
+  memset(&garbage, 0x5a, sizeof garbage);
+  EXPECT(ncclCommInitRank(&comm, 1, garbage, 0) == ncclInvalidArgument, "garbage id");
+  EXPECT(ncclCommInitAll(NULL, 2, NULL) == ncclInvalidArgument, "null comms");
+  ncclComm_t one;
+  EXPECT(ncclCommInitAll(&one, 0, NULL) == ncclInvalidArgument, "zero devices");
+  EXPECT(ncclCommDestroy(NULL) == ncclInvalidArgument, "destroy null");
+  EXPECT(ncclCommAbort(NULL) == ncclInvalidArgument, "abort null");
+  EXPECT(ncclCommFinalize(NULL) == ncclInvalidArgument, "finalize null");
+  ncclResult_t st;
+  EXPECT(ncclCommGetAsyncError(NULL, &st) == ncclInvalidArgument, "async null");
+  EXPECT(ncclGroupEnd() == ncclInvalidUsage, "group end without start");
+  EXPECT(ncclCommInitRankScalable(&comm, 2, 0, 0, &id, NULL) == ncclInvalidArgument, "nId 0");
+  EXPECT(ncclCommInitRankScalable(&comm, 2, 0, 1, NULL, NULL) == ncclInvalidArgument,
+         "null ids");
+}
+
+/* A one-rank communicator, non-blocking: created in the background, polled to completion,
+ * split, finalized in the background and destroyed. */
+static void nonblocking_single_rank(void) {
+  ncclUniqueId id;
+  CHECK(ncclGetUniqueId(&id));
+  CHECK(ncclRsSetDevice(0));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  cfg.commName = "capi-nonblocking";
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, 1, id, 0, &cfg);
+  EXPECT(r == ncclInProgress || r == ncclSuccess, "init returned %d", (int)r);
+  EXPECT(comm != NULL, "handle before completion");
+  ncclResult_t state = ncclInProgress;
+  do {
+    CHECK(ncclCommGetAsyncError(comm, &state));
+  } while (state == ncclInProgress);
+  EXPECT(state == ncclSuccess, "state %d: %s", (int)state, ncclGetLastError(NULL));
+  int n = 0;
+  CHECK(ncclCommCount(comm, &n));
+  EXPECT(n == 1, "count %d", n);
+
+  ncclComm_t child = NULL, none = (ncclComm_t)1;
+  r = ncclCommSplit(comm, 0, 0, &child, NULL);
+  EXPECT(r == ncclInProgress || r == ncclSuccess, "split returned %d", (int)r);
+  do {
+    CHECK(ncclCommGetAsyncError(child, &state));
+  } while (state == ncclInProgress);
+  EXPECT(state == ncclSuccess, "child state %d", (int)state);
+  CHECK(ncclCommUserRank(child, &n));
+  EXPECT(n == 0, "child rank %d", n);
+  CHECK(ncclCommSplit(comm, NCCL_SPLIT_NOCOLOR, 0, &none, NULL));
+  EXPECT(none == NULL, "NOCOLOR gives NULL");
+
+  r = ncclCommFinalize(comm);
+  EXPECT(r == ncclInProgress || r == ncclSuccess, "finalize returned %d", (int)r);
+  do {
+    CHECK(ncclCommGetAsyncError(comm, &state));
+  } while (state == ncclInProgress);
+  EXPECT(state == ncclSuccess, "finalize state %d", (int)state);
+  EXPECT(ncclCommFinalize(comm) == ncclInvalidUsage, "second finalize");
+  CHECK(ncclCommDestroy(comm));
+  CHECK(ncclCommAbort(child));
+}
+
+int main(void) {
+  bad_arguments();
+  all_reduce_init_all();
+  nonblocking_single_rank();
+  if (failures) {
+    fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  printf("capi ok\n");
+  return 0;
+}
