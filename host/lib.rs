@@ -151,6 +151,47 @@ impl Comm {
         enqueue::collective(self, call)
     }
 
+    /// `ncclSend`: sends `count` elements of `send` to rank `peer`, which posts a matching
+    /// [`Comm::recv`]. Inside a group, all sends and receives go out together at its end.
+    pub fn send(
+        &self,
+        send: DevPtr,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        enqueue::p2p::submit(
+            self,
+            transport::links::Dir::Send,
+            send,
+            count,
+            dtype,
+            peer,
+            stream,
+        )
+    }
+
+    /// `ncclRecv`: receives `count` elements from rank `peer` into `recv`.
+    pub fn recv(
+        &self,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        enqueue::p2p::submit(
+            self,
+            transport::links::Dir::Recv,
+            recv,
+            count,
+            dtype,
+            peer,
+            stream,
+        )
+    }
+
     /// `ncclReduceScatter`: reduces every rank's `send` (nranks × count elements) and leaves
     /// block `rank` (count elements) in each rank's `recv`.
     #[allow(clippy::too_many_arguments)]

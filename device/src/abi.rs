@@ -122,7 +122,58 @@ impl Coll {
     }
 }
 
+/// Most point-to-point work items (one CTA each) in one launch.
+pub const MAX_P2P_ITEMS: usize = 64;
+
+/// What a point-to-point work item does.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum P2pKind {
+    /// Push `bytes` from `buff` through the ConnSend at `conn`.
+    Send = 0,
+    /// Pull `bytes` into `buff` through the ConnRecv at `conn`.
+    Recv = 1,
+    /// A send to ourselves: copy `bytes` from `src` to `buff`.
+    Copy = 2,
+}
+
+/// One CTA's share of a group's sends and receives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pItem {
+    /// `*mut ConnSend` or `*mut ConnRecv` in device memory (unused by Copy).
+    pub conn: u64,
+    pub buff: u64,
+    /// The source of a Copy.
+    pub src: u64,
+    pub bytes: u64,
+    pub kind: u32,
+    /// Bytes of one FIFO slot of this connection.
+    pub slot_bytes: u32,
+}
+
+/// The arguments of a point-to-point launch (grid = `nitems`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct P2pArgs {
+    pub nitems: u32,
+    pub _pad: u32,
+    pub items: [P2pItem; MAX_P2P_ITEMS],
+}
+
+impl Default for P2pArgs {
+    fn default() -> Self {
+        P2pArgs {
+            nitems: 0,
+            _pad: 0,
+            items: [P2pItem::default(); MAX_P2P_ITEMS],
+        }
+    }
+}
+
 const _: () = {
+    assert!(core::mem::size_of::<P2pItem>() == 40);
+    assert!(core::mem::size_of::<P2pArgs>() == 8 + 40 * MAX_P2P_ITEMS);
     assert!(core::mem::size_of::<ConnSend>() == 32);
     assert!(core::mem::size_of::<ConnRecv>() == 32);
     assert!(core::mem::size_of::<ChannelDev>() == 88);

@@ -1,7 +1,7 @@
 //! The PTX entry points: one kernel per (element type, reduction), each a thin call into the
 //! generic collective code, which picks the collective from its arguments.
 
-use crate::abi::CollArgs;
+use crate::abi::{CollArgs, P2pArgs};
 
 macro_rules! coll_kernel {
     ($tn:ident, $t:ty, $on:ident, $op:ty) => {
@@ -21,3 +21,9 @@ macro_rules! paste_kernel {
 }
 
 crate::for_each_type_op!(coll_kernel);
+
+/// Sends and receives of a group (one CTA per work item).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn nccl_p2p(args: P2pArgs) {
+    crate::coll::send_recv::run(&args)
+}

@@ -16,6 +16,7 @@ pub use pending::{Launch, PendingComm};
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
 use crate::cuda::{DevBuffer, Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
+use crate::transport::links::Links;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS};
 use nccl_device::ops::RedOpKind;
@@ -23,7 +24,7 @@ use nccl_device::types::DataType;
 use peer::PeerInfo;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Launch shape and buffer sizes, decided by rank 0's parameters so every rank agrees.
@@ -87,7 +88,9 @@ pub struct Comm {
     pub(crate) nranks: usize,
     pub(crate) device: Device,
     pub(crate) shape: Shape,
-    pub(crate) bootstrap: Bootstrap,
+    pub(crate) bootstrap: Arc<Bootstrap>,
+    /// Point-to-point connections to any peer, made on first use.
+    pub(crate) links: Arc<Links>,
     /// DevComm followed by its ChannelDev array, in device memory.
     pub(crate) dev_comm: DevBuffer,
     _p2p: Option<P2p>,
@@ -172,18 +175,34 @@ impl Comm {
             nchannels: shape.nchannels as usize,
             slot_bytes: shape.slot_bytes as usize,
         };
+        let addrs: Vec<PeerAddr> = peers
+            .iter()
+            .map(|p| PeerAddr {
+                device: p.device,
+                same_process: p.same_process(&me),
+            })
+            .collect();
         let p2p = if nranks > 1 {
-            let addrs: Vec<PeerAddr> = peers
-                .iter()
-                .map(|p| PeerAddr {
-                    device: p.device,
-                    same_process: p.same_process(&me),
-                })
-                .collect();
             Some(P2p::setup(&device, &bootstrap, &addrs, prev, next, layout)?)
         } else {
             None
         };
+        // Send/receive connections, made on first use: a few per peer (more CTAs per message
+        // on GPUs), with FIFO slots a quarter of the ring's.
+        let bootstrap = Arc::new(bootstrap);
+        let nconns = if device.is_sim() {
+            1
+        } else {
+            (32 / nranks).clamp(1, 4)
+        };
+        let links = Arc::new(Links::new(
+            rank,
+            device.clone(),
+            bootstrap.clone(),
+            addrs,
+            nconns,
+            (shape.slot_bytes as usize / 4).max(4096),
+        ));
 
         let nch = shape.nchannels as usize;
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
@@ -230,6 +249,7 @@ impl Comm {
             device,
             shape,
             bootstrap,
+            links,
             dev_comm,
             _p2p: p2p,
             kernels: Mutex::new(HashMap::new()),

@@ -5,7 +5,7 @@
 
 use super::{DevPtr, DeviceProps, StreamHandle};
 use crate::error::{Error, Result};
-use nccl_device::abi::CollArgs;
+use nccl_device::abi::{CollArgs, P2pArgs};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -97,8 +97,12 @@ fn map_shm(name: &str, bytes: usize, create: bool) -> Result<u64> {
     }
 }
 
-/// Kernels the simulator knows, by PTX entry-point name.
-type Entry = unsafe fn(&CollArgs);
+/// Kernels the simulator knows, by PTX entry-point name, with their parameter type.
+#[derive(Clone, Copy)]
+enum Entry {
+    Coll(unsafe fn(&CollArgs)),
+    P2p(unsafe fn(&P2pArgs)),
+}
 
 fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
     static T: OnceLock<(Vec<Entry>, HashMap<String, usize>)> = OnceLock::new();
@@ -111,10 +115,12 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
                     concat!("nccl_coll_", stringify!($tn), "_", stringify!($on)).to_string(),
                     fns.len(),
                 );
-                fns.push(nccl_device::coll::run::<$t, $op> as Entry);
+                fns.push(Entry::Coll(nccl_device::coll::run::<$t, $op>));
             };
         }
         nccl_device::for_each_type_op!(add);
+        names.insert("nccl_p2p".to_string(), fns.len());
+        fns.push(Entry::P2p(nccl_device::coll::send_recv::run));
         (fns, names)
     })
 }
@@ -416,25 +422,36 @@ impl Device {
         arg: *const u8,
         size: usize,
     ) -> Result<()> {
-        if size != std::mem::size_of::<CollArgs>() {
-            return Err(Error::internal("simulated kernels take CollArgs"));
-        }
-        // SAFETY: the caller passes a CollArgs (checked by size) that we copy before returning.
-        let args: CollArgs = unsafe { std::ptr::read_unaligned(arg as *const CollArgs) };
         let entry = *kernel_table()
             .0
             .get(func)
             .ok_or_else(|| Error::internal("bad simulator kernel handle"))?;
+        // The parameter is copied now (as cuLaunchKernel does); its size must be the kernel's.
+        let body: Box<dyn Fn() + Send + Sync> = match entry {
+            Entry::Coll(f) if size == std::mem::size_of::<CollArgs>() => {
+                // SAFETY: the caller passes a parameter of the kernel's type (checked by size).
+                let a: CollArgs = unsafe { std::ptr::read_unaligned(arg as *const CollArgs) };
+                // SAFETY: the host wired `a` to live buffers and a communicator, as on a GPU.
+                Box::new(move || unsafe { f(&a) })
+            }
+            Entry::P2p(f) if size == std::mem::size_of::<P2pArgs>() => {
+                // SAFETY: as above.
+                let a: P2pArgs = unsafe { std::ptr::read_unaligned(arg as *const P2pArgs) };
+                // SAFETY: as above.
+                Box::new(move || unsafe { f(&a) })
+            }
+            _ => {
+                return Err(Error::internal(
+                    "simulated kernel launched with a parameter of the wrong size",
+                ))
+            }
+        };
         let s = self.stream(stream)?;
         s.push(Box::new(move || {
-            let body = move || {
-                // SAFETY: the host wired `args` to live buffers and a communicator, as on a GPU.
-                unsafe { entry(&args) }
-            };
+            let body = &*body;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 std::thread::scope(|sc| {
                     for b in 0..grid {
-                        let body = &body;
                         sc.spawn(move || nccl_device::arch::sim::run_cta(b, grid, block, body));
                     }
                 })

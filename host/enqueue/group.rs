@@ -16,6 +16,8 @@ struct GroupState {
     parallel: Vec<Job>,
     /// Jobs that run in issue order (collectives, point-to-point).
     ordered: Vec<Job>,
+    /// Sends and receives, launched together at the end.
+    p2p: Vec<super::p2p::P2pOp>,
     /// The first error raised inside the group, returned by the outermost end.
     error: Option<Error>,
 }
@@ -49,6 +51,15 @@ pub fn parallel(job: Job) -> Result<()> {
         return job();
     }
     GROUP.with(|g| g.borrow_mut().parallel.push(job));
+    Ok(())
+}
+
+/// Runs a send or receive now (a group of one), or with the group's others at its end.
+pub fn p2p(op: super::p2p::P2pOp) -> Result<()> {
+    if depth() == 0 {
+        return super::p2p::flush(vec![op]);
+    }
+    GROUP.with(|g| g.borrow_mut().p2p.push(op));
     Ok(())
 }
 
@@ -102,6 +113,11 @@ pub fn end() -> Result<()> {
                 first = Some(e);
                 break;
             }
+        }
+    }
+    if first.is_none() && !state.p2p.is_empty() {
+        if let Err(e) = super::p2p::flush(state.p2p) {
+            first = Some(e);
         }
     }
     match first {

@@ -2,6 +2,7 @@
 //! chunks, and launches on the user's stream (at once, or when the thread's group ends).
 
 pub mod group;
+pub mod p2p;
 
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
@@ -56,7 +57,13 @@ pub fn channels_for(bytes: usize, max: u32) -> u32 {
 }
 
 /// Checks one user buffer of `bytes` bytes for a call on `comm`.
-fn check_buffer(comm: &Comm, what: &str, p: DevPtr, bytes: usize, dt: DataType) -> Result<()> {
+pub(crate) fn check_buffer(
+    comm: &Comm,
+    what: &str,
+    p: DevPtr,
+    bytes: usize,
+    dt: DataType,
+) -> Result<()> {
     if p == 0 {
         return Err(Error::invalid_argument(format!("{what} is a null pointer")));
     }

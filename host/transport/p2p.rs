@@ -34,14 +34,58 @@ impl Layout {
     }
 }
 
-/// How a rank is reached: its block and whether it shares our process.
+/// How a rank is reached: its device and whether it shares our process.
+#[derive(Clone, Copy, Debug)]
 pub struct PeerAddr {
     pub device: i32,
     pub same_process: bool,
 }
 
-/// What one rank publishes about its block.
+/// What one rank publishes about a block of its device memory.
 const EXPORT_BYTES: usize = 64 + 8;
+
+/// The record that lets a peer reach `buf`: an IPC handle (for other processes) and the address
+/// (for peers in this process).
+pub fn export(device: &Device, buf: &DevBuffer) -> Result<Vec<u8>> {
+    let mut e = vec![0u8; EXPORT_BYTES];
+    e[..64].copy_from_slice(&device.ipc_handle(buf)?);
+    e[64..].copy_from_slice(&buf.ptr.to_le_bytes());
+    Ok(e)
+}
+
+/// Makes a peer's exported block addressable from `device`: peer access in this process, an
+/// IPC mapping (returned, to be kept alive) across processes.
+pub fn import(
+    device: &Device,
+    peer: &PeerAddr,
+    record: &[u8],
+) -> Result<(DevPtr, Option<IpcMapping>)> {
+    if record.len() != EXPORT_BYTES {
+        return Err(Error::remote(format!(
+            "malformed p2p connection record ({} bytes)",
+            record.len()
+        )));
+    }
+    if peer.same_process {
+        let other = Device::open(peer.device)?;
+        if other.ordinal != device.ordinal {
+            if !device.can_access_peer(&other)? {
+                return Err(Error::system(format!(
+                    "GPU {} cannot access GPU {} (no peer-to-peer path); only p2p is implemented",
+                    device.ordinal, other.ordinal
+                )));
+            }
+            device.enable_peer_access(&other)?;
+        }
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&record[64..72]);
+        return Ok((u64::from_le_bytes(a), None));
+    }
+    let mut handle = [0u8; 64];
+    handle.copy_from_slice(&record[..64]);
+    let m = device.open_ipc(&handle)?;
+    Ok((m.ptr, Some(m)))
+}
 
 /// The memory of a communicator's p2p connections: our block and the peers' blocks mapped.
 pub struct P2p {
@@ -65,40 +109,18 @@ impl P2p {
         layout: Layout,
     ) -> Result<P2p> {
         let own = device.alloc(layout.total())?;
-        let mut export = vec![0u8; EXPORT_BYTES];
-        export[..64].copy_from_slice(&device.ipc_handle(&own)?);
-        export[64..].copy_from_slice(&own.ptr.to_le_bytes());
-        let all = bootstrap.allgather(&export)?;
+        let all = bootstrap.allgather(&export(device, &own)?)?;
         let mut mappings = Vec::new();
         let mut base_of = |r: usize| -> Result<DevPtr> {
-            let e = all
-                .get(r)
-                .filter(|e| e.len() == EXPORT_BYTES)
-                .ok_or_else(|| {
-                    Error::remote(format!("rank {r} sent a malformed p2p connection record"))
-                })?;
             if r == bootstrap.rank() {
                 return Ok(own.ptr);
             }
-            if peers[r].same_process {
-                let peer = Device::open(peers[r].device)?;
-                if peer.ordinal != device.ordinal {
-                    if !device.can_access_peer(&peer)? {
-                        return Err(Error::system(format!(
-                            "GPU {} cannot access GPU {} (no peer-to-peer path); only p2p is implemented",
-                            device.ordinal, peer.ordinal
-                        )));
-                    }
-                    device.enable_peer_access(&peer)?;
-                }
-                return Ok(u64::from_le_bytes(e[64..72].try_into().unwrap_or_default()));
-            }
-            let handle: [u8; 64] = e[..64].try_into().unwrap_or([0; 64]);
-            let m = device
-                .open_ipc(&handle)
-                .map_err(|err| err.context(format!("mapping rank {r}'s buffers")))?;
-            let p = m.ptr;
-            mappings.push(m);
+            let e = all
+                .get(r)
+                .ok_or_else(|| Error::remote(format!("no p2p connection record from rank {r}")))?;
+            let (p, m) = import(device, &peers[r], e)
+                .map_err(|err| err.context(format!("rank {r}'s buffers")))?;
+            mappings.extend(m);
             Ok(p)
         };
         let prev_base = base_of(prev)?;

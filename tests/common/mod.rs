@@ -601,3 +601,103 @@ pub mod procs {
         );
     }
 }
+
+/// All-to-all through ncclSend/ncclRecv in one group, a different size for every (sender,
+/// receiver) pair (`scale` elements and up), self included; checks every received block.
+pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(), String> {
+    let n = ranks.comms[0].count();
+    let count = |from: usize, to: usize| scale + 7 * from + 3 * to;
+    let value = |from: usize, to: usize, i: usize| ((from * 1000 + to) * 100_000 + i) as i32;
+    let e = |e: nccl::Error| e.to_string();
+    // Per local rank: (send buffers by peer, recv buffers by peer).
+    let mut bufs = Vec::new();
+    for c in &ranks.comms {
+        let r = c.rank();
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for p in 0..n {
+            let data: Vec<i32> = (0..count(r, p)).map(|i| value(r, p, i)).collect();
+            let s = c.device().alloc(data.len() * 4).map_err(e)?;
+            s.write(0, to_bytes(&data)).map_err(e)?;
+            let rb = c.device().alloc(count(p, r) * 4).map_err(e)?;
+            rb.write(0, &vec![0xA5; count(p, r) * 4]).map_err(e)?;
+            sends.push(s);
+            recvs.push(rb);
+        }
+        bufs.push((sends, recvs));
+    }
+    let issue = |i: usize| -> Result<(), String> {
+        let c = &ranks.comms[i];
+        let r = c.rank();
+        for p in 0..n {
+            c.send(
+                bufs[i].0[p].ptr,
+                count(r, p),
+                DataType::Int32,
+                p,
+                ranks.streams[i],
+            )
+            .map_err(e)?;
+            c.recv(
+                bufs[i].1[p].ptr,
+                count(p, r),
+                DataType::Int32,
+                p,
+                ranks.streams[i],
+            )
+            .map_err(e)?;
+        }
+        Ok(())
+    };
+    match drive {
+        Drive::ThreadPerRank => {
+            let rs: Vec<Result<(), String>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..ranks.comms.len())
+                    .map(|i| {
+                        let issue = &issue;
+                        s.spawn(move || {
+                            nccl::group_start();
+                            let r = issue(i);
+                            let end = nccl::group_end().map_err(e);
+                            r.and(end)
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err("rank thread panicked".into()))
+                    })
+                    .collect()
+            });
+            rs.into_iter().collect::<Result<Vec<_>, _>>()?;
+        }
+        _ => {
+            nccl::group_start();
+            let r = (0..ranks.comms.len()).try_for_each(issue);
+            let end = nccl::group_end().map_err(e);
+            r?;
+            end?;
+        }
+    }
+    for (i, c) in ranks.comms.iter().enumerate() {
+        c.device().stream_sync(ranks.streams[i]).map_err(e)?;
+        let r = c.rank();
+        for p in 0..n {
+            let mut out = vec![0u8; count(p, r) * 4];
+            c.device()
+                .copy_dtoh(&mut out, bufs[i].1[p].ptr)
+                .map_err(e)?;
+            let got = from_bytes::<i32>(&out);
+            if let Some(k) = (0..got.len()).find(|&k| got[k] != value(p, r, k)) {
+                return Err(format!(
+                    "all-to-all, {n} ranks: rank {r} from {p}: element {k} of {} is {} want {}",
+                    got.len(),
+                    got[k],
+                    value(p, r, k)
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -14,7 +14,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     let me = k.rank_upstream(0);
     let own = output.add(me * count);
     if nranks == 1 {
-        if input != own as *const T {
+        if !core::ptr::eq(input, own) {
             k.local_copy(input.add(k.start), own.add(k.start), k.end - k.start);
         }
         return;
@@ -26,7 +26,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     let mut off = k.start;
     while off < k.end {
         let n = core::cmp::min(chunk, k.end - off);
-        let out = if input == own as *const T {
+        let out = if core::ptr::eq(input, own) {
             core::ptr::null_mut()
         } else {
             own.add(off)

@@ -12,7 +12,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     let (nranks, input, output) = (k.nranks, k.input, k.output);
     let d = k.distance_from(k.args.root as usize);
     if nranks == 1 {
-        if input != output as *const T {
+        if !core::ptr::eq(input, output) {
             k.local_copy(input.add(k.start), output.add(k.start), k.end - k.start);
         }
         return;
@@ -25,7 +25,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     while off < k.end {
         let n = core::cmp::min(chunk, k.end - off);
         if d == 0 {
-            let out = if input == output as *const T {
+            let out = if core::ptr::eq(input, output) {
                 core::ptr::null_mut()
             } else {
                 output.add(off)

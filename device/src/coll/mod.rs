@@ -7,6 +7,7 @@ pub mod all_reduce;
 pub mod broadcast;
 pub mod reduce;
 pub mod reduce_scatter;
+pub mod send_recv;
 
 use crate::abi::{ChannelDev, Coll, CollArgs, DevComm};
 use crate::arch;

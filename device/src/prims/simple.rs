@@ -4,16 +4,17 @@
 //! control runs the other way: the receiver releases `head` once it has consumed a slot, and a
 //! sender never runs more than NCCL_STEPS slots ahead of it.
 
-use crate::abi::{ChannelDev, NCCL_STEPS};
+use crate::abi::{ChannelDev, ConnRecv, ConnSend, NCCL_STEPS};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
 use crate::types::Elem;
 
-/// One channel's send connection (to the ring's next) and receive connection (from its prev),
-/// with the step counters this CTA advances.
+/// A send connection and a receive connection (either may be absent: null), with the step
+/// counters this CTA advances.
 pub struct Simple {
-    ch: *mut ChannelDev,
+    send: *mut ConnSend,
+    recv: *mut ConnRecv,
     slot_bytes: usize,
     send_step: u64,
     recv_step: u64,
@@ -22,15 +23,27 @@ pub struct Simple {
 }
 
 impl Simple {
+    /// The ring connections of a channel.
+    ///
     /// # Safety
     /// `ch` points at this CTA's channel in device memory, wired by the host.
     #[inline(always)]
     pub unsafe fn new(ch: *mut ChannelDev, slot_bytes: u32) -> Simple {
+        Simple::on(&mut (*ch).send, &mut (*ch).recv, slot_bytes)
+    }
+
+    /// Any pair of connections; a null one is never touched.
+    ///
+    /// # Safety
+    /// Non-null pointers point at connections in device memory, wired by the host.
+    #[inline(always)]
+    pub unsafe fn on(send: *mut ConnSend, recv: *mut ConnRecv, slot_bytes: u32) -> Simple {
         Simple {
-            ch,
+            send,
+            recv,
             slot_bytes: slot_bytes as usize,
-            send_step: (*ch).send.step,
-            recv_step: (*ch).recv.step,
+            send_step: if send.is_null() { 0 } else { (*send).step },
+            recv_step: if recv.is_null() { 0 } else { (*recv).step },
             tid: arch::thread_idx() as usize,
             nthreads: arch::block_dim() as usize,
         }
@@ -58,16 +71,16 @@ impl Simple {
         mut mv: Move<T>,
         n: usize,
     ) {
-        let ch = self.ch;
+        let (sc, rc) = (self.send, self.recv);
         if self.tid == 0 {
             if recv {
-                let tail = (*ch).recv.tail as *const u64;
+                let tail = (*rc).tail as *const u64;
                 while arch::ld_acquire_sys(tail) <= self.recv_step {
                     arch::spin_pause();
                 }
             }
             if send {
-                let head = (*ch).send.head as *const u64;
+                let head = (*sc).head as *const u64;
                 while arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) <= self.send_step {
                     arch::spin_pause();
                 }
@@ -75,19 +88,19 @@ impl Simple {
         }
         arch::sync_threads();
         if recv {
-            mv.recv = self.slot((*ch).recv.fifo, self.recv_step) as *const T;
+            mv.recv = self.slot((*rc).fifo, self.recv_step) as *const T;
         }
         if send {
-            mv.send = self.slot((*ch).send.fifo, self.send_step) as *mut T;
+            mv.send = self.slot((*sc).fifo, self.send_step) as *mut T;
         }
         mv.run(op, n, self.tid, self.nthreads);
         arch::sync_threads();
         if self.tid == 0 {
             if send {
-                arch::st_release_sys((*ch).send.tail as *mut u64, self.send_step + 1);
+                arch::st_release_sys((*sc).tail as *mut u64, self.send_step + 1);
             }
             if recv {
-                arch::st_release_sys((*ch).recv.head as *mut u64, self.recv_step + 1);
+                arch::st_release_sys((*rc).head as *mut u64, self.recv_step + 1);
             }
         }
         if send {
@@ -102,8 +115,12 @@ impl Simple {
     #[inline(always)]
     pub unsafe fn finish(self) {
         if self.tid == 0 {
-            (*self.ch).send.step = self.send_step;
-            (*self.ch).recv.step = self.recv_step;
+            if !self.send.is_null() {
+                (*self.send).step = self.send_step;
+            }
+            if !self.recv.is_null() {
+                (*self.recv).step = self.recv_step;
+            }
         }
     }
 }

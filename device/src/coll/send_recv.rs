@@ -1,0 +1,79 @@
+//! Point-to-point: each CTA runs one work item of a group — a send or a receive of a byte range
+//! over one connection to one peer, step by step with the Simple protocol — or a copy for a send
+//! to ourselves.
+
+use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pKind};
+use crate::arch;
+use crate::ops::Sum;
+use crate::prims::copy::Move;
+use crate::prims::Simple;
+
+/// # Safety
+/// `args` holds items wired by the host; the peer runs the matching item with the same size.
+pub unsafe fn run(args: &P2pArgs) {
+    let b = arch::block_idx() as usize;
+    if b >= args.nitems as usize {
+        return;
+    }
+    let it = args.items[b];
+    let (tid, nthreads) = (arch::thread_idx() as usize, arch::block_dim() as usize);
+    let bytes = it.bytes as usize;
+    let none = Move::<u8>::none();
+    if it.kind == P2pKind::Copy as u32 {
+        Move {
+            input: it.src as *const u8,
+            output: it.buff as *mut u8,
+            ..none
+        }
+        .run(&Sum, bytes, tid, nthreads);
+        return;
+    }
+    let send = it.kind == P2pKind::Send as u32;
+    let mut prims = if send {
+        Simple::on(
+            it.conn as *mut ConnSend,
+            core::ptr::null_mut(),
+            it.slot_bytes,
+        )
+    } else {
+        Simple::on(
+            core::ptr::null_mut(),
+            it.conn as *mut ConnRecv,
+            it.slot_bytes,
+        )
+    };
+    let chunk = it.slot_bytes as usize;
+    let mut off = 0;
+    // A zero-byte message still takes one step, so that both sides agree on the step count.
+    loop {
+        let n = core::cmp::min(chunk, bytes - off);
+        if send {
+            prims.step(
+                &Sum,
+                false,
+                true,
+                Move {
+                    input: (it.buff as *const u8).add(off),
+                    ..none
+                },
+                n,
+            );
+        } else {
+            prims.step(
+                &Sum,
+                true,
+                false,
+                Move {
+                    output: (it.buff as *mut u8).add(off),
+                    ..none
+                },
+                n,
+            );
+        }
+        off += n;
+        if off >= bytes {
+            break;
+        }
+    }
+    prims.finish();
+}

@@ -1,0 +1,185 @@
+//! Point-to-point connections between any two ranks, made on first use. For each (peer,
+//! direction) a rank keeps `nconns` connections; a receiving side owns the FIFOs and tail
+//! counters, a sending side owns the head counters, exactly as on the ring (see `p2p`). The
+//! two sides meet through the bootstrap: each publishes its block, then maps the other's —
+//! all publications of a group first, then all waits, so two ranks connecting both ways at
+//! once never wait on each other.
+
+use super::p2p::{export, import, PeerAddr};
+use crate::bootstrap::Bootstrap;
+use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
+use crate::error::{Error, Result};
+use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+const TAG_RECV_BLOCK: u32 = 0x7032_7001;
+const TAG_SEND_CTRL: u32 = 0x7032_7002;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dir {
+    Send,
+    Recv,
+}
+
+/// One connected (peer, direction): the Conn structures the kernel advances, and the memory
+/// behind them.
+struct Side {
+    /// `nconns` ConnSend or ConnRecv structures in device memory.
+    conns: DevBuffer,
+    _own: DevBuffer,
+    _mapping: Option<IpcMapping>,
+}
+
+/// Connections whose publication went out and whose peer side is still to be mapped.
+pub struct Started {
+    fresh: Vec<(usize, Dir)>,
+    owned: Vec<DevBuffer>,
+}
+
+pub struct Links {
+    rank: usize,
+    device: Device,
+    bootstrap: Arc<Bootstrap>,
+    peers: Vec<PeerAddr>,
+    /// Connections per (peer, direction): how many CTAs one message uses.
+    pub nconns: usize,
+    pub slot_bytes: usize,
+    sides: Mutex<HashMap<(usize, Dir), Side>>,
+}
+
+impl Links {
+    pub fn new(
+        rank: usize,
+        device: Device,
+        bootstrap: Arc<Bootstrap>,
+        peers: Vec<PeerAddr>,
+        nconns: usize,
+        slot_bytes: usize,
+    ) -> Links {
+        Links {
+            rank,
+            device,
+            bootstrap,
+            peers,
+            nconns: nconns.max(1),
+            slot_bytes,
+            sides: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn fifo_bytes(&self) -> usize {
+        NCCL_STEPS as usize * self.slot_bytes
+    }
+
+    /// The device address of connection `c` to/from `peer` (connected before).
+    pub fn conn(&self, peer: usize, dir: Dir, c: usize) -> Result<DevPtr> {
+        let sides = self
+            .sides
+            .lock()
+            .map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        let side = sides
+            .get(&(peer, dir))
+            .ok_or_else(|| Error::internal(format!("no {dir:?} connection with rank {peer}")))?;
+        Ok(side.conns.ptr + (c * std::mem::size_of::<ConnSend>()) as u64)
+    }
+
+    /// Starts connecting every (peer, direction) in `needs` that is not connected yet: our side
+    /// is allocated and published. [`Links::finish`] completes them. Several communicators
+    /// driven by one thread publish first and wait after, so none waits on a peer that has not
+    /// published yet.
+    pub fn start(&self, needs: &[(usize, Dir)]) -> Result<Started> {
+        let sides = self.sides.lock().map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        let mut fresh: Vec<(usize, Dir)> = Vec::new();
+        for &(peer, dir) in needs {
+            if peer >= self.peers.len() || peer == self.rank {
+                return Err(Error::internal(format!("p2p connection to rank {peer}")));
+            }
+            if !sides.contains_key(&(peer, dir)) && !fresh.contains(&(peer, dir)) {
+                fresh.push((peer, dir));
+            }
+        }
+        drop(sides);
+        let mut owned = Vec::with_capacity(fresh.len());
+        for &(peer, dir) in &fresh {
+            let (bytes, tag) = match dir {
+                // Tail lines, then the FIFOs.
+                Dir::Recv => (self.nconns * (CTRL_LINE + self.fifo_bytes()), TAG_RECV_BLOCK),
+                // Head lines.
+                Dir::Send => (self.nconns * CTRL_LINE, TAG_SEND_CTRL),
+            };
+            let own = self.device.alloc(bytes)?;
+            self.bootstrap.send(peer, tag, &export(&self.device, &own)?)?;
+            owned.push(own);
+        }
+        Ok(Started { fresh, owned })
+    }
+
+    /// Maps the peers' sides of what [`Links::start`] began and wires the connections.
+    pub fn finish(&self, started: Started) -> Result<()> {
+        let Started { fresh, owned } = started;
+        let mut sides = self.sides.lock().map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        // Map the other side of each and wire the connections.
+        for (&(peer, dir), own) in fresh.iter().zip(owned) {
+            let tag = if dir == Dir::Recv {
+                TAG_SEND_CTRL
+            } else {
+                TAG_RECV_BLOCK
+            };
+            let record = self
+                .bootstrap
+                .recv(peer, tag)
+                .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
+            let (theirs, mapping) = import(&self.device, &self.peers[peer], &record)?;
+            let ctrl = |base: DevPtr, c: usize| base + (c * CTRL_LINE) as u64;
+            let fifo = |base: DevPtr, c: usize| {
+                base + (self.nconns * CTRL_LINE + c * self.fifo_bytes()) as u64
+            };
+            let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
+            for c in 0..self.nconns {
+                let words = match dir {
+                    Dir::Send => {
+                        let s = ConnSend {
+                            fifo: fifo(theirs, c),
+                            tail: ctrl(theirs, c),
+                            head: ctrl(own.ptr, c),
+                            step: 0,
+                        };
+                        [s.fifo, s.tail, s.head, s.step]
+                    }
+                    Dir::Recv => {
+                        let r = ConnRecv {
+                            fifo: fifo(own.ptr, c),
+                            tail: ctrl(own.ptr, c),
+                            head: ctrl(theirs, c),
+                            step: 0,
+                        };
+                        [r.fifo, r.tail, r.head, r.step]
+                    }
+                };
+                words
+                    .iter()
+                    .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));
+            }
+            let conns = self.device.alloc(raw.len())?;
+            conns.write(0, &raw)?;
+            sides.insert(
+                (peer, dir),
+                Side {
+                    conns,
+                    _own: own,
+                    _mapping: mapping,
+                },
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,69 @@
+//! ncclSend / ncclRecv on the simulator: all-to-all with a different size per pair (self
+//! included), as threads and processes, and bad peers.
+
+mod common;
+
+use common::{check_all_to_all, Drive, Ranks};
+use nccl::{Backend, Comm, DataType, NcclResult};
+
+fn sim_comms(n: usize) -> Ranks {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    Ranks::new(
+        Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init_all on the simulator"),
+    )
+}
+
+#[test]
+fn all_to_all_on_2_3_4_and_8_ranks() {
+    for (n, drive) in [
+        (2, Drive::OneThread),
+        (3, Drive::ThreadPerRank),
+        (4, Drive::OneThread),
+        (8, Drive::ThreadPerRank),
+    ] {
+        let ranks = sim_comms(n);
+        for scale in [0usize, 1, 5000] {
+            check_all_to_all(&ranks, scale, drive).unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Again on the same connections: the step counters carry over.
+        check_all_to_all(&ranks, 40_000, drive).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn all_to_all_as_processes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm =
+            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
+        let ranks = Ranks::new(vec![comm]);
+        for scale in [3usize, 9000] {
+            check_all_to_all(&ranks, scale, Drive::OneThread).unwrap_or_else(|e| panic!("{e}"));
+        }
+        return;
+    }
+    for n in [2usize, 4] {
+        common::procs::run("all_to_all_as_processes", n, &[]);
+    }
+}
+
+#[test]
+fn bad_peers_and_unmatched_self_sends() {
+    let ranks = sim_comms(2);
+    let c = &ranks.comms[0];
+    let b = c.device().alloc(64).unwrap();
+    let s = ranks.streams[0];
+    assert_eq!(
+        c.send(b.ptr, 4, DataType::Float32, 2, s).unwrap_err().code,
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(
+        c.recv(0, 4, DataType::Float32, 1, s).unwrap_err().code,
+        NcclResult::InvalidArgument
+    );
+    nccl::group_start();
+    c.send(b.ptr, 4, DataType::Float32, 0, s).unwrap();
+    let e = nccl::group_end().unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+}
