@@ -140,3 +140,14 @@ fn every_collective_on_2_and_4_gpus() {
         common::collective_matrix(&gpus(n), &[1, 13, 1021, (1 << 20) + 5], drive);
     }
 }
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn send_recv_all_to_all_on_2_and_4_gpus() {
+    for (n, drive) in [(2, Drive::OneThread), (4, Drive::ThreadPerRank)] {
+        let ranks = gpus(n);
+        for scale in [0usize, 1, 1000, 3 << 20] {
+            common::check_all_to_all(&ranks, scale, drive).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
