@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 enum Slot {
     Running,
-    Done(Result<Comm>),
+    Done(Box<Result<Comm>>),
     Taken,
 }
 
@@ -32,7 +32,7 @@ impl Shared {
                 c.abort();
             }
         }
-        *s = Slot::Done(r);
+        *s = Slot::Done(Box::new(r));
         self.done.notify_all();
     }
 }
@@ -108,8 +108,11 @@ impl PendingComm {
     pub fn state(&self) -> NcclResult {
         match &*lock(&self.shared.slot) {
             Slot::Running => NcclResult::InProgress,
-            Slot::Done(Ok(_)) | Slot::Taken => NcclResult::Success,
-            Slot::Done(Err(e)) => e.code,
+            Slot::Taken => NcclResult::Success,
+            Slot::Done(r) => match &**r {
+                Ok(_) => NcclResult::Success,
+                Err(e) => e.code,
+            },
         }
     }
 
@@ -119,7 +122,7 @@ impl PendingComm {
         match &*s {
             Slot::Running | Slot::Taken => None,
             Slot::Done(_) => match std::mem::replace(&mut *s, Slot::Taken) {
-                Slot::Done(r) => Some(r),
+                Slot::Done(r) => Some(*r),
                 _ => None,
             },
         }
@@ -140,7 +143,7 @@ impl PendingComm {
                 }
                 Slot::Done(_) => {
                     return match std::mem::replace(&mut *s, Slot::Taken) {
-                        Slot::Done(r) => r,
+                        Slot::Done(r) => *r,
                         _ => Err(Error::internal("pending communicator slot changed")),
                     }
                 }
@@ -152,8 +155,10 @@ impl PendingComm {
     /// communicator is aborted).
     pub fn abort(&self) {
         self.shared.abort.abort();
-        if let Slot::Done(Ok(c)) = &*lock(&self.shared.slot) {
-            c.abort();
+        if let Slot::Done(r) = &*lock(&self.shared.slot) {
+            if let Ok(c) = &**r {
+                c.abort();
+            }
         }
     }
 }

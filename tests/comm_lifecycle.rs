@@ -1,0 +1,307 @@
+//! Communicator lifecycle on the simulator: creation (bootstrap-backed init as threads and as
+//! processes, configs, several roots, non-blocking, inside groups), split, finalize, destroy,
+//! Drop.
+
+mod common;
+
+use common::{check_all_reduce, Drive, Ranks};
+use nccl::{Backend, Comm, Config, DataType, Device, NcclResult, ReduceOp, UniqueId};
+use std::time::{Duration, Instant};
+
+fn sim() {
+    // 16 simulated GPUs: every rank of a communicator needs a device of its own.
+    std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+}
+
+fn dev(i: usize) -> Device {
+    Device::open(i as i32).expect("open a simulated device")
+}
+
+/// Runs `f(rank)` on a thread per rank and returns the results in rank order.
+fn per_rank<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = (0..n).map(|r| s.spawn(move || f(r))).collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
+fn sum_ok(comms: Vec<Comm>, count: usize) {
+    let ranks = Ranks::new(comms);
+    check_all_reduce(
+        &ranks,
+        count,
+        DataType::Float32,
+        ReduceOp::Sum,
+        false,
+        count as u64,
+        Drive::ThreadPerRank,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn init_rank_config_as_threads() {
+    sim();
+    for n in [2usize, 5, 16] {
+        let id = nccl::get_unique_id().unwrap();
+        let config = Config {
+            max_ctas: Some(1),
+            comm_name: Some(format!("threads-{n}")),
+            ..Config::default()
+        };
+        let t = Instant::now();
+        let comms: Vec<Comm> = per_rank(n, |r| {
+            Comm::init_rank_config_on(dev(r), n, &id, r, &config).expect("init")
+        });
+        eprintln!("{n} ranks as threads: init in {:?}", t.elapsed());
+        for (r, c) in comms.iter().enumerate() {
+            assert_eq!((c.rank(), c.user_rank(), c.count()), (r, r, n));
+            assert_eq!(c.cu_device(), r as i32);
+            assert_eq!(c.shape().nchannels, 1, "maxCTAs bounds the channels");
+            assert_eq!(
+                c.config().comm_name.as_deref(),
+                Some(&*format!("threads-{n}"))
+            );
+            assert!(c.get_async_error().is_ok());
+        }
+        sum_ok(comms, 1000);
+    }
+}
+
+#[test]
+fn min_ctas_raises_the_channels() {
+    sim();
+    let id = nccl::get_unique_id().unwrap();
+    let config = Config {
+        min_ctas: Some(3),
+        max_ctas: Some(3),
+        ..Config::default()
+    };
+    let comms: Vec<Comm> = per_rank(2, |r| {
+        Comm::init_rank_config_on(dev(r), 2, &id, r, &config).expect("init")
+    });
+    assert!(comms.iter().all(|c| c.shape().nchannels == 3));
+    sum_ok(comms, 70_000);
+}
+
+#[test]
+fn ranks_as_processes_split_and_reduce() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        sim();
+        let comm = Comm::init_rank_config_on(dev(rank), nranks, &id, rank, &Config::default())
+            .expect("init in a child process");
+        // Two children: even and odd ranks, in reverse rank order.
+        let child = comm
+            .split((rank % 2) as i32, -(rank as i32), None)
+            .expect("split")
+            .expect("a color");
+        let size = nranks / 2 + (rank % 2 == 0 && nranks % 2 == 1) as usize;
+        assert_eq!(child.count(), size);
+        assert_eq!(child.rank(), size - 1 - rank / 2);
+        let ranks = Ranks::new(vec![child]);
+        check_all_reduce(
+            &ranks,
+            777,
+            DataType::Int32,
+            ReduceOp::Sum,
+            true,
+            5,
+            Drive::OneThread,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        drop(ranks);
+        comm.finalize().expect("finalize");
+        comm.destroy().expect("destroy");
+        return;
+    }
+    for n in [2usize, 4, 5] {
+        common::procs::run("ranks_as_processes_split_and_reduce", n, &[]);
+    }
+}
+
+#[test]
+fn split_colors_keys_and_nocolor() {
+    sim();
+    let n = 7;
+    let parents: Vec<Comm> = {
+        let id = nccl::get_unique_id().unwrap();
+        per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"))
+    };
+    // Rank 6 joins nothing; colors 0 and 1 alternate; keys reverse the order within a color,
+    // with a tie between ranks 0 and 2 (broken by parent rank).
+    let color = |r: usize| {
+        if r == 6 {
+            nccl::SPLIT_NOCOLOR
+        } else {
+            (r % 2) as i32
+        }
+    };
+    let key = |r: usize| if r == 2 { 10 } else { 10 - r as i32 };
+    let children: Vec<Option<Comm>> = per_rank(n, |r| {
+        parents[r].split(color(r), key(r), None).expect("split")
+    });
+    assert!(children[6].is_none());
+    // Color 0: ranks 0 (key 10), 2 (key 10), 4 (key 6) -> order 4, 0, 2.
+    let want: [(usize, usize); 6] = [(1, 3), (2, 3), (2, 3), (1, 3), (0, 3), (0, 3)];
+    for (r, (rank, count)) in want.iter().enumerate() {
+        let c = children[r].as_ref().expect("child");
+        assert_eq!((c.rank(), c.count()), (*rank, *count), "parent rank {r}");
+        assert_eq!(c.cu_device(), r as i32, "same device as the parent");
+    }
+    let mut by_color: [Vec<(usize, Comm)>; 2] = [Vec::new(), Vec::new()];
+    for (r, c) in children.into_iter().enumerate() {
+        if let Some(c) = c {
+            by_color[r % 2].push((c.rank(), c));
+        }
+    }
+    for mut v in by_color {
+        v.sort_by_key(|(r, _)| *r);
+        sum_ok(v.into_iter().map(|(_, c)| c).collect(), 4099);
+    }
+    // The parents still work after the split.
+    sum_ok(parents, 333);
+}
+
+#[test]
+fn invalid_color_fails_without_blocking_the_others() {
+    sim();
+    let id = nccl::get_unique_id().unwrap();
+    let parents: Vec<Comm> = per_rank(3, |r| Comm::init_rank_on(dev(r), 3, &id, r).expect("init"));
+    let res = per_rank(3, |r| {
+        parents[r].split(if r == 1 { -5 } else { 0 }, 0, None)
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        if r == 1 {
+            assert_eq!(x.unwrap_err().code, NcclResult::InvalidArgument);
+        } else {
+            assert_eq!(x.expect("split").expect("child").count(), 2);
+        }
+    }
+}
+
+#[test]
+fn scalable_init_with_four_roots() {
+    sim();
+    let n = 10;
+    let ids: Vec<UniqueId> = (0..4).map(|_| nccl::get_unique_id().unwrap()).collect();
+    let comms: Vec<Comm> = per_rank(n, |r| {
+        Comm::init_rank_scalable_on(dev(r), n, r, &ids, &Config::default()).expect("init")
+    });
+    sum_ok(comms, 5000);
+    // More ids than ranks is an argument error, at once.
+    let e = Comm::init_rank_scalable_on(dev(0), 2, 0, &ids, &Config::default()).unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+}
+
+#[test]
+fn nonblocking_init_polled_to_completion() {
+    sim();
+    let n = 4;
+    let id = nccl::get_unique_id().unwrap();
+    let config = Config::blocking(false);
+    // One thread starts every rank: only non-blocking creation makes that possible.
+    let pending: Vec<_> = (0..n)
+        .map(|r| Comm::start_init_rank_config_on(dev(r), n, &id, r, &config).expect("start"))
+        .collect();
+    let t = Instant::now();
+    while pending.iter().any(|p| p.state() == NcclResult::InProgress) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "init never completed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let comms: Vec<Comm> = pending
+        .iter()
+        .map(|p| {
+            assert_eq!(p.state(), NcclResult::Success);
+            p.try_take().expect("done").expect("init")
+        })
+        .collect();
+    assert!(pending[0].try_take().is_none(), "taken once");
+    sum_ok(comms, 100);
+}
+
+#[test]
+fn blocking_inits_inside_a_group_run_at_its_end() {
+    sim();
+    let n = 3;
+    let id = nccl::get_unique_id().unwrap();
+    nccl::group_start();
+    let pending: Vec<_> = (0..n)
+        .map(|r| {
+            Comm::start_init_rank_config_on(dev(r), n, &id, r, &Config::blocking(true))
+                .expect("start")
+        })
+        .collect();
+    assert!(pending.iter().all(|p| p.state() == NcclResult::InProgress));
+    nccl::group_end().expect("group end creates the communicators");
+    let comms: Vec<Comm> = pending.iter().map(|p| p.wait().expect("init")).collect();
+    sum_ok(comms, 64);
+}
+
+#[test]
+fn finalize_then_destroy_and_drop() {
+    sim();
+    let n = 3;
+    let id = nccl::get_unique_id().unwrap();
+    let comms: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
+    let bufs: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(4096).expect("alloc"))
+        .collect();
+    per_rank(n, |r| {
+        let c = &comms[r];
+        c.all_reduce(
+            bufs[r].ptr,
+            bufs[r].ptr,
+            1024,
+            DataType::Float32,
+            ReduceOp::Sum,
+            Default::default(),
+        )
+        .expect("all_reduce");
+        // finalize waits for the streams the communicator saw; until enqueue reports its
+        // launches (Comm::note_stream), wait here for this one.
+        c.device().stream_sync(Default::default()).expect("sync");
+        c.finalize().expect("finalize");
+        assert!(c.is_finalized());
+        let e = c
+            .all_reduce(
+                bufs[r].ptr,
+                bufs[r].ptr,
+                1,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+            .unwrap_err();
+        assert_eq!(e.code, NcclResult::InvalidUsage);
+        assert_eq!(c.finalize().unwrap_err().code, NcclResult::InvalidUsage);
+    });
+    let mut comms = comms;
+    let last = comms.pop().expect("a comm");
+    last.destroy().expect("destroy");
+    drop(comms); // Drop destroys the others
+    drop(bufs);
+}
+
+#[test]
+fn several_communicators_per_device_used_concurrently() {
+    sim();
+    let n = 2;
+    let (a, b) = (
+        nccl::get_unique_id().unwrap(),
+        nccl::get_unique_id().unwrap(),
+    );
+    let first: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &a, r).expect("init"));
+    let second: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &b, r).expect("init"));
+    std::thread::scope(|s| {
+        s.spawn(|| sum_ok(first, 3000));
+        s.spawn(|| sum_ok(second, 3001));
+    });
+}
