@@ -601,3 +601,30 @@ fn address_lists_round_trip() {
     assert!(wire::decode_addrs(&b, 3).is_err());
     assert!(wire::decode_addrs(&b[1..], 2).is_err());
 }
+
+#[test]
+fn one_hundred_twenty_eight_ranks_with_one_and_four_roots() {
+    for nids in [1usize, 4] {
+        let ids: Vec<UniqueId> = (0..nids).map(|_| get_unique_id().expect("id")).collect();
+        let ids = &ids;
+        let start = Instant::now();
+        let results: Vec<Result<bool>> = thread::scope(|s| {
+            let hs: Vec<_> = (0..128)
+                .map(|r| {
+                    s.spawn(move || {
+                        let bs = Bootstrap::init_scalable(ids, r, 128, T, &AbortFlag::new())?;
+                        let all = bs.allgather(&[r as u8])?;
+                        Ok(all.iter().enumerate().all(|(q, v)| v == &[q as u8]))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("join")).collect()
+        });
+        let took = start.elapsed();
+        eprintln!("128 ranks, {nids} roots: init + allgather in {took:?}");
+        for r in results {
+            assert!(r.expect("rank"));
+        }
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
+}
