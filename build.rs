@@ -18,6 +18,10 @@ fn main() {
     println!("cargo:rerun-if-changed=device/src");
     println!("cargo:rerun-if-changed=device/Cargo.toml");
     println!("cargo:rerun-if-env-changed=NCCL_RS_SKIP_PTX");
+    // The C ABI drop-in answers to NVIDIA's soname, so programs linked against it load ours.
+    if env::var_os("CARGO_FEATURE_CAPI").is_some() {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
+    }
 
     let mut table = String::from("/// (architecture, PTX text) for every architecture built.\npub static PTX: &[(u32, &str)] = &[\n");
     for arch in ARCHS {
@@ -39,7 +43,8 @@ fn main() {
 
 fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path) {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let target_dir = out.join("nvptx");
+    // One target directory per architecture: the PTX is picked up by name from it.
+    let target_dir = out.join(format!("nvptx-{arch}"));
     let mut cmd = Command::new(cargo);
     cmd.current_dir(manifest)
         .args([

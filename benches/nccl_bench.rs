@@ -3,8 +3,15 @@
 //!
 //! ```text
 //! cargo bench --bench nccl_bench -- -b 8 -e 128M -f 2 -g 4
-//! bench-nccl_bench -g 8 -d all -o sum --baseline /usr/lib/x86_64-linux-gnu/libnccl.so.2
+//! cargo bench --bench nccl_bench -- -C all_gather -g 4
+//! bench-nccl_bench -g 8 -C all -d all -o sum --baseline /usr/lib/x86_64-linux-gnu/libnccl.so.2
 //! ```
+//!
+//! Sizes follow nccl-tests: the size column is the largest buffer a rank touches (for AllGather
+//! and ReduceScatter, nranks × the per-rank count × the element size) and the count column is
+//! the count argument of the call (the per-rank count for AllGather and ReduceScatter). In-place
+//! calls use the receive buffer as NCCL defines it: AllGather's input is block `rank` of the
+//! output, ReduceScatter's output is block `rank` of the input.
 //!
 //! The backend is CUDA when the driver shows at least one GPU, else the CPU simulator (said so
 //! in the output). The simulator cannot be chosen after CUDA was probed in the same process, so
@@ -28,6 +35,9 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
+  -C, --collective NAME     all_reduce broadcast reduce all_gather reduce_scatter, or all
+                            (one table each); a comma-separated list works too [all_reduce]
+  -r, --root N              root rank of broadcast and reduce [0]
   -b, --minbytes SIZE       smallest size, bytes (K/M/G suffixes: powers of 1024) [8]
   -e, --maxbytes SIZE       largest size [128M; 1M on the simulator]
   -f, --stepfactor N        multiply the size by N at each step [2]
@@ -174,6 +184,8 @@ impl Op {
 }
 
 struct Args {
+    colls: Vec<Collective>,
+    root: usize,
     min_bytes: usize,
     max_bytes: Option<usize>,
     step_factor: usize,
@@ -263,9 +275,28 @@ fn parse_ops(s: &str) -> Result<Vec<Op>, String> {
         .collect()
 }
 
+fn parse_collectives(s: &str) -> Result<Vec<Collective>, String> {
+    if s.trim().eq_ignore_ascii_case("all") {
+        return Ok(Collective::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|n| {
+            Collective::parse(n.trim()).ok_or_else(|| {
+                let names: Vec<&str> = Collective::ALL.iter().map(|c| c.test_name()).collect();
+                format!(
+                    "unknown collective '{n}' (one of {}, or all)",
+                    names.join(" ")
+                )
+            })
+        })
+        .collect()
+}
+
 /// The arguments, or None for `--help`.
 fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
     let mut a = Args {
+        colls: vec![Collective::AllReduce],
+        root: 0,
         min_bytes: 8,
         max_bytes: None,
         step_factor: 2,
@@ -312,6 +343,8 @@ fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                 'o' => "op",
                 'c' => "check",
                 't' => "mode",
+                'C' => "collective",
+                'r' => "root",
                 _ => return Err(format!("unknown option '{arg}'")),
             };
             let v = chars.as_str();
@@ -330,6 +363,8 @@ fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "op",
             "check",
             "mode",
+            "collective",
+            "root",
             "baseline",
             "backend",
         ];
@@ -371,6 +406,8 @@ fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                     v => return Err(format!("--mode: '{v}' (use thread or threads)")),
                 }
             }
+            "collective" => a.colls = parse_collectives(&value)?,
+            "root" => a.root = parse_number(&value, "--root")?,
             "baseline" => a.baseline = Some(PathBuf::from(value)),
             "backend" => {
                 a.backend = Some(match value.trim() {
@@ -552,17 +589,57 @@ fn decode<T: Elem>(b: &[u8]) -> T {
     T::from_bits(u64::from_le_bytes(w))
 }
 
-/// What one check uploads and expects, one period of each, encoded as device bytes.
+/// What one check uploads and compares with, one period of each, encoded as device bytes.
 struct CheckData {
     dt: DataType,
     /// Each rank's input.
     inputs: Vec<Vec<u8>>,
-    /// Each rank's expected output (AllReduce: the same on every rank).
-    want: Vec<Vec<u8>>,
-    /// Per-element tolerance (0 for exact).
+    /// The element-wise reduction of every rank's input (what AllReduce, Reduce and
+    /// ReduceScatter produce).
+    reduced: Vec<u8>,
+    /// Per-element tolerance of `reduced` (0 for exact).
     tol: Vec<f64>,
-    /// Each rank's output poison: every element differs from the expected one.
-    poison: Vec<Vec<u8>>,
+}
+
+/// Where a stretch of a rank's expected output comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Src {
+    /// A rank's input, copied exactly.
+    Input(usize),
+    /// The reduction of every input, within the tolerance.
+    Reduced,
+}
+
+/// `elems` elements of a rank's output: the period of `src`, starting at element `phase` of it.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    src: Src,
+    phase: usize,
+    elems: usize,
+}
+
+/// A rank's expected output: its stretches in order (covering the whole output), and whether
+/// the collective defines it at all (Reduce leaves non-root outputs alone).
+struct Expect {
+    segs: Vec<Seg>,
+    defined: bool,
+}
+
+impl CheckData {
+    /// The period of `src` rotated to start at element `phase`, and its tolerance (None: the
+    /// bytes must match exactly).
+    fn pattern(&self, src: Src, phase: usize) -> (Vec<u8>, Option<Vec<f64>>) {
+        let size = self.dt.size();
+        let k = phase % PERIOD;
+        let rotate = |v: &[u8]| [&v[k * size..], &v[..k * size]].concat();
+        match src {
+            Src::Input(r) => (rotate(&self.inputs[r]), None),
+            Src::Reduced => (
+                rotate(&self.reduced),
+                Some([&self.tol[k..], &self.tol[..k]].concat()),
+            ),
+        }
+    }
 }
 
 fn make_inputs<T: Elem>(op: Op, seed: u64, rank: usize) -> Vec<T> {
@@ -627,8 +704,8 @@ fn reduce_ref<T: Elem>(inputs: &[Vec<T>], op: Op, dt: DataType) -> (Vec<T>, Vec<
         .unzip()
 }
 
-/// Elements of `got` (a whole output, periodic expectation `want`) outside the tolerance.
-fn count_wrong<T: Elem>(got: &[u8], want: &[u8], tol: &[f64]) -> usize {
+/// Elements of `got` (periodic expectation `want`) outside the tolerance; `tol` None: exact.
+fn count_wrong<T: Elem>(got: &[u8], want: &[u8], tol: Option<&[f64]>) -> usize {
     let size = std::mem::size_of::<T>();
     let mut wrong = 0;
     for chunk in got.chunks(want.len()) {
@@ -644,10 +721,10 @@ fn count_wrong<T: Elem>(got: &[u8], want: &[u8], tol: &[f64]) -> usize {
             if g == w {
                 continue;
             }
-            if !T::IS_FLOAT {
+            let Some(tol) = tol.filter(|_| T::IS_FLOAT) else {
                 wrong += 1;
                 continue;
-            }
+            };
             let (g, w) = (decode::<T>(g).to_f64(), decode::<T>(w).to_f64());
             if !((g - w).abs() <= tol[k] || (g.is_nan() && w.is_nan())) {
                 wrong += 1;
@@ -669,27 +746,63 @@ fn tile(period: &[u8], out: &mut [u8]) {
 // ------------------------------------------------------------------------------------------
 
 /// A collective the table can measure: its sizes, its bus-bandwidth factor, how to launch it on
-/// either library and what it should produce. Broadcast, Reduce, AllGather, ReduceScatter and
-/// SendRecv join here as the library grows.
+/// either library and what it should produce. SendRecv joins here as the library grows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Collective {
     AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
 }
 
 /// The element counts of one test of a collective.
 #[derive(Clone, Copy, Debug)]
 struct Counts {
-    /// The count argument of the call.
+    /// The count argument of the call (per rank for AllGather and ReduceScatter).
     count: usize,
-    /// Bytes the table reports as the size (algbw = size / time).
+    /// Bytes the table reports as the size (algbw = size / time): as nccl-tests, the larger of
+    /// a rank's input and output.
     size_bytes: usize,
 }
 
 impl Collective {
+    const ALL: [Collective; 5] = [
+        Collective::AllReduce,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Collective::AllReduce => "AllReduce",
+            Collective::Broadcast => "Broadcast",
+            Collective::Reduce => "Reduce",
+            Collective::AllGather => "AllGather",
+            Collective::ReduceScatter => "ReduceScatter",
         }
+    }
+
+    /// The name nccl-tests gives its test (`all_gather` for `all_gather_perf`).
+    fn test_name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+        }
+    }
+
+    /// `all_gather`, `allgather`, `AllGather`, `all-gather`.
+    fn parse(s: &str) -> Option<Collective> {
+        let key = |t: &str| t.replace(['_', '-'], "").to_ascii_lowercase();
+        let k = key(s);
+        Collective::ALL
+            .into_iter()
+            .find(|c| key(c.test_name()) == k)
     }
 
     /// busbw = algbw * factor: what each link carries, comparable across rank counts.
@@ -697,72 +810,134 @@ impl Collective {
         let n = nranks as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter => (n - 1.0) / n,
+            Collective::Broadcast | Collective::Reduce => 1.0,
         }
     }
 
     fn has_op(self) -> bool {
         match self {
-            Collective::AllReduce => true,
+            Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => true,
+            Collective::Broadcast | Collective::AllGather => false,
         }
     }
 
-    /// The root rank (-1 for rootless collectives).
-    fn root(self) -> i32 {
-        match self {
-            Collective::AllReduce => -1,
+    fn has_root(self) -> bool {
+        matches!(self, Collective::Broadcast | Collective::Reduce)
+    }
+
+    /// The root column: `root`, or -1 for rootless collectives.
+    fn root_column(self, root: usize) -> i64 {
+        if self.has_root() {
+            root as i64
+        } else {
+            -1
         }
     }
 
     /// The counts for a test of `bytes` bytes of `dt` on `nranks` ranks.
-    fn counts(self, bytes: usize, dt: DataType, _nranks: usize) -> Counts {
+    fn counts(self, bytes: usize, dt: DataType, nranks: usize) -> Counts {
+        let elems = bytes / dt.size();
         match self {
-            Collective::AllReduce => {
-                let count = bytes / dt.size();
+            Collective::AllGather | Collective::ReduceScatter => {
+                let count = elems / nranks;
                 Counts {
                     count,
-                    size_bytes: count * dt.size(),
+                    size_bytes: count * nranks * dt.size(),
                 }
+            }
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => Counts {
+                count: elems,
+                size_bytes: elems * dt.size(),
+            },
+        }
+    }
+
+    /// Bytes of a rank's (input, output) for a call of `count` elements of `size` bytes.
+    fn io_bytes(self, count: usize, size: usize, nranks: usize) -> (usize, usize) {
+        match self {
+            Collective::AllGather => (count * size, nranks * count * size),
+            Collective::ReduceScatter => (nranks * count * size, count * size),
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => {
+                (count * size, count * size)
             }
         }
     }
 
-    /// Bytes of (send, recv) buffers per rank for tests up to `max_bytes`.
+    /// Bytes of (send, recv) buffers per rank for tests up to `max_bytes`: both hold the
+    /// largest size, since in-place calls put input and output in the receive buffer.
     fn buffer_bytes(self, max_bytes: usize, _nranks: usize) -> (usize, usize) {
+        (max_bytes, max_bytes)
+    }
+
+    /// (send, recv) pointers of `rank` for `call`. In place, both lie in the receive buffer
+    /// where NCCL defines them: AllGather's input is block `rank` of its output,
+    /// ReduceScatter's output is block `rank` of its input.
+    fn pointers(self, rank: &Rank, call: &Call) -> (DevPtr, DevPtr) {
+        if !call.in_place {
+            return (rank.send.ptr, rank.recv.ptr);
+        }
+        let base = rank.recv.ptr;
+        let block = (rank.comm.rank() * call.counts.count * call.dt.size()) as DevPtr;
         match self {
-            Collective::AllReduce => (max_bytes, max_bytes),
+            Collective::AllGather => (base + block, base),
+            Collective::ReduceScatter => (base, base + block),
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (base, base),
         }
     }
 
-    /// (send, recv) pointers of `rank` for one call.
-    fn pointers(self, rank: &Rank, in_place: bool) -> (DevPtr, DevPtr) {
-        match self {
-            Collective::AllReduce if in_place => (rank.recv.ptr, rank.recv.ptr),
-            Collective::AllReduce => (rank.send.ptr, rank.recv.ptr),
+    /// What `rank`'s output should hold after `call` on `nranks` ranks.
+    fn expect(self, rank: usize, nranks: usize, call: &Call) -> Expect {
+        let count = call.counts.count;
+        let seg = |src, phase| Seg {
+            src,
+            phase,
+            elems: count,
+        };
+        let (segs, defined) = match self {
+            Collective::AllReduce => (vec![seg(Src::Reduced, 0)], true),
+            Collective::Reduce => (vec![seg(Src::Reduced, 0)], rank == call.root),
+            Collective::Broadcast => (vec![seg(Src::Input(call.root), 0)], true),
+            Collective::AllGather => ((0..nranks).map(|r| seg(Src::Input(r), 0)).collect(), true),
+            Collective::ReduceScatter => (vec![seg(Src::Reduced, rank * count)], true),
+        };
+        Expect { segs, defined }
+    }
+
+    /// What an error of `call` on `rank` says about the call.
+    fn describe(self, rank: &Rank, call: &Call) -> String {
+        let mut s = format!(
+            "{} (rank {}, {}",
+            self.name(),
+            rank.comm.rank(),
+            call.dt.name()
+        );
+        if self.has_op() {
+            s += &format!(" {}", call.op.name());
         }
+        if self.has_root() {
+            s += &format!(" root {}", call.root);
+        }
+        s += &format!(
+            " count {}{})",
+            call.counts.count,
+            if call.in_place { " in-place" } else { "" }
+        );
+        s
     }
 
     fn launch_ours(self, rank: &Rank, call: &Call) -> Result<(), String> {
-        let (send, recv) = self.pointers(rank, call.in_place);
+        let (send, recv) = self.pointers(rank, call);
+        let (c, count, dt, stream) = (&rank.comm, call.counts.count, call.dt, rank.stream);
+        let op = call.op.ours(dt);
         let r = match self {
-            Collective::AllReduce => rank.comm.all_reduce(
-                send,
-                recv,
-                call.counts.count,
-                call.dt,
-                call.op.ours(call.dt),
-                rank.stream,
-            ),
+            Collective::AllReduce => c.all_reduce(send, recv, count, dt, op, stream),
+            Collective::Broadcast => c.broadcast(send, recv, count, dt, call.root, stream),
+            Collective::Reduce => c.reduce(send, recv, count, dt, op, call.root, stream),
+            Collective::AllGather => c.all_gather(send, recv, count, dt, stream),
+            Collective::ReduceScatter => c.reduce_scatter(send, recv, count, dt, op, stream),
         };
-        r.map_err(|e| {
-            format!(
-                "nccl-rs {} (rank {}, {} {} count {}): {e}",
-                self.name(),
-                rank.comm.rank(),
-                call.dt.name(),
-                call.op.name(),
-                call.counts.count
-            )
-        })
+        r.map_err(|e| format!("nccl-rs {}: {e}", self.describe(rank, call)))
     }
 
     fn launch_nccl(
@@ -772,44 +947,42 @@ impl Collective {
         rank: &Rank,
         call: &Call,
     ) -> Result<(), String> {
-        let (send, recv) = self.pointers(rank, call.in_place);
-        let op = call
-            .op
-            .nccl()
-            .ok_or_else(|| format!("NVIDIA NCCL has no built-in {}", call.op.name()))?;
+        let (send, recv) = self.pointers(rank, call);
+        let (count, dt, stream) = (call.counts.count, call.dt as c_int, rank.stream);
+        let op = || {
+            call.op
+                .nccl()
+                .ok_or_else(|| format!("NVIDIA NCCL has no built-in {}", call.op.name()))
+        };
+        let root = call.root as c_int;
         match self {
-            Collective::AllReduce => lib.all_reduce(
-                send,
-                recv,
-                call.counts.count,
-                call.dt as c_int,
-                op,
-                comm,
-                rank.stream,
-            ),
+            Collective::AllReduce => lib.all_reduce(send, recv, count, dt, op()?, comm, stream),
+            Collective::Broadcast => lib.broadcast(send, recv, count, dt, root, comm, stream),
+            Collective::Reduce => lib.reduce(send, recv, count, dt, op()?, root, comm, stream),
+            Collective::AllGather => lib.all_gather(send, recv, count, dt, comm, stream),
+            Collective::ReduceScatter => {
+                lib.reduce_scatter(send, recv, count, dt, op()?, comm, stream)
+            }
         }
+        .map_err(|e| format!("{e} ({})", self.describe(rank, call)))
     }
 
-    /// Host data for a check of `call` on `nranks` ranks.
+    /// Host data for a check of `call` on `nranks` ranks: every rank's input and their
+    /// reduction (cheap: one period), whatever the collective.
     fn check_data(self, call: &Call, nranks: usize, seed: u64) -> CheckData {
         fn build<T: Elem>(call: &Call, nranks: usize, seed: u64) -> CheckData {
             let inputs: Vec<Vec<T>> = (0..nranks)
                 .map(|r| make_inputs::<T>(call.op, seed, r))
                 .collect();
-            let (want, tol) = reduce_ref(&inputs, call.op, call.dt);
-            let want = encode(&want);
-            let poison: Vec<u8> = want.iter().map(|b| !b).collect();
+            let (reduced, tol) = reduce_ref(&inputs, call.op, call.dt);
             CheckData {
                 dt: call.dt,
                 inputs: inputs.iter().map(|v| encode(v)).collect(),
-                want: vec![want; nranks],
+                reduced: encode(&reduced),
                 tol,
-                poison: vec![poison; nranks],
             }
         }
-        match self {
-            Collective::AllReduce => with_elem!(call.dt, T => build::<T>(call, nranks, seed)),
-        }
+        with_elem!(call.dt, T => build::<T>(call, nranks, seed))
     }
 }
 
@@ -826,7 +999,52 @@ unsafe impl Send for NcclComm {}
 // SAFETY: as above.
 unsafe impl Sync for NcclComm {}
 
+/// `ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)`.
 type AllReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+/// `ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)`.
+type BroadcastFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+/// `ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)`.
+type ReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+/// `ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)`.
+type AllGatherFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+/// `ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)`.
+type ReduceScatterFn = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
     usize,
@@ -842,6 +1060,10 @@ struct Nccl {
     version: c_int,
     comm_init_all: unsafe extern "C" fn(*mut *mut c_void, c_int, *const c_int) -> c_int,
     all_reduce: AllReduceFn,
+    broadcast: BroadcastFn,
+    reduce: ReduceFn,
+    all_gather: AllGatherFn,
+    reduce_scatter: ReduceScatterFn,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
     comm_destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
@@ -885,6 +1107,10 @@ impl Nccl {
                 unsafe extern "C" fn(*mut *mut c_void, c_int, *const c_int) -> c_int
             ),
             all_reduce: sym!("ncclAllReduce", AllReduceFn),
+            broadcast: sym!("ncclBroadcast", BroadcastFn),
+            reduce: sym!("ncclReduce", ReduceFn),
+            all_gather: sym!("ncclAllGather", AllGatherFn),
+            reduce_scatter: sym!("ncclReduceScatter", ReduceScatterFn),
             group_start: sym!("ncclGroupStart", unsafe extern "C" fn() -> c_int),
             group_end: sym!("ncclGroupEnd", unsafe extern "C" fn() -> c_int),
             comm_destroy: sym!(
@@ -1000,6 +1226,113 @@ impl Nccl {
         };
         self.check(r, "ncclAllReduce")
     }
+
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dt: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: StreamHandle,
+    ) -> Result<(), String> {
+        // SAFETY: as in all_reduce: device memory of the communicator's GPU holding at least
+        // `count` elements on both sides, and a CUstream of that context.
+        let r = unsafe {
+            (self.broadcast)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dt,
+                root,
+                comm.0,
+                stream.0 as *mut c_void,
+            )
+        };
+        self.check(r, "ncclBroadcast")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dt: c_int,
+        op: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: StreamHandle,
+    ) -> Result<(), String> {
+        // SAFETY: as in all_reduce: device memory of the communicator's GPU holding at least
+        // `count` elements on both sides, and a CUstream of that context.
+        let r = unsafe {
+            (self.reduce)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dt,
+                op,
+                root,
+                comm.0,
+                stream.0 as *mut c_void,
+            )
+        };
+        self.check(r, "ncclReduce")
+    }
+
+    fn all_gather(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        sendcount: usize,
+        dt: c_int,
+        comm: NcclComm,
+        stream: StreamHandle,
+    ) -> Result<(), String> {
+        // SAFETY: as in all_reduce: device memory of the communicator's GPU, `sendcount`
+        // elements to read and nranks × `sendcount` to write, and a CUstream of that context.
+        let r = unsafe {
+            (self.all_gather)(
+                send as *const c_void,
+                recv as *mut c_void,
+                sendcount,
+                dt,
+                comm.0,
+                stream.0 as *mut c_void,
+            )
+        };
+        self.check(r, "ncclAllGather")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        recvcount: usize,
+        dt: c_int,
+        op: c_int,
+        comm: NcclComm,
+        stream: StreamHandle,
+    ) -> Result<(), String> {
+        // SAFETY: as in all_reduce: device memory of the communicator's GPU, nranks ×
+        // `recvcount` elements to read and `recvcount` to write, and a CUstream of that context.
+        let r = unsafe {
+            (self.reduce_scatter)(
+                send as *const c_void,
+                recv as *mut c_void,
+                recvcount,
+                dt,
+                op,
+                comm.0,
+                stream.0 as *mut c_void,
+            )
+        };
+        self.check(r, "ncclReduceScatter")
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1030,6 +1363,8 @@ struct Call {
     dt: DataType,
     op: Op,
     counts: Counts,
+    /// Root rank (Broadcast and Reduce; ignored by the others).
+    root: usize,
     in_place: bool,
 }
 
@@ -1268,19 +1603,26 @@ impl Bench {
 
     /// One call on fresh inputs and poisoned outputs; the count of wrong elements, all ranks.
     fn check(&mut self, lib: Lib, call: &Call, data: &CheckData) -> Result<usize, String> {
-        let (send_bytes, recv_bytes) = match call.coll {
-            Collective::AllReduce => (call.counts.size_bytes, call.counts.size_bytes),
-        };
+        let n = self.nranks();
+        let size = call.dt.size();
+        let (send_bytes, recv_bytes) = call.coll.io_bytes(call.counts.count, size, n);
         let mut host = std::mem::take(&mut self.host);
         let res = (|| {
             for (r, rank) in self.ranks.iter().enumerate() {
                 let dev = rank.comm.device();
-                let (send, recv) = call.coll.pointers(rank, call.in_place);
+                let (send, recv) = call.coll.pointers(rank, call);
                 let e = |x: nccl::Error| format!("copy to device {}: {x}", dev.ordinal);
-                if send != recv {
-                    tile(&data.poison[r], &mut host[..recv_bytes]);
-                    dev.copy_htod(recv, &host[..recv_bytes]).map_err(e)?;
+                // The whole output poisoned (every element differs from what is expected
+                // there), then the input: in place, it lies inside the output.
+                let mut off = 0;
+                for seg in call.coll.expect(r, n, call).segs {
+                    let (want, _) = data.pattern(seg.src, seg.phase);
+                    let poison: Vec<u8> = want.iter().map(|b| !b).collect();
+                    let len = seg.elems * size;
+                    tile(&poison, &mut host[off..off + len]);
+                    off += len;
                 }
+                dev.copy_htod(recv, &host[..recv_bytes]).map_err(e)?;
                 tile(&data.inputs[r], &mut host[..send_bytes]);
                 dev.copy_htod(send, &host[..send_bytes]).map_err(e)?;
                 // A copy from pageable memory may return before its DMA lands, and the
@@ -1291,11 +1633,21 @@ impl Bench {
             self.run(lib, call, 1, 0)?;
             let mut wrong = 0;
             for (r, rank) in self.ranks.iter().enumerate() {
+                let expect = call.coll.expect(r, n, call);
+                if !expect.defined {
+                    continue;
+                }
                 let dev = rank.comm.device();
-                let (_, recv) = call.coll.pointers(rank, call.in_place);
+                let (_, recv) = call.coll.pointers(rank, call);
                 dev.copy_dtoh(&mut host[..recv_bytes], recv)
                     .map_err(|x| format!("copy from device {}: {x}", dev.ordinal))?;
-                wrong += with_elem!(data.dt, T => count_wrong::<T>(&host[..recv_bytes], &data.want[r], &data.tol));
+                let mut off = 0;
+                for seg in expect.segs {
+                    let (want, tol) = data.pattern(seg.src, seg.phase);
+                    let got = &host[off..off + seg.elems * size];
+                    wrong += with_elem!(data.dt, T => count_wrong::<T>(got, &want, tol.as_deref()));
+                    off += got.len();
+                }
             }
             Ok(wrong)
         })();
@@ -1458,7 +1810,7 @@ impl Table {
             &call.counts.count.to_string(),
             call.dt.name(),
             op,
-            &call.coll.root().to_string(),
+            &call.coll.root_column(call.root).to_string(),
         );
         for m in places {
             let wrong = match m.wrong {
@@ -1655,12 +2007,21 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
         warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
         iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
     };
-    let coll = Collective::AllReduce;
+    if args.root >= ngpus && args.colls.iter().any(|c| c.has_root()) {
+        return Err(Fail::Usage(format!(
+            "--root {}: there are only {ngpus} ranks",
+            args.root
+        )));
+    }
     let (nthread, ngpu_per_thread) = match args.mode {
         Mode::Thread => (1, ngpus),
         Mode::Threads => (ngpus, 1),
     };
-    println!("# Collective test starting: nccl_bench ({})", coll.name());
+    let names: Vec<&str> = args.colls.iter().map(|c| c.name()).collect();
+    println!(
+        "# Collective test starting: nccl_bench ({})",
+        names.join(", ")
+    );
     println!(
         "# nThread {nthread} nGpus {ngpu_per_thread} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
         s.min_bytes, s.max_bytes, args.step_factor, s.warmup, s.iters, args.check as u8
@@ -1700,7 +2061,11 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     let our_mem: Vec<usize> = comms.iter().map(|c| c.init_device_bytes()).collect();
 
     // Streams, buffers, events.
-    let (send_bytes, recv_bytes) = coll.buffer_bytes(s.max_bytes, ngpus);
+    let (send_bytes, recv_bytes) = args
+        .colls
+        .iter()
+        .map(|c| c.buffer_bytes(s.max_bytes, ngpus))
+        .fold((0, 0), |(s, r), (s2, r2)| (s.max(s2), r.max(r2)));
     let round = |b: usize| b.max(1).next_multiple_of(256);
     let mut ranks = Vec::with_capacity(ngpus);
     for comm in comms {
@@ -1771,32 +2136,39 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
         b.nccl = Some((lib, comms));
     }
 
-    let mut table = Table {
-        baseline: b.nccl.is_some(),
-        op_width: args.ops.iter().map(|o| o.name().len()).fold(6, usize::max),
-        busbw_sum: 0.0,
-        busbw_n: 0,
-        nccl_busbw_sum: 0.0,
-        nccl_busbw_n: 0,
-        nccl_wrong: 0,
-        ratios: Vec::new(),
-        wrong: 0,
-    };
-    table.header();
-    let outcome = measure_all(&mut b, args, &s, coll, &mut table);
-    if let Err(m) = outcome {
-        if !b.quiesce() {
-            // A kernel may still run on some GPU (its peers never came): freeing its buffers
-            // could hang or fault, so leave now and let the process exit release them.
-            eprintln!("nccl_bench: error: {m}");
-            eprintln!("nccl_bench: some GPU work did not finish; exiting without cleanup");
-            std::process::exit(1);
+    let mut all_right = true;
+    for &coll in &args.colls {
+        let mut table = Table {
+            baseline: b.nccl.is_some(),
+            op_width: args.ops.iter().map(|o| o.name().len()).fold(6, usize::max),
+            busbw_sum: 0.0,
+            busbw_n: 0,
+            nccl_busbw_sum: 0.0,
+            nccl_busbw_n: 0,
+            nccl_wrong: 0,
+            ratios: Vec::new(),
+            wrong: 0,
+        };
+        println!("#");
+        println!("# Collective: {}", coll.name());
+        table.header();
+        let outcome = measure_all(&mut b, args, &s, coll, &mut table);
+        if let Err(m) = outcome {
+            if !b.quiesce() {
+                // A kernel may still run on some GPU (its peers never came): freeing its
+                // buffers could hang or fault, so leave now and let the process exit release
+                // them.
+                eprintln!("nccl_bench: error: {m}");
+                eprintln!("nccl_bench: some GPU work did not finish; exiting without cleanup");
+                std::process::exit(1);
+            }
+            return Err(Fail::Run(m));
         }
-        return Err(Fail::Run(m));
+        table.footer(args.check);
+        all_right &= table.wrong == 0;
     }
-    table.footer(args.check);
     b.teardown()?;
-    Ok(table.wrong == 0)
+    Ok(all_right)
 }
 
 /// Every type, op and size of the table.
@@ -1826,12 +2198,14 @@ fn measure_all(
                         dt,
                         op,
                         counts,
+                        root: args.root,
                         in_place,
                     };
                     let seed = (size as u64)
                         .wrapping_mul(1_000_003)
                         .wrapping_add((dt as u64) << 40)
                         .wrapping_add((op as u64) << 48)
+                        .wrapping_add((coll as u64) << 56)
                         .wrapping_add(in_place as u64);
                     let data = args.check.then(|| coll.check_data(&call, n, seed));
                     let mut m = measure(b, Lib::Ours, &call, data.as_ref(), s, n)?;
@@ -1861,6 +2235,7 @@ fn measure_all(
                     dt,
                     op,
                     counts,
+                    root: args.root,
                     in_place: false,
                 };
                 table.row(&call, &places);

@@ -94,3 +94,55 @@ fn every_collective_on_2_3_4_and_8_ranks() {
         common::collective_matrix(&sim_comms(n), &[1, 17, 3000], drive);
     }
 }
+
+/// One communicator, collectives alternating between two streams without any sync between
+/// them: the library must keep them in order (they share FIFOs and step counters).
+#[test]
+fn launches_on_different_streams_stay_in_order() {
+    let ranks = sim_comms(3);
+    let extra: Vec<_> = ranks
+        .comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let count = 20_000;
+    let bufs: Vec<_> = ranks
+        .comms
+        .iter()
+        .map(|c| {
+            let b = c.device().alloc(count * 4).unwrap();
+            b.write(0, common::to_bytes(&vec![1.0f32; count])).unwrap();
+            b
+        })
+        .collect();
+    // Four in-place sums: every element becomes 3^4 = 81.
+    for round in 0..4 {
+        for (i, c) in ranks.comms.iter().enumerate() {
+            let s = if round % 2 == 0 {
+                ranks.streams[i]
+            } else {
+                extra[i]
+            };
+            c.all_reduce(
+                bufs[i].ptr,
+                bufs[i].ptr,
+                count,
+                DataType::Float32,
+                nccl::ReduceOp::Sum,
+                s,
+            )
+            .unwrap();
+        }
+    }
+    for (i, c) in ranks.comms.iter().enumerate() {
+        c.device().stream_sync(ranks.streams[i]).unwrap();
+        c.device().stream_sync(extra[i]).unwrap();
+        let mut out = vec![0u8; count * 4];
+        bufs[i].read(0, &mut out).unwrap();
+        assert!(
+            common::from_bytes::<f32>(&out).iter().all(|&v| v == 81.0),
+            "rank {i}"
+        );
+        c.device().stream_destroy(extra[i]).unwrap();
+    }
+}

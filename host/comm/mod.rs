@@ -91,6 +91,8 @@ pub struct Comm {
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
+    /// Keeps this communicator's launches in issue order across streams.
+    pub(crate) order: Arc<crate::enqueue::order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
     pub(crate) dev_comm: DevBuffer,
     _p2p: Option<P2p>,
@@ -190,6 +192,7 @@ impl Comm {
         // Send/receive connections, made on first use: a few per peer (more CTAs per message
         // on GPUs), with FIFO slots a quarter of the ring's.
         let bootstrap = Arc::new(bootstrap);
+        let order = Arc::new(crate::enqueue::order::StreamOrder::new(device.clone()));
         let nconns = if device.is_sim() {
             1
         } else {
@@ -250,6 +253,7 @@ impl Comm {
             shape,
             bootstrap,
             links,
+            order,
             dev_comm,
             _p2p: p2p,
             kernels: Mutex::new(HashMap::new()),

@@ -479,6 +479,16 @@ impl Device {
         )
     }
 
+    /// Work queued on `s` after this waits until `e` (recorded on any stream) has passed.
+    pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: s and e belong to this context.
+        check(
+            unsafe { sys::cuStreamWaitEvent(s.0 as sys::CUstream, e as sys::CUevent, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+
     pub fn event_sync(&self, e: u64) -> Result<()> {
         self.make_current()?;
         // SAFETY: e belongs to this context.

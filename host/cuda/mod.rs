@@ -243,6 +243,10 @@ impl Device {
     pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
         dispatch!(self.event_record(e, s))
     }
+    /// Makes later work on `s` wait for event `e`.
+    pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
+        dispatch!(self.stream_wait_event(s, e))
+    }
     pub fn event_sync(&self, e: u64) -> Result<()> {
         dispatch!(self.event_sync(e))
     }

@@ -213,7 +213,25 @@ impl Stream {
 
 #[derive(Default)]
 struct Event {
-    at: Mutex<Option<Instant>>,
+    state: Mutex<EventState>,
+}
+
+/// Records are numbered; a wait or sync targets the latest record issued when it was called
+/// (as cuStreamWaitEvent captures the event's state at the call), not a later one.
+#[derive(Default)]
+struct EventState {
+    issued: u64,
+    done: u64,
+    /// When the latest completed record passed.
+    at: Option<Instant>,
+}
+
+impl Event {
+    fn wait_for(&self, target: u64) {
+        while lock(&self.state).done < target {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
 }
 
 struct Registry {
@@ -504,9 +522,25 @@ impl Device {
 
     pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
         let ev = self.event(e)?;
-        *lock(&ev.at) = None;
+        let gen = {
+            let mut st = lock(&ev.state);
+            st.issued += 1;
+            st.issued
+        };
         self.stream(s)?.push(Box::new(move || {
-            *lock(&ev.at) = Some(Instant::now());
+            let mut st = lock(&ev.state);
+            st.done = st.done.max(gen);
+            st.at = Some(Instant::now());
+            Ok(())
+        }));
+        Ok(())
+    }
+
+    pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
+        let ev = self.event(e)?;
+        let target = lock(&ev.state).issued;
+        self.stream(s)?.push(Box::new(move || {
+            ev.wait_for(target);
             Ok(())
         }));
         Ok(())
@@ -514,14 +548,16 @@ impl Device {
 
     pub fn event_sync(&self, e: u64) -> Result<()> {
         let ev = self.event(e)?;
-        while lock(&ev.at).is_none() {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        let target = lock(&ev.state).issued;
+        ev.wait_for(target);
         Ok(())
     }
 
     pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
-        let (a, b) = (*lock(&self.event(start)?.at), *lock(&self.event(end)?.at));
+        let (a, b) = (
+            lock(&self.event(start)?.state).at,
+            lock(&self.event(end)?.state).at,
+        );
         match (a, b) {
             (Some(a), Some(b)) => Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3),
             _ => Err(Error::invalid_usage("event not completed")),

@@ -2,6 +2,7 @@
 //! chunks, and launches on the user's stream (at once, or when the thread's group ends).
 
 pub mod group;
+pub mod order;
 pub mod p2p;
 
 use crate::comm::Comm;
@@ -178,8 +179,10 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     };
     let grid = channels_for(moved, shape.nchannels);
     let (device, block, stream) = (comm.device.clone(), shape.nthreads, c.stream);
+    comm.note_stream(stream);
+    let order = comm.order.clone();
     group::ordered(Box::new(move || {
-        device.launch(kernel, grid, block, stream, &args)
+        order.launch(stream, || device.launch(kernel, grid, block, stream, &args))
     }))
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 /// One send or receive waiting for its group to end.
 pub struct P2pOp {
     pub links: Arc<Links>,
+    pub order: Arc<super::order::StreamOrder>,
     pub peer: usize,
     pub dir: Dir,
     pub buff: DevPtr,
@@ -67,8 +68,10 @@ pub fn submit(
                 dt,
             )?;
         }
+        comm.note_stream(stream);
         Ok(P2pOp {
             links: comm.links.clone(),
+            order: comm.order.clone(),
             peer,
             dir,
             buff,
@@ -107,8 +110,11 @@ pub fn flush(ops: Vec<P2pOp>) -> Result<()> {
     let mut started = Vec::new();
     for batch in &batches {
         let links = &batch[0].links;
-        let needs: Vec<(usize, Dir)> =
-            batch.iter().filter(|o| o.peer != links.rank()).map(|o| (o.peer, o.dir)).collect();
+        let needs: Vec<(usize, Dir)> = batch
+            .iter()
+            .filter(|o| o.peer != links.rank())
+            .map(|o| (o.peer, o.dir))
+            .collect();
         started.push(links.start(&needs)?);
     }
     for (batch, s) in batches.iter().zip(started) {
@@ -116,6 +122,7 @@ pub fn flush(ops: Vec<P2pOp>) -> Result<()> {
     }
     for batch in batches {
         let links = batch[0].links.clone();
+        let order = batch[0].order.clone();
         let stream = batch[0].stream;
         // Sends to ourselves pair with receives from ourselves, in order.
         let self_sends: Vec<&P2pOp> = batch
@@ -139,13 +146,12 @@ pub fn flush(ops: Vec<P2pOp>) -> Result<()> {
         let launch = |args: &mut P2pArgs| -> Result<()> {
             if args.nitems > 0 {
                 let k = links.device().kernel("nccl_p2p", "nccl_p2p")?;
-                links.device().launch(
-                    k,
-                    args.nitems,
-                    crate::cuda::MAX_THREADS.min(links_threads(&links)),
-                    stream,
-                    &*args,
-                )?;
+                let threads = crate::cuda::MAX_THREADS.min(links_threads(&links));
+                order.launch(stream, || {
+                    links
+                        .device()
+                        .launch(k, args.nitems, threads, stream, &*args)
+                })?;
                 *args = P2pArgs::default();
             }
             Ok(())

@@ -97,7 +97,10 @@ impl Links {
     /// driven by one thread publish first and wait after, so none waits on a peer that has not
     /// published yet.
     pub fn start(&self, needs: &[(usize, Dir)]) -> Result<Started> {
-        let sides = self.sides.lock().map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        let sides = self
+            .sides
+            .lock()
+            .map_err(|_| Error::internal("p2p connection table poisoned"))?;
         let mut fresh: Vec<(usize, Dir)> = Vec::new();
         for &(peer, dir) in needs {
             if peer >= self.peers.len() || peer == self.rank {
@@ -112,12 +115,16 @@ impl Links {
         for &(peer, dir) in &fresh {
             let (bytes, tag) = match dir {
                 // Tail lines, then the FIFOs.
-                Dir::Recv => (self.nconns * (CTRL_LINE + self.fifo_bytes()), TAG_RECV_BLOCK),
+                Dir::Recv => (
+                    self.nconns * (CTRL_LINE + self.fifo_bytes()),
+                    TAG_RECV_BLOCK,
+                ),
                 // Head lines.
                 Dir::Send => (self.nconns * CTRL_LINE, TAG_SEND_CTRL),
             };
             let own = self.device.alloc(bytes)?;
-            self.bootstrap.send(peer, tag, &export(&self.device, &own)?)?;
+            self.bootstrap
+                .send(peer, tag, &export(&self.device, &own)?)?;
             owned.push(own);
         }
         Ok(Started { fresh, owned })
@@ -126,7 +133,10 @@ impl Links {
     /// Maps the peers' sides of what [`Links::start`] began and wires the connections.
     pub fn finish(&self, started: Started) -> Result<()> {
         let Started { fresh, owned } = started;
-        let mut sides = self.sides.lock().map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        let mut sides = self
+            .sides
+            .lock()
+            .map_err(|_| Error::internal("p2p connection table poisoned"))?;
         // Map the other side of each and wire the connections.
         for (&(peer, dir), own) in fresh.iter().zip(owned) {
             let tag = if dir == Dir::Recv {
