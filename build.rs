@@ -23,8 +23,16 @@ fn main() {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
     }
 
+    // NCCL_RS_PTX_ARCHS=sm_90 (a comma list) builds fewer architectures, for smaller bundles.
+    println!("cargo:rerun-if-env-changed=NCCL_RS_PTX_ARCHS");
+    let chosen = env::var("NCCL_RS_PTX_ARCHS").unwrap_or_default();
+    let archs: Vec<&str> = ARCHS
+        .iter()
+        .copied()
+        .filter(|a| chosen.is_empty() || chosen.split(',').any(|c| c.trim() == *a))
+        .collect();
     let mut table = String::from("/// (architecture, PTX text) for every architecture built.\npub static PTX: &[(u32, &str)] = &[\n");
-    for arch in ARCHS {
+    for arch in archs {
         let ptx = out.join(format!("nccl_{arch}.ptx"));
         if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
             // For machines that only run the simulator and cannot build for nvptx.

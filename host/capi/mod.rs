@@ -321,12 +321,10 @@ fn redop(v: c_int) -> Result<ReduceOp> {
         .ok_or_else(|| Error::invalid_argument(format!("reduction {v} is not an ncclRedOp_t")))
 }
 
-/// The communicator of a collective, with the stream noted for finalize/destroy.
+/// The communicator of a collective and its stream.
 fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(Arc<Comm>, StreamHandle)> {
     let c = handle(comm)?.ready()?;
-    let s = StreamHandle(stream as usize as u64);
-    c.note_stream(s);
-    Ok((c, s))
+    Ok((c, StreamHandle(stream as usize as u64)))
 }
 
 fn dev(p: *const c_void) -> u64 {

@@ -14,7 +14,7 @@ pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
 pub use pending::{Launch, PendingComm};
 
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
-use crate::cuda::{DevBuffer, Device, Kernel, StreamHandle};
+use crate::cuda::{DevBuffer, Device, Kernel};
 use crate::error::{Error, Result};
 use crate::transport::links::Links;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
@@ -105,8 +105,6 @@ pub struct Comm {
     abort_flag: AbortFlag,
     /// After `finalize` (or `destroy`'s flush): no more operations.
     finalized: AtomicBool,
-    /// Streams operations were issued on, flushed by `finalize`/`destroy`.
-    streams: Mutex<Vec<StreamHandle>>,
     /// An error raised outside any call (`ncclCommGetAsyncError`).
     async_error: Mutex<Option<Error>>,
 }
@@ -262,7 +260,6 @@ impl Comm {
             config,
             abort_flag: abort.clone(),
             finalized: AtomicBool::new(false),
-            streams: Mutex::new(Vec::new()),
             async_error: Mutex::new(None),
         })
     }
@@ -438,16 +435,6 @@ impl Comm {
         Ok(())
     }
 
-    /// Remembers a stream an operation was issued on, so that finalize and destroy wait for
-    /// it. Enqueue calls this for every launch.
-    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
-    pub(crate) fn note_stream(&self, s: StreamHandle) {
-        let mut v = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if !v.contains(&s) {
-            v.push(s);
-        }
-    }
-
     /// Records an error raised outside any call; `get_async_error` reports it.
     #[allow(dead_code)] // for proxies and enqueue, which report errors outside any call
     pub(crate) fn set_async_error(&self, e: Error) {
@@ -465,17 +452,9 @@ impl Comm {
 
     /// Waits for every operation this rank issued.
     fn flush(&self) -> Result<()> {
-        let streams = self
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        for s in streams {
-            self.device.stream_sync(s).map_err(|e| {
-                e.context(format!("rank {}: flushing stream {:#x}", self.rank, s.0))
-            })?;
-        }
-        Ok(())
+        self.order
+            .wait_idle()
+            .map_err(|e| e.context(format!("rank {}: waiting for its operations", self.rank)))
     }
 
     /// `ncclCommFinalize`: waits until every operation this rank issued completed and every

@@ -179,7 +179,6 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     };
     let grid = channels_for(moved, shape.nchannels);
     let (device, block, stream) = (comm.device.clone(), shape.nthreads, c.stream);
-    comm.note_stream(stream);
     let order = comm.order.clone();
     group::ordered(Box::new(move || {
         order.launch(stream, || device.launch(kernel, grid, block, stream, &args))

@@ -68,7 +68,6 @@ pub fn submit(
                 dt,
             )?;
         }
-        comm.note_stream(stream);
         Ok(P2pOp {
             links: comm.links.clone(),
             order: comm.order.clone(),
