@@ -31,7 +31,7 @@ fn main() {
         .copied()
         .filter(|a| chosen.is_empty() || chosen.split(',').any(|c| c.trim() == *a))
         .collect();
-    let mut table = String::from("/// (architecture, PTX text) for every architecture built.\npub static PTX: &[(u32, &str)] = &[\n");
+    let mut table = String::from("/// (architecture, deflated PTX text) for every architecture built.\npub static PTX: &[(u32, &[u8])] = &[\n");
     for arch in archs {
         let ptx = out.join(format!("nccl_{arch}.ptx"));
         if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
@@ -41,8 +41,11 @@ fn main() {
             build_ptx(&manifest, &out, arch, &ptx);
         }
         let sm: u32 = arch.trim_start_matches("sm_").parse().expect("sm_NN");
+        let text = fs::read(&ptx).expect("read PTX");
+        let packed = out.join(format!("nccl_{arch}.ptx.deflate"));
+        fs::write(&packed, miniz_oxide::deflate::compress_to_vec(&text, 1)).expect("write deflated PTX");
         table.push_str(&format!(
-            "    ({sm}, include_str!(concat!(env!(\"OUT_DIR\"), \"/nccl_{arch}.ptx\"))),\n"
+            "    ({sm}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/nccl_{arch}.ptx.deflate\"))),\n"
         ));
     }
     table.push_str("];\n");

@@ -1,13 +1,23 @@
 //! PTX text handling: pick the text for a device's architecture and cut out one family of
 //! kernels, so that loading a module JIT-compiles only the kernels that are about to run.
 
-/// The embedded PTX for the newest architecture not above `sm` (e.g. 90 for sm_90).
+use std::sync::OnceLock;
+
+/// The embedded PTX for the newest architecture not above `sm` (e.g. 90 for sm_90), inflated
+/// on first use and kept for the life of the process.
 pub fn for_arch(sm: u32) -> Option<&'static str> {
-    crate::ptx::PTX
-        .iter()
-        .filter(|(arch, text)| *arch <= sm && !text.is_empty())
-        .max_by_key(|(arch, _)| *arch)
-        .map(|(_, text)| *text)
+    static TEXTS: OnceLock<Vec<(u32, String)>> = OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        crate::ptx::PTX
+            .iter()
+            .filter_map(|(arch, packed)| {
+                let bytes = miniz_oxide::inflate::decompress_to_vec(packed).ok()?;
+                let text = String::from_utf8(bytes).ok()?;
+                (!text.is_empty()).then_some((*arch, text))
+            })
+            .collect()
+    });
+    texts.iter().filter(|(arch, _)| *arch <= sm).max_by_key(|(arch, _)| *arch).map(|(_, text)| text.as_str())
 }
 
 /// A module holding the header and shared items of `ptx` and only the entry points whose name
