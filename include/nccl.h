@@ -122,6 +122,10 @@ typedef enum {
   ncclMaxRedOp = 0x7fffffff
 } ncclRedOp_t;
 
+/* Where the scalar of ncclRedOpCreatePreMulSum lives (nccl-rs: host-immediate only for now). */
+typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
+
+
 /* Every function below also exists as pnccl<Name> (the profiling interface). */
 
 /* Version and errors */
@@ -222,6 +226,14 @@ ncclResult_t pncclGroupEnd(void);
  * memory is host memory and these stand in for cudaSetDevice / cudaStreamSynchronize). */
 ncclResult_t ncclRsSetDevice(int device);
 ncclResult_t ncclRsStreamSynchronize(cudaStream_t stream);
+
+/* Sum after multiplying each rank's input by *scalar (read at this call). */
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                       ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 
 mod config;
 mod handle;
+mod redop;
 
 pub use config::{NcclConfig, NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT};
 pub use handle::CommHandle;
@@ -15,7 +16,7 @@ pub use handle::CommHandle;
 use crate::bootstrap::UniqueId;
 use crate::comm::{Comm, PendingComm};
 use crate::cuda::{DevBuffer, Device, StreamHandle};
-use crate::enqueue::{group, ReduceOp};
+use crate::enqueue::group;
 use crate::error::{Error, NcclResult, Result};
 use nccl_device::types::DataType;
 use std::collections::HashMap;
@@ -235,6 +236,7 @@ export! {
         handle(comm)?.check_destroyable()?;
         // SAFETY: the pointer came from Box::into_raw here and is destroyed once (caller's
         // contract, as in NCCL).
+        redop::forget(comm);
         let h = Box::from_raw(comm);
         h.destroy()?;
         Ok(NcclResult::Success)
@@ -314,13 +316,6 @@ fn dtype(v: c_int) -> Result<DataType> {
         .ok_or_else(|| Error::invalid_argument(format!("datatype {v} is not an ncclDataType_t")))
 }
 
-fn redop(v: c_int) -> Result<ReduceOp> {
-    u32::try_from(v)
-        .ok()
-        .and_then(ReduceOp::from_raw)
-        .ok_or_else(|| Error::invalid_argument(format!("reduction {v} is not an ncclRedOp_t")))
-}
-
 /// The communicator of a collective and its stream.
 fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(Arc<Comm>, StreamHandle)> {
     let c = handle(comm)?.ready()?;
@@ -342,7 +337,8 @@ export! {
         comm: NcclComm,
         stream: CudaStream,
     ) {
-        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let dt = dtype(datatype)?;
+        let op = redop::resolve(comm, op, dt)?;
         let (c, s) = coll_comm(comm, stream)?;
         c.all_reduce(dev(sendbuff), dev(recvbuff), count, dt, op, s)?;
         Ok(NcclResult::Success)
@@ -380,7 +376,8 @@ export! {
         comm: NcclComm,
         stream: CudaStream,
     ) {
-        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let dt = dtype(datatype)?;
+        let op = redop::resolve(comm, op, dt)?;
         let root = count_of("root", root)?;
         let (c, s) = coll_comm(comm, stream)?;
         c.reduce(dev(sendbuff), dev(recvbuff), count, dt, op, root, s)?;
@@ -416,7 +413,8 @@ export! {
         comm: NcclComm,
         stream: CudaStream,
     ) {
-        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let dt = dtype(datatype)?;
+        let op = redop::resolve(comm, op, dt)?;
         let (c, s) = coll_comm(comm, stream)?;
         c.reduce_scatter(dev(sendbuff), dev(recvbuff), recvcount, dt, op, s)?;
         Ok(NcclResult::Success)
@@ -551,4 +549,42 @@ pub extern "C" fn ncclGetLastError(_comm: NcclComm) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn pncclGetLastError(comm: NcclComm) -> *const c_char {
     ncclGetLastError(comm)
+}
+
+export! {
+    /// `ncclRedOpCreatePreMulSum`: sum after multiplying each rank's input by `*scalar`.
+    /// Host-immediate scalars only for now (the value is read here); device-resident scalars
+    /// are refused with ncclInvalidArgument.
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut c_int,
+        scalar: *mut c_void,
+        datatype: c_int,
+        residence: c_int,
+        comm: NcclComm,
+    ) {
+        let out = op.as_mut().ok_or_else(|| null("op"))?;
+        if scalar.is_null() {
+            return Err(null("scalar"));
+        }
+        let dt = dtype(datatype)?;
+        handle(comm)?;
+        if residence != redop::SCALAR_HOST_IMMEDIATE {
+            return Err(Error::invalid_argument(
+                "ncclScalarDevice: device-resident premulsum scalars are not supported yet; use ncclScalarHostImmediate",
+            ));
+        }
+        let mut bits = [0u8; 8];
+        std::ptr::copy_nonoverlapping(scalar as *const u8, bits.as_mut_ptr(), dt.size());
+        *out = redop::create(comm, dt, u64::from_le_bytes(bits))?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclRedOpDestroy`.
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: NcclComm) {
+        handle(comm)?;
+        redop::destroy(comm, op)?;
+        Ok(NcclResult::Success)
+    }
 }

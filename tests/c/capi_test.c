@@ -71,6 +71,36 @@ static void all_reduce_init_all(void) {
     EXPECT(wrong == 0, "rank %d: %d of %d wrong (first %f)", i, wrong, COUNT, bufs[i][0]);
   }
 
+  /* A user operator: PreMulSum by 2 (host scalar), on the data the sum just produced. */
+  ncclRedOp_t twice[NDEV];
+  float two = 2.0f;
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRedOpCreatePreMulSum(&twice[i], &two, ncclFloat, ncclScalarHostImmediate, comms[i]));
+    EXPECT((int)twice[i] >= (int)ncclNumOps, "user op value %d", (int)twice[i]);
+  }
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++)
+    CHECK(ncclAllReduce(bufs[i], bufs[i], COUNT, ncclFloat, twice[i], comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclRsStreamSynchronize(NULL));
+  }
+  for (int i = 0; i < NDEV; i++) {
+    int wrong = 0;
+    for (int k = 0; k < COUNT; k++) {
+      float want = 2.0f * NDEV * (2.0f * (float)(k % 97) + 0.5f);
+      if (bufs[i][k] != want) wrong++;
+    }
+    EXPECT(wrong == 0, "premulsum rank %d: %d of %d wrong (first %f)", i, wrong, COUNT, bufs[i][0]);
+  }
+  EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, ncclInt32, twice[0], comms[0], NULL) ==
+             ncclInvalidArgument, "user op on another datatype");
+  EXPECT(ncclRedOpCreatePreMulSum(&twice[0], &two, ncclFloat, ncclScalarDevice, comms[0]) ==
+             ncclInvalidArgument, "device scalar refused");
+  for (int i = 0; i < NDEV; i++) CHECK(ncclRedOpDestroy(twice[i], comms[i]));
+  EXPECT(ncclRedOpDestroy(twice[0], comms[0]) == ncclInvalidArgument, "destroyed twice");
+
   /* Bad arguments come back as codes, with a message. */
   EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, (ncclDataType_t)42, ncclSum, comms[0], NULL) ==
              ncclInvalidArgument, "bad datatype");
