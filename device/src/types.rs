@@ -469,6 +469,64 @@ fn bf16_from_f32(x: f32) -> u16 {
     (rounded >> 16) as u16
 }
 
+/// Evaluates `$body` with the type alias `$T` bound to the Rust element type of the runtime
+/// [`DataType`] `$dt` (host code that handles data of any type: tests, benchmarks, the simulator).
+#[macro_export]
+macro_rules! with_elem {
+    ($dt:expr, $T:ident => $body:expr) => {{
+        match $dt {
+            $crate::types::DataType::Int8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::types::DataType::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::types::DataType::Int32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::types::DataType::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::types::DataType::Int64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::types::DataType::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            $crate::types::DataType::Float16 => {
+                type $T = $crate::types::F16;
+                $body
+            }
+            $crate::types::DataType::Float32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::types::DataType::Float64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::types::DataType::Bfloat16 => {
+                type $T = $crate::types::Bf16;
+                $body
+            }
+            $crate::types::DataType::Float8e4m3 => {
+                type $T = $crate::types::F8E4M3;
+                $body
+            }
+            $crate::types::DataType::Float8e5m2 => {
+                type $T = $crate::types::F8E5M2;
+                $body
+            }
+        }
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

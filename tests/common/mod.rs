@@ -24,63 +24,7 @@ impl Rng {
     }
 }
 
-/// Calls `$body` with `T` bound to the Rust element type of `$dt`.
-#[macro_export]
-macro_rules! with_elem {
-    ($dt:expr, $T:ident => $body:expr) => {{
-        use nccl_device::types::*;
-        match $dt {
-            DataType::Int8 => {
-                type $T = i8;
-                $body
-            }
-            DataType::Uint8 => {
-                type $T = u8;
-                $body
-            }
-            DataType::Int32 => {
-                type $T = i32;
-                $body
-            }
-            DataType::Uint32 => {
-                type $T = u32;
-                $body
-            }
-            DataType::Int64 => {
-                type $T = i64;
-                $body
-            }
-            DataType::Uint64 => {
-                type $T = u64;
-                $body
-            }
-            DataType::Float16 => {
-                type $T = F16;
-                $body
-            }
-            DataType::Float32 => {
-                type $T = f32;
-                $body
-            }
-            DataType::Float64 => {
-                type $T = f64;
-                $body
-            }
-            DataType::Bfloat16 => {
-                type $T = Bf16;
-                $body
-            }
-            DataType::Float8e4m3 => {
-                type $T = F8E4M3;
-                $body
-            }
-            DataType::Float8e5m2 => {
-                type $T = F8E5M2;
-                $body
-            }
-        }
-    }};
-}
+use nccl_device::with_elem;
 
 /// Relative precision (one ulp at 1.0) of a float type.
 pub fn epsilon(dt: DataType) -> f64 {
