@@ -8,6 +8,15 @@ pub const NCCL_STEPS: u32 = 8;
 pub const MAX_CHANNELS: usize = 32;
 /// Bytes of one FIFO slot line alignment; counters live in their own 128-byte lines.
 pub const CTRL_LINE: usize = 128;
+/// Bytes of one LL FIFO slot: 16-byte lines of two data words and two flags, so half of it is
+/// payload (16 KiB per step).
+pub const LL_SLOT_BYTES: u32 = 32 * 1024;
+/// Payload bytes one LL step carries at most.
+pub const LL_STEP_BYTES: u32 = LL_SLOT_BYTES / 2;
+
+/// The protocols a collective launch may use (`CollArgs::proto`).
+pub const PROTO_SIMPLE: u32 = 0;
+pub const PROTO_LL: u32 = 1;
 
 /// The sending side of one connection: we write into the peer's FIFO.
 #[repr(C)]
@@ -21,6 +30,9 @@ pub struct ConnSend {
     pub head: u64,
     /// Steps sent so far on this connection; persists across kernel launches.
     pub step: u64,
+    /// The peer's LL FIFO (NCCL_STEPS slots of [`LL_SLOT_BYTES`]), 0 where there is none. Steps
+    /// and `head` are shared with the Simple FIFO: a step is a step whichever protocol carries it.
+    pub ll_fifo: u64,
 }
 
 /// The receiving side of one connection: the peer writes into our FIFO.
@@ -35,6 +47,8 @@ pub struct ConnRecv {
     pub head: u64,
     /// Steps received so far; persists across kernel launches.
     pub step: u64,
+    /// Our LL FIFO, 0 where there is none.
+    pub ll_fifo: u64,
 }
 
 /// One channel of one rank: its ring neighbours and connections.
@@ -84,7 +98,8 @@ pub struct CollArgs {
     pub coll: u32,
     /// The root rank of Broadcast and Reduce.
     pub root: u32,
-    pub _pad: u32,
+    /// The protocol: [`PROTO_SIMPLE`] or [`PROTO_LL`].
+    pub proto: u32,
 }
 
 /// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
@@ -174,9 +189,9 @@ impl Default for P2pArgs {
 const _: () = {
     assert!(core::mem::size_of::<P2pItem>() == 40);
     assert!(core::mem::size_of::<P2pArgs>() == 8 + 40 * MAX_P2P_ITEMS);
-    assert!(core::mem::size_of::<ConnSend>() == 32);
-    assert!(core::mem::size_of::<ConnRecv>() == 32);
-    assert!(core::mem::size_of::<ChannelDev>() == 88);
+    assert!(core::mem::size_of::<ConnSend>() == 40);
+    assert!(core::mem::size_of::<ConnRecv>() == 40);
+    assert!(core::mem::size_of::<ChannelDev>() == 104);
     assert!(core::mem::size_of::<DevComm>() == 24);
     assert!(core::mem::size_of::<CollArgs>() == 56);
     assert!(core::mem::align_of::<CollArgs>() == 8);

@@ -171,10 +171,7 @@ impl Comm {
         // One ring, rank order, on every channel (every GPU pair is equal on an NVLink switch).
         let prev = (rank + nranks - 1) % nranks;
         let next = (rank + 1) % nranks;
-        let layout = Layout {
-            nchannels: shape.nchannels as usize,
-            slot_bytes: shape.slot_bytes as usize,
-        };
+        let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
         let addrs: Vec<PeerAddr> = peers
             .iter()
             .map(|p| PeerAddr {

@@ -8,7 +8,7 @@ pub mod p2p;
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
-use nccl_device::abi::{Coll, CollArgs};
+use nccl_device::abi::{Coll, CollArgs, LL_STEP_BYTES, PROTO_LL};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
 
@@ -160,16 +160,23 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         _ => 0,
     };
     let shape = comm.shape;
+    let proto = crate::env::proto();
+    // One step's payload fits one FIFO slot of the protocol.
+    let step_bytes = if proto == PROTO_LL {
+        shape.slot_bytes.min(LL_STEP_BYTES)
+    } else {
+        shape.slot_bytes
+    };
     let args = CollArgs {
         comm: comm.dev_comm.ptr,
         sendbuff: c.send,
         recvbuff: c.recv,
         count: count as u64,
         redop_arg,
-        chunk_elems: shape.slot_bytes / dt.size() as u32,
+        chunk_elems: step_bytes / dt.size() as u32,
         coll: c.coll as u32,
         root: c.root as u32,
-        _pad: 0,
+        proto,
     };
     let kernel = comm.kernel("coll", dt, op.kind())?;
     let moved = if matches!(c.coll, Coll::AllGather | Coll::ReduceScatter) {

@@ -162,8 +162,9 @@ impl Links {
                             tail: ctrl(theirs, c),
                             head: ctrl(own.ptr, c),
                             step: 0,
+                            ll_fifo: 0,
                         };
-                        [s.fifo, s.tail, s.head, s.step]
+                        [s.fifo, s.tail, s.head, s.step, s.ll_fifo]
                     }
                     Dir::Recv => {
                         let r = ConnRecv {
@@ -171,8 +172,9 @@ impl Links {
                             tail: ctrl(own.ptr, c),
                             head: ctrl(theirs, c),
                             step: 0,
+                            ll_fifo: 0,
                         };
-                        [r.fifo, r.tail, r.head, r.step]
+                        [r.fifo, r.tail, r.head, r.step, r.ll_fifo]
                     }
                 };
                 words

@@ -1,22 +1,35 @@
 //! The p2p transport. Every rank owns one device block holding, per channel, its receive FIFO
 //! (NCCL_STEPS slots), its receive tail counter and its send head counter — each counter in its
-//! own 128-byte line. A sender writes into its next's block (FIFO data and tail) and polls its
+//! own 128-byte line, and after all of those its LL FIFO (NCCL_STEPS slots of `ll_slot_bytes`;
+//! steps and counters shared with the Simple FIFO). A sender writes into its next's block (FIFO data and tail) and polls its
 //! own head; a receiver polls its own tail and writes its prev's head. So every poll is local
 //! and every remote access is a store.
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
 use crate::error::{Error, Result};
-use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
+use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, LL_SLOT_BYTES, NCCL_STEPS};
 
 /// Where things sit inside a rank's block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub nchannels: usize,
     pub slot_bytes: usize,
+    /// Bytes of one LL FIFO slot (lines of 8 payload bytes and 8 flag bytes).
+    pub ll_slot_bytes: usize,
 }
 
 impl Layout {
+    /// The layout with `nchannels` channels, Simple slots of `slot_bytes` and the device's LL
+    /// slots.
+    pub fn new(nchannels: usize, slot_bytes: usize) -> Layout {
+        Layout {
+            nchannels,
+            slot_bytes,
+            ll_slot_bytes: LL_SLOT_BYTES as usize,
+        }
+    }
+
     fn ctrl_bytes(&self) -> usize {
         self.nchannels * 2 * CTRL_LINE
     }
@@ -29,8 +42,14 @@ impl Layout {
     pub fn fifo(&self, ch: usize) -> u64 {
         (self.ctrl_bytes() + ch * NCCL_STEPS as usize * self.slot_bytes) as u64
     }
-    pub fn total(&self) -> usize {
+    fn simple_end(&self) -> usize {
         self.ctrl_bytes() + self.nchannels * NCCL_STEPS as usize * self.slot_bytes
+    }
+    pub fn ll_fifo(&self, ch: usize) -> u64 {
+        (self.simple_end() + ch * NCCL_STEPS as usize * self.ll_slot_bytes) as u64
+    }
+    pub fn total(&self) -> usize {
+        self.simple_end() + self.nchannels * NCCL_STEPS as usize * self.ll_slot_bytes
     }
 }
 
@@ -146,12 +165,14 @@ impl P2p {
             tail: self.next_base + l.recv_tail(ch),
             head: self.own.ptr + l.send_head(ch),
             step: 0,
+            ll_fifo: self.next_base + l.ll_fifo(ch),
         };
         let recv = ConnRecv {
             fifo: self.own.ptr + l.fifo(ch),
             tail: self.own.ptr + l.recv_tail(ch),
             head: self.prev_base + l.send_head(ch),
             step: 0,
+            ll_fifo: self.own.ptr + l.ll_fifo(ch),
         };
         (send, recv)
     }
@@ -163,10 +184,7 @@ mod tests {
 
     #[test]
     fn layout_keeps_counters_in_their_own_lines() {
-        let l = Layout {
-            nchannels: 3,
-            slot_bytes: 1 << 19,
-        };
+        let l = Layout::new(3, 1 << 19);
         let mut offs: Vec<u64> = (0..3)
             .flat_map(|c| [l.recv_tail(c), l.send_head(c)])
             .collect();
@@ -174,7 +192,13 @@ mod tests {
         assert!(offs.windows(2).all(|w| w[1] - w[0] >= CTRL_LINE as u64));
         assert_eq!(l.fifo(0) as usize, 3 * 2 * CTRL_LINE);
         assert_eq!(l.fifo(2) - l.fifo(1), 8 << 19);
-        assert_eq!(l.total(), l.fifo(2) as usize + (8 << 19));
+        assert_eq!(l.ll_fifo(0) as usize, l.fifo(2) as usize + (8 << 19));
+        assert_eq!(l.ll_fifo(2) - l.ll_fifo(1), 8 * LL_SLOT_BYTES as u64);
+        assert_eq!(
+            l.total(),
+            l.ll_fifo(2) as usize + 8 * LL_SLOT_BYTES as usize
+        );
+        assert_eq!(l.ll_fifo(0) % 128, 0);
         assert_eq!(l.fifo(0) % 128, 0);
     }
 }

@@ -91,6 +91,16 @@ pub unsafe fn ld_pack(p: *const Pack16) -> Pack16 {
     Pack16([a, b, c, d])
 }
 
+/// 16-byte volatile load, for polling LL lines: every call reads memory again (never a cached
+/// L1 line, never hoisted out of the loop), and the four words come from one access.
+#[inline(always)]
+pub unsafe fn ld_volatile_pack(p: *const Pack16) -> Pack16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.volatile.global.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly));
+    Pack16([a, b, c, d])
+}
+
 /// 16-byte store.
 #[inline(always)]
 pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {

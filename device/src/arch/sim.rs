@@ -165,6 +165,11 @@ pub unsafe fn ld_pack(p: *const Pack16) -> Pack16 {
     core::ptr::read_volatile(p)
 }
 
+pub unsafe fn ld_volatile_pack(p: *const Pack16) -> Pack16 {
+    // SAFETY: as ld_pack; a volatile read is made on every call, as the poll loop needs.
+    core::ptr::read_volatile(p)
+}
+
 pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
     // SAFETY: as ld_pack.
     core::ptr::write_volatile(p, v)

@@ -9,7 +9,7 @@ pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 
-use crate::abi::{ChannelDev, Coll, CollArgs, DevComm};
+use crate::abi::{ChannelDev, Coll, CollArgs, DevComm, LL_STEP_BYTES, PROTO_LL};
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
@@ -95,16 +95,28 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
         (self.ring_ix() + self.nranks - pos) % self.nranks
     }
 
-    /// The Simple primitives on this channel's ring connections.
+    /// Whether this launch carries its steps with LL (else Simple).
     #[inline(always)]
-    pub unsafe fn prims(&self) -> Simple {
-        Simple::new(self.ch, self.slot_bytes)
+    pub fn ll(&self) -> bool {
+        self.args.proto == PROTO_LL
     }
 
-    /// Elements per step: the host's chunk, never more than a FIFO slot.
+    /// The primitives on this channel's ring connections, with the launch's protocol.
+    #[inline(always)]
+    pub unsafe fn prims(&self) -> Simple {
+        Simple::new(self.ch, self.slot_bytes).with_ll(self.ll())
+    }
+
+    /// Elements per step: the host's chunk, never more than a FIFO slot (an LL slot's payload
+    /// with LL).
     #[inline(always)]
     pub fn max_chunk(&self) -> usize {
-        let slot = self.slot_bytes as usize / core::mem::size_of::<T>();
+        let bytes = if self.ll() {
+            LL_STEP_BYTES
+        } else {
+            self.slot_bytes
+        };
+        let slot = bytes as usize / core::mem::size_of::<T>();
         core::cmp::min(self.args.chunk_elems as usize, slot)
     }
 

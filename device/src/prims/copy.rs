@@ -43,7 +43,7 @@ impl<T: Elem> Move<T> {
     }
 
     #[inline(always)]
-    fn combine<O: RedOp<T>>(&self, op: &O, r: Pack16, x: Pack16) -> Pack16 {
+    pub(crate) fn combine<O: RedOp<T>>(&self, op: &O, r: Pack16, x: Pack16) -> Pack16 {
         let mut v = if self.input.is_null() {
             r
         } else {

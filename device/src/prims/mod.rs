@@ -1,7 +1,8 @@
 //! Protocol primitives: how a CTA moves one FIFO step of data between neighbours.
-//! Simple only for now; LL and LL128 arrive over the same step model.
+//! Simple and LL (chosen per launch at run time); LL128 arrives over the same step model.
 
 pub mod copy;
+pub mod ll;
 pub mod simple;
 
 pub use simple::Simple;

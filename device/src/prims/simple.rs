@@ -2,7 +2,8 @@
 //! synchronises, and one thread publishes the step with a system-scope release on the peer's
 //! tail counter. The receiver's acquire of that counter makes the whole slot visible. Flow
 //! control runs the other way: the receiver releases `head` once it has consumed a slot, and a
-//! sender never runs more than NCCL_STEPS slots ahead of it.
+//! sender never runs more than NCCL_STEPS slots ahead of it. The same struct carries LL steps
+//! when asked ([`Simple::with_ll`], [`super::ll`]).
 
 use crate::abi::{ChannelDev, ConnRecv, ConnSend, NCCL_STEPS};
 use crate::arch;
@@ -13,13 +14,16 @@ use crate::types::Elem;
 /// A send connection and a receive connection (either may be absent: null), with the step
 /// counters this CTA advances.
 pub struct Simple {
-    send: *mut ConnSend,
-    recv: *mut ConnRecv,
+    pub(super) send: *mut ConnSend,
+    pub(super) recv: *mut ConnRecv,
     slot_bytes: usize,
-    send_step: u64,
-    recv_step: u64,
-    tid: usize,
-    nthreads: usize,
+    pub(super) send_step: u64,
+    pub(super) recv_step: u64,
+    pub(super) tid: usize,
+    pub(super) nthreads: usize,
+    /// Steps go through the LL FIFOs (see [`super::ll`]) instead of the Simple ones: a runtime
+    /// choice, so one kernel serves both protocols.
+    pub(super) ll: bool,
 }
 
 impl Simple {
@@ -46,7 +50,22 @@ impl Simple {
             recv_step: if recv.is_null() { 0 } else { (*recv).step },
             tid: arch::thread_idx() as usize,
             nthreads: arch::block_dim() as usize,
+            ll: false,
         }
+    }
+
+    /// Carries the following steps with the LL protocol (`true`) or Simple (`false`). Every
+    /// thread of the CTA makes the same choice; the connections must have LL FIFOs.
+    #[inline(always)]
+    pub fn with_ll(mut self, ll: bool) -> Simple {
+        self.ll = ll;
+        self
+    }
+
+    /// Whether steps go through the LL FIFOs.
+    #[inline(always)]
+    pub fn is_ll(&self) -> bool {
+        self.ll
     }
 
     /// Elements of T one step carries at most.
@@ -71,6 +90,10 @@ impl Simple {
         mut mv: Move<T>,
         n: usize,
     ) {
+        if self.ll {
+            self.step_ll(op, recv, send, mv, n);
+            return;
+        }
         let (sc, rc) = (self.send, self.recv);
         if self.tid == 0 {
             if recv {

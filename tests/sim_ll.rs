@@ -1,0 +1,99 @@
+//! The LL protocol on the CPU simulator: NCCL_PROTO=LL for this whole test binary, so every
+//! ring collective carries its steps in 16-byte lines of two data words and two flags.
+
+mod common;
+
+use common::{compare, from_bytes, input, reference, to_bytes, Drive, Ranks};
+use nccl::{Backend, Comm, DataType, ReduceOp};
+use nccl_device::abi::PROTO_LL;
+
+fn use_ll() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("NCCL_PROTO", "LL");
+        std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
+    });
+    assert_eq!(nccl::env::proto(), PROTO_LL, "NCCL_PROTO=LL selects LL");
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+}
+
+fn sim_comms(n: usize) -> Ranks {
+    use_ll();
+    let devs: Vec<i32> = (0..n as i32).collect();
+    Ranks::new(Comm::init_all(&devs).expect("init_all on the simulator"))
+}
+
+/// 70000 elements take several LL slots (16 KiB of payload each) per channel.
+const COUNTS: [usize; 4] = [1, 17, 3000, 70_000];
+
+#[test]
+fn every_collective_on_two_and_three_ranks() {
+    for (n, drive) in [(2, Drive::ThreadPerRank), (3, Drive::OneThread)] {
+        common::collective_matrix(&sim_comms(n), &COUNTS, drive);
+    }
+}
+
+#[test]
+fn every_collective_on_four_ranks() {
+    common::collective_matrix(&sim_comms(4), &COUNTS, Drive::Group);
+}
+
+#[test]
+fn every_collective_on_eight_ranks() {
+    common::collective_matrix(&sim_comms(8), &COUNTS, Drive::ThreadPerRank);
+}
+
+#[test]
+fn every_type_and_op_on_two_ranks() {
+    common::type_op_matrix(&sim_comms(2), &[0, 1, 37, 1000, 70_000], Drive::OneThread);
+}
+
+/// As tests/sim_flow_control.rs, with LL: more ranks than FIFO slots and one rank late, so only
+/// the head counter keeps senders from overwriting LL lines not read yet.
+#[test]
+fn a_late_rank_never_loses_data() {
+    use_ll();
+    let n = 16;
+    let comms =
+        Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init 16 simulated ranks");
+    let count = 1 << 18;
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| input::<f32>(count, ReduceOp::Sum, 99, r))
+        .collect();
+    let want = reference(&inputs, ReduceOp::Sum, DataType::Float32);
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let bufs: Vec<_> = comms
+        .iter()
+        .zip(&inputs)
+        .map(|(c, x)| {
+            let b = c.device().alloc(count * 4).unwrap();
+            b.write(0, to_bytes(x)).unwrap();
+            b
+        })
+        .collect();
+    let late = n - 1;
+    for (i, c) in comms.iter().enumerate() {
+        if i == late {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        c.all_reduce(
+            bufs[i].ptr,
+            bufs[i].ptr,
+            count,
+            DataType::Float32,
+            ReduceOp::Sum,
+            streams[i],
+        )
+        .unwrap();
+    }
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let mut out = vec![0u8; count * 4];
+        bufs[i].read(0, &mut out).unwrap();
+        compare(&from_bytes::<f32>(&out), &want, &format!("rank {i}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
