@@ -43,7 +43,8 @@ fn main() {
         let sm: u32 = arch.trim_start_matches("sm_").parse().expect("sm_NN");
         let text = fs::read(&ptx).expect("read PTX");
         let packed = out.join(format!("nccl_{arch}.ptx.deflate"));
-        fs::write(&packed, miniz_oxide::deflate::compress_to_vec(&text, 1)).expect("write deflated PTX");
+        fs::write(&packed, miniz_oxide::deflate::compress_to_vec(&text, 1))
+            .expect("write deflated PTX");
         table.push_str(&format!(
             "    ({sm}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/nccl_{arch}.ptx.deflate\"))),\n"
         ));

@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{compare, from_bytes, input, reference, to_bytes, Drive, Ranks};
-use nccl::{Backend, Comm, DataType, ReduceOp};
+use common::{Drive, Ranks};
+use nccl::{Backend, Comm};
 use nccl_device::abi::PROTO_LL;
 
 fn use_ll() {
@@ -53,47 +53,5 @@ fn every_type_and_op_on_two_ranks() {
 #[test]
 fn a_late_rank_never_loses_data() {
     use_ll();
-    let n = 16;
-    let comms =
-        Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init 16 simulated ranks");
-    let count = 1 << 18;
-    let inputs: Vec<Vec<f32>> = (0..n)
-        .map(|r| input::<f32>(count, ReduceOp::Sum, 99, r))
-        .collect();
-    let want = reference(&inputs, ReduceOp::Sum, DataType::Float32);
-    let streams: Vec<_> = comms
-        .iter()
-        .map(|c| c.device().stream_create().unwrap())
-        .collect();
-    let bufs: Vec<_> = comms
-        .iter()
-        .zip(&inputs)
-        .map(|(c, x)| {
-            let b = c.device().alloc(count * 4).unwrap();
-            b.write(0, to_bytes(x)).unwrap();
-            b
-        })
-        .collect();
-    let late = n - 1;
-    for (i, c) in comms.iter().enumerate() {
-        if i == late {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-        }
-        c.all_reduce(
-            bufs[i].ptr,
-            bufs[i].ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            streams[i],
-        )
-        .unwrap();
-    }
-    for (i, c) in comms.iter().enumerate() {
-        c.device().stream_sync(streams[i]).unwrap();
-        let mut out = vec![0u8; count * 4];
-        bufs[i].read(0, &mut out).unwrap();
-        compare(&from_bytes::<f32>(&out), &want, &format!("rank {i}"))
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
+    common::late_rank_all_reduce(16);
 }

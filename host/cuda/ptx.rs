@@ -17,7 +17,11 @@ pub fn for_arch(sm: u32) -> Option<&'static str> {
             })
             .collect()
     });
-    texts.iter().filter(|(arch, _)| *arch <= sm).max_by_key(|(arch, _)| *arch).map(|(_, text)| text.as_str())
+    texts
+        .iter()
+        .filter(|(arch, _)| *arch <= sm)
+        .max_by_key(|(arch, _)| *arch)
+        .map(|(_, text)| text.as_str())
 }
 
 /// A module holding the header and shared items of `ptx` and only the entry points whose name
