@@ -48,9 +48,9 @@ const struct tuner ncclTunerPlugin_v4 = { "test-v4", init, (void*)get, destroy }
 
 fn build(v3: bool) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nccl-rs-tuner-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).ok()?;
+    std::fs::create_dir_all(&dir).expect("create a temporary folder");
     let src = dir.join("plugin.c");
-    std::fs::write(&src, PLUGIN).ok()?;
+    std::fs::write(&src, PLUGIN).expect("write the plugin source");
     let out = dir.join(if v3 {
         "libnccl-tuner-v3.so"
     } else {
