@@ -44,8 +44,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Maps the shared-memory object `name` (creating it with `bytes` when `create`).
-fn map_shm(name: &str, bytes: usize, create: bool) -> Result<u64> {
+/// Maps the shared-memory object `name` (creating it with `bytes` when `create`). `None`:
+/// `create` was asked and the name is taken.
+fn map_shm(name: &str, bytes: usize, create: bool) -> Result<Option<u64>> {
     let c =
         std::ffi::CString::new(name).map_err(|_| Error::internal("shm name holds a NUL byte"))?;
     let flags = if create {
@@ -56,6 +57,12 @@ fn map_shm(name: &str, bytes: usize, create: bool) -> Result<u64> {
     // SAFETY: plain system calls on a name we own; every result is checked.
     unsafe {
         let fd = libc::shm_open(c.as_ptr(), flags, 0o600);
+        if fd < 0
+            && create
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::AlreadyExists
+        {
+            return Ok(None);
+        }
         if fd < 0 {
             return Err(Error::system(format!(
                 "shm_open({name}): {}",
@@ -93,7 +100,7 @@ fn map_shm(name: &str, bytes: usize, create: bool) -> Result<u64> {
                 std::io::Error::last_os_error()
             )));
         }
-        Ok(p as u64)
+        Ok(Some(p as u64))
     }
 }
 
@@ -251,6 +258,19 @@ fn registry() -> &'static Mutex<Registry> {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A per-process number in every region name, so that names differ from those a process
+/// with a recycled pid left behind.
+fn process_nonce() -> u32 {
+    static N: OnceLock<u32> = OnceLock::new();
+    *N.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() ^ d.as_secs() as u32)
+            .unwrap_or(0);
+        t ^ (&N as *const _ as usize as u32).rotate_left(16)
+    })
+}
+
 pub struct Device {
     pub ordinal: i32,
     /// The legacy default stream (handle 0) of this device.
@@ -315,12 +335,22 @@ impl Device {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DevPtr> {
-        let name = format!(
-            "/ncclrs-{}-{}",
-            std::process::id(),
-            NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        );
-        let p = map_shm(&name, bytes, true)?;
+        // A name left behind by a killed process that had our pid must not fail the
+        // allocation: take the next number instead (O_EXCL never reuses a live region).
+        let mut tries = 0;
+        let (name, p) = loop {
+            let name = format!(
+                "/ncclrs-{}-{:x}-{}",
+                std::process::id(),
+                process_nonce(),
+                NEXT_ID.fetch_add(1, Ordering::Relaxed)
+            );
+            match map_shm(&name, bytes, true)? {
+                Some(p) => break (name, p),
+                None if tries < 64 => tries += 1,
+                None => return Err(Error::system(format!("shm_open({name}): name taken"))),
+            }
+        };
         lock(regions()).insert(
             p,
             Region {
@@ -407,7 +437,8 @@ impl Device {
         let end = h[12..].iter().position(|&b| b == 0).map_or(64, |i| 12 + i);
         let name = std::str::from_utf8(&h[12..end])
             .map_err(|_| Error::invalid_argument("malformed simulator IPC handle"))?;
-        let p = map_shm(name, bytes, false)?;
+        let p = map_shm(name, bytes, false)?
+            .ok_or_else(|| Error::internal("shm_open without O_CREAT reported a taken name"))?;
         lock(regions()).insert(
             p,
             Region {
