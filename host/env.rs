@@ -244,31 +244,6 @@ pub fn int(name: &str) -> i64 {
     }
 }
 
-/// The protocol the ring collectives use, from NCCL_PROTO: the first of LL and Simple
-/// (case-insensitive) that a comma list names; anything else (unset, LL128 alone, `^list`,
-/// `coll:list`) is Simple. LL is opt-in until it is measured on GPUs.
-pub fn proto() -> u32 {
-    parse_proto(raw("NCCL_PROTO").as_deref().unwrap_or(""))
-}
-
-/// [`proto`] of a value.
-pub fn parse_proto(v: &str) -> u32 {
-    use nccl_device::abi::{PROTO_LL, PROTO_SIMPLE};
-    let v = v.trim();
-    if v.starts_with('^') || v.contains(':') {
-        return PROTO_SIMPLE;
-    }
-    for item in v.split(',').map(str::trim) {
-        if item.eq_ignore_ascii_case("ll") {
-            return PROTO_LL;
-        }
-        if item.eq_ignore_ascii_case("simple") {
-            return PROTO_SIMPLE;
-        }
-    }
-    PROTO_SIMPLE
-}
-
 /// Decimal or 0x-hexadecimal.
 pub fn parse_int(v: &str) -> Option<i64> {
     let v = v.trim();
@@ -306,14 +281,5 @@ mod tests {
             ]
         );
         assert!(PARAMS.iter().all(|p| p.name.starts_with("NCCL_")));
-        use nccl_device::abi::{PROTO_LL, PROTO_SIMPLE};
-        assert_eq!(parse_proto("LL"), PROTO_LL);
-        assert_eq!(parse_proto("ll"), PROTO_LL);
-        assert_eq!(parse_proto("LL128,ll,Simple"), PROTO_LL);
-        assert_eq!(parse_proto("simple,LL"), PROTO_SIMPLE);
-        assert_eq!(parse_proto(""), PROTO_SIMPLE);
-        assert_eq!(parse_proto("LL128"), PROTO_SIMPLE);
-        assert_eq!(parse_proto("^LL"), PROTO_SIMPLE);
-        assert_eq!(parse_proto("allreduce:LL"), PROTO_SIMPLE);
     }
 }

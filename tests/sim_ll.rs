@@ -4,8 +4,8 @@
 mod common;
 
 use common::{Drive, Ranks};
+use nccl::tune::{Coll, Proto};
 use nccl::{Backend, Comm};
-use nccl_device::abi::PROTO_LL;
 
 fn use_ll() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -13,14 +13,22 @@ fn use_ll() {
         std::env::set_var("NCCL_PROTO", "LL");
         std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
     });
-    assert_eq!(nccl::env::proto(), PROTO_LL, "NCCL_PROTO=LL selects LL");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
 }
 
 fn sim_comms(n: usize) -> Ranks {
     use_ll();
     let devs: Vec<i32> = (0..n as i32).collect();
-    Ranks::new(Comm::init_all(&devs).expect("init_all on the simulator"))
+    let comms = Comm::init_all(&devs).expect("init_all on the simulator");
+    for c in &comms {
+        let big = c.tuning(Coll::AllReduce, 1 << 30).expect("a choice");
+        assert_eq!(
+            big.proto,
+            Proto::Ll,
+            "NCCL_PROTO=LL selects LL at every size"
+        );
+    }
+    Ranks::new(comms)
 }
 
 /// 70000 elements take several LL slots (16 KiB of payload each) per channel.

@@ -9,6 +9,7 @@ mod config;
 mod peer;
 mod pending;
 mod split;
+pub mod tuning;
 
 pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
 pub use pending::{Launch, PendingComm};
@@ -33,6 +34,9 @@ pub struct Shape {
     pub nchannels: u32,
     pub nthreads: u32,
     pub slot_bytes: u32,
+    /// NCCL_ALGO and NCCL_PROTO as [`crate::tune::Filter`] masks.
+    pub algo_mask: u64,
+    pub proto_mask: u64,
 }
 
 impl Shape {
@@ -74,10 +78,13 @@ impl Shape {
             n = n.max(min);
         }
         let n = config.bound_channels(n.clamp(1, MAX_CHANNELS as i64) as u32);
+        let (algo_mask, proto_mask) = tuning::filter_masks()?;
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
             slot_bytes: slot,
+            algo_mask,
+            proto_mask,
         })
     }
 }
@@ -88,6 +95,8 @@ pub struct Comm {
     pub(crate) nranks: usize,
     pub(crate) device: Device,
     pub(crate) shape: Shape,
+    /// Picks protocol and channels per call, alike on every rank.
+    pub(crate) tuner: crate::tune::Tuner,
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
@@ -167,6 +176,8 @@ impl Comm {
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
         let shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
+        let tuner =
+            tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;
         let (free_before, _) = device.mem_info()?;
         // One ring, rank order, on every channel (every GPU pair is equal on an NVLink switch).
         let prev = (rank + nranks - 1) % nranks;
@@ -246,6 +257,7 @@ impl Comm {
             nranks,
             device,
             shape,
+            tuner,
             bootstrap,
             links,
             order,
@@ -414,6 +426,11 @@ impl Comm {
     }
     pub fn shape(&self) -> Shape {
         self.shape
+    }
+    /// What a collective of `bytes` (NCCL's nBytes: AllGather's whole output, ReduceScatter's
+    /// whole input, else one rank's buffer) runs with here, as the tuner picks it.
+    pub fn tuning(&self, coll: crate::tune::Coll, bytes: usize) -> Result<crate::tune::Choice> {
+        self.tuner.choose(coll, bytes)
     }
     /// Device memory this communicator allocated at init (cuMemGetInfo before and after).
     pub fn init_device_bytes(&self) -> usize {

@@ -8,7 +8,8 @@ pub mod p2p;
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
-use nccl_device::abi::{Coll, CollArgs, LL_STEP_BYTES, PROTO_LL};
+use crate::tune::{self, Choice, Proto};
+use nccl_device::abi::{Coll, CollArgs, LL_STEP_BYTES, PROTO_LL, PROTO_SIMPLE};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
 
@@ -49,12 +50,48 @@ impl ReduceOp {
     }
 }
 
-/// Smallest per-channel share worth a channel of its own (bytes); smaller calls use fewer CTAs.
-const MIN_CHANNEL_BYTES: usize = 64 * 1024;
+/// The tuner's name for a device collective.
+pub fn tune_coll(c: Coll) -> tune::Coll {
+    match c {
+        Coll::AllReduce => tune::Coll::AllReduce,
+        Coll::Broadcast => tune::Coll::Broadcast,
+        Coll::Reduce => tune::Coll::Reduce,
+        Coll::AllGather => tune::Coll::AllGather,
+        Coll::ReduceScatter => tune::Coll::ReduceScatter,
+    }
+}
 
-/// How many channels a call of `bytes` uses on a communicator with `max` channels.
-pub fn channels_for(bytes: usize, max: u32) -> u32 {
-    (bytes / MIN_CHANNEL_BYTES).clamp(1, max.max(1) as usize) as u32
+/// NCCL's `nBytes` of a call: one rank's buffer of AllReduce, Broadcast and Reduce, the whole
+/// output of AllGather and input of ReduceScatter. `None` when it overflows.
+fn call_bytes(nranks: usize, c: &CollCall) -> Option<usize> {
+    let block = c.count.checked_mul(c.dt.size())?;
+    let whole = block
+        .checked_mul(nranks)
+        .filter(|&b| b <= isize::MAX as usize)?;
+    Some(match c.coll {
+        Coll::AllGather | Coll::ReduceScatter => whole,
+        _ => block,
+    })
+}
+
+/// What the tuner runs for `call` on `comm`: algorithm, protocol, channels, estimated time.
+pub fn choose(comm: &Comm, call: &CollCall) -> Result<Choice> {
+    let bytes = call_bytes(comm.nranks, call).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "count {} of {} overflows the byte size",
+            call.count,
+            call.dt.name()
+        ))
+    })?;
+    comm.tuner.choose(tune_coll(call.coll), bytes)
+}
+
+/// The model's time for `call` in µs (0 for an empty call), for ncclGroupSimulateEnd.
+pub fn estimate_us(comm: &Comm, call: &CollCall) -> f64 {
+    if call.count == 0 {
+        return 0.0;
+    }
+    choose(comm, call).map(|c| c.est_time_us).unwrap_or(0.0)
 }
 
 /// Checks one user buffer of `bytes` bytes for a call on `comm`.
@@ -112,19 +149,14 @@ pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
 fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     comm.check_usable()?;
     let n = comm.nranks;
-    let bytes = c
-        .count
-        .checked_mul(c.dt.size())
-        .and_then(|b| b.checked_mul(n))
-        .filter(|&b| b <= isize::MAX as usize)
-        .map(|b| b / n)
-        .ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "count {} of {} overflows the byte size",
-                c.count,
-                c.dt.name()
-            ))
-        })?;
+    if call_bytes(n, &c).is_none() {
+        return Err(Error::invalid_argument(format!(
+            "count {} of {} overflows the byte size",
+            c.count,
+            c.dt.name()
+        )));
+    }
+    let bytes = c.count * c.dt.size(); // one rank's block
     let rooted = matches!(c.coll, Coll::Broadcast | Coll::Reduce);
     if rooted && c.root >= n {
         return Err(Error::invalid_argument(format!(
@@ -160,7 +192,14 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         _ => 0,
     };
     let shape = comm.shape;
-    let proto = crate::env::proto();
+    let choice = choose(comm, &c)?;
+    let proto = match choice.proto {
+        Proto::Simple => PROTO_SIMPLE,
+        Proto::Ll => PROTO_LL,
+        Proto::Ll128 => {
+            return Err(Error::internal("the tuner chose LL128, which is not built"));
+        }
+    };
     // One step's payload fits one FIFO slot of the protocol.
     let step_bytes = if proto == PROTO_LL {
         shape.slot_bytes.min(LL_STEP_BYTES)
@@ -179,12 +218,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         proto,
     };
     let kernel = comm.kernel("coll", dt, op.kind())?;
-    let moved = if matches!(c.coll, Coll::AllGather | Coll::ReduceScatter) {
-        bytes * n
-    } else {
-        bytes
-    };
-    let grid = channels_for(moved, shape.nchannels);
+    let grid = (choice.nchannels as u32).clamp(1, shape.nchannels.max(1));
     let (device, block, stream) = (comm.device.clone(), shape.nthreads, c.stream);
     let order = comm.order.clone();
     group::ordered(Box::new(move || {
@@ -197,12 +231,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn small_calls_use_few_channels() {
-        assert_eq!(channels_for(8, 16), 1);
-        assert_eq!(channels_for(1 << 20, 32), 16);
-        assert_eq!(channels_for(1 << 20, 4), 4);
-        assert_eq!(channels_for(1 << 30, 16), 16);
-        assert_eq!(channels_for(1 << 30, 0), 1);
+    fn raw_ops_map_to_builtins() {
         assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));
         assert_eq!(ReduceOp::from_raw(5), None);
     }

@@ -66,13 +66,19 @@ pub fn nic(busid: &str, name: &str, dev: usize, speed_mbps: u64, gdr: bool) -> X
 /// The 4×H200 host: every GPU with 18 NVLinks to the NVSwitch fabric (`nvidia-smi topo -m`
 /// NV18 between all pairs), PCIe Gen5 under one CPU, no NIC.
 pub fn h200x4() -> XmlNode {
+    nvswitch_node(4, 90)
+}
+
+/// `ngpus` GPUs of compute capability `sm`, each with 18 NVLinks to one NVSwitch fabric, under
+/// one CPU: the 4×H200 host for 4, and the machine the simulator presents for any count.
+pub fn nvswitch_node(ngpus: usize, sm: u32) -> XmlNode {
     let mut c = cpu(0, "AuthenticAMD");
-    for d in 0..4 {
+    for d in 0..ngpus {
         let nvs = vec![("0000:ff:00.0".to_string(), 18, "0x068000")];
         c.children.push(gpu(
-            &format!("0000:{:02x}:00.0", 6 + d),
+            &format!("{:04x}:{:02x}:00.0", d / 200, 6 + d % 200),
             d,
-            90,
+            sm,
             "32.0 GT/s PCIe",
             &nvs,
         ));

@@ -197,6 +197,32 @@ impl<const N: usize> Filter<N> {
     pub fn allows(&self, coll: Coll, item: usize) -> bool {
         self.allowed[coll as usize][item]
     }
+
+    /// The filter as bits (`coll * N + item`), to send to other ranks.
+    pub fn to_mask(&self) -> u64 {
+        let mut m = 0u64;
+        for (c, row) in self.allowed.iter().enumerate() {
+            for (i, &ok) in row.iter().enumerate() {
+                if ok {
+                    m |= 1 << (c * N + i);
+                }
+            }
+        }
+        m
+    }
+
+    /// The inverse of [`Filter::to_mask`].
+    pub fn from_mask(m: u64) -> Self {
+        let mut f = Filter {
+            allowed: [[false; N]; 5],
+        };
+        for (c, row) in f.allowed.iter_mut().enumerate() {
+            for (i, ok) in row.iter_mut().enumerate() {
+                *ok = m & (1 << (c * N + i)) != 0;
+            }
+        }
+        f
+    }
 }
 
 impl AlgoFilter {
@@ -235,6 +261,9 @@ pub struct TuneParams {
     pub max_threads: u32,
     /// NCCL_TUNER_PLUGIN when set.
     pub plugin: Option<String>,
+    /// `built[algo][proto]`: the kernels exist (the model knows more than is built; the
+    /// communicator narrows this to what its kernels run).
+    pub built: [[bool; NUM_PROTOS]; NUM_ALGOS],
 }
 
 impl Default for TuneParams {
@@ -245,6 +274,7 @@ impl Default for TuneParams {
             nthreads: None,
             max_threads: 512,
             plugin: None,
+            built: [[true; NUM_PROTOS]; NUM_ALGOS],
         }
     }
 }
@@ -393,6 +423,7 @@ impl Tuner {
             _ => false, // NVLS, CollNet, PAT: not built (NVLS stays off on the shared hosts)
         };
         supported
+            && self.params.built[algo as usize][proto as usize]
             && (proto != Proto::Ll128 || self.ll128_ok)
             && self.params.algo.allows(coll, algo as usize)
             && self.params.proto.allows(coll, proto as usize)

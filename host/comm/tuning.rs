@@ -1,0 +1,96 @@
+//! A communicator's machine model: the topology of its node, the graph search over it, and the
+//! tuner that picks protocol and channels for each call.
+//!
+//! Every rank builds the same tuner: the topology comes from facts every rank shares (the peer
+//! records), and the NCCL_ALGO / NCCL_PROTO filters are rank 0's (carried in [`Shape`]), so all
+//! ranks choose alike for the same call, which the kernels need: a rank on LL and its peer on
+//! Simple would wait for each other forever.
+
+use super::peer::PeerInfo;
+use super::Shape;
+use crate::cuda::Device;
+use crate::error::Result;
+use crate::graph::{self, Graphs};
+use crate::topo::detect::{GpuInfo, StaticGpus};
+use crate::topo::{synthetic, System};
+use crate::tune::{Algo, AlgoFilter, Proto, ProtoFilter, TuneParams, Tuner, NUM_ALGOS, NUM_PROTOS};
+
+/// (algorithm, protocol) pairs the device kernels implement.
+pub const BUILT: &[(Algo, Proto)] = &[(Algo::Ring, Proto::Simple), (Algo::Ring, Proto::Ll)];
+
+fn built() -> [[bool; NUM_PROTOS]; NUM_ALGOS] {
+    let mut b = [[false; NUM_PROTOS]; NUM_ALGOS];
+    for &(a, p) in BUILT {
+        b[a as usize][p as usize] = true;
+    }
+    b
+}
+
+/// This process's NCCL_ALGO and NCCL_PROTO as masks (errors for bad syntax).
+pub fn filter_masks() -> Result<(u64, u64)> {
+    let p = TuneParams::from_env()?;
+    Ok((p.algo.to_mask(), p.proto.to_mask()))
+}
+
+/// The node this rank is on, as a topology: the communicator's GPUs on this host.
+fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<System> {
+    let me = &peers[rank];
+    let local: Vec<&PeerInfo> = peers
+        .iter()
+        .filter(|p| p.host_hash == me.host_hash)
+        .collect();
+    let props = device.props()?;
+    let sm = props.compute_capability.0 * 10 + props.compute_capability.1;
+    if device.is_sim() {
+        // The simulator presents an NVSwitch machine: every pair of GPUs equal.
+        return System::from_xml_node(synthetic::nvswitch_node(local.len(), sm));
+    }
+    let gpus = local
+        .iter()
+        .map(|p| GpuInfo {
+            dev: p.device,
+            rank: p.rank as usize,
+            busid: p.bus_id.clone(),
+            sm,
+        })
+        .collect();
+    match System::detect(&StaticGpus::new(gpus)) {
+        Ok(s) if s.gpus.len() == local.len() => Ok(s),
+        other => {
+            let why = match other {
+                Ok(s) => format!("{} of {} GPUs found", s.gpus.len(), local.len()),
+                Err(e) => e.to_string(),
+            };
+            log::warn!(
+                "topology detection failed ({why}); tuning for an NVSwitch node of {} GPUs",
+                local.len()
+            );
+            System::from_xml_node(synthetic::nvswitch_node(local.len(), sm))
+        }
+    }
+}
+
+/// Topology, graphs and tuner for rank `rank`; `shape` is the agreed (rank 0's) one.
+pub fn build(rank: usize, device: &Device, peers: &[PeerInfo], shape: &Shape) -> Result<Tuner> {
+    let system = local_system(rank, device, peers)?;
+    // Transports reach peers on this host only, so the communicator is one node.
+    let ranks: Vec<Vec<usize>> = vec![system.gpus.iter().map(|g| g.rank).collect()];
+    let mut gparams = graph::Params::from_env()?;
+    let most = shape.nchannels as usize;
+    gparams.max_channels = match gparams.max_channels {
+        0 => most,
+        m => m.min(most),
+    };
+    gparams.min_channels = gparams.min_channels.min(most);
+    let graphs: Graphs = graph::search_ranks(&system, &ranks, &gparams)?;
+    graphs.log(rank);
+    let params = TuneParams {
+        algo: AlgoFilter::from_mask(shape.algo_mask),
+        proto: ProtoFilter::from_mask(shape.proto_mask),
+        nthreads: Some(shape.nthreads),
+        max_threads: shape.nthreads,
+        plugin: crate::env::raw("NCCL_TUNER_PLUGIN"),
+        built: built(),
+    };
+    Ok(Tuner::new(&system, &graphs, &params))
+}

@@ -1,0 +1,122 @@
+//! The tuner inside communicators, on the CPU simulator: the protocol follows the size, every
+//! rank chooses alike even when processes are configured differently (rank 0's NCCL_ALGO and
+//! NCCL_PROTO rule), and bad or impossible filters give clear errors.
+
+mod common;
+
+use common::{check_all_reduce, Drive, Ranks};
+use nccl::tune::{Algo, Coll, Proto};
+use nccl::{Backend, Comm, NcclResult, ReduceOp};
+use nccl_device::types::DataType;
+
+fn sim() {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+}
+
+#[test]
+fn the_protocol_follows_the_size() {
+    if std::env::var("NCCL_PROTO").is_ok() || std::env::var("NCCL_ALGO").is_ok() {
+        return; // a child of the tests below, or a user's filter: the defaults are not in force
+    }
+    sim();
+    let comms = Comm::init_all(&[0, 1, 2, 3]).expect("init_all");
+    for coll in Coll::ALL {
+        let small: Vec<_> = comms.iter().map(|c| c.tuning(coll, 8).unwrap()).collect();
+        let big: Vec<_> = comms
+            .iter()
+            .map(|c| c.tuning(coll, 1 << 30).unwrap())
+            .collect();
+        assert!(small.iter().all(|c| *c == small[0]), "{coll:?}: {small:?}");
+        assert!(big.iter().all(|c| *c == big[0]), "{coll:?}: {big:?}");
+        assert_eq!((small[0].algo, small[0].proto), (Algo::Ring, Proto::Ll));
+        assert_eq!((big[0].algo, big[0].proto), (Algo::Ring, Proto::Simple));
+        assert_eq!(small[0].nchannels, 1, "{coll:?}");
+        assert_eq!(big[0].nchannels, comms[0].shape().nchannels as usize);
+        assert!(small[0].est_time_us < big[0].est_time_us);
+    }
+    // Both protocols and the switch between them, on real data.
+    let ranks = Ranks::new(comms);
+    for count in [1usize, 1000, 100_000, 600_000] {
+        check_all_reduce(
+            &ranks,
+            count,
+            DataType::Float32,
+            ReduceOp::Sum,
+            false,
+            3,
+            Drive::OneThread,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Rank 0 allows only LL, the others only Simple: all follow rank 0, so the collectives agree.
+#[test]
+fn rank_zeros_filters_rule() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        std::env::set_var("NCCL_PROTO", if rank == 0 { "LL" } else { "Simple" });
+        sim();
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank");
+        let c = comm.tuning(Coll::AllReduce, 1 << 20).expect("a choice");
+        assert_eq!(
+            c.proto,
+            Proto::Ll,
+            "rank {rank} follows rank 0's NCCL_PROTO"
+        );
+        let ranks = Ranks::new(vec![comm]);
+        for count in [5usize, 70_000] {
+            check_all_reduce(
+                &ranks,
+                count,
+                DataType::Int32,
+                ReduceOp::Sum,
+                true,
+                5,
+                Drive::OneThread,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        return;
+    }
+    common::procs::run("rank_zeros_filters_rule", 3, &[]);
+}
+
+/// NCCL_ALGO with a typo fails creation; NCCL_PROTO naming only protocols that are not built
+/// fails each call with a message, and the communicator stays usable for nothing else.
+#[test]
+fn bad_filters_are_clear_errors() {
+    if let Some((rank, _, _)) = common::procs::child() {
+        sim();
+        let dev = |r: i32| nccl::Device::open(r).expect("open a simulated device");
+        if rank == 0 {
+            std::env::set_var("NCCL_ALGO", "rign");
+            let id = nccl::get_unique_id().unwrap();
+            let e = Comm::init_rank_on(dev(0), 1, &id, 0).unwrap_err();
+            assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+            assert!(e.message.contains("NCCL_ALGO=rign"), "{e}");
+        } else {
+            std::env::set_var("NCCL_PROTO", "LL128");
+            let comm = Comm::init_rank_on(dev(0), 1, &nccl::get_unique_id().unwrap(), 0)
+                .expect("init_rank");
+            let e = comm.tuning(Coll::AllReduce, 1024).unwrap_err();
+            assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+            assert!(e.message.contains("NCCL_PROTO"), "{e}");
+            let buf = comm.device().alloc(1024).expect("alloc");
+            let e = comm
+                .all_reduce(
+                    buf.ptr,
+                    buf.ptr,
+                    256,
+                    DataType::Float32,
+                    ReduceOp::Sum,
+                    nccl::cuda::StreamHandle(0),
+                )
+                .unwrap_err();
+            assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+        }
+        return;
+    }
+    // Two independent single-rank processes, one per case.
+    common::procs::run("bad_filters_are_clear_errors", 2, &[]);
+}
