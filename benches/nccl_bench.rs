@@ -701,6 +701,19 @@ enum Collective {
     ReduceScatter,
 }
 
+impl Collective {
+    /// The tuner's name for it.
+    fn tuned(self) -> nccl::tune::Coll {
+        match self {
+            Collective::AllReduce => nccl::tune::Coll::AllReduce,
+            Collective::Broadcast => nccl::tune::Coll::Broadcast,
+            Collective::Reduce => nccl::tune::Coll::Reduce,
+            Collective::AllGather => nccl::tune::Coll::AllGather,
+            Collective::ReduceScatter => nccl::tune::Coll::ReduceScatter,
+        }
+    }
+}
+
 /// The element counts of one test of a collective.
 #[derive(Clone, Copy, Debug)]
 struct Counts {
@@ -1738,13 +1751,14 @@ impl Table {
             "ratio",
         ]);
         let head = self.prefix("size", "count", "type", "redop", "root");
-        println!("{}{cols}{cols}", Table::comment(head));
+        println!("{}{cols}{cols}  algo/proto/ch", Table::comment(head));
         let units = self.section(["(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", ""]);
         let head = self.prefix("(B)", "(elements)", "", "", "");
         println!("{}{units}{units}", Table::comment(head));
     }
 
-    fn row(&mut self, call: &Call, places: &[Measure; 2]) {
+    /// One size's line; `tuned` is what our tuner ran (algorithm/protocol/channels).
+    fn row(&mut self, call: &Call, places: &[Measure; 2], tuned: &str) {
         let op = if call.coll.has_op() {
             call.op.name()
         } else {
@@ -1798,7 +1812,7 @@ impl Table {
                 &ratio,
             ]);
         }
-        println!("{line}");
+        println!("{line}  {tuned}");
         let _ = std::io::stdout().flush();
     }
 
@@ -2183,7 +2197,12 @@ fn measure_all(
                     root: args.root,
                     in_place: false,
                 };
-                table.row(&call, &places);
+                let tuned = b.ranks[0]
+                    .comm
+                    .tuning(coll.tuned(), counts.size_bytes)
+                    .map(|c| format!("{}/{}/{}", c.algo, c.proto, c.nchannels))
+                    .unwrap_or_else(|_| "-".into());
+                table.row(&call, &places, &tuned);
                 // As nccl-tests: multiply until past the largest size (a 0-byte start goes on at 1).
                 size = match size.checked_mul(args.step_factor) {
                     Some(0) => 1,

@@ -18,6 +18,11 @@ use crate::tune::{Algo, AlgoFilter, Proto, ProtoFilter, TuneParams, Tuner, NUM_A
 /// (algorithm, protocol) pairs the device kernels implement.
 pub const BUILT: &[(Algo, Proto)] = &[(Algo::Ring, Proto::Simple), (Algo::Ring, Proto::Ll)];
 
+/// Largest automatic call per protocol (LL, LL128, Simple). Our LL measured on 4×H200
+/// (`results/h200x4-ll-opt-in.txt`): 19.3 µs at 8 B against Simple's 24.2, but 36 µs at 128 and
+/// 512 KiB, where Simple takes 36 µs at 256 KiB: past 256 KiB LL has not been seen to win.
+const AUTO_MAX_BYTES: [usize; NUM_PROTOS] = [256 << 10, usize::MAX, usize::MAX];
+
 fn built() -> [[bool; NUM_PROTOS]; NUM_ALGOS] {
     let mut b = [[false; NUM_PROTOS]; NUM_ALGOS];
     for &(a, p) in BUILT {
@@ -32,6 +37,12 @@ pub fn filter_masks() -> Result<(u64, u64)> {
     Ok((p.algo.to_mask(), p.proto.to_mask()))
 }
 
+/// An NVSwitch node of `n` GPUs like `device` (ranks 0..n: the communicator is one node).
+fn nvswitch(n: usize, device: &Device) -> Result<System> {
+    let (major, minor) = device.props()?.compute_capability;
+    System::from_xml_node(synthetic::nvswitch_node(n.max(1), major * 10 + minor))
+}
+
 /// The node this rank is on, as a topology: the communicator's GPUs on this host.
 fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<System> {
     let me = &peers[rank];
@@ -39,12 +50,12 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
         .iter()
         .filter(|p| p.host_hash == me.host_hash)
         .collect();
-    let props = device.props()?;
-    let sm = props.compute_capability.0 * 10 + props.compute_capability.1;
     if device.is_sim() {
         // The simulator presents an NVSwitch machine: every pair of GPUs equal.
-        return System::from_xml_node(synthetic::nvswitch_node(local.len(), sm));
+        return nvswitch(local.len(), device);
     }
+    let (major, minor) = device.props()?.compute_capability;
+    let sm = major * 10 + minor;
     let gpus = local
         .iter()
         .map(|p| GpuInfo {
@@ -65,14 +76,47 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
                 "topology detection failed ({why}); tuning for an NVSwitch node of {} GPUs",
                 local.len()
             );
-            System::from_xml_node(synthetic::nvswitch_node(local.len(), sm))
+            nvswitch(local.len(), device)
         }
     }
 }
 
 /// Topology, graphs and tuner for rank `rank`; `shape` is the agreed (rank 0's) one.
 pub fn build(rank: usize, device: &Device, peers: &[PeerInfo], shape: &Shape) -> Result<Tuner> {
-    let system = local_system(rank, device, peers)?;
+    let (system, graphs) = match search(rank, device, peers, shape) {
+        Ok(found) => found,
+        Err(e) if !device.is_sim() => {
+            // Detection reads sysfs and NVML of machines we may never have seen: a failure
+            // there costs tuning accuracy, not the communicator.
+            log::warn!("topology search failed ({e}); tuning for an NVSwitch node");
+            search_in(nvswitch(peers.len(), device)?, shape)?
+        }
+        Err(e) => return Err(e),
+    };
+    graphs.log(rank);
+    let params = TuneParams {
+        algo: AlgoFilter::from_mask(shape.algo_mask),
+        proto: ProtoFilter::from_mask(shape.proto_mask),
+        nthreads: Some(shape.nthreads),
+        max_threads: shape.nthreads,
+        plugin: crate::env::raw("NCCL_TUNER_PLUGIN"),
+        built: built(),
+        auto_max_bytes: AUTO_MAX_BYTES,
+    };
+    Ok(Tuner::new(&system, &graphs, &params))
+}
+
+fn search(
+    rank: usize,
+    device: &Device,
+    peers: &[PeerInfo],
+    shape: &Shape,
+) -> Result<(System, Graphs)> {
+    search_in(local_system(rank, device, peers)?, shape)
+}
+
+/// The graph search over `system`, one node, channels bounded by the shape.
+fn search_in(system: System, shape: &Shape) -> Result<(System, Graphs)> {
     // Transports reach peers on this host only, so the communicator is one node.
     let ranks: Vec<Vec<usize>> = vec![system.gpus.iter().map(|g| g.rank).collect()];
     let mut gparams = graph::Params::from_env()?;
@@ -82,15 +126,6 @@ pub fn build(rank: usize, device: &Device, peers: &[PeerInfo], shape: &Shape) ->
         m => m.min(most),
     };
     gparams.min_channels = gparams.min_channels.min(most);
-    let graphs: Graphs = graph::search_ranks(&system, &ranks, &gparams)?;
-    graphs.log(rank);
-    let params = TuneParams {
-        algo: AlgoFilter::from_mask(shape.algo_mask),
-        proto: ProtoFilter::from_mask(shape.proto_mask),
-        nthreads: Some(shape.nthreads),
-        max_threads: shape.nthreads,
-        plugin: crate::env::raw("NCCL_TUNER_PLUGIN"),
-        built: built(),
-    };
-    Ok(Tuner::new(&system, &graphs, &params))
+    let graphs = graph::search_ranks(&system, &ranks, &gparams)?;
+    Ok((system, graphs))
 }

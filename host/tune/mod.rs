@@ -264,6 +264,10 @@ pub struct TuneParams {
     /// `built[algo][proto]`: the kernels exist (the model knows more than is built; the
     /// communicator narrows this to what its kernels run).
     pub built: [[bool; NUM_PROTOS]; NUM_ALGOS],
+    /// Largest call (bytes) each protocol is chosen for when another one may run it: a bound
+    /// from measurements of our kernels where the model (calibrated on NVIDIA's) is too kind.
+    /// A filter that leaves only this protocol lifts it.
+    pub auto_max_bytes: [usize; NUM_PROTOS],
 }
 
 impl Default for TuneParams {
@@ -275,6 +279,7 @@ impl Default for TuneParams {
             max_threads: 512,
             plugin: None,
             built: [[true; NUM_PROTOS]; NUM_ALGOS],
+            auto_max_bytes: [usize::MAX; NUM_PROTOS],
         }
     }
 }
@@ -559,15 +564,21 @@ impl Tuner {
                 Err(e) => log::warn!("tuner plugin: {}; using the internal model", e.message),
             }
         }
-        let mut best: Option<(Algo, Proto, f32)> = None;
-        for a in Algo::ALL {
-            for p in Proto::ALL {
-                let t = table[a as usize][p as usize];
-                if t >= 0.0 && self.enabled(coll, a, p) && best.is_none_or(|b| t < b.2) {
-                    best = Some((a, p, t));
+        let pick = |bounded: bool| {
+            let mut best: Option<(Algo, Proto, f32)> = None;
+            for a in Algo::ALL {
+                for p in Proto::ALL {
+                    let t = table[a as usize][p as usize];
+                    let fits = !bounded || bytes <= self.params.auto_max_bytes[p as usize];
+                    if t >= 0.0 && fits && self.enabled(coll, a, p) && best.is_none_or(|b| t < b.2)
+                    {
+                        best = Some((a, p, t));
+                    }
                 }
             }
-        }
+            best
+        };
+        let best = pick(true).or_else(|| pick(false));
         let Some((algo, proto, _)) = best else {
             return Err(Error::invalid_usage(format!(
                 "no algorithm/protocol left for {} (NCCL_ALGO/NCCL_PROTO exclude all that apply)",
