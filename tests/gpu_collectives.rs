@@ -151,3 +151,29 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
         }
     }
 }
+
+/// Every collective and the AllReduce type/op matrix with one algorithm or protocol forced,
+/// a process per GPU: the tree AllReduce, LL everywhere, Simple everywhere.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn forced_algorithms_and_protocols() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
+        let dev = nccl::Device::open(rank as i32).expect("open the GPU");
+        let comm =
+            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
+        let ranks = Ranks::new(vec![comm]);
+        common::collective_matrix(&ranks, &[1, 4099, (1 << 20) + 3], Drive::OneThread);
+        common::type_op_matrix(&ranks, &[13, 65_537, (1 << 22) + 1], Drive::OneThread);
+        return;
+    }
+    for forced in [
+        ("NCCL_ALGO", "allreduce:tree"),
+        ("NCCL_PROTO", "LL"),
+        ("NCCL_PROTO", "Simple"),
+    ] {
+        for n in [2usize, 4] {
+            common::procs::run("forced_algorithms_and_protocols", n, &[forced]);
+        }
+    }
+}

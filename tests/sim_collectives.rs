@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check_all_reduce, Drive, Ranks, ALL_OPS};
-use nccl::{Backend, Comm, DataType};
+use nccl::{Backend, Comm, DataType, ReduceOp};
 
 fn sim_comms(n: usize) -> Ranks {
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
@@ -145,4 +145,73 @@ fn launches_on_different_streams_stay_in_order() {
         );
         c.device().stream_destroy(extra[i]).unwrap();
     }
+}
+
+/// PreMulSum with the scalar in device memory (ncclScalarDevice): the kernel reads it when it
+/// runs.
+#[test]
+fn premulsum_with_a_device_scalar() {
+    let ranks = sim_comms(3);
+    for dt in [DataType::Float32, DataType::Int32, DataType::Float16] {
+        let count = 5000;
+        let factor = if dt.is_float() { 0.5 } else { 3.0 };
+        let bits = nccl_device::with_elem!(dt, T => nccl_device::types::Elem::to_bits(
+            <T as nccl_device::types::Elem>::from_f64(factor)));
+        let want_op = ReduceOp::PreMulSum { scalar_bits: bits };
+        let inputs: Vec<Vec<u8>> = (0..3)
+            .map(|r| {
+                nccl_device::with_elem!(dt, T =>
+                common::to_bytes(&common::input::<T>(count, want_op, 5, r)).to_vec())
+            })
+            .collect();
+        let bytes = count * dt.size();
+        let mut bufs = Vec::new();
+        for (c, x) in ranks.comms.iter().zip(&inputs) {
+            let (send, recv, scalar) = (
+                c.device().alloc(bytes).unwrap(),
+                c.device().alloc(bytes).unwrap(),
+                c.device().alloc(8).unwrap(),
+            );
+            send.write(0, x).unwrap();
+            scalar.write(0, &bits.to_le_bytes()[..dt.size()]).unwrap();
+            bufs.push((send, recv, scalar));
+        }
+        nccl::group_start();
+        for (i, c) in ranks.comms.iter().enumerate() {
+            let (send, recv, scalar) = &bufs[i];
+            let op = ReduceOp::PreMulSumDevice { scalar: scalar.ptr };
+            c.all_reduce(send.ptr, recv.ptr, count, dt, op, ranks.streams[i])
+                .unwrap();
+        }
+        nccl::group_end().unwrap();
+        for (i, c) in ranks.comms.iter().enumerate() {
+            c.device().stream_sync(ranks.streams[i]).unwrap();
+            let mut out = vec![0u8; bytes];
+            bufs[i].1.read(0, &mut out).unwrap();
+            nccl_device::with_elem!(dt, T => {
+                let ins: Vec<Vec<T>> = inputs.iter().map(|b| common::from_bytes::<T>(b)).collect();
+                let want = common::reference(&ins, want_op, dt);
+                common::compare(&common::from_bytes::<T>(&out), &want, &format!("{} rank {i}", dt.name()))
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    // A scalar that is not device memory of the communicator's GPU is refused.
+    let c = &ranks.comms[0];
+    let buf = c.device().alloc(64).unwrap();
+    let host = [0f32; 1];
+    let e = c
+        .all_reduce(
+            buf.ptr,
+            buf.ptr,
+            4,
+            DataType::Float32,
+            ReduceOp::PreMulSumDevice {
+                scalar: host.as_ptr() as u64,
+            },
+            ranks.streams[0],
+        )
+        .unwrap_err();
+    assert_eq!(e.code, nccl::NcclResult::InvalidArgument, "{e}");
+    assert!(e.message.contains("premulsum scalar"), "{e}");
 }

@@ -18,6 +18,11 @@ pub const LL_STEP_BYTES: u32 = LL_SLOT_BYTES / 2;
 pub const PROTO_SIMPLE: u32 = 0;
 pub const PROTO_LL: u32 = 1;
 
+/// The algorithms a collective launch may use (`CollArgs::algo`).
+pub const ALGO_RING: u32 = 0;
+/// AllReduce as a chain in ring order: reduce towards ring position 0, then broadcast back.
+pub const ALGO_TREE: u32 = 1;
+
 /// The sending side of one connection: we write into the peer's FIFO.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,6 +105,18 @@ pub struct CollArgs {
     pub root: u32,
     /// The protocol: [`PROTO_SIMPLE`] or [`PROTO_LL`].
     pub proto: u32,
+    /// The algorithm: [`ALGO_RING`] or [`ALGO_TREE`].
+    pub algo: u32,
+    /// Bytes of one FIFO slot of the tree's up connections.
+    pub tree_slot_bytes: u32,
+    /// The tree's up connections: CTA `c` uses entry `c` of an array of ConnSend (towards the
+    /// ring predecessor) and of ConnRecv (from the ring successor); 0 where there is none (the
+    /// root sends up to nobody, the last rank receives from nobody).
+    pub tree_up_send: u64,
+    pub tree_up_recv: u64,
+    /// Device address of the reduction's scalar (one element) when it lives in device memory;
+    /// 0 when `redop_arg` holds it.
+    pub redop_arg_ptr: u64,
 }
 
 /// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
@@ -193,6 +210,6 @@ const _: () = {
     assert!(core::mem::size_of::<ConnRecv>() == 40);
     assert!(core::mem::size_of::<ChannelDev>() == 104);
     assert!(core::mem::size_of::<DevComm>() == 24);
-    assert!(core::mem::size_of::<CollArgs>() == 56);
+    assert!(core::mem::size_of::<CollArgs>() == 88);
     assert!(core::mem::align_of::<CollArgs>() == 8);
 };

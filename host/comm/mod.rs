@@ -100,6 +100,9 @@ pub struct Comm {
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
+    /// The tree's up connections (ConnSend array towards rank-1, ConnRecv array from rank+1;
+    /// 0 where there is none), when NCCL_ALGO allows the tree.
+    pub(crate) tree_up: Option<(u64, u64)>,
     /// Keeps this communicator's launches in issue order across streams.
     pub(crate) order: Arc<crate::enqueue::order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
@@ -126,6 +129,43 @@ impl std::fmt::Debug for Comm {
             self.rank, self.nranks, self.device
         )
     }
+}
+
+/// Connects the tree's up direction (the ring's reverse, as send/recv links) when the
+/// filters allow the tree: every rank does it at init, so no collective waits on a handshake.
+fn connect_tree(
+    rank: usize,
+    nranks: usize,
+    links: &Links,
+    shape: &Shape,
+) -> Result<Option<(u64, u64)>> {
+    use crate::transport::links::Dir;
+    use crate::tune::{Algo, AlgoFilter, Coll};
+    let allowed =
+        AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
+    if nranks == 1 || !allowed {
+        return Ok(None);
+    }
+    let mut needs = Vec::new();
+    if rank > 0 {
+        needs.push((rank - 1, Dir::Send));
+    }
+    if rank + 1 < nranks {
+        needs.push((rank + 1, Dir::Recv));
+    }
+    let started = links.start(&needs)?;
+    links
+        .finish(started)
+        .map_err(|e| e.context("tree connections"))?;
+    let send = match rank {
+        0 => 0,
+        _ => links.conn(rank - 1, Dir::Send, 0)?,
+    };
+    let recv = match rank + 1 < nranks {
+        true => links.conn(rank + 1, Dir::Recv, 0)?,
+        false => 0,
+    };
+    Ok(Some((send, recv)))
 }
 
 fn check_args(nranks: usize, rank: usize, ids: &[UniqueId]) -> Result<()> {
@@ -213,6 +253,8 @@ impl Comm {
             (shape.slot_bytes as usize / 4).max(4096),
         ));
 
+        let tree_up = connect_tree(rank, nranks, &links, &shape)?;
+
         let nch = shape.nchannels as usize;
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then the ring as ranks (one ring order for every channel).
@@ -260,6 +302,7 @@ impl Comm {
             tuner,
             bootstrap,
             links,
+            tree_up,
             order,
             dev_comm,
             _p2p: p2p,

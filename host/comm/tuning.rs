@@ -16,7 +16,11 @@ use crate::topo::{synthetic, System};
 use crate::tune::{Algo, AlgoFilter, Proto, ProtoFilter, TuneParams, Tuner, NUM_ALGOS, NUM_PROTOS};
 
 /// (algorithm, protocol) pairs the device kernels implement.
-pub const BUILT: &[(Algo, Proto)] = &[(Algo::Ring, Proto::Simple), (Algo::Ring, Proto::Ll)];
+pub const BUILT: &[(Algo, Proto)] = &[
+    (Algo::Ring, Proto::Simple),
+    (Algo::Ring, Proto::Ll),
+    (Algo::Tree, Proto::Simple),
+];
 
 /// Largest automatic call per protocol (LL, LL128, Simple). Our LL measured on 4×H200
 /// (`results/h200x4-ll-opt-in.txt`): 19.3 µs at 8 B against Simple's 24.2, but 36 µs at 128 and

@@ -8,8 +8,10 @@ pub mod p2p;
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
-use crate::tune::{self, Choice, Proto};
-use nccl_device::abi::{Coll, CollArgs, LL_STEP_BYTES, PROTO_LL, PROTO_SIMPLE};
+use crate::tune::{self, Algo, Choice, Proto};
+use nccl_device::abi::{
+    Coll, CollArgs, ALGO_RING, ALGO_TREE, LL_STEP_BYTES, PROTO_LL, PROTO_SIMPLE,
+};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
 
@@ -22,7 +24,14 @@ pub enum ReduceOp {
     Max,
     Min,
     Avg,
-    PreMulSum { scalar_bits: u64 },
+    PreMulSum {
+        scalar_bits: u64,
+    },
+    /// PreMulSum whose scalar (one element of the collective's type) is in device memory and
+    /// is read by the kernel when it runs.
+    PreMulSumDevice {
+        scalar: DevPtr,
+    },
 }
 
 impl ReduceOp {
@@ -33,7 +42,7 @@ impl ReduceOp {
             ReduceOp::Max => RedOpKind::Max,
             ReduceOp::Min => RedOpKind::Min,
             ReduceOp::Avg => RedOpKind::Avg,
-            ReduceOp::PreMulSum { .. } => RedOpKind::PreMulSum,
+            ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. } => RedOpKind::PreMulSum,
         }
     }
 
@@ -191,6 +200,13 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         ReduceOp::PreMulSum { scalar_bits } => scalar_bits,
         _ => 0,
     };
+    let redop_arg_ptr = match op {
+        ReduceOp::PreMulSumDevice { scalar } => {
+            check_buffer(comm, "the premulsum scalar", scalar, dt.size(), dt)?;
+            scalar
+        }
+        _ => 0,
+    };
     let shape = comm.shape;
     let choice = choose(comm, &c)?;
     let proto = match choice.proto {
@@ -200,25 +216,39 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             return Err(Error::internal("the tuner chose LL128, which is not built"));
         }
     };
-    // One step's payload fits one FIFO slot of the protocol.
-    let step_bytes = if proto == PROTO_LL {
-        shape.slot_bytes.min(LL_STEP_BYTES)
-    } else {
-        shape.slot_bytes
-    };
-    let args = CollArgs {
+    let mut args = CollArgs {
         comm: comm.dev_comm.ptr,
         sendbuff: c.send,
         recvbuff: c.recv,
         count: count as u64,
         redop_arg,
-        chunk_elems: step_bytes / dt.size() as u32,
+        redop_arg_ptr,
+        // One step's payload fits one FIFO slot of the protocol.
+        chunk_elems: match proto {
+            PROTO_LL => shape.slot_bytes.min(LL_STEP_BYTES),
+            _ => shape.slot_bytes,
+        } / dt.size() as u32,
         coll: c.coll as u32,
         root: c.root as u32,
         proto,
+        algo: ALGO_RING,
+        ..CollArgs::default()
     };
+    let mut grid = (choice.nchannels as u32).clamp(1, shape.nchannels.max(1));
+    if choice.algo == Algo::Tree {
+        let (up_send, up_recv) = comm.tree_up.ok_or_else(|| {
+            Error::internal("the tuner chose the tree, whose connections were not made")
+        })?;
+        let slot = comm.links.slot_bytes as u32;
+        args.algo = ALGO_TREE;
+        args.tree_slot_bytes = slot;
+        args.tree_up_send = up_send;
+        args.tree_up_recv = up_recv;
+        args.chunk_elems = slot.min(shape.slot_bytes) / dt.size() as u32;
+        // One CTA per up connection.
+        grid = grid.min(comm.links.nconns as u32);
+    }
     let kernel = comm.kernel("coll", dt, op.kind())?;
-    let grid = (choice.nchannels as u32).clamp(1, shape.nchannels.max(1));
     let (device, block, stream) = (comm.device.clone(), shape.nthreads, c.stream);
     let order = comm.order.clone();
     group::ordered(Box::new(move || {

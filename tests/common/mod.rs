@@ -106,6 +106,9 @@ pub fn reference<T: Elem>(inputs: &[Vec<T>], op: ReduceOp, dt: DataType) -> Vec<
                 ReduceOp::PreMulSum { scalar_bits } => {
                     fold(inputs, <PreMulSum<T> as RedOp<T>>::new(scalar_bits), i)
                 }
+                ReduceOp::PreMulSumDevice { .. } => {
+                    panic!("reference: pass the device scalar's value as PreMulSum")
+                }
             };
             let tol = match op {
                 ReduceOp::Max | ReduceOp::Min => 0.0,
@@ -650,6 +653,11 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
 /// elements (many FIFO steps per channel), the last rank launching 300 ms after the others so that senders run ahead of it
 /// as far as the ring allows; every rank's result is checked.
 pub fn late_rank_all_reduce(n: usize) {
+    late_rank_all_reduce_at(n, n - 1);
+}
+
+/// [`late_rank_all_reduce`] with rank `late` the late one.
+pub fn late_rank_all_reduce_at(n: usize, late: usize) {
     let comms =
         Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init the simulated ranks");
     // Many steps per channel: 64 KiB FIFOs of 8 slots, so a 1 MiB buffer takes many pieces.
@@ -671,8 +679,10 @@ pub fn late_rank_all_reduce(n: usize) {
             b
         })
         .collect();
-    let late = n - 1;
-    for (i, c) in comms.iter().enumerate() {
+    // Every other rank first; the late one 300 ms after.
+    let order = (0..n).filter(|&i| i != late).chain([late]);
+    for i in order {
+        let c = &comms[i];
         if i == late {
             std::thread::sleep(std::time::Duration::from_millis(300));
         }

@@ -1,10 +1,13 @@
 //! AllReduce. Ring: per channel slice, a reduce-scatter then an all-gather around the ring,
 //! nranks-1 steps each; chunk numbers are ring positions, so chunk `r` is fully reduced at the
-//! rank in ring position `r`.
+//! rank in ring position `r`. Tree: a chain in ring order; each chunk is reduced on its way to
+//! ring position 0 and broadcast back down, the two directions pipelined.
 
 use super::{align_up, div_ceil, Kernel};
+use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS};
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
+use crate::prims::Simple;
 use crate::types::Elem;
 
 /// The chunk (elements per ring step) for a piece of `remaining` elements.
@@ -107,6 +110,91 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
         off += piece;
     }
     prims.finish();
+}
+
+/// Chunks the broadcast down the chain trails the reduction up it: deep enough that a rank
+/// rarely waits for a chunk's round trip, shallow enough to start the way down early.
+const TREE_LAG: usize = NCCL_STEPS as usize / 2;
+
+/// # Safety
+/// See [`super::run`]; the host wired `tree_up_send`/`tree_up_recv` for every CTA.
+pub unsafe fn tree<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
+    let (nranks, input, output) = (k.nranks, k.input, k.output);
+    if nranks == 1 {
+        k.local_copy(input.add(k.start), output.add(k.start), k.end - k.start);
+        return;
+    }
+    let pos = k.ring_ix();
+    let (root, leaf) = (pos == 0, pos == nranks - 1);
+    let cta = crate::arch::block_idx() as usize;
+    let a = &k.args;
+    let up_send = if root {
+        core::ptr::null_mut()
+    } else {
+        (a.tree_up_send as *mut ConnSend).add(cta)
+    };
+    let up_recv = if leaf {
+        core::ptr::null_mut()
+    } else {
+        (a.tree_up_recv as *mut ConnRecv).add(cta)
+    };
+    let ch = &mut *k.ch;
+    let down_send: *mut ConnSend = if leaf {
+        core::ptr::null_mut()
+    } else {
+        &mut ch.send
+    };
+    let down_recv: *mut ConnRecv = if root {
+        core::ptr::null_mut()
+    } else {
+        &mut ch.recv
+    };
+    let mut up = Simple::on(up_send, up_recv, a.tree_slot_bytes);
+    let mut down = Simple::on(down_send, down_recv, k.slot_bytes);
+    let slot = core::cmp::min(a.tree_slot_bytes, k.slot_bytes) as usize / core::mem::size_of::<T>();
+    let chunk = core::cmp::max(
+        pack_elems::<T>(),
+        core::cmp::min(a.chunk_elems as usize, slot) / pack_elems::<T>() * pack_elems::<T>(),
+    );
+    let op = k.op;
+    let none = Move::<T>::none();
+    let (start, end) = (k.start, k.end);
+    let nchunks = div_ceil(end - start, chunk);
+    let span = |c: usize| {
+        let s = start + c * chunk;
+        (s, core::cmp::min(chunk, end - s))
+    };
+    for i in 0..nchunks + TREE_LAG {
+        if i < nchunks {
+            // Up: add our input to what the ranks below sent; the root finishes the value.
+            let (s, n) = span(i);
+            let mv = Move {
+                input: input.add(s),
+                output: if root { output.add(s) } else { none.output },
+                post: root,
+                ..none
+            };
+            up.step(&op, !leaf, !root, mv, n);
+        }
+        if i >= TREE_LAG {
+            // Down: the root sends finished chunks, the others store and pass them on.
+            let (s, n) = span(i - TREE_LAG);
+            let mv = if root {
+                Move {
+                    recv: output.add(s),
+                    ..none
+                }
+            } else {
+                Move {
+                    output: output.add(s),
+                    ..none
+                }
+            };
+            down.step(&op, !root, !leaf, mv, n);
+        }
+    }
+    up.finish();
+    down.finish();
 }
 
 #[cfg(test)]

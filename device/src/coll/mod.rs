@@ -9,7 +9,7 @@ pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 
-use crate::abi::{ChannelDev, Coll, CollArgs, DevComm, LL_STEP_BYTES, PROTO_LL};
+use crate::abi::{ChannelDev, Coll, CollArgs, DevComm, ALGO_TREE, LL_STEP_BYTES, PROTO_LL};
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
@@ -24,6 +24,7 @@ use crate::types::Elem;
 pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
     let mut k = Kernel::<T, O>::new(args);
     match Coll::from_raw(args.coll) {
+        Some(Coll::AllReduce) if args.algo == ALGO_TREE => all_reduce::tree(&mut k),
         Some(Coll::AllReduce) => all_reduce::ring(&mut k),
         Some(Coll::Broadcast) => broadcast::ring(&mut k),
         Some(Coll::Reduce) => reduce::ring(&mut k),
@@ -58,7 +59,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
             channel_range::<T>(args.count as usize, ch_id, arch::grid_dim() as usize);
         Kernel {
             args: *args,
-            op: O::new(args.redop_arg),
+            op: O::new(scalar_bits::<T>(args)),
             nranks: comm.nranks as usize,
             input: args.sendbuff as *const T,
             output: args.recvbuff as *mut T,
@@ -130,6 +131,21 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
             ..Move::none()
         };
         mv.run(&self.op, n, self.tid, self.nthreads);
+    }
+}
+
+/// The reduction's scalar as raw bits: from device memory when the host gave its address.
+#[inline(always)]
+unsafe fn scalar_bits<T>(args: &CollArgs) -> u64 {
+    if args.redop_arg_ptr == 0 {
+        return args.redop_arg;
+    }
+    let p = args.redop_arg_ptr;
+    match core::mem::size_of::<T>() {
+        1 => core::ptr::read_volatile(p as *const u8) as u64,
+        2 => core::ptr::read_volatile(p as *const u16) as u64,
+        4 => core::ptr::read_volatile(p as *const u32) as u64,
+        _ => core::ptr::read_volatile(p as *const u64),
     }
 }
 
