@@ -18,6 +18,15 @@ fn gpus(n: usize) -> Ranks {
     Ranks::new(Comm::init_all(&devs).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
 }
 
+/// In a child process of `common::procs::run`: its one rank, on the GPU of its rank number.
+fn child_rank() -> Option<Ranks> {
+    let (rank, nranks, id) = common::procs::child()?;
+    nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
+    let dev = nccl::Device::open(rank as i32).expect("open the GPU");
+    let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
+    Some(Ranks::new(vec![comm]))
+}
+
 const COUNTS: [usize; 9] = [0, 1, 2, 3, 7, 13, 1021, 65_537, (1 << 20) + 3];
 
 fn matrix(n: usize) {
@@ -73,12 +82,7 @@ fn thread_per_gpu_and_large_buffers() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn process_per_gpu() {
-    if let Some((rank, nranks, id)) = common::procs::child() {
-        nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
-        let dev = nccl::Device::open(rank as i32).expect("open the GPU");
-        let comm =
-            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
-        let ranks = Ranks::new(vec![comm]);
+    if let Some(ranks) = child_rank() {
         for dt in DataType::ALL {
             for op in ALL_OPS {
                 for count in [1usize, 997, (1 << 22) + 1] {
@@ -157,12 +161,7 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn forced_algorithms_and_protocols() {
-    if let Some((rank, nranks, id)) = common::procs::child() {
-        nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
-        let dev = nccl::Device::open(rank as i32).expect("open the GPU");
-        let comm =
-            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
-        let ranks = Ranks::new(vec![comm]);
+    if let Some(ranks) = child_rank() {
         common::collective_matrix(&ranks, &[1, 4099, (1 << 20) + 3], Drive::OneThread);
         common::type_op_matrix(&ranks, &[13, 65_537, (1 << 22) + 1], Drive::OneThread);
         return;
