@@ -49,9 +49,30 @@ pub fn group_start() {
     enqueue::group::start()
 }
 
-/// `ncclGroupEnd`.
+/// `ncclGroupEnd`. When the group's communicators are non-blocking (`Config::blocking(false)`)
+/// and it holds operations, they are issued on a background thread and this returns an error
+/// of code [`NcclResult::InProgress`] — not a failure: poll each communicator's
+/// [`Comm::async_state`] until it is `Success` before using it or its streams again.
 pub fn group_end() -> Result<()> {
     enqueue::group::end()
+}
+
+/// `ncclGroupSimulateEnd`: ends the group without launching anything (its operations are
+/// dropped, as NCCL does) and returns the model's time for it in µs; None when this only ends
+/// an inner, nested group.
+pub fn group_simulate_end() -> Result<Option<f64>> {
+    enqueue::group::simulate_end()
+}
+
+/// Every collective: the communicator must be ready and joins the thread's group, then the
+/// call is checked and launched (now or at the group's end).
+fn submit_collective(comm: &Comm, call: CollCall) -> Result<()> {
+    enqueue::group::enter(comm).map_err(|e| {
+        enqueue::group::record_error(e.context(format!("nccl{}", call.coll.name())))
+    })?;
+    enqueue::collective(comm, call)?;
+    enqueue::group::note_collective(comm, &call);
+    Ok(())
 }
 
 impl Comm {
@@ -76,7 +97,7 @@ impl Comm {
             root: 0,
             stream,
         };
-        enqueue::collective(self, call)
+        submit_collective(self, call)
     }
 
     /// `ncclBroadcast`: copies `count` elements of `send` on `root` to `recv` on every rank.
@@ -100,7 +121,7 @@ impl Comm {
             root,
             stream,
         };
-        enqueue::collective(self, call)
+        submit_collective(self, call)
     }
 
     /// `ncclReduce`: reduces every rank's `send` into `recv` on `root`.
@@ -125,7 +146,7 @@ impl Comm {
             root,
             stream,
         };
-        enqueue::collective(self, call)
+        submit_collective(self, call)
     }
 
     /// `ncclAllGather`: every rank's `count` elements, gathered in rank order into `recv`
@@ -148,7 +169,7 @@ impl Comm {
             root: 0,
             stream,
         };
-        enqueue::collective(self, call)
+        submit_collective(self, call)
     }
 
     /// `ncclSend`: sends `count` elements of `send` to rank `peer`, which posts a matching
@@ -214,6 +235,6 @@ impl Comm {
             root: 0,
             stream,
         };
-        enqueue::collective(self, call)
+        submit_collective(self, call)
     }
 }

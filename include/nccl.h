@@ -89,6 +89,24 @@ typedef struct ncclConfig_v22500 {
         NCCL_CONFIG_UNDEF_INT                          /* collnetEnable */           \
   }
 
+#define NCCL_UNDEF_FLOAT -1.0f
+
+/* What ncclGroupSimulateEnd reports. Start from NCCL_SIM_INFO_INITIALIZER. */
+typedef struct ncclSimInfo_v1 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime; /* the model's time of the group's operations, microseconds */
+} ncclSimInfo_t;
+
+#define NCCL_SIM_INFO_INITIALIZER                                                    \
+  {                                                                                  \
+    sizeof(ncclSimInfo_t),                             /* size */                    \
+        0x74685283,                                    /* magic */                   \
+        NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */              \
+        NCCL_UNDEF_FLOAT                               /* estimatedTime */           \
+  }
+
 /* Element types. */
 typedef enum {
   ncclInt8 = 0,
@@ -199,6 +217,11 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, int root, ncclComm_t comm,
                             cudaStream_t stream);
+/* The legacy in-place Broadcast: buff is the root's input and every rank's output. */
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                       ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                        ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                         cudaStream_t stream);
@@ -216,11 +239,27 @@ ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t rec
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream);
 
-/* Groups */
+/* Point to point: inside a group, every send and receive goes out together at its end. */
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                       ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                       ncclComm_t comm, cudaStream_t stream);
+
+/* Groups. With non-blocking communicators, ncclGroupEnd may return ncclInProgress: the
+ * operations are issued in the background; poll ncclCommGetAsyncError on each communicator
+ * until ncclSuccess before using it (or its streams) again. */
 ncclResult_t ncclGroupStart(void);
 ncclResult_t pncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 ncclResult_t pncclGroupEnd(void);
+/* Ends the group without launching anything (its operations are dropped) and stores the
+ * model's time for it in simInfo->estimatedTime. */
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
+ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 /* nccl-rs extensions, for programs without the CUDA runtime (on the CPU simulator, device
  * memory is host memory and these stand in for cudaSetDevice / cudaStreamSynchronize). */

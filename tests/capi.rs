@@ -101,6 +101,10 @@ fn every_function_has_its_pnccl_alias() {
         "ncclCommSplit",
         "ncclGetLastError",
         "ncclAllReduce",
+        "ncclBcast",
+        "ncclSend",
+        "ncclRecv",
+        "ncclGroupSimulateEnd",
     ] {
         assert!(names.contains(&n), "{n} missing from nccl.h");
         assert!(

@@ -106,18 +106,17 @@ impl CommHandle {
         if let Some(Err(e)) = self.finalize_state() {
             return e.code;
         }
-        match c.get_async_error() {
-            Ok(()) => NcclResult::Success,
-            Err(e) => e.code,
-        }
+        // A non-blocking group still issuing (InProgress) or failed; else the async error.
+        c.async_state()
     }
 
-    /// The communicator for a call that needs a complete one: using it while its creation
-    /// (or finalize) is in progress is invalid usage, as NCCL documents ("poll
-    /// ncclCommGetAsyncError until ncclSuccess before the next call").
+    /// The communicator for a call that needs a complete one. Using it while its creation,
+    /// finalize or a non-blocking group is still in progress is refused as NCCL refuses it
+    /// (ncclInvalidArgument: "poll ncclCommGetAsyncError until ncclSuccess before the next
+    /// call"); after a non-blocking group failed, every call returns that group's error.
     pub(crate) fn ready(&self) -> Result<Arc<Comm>> {
         let busy = |what: &str| {
-            Error::invalid_usage(format!(
+            Error::invalid_argument(format!(
                 "{what} is still in progress (ncclInProgress): poll ncclCommGetAsyncError until \
                  it returns ncclSuccess before using the communicator"
             ))
@@ -134,6 +133,7 @@ impl CommHandle {
                 return Err(busy("ncclCommFinalize"));
             }
         }
+        crate::enqueue::group::check_ready(&c.order, c.rank())?;
         Ok(c)
     }
 
@@ -214,7 +214,12 @@ impl CommHandle {
                     }
                 }
             }
-            State::Ready(c) => c.abort(),
+            State::Ready(c) => {
+                c.abort();
+                // A non-blocking group still issuing fails fast once aborted; its launches
+                // must be over before the communicator's memory goes.
+                let _ = c.order.background.wait();
+            }
             State::Failed(_) => {}
         }
         if let Finalize::Running(h) =

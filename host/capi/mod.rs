@@ -302,9 +302,72 @@ export! {
 }
 
 export! {
-    /// `ncclGroupEnd`: runs what the group recorded; its first error.
+    /// `ncclGroupEnd`: runs what the group recorded; its first error. ncclInProgress when the
+    /// group's communicators are non-blocking: its operations are issued in the background.
     fn ncclGroupEnd / pncclGroupEnd() {
         crate::group_end()?;
+        Ok(NcclResult::Success)
+    }
+}
+
+/// `NCCL_SIM_INFO_INITIALIZER`'s magic.
+pub const NCCL_SIM_INFO_MAGIC: u32 = 0x7468_5283;
+
+/// `ncclSimInfo_t` (version 1 of the structure: NCCL 2.25's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NcclSimInfo {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    /// µs, as NCCL's model gives it.
+    pub estimated_time: f32,
+}
+
+/// The bytes of `ncclSimInfo_t` this library reads and writes: up to `estimatedTime`.
+const SIM_INFO_USED: usize = std::mem::offset_of!(NcclSimInfo, estimated_time) + 4;
+
+/// Checks a caller's `ncclSimInfo_t`.
+unsafe fn sim_info<'a>(p: *mut NcclSimInfo) -> Result<&'a mut NcclSimInfo> {
+    if p.is_null() {
+        return Err(null("simInfo"));
+    }
+    // The size first: the rest is only read once it says the caller's structure holds it.
+    let size = std::ptr::addr_of!((*p).size).read_unaligned();
+    if size < SIM_INFO_USED {
+        return Err(Error::invalid_argument(format!(
+            "simInfo->size {size} is too small for ncclSimInfo_t ({} bytes): initialize it \
+             with NCCL_SIM_INFO_INITIALIZER",
+            std::mem::size_of::<NcclSimInfo>()
+        )));
+    }
+    let info = p.as_mut().ok_or_else(|| null("simInfo"))?;
+    if info.magic != NCCL_SIM_INFO_MAGIC {
+        return Err(Error::invalid_argument(format!(
+            "simInfo->magic {:#x} is not {NCCL_SIM_INFO_MAGIC:#x}: initialize it with \
+             NCCL_SIM_INFO_INITIALIZER",
+            info.magic
+        )));
+    }
+    Ok(info)
+}
+
+export! {
+    /// `ncclGroupSimulateEnd`: ends the group like ncclGroupEnd but launches nothing (the
+    /// operations are dropped, as NCCL does) and stores the model's time of the group in
+    /// `simInfo->estimatedTime` (µs). A bad `simInfo` is an invalid argument; the group ends
+    /// all the same.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info_ptr: *mut NcclSimInfo) {
+        let info = match sim_info(sim_info_ptr) {
+            Ok(i) => i,
+            Err(e) => {
+                let _ = crate::group_simulate_end();
+                return Err(e.context("ncclGroupSimulateEnd"));
+            }
+        };
+        if let Some(t) = crate::group_simulate_end()? {
+            info.estimated_time = t as f32;
+        }
         Ok(NcclResult::Success)
     }
 }
@@ -360,6 +423,61 @@ export! {
         let root = count_of("root", root)?;
         let (c, s) = coll_comm(comm, stream)?;
         c.broadcast(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclBcast`: the legacy in-place Broadcast (`buff` is the root's input and every rank's
+    /// output).
+    fn ncclBcast / pncclBcast(
+        buff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let root = count_of("root", root)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.broadcast(dev(buff), dev(buff), count, dt, root, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclSend`.
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let peer = count_of("peer", peer)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.send(dev(sendbuff), count, dt, peer, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclRecv`.
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let peer = count_of("peer", peer)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.recv(dev(recvbuff), count, dt, peer, s)?;
         Ok(NcclResult::Success)
     }
 }

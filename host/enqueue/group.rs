@@ -2,12 +2,31 @@
 //! and run when the outermost group ends: communicator inits all at once on their own threads
 //! (one thread may initialise several ranks that wait on each other), then the operations in
 //! the order they were issued.
+//!
+//! A group whose communicators are non-blocking (config `blocking = 0`) issues its operations
+//! on a background thread: `ncclGroupEnd` returns `ncclInProgress` at once, and each of those
+//! communicators reports `ncclInProgress` (`ncclCommGetAsyncError`) until everything was issued,
+//! then `ncclSuccess` or the error. Using such a communicator before that is an invalid argument,
+//! as in NCCL. Blocking and non-blocking communicators do not mix in one group.
+//!
+//! `ncclGroupSimulateEnd` ends a group without launching anything: the operations are dropped
+//! and the model's time of its collectives is returned.
 
-use crate::error::{Error, Result};
+use super::order::{in_progress, StreamOrder};
+use crate::comm::Comm;
+use crate::error::{Error, NcclResult, Result};
 use std::cell::RefCell;
+use std::sync::Arc;
 
 /// Work deferred to the end of the group.
 pub type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// A communicator with operations in the group.
+struct Member {
+    order: Arc<StreamOrder>,
+    /// The model's time of its collectives in the group, µs.
+    estimate_us: f64,
+}
 
 #[derive(Default)]
 struct GroupState {
@@ -20,6 +39,10 @@ struct GroupState {
     p2p: Vec<super::p2p::P2pOp>,
     /// The first error raised inside the group, returned by the outermost end.
     error: Option<Error>,
+    /// Communicators with operations in the group, in the order they joined.
+    members: Vec<Member>,
+    /// Whether the group's communicators are blocking (None: none joined yet).
+    blocking: Option<bool>,
 }
 
 std::thread_local! {
@@ -45,13 +68,30 @@ pub fn ordered(job: Job) -> Result<()> {
     Ok(())
 }
 
-/// Runs `job` now, or concurrently with the group's other such jobs at its end.
+fn set_mode(g: &mut GroupState, blocking: bool) -> Result<()> {
+    match g.blocking {
+        Some(b) if b != blocking => Err(Error::invalid_argument(
+            "blocking and non-blocking communicators cannot be used in the same group",
+        )),
+        _ => {
+            g.blocking = Some(blocking);
+            Ok(())
+        }
+    }
+}
+
+/// Runs `job` now, or concurrently with the group's other such jobs at its end. (Only the
+/// creation of blocking communicators comes here: it makes the group a blocking one.)
 pub fn parallel(job: Job) -> Result<()> {
     if depth() == 0 {
         return job();
     }
-    GROUP.with(|g| g.borrow_mut().parallel.push(job));
-    Ok(())
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        set_mode(&mut g, true)?;
+        g.parallel.push(job);
+        Ok(())
+    })
 }
 
 /// Runs a send or receive now (a group of one), or with the group's others at its end.
@@ -74,10 +114,61 @@ pub fn record_error(e: Error) -> Error {
     e
 }
 
-/// `ncclGroupEnd`: at the outermost level, runs what the group recorded and returns the first
-/// error.
-pub fn end() -> Result<()> {
-    let state = GROUP.with(|g| {
+/// Whether `comm` may take a new call: not while a non-blocking group still issues its work
+/// in the background (NCCL: "attempt to use communicator before the previous operation
+/// returned ncclSuccess", an invalid argument), nor after such a group failed (its error).
+pub fn check_ready(order: &StreamOrder, rank: usize) -> Result<()> {
+    match order.background.state() {
+        Err(e) if e.code == NcclResult::InProgress => Err(Error::invalid_argument(format!(
+            "rank {rank}: the communicator was used before its previous operation completed \
+             (ncclInProgress): poll ncclCommGetAsyncError until it returns ncclSuccess first"
+        ))),
+        r => r,
+    }
+}
+
+/// The first step of every operation on `comm`: it must be ready, and inside a group it joins
+/// the group (whose communicators must all be blocking, or all non-blocking).
+pub(crate) fn enter(comm: &Comm) -> Result<()> {
+    check_ready(&comm.order, comm.rank)?;
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Ok(());
+        }
+        set_mode(&mut g, comm.config().blocking)?;
+        if !g.members.iter().any(|m| Arc::ptr_eq(&m.order, &comm.order)) {
+            g.members.push(Member {
+                order: comm.order.clone(),
+                estimate_us: 0.0,
+            });
+        }
+        Ok(())
+    })
+}
+
+/// Adds a collective recorded in the calling thread's group to the group's simulated time.
+pub(crate) fn note_collective(comm: &Comm, call: &super::CollCall) {
+    if depth() == 0 {
+        return;
+    }
+    let t = super::estimate_us(comm, call);
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if let Some(m) = g
+            .members
+            .iter_mut()
+            .find(|m| Arc::ptr_eq(&m.order, &comm.order))
+        {
+            m.estimate_us += t;
+        }
+    });
+}
+
+/// Ends one level of the calling thread's group: the whole group's state at the outermost
+/// level, None at an inner one.
+fn take_outermost() -> Result<Option<GroupState>> {
+    GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::invalid_usage(
@@ -90,11 +181,13 @@ pub fn end() -> Result<()> {
         } else {
             None
         })
-    })?;
-    let Some(state) = state else { return Ok(()) };
-    let mut first = state.error;
+    })
+}
+
+/// Runs the creations concurrently; the first error.
+fn run_parallel(jobs: Vec<Job>) -> Option<Error> {
     let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let hs: Vec<_> = state.parallel.into_iter().map(|job| s.spawn(job)).collect();
+        let hs: Vec<_> = jobs.into_iter().map(|job| s.spawn(job)).collect();
         hs.into_iter()
             .map(|h| {
                 h.join()
@@ -102,27 +195,122 @@ pub fn end() -> Result<()> {
             })
             .collect()
     });
-    for r in results {
-        if let Err(e) = r {
-            first.get_or_insert(e);
-        }
+    results.into_iter().find_map(|r| r.err())
+}
+
+/// Issues the operations: the ordered jobs, then the sends and receives.
+fn run_ops(ordered: Vec<Job>, p2p: Vec<super::p2p::P2pOp>) -> Result<()> {
+    for job in ordered {
+        job()?;
     }
-    if first.is_none() {
-        for job in state.ordered {
-            if let Err(e) = job() {
-                first = Some(e);
-                break;
+    if !p2p.is_empty() {
+        super::p2p::flush(p2p)?;
+    }
+    Ok(())
+}
+
+/// `ncclGroupEnd`: at the outermost level, runs what the group recorded and returns the first
+/// error. For non-blocking communicators the operations are issued on a background thread
+/// and this returns an error of code `InProgress` (not a failure: poll each communicator's
+/// [`Comm::async_state`] until it is `Success`).
+pub fn end() -> Result<()> {
+    let Some(state) = take_outermost()? else {
+        return Ok(());
+    };
+    let GroupState {
+        parallel,
+        ordered,
+        p2p,
+        error,
+        members,
+        blocking,
+        ..
+    } = state;
+    let mut first = error;
+    if let Some(e) = run_parallel(parallel) {
+        first.get_or_insert(e);
+    }
+    if let Some(e) = first {
+        return Err(e);
+    }
+    if blocking != Some(false) || (ordered.is_empty() && p2p.is_empty()) {
+        return run_ops(ordered, p2p);
+    }
+    let orders: Vec<Arc<StreamOrder>> = members.into_iter().map(|m| m.order).collect();
+    for o in &orders {
+        o.background.begin();
+    }
+    let bg = orders.clone();
+    let spawned = std::thread::Builder::new()
+        .name("nccl-group".into())
+        .spawn(move || {
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_ops(ordered, p2p)))
+                    .unwrap_or_else(|_| Err(Error::internal("a non-blocking group panicked")));
+            for o in &bg {
+                o.background.end(&r);
             }
+        });
+    match spawned {
+        Ok(_) => Err(in_progress(
+            "ncclGroupEnd: the group's operations are being issued in the background",
+        )),
+        Err(e) => {
+            let e = Error::system(format!(
+                "cannot start a thread for a non-blocking group: {e}"
+            ));
+            for o in &orders {
+                o.background.end(&Err(e.clone()));
+            }
+            Err(e)
         }
     }
-    if first.is_none() && !state.p2p.is_empty() {
-        if let Err(e) = super::p2p::flush(state.p2p) {
-            first = Some(e);
+}
+
+/// `ncclGroupSimulateEnd`: ends the group like [`end`] but launches nothing (its collectives
+/// and sends/receives are dropped; communicator creations still run). At the outermost level,
+/// the model's time of the group in µs: per communicator, the sum of its collectives' times;
+/// across communicators (ranks running side by side), the longest. None at an inner level.
+pub fn simulate_end() -> Result<Option<f64>> {
+    let Some(state) = take_outermost()? else {
+        return Ok(None);
+    };
+    let mut first = state.error;
+    if let Some(e) = run_parallel(state.parallel) {
+        first.get_or_insert(e);
+    }
+    if let Some(e) = first {
+        return Err(e);
+    }
+    Ok(Some(
+        state
+            .members
+            .iter()
+            .map(|m| m.estimate_us)
+            .fold(0.0, f64::max),
+    ))
+}
+
+impl Comm {
+    /// What `ncclCommGetAsyncError` reports: `InProgress` while a non-blocking group still
+    /// issues this communicator's operations in the background, then `Success`, or the code
+    /// of the error a group or operation raised in the background.
+    pub fn async_state(&self) -> NcclResult {
+        match self
+            .order
+            .background
+            .state()
+            .and_then(|()| self.get_async_error())
+        {
+            Ok(()) => NcclResult::Success,
+            Err(e) => e.code,
         }
     }
-    match first {
-        Some(e) => Err(e),
-        None => Ok(()),
+
+    /// Waits until no non-blocking group issues this communicator's operations any more; Ok,
+    /// or the error the last one ended with.
+    pub fn wait_group(&self) -> Result<()> {
+        self.order.background.wait()
     }
 }
 

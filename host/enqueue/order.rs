@@ -3,15 +3,97 @@
 //! recorded on the launch's stream; the next launch on another stream waits for it first, and
 //! finalize/destroy wait for it to know the communicator's work is done — without ever touching
 //! a user's stream after the call that used it (the user may have destroyed it since).
+//!
+//! It also knows whether a non-blocking group is still issuing the communicator's work on a
+//! background thread (`ncclGroupEnd` returned `ncclInProgress`), and how that ended.
 
 use crate::cuda::{Device, StreamHandle};
-use crate::error::{Error, Result};
-use std::sync::Mutex;
+use crate::error::{Error, NcclResult, Result};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// The background issue of a non-blocking group, as one communicator sees it.
+#[derive(Clone, Debug)]
+enum BgState {
+    /// Nothing in flight; the last background group (if any) issued everything.
+    Idle,
+    /// A background thread is still issuing work.
+    Running,
+    /// The last background group failed; the communicator keeps reporting it.
+    Failed(Error),
+}
+
+/// Whether a non-blocking group is issuing a communicator's work on a background thread.
+pub struct Background {
+    state: Mutex<BgState>,
+    done: Condvar,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Background {
+            state: Mutex::new(BgState::Idle),
+            done: Condvar::new(),
+        }
+    }
+}
+
+impl Background {
+    fn lock(&self) -> MutexGuard<'_, BgState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A non-blocking group starts issuing the communicator's work in the background.
+    pub(crate) fn begin(&self) {
+        *self.lock() = BgState::Running;
+    }
+
+    /// The background group finished issuing, with `r`. An error stays the communicator's
+    /// state, as NCCL keeps a group's failure as the communicator's async error.
+    pub(crate) fn end(&self, r: &Result<()>) {
+        *self.lock() = match r {
+            Ok(()) => BgState::Idle,
+            Err(e) => BgState::Failed(e.clone()),
+        };
+        self.done.notify_all();
+    }
+
+    /// Ok when no background group runs or failed; `InProgress` while one runs; else the
+    /// error it ended with.
+    pub fn state(&self) -> Result<()> {
+        match &*self.lock() {
+            BgState::Idle => Ok(()),
+            BgState::Running => Err(in_progress(
+                "a non-blocking group is still issuing this communicator's operations",
+            )),
+            BgState::Failed(e) => Err(e.clone()),
+        }
+    }
+
+    /// Waits until no background group runs; then as [`Background::state`].
+    pub fn wait(&self) -> Result<()> {
+        let mut b = self.lock();
+        while matches!(&*b, BgState::Running) {
+            b = self.done.wait(b).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(b);
+        self.state()
+    }
+}
 
 pub struct StreamOrder {
     device: Device,
     /// The stream of the last launch and the event recorded after it (created on first use).
     last: Mutex<(Option<StreamHandle>, Option<u64>)>,
+    /// A non-blocking group issuing this communicator's work on another thread.
+    pub(crate) background: Background,
+}
+
+/// An `InProgress` answer: not a failure, so neither logged nor kept as the last error.
+pub(crate) fn in_progress(what: impl Into<String>) -> Error {
+    Error {
+        code: NcclResult::InProgress,
+        message: what.into(),
+    }
 }
 
 impl StreamOrder {
@@ -19,11 +101,25 @@ impl StreamOrder {
         StreamOrder {
             device,
             last: Mutex::new((None, None)),
+            background: Background::default(),
         }
     }
 
     /// Runs `launch` on `stream` after everything this communicator launched before.
     pub fn launch(&self, stream: StreamHandle, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.launch_joined(stream, &[], launch)
+    }
+
+    /// Runs `launch` on `main` after everything this communicator launched before and after
+    /// the work already queued on each of `others`; later work on `others` waits for it. This
+    /// is how one group's operations issued on several streams become one launch sequence
+    /// (NCCL: "as if the group was posted on every stream").
+    pub fn launch_joined(
+        &self,
+        main: StreamHandle,
+        others: &[StreamHandle],
+        launch: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let mut last = self
             .last
             .lock()
@@ -36,17 +132,33 @@ impl StreamOrder {
                 e
             }
         };
-        if last.0.is_some_and(|p| p != stream) {
-            self.device.stream_wait_event(stream, done)?;
+        if last.0.is_some_and(|p| p != main) {
+            self.device.stream_wait_event(main, done)?;
+        }
+        for &s in others.iter().filter(|&&s| s != main) {
+            // A fresh event per join: destroying it after the wait is queued is fine (the
+            // wait keeps what it needs, in CUDA as in the simulator).
+            let e = self.device.event_create()?;
+            let r = self
+                .device
+                .event_record(e, s)
+                .and_then(|()| self.device.stream_wait_event(main, e));
+            let _ = self.device.event_destroy(e);
+            r?;
         }
         launch()?;
-        self.device.event_record(done, stream)?;
-        last.0 = Some(stream);
+        self.device.event_record(done, main)?;
+        for &s in others.iter().filter(|&&s| s != main) {
+            self.device.stream_wait_event(s, done)?;
+        }
+        last.0 = Some(main);
         Ok(())
     }
 
-    /// Waits until everything launched so far has finished.
+    /// Waits until everything launched so far has finished (a non-blocking group still being
+    /// issued in the background included).
     pub fn wait_idle(&self) -> Result<()> {
+        let _ = self.background.wait();
         let last = self
             .last
             .lock()
@@ -66,5 +178,29 @@ impl Drop for StreamOrder {
                 let _ = self.device.event_destroy(e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn background_state_follows_the_group() {
+        let b = Background::default();
+        assert!(b.state().is_ok());
+        b.begin();
+        assert_eq!(b.state().unwrap_err().code, NcclResult::InProgress);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                b.end(&Ok(()));
+            });
+            assert!(b.wait().is_ok(), "wait returns once the group issued");
+        });
+        b.begin();
+        b.end(&Err(Error::remote("peer gone")));
+        assert_eq!(b.wait().unwrap_err().code, NcclResult::RemoteError);
+        assert_eq!(b.state().unwrap_err().code, NcclResult::RemoteError);
     }
 }

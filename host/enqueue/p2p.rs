@@ -1,19 +1,31 @@
 //! ncclSend / ncclRecv. Calls are checked at once and gathered until the group ends (a lone
 //! call is a group of one); then the connections they need are made and each communicator's
-//! operations on one stream go out as one launch, a CTA per connection used, so that sends and
-//! receives between the same ranks progress together.
+//! operations go out as a sequence of launches on one stream, a CTA per connection used, so
+//! that sends and receives between the same ranks progress together.
+//!
+//! A launch holds at most [`MAX_P2P_ITEMS`] CTAs and uses each connection once, so a large
+//! group takes several launches. They are cut the same way on every rank, so that each launch
+//! can finish given only the peers' launches of the same place in the sequence: the k-th
+//! operation on a (peer, direction) goes to round k, and within a round, a send to rank
+//! `rank + d` and a receive from rank `rank - d` (mod nranks) go to chunk `d / width`, where
+//! `width` distances fit one launch. Both ends of a message compute the same (round, chunk)
+//! — the k-th send from A to B and the k-th receive at B from A both sit at distance
+//! `B - A` — and every rank launches in (round, chunk) order; by induction over that order,
+//! every launch's peers reach the launch that completes it.
 
 use super::group;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::transport::links::{Dir, Links};
 use nccl_device::abi::{P2pArgs, P2pItem, P2pKind, MAX_P2P_ITEMS};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// One send or receive waiting for its group to end.
 pub struct P2pOp {
     pub links: Arc<Links>,
     pub order: Arc<super::order::StreamOrder>,
+    pub nranks: usize,
     pub peer: usize,
     pub dir: Dir,
     pub buff: DevPtr,
@@ -39,6 +51,7 @@ pub fn submit(
         "ncclRecv"
     };
     let checked = || -> Result<P2pOp> {
+        group::enter(comm)?;
         comm.check_usable()?;
         if peer >= comm.nranks {
             return Err(Error::invalid_argument(format!(
@@ -71,6 +84,7 @@ pub fn submit(
         Ok(P2pOp {
             links: comm.links.clone(),
             order: comm.order.clone(),
+            nranks: comm.nranks,
             peer,
             dir,
             buff,
@@ -92,14 +106,108 @@ pub fn part(bytes: usize, n: usize, c: usize) -> (usize, usize) {
     (s, (s + per).min(bytes) - s)
 }
 
-/// Launches everything a group gathered: per (communicator, stream), in issue order, a new
-/// launch whenever a connection would be used twice or the items run out.
+/// What one CTA group of a launch does, by index into the operations planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// A send or receive over the peer's connections (`nconns` CTAs).
+    Conn(usize),
+    /// A send to ourselves and the receive it matches (one CTA).
+    Copy { send: usize, recv: usize },
+}
+
+/// Where a launch sits in the sequence every rank follows: (round, chunk).
+pub type LaunchKey = (usize, usize);
+
+/// Distances to peers one launch covers: a send and a receive of `nconns` CTAs each.
+fn width(nconns: usize) -> Result<usize> {
+    if nconns == 0 || 2 * nconns > MAX_P2P_ITEMS {
+        return Err(Error::internal(format!(
+            "{nconns} connections per peer do not fit a launch of {MAX_P2P_ITEMS} work items"
+        )));
+    }
+    Ok(MAX_P2P_ITEMS / (2 * nconns))
+}
+
+/// Cuts one communicator's operations (peer, direction, bytes), in issue order, into
+/// launches, in the order to launch them (see the module's documentation). Sends to ourselves
+/// pair with receives from ourselves in order, and must match in number and size.
+pub fn plan(
+    rank: usize,
+    nranks: usize,
+    nconns: usize,
+    ops: &[(usize, Dir, usize)],
+) -> Result<Vec<(LaunchKey, Vec<Work>)>> {
+    let width = width(nconns)?;
+    let mut rounds: std::collections::HashMap<(usize, Dir), usize> = Default::default();
+    let mut launches: BTreeMap<LaunchKey, Vec<Work>> = BTreeMap::new();
+    let (mut self_sends, mut self_recvs) = (Vec::new(), Vec::new());
+    for (i, &(peer, dir, _)) in ops.iter().enumerate() {
+        if peer >= nranks {
+            return Err(Error::internal(format!(
+                "p2p peer {peer} of {nranks} ranks"
+            )));
+        }
+        if peer == rank {
+            match dir {
+                Dir::Send => self_sends.push(i),
+                Dir::Recv => self_recvs.push(i),
+            }
+            continue;
+        }
+        let k = rounds.entry((peer, dir)).or_insert(0);
+        let d = match dir {
+            Dir::Send => (peer + nranks - rank) % nranks,
+            Dir::Recv => (rank + nranks - peer) % nranks,
+        };
+        launches
+            .entry((*k, d / width))
+            .or_default()
+            .push(Work::Conn(i));
+        *k += 1;
+    }
+    if self_sends.len() != self_recvs.len() {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: {} sends to itself but {} receives from itself in one group",
+            self_sends.len(),
+            self_recvs.len()
+        )));
+    }
+    for (k, (&s, &r)) in self_sends.iter().zip(&self_recvs).enumerate() {
+        if ops[s].2 != ops[r].2 {
+            return Err(Error::invalid_usage(format!(
+                "send to self of {} bytes matched with a receive of {} bytes",
+                ops[s].2, ops[r].2
+            )));
+        }
+        // Distance 0: the first chunk of round k.
+        launches
+            .entry((k, 0))
+            .or_default()
+            .push(Work::Copy { send: s, recv: r });
+    }
+    Ok(launches.into_iter().collect())
+}
+
+/// Work items (CTAs) a launch of `works` takes.
+pub fn items(works: &[Work], nconns: usize) -> usize {
+    works
+        .iter()
+        .map(|w| match w {
+            Work::Conn(_) => nconns,
+            Work::Copy { .. } => 1,
+        })
+        .sum()
+}
+
+/// Launches everything a group gathered: per communicator, the planned launches in order, on
+/// the stream of its first operation; the group's other streams of that communicator join it
+/// before and wait for it after.
 pub fn flush(ops: Vec<P2pOp>) -> Result<()> {
     let mut batches: Vec<Vec<P2pOp>> = Vec::new();
     for op in ops {
         match batches
             .iter_mut()
-            .find(|b| Arc::ptr_eq(&b[0].links, &op.links) && b[0].stream == op.stream)
+            .find(|b| Arc::ptr_eq(&b[0].links, &op.links))
         {
             Some(b) => b.push(op),
             None => batches.push(vec![op]),
@@ -120,92 +228,88 @@ pub fn flush(ops: Vec<P2pOp>) -> Result<()> {
         batch[0].links.finish(s)?;
     }
     for batch in batches {
-        let links = batch[0].links.clone();
-        let order = batch[0].order.clone();
-        let stream = batch[0].stream;
-        // Sends to ourselves pair with receives from ourselves, in order.
-        let self_sends: Vec<&P2pOp> = batch
-            .iter()
-            .filter(|o| o.peer == links.rank() && o.dir == Dir::Send)
-            .collect();
-        let self_recvs: Vec<&P2pOp> = batch
-            .iter()
-            .filter(|o| o.peer == links.rank() && o.dir == Dir::Recv)
-            .collect();
-        if self_sends.len() != self_recvs.len() {
-            return Err(Error::invalid_usage(format!(
-                "rank {}: {} sends to itself but {} receives from itself in one group",
-                links.rank(),
-                self_sends.len(),
-                self_recvs.len()
-            )));
-        }
-        let mut args = P2pArgs::default();
-        let mut used: Vec<(usize, Dir)> = Vec::new();
-        let launch = |args: &mut P2pArgs| -> Result<()> {
-            if args.nitems > 0 {
-                let k = links.device().kernel("nccl_p2p", "nccl_p2p")?;
-                let threads = crate::cuda::MAX_THREADS.min(links_threads(&links));
-                order.launch(stream, || {
-                    links
-                        .device()
-                        .launch(k, args.nitems, threads, stream, &*args)
-                })?;
-                *args = P2pArgs::default();
-            }
-            Ok(())
-        };
-        let mut items: Vec<P2pItem> = Vec::new();
-        for (s, r) in self_sends.iter().zip(&self_recvs) {
-            if s.bytes != r.bytes {
-                return Err(Error::invalid_usage(format!(
-                    "send to self of {} bytes matched with a receive of {} bytes",
-                    s.bytes, r.bytes
-                )));
-            }
-            items.push(P2pItem {
-                conn: 0,
-                buff: r.buff,
-                src: s.buff,
-                bytes: s.bytes as u64,
-                kind: P2pKind::Copy as u32,
-                slot_bytes: 0,
-            });
-        }
-        for op in batch.iter().filter(|o| o.peer != links.rank()) {
-            if used.contains(&(op.peer, op.dir))
-                || args.nitems as usize + links.nconns > MAX_P2P_ITEMS
-            {
-                launch(&mut args)?;
-                used.clear();
-            }
-            used.push((op.peer, op.dir));
-            for c in 0..links.nconns {
-                let (off, len) = part(op.bytes, links.nconns, c);
-                args.items[args.nitems as usize] = P2pItem {
-                    conn: links.conn(op.peer, op.dir, c)?,
-                    buff: op.buff + off as u64,
-                    src: 0,
-                    bytes: len as u64,
-                    kind: if op.dir == Dir::Send {
-                        P2pKind::Send as u32
-                    } else {
-                        P2pKind::Recv as u32
-                    },
-                    slot_bytes: links.slot_bytes as u32,
-                };
-                args.nitems += 1;
-            }
-        }
-        for it in items {
-            if args.nitems as usize == MAX_P2P_ITEMS {
-                launch(&mut args)?;
-            }
-            args.items[args.nitems as usize] = it;
-            args.nitems += 1;
-        }
-        launch(&mut args)?;
+        launch_comm(&batch)?;
     }
+    Ok(())
+}
+
+/// One communicator's share of a group (connections made).
+fn launch_comm(batch: &[P2pOp]) -> Result<()> {
+    let links = &batch[0].links;
+    let nconns = links.nconns;
+    let desc: Vec<(usize, Dir, usize)> = batch.iter().map(|o| (o.peer, o.dir, o.bytes)).collect();
+    let plan = plan(links.rank(), batch[0].nranks, nconns, &desc)?;
+    let mut all: Vec<P2pArgs> = Vec::with_capacity(plan.len());
+    for (_, works) in &plan {
+        let mut args = P2pArgs::default();
+        for w in works {
+            match *w {
+                Work::Conn(i) => {
+                    let op = &batch[i];
+                    for c in 0..nconns {
+                        let (off, len) = part(op.bytes, nconns, c);
+                        push(
+                            &mut args,
+                            P2pItem {
+                                conn: links.conn(op.peer, op.dir, c)?,
+                                buff: op.buff + off as u64,
+                                src: 0,
+                                bytes: len as u64,
+                                kind: if op.dir == Dir::Send {
+                                    P2pKind::Send as u32
+                                } else {
+                                    P2pKind::Recv as u32
+                                },
+                                slot_bytes: links.slot_bytes as u32,
+                            },
+                        )?;
+                    }
+                }
+                Work::Copy { send, recv } => push(
+                    &mut args,
+                    P2pItem {
+                        conn: 0,
+                        buff: batch[recv].buff,
+                        src: batch[send].buff,
+                        bytes: batch[send].bytes as u64,
+                        kind: P2pKind::Copy as u32,
+                        slot_bytes: 0,
+                    },
+                )?,
+            }
+        }
+        if args.nitems > 0 {
+            all.push(args);
+        }
+    }
+    if all.is_empty() {
+        return Ok(());
+    }
+    let mut streams: Vec<StreamHandle> = Vec::new();
+    for o in batch {
+        if !streams.contains(&o.stream) {
+            streams.push(o.stream);
+        }
+    }
+    let (main, others) = (streams[0], &streams[1..]);
+    let device = links.device();
+    let k = device.kernel("nccl_p2p", "nccl_p2p")?;
+    let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
+    batch[0].order.launch_joined(main, others, || {
+        all.iter()
+            .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
+    })
+}
+
+fn push(args: &mut P2pArgs, it: P2pItem) -> Result<()> {
+    let n = args.nitems as usize;
+    if n == MAX_P2P_ITEMS {
+        return Err(Error::internal(
+            "a planned p2p launch overflowed its work items",
+        ));
+    }
+    args.items[n] = it;
+    args.nitems += 1;
     Ok(())
 }
 
@@ -236,5 +340,127 @@ mod tests {
                 assert_eq!(next, bytes, "bytes {bytes} n {n}");
             }
         }
+    }
+
+    /// Every rank's operations of an all-to-all with `m` messages per ordered pair (self
+    /// included), issued in a rank-specific shuffled order.
+    fn all_to_all(n: usize, m: usize, seed: u64) -> Vec<Vec<(usize, Dir, usize)>> {
+        let mut x = seed | 1;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..n)
+            .map(|r| {
+                let mut ops = Vec::new();
+                for p in 0..n {
+                    for j in 0..m {
+                        ops.push((p, Dir::Send, r * 1000 + p * 10 + j));
+                        ops.push((p, Dir::Recv, p * 1000 + r * 10 + j));
+                    }
+                }
+                // Shuffle, then restore the order of each (peer, direction)'s messages, which
+                // the user's issue order fixes and the sizes above encode.
+                for i in (1..ops.len()).rev() {
+                    ops.swap(i, rnd() as usize % (i + 1));
+                }
+                let mut seen: std::collections::HashMap<(usize, Dir), usize> = Default::default();
+                let mut fixed = ops.clone();
+                for slot in fixed.iter_mut() {
+                    let (p, d, _) = *slot;
+                    let j = seen.entry((p, d)).or_insert(0);
+                    let bytes = if d == Dir::Send {
+                        r * 1000 + p * 10 + *j
+                    } else {
+                        p * 1000 + r * 10 + *j
+                    };
+                    *slot = (p, d, bytes);
+                    *j += 1;
+                }
+                fixed
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plans_fit_launches_and_agree_across_ranks() {
+        for (n, m, nconns) in [
+            (2, 1, 1),
+            (8, 3, 1),
+            (16, 5, 1),
+            (40, 2, 1),
+            (9, 3, 4),
+            (33, 2, 2),
+        ] {
+            let all = all_to_all(n, m, (n * 31 + m) as u64);
+            // (rank, peer, dir, k) -> key
+            let mut key_of: std::collections::HashMap<(usize, usize, Dir, usize), LaunchKey> =
+                Default::default();
+            for (r, ops) in all.iter().enumerate() {
+                let plan = plan(r, n, nconns, ops).unwrap();
+                let keys: Vec<LaunchKey> = plan.iter().map(|(k, _)| *k).collect();
+                let mut sorted = keys.clone();
+                sorted.sort();
+                sorted.dedup();
+                assert_eq!(keys, sorted, "launches in key order, once each");
+                let mut placed = vec![0usize; ops.len()];
+                let mut next_k: std::collections::HashMap<(usize, Dir), usize> = Default::default();
+                for (key, works) in &plan {
+                    assert!(
+                        items(works, nconns) <= MAX_P2P_ITEMS,
+                        "n {n} rank {r} {key:?}"
+                    );
+                    let mut used = Vec::new();
+                    for w in works {
+                        match *w {
+                            Work::Conn(i) => {
+                                let (p, d, _) = ops[i];
+                                assert!(!used.contains(&(p, d)), "a connection used twice");
+                                used.push((p, d));
+                                placed[i] += 1;
+                                // Each connection's messages go out in issue order.
+                                let k = next_k.entry((p, d)).or_insert(0);
+                                let nth = ops[..i].iter().filter(|o| (o.0, o.1) == (p, d)).count();
+                                assert_eq!(nth, *k);
+                                *k += 1;
+                                key_of.insert((r, p, d, nth), *key);
+                            }
+                            Work::Copy { send, recv } => {
+                                assert_eq!(ops[send].2, ops[recv].2);
+                                placed[send] += 1;
+                                placed[recv] += 1;
+                            }
+                        }
+                    }
+                }
+                assert!(
+                    placed.iter().all(|&c| c == 1),
+                    "every operation placed once"
+                );
+            }
+            // Both ends of every message are in the launch of the same key.
+            for (&(r, p, d, k), key) in &key_of {
+                if d == Dir::Send {
+                    assert_eq!(
+                        key_of.get(&(p, r, Dir::Recv, k)),
+                        Some(key),
+                        "n {n}: send {r}->{p} #{k}"
+                    );
+                }
+            }
+            if n > width(nconns).unwrap() {
+                assert!(key_of.values().any(|k| k.1 > 0), "several chunks per round");
+            }
+        }
+    }
+
+    #[test]
+    fn unmatched_self_messages_are_refused() {
+        let e = plan(0, 2, 1, &[(0, Dir::Send, 4)]).unwrap_err();
+        assert_eq!(e.code, crate::NcclResult::InvalidUsage);
+        let e = plan(0, 2, 1, &[(0, Dir::Send, 4), (0, Dir::Recv, 8)]).unwrap_err();
+        assert_eq!(e.code, crate::NcclResult::InvalidUsage);
     }
 }

@@ -1,0 +1,375 @@
+//! Group modes on the simulator: non-blocking groups (ncclGroupEnd returns ncclInProgress and
+//! the communicators report it until their work was issued in the background) and
+//! ncclGroupSimulateEnd (nothing launched, the model's time returned).
+
+mod common;
+
+use common::{from_bytes, input, reference, to_bytes};
+use nccl::{Backend, CollCall, Comm, Config, DataType, Device, NcclResult, ReduceOp, StreamHandle};
+use std::time::{Duration, Instant};
+
+fn sim() {
+    std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+}
+
+fn dev(i: usize) -> Device {
+    Device::open(i as i32).expect("open a simulated device")
+}
+
+/// `n` communicators on devices `first..first+n`, created side by side with `config`.
+fn comms(first: usize, n: usize, config: &Config) -> Vec<Comm> {
+    let id = nccl::get_unique_id().expect("id");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, config) = (&id, config);
+                s.spawn(move || {
+                    Comm::init_rank_config_on(dev(first + r), n, id, r, config).expect("init")
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("init thread"))
+            .collect()
+    })
+}
+
+fn in_progress(r: nccl::Result<()>) {
+    let e = r.expect_err("a non-blocking group ends in progress");
+    assert_eq!(e.code, NcclResult::InProgress, "{e}");
+}
+
+/// Polls until the communicator's background work was issued; its final state.
+fn poll(c: &Comm) -> NcclResult {
+    let t = Instant::now();
+    loop {
+        let s = c.async_state();
+        if s != NcclResult::InProgress {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "still in progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn nonblocking_groups_issue_in_the_background() {
+    sim();
+    let cs = comms(0, 2, &Config::blocking(false));
+    let streams: Vec<StreamHandle> = cs
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    // Rank 0's group alone, from this thread: its sends and receives need rank 1 to connect,
+    // which it has not even been asked to; a blocking group would wait here forever.
+    let count = 20_000; // 80 KB: more than a connection's FIFO
+    let data: Vec<Vec<i32>> = (0..2)
+        .map(|r| input::<i32>(count, ReduceOp::Sum, 11, r))
+        .collect();
+    let mut send = Vec::new();
+    let mut recv = Vec::new();
+    for (r, c) in cs.iter().enumerate() {
+        let s = c.device().alloc(count * 4).unwrap();
+        s.write(0, to_bytes(&data[r])).unwrap();
+        let d = c.device().alloc(count * 4).unwrap();
+        d.write(0, &vec![0xA5; count * 4]).unwrap();
+        send.push(s);
+        recv.push(d);
+    }
+    let issue = |r: usize| {
+        nccl::group_start();
+        cs[r]
+            .send(send[r].ptr, count, DataType::Int32, 1 - r, streams[r])
+            .unwrap();
+        cs[r]
+            .recv(recv[r].ptr, count, DataType::Int32, 1 - r, streams[r])
+            .unwrap();
+        nccl::group_end()
+    };
+    in_progress(issue(0));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(cs[0].async_state(), NcclResult::InProgress);
+    assert_eq!(
+        cs[1].async_state(),
+        NcclResult::Success,
+        "rank 1 has nothing"
+    );
+    // Using rank 0 now is refused, as NCCL refuses it, and changes nothing.
+    let e = cs[0]
+        .all_reduce(
+            send[0].ptr,
+            send[0].ptr,
+            1,
+            DataType::Int32,
+            ReduceOp::Sum,
+            streams[0],
+        )
+        .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    assert!(e.message.contains("poll"), "{e}");
+    nccl::group_start();
+    let e = cs[0]
+        .send(send[0].ptr, 1, DataType::Int32, 1, streams[0])
+        .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    assert_eq!(
+        nccl::group_end().unwrap_err().code,
+        NcclResult::InvalidArgument,
+        "the group returns its first error"
+    );
+    assert_eq!(cs[0].async_state(), NcclResult::InProgress);
+    // Rank 1's group lets both complete.
+    in_progress(issue(1));
+    for c in &cs {
+        assert_eq!(poll(c), NcclResult::Success);
+    }
+    for (r, c) in cs.iter().enumerate() {
+        c.device().stream_sync(streams[r]).unwrap();
+        let mut out = vec![0u8; count * 4];
+        recv[r].read(0, &mut out).unwrap();
+        let got = from_bytes::<i32>(&out);
+        if let Some(i) = (0..count).find(|&i| got[i] != data[1 - r][i]) {
+            panic!(
+                "rank {r}: element {i} of {count} is {:#x}, want {:#x}",
+                got[i],
+                data[1 - r][i]
+            );
+        }
+    }
+
+    // Collectives of both ranks in one non-blocking group, from one thread.
+    let n = 5000;
+    let x: Vec<Vec<f32>> = (0..2)
+        .map(|r| input::<f32>(n, ReduceOp::Sum, 12, r))
+        .collect();
+    let want = reference(&x, ReduceOp::Sum, DataType::Float32);
+    let bufs: Vec<_> = cs
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let b = c.device().alloc(n * 4).unwrap();
+            b.write(0, to_bytes(&x[r])).unwrap();
+            b
+        })
+        .collect();
+    nccl::group_start();
+    for (r, c) in cs.iter().enumerate() {
+        c.all_reduce(
+            bufs[r].ptr,
+            bufs[r].ptr,
+            n,
+            DataType::Float32,
+            ReduceOp::Sum,
+            streams[r],
+        )
+        .unwrap();
+    }
+    in_progress(nccl::group_end());
+    for (r, c) in cs.iter().enumerate() {
+        assert_eq!(poll(c), NcclResult::Success);
+        c.wait_group().unwrap();
+        c.device().stream_sync(streams[r]).unwrap();
+        let mut out = vec![0u8; n * 4];
+        bufs[r].read(0, &mut out).unwrap();
+        common::compare(&from_bytes::<f32>(&out), &want, &format!("rank {r}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    // An empty non-blocking group has nothing to issue.
+    nccl::group_start();
+    nccl::group_end().unwrap();
+    for (c, s) in cs.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
+
+#[test]
+fn blocking_and_nonblocking_communicators_do_not_mix() {
+    sim();
+    let nb = comms(4, 1, &Config::blocking(false)).pop().unwrap();
+    let b = comms(5, 1, &Config::blocking(true)).pop().unwrap();
+    let (bn, bb) = (
+        nb.device().alloc(64).unwrap(),
+        b.device().alloc(64).unwrap(),
+    );
+    let s = StreamHandle::default();
+    nccl::group_start();
+    nb.all_reduce(bn.ptr, bn.ptr, 16, DataType::Float32, ReduceOp::Sum, s)
+        .unwrap();
+    let e = b
+        .all_reduce(bb.ptr, bb.ptr, 16, DataType::Float32, ReduceOp::Sum, s)
+        .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    assert!(e.message.contains("non-blocking"), "{e}");
+    assert_eq!(
+        nccl::group_end().unwrap_err().code,
+        NcclResult::InvalidArgument
+    );
+    // Nothing was issued, nothing is pending.
+    assert_eq!(nb.async_state(), NcclResult::Success);
+}
+
+#[test]
+fn a_failed_background_group_becomes_the_communicators_error() {
+    sim();
+    let c = comms(6, 1, &Config::blocking(false)).pop().unwrap();
+    let b = c.device().alloc(64).unwrap();
+    let s = c.device().stream_create().unwrap();
+    // A send to ourselves without its receive: only found when the group is issued.
+    nccl::group_start();
+    c.send(b.ptr, 4, DataType::Int32, 0, s).unwrap();
+    in_progress(nccl::group_end());
+    assert_eq!(poll(&c), NcclResult::InvalidUsage);
+    let e = c.wait_group().unwrap_err();
+    assert!(e.message.contains("receives from itself"), "{e}");
+    // Every later call reports it (the communicator is to be aborted).
+    let e = c
+        .all_reduce(b.ptr, b.ptr, 4, DataType::Int32, ReduceOp::Sum, s)
+        .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+    c.device().stream_destroy(s).unwrap();
+}
+
+#[test]
+fn simulate_end_launches_nothing_and_estimates() {
+    sim();
+    let cs = comms(8, 2, &Config::blocking(true));
+    let count = 1 << 16;
+    let x: Vec<Vec<f32>> = (0..2)
+        .map(|r| input::<f32>(count, ReduceOp::Sum, 21, r))
+        .collect();
+    let bufs: Vec<_> = cs
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let b = c.device().alloc(count * 4).unwrap();
+            b.write(0, to_bytes(&x[r])).unwrap();
+            b
+        })
+        .collect();
+    let streams: Vec<StreamHandle> = cs
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let call = |r: usize, n: usize| CollCall {
+        coll: nccl::Coll::AllReduce,
+        send: bufs[r].ptr,
+        recv: bufs[r].ptr,
+        count: n,
+        dt: DataType::Float32,
+        op: ReduceOp::Sum,
+        root: 0,
+        stream: streams[r],
+    };
+    let one = nccl::enqueue::estimate_us(&cs[0], &call(0, count));
+    let small = nccl::enqueue::estimate_us(&cs[0], &call(0, 100));
+    assert!(one > 0.0 && small > 0.0, "{one} {small}");
+    // Rank 0: two all-reduces; rank 1: one. The ranks run side by side: the longest counts.
+    nccl::group_start();
+    for (r, c) in cs.iter().enumerate() {
+        c.all_reduce(
+            bufs[r].ptr,
+            bufs[r].ptr,
+            count,
+            DataType::Float32,
+            ReduceOp::Sum,
+            streams[r],
+        )
+        .unwrap();
+    }
+    cs[0]
+        .all_reduce(
+            bufs[0].ptr,
+            bufs[0].ptr,
+            100,
+            DataType::Float32,
+            ReduceOp::Sum,
+            streams[0],
+        )
+        .unwrap();
+    cs[0]
+        .send(bufs[0].ptr, 10, DataType::Float32, 1, streams[0])
+        .unwrap();
+    let t = nccl::group_simulate_end().unwrap().expect("outermost");
+    assert!(
+        (t - (one + small)).abs() < 1e-9 * t.max(1.0),
+        "{t} vs {one} + {small}"
+    );
+    // Nothing ran: the inputs are untouched, and the connections for the dropped send were
+    // never made (the next real operations work).
+    for (r, c) in cs.iter().enumerate() {
+        c.device().stream_sync(streams[r]).unwrap();
+        let mut out = vec![0u8; count * 4];
+        bufs[r].read(0, &mut out).unwrap();
+        assert!(
+            from_bytes::<f32>(&out) == x[r],
+            "rank {r}: the simulated group ran"
+        );
+    }
+    assert_eq!(nccl::enqueue::group::depth(), 0);
+    let want = reference(&x, ReduceOp::Sum, DataType::Float32);
+    nccl::group_start();
+    for (r, c) in cs.iter().enumerate() {
+        c.all_reduce(
+            bufs[r].ptr,
+            bufs[r].ptr,
+            count,
+            DataType::Float32,
+            ReduceOp::Sum,
+            streams[r],
+        )
+        .unwrap();
+    }
+    nccl::group_end().unwrap();
+    for (r, c) in cs.iter().enumerate() {
+        c.device().stream_sync(streams[r]).unwrap();
+        let mut out = vec![0u8; count * 4];
+        bufs[r].read(0, &mut out).unwrap();
+        common::compare(&from_bytes::<f32>(&out), &want, &format!("rank {r}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    // Nested: an inner simulate ends only its level; an empty group estimates 0.
+    nccl::group_start();
+    nccl::group_start();
+    assert_eq!(nccl::group_simulate_end().unwrap(), None);
+    assert_eq!(nccl::group_simulate_end().unwrap(), Some(0.0));
+    // A bad call in the group comes back from the simulated end.
+    nccl::group_start();
+    let e = cs[0]
+        .all_reduce(0, 0, 4, DataType::Float32, ReduceOp::Sum, streams[0])
+        .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument);
+    assert_eq!(
+        nccl::group_simulate_end().unwrap_err().code,
+        NcclResult::InvalidArgument
+    );
+    // Outside a group, it is invalid usage like group_end.
+    assert_eq!(
+        nccl::group_simulate_end().unwrap_err().code,
+        NcclResult::InvalidUsage
+    );
+    for (c, s) in cs.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
+
+#[test]
+fn abort_stops_a_group_still_in_progress() {
+    sim();
+    let cs = comms(10, 2, &Config::blocking(false));
+    let b = cs[0].device().alloc(4096).unwrap();
+    let s = cs[0].device().stream_create().unwrap();
+    // Rank 1 never takes part: rank 0's group waits for it in the background.
+    nccl::group_start();
+    cs[0].send(b.ptr, 1024, DataType::Int32, 1, s).unwrap();
+    in_progress(nccl::group_end());
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(cs[0].async_state(), NcclResult::InProgress);
+    let t = Instant::now();
+    cs[0].abort();
+    let e = cs[0].wait_group().unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_ne!(cs[0].async_state(), NcclResult::Success, "{e}");
+    cs[0].device().stream_destroy(s).unwrap();
+}
