@@ -501,6 +501,8 @@ impl Comm {
 
     /// `ncclCommGetAsyncError`: Ok, or the error an operation raised in the background.
     pub fn get_async_error(&self) -> Result<()> {
+        // A non-blocking group still issuing (InProgress) or failed comes first.
+        self.order.background.state()?;
         match &*self.async_error.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -553,6 +555,9 @@ impl Comm {
         self.aborted.store(true, Ordering::Release);
         self.abort_flag.abort();
         self.bootstrap.abort();
+        // A non-blocking group issuing our work must stop before our memory may go; the
+        // bootstrap abort above ends any handshake it waits on.
+        let _ = self.order.background.wait();
     }
 
     /// Whether `abort` was called.
@@ -585,6 +590,7 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        let _ = self.order.background.wait();
         if !self.is_finalized() && !self.is_aborted() {
             if let Err(e) = self.flush() {
                 log::warn!("destroying rank {}: {e}", self.rank);

@@ -296,12 +296,7 @@ impl Comm {
     /// issues this communicator's operations in the background, then `Success`, or the code
     /// of the error a group or operation raised in the background.
     pub fn async_state(&self) -> NcclResult {
-        match self
-            .order
-            .background
-            .state()
-            .and_then(|()| self.get_async_error())
-        {
+        match self.get_async_error() {
             Ok(()) => NcclResult::Success,
             Err(e) => e.code,
         }
