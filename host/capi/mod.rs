@@ -16,7 +16,7 @@ pub use handle::CommHandle;
 use crate::bootstrap::UniqueId;
 use crate::comm::{Comm, PendingComm};
 use crate::cuda::{DevBuffer, Device, StreamHandle};
-use crate::enqueue::group;
+use crate::enqueue::{group, ReduceOp};
 use crate::error::{Error, NcclResult, Result};
 use nccl_device::types::DataType;
 use std::collections::HashMap;
@@ -670,9 +670,9 @@ pub extern "C" fn pncclGetLastError(comm: NcclComm) -> *const c_char {
 }
 
 export! {
-    /// `ncclRedOpCreatePreMulSum`: sum after multiplying each rank's input by `*scalar`.
-    /// Host-immediate scalars only for now (the value is read here); device-resident scalars
-    /// are refused with ncclInvalidArgument.
+    /// `ncclRedOpCreatePreMulSum`: sum after multiplying each rank's input by `*scalar`. A
+    /// host-immediate scalar is read here; a device one (`ncclScalarDevice`) is read by each
+    /// collective's kernel when it runs, so it must stay allocated while the op is in use.
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         op: *mut c_int,
         scalar: *mut c_void,
@@ -686,14 +686,24 @@ export! {
         }
         let dt = dtype(datatype)?;
         handle(comm)?;
-        if residence != redop::SCALAR_HOST_IMMEDIATE {
-            return Err(Error::invalid_argument(
-                "ncclScalarDevice: device-resident premulsum scalars are not supported yet; use ncclScalarHostImmediate",
-            ));
-        }
-        let mut bits = [0u8; 8];
-        std::ptr::copy_nonoverlapping(scalar as *const u8, bits.as_mut_ptr(), dt.size());
-        *out = redop::create(comm, dt, u64::from_le_bytes(bits))?;
+        let reduce = match residence {
+            redop::SCALAR_DEVICE => ReduceOp::PreMulSumDevice {
+                scalar: scalar as u64,
+            },
+            redop::SCALAR_HOST_IMMEDIATE => {
+                let mut bits = [0u8; 8];
+                std::ptr::copy_nonoverlapping(scalar as *const u8, bits.as_mut_ptr(), dt.size());
+                ReduceOp::PreMulSum {
+                    scalar_bits: u64::from_le_bytes(bits),
+                }
+            }
+            r => {
+                return Err(Error::invalid_argument(format!(
+                    "scalar residence {r}: use ncclScalarDevice (0) or ncclScalarHostImmediate (1)"
+                )))
+            }
+        };
+        *out = redop::create(comm, dt, reduce)?;
         Ok(NcclResult::Success)
     }
 }

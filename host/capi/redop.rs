@@ -11,6 +11,8 @@ use std::sync::Mutex;
 
 /// `ncclNumOps`: the first value of a user operator.
 const FIRST_USER_OP: c_int = 5;
+/// `ncclScalarDevice`.
+pub const SCALAR_DEVICE: c_int = 0;
 /// `ncclScalarHostImmediate`.
 pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
@@ -27,8 +29,8 @@ fn with_ops<R>(f: impl FnOnce(&mut HashMap<(usize, c_int), UserOp>) -> R) -> R {
     f(g.get_or_insert_with(HashMap::new))
 }
 
-/// Registers PreMulSum by the scalar (raw bits of one `dt` element) and returns its value.
-pub fn create(comm: NcclComm, dt: DataType, scalar_bits: u64) -> Result<c_int> {
+/// Registers `op` (a PreMulSum) for calls on `dt` and returns its value.
+pub fn create(comm: NcclComm, dt: DataType, op: ReduceOp) -> Result<c_int> {
     if comm.is_null() {
         return Err(null("comm"));
     }
@@ -37,13 +39,7 @@ pub fn create(comm: NcclComm, dt: DataType, scalar_bits: u64) -> Result<c_int> {
         let next = (FIRST_USER_OP..)
             .find(|v| !ops.contains_key(&(key, *v)))
             .unwrap_or(FIRST_USER_OP);
-        ops.insert(
-            (key, next),
-            UserOp {
-                dt,
-                op: ReduceOp::PreMulSum { scalar_bits },
-            },
-        );
+        ops.insert((key, next), UserOp { dt, op });
         Ok(next)
     })
 }

@@ -96,10 +96,40 @@ static void all_reduce_init_all(void) {
   }
   EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, ncclInt32, twice[0], comms[0], NULL) ==
              ncclInvalidArgument, "user op on another datatype");
-  EXPECT(ncclRedOpCreatePreMulSum(&twice[0], &two, ncclFloat, ncclScalarDevice, comms[0]) ==
-             ncclInvalidArgument, "device scalar refused");
   for (int i = 0; i < NDEV; i++) CHECK(ncclRedOpDestroy(twice[i], comms[i]));
   EXPECT(ncclRedOpDestroy(twice[0], comms[0]) == ncclInvalidArgument, "destroyed twice");
+
+  /* PreMulSum by a scalar in device memory (the simulator's memory is host-addressable, so
+   * the test writes it directly), read by the kernel when it runs. */
+  ncclRedOp_t half[NDEV];
+  float *scalars[NDEV];
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclMemAlloc((void **)&scalars[i], sizeof(float)));
+    *scalars[i] = 0.5f;
+    CHECK(ncclRedOpCreatePreMulSum(&half[i], scalars[i], ncclFloat, ncclScalarDevice, comms[i]));
+  }
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++)
+    CHECK(ncclAllReduce(bufs[i], bufs[i], COUNT, ncclFloat, half[i], comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclRsStreamSynchronize(NULL));
+  }
+  for (int i = 0; i < NDEV; i++) {
+    int wrong = 0;
+    for (int k = 0; k < COUNT; k++) {
+      float want = 0.5f * NDEV * 2.0f * NDEV * (2.0f * (float)(k % 97) + 0.5f);
+      if (bufs[i][k] != want) wrong++;
+    }
+    EXPECT(wrong == 0, "device premulsum rank %d: %d of %d wrong (first %f)", i, wrong, COUNT,
+           bufs[i][0]);
+    CHECK(ncclRedOpDestroy(half[i], comms[i]));
+    CHECK(ncclMemFree(scalars[i]));
+  }
+  EXPECT(ncclRedOpCreatePreMulSum(&half[0], &two, ncclFloat, (ncclScalarResidence_t)7, comms[0]) ==
+             ncclInvalidArgument, "bad scalar residence");
 
   /* Bad arguments come back as codes, with a message. */
   EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, (ncclDataType_t)42, ncclSum, comms[0], NULL) ==
