@@ -258,6 +258,47 @@ fn registry() -> &'static Mutex<Registry> {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Removes the regions of simulator processes that died without freeing them (a killed test
+/// leaves its device memory in /dev/shm, where it holds RAM until reboot). A region belongs to
+/// the pid in its name; one whose process no longer exists is unlinked. (Processes of another
+/// pid namespace that share this /dev/shm look dead from here: run simulators there with
+/// separate /dev/shm mounts.)
+fn sweep_dead_regions() {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    let mut swept = 0usize;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = region_pid(&name.to_string_lossy()) else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            if let Ok(c) = std::ffi::CString::new(format!("/{}", name.to_string_lossy())) {
+                // SAFETY: unlinking a name; the memory goes once no one maps it.
+                if unsafe { libc::shm_unlink(c.as_ptr()) } == 0 {
+                    swept += 1;
+                }
+            }
+        }
+    }
+    if swept > 0 {
+        log::info!("simulator: removed {swept} regions of processes that no longer exist");
+    }
+}
+
+/// The pid in a region name `ncclrs-<pid>-…`.
+fn region_pid(name: &str) -> Option<u32> {
+    name.strip_prefix("ncclrs-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// A per-process number in every region name, so that names differ from those a process
 /// with a recycled pid left behind.
 fn process_nonce() -> u32 {
@@ -279,6 +320,8 @@ pub struct Device {
 
 impl Device {
     pub fn open(ordinal: i32) -> Result<Device> {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_dead_regions);
         let n = device_count();
         if ordinal < 0 || ordinal as usize >= n {
             return Err(Error::invalid_argument(format!(
