@@ -608,7 +608,14 @@ impl Tuner {
             self.nchannels,
             self.bw_intra,
             self.bw_inter,
-            if self.ll128_ok { "on" } else { "off" },
+            match (
+                self.ll128_ok,
+                self.params.built.iter().any(|a| a[Proto::Ll128 as usize])
+            ) {
+                (false, _) => "off",
+                (true, true) => "on",
+                (true, false) => "possible, not built",
+            },
             self.plugin
                 .as_ref()
                 .map(|p| format!(", tuner plugin {}", p.name))
