@@ -670,6 +670,30 @@ pub extern "C" fn pncclGetLastError(comm: NcclComm) -> *const c_char {
 }
 
 export! {
+    /// `ncclCommRegister`: checks and records the buffer (zero-copy paths do not use it yet).
+    fn ncclCommRegister / pncclCommRegister(
+        comm: NcclComm,
+        buff: *mut c_void,
+        size: usize,
+        handle_out: *mut *mut c_void,
+    ) {
+        let out = handle_out.as_mut().ok_or_else(|| null("handle"))?;
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        *out = c.register(dev(buff), size)? as usize as *mut c_void;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommDeregister`.
+    fn ncclCommDeregister / pncclCommDeregister(comm: NcclComm, reg: *mut c_void) {
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        c.deregister(reg as usize as u64)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
     /// `ncclRedOpCreatePreMulSum`: sum after multiplying each rank's input by `*scalar`. A
     /// host-immediate scalar is read here; a device one (`ncclScalarDevice`) is read by each
     /// collective's kernel when it runs, so it must stay allocated while the op is in use.

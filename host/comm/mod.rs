@@ -8,6 +8,7 @@
 mod config;
 mod peer;
 mod pending;
+pub mod register;
 mod split;
 pub mod tuning;
 
@@ -119,6 +120,8 @@ pub struct Comm {
     finalized: AtomicBool,
     /// An error raised outside any call (`ncclCommGetAsyncError`).
     async_error: Mutex<Option<Error>>,
+    /// Buffers the user registered (`ncclCommRegister`).
+    registered: register::Registrations,
 }
 
 impl std::fmt::Debug for Comm {
@@ -313,6 +316,7 @@ impl Comm {
             abort_flag: abort.clone(),
             finalized: AtomicBool::new(false),
             async_error: Mutex::new(None),
+            registered: register::Registrations::default(),
         })
     }
 
@@ -470,6 +474,23 @@ impl Comm {
     pub fn shape(&self) -> Shape {
         self.shape
     }
+    /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
+    /// communicator's operations; the handle is for [`Comm::deregister`].
+    pub fn register(&self, buff: crate::cuda::DevPtr, bytes: usize) -> Result<register::RegHandle> {
+        self.check_usable()?;
+        self.registered.register(&self.device, buff, bytes)
+    }
+
+    /// `ncclCommDeregister`.
+    pub fn deregister(&self, handle: register::RegHandle) -> Result<()> {
+        self.registered.deregister(handle)
+    }
+
+    /// Buffers registered now.
+    pub fn registered_buffers(&self) -> usize {
+        self.registered.len()
+    }
+
     /// What a collective of `bytes` (NCCL's nBytes: AllGather's whole output, ReduceScatter's
     /// whole input, else one rank's buffer) runs with here, as the tuner picks it.
     pub fn tuning(&self, coll: crate::tune::Coll, bytes: usize) -> Result<crate::tune::Choice> {

@@ -131,6 +131,23 @@ static void all_reduce_init_all(void) {
   EXPECT(ncclRedOpCreatePreMulSum(&half[0], &two, ncclFloat, (ncclScalarResidence_t)7, comms[0]) ==
              ncclInvalidArgument, "bad scalar residence");
 
+  /* Buffer registration: device memory of the communicator's GPU only. */
+  void *reg = NULL;
+  CHECK(ncclCommRegister(comms[0], bufs[0], COUNT * sizeof(float), &reg));
+  EXPECT(reg != NULL, "registration handle");
+  EXPECT(ncclCommRegister(comms[0], bufs[1], COUNT * sizeof(float), &reg) == ncclInvalidArgument,
+         "another GPU's buffer");
+  float on_host[4];
+  EXPECT(ncclCommRegister(comms[0], on_host, sizeof(on_host), &reg) == ncclInvalidArgument,
+         "host memory");
+  EXPECT(strstr(ncclGetLastError(NULL), "not device memory") != NULL, "message: %s",
+         ncclGetLastError(NULL));
+  CHECK(ncclCommDeregister(comms[0], reg)); /* failed calls left the handle alone */
+  void *reg2 = NULL;
+  CHECK(ncclCommRegister(comms[1], bufs[1], COUNT * sizeof(float), &reg2));
+  CHECK(ncclCommDeregister(comms[1], reg2));
+  EXPECT(ncclCommDeregister(comms[1], reg2) == ncclInvalidArgument, "deregistered twice");
+
   /* Bad arguments come back as codes, with a message. */
   EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, (ncclDataType_t)42, ncclSum, comms[0], NULL) ==
              ncclInvalidArgument, "bad datatype");

@@ -1,0 +1,73 @@
+//! User buffer registration (`ncclCommRegister` / `ncclCommDeregister`). Registering tells the
+//! communicator a buffer will be used in its operations; NCCL uses that for zero-copy paths.
+//! We check and record the buffer; the data paths still copy through the FIFOs, which is
+//! correct for registered and unregistered buffers alike (registration is a hint in NCCL too).
+
+use crate::cuda::{DevPtr, Device};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// What `register` returns: an opaque, non-zero number, unique within the communicator.
+pub type RegHandle = u64;
+
+#[derive(Default)]
+pub struct Registrations {
+    /// handle → (buffer, bytes).
+    table: Mutex<(u64, HashMap<RegHandle, (DevPtr, usize)>)>,
+}
+
+impl Registrations {
+    /// Records `bytes` at `buff`, which must be memory of `device`.
+    pub fn register(&self, device: &Device, buff: DevPtr, bytes: usize) -> Result<RegHandle> {
+        if buff == 0 {
+            return Err(Error::invalid_argument(
+                "ncclCommRegister: buff is a null pointer",
+            ));
+        }
+        if bytes == 0 {
+            return Err(Error::invalid_argument("ncclCommRegister: size is 0"));
+        }
+        let last = buff.checked_add(bytes as u64 - 1).ok_or_else(|| {
+            Error::invalid_argument(format!("ncclCommRegister: {buff:#x} + {bytes} overflows"))
+        })?;
+        for p in [buff, last] {
+            match device.pointer_device(p)? {
+                Some(d) if d == device.ordinal => {}
+                Some(d) => {
+                    return Err(Error::invalid_argument(format!(
+                        "ncclCommRegister: {p:#x} is on device {d}, the communicator on device {}",
+                        device.ordinal
+                    )))
+                }
+                None => return Err(Error::invalid_argument(format!(
+                    "ncclCommRegister: {p:#x} is not device memory ({bytes} bytes from {buff:#x})"
+                ))),
+            }
+        }
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.0 += 1;
+        let h = t.0;
+        t.1.insert(h, (buff, bytes));
+        Ok(h)
+    }
+
+    /// Forgets a registration made on this communicator.
+    pub fn deregister(&self, handle: RegHandle) -> Result<()> {
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.1.remove(&handle).map(|_| ()).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "ncclCommDeregister: handle {handle:#x} is not a registration of this communicator"
+            ))
+        })
+    }
+
+    /// How many buffers are registered.
+    pub fn len(&self) -> usize {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).1.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
