@@ -12,9 +12,16 @@ use std::sync::Mutex;
 pub type RegHandle = u64;
 
 #[derive(Default)]
-pub struct Registrations {
+struct Table {
+    /// The last handle given.
+    last: RegHandle,
     /// handle → (buffer, bytes).
-    table: Mutex<(u64, HashMap<RegHandle, (DevPtr, usize)>)>,
+    buffers: HashMap<RegHandle, (DevPtr, usize)>,
+}
+
+#[derive(Default)]
+pub struct Registrations {
+    table: Mutex<Table>,
 }
 
 impl Registrations {
@@ -46,16 +53,16 @@ impl Registrations {
             }
         }
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        t.0 += 1;
-        let h = t.0;
-        t.1.insert(h, (buff, bytes));
+        t.last += 1;
+        let h = t.last;
+        t.buffers.insert(h, (buff, bytes));
         Ok(h)
     }
 
     /// Forgets a registration made on this communicator.
     pub fn deregister(&self, handle: RegHandle) -> Result<()> {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        t.1.remove(&handle).map(|_| ()).ok_or_else(|| {
+        t.buffers.remove(&handle).map(|_| ()).ok_or_else(|| {
             Error::invalid_argument(format!(
                 "ncclCommDeregister: handle {handle:#x} is not a registration of this communicator"
             ))
@@ -64,7 +71,7 @@ impl Registrations {
 
     /// How many buffers are registered.
     pub fn len(&self) -> usize {
-        self.table.lock().unwrap_or_else(|p| p.into_inner()).1.len()
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).buffers.len()
     }
 
     pub fn is_empty(&self) -> bool {
