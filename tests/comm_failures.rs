@@ -83,3 +83,42 @@ fn a_dead_peer_fails_finalize_and_abort_is_prompt() {
     drop(comms);
     assert!(t.elapsed() < Duration::from_secs(1));
 }
+
+/// A collective whose peer never launches its half: the kernel waits on the peer, and abort
+/// ends that wait, so the stream drains and the communicators can go (no hang).
+#[test]
+fn abort_ends_a_collective_stuck_on_an_absent_peer() {
+    sim();
+    let comms = Comm::init_all(&[0, 1]).expect("init_all");
+    let c = &comms[0];
+    let stream = c.device().stream_create().unwrap();
+    let buf = c.device().alloc(1 << 20).unwrap();
+    // Rank 1 never calls its AllReduce.
+    c.all_reduce(
+        buf.ptr,
+        buf.ptr,
+        1 << 18,
+        nccl::DataType::Float32,
+        nccl::ReduceOp::Sum,
+        stream,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !c.device().stream_query(stream).unwrap(),
+        "the kernel cannot finish without its peer"
+    );
+    c.abort();
+    // A liveness bound, not a timing claim: without the abort this never ends.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.device().stream_query(stream).unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the aborted kernel is still waiting"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(buf);
+    c.device().stream_destroy(stream).unwrap();
+    drop(comms);
+}

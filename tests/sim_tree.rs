@@ -42,7 +42,8 @@ fn sim_comms(n: usize) -> Ranks {
 const COUNTS: [usize; 3] = [1, 3000, 70_000];
 
 #[test]
-fn every_type_and_op_on_two_and_three_ranks() {
+fn every_type_and_op_on_one_two_and_three_ranks() {
+    common::type_op_matrix(&sim_comms(1), &[0, 5, 4099], Drive::OneThread);
     common::type_op_matrix(&sim_comms(2), &[0, 1, 37, 1000, 70_000], Drive::OneThread);
     common::type_op_matrix(&sim_comms(3), &[5, 4099], Drive::ThreadPerRank);
 }

@@ -83,6 +83,9 @@ pub struct DevComm {
     pub slot_bytes: u32,
     /// `nchannels` ChannelDev structures in device memory.
     pub channels: u64,
+    /// A u64 in host memory mapped for the device: the host sets it non-zero on
+    /// `ncclCommAbort`, and every wait gives up once it sees that (0: no flag).
+    pub abort_flag: u64,
 }
 
 /// The arguments of one collective launch, passed by value as the kernel's only parameter.
@@ -190,6 +193,8 @@ pub struct P2pItem {
 pub struct P2pArgs {
     pub nitems: u32,
     pub _pad: u32,
+    /// The communicator's [`DevComm::abort_flag`].
+    pub abort_flag: u64,
     pub items: [P2pItem; MAX_P2P_ITEMS],
 }
 
@@ -198,6 +203,7 @@ impl Default for P2pArgs {
         P2pArgs {
             nitems: 0,
             _pad: 0,
+            abort_flag: 0,
             items: [P2pItem::default(); MAX_P2P_ITEMS],
         }
     }
@@ -205,11 +211,11 @@ impl Default for P2pArgs {
 
 const _: () = {
     assert!(core::mem::size_of::<P2pItem>() == 40);
-    assert!(core::mem::size_of::<P2pArgs>() == 8 + 40 * MAX_P2P_ITEMS);
+    assert!(core::mem::size_of::<P2pArgs>() == 16 + 40 * MAX_P2P_ITEMS);
     assert!(core::mem::size_of::<ConnSend>() == 40);
     assert!(core::mem::size_of::<ConnRecv>() == 40);
     assert!(core::mem::size_of::<ChannelDev>() == 104);
-    assert!(core::mem::size_of::<DevComm>() == 24);
+    assert!(core::mem::size_of::<DevComm>() == 32);
     assert!(core::mem::size_of::<CollArgs>() == 88);
     assert!(core::mem::align_of::<CollArgs>() == 8);
 };

@@ -122,6 +122,8 @@ pub struct Comm {
     async_error: Mutex<Option<Error>>,
     /// Buffers the user registered (`ncclCommRegister`).
     registered: register::Registrations,
+    /// Raised by `abort`: the kernels stop waiting for peers and end.
+    pub(crate) kernel_abort: crate::cuda::HostFlag,
 }
 
 impl std::fmt::Debug for Comm {
@@ -274,12 +276,14 @@ impl Comm {
                 (ch.send, ch.recv) = p.conns(c);
             }
         }
+        let kernel_abort = device.alloc_host_flag()?;
         let dc = DevComm {
             rank: rank as u32,
             nranks: nranks as u32,
             nchannels: shape.nchannels,
             slot_bytes: shape.slot_bytes,
             channels: dev_comm.ptr + head as u64,
+            abort_flag: kernel_abort.ptr,
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
@@ -317,6 +321,7 @@ impl Comm {
             finalized: AtomicBool::new(false),
             async_error: Mutex::new(None),
             registered: register::Registrations::default(),
+            kernel_abort,
         })
     }
 
@@ -574,6 +579,7 @@ impl Comm {
     /// (without waiting for outstanding operations).
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::Release);
+        self.kernel_abort.raise();
         self.abort_flag.abort();
         self.bootstrap.abort();
         // A non-blocking group issuing our work must stop before our memory may go; the
@@ -612,7 +618,9 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         let _ = self.order.background.wait();
-        if !self.is_finalized() && !self.is_aborted() {
+        // After an abort our kernels stop waiting and end: waiting for them keeps the memory
+        // they use alive until then.
+        if !self.is_finalized() {
             if let Err(e) = self.flush() {
                 log::warn!("destroying rank {}: {e}", self.rank);
             }

@@ -47,9 +47,11 @@ impl Registrations {
                         device.ordinal
                     )))
                 }
-                None => return Err(Error::invalid_argument(format!(
+                None => {
+                    return Err(Error::invalid_argument(format!(
                     "ncclCommRegister: {p:#x} is not device memory ({bytes} bytes from {buff:#x})"
-                ))),
+                )))
+                }
             }
         }
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
@@ -71,7 +73,11 @@ impl Registrations {
 
     /// How many buffers are registered.
     pub fn len(&self) -> usize {
-        self.table.lock().unwrap_or_else(|p| p.into_inner()).buffers.len()
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .buffers
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -124,12 +124,10 @@ fn search_in(system: System, shape: &Shape) -> Result<(System, Graphs)> {
     // Transports reach peers on this host only, so the communicator is one node.
     let ranks: Vec<Vec<usize>> = vec![system.gpus.iter().map(|g| g.rank).collect()];
     let mut gparams = graph::Params::from_env()?;
-    let most = shape.nchannels as usize;
-    gparams.max_channels = match gparams.max_channels {
-        0 => most,
-        m => m.min(most),
-    };
-    gparams.min_channels = gparams.min_channels.min(most);
+    // The channel bounds are rank 0's (already in the shape), never this process's own
+    // NCCL_MIN/MAX_NCHANNELS: ranks that slice a buffer differently never meet.
+    gparams.max_channels = shape.nchannels as usize;
+    gparams.min_channels = 0;
     let graphs = graph::search_ranks(&system, &ranks, &gparams)?;
     Ok((system, graphs))
 }

@@ -207,6 +207,39 @@ impl Device {
         Ok(p)
     }
 
+    /// Zeroed pinned host memory the device can address: (host pointer, device address).
+    pub fn alloc_host_mapped(&self, bytes: usize) -> Result<(*mut u8, DevPtr)> {
+        // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP.
+        const FLAGS: u32 = 0x01 | 0x02;
+        self.make_current()?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-parameter; our context is current.
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut host, bytes.max(1), FLAGS) },
+            &format!("cuMemHostAlloc of {bytes} bytes"),
+        )?;
+        // SAFETY: host is a fresh allocation of at least `bytes` bytes.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
+        let mut dev = 0;
+        // SAFETY: host is mapped (DEVICEMAP); out-parameter.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+        if let Err(e) = check(r, "cuMemHostGetDevicePointer") {
+            // SAFETY: host came from cuMemHostAlloc just above.
+            unsafe { sys::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        Ok((host as *mut u8, dev))
+    }
+
+    pub fn free_host_mapped(&self, host: *mut u8) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: host came from alloc_host_mapped and is freed once (the owner's Drop).
+        check(
+            unsafe { sys::cuMemFreeHost(host as *mut c_void) },
+            "cuMemFreeHost",
+        )
+    }
+
     pub fn free(&self, p: DevPtr) -> Result<()> {
         self.make_current()?;
         // SAFETY: p came from alloc on this device and is freed once (the owner's Drop).

@@ -156,6 +156,16 @@ impl Device {
         dispatch!(self.mem_info())
     }
     /// Zeroed device memory, freed when the buffer drops.
+    /// A cleared [`HostFlag`].
+    pub fn alloc_host_flag(&self) -> Result<HostFlag> {
+        let (host, ptr) = dispatch!(self.alloc_host_mapped(8))?;
+        Ok(HostFlag {
+            dev: self.clone(),
+            host: host as *mut u64,
+            ptr,
+        })
+    }
+
     pub fn alloc(&self, bytes: usize) -> Result<DevBuffer> {
         let ptr = dispatch!(self.alloc(bytes))?;
         Ok(DevBuffer {
@@ -302,6 +312,43 @@ impl Drop for DevBuffer {
         let d = &self.dev;
         if let Err(e) = dispatch!(d.free(self.ptr)) {
             log::warn!("freeing device memory: {e}");
+        }
+    }
+}
+
+/// A flag in host memory that kernels can read: set by the host while kernels run (abort).
+pub struct HostFlag {
+    dev: Device,
+    host: *mut u64,
+    /// The device address kernels read.
+    pub ptr: DevPtr,
+}
+
+// SAFETY: the flag is a plain u64 written with volatile stores and read by kernels; the pointer
+// stays valid until Drop.
+unsafe impl Send for HostFlag {}
+// SAFETY: as above; concurrent raises write the same value.
+unsafe impl Sync for HostFlag {}
+
+impl HostFlag {
+    /// Sets the flag; kernels polling it see it within a few microseconds.
+    pub fn raise(&self) {
+        // SAFETY: host points at our live 8-byte allocation.
+        unsafe { std::ptr::write_volatile(self.host, 1) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_raised(&self) -> bool {
+        // SAFETY: as in raise.
+        unsafe { std::ptr::read_volatile(self.host) != 0 }
+    }
+}
+
+impl Drop for HostFlag {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.free_host_mapped(self.host as *mut u8)) {
+            log::warn!("freeing a host flag: {e}");
         }
     }
 }

@@ -425,6 +425,16 @@ impl Device {
         self.unmap(p)
     }
 
+    /// Simulated device memory is host memory: the same address serves both sides.
+    pub fn alloc_host_mapped(&self, bytes: usize) -> Result<(*mut u8, DevPtr)> {
+        let p = self.alloc(bytes)?;
+        Ok((p as *mut u8, p))
+    }
+
+    pub fn free_host_mapped(&self, host: *mut u8) -> Result<()> {
+        self.unmap(host as DevPtr)
+    }
+
     fn check_range(&self, p: DevPtr, len: usize) -> Result<()> {
         let regions = lock(regions());
         match regions.range(..=p).next_back() {

@@ -235,7 +235,8 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         ..CollArgs::default()
     };
     let mut grid = (choice.nchannels as u32).clamp(1, shape.nchannels.max(1));
-    if choice.algo == Algo::Tree {
+    // One rank: the ring kernel's local copy serves any algorithm.
+    if choice.algo == Algo::Tree && comm.nranks > 1 {
         let (up_send, up_recv) = comm.tree_up.ok_or_else(|| {
             Error::internal("the tuner chose the tree, whose connections were not made")
         })?;

@@ -31,6 +31,8 @@ pub struct P2pOp {
     pub buff: DevPtr,
     pub bytes: usize,
     pub stream: StreamHandle,
+    /// The communicator's abort flag (device address), for the kernel's waits.
+    pub abort_flag: DevPtr,
 }
 
 /// `ncclSend` (`dir` Send) and `ncclRecv` (`dir` Recv): checks the call, then records it until
@@ -90,6 +92,7 @@ pub fn submit(
             buff,
             bytes,
             stream,
+            abort_flag: comm.kernel_abort.ptr,
         })
     };
     match checked() {
@@ -241,7 +244,10 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     let plan = plan(links.rank(), batch[0].nranks, nconns, &desc)?;
     let mut all: Vec<P2pArgs> = Vec::with_capacity(plan.len());
     for (_, works) in &plan {
-        let mut args = P2pArgs::default();
+        let mut args = P2pArgs {
+            abort_flag: batch[0].abort_flag,
+            ..P2pArgs::default()
+        };
         for w in works {
             match *w {
                 Work::Conn(i) => {

@@ -149,8 +149,8 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     } else {
         &mut ch.recv
     };
-    let mut up = Simple::on(up_send, up_recv, a.tree_slot_bytes);
-    let mut down = Simple::on(down_send, down_recv, k.slot_bytes);
+    let mut up = Simple::on(up_send, up_recv, a.tree_slot_bytes).with_abort(k.abort_flag);
+    let mut down = Simple::on(down_send, down_recv, k.slot_bytes).with_abort(k.abort_flag);
     let slot = core::cmp::min(a.tree_slot_bytes, k.slot_bytes) as usize / core::mem::size_of::<T>();
     let chunk = core::cmp::max(
         pack_elems::<T>(),

@@ -49,6 +49,8 @@ pub struct Kernel<T, O> {
     pub nthreads: usize,
     pub ch: *mut ChannelDev,
     pub slot_bytes: u32,
+    /// The communicator's abort flag ([`DevComm::abort_flag`]).
+    pub abort_flag: u64,
 }
 
 impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
@@ -69,6 +71,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
             nthreads: arch::block_dim() as usize,
             ch: (comm.channels as *mut ChannelDev).add(ch_id),
             slot_bytes: comm.slot_bytes,
+            abort_flag: comm.abort_flag,
         }
     }
 
@@ -105,7 +108,9 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
     /// The primitives on this channel's ring connections, with the launch's protocol.
     #[inline(always)]
     pub unsafe fn prims(&self) -> Simple {
-        Simple::new(self.ch, self.slot_bytes).with_ll(self.ll())
+        Simple::new(self.ch, self.slot_bytes)
+            .with_ll(self.ll())
+            .with_abort(self.abort_flag)
     }
 
     /// Elements per step: the host's chunk, never more than a FIFO slot (an LL slot's payload

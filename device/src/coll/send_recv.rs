@@ -41,7 +41,8 @@ pub unsafe fn run(args: &P2pArgs) {
             it.conn as *mut ConnRecv,
             it.slot_bytes,
         )
-    };
+    }
+    .with_abort(args.abort_flag);
     let chunk = it.slot_bytes as usize;
     let mut off = 0;
     // A zero-byte message still takes one step, so that both sides agree on the step count.

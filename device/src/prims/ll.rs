@@ -72,10 +72,8 @@ impl Simple {
         if send {
             // The slot we are about to fill must have been consumed NCCL_STEPS steps ago.
             if self.tid == 0 {
-                let head = (*sc).head as *const u64;
-                while arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) <= self.send_step {
-                    arch::spin_pause();
-                }
+                let (head, step) = ((*sc).head as *const u64, self.send_step);
+                self.wait(|| arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) > step);
             }
             arch::sync_threads();
         }
@@ -101,13 +99,13 @@ impl Simple {
         while i < nlines {
             let avail = nbytes - i * 8;
             let r = if recv {
-                loop {
-                    let v = arch::ld_volatile_pack(rlines.add(i));
-                    if v.0[1] == rflag && v.0[3] == rflag {
-                        break Pack16([v.0[0], v.0[2], 0, 0]);
-                    }
-                    arch::spin_pause();
-                }
+                let line = rlines.add(i);
+                let mut v = Pack16::default();
+                self.wait(|| {
+                    v = arch::ld_volatile_pack(line);
+                    v.0[1] == rflag && v.0[3] == rflag
+                });
+                Pack16([v.0[0], v.0[2], 0, 0])
             } else {
                 Pack16::default()
             };

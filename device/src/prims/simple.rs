@@ -24,7 +24,15 @@ pub struct Simple {
     /// Steps go through the LL FIFOs (see [`super::ll`]) instead of the Simple ones: a runtime
     /// choice, so one kernel serves both protocols.
     pub(super) ll: bool,
+    /// The communicator's abort flag (null: none), polled while waiting.
+    abort: *const u64,
+    /// This thread saw the abort flag: it waits no more, so the kernel runs to its end.
+    aborted: bool,
 }
+
+/// Spins between two looks at the abort flag (it lives in host memory: a look costs a trip
+/// over PCIe, the spins only local polls).
+const ABORT_POLL: u32 = 1024;
 
 impl Simple {
     /// The ring connections of a channel.
@@ -51,6 +59,29 @@ impl Simple {
             tid: arch::thread_idx() as usize,
             nthreads: arch::block_dim() as usize,
             ll: false,
+            abort: core::ptr::null(),
+            aborted: false,
+        }
+    }
+
+    /// Gives up waiting once the u64 at `flag` (host-mapped; null: never) is non-zero.
+    #[inline(always)]
+    pub fn with_abort(mut self, flag: u64) -> Simple {
+        self.abort = flag as *const u64;
+        self
+    }
+
+    /// Spins until `ready()`, or until the abort flag is raised (then never waits again).
+    #[inline(always)]
+    pub(super) unsafe fn wait(&mut self, mut ready: impl FnMut() -> bool) {
+        let mut spins = 0u32;
+        while !self.aborted && !ready() {
+            arch::spin_pause();
+            spins += 1;
+            if spins == ABORT_POLL {
+                spins = 0;
+                self.aborted = !self.abort.is_null() && arch::ld_volatile(self.abort) != 0;
+            }
         }
     }
 
@@ -97,16 +128,12 @@ impl Simple {
         let (sc, rc) = (self.send, self.recv);
         if self.tid == 0 {
             if recv {
-                let tail = (*rc).tail as *const u64;
-                while arch::ld_acquire_sys(tail) <= self.recv_step {
-                    arch::spin_pause();
-                }
+                let (tail, step) = ((*rc).tail as *const u64, self.recv_step);
+                self.wait(|| arch::ld_acquire_sys(tail) > step);
             }
             if send {
-                let head = (*sc).head as *const u64;
-                while arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) <= self.send_step {
-                    arch::spin_pause();
-                }
+                let (head, step) = ((*sc).head as *const u64, self.send_step);
+                self.wait(|| arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) > step);
             }
         }
         arch::sync_threads();
