@@ -438,11 +438,7 @@ export! {
         comm: NcclComm,
         stream: CudaStream,
     ) {
-        let dt = dtype(datatype)?;
-        let root = count_of("root", root)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        c.broadcast(dev(buff), dev(buff), count, dt, root, s)?;
-        Ok(NcclResult::Success)
+        Ok(ncclBroadcast(buff, buff, count, datatype, root, comm, stream))
     }
 }
 

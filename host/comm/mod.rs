@@ -491,11 +491,6 @@ impl Comm {
         self.registered.deregister(handle)
     }
 
-    /// Buffers registered now.
-    pub fn registered_buffers(&self) -> usize {
-        self.registered.len()
-    }
-
     /// What a collective of `bytes` (NCCL's nBytes: AllGather's whole output, ReduceScatter's
     /// whole input, else one rank's buffer) runs with here, as the tuner picks it.
     pub fn tuning(&self, coll: crate::tune::Coll, bytes: usize) -> Result<crate::tune::Choice> {

@@ -70,17 +70,4 @@ impl Registrations {
             ))
         })
     }
-
-    /// How many buffers are registered.
-    pub fn len(&self) -> usize {
-        self.table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .buffers
-            .len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

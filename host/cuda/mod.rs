@@ -337,11 +337,6 @@ impl HostFlag {
         unsafe { std::ptr::write_volatile(self.host, 1) };
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
-
-    pub fn is_raised(&self) -> bool {
-        // SAFETY: as in raise.
-        unsafe { std::ptr::read_volatile(self.host) != 0 }
-    }
 }
 
 impl Drop for HostFlag {
