@@ -221,8 +221,12 @@ impl Comm {
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
         let shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
-        let tuner =
+        let mut tuner =
             tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;
+        if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
+            log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
+            tuner.log();
+        }
         let (free_before, _) = device.mem_info()?;
         // One ring, rank order, on every channel (every GPU pair is equal on an NVLink switch).
         let prev = (rank + nranks - 1) % nranks;

@@ -47,7 +47,7 @@ pub trait GpuProbe {
 /// GPUs given by the caller (the runtime knows them from CUDA), NVLinks from NVML when it loads.
 pub struct StaticGpus {
     pub gpus: Vec<GpuInfo>,
-    pub nvml: Option<Nvml>,
+    pub nvml: Option<&'static Nvml>,
 }
 
 impl StaticGpus {
@@ -55,7 +55,7 @@ impl StaticGpus {
     pub fn new(gpus: Vec<GpuInfo>) -> StaticGpus {
         StaticGpus {
             gpus,
-            nvml: Nvml::open(),
+            nvml: Nvml::shared(),
         }
     }
 }
@@ -65,10 +65,7 @@ impl GpuProbe for StaticGpus {
         Ok(self.gpus.clone())
     }
     fn nvlinks(&self, busid: &str) -> Vec<NvLinkInfo> {
-        self.nvml
-            .as_ref()
-            .map(|n| n.nvlinks(busid))
-            .unwrap_or_default()
+        self.nvml.map(|n| n.nvlinks(busid)).unwrap_or_default()
     }
 }
 
@@ -435,10 +432,15 @@ impl XmlNode {
     }
 }
 
-/// NVML, opened at run time from `libnvidia-ml.so.1`.
+/// NVML, opened at run time from `libnvidia-ml.so.1`, once per process.
 pub struct Nvml {
     lib: libloading::Library,
+    /// Queries one at a time: communicators initialised by several threads at once (one per
+    /// GPU) saw NVLinks missing on one thread when each opened and queried NVML on its own.
+    queries: std::sync::Mutex<()>,
 }
+
+static NVML: std::sync::OnceLock<Option<Nvml>> = std::sync::OnceLock::new();
 
 /// nvmlPciInfo_t (NVML's v3 layout: legacy bus id, domain, bus, device, ids, bus id).
 #[repr(C)]
@@ -457,8 +459,13 @@ type NvmlDevice = *mut std::ffi::c_void;
 const NVML_MAX_LINKS: u32 = 18;
 
 impl Nvml {
-    /// NVML if the library loads and initialises; `None` (no NVLink facts) otherwise.
-    pub fn open() -> Option<Nvml> {
+    /// The process's NVML, opened on first use and kept open; `None` (no NVLink facts) where
+    /// the library does not load or initialise.
+    pub fn shared() -> Option<&'static Nvml> {
+        NVML.get_or_init(Nvml::open).as_ref()
+    }
+
+    fn open() -> Option<Nvml> {
         // SAFETY: loading NVML runs its constructors, which have no preconditions; the symbol has
         // NVML's documented signature `nvmlReturn_t nvmlInit_v2(void)`.
         unsafe {
@@ -472,7 +479,10 @@ impl Nvml {
                 log::info!("NVML present but nvmlInit_v2 failed ({rc}): no NVLink information");
                 return None;
             }
-            Some(Nvml { lib })
+            Some(Nvml {
+                lib,
+                queries: std::sync::Mutex::new(()),
+            })
         }
     }
 
@@ -482,6 +492,7 @@ impl Nvml {
         let Ok(cbus) = std::ffi::CString::new(busid) else {
             return out;
         };
+        let _one_at_a_time = self.queries.lock().unwrap_or_else(|e| e.into_inner());
         type ByBus = unsafe extern "C" fn(*const std::ffi::c_char, *mut NvmlDevice) -> i32;
         type State = unsafe extern "C" fn(NvmlDevice, u32, *mut i32) -> i32;
         type Remote = unsafe extern "C" fn(NvmlDevice, u32, *mut NvmlPciInfo) -> i32;

@@ -23,6 +23,7 @@
 //! (`../shared/baselines/README.md`): LL ≈ 152 GB/s busbw and 9 µs, LL128 ≈ 330 GB/s and 22 µs,
 //! Simple ≈ 358 GB/s and 35 µs (4 ranks, AllReduce); Tree ≈ 0.47 of Ring on one node.
 
+mod agree;
 pub mod plugin;
 
 use crate::error::{Error, Result};

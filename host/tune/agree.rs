@@ -1,0 +1,107 @@
+//! Ranks agree on the tuner's inputs. Each rank detects its own topology, and detection can
+//! differ between processes (or fail in one of them): a rank that picks another protocol or
+//! channel count than its peers waits for them forever. So every rank adopts rank 0's model
+//! inputs, and a tuner plugin is used only where every rank loaded one.
+
+use super::Tuner;
+use crate::error::{Error, Result};
+use crate::topo::PathType;
+
+/// Bytes of [`Tuner::facts`].
+const FACTS_LEN: usize = 4 * 4 + 8 * 2 + 3;
+
+impl Tuner {
+    /// The inputs the model chooses from, encoded for [`Tuner::agree`].
+    pub fn facts(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(FACTS_LEN);
+        for n in [self.nranks, self.nnodes, self.nlocal, self.nchannels] {
+            v.extend_from_slice(&(n as u32).to_le_bytes());
+        }
+        v.extend_from_slice(&self.bw_intra.to_le_bytes());
+        v.extend_from_slice(&self.bw_inter.to_le_bytes());
+        let path = PathType::ALL.iter().position(|&p| p == self.intra_type);
+        v.push(path.unwrap_or(0) as u8);
+        v.push(self.ll128_ok as u8);
+        v.push(self.plugin.is_some() as u8);
+        v
+    }
+
+    /// Adopts rank 0's inputs from every rank's [`Tuner::facts`] (by rank) and drops the
+    /// plugin unless every rank has one. Returns whether anything here changed.
+    pub fn agree(&mut self, all: &[Vec<u8>]) -> Result<bool> {
+        let bad = || Error::internal("tuner facts of another rank are malformed");
+        let first = all.first().ok_or_else(bad)?;
+        if all.iter().any(|f| f.len() != FACTS_LEN) {
+            return Err(bad());
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(first[i..i + 4].try_into().unwrap()) as usize;
+        let f64_at = |i: usize| f64::from_le_bytes(first[i..i + 8].try_into().unwrap());
+        let intra_type = *PathType::ALL.get(first[32] as usize).ok_or_else(bad)?;
+        let mine = self.facts();
+        self.nranks = u32_at(0);
+        self.nnodes = u32_at(4);
+        self.nlocal = u32_at(8);
+        self.nchannels = u32_at(12);
+        self.bw_intra = f64_at(16);
+        self.bw_inter = f64_at(24);
+        self.intra_type = intra_type;
+        self.ll128_ok = first[33] != 0;
+        if all.iter().any(|f| f[34] == 0) {
+            if let Some(p) = self.plugin.take() {
+                log::warn!(
+                    "tuner plugin {} is not loaded on every rank; using the internal model",
+                    p.name
+                );
+            }
+        }
+        Ok(self.facts() != mine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topo::synthetic;
+    use crate::topo::System;
+    use crate::tune::TuneParams;
+
+    fn tuner(ngpus: usize, max_channels: usize) -> Tuner {
+        let system = System::from_xml_node(synthetic::nvswitch_node(ngpus, 90)).unwrap();
+        let ranks = vec![system.gpus.iter().map(|g| g.rank).collect()];
+        let params = crate::graph::Params {
+            max_channels,
+            ..crate::graph::Params::default()
+        };
+        let graphs = crate::graph::search_ranks(&system, &ranks, &params).unwrap();
+        Tuner::new(&system, &graphs, &TuneParams::default())
+    }
+
+    #[test]
+    fn every_rank_takes_rank_0s_inputs() {
+        let rank0 = tuner(4, 32);
+        let mut rank1 = tuner(4, 4);
+        let all = vec![rank0.facts(), rank1.facts()];
+        assert!(rank1.agree(&all).unwrap());
+        assert_eq!(rank1.facts(), rank0.facts());
+        for bytes in [8usize, 1 << 20, 1 << 30] {
+            let c = super::super::Coll::AllReduce;
+            assert_eq!(
+                rank1
+                    .choose(c, bytes)
+                    .map(|x| (x.algo, x.proto, x.nchannels)),
+                rank0
+                    .choose(c, bytes)
+                    .map(|x| (x.algo, x.proto, x.nchannels))
+            );
+        }
+        let again = vec![rank0.facts(), rank1.facts()];
+        assert!(!rank1.agree(&again).unwrap());
+    }
+
+    #[test]
+    fn malformed_facts_are_an_error() {
+        let mut t = tuner(2, 8);
+        assert!(t.agree(&[vec![1, 2, 3]]).is_err());
+        assert!(t.agree(&[]).is_err());
+    }
+}
