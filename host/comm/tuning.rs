@@ -22,10 +22,11 @@ pub const BUILT: &[(Algo, Proto)] = &[
     (Algo::Tree, Proto::Simple),
 ];
 
-/// Largest automatic call per protocol (LL, LL128, Simple). Our LL measured on 4×H200
-/// (`results/h200x4-ll-opt-in.txt`): 19.3 µs at 8 B against Simple's 24.2, but 36 µs at 128 and
-/// 512 KiB, where Simple takes 36 µs at 256 KiB: past 256 KiB LL has not been seen to win.
-const AUTO_MAX_BYTES: [usize; NUM_PROTOS] = [256 << 10, usize::MAX, usize::MAX];
+/// Largest automatic call per protocol (LL, LL128, Simple), from our kernels on 4×H200 beside
+/// forced choices (`results/h200x4-allreduce-forced-{LL,Simple}.txt`, AllReduce): LL on 32
+/// channels took 29.8 µs at 512 KiB against Simple's 36.7, and tied at 2 MiB (42.6 against
+/// 42.0). Past 2 MiB LL has not been seen to win, whatever the model says.
+const AUTO_MAX_BYTES: [usize; NUM_PROTOS] = [2 << 20, usize::MAX, usize::MAX];
 
 fn built() -> [[bool; NUM_PROTOS]; NUM_ALGOS] {
     let mut b = [[false; NUM_PROTOS]; NUM_ALGOS];
