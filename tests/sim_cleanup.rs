@@ -15,16 +15,36 @@ fn regions_of_dead_processes_are_removed() {
         .expect("run `true`");
     let dead = child.id();
     child.wait().expect("wait for `true`");
-    let stale = format!("/dev/shm/ncclrs-{dead}-0-1");
-    let live = format!("/dev/shm/ncclrs-{}-0-999999", std::process::id());
-    std::fs::write(&stale, b"left behind").expect("plant a stale region");
-    std::fs::write(&live, b"ours").expect("plant a live region");
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
+    let stale = format!("/dev/shm/ncclrs-{dead}@{ns}-0-1");
+    let legacy = format!("/dev/shm/ncclrs-{dead}-0-2");
+    // The same dead pid in another pid namespace may be a live process there.
+    let foreign = format!("/dev/shm/ncclrs-{dead}@{}-0-3", ns + 1);
+    let live = format!("/dev/shm/ncclrs-{}@{ns}-0-999999", std::process::id());
+    for (path, what) in [
+        (&stale, "stale"),
+        (&legacy, "legacy"),
+        (&foreign, "foreign"),
+        (&live, "live"),
+    ] {
+        std::fs::write(path, what).unwrap_or_else(|e| panic!("plant a {what} region: {e}"));
+    }
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     let _dev = nccl::Device::open(0).expect("open a simulated device");
-    let stale_left = Path::new(&stale).exists();
-    let live_left = Path::new(&live).exists();
-    let _ = std::fs::remove_file(&stale);
-    let _ = std::fs::remove_file(&live);
-    assert!(!stale_left, "{stale} of a dead process was kept");
-    assert!(live_left, "{live} of a live process was removed");
+    let left: Vec<bool> = [&stale, &legacy, &foreign, &live]
+        .iter()
+        .map(|p| {
+            let there = Path::new(p).exists();
+            let _ = std::fs::remove_file(p);
+            there
+        })
+        .collect();
+    assert!(!left[0], "{stale} of a dead process was kept");
+    assert!(
+        !left[1],
+        "{legacy} (a name without namespace) of a dead process was kept"
+    );
+    assert!(left[2], "{foreign} of another pid namespace was removed");
+    assert!(left[3], "{live} of a live process was removed");
 }

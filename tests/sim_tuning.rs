@@ -34,7 +34,7 @@ fn the_protocol_follows_the_size() {
         assert_eq!(big[0].nchannels, comms[0].shape().nchannels as usize);
         assert!(small[0].est_time_us < big[0].est_time_us);
         // Past the size where our LL was measured to win, Simple runs.
-        let mid = comms[0].tuning(coll, 512 << 10).unwrap();
+        let mid = comms[0].tuning(coll, 4 << 20).unwrap();
         assert_eq!(mid.proto, Proto::Simple, "{coll:?}");
     }
     // Both protocols and the switch between them, on real data.

@@ -260,9 +260,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Removes the regions of simulator processes that died without freeing them (a killed test
 /// leaves its device memory in /dev/shm, where it holds RAM until reboot). A region belongs to
-/// the pid in its name; one whose process no longer exists is unlinked. (Processes of another
-/// pid namespace that share this /dev/shm look dead from here: run simulators there with
-/// separate /dev/shm mounts.)
+/// the pid in its name; one whose process no longer exists is unlinked. Only regions of our own
+/// pid namespace are judged: containers sharing one /dev/shm see each other's pids as dead.
 fn sweep_dead_regions() {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
@@ -270,9 +269,12 @@ fn sweep_dead_regions() {
     let mut swept = 0usize;
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(pid) = region_pid(&name.to_string_lossy()) else {
+        let Some((pid, ns)) = region_owner(&name.to_string_lossy()) else {
             continue;
         };
+        if ns.is_some_and(|ns| ns != pid_namespace()) {
+            continue;
+        }
         // SAFETY: signal 0 only asks whether the process exists.
         let gone = unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
@@ -290,13 +292,25 @@ fn sweep_dead_regions() {
     }
 }
 
-/// The pid in a region name `ncclrs-<pid>-…`.
-fn region_pid(name: &str) -> Option<u32> {
-    name.strip_prefix("ncclrs-")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
+/// The pid and pid namespace in a region name `ncclrs-<pid>@<namespace>-…` (names of older
+/// builds have no namespace).
+fn region_owner(name: &str) -> Option<(u32, Option<u64>)> {
+    let owner = name.strip_prefix("ncclrs-")?.split('-').next()?;
+    Some(match owner.split_once('@') {
+        Some((pid, ns)) => (pid.parse().ok()?, Some(ns.parse().ok()?)),
+        None => (owner.parse().ok()?, None),
+    })
+}
+
+/// The inode of this process's pid namespace (0 where /proc does not say).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    static NS: OnceLock<u64> = OnceLock::new();
+    *NS.get_or_init(|| {
+        std::fs::metadata("/proc/self/ns/pid")
+            .map(|m| m.ino())
+            .unwrap_or(0)
+    })
 }
 
 /// A per-process number in every region name, so that names differ from those a process
@@ -383,8 +397,9 @@ impl Device {
         let mut tries = 0;
         let (name, p) = loop {
             let name = format!(
-                "/ncclrs-{}-{:x}-{}",
+                "/ncclrs-{}@{}-{:x}-{}",
                 std::process::id(),
+                pid_namespace(),
                 process_nonce(),
                 NEXT_ID.fetch_add(1, Ordering::Relaxed)
             );
