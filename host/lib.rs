@@ -28,7 +28,7 @@ pub mod tune;
 
 pub use bootstrap::{get_unique_id, UniqueId};
 pub use comm::{Comm, Config, PendingComm, SPLIT_NOCOLOR};
-pub use cuda::{Backend, DevPtr, Device, StreamHandle};
+pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
 pub use enqueue::{CollCall, ReduceOp};
 pub use error::{Error, NcclResult, Result};
 pub use nccl_device::abi::Coll;

@@ -550,6 +550,73 @@ impl Device {
             "cuEventDestroy",
         )
     }
+
+    /// Whether `s` is capturing into a CUDA graph (an invalidated capture counts: it still
+    /// refuses what a live one refuses).
+    pub fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
+        self.make_current()?;
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: s is a stream of this context (or 0); out-parameter.
+        check(
+            unsafe { sys::cuStreamIsCapturing(s.0 as sys::CUstream, &mut st) },
+            "cuStreamIsCapturing",
+        )?;
+        Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Starts capturing `s` into a graph (CUDA's default, global capture mode).
+    pub fn capture_begin(&self, s: StreamHandle) -> Result<()> {
+        self.make_current()?;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        // SAFETY: s is a stream of this context.
+        check(
+            unsafe { sys::cuStreamBeginCapture_v2(s.0 as sys::CUstream, mode) },
+            "cuStreamBeginCapture",
+        )
+    }
+
+    /// Ends the capture on `s` and instantiates it: (graph, executable graph).
+    pub fn capture_end(&self, s: StreamHandle) -> Result<(u64, u64)> {
+        self.make_current()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: s is capturing (else CUDA reports it); out-parameter.
+        check(
+            unsafe { sys::cuStreamEndCapture(s.0 as sys::CUstream, &mut graph) },
+            "cuStreamEndCapture",
+        )?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: graph came from the capture just ended; out-parameter.
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = check(r, "cuGraphInstantiate") {
+            // SAFETY: graph is ours and instantiated nowhere.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok((graph as u64, exec as u64))
+    }
+
+    pub fn graph_launch(&self, exec: u64, s: StreamHandle) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: exec came from capture_end and lives until graph_destroy.
+        check(
+            unsafe { sys::cuGraphLaunch(exec as sys::CUgraphExec, s.0 as sys::CUstream) },
+            "cuGraphLaunch",
+        )
+    }
+
+    pub fn graph_destroy(&self, graph: u64, exec: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: both came from capture_end and are destroyed once.
+        check(
+            unsafe { sys::cuGraphExecDestroy(exec as sys::CUgraphExec) },
+            "cuGraphExecDestroy",
+        )?;
+        // SAFETY: as above.
+        check(
+            unsafe { sys::cuGraphDestroy(graph as sys::CUgraph) },
+            "cuGraphDestroy",
+        )
+    }
 }
 
 impl Drop for Device {

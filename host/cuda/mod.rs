@@ -89,6 +89,9 @@ macro_rules! dispatch {
     };
 }
 
+mod graph;
+pub use graph::Graph;
+
 /// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.
 #[derive(Clone)]
 pub struct Device {

@@ -133,6 +133,8 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
 }
 
 type Job = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
+/// Work a graph may run again (a captured launch).
+type Replayable = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
 
 #[derive(Default)]
 struct Queue {
@@ -149,13 +151,23 @@ struct Queue {
 struct Stream {
     q: Mutex<Queue>,
     cv: Condvar,
+    /// The launches captured so far while a graph capture is open on this stream.
+    capture: Mutex<Option<Vec<Replayable>>>,
 }
+
+/// CUDA's answers to what a capture forbids, worded as the simulator gives them.
+const CAPTURE_UNSUPPORTED: &str =
+    "not permitted while the stream is capturing a graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)";
+const CAPTURED_EVENT: &str =
+    "not permitted on an event last recorded in a capturing stream (CUDA_ERROR_CAPTURED_EVENT)";
+const CAPTURE_ISOLATION: &str = "a capturing stream cannot wait for work outside its capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION)";
 
 impl Stream {
     fn start() -> Arc<Stream> {
         let s = Arc::new(Stream {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
+            capture: Mutex::new(None),
         });
         let w = s.clone();
         std::thread::Builder::new()
@@ -197,7 +209,28 @@ impl Stream {
         self.cv.notify_all();
     }
 
+    fn capturing(&self) -> bool {
+        lock(&self.capture).is_some()
+    }
+
+    /// Runs `job` in stream order, or adds it to the open capture.
+    fn push_replayable(&self, job: Replayable) {
+        if let Some(c) = lock(&self.capture).as_mut() {
+            c.push(job);
+            return;
+        }
+        self.push(Box::new(move || job()));
+    }
+
+    fn refuse_if_capturing(&self, what: &str) -> Result<()> {
+        match self.capturing() {
+            true => Err(Error::cuda(format!("{what}: {CAPTURE_UNSUPPORTED}"))),
+            false => Ok(()),
+        }
+    }
+
     fn sync(&self) -> Result<()> {
+        self.refuse_if_capturing("stream synchronize")?;
         let mut q = lock(&self.q);
         let target = q.submitted;
         while q.done < target {
@@ -210,6 +243,7 @@ impl Stream {
     }
 
     fn idle(&self) -> Result<bool> {
+        self.refuse_if_capturing("stream query")?;
         let q = lock(&self.q);
         match &q.error {
             Some(e) => Err(Error::cuda(format!("simulated kernel failed: {e}"))),
@@ -231,6 +265,8 @@ struct EventState {
     done: u64,
     /// When the latest completed record passed.
     at: Option<Instant>,
+    /// The stream (by address) whose capture holds the latest record, if it was captured.
+    captured_on: Option<usize>,
 }
 
 impl Event {
@@ -244,6 +280,7 @@ impl Event {
 struct Registry {
     streams: HashMap<u64, Arc<Stream>>,
     events: HashMap<u64, Arc<Event>>,
+    graphs: HashMap<u64, Arc<Vec<Replayable>>>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -252,6 +289,7 @@ fn registry() -> &'static Mutex<Registry> {
         Mutex::new(Registry {
             streams: HashMap::new(),
             events: HashMap::new(),
+            graphs: HashMap::new(),
         })
     })
 }
@@ -564,7 +602,8 @@ impl Device {
             }
         };
         let s = self.stream(stream)?;
-        s.push(Box::new(move || {
+        let body: Arc<dyn Fn() + Send + Sync> = Arc::from(body);
+        s.push_replayable(Arc::new(move || {
             let body = &*body;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 std::thread::scope(|sc| {
@@ -621,12 +660,19 @@ impl Device {
 
     pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
         let ev = self.event(e)?;
+        let stream = self.stream(s)?;
+        if stream.capturing() {
+            // A point inside the graph: waits of the same capture may follow it.
+            lock(&ev.state).captured_on = Some(Arc::as_ptr(&stream) as usize);
+            return Ok(());
+        }
         let gen = {
             let mut st = lock(&ev.state);
             st.issued += 1;
+            st.captured_on = None;
             st.issued
         };
-        self.stream(s)?.push(Box::new(move || {
+        stream.push(Box::new(move || {
             let mut st = lock(&ev.state);
             st.done = st.done.max(gen);
             st.at = Some(Instant::now());
@@ -637,8 +683,24 @@ impl Device {
 
     pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
         let ev = self.event(e)?;
-        let target = lock(&ev.state).issued;
-        self.stream(s)?.push(Box::new(move || {
+        let stream = self.stream(s)?;
+        let (target, captured_on) = {
+            let st = lock(&ev.state);
+            (st.issued, st.captured_on)
+        };
+        match (stream.capturing(), captured_on) {
+            (false, None) => {}
+            (false, Some(_)) => return Err(Error::cuda(format!("stream wait: {CAPTURED_EVENT}"))),
+            (true, None) => return Err(Error::cuda(format!("stream wait: {CAPTURE_ISOLATION}"))),
+            // Within one stream's capture, stream order already holds.
+            (true, Some(on)) if on == Arc::as_ptr(&stream) as usize => return Ok(()),
+            (true, Some(_)) => {
+                return Err(Error::invalid_usage(
+                    "the simulator captures one stream at a time (no fork/join across streams)",
+                ))
+            }
+        }
+        stream.push(Box::new(move || {
             ev.wait_for(target);
             Ok(())
         }));
@@ -647,7 +709,13 @@ impl Device {
 
     pub fn event_sync(&self, e: u64) -> Result<()> {
         let ev = self.event(e)?;
-        let target = lock(&ev.state).issued;
+        let (target, captured_on) = {
+            let st = lock(&ev.state);
+            (st.issued, st.captured_on)
+        };
+        if captured_on.is_some() {
+            return Err(Error::cuda(format!("event synchronize: {CAPTURED_EVENT}")));
+        }
         ev.wait_for(target);
         Ok(())
     }
@@ -665,6 +733,48 @@ impl Device {
 
     pub fn event_destroy(&self, e: u64) -> Result<()> {
         lock(registry()).events.remove(&e);
+        Ok(())
+    }
+
+    pub fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
+        Ok(self.stream(s)?.capturing())
+    }
+
+    pub fn capture_begin(&self, s: StreamHandle) -> Result<()> {
+        let stream = self.stream(s)?;
+        let mut c = lock(&stream.capture);
+        if c.is_some() {
+            return Err(Error::invalid_usage("the stream is capturing already"));
+        }
+        *c = Some(Vec::new());
+        Ok(())
+    }
+
+    /// Ends the capture; the graph is its launches, replayed in order.
+    pub fn capture_end(&self, s: StreamHandle) -> Result<(u64, u64)> {
+        let jobs = lock(&self.stream(s)?.capture)
+            .take()
+            .ok_or_else(|| Error::invalid_usage("the stream is not capturing"))?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0x9;
+        lock(registry()).graphs.insert(id, Arc::new(jobs));
+        Ok((id, id))
+    }
+
+    pub fn graph_launch(&self, exec: u64, s: StreamHandle) -> Result<()> {
+        let jobs = lock(registry())
+            .graphs
+            .get(&exec)
+            .cloned()
+            .ok_or_else(|| Error::invalid_argument(format!("unknown graph {exec:#x}")))?;
+        let stream = self.stream(s)?;
+        for j in jobs.iter() {
+            stream.push_replayable(j.clone());
+        }
+        Ok(())
+    }
+
+    pub fn graph_destroy(&self, graph: u64, _exec: u64) -> Result<()> {
+        lock(registry()).graphs.remove(&graph);
         Ok(())
     }
 }

@@ -4,6 +4,12 @@
 //! finalize/destroy wait for it to know the communicator's work is done — without ever touching
 //! a user's stream after the call that used it (the user may have destroyed it since).
 //!
+//! A launch into a stream that is capturing a CUDA graph is ordered by the graph instead: CUDA
+//! forbids a capture to wait for an event recorded outside it, and an event recorded inside
+//! one cannot be waited for or synchronised outside. So captured launches neither wait for
+//! nor move the communicator's event. As in NCCL, a graph replay and direct calls of the same
+//! communicator must not run at the same time; the caller orders them on its streams.
+//!
 //! It also knows whether a non-blocking group is still issuing the communicator's work on a
 //! background thread (`ncclGroupEnd` returned `ncclInProgress`), and how that ended.
 
@@ -124,6 +130,9 @@ impl StreamOrder {
             .last
             .lock()
             .map_err(|_| Error::internal("launch order poisoned"))?;
+        if self.device.stream_capturing(main)? {
+            return join(&self.device, main, others, launch);
+        }
         let done = match last.1 {
             Some(e) => e,
             None => {
@@ -135,22 +144,8 @@ impl StreamOrder {
         if last.0.is_some_and(|p| p != main) {
             self.device.stream_wait_event(main, done)?;
         }
-        for &s in others.iter().filter(|&&s| s != main) {
-            // A fresh event per join: destroying it after the wait is queued is fine (the
-            // wait keeps what it needs, in CUDA as in the simulator).
-            let e = self.device.event_create()?;
-            let r = self
-                .device
-                .event_record(e, s)
-                .and_then(|()| self.device.stream_wait_event(main, e));
-            let _ = self.device.event_destroy(e);
-            r?;
-        }
-        launch()?;
+        join(&self.device, main, others, launch)?;
         self.device.event_record(done, main)?;
-        for &s in others.iter().filter(|&&s| s != main) {
-            self.device.stream_wait_event(s, done)?;
-        }
         last.0 = Some(main);
         Ok(())
     }
@@ -179,6 +174,38 @@ impl Drop for StreamOrder {
             }
         }
     }
+}
+
+/// Runs `launch` on `main` after the work queued on each of `others`; later work on `others`
+/// waits for it (one event per join, recorded on the stream it joins from: inside a capture,
+/// the fork/join CUDA expects).
+fn join(
+    device: &Device,
+    main: StreamHandle,
+    others: &[StreamHandle],
+    launch: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let others: Vec<StreamHandle> = others.iter().copied().filter(|&s| s != main).collect();
+    for &s in &others {
+        // Destroying an event after the wait is queued is fine (the wait keeps what it
+        // needs, in CUDA as in the simulator).
+        link(device, s, main)?;
+    }
+    launch()?;
+    for &s in &others {
+        link(device, main, s)?;
+    }
+    Ok(())
+}
+
+/// Work queued on `to` from now on waits for the work queued on `from` so far.
+fn link(device: &Device, from: StreamHandle, to: StreamHandle) -> Result<()> {
+    let e = device.event_create()?;
+    let r = device
+        .event_record(e, from)
+        .and_then(|()| device.stream_wait_event(to, e));
+    let _ = device.event_destroy(e);
+    r
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 use nccl::{Coll, Comm, DataType, ReduceOp, StreamHandle};
 use nccl_device::types::Elem;
 
+pub mod graphs;
+
 /// A small deterministic generator (xorshift*), so failures reproduce from the seed.
 pub struct Rng(u64);
 impl Rng {

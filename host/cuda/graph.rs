@@ -1,0 +1,53 @@
+//! CUDA graphs. The runtime asks whether a stream is capturing, because the launch order of a
+//! communicator (enqueue/order.rs) must not tie a capture to work outside it; capture and
+//! replay are here for tests and for Rust programs that drive streams through this crate.
+
+use super::{Device, Imp, StreamHandle};
+use crate::error::Result;
+
+/// An instantiated graph captured from a stream; destroyed on drop.
+pub struct Graph {
+    dev: Device,
+    graph: u64,
+    exec: u64,
+}
+
+impl Device {
+    /// Whether `s` is capturing into a graph now.
+    pub fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
+        dispatch!(self.stream_capturing(s))
+    }
+
+    /// Starts capturing the work issued on `s` into a graph (CUDA's global capture mode).
+    pub fn capture_begin(&self, s: StreamHandle) -> Result<()> {
+        dispatch!(self.capture_begin(s))
+    }
+
+    /// Ends the capture on `s`; the graph is ready to launch.
+    pub fn capture_end(&self, s: StreamHandle) -> Result<Graph> {
+        let (graph, exec) = dispatch!(self.capture_end(s))?;
+        Ok(Graph {
+            dev: self.clone(),
+            graph,
+            exec,
+        })
+    }
+}
+
+impl Graph {
+    /// Runs the captured work once more, on `s`.
+    pub fn launch(&self, s: StreamHandle) -> Result<()> {
+        let exec = self.exec;
+        let dev = &self.dev;
+        dispatch!(dev.graph_launch(exec, s))
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let (graph, exec, dev) = (self.graph, self.exec, &self.dev);
+        if let Err(e) = dispatch!(dev.graph_destroy(graph, exec)) {
+            log::warn!("destroying a CUDA graph: {e}");
+        }
+    }
+}

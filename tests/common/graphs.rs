@@ -1,0 +1,170 @@
+//! CUDA graph capture and replay of a communicator's work, shared by the simulator and GPU
+//! suites. Every rank captures, in one group on its own stream, an AllReduce, an AllGather and
+//! a ring of sends and receives; the graphs then run `replays` times with new inputs written
+//! between runs, and direct calls on other streams come in between. Only one thread drives
+//! all ranks (graphs are captured and launched per rank, as a program would).
+
+use super::Ranks;
+use nccl::{DataType, DevBuffer, ReduceOp, StreamHandle};
+
+const COUNT: usize = 1000;
+
+/// Rank `r`'s input at replay `it`: small integers, so float sums are exact.
+fn value(it: usize, r: usize, j: usize) -> f32 {
+    ((it * 7 + r * 13 + j) % 251) as f32
+}
+
+fn write(b: &DevBuffer, v: &[f32]) -> Result<(), String> {
+    b.write(0, super::to_bytes(v)).map_err(|e| e.to_string())
+}
+
+fn read(b: &DevBuffer, n: usize) -> Result<Vec<f32>, String> {
+    let mut out = vec![0u8; n * 4];
+    b.read(0, &mut out).map_err(|e| e.to_string())?;
+    Ok(super::from_bytes(&out))
+}
+
+struct Bufs {
+    send: DevBuffer,
+    sum: DevBuffer,
+    gathered: DevBuffer,
+    from_prev: DevBuffer,
+}
+
+/// One group per call of `issue` on every rank's stream `streams[i]`.
+fn issue(ranks: &Ranks, bufs: &[Bufs], streams: &[StreamHandle]) -> Result<(), String> {
+    let n = ranks.comms.len();
+    let e = |e: nccl::Error| e.to_string();
+    nccl::group_start();
+    for (i, c) in ranks.comms.iter().enumerate() {
+        let (b, s, r) = (&bufs[i], streams[i], c.rank());
+        let f = DataType::Float32;
+        c.all_reduce(b.send.ptr, b.sum.ptr, COUNT, f, ReduceOp::Sum, s)
+            .map_err(e)?;
+        c.all_gather(b.send.ptr, b.gathered.ptr, COUNT, f, s)
+            .map_err(e)?;
+        c.send(b.send.ptr, COUNT, f, (r + 1) % n, s).map_err(e)?;
+        c.recv(b.from_prev.ptr, COUNT, f, (r + n - 1) % n, s)
+            .map_err(e)?;
+    }
+    nccl::group_end().map_err(e)
+}
+
+/// Writes replay `it`'s inputs (every stream idle).
+fn set_inputs(ranks: &Ranks, bufs: &[Bufs], it: usize) -> Result<(), String> {
+    for (c, b) in ranks.comms.iter().zip(bufs) {
+        let v: Vec<f32> = (0..COUNT).map(|j| value(it, c.rank(), j)).collect();
+        write(&b.send, &v)?;
+        let poison = vec![f32::NAN; COUNT * ranks.comms.len()];
+        write(&b.sum, &poison[..COUNT])?;
+        write(&b.gathered, &poison)?;
+        write(&b.from_prev, &poison[..COUNT])?;
+    }
+    Ok(())
+}
+
+fn check(ranks: &Ranks, bufs: &[Bufs], it: usize, what: &str) -> Result<(), String> {
+    let n = ranks.comms.len();
+    for (c, b) in ranks.comms.iter().zip(bufs) {
+        let r = c.rank();
+        let sum = read(&b.sum, COUNT)?;
+        let gathered = read(&b.gathered, COUNT * n)?;
+        let from_prev = read(&b.from_prev, COUNT)?;
+        for j in 0..COUNT {
+            let want: f32 = (0..n).map(|q| value(it, q, j)).sum();
+            if sum[j] != want {
+                return Err(format!(
+                    "{what} {it}: rank {r} AllReduce[{j}] = {} not {want}",
+                    sum[j]
+                ));
+            }
+            let p = (r + n - 1) % n;
+            if from_prev[j] != value(it, p, j) {
+                return Err(format!(
+                    "{what} {it}: rank {r} recv[{j}] = {}",
+                    from_prev[j]
+                ));
+            }
+            for q in 0..n {
+                if gathered[q * COUNT + j] != value(it, q, j) {
+                    return Err(format!("{what} {it}: rank {r} AllGather[{q}][{j}] wrong"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Captures every rank's work into a graph on `ranks.streams`, after direct calls on other
+/// streams, and replays it `replays` times with direct calls in between; then finalizes.
+pub fn capture_and_replay(ranks: &Ranks, replays: usize) -> Result<(), String> {
+    let e = |e: nccl::Error| e.to_string();
+    let n = ranks.comms.len();
+    let mut bufs = Vec::new();
+    let mut others = Vec::new();
+    for c in &ranks.comms {
+        let d = c.device();
+        let alloc = |elems: usize| d.alloc(elems * 4).map_err(e);
+        bufs.push(Bufs {
+            send: alloc(COUNT)?,
+            sum: alloc(COUNT)?,
+            gathered: alloc(COUNT * n)?,
+            from_prev: alloc(COUNT)?,
+        });
+        others.push(d.stream_create().map_err(e)?);
+    }
+    let sync = |streams: &[StreamHandle]| -> Result<(), String> {
+        for (c, s) in ranks.comms.iter().zip(streams) {
+            c.device().stream_sync(*s).map_err(e)?;
+        }
+        Ok(())
+    };
+    // Direct calls first, on other streams: kernels loaded and connections made before the
+    // capture (a capture must not allocate), and the communicator's last launch elsewhere.
+    set_inputs(ranks, &bufs, 1000)?;
+    issue(ranks, &bufs, &others)?;
+    sync(&others)?;
+    check(ranks, &bufs, 1000, "direct call before the capture")?;
+    for (c, s) in ranks.comms.iter().zip(&ranks.streams) {
+        c.device().capture_begin(*s).map_err(e)?;
+    }
+    let captured = issue(ranks, &bufs, &ranks.streams);
+    let mut graphs = Vec::new();
+    for (c, s) in ranks.comms.iter().zip(&ranks.streams) {
+        graphs.push(c.device().capture_end(*s).map_err(e)?);
+    }
+    captured.map_err(|m| format!("issuing into the capture: {m}"))?;
+    for it in 0..replays {
+        set_inputs(ranks, &bufs, it)?;
+        for (g, s) in graphs.iter().zip(&ranks.streams) {
+            g.launch(*s).map_err(e)?;
+        }
+        sync(&ranks.streams)?;
+        check(ranks, &bufs, it, "replay")?;
+        if it % 10 == 9 {
+            // A direct call between replays, on the other streams.
+            set_inputs(ranks, &bufs, it + 5000)?;
+            issue(ranks, &bufs, &others)?;
+            sync(&others)?;
+            check(ranks, &bufs, it + 5000, "direct call between replays")?;
+        }
+    }
+    drop(graphs);
+    // Finalize is collective: every rank at once.
+    std::thread::scope(|sc| {
+        let done: Vec<_> = ranks
+            .comms
+            .iter()
+            .map(|c| sc.spawn(|| c.finalize()))
+            .collect();
+        done.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| "finalize panicked".to_string())?
+                .map_err(|m| format!("finalize after the replays: {m}"))
+        })
+    })?;
+    for (c, s) in ranks.comms.iter().zip(&others) {
+        c.device().stream_destroy(*s).map_err(e)?;
+    }
+    Ok(())
+}
