@@ -63,8 +63,8 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
     for (r, c) in ranks.comms.iter().enumerate() {
         let s = ranks.streams[r];
         if r == root {
-            for q in 0..n {
-                let p = src.ptr + (offs[q] * 4) as u64;
+            for (q, off) in offs[..n].iter().enumerate() {
+                let p = src.ptr + (off * 4) as u64;
                 c.send(p, len(root, q), i32t, q, s).unwrap();
             }
         }
@@ -72,9 +72,9 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
     }
     nccl::group_end().unwrap();
     sync(ranks);
-    for r in 0..n {
+    for (r, d) in dst.iter().enumerate() {
         assert_eq!(
-            read(&dst[r], len(root, r)),
+            read(d, len(root, r)),
             payload(root, r, len(root, r)),
             "scatter from {root} to {r} of {n}"
         );
@@ -92,8 +92,8 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
         let s = ranks.streams[r];
         c.send(srcs[r].ptr, len(r, root), i32t, root, s).unwrap();
         if r == root {
-            for q in 0..n {
-                let p = gathered.ptr + (goffs[q] * 4) as u64;
+            for (q, off) in goffs[..n].iter().enumerate() {
+                let p = gathered.ptr + (off * 4) as u64;
                 c.recv(p, len(q, root), i32t, q, s).unwrap();
             }
         }
