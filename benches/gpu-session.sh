@@ -1,0 +1,43 @@
+#!/bin/bash
+# One device call's worth of GPU work, from a bundle built here with
+#   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
+# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all]` with `.gpu` carried.
+# Every step has its own time limit, so one stuck step cannot eat the call. The logs come back
+# as one archive, $OUT/gpu-session.tgz (the device tool returns at most 8 files).
+# The first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
+# tests took about 8 minutes on 4xH200, the benchmarks about 3, so give each its own call
+# (a call may run 10 minutes).
+set -u
+bundle="$(cd "$(dirname "$0")/.." && pwd)/.gpu"
+out="$bundle/logs"
+rm -rf "$out" && mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 # never multicast on the shared hosts
+nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+bench="$bundle/bin/bench-nccl_bench"
+tests="$bundle/bin/test-gpu_collectives"
+what="${1:-all}"
+
+step() { # step LIMIT_S LOG COMMAND...: runs COMMAND with a limit, says how it ended
+  local limit=$1 log=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$log" 2>&1
+  local rc=$?
+  echo "$log: rc=$rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (time limit)')"
+}
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  nvidia-smi topo -m >"$out/topo.txt" 2>&1
+  for t in $("$tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
+    step 300 "test-$t.log" "$tests" --include-ignored --exact --nocapture --test-threads=1 "$t"
+  done
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  step 200 bench-all.txt "$bench" -C all -b 8 -e 1G -f 4 --baseline "$nccl"
+  for p in LL Simple; do
+    NCCL_PROTO=$p step 60 "bench-allreduce-$p.txt" "$bench" -C all_reduce -b 8 -e 4M -f 4 --baseline "$nccl"
+  done
+  NCCL_ALGO=allreduce:tree step 60 bench-allreduce-tree.txt "$bench" -C all_reduce -b 64K -e 256M -f 4 --baseline "$nccl"
+  step 60 bench-threads-small.txt "$bench" -t threads -C all_reduce -b 8 -e 64K -f 8 --baseline "$nccl"
+fi
+tar -czf "${OUT:-$bundle}/gpu-session.tgz" -C "$bundle" logs
