@@ -139,6 +139,11 @@ pub const PARAMS: &[Param] = &[
         doc: "NCCL_BUFFSIZE under the simulator, unless NCCL_BUFFSIZE is set",
     },
     Param {
+        name: "NCCL_RS_SIM_P2P_CONNS",
+        default: "1",
+        doc: "connections per peer (CTAs of one send/recv or tree AllReduce) under the simulator",
+    },
+    Param {
         name: "NCCL_TOPO_FILE",
         default: "",
         doc: "topology XML to use instead of detecting the node",
@@ -177,6 +182,11 @@ pub const PARAMS: &[Param] = &[
         name: "NCCL_PROTO",
         default: "",
         doc: "protocols allowed (LL, LL128, Simple): list, ^list, or coll:list;coll:list",
+    },
+    Param {
+        name: "NCCL_RINGS",
+        default: "",
+        doc: "ring order per channel, rings separated by '|' (\"0 2 1 3|3 1 2 0\"); rank 0's rules",
     },
     Param {
         name: "NCCL_TUNER_PLUGIN",

@@ -9,6 +9,7 @@ mod config;
 mod peer;
 mod pending;
 pub mod register;
+pub mod rings;
 mod split;
 pub mod tuning;
 
@@ -24,6 +25,7 @@ use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
 use peer::PeerInfo;
+use rings::Rings;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +40,9 @@ pub struct Shape {
     /// NCCL_ALGO and NCCL_PROTO as [`crate::tune::Filter`] masks.
     pub algo_mask: u64,
     pub proto_mask: u64,
+    /// Connections per peer of send/recv and of the tree's up links (CTAs per message); 0:
+    /// from the communicator's size.
+    pub p2p_conns: u32,
 }
 
 impl Shape {
@@ -80,12 +85,22 @@ impl Shape {
         }
         let n = config.bound_channels(n.clamp(1, MAX_CHANNELS as i64) as u32);
         let (algo_mask, proto_mask) = tuning::filter_masks()?;
+        let p2p_conns = match sim {
+            true => env("NCCL_RS_SIM_P2P_CONNS"),
+            false => 0,
+        };
+        if !(0..=8).contains(&p2p_conns) {
+            return Err(Error::invalid_argument(format!(
+                "NCCL_RS_SIM_P2P_CONNS={p2p_conns}: use 1 to 8 (0: as on GPUs)"
+            )));
+        }
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
             slot_bytes: slot,
             algo_mask,
             proto_mask,
+            p2p_conns: p2p_conns as u32,
         })
     }
 }
@@ -101,9 +116,14 @@ pub struct Comm {
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
-    /// The tree's up connections (ConnSend array towards rank-1, ConnRecv array from rank+1;
-    /// 0 where there is none), when NCCL_ALGO allows the tree.
+    /// The tree's up connections (per tree CTA `c`: ConnSend array towards the predecessor
+    /// on channel `c`'s ring, ConnRecv array from its successor; 0 where there is none), when
+    /// NCCL_ALGO allows the tree.
     pub(crate) tree_up: Option<(u64, u64)>,
+    /// Connections of the tree's own, where its CTAs' rings differ (kept alive).
+    _tree_own: Option<(Links, DevBuffer, DevBuffer)>,
+    /// Every channel's ring, alike on every rank (rank 0's).
+    rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
     pub(crate) order: Arc<crate::enqueue::order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
@@ -136,41 +156,87 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-/// Connects the tree's up direction (the ring's reverse, as send/recv links) when the
-/// filters allow the tree: every rank does it at init, so no collective waits on a handshake.
+/// The tree's up links: the ConnSend and ConnRecv arrays the kernel indexes by CTA, and
+/// what they own when its CTAs' rings differ (their links and the gathered arrays).
+struct TreeUp {
+    arrays: (u64, u64),
+    own: Option<(Links, DevBuffer, DevBuffer)>,
+}
+
+/// Connects the tree's up direction (the reverse of each tree CTA's ring, as send/recv links)
+/// when the filters allow the tree: every rank does it at init, so no collective waits on a
+/// handshake. CTA `c` (one per up connection) runs the chain of channel `c`'s ring, rooted at
+/// its position 0: it sends up to its predecessor there and receives from its successor.
+///
+/// When every tree CTA has the same ring (the usual case) the up links are the send/recv
+/// links to those two neighbours, shared with ncclSend/ncclRecv. Otherwise CTA `c` needs
+/// connection `c` of a different peer per CTA: those come from links of the tree's own (`own`
+/// makes them), gathered into one array per direction. Every rank decides alike (the rings
+/// are rank 0's), so both ends of every link take the same path.
 fn connect_tree(
     rank: usize,
-    nranks: usize,
     links: &Links,
     shape: &Shape,
-) -> Result<Option<(u64, u64)>> {
+    rings: &Rings,
+    own: impl FnOnce() -> Links,
+) -> Result<Option<TreeUp>> {
     use crate::transport::links::Dir;
     use crate::tune::{Algo, AlgoFilter, Coll};
+    let nranks = rings.nranks();
     let allowed =
         AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
     if nranks == 1 || !allowed {
         return Ok(None);
     }
-    let mut needs = Vec::new();
-    if rank > 0 {
-        needs.push((rank - 1, Dir::Send));
-    }
-    if rank + 1 < nranks {
-        needs.push((rank + 1, Dir::Recv));
-    }
-    let started = links.start(&needs)?;
-    links
-        .finish(started)
-        .map_err(|e| e.context("tree connections"))?;
-    let send = match rank {
-        0 => 0,
-        _ => links.conn(rank - 1, Dir::Send, 0)?,
+    // The enqueue launches at most one CTA per up connection and per channel.
+    let ctas = links.nconns.min(shape.nchannels as usize).max(1);
+    // Per CTA: (predecessor to send up to, successor to receive from).
+    let ups: Vec<(Option<usize>, Option<usize>)> = (0..ctas)
+        .map(|c| {
+            let pos = rings.position(c, rank);
+            let (prev, next) = rings.peers(c, rank);
+            (
+                (pos > 0).then_some(prev),
+                (pos + 1 < nranks).then_some(next),
+            )
+        })
+        .collect();
+    let picks = |ups: &[(Option<usize>, Option<usize>)]| {
+        let send: Vec<_> = ups.iter().map(|u| u.0.map(|p| (p, Dir::Send))).collect();
+        let recv: Vec<_> = ups.iter().map(|u| u.1.map(|p| (p, Dir::Recv))).collect();
+        (send, recv)
     };
-    let recv = match rank + 1 < nranks {
-        true => links.conn(rank + 1, Dir::Recv, 0)?,
-        false => 0,
+    let connect = |links: &Links, needs: Vec<(usize, Dir)>| -> Result<()> {
+        let started = links.start(&needs)?;
+        links
+            .finish(started)
+            .map_err(|e| e.context("tree connections"))
     };
-    Ok(Some((send, recv)))
+    let one_ring = (0..ctas).all(|c| rings.index_of(c) == rings.index_of(0));
+    if one_ring {
+        let (send, recv) = picks(&ups[..1]);
+        connect(links, send.iter().chain(&recv).flatten().copied().collect())?;
+        let conn = |pick: Option<(usize, Dir)>| match pick {
+            Some((peer, dir)) => links.conn(peer, dir, 0),
+            None => Ok(0),
+        };
+        return Ok(Some(TreeUp {
+            arrays: (conn(send[0])?, conn(recv[0])?),
+            own: None,
+        }));
+    }
+    let tree_links = own();
+    let (send, recv) = picks(&ups);
+    connect(
+        &tree_links,
+        send.iter().chain(&recv).flatten().copied().collect(),
+    )?;
+    let send_arr = tree_links.gather(&send)?;
+    let recv_arr = tree_links.gather(&recv)?;
+    Ok(Some(TreeUp {
+        arrays: (send_arr.ptr, recv_arr.ptr),
+        own: Some((tree_links, send_arr, recv_arr)),
+    }))
 }
 
 fn check_args(nranks: usize, rank: usize, ids: &[UniqueId]) -> Result<()> {
@@ -221,16 +287,18 @@ impl Comm {
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
         let shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
-        let mut tuner =
+        let (mut tuner, graphs) =
             tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;
         if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
             log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
             tuner.log();
         }
+        // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
+        let rings = rings::agree(&bootstrap, &graphs, shape.nchannels as usize)
+            .map_err(|e| e.context("rings"))?;
+        let nch = shape.nchannels as usize;
+        let ring_peers: Vec<(usize, usize)> = (0..nch).map(|c| rings.peers(c, rank)).collect();
         let (free_before, _) = device.mem_info()?;
-        // One ring, rank order, on every channel (every GPU pair is equal on an NVLink switch).
-        let prev = (rank + nranks - 1) % nranks;
-        let next = (rank + 1) % nranks;
         let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
         let addrs: Vec<PeerAddr> = peers
             .iter()
@@ -240,7 +308,13 @@ impl Comm {
             })
             .collect();
         let p2p = if nranks > 1 {
-            Some(P2p::setup(&device, &bootstrap, &addrs, prev, next, layout)?)
+            Some(P2p::setup(
+                &device,
+                &bootstrap,
+                &addrs,
+                &ring_peers,
+                layout,
+            )?)
         } else {
             None
         };
@@ -248,32 +322,39 @@ impl Comm {
         // on GPUs), with FIFO slots a quarter of the ring's.
         let bootstrap = Arc::new(bootstrap);
         let order = Arc::new(crate::enqueue::order::StreamOrder::new(device.clone()));
-        let nconns = if device.is_sim() {
-            1
-        } else {
-            (32 / nranks).clamp(1, 4)
+        let nconns = match shape.p2p_conns {
+            0 => (32 / nranks).clamp(1, 4),
+            n => n as usize,
         };
-        let links = Arc::new(Links::new(
-            rank,
-            device.clone(),
-            bootstrap.clone(),
-            addrs,
-            nconns,
-            (shape.slot_bytes as usize / 4).max(4096),
-        ));
+        let link_slot = (shape.slot_bytes as usize / 4).max(4096);
+        // Makes links like the communicator's; the tree may want a set of its own.
+        let make_links = {
+            let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
+            move || Links::new(rank, device, bootstrap, addrs, nconns, link_slot)
+        };
+        let links = Arc::new(make_links.clone()());
 
-        let tree_up = connect_tree(rank, nranks, &links, &shape)?;
+        let tree = connect_tree(rank, &links, &shape, &rings, make_links)?;
+        let (tree_up, tree_own) = match tree {
+            Some(t) => (Some(t.arrays), t.own),
+            None => (None, None),
+        };
 
-        let nch = shape.nchannels as usize;
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
-        // DevComm, the channels, then the ring as ranks (one ring order for every channel).
+        // DevComm, the channels, then each distinct ring as ranks (channels share them).
         let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
-        let ring: Vec<u32> = (0..nranks as u32).collect();
-        let dev_comm = device.alloc(ring_at + nranks * 4)?;
+        let ring_words: Vec<u32> = rings
+            .distinct()
+            .iter()
+            .flatten()
+            .map(|&r| r as u32)
+            .collect();
+        let dev_comm = device.alloc(ring_at + ring_words.len() * 4)?;
         let mut channels = vec![ChannelDev::default(); nch];
         for (c, ch) in channels.iter_mut().enumerate() {
-            ch.ring_index = rank as u32;
-            ch.ring_ranks = dev_comm.ptr + ring_at as u64;
+            let (prev, next) = ring_peers[c];
+            ch.ring_index = rings.position(c, rank) as u32;
+            ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
             ch.ring_prev = prev as u32;
             ch.ring_next = next as u32;
             if let Some(p) = &p2p {
@@ -291,7 +372,7 @@ impl Comm {
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
-        dev_comm.write(ring_at, as_bytes(&ring))?;
+        dev_comm.write(ring_at, as_bytes(&ring_words))?;
         bootstrap.barrier()?;
         let (free_after, _) = device.mem_info()?;
         abort.check()?;
@@ -314,6 +395,8 @@ impl Comm {
             bootstrap,
             links,
             tree_up,
+            _tree_own: tree_own,
+            rings,
             order,
             dev_comm,
             _p2p: p2p,
@@ -483,6 +566,47 @@ impl Comm {
     pub fn shape(&self) -> Shape {
         self.shape
     }
+
+    /// Every channel's ring (ranks in ring order), as the kernels read it: from this rank's
+    /// channel structures in device memory, checked against what init agreed.
+    pub fn channel_rings(&self) -> Result<Vec<Vec<usize>>> {
+        let nch = self.shape.nchannels as usize;
+        let size = std::mem::size_of::<ChannelDev>();
+        let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+        let mut raw = vec![0u8; nch * size];
+        self.dev_comm.read(head, &mut raw)?;
+        let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut out = Vec::with_capacity(nch);
+        for (c, ch) in raw.chunks_exact(size).enumerate() {
+            let index = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_index)) as usize;
+            let prev = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_prev)) as usize;
+            let next = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_next)) as usize;
+            let at = std::mem::offset_of!(ChannelDev, ring_ranks);
+            let mut ptr = [0u8; 8];
+            ptr.copy_from_slice(&ch[at..at + 8]);
+            let mut words = vec![0u8; self.nranks * 4];
+            self.device.copy_dtoh(&mut words, u64::from_le_bytes(ptr))?;
+            let ring: Vec<usize> = (0..self.nranks)
+                .map(|i| u32_at(&words, 4 * i) as usize)
+                .collect();
+            let n = self.nranks;
+            let consistent = index < n
+                && ring[index] == self.rank
+                && ring[(index + n - 1) % n] == prev
+                && ring[(index + 1) % n] == next
+                && ring == self.rings.ring(c);
+            if !consistent {
+                return Err(Error::internal(format!(
+                    "rank {}: channel {c} holds ring {ring:?} at index {index} (prev {prev}, next {next}); init agreed on {:?}",
+                    self.rank,
+                    self.rings.ring(c)
+                )));
+            }
+            out.push(ring);
+        }
+        Ok(out)
+    }
+
     /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
     /// communicator's operations; the handle is for [`Comm::deregister`].
     pub fn register(&self, buff: crate::cuda::DevPtr, bytes: usize) -> Result<register::RegHandle> {

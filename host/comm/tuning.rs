@@ -86,8 +86,14 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
     }
 }
 
-/// Topology, graphs and tuner for rank `rank`; `shape` is the agreed (rank 0's) one.
-pub fn build(rank: usize, device: &Device, peers: &[PeerInfo], shape: &Shape) -> Result<Tuner> {
+/// Topology, graphs and tuner for rank `rank`; `shape` is the agreed (rank 0's) one. The
+/// graphs come back too: their rings order the channels (see `super::rings`).
+pub fn build(
+    rank: usize,
+    device: &Device,
+    peers: &[PeerInfo],
+    shape: &Shape,
+) -> Result<(Tuner, Graphs)> {
     let (system, graphs) = match search(rank, device, peers, shape) {
         Ok(found) => found,
         Err(e) if !device.is_sim() => {
@@ -108,7 +114,7 @@ pub fn build(rank: usize, device: &Device, peers: &[PeerInfo], shape: &Shape) ->
         built: built(),
         auto_max_bytes: AUTO_MAX_BYTES,
     };
-    Ok(Tuner::new(&system, &graphs, &params))
+    Ok((Tuner::new(&system, &graphs, &params), graphs))
 }
 
 fn search(

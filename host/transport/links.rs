@@ -92,6 +92,32 @@ impl Links {
         Ok(side.conns.ptr + (c * std::mem::size_of::<ConnSend>()) as u64)
     }
 
+    /// A new device array whose entry `c` is a copy of connection `c` of `picks[c]` (connected
+    /// before; zeros where `picks[c]` is `None`): CTA `c` of a launch then reaches its own peer.
+    /// The copies carry the connections' step counters from here on, so the picked
+    /// connections must serve nothing else.
+    pub fn gather(&self, picks: &[Option<(usize, Dir)>]) -> Result<DevBuffer> {
+        let size = std::mem::size_of::<ConnSend>();
+        debug_assert_eq!(size, std::mem::size_of::<ConnRecv>());
+        let mut raw = vec![0u8; picks.len().max(1) * size];
+        for (c, pick) in picks.iter().enumerate() {
+            if let Some((peer, dir)) = *pick {
+                if c >= self.nconns {
+                    return Err(Error::internal(format!(
+                        "connection {c} of {} per peer",
+                        self.nconns
+                    )));
+                }
+                let at = self.conn(peer, dir, c)?;
+                self.device
+                    .copy_dtoh(&mut raw[c * size..(c + 1) * size], at)?;
+            }
+        }
+        let conns = self.device.alloc(raw.len())?;
+        conns.write(0, &raw)?;
+        Ok(conns)
+    }
+
     /// Starts connecting every (peer, direction) in `needs` that is not connected yet: our side
     /// is allocated and published. [`Links::finish`] completes them. Several communicators
     /// driven by one thread publish first and wait after, so none waits on a peer that has not

@@ -112,65 +112,76 @@ pub struct P2p {
     pub own: DevBuffer,
     /// Mapped blocks of peers in other processes (kept alive; unmapped on drop).
     _mappings: Vec<IpcMapping>,
-    /// Each ring neighbour's block as we address it: (prev, next).
-    prev_base: DevPtr,
-    next_base: DevPtr,
+    /// Per channel, its ring neighbours' blocks as we address them: (prev, next).
+    bases: Vec<(DevPtr, DevPtr)>,
 }
 
 impl P2p {
-    /// Allocates our block, exchanges blocks with every rank and maps our ring neighbours'.
+    /// Allocates our block, exchanges blocks with every rank and maps each channel's ring
+    /// neighbours' (`ring_peers[c]` = (prev, next) of channel `c`; every peer is mapped once,
+    /// however many channels reach it).
     pub fn setup(
         device: &Device,
         bootstrap: &Bootstrap,
         peers: &[PeerAddr],
-        prev: usize,
-        next: usize,
+        ring_peers: &[(usize, usize)],
         layout: Layout,
     ) -> Result<P2p> {
+        if ring_peers.len() != layout.nchannels {
+            return Err(Error::internal(format!(
+                "p2p setup: {} ring neighbour pairs for {} channels",
+                ring_peers.len(),
+                layout.nchannels
+            )));
+        }
         let own = device.alloc(layout.total())?;
         let all = bootstrap.allgather(&export(device, &own)?)?;
         let mut mappings = Vec::new();
+        let mut mapped: Vec<Option<DevPtr>> = vec![None; peers.len()];
         let mut base_of = |r: usize| -> Result<DevPtr> {
             if r == bootstrap.rank() {
                 return Ok(own.ptr);
             }
+            if let Some(Some(p)) = mapped.get(r) {
+                return Ok(*p);
+            }
             let e = all
                 .get(r)
+                .filter(|_| r < peers.len())
                 .ok_or_else(|| Error::remote(format!("no p2p connection record from rank {r}")))?;
             let (p, m) = import(device, &peers[r], e)
                 .map_err(|err| err.context(format!("rank {r}'s buffers")))?;
             mappings.extend(m);
+            mapped[r] = Some(p);
             Ok(p)
         };
-        let prev_base = base_of(prev)?;
-        let next_base = if next == prev {
-            prev_base
-        } else {
-            base_of(next)?
-        };
+        let bases = ring_peers
+            .iter()
+            .map(|&(prev, next)| Ok((base_of(prev)?, base_of(next)?)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(P2p {
             layout,
             own,
             _mappings: mappings,
-            prev_base,
-            next_base,
+            bases,
         })
     }
 
     /// Channel `ch`'s connections: send to next, receive from prev (steps start at 0).
     pub fn conns(&self, ch: usize) -> (ConnSend, ConnRecv) {
         let l = &self.layout;
+        let (prev_base, next_base) = self.bases[ch];
         let send = ConnSend {
-            fifo: self.next_base + l.fifo(ch),
-            tail: self.next_base + l.recv_tail(ch),
+            fifo: next_base + l.fifo(ch),
+            tail: next_base + l.recv_tail(ch),
             head: self.own.ptr + l.send_head(ch),
             step: 0,
-            ll_fifo: self.next_base + l.ll_fifo(ch),
+            ll_fifo: next_base + l.ll_fifo(ch),
         };
         let recv = ConnRecv {
             fifo: self.own.ptr + l.fifo(ch),
             tail: self.own.ptr + l.recv_tail(ch),
-            head: self.prev_base + l.send_head(ch),
+            head: prev_base + l.send_head(ch),
             step: 0,
             ll_fifo: self.own.ptr + l.ll_fifo(ch),
         };
