@@ -72,8 +72,10 @@ impl Simple {
         if send {
             // The slot we are about to fill must have been consumed NCCL_STEPS steps ago.
             if self.tid == 0 {
+                // A plain (volatile) load: the slot's writes below depend on it by control, and
+                // no data is read through it.
                 let (head, step) = ((*sc).head as *const u64, self.send_step);
-                self.wait(|| arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) > step);
+                self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
             }
             arch::sync_threads();
         }
@@ -127,7 +129,11 @@ impl Simple {
             // Every thread has consumed its lines: the slot may be written again.
             arch::sync_threads();
             if self.tid == 0 {
-                arch::st_release_sys((*rc).head as *mut u64, self.recv_step + 1);
+                // A plain (volatile) store, no system-scope release: every line of the slot was
+                // loaded and used before the barrier, and a release here would first wait for
+                // this thread's stores to the next peer to land (a round trip over the link
+                // on every step). The data's order is carried by the lines' flags.
+                arch::st_volatile((*rc).head as *mut u64, self.recv_step + 1);
             }
             self.recv_step += 1;
         }
