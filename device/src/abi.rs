@@ -14,9 +14,18 @@ pub const LL_SLOT_BYTES: u32 = 32 * 1024;
 /// Payload bytes one LL step carries at most.
 pub const LL_STEP_BYTES: u32 = LL_SLOT_BYTES / 2;
 
+/// Bytes of one LL128 FIFO slot: 128-byte lines, each 120 payload bytes and an 8-byte flag,
+/// written by 8 lanes of a warp at once (NVLink delivers such a line whole).
+pub const LL128_SLOT_BYTES: u32 = 64 * 1024;
+/// Bytes of one LL128 line and the payload it carries.
+pub const LL128_LINE_BYTES: u32 = 128;
+pub const LL128_LINE_PAYLOAD: u32 = 120;
+/// Payload bytes one LL128 step carries at most.
+pub const LL128_STEP_BYTES: u32 = LL128_SLOT_BYTES / LL128_LINE_BYTES * LL128_LINE_PAYLOAD;
 /// The protocols a collective launch may use (`CollArgs::proto`).
 pub const PROTO_SIMPLE: u32 = 0;
 pub const PROTO_LL: u32 = 1;
+pub const PROTO_LL128: u32 = 2;
 
 /// The algorithms a collective launch may use (`CollArgs::algo`).
 pub const ALGO_RING: u32 = 0;
@@ -38,6 +47,9 @@ pub struct ConnSend {
     /// The peer's LL FIFO (NCCL_STEPS slots of [`LL_SLOT_BYTES`]), 0 where there is none. Steps
     /// and `head` are shared with the Simple FIFO: a step is a step whichever protocol carries it.
     pub ll_fifo: u64,
+    /// The peer's LL128 FIFO (NCCL_STEPS slots of [`LL128_SLOT_BYTES`]), 0 where there is none;
+    /// steps and `head` shared likewise.
+    pub ll128_fifo: u64,
 }
 
 /// The receiving side of one connection: the peer writes into our FIFO.
@@ -54,6 +66,8 @@ pub struct ConnRecv {
     pub step: u64,
     /// Our LL FIFO, 0 where there is none.
     pub ll_fifo: u64,
+    /// Our LL128 FIFO, 0 where there is none.
+    pub ll128_fifo: u64,
 }
 
 /// One channel of one rank: its ring neighbours and connections.
@@ -212,9 +226,9 @@ impl Default for P2pArgs {
 const _: () = {
     assert!(core::mem::size_of::<P2pItem>() == 40);
     assert!(core::mem::size_of::<P2pArgs>() == 16 + 40 * MAX_P2P_ITEMS);
-    assert!(core::mem::size_of::<ConnSend>() == 40);
-    assert!(core::mem::size_of::<ConnRecv>() == 40);
-    assert!(core::mem::size_of::<ChannelDev>() == 104);
+    assert!(core::mem::size_of::<ConnSend>() == 48);
+    assert!(core::mem::size_of::<ConnRecv>() == 48);
+    assert!(core::mem::size_of::<ChannelDev>() == 120);
     assert!(core::mem::size_of::<DevComm>() == 32);
     assert!(core::mem::size_of::<CollArgs>() == 88);
     assert!(core::mem::align_of::<CollArgs>() == 8);

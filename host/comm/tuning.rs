@@ -19,6 +19,7 @@ use crate::tune::{Algo, AlgoFilter, Proto, ProtoFilter, TuneParams, Tuner, NUM_A
 pub const BUILT: &[(Algo, Proto)] = &[
     (Algo::Ring, Proto::Simple),
     (Algo::Ring, Proto::Ll),
+    (Algo::Ring, Proto::Ll128),
     (Algo::Tree, Proto::Simple),
 ];
 
@@ -26,7 +27,9 @@ pub const BUILT: &[(Algo, Proto)] = &[
 /// forced choices (`results/h200x4-allreduce-forced-{LL,Simple}.txt`, AllReduce): LL on 32
 /// channels took 29.8 µs at 512 KiB against Simple's 36.7, and tied at 2 MiB (42.6 against
 /// 42.0). Past 2 MiB LL has not been seen to win, whatever the model says.
-const AUTO_MAX_BYTES: [usize; NUM_PROTOS] = [2 << 20, usize::MAX, usize::MAX];
+/// LL128 is never chosen by itself (0) until it has been measured on GPUs: only a filter that
+/// leaves it (NCCL_PROTO=LL128) runs it.
+const AUTO_MAX_BYTES: [usize; NUM_PROTOS] = [2 << 20, 0, usize::MAX];
 
 fn built() -> [[bool; NUM_PROTOS]; NUM_ALGOS] {
     let mut b = [[false; NUM_PROTOS]; NUM_ALGOS];

@@ -10,7 +10,8 @@ use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_RING, ALGO_TREE, LL_STEP_BYTES, PROTO_LL, PROTO_SIMPLE,
+    Coll, CollArgs, ALGO_RING, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128,
+    PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -212,9 +213,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     let proto = match choice.proto {
         Proto::Simple => PROTO_SIMPLE,
         Proto::Ll => PROTO_LL,
-        Proto::Ll128 => {
-            return Err(Error::internal("the tuner chose LL128, which is not built"));
-        }
+        Proto::Ll128 => PROTO_LL128,
     };
     let mut args = CollArgs {
         comm: comm.dev_comm.ptr,
@@ -226,6 +225,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         // One step's payload fits one FIFO slot of the protocol.
         chunk_elems: match proto {
             PROTO_LL => shape.slot_bytes.min(LL_STEP_BYTES),
+            PROTO_LL128 => shape.slot_bytes.min(LL128_STEP_BYTES),
             _ => shape.slot_bytes,
         } / dt.size() as u32,
         coll: c.coll as u32,
@@ -250,7 +250,16 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         grid = grid.min(comm.links.nconns as u32);
     }
     let kernel = comm.kernel("coll", dt, op.kind())?;
-    let (device, block, stream) = (comm.device.clone(), shape.nthreads, c.stream);
+    let mut block = shape.nthreads;
+    if proto == PROTO_LL128 {
+        // LL128 runs in whole warps of 8-lane lines; the simulator's CTAs may be smaller (there,
+        // under 32 threads, a multiple of 8 is one narrow warp).
+        block = match block {
+            0..32 => block.next_multiple_of(8),
+            _ => block.next_multiple_of(32),
+        };
+    }
+    let (device, stream) = (comm.device.clone(), c.stream);
     let order = comm.order.clone();
     group::ordered(Box::new(move || {
         order.launch(stream, || device.launch(kernel, grid, block, stream, &args))

@@ -189,8 +189,9 @@ impl Links {
                             head: ctrl(own.ptr, c),
                             step: 0,
                             ll_fifo: 0,
+                            ll128_fifo: 0,
                         };
-                        [s.fifo, s.tail, s.head, s.step, s.ll_fifo]
+                        [s.fifo, s.tail, s.head, s.step, s.ll_fifo, s.ll128_fifo]
                     }
                     Dir::Recv => {
                         let r = ConnRecv {
@@ -199,8 +200,9 @@ impl Links {
                             head: ctrl(theirs, c),
                             step: 0,
                             ll_fifo: 0,
+                            ll128_fifo: 0,
                         };
-                        [r.fifo, r.tail, r.head, r.step, r.ll_fifo]
+                        [r.fifo, r.tail, r.head, r.step, r.ll_fifo, r.ll128_fifo]
                     }
                 };
                 words

@@ -1,14 +1,17 @@
 //! The p2p transport. Every rank owns one device block holding, per channel, its receive FIFO
 //! (NCCL_STEPS slots), its receive tail counter and its send head counter — each counter in its
-//! own 128-byte line, and after all of those its LL FIFO (NCCL_STEPS slots of `ll_slot_bytes`;
-//! steps and counters shared with the Simple FIFO). A sender writes into its next's block (FIFO data and tail) and polls its
+//! own 128-byte line, and after all of those its LL FIFO (NCCL_STEPS slots of `ll_slot_bytes`)
+//! and its LL128 FIFO (NCCL_STEPS slots of `ll128_slot_bytes`; steps and counters shared with
+//! the Simple FIFO). A sender writes into its next's block (FIFO data and tail) and polls its
 //! own head; a receiver polls its own tail and writes its prev's head. So every poll is local
 //! and every remote access is a store.
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
 use crate::error::{Error, Result};
-use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, LL_SLOT_BYTES, NCCL_STEPS};
+use nccl_device::abi::{
+    ConnRecv, ConnSend, CTRL_LINE, LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS,
+};
 
 /// Where things sit inside a rank's block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +20,8 @@ pub struct Layout {
     pub slot_bytes: usize,
     /// Bytes of one LL FIFO slot (lines of 8 payload bytes and 8 flag bytes).
     pub ll_slot_bytes: usize,
+    /// Bytes of one LL128 FIFO slot (128-byte lines of 120 payload bytes and a flag).
+    pub ll128_slot_bytes: usize,
 }
 
 impl Layout {
@@ -27,6 +32,7 @@ impl Layout {
             nchannels,
             slot_bytes,
             ll_slot_bytes: LL_SLOT_BYTES as usize,
+            ll128_slot_bytes: LL128_SLOT_BYTES as usize,
         }
     }
 
@@ -48,8 +54,14 @@ impl Layout {
     pub fn ll_fifo(&self, ch: usize) -> u64 {
         (self.simple_end() + ch * NCCL_STEPS as usize * self.ll_slot_bytes) as u64
     }
-    pub fn total(&self) -> usize {
+    fn ll_end(&self) -> usize {
         self.simple_end() + self.nchannels * NCCL_STEPS as usize * self.ll_slot_bytes
+    }
+    pub fn ll128_fifo(&self, ch: usize) -> u64 {
+        (self.ll_end() + ch * NCCL_STEPS as usize * self.ll128_slot_bytes) as u64
+    }
+    pub fn total(&self) -> usize {
+        self.ll_end() + self.nchannels * NCCL_STEPS as usize * self.ll128_slot_bytes
     }
 }
 
@@ -177,6 +189,7 @@ impl P2p {
             head: self.own.ptr + l.send_head(ch),
             step: 0,
             ll_fifo: next_base + l.ll_fifo(ch),
+            ll128_fifo: next_base + l.ll128_fifo(ch),
         };
         let recv = ConnRecv {
             fifo: self.own.ptr + l.fifo(ch),
@@ -184,6 +197,7 @@ impl P2p {
             head: prev_base + l.send_head(ch),
             step: 0,
             ll_fifo: self.own.ptr + l.ll_fifo(ch),
+            ll128_fifo: self.own.ptr + l.ll128_fifo(ch),
         };
         (send, recv)
     }
@@ -205,10 +219,16 @@ mod tests {
         assert_eq!(l.fifo(2) - l.fifo(1), 8 << 19);
         assert_eq!(l.ll_fifo(0) as usize, l.fifo(2) as usize + (8 << 19));
         assert_eq!(l.ll_fifo(2) - l.ll_fifo(1), 8 * LL_SLOT_BYTES as u64);
+        assert_eq!(l.ll128_fifo(0), l.ll_fifo(2) + 8 * LL_SLOT_BYTES as u64);
+        assert_eq!(
+            l.ll128_fifo(2) - l.ll128_fifo(1),
+            8 * LL128_SLOT_BYTES as u64
+        );
         assert_eq!(
             l.total(),
-            l.ll_fifo(2) as usize + 8 * LL_SLOT_BYTES as usize
+            l.ll128_fifo(2) as usize + 8 * LL128_SLOT_BYTES as usize
         );
+        assert_eq!(l.ll128_fifo(0) % 128, 0);
         assert_eq!(l.ll_fifo(0) % 128, 0);
         assert_eq!(l.fifo(0) % 128, 0);
     }

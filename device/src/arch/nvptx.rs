@@ -109,6 +109,36 @@ pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
         in(reg64) p, in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
 }
 
+/// LL128: part `part` (0..8, 16 bytes each) of the 128-byte line at `line`, once the line's
+/// flag (the last 8 bytes, in part 7) equals `flag`; None while it does not. Every lane of the
+/// warp calls it at once, the 8 lanes of a line with its 8 parts: their loads are one 128-byte
+/// access, which NVLink serves whole, so the flag vouches for the whole line. A null `line` is
+/// a lane with no line (the whole group of 8): Some(zero).
+#[inline(always)]
+pub unsafe fn ll128_load(line: *const Pack16, part: usize, flag: u64) -> Option<Pack16> {
+    let v = if line.is_null() {
+        Pack16::default()
+    } else {
+        ld_volatile_pack(line.add(part))
+    };
+    let seen = (v.0[2] as u64) | ((v.0[3] as u64) << 32);
+    let mine = line.is_null() || part != 7 || seen == flag;
+    let flag_lane = (thread_idx() % 32) | 7;
+    match shfl_sync(u32::MAX, mine as u32, flag_lane) != 0 {
+        true => Some(v),
+        false => None,
+    }
+}
+
+/// LL128: writes part `part` of the line at `line` (null: nothing); the 8 lanes of a line store
+/// together, one 128-byte access (see [`ll128_load`]). Every lane of the warp calls it at once.
+#[inline(always)]
+pub unsafe fn ll128_store(line: *mut Pack16, part: usize, v: Pack16) {
+    if !line.is_null() {
+        st_pack(line.add(part), v);
+    }
+}
+
 /// Spin-loop hint: back off briefly so polling does not saturate the memory system.
 #[inline(always)]
 pub fn spin_pause() {

@@ -202,6 +202,84 @@ fn warp_exchange<R>(mask: u32, v: u32, pick: impl FnOnce(&[u32], u32) -> R) -> R
     })
 }
 
+/// LL128 lines are whole on NVLink. Here a lock per line (striped by address) makes them so:
+/// writers and readers of a line take it, and a line's flag is published only once all 8 of
+/// its parts are written (the flag's part holds it back until then), so a reader that sees
+/// the flag sees the whole line, whatever order the lanes wrote in.
+type Pending = std::vec::Vec<(usize, u32, [u32; 2])>;
+
+/// The lock of the line at `line`, with its stripe's table: per line address, the parts
+/// written since its flag was last published, and that flag.
+fn lines(line: *const Pack16) -> std::sync::MutexGuard<'static, Pending> {
+    static LOCKS: [Mutex<Pending>; 64] = [const { Mutex::new(Pending::new()) }; 64];
+    LOCKS[(line as usize >> 7) % 64]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// See the GPU version: part `part` of the line at `line` once its flag equals `flag`, spinning
+/// a while before saying None (so the warp meets rarely while a line is on its way).
+pub unsafe fn ll128_load(line: *const Pack16, part: usize, flag: u64) -> Option<Pack16> {
+    if line.is_null() {
+        return Some(Pack16::default());
+    }
+    for _ in 0..4096 {
+        let _l = lines(line);
+        // The flag first: it is published after the rest of the line and stays until the
+        // slot is released, so once it matches the whole line can be read (also from another
+        // process, whose writer holds another process's lock).
+        // SAFETY: the caller passes a 128-byte line of a FIFO.
+        let last = core::ptr::read_volatile(line.add(7));
+        if (last.0[2] as u64) | ((last.0[3] as u64) << 32) == flag {
+            fence(Ordering::Acquire);
+            // SAFETY: as above.
+            return Some(core::ptr::read_volatile(line.add(part)));
+        }
+        drop(_l);
+        std::thread::yield_now();
+    }
+    None
+}
+
+/// See the GPU version. Each lane writes its part under the line's lock; the flag words of part
+/// 7 wait in the lock's table until the line's eighth part is in, then go in with it.
+pub unsafe fn ll128_store(line: *mut Pack16, part: usize, v: Pack16) {
+    if line.is_null() {
+        return;
+    }
+    let mut l = lines(line);
+    let at = match l.iter().position(|e| e.0 == line as usize) {
+        Some(i) => i,
+        None => {
+            l.push((line as usize, 0, [0, 0]));
+            l.len() - 1
+        }
+    };
+    let mut mine = v;
+    if part == 7 {
+        l[at].2 = [v.0[2], v.0[3]];
+        // SAFETY: as in ll128_load; the old flag stays until the line is complete.
+        let old = core::ptr::read_volatile(line.add(7));
+        mine.0[2] = old.0[2];
+        mine.0[3] = old.0[3];
+    }
+    l[at].1 += 1;
+    let (complete, flag) = (l[at].1 == 8, l[at].2);
+    if complete {
+        l.swap_remove(at);
+    }
+    // SAFETY: as in ll128_load.
+    core::ptr::write_volatile(line.add(part), mine);
+    if complete {
+        fence(Ordering::Release);
+        let last = line.add(7);
+        let mut p = core::ptr::read_volatile(last);
+        p.0[2] = flag[0];
+        p.0[3] = flag[1];
+        core::ptr::write_volatile(last, p);
+    }
+}
+
 pub fn shfl_sync(mask: u32, v: u32, src: u32) -> u32 {
     warp_exchange(mask, v, |row, _| row[(src % WARP) as usize])
 }

@@ -9,7 +9,10 @@ pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 
-use crate::abi::{ChannelDev, Coll, CollArgs, DevComm, ALGO_TREE, LL_STEP_BYTES, PROTO_LL};
+use crate::abi::{
+    ChannelDev, Coll, CollArgs, DevComm, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
+    PROTO_LL128,
+};
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
@@ -99,28 +102,22 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
         (self.ring_ix() + self.nranks - pos) % self.nranks
     }
 
-    /// Whether this launch carries its steps with LL (else Simple).
-    #[inline(always)]
-    pub fn ll(&self) -> bool {
-        self.args.proto == PROTO_LL
-    }
-
     /// The primitives on this channel's ring connections, with the launch's protocol.
     #[inline(always)]
     pub unsafe fn prims(&self) -> Simple {
         Simple::new(self.ch, self.slot_bytes)
-            .with_ll(self.ll())
+            .with_proto(self.args.proto)
             .with_abort(self.abort_flag)
     }
 
-    /// Elements per step: the host's chunk, never more than a FIFO slot (an LL slot's payload
-    /// with LL).
+    /// Elements per step: the host's chunk, never more than a FIFO slot's payload with the
+    /// launch's protocol.
     #[inline(always)]
     pub fn max_chunk(&self) -> usize {
-        let bytes = if self.ll() {
-            LL_STEP_BYTES
-        } else {
-            self.slot_bytes
+        let bytes = match self.args.proto {
+            PROTO_LL => LL_STEP_BYTES,
+            PROTO_LL128 => LL128_STEP_BYTES,
+            _ => self.slot_bytes,
         };
         let slot = bytes as usize / core::mem::size_of::<T>();
         core::cmp::min(self.args.chunk_elems as usize, slot)

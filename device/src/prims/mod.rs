@@ -1,8 +1,9 @@
 //! Protocol primitives: how a CTA moves one FIFO step of data between neighbours.
-//! Simple and LL (chosen per launch at run time); LL128 arrives over the same step model.
+//! Simple, LL and LL128, chosen per launch at run time over one step model.
 
 pub mod copy;
 pub mod ll;
+pub mod ll128;
 pub mod simple;
 
 pub use simple::Simple;

@@ -2,10 +2,10 @@
 //! synchronises, and one thread publishes the step with a system-scope release on the peer's
 //! tail counter. The receiver's acquire of that counter makes the whole slot visible. Flow
 //! control runs the other way: the receiver releases `head` once it has consumed a slot, and a
-//! sender never runs more than NCCL_STEPS slots ahead of it. The same struct carries LL steps
-//! when asked ([`Simple::with_ll`], [`super::ll`]).
+//! sender never runs more than NCCL_STEPS slots ahead of it. The same struct carries LL and
+//! LL128 steps when asked ([`Simple::with_proto`], [`super::ll`], [`super::ll128`]).
 
-use crate::abi::{ChannelDev, ConnRecv, ConnSend, NCCL_STEPS};
+use crate::abi::{ChannelDev, ConnRecv, ConnSend, NCCL_STEPS, PROTO_LL, PROTO_LL128, PROTO_SIMPLE};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
@@ -21,9 +21,8 @@ pub struct Simple {
     pub(super) recv_step: u64,
     pub(super) tid: usize,
     pub(super) nthreads: usize,
-    /// Steps go through the LL FIFOs (see [`super::ll`]) instead of the Simple ones: a runtime
-    /// choice, so one kernel serves both protocols.
-    pub(super) ll: bool,
+    /// The protocol the steps use (`PROTO_*`): a runtime choice, so one kernel serves all three.
+    pub(super) proto: u32,
     /// The communicator's abort flag (null: none), polled while waiting.
     abort: *const u64,
     /// This thread saw the abort flag: it waits no more, so the kernel runs to its end.
@@ -58,7 +57,7 @@ impl Simple {
             recv_step: if recv.is_null() { 0 } else { (*recv).step },
             tid: arch::thread_idx() as usize,
             nthreads: arch::block_dim() as usize,
-            ll: false,
+            proto: PROTO_SIMPLE,
             abort: core::ptr::null(),
             aborted: false,
         }
@@ -85,18 +84,32 @@ impl Simple {
         }
     }
 
-    /// Carries the following steps with the LL protocol (`true`) or Simple (`false`). Every
-    /// thread of the CTA makes the same choice; the connections must have LL FIFOs.
+    /// Carries the following steps with protocol `proto` (`PROTO_*`). Every thread of the CTA
+    /// makes the same choice; the connections must have the protocol's FIFOs.
     #[inline(always)]
-    pub fn with_ll(mut self, ll: bool) -> Simple {
-        self.ll = ll;
+    pub fn with_proto(mut self, proto: u32) -> Simple {
+        self.proto = proto;
         self
     }
 
-    /// Whether steps go through the LL FIFOs.
+    /// Like [`Simple::wait`], for the lanes `mask` of a warp polling together: `ready` is this
+    /// lane's view, and they go on once every lane is ready (or the abort flag was seen).
     #[inline(always)]
-    pub fn is_ll(&self) -> bool {
-        self.ll
+    pub(super) unsafe fn warp_wait(&mut self, mask: u32, mut ready: impl FnMut() -> bool) {
+        let mut spins = 0u32;
+        loop {
+            let ok = ready();
+            if arch::vote_all(mask, ok || self.aborted) {
+                return;
+            }
+            arch::spin_pause();
+            spins += 1;
+            if spins == ABORT_POLL {
+                spins = 0;
+                let raised = !self.abort.is_null() && arch::ld_volatile(self.abort) != 0;
+                self.aborted = arch::vote_any(mask, raised);
+            }
+        }
     }
 
     /// Elements of T one step carries at most.
@@ -121,9 +134,10 @@ impl Simple {
         mut mv: Move<T>,
         n: usize,
     ) {
-        if self.ll {
-            self.step_ll(op, recv, send, mv, n);
-            return;
+        match self.proto {
+            PROTO_LL => return self.step_ll(op, recv, send, mv, n),
+            PROTO_LL128 => return self.step_ll128(op, recv, send, mv, n),
+            _ => {}
         }
         let (sc, rc) = (self.send, self.recv);
         if self.tid == 0 {

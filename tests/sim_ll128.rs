@@ -1,0 +1,69 @@
+//! The LL128 protocol on the CPU simulator: NCCL_PROTO=LL128 for this whole test binary, so
+//! every ring collective carries its steps in 128-byte lines of 120 data bytes and a flag,
+//! written by 8 lanes of a warp (the simulator's CTAs are rounded up to whole warps).
+
+mod common;
+
+use common::{Drive, Ranks};
+use nccl::tune::{Coll, Proto};
+use nccl::{Backend, Comm};
+
+fn use_ll128() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("NCCL_PROTO", "LL128");
+        // 8 KiB steps: many steps (FIFO wrap-around, waits for credit) with few lines, which
+        // the simulator moves slowly (its warps meet at every line).
+        std::env::set_var("NCCL_RS_SIM_BUFFSIZE", "65536");
+        std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
+    });
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+}
+
+fn sim_comms(n: usize) -> Ranks {
+    use_ll128();
+    let devs: Vec<i32> = (0..n as i32).collect();
+    let comms = Comm::init_all(&devs).expect("init_all on the simulator");
+    for c in &comms {
+        let big = c.tuning(Coll::AllReduce, 1 << 30).expect("a choice");
+        assert_eq!(
+            big.proto,
+            Proto::Ll128,
+            "NCCL_PROTO=LL128 selects LL128 at every size"
+        );
+    }
+    Ranks::new(comms)
+}
+
+/// 20000 floats take several 8 KiB steps per channel; 31 and 3001 end inside a line.
+const COUNTS: [usize; 4] = [1, 31, 3001, 20_000];
+
+#[test]
+fn every_collective_on_two_and_three_ranks() {
+    for (n, drive) in [(2, Drive::ThreadPerRank), (3, Drive::OneThread)] {
+        common::collective_matrix(&sim_comms(n), &COUNTS, drive);
+    }
+}
+
+#[test]
+fn every_collective_on_four_ranks() {
+    common::collective_matrix(&sim_comms(4), &COUNTS, Drive::Group);
+}
+
+#[test]
+fn every_collective_on_eight_ranks() {
+    common::collective_matrix(&sim_comms(8), &COUNTS[..3], Drive::ThreadPerRank);
+}
+
+#[test]
+fn every_type_and_op_on_two_ranks() {
+    common::type_op_matrix(&sim_comms(2), &[0, 1, 37, 20_000], Drive::OneThread);
+}
+
+/// As tests/sim_flow_control.rs, with LL128: more ranks than FIFO slots and one rank late, so
+/// only the head counter keeps senders from overwriting lines not read yet.
+#[test]
+fn a_late_rank_never_loses_data() {
+    use_ll128();
+    common::late_rank_all_reduce(16);
+}
