@@ -1,7 +1,8 @@
 //! The point-to-point patterns of NCCL's documentation, built from ncclSend/ncclRecv in groups,
 //! on the simulator: one-to-all (scatter), all-to-one (gather) and neighbor exchange, with
-//! roots other than 0, a different size per peer and direction, poisoned outputs, one thread
-//! driving every rank.
+//! roots other than 0, a different size per peer and direction (some far larger than the
+//! FIFO, so senders wait for credit and wrap it), poisoned outputs with a poisoned tail that
+//! must survive, one thread driving every rank.
 
 mod common;
 
@@ -13,16 +14,30 @@ fn sim_comms(n: usize) -> Ranks {
     Ranks::new(Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init_all"))
 }
 
-/// What rank `from` sends to rank `to`: `len(from, to)` int32 values unique to the pair.
+/// What rank `from` sends to rank `to` (message `k` of the pair): `len` int32 values unique to
+/// the message.
 fn payload(from: usize, to: usize, len: usize) -> Vec<i32> {
+    payload_k(from, to, 0, len)
+}
+
+fn payload_k(from: usize, to: usize, k: usize, len: usize) -> Vec<i32> {
     (0..len)
-        .map(|j| (from * 1_000_000 + to * 10_000 + j) as i32)
+        .map(|j| (((from * 64 + to) * 2 + k) << 20 | j) as i32)
         .collect()
 }
 
+/// Sizes from 1 to 45000 int32 (176 KiB, many times the simulator's FIFO).
 fn len(from: usize, to: usize) -> usize {
     1 + (from * 37 + to * 101) % 3000
+        + if (from + to).is_multiple_of(3) {
+            42_000
+        } else {
+            0
+        }
 }
+
+/// Poisoned values after every receive buffer's `len`: a write past the message shows here.
+const TAIL: usize = 16;
 
 fn alloc_with(ranks: &Ranks, r: usize, v: &[i32]) -> DevBuffer {
     let b = ranks.comms[r].device().alloc(v.len().max(1) * 4).unwrap();
@@ -34,6 +49,21 @@ fn read(b: &DevBuffer, n: usize) -> Vec<i32> {
     let mut out = vec![0u8; n * 4];
     b.read(0, &mut out).unwrap();
     from_bytes(&out)
+}
+
+/// A receive buffer of `n` values and a tail, all poisoned.
+fn poisoned(ranks: &Ranks, r: usize, n: usize) -> DevBuffer {
+    alloc_with(ranks, r, &vec![POISON; n + TAIL])
+}
+
+/// The first `n` values of a [`poisoned`] buffer, after checking its tail.
+fn read_received(b: &DevBuffer, n: usize, what: &str) -> Vec<i32> {
+    let all = read(b, n + TAIL);
+    assert!(
+        all[n..].iter().all(|&v| v == POISON),
+        "{what}: written past its end"
+    );
+    all[..n].to_vec()
 }
 
 fn sync(ranks: &Ranks) {
@@ -56,9 +86,7 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
         .flat_map(|q| payload(root, q, len(root, q)))
         .collect();
     let src = alloc_with(ranks, root, &all);
-    let dst: Vec<DevBuffer> = (0..n)
-        .map(|r| alloc_with(ranks, r, &vec![POISON; len(root, r)]))
-        .collect();
+    let dst: Vec<DevBuffer> = (0..n).map(|r| poisoned(ranks, r, len(root, r))).collect();
     nccl::group_start();
     for (r, c) in ranks.comms.iter().enumerate() {
         let s = ranks.streams[r];
@@ -73,11 +101,9 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
     nccl::group_end().unwrap();
     sync(ranks);
     for (r, d) in dst.iter().enumerate() {
-        assert_eq!(
-            read(d, len(root, r)),
-            payload(root, r, len(root, r)),
-            "scatter from {root} to {r} of {n}"
-        );
+        let what = format!("scatter from {root} to {r} of {n}");
+        let got = read_received(d, len(root, r), &what);
+        assert!(got == payload(root, r, len(root, r)), "{what}: wrong data");
     }
     // Gather: every rank's piece lands at its offset in the root's receive buffer.
     let goffs: Vec<usize> = (0..=n)
@@ -86,7 +112,7 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
     let srcs: Vec<DevBuffer> = (0..n)
         .map(|r| alloc_with(ranks, r, &payload(r, root, len(r, root))))
         .collect();
-    let gathered = alloc_with(ranks, root, &vec![POISON; goffs[n]]);
+    let gathered = poisoned(ranks, root, goffs[n]);
     nccl::group_start();
     for (r, c) in ranks.comms.iter().enumerate() {
         let s = ranks.streams[r];
@@ -103,11 +129,16 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
     let want: Vec<i32> = (0..n)
         .flat_map(|q| payload(q, root, len(q, root)))
         .collect();
-    assert_eq!(read(&gathered, goffs[n]), want, "gather into {root} of {n}");
+    let what = format!("gather into {root} of {n}");
+    assert!(
+        read_received(&gathered, goffs[n], &what) == want,
+        "{what}: wrong data"
+    );
 }
 
 /// Every rank sends to and receives from both ring neighbours (the docs' neighbor exchange),
-/// a different size each way.
+/// a different size each way. With two ranks both neighbours are one peer: its two messages
+/// must arrive in the order they were posted (their contents and sizes differ).
 fn neighbor_exchange(ranks: &Ranks) {
     let n = ranks.comms.len();
     let i32t = DataType::Int32;
@@ -117,22 +148,25 @@ fn neighbor_exchange(ranks: &Ranks) {
     for (r, c) in ranks.comms.iter().enumerate() {
         let s = ranks.streams[r];
         for (k, peer) in nb(r).into_iter().enumerate() {
-            let out = alloc_with(ranks, r, &payload(r, peer, len(r, peer)));
-            let inb = alloc_with(ranks, r, &vec![POISON; len(peer, r)]);
-            c.send(out.ptr, len(r, peer), i32t, peer, s).unwrap();
-            c.recv(inb.ptr, len(peer, r), i32t, peer, s).unwrap();
-            bufs.push((r, k, peer, out, inb));
+            // Message k to `peer` pairs with its message 1-k back to us (we are its other
+            // neighbour); with two ranks, posting order pairs them instead: k with k.
+            let back = if n == 2 { k } else { 1 - k };
+            let (lo, li) = (len(r, peer) + 7 * k, len(peer, r) + 7 * back);
+            let out = alloc_with(ranks, r, &payload_k(r, peer, k, lo));
+            let inb = poisoned(ranks, r, li);
+            c.send(out.ptr, lo, i32t, peer, s).unwrap();
+            c.recv(inb.ptr, li, i32t, peer, s).unwrap();
+            bufs.push((r, k, peer, back, li, out, inb));
         }
     }
     nccl::group_end().unwrap();
     sync(ranks);
-    for (r, k, peer, _, inb) in &bufs {
-        // With two ranks both neighbours are the same peer: its two messages arrive in order.
-        let got = read(inb, len(*peer, *r));
-        assert_eq!(
-            got,
-            payload(*peer, *r, len(*peer, *r)),
-            "rank {r} from neighbour {k}"
+    for (r, k, peer, back, li, _, inb) in &bufs {
+        let what = format!("rank {r} of {n} from neighbour {k}");
+        let got = read_received(inb, *li, &what);
+        assert!(
+            got == payload_k(*peer, *r, *back, *li),
+            "{what}: wrong data"
         );
     }
 }

@@ -7,8 +7,10 @@
 //! A launch into a stream that is capturing a CUDA graph is ordered by the graph instead: CUDA
 //! forbids a capture to wait for an event recorded outside it, and an event recorded inside
 //! one cannot be waited for or synchronised outside. So captured launches neither wait for
-//! nor move the communicator's event. As in NCCL, a graph replay and direct calls of the same
-//! communicator must not run at the same time; the caller orders them on its streams.
+//! nor move the communicator's event. Not yet done (NCCL does it): ordering a graph's replay
+//! against direct calls of the same communicator on other streams; until then the caller
+//! orders them (a replay and a direct call in flight together may deadlock). The streams of
+//! one launch must all be capturing or none (InvalidUsage otherwise).
 //!
 //! It also knows whether a non-blocking group is still issuing the communicator's work on a
 //! background thread (`ncclGroupEnd` returned `ncclInProgress`), and how that ended.
@@ -130,7 +132,15 @@ impl StreamOrder {
             .last
             .lock()
             .map_err(|_| Error::internal("launch order poisoned"))?;
-        if self.device.stream_capturing(main)? {
+        let capturing = self.device.stream_capturing(main)?;
+        for &s in others.iter().filter(|&&s| s != main) {
+            if self.device.stream_capturing(s)? != capturing {
+                return Err(Error::invalid_usage(
+                    "one group mixes streams capturing a CUDA graph with streams that are not",
+                ));
+            }
+        }
+        if capturing {
             return join(&self.device, main, others, launch);
         }
         let done = match last.1 {
