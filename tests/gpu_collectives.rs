@@ -157,7 +157,7 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
 }
 
 /// Every collective and the AllReduce type/op matrix with one algorithm or protocol forced,
-/// a process per GPU: the tree AllReduce, LL everywhere, Simple everywhere.
+/// a process per GPU: the tree AllReduce, LL, LL128 and Simple everywhere.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn forced_algorithms_and_protocols() {
@@ -170,6 +170,7 @@ fn forced_algorithms_and_protocols() {
     for forced in [
         ("NCCL_ALGO", "allreduce:tree"),
         ("NCCL_PROTO", "LL"),
+        ("NCCL_PROTO", "LL128"),
         ("NCCL_PROTO", "Simple"),
     ] {
         for n in [2usize, 4] {

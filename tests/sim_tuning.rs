@@ -85,7 +85,7 @@ fn rank_zeros_filters_rule() {
     common::procs::run("rank_zeros_filters_rule", 3, &[]);
 }
 
-/// NCCL_ALGO with a typo fails creation; NCCL_PROTO naming only protocols that are not built
+/// NCCL_ALGO with a typo fails creation; NCCL_ALGO naming only algorithms that are not built
 /// fails each call with a message, and the communicator stays usable for nothing else.
 #[test]
 fn bad_filters_are_clear_errors() {
@@ -99,7 +99,7 @@ fn bad_filters_are_clear_errors() {
             assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
             assert!(e.message.contains("NCCL_ALGO=rign"), "{e}");
         } else {
-            std::env::set_var("NCCL_PROTO", "LL128");
+            std::env::set_var("NCCL_ALGO", "NVLS"); // never on the shared hosts: not built
             let comm = Comm::init_rank_on(dev(0), 1, &nccl::get_unique_id().unwrap(), 0)
                 .expect("init_rank");
             let e = comm.tuning(Coll::AllReduce, 1024).unwrap_err();
