@@ -6,10 +6,10 @@
 //! consumed a step (of either protocol: the step numbers and the head counter are shared), and a
 //! sender waits for it before writing a slot NCCL_STEPS steps ahead.
 
-use crate::abi::{LL_SLOT_BYTES, NCCL_STEPS};
 use crate::arch::{self, Pack16};
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
+use crate::prims::packet::Fifo;
 use crate::prims::simple::Simple;
 use crate::types::Elem;
 
@@ -68,29 +68,12 @@ impl Simple {
         mut mv: Move<T>,
         n: usize,
     ) {
-        let (sc, rc) = (self.send, self.recv);
-        if send {
-            // The slot we are about to fill must have been consumed NCCL_STEPS steps ago.
-            if self.tid == 0 {
-                // A plain (volatile) load: the slot's writes below depend on it by control, and
-                // no data is read through it.
-                let (head, step) = ((*sc).head as *const u64, self.send_step);
-                self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
-            }
-            arch::sync_threads();
-        }
-        let slot = |fifo: u64, step: u64| {
-            (fifo + (step % NCCL_STEPS as u64) * LL_SLOT_BYTES as u64) as *mut Pack16
-        };
-        let mut rlines: *const Pack16 = core::ptr::null();
-        let mut slines: *mut Pack16 = core::ptr::null_mut();
+        let (rlines, slines) = self.packet_begin(Fifo::Ll, recv, send);
         if recv {
-            rlines = slot((*rc).ll_fifo, self.recv_step);
             // Only marks the step as receiving for `combine`; lines are read below.
             mv.recv = rlines as *const T;
         }
         if send {
-            slines = slot((*sc).ll_fifo, self.send_step);
             mv.send = slines as *mut T;
         }
         let (rflag, sflag) = (flag(self.recv_step), flag(self.send_step));
@@ -125,21 +108,7 @@ impl Simple {
             }
             i += self.nthreads;
         }
-        if recv {
-            // Every thread has consumed its lines: the slot may be written again.
-            arch::sync_threads();
-            if self.tid == 0 {
-                // A plain (volatile) store, no system-scope release: every line of the slot was
-                // loaded and used before the barrier, and a release here would first wait for
-                // this thread's stores to the next peer to land (a round trip over the link
-                // on every step). The data's order is carried by the lines' flags.
-                arch::st_volatile((*rc).head as *mut u64, self.recv_step + 1);
-            }
-            self.recv_step += 1;
-        }
-        if send {
-            self.send_step += 1;
-        }
+        self.packet_end(recv, send);
     }
 }
 

@@ -6,11 +6,12 @@
 //! are payload (LL: 50%), and no fence is needed (Simple: one per step). Flow control and step
 //! numbers are shared with the other protocols, as in LL. A CTA runs it in whole warps.
 
-use crate::abi::{LL128_LINE_BYTES, LL128_LINE_PAYLOAD, LL128_SLOT_BYTES, NCCL_STEPS};
+use crate::abi::{LL128_LINE_BYTES, LL128_LINE_PAYLOAD};
 use crate::arch::{self, Pack16};
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
 use crate::prims::ll::{load8, store8};
+use crate::prims::packet::Fifo;
 use crate::prims::simple::Simple;
 use crate::types::Elem;
 
@@ -60,27 +61,12 @@ impl Simple {
         mut mv: Move<T>,
         n: usize,
     ) {
-        let (sc, rc) = (self.send, self.recv);
-        if send {
-            // The slot we are about to fill must have been consumed NCCL_STEPS steps ago.
-            if self.tid == 0 {
-                let (head, step) = ((*sc).head as *const u64, self.send_step);
-                self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
-            }
-            arch::sync_threads();
-        }
-        let slot = |fifo: u64, step: u64| {
-            (fifo + (step % NCCL_STEPS as u64) * LL128_SLOT_BYTES as u64) as *mut Pack16
-        };
-        let mut rlines: *const Pack16 = core::ptr::null();
-        let mut slines: *mut Pack16 = core::ptr::null_mut();
+        let (rlines, slines) = self.packet_begin(Fifo::Ll128, recv, send);
         if recv {
-            rlines = slot((*rc).ll128_fifo, self.recv_step);
             // Only marks the step as receiving for `combine`; lines are read below.
             mv.recv = rlines as *const T;
         }
         if send {
-            slines = slot((*sc).ll128_fifo, self.send_step);
             mv.send = slines as *mut T;
         }
         let (rflag, sflag) = (flag(self.recv_step), flag(self.send_step));
@@ -156,17 +142,7 @@ impl Simple {
             }
             first += nwarps * lines_per_warp;
         }
-        if recv {
-            // Every warp has consumed its lines: the slot may be written again.
-            arch::sync_threads();
-            if self.tid == 0 {
-                arch::st_volatile((*rc).head as *mut u64, self.recv_step + 1);
-            }
-            self.recv_step += 1;
-        }
-        if send {
-            self.send_step += 1;
-        }
+        self.packet_end(recv, send);
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod copy;
 pub mod ll;
 pub mod ll128;
+mod packet;
 pub mod simple;
 
 pub use simple::Simple;

@@ -1,0 +1,79 @@
+//! What the flag-carrying protocols (LL, LL128) share around a step: waiting for credit before
+//! filling a slot, finding the step's slots, and giving a slot back once it was read.
+
+use crate::abi::{LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS};
+use crate::arch::{self, Pack16};
+use crate::prims::simple::Simple;
+
+/// Which FIFO of a connection a step uses.
+#[derive(Clone, Copy)]
+pub(super) enum Fifo {
+    Ll,
+    Ll128,
+}
+
+impl Simple {
+    /// Starts a step: a sender first waits until the slot it fills was consumed NCCL_STEPS
+    /// steps ago (thread 0 polls, then the CTA meets). Returns the step's receive and send
+    /// slots in `fifo` (null where that direction takes no part).
+    #[inline(always)]
+    pub(super) unsafe fn packet_begin(
+        &mut self,
+        fifo: Fifo,
+        recv: bool,
+        send: bool,
+    ) -> (*const Pack16, *mut Pack16) {
+        let (sc, rc) = (self.send, self.recv);
+        if send {
+            if self.tid == 0 {
+                // A plain (volatile) load: the slot's writes depend on it by control, and no
+                // data is read through it.
+                let (head, step) = ((*sc).head as *const u64, self.send_step);
+                self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
+            }
+            arch::sync_threads();
+        }
+        let slot_bytes = match fifo {
+            Fifo::Ll => LL_SLOT_BYTES,
+            Fifo::Ll128 => LL128_SLOT_BYTES,
+        } as u64;
+        let slot = |base: u64, step: u64| base + (step % NCCL_STEPS as u64) * slot_bytes;
+        let mut r: *const Pack16 = core::ptr::null();
+        let mut s: *mut Pack16 = core::ptr::null_mut();
+        if recv {
+            let base = match fifo {
+                Fifo::Ll => (*rc).ll_fifo,
+                Fifo::Ll128 => (*rc).ll128_fifo,
+            };
+            r = slot(base, self.recv_step) as *const Pack16;
+        }
+        if send {
+            let base = match fifo {
+                Fifo::Ll => (*sc).ll_fifo,
+                Fifo::Ll128 => (*sc).ll128_fifo,
+            };
+            s = slot(base, self.send_step) as *mut Pack16;
+        }
+        (r, s)
+    }
+
+    /// Ends a step: once every thread has read its lines, the receive slot goes back to the
+    /// sender; both step counters move on.
+    #[inline(always)]
+    pub(super) unsafe fn packet_end(&mut self, recv: bool, send: bool) {
+        if recv {
+            arch::sync_threads();
+            if self.tid == 0 {
+                // A plain (volatile) store, no system-scope release: every line of the slot was
+                // loaded and used before the barrier, and a release here would first wait for
+                // this thread's stores to the next peer to land (a round trip over the link
+                // on every step). The data's order is carried by the lines' flags.
+                arch::st_volatile((*self.recv).head as *mut u64, self.recv_step + 1);
+            }
+            self.recv_step += 1;
+        }
+        if send {
+            self.send_step += 1;
+        }
+    }
+}
