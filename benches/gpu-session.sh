@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call's worth of GPU work, from a bundle built here with
 #   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
-# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all]` with `.gpu` carried.
+# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both] [TEST...]` with
+# `.gpu` carried (`both`: the named tests, then the benchmarks).
 # Every step has its own time limit, so one stuck step cannot eat the call. The logs come back
 # as one archive, $OUT/gpu-session.tgz (the device tool returns at most 8 files).
 # The first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
@@ -16,6 +17,7 @@ nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
 bench="$bundle/bin/bench-nccl_bench"
 tests="$bundle/bin/test-gpu_collectives"
 what="${1:-all}"
+only="${*:2}" # tests: run only these (all when empty)
 
 step() { # step LIMIT_S LOG COMMAND...: runs COMMAND with a limit, says how it ended
   local limit=$1 log=$2
@@ -26,18 +28,22 @@ step() { # step LIMIT_S LOG COMMAND...: runs COMMAND with a limit, says how it e
   echo "$log: rc=$rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (time limit)')"
 }
 
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = both ]; then
   nvidia-smi topo -m >"$out/topo.txt" 2>&1
-  for t in $("$tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
+  for t in ${only:-$("$tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p')}; do
     step 300 "test-$t.log" "$tests" --include-ignored --exact --nocapture --test-threads=1 "$t"
   done
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
   step 200 bench-all.txt "$bench" -C all -b 8 -e 1G -f 4 --baseline "$nccl"
   for p in LL Simple; do
     NCCL_PROTO=$p step 60 "bench-allreduce-$p.txt" "$bench" -C all_reduce -b 8 -e 4M -f 4 --baseline "$nccl"
   done
+  NCCL_PROTO=LL128 step 60 bench-allreduce-LL128.txt "$bench" -C all_reduce -b 8 -e 256M -f 4 --baseline "$nccl"
   NCCL_ALGO=allreduce:tree step 60 bench-allreduce-tree.txt "$bench" -C all_reduce -b 64K -e 256M -f 4 --baseline "$nccl"
+  export NCCL_RS_BENCH_HOST_TIME=1 # host issue time per iteration, on stderr
   step 60 bench-threads-small.txt "$bench" -t threads -C all_reduce -b 8 -e 64K -f 8 --baseline "$nccl"
+  step 30 bench-threads-small-1gpu.txt "$bench" -t threads -g 1 -C all_reduce -b 8 -e 8 --baseline "$nccl"
+  unset NCCL_RS_BENCH_HOST_TIME
 fi
 tar -czf "${OUT:-$bundle}/gpu-session.tgz" -C "$bundle" logs

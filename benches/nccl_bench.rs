@@ -1329,6 +1329,25 @@ struct Call {
 /// What a per-GPU thread says when it stops because another one failed.
 const ECHO: &str = "another GPU's thread failed";
 
+/// With NCCL_RS_BENCH_HOST_TIME set, says on stderr how long the host took to issue one
+/// timed iteration (the launch and an event record): when it exceeds the GPU's time per
+/// iteration, the table measures the host. `rank` usize::MAX: one thread issuing every rank.
+fn report_host_time(lib: Lib, rank: usize, call: &Call, t0: Instant, iters: usize) {
+    if std::env::var_os("NCCL_RS_BENCH_HOST_TIME").is_none() || iters == 0 {
+        return;
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let who = match rank {
+        usize::MAX => "all ranks".to_string(),
+        r => format!("rank {r}"),
+    };
+    eprintln!(
+        "# host issue {lib:?} {} {} B {who}: {us:.2} us per iteration",
+        call.coll.name(),
+        call.counts.size_bytes
+    );
+}
+
 /// A barrier for the per-GPU threads that gives up when one of them fails.
 struct Rendezvous {
     n: usize,
@@ -1449,6 +1468,7 @@ impl Bench {
                 .event_record(r.events[0], r.stream)
                 .map_err(|x| e("event record", r, x))?;
         }
+        let t0 = Instant::now();
         for i in 0..iters {
             self.launch_all(lib, call)?;
             for r in &self.ranks {
@@ -1458,6 +1478,7 @@ impl Bench {
                     .map_err(|x| e("event record", r, x))?;
             }
         }
+        report_host_time(lib, usize::MAX, call, t0, iters);
         self.ranks
             .iter()
             .map(|r| {
@@ -1512,11 +1533,13 @@ impl Bench {
             }
             d.event_record(r.events[0], r.stream)
                 .map_err(|x| e("event record", x))?;
+            let t0 = Instant::now();
             for i in 0..iters {
                 self.launch_one(lib, ri, call)?;
                 d.event_record(r.events[i + 1], r.stream)
                     .map_err(|x| e("event record", x))?;
             }
+            report_host_time(lib, ri, call, t0, iters);
             idle()?;
             (0..iters)
                 .map(|i| {

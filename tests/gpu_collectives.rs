@@ -187,12 +187,15 @@ fn forced_algorithms_and_protocols() {
 }
 
 /// CUDA graphs: every rank's AllReduce, AllGather and send/recv ring captured in one group,
-/// replayed 100 times with new inputs, direct calls on other streams in between.
+/// replayed 100 times with new inputs, direct calls on other streams in between; then replays
+/// and direct calls in flight together, ordered by the communicator alone.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn graphs_replayed_100_times_on_2_and_4_gpus() {
     for n in [2usize, 4] {
         common::graphs::capture_and_replay(&gpus(n), 100)
             .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
+        common::graphs::replays_interleaved_with_direct_calls(&gpus(n), 50)
+            .unwrap_or_else(|e| panic!("{n} GPUs, replays beside direct calls: {e}"));
     }
 }

@@ -17,6 +17,19 @@ fn captured_work_replays_100_times_beside_direct_calls() {
     }
 }
 
+/// Replays and direct calls in flight together, never synchronised in between: the
+/// communicator orders them through the graphs' external event nodes.
+#[test]
+fn replays_and_direct_calls_in_flight_together_are_ordered() {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    for n in [2usize, 4] {
+        let devs: Vec<i32> = (0..n as i32).collect();
+        let ranks = Ranks::new(Comm::init_all(&devs).expect("init_all"));
+        common::graphs::replays_interleaved_with_direct_calls(&ranks, 20)
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
 /// A send/recv group whose streams are partly capturing (its launch would join them) is
 /// refused on every rank, before anything of it is launched into or outside the capture.
 #[test]

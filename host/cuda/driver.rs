@@ -126,6 +126,14 @@ impl Device {
     }
 
     pub fn make_current(&self) -> Result<()> {
+        let mut cur = std::ptr::null_mut();
+        // SAFETY: out-parameter. Reading the current context is cheaper than setting it, and
+        // every call of ours makes its context current first.
+        if unsafe { sys::cuCtxGetCurrent(&mut cur) } == sys::CUresult::CUDA_SUCCESS
+            && cur == self.ctx.0
+        {
+            return Ok(());
+        }
         // SAFETY: the context is retained while self lives.
         check(
             unsafe { sys::cuCtxSetCurrent(self.ctx.0) },
@@ -194,6 +202,7 @@ impl Device {
 
     pub fn alloc(&self, bytes: usize) -> Result<DevPtr> {
         self.make_current()?;
+        let _relaxed = RelaxedCapture::enter();
         let mut p = 0;
         // SAFETY: out-parameter; our context is current.
         check(
@@ -385,6 +394,8 @@ impl Device {
                         .map_err(|_| Error::internal("PTX holds a NUL byte"))?;
                     let t0 = Instant::now();
                     let mut m = std::ptr::null_mut();
+                    // A kernel's first use may come inside a capture.
+                    let _relaxed = RelaxedCapture::enter();
                     // Every launch of up to MAX_THREADS threads must fit the register file.
                     let mut opts = [sys::CUjit_option::CU_JIT_MAX_REGISTERS];
                     let mut vals = [(65536 / super::MAX_THREADS) as usize as *mut c_void];
@@ -512,6 +523,28 @@ impl Device {
         )
     }
 
+    /// Inside a capture: a record node (CU_EVENT_RECORD_EXTERNAL); each launch of the graph
+    /// records `e` for waits outside it.
+    pub fn event_record_external(&self, e: u64, s: StreamHandle) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: e and s belong to this context; 1 = CU_EVENT_RECORD_EXTERNAL.
+        check(
+            unsafe { sys::cuEventRecordWithFlags(e as sys::CUevent, s.0 as sys::CUstream, 1) },
+            "cuEventRecordWithFlags(EXTERNAL)",
+        )
+    }
+
+    /// Inside a capture: a wait node (CU_EVENT_WAIT_EXTERNAL); each launch of the graph waits
+    /// for `e`'s latest record, made outside the graph or by an earlier launch.
+    pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: s and e belong to this context; 1 = CU_EVENT_WAIT_EXTERNAL.
+        check(
+            unsafe { sys::cuStreamWaitEvent(s.0 as sys::CUstream, e as sys::CUevent, 1) },
+            "cuStreamWaitEvent(EXTERNAL)",
+        )
+    }
+
     /// Work queued on `s` after this waits until `e` (recorded on any stream) has passed.
     pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
         self.make_current()?;
@@ -585,8 +618,11 @@ impl Device {
             "cuStreamEndCapture",
         )?;
         let mut exec = std::ptr::null_mut();
+        // Another stream's capture may still be open (one per rank, ended one by one).
+        let relaxed = RelaxedCapture::enter();
         // SAFETY: graph came from the capture just ended; out-parameter.
         let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        drop(relaxed);
         if let Err(e) = check(r, "cuGraphInstantiate") {
             // SAFETY: graph is ours and instantiated nowhere.
             unsafe { sys::cuGraphDestroy(graph) };
@@ -616,6 +652,27 @@ impl Device {
             unsafe { sys::cuGraphDestroy(graph as sys::CUgraph) },
             "cuGraphDestroy",
         )
+    }
+}
+
+/// While it lives, this thread's potentially unsafe calls (module loads, allocations, graph
+/// instantiation) are allowed although a stream capture in CUDA's global mode is open, as NCCL
+/// does for its own lazy setup; the thread's previous mode comes back on drop.
+struct RelaxedCapture(sys::CUstreamCaptureMode);
+
+impl RelaxedCapture {
+    fn enter() -> RelaxedCapture {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: exchanges this thread's capture mode; in-out parameter.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture(mode)
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        // SAFETY: as in enter; puts the previous mode back.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
     }
 }
 

@@ -260,6 +260,14 @@ impl Device {
     pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
         dispatch!(self.stream_wait_event(s, e))
     }
+    /// Inside a capture only: each launch of the graph records `e` (an event record node).
+    pub fn event_record_external(&self, e: u64, s: StreamHandle) -> Result<()> {
+        dispatch!(self.event_record_external(e, s))
+    }
+    /// Inside a capture only: each launch of the graph waits for `e`'s latest record then.
+    pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
+        dispatch!(self.stream_wait_event_external(s, e))
+    }
     pub fn event_sync(&self, e: u64) -> Result<()> {
         dispatch!(self.event_sync(e))
     }

@@ -133,8 +133,11 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
 }
 
 type Job = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
-/// Work a graph may run again (a captured launch).
-type Replayable = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
+/// A node of a graph: issuing it (when the graph is launched, or at once outside a capture)
+/// gives the job the stream runs. Issue time matters to events: an external record counts as
+/// the event's latest record from the launch on, and an external wait targets the latest
+/// record at the launch.
+type Replayable = Arc<dyn Fn() -> Job + Send + Sync>;
 
 #[derive(Default)]
 struct Queue {
@@ -213,13 +216,13 @@ impl Stream {
         lock(&self.capture).is_some()
     }
 
-    /// Runs `job` in stream order, or adds it to the open capture.
-    fn push_replayable(&self, job: Replayable) {
+    /// Issues `node` in stream order, or adds it to the open capture.
+    fn push_replayable(&self, node: Replayable) {
         if let Some(c) = lock(&self.capture).as_mut() {
-            c.push(job);
+            c.push(node);
             return;
         }
-        self.push(Box::new(move || job()));
+        self.push(node());
     }
 
     fn refuse_if_capturing(&self, what: &str) -> Result<()> {
@@ -267,6 +270,33 @@ struct EventState {
     at: Option<Instant>,
     /// The stream (by address) whose capture holds the latest record, if it was captured.
     captured_on: Option<usize>,
+}
+
+/// Issues a record of `ev`: from now on its latest; the job marks it passed.
+fn issue_record(ev: &Arc<Event>) -> Job {
+    let gen = {
+        let mut st = lock(&ev.state);
+        st.issued += 1;
+        st.captured_on = None;
+        st.issued
+    };
+    let ev = ev.clone();
+    Box::new(move || {
+        let mut st = lock(&ev.state);
+        st.done = st.done.max(gen);
+        st.at = Some(Instant::now());
+        Ok(())
+    })
+}
+
+/// Issues a wait for `ev`'s latest record so far.
+fn issue_wait(ev: &Arc<Event>) -> Job {
+    let target = lock(&ev.state).issued;
+    let ev = ev.clone();
+    Box::new(move || {
+        ev.wait_for(target);
+        Ok(())
+    })
 }
 
 impl Event {
@@ -604,19 +634,22 @@ impl Device {
         let s = self.stream(stream)?;
         let body: Arc<dyn Fn() + Send + Sync> = Arc::from(body);
         s.push_replayable(Arc::new(move || {
-            let body = &*body;
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                std::thread::scope(|sc| {
-                    for b in 0..grid {
-                        sc.spawn(move || nccl_device::arch::sim::run_cta(b, grid, block, body));
-                    }
+            let body = body.clone();
+            Box::new(move || {
+                let body = &*body;
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    std::thread::scope(|sc| {
+                        for b in 0..grid {
+                            sc.spawn(move || nccl_device::arch::sim::run_cta(b, grid, block, body));
+                        }
+                    })
+                }));
+                r.map_err(|p| {
+                    p.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "kernel panicked".into())
                 })
-            }));
-            r.map_err(|p| {
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "kernel panicked".into())
             })
         }));
         Ok(())
@@ -666,18 +699,35 @@ impl Device {
             lock(&ev.state).captured_on = Some(Arc::as_ptr(&stream) as usize);
             return Ok(());
         }
-        let gen = {
-            let mut st = lock(&ev.state);
-            st.issued += 1;
-            st.captured_on = None;
-            st.issued
-        };
-        stream.push(Box::new(move || {
-            let mut st = lock(&ev.state);
-            st.done = st.done.max(gen);
-            st.at = Some(Instant::now());
-            Ok(())
-        }));
+        stream.push(issue_record(&ev));
+        Ok(())
+    }
+
+    /// A record that a capture keeps as an event record node (CU_EVENT_RECORD_EXTERNAL): each
+    /// launch of the graph records `e`, usable outside the graph. Only inside a capture.
+    pub fn event_record_external(&self, e: u64, s: StreamHandle) -> Result<()> {
+        let ev = self.event(e)?;
+        let stream = self.stream(s)?;
+        if !stream.capturing() {
+            return Err(Error::cuda(
+                "an external event record outside a capture (CUDA_ERROR_INVALID_VALUE)",
+            ));
+        }
+        stream.push_replayable(Arc::new(move || issue_record(&ev)));
+        Ok(())
+    }
+
+    /// A wait that a capture keeps as an event wait node (CU_EVENT_WAIT_EXTERNAL): each launch
+    /// of the graph waits for `e`'s latest record at the launch. Only inside a capture.
+    pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
+        let ev = self.event(e)?;
+        let stream = self.stream(s)?;
+        if !stream.capturing() {
+            return Err(Error::cuda(
+                "an external event wait outside a capture (CUDA_ERROR_INVALID_VALUE)",
+            ));
+        }
+        stream.push_replayable(Arc::new(move || issue_wait(&ev)));
         Ok(())
     }
 

@@ -4,13 +4,14 @@
 //! finalize/destroy wait for it to know the communicator's work is done — without ever touching
 //! a user's stream after the call that used it (the user may have destroyed it since).
 //!
-//! A launch into a stream that is capturing a CUDA graph is ordered by the graph instead: CUDA
-//! forbids a capture to wait for an event recorded outside it, and an event recorded inside
-//! one cannot be waited for or synchronised outside. So captured launches neither wait for
-//! nor move the communicator's event. Not yet done (NCCL does it): ordering a graph's replay
-//! against direct calls of the same communicator on other streams; until then the caller
-//! orders them (a replay and a direct call in flight together may deadlock). The streams of
-//! one launch must all be capturing or none (InvalidUsage otherwise).
+//! A launch into a stream that is capturing a CUDA graph waits for and records the same event
+//! through the graph's external event nodes (CU_EVENT_WAIT_EXTERNAL / RECORD_EXTERNAL): each
+//! replay waits for the communicator's latest launch, direct or replayed, and records the
+//! event for the next. An ordinary wait or record inside a capture would not do: CUDA forbids
+//! a capture to wait for an event recorded outside it, and an event recorded inside one cannot
+//! be waited for outside. Replays run on streams the communicator never sees, so once it has
+//! been captured every direct launch waits for the event. The streams of one launch must all
+//! be capturing or none (InvalidUsage otherwise).
 //!
 //! It also knows whether a non-blocking group is still issuing the communicator's work on a
 //! background thread (`ncclGroupEnd` returned `ncclInProgress`), and how that ended.
@@ -88,10 +89,20 @@ impl Background {
     }
 }
 
+/// The last launch as the host knows it.
+#[derive(Default)]
+struct Last {
+    /// Its stream, when no graph replay may have come after it.
+    stream: Option<StreamHandle>,
+    /// The event recorded after every launch (created on first use).
+    done: Option<u64>,
+    /// A launch was captured: a replay may record `done` on any stream at any time.
+    captured: bool,
+}
+
 pub struct StreamOrder {
     device: Device,
-    /// The stream of the last launch and the event recorded after it (created on first use).
-    last: Mutex<(Option<StreamHandle>, Option<u64>)>,
+    last: Mutex<Last>,
     /// A non-blocking group issuing this communicator's work on another thread.
     pub(crate) background: Background,
 }
@@ -108,7 +119,7 @@ impl StreamOrder {
     pub fn new(device: Device) -> StreamOrder {
         StreamOrder {
             device,
-            last: Mutex::new((None, None)),
+            last: Mutex::new(Last::default()),
             background: Background::default(),
         }
     }
@@ -140,23 +151,28 @@ impl StreamOrder {
                 ));
             }
         }
-        if capturing {
-            return join(&self.device, main, others, launch);
-        }
-        let done = match last.1 {
+        let done = match last.done {
             Some(e) => e,
             None => {
                 let e = self.device.event_create()?;
-                last.1 = Some(e);
+                last.done = Some(e);
                 e
             }
         };
-        if last.0.is_some_and(|p| p != main) {
+        if capturing {
+            self.device.stream_wait_event_external(main, done)?;
+            join(&self.device, main, others, launch)?;
+            self.device.event_record_external(done, main)?;
+            last.captured = true;
+            last.stream = None;
+            return Ok(());
+        }
+        if last.captured || last.stream.is_some_and(|p| p != main) {
             self.device.stream_wait_event(main, done)?;
         }
         join(&self.device, main, others, launch)?;
         self.device.event_record(done, main)?;
-        last.0 = Some(main);
+        last.stream = Some(main);
         Ok(())
     }
 
@@ -168,7 +184,7 @@ impl StreamOrder {
             .last
             .lock()
             .map_err(|_| Error::internal("launch order poisoned"))?;
-        match last.1 {
+        match last.done {
             Some(e) => self.device.event_sync(e),
             None => Ok(()),
         }
@@ -178,7 +194,7 @@ impl StreamOrder {
 impl Drop for StreamOrder {
     fn drop(&mut self) {
         if let Ok(last) = self.last.lock() {
-            if let Some(e) = last.1 {
+            if let Some(e) = last.done {
                 let _ = self.device.event_sync(e);
                 let _ = self.device.event_destroy(e);
             }

@@ -168,3 +168,106 @@ pub fn capture_and_replay(ranks: &Ranks, replays: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Waits for `s` to drain, or fails after `limit` (unordered launches of one communicator
+/// would deadlock instead of finishing).
+fn drain(d: &nccl::Device, s: StreamHandle, limit: std::time::Duration) -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    while !d.stream_query(s).map_err(|e| e.to_string())? {
+        if t0.elapsed() > limit {
+            return Err(format!("a stream did not drain within {limit:?}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// Replays and direct calls of the same communicators in flight together, never synchronised
+/// in between: graph A (AllReduce a→b) on the capture streams, a direct AllReduce b→c on other
+/// streams, then graph B (AllReduce c→d) on the capture streams. Each reads what the one
+/// before wrote, so the communicator must order them itself, both ways.
+pub fn replays_interleaved_with_direct_calls(ranks: &Ranks, rounds: usize) -> Result<(), String> {
+    let e = |e: nccl::Error| e.to_string();
+    let n = ranks.comms.len();
+    let f = DataType::Float32;
+    let mut bufs = Vec::new();
+    let mut others = Vec::new();
+    for c in &ranks.comms {
+        let d = c.device();
+        let b: Vec<DevBuffer> = (0..4)
+            .map(|_| d.alloc(COUNT * 4))
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        bufs.push(b);
+        others.push(d.stream_create().map_err(e)?);
+    }
+    let all_reduce = |from: usize, to: usize, streams: &[StreamHandle]| -> Result<(), String> {
+        nccl::group_start();
+        for (i, c) in ranks.comms.iter().enumerate() {
+            let (b, s) = (&bufs[i], streams[i]);
+            c.all_reduce(b[from].ptr, b[to].ptr, COUNT, f, ReduceOp::Sum, s)
+                .map_err(e)?;
+        }
+        nccl::group_end().map_err(e)
+    };
+    // Kernels loaded and connections made outside any capture.
+    all_reduce(0, 1, &others)?;
+    let mut graphs = Vec::new();
+    for (from, to) in [(0, 1), (2, 3)] {
+        for (c, s) in ranks.comms.iter().zip(&ranks.streams) {
+            c.device().capture_begin(*s).map_err(e)?;
+        }
+        let captured = all_reduce(from, to, &ranks.streams);
+        let mut g = Vec::new();
+        for (c, s) in ranks.comms.iter().zip(&ranks.streams) {
+            g.push(c.device().capture_end(*s).map_err(e)?);
+        }
+        captured.map_err(|m| format!("issuing into the capture: {m}"))?;
+        graphs.push(g);
+    }
+    let limit = std::time::Duration::from_secs(120);
+    for it in 0..rounds {
+        for (c, b) in ranks.comms.iter().zip(&bufs) {
+            let v: Vec<f32> = (0..COUNT).map(|j| value(it, c.rank(), j)).collect();
+            write(&b[0], &v)?;
+            for x in &b[1..] {
+                write(x, &vec![f32::NAN; COUNT])?;
+            }
+        }
+        for (g, s) in graphs[0].iter().zip(&ranks.streams) {
+            g.launch(*s).map_err(e)?;
+        }
+        all_reduce(1, 2, &others)?;
+        for (g, s) in graphs[1].iter().zip(&ranks.streams) {
+            g.launch(*s).map_err(e)?;
+        }
+        for (i, c) in ranks.comms.iter().enumerate() {
+            drain(c.device(), ranks.streams[i], limit)?;
+            drain(c.device(), others[i], limit)?;
+        }
+        for (c, b) in ranks.comms.iter().zip(&bufs) {
+            let got: Vec<Vec<f32>> = b[1..]
+                .iter()
+                .map(|x| read(x, COUNT))
+                .collect::<Result<_, _>>()?;
+            let stages = ["replay A", "direct call after it", "replay B after that"];
+            for (k, (what, got)) in stages.iter().zip(&got).enumerate() {
+                for (j, &g) in got.iter().enumerate() {
+                    let sum: f32 = (0..n).map(|q| value(it, q, j)).sum();
+                    let want = sum * (n as f32).powi(k as i32);
+                    if g != want {
+                        return Err(format!(
+                            "round {it}: rank {} {what}: [{j}] = {g} not {want}",
+                            c.rank()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    drop(graphs);
+    for (c, s) in ranks.comms.iter().zip(&others) {
+        c.device().stream_destroy(*s).map_err(e)?;
+    }
+    Ok(())
+}

@@ -116,6 +116,9 @@ pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
 /// a lane with no line (the whole group of 8): Some(zero).
 #[inline(always)]
 pub unsafe fn ll128_load(line: *const Pack16, part: usize, flag: u64) -> Option<Pack16> {
+    // Lanes that diverged before (partial last lines) must load in one instruction: data
+    // loaded apart from the flag may predate it.
+    warp_sync(u32::MAX);
     let v = if line.is_null() {
         Pack16::default()
     } else {
@@ -134,9 +137,20 @@ pub unsafe fn ll128_load(line: *const Pack16, part: usize, flag: u64) -> Option<
 /// together, one 128-byte access (see [`ll128_load`]). Every lane of the warp calls it at once.
 #[inline(always)]
 pub unsafe fn ll128_store(line: *mut Pack16, part: usize, v: Pack16) {
+    // Reconverge first: with independent thread scheduling, lanes that diverged (a partial
+    // last line stores part of its output) could otherwise store the flag's part before the
+    // data parts, and a reader would see the flag over stale data.
+    warp_sync(u32::MAX);
     if !line.is_null() {
         st_pack(line.add(part), v);
     }
+}
+
+/// Waits until every lane of `mask` arrives here (`bar.warp.sync`): they go on converged.
+#[inline(always)]
+pub fn warp_sync(mask: u32) {
+    // SAFETY: a warp barrier among the lanes in `mask`, which all call it.
+    unsafe { asm!("bar.warp.sync {};", in(reg32) mask, options(nostack)) }
 }
 
 /// Spin-loop hint: back off briefly so polling does not saturate the memory system.

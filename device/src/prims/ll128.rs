@@ -129,10 +129,14 @@ impl Simple {
                 store16(output.add(off), avail, v);
             }
             if send {
-                if part == FLAG_PART {
-                    v.0[2] = sflag as u32;
-                    v.0[3] = (sflag >> 32) as u32;
-                }
+                // A select, not a branch: the line's lanes stay together up to the store.
+                let is_flag = part == FLAG_PART;
+                v.0[2] = if is_flag { sflag as u32 } else { v.0[2] };
+                v.0[3] = if is_flag {
+                    (sflag >> 32) as u32
+                } else {
+                    v.0[3]
+                };
                 let at = if active {
                     slines.add(line * packs_per_line)
                 } else {
