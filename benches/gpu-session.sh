@@ -26,12 +26,14 @@ step() { # step LIMIT_S LOG COMMAND...: runs COMMAND with a limit, says how it e
   timeout "$limit" "$@" >"$out/$log" 2>&1
   local rc=$?
   echo "$log: rc=$rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (time limit)')"
+  # The archive so far, in case the call's own limit ends the session.
+  tar -czf "${OUT:-$bundle}/gpu-session.tgz" -C "$bundle" logs
 }
 
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = both ]; then
   nvidia-smi topo -m >"$out/topo.txt" 2>&1
   for t in ${only:-$("$tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p')}; do
-    step 300 "test-$t.log" "$tests" --include-ignored --exact --nocapture --test-threads=1 "$t"
+    step "${TEST_LIMIT_S:-300}" "test-$t.log" "$tests" --include-ignored --exact --nocapture --test-threads=1 "$t"
   done
 fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
@@ -39,7 +41,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
   for p in LL Simple; do
     NCCL_PROTO=$p step 60 "bench-allreduce-$p.txt" "$bench" -C all_reduce -b 8 -e 4M -f 4 --baseline "$nccl"
   done
-  NCCL_PROTO=LL128 step 60 bench-allreduce-LL128.txt "$bench" -C all_reduce -b 8 -e 256M -f 4 --baseline "$nccl"
+  NCCL_RS_LL128_ON_GPUS=1 NCCL_PROTO=LL128 step 60 bench-allreduce-LL128.txt "$bench" -C all_reduce -b 8 -e 256M -f 4 --baseline "$nccl"
   NCCL_ALGO=allreduce:tree step 60 bench-allreduce-tree.txt "$bench" -C all_reduce -b 64K -e 256M -f 4 --baseline "$nccl"
   export NCCL_RS_BENCH_HOST_TIME=1 # host issue time per iteration, on stderr
   step 60 bench-threads-small.txt "$bench" -t threads -C all_reduce -b 8 -e 64K -f 8 --baseline "$nccl"

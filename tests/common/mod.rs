@@ -509,7 +509,13 @@ pub mod procs {
                 (c, Some(t), None)
             })
             .collect();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+        // A fresh GPU host JIT-compiles every kernel family a rank process loads (minutes for
+        // the type matrix); NCCL_RS_TEST_PROC_LIMIT_S raises the limit for such runs.
+        let limit_s = std::env::var("NCCL_RS_TEST_PROC_LIMIT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(240);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(limit_s);
         loop {
             let mut running = 0;
             let mut any_failed = false;

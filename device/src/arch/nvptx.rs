@@ -142,7 +142,11 @@ pub unsafe fn ll128_store(line: *mut Pack16, part: usize, v: Pack16) {
     // data parts, and a reader would see the flag over stale data.
     warp_sync(u32::MAX);
     if !line.is_null() {
-        st_pack(line.add(part), v);
+        // Volatile, as NCCL stores its LL128 lines: a weak store to peer memory may be
+        // buffered and merged on its way, and the line must travel as the warp wrote it.
+        let [a, b, c, d] = v.0;
+        asm!("st.volatile.global.v4.u32 [{}], {{{}, {}, {}, {}}};",
+            in(reg64) line.add(part), in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
     }
 }
 
