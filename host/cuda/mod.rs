@@ -253,6 +253,13 @@ impl Device {
     pub fn event_create(&self) -> Result<u64> {
         dispatch!(self.event_create())
     }
+    /// An event that orders work but cannot time it (cheaper to record).
+    pub fn event_create_untimed(&self) -> Result<u64> {
+        match &*self.imp {
+            Imp::Cuda(d) => d.event_create_untimed(),
+            Imp::Sim(d) => d.event_create(),
+        }
+    }
     pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
         dispatch!(self.event_record(e, s))
     }

@@ -154,7 +154,7 @@ impl StreamOrder {
         let done = match last.done {
             Some(e) => e,
             None => {
-                let e = self.device.event_create()?;
+                let e = self.device.event_create_untimed()?;
                 last.done = Some(e);
                 e
             }
@@ -226,7 +226,7 @@ fn join(
 
 /// Work queued on `to` from now on waits for the work queued on `from` so far.
 fn link(device: &Device, from: StreamHandle, to: StreamHandle) -> Result<()> {
-    let e = device.event_create()?;
+    let e = device.event_create_untimed()?;
     let r = device
         .event_record(e, from)
         .and_then(|()| device.stream_wait_event(to, e));
