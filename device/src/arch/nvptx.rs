@@ -109,6 +109,15 @@ pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
         in(reg64) p, in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
 }
 
+/// 16-byte volatile store, as NCCL stores LL and LL128 lines: it leaves at once, unmerged,
+/// for a peer polling the line's flag.
+#[inline(always)]
+pub unsafe fn st_volatile_pack(p: *mut Pack16, v: Pack16) {
+    let [a, b, c, d] = v.0;
+    asm!("st.volatile.global.v4.u32 [{}], {{{}, {}, {}, {}}};",
+        in(reg64) p, in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
+}
+
 /// LL128: part `part` (0..8, 16 bytes each) of the 128-byte line at `line`, once the line's
 /// flag (the last 8 bytes, in part 7) equals `flag`; None while it does not. Every lane of the
 /// warp calls it at once, the 8 lanes of a line with its 8 parts: their loads are one 128-byte
@@ -142,11 +151,8 @@ pub unsafe fn ll128_store(line: *mut Pack16, part: usize, v: Pack16) {
     // data parts, and a reader would see the flag over stale data.
     warp_sync(u32::MAX);
     if !line.is_null() {
-        // Volatile, as NCCL stores its LL128 lines: a weak store to peer memory may be
-        // buffered and merged on its way, and the line must travel as the warp wrote it.
-        let [a, b, c, d] = v.0;
-        asm!("st.volatile.global.v4.u32 [{}], {{{}, {}, {}, {}}};",
-            in(reg64) line.add(part), in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
+        // Volatile: the line must travel as the warp wrote it, not buffered or merged.
+        st_volatile_pack(line.add(part), v);
     }
 }
 

@@ -175,6 +175,12 @@ pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
     core::ptr::write_volatile(p, v)
 }
 
+/// As on the GPU, a store the compiler keeps as written; `st_pack` already is one here.
+pub unsafe fn st_volatile_pack(p: *mut Pack16, v: Pack16) {
+    // SAFETY: as st_pack.
+    st_pack(p, v)
+}
+
 pub fn spin_pause() {
     std::thread::yield_now()
 }

@@ -104,7 +104,8 @@ impl Simple {
                 store8(output.add(i * 8), avail, v);
             }
             if send {
-                arch::st_pack(slines.add(i), Pack16([v.0[0], sflag, v.0[1], sflag]));
+                // Volatile (as NCCL): the line leaves at once for the peer polling it.
+                arch::st_volatile_pack(slines.add(i), Pack16([v.0[0], sflag, v.0[1], sflag]));
             }
             i += self.nthreads;
         }

@@ -82,6 +82,10 @@ impl Simple {
             (1u32 << lanes) - 1
         };
         let lines_per_warp = lanes / LANES_PER_LINE;
+        // A warp's last group is padded with whole lines (no data, flag only; a slot holds a
+        // multiple of 4 lines), so every load and store of lines is a whole warp's, as in
+        // NCCL: on 4xH200 a partial last group saw stale data under a fresh flag.
+        let nlines_padded = nlines.next_multiple_of(lines_per_warp);
         let (warp, lane) = (self.tid / lanes, self.tid % lanes);
         let part = lane % LANES_PER_LINE;
         let nwarps = self.nthreads / lanes;
@@ -89,7 +93,7 @@ impl Simple {
         let mut first = warp * lines_per_warp;
         while first < nlines {
             let line = first + lane / LANES_PER_LINE;
-            let active = line < nlines;
+            let active = line < nlines_padded;
             let off = line * payload + part * 16;
             let width = if part == FLAG_PART { 8 } else { 16 };
             let avail = if active && off < nbytes {
@@ -168,5 +172,8 @@ mod tests {
         }
         assert_eq!(flag(0), 1);
         assert_eq!(LL128_LINE_BYTES as usize, LANES_PER_LINE * 16);
+        // Padding a step's lines to whole warps stays inside its slot.
+        let slot_lines = crate::abi::LL128_SLOT_BYTES / LL128_LINE_BYTES;
+        assert_eq!(slot_lines as usize % (WARP / LANES_PER_LINE), 0);
     }
 }
