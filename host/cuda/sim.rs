@@ -706,28 +706,31 @@ impl Device {
     /// A record that a capture keeps as an event record node (CU_EVENT_RECORD_EXTERNAL): each
     /// launch of the graph records `e`, usable outside the graph. Only inside a capture.
     pub fn event_record_external(&self, e: u64, s: StreamHandle) -> Result<()> {
-        let ev = self.event(e)?;
-        let stream = self.stream(s)?;
-        if !stream.capturing() {
-            return Err(Error::cuda(
-                "an external event record outside a capture (CUDA_ERROR_INVALID_VALUE)",
-            ));
-        }
-        stream.push_replayable(Arc::new(move || issue_record(&ev)));
-        Ok(())
+        self.external_node(e, s, "record", issue_record)
     }
 
     /// A wait that a capture keeps as an event wait node (CU_EVENT_WAIT_EXTERNAL): each launch
     /// of the graph waits for `e`'s latest record at the launch. Only inside a capture.
     pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
+        self.external_node(e, s, "wait", issue_wait)
+    }
+
+    /// Adds to the capture open on `s` a node that issues `issue(e)` at each launch.
+    fn external_node(
+        &self,
+        e: u64,
+        s: StreamHandle,
+        what: &str,
+        issue: fn(&Arc<Event>) -> Job,
+    ) -> Result<()> {
         let ev = self.event(e)?;
         let stream = self.stream(s)?;
         if !stream.capturing() {
-            return Err(Error::cuda(
-                "an external event wait outside a capture (CUDA_ERROR_INVALID_VALUE)",
-            ));
+            return Err(Error::cuda(format!(
+                "an external event {what} outside a capture (CUDA_ERROR_INVALID_VALUE)"
+            )));
         }
-        stream.push_replayable(Arc::new(move || issue_wait(&ev)));
+        stream.push_replayable(Arc::new(move || issue(&ev)));
         Ok(())
     }
 
