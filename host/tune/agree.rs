@@ -1,14 +1,31 @@
 //! Ranks agree on the tuner's inputs. Each rank detects its own topology, and detection can
 //! differ between processes (or fail in one of them): a rank that picks another protocol or
 //! channel count than its peers waits for them forever. So every rank adopts rank 0's model
-//! inputs, and a tuner plugin is used only where every rank loaded one.
+//! inputs, and a tuner plugin is used only where every rank loaded the same one (by name).
 
 use super::Tuner;
 use crate::error::{Error, Result};
 use crate::topo::PathType;
 
 /// Bytes of [`Tuner::facts`].
-const FACTS_LEN: usize = 4 * 4 + 8 * 2 + 3;
+const FACTS_LEN: usize = 4 * 4 + 8 * 2 + 2 + 8;
+/// Where [`Tuner::facts`] holds the plugin's identity (0: none).
+const PLUGIN_AT: usize = 34;
+
+/// A tuner plugin's identity across ranks: a hash of the name it reports (FNV-1a), never 0.
+fn plugin_id(name: &str) -> u64 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    h.max(1)
+}
+
+/// Whether every rank loaded the same tuner plugin (facts of every rank, well formed).
+fn plugin_agreed(all: &[Vec<u8>]) -> bool {
+    let id = |f: &Vec<u8>| u64::from_le_bytes(f[PLUGIN_AT..PLUGIN_AT + 8].try_into().unwrap());
+    let first = all.first().map(id).unwrap_or(0);
+    first != 0 && all.iter().all(|f| id(f) == first)
+}
 
 impl Tuner {
     /// The inputs the model chooses from, encoded for [`Tuner::agree`].
@@ -22,12 +39,15 @@ impl Tuner {
         let path = PathType::ALL.iter().position(|&p| p == self.intra_type);
         v.push(path.unwrap_or(0) as u8);
         v.push(self.ll128_ok as u8);
-        v.push(self.plugin.is_some() as u8);
+        let plugin = self.plugin.as_ref().map_or(0, |p| plugin_id(&p.name));
+        v.extend_from_slice(&plugin.to_le_bytes());
         v
     }
 
     /// Adopts rank 0's inputs from every rank's [`Tuner::facts`] (by rank) and drops the
-    /// plugin unless every rank has one. Returns whether anything here changed.
+    /// plugin unless every rank has the same one: a plugin choosing for some ranks only, or
+    /// two plugins choosing differently, would make ranks launch different kernels. Returns
+    /// whether anything here changed.
     pub fn agree(&mut self, all: &[Vec<u8>]) -> Result<bool> {
         let bad = || Error::internal("tuner facts of another rank are malformed");
         let first = all.first().ok_or_else(bad)?;
@@ -46,10 +66,10 @@ impl Tuner {
         self.bw_inter = f64_at(24);
         self.intra_type = intra_type;
         self.ll128_ok = first[33] != 0;
-        if all.iter().any(|f| f[34] == 0) {
+        if !plugin_agreed(all) {
             if let Some(p) = self.plugin.take() {
                 log::warn!(
-                    "tuner plugin {} is not loaded on every rank; using the internal model",
+                    "tuner plugin {} is not the one every rank loaded; using the internal model",
                     p.name
                 );
             }
@@ -96,6 +116,22 @@ mod tests {
         }
         let again = vec![rank0.facts(), rank1.facts()];
         assert!(!rank1.agree(&again).unwrap());
+    }
+
+    #[test]
+    fn a_plugin_counts_only_where_every_rank_has_the_same_one() {
+        let with = |id: u64| {
+            let mut f = tuner(2, 8).facts();
+            f[PLUGIN_AT..PLUGIN_AT + 8].copy_from_slice(&id.to_le_bytes());
+            f
+        };
+        let (a, b) = (plugin_id("tunerA"), plugin_id("tunerB"));
+        assert_ne!(a, b);
+        assert!(plugin_agreed(&[with(a), with(a)]));
+        assert!(!plugin_agreed(&[with(a), with(b)]), "different plugins");
+        assert!(!plugin_agreed(&[with(a), with(0)]), "one rank without");
+        assert!(!plugin_agreed(&[with(0), with(0)]), "none at all");
+        assert_eq!(tuner(2, 8).facts().len(), FACTS_LEN);
     }
 
     #[test]
