@@ -330,6 +330,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// leaves its device memory in /dev/shm, where it holds RAM until reboot). A region belongs to
 /// the pid in its name; one whose process no longer exists is unlinked. Only regions of our own
 /// pid namespace are judged: containers sharing one /dev/shm see each other's pids as dead.
+/// Names of older builds carry no namespace, so they are never judged (they may be alive in
+/// another container; remove them by hand).
 fn sweep_dead_regions() {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
@@ -340,7 +342,7 @@ fn sweep_dead_regions() {
         let Some((pid, ns)) = region_owner(&name.to_string_lossy()) else {
             continue;
         };
-        if ns.is_some_and(|ns| ns != pid_namespace()) {
+        if ns != Some(pid_namespace()) {
             continue;
         }
         // SAFETY: signal 0 only asks whether the process exists.
