@@ -1333,10 +1333,11 @@ const ECHO: &str = "another GPU's thread failed";
 /// timed iteration (the launch and an event record): when it exceeds the GPU's time per
 /// iteration, the table measures the host. `rank` usize::MAX: one thread issuing every rank.
 fn report_host_time(lib: Lib, rank: usize, call: &Call, t0: Instant, iters: usize) {
+    let elapsed = t0.elapsed(); // before the environment lookup below
     if std::env::var_os("NCCL_RS_BENCH_HOST_TIME").is_none() || iters == 0 {
         return;
     }
-    let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let us = elapsed.as_secs_f64() * 1e6 / iters as f64;
     let who = match rank {
         usize::MAX => "all ranks".to_string(),
         r => format!("rank {r}"),

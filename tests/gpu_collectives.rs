@@ -171,6 +171,13 @@ fn forced_algorithms_and_protocols() {
     // GPUs only with NCCL_RS_LL128_ON_GPUS=1 (it is not yet correct there: tune/mod.rs).
     let only = std::env::var("NCCL_RS_TEST_FORCED").ok();
     let ll128 = std::env::var(nccl::tune::LL128_ON_GPUS_ENV).as_deref() == Ok("1");
+    if !ll128 {
+        // Said, so a pass is not read as LL128 passing.
+        eprintln!(
+            "NCCL_PROTO=LL128 skipped: LL128 is off on GPUs unless {}=1",
+            nccl::tune::LL128_ON_GPUS_ENV
+        );
+    }
     for forced in [
         ("NCCL_ALGO", "allreduce:tree"),
         ("NCCL_PROTO", "LL"),
