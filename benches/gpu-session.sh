@@ -41,7 +41,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
   for p in LL Simple; do
     NCCL_PROTO=$p step 60 "bench-allreduce-$p.txt" "$bench" -C all_reduce -b 8 -e 4M -f 4 --baseline "$nccl"
   done
-  NCCL_RS_LL128_ON_GPUS=1 NCCL_PROTO=LL128 step 60 bench-allreduce-LL128.txt "$bench" -C all_reduce -b 8 -e 256M -f 4 --baseline "$nccl"
+  NCCL_PROTO=LL128 step 60 bench-allreduce-LL128.txt "$bench" -C all_reduce -b 8 -e 256M -f 4 --baseline "$nccl"
   NCCL_ALGO=allreduce:tree step 60 bench-allreduce-tree.txt "$bench" -C all_reduce -b 64K -e 256M -f 4 --baseline "$nccl"
   export NCCL_RS_BENCH_HOST_TIME=1 # host issue time per iteration, on stderr
   step 60 bench-threads-small.txt "$bench" -t threads -C all_reduce -b 8 -e 64K -f 8 --baseline "$nccl"

@@ -157,7 +157,7 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
 }
 
 /// Every collective and the AllReduce type/op matrix with one algorithm or protocol forced,
-/// a process per GPU: the tree AllReduce, LL, Simple (and LL128 where allowed) everywhere.
+/// a process per GPU: the tree AllReduce, LL, LL128, Simple everywhere.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn forced_algorithms_and_protocols() {
@@ -167,17 +167,8 @@ fn forced_algorithms_and_protocols() {
         return;
     }
     let t0 = std::time::Instant::now();
-    // NCCL_RS_TEST_FORCED=LL128 (a value's exact text) runs only that case. LL128 runs on
-    // GPUs only with NCCL_RS_LL128_ON_GPUS=1 (it is not yet correct there: tune/mod.rs).
+    // NCCL_RS_TEST_FORCED=LL128 (a value's exact text) runs only that case.
     let only = std::env::var("NCCL_RS_TEST_FORCED").ok();
-    let ll128 = std::env::var(nccl::tune::LL128_ON_GPUS_ENV).as_deref() == Ok("1");
-    if !ll128 {
-        // Said, so a pass is not read as LL128 passing.
-        eprintln!(
-            "NCCL_PROTO=LL128 skipped: LL128 is off on GPUs unless {}=1",
-            nccl::tune::LL128_ON_GPUS_ENV
-        );
-    }
     for forced in [
         ("NCCL_ALGO", "allreduce:tree"),
         ("NCCL_PROTO", "LL"),
@@ -186,7 +177,6 @@ fn forced_algorithms_and_protocols() {
     ]
     .into_iter()
     .filter(|f| only.as_deref().is_none_or(|o| o == f.1))
-    .filter(|f| f.1 != "LL128" || ll128)
     {
         for n in [2usize, 4] {
             common::procs::run("forced_algorithms_and_protocols", n, &[forced]);

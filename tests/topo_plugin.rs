@@ -72,9 +72,6 @@ fn build(v3: bool) -> PathBuf {
 }
 
 fn tuner(plugin: Option<String>) -> Tuner {
-    // The simulator's backend: on the CUDA backend LL128 is off unless NCCL_RS_LL128_ON_GPUS=1
-    // (tune/mod.rs), and this test is about the plugin, not about that gate.
-    nccl::cuda::set_backend(nccl::Backend::Sim).expect("choose the simulator");
     let s = System::synthetic_h200x4().unwrap();
     let g = graph::search(&s, 1, &Params::default()).unwrap();
     Tuner::new(

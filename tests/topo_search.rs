@@ -7,9 +7,6 @@ use nccl::tune::{AlgoFilter, Coll, Proto, ProtoFilter, TuneParams, Tuner};
 use std::time::Instant;
 
 fn sys(x: XmlNode) -> System {
-    // The simulator's backend: these tests check the model, and on the CUDA backend LL128 is
-    // off unless NCCL_RS_LL128_ON_GPUS=1 (tune/mod.rs).
-    nccl::cuda::set_backend(nccl::Backend::Sim).expect("choose the simulator");
     System::from_xml_node(x).expect("synthetic machine builds")
 }
 

@@ -116,12 +116,8 @@ pub struct Comm {
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
-    /// The tree's up connections (per tree CTA `c`: ConnSend array towards the predecessor
-    /// on channel `c`'s ring, ConnRecv array from its successor; 0 where there is none), when
-    /// NCCL_ALGO allows the tree.
-    pub(crate) tree_up: Option<(u64, u64)>,
-    /// Connections of the tree's own, where its CTAs' rings differ (kept alive).
-    _tree_own: Option<(Links, DevBuffer, DevBuffer)>,
+    /// The tree's up connections, when NCCL_ALGO allows the tree: see [`TreeUp`].
+    pub(crate) tree_up: Option<TreeUp>,
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
@@ -156,29 +152,36 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-/// The tree's up links: the ConnSend and ConnRecv arrays the kernel indexes by CTA, and
-/// what they own when its CTAs' rings differ (their links and the gathered arrays).
-struct TreeUp {
-    arrays: (u64, u64),
-    own: Option<(Links, DevBuffer, DevBuffer)>,
+/// The tree's up links: per tree CTA `c`, the ConnSend array towards the predecessor on
+/// channel `c`'s ring and the ConnRecv array from its successor (0 where there is none),
+/// indexed by CTA; how many CTAs they serve and their FIFO slots; and what they own when they
+/// are the tree's own (their links and the gathered arrays).
+pub(crate) struct TreeUp {
+    pub arrays: (u64, u64),
+    pub ctas: usize,
+    pub slot_bytes: usize,
+    _own: Option<(Links, Option<(DevBuffer, DevBuffer)>)>,
 }
 
 /// Connects the tree's up direction (the reverse of each tree CTA's ring, as send/recv links)
 /// when the filters allow the tree: every rank does it at init, so no collective waits on a
-/// handshake. CTA `c` (one per up connection) runs the chain of channel `c`'s ring, rooted at
-/// its position 0: it sends up to its predecessor there and receives from its successor.
+/// handshake. There is a tree CTA per channel: CTA `c` runs the chain of channel `c`'s ring,
+/// rooted at its position 0; it sends up to its predecessor there and receives from its
+/// successor.
 ///
-/// When every tree CTA has the same ring (the usual case) the up links are the send/recv
-/// links to those two neighbours, shared with ncclSend/ncclRecv. Otherwise CTA `c` needs
-/// connection `c` of a different peer per CTA: those come from links of the tree's own (`own`
-/// makes them), gathered into one array per direction. Every rank decides alike (the rings
-/// are rank 0's), so both ends of every link take the same path.
+/// When every channel has the same ring and the send/recv links have a connection per channel,
+/// the up links are those to the two neighbours, shared with ncclSend/ncclRecv. Otherwise they
+/// are links of the tree's own (`own(n)` makes links of `n` connections per peer; with one
+/// link per CTA, 4xH200 ran the tree on 4 CTAs at 0.16 of NCCL's busbw); where the channels'
+/// rings differ, CTA `c` takes connection `c` of its own peer, gathered into one array per
+/// direction. Every rank decides alike (the rings are rank 0's), so both ends of every link
+/// take the same path.
 fn connect_tree(
     rank: usize,
     links: &Links,
     shape: &Shape,
     rings: &Rings,
-    own: impl FnOnce() -> Links,
+    own: impl FnOnce(usize) -> Links,
 ) -> Result<Option<TreeUp>> {
     use crate::transport::links::Dir;
     use crate::tune::{Algo, AlgoFilter, Coll};
@@ -188,8 +191,7 @@ fn connect_tree(
     if nranks == 1 || !allowed {
         return Ok(None);
     }
-    // The enqueue launches at most one CTA per up connection and per channel.
-    let ctas = links.nconns.min(shape.nchannels as usize).max(1);
+    let ctas = (shape.nchannels as usize).max(1);
     // Per CTA: (predecessor to send up to, successor to receive from).
     let ups: Vec<(Option<usize>, Option<usize>)> = (0..ctas)
         .map(|c| {
@@ -212,20 +214,36 @@ fn connect_tree(
             .finish(started)
             .map_err(|e| e.context("tree connections"))
     };
-    let one_ring = (0..ctas).all(|c| rings.index_of(c) == rings.index_of(0));
-    if one_ring {
+    // Connection 0 of the neighbours' links: an array of a connection per CTA.
+    let first_conns = |links: &Links| -> Result<(u64, u64)> {
         let (send, recv) = picks(&ups[..1]);
         connect(links, send.iter().chain(&recv).flatten().copied().collect())?;
         let conn = |pick: Option<(usize, Dir)>| match pick {
             Some((peer, dir)) => links.conn(peer, dir, 0),
             None => Ok(0),
         };
+        Ok((conn(send[0])?, conn(recv[0])?))
+    };
+    let one_ring = (0..ctas).all(|c| rings.index_of(c) == rings.index_of(0));
+    if one_ring && links.nconns >= ctas {
         return Ok(Some(TreeUp {
-            arrays: (conn(send[0])?, conn(recv[0])?),
-            own: None,
+            arrays: first_conns(links)?,
+            ctas,
+            slot_bytes: links.slot_bytes,
+            _own: None,
         }));
     }
-    let tree_links = own();
+    let tree_links = own(ctas);
+    let slot_bytes = tree_links.slot_bytes;
+    if one_ring {
+        let arrays = first_conns(&tree_links)?;
+        return Ok(Some(TreeUp {
+            arrays,
+            ctas,
+            slot_bytes,
+            _own: Some((tree_links, None)),
+        }));
+    }
     let (send, recv) = picks(&ups);
     connect(
         &tree_links,
@@ -235,7 +253,9 @@ fn connect_tree(
     let recv_arr = tree_links.gather(&recv)?;
     Ok(Some(TreeUp {
         arrays: (send_arr.ptr, recv_arr.ptr),
-        own: Some((tree_links, send_arr, recv_arr)),
+        ctas,
+        slot_bytes,
+        _own: Some((tree_links, Some((send_arr, recv_arr)))),
     }))
 }
 
@@ -327,18 +347,14 @@ impl Comm {
             n => n as usize,
         };
         let link_slot = (shape.slot_bytes as usize / 4).max(4096);
-        // Makes links like the communicator's; the tree may want a set of its own.
+        // Makes links like the communicator's, with `n` connections per peer; the tree may
+        // want a set of its own.
         let make_links = {
             let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
-            move || Links::new(rank, device, bootstrap, addrs, nconns, link_slot)
+            move |n| Links::new(rank, device, bootstrap, addrs, n, link_slot)
         };
-        let links = Arc::new(make_links.clone()());
-
-        let tree = connect_tree(rank, &links, &shape, &rings, make_links)?;
-        let (tree_up, tree_own) = match tree {
-            Some(t) => (Some(t.arrays), t.own),
-            None => (None, None),
-        };
+        let links = Arc::new(make_links.clone()(nconns));
+        let tree_up = connect_tree(rank, &links, &shape, &rings, make_links)?;
 
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).
@@ -395,7 +411,6 @@ impl Comm {
             bootstrap,
             links,
             tree_up,
-            _tree_own: tree_own,
             rings,
             order,
             dev_comm,

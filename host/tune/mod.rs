@@ -372,18 +372,6 @@ const TREE_INTRA_EFF: f64 = 0.47;
 /// Tree throughput over the network as a share of the NICs' (up and down overlap).
 const TREE_INTER_EFF: f64 = 0.9;
 
-/// On 4×H200 our LL128 kernels corrupted the last, partial line of some steps (AllReduce and
-/// AllGather at odd sizes, a process per GPU) although the simulator and the benchmark's
-/// checks passed; until that is found, LL128 runs on GPUs only when this variable is 1 (for
-/// the work of finding it). Without it NCCL_PROTO=LL128 leaves no protocol (InvalidUsage).
-pub const LL128_ON_GPUS_ENV: &str = "NCCL_RS_LL128_ON_GPUS";
-
-/// Whether LL128 may run on this process's backend: always on the simulator.
-fn ll128_allowed() -> bool {
-    crate::cuda::backend() == crate::cuda::Backend::Sim
-        || std::env::var(LL128_ON_GPUS_ENV).as_deref() == Ok("1")
-}
-
 /// The per-communicator tuner.
 pub struct Tuner {
     nranks: usize,
@@ -415,9 +403,8 @@ impl Tuner {
                 }
             }
         });
-        // LL128 needs 128-byte store atomicity: NVLink on Volta or newer, every step. And on
-        // GPUs our LL128 is not yet correct (see LL128_ON_GPUS_ENV): only where asked for.
-        let ll128_ok = system.min_sm() >= 70 && graphs.all_nvlink && ll128_allowed();
+        // LL128 needs 128-byte store atomicity: NVLink on Volta or newer, every step.
+        let ll128_ok = system.min_sm() >= 70 && graphs.all_nvlink;
         let t = Tuner {
             nranks: graphs.nranks,
             nnodes: graphs.nnodes,
@@ -600,7 +587,7 @@ impl Tuner {
                 if self.ll128_ok {
                     ""
                 } else {
-                    "; LL128 is off here: it needs NVLink, and on GPUs NCCL_RS_LL128_ON_GPUS=1"
+                    "; LL128 is off here: it needs NVLink between every pair of GPUs, sm_70 or newer"
                 }
             )));
         };

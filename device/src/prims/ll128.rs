@@ -84,7 +84,8 @@ impl Simple {
         let lines_per_warp = lanes / LANES_PER_LINE;
         // A warp's last group is padded with whole lines (no data, flag only; a slot holds a
         // multiple of 4 lines), so every load and store of lines is a whole warp's, as in
-        // NCCL: on 4xH200 a partial last group saw stale data under a fresh flag.
+        // NCCL: on 4xH200 a partial last group saw stale data under a fresh flag (the forced
+        // LL128 tests pass on 2 and 4 H200s since).
         let nlines_padded = nlines.next_multiple_of(lines_per_warp);
         let (warp, lane) = (self.tid / lanes, self.tid % lanes);
         let part = lane % LANES_PER_LINE;
