@@ -4,7 +4,7 @@
 //! ring position 0 and broadcast back down, the two directions pipelined.
 
 use super::{align_up, div_ceil, Kernel};
-use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS};
+use crate::abi::{ConnRecv, ConnSend};
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
 use crate::prims::Simple;
@@ -112,16 +112,23 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     prims.finish();
 }
 
-/// Chunks each link of the chain adds to how far the broadcast down trails the reduction up:
-/// a rank at depth d handles chunk j down TREE_LAG*(d+1) iterations after chunk j up, so what
-/// it waits for from its parent was sent TREE_LAG iterations before and never hangs on its
-/// own current chunk's trip to the root and back. With one lag for every depth, each
-/// iteration waited for that whole round trip (4xH200: 0.05 of NCCL's tree at 256 MiB). The
-/// FIFOs take it: a parent runs at most TREE_LAG chunks ahead down, a child TREE_LAG ahead up.
-const TREE_LAG: usize = NCCL_STEPS as usize / 2;
+/// Named barriers of the tree's two thread groups.
+const BAR_UP: u32 = 1;
+const BAR_DOWN: u32 = 2;
 
+/// The tree AllReduce on channel `c`'s ring as a chain rooted at its position 0: the sum
+/// travels up to the root, which finishes each chunk and sends it back down.
+///
+/// The root does both in one step per chunk (receive from below, add its input, write its
+/// output, send down). Every other rank splits its CTA in two groups that run apart, so the
+/// way up and the way down stream at once, as in NCCL's split tree: the first half of the
+/// threads sends the partial sums up, the second half stores and passes on what comes down.
+/// A group waits only on its own direction, so neither can hold the other up. (One group
+/// taking turns up and down tied each chunk's way down to a later chunk's way up.)
+///
 /// # Safety
-/// See [`super::run`]; the host wired `tree_up_send`/`tree_up_recv` for every CTA.
+/// See [`super::run`]; the host wired `tree_up_send`/`tree_up_recv` for every CTA and
+/// launched an even number of threads (whole pairs of warps on GPUs).
 pub unsafe fn tree<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     let (nranks, input, output) = (k.nranks, k.input, k.output);
     if nranks == 1 {
@@ -153,53 +160,66 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
     } else {
         &mut ch.recv
     };
-    let mut up = Simple::on(up_send, up_recv, a.tree_slot_bytes).with_abort(k.abort_flag);
-    let mut down = Simple::on(down_send, down_recv, k.slot_bytes).with_abort(k.abort_flag);
-    let slot = core::cmp::min(a.tree_slot_bytes, k.slot_bytes) as usize / core::mem::size_of::<T>();
+    let (up_slot, down_slot) = (a.tree_slot_bytes, k.slot_bytes);
+    let slot = core::cmp::min(up_slot, down_slot) as usize / core::mem::size_of::<T>();
     let chunk = core::cmp::max(
         pack_elems::<T>(),
         core::cmp::min(a.chunk_elems as usize, slot) / pack_elems::<T>() * pack_elems::<T>(),
     );
-    let op = k.op;
+    let (op, abort) = (k.op, k.abort_flag);
     let none = Move::<T>::none();
     let (start, end) = (k.start, k.end);
-    let nchunks = div_ceil(end - start, chunk);
     let span = |c: usize| {
         let s = start + c * chunk;
         (s, core::cmp::min(chunk, end - s))
     };
-    let lag = TREE_LAG * (pos + 1);
-    for i in 0..nchunks + lag {
-        if i < nchunks {
-            // Up: add our input to what the ranks below sent; the root finishes the value.
-            let (s, n) = span(i);
+    let nchunks = div_ceil(end - start, chunk);
+    if root {
+        let mut p = Simple::between(down_send, down_slot, up_recv, up_slot).with_abort(abort);
+        for c in 0..nchunks {
+            let (s, n) = span(c);
             let mv = Move {
                 input: input.add(s),
-                output: if root { output.add(s) } else { none.output },
-                post: root,
+                output: output.add(s),
+                post: true,
                 ..none
             };
-            up.step(&op, !leaf, !root, mv, n);
+            p.step(&op, true, true, mv, n);
         }
-        if i >= lag {
-            // Down: the root sends finished chunks, the others store and pass them on.
-            let (s, n) = span(i - lag);
-            let mv = if root {
-                Move {
-                    recv: output.add(s),
-                    ..none
-                }
-            } else {
-                Move {
-                    output: output.add(s),
-                    ..none
-                }
-            };
-            down.step(&op, !root, !leaf, mv, n);
-        }
+        p.finish();
+        return;
     }
-    up.finish();
-    down.finish();
+    let nthreads = crate::arch::block_dim() as usize;
+    let half = nthreads / 2;
+    if (crate::arch::thread_idx() as usize) < half {
+        // Up: add our input to what the ranks below sent (the leaf sends its input alone).
+        let mut up = Simple::on(up_send, up_recv, up_slot)
+            .with_abort(abort)
+            .group(0, half, BAR_UP);
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            let mv = Move {
+                input: input.add(s),
+                ..none
+            };
+            up.step(&op, !leaf, true, mv, n);
+        }
+        up.finish();
+    } else {
+        // Down: store the finished chunks and pass them on.
+        let mut down = Simple::on(down_send, down_recv, down_slot)
+            .with_abort(abort)
+            .group(half, nthreads - half, BAR_DOWN);
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            let mv = Move {
+                output: output.add(s),
+                ..none
+            };
+            down.step(&op, true, !leaf, mv, n);
+        }
+        down.finish();
+    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ impl Simple {
                 let (head, step) = ((*sc).head as *const u64, self.send_step);
                 self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
             }
-            arch::sync_threads();
+            self.sync();
         }
         let slot_bytes = match fifo {
             Fifo::Ll => LL_SLOT_BYTES,
@@ -62,7 +62,7 @@ impl Simple {
     #[inline(always)]
     pub(super) unsafe fn packet_end(&mut self, recv: bool, send: bool) {
         if recv {
-            arch::sync_threads();
+            self.sync();
             if self.tid == 0 {
                 // A plain (volatile) store, no system-scope release: every line of the slot was
                 // loaded and used before the barrier, and a release here would first wait for

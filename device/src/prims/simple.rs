@@ -16,11 +16,16 @@ use crate::types::Elem;
 pub struct Simple {
     pub(super) send: *mut ConnSend,
     pub(super) recv: *mut ConnRecv,
-    slot_bytes: usize,
+    send_slot_bytes: usize,
+    recv_slot_bytes: usize,
     pub(super) send_step: u64,
     pub(super) recv_step: u64,
+    /// This thread's index in its group and the group's size (the whole CTA unless
+    /// [`Simple::group`] said otherwise).
     pub(super) tid: usize,
     pub(super) nthreads: usize,
+    /// The group's named barrier (0: the CTA's `bar.sync 0`).
+    bar: u32,
     /// The protocol the steps use (`PROTO_*`): a runtime choice, so one kernel serves all three.
     pub(super) proto: u32,
     /// The communicator's abort flag (null: none), polled while waiting.
@@ -49,17 +54,54 @@ impl Simple {
     /// Non-null pointers point at connections in device memory, wired by the host.
     #[inline(always)]
     pub unsafe fn on(send: *mut ConnSend, recv: *mut ConnRecv, slot_bytes: u32) -> Simple {
+        Simple::between(send, slot_bytes, recv, slot_bytes)
+    }
+
+    /// Like [`Simple::on`], for connections whose FIFO slots differ in size.
+    ///
+    /// # Safety
+    /// As [`Simple::on`].
+    #[inline(always)]
+    pub unsafe fn between(
+        send: *mut ConnSend,
+        send_slot_bytes: u32,
+        recv: *mut ConnRecv,
+        recv_slot_bytes: u32,
+    ) -> Simple {
         Simple {
             send,
             recv,
-            slot_bytes: slot_bytes as usize,
+            send_slot_bytes: send_slot_bytes as usize,
+            recv_slot_bytes: recv_slot_bytes as usize,
             send_step: if send.is_null() { 0 } else { (*send).step },
             recv_step: if recv.is_null() { 0 } else { (*recv).step },
             tid: arch::thread_idx() as usize,
             nthreads: arch::block_dim() as usize,
+            bar: 0,
             proto: PROTO_SIMPLE,
             abort: core::ptr::null(),
             aborted: false,
+        }
+    }
+
+    /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
+    /// barrier `bar` (1..16, each group its own; on GPUs `count` is whole warps): two groups
+    /// then move two streams of steps at once.
+    #[inline(always)]
+    pub fn group(mut self, first: usize, count: usize, bar: u32) -> Simple {
+        self.tid = arch::thread_idx() as usize - first;
+        self.nthreads = count;
+        self.bar = bar;
+        self
+    }
+
+    /// Every thread of the group meets here.
+    #[inline(always)]
+    pub(super) fn sync(&self) {
+        if self.bar == 0 {
+            arch::sync_threads();
+        } else {
+            arch::barrier_named(self.bar, self.nthreads as u32);
         }
     }
 
@@ -114,12 +156,12 @@ impl Simple {
 
     /// Elements of T one step carries at most.
     pub fn step_elems<T>(&self) -> usize {
-        self.slot_bytes / core::mem::size_of::<T>()
+        core::cmp::min(self.send_slot_bytes, self.recv_slot_bytes) / core::mem::size_of::<T>()
     }
 
     #[inline(always)]
-    unsafe fn slot(&self, fifo: u64, step: u64) -> u64 {
-        fifo + (step % NCCL_STEPS as u64) * self.slot_bytes as u64
+    fn slot(fifo: u64, step: u64, slot_bytes: usize) -> u64 {
+        fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
     }
 
     /// One step: waits for the receive slot and a free send slot, moves the data, publishes.
@@ -150,15 +192,15 @@ impl Simple {
                 self.wait(|| arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) > step);
             }
         }
-        arch::sync_threads();
+        self.sync();
         if recv {
-            mv.recv = self.slot((*rc).fifo, self.recv_step) as *const T;
+            mv.recv = Simple::slot((*rc).fifo, self.recv_step, self.recv_slot_bytes) as *const T;
         }
         if send {
-            mv.send = self.slot((*sc).fifo, self.send_step) as *mut T;
+            mv.send = Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T;
         }
         mv.run(op, n, self.tid, self.nthreads);
-        arch::sync_threads();
+        self.sync();
         if self.tid == 0 {
             if send {
                 arch::st_release_sys((*sc).tail as *mut u64, self.send_step + 1);
