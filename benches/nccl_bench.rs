@@ -691,7 +691,8 @@ fn tile(period: &[u8], out: &mut [u8]) {
 // ------------------------------------------------------------------------------------------
 
 /// A collective the table can measure: its sizes, its bus-bandwidth factor, how to launch it on
-/// either library and what it should produce. SendRecv joins here as the library grows.
+/// either library and what it should produce. SendRecv is nccl-tests' `sendrecv`: every rank
+/// sends its buffer to the next rank and receives the previous rank's, in one group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Collective {
     AllReduce,
@@ -699,18 +700,20 @@ enum Collective {
     Reduce,
     AllGather,
     ReduceScatter,
+    SendRecv,
 }
 
 impl Collective {
-    /// The tuner's name for it.
-    fn tuned(self) -> nccl::tune::Coll {
-        match self {
+    /// The tuner's name for it (none for send/receive: no algorithm or protocol is chosen).
+    fn tuned(self) -> Option<nccl::tune::Coll> {
+        Some(match self {
             Collective::AllReduce => nccl::tune::Coll::AllReduce,
             Collective::Broadcast => nccl::tune::Coll::Broadcast,
             Collective::Reduce => nccl::tune::Coll::Reduce,
             Collective::AllGather => nccl::tune::Coll::AllGather,
             Collective::ReduceScatter => nccl::tune::Coll::ReduceScatter,
-        }
+            Collective::SendRecv => return None,
+        })
     }
 }
 
@@ -725,12 +728,13 @@ struct Counts {
 }
 
 impl Collective {
-    const ALL: [Collective; 5] = [
+    const ALL: [Collective; 6] = [
         Collective::AllReduce,
         Collective::Broadcast,
         Collective::Reduce,
         Collective::AllGather,
         Collective::ReduceScatter,
+        Collective::SendRecv,
     ];
 
     fn name(self) -> &'static str {
@@ -740,6 +744,7 @@ impl Collective {
             Collective::Reduce => "Reduce",
             Collective::AllGather => "AllGather",
             Collective::ReduceScatter => "ReduceScatter",
+            Collective::SendRecv => "SendRecv",
         }
     }
 
@@ -751,6 +756,7 @@ impl Collective {
             Collective::Reduce => "reduce",
             Collective::AllGather => "all_gather",
             Collective::ReduceScatter => "reduce_scatter",
+            Collective::SendRecv => "sendrecv",
         }
     }
 
@@ -769,14 +775,14 @@ impl Collective {
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
             Collective::AllGather | Collective::ReduceScatter => (n - 1.0) / n,
-            Collective::Broadcast | Collective::Reduce => 1.0,
+            Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
         }
     }
 
     fn has_op(self) -> bool {
         match self {
             Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => true,
-            Collective::Broadcast | Collective::AllGather => false,
+            Collective::Broadcast | Collective::AllGather | Collective::SendRecv => false,
         }
     }
 
@@ -804,7 +810,10 @@ impl Collective {
                     size_bytes: count * nranks * dt.size(),
                 }
             }
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => Counts {
+            Collective::AllReduce
+            | Collective::Broadcast
+            | Collective::Reduce
+            | Collective::SendRecv => Counts {
                 count: elems,
                 size_bytes: elems * dt.size(),
             },
@@ -816,9 +825,10 @@ impl Collective {
         match self {
             Collective::AllGather => (count * size, nranks * count * size),
             Collective::ReduceScatter => (nranks * count * size, count * size),
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => {
-                (count * size, count * size)
-            }
+            Collective::AllReduce
+            | Collective::Broadcast
+            | Collective::Reduce
+            | Collective::SendRecv => (count * size, count * size),
         }
     }
 
@@ -841,6 +851,8 @@ impl Collective {
             Collective::AllGather => (base + block, base),
             Collective::ReduceScatter => (base, base + block),
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (base, base),
+            // Not measured in place (see `in_place_applies`).
+            Collective::SendRecv => (rank.send.ptr, rank.recv.ptr),
         }
     }
 
@@ -858,8 +870,20 @@ impl Collective {
             Collective::Broadcast => (vec![seg(Src::Input(call.root), 0)], true),
             Collective::AllGather => ((0..nranks).map(|r| seg(Src::Input(r), 0)).collect(), true),
             Collective::ReduceScatter => (vec![seg(Src::Reduced, rank * count)], true),
+            Collective::SendRecv => (vec![seg(Src::Input((rank + nranks - 1) % nranks), 0)], true),
         };
         Expect { segs, defined }
+    }
+
+    /// Whether the in-place columns mean anything: a send/receive pair in one buffer would
+    /// race (the previous rank's data may land before ours left), so it runs out of place only.
+    fn in_place_applies(self) -> bool {
+        self != Collective::SendRecv
+    }
+
+    /// The ranks a send/receive pair of `rank` goes to and comes from.
+    fn ring_peers(rank: usize, nranks: usize) -> (usize, usize) {
+        ((rank + 1) % nranks, (rank + nranks - 1) % nranks)
     }
 
     /// What an error of `call` on `rank` says about the call.
@@ -894,6 +918,14 @@ impl Collective {
             Collective::Reduce => c.reduce(send, recv, count, dt, op, call.root, stream),
             Collective::AllGather => c.all_gather(send, recv, count, dt, stream),
             Collective::ReduceScatter => c.reduce_scatter(send, recv, count, dt, op, stream),
+            Collective::SendRecv => {
+                let (to, from) = Collective::ring_peers(c.rank(), c.count());
+                nccl::group_start();
+                let sent = c.send(send, count, dt, to, stream);
+                let received = c.recv(recv, count, dt, from, stream);
+                let ended = nccl::group_end();
+                sent.and(received).and(ended)
+            }
         };
         r.map_err(|e| format!("nccl-rs {}: {e}", self.describe(rank, call)))
     }
@@ -920,6 +952,14 @@ impl Collective {
             Collective::AllGather => lib.all_gather(send, recv, count, dt, comm, stream),
             Collective::ReduceScatter => {
                 lib.reduce_scatter(send, recv, count, dt, op()?, comm, stream)
+            }
+            Collective::SendRecv => {
+                let (to, from) = Collective::ring_peers(rank.comm.rank(), rank.comm.count());
+                lib.group_start()?;
+                let sent = lib.send(send, count, dt, to as c_int, comm, stream);
+                let received = lib.recv(recv, count, dt, from as c_int, comm, stream);
+                let ended = lib.group_end();
+                sent.and(received).and(ended)
             }
         }
         .map_err(|e| format!("{e} ({})", self.describe(rank, call)))
@@ -1012,6 +1052,10 @@ type ReduceScatterFn = unsafe extern "C" fn(
     *mut c_void,
 ) -> c_int;
 
+/// `ncclSend(sendbuff, count, datatype, peer, comm, stream)`; ncclRecv has the same shape.
+type SendFn =
+    unsafe extern "C" fn(*const c_void, usize, c_int, c_int, *mut c_void, *mut c_void) -> c_int;
+
 /// The entry points of NVIDIA NCCL the benchmark uses (C signatures of `nccl.h`).
 struct Nccl {
     path: String,
@@ -1022,6 +1066,8 @@ struct Nccl {
     reduce: ReduceFn,
     all_gather: AllGatherFn,
     reduce_scatter: ReduceScatterFn,
+    send: SendFn,
+    recv: SendFn,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
     comm_destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
@@ -1069,6 +1115,8 @@ impl Nccl {
             reduce: sym!("ncclReduce", ReduceFn),
             all_gather: sym!("ncclAllGather", AllGatherFn),
             reduce_scatter: sym!("ncclReduceScatter", ReduceScatterFn),
+            send: sym!("ncclSend", SendFn),
+            recv: sym!("ncclRecv", SendFn),
             group_start: sym!("ncclGroupStart", unsafe extern "C" fn() -> c_int),
             group_end: sym!("ncclGroupEnd", unsafe extern "C" fn() -> c_int),
             comm_destroy: sym!(
@@ -1291,6 +1339,55 @@ impl Nccl {
         };
         self.check(r, "ncclReduceScatter")
     }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &self,
+        send: DevPtr,
+        count: usize,
+        dt: c_int,
+        peer: c_int,
+        comm: NcclComm,
+        stream: StreamHandle,
+    ) -> Result<(), String> {
+        // SAFETY: as in all_reduce: `count` elements of device memory of the communicator's
+        // GPU, and a CUstream of that context.
+        let r = unsafe {
+            (self.send)(
+                send as *const c_void,
+                count,
+                dt,
+                peer,
+                comm.0,
+                stream.0 as _,
+            )
+        };
+        self.check(r, "ncclSend")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn recv(
+        &self,
+        recv: DevPtr,
+        count: usize,
+        dt: c_int,
+        peer: c_int,
+        comm: NcclComm,
+        stream: StreamHandle,
+    ) -> Result<(), String> {
+        // SAFETY: as in send; the buffer is written.
+        let r = unsafe {
+            (self.recv)(
+                recv as *const c_void,
+                count,
+                dt,
+                peer,
+                comm.0,
+                stream.0 as _,
+            )
+        };
+        self.check(r, "ncclRecv")
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1424,6 +1521,13 @@ impl Bench {
             n.group_start()?;
             let launched = (0..self.nranks()).try_for_each(|r| self.launch_one(lib, r, call));
             let ended = n.group_end();
+            return launched.and(ended);
+        }
+        if call.coll == Collective::SendRecv {
+            // One thread drives every rank: their connections are made together at the end.
+            nccl::group_start();
+            let launched = (0..self.nranks()).try_for_each(|r| self.launch_one(lib, r, call));
+            let ended = nccl::group_end().map_err(|e| format!("nccl-rs group: {e}"));
             return launched.and(ended);
         }
         (0..self.nranks()).try_for_each(|r| self.launch_one(lib, r, call))
@@ -1782,7 +1886,7 @@ impl Table {
     }
 
     /// One size's line; `tuned` is what our tuner ran (algorithm/protocol/channels).
-    fn row(&mut self, call: &Call, places: &[Measure; 2], tuned: &str) {
+    fn row(&mut self, call: &Call, places: &[Option<Measure>; 2], tuned: &str) {
         let op = if call.coll.has_op() {
             call.op.name()
         } else {
@@ -1796,6 +1900,10 @@ impl Table {
             &call.coll.root_column(call.root).to_string(),
         );
         for m in places {
+            let Some(m) = m else {
+                line += &self.section(["n/a"; 7]);
+                continue;
+            };
             let wrong = match m.wrong {
                 Some(w) => {
                     self.wrong += w;
@@ -2212,7 +2320,13 @@ fn measure_all(
                     }
                     Ok(m)
                 };
-                let places = [place(false)?, place(true)?];
+                let places = [
+                    Some(place(false)?),
+                    match coll.in_place_applies() {
+                        true => Some(place(true)?),
+                        false => None,
+                    },
+                ];
                 let call = Call {
                     coll,
                     dt,
@@ -2221,11 +2335,14 @@ fn measure_all(
                     root: args.root,
                     in_place: false,
                 };
-                let tuned = b.ranks[0]
-                    .comm
-                    .tuning(coll.tuned(), counts.size_bytes)
-                    .map(|c| format!("{}/{}/{}", c.algo, c.proto, c.nchannels))
-                    .unwrap_or_else(|_| "-".into());
+                let tuned = match coll.tuned() {
+                    Some(t) => b.ranks[0]
+                        .comm
+                        .tuning(t, counts.size_bytes)
+                        .map(|c| format!("{}/{}/{}", c.algo, c.proto, c.nchannels))
+                        .unwrap_or_else(|_| "-".into()),
+                    None => "p2p".into(),
+                };
                 table.row(&call, &places, &tuned);
                 // As nccl-tests: multiply until past the largest size (a 0-byte start goes on at 1).
                 size = match size.checked_mul(args.step_factor) {
