@@ -38,6 +38,7 @@ if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = both ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
   step 200 bench-all.txt "$bench" -C all -b 8 -e 1G -f 4 --baseline "$nccl"
+  step 90 bench-sendrecv.txt "$bench" -C sendrecv -b 8 -e 1G -f 4 --baseline "$nccl"
   for p in LL Simple; do
     NCCL_PROTO=$p step 60 "bench-allreduce-$p.txt" "$bench" -C all_reduce -b 8 -e 4M -f 4 --baseline "$nccl"
   done
