@@ -4,31 +4,13 @@
 mod common;
 
 use common::{Drive, Ranks};
-use nccl::tune::{Coll, Proto};
-use nccl::{Backend, Comm};
+use nccl::tune::Proto;
 
-fn use_ll() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        std::env::set_var("NCCL_PROTO", "LL");
-        std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
-    });
-    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
-}
+/// NCCL_PROTO=LL on 16 simulated GPUs.
+const FORCED: &[(&str, &str)] = &[("NCCL_PROTO", "LL"), ("NCCL_RS_SIM_DEVICES", "16")];
 
 fn sim_comms(n: usize) -> Ranks {
-    use_ll();
-    let devs: Vec<i32> = (0..n as i32).collect();
-    let comms = Comm::init_all(&devs).expect("init_all on the simulator");
-    for c in &comms {
-        let big = c.tuning(Coll::AllReduce, 1 << 30).expect("a choice");
-        assert_eq!(
-            big.proto,
-            Proto::Ll,
-            "NCCL_PROTO=LL selects LL at every size"
-        );
-    }
-    Ranks::new(comms)
+    common::forced_protocol_comms(n, FORCED, Proto::Ll)
 }
 
 /// 70000 elements take several LL slots (16 KiB of payload each) per channel.
@@ -60,6 +42,6 @@ fn every_type_and_op_on_two_ranks() {
 /// the head counter keeps senders from overwriting LL lines not read yet.
 #[test]
 fn a_late_rank_never_loses_data() {
-    use_ll();
+    common::use_forced_protocol(FORCED);
     common::late_rank_all_reduce(16);
 }

@@ -5,34 +5,19 @@
 mod common;
 
 use common::{Drive, Ranks};
-use nccl::tune::{Coll, Proto};
-use nccl::{Backend, Comm};
+use nccl::tune::Proto;
 
-fn use_ll128() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        std::env::set_var("NCCL_PROTO", "LL128");
-        // 8 KiB steps: many steps (FIFO wrap-around, waits for credit) with few lines, which
-        // the simulator moves slowly (its warps meet at every line).
-        std::env::set_var("NCCL_RS_SIM_BUFFSIZE", "65536");
-        std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
-    });
-    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
-}
+/// NCCL_PROTO=LL128 on 16 simulated GPUs, with 8 KiB steps: many steps (FIFO wrap-around,
+/// waits for credit) with few lines, which the simulator moves slowly (its warps meet at
+/// every line).
+const FORCED: &[(&str, &str)] = &[
+    ("NCCL_PROTO", "LL128"),
+    ("NCCL_RS_SIM_BUFFSIZE", "65536"),
+    ("NCCL_RS_SIM_DEVICES", "16"),
+];
 
 fn sim_comms(n: usize) -> Ranks {
-    use_ll128();
-    let devs: Vec<i32> = (0..n as i32).collect();
-    let comms = Comm::init_all(&devs).expect("init_all on the simulator");
-    for c in &comms {
-        let big = c.tuning(Coll::AllReduce, 1 << 30).expect("a choice");
-        assert_eq!(
-            big.proto,
-            Proto::Ll128,
-            "NCCL_PROTO=LL128 selects LL128 at every size"
-        );
-    }
-    Ranks::new(comms)
+    common::forced_protocol_comms(n, FORCED, Proto::Ll128)
 }
 
 /// 20000 floats take several 8 KiB steps per channel; 31 and 3001 end inside a line.
@@ -64,6 +49,6 @@ fn every_type_and_op_on_two_ranks() {
 /// only the head counter keeps senders from overwriting lines not read yet.
 #[test]
 fn a_late_rank_never_loses_data() {
-    use_ll128();
+    common::use_forced_protocol(FORCED);
     common::late_rank_all_reduce(16);
 }

@@ -189,15 +189,6 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     if c.coll != Coll::Reduce || me_root {
         check_buffer(comm, "recvbuff", c.recv, recv_bytes, c.dt)?;
     }
-    // One rank in place, nothing scaled: the result is already there (NCCL launches nothing
-    // either; on one H200 it took 1.0 µs of host time a call where our kernel took 5.5).
-    let scaled = matches!(
-        c.op,
-        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
-    );
-    if n == 1 && c.send == c.recv && !scaled {
-        return Ok(());
-    }
     // Copies move bytes: one kernel serves every type.
     let copy = matches!(c.coll, Coll::Broadcast | Coll::AllGather);
     let (dt, op, count) = if copy {
@@ -219,6 +210,16 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     };
     let shape = comm.shape;
     let choice = choose(comm, &c)?;
+    // One rank in place, nothing scaled: the result is already there, so nothing is launched
+    // (as NCCL; on one H200, 1.0 µs of host time a call against the kernel's 5.5). Filters
+    // that leave no algorithm still fail the call above.
+    let scaled = matches!(
+        c.op,
+        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
+    );
+    if n == 1 && c.send == c.recv && !scaled {
+        return Ok(());
+    }
     let proto = match choice.proto {
         Proto::Simple => PROTO_SIMPLE,
         Proto::Ll => PROTO_LL,

@@ -402,6 +402,37 @@ fn check_typed<T: Elem>(
     Ok(())
 }
 
+/// For a test binary that forces one protocol: sets `env` once per process (before the first
+/// communicator) and chooses the simulator.
+pub fn use_forced_protocol(env: &[(&str, &str)]) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in env {
+            std::env::set_var(k, v);
+        }
+    });
+    nccl::cuda::set_backend(nccl::Backend::Sim).expect("choose the simulator");
+}
+
+/// Communicators on `n` simulated GPUs under [`use_forced_protocol`]`(env)`, each checked to
+/// choose `proto` even for 1 GiB.
+pub fn forced_protocol_comms(
+    n: usize,
+    env: &'static [(&'static str, &'static str)],
+    proto: nccl::tune::Proto,
+) -> Ranks {
+    use_forced_protocol(env);
+    let devs: Vec<i32> = (0..n as i32).collect();
+    let comms = Comm::init_all(&devs).expect("init_all on the simulator");
+    for c in &comms {
+        let big = c
+            .tuning(nccl::tune::Coll::AllReduce, 1 << 30)
+            .expect("a choice");
+        assert_eq!(big.proto, proto, "{env:?} selects {proto:?} at every size");
+    }
+    Ranks::new(comms)
+}
+
 /// Every element type and reduction at each count, alternating in-place and out-of-place.
 pub fn type_op_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
     for (k, dt) in DataType::ALL.into_iter().enumerate() {

@@ -68,14 +68,7 @@ impl Simple {
         mut mv: Move<T>,
         n: usize,
     ) {
-        let (rlines, slines) = self.packet_begin(Fifo::Ll, recv, send);
-        if recv {
-            // Only marks the step as receiving for `combine`; lines are read below.
-            mv.recv = rlines as *const T;
-        }
-        if send {
-            mv.send = slines as *mut T;
-        }
+        let (rlines, slines) = self.packet_begin(Fifo::Ll, recv, send, &mut mv);
         let (rflag, sflag) = (flag(self.recv_step), flag(self.send_step));
         let nbytes = n * core::mem::size_of::<T>();
         let nlines = nbytes.div_ceil(8);

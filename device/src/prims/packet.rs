@@ -3,6 +3,7 @@
 
 use crate::abi::{LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS};
 use crate::arch::{self, Pack16};
+use crate::prims::copy::Move;
 use crate::prims::simple::Simple;
 
 /// Which FIFO of a connection a step uses.
@@ -15,13 +16,16 @@ pub(super) enum Fifo {
 impl Simple {
     /// Starts a step: a sender first waits until the slot it fills was consumed NCCL_STEPS
     /// steps ago (thread 0 polls, then the CTA meets). Returns the step's receive and send
-    /// slots in `fifo` (null where that direction takes no part).
+    /// slots in `fifo` (null where that direction takes no part), and points `mv`'s `recv` and
+    /// `send` at them: only marks for [`Move::combine`], since the lines are read and written
+    /// by the protocol itself.
     #[inline(always)]
-    pub(super) unsafe fn packet_begin(
+    pub(super) unsafe fn packet_begin<T>(
         &mut self,
         fifo: Fifo,
         recv: bool,
         send: bool,
+        mv: &mut Move<T>,
     ) -> (*const Pack16, *mut Pack16) {
         let (sc, rc) = (self.send, self.recv);
         if send {
@@ -46,6 +50,7 @@ impl Simple {
                 Fifo::Ll128 => (*rc).ll128_fifo,
             };
             r = slot(base, self.recv_step) as *const Pack16;
+            mv.recv = r as *const T;
         }
         if send {
             let base = match fifo {
@@ -53,6 +58,7 @@ impl Simple {
                 Fifo::Ll128 => (*sc).ll128_fifo,
             };
             s = slot(base, self.send_step) as *mut Pack16;
+            mv.send = s as *mut T;
         }
         (r, s)
     }
