@@ -956,8 +956,26 @@ impl Collective {
             Collective::SendRecv => {
                 let (to, from) = Collective::ring_peers(rank.comm.rank(), rank.comm.count());
                 lib.group_start()?;
-                let sent = lib.send(send, count, dt, to as c_int, comm, stream);
-                let received = lib.recv(recv, count, dt, from as c_int, comm, stream);
+                let sent = lib.p2p(
+                    lib.send,
+                    "ncclSend",
+                    send,
+                    count,
+                    dt,
+                    to as c_int,
+                    comm,
+                    stream,
+                );
+                let received = lib.p2p(
+                    lib.recv,
+                    "ncclRecv",
+                    recv,
+                    count,
+                    dt,
+                    from as c_int,
+                    comm,
+                    stream,
+                );
                 let ended = lib.group_end();
                 sent.and(received).and(ended)
             }
@@ -1340,10 +1358,13 @@ impl Nccl {
         self.check(r, "ncclReduceScatter")
     }
 
+    /// `ncclSend` or `ncclRecv` (`f`, named `name`): `count` elements of `buf` to or from `peer`.
     #[allow(clippy::too_many_arguments)]
-    fn send(
+    fn p2p(
         &self,
-        send: DevPtr,
+        f: SendFn,
+        name: &str,
+        buf: DevPtr,
         count: usize,
         dt: c_int,
         peer: c_int,
@@ -1351,42 +1372,9 @@ impl Nccl {
         stream: StreamHandle,
     ) -> Result<(), String> {
         // SAFETY: as in all_reduce: `count` elements of device memory of the communicator's
-        // GPU, and a CUstream of that context.
-        let r = unsafe {
-            (self.send)(
-                send as *const c_void,
-                count,
-                dt,
-                peer,
-                comm.0,
-                stream.0 as _,
-            )
-        };
-        self.check(r, "ncclSend")
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn recv(
-        &self,
-        recv: DevPtr,
-        count: usize,
-        dt: c_int,
-        peer: c_int,
-        comm: NcclComm,
-        stream: StreamHandle,
-    ) -> Result<(), String> {
-        // SAFETY: as in send; the buffer is written.
-        let r = unsafe {
-            (self.recv)(
-                recv as *const c_void,
-                count,
-                dt,
-                peer,
-                comm.0,
-                stream.0 as _,
-            )
-        };
-        self.check(r, "ncclRecv")
+        // GPU (read by ncclSend, written by ncclRecv), and a CUstream of that context.
+        let r = unsafe { f(buf as *const c_void, count, dt, peer, comm.0, stream.0 as _) };
+        self.check(r, name)
     }
 }
 

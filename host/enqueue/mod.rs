@@ -263,10 +263,11 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     let kernel = comm.kernel("coll", dt, op.kind())?;
     let mut block = shape.nthreads;
     if args.algo == ALGO_TREE {
-        // The tree splits its CTAs in two groups of whole warps (the simulator's: any halves).
-        block = match block {
-            0..64 => block.next_multiple_of(2),
-            _ => block.next_multiple_of(64),
+        // The tree splits its CTAs in two halves that meet at named barriers: whole warps on
+        // GPUs (NCCL_NTHREADS=32 would leave 16-thread halves), any halves on the simulator.
+        block = match comm.device.is_sim() {
+            true => block.next_multiple_of(2),
+            false => block.next_multiple_of(64),
         };
     }
     if proto == PROTO_LL128 {
