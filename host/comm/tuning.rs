@@ -27,8 +27,9 @@ pub const BUILT: &[(Algo, Proto)] = &[
 /// forced choices (`results/h200x4-allreduce-forced-{LL,Simple}.txt`, AllReduce): LL on 32
 /// channels took 29.8 µs at 512 KiB against Simple's 36.7, and tied at 2 MiB (42.6 against
 /// 42.0). Past 2 MiB LL has not been seen to win, whatever the model says.
-/// LL128 is never chosen by itself (0): forced on 4×H200 it was slower than our LL or Simple at
-/// every size (2 MiB: 33.5 µs against LL's 29.5; 8 MiB: 83 against Simple's 68;
+/// LL128 is never chosen by itself (0): forced on 4×H200 it was within 2 µs of our LL up to
+/// 8 KiB and slower than our LL or Simple from 32 KiB on (32 KiB: 25.7 µs against LL's 17.5;
+/// 2 MiB: 33.5 against 29.5; 8 MiB: 83 against Simple's 68;
 /// `results/h200x4-ll128-fixed-bench-allreduce-LL128.txt`). Only a filter that leaves it
 /// (NCCL_PROTO=LL128) runs it.
 const AUTO_MAX_BYTES: [usize; NUM_PROTOS] = [2 << 20, 0, usize::MAX];
