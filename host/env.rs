@@ -144,6 +144,11 @@ pub const PARAMS: &[Param] = &[
         doc: "connections per peer (CTAs of one send/recv or tree AllReduce) under the simulator",
     },
     Param {
+        name: "NCCL_RS_P2P_CONNS",
+        default: "0",
+        doc: "connections per peer (CTAs of one send/recv) on GPUs; 0: 32 / nranks, up to 16",
+    },
+    Param {
         name: "NCCL_TOPO_FILE",
         default: "",
         doc: "topology XML to use instead of detecting the node",
@@ -152,6 +157,11 @@ pub const PARAMS: &[Param] = &[
         name: "NCCL_TOPO_DUMP_FILE",
         default: "",
         doc: "file the detected topology XML is written to",
+    },
+    Param {
+        name: "NCCL_P2P_NVL_CHUNKSIZE",
+        default: "0",
+        doc: "bytes of one send/recv step (FIFO slot of a p2p connection); unset: 512 KiB on GPUs",
     },
     Param {
         name: "NCCL_P2P_LEVEL",

@@ -18,6 +18,27 @@ fn gpus(n: usize) -> Ranks {
     Ranks::new(Comm::init_all(&devs).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
 }
 
+/// The GPU counts a test covers: `all`, or those of them NCCL_RS_TEST_GPUS lists (e.g. `2` on
+/// a host of two GPUs; a count it names that `all` lacks is an error, never a silent pass).
+fn counts(all: &[usize]) -> Vec<usize> {
+    let Ok(list) = std::env::var("NCCL_RS_TEST_GPUS") else {
+        return all.to_vec();
+    };
+    let picked: Vec<usize> = list
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("NCCL_RS_TEST_GPUS: a comma-separated list of counts")
+        })
+        .collect();
+    assert!(
+        picked.iter().all(|n| all.contains(n)),
+        "NCCL_RS_TEST_GPUS={list}: this test covers {all:?}"
+    );
+    picked
+}
+
 /// In a child process of `common::procs::run`: its one rank, on the GPU of its rank number.
 fn child_rank() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
@@ -56,7 +77,7 @@ fn every_type_op_count_on_4_gpus() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn thread_per_gpu_and_large_buffers() {
-    for n in [2usize, 4] {
+    for n in counts(&[2, 4]) {
         let ranks = gpus(n);
         for (count, dt) in [
             (1usize << 28, DataType::Float32),
@@ -94,7 +115,7 @@ fn process_per_gpu() {
         return;
     }
     let _ = WHY;
-    for n in [2usize, 4] {
+    for n in counts(&[2, 4]) {
         common::procs::run("process_per_gpu", n, &[]);
     }
 }
@@ -140,7 +161,12 @@ fn bad_buffers_are_rejected() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn every_collective_on_2_and_4_gpus() {
-    for (n, drive) in [(2, Drive::Group), (4, Drive::OneThread)] {
+    for n in counts(&[2, 4]) {
+        let drive = if n == 2 {
+            Drive::Group
+        } else {
+            Drive::OneThread
+        };
         common::collective_matrix(&gpus(n), &[1, 13, 1021, (1 << 20) + 5], drive);
     }
 }
@@ -148,7 +174,12 @@ fn every_collective_on_2_and_4_gpus() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn send_recv_all_to_all_on_2_and_4_gpus() {
-    for (n, drive) in [(2, Drive::OneThread), (4, Drive::ThreadPerRank)] {
+    for n in counts(&[2, 4]) {
+        let drive = if n == 2 {
+            Drive::OneThread
+        } else {
+            Drive::ThreadPerRank
+        };
         let ranks = gpus(n);
         for scale in [0usize, 1, 1000, 3 << 20] {
             common::check_all_to_all(&ranks, scale, drive).unwrap_or_else(|e| panic!("{e}"));
@@ -178,7 +209,7 @@ fn forced_algorithms_and_protocols() {
     .into_iter()
     .filter(|f| only.as_deref().is_none_or(|o| o == f.1))
     {
-        for n in [2usize, 4] {
+        for n in counts(&[2, 4]) {
             common::procs::run("forced_algorithms_and_protocols", n, &[forced]);
             // Progress for --nocapture runs on the GPU host (a stuck case shows which).
             eprintln!(
@@ -197,7 +228,7 @@ fn forced_algorithms_and_protocols() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn graphs_replayed_100_times_on_2_and_4_gpus() {
-    for n in [2usize, 4] {
+    for n in counts(&[2, 4]) {
         common::graphs::capture_and_replay(&gpus(n), 100)
             .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
         common::graphs::replays_interleaved_with_direct_calls(&gpus(n), 50)

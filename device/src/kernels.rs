@@ -25,5 +25,5 @@ crate::for_each_type_op!(coll_kernel);
 /// Sends and receives of a group (one CTA per work item).
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn nccl_p2p(args: P2pArgs) {
-    crate::coll::send_recv::run(&args)
+    crate::coll::send_recv::launch(&args)
 }

@@ -43,6 +43,8 @@ pub struct Shape {
     /// Connections per peer of send/recv and of the tree's up links (CTAs per message); 0:
     /// from the communicator's size.
     pub p2p_conns: u32,
+    /// Bytes of one FIFO slot of those connections (a step of a send/recv).
+    pub p2p_slot_bytes: u32,
 }
 
 impl Shape {
@@ -85,13 +87,27 @@ impl Shape {
         }
         let n = config.bound_channels(n.clamp(1, MAX_CHANNELS as i64) as u32);
         let (algo_mask, proto_mask) = tuning::filter_masks()?;
-        let p2p_conns = match sim {
-            true => env("NCCL_RS_SIM_P2P_CONNS"),
-            false => 0,
+        let (conns_var, conns_max) = match sim {
+            true => ("NCCL_RS_SIM_P2P_CONNS", 8),
+            false => ("NCCL_RS_P2P_CONNS", MAX_P2P_ITEMS as i64 / 4),
         };
-        if !(0..=8).contains(&p2p_conns) {
+        let p2p_conns = env(conns_var);
+        if !(0..=conns_max).contains(&p2p_conns) {
             return Err(Error::invalid_argument(format!(
-                "NCCL_RS_SIM_P2P_CONNS={p2p_conns}: use 1 to 8 (0: as on GPUs)"
+                "{conns_var}={p2p_conns}: use 1 to {conns_max} (0: 32 / nranks, up to 16)"
+            )));
+        }
+        // NCCL_P2P_NVL_CHUNKSIZE as in NCCL, 512 KiB on GPUs by default: 2xH200 sendrecv at
+        // 512 MiB moved 261 GB/s with 128 KiB slots, 312 with 256 KiB, 323 with 512 KiB
+        // (NCCL: 353; results/h200x2-sendrecv-*). The simulator's: a quarter of its ring slot.
+        let p2p_slot = match crate::env::raw("NCCL_P2P_NVL_CHUNKSIZE") {
+            Some(_) => env("NCCL_P2P_NVL_CHUNKSIZE"),
+            None if sim => (slot as i64 / 4).max(4096),
+            None => 512 * 1024,
+        };
+        if !(4096..=(1 << 24)).contains(&p2p_slot) || p2p_slot % 128 != 0 {
+            return Err(Error::invalid_argument(format!(
+                "NCCL_P2P_NVL_CHUNKSIZE={p2p_slot}: use a multiple of 128 from 4 KiB to 16 MiB"
             )));
         }
         Ok(Shape {
@@ -101,6 +117,7 @@ impl Shape {
             algo_mask,
             proto_mask,
             p2p_conns: p2p_conns as u32,
+            p2p_slot_bytes: p2p_slot as u32,
         })
     }
 }
@@ -169,8 +186,8 @@ pub(crate) struct TreeUp {
 /// rooted at its position 0; it sends up to its predecessor there and receives from its
 /// successor.
 ///
-/// When every channel has the same ring and the send/recv links have a connection per channel,
-/// the up links are those to the two neighbours, shared with ncclSend/ncclRecv. Otherwise they
+/// When every channel has the same ring and the send/recv links have a connection per channel
+/// and `slot_bytes`-byte slots, the up links are those to the two neighbours, shared with ncclSend/ncclRecv. Otherwise they
 /// are links of the tree's own (`own(n)` makes links of `n` connections per peer; with one
 /// link per CTA, 4xH200 ran the tree on 4 CTAs at 0.16 of NCCL's busbw); where the channels'
 /// rings differ, CTA `c` takes connection `c` of its own peer, gathered into one array per
@@ -181,6 +198,7 @@ fn connect_tree(
     links: &Links,
     shape: &Shape,
     rings: &Rings,
+    slot_bytes: usize,
     own: impl FnOnce(usize) -> Links,
 ) -> Result<Option<TreeUp>> {
     use crate::transport::links::Dir;
@@ -225,7 +243,7 @@ fn connect_tree(
         Ok((conn(send[0])?, conn(recv[0])?))
     };
     let one_ring = (0..ctas).all(|c| rings.index_of(c) == rings.index_of(0));
-    if one_ring && links.nconns >= ctas {
+    if one_ring && links.nconns >= ctas && links.slot_bytes == slot_bytes {
         return Ok(Some(TreeUp {
             arrays: first_conns(links)?,
             ctas,
@@ -339,7 +357,7 @@ impl Comm {
             None
         };
         // Send/receive connections, made on first use: a few per peer (more CTAs per message
-        // on GPUs), with FIFO slots a quarter of the ring's.
+        // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
         let bootstrap = Arc::new(bootstrap);
         let order = Arc::new(crate::enqueue::order::StreamOrder::new(device.clone()));
         // 32 CTAs' worth spread over the peers, so one launch covers every distance (up to
@@ -349,15 +367,19 @@ impl Comm {
             0 => (32 / nranks).clamp(1, MAX_P2P_ITEMS / 4),
             n => n as usize,
         };
-        let link_slot = (shape.slot_bytes as usize / 4).max(4096);
-        // Makes links like the communicator's, with `n` connections per peer; the tree may
-        // want a set of its own.
+        // The tree's up links step with a quarter of the ring's slot (its halves pipeline
+        // through them); they are the send/recv links only where those have that slot.
+        let tree_slot = (shape.slot_bytes as usize / 4).max(4096);
+        // Makes links like the communicator's, with `n` connections per peer and `slot`-byte
+        // FIFO slots.
         let make_links = {
             let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
-            move |n| Links::new(rank, device, bootstrap, addrs, n, link_slot)
+            move |n, slot| Links::new(rank, device, bootstrap, addrs, n, slot)
         };
-        let links = Arc::new(make_links.clone()(nconns));
-        let tree_up = connect_tree(rank, &links, &shape, &rings, make_links)?;
+        let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
+        let tree_up = connect_tree(rank, &links, &shape, &rings, tree_slot, |n| {
+            make_links(n, tree_slot)
+        })?;
 
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).

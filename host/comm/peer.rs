@@ -16,7 +16,7 @@ pub struct PeerInfo {
     pub shape: Shape,
 }
 
-const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 4 + 32;
+const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32;
 
 /// Tells hosts apart: the hostname and the boot id (containers on one machine share the boot id
 /// but may not share memory, so the hostname counts too).
@@ -63,6 +63,7 @@ impl PeerInfo {
         v.extend_from_slice(&self.shape.algo_mask.to_le_bytes());
         v.extend_from_slice(&self.shape.proto_mask.to_le_bytes());
         v.extend_from_slice(&self.shape.p2p_conns.to_le_bytes());
+        v.extend_from_slice(&self.shape.p2p_slot_bytes.to_le_bytes());
         let mut bus = [0u8; 32];
         let b = self.bus_id.as_bytes();
         bus[..b.len().min(32)].copy_from_slice(&b[..b.len().min(32)]);
@@ -76,7 +77,7 @@ impl PeerInfo {
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        let bus = &b[53..85];
+        let bus = &b[57..89];
         let end = bus.iter().position(|&c| c == 0).unwrap_or(32);
         Some(PeerInfo {
             rank: u32_at(0),
@@ -91,6 +92,7 @@ impl PeerInfo {
                 algo_mask: u64_at(33),
                 proto_mask: u64_at(41),
                 p2p_conns: u32_at(49),
+                p2p_slot_bytes: u32_at(53),
             },
             bus_id: String::from_utf8_lossy(&bus[..end]).into_owned(),
         })
@@ -151,6 +153,7 @@ mod tests {
                 algo_mask: 0x7_0000_0001,
                 proto_mask: 0x5555,
                 p2p_conns: 3,
+                p2p_slot_bytes: 8192,
             },
         };
         assert_eq!(PeerInfo::decode(&p.encode()), Some(p.clone()));

@@ -127,7 +127,7 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
         }
         nccl_device::for_each_type_op!(add);
         names.insert("nccl_p2p".to_string(), fns.len());
-        fns.push(Entry::P2p(nccl_device::coll::send_recv::run));
+        fns.push(Entry::P2p(nccl_device::coll::send_recv::launch));
         (fns, names)
     })
 }

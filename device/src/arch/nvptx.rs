@@ -2,6 +2,7 @@
 //! written as inline PTX.
 
 use super::Pack16;
+use crate::abi::{P2pArgs, P2pItem};
 use core::arch::asm;
 use core::arch::nvptx;
 
@@ -210,4 +211,35 @@ pub fn vote_all(mask: u32, p: bool) -> bool {
 pub fn trap() -> ! {
     // SAFETY: trap ends the kernel.
     unsafe { asm!("trap;", options(nostack, noreturn)) }
+}
+
+/// Work item `i` of the `nccl_p2p` kernel's parameter, read straight from the parameter space
+/// with a run-time offset (PTX: a kernel parameter's address moved into a register is read with
+/// `ld.param`). Indexing the parameter in Rust makes LLVM copy all of it (2.5 KiB) to local
+/// memory in every thread first: on 2xH200 an 8-byte send/recv then took 31 us against
+/// NCCL's 15. Call it from `nccl_p2p` only: the asm names that kernel's parameter.
+#[inline(always)]
+pub unsafe fn p2p_param_item(_args: &P2pArgs, i: usize) -> P2pItem {
+    let base: u64;
+    // SAFETY: takes the address of the enclosing kernel's parameter; no memory is touched.
+    asm!("mov.b64 {}, nccl_p2p_param_0;", out(reg64) base, options(pure, nomem, nostack));
+    let at =
+        base + (core::mem::offset_of!(P2pArgs, items) + i * core::mem::size_of::<P2pItem>()) as u64;
+    let word = |k: u64| -> u64 {
+        let v: u64;
+        // SAFETY: `i` < MAX_P2P_ITEMS (the caller checked it against nitems), so the 8-byte
+        // word lies inside the parameter, which no one writes.
+        asm!("ld.param.b64 {}, [{}];", out(reg64) v, in(reg64) at + 8 * k,
+             options(pure, readonly, nostack));
+        v
+    };
+    let last = word(4);
+    P2pItem {
+        conn: word(0),
+        buff: word(1),
+        src: word(2),
+        bytes: word(3),
+        kind: last as u32,
+        slot_bytes: (last >> 32) as u32,
+    }
 }

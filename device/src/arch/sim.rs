@@ -302,6 +302,14 @@ pub fn vote_all(mask: u32, p: bool) -> bool {
     })
 }
 
+/// See the GPU version: here plain indexing.
+///
+/// # Safety
+/// `i` < `args.nitems`.
+pub unsafe fn p2p_param_item(args: &crate::abi::P2pArgs, i: usize) -> crate::abi::P2pItem {
+    args.items[i]
+}
+
 pub fn trap() -> ! {
     panic!("nccl-device: kernel trap")
 }

@@ -2,20 +2,30 @@
 //! over one connection to one peer, step by step with the Simple protocol — or a copy for a send
 //! to ourselves.
 
-use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pKind};
+use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pItem, P2pKind};
 use crate::arch;
 use crate::ops::Sum;
 use crate::prims::copy::Move;
 use crate::prims::Simple;
 
+/// A launch: CTA `b` runs item `b`. Inlined into the kernel, so that nothing but the item is
+/// read from `args` (see [`arch::p2p_param_item`]).
+///
 /// # Safety
-/// `args` holds items wired by the host; the peer runs the matching item with the same size.
-pub unsafe fn run(args: &P2pArgs) {
+/// As [`run`], for every item.
+#[inline(always)]
+pub unsafe fn launch(args: &P2pArgs) {
     let b = arch::block_idx() as usize;
-    if b >= args.nitems as usize {
-        return;
+    if b < args.nitems as usize {
+        run(&arch::p2p_param_item(args, b), args.abort_flag)
     }
-    let it = args.items[b];
+}
+
+/// This CTA's item of the launch.
+///
+/// # Safety
+/// `it` was wired by the host; the peer runs the matching item with the same size.
+pub unsafe fn run(it: &P2pItem, abort_flag: u64) {
     let (tid, nthreads) = (arch::thread_idx() as usize, arch::block_dim() as usize);
     let bytes = it.bytes as usize;
     let none = Move::<u8>::none();
@@ -42,7 +52,7 @@ pub unsafe fn run(args: &P2pArgs) {
             it.slot_bytes,
         )
     }
-    .with_abort(args.abort_flag);
+    .with_abort(abort_flag);
     let chunk = it.slot_bytes as usize;
     let mut off = 0;
     // A zero-byte message still takes one step, so that both sides agree on the step count.
