@@ -187,12 +187,12 @@ pub(crate) struct TreeUp {
 /// successor.
 ///
 /// When every channel has the same ring and the send/recv links have a connection per channel
-/// and `slot_bytes`-byte slots, the up links are those to the two neighbours, shared with ncclSend/ncclRecv. Otherwise they
-/// are links of the tree's own (`own(n)` makes links of `n` connections per peer; with one
-/// link per CTA, 4xH200 ran the tree on 4 CTAs at 0.16 of NCCL's busbw); where the channels'
-/// rings differ, CTA `c` takes connection `c` of its own peer, gathered into one array per
-/// direction. Every rank decides alike (the rings are rank 0's), so both ends of every link
-/// take the same path.
+/// and `slot_bytes`-byte slots, the up links are those to the two neighbours, shared with
+/// ncclSend/ncclRecv. Otherwise they are links of the tree's own (`own(n)` makes links of `n`
+/// connections per peer; with one link per CTA, 4xH200 ran the tree on 4 CTAs at 0.16 of
+/// NCCL's busbw); where the channels' rings differ, CTA `c` takes connection `c` of its own
+/// peer, gathered into one array per direction. Every rank decides alike (the rings are rank
+/// 0's), so both ends of every link take the same path.
 fn connect_tree(
     rank: usize,
     links: &Links,

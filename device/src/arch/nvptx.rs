@@ -213,6 +213,14 @@ pub fn trap() -> ! {
     unsafe { asm!("trap;", options(nostack, noreturn)) }
 }
 
+// The five words p2p_param_item reads: four u64 fields, then kind (low half) and slot_bytes.
+const _: () = assert!(
+    core::mem::size_of::<P2pItem>() == 40
+        && core::mem::offset_of!(P2pItem, bytes) == 24
+        && core::mem::offset_of!(P2pItem, kind) == 32
+        && core::mem::offset_of!(P2pItem, slot_bytes) == 36
+);
+
 /// Work item `i` of the `nccl_p2p` kernel's parameter, read straight from the parameter space
 /// with a run-time offset (PTX: a kernel parameter's address moved into a register is read with
 /// `ld.param`). Indexing the parameter in Rust makes LLVM copy all of it (2.5 KiB) to local
