@@ -36,6 +36,8 @@ fn counts(all: &[usize]) -> Vec<usize> {
         picked.iter().all(|n| all.contains(n)),
         "NCCL_RS_TEST_GPUS={list}: this test covers {all:?}"
     );
+    // A pass then covers less than the test's name says: say so beside it.
+    eprintln!("NCCL_RS_TEST_GPUS={list}: on {picked:?} GPUs only, of {all:?}");
     picked
 }
 
