@@ -149,6 +149,11 @@ pub const PARAMS: &[Param] = &[
         doc: "connections per peer (CTAs of one send/recv) on GPUs; 0: 32 / nranks, up to 16",
     },
     Param {
+        name: "NCCL_RS_SLICE_STEPS",
+        default: "0",
+        doc: "FIFO slots one Simple ring step fills (1, 2 or 4); 0: 2 for AllReduce, AllGather and ReduceScatter, 1 for Broadcast and Reduce, as NCCL",
+    },
+    Param {
         name: "NCCL_TOPO_FILE",
         default: "",
         doc: "topology XML to use instead of detecting the node",

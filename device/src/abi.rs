@@ -134,6 +134,9 @@ pub struct CollArgs {
     /// Device address of the reduction's scalar (one element) when it lives in device memory;
     /// 0 when `redop_arg` holds it.
     pub redop_arg_ptr: u64,
+    /// FIFO slots one Simple ring step fills at once (NCCL's slice steps; 0 and 1: one).
+    pub slice_steps: u32,
+    pub _pad: u32,
 }
 
 /// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
@@ -230,6 +233,6 @@ const _: () = {
     assert!(core::mem::size_of::<ConnRecv>() == 48);
     assert!(core::mem::size_of::<ChannelDev>() == 120);
     assert!(core::mem::size_of::<DevComm>() == 32);
-    assert!(core::mem::size_of::<CollArgs>() == 88);
+    assert!(core::mem::size_of::<CollArgs>() == 96);
     assert!(core::mem::align_of::<CollArgs>() == 8);
 };

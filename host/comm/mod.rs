@@ -45,6 +45,9 @@ pub struct Shape {
     pub p2p_conns: u32,
     /// Bytes of one FIFO slot of those connections (a step of a send/recv).
     pub p2p_slot_bytes: u32,
+    /// FIFO slots one Simple ring step fills (NCCL's slice steps); 0: NCCL's choice per
+    /// collective ([`Shape::slice_steps_for`]).
+    pub slice_steps: u32,
 }
 
 impl Shape {
@@ -110,6 +113,13 @@ impl Shape {
                 "NCCL_P2P_NVL_CHUNKSIZE={p2p_slot}: use a multiple of 128 from 4 KiB to 16 MiB"
             )));
         }
+        // A slice must divide the FIFO's NCCL_STEPS = 8 slots and leave room for a second.
+        let slice_steps = env("NCCL_RS_SLICE_STEPS");
+        if ![0, 1, 2, 4].contains(&slice_steps) {
+            return Err(Error::invalid_argument(format!(
+                "NCCL_RS_SLICE_STEPS={slice_steps}: use 1, 2 or 4 (0: by collective)"
+            )));
+        }
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
@@ -118,7 +128,20 @@ impl Shape {
             proto_mask,
             p2p_conns: p2p_conns as u32,
             p2p_slot_bytes: p2p_slot as u32,
+            slice_steps: slice_steps as u32,
         })
+    }
+
+    /// FIFO slots a Simple ring step of `coll` fills at once. As NCCL: two for AllReduce,
+    /// AllGather and ReduceScatter (a 1 MiB step with the default 4 MiB buffer), one for the
+    /// chains of Broadcast and Reduce, whose first bytes reach the last rank sooner so.
+    pub fn slice_steps_for(&self, coll: nccl_device::abi::Coll) -> u32 {
+        use nccl_device::abi::Coll;
+        match (self.slice_steps, coll) {
+            (0, Coll::Broadcast | Coll::Reduce) => 1,
+            (0, _) => 2,
+            (n, _) => n,
+        }
     }
 }
 
@@ -796,4 +819,29 @@ fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: T is a #[repr(C)] ABI structure of plain integers (no padding holes read as
     // uninitialised: every ABI type pads explicitly).
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shape;
+    use nccl_device::abi::Coll;
+
+    #[test]
+    fn slice_steps_follow_nccl_unless_set() {
+        let mut s = Shape {
+            nchannels: 2,
+            nthreads: 64,
+            slot_bytes: 8192,
+            algo_mask: 0,
+            proto_mask: 0,
+            p2p_conns: 0,
+            p2p_slot_bytes: 4096,
+            slice_steps: 0,
+        };
+        let by_coll = |s: &Shape| Coll::ALL.map(|c| s.slice_steps_for(c));
+        // AllReduce, Broadcast, Reduce, AllGather, ReduceScatter.
+        assert_eq!(by_coll(&s), [2, 1, 1, 2, 2]);
+        s.slice_steps = 4;
+        assert_eq!(by_coll(&s), [4; 5]);
+    }
 }

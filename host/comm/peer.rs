@@ -16,7 +16,7 @@ pub struct PeerInfo {
     pub shape: Shape,
 }
 
-const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32;
+const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4;
 
 /// Tells hosts apart: the hostname and the boot id (containers on one machine share the boot id
 /// but may not share memory, so the hostname counts too).
@@ -68,6 +68,7 @@ impl PeerInfo {
         let b = self.bus_id.as_bytes();
         bus[..b.len().min(32)].copy_from_slice(&b[..b.len().min(32)]);
         v.extend_from_slice(&bus);
+        v.extend_from_slice(&self.shape.slice_steps.to_le_bytes());
         v
     }
 
@@ -93,6 +94,7 @@ impl PeerInfo {
                 proto_mask: u64_at(41),
                 p2p_conns: u32_at(49),
                 p2p_slot_bytes: u32_at(53),
+                slice_steps: u32_at(89),
             },
             bus_id: String::from_utf8_lossy(&bus[..end]).into_owned(),
         })
@@ -154,6 +156,7 @@ mod tests {
                 proto_mask: 0x5555,
                 p2p_conns: 3,
                 p2p_slot_bytes: 8192,
+                slice_steps: 2,
             },
         };
         assert_eq!(PeerInfo::decode(&p.encode()), Some(p.clone()));

@@ -24,29 +24,113 @@ pub fn for_arch(sm: u32) -> Option<&'static str> {
         .map(|(_, text)| text.as_str())
 }
 
-/// A module holding the header and shared items of `ptx` and only the entry points whose name
-/// starts with `prefix`. Entry bodies end at the first `}` in column 0.
+/// A module holding the header and shared items of `ptx`, the entry points whose name starts
+/// with `prefix`, and only the functions those entries call (directly or through each other):
+/// the driver compiles every function a module holds, visible ones included, so the others
+/// would only cost JIT time. Items end at the first `}` in column 0 (definitions) or at the
+/// first line ending in `;` before a `{` (declarations).
 pub fn family(ptx: &str, prefix: &str) -> String {
-    let mut out = String::with_capacity(ptx.len() / 8);
-    let mut keep = true;
-    let mut in_entry = false;
-    for line in ptx.lines() {
-        if !in_entry {
-            if let Some(rest) = line.strip_prefix(".visible .entry ") {
-                in_entry = true;
-                keep = rest.starts_with(prefix);
-            } else if line.starts_with("\t// .globl") {
-                continue;
+    let lines: Vec<&str> = ptx.lines().collect();
+    let items = items(&lines);
+    // Which line belongs to which item.
+    let mut owner = vec![None; lines.len()];
+    for (k, it) in items.iter().enumerate() {
+        owner[it.lines.clone()].fill(Some(k));
+    }
+    let mut keep: Vec<bool> = items
+        .iter()
+        .map(|it| it.entry && it.name.starts_with(prefix))
+        .collect();
+    // Functions reachable from the kept entries, by name.
+    let by_name: std::collections::HashMap<&str, Vec<usize>> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, it)| !it.entry)
+        .fold(Default::default(), |mut m, (k, it)| {
+            m.entry(it.name).or_default().push(k);
+            m
+        });
+    let mut todo: Vec<usize> = (0..items.len()).filter(|&k| keep[k]).collect();
+    while let Some(k) = todo.pop() {
+        for line in &lines[items[k].lines.clone()] {
+            for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$')) {
+                for &f in by_name.get(word).into_iter().flatten() {
+                    if !keep[f] {
+                        keep[f] = true;
+                        todo.push(f);
+                    }
+                }
             }
         }
-        if keep || !in_entry {
+    }
+    let mut out = String::with_capacity(ptx.len() / 8);
+    for (i, line) in lines.iter().enumerate() {
+        let kept = match owner[i] {
+            Some(k) => keep[k],
+            None => !line.starts_with("\t// .globl"),
+        };
+        if kept {
             out.push_str(line);
             out.push('\n');
         }
-        if in_entry && line == "}" {
-            in_entry = false;
-            keep = true;
+    }
+    out
+}
+
+/// An entry point or function of a PTX text: a definition or a declaration.
+struct Item<'a> {
+    name: &'a str,
+    entry: bool,
+    lines: std::ops::Range<usize>,
+}
+
+/// The entries and functions of `lines`, in order.
+fn items<'a>(lines: &[&'a str]) -> Vec<Item<'a>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let head = [
+            ".visible .entry ",
+            ".entry ",
+            ".visible .func ",
+            ".func ",
+            ".weak .func ",
+        ]
+        .iter()
+        .find_map(|k| line.strip_prefix(k).map(|rest| (k.contains("entry"), rest)));
+        let Some((entry, rest)) = head else {
+            i += 1;
+            continue;
+        };
+        // `.func (.param .b64 ret) name(`: the name follows the return parameters.
+        let rest = match rest.strip_prefix('(') {
+            Some(r) => r
+                .split_once(')')
+                .map_or("", |(_, after)| after.trim_start()),
+            None => rest,
+        };
+        let name = rest
+            .split(|c: char| c == '(' || c == ';' || c.is_whitespace())
+            .next()
+            .unwrap_or("");
+        let start = i;
+        let mut body = false;
+        while i < lines.len() {
+            let l = lines[i];
+            i += 1;
+            if l.starts_with('{') {
+                body = true;
+            }
+            if (body && l == "}") || (!body && l.trim_end().ends_with(';')) {
+                break;
+            }
         }
+        out.push(Item {
+            name,
+            entry,
+            lines: start..i,
+        });
     }
     out
 }
@@ -57,14 +141,67 @@ mod tests {
 
     const SAMPLE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n\n.global .align 1 .b8 s[1] = {1};\n\t// .globl\tnccl_a_x\n.visible .entry nccl_a_x(\n\t.param .u64 p\n)\n{\n\tret;\n}\n\t// .globl\tnccl_b_y\n.visible .entry nccl_b_y(\n)\n{\n\tret;\n}\n.func f()\n{\n\tret;\n}\n";
 
+    /// Entries `a` and `b`; `a` calls `f` (declared first), `f` calls `g` (with a return value);
+    /// `h` is visible but called by nobody kept.
+    const CALLS: &str = ".version 7.8\n.target sm_90\n.address_size 64\n\n.func f\n(\n\t.param .b64 f_param_0\n)\n;\n\t// .globl\th\n.visible .func h()\n{\n\tret;\n}\n.func (.param .b32 func_retval0) g(\n)\n{\n\tret;\n}\n.func f(\n\t.param .b64 f_param_0\n)\n{\n\tcall.uni (retval0), g, ();\n\tret;\n}\n.visible .entry nccl_a_x(\n)\n.maxntid 512, 1, 1\n{\n\tcall.uni f, (param0);\n\tret;\n}\n.visible .entry nccl_b_y(\n)\n{\n\tcall.uni h, ();\n\tret;\n}\n";
+
+    #[test]
+    fn family_keeps_only_the_functions_its_entries_reach() {
+        let a = family(CALLS, "nccl_a_");
+        assert!(a.contains(".visible .entry nccl_a_x("));
+        assert!(
+            a.contains(".func f\n(\n\t.param .b64 f_param_0\n)\n;\n"),
+            "{a}"
+        );
+        assert!(a.contains(".func f(\n"));
+        assert!(a.contains(".func (.param .b32 func_retval0) g(\n"));
+        assert!(!a.contains("nccl_b_y") && !a.contains(" h("), "{a}");
+        let b = family(CALLS, "nccl_b_");
+        assert!(b.contains(".visible .func h()\n{\n\tret;\n}\n"));
+        assert!(
+            !b.contains(" f(") && !b.contains(" g(") && !b.contains("nccl_a_x"),
+            "{b}"
+        );
+        assert!(b.starts_with(".version 7.8\n.target sm_90\n.address_size 64\n"));
+    }
+
     #[test]
     fn family_keeps_shared_items_and_matching_entries() {
         let m = family(SAMPLE, "nccl_a_");
         assert!(m.contains(".visible .entry nccl_a_x("));
         assert!(!m.contains("nccl_b_y"));
         assert!(m.contains(".global .align 1 .b8 s[1]"));
-        assert!(m.contains(".func f()"));
+        assert!(!m.contains(".func f()"), "f is called by no kept entry");
         assert!(m.starts_with(".version 7.8\n.target sm_90"));
+    }
+
+    #[test]
+    fn embedded_family_defines_every_function_it_calls() {
+        let Some(ptx) = for_arch(90) else {
+            eprintln!("PTX not embedded (NCCL_RS_SKIP_PTX): nothing to check");
+            return;
+        };
+        let m = family(ptx, "nccl_coll_float_");
+        let lines: Vec<&str> = m.lines().collect();
+        let defined: Vec<&str> = items(&lines)
+            .iter()
+            .filter(|it| lines[it.lines.end - 1] == "}")
+            .map(|it| it.name)
+            .collect();
+        assert_eq!(defined.iter().filter(|n| n.starts_with("nccl_")).count(), 6);
+        for line in &lines {
+            if let Some(call) = line.trim_start().strip_prefix("call.uni ") {
+                let target = call.rsplit_once("), ").map_or(call, |(_, t)| t);
+                let target = target.split(',').next().unwrap_or("").trim();
+                assert!(defined.contains(&target), "{target} is called, not defined");
+            }
+        }
+        assert!(
+            m.len() < ptx.len() / 4,
+            "{} of {} bytes",
+            m.len(),
+            ptx.len()
+        );
     }
 
     #[test]

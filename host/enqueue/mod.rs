@@ -232,12 +232,16 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         count: count as u64,
         redop_arg,
         redop_arg_ptr,
-        // One step's payload fits one FIFO slot of the protocol.
+        // One step's payload fits one FIFO slot of the protocol (a slice of Simple slots).
         chunk_elems: match proto {
             PROTO_LL => shape.slot_bytes.min(LL_STEP_BYTES),
             PROTO_LL128 => shape.slot_bytes.min(LL128_STEP_BYTES),
-            _ => shape.slot_bytes,
+            _ => shape.slot_bytes * shape.slice_steps_for(c.coll),
         } / dt.size() as u32,
+        slice_steps: match proto {
+            PROTO_SIMPLE => shape.slice_steps_for(c.coll),
+            _ => 1,
+        },
         coll: c.coll as u32,
         root: c.root as u32,
         proto,
@@ -257,6 +261,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         args.tree_up_send = up_send;
         args.tree_up_recv = up_recv;
         args.chunk_elems = slot.min(shape.slot_bytes) / dt.size() as u32;
+        args.slice_steps = 1;
         // One CTA per up connection.
         grid = grid.min(tree.ctas as u32);
     }

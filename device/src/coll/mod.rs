@@ -107,6 +107,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
     pub unsafe fn prims(&self) -> Simple {
         Simple::new(self.ch, self.slot_bytes)
             .with_proto(self.args.proto)
+            .with_slice(self.args.slice_steps)
             .with_abort(self.abort_flag)
     }
 
@@ -117,7 +118,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
         let bytes = match self.args.proto {
             PROTO_LL => LL_STEP_BYTES,
             PROTO_LL128 => LL128_STEP_BYTES,
-            _ => self.slot_bytes,
+            _ => self.slot_bytes * crate::prims::simple::slice_steps(self.args.slice_steps),
         };
         let slot = bytes as usize / core::mem::size_of::<T>();
         core::cmp::min(self.args.chunk_elems as usize, slot)
@@ -132,7 +133,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
             post: true,
             ..Move::none()
         };
-        mv.run(&self.op, n, self.tid, self.nthreads);
+        mv.run(self.op, n, self.tid, self.nthreads);
     }
 }
 

@@ -35,7 +35,7 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64) {
             output: it.buff as *mut u8,
             ..none
         }
-        .run(&Sum, bytes, tid, nthreads);
+        .run_inline(&Sum, bytes, tid, nthreads);
         return;
     }
     let send = it.kind == P2pKind::Send as u32;
@@ -52,7 +52,8 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64) {
             it.slot_bytes,
         )
     }
-    .with_abort(abort_flag);
+    .with_abort(abort_flag)
+    .with_inline_moves();
     let chunk = it.slot_bytes as usize;
     let mut off = 0;
     // A zero-byte message still takes one step, so that both sides agree on the step count.

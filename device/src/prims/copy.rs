@@ -6,8 +6,27 @@ use crate::arch::{self, Pack16};
 use crate::ops::{map1, map2, pack_elems, RedOp};
 use crate::types::Elem;
 
-/// Packs each thread keeps in flight per loop iteration.
+/// Packs each thread keeps in flight per loop iteration. 8 was slower on 4xH200 at 128-512 MiB
+/// (AllReduce 0.77-0.81 of NCCL against 0.95-0.96 with 4, Reduce 0.75 against 0.89, same
+/// run: results/h200x4-unroll-*).
 const UNROLL: usize = 4;
+
+/// Runs `$body` once for each `$u` in 0..UNROLL (UNROLL ≤ 8), as straight-line code with
+/// constant indices.
+macro_rules! each_unrolled {
+    ($u:ident => $body:block) => {{
+        const _: () = assert!(UNROLL <= 8);
+        each_unrolled!(@ $u $body 0 1 2 3 4 5 6 7);
+    }};
+    (@ $u:ident $body:block $($k:literal)*) => {
+        $(
+            if $k < UNROLL {
+                let $u: usize = $k;
+                $body
+            }
+        )*
+    };
+}
 
 /// The sources and destinations of one step; a null pointer is an absent one.
 #[derive(Clone, Copy)]
@@ -84,24 +103,39 @@ impl<T: Elem> Move<T> {
 
     /// Moves `n` elements; thread `tid` of `nthreads` takes its share. Every pointer that is
     /// not null must be valid for `n` elements.
+    ///
+    /// Not inlined: one body per (type, reduction) instead of one per step call site keeps the
+    /// PTX, and the driver's JIT time, small. `self` and `op` come by value, so the pointers
+    /// and the scalar live in registers: behind a reference, every store (an asm block that
+    /// may write any memory) would make the loop load them again.
+    #[inline(never)]
+    pub unsafe fn run<O: RedOp<T>>(self, op: O, n: usize, tid: usize, nthreads: usize) {
+        self.run_inline(&op, n, tid, nthreads)
+    }
+
+    /// [`Move::run`] inlined at the call site, as every step was before it had its own
+    /// body: the send/recv kernel keeps that (its family is small, and with the shared body
+    /// 4xH200 sendrecv at 512 MiB fell from 0.77-0.82 of NCCL to 0.65; see `Simple::inline`).
     #[inline(always)]
-    pub unsafe fn run<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
+    pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
         let pe = pack_elems::<T>();
         let npacks = if self.aligned() { n / pe } else { 0 };
         let p = |ptr: *const T, i: usize| (ptr as *const Pack16).add(i);
         let mut i = tid;
         while i + (UNROLL - 1) * nthreads < npacks {
-            let mut r = [Pack16::default(); UNROLL];
-            let mut x = [Pack16::default(); UNROLL];
-            for u in 0..UNROLL {
+            let mut r = [Pack16::default(); 8];
+            let mut x = [Pack16::default(); 8];
+            // Spelled out rather than a `for`: LLVM does not fully unroll a loop this long, and
+            // arrays it then indexes at run time live in local memory, not registers.
+            each_unrolled!(u => {
                 if !self.recv.is_null() {
                     r[u] = arch::ld_pack(p(self.recv, i + u * nthreads));
                 }
                 if !self.input.is_null() {
                     x[u] = arch::ld_pack(p(self.input, i + u * nthreads));
                 }
-            }
-            for u in 0..UNROLL {
+            });
+            each_unrolled!(u => {
                 let v = self.combine(op, r[u], x[u]);
                 let k = i + u * nthreads;
                 if !self.output.is_null() {
@@ -110,7 +144,7 @@ impl<T: Elem> Move<T> {
                 if !self.send.is_null() {
                     arch::st_pack((self.send as *mut Pack16).add(k), v);
                 }
-            }
+            });
             i += UNROLL * nthreads;
         }
         while i < npacks {

@@ -32,6 +32,23 @@ pub struct Simple {
     abort: *const u64,
     /// This thread saw the abort flag: it waits no more, so the kernel runs to its end.
     aborted: bool,
+    /// FIFO slots one Simple step fills at once (NCCL's slice steps; 1 unless
+    /// [`Simple::with_slice`] said otherwise).
+    slice: u64,
+    /// Steps move data with [`Move::run_inline`] rather than the shared [`Move::run`]
+    /// ([`Simple::with_inline_moves`]).
+    inline: bool,
+    /// The last tail and head values thread 0 acquired: counters only grow, so a value that
+    /// already covers a step spares the poll (and its round trip) for that step.
+    tail_seen: u64,
+    head_seen: u64,
+}
+
+/// The FIFO slots a Simple step fills when asked for `steps`: the largest power of two not
+/// above it (so it divides NCCL_STEPS), from 1 to half the FIFO.
+#[inline(always)]
+pub fn slice_steps(steps: u32) -> u32 {
+    1 << steps.clamp(1, NCCL_STEPS / 2).ilog2()
 }
 
 /// Spins between two looks at the abort flag (it lives in host memory: a look costs a trip
@@ -81,6 +98,10 @@ impl Simple {
             proto: PROTO_SIMPLE,
             abort: core::ptr::null(),
             aborted: false,
+            slice: 1,
+            inline: false,
+            tail_seen: 0,
+            head_seen: 0,
         }
     }
 
@@ -134,6 +155,32 @@ impl Simple {
         self
     }
 
+    /// Lets each Simple step fill `steps` consecutive FIFO slots (1, 2 or 4: a divisor of
+    /// NCCL_STEPS, else a slice could run past the FIFO's end; others round down), so a step
+    /// moves `steps` slots' worth of data for one wait and one publish. Both ends of every
+    /// connection must use the same value for an operation: each rounds its step counters up
+    /// to a multiple of `steps` (the counters are equal at both ends, so they stay equal, and a
+    /// step never straddles the end of the FIFO). Call it after [`Simple::with_proto`]; LL and
+    /// LL128 steps ignore it.
+    #[inline(always)]
+    pub fn with_slice(mut self, steps: u32) -> Simple {
+        let steps = slice_steps(steps) as u64;
+        if self.proto == PROTO_SIMPLE && steps > 1 {
+            self.slice = steps;
+            self.send_step = self.send_step.next_multiple_of(steps);
+            self.recv_step = self.recv_step.next_multiple_of(steps);
+        }
+        self
+    }
+
+    /// Moves each step's data with code inlined here instead of a call to the one body per
+    /// (type, reduction): for kernels with few call sites (send/recv), where it measured faster.
+    #[inline(always)]
+    pub fn with_inline_moves(mut self) -> Simple {
+        self.inline = true;
+        self
+    }
+
     /// Like [`Simple::wait`], for the lanes `mask` of a warp polling together: `ready` is this
     /// lane's view, and they go on once every lane is ready (or the abort flag was seen).
     #[inline(always)]
@@ -156,7 +203,8 @@ impl Simple {
 
     /// Elements of T one step carries at most.
     pub fn step_elems<T>(&self) -> usize {
-        core::cmp::min(self.send_slot_bytes, self.recv_slot_bytes) / core::mem::size_of::<T>()
+        core::cmp::min(self.send_slot_bytes, self.recv_slot_bytes) * self.slice as usize
+            / core::mem::size_of::<T>()
     }
 
     #[inline(always)]
@@ -182,14 +230,27 @@ impl Simple {
             _ => {}
         }
         let (sc, rc) = (self.send, self.recv);
+        let slice = self.slice;
         if self.tid == 0 {
-            if recv {
-                let (tail, step) = ((*rc).tail as *const u64, self.recv_step);
-                self.wait(|| arch::ld_acquire_sys(tail) > step);
+            if recv && self.tail_seen < self.recv_step + slice {
+                let (tail, need) = ((*rc).tail as *const u64, self.recv_step + slice);
+                let mut seen = self.tail_seen;
+                self.wait(|| {
+                    seen = arch::ld_acquire_sys(tail);
+                    seen >= need
+                });
+                self.tail_seen = seen;
             }
-            if send {
-                let (head, step) = ((*sc).head as *const u64, self.send_step);
-                self.wait(|| arch::ld_acquire_sys(head) + (NCCL_STEPS as u64) > step);
+            // A free slot for every step of the slice: the peer consumed up to `head`.
+            let need = (self.send_step + slice).saturating_sub(NCCL_STEPS as u64);
+            if send && self.head_seen < need {
+                let head = (*sc).head as *const u64;
+                let mut seen = self.head_seen;
+                self.wait(|| {
+                    seen = arch::ld_acquire_sys(head);
+                    seen >= need
+                });
+                self.head_seen = seen;
             }
         }
         self.sync();
@@ -199,21 +260,25 @@ impl Simple {
         if send {
             mv.send = Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T;
         }
-        mv.run(op, n, self.tid, self.nthreads);
+        if self.inline {
+            mv.run_inline(op, n, self.tid, self.nthreads);
+        } else {
+            mv.run(*op, n, self.tid, self.nthreads);
+        }
         self.sync();
         if self.tid == 0 {
             if send {
-                arch::st_release_sys((*sc).tail as *mut u64, self.send_step + 1);
+                arch::st_release_sys((*sc).tail as *mut u64, self.send_step + slice);
             }
             if recv {
-                arch::st_release_sys((*rc).head as *mut u64, self.recv_step + 1);
+                arch::st_release_sys((*rc).head as *mut u64, self.recv_step + slice);
             }
         }
         if send {
-            self.send_step += 1;
+            self.send_step += slice;
         }
         if recv {
-            self.recv_step += 1;
+            self.recv_step += slice;
         }
     }
 
@@ -228,5 +293,16 @@ impl Simple {
                 (*self.recv).step = self.recv_step;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slice_steps;
+
+    #[test]
+    fn slices_divide_the_fifo() {
+        let got: [u32; 7] = [0, 1, 2, 3, 4, 5, 9].map(slice_steps);
+        assert_eq!(got, [1, 1, 2, 2, 4, 4, 4]);
     }
 }
