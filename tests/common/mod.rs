@@ -402,8 +402,8 @@ fn check_typed<T: Elem>(
     Ok(())
 }
 
-/// For a test binary that forces one protocol: sets `env` once per process (before the first
-/// communicator) and chooses the simulator.
+/// For a test binary that forces one protocol (or another parameter, e.g. the slice steps):
+/// sets `env` once per process (before the first communicator) and chooses the simulator.
 pub fn use_forced_protocol(env: &[(&str, &str)]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

@@ -114,8 +114,9 @@ impl<T: Elem> Move<T> {
     }
 
     /// [`Move::run`] inlined at the call site, as every step was before it had its own
-    /// body: the send/recv kernel keeps that (its family is small, and with the shared body
-    /// 4xH200 sendrecv at 512 MiB fell from 0.77-0.82 of NCCL to 0.65; see `Simple::inline`).
+    /// body. The send/recv kernel keeps that: its family is small, and with the shared body
+    /// 4xH200 sendrecv at 512 MiB measured 0.65-0.66 of NCCL, against 0.77-0.82 inlined in
+    /// earlier runs (not re-measured since the restore).
     #[inline(always)]
     pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
         let pe = pack_elems::<T>();
@@ -125,8 +126,9 @@ impl<T: Elem> Move<T> {
         while i + (UNROLL - 1) * nthreads < npacks {
             let mut r = [Pack16::default(); 8];
             let mut x = [Pack16::default(); 8];
-            // Spelled out rather than a `for`: LLVM does not fully unroll a loop this long, and
-            // arrays it then indexes at run time live in local memory, not registers.
+            // Spelled out rather than a `for`: LLVM does not always unroll that fully (with 4,
+            // the uint8 body that Broadcast and AllGather run kept r and x in local memory), and
+            // arrays indexed at run time live in local memory, not registers.
             each_unrolled!(u => {
                 if !self.recv.is_null() {
                     r[u] = arch::ld_pack(p(self.recv, i + u * nthreads));

@@ -174,7 +174,8 @@ impl Simple {
     }
 
     /// Moves each step's data with code inlined here instead of a call to the one body per
-    /// (type, reduction): for kernels with few call sites (send/recv), where it measured faster.
+    /// (type, reduction): for kernels with few call sites (send/recv), where the shared body
+    /// measured slower ([`Move::run_inline`]).
     #[inline(always)]
     pub fn with_inline_moves(mut self) -> Simple {
         self.inline = true;
@@ -199,12 +200,6 @@ impl Simple {
                 self.aborted = arch::vote_any(mask, raised);
             }
         }
-    }
-
-    /// Elements of T one step carries at most.
-    pub fn step_elems<T>(&self) -> usize {
-        core::cmp::min(self.send_slot_bytes, self.recv_slot_bytes) * self.slice as usize
-            / core::mem::size_of::<T>()
     }
 
     #[inline(always)]
