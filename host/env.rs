@@ -146,7 +146,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_RS_P2P_CONNS",
         default: "0",
-        doc: "connections per peer (CTAs of one send/recv) on GPUs; 0: 32 / nranks, up to 16",
+        doc: "connections per peer (CTAs of one send/recv) on GPUs; 0: 64 / nranks, up to 16",
     },
     Param {
         name: "NCCL_RS_SLICE_STEPS",

@@ -97,7 +97,7 @@ impl Shape {
         let p2p_conns = env(conns_var);
         if !(0..=conns_max).contains(&p2p_conns) {
             return Err(Error::invalid_argument(format!(
-                "{conns_var}={p2p_conns}: use 1 to {conns_max} (0: 32 / nranks, up to 16)"
+                "{conns_var}={p2p_conns}: use 1 to {conns_max} (0: 64 / nranks, up to 16)"
             )));
         }
         // NCCL_P2P_NVL_CHUNKSIZE as in NCCL, 512 KiB on GPUs by default: 2xH200 sendrecv at
@@ -383,11 +383,13 @@ impl Comm {
         // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
         let bootstrap = Arc::new(bootstrap);
         let order = Arc::new(crate::enqueue::order::StreamOrder::new(device.clone()));
-        // 32 CTAs' worth spread over the peers, so one launch covers every distance (up to
-        // MAX_P2P_ITEMS / 2 per direction): with 4 per peer, 2xH200 sendrecv moved 90 GB/s
-        // against NCCL's 354 at 512 MiB (each CTA ~22 GB/s).
+        // 64 CTAs' worth spread over the peers, at most 16 per peer: a launch then covers
+        // half the distances (MAX_P2P_ITEMS / 2 CTAs per direction), so an all-to-all takes
+        // two launches. With 4 per peer, 2xH200 sendrecv moved 90 GB/s against NCCL's 354 at
+        // 512 MiB (each CTA ~22 GB/s); on 4xH200 at 512 MiB, 8 per peer (32 / nranks) moved
+        // 279 GB/s and 16 per peer 317-322 (NCCL: 350; results/h200x4-sendrecv-*conns*).
         let nconns = match shape.p2p_conns {
-            0 => (32 / nranks).clamp(1, MAX_P2P_ITEMS / 4),
+            0 => (MAX_P2P_ITEMS / nranks).clamp(1, MAX_P2P_ITEMS / 4),
             n => n as usize,
         };
         // The tree's up links step with a quarter of the ring's slot (its halves pipeline

@@ -8,8 +8,11 @@ use crate::types::Elem;
 
 /// Packs each thread keeps in flight per loop iteration. 8 was slower on 4xH200 at 128-512 MiB
 /// (AllReduce 0.77-0.81 of NCCL against 0.95-0.96 with 4, Reduce 0.75 against 0.89, same
-/// run: results/h200x4-unroll-*).
+/// run: results/h200x4-unroll-*), and with the hunk layout it gained nothing (AllReduce 0.93
+/// against 0.95 at 512 MiB: results/h200x4-hunks-unroll*).
 const UNROLL: usize = 4;
+/// Threads of a warp.
+const WARP: usize = 32;
 
 /// Runs `$body` once for each `$u` in 0..UNROLL (UNROLL ≤ 8), as straight-line code with
 /// constant indices.
@@ -121,9 +124,23 @@ impl<T: Elem> Move<T> {
     pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
         let pe = pack_elems::<T>();
         let npacks = if self.aligned() { n / pe } else { 0 };
+        // Whole hunks first, as NCCL: a warp takes UNROLL * lanes consecutive packs, its lanes
+        // interleaved, so a thread's packs lie at constant distances from one address per
+        // buffer (immediate offsets in the loads and stores, instead of an address register
+        // per pack and buffer). On the simulator a CTA under 32 threads is one narrow warp.
+        let lanes = if cfg!(target_arch = "nvptx64") {
+            WARP
+        } else {
+            WARP.min(nthreads)
+        };
+        let (warp, lane, nwarps) = (tid / lanes, tid % lanes, nthreads / lanes);
+        let hunk = UNROLL * lanes;
+        let nhunks = npacks / hunk;
         let p = |ptr: *const T, i: usize| (ptr as *const Pack16).add(i);
-        let mut i = tid;
-        while i + (UNROLL - 1) * nthreads < npacks {
+        // Threads past the last whole warp (the simulator's odd CTAs) only take the rest.
+        let mut h = if warp < nwarps { warp } else { nhunks };
+        while h < nhunks {
+            let at = h * hunk + lane;
             let mut r = [Pack16::default(); 8];
             let mut x = [Pack16::default(); 8];
             // Spelled out rather than a `for`: LLVM does not always unroll that fully (with 4,
@@ -131,15 +148,15 @@ impl<T: Elem> Move<T> {
             // arrays indexed at run time live in local memory, not registers.
             each_unrolled!(u => {
                 if !self.recv.is_null() {
-                    r[u] = arch::ld_pack(p(self.recv, i + u * nthreads));
+                    r[u] = arch::ld_pack(p(self.recv, at + u * lanes));
                 }
                 if !self.input.is_null() {
-                    x[u] = arch::ld_pack(p(self.input, i + u * nthreads));
+                    x[u] = arch::ld_pack(p(self.input, at + u * lanes));
                 }
             });
             each_unrolled!(u => {
                 let v = self.combine(op, r[u], x[u]);
-                let k = i + u * nthreads;
+                let k = at + u * lanes;
                 if !self.output.is_null() {
                     arch::st_pack((self.output as *mut Pack16).add(k), v);
                 }
@@ -147,8 +164,9 @@ impl<T: Elem> Move<T> {
                     arch::st_pack((self.send as *mut Pack16).add(k), v);
                 }
             });
-            i += UNROLL * nthreads;
+            h += nwarps;
         }
+        let mut i = nhunks * hunk + tid;
         while i < npacks {
             let r = if self.recv.is_null() {
                 Pack16::default()
@@ -190,6 +208,55 @@ impl<T: Elem> Move<T> {
                 core::ptr::write_volatile(self.send.add(e), v);
             }
             e += nthreads;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::ops::Sum;
+    use std::{vec, vec::Vec};
+
+    /// Runs the mover for every thread of a CTA in turn (it has no barriers inside) and checks
+    /// that every element (in whole hunks, in the packs after them, in the tail) got its sum in
+    /// both destinations, for CTAs of narrow, whole and partial warps: an element no thread
+    /// took keeps its poison.
+    #[test]
+    fn threads_share_every_element_once() {
+        for nthreads in [1, 8, 24, 32, 40, 64, 96, 512] {
+            for n in [0usize, 3, 4, 127, 128, 129, 4 * 128 * 4 + 7, 5000] {
+                // 16-byte aligned buffers with room for n u32s.
+                let words = n.div_ceil(4) + 1;
+                let a: Vec<Pack16> = (0..words)
+                    .map(|k| Pack16(core::array::from_fn(|j| (4 * k + j) as u32)))
+                    .collect();
+                let b: Vec<Pack16> = (0..words).map(|_| Pack16([1000; 4])).collect();
+                let mut out = vec![Pack16([u32::MAX; 4]); words];
+                let mut send = vec![Pack16::default(); words];
+                let mv = Move {
+                    recv: a.as_ptr() as *const u32,
+                    input: b.as_ptr() as *const u32,
+                    output: out.as_mut_ptr() as *mut u32,
+                    send: send.as_mut_ptr() as *mut u32,
+                    post: false,
+                };
+                for tid in 0..nthreads {
+                    // SAFETY: every pointer covers n elements.
+                    unsafe { mv.run_inline(&Sum, n, tid, nthreads) };
+                }
+                let out = unsafe { core::slice::from_raw_parts(out.as_ptr() as *const u32, n) };
+                let send = unsafe { core::slice::from_raw_parts(send.as_ptr() as *const u32, n) };
+                for e in 0..n {
+                    let want = e as u32 + 1000;
+                    assert_eq!(
+                        (out[e], send[e]),
+                        (want, want),
+                        "{nthreads} threads, n {n}, e {e}"
+                    );
+                }
+            }
         }
     }
 }
