@@ -118,8 +118,8 @@ impl<T: Elem> Move<T> {
 
     /// [`Move::run`] inlined at the call site, as every step was before it had its own
     /// body. The send/recv kernel keeps that: its family is small, and with the shared body
-    /// 4xH200 sendrecv at 512 MiB measured 0.65-0.66 of NCCL, against 0.77-0.82 inlined in
-    /// earlier runs (not re-measured since the restore).
+    /// 4xH200 sendrecv at 512 MiB measured 0.65-0.66 of NCCL, against 0.80 inlined (same
+    /// 8 connections per peer: results/h200x4-sendrecv-inline-8conns.txt).
     #[inline(always)]
     pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
         let pe = pack_elems::<T>();
