@@ -225,6 +225,11 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         Proto::Ll => PROTO_LL,
         Proto::Ll128 => PROTO_LL128,
     };
+    // FIFO slots one Simple ring step fills (the other protocols fill one of their own).
+    let slices = match proto {
+        PROTO_SIMPLE => shape.slice_steps_for(c.coll),
+        _ => 1,
+    };
     let mut args = CollArgs {
         comm: comm.dev_comm.ptr,
         sendbuff: c.send,
@@ -236,12 +241,9 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         chunk_elems: match proto {
             PROTO_LL => shape.slot_bytes.min(LL_STEP_BYTES),
             PROTO_LL128 => shape.slot_bytes.min(LL128_STEP_BYTES),
-            _ => shape.slot_bytes * shape.slice_steps_for(c.coll),
+            _ => shape.slot_bytes * slices,
         } / dt.size() as u32,
-        slice_steps: match proto {
-            PROTO_SIMPLE => shape.slice_steps_for(c.coll),
-            _ => 1,
-        },
+        slice_steps: slices,
         coll: c.coll as u32,
         root: c.root as u32,
         proto,

@@ -224,7 +224,7 @@ mod tests {
     /// both destinations, for CTAs of narrow, whole and partial warps: an element no thread
     /// took keeps its poison.
     #[test]
-    fn threads_share_every_element_once() {
+    fn threads_share_every_element() {
         for nthreads in [1, 8, 24, 32, 40, 64, 96, 512] {
             for n in [0usize, 3, 4, 127, 128, 129, 4 * 128 * 4 + 7, 5000] {
                 // 16-byte aligned buffers with room for n u32s.
