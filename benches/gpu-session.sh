@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device call's worth of GPU work, from a bundle built here with
 #   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
-# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both] [TEST...]` with
-# `.gpu` carried (`both`: the named tests, then the benchmarks).
+# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab] [TEST...]` with
+# `.gpu` carried (`both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
+# sharing one GPU, for hosts of one).
 # Every step has its own time limit, so one stuck step cannot eat the call. The logs come back
 # as one archive, $OUT/gpu-session.tgz (the device tool returns at most 8 files).
 # The first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
@@ -50,5 +51,17 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
   step 60 bench-threads-small.txt "$bench" -t threads -C all_reduce -b 8 -e 64K -f 8 --baseline "$nccl"
   step 30 bench-threads-small-1gpu.txt "$bench" -t threads -g 1 -C all_reduce -b 8 -e 8 --baseline "$nccl"
   unset NCCL_RS_BENCH_HOST_TIME
+fi
+if [ "$what" = lab ]; then
+  # The kernel lab, for hosts of one GPU: two ranks share it (NCCL_RS_SHARED_GPUS=1), so this
+  # measures our kernels' per-CTA rates with no NVLink crossed; NCCL cannot run beside (it
+  # refuses shared GPUs). Compare our own builds and settings with it, never NCCL.
+  export NCCL_RS_SHARED_GPUS=1
+  for p in Simple LL128 LL; do
+    max=$([ $p = LL ] && echo 16M || echo 256M)
+    NCCL_PROTO=$p step 150 "lab-$p.txt" "$bench" -g 2 -C all_reduce,broadcast -b 64K -e $max -f 4
+    NCCL_PROTO=$p NCCL_MAX_NCHANNELS=1 step 150 "lab-$p-1ch.txt" "$bench" -g 2 -C all_reduce,broadcast -b 64K -e 16M -f 4
+  done
+  unset NCCL_RS_SHARED_GPUS
 fi
 tar -czf "${OUT:-$bundle}/gpu-session.tgz" -C "$bundle" logs

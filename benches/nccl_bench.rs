@@ -41,7 +41,8 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
   -b, --minbytes SIZE       smallest size, bytes (K/M/G suffixes: powers of 1024) [8]
   -e, --maxbytes SIZE       largest size [128M; 1M on the simulator]
   -f, --stepfactor N        multiply the size by N at each step [2]
-  -g, --ngpus N             GPUs to use (ranks 0..N-1 on devices 0..N-1) [all visible]
+  -g, --ngpus N             GPUs to use (ranks 0..N-1 on devices 0..N-1) [all visible];
+                            with NCCL_RS_SHARED_GPUS=1, ranks (any number) on devices r % visible
   -w, --warmup_iters N      untimed iterations before each measurement [5; 1 on the simulator]
   -n, --iters N             timed iterations; the median is reported [20; 5 on the simulator]
   -d, --datatype NAME       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
@@ -2069,7 +2070,14 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     }
     let visible = cuda::device_count().map_err(|e| format!("counting devices: {e}"))?;
     let ngpus = args.ngpus.unwrap_or(visible);
-    if ngpus > visible {
+    // The kernel lab: more ranks than GPUs, rank r on device r % visible.
+    let shared = std::env::var("NCCL_RS_SHARED_GPUS").as_deref() == Ok("1");
+    if shared && baseline.is_some() {
+        return Err(Fail::Usage(
+            "NCCL_RS_SHARED_GPUS=1 shares GPUs among ranks, which NVIDIA NCCL refuses: drop --baseline".into(),
+        ));
+    }
+    if ngpus > visible && !shared {
         return Err(Fail::Usage(format!(
             "--ngpus {ngpus}: only {visible} device(s) visible{}",
             if sim {
@@ -2119,16 +2127,19 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     }
     println!("#");
     println!("# Using devices");
-    let devs: Vec<i32> = (0..ngpus as i32).collect();
+    let devs: Vec<i32> = (0..ngpus).map(|r| (r % visible.max(1)) as i32).collect();
+    if shared {
+        println!("#  NCCL_RS_SHARED_GPUS=1: ranks share GPUs (a kernel lab: no NVLink crossed)");
+    }
     let host = hostname();
     let pid = std::process::id();
-    for &d in &devs {
+    for (r, &d) in devs.iter().enumerate() {
         let dev = nccl::Device::open(d).map_err(|e| format!("opening device {d}: {e}"))?;
         let p = dev
             .props()
             .map_err(|e| format!("device {d} properties: {e}"))?;
         println!(
-            "#  Rank {d:2} Group  0 Pid {pid:6} on {host:>10} device {d:2} [{}] {}",
+            "#  Rank {r:2} Group  0 Pid {pid:6} on {host:>10} device {d:2} [{}] {}",
             p.bus_id, p.name
         );
     }

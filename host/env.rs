@@ -154,6 +154,11 @@ pub const PARAMS: &[Param] = &[
         doc: "FIFO slots one Simple ring step fills (1, 2 or 4); 0: 2 for AllReduce, AllGather and ReduceScatter, 1 for Broadcast and Reduce, as NCCL",
     },
     Param {
+        name: "NCCL_RS_SHARED_GPUS",
+        default: "0",
+        doc: "1: ranks of one process may share a GPU (a kernel lab for one-GPU hosts; NCCL refuses duplicate GPUs, and the data then never crosses NVLink)",
+    },
+    Param {
         name: "NCCL_TOPO_FILE",
         default: "",
         doc: "topology XML to use instead of detecting the node",

@@ -5,17 +5,28 @@
 mod common;
 // Every collective through the same harness as the simulator suite.
 
+use common::graphs::FirstUse;
 use common::{check_all_reduce, Drive, Ranks, ALL_OPS};
+use nccl::tune::Proto;
 use nccl::{Backend, Comm, DataType, ReduceOp};
 
 const WHY: &str = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)";
 
 fn gpus(n: usize) -> Ranks {
+    Ranks::new(Comm::init_all(&devices(n)).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
+}
+
+/// The devices of `n` ranks in one process: rank r on GPU r. With NCCL_RS_SHARED_GPUS=1 (the
+/// kernel lab, for hosts with fewer GPUs) rank r is on GPU r % visible, and stderr says so.
+fn devices(n: usize) -> Vec<i32> {
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
     let have = nccl::cuda::device_count().unwrap_or_else(|e| panic!("no GPUs: {e}"));
+    if std::env::var("NCCL_RS_SHARED_GPUS").as_deref() == Ok("1") && have < n {
+        eprintln!("NCCL_RS_SHARED_GPUS=1: {n} ranks share {have} GPU(s)");
+        return (0..n).map(|r| (r % have.max(1)) as i32).collect();
+    }
     assert!(have >= n, "this test needs {n} GPUs, {have} visible");
-    let devs: Vec<i32> = (0..n as i32).collect();
-    Ranks::new(Comm::init_all(&devs).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
+    (0..n as i32).collect()
 }
 
 /// The GPU counts a test covers: `all`, or those of them NCCL_RS_TEST_GPUS lists (e.g. `2` on
@@ -224,6 +235,45 @@ fn forced_algorithms_and_protocols() {
     }
 }
 
+/// The forced cases of [`forced_algorithms_and_protocols`] with every rank in this process
+/// (so NCCL_RS_SHARED_GPUS=1 runs them on fewer GPUs): every collective, type and reduction
+/// through the tree AllReduce, LL, LL128 and Simple.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn forced_algorithms_and_protocols_in_one_process() {
+    let only = std::env::var("NCCL_RS_TEST_FORCED").ok();
+    for (algo, proto) in [
+        ("allreduce:tree", "Simple"),
+        ("ring", "LL"),
+        ("ring", "LL128"),
+        ("ring", "Simple"),
+    ]
+    .into_iter()
+    .filter(|f| only.as_deref().is_none_or(|o| o == f.1))
+    {
+        for n in counts(&[2, 4]) {
+            // Rank 0's parameters at init rule the communicator.
+            std::env::set_var("NCCL_ALGO", algo);
+            std::env::set_var("NCCL_PROTO", proto);
+            let ranks = gpus(n);
+            std::env::remove_var("NCCL_ALGO");
+            std::env::remove_var("NCCL_PROTO");
+            let want = match proto {
+                "LL" => Proto::Ll,
+                "LL128" => Proto::Ll128,
+                _ => Proto::Simple,
+            };
+            let big = ranks.comms[0]
+                .tuning(nccl::tune::Coll::AllReduce, 1 << 30)
+                .expect("a choice");
+            assert_eq!(big.proto, want, "NCCL_PROTO={proto} must hold at 1 GiB");
+            common::collective_matrix(&ranks, &[1, 4099, (1 << 20) + 3], Drive::Group);
+            common::type_op_matrix(&ranks, &[13, 65_537, (1 << 20) + 3], Drive::OneThread);
+            eprintln!("NCCL_ALGO={algo} NCCL_PROTO={proto} on {n} ranks passed");
+        }
+    }
+}
+
 /// CUDA graphs: every rank's AllReduce, AllGather and send/recv ring captured in one group,
 /// replayed 100 times with new inputs, direct calls on other streams in between; then replays
 /// and direct calls in flight together, ordered by the communicator alone.
@@ -231,9 +281,24 @@ fn forced_algorithms_and_protocols() {
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn graphs_replayed_100_times_on_2_and_4_gpus() {
     for n in counts(&[2, 4]) {
-        common::graphs::capture_and_replay(&gpus(n), 100)
+        common::graphs::capture_and_replay(&gpus(n), 100, FirstUse::BeforeCapture)
             .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
         common::graphs::replays_interleaved_with_direct_calls(&gpus(n), 50)
             .unwrap_or_else(|e| panic!("{n} GPUs, replays beside direct calls: {e}"));
+    }
+}
+
+/// A first use of communicators inside captures on blocking streams: the runtime allocates,
+/// zeroes and copies (send/recv connections) and loads kernel modules while the captures are
+/// open, none of it on the legacy stream (that would invalidate the captures); the graphs
+/// then replay 20 times. One GPU covers allocations, copies and module loads; 2 and 4 add
+/// connections.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn first_use_inside_blocking_captures_on_1_2_and_4_gpus() {
+    for n in counts(&[1, 2, 4]) {
+        let comms = Comm::init_all(&devices(n)).unwrap_or_else(|e| panic!("init_all on {n}: {e}"));
+        common::graphs::capture_and_replay(&Ranks::blocking(comms), 20, FirstUse::InsideCapture)
+            .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
     }
 }

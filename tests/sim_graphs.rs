@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::graphs::FirstUse;
 use common::Ranks;
 use nccl::{Backend, Comm};
 
@@ -12,8 +13,59 @@ fn captured_work_replays_100_times_beside_direct_calls() {
     for n in [2usize, 4] {
         let devs: Vec<i32> = (0..n as i32).collect();
         let ranks = Ranks::new(Comm::init_all(&devs).expect("init_all"));
-        common::graphs::capture_and_replay(&ranks, 100)
+        common::graphs::capture_and_replay(&ranks, 100, FirstUse::BeforeCapture)
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+/// A program's first use of its communicators inside captures on blocking streams: kernels
+/// load and send/recv connections are made while the captures are open, and none of that
+/// may touch the legacy stream (which would join the captures and invalidate them).
+#[test]
+fn first_use_inside_captures_on_blocking_streams() {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    for n in [1usize, 2, 4] {
+        let devs: Vec<i32> = (0..n as i32).collect();
+        let ranks = Ranks::blocking(Comm::init_all(&devs).expect("init_all"));
+        common::graphs::capture_and_replay(&ranks, 20, FirstUse::InsideCapture)
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+/// As CUDA: work on the legacy stream while a blocking stream of the device captures is
+/// refused (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) and invalidates that capture; beside a
+/// non-blocking stream's capture it is allowed.
+#[test]
+fn legacy_stream_work_invalidates_a_blocking_capture() {
+    use nccl::{NcclResult, StreamHandle};
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    let d = nccl::Device::open(0).expect("open");
+    let legacy = StreamHandle(0);
+    let free = d.stream_create().expect("stream");
+    let blocking = d.stream_create_blocking().expect("stream");
+    d.capture_begin(free).expect("begin");
+    d.stream_sync(legacy)
+        .expect("the legacy stream beside a non-blocking capture");
+    d.capture_end(free).expect("end a non-blocking capture");
+    d.capture_begin(blocking).expect("begin");
+    let err = d
+        .stream_sync(legacy)
+        .expect_err("the legacy stream during a blocking capture");
+    assert_eq!(err.code, NcclResult::UnhandledCudaError, "{err}");
+    assert!(err.to_string().contains("STREAM_CAPTURE_IMPLICIT"), "{err}");
+    let err = d
+        .capture_end(blocking)
+        .err()
+        .expect("the capture was invalidated");
+    assert!(err.to_string().contains("INVALIDATED"), "{err}");
+    // A new capture starts clean.
+    d.capture_begin(blocking).expect("begin again");
+    d.capture_end(blocking)
+        .expect("end a capture nothing invalidated");
+    d.capture_begin(legacy)
+        .expect_err("the legacy stream cannot be captured");
+    for s in [free, blocking] {
+        d.stream_destroy(s).expect("destroy");
     }
 }
 

@@ -61,8 +61,15 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
         .iter()
         .filter(|p| p.host_hash == me.host_hash)
         .collect();
-    if device.is_sim() {
-        // The simulator presents an NVSwitch machine: every pair of GPUs equal.
+    let shared = local.iter().any(|p| {
+        local
+            .iter()
+            .any(|q| q.rank != p.rank && q.bus_id == p.bus_id)
+    });
+    if device.is_sim() || shared {
+        // The simulator presents an NVSwitch machine: every pair of GPUs equal. So does the
+        // kernel lab (ranks sharing a GPU, NCCL_RS_SHARED_GPUS=1): a GPU reaches itself at
+        // least as well as NVLink reaches another.
         return nvswitch(local.len(), device);
     }
     let (major, minor) = device.props()?.compute_capability;

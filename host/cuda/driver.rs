@@ -36,6 +36,15 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
     )))
 }
 
+/// Waits for everything issued on `s` (a raw stream of the current context).
+fn stream_wait(s: sys::CUstream) -> Result<()> {
+    // SAFETY: s is a live stream of the current context, or the legacy stream.
+    check(
+        unsafe { sys::cuStreamSynchronize(s) },
+        "cuStreamSynchronize",
+    )
+}
+
 /// Loads libcuda and calls cuInit once; later calls return the same outcome.
 pub fn init() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
@@ -77,6 +86,9 @@ pub struct Device {
     sm: u32,
     modules: Mutex<HashMap<String, Raw<sys::CUmodule>>>,
     functions: Mutex<HashMap<String, Raw<sys::CUfunction>>>,
+    /// A non-blocking stream of our own for the zeroing of new memory, and for copies while
+    /// the legacy stream cannot be used (see [`Device::copy_stream`]).
+    private: OnceLock<Raw<sys::CUstream>>,
 }
 
 impl Device {
@@ -104,6 +116,7 @@ impl Device {
             sm: 0,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            private: OnceLock::new(),
         };
         let (major, minor) = d.compute_capability()?;
         d.sm = major * 10 + minor;
@@ -209,11 +222,53 @@ impl Device {
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
             &format!("cuMemAlloc of {bytes} bytes"),
         )?;
-        // SAFETY: p is a fresh allocation of at least `bytes` bytes.
-        check(unsafe { sys::cuMemsetD8_v2(p, 0, bytes) }, "cuMemsetD8")?;
-        // The memset runs on the legacy stream; our kernels run on non-blocking streams.
-        self.sync_legacy_stream()?;
+        // Zeroed on our own stream, never the legacy one: a first use of a communicator may
+        // allocate while a blocking stream of this context captures a graph.
+        let zeroed = self.private_stream().and_then(|s| {
+            // SAFETY: p is a fresh allocation of at least `bytes` bytes; s is our stream.
+            check(
+                unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
+                "cuMemsetD8Async",
+            )?;
+            stream_wait(s)
+        });
+        if let Err(e) = zeroed {
+            // SAFETY: p came from cuMemAlloc just above and is not used.
+            unsafe { sys::cuMemFree_v2(p) };
+            return Err(e);
+        }
         Ok(p)
+    }
+
+    /// Our private non-blocking stream, created on first use.
+    fn private_stream(&self) -> Result<sys::CUstream> {
+        if let Some(s) = self.private.get() {
+            return Ok(s.0);
+        }
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-parameter; our context is current (every caller made it so).
+        check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
+        if let Err(Raw(lost)) = self.private.set(Raw(s)) {
+            // Another thread created one first: keep theirs.
+            // SAFETY: `lost` is the stream created just above, used by nobody.
+            unsafe { sys::cuStreamDestroy_v2(lost) };
+        }
+        Ok(self.private.get().map_or(s, |r| r.0))
+    }
+
+    /// The stream of a synchronous copy: the legacy stream, so that it follows the caller's
+    /// work there as `cuMemcpy` does, except while a blocking stream of this context captures
+    /// a graph. Then any legacy-stream work would join that capture implicitly and invalidate
+    /// it (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), so the copy takes our private stream.
+    fn copy_stream(&self) -> Result<sys::CUstream> {
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the legacy stream of the current context; out-parameter. Asking does not
+        // invalidate a capture.
+        match unsafe { sys::cuStreamIsCapturing(std::ptr::null_mut(), &mut st) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(std::ptr::null_mut()),
+            sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => self.private_stream(),
+            r => check(r, "cuStreamIsCapturing").map(|_| std::ptr::null_mut()),
+        }
     }
 
     /// Zeroed pinned host memory the device can address: (host pointer, device address).
@@ -257,31 +312,32 @@ impl Device {
 
     pub fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         self.make_current()?;
-        // SAFETY: the caller passes a device range of src.len() bytes.
+        let _relaxed = RelaxedCapture::enter();
+        let s = self.copy_stream()?;
+        // SAFETY: the caller passes a device range of src.len() bytes; src outlives the copy
+        // (waited for below).
         check(
-            unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()) },
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), s) },
             "cuMemcpyHtoD",
         )?;
-        // From pageable memory the call may return before the DMA lands; kernels on non-blocking
+        // From pageable memory the copy may return before the DMA lands; kernels on other
         // streams would not wait for it. Copies are synchronous in this API: finish it here.
-        self.sync_legacy_stream()
-    }
-
-    fn sync_legacy_stream(&self) -> Result<()> {
-        // SAFETY: the legacy default stream of the current context.
-        check(
-            unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
-            "cuStreamSynchronize",
-        )
+        stream_wait(s)
     }
 
     pub fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.make_current()?;
-        // SAFETY: the caller passes a device range of dst.len() bytes.
+        let _relaxed = RelaxedCapture::enter();
+        let s = self.copy_stream()?;
+        // SAFETY: the caller passes a device range of dst.len() bytes; dst outlives the copy
+        // (waited for below).
         check(
-            unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()) },
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), s)
+            },
             "cuMemcpyDtoH",
-        )
+        )?;
+        stream_wait(s)
     }
 
     /// The device a pointer belongs to, or None when the driver does not know it.
@@ -469,11 +525,16 @@ impl Device {
         )
     }
 
-    pub fn stream_create(&self) -> Result<StreamHandle> {
+    pub fn stream_create(&self, blocking: bool) -> Result<StreamHandle> {
         self.make_current()?;
         let mut s = std::ptr::null_mut();
-        // SAFETY: out-parameter; CU_STREAM_NON_BLOCKING = 1.
-        check(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
+        // CU_STREAM_DEFAULT = 0 (ordered with the legacy stream), CU_STREAM_NON_BLOCKING = 1.
+        let flags = if blocking { 0 } else { 1 };
+        // SAFETY: out-parameter.
+        check(
+            unsafe { sys::cuStreamCreate(&mut s, flags) },
+            "cuStreamCreate",
+        )?;
         Ok(StreamHandle(s as u64))
     }
 
@@ -691,8 +752,12 @@ impl Drop for RelaxedCapture {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // SAFETY: balances the retain in open(); modules die with the context.
+        // SAFETY: our private stream is idle (every use waited for it); the retain in open()
+        // is balanced; modules die with the context.
         unsafe {
+            if let Some(s) = self.private.get() {
+                sys::cuStreamDestroy_v2(s.0);
+            }
             sys::cuDevicePrimaryCtxRelease_v2(self.dev);
         }
     }

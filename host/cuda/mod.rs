@@ -238,8 +238,14 @@ impl Device {
             ),
         }
     }
+    /// A non-blocking stream: it never waits for the legacy default stream, nor it for it.
     pub fn stream_create(&self) -> Result<StreamHandle> {
-        dispatch!(self.stream_create())
+        dispatch!(self.stream_create(false))
+    }
+    /// A blocking stream (`cudaStreamCreate`'s default): ordered with the legacy default
+    /// stream both ways, as most CUDA programs' streams are.
+    pub fn stream_create_blocking(&self) -> Result<StreamHandle> {
+        dispatch!(self.stream_create(true))
     }
     pub fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
         dispatch!(self.stream_destroy(s))

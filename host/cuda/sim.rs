@@ -7,7 +7,7 @@ use super::{DevPtr, DeviceProps, StreamHandle};
 use crate::error::{Error, Result};
 use nccl_device::abi::{CollArgs, P2pArgs};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -156,6 +156,12 @@ struct Stream {
     cv: Condvar,
     /// The launches captured so far while a graph capture is open on this stream.
     capture: Mutex<Option<Vec<Replayable>>>,
+    /// Set when legacy-stream work joined the open capture implicitly: ending it fails.
+    invalidated: AtomicBool,
+    /// The device whose stream this is.
+    ordinal: i32,
+    /// Ordered with the legacy stream both ways (CUDA's default stream flags).
+    blocking: bool,
 }
 
 /// CUDA's answers to what a capture forbids, worded as the simulator gives them.
@@ -163,14 +169,20 @@ const CAPTURE_UNSUPPORTED: &str =
     "not permitted while the stream is capturing a graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)";
 const CAPTURED_EVENT: &str =
     "not permitted on an event last recorded in a capturing stream (CUDA_ERROR_CAPTURED_EVENT)";
+const CAPTURE_IMPLICIT: &str = "legacy-stream work while a blocking stream of the device captures a graph (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)";
+const CAPTURE_INVALIDATED: &str =
+    "the capture was invalidated by an earlier error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)";
 const CAPTURE_ISOLATION: &str = "a capturing stream cannot wait for work outside its capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION)";
 
 impl Stream {
-    fn start() -> Arc<Stream> {
+    fn start(ordinal: i32, blocking: bool) -> Arc<Stream> {
         let s = Arc::new(Stream {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             capture: Mutex::new(None),
+            invalidated: AtomicBool::new(false),
+            ordinal,
+            blocking,
         });
         let w = s.clone();
         std::thread::Builder::new()
@@ -414,12 +426,13 @@ impl Device {
         }
         Ok(Device {
             ordinal,
-            default_stream: Stream::start(),
+            default_stream: Stream::start(ordinal, false),
         })
     }
 
     fn stream(&self, s: StreamHandle) -> Result<Arc<Stream>> {
         if s.0 == 0 {
+            self.legacy_usable()?;
             return Ok(self.default_stream.clone());
         }
         lock(registry())
@@ -427,6 +440,25 @@ impl Device {
             .get(&s.0)
             .cloned()
             .ok_or_else(|| Error::invalid_argument(format!("unknown simulator stream {:#x}", s.0)))
+    }
+
+    /// As CUDA: the legacy stream is ordered with every blocking stream of its device, so
+    /// using it while one of them captures would join that capture implicitly. That is
+    /// refused, and the capture is invalidated.
+    fn legacy_usable(&self) -> Result<()> {
+        let capturing: Vec<Arc<Stream>> = lock(registry())
+            .streams
+            .values()
+            .filter(|st| st.ordinal == self.ordinal && st.blocking && st.capturing())
+            .cloned()
+            .collect();
+        if capturing.is_empty() {
+            return Ok(());
+        }
+        for st in capturing {
+            st.invalidated.store(true, Ordering::SeqCst);
+        }
+        Err(Error::cuda(CAPTURE_IMPLICIT))
     }
 
     fn event(&self, e: u64) -> Result<Arc<Event>> {
@@ -657,9 +689,11 @@ impl Device {
         Ok(())
     }
 
-    pub fn stream_create(&self) -> Result<StreamHandle> {
+    pub fn stream_create(&self, blocking: bool) -> Result<StreamHandle> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0x5;
-        lock(registry()).streams.insert(id, Stream::start());
+        lock(registry())
+            .streams
+            .insert(id, Stream::start(self.ordinal, blocking));
         Ok(StreamHandle(id))
     }
 
@@ -801,15 +835,27 @@ impl Device {
         if c.is_some() {
             return Err(Error::invalid_usage("the stream is capturing already"));
         }
+        if s.0 == 0 {
+            return Err(Error::cuda(format!(
+                "capture of the legacy stream: {CAPTURE_UNSUPPORTED}"
+            )));
+        }
+        stream.invalidated.store(false, Ordering::SeqCst);
         *c = Some(Vec::new());
         Ok(())
     }
 
     /// Ends the capture; the graph is its launches, replayed in order.
     pub fn capture_end(&self, s: StreamHandle) -> Result<(u64, u64)> {
-        let jobs = lock(&self.stream(s)?.capture)
+        let stream = self.stream(s)?;
+        let jobs = lock(&stream.capture)
             .take()
             .ok_or_else(|| Error::invalid_usage("the stream is not capturing"))?;
+        if stream.invalidated.swap(false, Ordering::SeqCst) {
+            return Err(Error::cuda(format!(
+                "cuStreamEndCapture: {CAPTURE_INVALIDATED}"
+            )));
+        }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0x9;
         lock(registry()).graphs.insert(id, Arc::new(jobs));
         Ok((id, id))

@@ -95,9 +95,44 @@ fn check(ranks: &Ranks, bufs: &[Bufs], it: usize, what: &str) -> Result<(), Stri
     Ok(())
 }
 
-/// Captures every rank's work into a graph on `ranks.streams`, after direct calls on other
-/// streams, and replays it `replays` times with direct calls in between; then finalizes.
-pub fn capture_and_replay(ranks: &Ranks, replays: usize) -> Result<(), String> {
+/// What the runtime does to set up a connection, on every rank while its capture is open:
+/// allocate (zeroed memory), write and read back. None of it may join the capture.
+fn memory_inside_capture(ranks: &Ranks, keep: &mut Vec<DevBuffer>) -> Result<(), String> {
+    for c in &ranks.comms {
+        let b = c.device().alloc(4096).map_err(|e| e.to_string())?;
+        let mut got = vec![0xffu8; 4096];
+        b.read(0, &mut got).map_err(|e| e.to_string())?;
+        if got.iter().any(|&x| x != 0) {
+            return Err(format!("rank {}: a new allocation is not zeroed", c.rank()));
+        }
+        let want: Vec<u8> = (0..4096).map(|i| (i * 7 + c.rank()) as u8).collect();
+        b.write(0, &want).map_err(|e| e.to_string())?;
+        b.read(0, &mut got).map_err(|e| e.to_string())?;
+        if got != want {
+            return Err(format!(
+                "rank {}: read back differs from the write",
+                c.rank()
+            ));
+        }
+        keep.push(b);
+    }
+    Ok(())
+}
+
+/// When the communicators are first used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstUse {
+    /// By direct calls before the capture: kernels loaded, connections made.
+    BeforeCapture,
+    /// Inside the capture: kernel modules load and send/recv connections are made (memory
+    /// allocated, zeroed and written) while it is open, as when a program captures its first
+    /// step.
+    InsideCapture,
+}
+
+/// Captures every rank's work into a graph on `ranks.streams`, and replays it `replays` times
+/// with direct calls on other streams in between; then finalizes.
+pub fn capture_and_replay(ranks: &Ranks, replays: usize, first: FirstUse) -> Result<(), String> {
     let e = |e: nccl::Error| e.to_string();
     let n = ranks.comms.len();
     let mut bufs = Vec::new();
@@ -119,21 +154,29 @@ pub fn capture_and_replay(ranks: &Ranks, replays: usize) -> Result<(), String> {
         }
         Ok(())
     };
-    // Direct calls first, on other streams: kernels loaded and connections made before the
-    // capture (a capture must not allocate), and the communicator's last launch elsewhere.
-    set_inputs(ranks, &bufs, 1000)?;
-    issue(ranks, &bufs, &others)?;
-    sync(&others)?;
-    check(ranks, &bufs, 1000, "direct call before the capture")?;
+    if first == FirstUse::BeforeCapture {
+        // Direct calls first, on other streams: the communicator's last launch is elsewhere.
+        set_inputs(ranks, &bufs, 1000)?;
+        issue(ranks, &bufs, &others)?;
+        sync(&others)?;
+        check(ranks, &bufs, 1000, "direct call before the capture")?;
+    }
     for (c, s) in ranks.comms.iter().zip(&ranks.streams) {
         c.device().capture_begin(*s).map_err(e)?;
     }
-    let captured = issue(ranks, &bufs, &ranks.streams);
+    // Freed once the captures are over.
+    let mut scratch = Vec::new();
+    let captured = match first {
+        FirstUse::BeforeCapture => Ok(()),
+        FirstUse::InsideCapture => memory_inside_capture(ranks, &mut scratch),
+    }
+    .and_then(|_| issue(ranks, &bufs, &ranks.streams));
     let mut graphs = Vec::new();
     for (c, s) in ranks.comms.iter().zip(&ranks.streams) {
         graphs.push(c.device().capture_end(*s).map_err(e)?);
     }
     captured.map_err(|m| format!("issuing into the capture: {m}"))?;
+    drop(scratch);
     for it in 0..replays {
         set_inputs(ranks, &bufs, it)?;
         for (g, s) in graphs.iter().zip(&ranks.streams) {

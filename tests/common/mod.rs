@@ -183,10 +183,25 @@ pub struct Ranks {
 }
 
 impl Ranks {
+    /// With a non-blocking stream each.
     pub fn new(comms: Vec<Comm>) -> Ranks {
         let streams = comms
             .iter()
             .map(|c| c.device().stream_create().expect("create a stream"))
+            .collect();
+        Ranks { comms, streams }
+    }
+
+    /// With a blocking stream each (ordered with the legacy default stream, as
+    /// `cudaStreamCreate` makes them).
+    pub fn blocking(comms: Vec<Comm>) -> Ranks {
+        let streams = comms
+            .iter()
+            .map(|c| {
+                c.device()
+                    .stream_create_blocking()
+                    .expect("create a stream")
+            })
             .collect();
         Ranks { comms, streams }
     }
