@@ -21,7 +21,7 @@ pub fn piece_chunk<T>(remaining: usize, nranks: usize, max_chunk: usize) -> usiz
 
 /// # Safety
 /// See [`super::run`].
-pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
+pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
     let (nranks, input, output) = (k.nranks, k.input, k.output);
     if nranks == 1 {
         k.local_copy(input.add(k.start), output.add(k.start), k.end - k.start);
@@ -129,7 +129,7 @@ const BAR_DOWN: u32 = 2;
 /// # Safety
 /// See [`super::run`]; the host wired `tree_up_send`/`tree_up_recv` for every CTA and
 /// launched an even number of threads (whole pairs of warps on GPUs).
-pub unsafe fn tree<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
+pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
     let (nranks, input, output) = (k.nranks, k.input, k.output);
     if nranks == 1 {
         k.local_copy(input.add(k.start), output.add(k.start), k.end - k.start);

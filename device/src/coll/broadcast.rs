@@ -8,7 +8,7 @@ use crate::types::Elem;
 
 /// # Safety
 /// See [`super::run`].
-pub unsafe fn ring<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O>) {
+pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
     let (nranks, input, output) = (k.nranks, k.input, k.output);
     let d = k.distance_from(k.args.root as usize);
     if nranks == 1 {

@@ -11,7 +11,7 @@ pub mod send_recv;
 
 use crate::abi::{
     ChannelDev, Coll, CollArgs, DevComm, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
-    PROTO_LL128,
+    PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
@@ -25,9 +25,25 @@ use crate::types::Elem;
 /// `args` describes buffers and a communicator wired by the host; every rank of the
 /// communicator launches the same collective with the same count and grid.
 pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
-    let mut k = Kernel::<T, O>::new(args);
+    // One body per protocol, as NCCL's kernels: a body holding all three protocols' steps at
+    // every step of every collective spilled registers that each protocol alone does not
+    // need (ptxas at 128 registers). The tree moves its data with Simple whatever was asked.
+    match args.proto {
+        _ if args.algo == ALGO_TREE => run_with::<T, O, PROTO_SIMPLE>(args),
+        PROTO_LL => run_with::<T, O, PROTO_LL>(args),
+        PROTO_LL128 => run_with::<T, O, PROTO_LL128>(args),
+        _ => run_with::<T, O, PROTO_SIMPLE>(args),
+    }
+}
+
+/// [`run`] with protocol `P` (`PROTO_*`).
+#[inline(never)]
+unsafe fn run_with<T: Elem, O: RedOp<T>, const P: u32>(args: &CollArgs) {
+    let mut k = Kernel::<T, O, P>::new(args);
     match Coll::from_raw(args.coll) {
-        Some(Coll::AllReduce) if args.algo == ALGO_TREE => all_reduce::tree(&mut k),
+        Some(Coll::AllReduce) if args.algo == ALGO_TREE && P == PROTO_SIMPLE => {
+            all_reduce::tree(&mut k)
+        }
         Some(Coll::AllReduce) => all_reduce::ring(&mut k),
         Some(Coll::Broadcast) => broadcast::ring(&mut k),
         Some(Coll::Reduce) => reduce::ring(&mut k),
@@ -38,8 +54,8 @@ pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
 }
 
 /// What every collective's CTA starts from: its arguments, its channel's slice of the data and
-/// its ring.
-pub struct Kernel<T, O> {
+/// its ring; its steps use protocol `P` (`PROTO_*`, fixed at compile time).
+pub struct Kernel<T, O, const P: u32> {
     pub args: CollArgs,
     pub op: O,
     pub nranks: usize,
@@ -56,7 +72,7 @@ pub struct Kernel<T, O> {
     pub abort_flag: u64,
 }
 
-impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
+impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     unsafe fn new(args: &CollArgs) -> Self {
         let comm = &*(args.comm as *const DevComm);
         let ch_id = arch::block_idx() as usize;
@@ -106,7 +122,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
     #[inline(always)]
     pub unsafe fn prims(&self) -> Simple {
         Simple::new(self.ch, self.slot_bytes)
-            .with_proto(self.args.proto)
+            .with_proto(P)
             .with_slice(self.args.slice_steps)
             .with_abort(self.abort_flag)
     }
@@ -115,7 +131,7 @@ impl<T: Elem, O: RedOp<T>> Kernel<T, O> {
     /// launch's protocol.
     #[inline(always)]
     pub fn max_chunk(&self) -> usize {
-        let bytes = match self.args.proto {
+        let bytes = match P {
             PROTO_LL => LL_STEP_BYTES,
             PROTO_LL128 => LL128_STEP_BYTES,
             _ => self.slot_bytes * crate::prims::simple::slice_steps(self.args.slice_steps),
