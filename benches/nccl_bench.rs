@@ -2071,7 +2071,8 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     let visible = cuda::device_count().map_err(|e| format!("counting devices: {e}"))?;
     let ngpus = args.ngpus.unwrap_or(visible);
     // The kernel lab: more ranks than GPUs, rank r on device r % visible.
-    let shared = std::env::var("NCCL_RS_SHARED_GPUS").as_deref() == Ok("1");
+    // Read as the library reads it (environment, then NCCL_CONF_FILE), so both agree.
+    let shared = nccl::env::int("NCCL_RS_SHARED_GPUS") == 1;
     if shared && baseline.is_some() {
         return Err(Fail::Usage(
             "NCCL_RS_SHARED_GPUS=1 shares GPUs among ranks, which NVIDIA NCCL refuses: drop --baseline".into(),

@@ -185,23 +185,22 @@ pub struct Ranks {
 impl Ranks {
     /// With a non-blocking stream each.
     pub fn new(comms: Vec<Comm>) -> Ranks {
-        let streams = comms
-            .iter()
-            .map(|c| c.device().stream_create().expect("create a stream"))
-            .collect();
-        Ranks { comms, streams }
+        Ranks::with_streams(comms, |d| d.stream_create())
     }
 
     /// With a blocking stream each (ordered with the legacy default stream, as
     /// `cudaStreamCreate` makes them).
     pub fn blocking(comms: Vec<Comm>) -> Ranks {
+        Ranks::with_streams(comms, |d| d.stream_create_blocking())
+    }
+
+    fn with_streams(
+        comms: Vec<Comm>,
+        create: impl Fn(&nccl::Device) -> nccl::Result<StreamHandle>,
+    ) -> Ranks {
         let streams = comms
             .iter()
-            .map(|c| {
-                c.device()
-                    .stream_create_blocking()
-                    .expect("create a stream")
-            })
+            .map(|c| create(c.device()).expect("create a stream"))
             .collect();
         Ranks { comms, streams }
     }
