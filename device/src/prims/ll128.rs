@@ -124,10 +124,12 @@ impl Simple {
             } else {
                 Pack16::default()
             };
-            // The user's data after the line, never before. Loaded first (tried twice), the
-            // forced LL128 test failed on one H200 in the lanes that take the byte path (a
-            // step's last, partial pack): stale bytes under a fresh flag. Our reading: a lane
-            // that diverged there loads its part of the line apart from the flag's lane.
+            // The user's data after the line, as before. Loaded first, the forced LL128 test
+            // failed in the kernel lab (ranks sharing one H200) at a step's last, partial line:
+            // stale bytes under a fresh flag. Either a lane that diverged in the byte path
+            // loads its part of the line apart from the flag's lane, or one GPU's L2 does not
+            // serve a line being written whole (4-group trials with branch-free line accesses
+            // failed there too: results/h200-lab-ll128-user-data.txt); NVLink can tell.
             let x = if input.is_null() || avail == 0 {
                 Pack16::default()
             } else {
