@@ -184,8 +184,8 @@ mod tests {
         assert_eq!(slot_lines as usize % (WARP / LANES_PER_LINE), 0);
     }
 
-    /// Every start alignment and length takes its path (one 16-byte access, 8-byte halves,
-    /// 4-byte words, bytes): each reads exactly its bytes and writes exactly them.
+    /// Every start alignment and length takes its path (one 16-byte access, or two 8-byte
+    /// halves in 4-byte words or bytes): each reads exactly its bytes and writes exactly them.
     #[test]
     fn every_alignment_and_length_moves_exactly_its_bytes() {
         #[repr(C, align(16))]
