@@ -1,16 +1,19 @@
 #!/bin/bash
 # One device call's worth of GPU work, from a bundle built here with
 #   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
-# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab] [TEST...]` with
-# `.gpu` carried (`both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
-# sharing one GPU, for hosts of one).
+# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab|torch] [TEST...]`
+# with `.gpu` carried (`both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
+# sharing one GPU, for hosts of one; `torch`: PyTorch's torch.distributed on our libnccl.so.2,
+# which `NCCL_RS_PTX_ARCHS=sm_90 cargo build --release --features capi --lib` builds and
+# `.gpu-capi/libnccl.so.2` carries: cp target/release/libnccl.so .gpu-capi/libnccl.so.2).
 # Every step has its own time limit, so one stuck step cannot eat the call. The logs come back
 # as one archive, $OUT/gpu-session.tgz (the device tool returns at most 8 files).
 # The first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
 # tests took about 8 minutes on 4xH200, the benchmarks about 3, so give each its own call
 # (a call may run 10 minutes).
 set -u
-bundle="$(cd "$(dirname "$0")/.." && pwd)/.gpu"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bundle="$root/.gpu"
 out="$bundle/logs"
 rm -rf "$out" && mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 # never multicast on the shared hosts
@@ -63,5 +66,26 @@ if [ "$what" = lab ]; then
     NCCL_PROTO=$p NCCL_MAX_NCHANNELS=1 step 150 "lab-$p-1ch.txt" "$bench" -g 2 -C all_reduce,broadcast -b 64K -e 16M -f 4
   done
   unset NCCL_RS_SHARED_GPUS
+fi
+if [ "$what" = torch ]; then
+  mkdir -p "$bundle"
+  python=/opt/torch/.venv/bin/python
+  lib="$root/.gpu-capi/libnccl.so.2"
+  torchlib=$(dirname "$nccl")/../../../torch/lib/libtorch_cuda.so
+  # What torch asks of libnccl.so.2, against what ours exports.
+  { readelf -d "$torchlib" | grep -E 'NEEDED.*nccl|RPATH|RUNPATH|FLAGS'
+    echo "# nccl symbols torch needs, and whether ours exports them"
+    nm -D --defined-only "$lib" | awk '{print $3}' | sort >"$out/ours.sym"
+    nm -D --undefined-only "$torchlib" | awk '{print $2}' | grep -i nccl | sort |
+      while read -r f; do echo "$f $(grep -qx "$f" "$out/ours.sym" && echo ours || echo MISSING)"; done
+  } >"$out/torch-nccl-symbols.txt" 2>&1
+  export CUDA_CACHE_MAXSIZE=4294967296 # our PTX families, JIT-compiled once, for every rank
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+  step 120 torch-nvidia-1.txt "$python" "$root/tests/python/torch_dropin.py" --lib nvidia --nranks 1
+  for n in 1 2 4; do
+    shared=$([ "$gpus" -lt "$n" ] && echo 1 || echo 0)
+    NCCL_RS_SHARED_GPUS=$shared step 400 "torch-ours-$n.txt" \
+      "$python" "$root/tests/python/torch_dropin.py" --lib "$lib" --nranks "$n" --timeout 380
+  done
 fi
 tar -czf "${OUT:-$bundle}/gpu-session.tgz" -C "$bundle" logs

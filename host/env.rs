@@ -156,7 +156,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_RS_SHARED_GPUS",
         default: "0",
-        doc: "1: ranks of one process may share a GPU (a kernel lab for one-GPU hosts; NCCL refuses duplicate GPUs, and the data then never crosses NVLink)",
+        doc: "1: ranks on one host may share a GPU (a kernel lab for one-GPU hosts; NCCL refuses duplicate GPUs, and the data then never crosses NVLink)",
     },
     Param {
         name: "NCCL_TOPO_FILE",

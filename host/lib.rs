@@ -27,7 +27,7 @@ pub mod transport;
 pub mod tune;
 
 pub use bootstrap::{get_unique_id, UniqueId};
-pub use comm::{Comm, Config, PendingComm, SPLIT_NOCOLOR};
+pub use comm::{Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
 pub use enqueue::{CollCall, ReduceOp};
 pub use error::{Error, NcclResult, Result};

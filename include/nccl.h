@@ -31,6 +31,8 @@ typedef struct CUstream_st* cudaStream_t;
 /* A communicator: an opaque handle. */
 typedef struct ncclComm* ncclComm_t;
 #define NCCL_COMM_NULL NULL
+/* A registered window (NCCL 2.27): an opaque handle. */
+typedef struct ncclWindow* ncclWindow_t;
 
 #define NCCL_UNIQUE_ID_BYTES 128
 /* Made by ncclGetUniqueId on one rank and passed to every rank out of band. */
@@ -54,6 +56,14 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
+
+/* ncclCommWindowRegister flags (NCCL 2.27) */
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+
+/* ncclCommShrink flags (NCCL 2.27) */
+#define NCCL_SHRINK_DEFAULT 0x00 /* the parent stays as it is */
+#define NCCL_SHRINK_ABORT 0x01   /* first stop the parent's operations in flight */
 
 /* Communicator options. Start from NCCL_CONFIG_INITIALIZER and set the fields wanted;
  * the first three are filled by the initializer and never touched. */
@@ -179,6 +189,12 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
                            ncclConfig_t* config);
 ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                             ncclConfig_t* config);
+/* NCCL 2.27: the ranks not in excludeRanksList form *newcomm, in their order in comm;
+ * excluded ranks do not call it. config NULL inherits comm's options. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
+ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 
 /* Communicator end of life */
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
@@ -238,6 +254,25 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream);
+/* NCCL 2.28's all-to-all, gather and scatter: one group of sends and receives each.
+ * ncclAlltoAll: block j (count elements) of sendbuff to rank j; not in place.
+ * ncclGather: every rank's count elements to block i of recvbuff on root.
+ * ncclScatter: block i of sendbuff on root to rank i's recvbuff. */
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm,
+                         cudaStream_t stream);
+ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm,
+                         cudaStream_t stream);
+ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
+                          ncclDataType_t datatype, int root, ncclComm_t comm,
+                          cudaStream_t stream);
 
 /* Point to point: inside a group, every send and receive goes out together at its end. */
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
@@ -280,6 +315,22 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, vo
 ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle);
 ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle);
+/* Windows (NCCL 2.27): recorded like ncclCommRegister; collectives on them run as on any
+ * buffer. winFlags: NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC. */
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                    int winFlags);
+ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                     ncclWindow_t* win, int winFlags);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+
+/* NCCL 2.28's device API is not implemented: ncclDevCommCreate and ncclDevCommDestroy exist
+ * (so programs that link them load) and return ncclInvalidUsage. Their structures belong to
+ * NCCL's device headers, so here they are untyped. */
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm);
+ncclResult_t pncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm);
+ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const void* devComm);
 
 #ifdef __cplusplus
 }

@@ -305,3 +305,92 @@ fn several_communicators_per_device_used_concurrently() {
         s.spawn(|| sum_ok(second, 3001));
     });
 }
+
+#[test]
+fn shrink_renumbers_the_ranks_left_and_keeps_the_parent() {
+    sim();
+    let n = 5;
+    let id = nccl::get_unique_id().unwrap();
+    let parents: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
+    // Ranks 1 and 3 leave (listed out of order); they do not call shrink.
+    let exclude = [3usize, 1];
+    let children: Vec<Option<Comm>> = per_rank(n, |r| {
+        (!exclude.contains(&r)).then(|| {
+            parents[r]
+                .shrink(&exclude, None, nccl::SHRINK_DEFAULT)
+                .expect("shrink")
+        })
+    });
+    let children: Vec<Comm> = children.into_iter().flatten().collect();
+    for (i, (c, parent)) in children.iter().zip([0, 2, 4]).enumerate() {
+        assert_eq!((c.rank(), c.count()), (i, 3), "parent rank {parent}");
+        assert_eq!(c.cu_device(), parent, "same device as the parent");
+    }
+    sum_ok(children, 4099);
+    // NCCL_SHRINK_DEFAULT leaves the parent whole.
+    sum_ok(parents, 333);
+}
+
+#[test]
+fn shrink_with_abort_leaves_a_dead_rank_behind() {
+    sim();
+    let n = 4;
+    let id = nccl::get_unique_id().unwrap();
+    let parents: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
+    let dead = 2;
+    parents[dead].abort();
+    // The others start an AllReduce that waits on the dead rank forever, then shrink it away:
+    // NCCL_SHRINK_ABORT stops that AllReduce first.
+    let bufs: Vec<_> = (0..n).map(|r| dev(r).alloc(4096 * 4).unwrap()).collect();
+    let children: Vec<Option<Comm>> = per_rank(n, |r| {
+        if r == dead {
+            return None;
+        }
+        let p = &parents[r];
+        p.all_reduce(
+            bufs[r].ptr,
+            bufs[r].ptr,
+            4096,
+            DataType::Float32,
+            ReduceOp::Sum,
+            Default::default(),
+        )
+        .expect("launch");
+        let child = p.shrink(&[dead], None, nccl::SHRINK_ABORT).expect("shrink");
+        // The stopped parent takes no new work.
+        let again = p.all_reduce(
+            bufs[r].ptr,
+            bufs[r].ptr,
+            1,
+            DataType::Float32,
+            ReduceOp::Sum,
+            Default::default(),
+        );
+        assert_eq!(again.unwrap_err().code, NcclResult::InvalidUsage);
+        Some(child)
+    });
+    for r in 0..n {
+        if r != dead {
+            dev(r)
+                .stream_sync(Default::default())
+                .expect("the stopped AllReduce returns");
+        }
+    }
+    sum_ok(children.into_iter().flatten().collect(), 1000);
+}
+
+#[test]
+fn shrink_rejects_bad_lists_and_flags() {
+    sim();
+    let id = nccl::get_unique_id().unwrap();
+    let parents: Vec<Comm> = per_rank(3, |r| Comm::init_rank_on(dev(r), 3, &id, r).expect("init"));
+    let p = &parents[0];
+    let bad = NcclResult::InvalidArgument;
+    let code = |r: nccl::Result<Comm>| r.map(|_| ()).unwrap_err().code;
+    assert_eq!(code(p.shrink(&[0], None, 0)), bad, "excludes itself");
+    assert_eq!(code(p.shrink(&[3], None, 0)), bad, "out of range");
+    assert_eq!(code(p.shrink(&[1, 1], None, 0)), bad, "twice");
+    assert_eq!(code(p.shrink(&[1], None, 2)), bad, "unknown flag");
+    // Nothing was sent: the parent still works.
+    sum_ok(parents, 100);
+}

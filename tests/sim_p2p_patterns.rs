@@ -189,3 +189,147 @@ fn neighbor_exchange_on_2_4_and_8_ranks() {
         neighbor_exchange(&ranks); // the connections again, with their step counters
     }
 }
+
+/// NCCL 2.28's `ncclAlltoAll`, `ncclGather` and `ncclScatter` ([`Comm::all_to_all`],
+/// [`Comm::gather`], [`Comm::scatter`]), one thread driving every rank inside a group: blocks
+/// of `count` values (odd, and larger than the FIFO), every root, out of place and in place
+/// at the root, poisoned outputs with a tail that must survive.
+fn nccl_2_28_patterns(ranks: &Ranks, count: usize, root: usize, in_place: bool) {
+    let n = ranks.comms.len();
+    let i32t = DataType::Int32;
+    let block = (count * 4) as u64;
+    let what =
+        |op: &str| format!("{op} of {n} ranks, {count} values, root {root}, in place {in_place}");
+    // All-to-all: block j of rank r's send goes to rank j.
+    let sends: Vec<DevBuffer> = (0..n)
+        .map(|r| {
+            alloc_with(
+                ranks,
+                r,
+                &(0..n)
+                    .flat_map(|j| payload(r, j, count))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let recvs: Vec<DevBuffer> = (0..n).map(|r| poisoned(ranks, r, n * count)).collect();
+    nccl::group_start();
+    for (r, c) in ranks.comms.iter().enumerate() {
+        c.all_to_all(sends[r].ptr, recvs[r].ptr, count, i32t, ranks.streams[r])
+            .unwrap();
+    }
+    nccl::group_end().unwrap();
+    sync(ranks);
+    for (r, b) in recvs.iter().enumerate() {
+        let want: Vec<i32> = (0..n).flat_map(|i| payload(i, r, count)).collect();
+        assert!(
+            read_received(b, n * count, &what("all_to_all")) == want,
+            "{}: rank {r}",
+            what("all_to_all")
+        );
+    }
+    // Gather: rank i's values land at block i on the root. In place, the root's own values
+    // already sit in its block of the output.
+    let out = poisoned(ranks, root, n * count);
+    let own = alloc_with(ranks, root, &payload(root, root, count));
+    let srcs: Vec<DevBuffer> = (0..n)
+        .map(|r| alloc_with(ranks, r, &payload(r, root, count)))
+        .collect();
+    if in_place {
+        out.write(root * count * 4, to_bytes(&payload(root, root, count)))
+            .unwrap();
+    }
+    nccl::group_start();
+    for (r, c) in ranks.comms.iter().enumerate() {
+        let send = match (r == root, in_place) {
+            (true, true) => out.ptr + root as u64 * block,
+            (true, false) => own.ptr,
+            _ => srcs[r].ptr,
+        };
+        c.gather(send, out.ptr, count, i32t, root, ranks.streams[r])
+            .unwrap();
+    }
+    nccl::group_end().unwrap();
+    sync(ranks);
+    let want: Vec<i32> = (0..n).flat_map(|i| payload(i, root, count)).collect();
+    assert!(
+        read_received(&out, n * count, &what("gather")) == want,
+        "{}",
+        what("gather")
+    );
+    // Scatter: block i of the root's input lands in rank i's output.
+    let all: Vec<i32> = (0..n).flat_map(|i| payload(root, i, count)).collect();
+    let src = alloc_with(ranks, root, &all);
+    let dsts: Vec<DevBuffer> = (0..n).map(|r| poisoned(ranks, r, count)).collect();
+    nccl::group_start();
+    for (r, c) in ranks.comms.iter().enumerate() {
+        let recv = if r == root && in_place {
+            src.ptr + root as u64 * block
+        } else {
+            dsts[r].ptr
+        };
+        c.scatter(src.ptr, recv, count, i32t, root, ranks.streams[r])
+            .unwrap();
+    }
+    nccl::group_end().unwrap();
+    sync(ranks);
+    for (r, d) in dsts.iter().enumerate() {
+        if r == root && in_place {
+            assert!(
+                read(&src, n * count) == all,
+                "{}: the root's input changed",
+                what("scatter")
+            );
+            continue;
+        }
+        let got = read_received(d, count, &what("scatter"));
+        assert!(
+            got == payload(root, r, count),
+            "{}: rank {r}",
+            what("scatter")
+        );
+    }
+}
+
+#[test]
+fn nccl_2_28_all_to_all_gather_and_scatter() {
+    for n in [2usize, 3, 4] {
+        let ranks = sim_comms(n);
+        for (count, root, in_place) in [
+            (1usize, 0, false),
+            (20_011, n - 1, false),
+            (777, n / 2, true),
+        ] {
+            nccl_2_28_patterns(&ranks, count, root, in_place);
+        }
+    }
+}
+
+#[test]
+fn nccl_2_28_patterns_reject_bad_arguments() {
+    let ranks = sim_comms(2);
+    let (c, s) = (&ranks.comms[0], ranks.streams[0]);
+    let b = poisoned(&ranks, 0, 64);
+    let code = |r: nccl::Result<()>| r.unwrap_err().code;
+    let bad = nccl::NcclResult::InvalidArgument;
+    assert_eq!(
+        code(c.all_to_all(b.ptr, b.ptr, 8, DataType::Int32, s)),
+        bad,
+        "in place"
+    );
+    assert_eq!(
+        code(c.gather(b.ptr, b.ptr, 8, DataType::Int32, 2, s)),
+        bad,
+        "root"
+    );
+    assert_eq!(
+        code(c.scatter(b.ptr, b.ptr, 8, DataType::Int32, 5, s)),
+        bad,
+        "root"
+    );
+    assert_eq!(
+        code(c.all_to_all(b.ptr, 0, usize::MAX / 2, DataType::Int32, s)),
+        bad,
+        "size"
+    );
+}

@@ -223,6 +223,45 @@ export! {
 }
 
 export! {
+    /// `ncclCommShrink` (NCCL 2.27): the ranks not in `excludeRanksList` form `newcomm`, in
+    /// their order here; excluded ranks do not call it. `shrinkFlags` NCCL_SHRINK_ABORT first
+    /// stops the parent's operations in flight.
+    fn ncclCommShrink / pncclCommShrink(
+        comm: NcclComm,
+        exclude_ranks_list: *const c_int,
+        exclude_ranks_count: c_int,
+        newcomm: *mut NcclComm,
+        config: *const NcclConfig,
+        shrink_flags: c_int,
+    ) {
+        let parent = handle(comm)?.ready()?;
+        let slot = newcomm.as_mut().ok_or_else(|| null("newcomm"))?;
+        *slot = std::ptr::null_mut();
+        let n = count_of("excludeRanksCount", exclude_ranks_count)?;
+        let exclude: Vec<usize> = match n {
+            0 => Vec::new(),
+            _ if exclude_ranks_list.is_null() => return Err(null("excludeRanksList")),
+            // SAFETY: the caller's list holds excludeRanksCount ranks.
+            _ => std::slice::from_raw_parts(exclude_ranks_list, n)
+                .iter()
+                .map(|&r| count_of("excluded rank", r))
+                .collect::<Result<_>>()?,
+        };
+        let cfg = match config.is_null() {
+            true => None,
+            false => Some(config::read(config)?),
+        };
+        let blocking = cfg
+            .clone()
+            .unwrap_or_default()
+            .resolve(Some(parent.config()))?
+            .blocking;
+        let pending = Comm::start_shrink(&parent, &exclude, cfg.as_ref(), shrink_flags)?;
+        hand_out(newcomm, pending, blocking)
+    }
+}
+
+export! {
     /// `ncclCommFinalize`: flushes this rank's operations and waits for every rank; in the
     /// background (ncclInProgress) for a non-blocking communicator.
     fn ncclCommFinalize / pncclCommFinalize(comm: NcclComm) {
@@ -517,6 +556,63 @@ export! {
 }
 
 export! {
+    /// `ncclAlltoAll` (NCCL 2.28): block `j` of `sendbuff` to rank `j`, rank `i`'s block to
+    /// block `i` of `recvbuff`; `count` elements per block. Not in place.
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.all_to_all(dev(sendbuff), dev(recvbuff), count, dt, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclGather` (NCCL 2.28): every rank's `count` elements to block `i` of `recvbuff` on
+    /// `root`.
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let root = count_of("root", root)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.gather(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclScatter` (NCCL 2.28): block `i` of `sendbuff` on `root` to rank `i`'s `recvbuff`.
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: NcclComm,
+        stream: CudaStream,
+    ) {
+        let dt = dtype(datatype)?;
+        let root = count_of("root", root)?;
+        let (c, s) = coll_comm(comm, stream)?;
+        c.scatter(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
     /// `ncclReduceScatter`.
     fn ncclReduceScatter / pncclReduceScatter(
         sendbuff: *const c_void,
@@ -686,6 +782,68 @@ export! {
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
         c.deregister(reg as usize as u64)?;
         Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommWindowRegister` (NCCL 2.27): registers `buff` as a window of this
+    /// communicator. Recorded as `ncclCommRegister` records a buffer; collectives on it run
+    /// as on any buffer (no symmetric kernels here). `winFlags`: NCCL_WIN_DEFAULT (0) or
+    /// NCCL_WIN_COLL_SYMMETRIC (1).
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: NcclComm,
+        buff: *mut c_void,
+        size: usize,
+        win: *mut *mut c_void,
+        win_flags: c_int,
+    ) {
+        let out = win.as_mut().ok_or_else(|| null("win"))?;
+        if !(0..=1).contains(&win_flags) {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommWindowRegister: winFlags {win_flags:#x} are neither NCCL_WIN_DEFAULT (0) \
+                 nor NCCL_WIN_COLL_SYMMETRIC (1)"
+            )));
+        }
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        *out = c.register(dev(buff), size)? as usize as *mut c_void;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommWindowDeregister` (NCCL 2.27).
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: NcclComm, win: *mut c_void) {
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        c.deregister(win as usize as u64)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+/// The device API (NCCL 2.28's `ncclDevComm`, for kernels that communicate themselves) is
+/// not implemented: its entry points exist, so programs that link them load, and say so.
+fn no_device_api(what: &str) -> Error {
+    Error::invalid_usage(format!(
+        "{what}: nccl-rs does not implement NCCL's device API (ncclDevComm); use the host API"
+    ))
+}
+
+export! {
+    /// `ncclDevCommCreate` (NCCL 2.28): not implemented (ncclInvalidUsage, with the reason).
+    fn ncclDevCommCreate / pncclDevCommCreate(
+        comm: NcclComm,
+        _reqs: *const c_void,
+        _out_dev_comm: *mut c_void,
+    ) {
+        handle(comm)?;
+        Err(no_device_api("ncclDevCommCreate"))
+    }
+}
+
+export! {
+    /// `ncclDevCommDestroy` (NCCL 2.28): not implemented (ncclInvalidUsage, with the reason).
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: NcclComm, _dev_comm: *const c_void) {
+        handle(comm)?;
+        Err(no_device_api("ncclDevCommDestroy"))
     }
 }
 

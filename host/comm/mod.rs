@@ -15,6 +15,7 @@ pub mod tuning;
 
 pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
 pub use pending::{Launch, PendingComm};
+pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
 use crate::cuda::{DevBuffer, Device, Kernel};
@@ -773,6 +774,14 @@ impl Comm {
         // A non-blocking group issuing our work must stop before our memory may go; the
         // bootstrap abort above ends any handshake it waits on.
         let _ = self.order.background.wait();
+    }
+
+    /// What `NCCL_SHRINK_ABORT` asks before a shrink: the kernels in flight stop waiting on
+    /// peers and return, and later operations are invalid usage, but the bootstrap stays open
+    /// for the shrink's own messages.
+    pub(crate) fn stop_operations(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.kernel_abort.raise();
     }
 
     /// Whether `abort` was called.

@@ -110,7 +110,8 @@ impl PeerInfo {
                 .ok_or_else(|| Error::remote(format!("rank {r} sent a malformed peer record")))?;
             peers.push(p);
         }
-        // The kernel lab: ranks of this process may share a GPU when asked.
+        // The kernel lab: ranks on this host may share a GPU when asked (in one process they
+        // reach each other's memory directly, across processes through CUDA IPC).
         let shared_ok = crate::env::int("NCCL_RS_SHARED_GPUS") == 1;
         for p in &peers {
             if p.sim != me.sim {
@@ -126,7 +127,7 @@ impl PeerInfo {
                 && p.host_hash == me.host_hash
                 && p.bus_id == me.bus_id
                 && (!me.sim || p.pid == me.pid)
-                && !(shared_ok && p.same_process(me))
+                && !shared_ok
             {
                 return Err(Error::invalid_usage(format!(
                     "duplicate GPU detected: rank {} and rank {} both on device {} (bus id {})",

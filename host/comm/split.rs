@@ -1,5 +1,6 @@
 //! `ncclCommSplit`: the parent's ranks agree over the parent's bootstrap on who goes where,
-//! then each child is created with a fresh root started by its rank 0.
+//! then each child is created with a fresh root started by its rank 0. `ncclCommShrink`
+//! (NCCL 2.27) is a split that the excluded ranks take no part in.
 
 use super::{Comm, Config, Launch, PendingComm, ResolvedConfig, SPLIT_NOCOLOR};
 use crate::bootstrap::{new_root_id, AbortFlag, UniqueId, UNIQUE_ID_BYTES};
@@ -187,6 +188,158 @@ impl Comm {
                 .ok_or_else(|| Error::internal("split: no child for a valid color"))
         })
         .map(Some)
+    }
+}
+
+/// `NCCL_SHRINK_DEFAULT`: shrink a healthy parent; its operations go on.
+pub const SHRINK_DEFAULT: i32 = 0;
+/// `NCCL_SHRINK_ABORT`: first stop the parent's operations (a peer may be dead), then shrink.
+pub const SHRINK_ABORT: i32 = 1;
+
+/// Bootstrap tag of the child's id, sent by the first survivor of a shrink to the others.
+const TAG_SHRINK_ID: u32 = 0x5348_524b;
+
+/// The parent ranks that remain after excluding `exclude` (checked: in range, no repeats, not
+/// `me`, who is calling), in parent rank order: the child's ranks.
+pub(crate) fn survivors(nranks: usize, me: usize, exclude: &[usize]) -> Result<Vec<usize>> {
+    let mut out = vec![true; nranks];
+    for &r in exclude {
+        if r >= nranks {
+            return Err(Error::invalid_argument(format!(
+                "shrink: excluded rank {r} is out of range (nranks {nranks})"
+            )));
+        }
+        if !out[r] {
+            return Err(Error::invalid_argument(format!(
+                "shrink: rank {r} is excluded twice"
+            )));
+        }
+        out[r] = false;
+    }
+    if !out[me] {
+        return Err(Error::invalid_argument(format!(
+            "shrink: rank {me} excludes itself (excluded ranks do not call ncclCommShrink)"
+        )));
+    }
+    Ok((0..nranks).filter(|&r| out[r]).collect())
+}
+
+impl Comm {
+    /// Where this rank lands in the shrunk child. Only the survivors take part: the first
+    /// starts the child's root and sends its id to each other one over the parent's
+    /// bootstrap, so nothing waits on an excluded (perhaps dead) rank.
+    fn shrink_placement(&self, exclude: &[usize]) -> Result<Placement> {
+        let group = survivors(self.nranks, self.rank, exclude)?;
+        let leader = group[0];
+        let internal = if leader == self.rank {
+            let made = new_root_id();
+            // An empty message tells the others that their child has no root.
+            let msg = made
+                .as_ref()
+                .map(|id| id.internal.to_vec())
+                .unwrap_or_default();
+            for &r in &group[1..] {
+                self.bootstrap
+                    .send(r, TAG_SHRINK_ID, &msg)
+                    .map_err(|e| e.context("shrink"))?;
+            }
+            made.map_err(|e| e.context("shrink: starting the child's root"))?
+                .internal
+        } else {
+            let msg = self
+                .bootstrap
+                .recv(leader, TAG_SHRINK_ID)
+                .map_err(|e| e.context("shrink"))?;
+            <[u8; UNIQUE_ID_BYTES]>::try_from(msg.as_slice()).map_err(|_| {
+                Error::remote(format!(
+                    "shrink: rank {leader}, the first remaining rank, could not start the child's root"
+                ))
+            })?
+        };
+        let rank = group
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| Error::internal("shrink: this rank is missing from the survivors"))?;
+        Ok(Placement {
+            rank,
+            nranks: group.len(),
+            id: UniqueId { internal },
+        })
+    }
+
+    /// The whole shrink for one rank, honouring `abort` in the child's creation.
+    fn shrink_with(
+        &self,
+        exclude: &[usize],
+        config: ResolvedConfig,
+        abort: &AbortFlag,
+    ) -> Result<Comm> {
+        let p = self.shrink_placement(exclude)?;
+        Comm::create(
+            self.device.clone(),
+            p.nranks,
+            std::slice::from_ref(&p.id),
+            p.rank,
+            config,
+            abort,
+        )
+    }
+
+    /// The checks and the parent's part of a shrink, before the child is made: the flags and
+    /// the exclude list are valid, the parent's operations are stopped (`SHRINK_ABORT`) or it
+    /// is usable (`SHRINK_DEFAULT`); returns the child's options.
+    fn prepare_shrink(
+        &self,
+        exclude: &[usize],
+        config: Option<&Config>,
+        flags: i32,
+    ) -> Result<ResolvedConfig> {
+        if flags != SHRINK_DEFAULT && flags != SHRINK_ABORT {
+            return Err(Error::invalid_argument(format!(
+                "shrink: flags {flags:#x} are neither NCCL_SHRINK_DEFAULT (0) nor NCCL_SHRINK_ABORT (1)"
+            )));
+        }
+        survivors(self.nranks, self.rank, exclude)?;
+        if flags == SHRINK_ABORT {
+            self.stop_operations();
+        } else {
+            self.check_usable()?;
+        }
+        config
+            .cloned()
+            .unwrap_or_default()
+            .resolve(Some(&self.config))
+    }
+
+    /// `ncclCommShrink`: every rank of this communicator but those in `exclude` calls it; they
+    /// form a new communicator, ranked in their order here, on the same device. `flags`
+    /// [`SHRINK_ABORT`] first stops this communicator's operations in flight (kernels waiting
+    /// on an excluded peer return) and leaves it usable only for destroy or abort;
+    /// [`SHRINK_DEFAULT`] leaves it as it was. `config` None inherits this communicator's
+    /// options. Blocks until the child is ready.
+    pub fn shrink(&self, exclude: &[usize], config: Option<&Config>, flags: i32) -> Result<Comm> {
+        let resolved = self.prepare_shrink(exclude, config, flags)?;
+        self.shrink_with(exclude, resolved, &AbortFlag::new())
+    }
+
+    /// [`Comm::shrink`] that honours the child's `blocking` option and groups, as
+    /// [`Comm::start_split`].
+    pub fn start_shrink(
+        parent: &Arc<Comm>,
+        exclude: &[usize],
+        config: Option<&Config>,
+        flags: i32,
+    ) -> Result<PendingComm> {
+        let resolved = parent.prepare_shrink(exclude, config, flags)?;
+        let launch = if resolved.blocking {
+            Launch::Blocking
+        } else {
+            Launch::Background
+        };
+        let (p, exclude) = (parent.clone(), exclude.to_vec());
+        PendingComm::start(launch, move |abort| {
+            p.shrink_with(&exclude, resolved, abort)
+        })
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod group;
 pub mod order;
 pub mod p2p;
+mod patterns;
 
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};

@@ -148,6 +148,62 @@ static void all_reduce_init_all(void) {
   CHECK(ncclCommDeregister(comms[1], reg2));
   EXPECT(ncclCommDeregister(comms[1], reg2) == ncclInvalidArgument, "deregistered twice");
 
+  /* Windows (NCCL 2.27): registered and deregistered like buffers. */
+  ncclWindow_t win = NULL;
+  CHECK(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win,
+                               NCCL_WIN_COLL_SYMMETRIC));
+  EXPECT(win != NULL, "window handle");
+  EXPECT(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win, 0x40) ==
+             ncclInvalidArgument, "unknown window flag");
+  CHECK(ncclCommWindowDeregister(comms[0], win));
+  /* The device API (NCCL 2.28) is refused, with the reason. */
+  char reqs[64] = {0}, devcomm[256];
+  EXPECT(ncclDevCommCreate(comms[0], reqs, devcomm) == ncclInvalidUsage, "device API");
+  EXPECT(strstr(ncclGetLastError(NULL), "device API") != NULL, "message: %s",
+         ncclGetLastError(NULL));
+
+  /* NCCL 2.28's all-to-all, then gather and scatter with root 1, one thread for both ranks. */
+  float *a2a_out[NDEV];
+  static float snap[NDEV][COUNT]; /* the inputs (simulated device memory is host memory) */
+  const int blk = COUNT / NDEV;
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclMemAlloc((void**)&a2a_out[i], COUNT * sizeof(float)));
+    memcpy(snap[i], bufs[i], sizeof snap[i]);
+  }
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++)
+    CHECK(ncclAlltoAll(bufs[i], a2a_out[i], blk, ncclFloat, comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++) /* back again: the inverse of an all-to-all is itself */
+    CHECK(ncclAlltoAll(a2a_out[i], bufs[i], blk, ncclFloat, comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++) /* rank i's first blk to block i of rank 1's a2a_out */
+    CHECK(ncclGather(bufs[i], a2a_out[i], blk, ncclFloat, 1, comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++) /* and scattered back into each rank's second blk */
+    CHECK(ncclScatter(a2a_out[1], bufs[i] + blk, blk, ncclFloat, 1, comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclRsStreamSynchronize(NULL));
+  }
+  int a2a_wrong = 0;
+  for (int k = 0; k < blk; k++) {
+    a2a_wrong += a2a_out[0][k] != snap[0][k] || a2a_out[0][blk + k] != snap[1][k];
+    for (int i = 0; i < NDEV; i++)
+      a2a_wrong += bufs[i][k] != snap[i][k] || bufs[i][blk + k] != snap[i][k];
+  }
+  EXPECT(a2a_wrong == 0, "all-to-all, gather, scatter: %d values wrong", a2a_wrong);
+  for (int i = 0; i < NDEV; i++) CHECK(ncclMemFree(a2a_out[i]));
+  EXPECT(ncclAlltoAll(bufs[0], bufs[0], 1, ncclFloat, comms[0], NULL) == ncclInvalidArgument,
+         "in-place all-to-all");
+  EXPECT(ncclGather(bufs[0], bufs[0], 1, ncclFloat, 2, comms[0], NULL) == ncclInvalidArgument,
+         "gather root out of range");
+
   /* Bad arguments come back as codes, with a message. */
   EXPECT(ncclAllReduce(bufs[0], bufs[0], COUNT, (ncclDataType_t)42, ncclSum, comms[0], NULL) ==
              ncclInvalidArgument, "bad datatype");
@@ -244,6 +300,23 @@ static void nonblocking_single_rank(void) {
   EXPECT(n == 0, "child rank %d", n);
   CHECK(ncclCommSplit(comm, NCCL_SPLIT_NOCOLOR, 0, &none, NULL));
   EXPECT(none == NULL, "NOCOLOR gives NULL");
+  /* ncclCommShrink (NCCL 2.27) excluding nobody: a non-blocking copy of a 1-rank comm. */
+  ncclComm_t shrunk = NULL;
+  r = ncclCommShrink(comm, NULL, 0, &shrunk, NULL, NCCL_SHRINK_DEFAULT);
+  EXPECT(r == ncclInProgress || r == ncclSuccess, "shrink returned %d", (int)r);
+  do {
+    CHECK(ncclCommGetAsyncError(shrunk, &state));
+  } while (state == ncclInProgress);
+  EXPECT(state == ncclSuccess, "shrunk state %d", (int)state);
+  CHECK(ncclCommCount(shrunk, &n));
+  EXPECT(n == 1, "shrunk count %d", n);
+  int self = 0;
+  ncclComm_t nothing = NULL;
+  EXPECT(ncclCommShrink(comm, &self, 1, &nothing, NULL, NCCL_SHRINK_DEFAULT) ==
+             ncclInvalidArgument && nothing == NULL, "shrink excluding itself");
+  EXPECT(ncclCommShrink(comm, NULL, 1, &nothing, NULL, NCCL_SHRINK_DEFAULT) ==
+             ncclInvalidArgument, "null exclude list");
+  CHECK(ncclCommDestroy(shrunk));
 
   r = ncclCommFinalize(comm);
   EXPECT(r == ncclInProgress || r == ncclSuccess, "finalize returned %d", (int)r);

@@ -1,0 +1,143 @@
+//! NCCL 2.28's all-to-all, gather and scatter (`ncclAlltoAll`, `ncclGather`, `ncclScatter`),
+//! each one group of sends and receives, as NCCL's point-to-point documentation builds them.
+//! Programs built against 2.28 link them (PyTorch does), so the drop-in library has them.
+
+use super::group;
+use crate::comm::Comm;
+use crate::cuda::{DevPtr, StreamHandle};
+use crate::error::{Error, Result};
+use nccl_device::types::DataType;
+
+/// Bytes of `count` elements, and the offset of block `nranks - 1`: checked, so every block's
+/// address fits.
+fn block_bytes(what: &str, count: usize, dt: DataType, nranks: usize) -> Result<usize> {
+    count
+        .checked_mul(dt.size())
+        .filter(|b| {
+            b.checked_mul(nranks)
+                .is_some_and(|t| t <= isize::MAX as usize)
+        })
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{what}: count {count} of {} times {nranks} ranks overflows the byte size",
+                dt.name()
+            ))
+        })
+}
+
+fn check_root(what: &str, root: usize, nranks: usize) -> Result<()> {
+    if root >= nranks {
+        return Err(Error::invalid_argument(format!(
+            "{what}: root {root} is out of range (nranks {nranks})"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `issue` inside a group of its own (nested in the caller's, if any): its sends and
+/// receives go out together. The first error wins; the group is ended either way.
+fn in_group(issue: impl FnOnce() -> Result<()>) -> Result<()> {
+    group::start();
+    let issued = issue();
+    let ended = crate::group_end();
+    issued.and(ended)
+}
+
+impl Comm {
+    /// `ncclAlltoAll`: block `j` (`count` elements) of `send` goes to rank `j`, and rank `i`'s
+    /// block lands at block `i` of `recv`. Not in place (`send` == `recv`), as in NCCL.
+    pub fn all_to_all(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let what = "ncclAlltoAll";
+        let n = self.count();
+        let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
+        if send == recv && block > 0 {
+            return Err(group::record_error(Error::invalid_argument(format!(
+                "{what}: sendbuff and recvbuff are the same buffer; in-place all-to-all is not \
+                 supported"
+            ))));
+        }
+        in_group(|| {
+            for peer in 0..n {
+                let at = peer as u64 * block;
+                self.send(send + at, count, dtype, peer, stream)?;
+                self.recv(recv + at, count, dtype, peer, stream)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `ncclGather`: every rank's `count` elements of `send` land at block `i` (rank `i`'s)
+    /// of `recv` on `root`; `recv` is not used elsewhere. In place at the root when `send` is
+    /// its own block of `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let what = "ncclGather";
+        let (n, me) = (self.count(), self.rank());
+        check_root(what, root, n).map_err(group::record_error)?;
+        let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
+        in_group(|| {
+            if me == root {
+                for peer in 0..n {
+                    let at = recv + peer as u64 * block;
+                    if peer == me && at == send {
+                        continue; // already in place
+                    }
+                    self.recv(at, count, dtype, peer, stream)?;
+                }
+            }
+            if !(me == root && send == recv + me as u64 * block) {
+                self.send(send, count, dtype, root, stream)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `ncclScatter`: block `i` (`count` elements) of `send` on `root` lands in rank `i`'s
+    /// `recv`; `send` is not used elsewhere. In place at the root when `recv` is its own block
+    /// of `send`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scatter(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let what = "ncclScatter";
+        let (n, me) = (self.count(), self.rank());
+        check_root(what, root, n).map_err(group::record_error)?;
+        let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
+        in_group(|| {
+            if me == root {
+                for peer in 0..n {
+                    let at = send + peer as u64 * block;
+                    if peer == me && at == recv {
+                        continue; // already in place
+                    }
+                    self.send(at, count, dtype, peer, stream)?;
+                }
+            }
+            if !(me == root && recv == send + me as u64 * block) {
+                self.recv(recv, count, dtype, root, stream)?;
+            }
+            Ok(())
+        })
+    }
+}
