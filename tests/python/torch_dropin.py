@@ -3,10 +3,11 @@
 
     python3 tests/python/torch_dropin.py --lib PATH/libnccl.so.2 --nranks N [--timeout S]
 
-Starts N processes, each with LD_PRELOAD=PATH, so the dynamic linker satisfies torch's
-libnccl.so.2 with ours (NVIDIA's is never loaded). Each process checks first that the NCCL it
-runs on is the one asked for (its path in /proc/self/maps and ncclGetVersion through torch),
-then runs the collectives, point-to-point patterns, subgroups and CUDA Graphs a training
+Starts N processes, each with LD_PRELOAD=PATH. torch itself also loads NVIDIA's libnccl.so.2
+(by path, from its wheel), but the preloaded library comes first in symbol lookup, so torch's
+NCCL calls bind to ours. The test checks that: in each process the process-wide
+ncclGetVersion must be ours, and with NCCL_DEBUG=VERSION only our version line may appear
+(NVIDIA's prints its own when one of its communicators starts). Then each process runs the collectives, point-to-point patterns, subgroups and CUDA Graphs a training
 program uses, on random data (each rank's input comes from a seed every rank knows, so every
 rank computes the expected result itself), and compares. Rank r uses GPU r % visible GPUs: on a
 host of fewer GPUs than ranks, set NCCL_RS_SHARED_GPUS=1 (our kernel lab; NVIDIA's NCCL refuses
@@ -29,16 +30,19 @@ def free_port():
 
 
 def launch(args):
+    import tempfile
     port = free_port()
-    procs = []
+    procs, logs = [], []
     for r in range(args.nranks):
         env = dict(os.environ)
         env.update(RANK=str(r), WORLD_SIZE=str(args.nranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+                   MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0", NCCL_DEBUG="VERSION")
         if args.lib != "nvidia":
             env["LD_PRELOAD"] = os.path.abspath(args.lib)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib]
-        procs.append(subprocess.Popen(cmd, env=env))
+        log = tempfile.TemporaryFile(mode="w+")
+        logs.append(log)
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.time() + args.timeout
     rcs = [None] * len(procs)
     while None in rcs and time.time() < deadline:
@@ -50,6 +54,17 @@ def launch(args):
             print(f"rank {i}: still running after {args.timeout} s: killed", flush=True)
             p.kill()
             rcs[i] = "timeout"
+    for r, log in enumerate(logs):
+        log.seek(0)
+        out = log.read()
+        print(out, end="", flush=True)
+        versions = {line.strip() for line in out.splitlines() if "NCCL version" in line}
+        mine = "(nccl-rs)" if args.lib != "nvidia" else "+cuda"
+        # NVIDIA's NCCL prints its line on rank 0 only, ours in every process.
+        if (r == 0 and not versions) or any(mine not in v for v in versions):
+            print(f"rank {r}: NCCL_DEBUG=VERSION printed {sorted(versions)}: "
+                  f"not only the library asked for", flush=True)
+            rcs[r] = rcs[r] or "wrong library"
     ok = all(rc == 0 for rc in rcs)
     print(f"torch drop-in on {args.nranks} rank(s), lib {args.lib}: "
           f"{'PASSED' if ok else 'FAILED'} (exit codes {rcs})", flush=True)
@@ -81,16 +96,19 @@ def worker(args):
             failures.append(name)
             say(f"FAIL {name}: {type(e).__name__}: {e}")
 
-    # Which libnccl this process mapped, and the version torch reads from it.
+    # Which libnccl files this process mapped, and whose ncclGetVersion the process-wide
+    # lookup finds first (the one torch's calls bind to).
+    import ctypes
     maps = open("/proc/self/maps").read()
     mapped = sorted({line.split()[-1] for line in maps.splitlines() if "libnccl" in line})
-    version = torch.cuda.nccl.version()
-    say(f"torch {torch.__version__}, libnccl mapped: {mapped}, ncclGetVersion {version}")
-    if args.lib != "nvidia":
-        want = os.path.realpath(args.lib)
-        if [os.path.realpath(m) for m in mapped] != [want]:
-            say(f"FAIL: expected only {want} mapped")
-            return 1
+    v = ctypes.c_int(0)
+    if args.lib != "nvidia":  # NVIDIA's alone is loaded RTLD_LOCAL: not found this way
+        ctypes.CDLL(None).ncclGetVersion(ctypes.byref(v))
+    say(f"torch {torch.__version__} (built with NCCL {torch.cuda.nccl.version()}), libnccl "
+        f"mapped: {mapped}, process-wide ncclGetVersion: {v.value}")
+    if args.lib != "nvidia" and v.value != 22503:
+        say(f"FAIL: ncclGetVersion is {v.value}, not nccl-rs's 22503")
+        return 1
 
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
 
