@@ -52,11 +52,19 @@ fn counts(all: &[usize]) -> Vec<usize> {
     picked
 }
 
-/// In a child process of `common::procs::run`: its one rank, on the GPU of its rank number.
+/// In a child process of `common::procs::run`: its one rank, on the GPU of its rank number
+/// (with NCCL_RS_SHARED_GPUS=1 on fewer GPUs, rank % visible: processes then share a GPU
+/// through CUDA IPC).
 fn child_rank() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
-    let dev = nccl::Device::open(rank as i32).expect("open the GPU");
+    let have = nccl::cuda::device_count().unwrap_or_else(|e| panic!("no GPUs: {e}"));
+    let ordinal = if nccl::env::int("NCCL_RS_SHARED_GPUS") == 1 && have < nranks {
+        rank % have.max(1)
+    } else {
+        rank
+    };
+    let dev = nccl::Device::open(ordinal as i32).expect("open the GPU");
     let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
     Some(Ranks::new(vec![comm]))
 }

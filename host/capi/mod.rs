@@ -271,7 +271,11 @@ export! {
 
 export! {
     /// `ncclCommDestroy`: frees the communicator (after flushing this rank's operations).
+    /// NULL is a no-op that succeeds, as in NCCL.
     fn ncclCommDestroy / pncclCommDestroy(comm: NcclComm) {
+        if comm.is_null() {
+            return Ok(NcclResult::Success);
+        }
         handle(comm)?.check_destroyable()?;
         // SAFETY: the pointer came from Box::into_raw here and is destroyed once (caller's
         // contract, as in NCCL).
@@ -284,10 +288,14 @@ export! {
 
 export! {
     /// `ncclCommAbort`: stops everything (a creation in progress too) and frees the
-    /// communicator, promptly, even when peers are gone.
+    /// communicator, promptly, even when peers are gone. NULL is a no-op that succeeds, as in
+    /// NCCL (PyTorch's watchdog relies on it: it aborts communicators it already aborted).
     fn ncclCommAbort / pncclCommAbort(comm: NcclComm) {
-        handle(comm)?;
+        if comm.is_null() {
+            return Ok(NcclResult::Success);
+        }
         // SAFETY: as in ncclCommDestroy.
+        redop::forget(comm);
         let h = Box::from_raw(comm);
         h.abort();
         Ok(NcclResult::Success)

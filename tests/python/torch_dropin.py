@@ -12,6 +12,8 @@ program uses, on random data (each rank's input comes from a seed every rank kno
 rank computes the expected result itself), and compares. Rank r uses GPU r % visible GPUs: on a
 host of fewer GPUs than ranks, set NCCL_RS_SHARED_GPUS=1 (our kernel lab; NVIDIA's NCCL refuses
 shared GPUs). `--lib nvidia` runs the same checks on NVIDIA's NCCL, to check the checks.
+`--scenario dead-peer` instead kills the last rank mid-job: the others must get an error from
+torch's watchdog abort, not hang.
 
 Exit status 0 only if every rank passed every check and exited in time.
 """
@@ -29,6 +31,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def threads_of(pid):
+    """Each thread of a stuck process: name, state and where it sleeps in the kernel."""
+    out = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        def rd(f):
+            try:
+                return open(f"/proc/{pid}/task/{tid}/{f}").read().strip()
+            except OSError as e:
+                return f"({e.strerror})"
+        state = next((l for l in rd("status").splitlines() if l.startswith("State")), "")
+        stack = " <- ".join(l.split()[-1] for l in rd("stack").splitlines()[:4])
+        out.append(f"  {tid} {rd('comm'):16} {state[6:].strip():14} wchan {rd('wchan')} {stack}")
+    return "\n".join(out)
+
+
 def launch(args):
     import tempfile
     port = free_port()
@@ -39,7 +56,13 @@ def launch(args):
                    MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0", NCCL_DEBUG="VERSION")
         if args.lib != "nvidia":
             env["LD_PRELOAD"] = os.path.abspath(args.lib)
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib]
+        if args.scenario == "dead-peer":
+            # CleanUpOnly: on a timeout torch's watchdog aborts the communicator
+            # (ncclCommAbort) and keeps the process, which then sees the error.
+            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+            env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")  # no debug dump first
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib,
+               "--scenario", args.scenario]
         log = tempfile.TemporaryFile(mode="w+")
         logs.append(log)
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -51,14 +74,17 @@ def launch(args):
         time.sleep(0.2)
     for i, p in enumerate(procs):
         if rcs[i] is None:
-            print(f"rank {i}: still running after {args.timeout} s: killed", flush=True)
+            print(f"rank {i}: still running after {args.timeout} s: killed; its threads:",
+                  flush=True)
+            print(threads_of(p.pid), flush=True)
             p.kill()
             rcs[i] = "timeout"
     for r, log in enumerate(logs):
         log.seek(0)
         out = log.read()
         print(out, end="", flush=True)
-        versions = {line.strip() for line in out.splitlines() if "NCCL version" in line}
+        versions = {line.strip() for line in out.splitlines()
+                    if line.strip().startswith("NCCL version")}
         mine = "(nccl-rs)" if args.lib != "nvidia" else "+cuda"
         # NVIDIA's NCCL prints its line on rank 0 only, ours in every process.
         if (r == 0 and not versions) or any(mine not in v for v in versions):
@@ -109,6 +135,9 @@ def worker(args):
     if args.lib != "nvidia" and v.value != 22503:
         say(f"FAIL: ncclGetVersion is {v.value}, not nccl-rs's 22503")
         return 1
+
+    if args.scenario == "dead-peer":
+        return dead_peer(rank, world, dev, say)
 
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
 
@@ -360,11 +389,56 @@ def worker(args):
     return 0 if not failures else 1
 
 
+def dead_peer(rank, world, dev, say):
+    """The last rank leaves without a word after one AllReduce; the others start another,
+    which can never finish. torch's watchdog must see the timeout and abort the communicator
+    (ncclCommAbort), the stuck kernel must then end, later calls must fail, and the process
+    group must be destroyed: an error and a working abort, not a hang."""
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    limit = 20
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev,
+                            timeout=timedelta(seconds=limit))
+    t = torch.ones(1 << 20, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    if t[0].item() != world:
+        say(f"FAIL: the first all_reduce gave {t[0].item()}, want {world}")
+        return 1
+    if rank == world - 1:
+        say("leaving without a word")
+        os._exit(0)
+    t0 = time.time()
+    dist.all_reduce(t, async_op=True)
+    torch.cuda.synchronize()  # returns only once the abort ended the kernel
+    stuck = time.time() - t0
+    say(f"the stuck all_reduce ended after {stuck:.1f} s (watchdog timeout {limit} s)")
+    try:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        say("FAIL: an all_reduce on the aborted group succeeded")
+        return 1
+    except Exception as e:
+        say(f"the next all_reduce failed as it must: {type(e).__name__}: {str(e)[:200]}")
+    t1 = time.time()
+    dist.destroy_process_group()
+    say(f"destroy_process_group returned after {time.time() - t1:.1f} s")
+    if stuck < limit * 0.9:
+        say(f"FAIL: the all_reduce ended before the timeout: it cannot have completed")
+        return 1
+    say("dead peer: error seen, abort worked; exiting")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True, help="our libnccl.so.2, or 'nvidia'")
     ap.add_argument("--nranks", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--scenario", choices=["checks", "dead-peer"], default="checks",
+                    help="checks: the collectives; dead-peer: a rank dies, the rest abort")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.exit(worker(args) if args.worker else launch(args))
