@@ -87,6 +87,11 @@ if [ "$what" = torch ]; then
     NCCL_RS_SHARED_GPUS=$shared step 400 "torch-ours-$n.txt" \
       "$python" "$root/tests/python/torch_dropin.py" --lib "$lib" --nranks "$n" --timeout 380
   done
+  for n in 2 4; do # the same checks on non-blocking communicators (ncclInProgress paths)
+    shared=$([ "$gpus" -lt "$n" ] && echo 1 || echo 0)
+    NCCL_RS_SHARED_GPUS=$shared TORCH_NCCL_USE_COMM_NONBLOCKING=1 step 300 "torch-ours-nonblocking-$n.txt" \
+      "$python" "$root/tests/python/torch_dropin.py" --lib "$lib" --nranks "$n" --timeout 280
+  done
   for n in 2 4; do # a rank dies mid-job: the others must end in an error and an abort
     shared=$([ "$gpus" -lt "$n" ] && echo 1 || echo 0)
     NCCL_RS_SHARED_GPUS=$shared step 200 "torch-ours-dead-peer-$n.txt" "$python" \

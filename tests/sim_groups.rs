@@ -373,3 +373,62 @@ fn abort_stops_a_group_still_in_progress() {
     assert_ne!(cs[0].async_state(), NcclResult::Success, "{e}");
     cs[0].device().stream_destroy(s).unwrap();
 }
+
+/// NCCL 2.28's all-to-all on non-blocking communicators, outside any group and one thread per
+/// rank: it is issued at the call, like any collective outside a group, and returns success,
+/// not ncclInProgress (PyTorch checks ncclAlltoAll strictly). Inside a group it is deferred,
+/// and the group's end is what reports ncclInProgress.
+#[test]
+fn nccl_2_28_all_to_all_on_nonblocking_comms_returns_at_the_call() {
+    sim();
+    let n = 3;
+    let cs = comms(12, n, &Config::blocking(false));
+    for c in &cs {
+        assert_eq!(poll(c), NcclResult::Success);
+    }
+    let count = 5000;
+    let data =
+        |r: usize| -> Vec<i32> { (0..n * count).map(|i| (r * 1_000_000 + i) as i32).collect() };
+    let bufs: Vec<_> = (0..n)
+        .map(|r| {
+            let d = cs[r].device();
+            let (s, o) = (
+                d.alloc(n * count * 4).unwrap(),
+                d.alloc(n * count * 4).unwrap(),
+            );
+            s.write(0, to_bytes(&data(r))).unwrap();
+            (s, o)
+        })
+        .collect();
+    for grouped in [false, true] {
+        std::thread::scope(|s| {
+            for (r, c) in cs.iter().enumerate() {
+                let b = &bufs[r];
+                s.spawn(move || {
+                    let st = StreamHandle::default();
+                    if grouped {
+                        nccl::group_start();
+                    }
+                    let r1 = c.all_to_all(b.0.ptr, b.1.ptr, count, DataType::Int32, st);
+                    if grouped {
+                        r1.expect("all_to_all inside a group");
+                        in_progress(nccl::group_end());
+                        assert_eq!(poll(c), NcclResult::Success);
+                    } else {
+                        r1.expect("all_to_all outside a group returns success");
+                    }
+                    c.device().stream_sync(st).unwrap();
+                });
+            }
+        });
+        for (r, b) in bufs.iter().enumerate() {
+            let mut out = vec![0u8; n * count * 4];
+            b.1.read(0, &mut out).unwrap();
+            let got: Vec<i32> = from_bytes(&out);
+            let want: Vec<i32> = (0..n)
+                .flat_map(|i| data(i)[r * count..(r + 1) * count].to_vec())
+                .collect();
+            assert!(got == want, "rank {r}, grouped {grouped}: wrong data");
+        }
+    }
+}

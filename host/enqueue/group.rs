@@ -214,6 +214,19 @@ fn run_ops(ordered: Vec<Job>, p2p: Vec<super::p2p::P2pOp>) -> Result<()> {
 /// and this returns an error of code `InProgress` (not a failure: poll each communicator's
 /// [`Comm::async_state`] until it is `Success`).
 pub fn end() -> Result<()> {
+    end_with(false)
+}
+
+/// Ends a group this library opened around one API call of its own (NCCL 2.28's all-to-all,
+/// gather and scatter, made of sends and receives): at the outermost level its operations are
+/// issued on this thread even for non-blocking communicators, as a collective outside a group
+/// is, so the call returns their outcome rather than `ncclInProgress` (PyTorch checks
+/// `ncclAlltoAll` strictly). Inside the caller's group it only closes the nesting.
+pub fn end_inline() -> Result<()> {
+    end_with(true)
+}
+
+fn end_with(inline: bool) -> Result<()> {
     let Some(state) = take_outermost()? else {
         return Ok(());
     };
@@ -233,7 +246,7 @@ pub fn end() -> Result<()> {
     if let Some(e) = first {
         return Err(e);
     }
-    if blocking != Some(false) || (ordered.is_empty() && p2p.is_empty()) {
+    if inline || blocking != Some(false) || (ordered.is_empty() && p2p.is_empty()) {
         return run_ops(ordered, p2p);
     }
     let orders: Vec<Arc<StreamOrder>> = members.into_iter().map(|m| m.order).collect();

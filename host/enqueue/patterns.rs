@@ -35,11 +35,13 @@ fn check_root(what: &str, root: usize, nranks: usize) -> Result<()> {
 }
 
 /// Runs `issue` inside a group of its own (nested in the caller's, if any): its sends and
-/// receives go out together. The first error wins; the group is ended either way.
+/// receives go out together, now when the caller has no group (also for non-blocking
+/// communicators, as any collective outside a group). The first error wins; the group is
+/// ended either way.
 fn in_group(issue: impl FnOnce() -> Result<()>) -> Result<()> {
     group::start();
     let issued = issue();
-    let ended = crate::group_end();
+    let ended = group::end_inline();
     issued.and(ended)
 }
 
