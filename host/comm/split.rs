@@ -106,6 +106,17 @@ impl Comm {
         }))
     }
 
+    /// The child this rank was placed in, on the parent's device, honouring `abort`.
+    fn create_child(
+        &self,
+        p: Placement,
+        config: ResolvedConfig,
+        abort: &AbortFlag,
+    ) -> Result<Comm> {
+        let id = std::slice::from_ref(&p.id);
+        Comm::create(self.device.clone(), p.nranks, id, p.rank, config, abort)
+    }
+
     /// The whole split for one rank, honouring `abort` in the child's creation.
     pub(crate) fn split_with(
         &self,
@@ -116,15 +127,7 @@ impl Comm {
     ) -> Result<Option<Comm>> {
         match self.split_placement(color, key)? {
             None => Ok(None),
-            Some(p) => Comm::create(
-                self.device.clone(),
-                p.nranks,
-                std::slice::from_ref(&p.id),
-                p.rank,
-                config,
-                abort,
-            )
-            .map(Some),
+            Some(p) => self.create_child(p, config, abort).map(Some),
         }
     }
 
@@ -275,14 +278,7 @@ impl Comm {
         abort: &AbortFlag,
     ) -> Result<Comm> {
         let p = self.shrink_placement(exclude)?;
-        Comm::create(
-            self.device.clone(),
-            p.nranks,
-            std::slice::from_ref(&p.id),
-            p.rank,
-            config,
-            abort,
-        )
+        self.create_child(p, config, abort)
     }
 
     /// The checks and the parent's part of a shrink, before the child is made: the flags and

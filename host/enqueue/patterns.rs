@@ -25,6 +25,9 @@ fn block_bytes(what: &str, count: usize, dt: DataType, nranks: usize) -> Result<
         })
 }
 
+/// [`Comm::send`] or [`Comm::recv`]: (buffer, count, type, peer, stream).
+type MoveFn = fn(&Comm, DevPtr, usize, DataType, usize, StreamHandle) -> Result<()>;
+
 fn check_root(what: &str, root: usize, nranks: usize) -> Result<()> {
     if root >= nranks {
         return Err(Error::invalid_argument(format!(
@@ -88,25 +91,7 @@ impl Comm {
         root: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let what = "ncclGather";
-        let (n, me) = (self.count(), self.rank());
-        check_root(what, root, n).map_err(group::record_error)?;
-        let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
-        in_group(|| {
-            if me == root {
-                for peer in 0..n {
-                    let at = recv + peer as u64 * block;
-                    if peer == me && at == send {
-                        continue; // already in place
-                    }
-                    self.recv(at, count, dtype, peer, stream)?;
-                }
-            }
-            if !(me == root && send == recv + me as u64 * block) {
-                self.send(send, count, dtype, root, stream)?;
-            }
-            Ok(())
-        })
+        self.rooted("ncclGather", true, recv, send, count, dtype, root, stream)
     }
 
     /// `ncclScatter`: block `i` (`count` elements) of `send` on `root` lands in rank `i`'s
@@ -122,22 +107,39 @@ impl Comm {
         root: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let what = "ncclScatter";
+        self.rooted("ncclScatter", false, send, recv, count, dtype, root, stream)
+    }
+
+    /// Gather (`to_root`) or scatter: the root moves block `i` of `blocks` from or to rank
+    /// `i`, and every rank its `mine`; nothing moves at the root when `mine` is its own block.
+    #[allow(clippy::too_many_arguments)]
+    fn rooted(
+        &self,
+        what: &str,
+        to_root: bool,
+        blocks: DevPtr,
+        mine: DevPtr,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
         let (n, me) = (self.count(), self.rank());
         check_root(what, root, n).map_err(group::record_error)?;
         let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
+        let at = |r: usize| blocks + r as u64 * block;
+        let (root_side, rank_side) = match to_root {
+            true => (Comm::recv as MoveFn, Comm::send as MoveFn),
+            false => (Comm::send as MoveFn, Comm::recv as MoveFn),
+        };
         in_group(|| {
             if me == root {
-                for peer in 0..n {
-                    let at = send + peer as u64 * block;
-                    if peer == me && at == recv {
-                        continue; // already in place
-                    }
-                    self.send(at, count, dtype, peer, stream)?;
+                for peer in (0..n).filter(|&p| !(p == me && at(p) == mine)) {
+                    root_side(self, at(peer), count, dtype, peer, stream)?;
                 }
             }
-            if !(me == root && recv == send + me as u64 * block) {
-                self.recv(recv, count, dtype, root, stream)?;
+            if !(me == root && at(me) == mine) {
+                rank_side(self, mine, count, dtype, root, stream)?;
             }
             Ok(())
         })
