@@ -5,7 +5,8 @@
 # with `.gpu` carried (`both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
 # sharing one GPU, for hosts of one; `torch`: PyTorch's torch.distributed on our libnccl.so.2,
 # which `NCCL_RS_PTX_ARCHS=sm_90 cargo build --release --features capi --lib` builds and
-# `.gpu-capi/libnccl.so.2` carries: cp target/release/libnccl.so .gpu-capi/libnccl.so.2).
+# `.gpu-capi/libnccl.so.2` carries: cp target/release/libnccl.so .gpu-capi/libnccl.so.2; its
+# parts: `torch checks`, `torch nonblocking`, `torch dead-peer`).
 # Every step has its own time limit, so one stuck step cannot eat the call. The logs come back
 # as one archive, $OUT/gpu-session.tgz (the device tool returns at most 8 files).
 # The first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
@@ -81,21 +82,27 @@ if [ "$what" = torch ]; then
   } >"$out/torch-nccl-symbols.txt" 2>&1
   export CUDA_CACHE_MAXSIZE=4294967296 # our PTX families, JIT-compiled once, for every rank
   gpus=$(nvidia-smi -L | grep -c '^GPU')
-  step 120 torch-nvidia-1.txt "$python" "$root/tests/python/torch_dropin.py" --lib nvidia --nranks 1
-  for n in 1 2 4; do
+  # The parts run (`torch checks nonblocking dead-peer`, all by default): about 9 minutes in
+  # all on a fresh one-GPU host, more than one call may run, so give each part its own call.
+  parts=" ${only:-checks nonblocking dead-peer} "
+  run_torch() { # run_torch LOG NRANKS LIMIT_S [ARGS...]: our library on NRANKS ranks
+    local log=$1 n=$2 limit=$3 shared
+    shift 3
     shared=$([ "$gpus" -lt "$n" ] && echo 1 || echo 0)
-    NCCL_RS_SHARED_GPUS=$shared step 400 "torch-ours-$n.txt" \
-      "$python" "$root/tests/python/torch_dropin.py" --lib "$lib" --nranks "$n" --timeout 380
-  done
-  for n in 2 4; do # the same checks on non-blocking communicators (ncclInProgress paths)
-    shared=$([ "$gpus" -lt "$n" ] && echo 1 || echo 0)
-    NCCL_RS_SHARED_GPUS=$shared TORCH_NCCL_USE_COMM_NONBLOCKING=1 step 300 "torch-ours-nonblocking-$n.txt" \
-      "$python" "$root/tests/python/torch_dropin.py" --lib "$lib" --nranks "$n" --timeout 280
-  done
-  for n in 2 4; do # a rank dies mid-job: the others must end in an error and an abort
-    shared=$([ "$gpus" -lt "$n" ] && echo 1 || echo 0)
-    NCCL_RS_SHARED_GPUS=$shared step 200 "torch-ours-dead-peer-$n.txt" "$python" \
-      "$root/tests/python/torch_dropin.py" --lib "$lib" --nranks "$n" --timeout 180 --scenario dead-peer
-  done
+    NCCL_RS_SHARED_GPUS=$shared step "$limit" "$log" "$python" "$root/tests/python/torch_dropin.py" \
+      --lib "$lib" --nranks "$n" --timeout $((limit - 20)) "$@"
+  }
+  if [[ $parts == *" checks "* ]]; then
+    step 120 torch-nvidia-1.txt "$python" "$root/tests/python/torch_dropin.py" --lib nvidia --nranks 1
+    for n in 1 2 4; do run_torch "torch-ours-$n.txt" "$n" 400; done
+  fi
+  if [[ $parts == *" nonblocking "* ]]; then # the checks on non-blocking communicators
+    export TORCH_NCCL_USE_COMM_NONBLOCKING=1
+    for n in 2 4; do run_torch "torch-ours-nonblocking-$n.txt" "$n" 300; done
+    unset TORCH_NCCL_USE_COMM_NONBLOCKING
+  fi
+  if [[ $parts == *" dead-peer "* ]]; then # a rank dies mid-job: an error and an abort, no hang
+    for n in 2 4; do run_torch "torch-ours-dead-peer-$n.txt" "$n" 200 --scenario dead-peer; done
+  fi
 fi
 tar -czf "${OUT:-$bundle}/gpu-session.tgz" -C "$bundle" logs

@@ -394,3 +394,55 @@ fn shrink_rejects_bad_lists_and_flags() {
     // Nothing was sent: the parent still works.
     sum_ok(parents, 100);
 }
+
+/// Two non-blocking splits issued back to back, as PyTorch's new_group does for its groups
+/// ({0, 3} then {1, 2}, every rank calling both, no wait in between): their agreements run on
+/// background threads, yet must not interleave over the parent's bootstrap (on 4 H200-sharing
+/// processes they did: "split: rank 0 sent a malformed color/key record"). A shrink follows.
+#[test]
+fn back_to_back_nonblocking_splits_keep_their_order() {
+    sim();
+    let n = 4;
+    for round in 0..5 {
+        let id = nccl::get_unique_id().unwrap();
+        let cfg = Config::blocking(false);
+        let parents: Vec<std::sync::Arc<Comm>> = per_rank(n, |r| {
+            std::sync::Arc::new(Comm::init_rank_config_on(dev(r), n, &id, r, &cfg).expect("init"))
+        });
+        for p in &parents {
+            while p.async_state() == NcclResult::InProgress {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let groups = [[0usize, 3], [1, 2]];
+        let children: Vec<Vec<Comm>> = per_rank(n, |r| {
+            let mut pending = Vec::new();
+            for g in &groups {
+                let color = if g.contains(&r) {
+                    0
+                } else {
+                    nccl::SPLIT_NOCOLOR
+                };
+                pending.push(Comm::start_split(&parents[r], color, r as i32, None).expect("split"));
+            }
+            // Also a shrink of rank 1, right behind them, by the others.
+            let shrunk = (r != 1).then(|| {
+                Comm::start_shrink(&parents[r], &[1], None, nccl::SHRINK_DEFAULT).expect("shrink")
+            });
+            pending
+                .into_iter()
+                .flatten()
+                .chain(shrunk)
+                .map(|p| {
+                    p.wait()
+                        .unwrap_or_else(|e| panic!("round {round} rank {r}: {e}"))
+                })
+                .collect()
+        });
+        for (r, cs) in children.iter().enumerate() {
+            let counts: Vec<usize> = cs.iter().map(|c| c.count()).collect();
+            let want = if r == 1 { vec![2] } else { vec![2, 3] };
+            assert_eq!(counts, want, "round {round} rank {r}");
+        }
+    }
+}

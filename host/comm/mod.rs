@@ -12,6 +12,7 @@ pub mod register;
 pub mod rings;
 mod split;
 pub mod tuning;
+mod turns;
 
 pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
 pub use pending::{Launch, PendingComm};
@@ -181,6 +182,8 @@ pub struct Comm {
     registered: register::Registrations,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: crate::cuda::HostFlag,
+    /// The order in which this communicator's splits and shrinks agree over its bootstrap.
+    pub(crate) split_turns: Arc<turns::Turns>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -475,6 +478,7 @@ impl Comm {
             async_error: Mutex::new(None),
             registered: register::Registrations::default(),
             kernel_abort,
+            split_turns: Arc::default(),
         })
     }
 

@@ -2,6 +2,7 @@
 //! then each child is created with a fresh root started by its rank 0. `ncclCommShrink`
 //! (NCCL 2.27) is a split that the excluded ranks take no part in.
 
+use super::turns::Ticket;
 use super::{Comm, Config, Launch, PendingComm, ResolvedConfig, SPLIT_NOCOLOR};
 use crate::bootstrap::{new_root_id, AbortFlag, UniqueId, UNIQUE_ID_BYTES};
 use crate::enqueue::group;
@@ -117,15 +118,20 @@ impl Comm {
         Comm::create(self.device.clone(), p.nranks, id, p.rank, config, abort)
     }
 
-    /// The whole split for one rank, honouring `abort` in the child's creation.
+    /// The whole split for one rank, honouring `abort` in the child's creation. The agreement
+    /// runs in `turn`'s turn; the child is created after it.
     pub(crate) fn split_with(
         &self,
         color: i32,
         key: i32,
         config: ResolvedConfig,
         abort: &AbortFlag,
+        turn: Ticket,
     ) -> Result<Option<Comm>> {
-        match self.split_placement(color, key)? {
+        turn.wait(abort)?;
+        let placement = self.split_placement(color, key);
+        drop(turn);
+        match placement? {
             None => Ok(None),
             Some(p) => self.create_child(p, config, abort).map(Some),
         }
@@ -140,7 +146,8 @@ impl Comm {
             Some(c) => c.resolve(Some(&self.config))?,
             None => Config::default().resolve(Some(&self.config))?,
         };
-        self.split_with(color, key, resolved, &AbortFlag::new())
+        let turn = self.split_turns.ticket();
+        self.split_with(color, key, resolved, &AbortFlag::new(), turn)
     }
 }
 
@@ -165,9 +172,10 @@ impl Comm {
             Launch::Background
         };
         let p = parent.clone();
+        let turn = parent.split_turns.ticket();
         if color < 0 {
             let job = move || {
-                p.split_with(color, key, resolved, &AbortFlag::new())
+                p.split_with(color, key, resolved, &AbortFlag::new(), turn)
                     .map(|_| ())
             };
             match launch {
@@ -187,7 +195,7 @@ impl Comm {
             return Ok(None);
         }
         PendingComm::start(launch, move |abort| {
-            p.split_with(color, key, resolved, abort)?
+            p.split_with(color, key, resolved, abort, turn)?
                 .ok_or_else(|| Error::internal("split: no child for a valid color"))
         })
         .map(Some)
@@ -276,9 +284,12 @@ impl Comm {
         exclude: &[usize],
         config: ResolvedConfig,
         abort: &AbortFlag,
+        turn: Ticket,
     ) -> Result<Comm> {
-        let p = self.shrink_placement(exclude)?;
-        self.create_child(p, config, abort)
+        turn.wait(abort)?;
+        let placement = self.shrink_placement(exclude);
+        drop(turn);
+        self.create_child(placement?, config, abort)
     }
 
     /// The checks and the parent's part of a shrink, before the child is made: the flags and
@@ -315,7 +326,8 @@ impl Comm {
     /// options. Blocks until the child is ready.
     pub fn shrink(&self, exclude: &[usize], config: Option<&Config>, flags: i32) -> Result<Comm> {
         let resolved = self.prepare_shrink(exclude, config, flags)?;
-        self.shrink_with(exclude, resolved, &AbortFlag::new())
+        let turn = self.split_turns.ticket();
+        self.shrink_with(exclude, resolved, &AbortFlag::new(), turn)
     }
 
     /// [`Comm::shrink`] that honours the child's `blocking` option and groups, as
@@ -333,8 +345,9 @@ impl Comm {
             Launch::Background
         };
         let (p, exclude) = (parent.clone(), exclude.to_vec());
+        let turn = parent.split_turns.ticket();
         PendingComm::start(launch, move |abort| {
-            p.shrink_with(&exclude, resolved, abort)
+            p.shrink_with(&exclude, resolved, abort, turn)
         })
     }
 }
