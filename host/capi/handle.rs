@@ -197,11 +197,14 @@ impl CommHandle {
         }
     }
 
-    /// `ncclCommAbort`: stops the creation or the communicator, then frees.
-    pub(crate) fn abort(self) {
+    /// `ncclCommAbort`: stops the creation or the communicator and frees it; the handle then
+    /// answers every call with ncclInvalidUsage.
+    pub(crate) fn abort(&self) {
         let state = std::mem::replace(
             &mut *lock(&self.state),
-            State::Failed(in_progress("aborted")),
+            State::Failed(Error::invalid_usage(
+                "the communicator was aborted (ncclCommAbort)",
+            )),
         );
         match state {
             State::Pending(p) => {

@@ -294,10 +294,12 @@ export! {
         if comm.is_null() {
             return Ok(NcclResult::Success);
         }
-        // SAFETY: as in ncclCommDestroy.
+        // The communicator goes, but the handle's few bytes stay allocated: a thread racing
+        // the abort with a call of its own (PyTorch's main thread against its watchdog, seen
+        // on one H200) then gets ncclInvalidUsage instead of touching freed memory. A later
+        // ncclCommDestroy of the handle frees it.
         redop::forget(comm);
-        let h = Box::from_raw(comm);
-        h.abort();
+        handle(comm)?.abort();
         Ok(NcclResult::Success)
     }
 }

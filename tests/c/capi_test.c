@@ -328,6 +328,12 @@ static void nonblocking_single_rank(void) {
   EXPECT(ncclCommFinalize(comm) == ncclInvalidUsage, "second finalize");
   CHECK(ncclCommDestroy(comm));
   CHECK(ncclCommAbort(child));
+  /* The aborted handle stays valid for a racing thread: its calls fail cleanly, and a
+   * destroy frees it. */
+  EXPECT(ncclCommCount(child, &n) == ncclInvalidUsage, "count after abort");
+  EXPECT(strstr(ncclGetLastError(NULL), "aborted") != NULL, "message: %s",
+         ncclGetLastError(NULL));
+  CHECK(ncclCommDestroy(child));
 }
 
 int main(void) {
