@@ -69,7 +69,6 @@ if [ "$what" = lab ]; then
   unset NCCL_RS_SHARED_GPUS
 fi
 if [ "$what" = torch ]; then
-  mkdir -p "$bundle"
   python=/opt/torch/.venv/bin/python
   lib="$root/.gpu-capi/libnccl.so.2"
   torchlib=$(dirname "$nccl")/../../../torch/lib/libtorch_cuda.so

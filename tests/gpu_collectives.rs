@@ -57,14 +57,7 @@ fn counts(all: &[usize]) -> Vec<usize> {
 /// through CUDA IPC).
 fn child_rank() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
-    nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
-    let have = nccl::cuda::device_count().unwrap_or_else(|e| panic!("no GPUs: {e}"));
-    let ordinal = if nccl::env::int("NCCL_RS_SHARED_GPUS") == 1 && have < nranks {
-        rank % have.max(1)
-    } else {
-        rank
-    };
-    let dev = nccl::Device::open(ordinal as i32).expect("open the GPU");
+    let dev = nccl::Device::open(devices(nranks)[rank]).expect("open the GPU");
     let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
     Some(Ranks::new(vec![comm]))
 }

@@ -14,7 +14,7 @@ pub use config::{NcclConfig, NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT};
 pub use handle::CommHandle;
 
 use crate::bootstrap::UniqueId;
-use crate::comm::{Comm, PendingComm};
+use crate::comm::{Comm, Config, PendingComm};
 use crate::cuda::{DevBuffer, Device, StreamHandle};
 use crate::enqueue::{group, ReduceOp};
 use crate::error::{Error, NcclResult, Result};
@@ -194,6 +194,24 @@ export! {
     }
 }
 
+/// A split's or shrink's `config` (NULL: inherit the parent's) and whether its child is
+/// created blocking.
+///
+/// # Safety
+/// As [`config::read`].
+unsafe fn child_config(config: *const NcclConfig, parent: &Comm) -> Result<(Option<Config>, bool)> {
+    let cfg = match config.is_null() {
+        true => None,
+        false => Some(config::read(config)?),
+    };
+    let blocking = cfg
+        .clone()
+        .unwrap_or_default()
+        .resolve(Some(parent.config()))?
+        .blocking;
+    Ok((cfg, blocking))
+}
+
 export! {
     /// `ncclCommSplit`: `newcomm` gets NULL for NCCL_SPLIT_NOCOLOR.
     fn ncclCommSplit / pncclCommSplit(
@@ -206,15 +224,7 @@ export! {
         let parent = handle(comm)?.ready()?;
         let slot = newcomm.as_mut().ok_or_else(|| null("newcomm"))?;
         *slot = std::ptr::null_mut();
-        let cfg = match config.is_null() {
-            true => None,
-            false => Some(config::read(config)?),
-        };
-        let blocking = cfg
-            .clone()
-            .unwrap_or_default()
-            .resolve(Some(parent.config()))?
-            .blocking;
+        let (cfg, blocking) = child_config(config, &parent)?;
         match Comm::start_split(&parent, color, key, cfg.as_ref())? {
             None => Ok(NcclResult::Success),
             Some(p) => hand_out(newcomm, p, blocking),
@@ -247,15 +257,7 @@ export! {
                 .map(|&r| count_of("excluded rank", r))
                 .collect::<Result<_>>()?,
         };
-        let cfg = match config.is_null() {
-            true => None,
-            false => Some(config::read(config)?),
-        };
-        let blocking = cfg
-            .clone()
-            .unwrap_or_default()
-            .resolve(Some(parent.config()))?
-            .blocking;
+        let (cfg, blocking) = child_config(config, &parent)?;
         let pending = Comm::start_shrink(&parent, &exclude, cfg.as_ref(), shrink_flags)?;
         hand_out(newcomm, pending, blocking)
     }

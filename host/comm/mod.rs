@@ -771,8 +771,7 @@ impl Comm {
     /// later operations are invalid usage. The memory is released when the communicator drops
     /// (without waiting for outstanding operations).
     pub fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.kernel_abort.raise();
+        self.stop_operations();
         self.abort_flag.abort();
         self.bootstrap.abort();
         // A non-blocking group issuing our work must stop before our memory may go; the

@@ -212,7 +212,7 @@ const TAG_SHRINK_ID: u32 = 0x5348_524b;
 
 /// The parent ranks that remain after excluding `exclude` (checked: in range, no repeats, not
 /// `me`, who is calling), in parent rank order: the child's ranks.
-pub(crate) fn survivors(nranks: usize, me: usize, exclude: &[usize]) -> Result<Vec<usize>> {
+fn survivors(nranks: usize, me: usize, exclude: &[usize]) -> Result<Vec<usize>> {
     let mut out = vec![true; nranks];
     for &r in exclude {
         if r >= nranks {
@@ -239,8 +239,7 @@ impl Comm {
     /// Where this rank lands in the shrunk child. Only the survivors take part: the first
     /// starts the child's root and sends its id to each other one over the parent's
     /// bootstrap, so nothing waits on an excluded (perhaps dead) rank.
-    fn shrink_placement(&self, exclude: &[usize]) -> Result<Placement> {
-        let group = survivors(self.nranks, self.rank, exclude)?;
+    fn shrink_placement(&self, group: &[usize]) -> Result<Placement> {
         let leader = group[0];
         let internal = if leader == self.rank {
             let made = new_root_id();
@@ -281,41 +280,42 @@ impl Comm {
     /// The whole shrink for one rank, honouring `abort` in the child's creation.
     fn shrink_with(
         &self,
-        exclude: &[usize],
+        group: &[usize],
         config: ResolvedConfig,
         abort: &AbortFlag,
         turn: Ticket,
     ) -> Result<Comm> {
         turn.wait(abort)?;
-        let placement = self.shrink_placement(exclude);
+        let placement = self.shrink_placement(group);
         drop(turn);
         self.create_child(placement?, config, abort)
     }
 
     /// The checks and the parent's part of a shrink, before the child is made: the flags and
     /// the exclude list are valid, the parent's operations are stopped (`SHRINK_ABORT`) or it
-    /// is usable (`SHRINK_DEFAULT`); returns the child's options.
+    /// is usable (`SHRINK_DEFAULT`); returns the child's ranks (as parent ranks) and options.
     fn prepare_shrink(
         &self,
         exclude: &[usize],
         config: Option<&Config>,
         flags: i32,
-    ) -> Result<ResolvedConfig> {
+    ) -> Result<(Vec<usize>, ResolvedConfig)> {
         if flags != SHRINK_DEFAULT && flags != SHRINK_ABORT {
             return Err(Error::invalid_argument(format!(
                 "shrink: flags {flags:#x} are neither NCCL_SHRINK_DEFAULT (0) nor NCCL_SHRINK_ABORT (1)"
             )));
         }
-        survivors(self.nranks, self.rank, exclude)?;
+        let group = survivors(self.nranks, self.rank, exclude)?;
         if flags == SHRINK_ABORT {
             self.stop_operations();
         } else {
             self.check_usable()?;
         }
-        config
+        let resolved = config
             .cloned()
             .unwrap_or_default()
-            .resolve(Some(&self.config))
+            .resolve(Some(&self.config))?;
+        Ok((group, resolved))
     }
 
     /// `ncclCommShrink`: every rank of this communicator but those in `exclude` calls it; they
@@ -325,9 +325,9 @@ impl Comm {
     /// [`SHRINK_DEFAULT`] leaves it as it was. `config` None inherits this communicator's
     /// options. Blocks until the child is ready.
     pub fn shrink(&self, exclude: &[usize], config: Option<&Config>, flags: i32) -> Result<Comm> {
-        let resolved = self.prepare_shrink(exclude, config, flags)?;
+        let (group, resolved) = self.prepare_shrink(exclude, config, flags)?;
         let turn = self.split_turns.ticket();
-        self.shrink_with(exclude, resolved, &AbortFlag::new(), turn)
+        self.shrink_with(&group, resolved, &AbortFlag::new(), turn)
     }
 
     /// [`Comm::shrink`] that honours the child's `blocking` option and groups, as
@@ -338,16 +338,16 @@ impl Comm {
         config: Option<&Config>,
         flags: i32,
     ) -> Result<PendingComm> {
-        let resolved = parent.prepare_shrink(exclude, config, flags)?;
+        let (group, resolved) = parent.prepare_shrink(exclude, config, flags)?;
         let launch = if resolved.blocking {
             Launch::Blocking
         } else {
             Launch::Background
         };
-        let (p, exclude) = (parent.clone(), exclude.to_vec());
+        let p = parent.clone();
         let turn = parent.split_turns.ticket();
         PendingComm::start(launch, move |abort| {
-            p.shrink_with(&exclude, resolved, abort, turn)
+            p.shrink_with(&group, resolved, abort, turn)
         })
     }
 }
