@@ -566,11 +566,7 @@ impl Comm {
     ) -> Result<PendingComm> {
         let config = config.resolve(None)?;
         check_args(nranks, rank, ids)?;
-        let launch = if config.blocking {
-            Launch::Blocking
-        } else {
-            Launch::Background
-        };
+        let launch = Launch::for_blocking(config.blocking);
         let ids = ids.to_vec();
         PendingComm::start(launch, move |abort| {
             Comm::create(device, nranks, &ids, rank, config, abort)

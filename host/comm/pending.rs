@@ -60,6 +60,17 @@ pub enum Launch {
     Background,
 }
 
+impl Launch {
+    /// How a communicator whose config says `blocking` is created.
+    pub(crate) fn for_blocking(blocking: bool) -> Launch {
+        if blocking {
+            Launch::Blocking
+        } else {
+            Launch::Background
+        }
+    }
+}
+
 impl PendingComm {
     /// Starts `job` (which receives the abort flag it must honour).
     pub(crate) fn start(

@@ -166,11 +166,7 @@ impl Comm {
             .cloned()
             .unwrap_or_default()
             .resolve(Some(&parent.config))?;
-        let launch = if resolved.blocking {
-            Launch::Blocking
-        } else {
-            Launch::Background
-        };
+        let launch = Launch::for_blocking(resolved.blocking);
         let p = parent.clone();
         let turn = parent.split_turns.ticket();
         if color < 0 {
@@ -339,11 +335,7 @@ impl Comm {
         flags: i32,
     ) -> Result<PendingComm> {
         let (group, resolved) = parent.prepare_shrink(exclude, config, flags)?;
-        let launch = if resolved.blocking {
-            Launch::Blocking
-        } else {
-            Launch::Background
-        };
+        let launch = Launch::for_blocking(resolved.blocking);
         let p = parent.clone();
         let turn = parent.split_turns.ticket();
         PendingComm::start(launch, move |abort| {
