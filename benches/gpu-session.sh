@@ -46,6 +46,9 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = both ]; then
   step 200 bench-all.txt "$bench" -C all -b 8 -e 1G -f 4 --baseline "$nccl"
   step 90 bench-sendrecv.txt "$bench" -C sendrecv -b 8 -e 1G -f 4 --baseline "$nccl"
+  # Simple steps with a publishing warp (off by default until this measures it): the large sizes,
+  # to set beside bench-all's and bench-sendrecv's rows.
+  NCCL_RS_SIMPLE_PUBLISHER=1 step 120 bench-publisher.txt "$bench" -C all -b 64M -e 1G -f 4 --baseline "$nccl"
   for p in LL Simple; do
     NCCL_PROTO=$p step 60 "bench-allreduce-$p.txt" "$bench" -C all_reduce -b 8 -e 4M -f 4 --baseline "$nccl"
   done

@@ -149,6 +149,11 @@ pub const PARAMS: &[Param] = &[
         doc: "connections per peer (CTAs of one send/recv) on GPUs; 0: 64 / nranks, up to 16",
     },
     Param {
+        name: "NCCL_RS_SIMPLE_PUBLISHER",
+        default: "0",
+        doc: "1: a Simple step's last warp publishes it while the other warps move the next step (NCCL's design; unmeasured over NVLink, so off)",
+    },
+    Param {
         name: "NCCL_RS_SLICE_STEPS",
         default: "0",
         doc: "FIFO slots one Simple ring step fills (1, 2 or 4); 0: 2 for AllReduce, AllGather and ReduceScatter, 1 for Broadcast and Reduce, as NCCL",

@@ -202,7 +202,8 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
 }
 
 /// Every collective and the AllReduce type/op matrix with one algorithm or protocol forced,
-/// a process per GPU: the tree AllReduce, LL, LL128, Simple everywhere.
+/// a process per GPU: the tree AllReduce, LL, LL128, Simple everywhere, and Simple steps with a
+/// publishing warp (NCCL_RS_SIMPLE_PUBLISHER=1).
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn forced_algorithms_and_protocols() {
@@ -212,16 +213,17 @@ fn forced_algorithms_and_protocols() {
         return;
     }
     let t0 = std::time::Instant::now();
-    // NCCL_RS_TEST_FORCED=LL128 (a value's exact text) runs only that case.
+    // NCCL_RS_TEST_FORCED=LL128 (a value's or a variable's exact text) runs only that case.
     let only = std::env::var("NCCL_RS_TEST_FORCED").ok();
     for forced in [
         ("NCCL_ALGO", "allreduce:tree"),
         ("NCCL_PROTO", "LL"),
         ("NCCL_PROTO", "LL128"),
         ("NCCL_PROTO", "Simple"),
+        ("NCCL_RS_SIMPLE_PUBLISHER", "1"),
     ]
     .into_iter()
-    .filter(|f| only.as_deref().is_none_or(|o| o == f.1))
+    .filter(|f| only.as_deref().is_none_or(|o| o == f.1 || o == f.0))
     {
         for n in counts(&[2, 4]) {
             common::procs::run("forced_algorithms_and_protocols", n, &[forced]);
@@ -238,27 +240,39 @@ fn forced_algorithms_and_protocols() {
 
 /// The forced cases of [`forced_algorithms_and_protocols`] with every rank in this process
 /// (so NCCL_RS_SHARED_GPUS=1 runs them on fewer GPUs): every collective, type and reduction
-/// through the tree AllReduce, LL, LL128 and Simple.
+/// through the tree AllReduce, LL, LL128 and Simple; with a publishing warp, the tree and the
+/// ring with Simple, and send/recv.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn forced_algorithms_and_protocols_in_one_process() {
+    // NCCL_RS_TEST_FORCED=LL128 runs only that protocol's case, =publisher the publisher's.
     let only = std::env::var("NCCL_RS_TEST_FORCED").ok();
-    for (algo, proto) in [
-        ("allreduce:tree", "Simple"),
-        ("ring", "LL"),
-        ("ring", "LL128"),
-        ("ring", "Simple"),
+    for (algo, proto, publisher) in [
+        ("allreduce:tree", "Simple", "0"),
+        ("ring", "LL", "0"),
+        ("ring", "LL128", "0"),
+        ("ring", "Simple", "0"),
+        ("allreduce:tree", "Simple", "1"),
+        ("ring", "Simple", "1"),
     ]
     .into_iter()
-    .filter(|f| only.as_deref().is_none_or(|o| o == f.1))
-    {
+    .filter(|f| {
+        let name = if f.2 == "1" { "publisher" } else { f.1 };
+        only.as_deref().is_none_or(|o| o == name)
+    }) {
         for n in counts(&[2, 4]) {
             // Rank 0's parameters at init rule the communicator.
             std::env::set_var("NCCL_ALGO", algo);
             std::env::set_var("NCCL_PROTO", proto);
+            std::env::set_var("NCCL_RS_SIMPLE_PUBLISHER", publisher);
             let ranks = gpus(n);
             std::env::remove_var("NCCL_ALGO");
             std::env::remove_var("NCCL_PROTO");
+            std::env::remove_var("NCCL_RS_SIMPLE_PUBLISHER");
+            assert_eq!(
+                ranks.comms[0].shape().kernel_flags,
+                publisher.parse().unwrap()
+            );
             let want = match proto {
                 "LL" => Proto::Ll,
                 "LL128" => Proto::Ll128,
@@ -270,7 +284,14 @@ fn forced_algorithms_and_protocols_in_one_process() {
             assert_eq!(big.proto, want, "NCCL_PROTO={proto} must hold at 1 GiB");
             common::collective_matrix(&ranks, &[1, 4099, (1 << 20) + 3], Drive::Group);
             common::type_op_matrix(&ranks, &[13, 65_537, (1 << 20) + 3], Drive::OneThread);
-            eprintln!("NCCL_ALGO={algo} NCCL_PROTO={proto} on {n} ranks passed");
+            if publisher == "1" {
+                common::check_all_to_all(&ranks, 300_000, Drive::OneThread)
+                    .unwrap_or_else(|e| panic!("send/recv with a publisher: {e}"));
+            }
+            eprintln!(
+                "NCCL_ALGO={algo} NCCL_PROTO={proto} NCCL_RS_SIMPLE_PUBLISHER={publisher} \
+                 on {n} ranks passed"
+            );
         }
     }
 }

@@ -136,8 +136,13 @@ pub struct CollArgs {
     pub redop_arg_ptr: u64,
     /// FIFO slots one Simple ring step fills at once (NCCL's slice steps; 0 and 1: one).
     pub slice_steps: u32,
-    pub _pad: u32,
+    /// `FLAG_*` bits: how the kernel runs its steps.
+    pub flags: u32,
 }
+
+/// [`CollArgs::flags`], [`P2pArgs::flags`]: a Simple step's last warp publishes it while the
+/// others move the next step (NCCL_RS_SIMPLE_PUBLISHER).
+pub const FLAG_SIMPLE_PUBLISHER: u32 = 1;
 
 /// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
 #[repr(u32)]
@@ -209,7 +214,8 @@ pub struct P2pItem {
 #[derive(Clone, Copy, Debug)]
 pub struct P2pArgs {
     pub nitems: u32,
-    pub _pad: u32,
+    /// `FLAG_*` bits, as [`CollArgs::flags`].
+    pub flags: u32,
     /// The communicator's [`DevComm::abort_flag`].
     pub abort_flag: u64,
     pub items: [P2pItem; MAX_P2P_ITEMS],
@@ -219,7 +225,7 @@ impl Default for P2pArgs {
     fn default() -> Self {
         P2pArgs {
             nitems: 0,
-            _pad: 0,
+            flags: 0,
             abort_flag: 0,
             items: [P2pItem::default(); MAX_P2P_ITEMS],
         }

@@ -50,6 +50,8 @@ pub struct Shape {
     /// FIFO slots one Simple ring step fills (NCCL's slice steps); 0: NCCL's choice per
     /// collective ([`Shape::slice_steps_for`]).
     pub slice_steps: u32,
+    /// The kernels' `FLAG_*` bits ([`nccl_device::abi::CollArgs::flags`]).
+    pub kernel_flags: u32,
 }
 
 impl Shape {
@@ -122,6 +124,15 @@ impl Shape {
                 "NCCL_RS_SLICE_STEPS={slice_steps}: use 1, 2 or 4 (0: by collective)"
             )));
         }
+        let kernel_flags = match env("NCCL_RS_SIMPLE_PUBLISHER") {
+            0 => 0,
+            1 => nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
+            v => {
+                return Err(Error::invalid_argument(format!(
+                    "NCCL_RS_SIMPLE_PUBLISHER={v}: use 0 or 1"
+                )))
+            }
+        };
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
@@ -131,6 +142,7 @@ impl Shape {
             p2p_conns: p2p_conns as u32,
             p2p_slot_bytes: p2p_slot as u32,
             slice_steps: slice_steps as u32,
+            kernel_flags,
         })
     }
 
@@ -847,6 +859,7 @@ mod tests {
             p2p_conns: 0,
             p2p_slot_bytes: 4096,
             slice_steps: 0,
+            kernel_flags: 0,
         };
         let by_coll = |s: &Shape| Coll::ALL.map(|c| s.slice_steps_for(c));
         // AllReduce, Broadcast, Reduce, AllGather, ReduceScatter.

@@ -245,6 +245,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             _ => shape.slot_bytes * slices,
         } / dt.size() as u32,
         slice_steps: slices,
+        flags: shape.kernel_flags,
         coll: c.coll as u32,
         root: c.root as u32,
         proto,

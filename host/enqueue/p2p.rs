@@ -33,6 +33,8 @@ pub struct P2pOp {
     pub stream: StreamHandle,
     /// The communicator's abort flag (device address), for the kernel's waits.
     pub abort_flag: DevPtr,
+    /// The communicator's kernel flags ([`crate::comm::Shape::kernel_flags`]).
+    pub kernel_flags: u32,
 }
 
 /// `ncclSend` (`dir` Send) and `ncclRecv` (`dir` Recv): checks the call, then records it until
@@ -93,6 +95,7 @@ pub fn submit(
             bytes,
             stream,
             abort_flag: comm.kernel_abort.ptr,
+            kernel_flags: comm.shape.kernel_flags,
         })
     };
     match checked() {
@@ -246,6 +249,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     for (_, works) in &plan {
         let mut args = P2pArgs {
             abort_flag: batch[0].abort_flag,
+            flags: batch[0].kernel_flags,
             ..P2pArgs::default()
         };
         for w in works {

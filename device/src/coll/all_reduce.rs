@@ -166,7 +166,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         pack_elems::<T>(),
         core::cmp::min(a.chunk_elems as usize, slot) / pack_elems::<T>() * pack_elems::<T>(),
     );
-    let (op, abort) = (k.op, k.abort_flag);
+    let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
     let none = Move::<T>::none();
     let (start, end) = (k.start, k.end);
     let span = |c: usize| {
@@ -175,7 +175,9 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     };
     let nchunks = div_ceil(end - start, chunk);
     if root {
-        let mut p = Simple::between(down_send, down_slot, up_recv, up_slot).with_abort(abort);
+        let mut p = Simple::between(down_send, down_slot, up_recv, up_slot)
+            .with_abort(abort)
+            .with_flags(flags);
         for c in 0..nchunks {
             let (s, n) = span(c);
             let mv = Move {
@@ -195,6 +197,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         // Up: add our input to what the ranks below sent (the leaf sends its input alone).
         let mut up = Simple::on(up_send, up_recv, up_slot)
             .with_abort(abort)
+            .with_flags(flags)
             .group(0, half, BAR_UP);
         for c in 0..nchunks {
             let (s, n) = span(c);
@@ -209,6 +212,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         // Down: store the finished chunks and pass them on.
         let mut down = Simple::on(down_send, down_recv, down_slot)
             .with_abort(abort)
+            .with_flags(flags)
             .group(half, nthreads - half, BAR_DOWN);
         for c in 0..nchunks {
             let (s, n) = span(c);

@@ -125,6 +125,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
             .with_proto(P)
             .with_slice(self.args.slice_steps)
             .with_abort(self.abort_flag)
+            .with_flags(self.args.flags)
     }
 
     /// Elements per step: the host's chunk, never more than a FIFO slot's payload with the

@@ -17,15 +17,16 @@ use crate::prims::Simple;
 pub unsafe fn launch(args: &P2pArgs) {
     let b = arch::block_idx() as usize;
     if b < args.nitems as usize {
-        run(&arch::p2p_param_item(args, b), args.abort_flag)
+        run(&arch::p2p_param_item(args, b), args.abort_flag, args.flags)
     }
 }
 
 /// This CTA's item of the launch.
 ///
 /// # Safety
-/// `it` was wired by the host; the peer runs the matching item with the same size.
-pub unsafe fn run(it: &P2pItem, abort_flag: u64) {
+/// `it` was wired by the host; the peer runs the matching item with the same size. `flags` are
+/// the launch's ([`P2pArgs::flags`]).
+pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
     let (tid, nthreads) = (arch::thread_idx() as usize, arch::block_dim() as usize);
     let bytes = it.bytes as usize;
     let none = Move::<u8>::none();
@@ -53,6 +54,7 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64) {
         )
     }
     .with_abort(abort_flag)
+    .with_flags(flags)
     .with_inline_moves();
     let chunk = it.slot_bytes as usize;
     let mut off = 0;

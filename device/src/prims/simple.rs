@@ -4,8 +4,17 @@
 //! control runs the other way: the receiver releases `head` once it has consumed a slot, and a
 //! sender never runs more than NCCL_STEPS slots ahead of it. The same struct carries LL and
 //! LL128 steps when asked ([`Simple::with_proto`], [`super::ll`], [`super::ll128`]).
+//!
+//! With [`FLAG_SIMPLE_PUBLISHER`], a group of three warps or more leaves its last warp out of
+//! the data (as NCCL's Simple primitives do): that warp only publishes. The release waits until
+//! the step's stores have landed (over NVLink, a round trip), and the workers meanwhile move the
+//! next step instead of waiting for it at the next step's barrier. Off by default until 4xH200
+//! measures it: in the kernel lab (no NVLink) it changed busbw by -1 to +1%.
 
-use crate::abi::{ChannelDev, ConnRecv, ConnSend, NCCL_STEPS, PROTO_LL, PROTO_LL128, PROTO_SIMPLE};
+use crate::abi::{
+    ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER, NCCL_STEPS, PROTO_LL, PROTO_LL128,
+    PROTO_SIMPLE,
+};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
@@ -38,6 +47,8 @@ pub struct Simple {
     /// Steps move data with [`Move::run_inline`] rather than the shared [`Move::run`]
     /// ([`Simple::with_inline_moves`]).
     inline: bool,
+    /// Simple steps may leave a publishing warp out of the data ([`Simple::with_flags`]).
+    publisher: bool,
     /// The last tail and head values thread 0 acquired: counters only grow, so a value that
     /// already covers a step spares the poll (and its round trip) for that step.
     tail_seen: u64,
@@ -49,6 +60,21 @@ pub struct Simple {
 #[inline(always)]
 pub fn slice_steps(steps: u32) -> u32 {
     1 << steps.clamp(1, NCCL_STEPS / 2).ilog2()
+}
+
+/// Threads of the publishing group that a Simple step leaves out of the data: a warp on GPUs;
+/// on the simulator one thread (its CTAs are a few threads), so its tests take this path too.
+const POSTERS: usize = if cfg!(target_arch = "nvptx64") { 32 } else { 1 };
+
+/// The named barrier where the workers of a group meet apart from its publisher: group `bar`'s
+/// plus 8 (groups use 1..=7; the whole CTA's, 0, uses 15).
+#[inline(always)]
+fn worker_barrier(bar: u32) -> u32 {
+    if bar == 0 {
+        15
+    } else {
+        bar + 8
+    }
 }
 
 /// Spins between two looks at the abort flag (it lives in host memory: a look costs a trip
@@ -100,14 +126,15 @@ impl Simple {
             aborted: false,
             slice: 1,
             inline: false,
+            publisher: false,
             tail_seen: 0,
             head_seen: 0,
         }
     }
 
     /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
-    /// barrier `bar` (1..16, each group its own; on GPUs `count` is whole warps): two groups
-    /// then move two streams of steps at once.
+    /// barrier `bar` (1..=7, each group its own, and `bar` + 8 is its workers'; on GPUs `count`
+    /// is whole warps): two groups then move two streams of steps at once.
     #[inline(always)]
     pub fn group(mut self, first: usize, count: usize, bar: u32) -> Simple {
         self.tid = arch::thread_idx() as usize - first;
@@ -123,6 +150,57 @@ impl Simple {
             arch::sync_threads();
         } else {
             arch::barrier_named(self.bar, self.nthreads as u32);
+        }
+    }
+
+    /// Takes the launch's `FLAG_*` bits ([`crate::abi::CollArgs::flags`]).
+    #[inline(always)]
+    pub fn with_flags(mut self, flags: u32) -> Simple {
+        self.publisher = flags & FLAG_SIMPLE_PUBLISHER != 0;
+        self
+    }
+
+    /// Threads of the group that move a Simple step's data: with a publisher, all but its warp
+    /// when the group has three warps or more; else all (then thread 0 also publishes).
+    #[inline(always)]
+    fn workers(&self) -> usize {
+        if self.publisher && self.proto == PROTO_SIMPLE && self.nthreads >= 3 * POSTERS {
+            self.nthreads - POSTERS
+        } else {
+            self.nthreads
+        }
+    }
+
+    /// The workers meet here, without the publisher ([`Simple::workers`] threads).
+    #[inline(always)]
+    fn sync_workers(&self, workers: usize) {
+        if workers == self.nthreads {
+            self.sync();
+        } else {
+            arch::barrier_named(worker_barrier(self.bar), workers as u32);
+        }
+    }
+
+    /// Publishes a finished step: its data to the next rank (tail), its slot back to the
+    /// previous one (head).
+    #[inline(always)]
+    unsafe fn publish(&self, recv: bool, send: bool) {
+        if send {
+            arch::st_release_sys((*self.send).tail as *mut u64, self.send_step + self.slice);
+        }
+        if recv {
+            arch::st_release_sys((*self.recv).head as *mut u64, self.recv_step + self.slice);
+        }
+    }
+
+    /// Moves both step counters past a finished step.
+    #[inline(always)]
+    fn advance(&mut self, recv: bool, send: bool) {
+        if send {
+            self.send_step += self.slice;
+        }
+        if recv {
+            self.recv_step += self.slice;
         }
     }
 
@@ -226,6 +304,17 @@ impl Simple {
         }
         let (sc, rc) = (self.send, self.recv);
         let slice = self.slice;
+        let workers = self.workers();
+        if self.tid >= workers {
+            // The publisher: once the workers are past a step's data, it publishes the step
+            // while they go on with the next.
+            self.sync();
+            if self.tid == workers {
+                self.publish(recv, send);
+            }
+            self.advance(recv, send);
+            return;
+        }
         if self.tid == 0 {
             if recv && self.tail_seen < self.recv_step + slice {
                 let (tail, need) = ((*rc).tail as *const u64, self.recv_step + slice);
@@ -248,7 +337,7 @@ impl Simple {
                 self.head_seen = seen;
             }
         }
-        self.sync();
+        self.sync_workers(workers);
         if recv {
             mv.recv = Simple::slot((*rc).fifo, self.recv_step, self.recv_slot_bytes) as *const T;
         }
@@ -256,25 +345,16 @@ impl Simple {
             mv.send = Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T;
         }
         if self.inline {
-            mv.run_inline(op, n, self.tid, self.nthreads);
+            mv.run_inline(op, n, self.tid, workers);
         } else {
-            mv.run(*op, n, self.tid, self.nthreads);
+            mv.run(*op, n, self.tid, workers);
         }
+        // With a publisher, this barrier hands it the step; without, thread 0 publishes.
         self.sync();
-        if self.tid == 0 {
-            if send {
-                arch::st_release_sys((*sc).tail as *mut u64, self.send_step + slice);
-            }
-            if recv {
-                arch::st_release_sys((*rc).head as *mut u64, self.recv_step + slice);
-            }
+        if workers == self.nthreads && self.tid == 0 {
+            self.publish(recv, send);
         }
-        if send {
-            self.send_step += slice;
-        }
-        if recv {
-            self.recv_step += slice;
-        }
+        self.advance(recv, send);
     }
 
     /// Saves the step counters for the next launch on this channel.
