@@ -26,7 +26,8 @@ for r in $(seq "$rounds"); do
         # shellcheck disable=SC2086 # side_env is NAME=value words
         env $side_env NCCL_PROTO=$p NCCL_MAX_NCHANNELS=$ch timeout 300 "$dir/bin/bench-nccl_bench" -g 2 \
           -C "${COLLS:-broadcast,all_reduce,reduce}" -b 1M -e "${MAXB:-256M}" -f 4 >"$log" 2>&1
-        echo "$(basename "$log"): rc=$? after $((SECONDS - t0)) s"
+        rc=$?
+        echo "$(basename "$log"): rc=$rc after $((SECONDS - t0)) s"
       done
     done
   done

@@ -215,23 +215,24 @@ fn forced_algorithms_and_protocols() {
     let t0 = std::time::Instant::now();
     // NCCL_RS_TEST_FORCED=LL128 (a value's or a variable's exact text) runs only that case.
     let only = std::env::var("NCCL_RS_TEST_FORCED").ok();
+    let publisher: &[(&str, &str)] = &[("NCCL_RS_SIMPLE_PUBLISHER", "1"), ("NCCL_PROTO", "Simple")];
     for forced in [
-        ("NCCL_ALGO", "allreduce:tree"),
-        ("NCCL_PROTO", "LL"),
-        ("NCCL_PROTO", "LL128"),
-        ("NCCL_PROTO", "Simple"),
-        ("NCCL_RS_SIMPLE_PUBLISHER", "1"),
+        &[("NCCL_ALGO", "allreduce:tree")][..],
+        &[("NCCL_PROTO", "LL")],
+        &[("NCCL_PROTO", "LL128")],
+        &[("NCCL_PROTO", "Simple")],
+        publisher,
     ]
     .into_iter()
-    .filter(|f| only.as_deref().is_none_or(|o| o == f.1 || o == f.0))
+    .filter(|f| only.as_deref().is_none_or(|o| o == f[0].1 || o == f[0].0))
     {
         for n in counts(&[2, 4]) {
-            common::procs::run("forced_algorithms_and_protocols", n, &[forced]);
+            common::procs::run("forced_algorithms_and_protocols", n, forced);
             // Progress for --nocapture runs on the GPU host (a stuck case shows which).
+            let what: Vec<String> = forced.iter().map(|(k, v)| format!("{k}={v}")).collect();
             eprintln!(
-                "{}={} on {n} GPUs passed at {:.1} s",
-                forced.0,
-                forced.1,
+                "{} on {n} GPUs passed at {:.1} s",
+                what.join(" "),
                 t0.elapsed().as_secs_f64()
             );
         }

@@ -7,7 +7,7 @@ use super::{DevPtr, DeviceProps, StreamHandle};
 use crate::error::{Error, Result};
 use nccl_device::abi::{CollArgs, P2pArgs};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -338,6 +338,21 @@ fn registry() -> &'static Mutex<Registry> {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Every `flags` word the collective and the point-to-point kernels were launched with in this
+/// process, OR-ed ([`launched_flags`]).
+static COLL_FLAGS: AtomicU32 = AtomicU32::new(0);
+static P2P_FLAGS: AtomicU32 = AtomicU32::new(0);
+
+/// The kernel flags (`FLAG_*`) some collective launch and some point-to-point launch on the
+/// simulator carried so far in this process: tests check with it that a setting reached the
+/// kernels.
+pub fn launched_flags() -> (u32, u32) {
+    (
+        COLL_FLAGS.load(Ordering::Relaxed),
+        P2P_FLAGS.load(Ordering::Relaxed),
+    )
+}
+
 /// Removes the regions of simulator processes that died without freeing them (a killed test
 /// leaves its device memory in /dev/shm, where it holds RAM until reboot). A region belongs to
 /// the pid in its name; one whose process no longer exists is unlinked. Only regions of our own
@@ -650,12 +665,14 @@ impl Device {
             Entry::Coll(f) if size == std::mem::size_of::<CollArgs>() => {
                 // SAFETY: the caller passes a parameter of the kernel's type (checked by size).
                 let a: CollArgs = unsafe { std::ptr::read_unaligned(arg as *const CollArgs) };
+                COLL_FLAGS.fetch_or(a.flags, Ordering::Relaxed);
                 // SAFETY: the host wired `a` to live buffers and a communicator, as on a GPU.
                 Box::new(move || unsafe { f(&a) })
             }
             Entry::P2p(f) if size == std::mem::size_of::<P2pArgs>() => {
                 // SAFETY: as above.
                 let a: P2pArgs = unsafe { std::ptr::read_unaligned(arg as *const P2pArgs) };
+                P2P_FLAGS.fetch_or(a.flags, Ordering::Relaxed);
                 // SAFETY: as above.
                 Box::new(move || unsafe { f(&a) })
             }

@@ -6,10 +6,11 @@
 //! LL128 steps when asked ([`Simple::with_proto`], [`super::ll`], [`super::ll128`]).
 //!
 //! With [`FLAG_SIMPLE_PUBLISHER`], a group of three warps or more leaves its last warp out of
-//! the data (as NCCL's Simple primitives do): that warp only publishes. The release waits until
-//! the step's stores have landed (over NVLink, a round trip), and the workers meanwhile move the
-//! next step instead of waiting for it at the next step's barrier. Off by default until 4xH200
-//! measures it: in the kernel lab (no NVLink) it changed busbw by -1 to +1%.
+//! the data of the steps that send (as NCCL's Simple primitives do): that warp only publishes.
+//! The release waits until the step's stores have landed (over NVLink, a round trip), and the
+//! workers meanwhile move the next step instead of waiting for it at the next step's barrier.
+//! Off by default until 4xH200 measures it: in the kernel lab (no NVLink) busbw moved by -1 to
+//! +1% from 16 MiB up (below, the lab's run-to-run spread is larger than any difference).
 
 use crate::abi::{
     ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER, NCCL_STEPS, PROTO_LL, PROTO_LL128,
@@ -161,10 +162,12 @@ impl Simple {
     }
 
     /// Threads of the group that move a Simple step's data: with a publisher, all but its warp
-    /// when the group has three warps or more; else all (then thread 0 also publishes).
+    /// when the step sends (the release of its tail waits for the stores to the peer; a head
+    /// release after loads alone is short) and the group has three warps or more; else all
+    /// (then thread 0 also publishes). Every thread of the group decides alike for each step.
     #[inline(always)]
-    fn workers(&self) -> usize {
-        if self.publisher && self.proto == PROTO_SIMPLE && self.nthreads >= 3 * POSTERS {
+    fn workers(&self, send: bool) -> usize {
+        if self.publisher && send && self.proto == PROTO_SIMPLE && self.nthreads >= 3 * POSTERS {
             self.nthreads - POSTERS
         } else {
             self.nthreads
@@ -304,7 +307,7 @@ impl Simple {
         }
         let (sc, rc) = (self.send, self.recv);
         let slice = self.slice;
-        let workers = self.workers();
+        let workers = self.workers(send);
         if self.tid >= workers {
             // The publisher: once the workers are past a step's data, it publishes the step
             // while they go on with the next.
