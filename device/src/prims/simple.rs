@@ -9,8 +9,8 @@
 //! the data of the steps that send (as NCCL's Simple primitives do): that warp only publishes.
 //! The release waits until the step's stores have landed (over NVLink, a round trip), and the
 //! workers meanwhile move the next step instead of waiting for it at the next step's barrier.
-//! Off by default until 4xH200 measures it: in the kernel lab (no NVLink) busbw moved by -1 to
-//! +1% from 16 MiB up (below, the lab's run-to-run spread is larger than any difference).
+//! Off by default until 4xH200 measures it: in the kernel lab (no NVLink) busbw moved by -1.6
+//! to +1.4% at 64 and 256 MiB (results/h200-lab-simple-publisher.txt).
 
 use crate::abi::{
     ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER, NCCL_STEPS, PROTO_LL, PROTO_LL128,
@@ -165,9 +165,10 @@ impl Simple {
     /// when the step sends (the release of its tail waits for the stores to the peer; a head
     /// release after loads alone is short) and the group has three warps or more; else all
     /// (then thread 0 also publishes). Every thread of the group decides alike for each step.
+    /// Only Simple steps ask (LL and LL128 steps meet and publish their own way).
     #[inline(always)]
     fn workers(&self, send: bool) -> usize {
-        if self.publisher && send && self.proto == PROTO_SIMPLE && self.nthreads >= 3 * POSTERS {
+        if self.publisher && send && self.nthreads >= 3 * POSTERS {
             self.nthreads - POSTERS
         } else {
             self.nthreads
