@@ -74,6 +74,16 @@ pub const PARAMS: &[Param] = &[
         doc: "pause between connection retries, times the attempt number (ms)",
     },
     Param {
+        name: "NCCL_SOCKET_NTHREADS",
+        default: "0",
+        doc: "helper threads per socket-network connection (1 to 16); 0: automatic, 1 (2 on AWS ENA, 4 on GCP gVNIC)",
+    },
+    Param {
+        name: "NCCL_NSOCKS_PERTHREAD",
+        default: "0",
+        doc: "data sockets per socket-network helper thread (threads x sockets at most 64); 0: automatic, 1 (8 on AWS ENA)",
+    },
+    Param {
         name: "NCCL_UID_STAGGER_THRESHOLD",
         default: "256",
         doc: "ranks per unique id above which hellos to its root are paced",

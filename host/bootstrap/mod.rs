@@ -31,7 +31,7 @@ mod abort;
 mod id;
 mod p2p;
 mod root;
-mod socket;
+pub(crate) mod socket;
 mod wire;
 
 #[cfg(test)]

@@ -51,15 +51,15 @@ pub(crate) fn ifname_matches(spec: &str, name: &str) -> bool {
     hit != exclude
 }
 
-struct Iface {
-    name: String,
-    ip: IpAddr,
-    up: bool,
-    loopback: bool,
+pub(crate) struct Iface {
+    pub(crate) name: String,
+    pub(crate) ip: IpAddr,
+    pub(crate) up: bool,
+    pub(crate) loopback: bool,
 }
 
 /// Every address of every interface, from getifaddrs(3); empty if it fails.
-fn interfaces() -> Vec<Iface> {
+pub(crate) fn interfaces() -> Vec<Iface> {
     let mut found = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs only writes the list head into `head`; we free it below, once.

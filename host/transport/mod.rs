@@ -2,4 +2,5 @@
 //! peer's memory through peer access in one process, CUDA IPC across processes).
 
 pub mod links;
+pub mod net;
 pub mod p2p;

@@ -1,0 +1,537 @@
+//! Opening a connection without blocking.
+//!
+//! The connector opens the control socket and every data socket at once (non-blocking
+//! connects, refused attempts retried with `NCCL_SOCKET_RETRY_CNT` / `NCCL_SOCKET_RETRY_SLEEP_MSEC`
+//! pauses) and writes a 40-byte hello on each: the listener's tag from the handle, the
+//! connection's id (the connector's process id and a per-process serial number), the socket's
+//! role (control, or data socket i) and the geometry (threads × sockets per thread). Once every
+//! hello is written the connection is up; nothing waits for the acceptor, so a connect never
+//! depends on the peer calling accept at the same time.
+//!
+//! The listener accepts whatever arrives, reads each socket's hello without blocking, drops
+//! sockets whose hello is wrong (another program, a stale handle), and groups the rest by
+//! connection id; a group with its control socket and all its data sockets becomes a receiving
+//! comm. Both sides give up after a deadline: the connector when its sockets do not connect in
+//! time, the listener when a connection stays incomplete (or a socket sends no hello).
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::comm::{Comm, Conn};
+use super::wire::{self, ConnId, Hello, HELLO_BYTES};
+use super::{SocketRecvComm, SocketSendComm};
+use crate::bootstrap::socket::Retry;
+use crate::error::{Error, Result};
+use crate::transport::net::{Connecting, Listener, RecvComm, SendComm};
+
+static SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// A number no other listener or connection of this process has (process id and a counter).
+pub(super) fn next_tag() -> u64 {
+    (u64::from(std::process::id()) << 32) | (SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff)
+}
+
+fn next_conn_id() -> ConnId {
+    ConnId {
+        pid: std::process::id(),
+        serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+    }
+}
+
+/// A socket whose hello has not fully arrived.
+struct Pending {
+    sock: Socket,
+    peer: SocketAddr,
+    buf: [u8; HELLO_BYTES],
+    got: usize,
+    since: Instant,
+}
+
+/// The sockets of one connection that arrived so far.
+struct Group {
+    ctrl: Option<Socket>,
+    peer: SocketAddr,
+    data: Vec<Option<Socket>>,
+    nthreads: usize,
+    nsocks: usize,
+    since: Instant,
+}
+
+impl Group {
+    fn complete(&self) -> bool {
+        self.ctrl.is_some() && self.data.iter().all(Option::is_some)
+    }
+    fn arrived(&self) -> usize {
+        usize::from(self.ctrl.is_some()) + self.data.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+/// A listening endpoint of the socket network.
+pub struct SocketListener {
+    sock: Socket,
+    addr: SocketAddr,
+    tag: u64,
+    dev: String,
+    timeout: Duration,
+    pending: Vec<Pending>,
+    groups: HashMap<ConnId, Group>,
+}
+
+enum HelloRead {
+    Wait,
+    Done,
+    Drop(String),
+}
+
+impl SocketListener {
+    pub(super) fn new(sock: Socket, tag: u64, dev: String, timeout: Duration) -> Result<Self> {
+        sock.set_nonblocking(true).map_err(|e| {
+            Error::system(format!("NET/Socket: making the listener non-blocking: {e}"))
+        })?;
+        let addr = crate::bootstrap::socket::local_addr(&sock)
+            .map_err(|e| Error::system(format!("NET/Socket: listener address: {e}")))?;
+        Ok(SocketListener {
+            sock,
+            addr,
+            tag,
+            dev,
+            timeout,
+            pending: Vec::new(),
+            groups: HashMap::new(),
+        })
+    }
+
+    pub(super) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Takes every connection waiting in the backlog.
+    fn take_new(&mut self) -> Result<()> {
+        loop {
+            match self.sock.accept() {
+                Ok((s, from)) => {
+                    let Some(peer) = from.as_socket() else {
+                        continue;
+                    };
+                    if let Err(e) = s.set_nonblocking(true).and_then(|()| s.set_nodelay(true)) {
+                        log::warn!("NET/Socket: listener {}: dropping {peer}: {e}", self.addr);
+                        continue;
+                    }
+                    self.pending.push(Pending {
+                        sock: s,
+                        peer,
+                        buf: [0; HELLO_BYTES],
+                        got: 0,
+                        since: Instant::now(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    return Err(Error::system(format!(
+                        "NET/Socket: accepting on {} (device {}): {e}",
+                        self.addr, self.dev
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Reads what arrived of the pending hellos; files the complete ones into groups.
+    fn read_hellos(&mut self) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let outcome = loop {
+                let mut r: &Socket = &p.sock;
+                match r.read(&mut p.buf[p.got..]) {
+                    Ok(0) => break HelloRead::Drop("closed before its hello".into()),
+                    Ok(n) => {
+                        p.got += n;
+                        if p.got == HELLO_BYTES {
+                            break HelloRead::Done;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break HelloRead::Wait,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => break HelloRead::Drop(e.to_string()),
+                }
+            };
+            match outcome {
+                HelloRead::Wait if p.since.elapsed() <= self.timeout => i += 1,
+                HelloRead::Wait => {
+                    let p = self.pending.swap_remove(i);
+                    log::warn!(
+                        "NET/Socket: listener {}: dropping {}: no hello within {:?}",
+                        self.addr,
+                        p.peer,
+                        self.timeout
+                    );
+                }
+                HelloRead::Drop(why) => {
+                    let p = self.pending.swap_remove(i);
+                    log::warn!(
+                        "NET/Socket: listener {}: dropping {}: {why}",
+                        self.addr,
+                        p.peer
+                    );
+                }
+                HelloRead::Done => {
+                    let p = self.pending.swap_remove(i);
+                    self.adopt(p);
+                }
+            }
+        }
+    }
+
+    /// Files a socket whose hello arrived into its connection's group.
+    fn adopt(&mut self, p: Pending) {
+        let hello = match wire::decode_hello(&p.buf) {
+            Ok(h) if h.tag == self.tag => h,
+            Ok(_) => {
+                log::warn!(
+                    "NET/Socket: listener {}: dropping {}: its handle names another listener",
+                    self.addr,
+                    p.peer
+                );
+                return;
+            }
+            Err(why) => {
+                log::warn!(
+                    "NET/Socket: listener {}: dropping {}: {why}",
+                    self.addr,
+                    p.peer
+                );
+                return;
+            }
+        };
+        let group = self.groups.entry(hello.conn).or_insert_with(|| Group {
+            ctrl: None,
+            peer: p.peer,
+            data: (0..hello.nthreads * hello.nsocks).map(|_| None).collect(),
+            nthreads: hello.nthreads,
+            nsocks: hello.nsocks,
+            since: p.since,
+        });
+        if (group.nthreads, group.nsocks) != (hello.nthreads, hello.nsocks) {
+            log::warn!(
+                "NET/Socket: listener {}: dropping {}: its connection said {}x{} sockets, this \
+                 socket says {}x{}",
+                self.addr,
+                p.peer,
+                group.nthreads,
+                group.nsocks,
+                hello.nthreads,
+                hello.nsocks
+            );
+            return;
+        }
+        let slot = match hello.data_index {
+            None => &mut group.ctrl,
+            Some(i) => &mut group.data[i],
+        };
+        if slot.is_some() {
+            log::warn!(
+                "NET/Socket: listener {}: dropping {}: a second socket in the same role",
+                self.addr,
+                p.peer
+            );
+            return;
+        }
+        *slot = Some(p.sock);
+        if hello.data_index.is_none() {
+            group.peer = p.peer;
+        }
+    }
+}
+
+impl Listener for SocketListener {
+    fn accept(&mut self) -> Result<Option<Box<dyn RecvComm>>> {
+        self.take_new()?;
+        self.read_hellos();
+        let done = self
+            .groups
+            .iter()
+            .find(|(_, g)| g.complete())
+            .map(|(id, _)| *id);
+        if let Some(id) = done {
+            let Some(g) = self.groups.remove(&id) else {
+                return Ok(None);
+            };
+            let Some(ctrl) = g.ctrl else {
+                return Ok(None);
+            };
+            let conn = Conn {
+                ctrl,
+                data: g.data.into_iter().flatten().collect(),
+                nthreads: g.nthreads,
+                peer: g.peer,
+                dev: self.dev.clone(),
+            };
+            log::info!(
+                "NET/Socket: accepted a connection from {} on {} ({} threads x {} sockets)",
+                g.peer,
+                self.addr,
+                g.nthreads,
+                g.nsocks
+            );
+            let comm = Comm::start(conn, false)?;
+            return Ok(Some(Box::new(SocketRecvComm(comm))));
+        }
+        let stale = self
+            .groups
+            .iter()
+            .find(|(_, g)| g.since.elapsed() > self.timeout)
+            .map(|(id, _)| *id);
+        if let Some(id) = stale {
+            if let Some(g) = self.groups.remove(&id) {
+                return Err(Error::remote(format!(
+                    "NET/Socket: the connection from {} to {} (device {}) stayed incomplete for \
+                     {:?}: {} of its {} sockets arrived",
+                    g.peer,
+                    self.addr,
+                    self.dev,
+                    self.timeout,
+                    g.arrived(),
+                    g.data.len() + 1
+                )));
+            }
+        }
+        Ok(None)
+    }
+}
+
+enum Stage {
+    /// (Re)connect at this time.
+    Start(Instant),
+    Connecting,
+    Hello,
+    Done,
+}
+
+/// One socket of a connection being opened.
+struct Attempt {
+    sock: Option<Socket>,
+    stage: Stage,
+    hello: [u8; HELLO_BYTES],
+    sent: usize,
+    failures: u32,
+}
+
+/// A connection being opened; see the module's description.
+pub struct SocketConnecting {
+    target: SocketAddr,
+    dev: String,
+    nthreads: usize,
+    attempts: Vec<Attempt>,
+    deadline: Instant,
+    timeout: Duration,
+    retry: Retry,
+}
+
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::TimedOut
+            | io::ErrorKind::AddrInUse
+    )
+}
+
+impl SocketConnecting {
+    pub(super) fn new(
+        target: SocketAddr,
+        tag: u64,
+        dev: String,
+        nthreads: usize,
+        nsocks: usize,
+        timeout: Duration,
+        retry: Retry,
+    ) -> Result<Self> {
+        let conn = next_conn_id();
+        let now = Instant::now();
+        let attempts = std::iter::once(None)
+            .chain((0..nthreads * nsocks).map(Some))
+            .map(|data_index| Attempt {
+                sock: None,
+                stage: Stage::Start(now),
+                hello: wire::encode_hello(&Hello {
+                    tag,
+                    conn,
+                    data_index,
+                    nthreads,
+                    nsocks,
+                }),
+                sent: 0,
+                failures: 0,
+            })
+            .collect();
+        let mut c = SocketConnecting {
+            target,
+            dev,
+            nthreads,
+            attempts,
+            deadline: crate::bootstrap::socket::deadline_after(timeout),
+            timeout,
+            retry,
+        };
+        for i in 0..c.attempts.len() {
+            c.advance(i)?;
+        }
+        Ok(c)
+    }
+
+    fn role(i: usize) -> String {
+        match i {
+            0 => "the control socket".into(),
+            i => format!("data socket {}", i - 1),
+        }
+    }
+
+    /// Socket `i` failed with `e`: schedule a retry, or give up.
+    fn failed(&mut self, i: usize, e: io::Error) -> Result<()> {
+        let a = &mut self.attempts[i];
+        a.sock = None;
+        a.sent = 0;
+        a.failures += 1;
+        let connecting = !matches!(a.stage, Stage::Hello);
+        if connecting && retryable(&e) && a.failures <= self.retry.count {
+            a.stage = Stage::Start(Instant::now() + self.retry.pause(a.failures));
+            return Ok(());
+        }
+        Err(Error::remote(format!(
+            "NET/Socket: connecting {} to {} (device {}) failed after {} attempt(s): {e}",
+            Self::role(i),
+            self.target,
+            self.dev,
+            a.failures
+        )))
+    }
+
+    /// Moves socket `i` as far as it goes without blocking.
+    fn advance(&mut self, i: usize) -> Result<()> {
+        loop {
+            let a = &mut self.attempts[i];
+            match a.stage {
+                Stage::Done => return Ok(()),
+                Stage::Start(at) => {
+                    if Instant::now() < at {
+                        return Ok(());
+                    }
+                    let s = Socket::new(
+                        Domain::for_address(self.target),
+                        Type::STREAM,
+                        Some(Protocol::TCP),
+                    )
+                    .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                    .map_err(|e| Error::system(format!("NET/Socket: creating a socket: {e}")))?;
+                    let _ = s.set_nodelay(true);
+                    let r = s.connect(&self.target.into());
+                    a.sock = Some(s);
+                    match r {
+                        Ok(()) => a.stage = Stage::Hello,
+                        Err(e)
+                            if e.raw_os_error() == Some(libc::EINPROGRESS)
+                                || e.kind() == io::ErrorKind::WouldBlock =>
+                        {
+                            a.stage = Stage::Connecting
+                        }
+                        Err(e) => self.failed(i, e)?,
+                    }
+                }
+                Stage::Connecting => {
+                    let Some(s) = &a.sock else {
+                        a.stage = Stage::Start(Instant::now());
+                        continue;
+                    };
+                    match s.take_error() {
+                        Ok(Some(e)) | Err(e) => self.failed(i, e)?,
+                        Ok(None) => match s.peer_addr() {
+                            Ok(_) => a.stage = Stage::Hello,
+                            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Ok(()),
+                            Err(e) => self.failed(i, e)?,
+                        },
+                    }
+                }
+                Stage::Hello => {
+                    let Some(s) = &a.sock else {
+                        a.stage = Stage::Start(Instant::now());
+                        continue;
+                    };
+                    match s.send_with_flags(
+                        &a.hello[a.sent..],
+                        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                    ) {
+                        Ok(n) => {
+                            a.sent += n;
+                            if a.sent == HELLO_BYTES {
+                                a.stage = Stage::Done;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => self.failed(i, e)?,
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Connecting for SocketConnecting {
+    fn poll(&mut self) -> Result<Option<Box<dyn SendComm>>> {
+        for i in 0..self.attempts.len() {
+            self.advance(i)?;
+        }
+        if self.attempts.iter().all(|a| matches!(a.stage, Stage::Done)) {
+            let mut socks = self.attempts.iter_mut().filter_map(|a| a.sock.take());
+            let Some(ctrl) = socks.next() else {
+                return Err(Error::internal("NET/Socket: connection without sockets"));
+            };
+            let conn = Conn {
+                ctrl,
+                data: socks.collect(),
+                nthreads: self.nthreads,
+                peer: self.target,
+                dev: self.dev.clone(),
+            };
+            if conn.data.len() + 1 != self.attempts.len() {
+                return Err(Error::internal(
+                    "NET/Socket: a connected socket went missing",
+                ));
+            }
+            let comm = Comm::start(conn, true)?;
+            return Ok(Some(Box::new(SocketSendComm(comm))));
+        }
+        if Instant::now() >= self.deadline {
+            let done = self
+                .attempts
+                .iter()
+                .filter(|a| matches!(a.stage, Stage::Done))
+                .count();
+            return Err(Error::remote(format!(
+                "NET/Socket: connecting to {} (device {}) timed out after {:?}: {} of {} sockets \
+                 connected",
+                self.target,
+                self.dev,
+                self.timeout,
+                done,
+                self.attempts.len()
+            )));
+        }
+        Ok(None)
+    }
+}

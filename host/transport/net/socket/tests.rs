@@ -1,0 +1,816 @@
+//! Tests of the socket network. Loopback only (127.0.0.1 and ::1), interfaces chosen explicitly,
+//! the environment never read; every wait is bounded by a deadline.
+
+use super::ifaces::{self, Family};
+use super::wire;
+use super::*;
+use crate::error::NcclResult;
+use crate::transport::net::{RecvBuf, PTR_CUDA};
+use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest any test waits for anything.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn opts(nthreads: usize, nsocks: usize, family: Family) -> SocketOptions {
+    SocketOptions {
+        ifname: Some("=lo".into()),
+        family: Some(family),
+        nthreads,
+        nsocks_per_thread: nsocks,
+        handshake_timeout: Duration::from_secs(20),
+        retry_count: 3,
+        retry_sleep_ms: 10,
+    }
+}
+
+fn lo_net(nthreads: usize, nsocks: usize) -> SocketNet {
+    SocketNet::with_options(opts(nthreads, nsocks, Family::V4)).expect("loopback device")
+}
+
+/// Listens, connects and accepts, the two sides polled on two threads.
+fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+    let (handle, mut listener) = net.listen(0).expect("listen");
+    let mut connecting = net.connect(0, &handle).expect("connect");
+    let deadline = Instant::now() + WAIT;
+    std::thread::scope(|s| {
+        let acceptor = s.spawn(move || loop {
+            if let Some(r) = listener.accept().expect("accept") {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "accept did not finish in time");
+            std::thread::sleep(Duration::from_micros(200));
+        });
+        let send = loop {
+            if let Some(c) = connecting.poll().expect("connect poll") {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "connect did not finish in time");
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        (send, acceptor.join().expect("acceptor thread"))
+    })
+}
+
+/// xorshift64*, seeded with a constant: the same "random" bytes on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        for c in v.chunks_mut(8) {
+            let x = self.next().to_le_bytes();
+            c.copy_from_slice(&x[..c.len()]);
+        }
+        v
+    }
+}
+
+fn reg_send(s: &mut dyn SendComm, buf: &mut [u8]) -> Mr {
+    // SAFETY: every buffer registered in these tests outlives the requests that use it: each
+    // test waits for its requests, or drops the comm (which joins its threads) first.
+    unsafe { s.reg_mr(buf.as_mut_ptr(), buf.len(), PTR_HOST) }.expect("reg_mr")
+}
+
+fn reg_recv(r: &mut dyn RecvComm, buf: &mut [u8]) -> Mr {
+    // SAFETY: as in `reg_send`.
+    unsafe { r.reg_mr(buf.as_mut_ptr(), buf.len(), PTR_HOST) }.expect("reg_mr")
+}
+
+fn recv_buf(mr: Mr, max_len: usize) -> RecvBuf {
+    RecvBuf {
+        mr,
+        offset: 0,
+        max_len,
+        tag: 0,
+    }
+}
+
+/// Polls `f` until it gives an answer, failing the test at the deadline.
+fn wait<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(x) = f() {
+            return x;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no answer within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+fn wait_send(s: &mut dyn SendComm, req: Request) -> crate::error::Result<usize> {
+    wait("send test", || s.test(req).transpose())
+}
+
+fn wait_recv(r: &mut dyn RecvComm, req: Request) -> crate::error::Result<Vec<usize>> {
+    wait("recv test", || r.test(req).transpose())
+}
+
+/// 0 B, 1 B, 4 KiB, 1 MiB and 64 MiB of random bytes, all posted at once, arrive intact and
+/// in order.
+fn sizes_arrive_intact(nthreads: usize, nsocks: usize) {
+    let net = lo_net(nthreads, nsocks);
+    assert_eq!(net.geometry(0).unwrap(), (nthreads, nsocks));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let sizes = [0usize, 1, 4 << 10, 1 << 20, 64 << 20];
+    let mut srcs: Vec<Vec<u8>> = sizes.iter().map(|&n| rng.bytes(n)).collect();
+    let mut dsts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0x5a; n]).collect();
+    let (mut s, mut r) = pair(&net);
+    let mut recvs = Vec::new();
+    for d in dsts.iter_mut() {
+        let mr = reg_recv(r.as_mut(), d);
+        let req = r
+            .irecv(&[recv_buf(mr, d.len())])
+            .unwrap()
+            .expect("irecv slot");
+        recvs.push(req);
+    }
+    let mut sends = Vec::new();
+    for (i, src) in srcs.iter_mut().enumerate() {
+        let mr = reg_send(s.as_mut(), src);
+        let req = s
+            .isend(mr, 0, src.len(), i as u32)
+            .unwrap()
+            .expect("isend slot");
+        sends.push(req);
+    }
+    for (i, req) in sends.into_iter().enumerate() {
+        assert_eq!(wait_send(s.as_mut(), req).unwrap(), sizes[i]);
+    }
+    for (i, req) in recvs.into_iter().enumerate() {
+        assert_eq!(wait_recv(r.as_mut(), req).unwrap(), vec![sizes[i]]);
+    }
+    for (i, (a, b)) in srcs.iter().zip(&dsts).enumerate() {
+        assert!(a == b, "message {i} ({} bytes) arrived changed", sizes[i]);
+    }
+}
+
+#[test]
+fn messages_arrive_intact_1x1() {
+    sizes_arrive_intact(1, 1);
+}
+
+#[test]
+fn messages_arrive_intact_4x4() {
+    sizes_arrive_intact(4, 4);
+}
+
+#[test]
+fn eight_in_flight_each_way() {
+    let net = lo_net(2, 2);
+    let (mut s, mut r) = pair(&net);
+    let mut rng = Rng(7);
+    // Inline, single-piece and many-piece messages mixed, at offsets inside one region each.
+    let sizes: Vec<usize> = (0..8)
+        .map(|i| [3, 70_000, 300_001, 2 << 20][i % 4] + i)
+        .collect();
+    let total: usize = sizes.iter().sum();
+    let mut src = rng.bytes(total);
+    let mut dst = vec![0u8; total + 8 * 16];
+    let smr = reg_send(s.as_mut(), &mut src);
+    let rmr = reg_recv(r.as_mut(), &mut dst);
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    let (mut so, mut ro) = (0, 0);
+    for &n in &sizes {
+        // Receive buffers larger than the messages: the sizes come from the sender.
+        recvs.push(
+            r.irecv(&[RecvBuf {
+                mr: rmr,
+                offset: ro,
+                max_len: n + 16,
+                tag: 1,
+            }])
+            .unwrap()
+            .expect("irecv slot"),
+        );
+        ro += n + 16;
+    }
+    for &n in &sizes {
+        sends.push(s.isend(smr, so, n, 1).unwrap().expect("isend slot"));
+        so += n;
+    }
+    // Test in reverse order: completion does not depend on the order of the tests.
+    for (i, req) in sends.iter().enumerate().rev() {
+        assert_eq!(wait_send(s.as_mut(), *req).unwrap(), sizes[i]);
+    }
+    let (mut so, mut ro) = (0, 0);
+    for (i, req) in recvs.iter().enumerate() {
+        assert_eq!(wait_recv(r.as_mut(), *req).unwrap(), vec![sizes[i]]);
+        let n = sizes[i];
+        assert!(
+            src[so..so + n] == dst[ro..ro + n],
+            "message {i} arrived changed"
+        );
+        so += n;
+        ro += n + 16;
+    }
+    // Completed requests are forgotten.
+    assert_eq!(s.test(sends[0]).unwrap_err().code, NcclResult::InvalidUsage);
+}
+
+#[test]
+fn too_short_receive_fails_with_both_sizes_and_the_stream_goes_on() {
+    let net = lo_net(2, 2);
+    let (mut s, mut r) = pair(&net);
+    let mut rng = Rng(11);
+    for (long, short) in [(100_000usize, 50_000usize), (1000, 10)] {
+        let mut big = rng.bytes(long);
+        let mut next = rng.bytes(4096);
+        let mut small = vec![0u8; short];
+        let mut after = vec![0u8; 4096];
+        let bmr = reg_send(s.as_mut(), &mut big);
+        let nmr = reg_send(s.as_mut(), &mut next);
+        let smr = reg_recv(r.as_mut(), &mut small);
+        let amr = reg_recv(r.as_mut(), &mut after);
+        let rq1 = r.irecv(&[recv_buf(smr, short)]).unwrap().unwrap();
+        let rq2 = r.irecv(&[recv_buf(amr, 4096)]).unwrap().unwrap();
+        let sq1 = s.isend(bmr, 0, long, 0).unwrap().unwrap();
+        let sq2 = s.isend(nmr, 0, 4096, 0).unwrap().unwrap();
+        let e = wait_recv(r.as_mut(), rq1).unwrap_err();
+        assert_eq!(e.code, NcclResult::RemoteError);
+        assert!(
+            e.message.contains(&long.to_string()) && e.message.contains(&short.to_string()),
+            "{}",
+            e.message
+        );
+        // The long message was drained: the next one arrives intact.
+        assert_eq!(wait_recv(r.as_mut(), rq2).unwrap(), vec![4096]);
+        assert_eq!(after, next);
+        assert_eq!(wait_send(s.as_mut(), sq1).unwrap(), long);
+        assert_eq!(wait_send(s.as_mut(), sq2).unwrap(), 4096);
+        s.dereg_mr(bmr).unwrap();
+        s.dereg_mr(nmr).unwrap();
+        r.dereg_mr(smr).unwrap();
+        r.dereg_mr(amr).unwrap();
+    }
+}
+
+#[test]
+fn receiver_dropped_mid_transfer_fails_the_sender() {
+    // 4 pieces of 64 MiB: more than a loopback socket buffers (up to ~36 MB here).
+    let net = lo_net(2, 2);
+    let mut src = vec![3u8; 256 << 20];
+    let (mut s, r) = pair(&net);
+    let mr = reg_send(s.as_mut(), &mut src);
+    let req = s.isend(mr, 0, src.len(), 0).unwrap().unwrap();
+    // Nobody receives: the sender stalls once the socket buffers are full.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(s.test(req).unwrap(), None);
+    drop(r);
+    let e = wait_send(s.as_mut(), req).unwrap_err();
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(e.message.contains("127.0.0.1"), "{}", e.message);
+    let e = s.isend(mr, 0, 1, 0).unwrap_err();
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(s.test(req).is_err());
+    // The region may go once the connection is dead.
+    s.dereg_mr(mr).unwrap();
+}
+
+#[test]
+fn sender_dropped_mid_transfer_fails_the_receiver() {
+    // 2 pieces of 64 MiB: more than a loopback socket buffers.
+    let net = lo_net(2, 1);
+    let mut src = vec![5u8; 128 << 20];
+    let mut dst = vec![0u8; 128 << 20];
+    let (mut s, mut r) = pair(&net);
+    let smr = reg_send(s.as_mut(), &mut src);
+    let sreq = s.isend(smr, 0, src.len(), 0).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(s.test(sreq).unwrap(), None);
+    drop(s);
+    let rmr = reg_recv(r.as_mut(), &mut dst);
+    // The header is there, so the receive is taken; the rest of the message never comes.
+    let rreq = r.irecv(&[recv_buf(rmr, dst.len())]).unwrap().unwrap();
+    let e = wait_recv(r.as_mut(), rreq).unwrap_err();
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(e.message.contains("127.0.0.1"), "{}", e.message);
+    assert!(r.irecv(&[recv_buf(rmr, 1)]).is_err());
+    assert!(r.test(rreq).is_err());
+}
+
+#[test]
+fn idle_peer_going_away_is_noticed() {
+    let net = lo_net(1, 1);
+    // The sender leaves after one message: that message still arrives, later receives fail.
+    let (mut s, mut r) = pair(&net);
+    let mut one = vec![42u8; 10];
+    let mut got = vec![0u8; 10];
+    let smr = reg_send(s.as_mut(), &mut one);
+    let sq = s.isend(smr, 0, 10, 0).unwrap().unwrap();
+    wait_send(s.as_mut(), sq).unwrap();
+    drop(s);
+    let rmr = reg_recv(r.as_mut(), &mut got);
+    let rq = r.irecv(&[recv_buf(rmr, 10)]).unwrap().unwrap();
+    assert_eq!(wait_recv(r.as_mut(), rq).unwrap(), vec![10]);
+    assert_eq!(got, one);
+    let e = wait("irecv after the peer left", || {
+        match r.irecv(&[recv_buf(rmr, 10)]) {
+            Err(e) => Some(e),
+            // The peer's close may still be on its way; a receive posted meanwhile fails.
+            Ok(Some(req)) => wait_recv(r.as_mut(), req).err(),
+            Ok(None) => None,
+        }
+    });
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(e.message.contains("127.0.0.1"), "{}", e.message);
+
+    // The receiver leaves while idle: the sender's next isend (or its test) fails.
+    let (mut s, r) = pair(&net);
+    let smr = reg_send(s.as_mut(), &mut one);
+    drop(r);
+    let e = wait("isend after the peer left", || {
+        match s.isend(smr, 0, 10, 0) {
+            Err(e) => Some(e),
+            Ok(Some(req)) => wait("its test", || match s.test(req) {
+                Err(e) => Some(Some(e)),
+                Ok(Some(_)) => Some(None),
+                Ok(None) => None,
+            }),
+            Ok(None) => None,
+        }
+    });
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(e.message.contains("127.0.0.1"), "{}", e.message);
+}
+
+#[test]
+fn waker_is_called_on_completion() {
+    let net = lo_net(1, 1);
+    let (mut s, mut r) = pair(&net);
+    let woken = Arc::new(AtomicUsize::new(0));
+    let (ws, wr) = (woken.clone(), woken.clone());
+    s.set_waker(Arc::new(move || {
+        ws.fetch_add(1, Ordering::SeqCst);
+    }));
+    r.set_waker(Arc::new(move || {
+        wr.fetch_add(1000, Ordering::SeqCst);
+    }));
+    let mut a = vec![1u8; 200_000];
+    let mut b = vec![0u8; 200_000];
+    let smr = reg_send(s.as_mut(), &mut a);
+    let rmr = reg_recv(r.as_mut(), &mut b);
+    let rq = r.irecv(&[recv_buf(rmr, b.len())]).unwrap().unwrap();
+    let sq = s.isend(smr, 0, a.len(), 0).unwrap().unwrap();
+    // Wait on the waker alone, then test.
+    wait("both wakers", || {
+        (woken.load(Ordering::SeqCst) >= 1001 && woken.load(Ordering::SeqCst) % 1000 >= 1)
+            .then_some(())
+    });
+    assert_eq!(s.test(sq).unwrap(), Some(200_000));
+    assert_eq!(r.test(rq).unwrap(), Some(vec![200_000]));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn requests_are_checked() {
+    let net = lo_net(1, 1);
+    let mut a = vec![0u8; 100];
+    let mut b = vec![0u8; 100];
+    let (mut s, mut r) = pair(&net);
+    let smr = reg_send(s.as_mut(), &mut a);
+    let rmr = reg_recv(r.as_mut(), &mut b);
+    let bad = |e: crate::error::Error| e.code;
+    assert_eq!(
+        bad(s.isend(smr, 50, 51, 0).unwrap_err()),
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(
+        bad(s.isend(smr, usize::MAX, 2, 0).unwrap_err()),
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(
+        bad(s.isend(Mr(999), 0, 1, 0).unwrap_err()),
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(
+        bad(r.irecv(&[recv_buf(rmr, 101)]).unwrap_err()),
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(
+        bad(r.irecv(&[recv_buf(rmr, 1), recv_buf(rmr, 1)]).unwrap_err()),
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(bad(r.irecv(&[]).unwrap_err()), NcclResult::InvalidArgument);
+    // SAFETY: never used: the kind is refused before anything is recorded.
+    let cuda = unsafe { s.reg_mr(a.as_mut_ptr(), a.len(), PTR_CUDA) };
+    assert_eq!(bad(cuda.unwrap_err()), NcclResult::InvalidArgument);
+    // A region in use by a receive in flight cannot go.
+    let rq = r.irecv(&[recv_buf(rmr, 100)]).unwrap().unwrap();
+    assert_eq!(bad(r.dereg_mr(rmr).unwrap_err()), NcclResult::InvalidUsage);
+    // Requests beyond the limit wait.
+    let mut held = Vec::new();
+    while let Some(q) = r.irecv(&[recv_buf(rmr, 100)]).unwrap() {
+        held.push(q);
+        assert!(held.len() < 100, "irecv never says 'try again'");
+    }
+    assert_eq!(held.len() + 1, super::comm::MAX_REQUESTS);
+    let sq = s.isend(smr, 0, 100, 0).unwrap().unwrap();
+    assert_eq!(wait_send(s.as_mut(), sq).unwrap(), 100);
+    assert_eq!(wait_recv(r.as_mut(), rq).unwrap(), vec![100]);
+    assert_eq!(
+        bad(s.test(Request(12345)).unwrap_err()),
+        NcclResult::InvalidUsage
+    );
+    s.dereg_mr(smr).unwrap();
+    assert_eq!(
+        bad(s.dereg_mr(smr).unwrap_err()),
+        NcclResult::InvalidArgument
+    );
+    // Dropping a comm with receives in flight stops its threads.
+    drop(r);
+}
+
+#[test]
+fn ipv6_loopback() {
+    let net = match SocketNet::with_options(opts(2, 1, Family::V6)) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("skipped: no IPv6 loopback address ({e})");
+            return;
+        }
+    };
+    assert_eq!(net.address(0).unwrap(), IpAddr::V6(Ipv6Addr::LOCALHOST));
+    let (mut s, mut r) = pair(&net);
+    let mut a = Rng(9).bytes(1 << 20);
+    let mut b = vec![0u8; 1 << 20];
+    let smr = reg_send(s.as_mut(), &mut a);
+    let rmr = reg_recv(r.as_mut(), &mut b);
+    let rq = r.irecv(&[recv_buf(rmr, b.len())]).unwrap().unwrap();
+    let sq = s.isend(smr, 0, a.len(), 0).unwrap().unwrap();
+    assert_eq!(wait_send(s.as_mut(), sq).unwrap(), 1 << 20);
+    assert_eq!(wait_recv(r.as_mut(), rq).unwrap(), vec![1 << 20]);
+    assert!(a == b);
+}
+
+#[test]
+fn listener_ignores_strangers_and_gives_up_on_incomplete_connections() {
+    let net = SocketNet::with_options(SocketOptions {
+        handshake_timeout: Duration::from_millis(300),
+        ..opts(1, 2, Family::V4)
+    })
+    .unwrap();
+    let (handle, mut listener) = net.listen(0).unwrap();
+    let info = wire::decode_handle(&handle).unwrap();
+    assert_eq!(info.addr.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    // A stranger writing garbage is dropped.
+    let mut stranger = TcpStream::connect(info.addr).unwrap();
+    stranger.write_all(&[0xee; wire::HELLO_BYTES]).unwrap();
+    // A control socket whose data sockets never come.
+    let mut half = TcpStream::connect(info.addr).unwrap();
+    let hello = wire::encode_hello(&wire::Hello {
+        tag: info.tag,
+        conn: wire::ConnId { pid: 1, serial: 1 },
+        data_index: None,
+        nthreads: 1,
+        nsocks: 2,
+    });
+    half.write_all(&hello).unwrap();
+    // A real connection still gets through.
+    let mut c = net.connect(0, &handle).unwrap();
+    let mut got_comm = false;
+    let e = wait("the incomplete connection's error", || {
+        if !got_comm {
+            let _ = c.poll().unwrap();
+        }
+        match listener.accept() {
+            Ok(Some(_)) => {
+                got_comm = true;
+                None
+            }
+            Ok(None) => None,
+            Err(e) => Some(e),
+        }
+    });
+    assert!(got_comm, "the real connection was not accepted first");
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(e.message.contains("1 of its 3 sockets"), "{}", e.message);
+    drop((stranger, half));
+}
+
+#[test]
+fn connect_to_nobody_fails_in_time() {
+    let net = lo_net(1, 1);
+    let (handle, listener) = net.listen(0).unwrap();
+    drop(listener);
+    let e = match net.connect(0, &handle) {
+        Err(e) => e,
+        Ok(mut c) => wait("connect's failure", || c.poll().err()),
+    };
+    assert_eq!(e.code, NcclResult::RemoteError);
+    assert!(e.message.contains("127.0.0.1"), "{}", e.message);
+    let zero = [0u8; crate::transport::net::HANDLE_BYTES];
+    assert_eq!(
+        net.connect(0, &zero).err().map(|e| e.code),
+        Some(NcclResult::InvalidArgument)
+    );
+    assert!(net.connect(1, &handle).is_err());
+}
+
+#[test]
+fn loopback_properties() {
+    let net = SocketNet::with_ifname("=lo").unwrap();
+    assert_eq!(net.name(), "Socket");
+    assert_eq!(net.ndevs(), 1);
+    let p = net.properties(0).unwrap();
+    assert_eq!(p.name, "lo");
+    assert_eq!(p.guid, 0);
+    assert_eq!(p.ptr_support, PTR_HOST);
+    // lo has no PCI device and no speed in sysfs.
+    assert_eq!(p.pci_path, "");
+    assert_eq!(p.speed_mbps, DEFAULT_SPEED_MBPS);
+    assert_eq!((p.latency_us, p.port), (0.0, 0));
+    assert_eq!((p.max_comms, p.max_recvs), (65536, 1));
+    assert_eq!(net.geometry(0).unwrap(), (1, 1));
+    assert!(net.properties(1).is_err());
+}
+
+#[test]
+fn unknown_interface_lists_the_real_ones() {
+    let e = SocketNet::with_ifname("=no-such-if0")
+        .err()
+        .expect("must fail");
+    assert_eq!(e.code, NcclResult::InvalidUsage);
+    assert!(e.message.contains("no-such-if0"), "{}", e.message);
+    assert!(e.message.contains("lo (127.0.0.1"), "{}", e.message);
+}
+
+#[test]
+fn geometry_is_clamped_as_nccl() {
+    let o = |t, s| SocketOptions {
+        nthreads: t,
+        nsocks_per_thread: s,
+        ..SocketOptions::default()
+    };
+    assert_eq!(super::geometry(&o(0, 0), "lo"), (1, 1));
+    assert_eq!(super::geometry(&o(4, 4), "lo"), (4, 4));
+    assert_eq!(super::geometry(&o(40, 1), "lo"), (16, 1));
+    assert_eq!(super::geometry(&o(16, 8), "lo"), (16, 4));
+    assert_eq!(super::geometry(&o(3, 64), "lo"), (3, 21));
+}
+
+fn addrs(list: &[(&str, &str)]) -> Vec<(String, IpAddr)> {
+    list.iter()
+        .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
+        .collect()
+}
+
+fn names(v: &[(String, IpAddr)]) -> Vec<&str> {
+    v.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[test]
+fn interface_selection() {
+    let all = addrs(&[
+        ("lo", "127.0.0.1"),
+        ("lo", "::1"),
+        ("eth0", "fe80::1"),
+        ("eth0", "10.0.0.2"),
+        ("eth1", "fd00::5"),
+        ("docker0", "172.17.0.1"),
+        ("virbr0", "192.168.122.1"),
+        ("ens1f0", "10.2.0.2"),
+        ("ens1f0", "fd00::7"),
+    ]);
+    let sel = |spec: Option<&str>, fam| ifaces::select(&all, spec, fam);
+    // Default: not lo, docker*, virbr*; IPv4 first within an interface.
+    let d = sel(None, None).unwrap();
+    assert_eq!(names(&d), ["eth0", "eth1", "ens1f0"]);
+    assert_eq!(d[0].1, "10.0.0.2".parse::<IpAddr>().unwrap());
+    assert_eq!(d[1].1, "fd00::5".parse::<IpAddr>().unwrap());
+    // ib* first when there is one.
+    let mut with_ib = all.clone();
+    with_ib.extend(addrs(&[("ib0", "10.9.0.1")]));
+    assert_eq!(
+        names(&ifaces::select(&with_ib, None, None).unwrap()),
+        ["ib0"]
+    );
+    // docker/virbr, then lo, only when nothing else exists.
+    let few = addrs(&[("lo", "127.0.0.1"), ("docker0", "172.17.0.1")]);
+    assert_eq!(
+        names(&ifaces::select(&few, None, None).unwrap()),
+        ["docker0"]
+    );
+    let lo = addrs(&[("lo", "127.0.0.1")]);
+    assert_eq!(names(&ifaces::select(&lo, None, None).unwrap()), ["lo"]);
+    // Prefixes, exclusions, exact names.
+    assert_eq!(names(&sel(Some("eth"), None).unwrap()), ["eth0", "eth1"]);
+    assert_eq!(
+        names(&sel(Some("ens,dock"), None).unwrap()),
+        ["docker0", "ens1f0"]
+    );
+    assert_eq!(
+        names(&sel(Some("^eth,lo"), None).unwrap()),
+        ["docker0", "virbr0", "ens1f0"]
+    );
+    assert_eq!(names(&sel(Some("=eth0"), None).unwrap()), ["eth0"]);
+    assert_eq!(
+        names(&sel(Some("^=eth0"), None).unwrap()),
+        ["lo", "eth1", "docker0", "virbr0", "ens1f0"]
+    );
+    assert_eq!(names(&sel(Some("=eth0,=eth1"), None).unwrap()), ["eth0"]);
+    assert_eq!(
+        names(&sel(Some("=eth0,eth1"), None).unwrap()),
+        ["eth0", "eth1"]
+    );
+    // Families: link-local IPv6 does not count.
+    assert_eq!(
+        names(&sel(Some("eth"), Some(Family::V6)).unwrap()),
+        ["eth1"]
+    );
+    let v6 = sel(None, Some(Family::V6)).unwrap();
+    assert_eq!(names(&v6), ["eth1", "ens1f0"]);
+    assert_eq!(v6[1].1, "fd00::7".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        sel(Some("=lo"), Some(Family::V6)).unwrap()[0].1,
+        IpAddr::V6(Ipv6Addr::LOCALHOST)
+    );
+    // Nothing matches: the error names the value and what exists.
+    let e = sel(Some("=eth"), None).unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidUsage);
+    assert!(
+        e.message.contains("NCCL_SOCKET_IFNAME==eth"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("eth0 (fe80::1, 10.0.0.2)"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("ens1f0 (10.2.0.2, fd00::7)"),
+        "{}",
+        e.message
+    );
+    let e = sel(Some("=eth1"), Some(Family::V4)).unwrap_err();
+    assert!(e.message.contains("AF_INET"), "{}", e.message);
+    // No interface at all.
+    let e = ifaces::select(&[], None, None).unwrap_err();
+    assert_eq!(e.code, NcclResult::SystemError);
+    assert!(e.message.contains("none"), "{}", e.message);
+    // At most 16 devices.
+    let many: Vec<(String, IpAddr)> = (0..20u8)
+        .map(|i| {
+            (
+                format!("eth{i}"),
+                IpAddr::V4(Ipv4Addr::new(10, 0, 0, i + 1)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ifaces::select(&many, None, None).unwrap().len(),
+        ifaces::MAX_IFS
+    );
+    // Family names.
+    assert_eq!(Family::parse("AF_INET"), Some(Family::V4));
+    assert_eq!(Family::parse("af_inet6"), Some(Family::V6));
+    assert_eq!(Family::parse("AF_UNIX"), None);
+}
+
+#[test]
+fn wire_formats() {
+    for addr in ["127.0.0.1:4242", "[::1]:65535", "[fd00::1:2]:1"] {
+        let h = wire::HandleInfo {
+            addr: addr.parse().unwrap(),
+            tag: 0x1234_5678_9abc_def0,
+        };
+        let b = wire::encode_handle(&h);
+        assert_eq!(wire::decode_handle(&b).unwrap(), h);
+    }
+    let mut b = wire::encode_handle(&wire::HandleInfo {
+        addr: "127.0.0.1:1".parse().unwrap(),
+        tag: 1,
+    });
+    b[9] = 5;
+    assert_eq!(
+        wire::decode_handle(&b).unwrap_err().code,
+        NcclResult::InvalidArgument
+    );
+    let hello = wire::Hello {
+        tag: 77,
+        conn: wire::ConnId {
+            pid: 1234,
+            serial: 99,
+        },
+        data_index: Some(15),
+        nthreads: 4,
+        nsocks: 4,
+    };
+    let b = wire::encode_hello(&hello);
+    assert_eq!(wire::decode_hello(&b).unwrap(), hello);
+    let ctrl = wire::Hello {
+        data_index: None,
+        ..hello
+    };
+    assert_eq!(
+        wire::decode_hello(&wire::encode_hello(&ctrl)).unwrap(),
+        ctrl
+    );
+    for bad in [
+        wire::Hello {
+            data_index: Some(16),
+            ..hello
+        },
+        wire::Hello {
+            nthreads: 17,
+            nsocks: 1,
+            ..hello
+        },
+        wire::Hello {
+            nthreads: 8,
+            nsocks: 9,
+            data_index: None,
+            ..hello
+        },
+    ] {
+        assert!(wire::decode_hello(&wire::encode_hello(&bad)).is_err());
+    }
+    let h = wire::encode_header(123_456, 9);
+    assert_eq!(wire::decode_header(&h), Some((123_456, 9)));
+    let mut h = h;
+    h[15] ^= 1;
+    assert_eq!(wire::decode_header(&h), None);
+}
+
+#[test]
+fn pieces_cover_each_message_once() {
+    for nsocks in [1usize, 2, 3, 16, 64] {
+        for len in [
+            0usize,
+            1,
+            wire::MIN_CHUNK - 1,
+            wire::MIN_CHUNK,
+            wire::MIN_CHUNK + 1,
+            300_001,
+            1 << 20,
+            (64 << 20) + 7,
+        ] {
+            let mut next = 0;
+            let mut used = 0;
+            for i in 0..nsocks {
+                let r = wire::piece(len, nsocks, i);
+                if r.is_empty() {
+                    continue;
+                }
+                assert_eq!(r.start, next, "len {len} nsocks {nsocks} socket {i}");
+                assert!(r.len() >= wire::MIN_CHUNK.min(len - r.start));
+                next = r.end;
+                used += 1;
+            }
+            if wire::inline(len) {
+                assert_eq!(used, 0);
+            } else {
+                assert_eq!(next, len, "len {len} nsocks {nsocks}");
+            }
+        }
+    }
+    assert!(wire::inline(0) && wire::inline(4096) && !wire::inline(1 << 20));
+    // 16 sockets each carry 4 MiB of 64 MiB.
+    assert_eq!(wire::piece(64 << 20, 16, 15), (60 << 20)..(64 << 20));
+    assert_eq!(wire::thread_of(5, 4), 1);
+}
+
+/// One 256 MiB message over loopback, 1×1 and 4×4; prints the rate. Run with
+/// `cargo test --workspace --all-features --lib transport::net -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn throughput_256mib() {
+    for (t, k) in [(1, 1), (4, 4)] {
+        let net = lo_net(t, k);
+        let (mut s, mut r) = pair(&net);
+        let n = 256usize << 20;
+        let mut a = Rng(1).bytes(n);
+        let mut b = vec![0u8; n];
+        let smr = reg_send(s.as_mut(), &mut a);
+        let rmr = reg_recv(r.as_mut(), &mut b);
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let rq = r.irecv(&[recv_buf(rmr, n)]).unwrap().unwrap();
+            let sq = s.isend(smr, 0, n, 0).unwrap().unwrap();
+            wait_send(s.as_mut(), sq).unwrap();
+            wait_recv(r.as_mut(), rq).unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        assert!(a == b);
+        println!(
+            "socket net loopback, {t} threads x {k} sockets: 256 MiB in {:.1} ms = {:.2} GB/s",
+            best * 1e3,
+            n as f64 / best / 1e9
+        );
+    }
+}
