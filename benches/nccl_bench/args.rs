@@ -1,0 +1,365 @@
+//! The command line: options, their defaults and the usage text.
+
+use crate::collective::Collective;
+use nccl::cuda::Backend;
+use nccl::{DataType, ReduceOp};
+use nccl_device::types::Elem;
+use nccl_device::with_elem;
+use std::ffi::{c_int, OsString};
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
+  -C, --collective NAME     all_reduce broadcast reduce all_gather reduce_scatter, or all
+                            (one table each); a comma-separated list works too [all_reduce]
+  -r, --root N              root rank of broadcast and reduce [0]
+  -b, --minbytes SIZE       smallest size, bytes (K/M/G suffixes: powers of 1024) [8]
+  -e, --maxbytes SIZE       largest size [128M; 1M on the simulator]
+  -f, --stepfactor N        multiply the size by N at each step [2]
+  -g, --ngpus N             GPUs to use (ranks 0..N-1 on devices 0..N-1) [all visible];
+                            with NCCL_RS_SHARED_GPUS=1, ranks (any number) on devices r % visible
+  -w, --warmup_iters N      untimed iterations before each measurement [5; 1 on the simulator]
+  -n, --iters N             timed iterations; the median is reported [20; 5 on the simulator]
+  -d, --datatype NAME       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
+                            f8e4m3 f8e5m2, or all; a comma-separated list works too [float]
+  -o, --op NAME             sum prod max min avg premulsum, or all; a list works too [sum]
+  -c, --check 0|1           check the results of the first call of every size [1]
+  -t, --mode thread|threads one thread drives every GPU, or a thread per GPU [thread]
+      --baseline PATH       NVIDIA libnccl.so.2 to run side by side (CUDA backend only)
+      --backend cuda|sim    CUDA GPUs or the CPU simulator [cuda if a GPU is visible, else sim]
+      --csv FILE            also write every measured row to FILE as CSV: one line per size
+                            and placement, with the run's backend, GPU, versions, date, command
+      --json FILE           the same records as JSON: {\"meta\": {...}, \"rows\": [{...}, ...]}
+  -h, --help                this text";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One thread launches on every GPU in turn (NVIDIA NCCL inside a group).
+    Thread,
+    /// A thread per GPU.
+    Threads,
+}
+
+/// A reduction as the benchmark names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    PreMulSum,
+}
+
+impl Op {
+    pub const ALL: [Op; 6] = [Op::Sum, Op::Prod, Op::Max, Op::Min, Op::Avg, Op::PreMulSum];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Prod => "prod",
+            Op::Max => "max",
+            Op::Min => "min",
+            Op::Avg => "avg",
+            Op::PreMulSum => "premulsum",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        Op::ALL
+            .into_iter()
+            .find(|o| o.name().eq_ignore_ascii_case(s))
+    }
+
+    /// The op as nccl-rs takes it for `dt` (PreMulSum by 1, so the result is the sum).
+    pub fn ours(self, dt: DataType) -> ReduceOp {
+        match self {
+            Op::Sum => ReduceOp::Sum,
+            Op::Prod => ReduceOp::Prod,
+            Op::Max => ReduceOp::Max,
+            Op::Min => ReduceOp::Min,
+            Op::Avg => ReduceOp::Avg,
+            Op::PreMulSum => ReduceOp::PreMulSum {
+                scalar_bits: with_elem!(dt, T => Elem::to_bits(T::from_f64(1.0))),
+            },
+        }
+    }
+
+    /// `ncclRedOp_t`; None where NCCL has no built-in (PreMulSum needs a user-created op).
+    pub fn nccl(self) -> Option<c_int> {
+        match self {
+            Op::Sum => Some(0),
+            Op::Prod => Some(1),
+            Op::Max => Some(2),
+            Op::Min => Some(3),
+            Op::Avg => Some(4),
+            Op::PreMulSum => None,
+        }
+    }
+}
+
+pub struct Args {
+    pub colls: Vec<Collective>,
+    pub root: usize,
+    pub min_bytes: usize,
+    pub max_bytes: Option<usize>,
+    pub step_factor: usize,
+    pub ngpus: Option<usize>,
+    pub warmup: Option<usize>,
+    pub iters: Option<usize>,
+    pub dtypes: Vec<DataType>,
+    pub ops: Vec<Op>,
+    pub check: bool,
+    pub mode: Mode,
+    pub baseline: Option<PathBuf>,
+    pub backend: Option<Backend>,
+    /// `--csv FILE`: the records, as CSV.
+    pub csv: Option<PathBuf>,
+    /// `--json FILE`: the records, as JSON.
+    pub json: Option<PathBuf>,
+}
+
+/// `8`, `64K`, `1M`, `2G`, `128MB`, `4KiB`: powers of 1024.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
+    let (num, suffix) = t.split_at(digits);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 8, 64K, 1M, 2G)"))?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => {
+            return Err(format!(
+                "'{s}': unknown size suffix '{suffix}' (use K, M or G)"
+            ))
+        }
+    };
+    n.checked_mul(1usize << shift)
+        .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn parse_number(s: &str, what: &str) -> Result<usize, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{what}: '{s}' is not a non-negative integer"))
+}
+
+fn parse_datatype(s: &str) -> Option<DataType> {
+    let alias = match s.to_ascii_lowercase().as_str() {
+        "char" => "int8",
+        "int" => "int32",
+        "float16" | "fp16" | "f16" => "half",
+        "float32" | "fp32" | "f32" => "float",
+        "float64" | "fp64" | "f64" => "double",
+        "bf16" => "bfloat16",
+        "fp8e4m3" | "float8e4m3" | "e4m3" => "f8e4m3",
+        "fp8e5m2" | "float8e5m2" | "e5m2" => "f8e5m2",
+        other => return DataType::ALL.into_iter().find(|d| d.name() == other),
+    };
+    DataType::ALL.into_iter().find(|d| d.name() == alias)
+}
+
+fn parse_datatypes(s: &str) -> Result<Vec<DataType>, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(DataType::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|n| {
+            parse_datatype(n.trim()).ok_or_else(|| {
+                let names: Vec<&str> = DataType::ALL.iter().map(|d| d.name()).collect();
+                format!(
+                    "unknown datatype '{n}' (one of {}, or all)",
+                    names.join(" ")
+                )
+            })
+        })
+        .collect()
+}
+
+fn parse_ops(s: &str) -> Result<Vec<Op>, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(Op::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|n| {
+            Op::parse(n.trim()).ok_or_else(|| {
+                format!("unknown op '{n}' (one of sum prod max min avg premulsum, or all)")
+            })
+        })
+        .collect()
+}
+
+fn parse_collectives(s: &str) -> Result<Vec<Collective>, String> {
+    if s.trim().eq_ignore_ascii_case("all") {
+        return Ok(Collective::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|n| {
+            Collective::parse(n.trim()).ok_or_else(|| {
+                let names: Vec<&str> = Collective::ALL.iter().map(|c| c.test_name()).collect();
+                format!(
+                    "unknown collective '{n}' (one of {}, or all)",
+                    names.join(" ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// The arguments, or None for `--help`.
+pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
+    let mut a = Args {
+        colls: vec![Collective::AllReduce],
+        root: 0,
+        min_bytes: 8,
+        max_bytes: None,
+        step_factor: 2,
+        ngpus: None,
+        warmup: None,
+        iters: None,
+        dtypes: vec![DataType::Float32],
+        ops: vec![Op::Sum],
+        check: true,
+        mode: Mode::Thread,
+        baseline: None,
+        backend: None,
+        csv: None,
+        json: None,
+    };
+    let mut i = 0;
+    while i < argv.len() {
+        let arg = argv[i]
+            .to_str()
+            .ok_or_else(|| format!("argument {:?} is not UTF-8", argv[i]))?;
+        i += 1;
+        if arg == "--bench" {
+            continue; // cargo bench adds it
+        }
+        if arg == "-h" || arg == "--help" {
+            return Ok(None);
+        }
+        let (key, inline): (String, Option<String>) = if let Some(rest) = arg.strip_prefix("--") {
+            match rest.split_once('=') {
+                Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                None => (rest.to_string(), None),
+            }
+        } else if let Some(rest) = arg.strip_prefix('-') {
+            let mut chars = rest.chars();
+            let Some(c) = chars.next() else {
+                return Err("unexpected argument '-'".into());
+            };
+            let long = match c {
+                'b' => "minbytes",
+                'e' => "maxbytes",
+                'f' => "stepfactor",
+                'g' => "ngpus",
+                'w' => "warmup_iters",
+                'n' => "iters",
+                'd' => "datatype",
+                'o' => "op",
+                'c' => "check",
+                't' => "mode",
+                'C' => "collective",
+                'r' => "root",
+                _ => return Err(format!("unknown option '{arg}'")),
+            };
+            let v = chars.as_str();
+            (long.to_string(), (!v.is_empty()).then(|| v.to_string()))
+        } else {
+            return Err(format!("unexpected argument '{arg}'"));
+        };
+        let known = [
+            "minbytes",
+            "maxbytes",
+            "stepfactor",
+            "ngpus",
+            "warmup_iters",
+            "iters",
+            "datatype",
+            "op",
+            "check",
+            "mode",
+            "collective",
+            "root",
+            "baseline",
+            "backend",
+            "csv",
+            "json",
+        ];
+        if !known.contains(&key.as_str()) {
+            return Err(format!("unknown option '{arg}'"));
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                let v = argv
+                    .get(i)
+                    .ok_or_else(|| format!("option '{arg}' needs a value"))?;
+                i += 1;
+                v.to_str()
+                    .ok_or_else(|| format!("the value of '{arg}' is not UTF-8"))?
+                    .to_string()
+            }
+        };
+        match key.as_str() {
+            "minbytes" => a.min_bytes = parse_size(&value)?,
+            "maxbytes" => a.max_bytes = Some(parse_size(&value)?),
+            "stepfactor" => a.step_factor = parse_number(&value, "--stepfactor")?,
+            "ngpus" => a.ngpus = Some(parse_number(&value, "--ngpus")?),
+            "warmup_iters" => a.warmup = Some(parse_number(&value, "--warmup_iters")?),
+            "iters" => a.iters = Some(parse_number(&value, "--iters")?),
+            "datatype" => a.dtypes = parse_datatypes(&value)?,
+            "op" => a.ops = parse_ops(&value)?,
+            "check" => {
+                a.check = match value.trim() {
+                    "0" => false,
+                    "1" => true,
+                    v => return Err(format!("--check: '{v}' (use 0 or 1)")),
+                }
+            }
+            "mode" => {
+                a.mode = match value.trim() {
+                    "thread" | "1" => Mode::Thread,
+                    "threads" => Mode::Threads,
+                    v => return Err(format!("--mode: '{v}' (use thread or threads)")),
+                }
+            }
+            "collective" => a.colls = parse_collectives(&value)?,
+            "root" => a.root = parse_number(&value, "--root")?,
+            "baseline" => a.baseline = Some(PathBuf::from(value)),
+            "backend" => {
+                a.backend = Some(match value.trim() {
+                    "cuda" => Backend::Cuda,
+                    "sim" | "simulator" => Backend::Sim,
+                    v => return Err(format!("--backend: '{v}' (use cuda or sim)")),
+                })
+            }
+            "csv" => a.csv = Some(PathBuf::from(value)),
+            "json" => a.json = Some(PathBuf::from(value)),
+            _ => unreachable!("every key was checked against the known list"),
+        }
+    }
+    if a.step_factor < 2 {
+        return Err(format!("--stepfactor {}: use 2 or more", a.step_factor));
+    }
+    if a.ngpus == Some(0) {
+        return Err("--ngpus 0: use at least one GPU".into());
+    }
+    if a.iters == Some(0) {
+        return Err("--iters 0: time at least one iteration".into());
+    }
+    if let Some(max) = a.max_bytes {
+        if a.min_bytes > max {
+            return Err(format!(
+                "--minbytes {} is larger than --maxbytes {max}",
+                a.min_bytes
+            ));
+        }
+    }
+    Ok(Some(a))
+}

@@ -1,0 +1,457 @@
+//! `nccl_bench`: the performance tool of nccl-rs, in the style of nccl-tests, with NVIDIA NCCL
+//! as the baseline in the same run (same buffers, same streams, same sizes, same timing code).
+//!
+//! ```text
+//! cargo bench --bench nccl_bench -- -b 8 -e 128M -f 2 -g 4
+//! cargo bench --bench nccl_bench -- -C all_gather -g 4
+//! cargo bench --bench nccl_bench -- -C all --csv bench.csv --json bench.json
+//! bench-nccl_bench -g 8 -C all -d all -o sum --baseline /usr/lib/x86_64-linux-gnu/libnccl.so.2
+//! ```
+//!
+//! Sizes follow nccl-tests: the size column is the largest buffer a rank touches (for AllGather
+//! and ReduceScatter, nranks × the per-rank count × the element size) and the count column is
+//! the count argument of the call (the per-rank count for AllGather and ReduceScatter). In-place
+//! calls use the receive buffer as NCCL defines it: AllGather's input is block `rank` of the
+//! output, ReduceScatter's output is block `rank` of the input.
+//!
+//! The backend is CUDA when the driver shows at least one GPU, else the CPU simulator (said so
+//! in the output). The simulator cannot be chosen after CUDA was probed in the same process, so
+//! a failed probe re-runs this executable with `--backend sim`.
+//!
+//! Timing: an event per iteration boundary on every GPU's stream; an iteration's time is the
+//! longest of the GPUs' times; the reported time is the median over the timed iterations.
+//! Checking (`-c 1`): fresh data before the first call of every size, outputs poisoned, the
+//! result compared with a host reference computed with the device crate's own arithmetic
+//! (exact for integers, a tolerance from the reduction depth for floats).
+//!
+//! `--csv FILE` and `--json FILE` write the table's rows as records, one per size and
+//! placement, with the run's backend, GPU, versions, host, date and command line (`records`);
+//! `docs/perf/make_page.py` turns them (or this text output) into `docs/performance.md`.
+//!
+//! The modules, one job each: `args` (the command line), `backend` (CUDA or the simulator),
+//! `baseline` (NVIDIA NCCL through dlopen), `collective` (what each collective is and how it
+//! is launched), `data` (inputs, the host reference, the check), `ranks` (each GPU's
+//! communicator, stream, buffers, events), `timing` (events, medians, the rendezvous of
+//! per-GPU threads), `output` (the nccl-tests text table), `records` (CSV and JSON); this file
+//! runs them in order.
+
+mod args;
+mod backend;
+mod baseline;
+mod collective;
+mod data;
+mod output;
+mod ranks;
+mod records;
+mod timing;
+
+use args::{parse_args, Args, Mode, Op, USAGE};
+use backend::{pick_backend, Picked};
+use baseline::Nccl;
+use collective::{Call, Collective};
+use nccl::cuda::{self, Backend};
+use nccl::Comm;
+use output::{Measure, Table, Theirs};
+use ranks::{Bench, Lib, Rank};
+use records::Records;
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Instant;
+use timing::measure;
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// Settings after defaults for the backend.
+struct Settings {
+    min_bytes: usize,
+    max_bytes: usize,
+    warmup: usize,
+    iters: usize,
+}
+
+/// Errors a run ends with: bad arguments (exit 2) or a failure (exit 1).
+enum Fail {
+    Usage(String),
+    Run(String),
+}
+
+impl From<String> for Fail {
+    fn from(s: String) -> Fail {
+        Fail::Run(s)
+    }
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let args = match parse_args(&argv) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            eprintln!("nccl_bench: {msg}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    // The baseline first: a wrong path is reported before any device work.
+    let baseline = match &args.baseline {
+        Some(p) => match Nccl::load(p) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                eprintln!("nccl_bench: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let (backend, why) = match pick_backend(&args) {
+        Picked::Run(b, why) => (b, why),
+        Picked::Exit(code) => return code,
+    };
+    match bench(&args, backend, &why, baseline) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(Fail::Usage(m)) => {
+            eprintln!("nccl_bench: {m}");
+            ExitCode::from(2)
+        }
+        Err(Fail::Run(m)) => {
+            eprintln!("nccl_bench: error: {m}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The whole run; Ok(false) when some result was wrong.
+fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Result<bool, Fail> {
+    let sim = backend == Backend::Sim;
+    let started = records::utc_now();
+    if sim && baseline.is_some() {
+        return Err(Fail::Run(format!(
+            "--baseline needs CUDA GPUs, but the CPU simulator was picked ({why})"
+        )));
+    }
+    let visible = cuda::device_count().map_err(|e| format!("counting devices: {e}"))?;
+    let ngpus = args.ngpus.unwrap_or(visible);
+    // The kernel lab: more ranks than GPUs, rank r on device r % visible.
+    // Read as the library reads it (environment, then NCCL_CONF_FILE), so both agree.
+    let shared = nccl::env::int("NCCL_RS_SHARED_GPUS") == 1;
+    if shared && baseline.is_some() {
+        return Err(Fail::Usage(
+            "NCCL_RS_SHARED_GPUS=1 shares GPUs among ranks, which NVIDIA NCCL refuses: drop --baseline".into(),
+        ));
+    }
+    if ngpus > visible && !shared {
+        return Err(Fail::Usage(format!(
+            "--ngpus {ngpus}: only {visible} device(s) visible{}",
+            if sim {
+                " (NCCL_RS_SIM_DEVICES sets how many the simulator shows)"
+            } else {
+                ""
+            }
+        )));
+    }
+    let default_max = if sim { 1 << 20 } else { 128 << 20 };
+    let s = Settings {
+        min_bytes: args.min_bytes,
+        max_bytes: args.max_bytes.unwrap_or(default_max.max(args.min_bytes)),
+        warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
+        iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
+    };
+    if args.root >= ngpus && args.colls.iter().any(|c| c.has_root()) {
+        return Err(Fail::Usage(format!(
+            "--root {}: there are only {ngpus} ranks",
+            args.root
+        )));
+    }
+    let (nthread, ngpu_per_thread) = match args.mode {
+        Mode::Thread => (1, ngpus),
+        Mode::Threads => (ngpus, 1),
+    };
+    let names: Vec<&str> = args.colls.iter().map(|c| c.name()).collect();
+    println!(
+        "# Collective test starting: nccl_bench ({})",
+        names.join(", ")
+    );
+    println!(
+        "# nThread {nthread} nGpus {ngpu_per_thread} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
+        s.min_bytes, s.max_bytes, args.step_factor, s.warmup, s.iters, args.check as u8
+    );
+    match backend {
+        Backend::Sim => println!("# backend: CPU simulator ({why})"),
+        Backend::Cuda => println!("# backend: CUDA ({why})"),
+    }
+    println!("# nccl-rs {}", nccl::VERSION_STRING);
+    if let Some(n) = &baseline {
+        println!(
+            "# baseline: NVIDIA NCCL {} ({})",
+            n.version_string(),
+            n.path
+        );
+    }
+    println!("#");
+    println!("# Using devices");
+    let devs: Vec<i32> = (0..ngpus).map(|r| (r % visible.max(1)) as i32).collect();
+    if shared {
+        println!("#  NCCL_RS_SHARED_GPUS=1: ranks share GPUs (a kernel lab: no NVLink crossed)");
+    }
+    let host = hostname();
+    let pid = std::process::id();
+    let mut gpus: Vec<String> = Vec::new();
+    for (r, &d) in devs.iter().enumerate() {
+        let dev = nccl::Device::open(d).map_err(|e| format!("opening device {d}: {e}"))?;
+        let p = dev
+            .props()
+            .map_err(|e| format!("device {d} properties: {e}"))?;
+        println!(
+            "#  Rank {r:2} Group  0 Pid {pid:6} on {host:>10} device {d:2} [{}] {}",
+            p.bus_id, p.name
+        );
+        if !gpus.contains(&p.name) {
+            gpus.push(p.name);
+        }
+    }
+    let mut records = Records::new(
+        args.csv.as_deref(),
+        args.json.as_deref(),
+        records::Meta {
+            backend: if sim { "sim" } else { "cuda" },
+            gpu: gpus.join(", "),
+            nccl_rs_version: nccl::VERSION_STRING.to_string(),
+            nccl_version: baseline.as_ref().map(|n| n.version_string()),
+            hostname: host,
+            date_utc: started,
+            warmup_iters: s.warmup,
+            iters: s.iters,
+            command: records::command_line(),
+        },
+    )?;
+
+    // Our communicators.
+    let t0 = Instant::now();
+    let comms = Comm::init_all(&devs).map_err(|e| format!("nccl-rs init ({ngpus} ranks): {e}"))?;
+    let our_init_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let our_mem: Vec<usize> = comms.iter().map(|c| c.init_device_bytes()).collect();
+
+    // Streams, buffers, events.
+    let (send_bytes, recv_bytes) = args
+        .colls
+        .iter()
+        .map(|c| c.buffer_bytes(s.max_bytes, ngpus))
+        .fold((0, 0), |(s, r), (s2, r2)| (s.max(s2), r.max(r2)));
+    let round = |b: usize| b.max(1).next_multiple_of(256);
+    let mut ranks = Vec::with_capacity(ngpus);
+    for comm in comms {
+        let d = comm.device().clone();
+        let e = |what: &str, x: nccl::Error| format!("{what} on device {}: {x}", d.ordinal);
+        let stream = d.stream_create().map_err(|x| e("stream create", x))?;
+        let send = d
+            .alloc(round(send_bytes))
+            .map_err(|x| e("allocating the send buffer", x))?;
+        let recv = d
+            .alloc(round(recv_bytes))
+            .map_err(|x| e("allocating the receive buffer", x))?;
+        let events = (0..=s.iters)
+            .map(|_| d.event_create())
+            .collect::<nccl::Result<Vec<u64>>>()
+            .map_err(|x| e("event create", x))?;
+        ranks.push(Rank {
+            comm,
+            stream,
+            send,
+            recv,
+            events,
+        });
+    }
+    let mut b = Bench {
+        ranks,
+        mode: args.mode,
+        nccl: None,
+        host: vec![0u8; send_bytes.max(recv_bytes)],
+    };
+
+    println!("#");
+    println!(
+        "# nccl-rs init: {our_init_ms:.1} ms; device memory per GPU: {}",
+        our_mem
+            .iter()
+            .map(|&m| mib(m))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if let Some(lib) = baseline {
+        let free = |b: &Bench| -> Result<Vec<usize>, String> {
+            b.ranks
+                .iter()
+                .map(|r| {
+                    r.comm
+                        .device()
+                        .mem_info()
+                        .map(|(f, _)| f)
+                        .map_err(|e| format!("mem_info: {e}"))
+                })
+                .collect()
+        };
+        let before = free(&b)?;
+        let t0 = Instant::now();
+        let comms = lib.comm_init_all(&devs)?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let after = free(&b)?;
+        println!(
+            "# NVIDIA NCCL init: {ms:.1} ms; device memory per GPU: {}",
+            before
+                .iter()
+                .zip(&after)
+                .map(|(&a, &z)| mib(a.saturating_sub(z)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        b.nccl = Some((lib, comms));
+    }
+
+    let mut all_right = true;
+    for &coll in &args.colls {
+        let mut table = Table {
+            baseline: b.nccl.is_some(),
+            op_width: args.ops.iter().map(|o| o.name().len()).fold(6, usize::max),
+            busbw_sum: 0.0,
+            busbw_n: 0,
+            nccl_busbw_sum: 0.0,
+            nccl_busbw_n: 0,
+            nccl_wrong: 0,
+            ratios: Vec::new(),
+            wrong: 0,
+        };
+        println!("#");
+        println!("# Collective: {}", coll.name());
+        table.header();
+        let outcome = measure_all(&mut b, args, &s, coll, &mut table, &mut records);
+        if let Err(m) = outcome {
+            if !b.quiesce() {
+                // A kernel may still run on some GPU (its peers never came): freeing its
+                // buffers could hang or fault, so leave now and let the process exit release
+                // them.
+                eprintln!("nccl_bench: error: {m}");
+                eprintln!("nccl_bench: some GPU work did not finish; exiting without cleanup");
+                std::process::exit(1);
+            }
+            return Err(Fail::Run(m));
+        }
+        table.footer(args.check);
+        records.write()?;
+        all_right &= table.wrong == 0;
+    }
+    b.teardown()?;
+    Ok(all_right)
+}
+
+/// Every type, op and size of the table.
+fn measure_all(
+    b: &mut Bench,
+    args: &Args,
+    s: &Settings,
+    coll: Collective,
+    table: &mut Table,
+    records: &mut Records,
+) -> Result<(), String> {
+    let n = b.nranks();
+    let ops: Vec<Op> = if coll.has_op() {
+        args.ops.clone()
+    } else {
+        vec![Op::Sum]
+    };
+    for &dt in &args.dtypes {
+        for &op in &ops {
+            let with_nccl = b.nccl.as_ref().is_some_and(|(l, _)| l.supports(dt, op));
+            let mut noted = false;
+            let mut size = s.min_bytes;
+            loop {
+                let counts = coll.counts(size, dt, n);
+                let mut place = |in_place: bool| -> Result<Measure, String> {
+                    let call = Call {
+                        coll,
+                        dt,
+                        op,
+                        counts,
+                        root: args.root,
+                        in_place,
+                    };
+                    let seed = (size as u64)
+                        .wrapping_mul(1_000_003)
+                        .wrapping_add((dt as u64) << 40)
+                        .wrapping_add((op as u64) << 48)
+                        .wrapping_add((coll as u64) << 56)
+                        .wrapping_add(in_place as u64);
+                    let data = args.check.then(|| coll.check_data(&call, n, seed));
+                    let mut m = measure(b, Lib::Ours, &call, data.as_ref(), s, n)?;
+                    if with_nccl {
+                        let theirs = measure(b, Lib::Nccl, &call, data.as_ref(), s, n)?;
+                        if let Some(w) = theirs.wrong.filter(|&w| w > 0 && !noted) {
+                            noted = true;
+                            println!(
+                                "# note: NVIDIA NCCL gave {w} values outside the tolerance too ({} {} {} bytes {}; not repeated for this type and op)",
+                                dt.name(),
+                                op.name(),
+                                counts.size_bytes,
+                                if in_place { "in-place" } else { "out-of-place" }
+                            );
+                        }
+                        m.nccl = Some(Theirs {
+                            time_us: theirs.time_us,
+                            busbw: theirs.busbw,
+                            wrong: theirs.wrong,
+                        });
+                    }
+                    Ok(m)
+                };
+                let places = [
+                    Some(place(false)?),
+                    match coll.in_place_applies() {
+                        true => Some(place(true)?),
+                        false => None,
+                    },
+                ];
+                let call = Call {
+                    coll,
+                    dt,
+                    op,
+                    counts,
+                    root: args.root,
+                    in_place: false,
+                };
+                let tuned = match coll.tuned() {
+                    Some(t) => b.ranks[0]
+                        .comm
+                        .tuning(t, counts.size_bytes)
+                        .map(|c| format!("{}/{}/{}", c.algo, c.proto, c.nchannels))
+                        .unwrap_or_else(|_| "-".into()),
+                    None => "p2p".into(),
+                };
+                table.row(&call, &places, &tuned);
+                records.push(&call, &places, &tuned, n);
+                // As nccl-tests: multiply until past the largest size (a 0-byte start goes on at 1).
+                size = match size.checked_mul(args.step_factor) {
+                    Some(0) => 1,
+                    Some(next) if next <= s.max_bytes => next,
+                    _ => break,
+                };
+                if size > s.max_bytes {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
