@@ -125,8 +125,18 @@ pub const PARAMS: &[Param] = &[
     },
     Param {
         name: "NCCL_DEBUG",
-        default: "WARN",
-        doc: "VERSION, WARN, INFO or TRACE",
+        default: "",
+        doc: "VERSION, WARN, INFO, ABORT or TRACE (unset: nothing); see debug.rs",
+    },
+    Param {
+        name: "NCCL_DEBUG_SUBSYS",
+        default: "INIT,BOOTSTRAP,ENV",
+        doc: "subsystems NCCL_DEBUG shows (comma list; a leading ^ excludes them)",
+    },
+    Param {
+        name: "NCCL_DEBUG_FILE",
+        default: "",
+        doc: "file the log lines go to (%h host, %p pid; unset: stdout)",
     },
     Param {
         name: "NCCL_RS_BACKEND",

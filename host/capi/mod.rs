@@ -29,8 +29,10 @@ pub type NcclComm = *mut CommHandle;
 /// `cudaStream_t` (a `CUstream`).
 pub type CudaStream = *mut c_void;
 
-/// Runs an entry point's body: errors become their code, panics `ncclInternalError`.
+/// Runs an entry point's body: errors become their code, panics `ncclInternalError`. The first
+/// entry installs NCCL's logger (C programs expect `NCCL_DEBUG` to work).
 fn guard(f: impl FnOnce() -> Result<NcclResult>) -> NcclResult {
+    crate::debug::install_logger();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => e.code,
