@@ -4,8 +4,15 @@
 //! A [`Comm`] is always a complete communicator. Creation that does not block the caller
 //! (non-blocking [`Config`], or inside `ncclGroupStart`/`End`) gives a [`PendingComm`] that turns
 //! into a `Comm` when the creation completes.
+//!
+//! This layer sits below the enqueue layer (which turns calls and groups into kernel
+//! launches) and never reaches up into it: what both need, the launch order a communicator
+//! owns ([`order`]) and the thread's group nesting with its deferred creations
+//! (`group_scope`), lives here.
 
 mod config;
+pub(crate) mod group_scope;
+pub mod order;
 mod peer;
 mod pending;
 pub mod register;
@@ -20,7 +27,7 @@ pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
 use crate::cuda::{DevBuffer, Device, Kernel};
-use crate::error::{Error, Result};
+use crate::error::{Error, NcclResult, Result};
 use crate::transport::links::Links;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
@@ -175,7 +182,7 @@ pub struct Comm {
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
-    pub(crate) order: Arc<crate::enqueue::order::StreamOrder>,
+    pub(crate) order: Arc<order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
     pub(crate) dev_comm: DevBuffer,
     _p2p: Option<P2p>,
@@ -398,7 +405,7 @@ impl Comm {
         // Send/receive connections, made on first use: a few per peer (more CTAs per message
         // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
         let bootstrap = Arc::new(bootstrap);
-        let order = Arc::new(crate::enqueue::order::StreamOrder::new(device.clone()));
+        let order = Arc::new(order::StreamOrder::new(device.clone()));
         // 64 CTAs' worth spread over the peers, at most 16 per peer: a launch then covers
         // half the distances (MAX_P2P_ITEMS / 2 CTAs per direction), so an all-to-all takes
         // two launches. With 4 per peer, 2xH200 sendrecv moved 90 GB/s against NCCL's 354 at
@@ -734,6 +741,22 @@ impl Comm {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// What `ncclCommGetAsyncError` reports: `InProgress` while a non-blocking group still
+    /// issues this communicator's operations in the background, then `Success`, or the code
+    /// of the error a group or operation raised in the background.
+    pub fn async_state(&self) -> NcclResult {
+        match self.get_async_error() {
+            Ok(()) => NcclResult::Success,
+            Err(e) => e.code,
+        }
+    }
+
+    /// Waits until no non-blocking group issues this communicator's operations any more; Ok,
+    /// or the error the last one ended with.
+    pub fn wait_group(&self) -> Result<()> {
+        self.order.background.wait()
     }
 
     /// Waits for every operation this rank issued.

@@ -1,9 +1,8 @@
 //! Communicators that are still being created: by a background thread (non-blocking config),
 //! or at the end of the calling thread's group (`ncclGroupStart` … `ncclGroupEnd`).
 
-use super::Comm;
+use super::{group_scope, Comm};
 use crate::bootstrap::AbortFlag;
-use crate::enqueue::group;
 use crate::error::{Error, NcclResult, Result};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -91,8 +90,8 @@ impl PendingComm {
             failed
         };
         match launch {
-            Launch::Blocking if group::depth() > 0 => {
-                group::parallel(Box::new(move || match run() {
+            Launch::Blocking if group_scope::depth() > 0 => {
+                group_scope::parallel(Box::new(move || match run() {
                     Some(e) => Err(e),
                     None => Ok(()),
                 }))?;

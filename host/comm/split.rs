@@ -2,10 +2,10 @@
 //! then each child is created with a fresh root started by its rank 0. `ncclCommShrink`
 //! (NCCL 2.27) is a split that the excluded ranks take no part in.
 
+use super::group_scope;
 use super::turns::Ticket;
 use super::{Comm, Config, Launch, PendingComm, ResolvedConfig, SPLIT_NOCOLOR};
 use crate::bootstrap::{new_root_id, AbortFlag, UniqueId, UNIQUE_ID_BYTES};
-use crate::enqueue::group;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -175,7 +175,9 @@ impl Comm {
                     .map(|_| ())
             };
             match launch {
-                Launch::Blocking if group::depth() > 0 => group::parallel(Box::new(job))?,
+                Launch::Blocking if group_scope::depth() > 0 => {
+                    group_scope::parallel(Box::new(job))?
+                }
                 Launch::Blocking => job()?,
                 Launch::Background => {
                     std::thread::Builder::new()

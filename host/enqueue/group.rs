@@ -1,7 +1,9 @@
 //! ncclGroupStart / ncclGroupEnd: per-thread nesting. Inside a group, operations are recorded
 //! and run when the outermost group ends: communicator inits all at once on their own threads
 //! (one thread may initialise several ranks that wait on each other), then the operations in
-//! the order they were issued.
+//! the order they were issued. The nesting, the group's blocking mode and the deferred inits
+//! are the communicator layer's (`comm::group_scope`, which creation uses without reaching
+//! up here); this module adds the operations.
 //!
 //! A group whose communicators are non-blocking (config `blocking = 0`) issues its operations
 //! on a background thread: `ncclGroupEnd` returns `ncclInProgress` at once, and each of those
@@ -12,14 +14,14 @@
 //! `ncclGroupSimulateEnd` ends a group without launching anything: the operations are dropped
 //! and the model's time of its collectives is returned.
 
-use super::order::{in_progress, StreamOrder};
+use crate::comm::group_scope::{self, Closed};
+use crate::comm::order::{in_progress, StreamOrder};
 use crate::comm::Comm;
 use crate::error::{Error, NcclResult, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// Work deferred to the end of the group.
-pub type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+pub use crate::comm::group_scope::{depth, parallel, Job};
 
 /// A communicator with operations in the group.
 struct Member {
@@ -28,11 +30,9 @@ struct Member {
     estimate_us: f64,
 }
 
+/// The operations of the calling thread's group (its nesting is [`group_scope`]'s).
 #[derive(Default)]
 struct GroupState {
-    depth: u32,
-    /// Jobs that must run concurrently (communicator creation).
-    parallel: Vec<Job>,
     /// Jobs that run in issue order (collectives, point-to-point).
     ordered: Vec<Job>,
     /// Sends and receives, launched together at the end.
@@ -41,8 +41,6 @@ struct GroupState {
     error: Option<Error>,
     /// Communicators with operations in the group, in the order they joined.
     members: Vec<Member>,
-    /// Whether the group's communicators are blocking (None: none joined yet).
-    blocking: Option<bool>,
 }
 
 std::thread_local! {
@@ -51,12 +49,7 @@ std::thread_local! {
 
 /// `ncclGroupStart`.
 pub fn start() {
-    GROUP.with(|g| g.borrow_mut().depth += 1);
-}
-
-/// How deep the calling thread is in groups (0: not in a group).
-pub fn depth() -> u32 {
-    GROUP.with(|g| g.borrow().depth)
+    group_scope::open();
 }
 
 /// Runs `job` now, or at the end of the calling thread's group.
@@ -66,32 +59,6 @@ pub fn ordered(job: Job) -> Result<()> {
     }
     GROUP.with(|g| g.borrow_mut().ordered.push(job));
     Ok(())
-}
-
-fn set_mode(g: &mut GroupState, blocking: bool) -> Result<()> {
-    match g.blocking {
-        Some(b) if b != blocking => Err(Error::invalid_argument(
-            "blocking and non-blocking communicators cannot be used in the same group",
-        )),
-        _ => {
-            g.blocking = Some(blocking);
-            Ok(())
-        }
-    }
-}
-
-/// Runs `job` now, or concurrently with the group's other such jobs at its end. (Only the
-/// creation of blocking communicators comes here: it makes the group a blocking one.)
-pub fn parallel(job: Job) -> Result<()> {
-    if depth() == 0 {
-        return job();
-    }
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        set_mode(&mut g, true)?;
-        g.parallel.push(job);
-        Ok(())
-    })
 }
 
 /// Runs a send or receive now (a group of one), or with the group's others at its end.
@@ -105,9 +72,12 @@ pub fn p2p(op: super::p2p::P2pOp) -> Result<()> {
 
 /// Remembers an error raised inside a group (argument checks run at the call).
 pub fn record_error(e: Error) -> Error {
+    if depth() == 0 {
+        return e;
+    }
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        if g.depth > 0 && g.error.is_none() {
+        if g.error.is_none() {
             g.error = Some(e.clone());
         }
     });
@@ -131,12 +101,12 @@ pub fn check_ready(order: &StreamOrder, rank: usize) -> Result<()> {
 /// the group (whose communicators must all be blocking, or all non-blocking).
 pub(crate) fn enter(comm: &Comm) -> Result<()> {
     check_ready(&comm.order, comm.rank)?;
+    if depth() == 0 {
+        return Ok(());
+    }
+    group_scope::set_mode(comm.config().blocking)?;
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        if g.depth == 0 {
-            return Ok(());
-        }
-        set_mode(&mut g, comm.config().blocking)?;
         if !g.members.iter().any(|m| Arc::ptr_eq(&m.order, &comm.order)) {
             g.members.push(Member {
                 order: comm.order.clone(),
@@ -165,37 +135,14 @@ pub(crate) fn note_collective(comm: &Comm, call: &super::CollCall) {
     });
 }
 
-/// Ends one level of the calling thread's group: the whole group's state at the outermost
-/// level, None at an inner one.
-fn take_outermost() -> Result<Option<GroupState>> {
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth == 0 {
-            return Err(Error::invalid_usage(
-                "ncclGroupEnd without a matching ncclGroupStart",
-            ));
-        }
-        g.depth -= 1;
-        Ok(if g.depth == 0 {
-            Some(std::mem::take(&mut *g))
-        } else {
-            None
-        })
-    })
-}
-
-/// Runs the creations concurrently; the first error.
-fn run_parallel(jobs: Vec<Job>) -> Option<Error> {
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let hs: Vec<_> = jobs.into_iter().map(|job| s.spawn(job)).collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::internal("a group job panicked")))
-            })
-            .collect()
-    });
-    results.into_iter().find_map(|r| r.err())
+/// Ends one level of the calling thread's group: at the outermost level, what the nesting
+/// deferred (creations, mode) and the group's operations; None at an inner one.
+fn take_outermost() -> Result<Option<(Closed, GroupState)>> {
+    let Some(closed) = group_scope::close()? else {
+        return Ok(None);
+    };
+    let ops = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    Ok(Some((closed, ops)))
 }
 
 /// Issues the operations: the ordered jobs, then the sends and receives.
@@ -227,20 +174,21 @@ pub fn end_inline() -> Result<()> {
 }
 
 fn end_with(inline: bool) -> Result<()> {
-    let Some(state) = take_outermost()? else {
+    let Some((closed, state)) = take_outermost()? else {
         return Ok(());
     };
+    let Closed {
+        creations,
+        blocking,
+    } = closed;
     let GroupState {
-        parallel,
         ordered,
         p2p,
         error,
         members,
-        blocking,
-        ..
     } = state;
     let mut first = error;
-    if let Some(e) = run_parallel(parallel) {
+    if let Some(e) = group_scope::run_concurrently(creations) {
         first.get_or_insert(e);
     }
     if let Some(e) = first {
@@ -285,11 +233,11 @@ fn end_with(inline: bool) -> Result<()> {
 /// the model's time of the group in µs: per communicator, the sum of its collectives' times;
 /// across communicators (ranks running side by side), the longest. None at an inner level.
 pub fn simulate_end() -> Result<Option<f64>> {
-    let Some(state) = take_outermost()? else {
+    let Some((closed, state)) = take_outermost()? else {
         return Ok(None);
     };
     let mut first = state.error;
-    if let Some(e) = run_parallel(state.parallel) {
+    if let Some(e) = group_scope::run_concurrently(closed.creations) {
         first.get_or_insert(e);
     }
     if let Some(e) = first {
@@ -302,24 +250,6 @@ pub fn simulate_end() -> Result<Option<f64>> {
             .map(|m| m.estimate_us)
             .fold(0.0, f64::max),
     ))
-}
-
-impl Comm {
-    /// What `ncclCommGetAsyncError` reports: `InProgress` while a non-blocking group still
-    /// issues this communicator's operations in the background, then `Success`, or the code
-    /// of the error a group or operation raised in the background.
-    pub fn async_state(&self) -> NcclResult {
-        match self.get_async_error() {
-            Ok(()) => NcclResult::Success,
-            Err(e) => e.code,
-        }
-    }
-
-    /// Waits until no non-blocking group issues this communicator's operations any more; Ok,
-    /// or the error the last one ended with.
-    pub fn wait_group(&self) -> Result<()> {
-        self.order.background.wait()
-    }
 }
 
 #[cfg(test)]

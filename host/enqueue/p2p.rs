@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// One send or receive waiting for its group to end.
 pub struct P2pOp {
     pub links: Arc<Links>,
-    pub order: Arc<super::order::StreamOrder>,
+    pub order: Arc<crate::comm::order::StreamOrder>,
     pub nranks: usize,
     pub peer: usize,
     pub dir: Dir,

@@ -15,6 +15,9 @@
 //!
 //! It also knows whether a non-blocking group is still issuing the communicator's work on a
 //! background thread (`ncclGroupEnd` returned `ncclInProgress`), and how that ended.
+//!
+//! The communicator owns one (created at init, waited for by finalize, destroy and abort);
+//! the enqueue layer launches through it.
 
 use crate::cuda::{Device, StreamHandle};
 use crate::error::{Error, NcclResult, Result};
