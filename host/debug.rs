@@ -227,7 +227,6 @@ std::thread_local! {
 }
 
 /// Records `dev` as the calling thread's CUDA device for the `[dev]` field of its lines.
-#[allow(dead_code)] // until the runtime's call sites (communicator creation, API entry) use it
 pub(crate) fn set_cuda_dev(dev: i32) {
     let _ = CUDA_DEV.try_with(|d| d.set(dev));
 }

@@ -204,6 +204,11 @@ pub const PARAMS: &[Param] = &[
         doc: "farthest path (LOC, NVL, PIX, PXB, PHB, SYS) P2P is used over (default PXB)",
     },
     Param {
+        name: "NCCL_HOSTID",
+        default: "",
+        doc: "this process's node identity instead of the host name and boot id (ranks with different values are different nodes)",
+    },
+    Param {
         name: "NCCL_SHM_DISABLE",
         default: "0",
         doc: "1: no shared-memory transport between GPUs",

@@ -22,6 +22,8 @@ pub mod enqueue;
 pub mod env;
 pub mod error;
 pub mod graph;
+pub(crate) mod proxy;
+
 pub mod topo;
 pub mod transport;
 pub mod tune;

@@ -134,6 +134,43 @@ fn process_per_gpu() {
     }
 }
 
+/// Ranks as processes on 2 nodes (`NCCL_HOSTID`), so that every ring crosses the network
+/// transport and its proxy threads (loopback sockets, buffers in pinned host memory): every
+/// collective, both placements, Simple and LL, random data, poisoned outputs. With
+/// NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS daemon first).
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn process_per_rank_on_two_nodes() {
+    if let Some(ranks) = child_rank() {
+        let n = ranks.comms[0].count();
+        for (i, coll) in nccl::Coll::ALL.into_iter().enumerate() {
+            for count in [1usize, 4099, (1 << 22) + 5] {
+                for in_place in [false, true] {
+                    common::check_collective(
+                        &ranks,
+                        coll,
+                        count,
+                        DataType::Float32,
+                        ReduceOp::Sum,
+                        i % n,
+                        in_place,
+                        count as u64 + i as u64,
+                        Drive::OneThread,
+                    )
+                    .unwrap_or_else(|e| panic!("{} count {count}: {e}", coll.name()));
+                }
+            }
+        }
+        return;
+    }
+    for (nodes, per_node) in [(2usize, 1usize), (2, 2)] {
+        for proto in ["Simple", "LL"] {
+            let env = [("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_PROTO", proto)];
+            common::procs::run_nodes("process_per_rank_on_two_nodes", nodes, per_node, &env);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn bad_buffers_are_rejected() {

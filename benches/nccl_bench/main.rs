@@ -93,6 +93,8 @@ impl From<String> for Fail {
 }
 
 fn main() -> ExitCode {
+    // NCCL_DEBUG and friends, as nccl-tests users expect (a library never installs it itself).
+    nccl::debug::install_logger();
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     let args = match parse_args(&argv) {
         Ok(Some(a)) => a,

@@ -50,6 +50,15 @@ pub struct ConnSend {
     /// The peer's LL128 FIFO (NCCL_STEPS slots of [`LL128_SLOT_BYTES`]), 0 where there is none;
     /// steps and `head` shared likewise.
     pub ll128_fifo: u64,
+    /// 0 for a direct connection. For one a proxy thread carries (network, shm): NCCL_STEPS
+    /// `u64` in host-visible memory where the sender writes the bytes it put in each slot before
+    /// publishing `tail`, which it then does for every protocol (the proxy sends what the sizes
+    /// say).
+    pub proxy_sizes: u64,
+    /// 0 for a direct connection; for a proxied one, the bytes between two slots, alike for
+    /// every protocol (`fifo`, `ll_fifo` and `ll128_fifo` are one region then), so that the
+    /// receiving proxy can place a step before it knows which protocol carried it.
+    pub proxy_stride: u64,
 }
 
 /// The receiving side of one connection: the peer writes into our FIFO.
@@ -68,6 +77,45 @@ pub struct ConnRecv {
     pub ll_fifo: u64,
     /// Our LL128 FIFO, 0 where there is none.
     pub ll128_fifo: u64,
+    /// 0 for a direct connection. Non-zero when a proxy thread fills this FIFO: the bytes
+    /// between two slots, alike for every protocol (see [`ConnSend::proxy_stride`]). The proxy
+    /// publishes `tail` once a step's bytes landed whole, and the LL and LL128 receivers wait
+    /// for that before reading lines (a network's writes carry no 16- or 128-byte atomicity).
+    pub proxy_stride: u64,
+    /// Keeps ConnRecv as large as ConnSend: arrays of either are indexed alike.
+    pub _pad: u64,
+}
+
+impl ConnSend {
+    /// The fields in layout order, as the host writes them into device memory.
+    pub fn words(&self) -> [u64; 8] {
+        [
+            self.fifo,
+            self.tail,
+            self.head,
+            self.step,
+            self.ll_fifo,
+            self.ll128_fifo,
+            self.proxy_sizes,
+            self.proxy_stride,
+        ]
+    }
+}
+
+impl ConnRecv {
+    /// The fields in layout order, as the host writes them into device memory.
+    pub fn words(&self) -> [u64; 8] {
+        [
+            self.fifo,
+            self.tail,
+            self.head,
+            self.step,
+            self.ll_fifo,
+            self.ll128_fifo,
+            self.proxy_stride,
+            self._pad,
+        ]
+    }
 }
 
 /// One channel of one rank: its ring neighbours and connections.
@@ -235,9 +283,9 @@ impl Default for P2pArgs {
 const _: () = {
     assert!(core::mem::size_of::<P2pItem>() == 40);
     assert!(core::mem::size_of::<P2pArgs>() == 16 + 40 * MAX_P2P_ITEMS);
-    assert!(core::mem::size_of::<ConnSend>() == 48);
-    assert!(core::mem::size_of::<ConnRecv>() == 48);
-    assert!(core::mem::size_of::<ChannelDev>() == 120);
+    assert!(core::mem::size_of::<ConnSend>() == 64);
+    assert!(core::mem::size_of::<ConnRecv>() == 64);
+    assert!(core::mem::size_of::<ChannelDev>() == 152);
     assert!(core::mem::size_of::<DevComm>() == 32);
     assert!(core::mem::size_of::<CollArgs>() == 96);
     assert!(core::mem::align_of::<CollArgs>() == 8);

@@ -12,6 +12,7 @@
 
 mod config;
 pub(crate) mod group_scope;
+mod net;
 pub mod order;
 mod peer;
 mod pending;
@@ -28,11 +29,13 @@ pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
 use crate::cuda::{DevBuffer, Device, Kernel};
 use crate::error::{Error, NcclResult, Result};
-use crate::transport::links::Links;
+use crate::transport::links::{Dir, Links};
+use crate::transport::net::setup::NetPath;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
+use net::{net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
 use std::collections::HashMap;
@@ -196,11 +199,13 @@ pub struct Comm {
     /// After `finalize` (or `destroy`'s flush): no more operations.
     finalized: AtomicBool,
     /// An error raised outside any call (`ncclCommGetAsyncError`).
-    async_error: Mutex<Option<Error>>,
+    async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
     registered: register::Registrations,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
-    pub(crate) kernel_abort: crate::cuda::HostFlag,
+    pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
+    /// The network side of a communicator spanning several nodes (None on one node).
+    pub(crate) net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
     pub(crate) split_turns: Arc<turns::Turns>,
 }
@@ -370,7 +375,7 @@ impl Comm {
             .map_err(|e| e.context("bootstrap"))?;
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
-        let shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
+        let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
         let (mut tuner, graphs) =
             tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;
         if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
@@ -378,8 +383,13 @@ impl Comm {
             tuner.log();
         }
         // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
-        let rings = rings::agree(&bootstrap, &graphs, shape.nchannels as usize)
-            .map_err(|e| e.context("rings"))?;
+        let rings = rings::agree(
+            &bootstrap,
+            &graphs,
+            &nodes(&peers),
+            shape.nchannels as usize,
+        )
+        .map_err(|e| e.context("rings"))?;
         let nch = shape.nchannels as usize;
         let ring_peers: Vec<(usize, usize)> = (0..nch).map(|c| rings.peers(c, rank)).collect();
         let (free_before, _) = device.mem_info()?;
@@ -391,16 +401,32 @@ impl Comm {
                 same_process: p.same_process(&me),
             })
             .collect();
+        // Peers on other nodes are reached over the network, through this GPU's proxy thread;
+        // its errors become the communicator's async error and stop the kernels.
+        let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
+        let kernel_abort = Arc::new(device.alloc_host_flag()?);
+        let net_path = net_path(rank, &peers, &me, &device, &async_error, &kernel_abort)?;
+        let remote = |r: usize| net_path.as_ref().is_some_and(|n| n.remote[r]);
+        if net_path.is_some() {
+            // A proxy sends a step slot by slot, each slot spaced by the connection's stride:
+            // one slot per Simple step (every rank sees the same nodes, so all agree).
+            shape.slice_steps = 1;
+        }
         let p2p = if nranks > 1 {
             Some(P2p::setup(
                 &device,
                 &bootstrap,
                 &addrs,
                 &ring_peers,
+                &remote,
                 layout,
             )?)
         } else {
             None
+        };
+        let ring_conns = match &net_path {
+            Some(np) => ring_net(rank, np, &device, &bootstrap, &ring_peers, &shape, abort)?,
+            None => Vec::new(),
         };
         // Send/receive connections, made on first use: a few per peer (more CTAs per message
         // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
@@ -422,7 +448,8 @@ impl Comm {
         // FIFO slots.
         let make_links = {
             let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
-            move |n, slot| Links::new(rank, device, bootstrap, addrs, n, slot)
+            let net = net_path.clone();
+            move |n, slot| Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
         };
         let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
         let tree_up = connect_tree(rank, &links, &shape, &rings, tree_slot, |n| {
@@ -447,10 +474,17 @@ impl Comm {
             ch.ring_prev = prev as u32;
             ch.ring_next = next as u32;
             if let Some(p) = &p2p {
-                (ch.send, ch.recv) = p.conns(c);
+                let (send, recv) = p.conns(c);
+                ch.send = send.unwrap_or_default();
+                ch.recv = recv.unwrap_or_default();
+            }
+            for m in ring_conns.iter().filter(|m| m.want.key as usize == c) {
+                match m.want.dir {
+                    Dir::Send => ch.send = m.send,
+                    Dir::Recv => ch.recv = m.recv,
+                }
             }
         }
-        let kernel_abort = device.alloc_host_flag()?;
         let dc = DevComm {
             rank: rank as u32,
             nranks: nranks as u32,
@@ -462,6 +496,10 @@ impl Comm {
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
         dev_comm.write(ring_at, as_bytes(&ring_words))?;
+        if let Some(np) = &net_path {
+            np.proxy
+                .add(ring_conns.into_iter().map(|m| m.conn).collect());
+        }
         bootstrap.barrier()?;
         let (free_after, _) = device.mem_info()?;
         abort.check()?;
@@ -494,7 +532,8 @@ impl Comm {
             config,
             abort_flag: abort.clone(),
             finalized: AtomicBool::new(false),
-            async_error: Mutex::new(None),
+            async_error,
+            net: net_path,
             registered: register::Registrations::default(),
             kernel_abort,
             split_turns: Arc::default(),
@@ -816,6 +855,9 @@ impl Comm {
     pub(crate) fn stop_operations(&self) {
         self.aborted.store(true, Ordering::Release);
         self.kernel_abort.raise();
+        if let Some(n) = &self.net {
+            n.proxy.abandon();
+        }
     }
 
     /// Whether `abort` was called.

@@ -20,14 +20,23 @@ const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4;
 
 /// Tells hosts apart: the hostname and the boot id (containers on one machine share the boot id
 /// but may not share memory, so the hostname counts too).
+/// `NCCL_HOSTID`, when set, replaces both (as in NCCL): processes with different values are
+/// different nodes, even on one machine.
 fn host_hash() -> u64 {
-    let mut s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let mut s = match crate::env::raw("NCCL_HOSTID").filter(|v| !v.is_empty()) {
+        Some(id) => return fnv1a(&format!("hostid:{id}")),
+        None => std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+    };
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most len bytes.
     if unsafe { libc::gethostname(name.as_mut_ptr() as *mut libc::c_char, name.len()) } == 0 {
         s.push_str(&String::from_utf8_lossy(&name));
     }
-    // FNV-1a: stable across processes (std's hasher is randomly keyed).
+    fnv1a(&s)
+}
+
+/// FNV-1a: stable across processes (std's hasher is randomly keyed).
+fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     })

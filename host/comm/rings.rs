@@ -140,12 +140,15 @@ pub fn parse(text: &str, nranks: usize) -> Result<Option<Vec<Vec<usize>>>> {
 
 /// Rank 0's proposal: NCCL_RINGS, else the graph's rings (rank order where those are not
 /// rings over every rank).
-fn propose(nranks: usize, graphs: &Graphs) -> Result<Vec<Vec<usize>>> {
+fn propose(nranks: usize, graphs: &Graphs, nodes: &[Vec<usize>]) -> Result<Vec<Vec<usize>>> {
     if let Some(text) = crate::env::raw("NCCL_RINGS") {
         if let Some(rings) = parse(&text, nranks)? {
             log::info!("NCCL_RINGS: {} ring(s) from the environment", rings.len());
             return Ok(rings);
         }
+    }
+    if nodes.len() > 1 {
+        return Ok(across_nodes(nodes));
     }
     let ok = !graphs.rings.is_empty() && graphs.rings.iter().all(|r| is_permutation(r, nranks));
     if ok {
@@ -156,6 +159,26 @@ fn propose(nranks: usize, graphs: &Graphs) -> Result<Vec<Vec<usize>>> {
         graphs.rings.len()
     );
     Ok(vec![(0..nranks).collect()])
+}
+
+/// Rings over several nodes (`nodes[n]`: node n's ranks in the order the node's own search
+/// would take them): each ring visits the nodes in order and leaves and enters each once, so
+/// that only one network connection per direction and node carries a channel. Ring `k` starts
+/// each node at its `k`-th rank, so successive channels enter and leave a node through
+/// different GPUs (and their NICs); there are as many rings as the largest node has ranks.
+pub fn across_nodes(nodes: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let most = nodes.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    (0..most)
+        .map(|k| {
+            nodes
+                .iter()
+                .flat_map(|node| {
+                    let n = node.len().max(1);
+                    (0..node.len()).map(move |i| node[(i + k) % n])
+                })
+                .collect()
+        })
+        .collect()
 }
 
 const PROPOSAL: u8 = 1;
@@ -209,10 +232,15 @@ fn decode(b: &[u8], nranks: usize) -> Result<Vec<Vec<usize>>> {
 
 /// The rings every rank uses: rank 0's proposal, all-gathered. Every rank calls this at the
 /// same point of creation; a bad NCCL_RINGS on rank 0 fails every rank with InvalidArgument.
-pub fn agree(bootstrap: &Bootstrap, graphs: &Graphs, nchannels: usize) -> Result<Rings> {
+pub fn agree(
+    bootstrap: &Bootstrap,
+    graphs: &Graphs,
+    nodes: &[Vec<usize>],
+    nchannels: usize,
+) -> Result<Rings> {
     let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
     let mine = match rank {
-        0 => encode(&propose(nranks, graphs)),
+        0 => encode(&propose(nranks, graphs, nodes)),
         _ => Vec::new(),
     };
     let all = bootstrap.allgather(&mine)?;
@@ -254,6 +282,22 @@ mod tests {
             let e = parse(bad, 4).unwrap_err();
             assert_eq!(e.code, NcclResult::InvalidArgument, "{bad}");
         }
+    }
+
+    #[test]
+    fn rings_across_nodes_cross_each_node_boundary_once() {
+        let nodes = vec![vec![0, 1], vec![2, 3], vec![4, 5]];
+        let rings = across_nodes(&nodes);
+        assert_eq!(rings, vec![vec![0, 1, 2, 3, 4, 5], vec![1, 0, 3, 2, 5, 4]]);
+        for ring in &rings {
+            assert!(is_permutation(ring, 6));
+            let node = |r: usize| r / 2;
+            let crossings = (0..6)
+                .filter(|&i| node(ring[i]) != node(ring[(i + 1) % 6]))
+                .count();
+            assert_eq!(crossings, 3, "one exit per node: {ring:?}");
+        }
+        assert_eq!(across_nodes(&[vec![1], vec![0]]), vec![vec![1, 0]]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! CUDA graphs. The runtime asks whether a stream is capturing, because the launch order of a
-//! communicator (enqueue/order.rs) must not tie a capture to work outside it; capture and
+//! communicator (comm/order.rs) must not tie a capture to work outside it; capture and
 //! replay are here for tests and for Rust programs that drive streams through this crate.
 
 use super::{Device, Imp, StreamHandle};

@@ -149,6 +149,7 @@ impl Device {
 
     /// Makes this device current for the calling thread (`cudaSetDevice`).
     pub fn make_current(&self) -> Result<()> {
+        crate::debug::set_cuda_dev(self.ordinal); // the `[cudaDev]` of this thread's log lines
         dispatch!(self.make_current())
     }
     pub fn props(&self) -> Result<DeviceProps> {
@@ -369,6 +370,54 @@ impl Drop for HostFlag {
         if let Err(e) = dispatch!(d.free_host_mapped(self.host as *mut u8)) {
             log::warn!("freeing a host flag: {e}");
         }
+    }
+}
+
+/// Pinned host memory mapped into the device: the FIFOs and counters of connections a proxy
+/// thread carries (the host reads and writes it through `host`, kernels through `ptr`).
+/// Zeroed at allocation.
+pub struct HostMem {
+    dev: Device,
+    host: *mut u8,
+    /// The device address kernels use.
+    pub ptr: DevPtr,
+    pub bytes: usize,
+}
+
+// SAFETY: the memory is shared with kernels and proxy threads by design; every access goes
+// through volatile or atomic operations on the users' side, and the pointer stays valid until
+// Drop.
+unsafe impl Send for HostMem {}
+// SAFETY: as above.
+unsafe impl Sync for HostMem {}
+
+impl HostMem {
+    /// The host address of byte `offset`, or None past the end.
+    pub fn host_ptr(&self, offset: usize) -> Option<*mut u8> {
+        // SAFETY: offset is inside our allocation.
+        (offset < self.bytes).then(|| unsafe { self.host.add(offset) })
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.free_host_mapped(self.host)) {
+            log::warn!("freeing mapped host memory: {e}");
+        }
+    }
+}
+
+impl Device {
+    /// `bytes` of zeroed pinned host memory mapped into this device.
+    pub fn alloc_host_mem(&self, bytes: usize) -> Result<HostMem> {
+        let (host, ptr) = dispatch!(self.alloc_host_mapped(bytes))?;
+        Ok(HostMem {
+            dev: self.clone(),
+            host,
+            ptr,
+            bytes,
+        })
     }
 }
 

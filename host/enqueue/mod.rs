@@ -294,7 +294,11 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     }
     let (device, stream) = (comm.device.clone(), c.stream);
     let order = comm.order.clone();
+    let net = comm.net.clone();
     group::ordered(Box::new(move || {
+        if let Some(n) = &net {
+            n.proxy.kick(); // the kernel will need the network: wake the proxy
+        }
         order.launch(stream, || device.launch(kernel, grid, block, stream, &args))
     }))
 }

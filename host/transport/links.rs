@@ -9,6 +9,7 @@ use super::p2p::{export, import, PeerAddr};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
 use crate::error::{Error, Result};
+use crate::transport::net::setup::{self, NetPath, Want};
 use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,14 +28,19 @@ pub enum Dir {
 struct Side {
     /// `nconns` ConnSend or ConnRecv structures in device memory.
     conns: DevBuffer,
-    _own: DevBuffer,
+    /// Our p2p block (None for a network connection: its memory lives with the proxy's).
+    _own: Option<DevBuffer>,
     _mapping: Option<IpcMapping>,
 }
+
+/// Bootstrap tags of send/recv network handles: this base + the connection's index.
+const TAG_NET_LINK: u32 = 0x6e65_7300;
 
 /// Connections whose publication went out and whose peer side is still to be mapped.
 pub struct Started {
     fresh: Vec<(usize, Dir)>,
-    owned: Vec<DevBuffer>,
+    /// Our published p2p block per fresh connection (None for network ones).
+    owned: Vec<Option<DevBuffer>>,
 }
 
 pub struct Links {
@@ -46,16 +52,19 @@ pub struct Links {
     pub nconns: usize,
     pub slot_bytes: usize,
     sides: Mutex<HashMap<(usize, Dir), Side>>,
+    /// How peers on other nodes are reached (None when every peer is on this node).
+    net: Option<Arc<NetPath>>,
 }
 
 impl Links {
-    pub fn new(
+    pub(crate) fn new(
         rank: usize,
         device: Device,
         bootstrap: Arc<Bootstrap>,
         peers: Vec<PeerAddr>,
         nconns: usize,
         slot_bytes: usize,
+        net: Option<Arc<NetPath>>,
     ) -> Links {
         Links {
             rank,
@@ -65,6 +74,18 @@ impl Links {
             nconns: nconns.max(1),
             slot_bytes,
             sides: Mutex::new(HashMap::new()),
+            net,
+        }
+    }
+
+    fn remote(&self, peer: usize) -> bool {
+        self.net.as_ref().is_some_and(|n| n.remote[peer])
+    }
+
+    /// Wakes the proxy thread before a launch that may use network connections.
+    pub fn kick_proxy(&self) {
+        if let Some(n) = &self.net {
+            n.proxy.kick();
         }
     }
 
@@ -139,6 +160,11 @@ impl Links {
         drop(sides);
         let mut owned = Vec::with_capacity(fresh.len());
         for &(peer, dir) in &fresh {
+            if self.remote(peer) {
+                // Network connections are made whole in `finish`.
+                owned.push(None);
+                continue;
+            }
             let (bytes, tag) = match dir {
                 // Tail lines, then the FIFOs.
                 Dir::Recv => (
@@ -151,9 +177,75 @@ impl Links {
             let own = self.device.alloc(bytes)?;
             self.bootstrap
                 .send(peer, tag, &export(&self.device, &own)?)?;
-            owned.push(own);
+            owned.push(Some(own));
         }
         Ok(Started { fresh, owned })
+    }
+
+    /// Makes the network connections among `fresh` (peers on other nodes), `nconns` each,
+    /// hands them to the proxy and records their kernel structures.
+    fn finish_net(
+        &self,
+        fresh: &[(usize, Dir)],
+        sides: &mut HashMap<(usize, Dir), Side>,
+    ) -> Result<()> {
+        let Some(np) = &self.net else {
+            return Ok(());
+        };
+        let wants: Vec<Want> = fresh
+            .iter()
+            .filter(|&&(peer, _)| np.remote[peer])
+            .flat_map(|&(peer, dir)| {
+                (0..self.nconns).map(move |c| Want {
+                    peer,
+                    dir,
+                    key: c as u32,
+                })
+            })
+            .collect();
+        if wants.is_empty() {
+            return Ok(());
+        }
+        let made = setup::connect(
+            &*np.net,
+            &self.device,
+            &self.bootstrap,
+            &wants,
+            self.slot_bytes,
+            TAG_NET_LINK,
+            np.timeout,
+            None,
+        )
+        .map_err(|e| e.context("send/recv network connections"))?;
+        let mut conns = Vec::with_capacity(made.len());
+        for chunk in made.chunks(self.nconns) {
+            let (peer, dir) = (chunk[0].want.peer, chunk[0].want.dir);
+            let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
+            for m in chunk {
+                let words = match dir {
+                    Dir::Send => m.send.words(),
+                    Dir::Recv => m.recv.words(),
+                };
+                words
+                    .iter()
+                    .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));
+            }
+            let buf = self.device.alloc(raw.len())?;
+            buf.write(0, &raw)?;
+            sides.insert(
+                (peer, dir),
+                Side {
+                    conns: buf,
+                    _own: None,
+                    _mapping: None,
+                },
+            );
+        }
+        for m in made {
+            conns.push(m.conn);
+        }
+        np.proxy.add(conns);
+        Ok(())
     }
 
     /// Maps the peers' sides of what [`Links::start`] began and wires the connections.
@@ -163,8 +255,12 @@ impl Links {
             .sides
             .lock()
             .map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        self.finish_net(&fresh, &mut sides)?;
         // Map the other side of each and wire the connections.
         for (&(peer, dir), own) in fresh.iter().zip(owned) {
+            let Some(own) = own else {
+                continue; // a network connection, made above
+            };
             let tag = if dir == Dir::Recv {
                 TAG_SEND_CTRL
             } else {
@@ -190,8 +286,10 @@ impl Links {
                             step: 0,
                             ll_fifo: 0,
                             ll128_fifo: 0,
+                            proxy_sizes: 0,
+                            proxy_stride: 0,
                         };
-                        [s.fifo, s.tail, s.head, s.step, s.ll_fifo, s.ll128_fifo]
+                        s.words().to_vec()
                     }
                     Dir::Recv => {
                         let r = ConnRecv {
@@ -201,8 +299,10 @@ impl Links {
                             step: 0,
                             ll_fifo: 0,
                             ll128_fifo: 0,
+                            proxy_stride: 0,
+                            _pad: 0,
                         };
-                        [r.fifo, r.tail, r.head, r.step, r.ll_fifo, r.ll128_fifo]
+                        r.words().to_vec()
                     }
                 };
                 words
@@ -215,7 +315,7 @@ impl Links {
                 (peer, dir),
                 Side {
                     conns,
-                    _own: own,
+                    _own: Some(own),
                     _mapping: mapping,
                 },
             );

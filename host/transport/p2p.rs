@@ -124,19 +124,21 @@ pub struct P2p {
     pub own: DevBuffer,
     /// Mapped blocks of peers in other processes (kept alive; unmapped on drop).
     _mappings: Vec<IpcMapping>,
-    /// Per channel, its ring neighbours' blocks as we address them: (prev, next).
-    bases: Vec<(DevPtr, DevPtr)>,
+    /// Per channel, its ring neighbours' blocks as we address them: (prev, next); None for a
+    /// neighbour on another node (the network carries that side).
+    bases: Vec<(Option<DevPtr>, Option<DevPtr>)>,
 }
 
 impl P2p {
     /// Allocates our block, exchanges blocks with every rank and maps each channel's ring
     /// neighbours' (`ring_peers[c]` = (prev, next) of channel `c`; every peer is mapped once,
-    /// however many channels reach it).
+    /// however many channels reach it). Neighbours for which `remote` is true are not mapped.
     pub fn setup(
         device: &Device,
         bootstrap: &Bootstrap,
         peers: &[PeerAddr],
         ring_peers: &[(usize, usize)],
+        remote: &dyn Fn(usize) -> bool,
         layout: Layout,
     ) -> Result<P2p> {
         if ring_peers.len() != layout.nchannels {
@@ -167,9 +169,16 @@ impl P2p {
             mapped[r] = Some(p);
             Ok(p)
         };
+        let mut local_base = |r: usize| -> Result<Option<DevPtr>> {
+            if remote(r) {
+                Ok(None)
+            } else {
+                base_of(r).map(Some)
+            }
+        };
         let bases = ring_peers
             .iter()
-            .map(|&(prev, next)| Ok((base_of(prev)?, base_of(next)?)))
+            .map(|&(prev, next)| Ok((local_base(prev)?, local_base(next)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(P2p {
             layout,
@@ -179,26 +188,31 @@ impl P2p {
         })
     }
 
-    /// Channel `ch`'s connections: send to next, receive from prev (steps start at 0).
-    pub fn conns(&self, ch: usize) -> (ConnSend, ConnRecv) {
+    /// Channel `ch`'s connections: send to next, receive from prev (steps start at 0); None
+    /// for a side whose neighbour is on another node.
+    pub fn conns(&self, ch: usize) -> (Option<ConnSend>, Option<ConnRecv>) {
         let l = &self.layout;
         let (prev_base, next_base) = self.bases[ch];
-        let send = ConnSend {
+        let send = next_base.map(|next_base| ConnSend {
             fifo: next_base + l.fifo(ch),
             tail: next_base + l.recv_tail(ch),
             head: self.own.ptr + l.send_head(ch),
             step: 0,
             ll_fifo: next_base + l.ll_fifo(ch),
             ll128_fifo: next_base + l.ll128_fifo(ch),
-        };
-        let recv = ConnRecv {
+            proxy_sizes: 0,
+            proxy_stride: 0,
+        });
+        let recv = prev_base.map(|prev_base| ConnRecv {
             fifo: self.own.ptr + l.fifo(ch),
             tail: self.own.ptr + l.recv_tail(ch),
             head: prev_base + l.send_head(ch),
             step: 0,
             ll_fifo: self.own.ptr + l.ll_fifo(ch),
             ll128_fifo: self.own.ptr + l.ll128_fifo(ch),
-        };
+            proxy_stride: 0,
+            _pad: 0,
+        });
         (send, recv)
     }
 }

@@ -513,6 +513,49 @@ pub mod procs {
 
     /// In the parent: runs the children and fails with their output if any fails.
     pub fn run(test_name: &str, nranks: usize, extra_env: &[(&str, &str)]) {
+        run_each(test_name, nranks, extra_env, |_| Vec::new());
+    }
+
+    /// Ranks as `nodes` × `per_node` processes: rank r runs on node r / per_node, told so by
+    /// its own `NCCL_HOSTID`, so that ranks of different nodes reach each other only through
+    /// the network (on this machine's loopback unless `extra_env` says otherwise).
+    pub fn run_nodes(test_name: &str, nodes: usize, per_node: usize, extra_env: &[(&str, &str)]) {
+        run_each(test_name, nodes * per_node, extra_env, |r| {
+            vec![("NCCL_HOSTID".into(), format!("test-node-{}", r / per_node))]
+        });
+    }
+
+    /// As [`run_nodes`], where rank `victim` is expected to die (it kills itself): its exit
+    /// is not checked and does not stop the others, which must pass.
+    pub fn run_nodes_with_victim(
+        test_name: &str,
+        nodes: usize,
+        per_node: usize,
+        extra_env: &[(&str, &str)],
+        victim: usize,
+    ) {
+        run_inner(test_name, nodes * per_node, extra_env, Some(victim), |r| {
+            vec![("NCCL_HOSTID".into(), format!("test-node-{}", r / per_node))]
+        });
+    }
+
+    /// As [`run`], with environment of each rank's own from `per_rank`.
+    pub fn run_each(
+        test_name: &str,
+        nranks: usize,
+        extra_env: &[(&str, &str)],
+        per_rank: impl Fn(usize) -> Vec<(String, String)>,
+    ) {
+        run_inner(test_name, nranks, extra_env, None, per_rank)
+    }
+
+    fn run_inner(
+        test_name: &str,
+        nranks: usize,
+        extra_env: &[(&str, &str)],
+        victim: Option<usize>,
+        per_rank: impl Fn(usize) -> Vec<(String, String)>,
+    ) {
         let id = nccl::get_unique_id().expect("unique id");
         let hex: String = id.internal.iter().map(|b| format!("{b:02x}")).collect();
         let exe = std::env::current_exe().expect("test binary path");
@@ -530,6 +573,9 @@ pub mod procs {
                 .env(NRANKS, nranks.to_string())
                 .env(ID, &hex);
                 for (k, v) in extra_env {
+                    cmd.env(k, v);
+                }
+                for (k, v) in per_rank(r) {
                     cmd.env(k, v);
                 }
                 cmd.stdout(std::process::Stdio::piped())
@@ -564,14 +610,16 @@ pub mod procs {
         loop {
             let mut running = 0;
             let mut any_failed = false;
-            for (c, _, status) in children.iter_mut() {
+            for (r, (c, _, status)) in children.iter_mut().enumerate() {
                 if status.is_none() {
                     match c.try_wait() {
                         Ok(Some(s)) => *status = Some(s),
                         _ => running += 1,
                     }
                 }
-                if status.is_some_and(|s: std::process::ExitStatus| !s.success()) {
+                if Some(r) != victim
+                    && status.is_some_and(|s: std::process::ExitStatus| !s.success())
+                {
                     any_failed = true;
                 }
             }
@@ -588,6 +636,9 @@ pub mod procs {
         let mut failed = Vec::new();
         for (r, (_, t, status)) in children.iter_mut().enumerate() {
             let text = t.take().and_then(|t| t.join().ok()).unwrap_or_default();
+            if Some(r) == victim {
+                continue;
+            }
             let ok = status.is_some_and(|s| s.success());
             // A child that ran no test (wrong name) must not count as a pass.
             if !ok || !text.contains("1 passed") {

@@ -28,20 +28,36 @@ impl Simple {
         mv: &mut Move<T>,
     ) -> (*const Pack16, *mut Pack16) {
         let (sc, rc) = (self.send, self.recv);
-        if send {
-            if self.tid == 0 {
-                // A plain (volatile) load: the slot's writes depend on it by control, and no
-                // data is read through it.
-                let (head, step) = ((*sc).head as *const u64, self.send_step);
-                self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
-            }
+        // A proxy publishes a step's tail once all of its lines landed; wait for that, since the
+        // network gave no line its atomicity (the flags then hold, and the loop below reads them
+        // as on a direct connection).
+        let proxied = recv && (*rc).proxy_stride != 0;
+        if proxied && self.tid == 0 {
+            let (tail, need) = ((*rc).tail as *const u64, self.recv_step + 1);
+            self.wait(|| arch::ld_acquire_sys(tail) >= need);
+        }
+        if send && self.tid == 0 {
+            // A plain (volatile) load: the slot's writes depend on it by control, and no data
+            // is read through it.
+            let (head, step) = ((*sc).head as *const u64, self.send_step);
+            self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
+        }
+        if send || proxied {
             self.sync();
         }
-        let slot_bytes = match fifo {
+        let fixed = match fifo {
             Fifo::Ll => LL_SLOT_BYTES,
             Fifo::Ll128 => LL128_SLOT_BYTES,
         } as u64;
-        let slot = |base: u64, step: u64| base + (step % NCCL_STEPS as u64) * slot_bytes;
+        // Proxied connections space their slots by their stride, alike for every protocol.
+        let stride = |proxy_stride: u64| {
+            if proxy_stride != 0 {
+                proxy_stride
+            } else {
+                fixed
+            }
+        };
+        let slot = |base: u64, step: u64, stride: u64| base + (step % NCCL_STEPS as u64) * stride;
         let mut r: *const Pack16 = core::ptr::null();
         let mut s: *mut Pack16 = core::ptr::null_mut();
         if recv {
@@ -49,7 +65,7 @@ impl Simple {
                 Fifo::Ll => (*rc).ll_fifo,
                 Fifo::Ll128 => (*rc).ll128_fifo,
             };
-            r = slot(base, self.recv_step) as *const Pack16;
+            r = slot(base, self.recv_step, stride((*rc).proxy_stride)) as *const Pack16;
             mv.recv = r as *const T;
         }
         if send {
@@ -57,7 +73,7 @@ impl Simple {
                 Fifo::Ll => (*sc).ll_fifo,
                 Fifo::Ll128 => (*sc).ll128_fifo,
             };
-            s = slot(base, self.send_step) as *mut Pack16;
+            s = slot(base, self.send_step, stride((*sc).proxy_stride)) as *mut Pack16;
             mv.send = s as *mut T;
         }
         (r, s)
@@ -66,7 +82,22 @@ impl Simple {
     /// Ends a step: once every thread has read its lines, the receive slot goes back to the
     /// sender; both step counters move on.
     #[inline(always)]
-    pub(super) unsafe fn packet_end(&mut self, recv: bool, send: bool) {
+    pub(super) unsafe fn packet_end(&mut self, recv: bool, send: bool, sent_bytes: usize) {
+        let sizes = if send {
+            (*self.send).proxy_sizes as *mut u64
+        } else {
+            core::ptr::null_mut()
+        };
+        if !sizes.is_null() {
+            // A proxy carries this connection: it learns of the step from `tail` (direct peers
+            // poll the flags instead), once every thread's lines were written.
+            self.sync();
+            if self.tid == 0 {
+                let at = (self.send_step % NCCL_STEPS as u64) as usize;
+                arch::st_volatile(sizes.add(at), sent_bytes as u64);
+                arch::st_release_sys((*self.send).tail as *mut u64, self.send_step + 1);
+            }
+        }
         if recv {
             self.sync();
             if self.tid == 0 {

@@ -115,8 +115,15 @@ impl Simple {
         Simple {
             send,
             recv,
-            send_slot_bytes: send_slot_bytes as usize,
-            recv_slot_bytes: recv_slot_bytes as usize,
+            // A proxied connection spaces its slots by its own stride (abi::ConnSend).
+            send_slot_bytes: match send.as_ref() {
+                Some(c) if c.proxy_stride != 0 => c.proxy_stride as usize,
+                _ => send_slot_bytes as usize,
+            },
+            recv_slot_bytes: match recv.as_ref() {
+                Some(c) if c.proxy_stride != 0 => c.proxy_stride as usize,
+                _ => recv_slot_bytes as usize,
+            },
             send_step: if send.is_null() { 0 } else { (*send).step },
             recv_step: if recv.is_null() { 0 } else { (*recv).step },
             tid: arch::thread_idx() as usize,
@@ -188,8 +195,19 @@ impl Simple {
     /// Publishes a finished step: its data to the next rank (tail), its slot back to the
     /// previous one (head).
     #[inline(always)]
-    unsafe fn publish(&self, recv: bool, send: bool) {
+    unsafe fn publish(&self, recv: bool, send: bool, bytes: usize) {
         if send {
+            let sizes = (*self.send).proxy_sizes as *mut u64;
+            if !sizes.is_null() {
+                // A proxy sends each slot of the step: tell it how many bytes each holds
+                // (ordered before the tail by the release below).
+                for k in 0..self.slice {
+                    let at = (self.send_step + k) % NCCL_STEPS as u64;
+                    let done = k as usize * self.send_slot_bytes;
+                    let len = bytes.saturating_sub(done).min(self.send_slot_bytes);
+                    arch::st_volatile(sizes.add(at as usize), len as u64);
+                }
+            }
             arch::st_release_sys((*self.send).tail as *mut u64, self.send_step + self.slice);
         }
         if recv {
@@ -314,7 +332,7 @@ impl Simple {
             // while they go on with the next.
             self.sync();
             if self.tid == workers {
-                self.publish(recv, send);
+                self.publish(recv, send, n * core::mem::size_of::<T>());
             }
             self.advance(recv, send);
             return;
@@ -356,7 +374,7 @@ impl Simple {
         // With a publisher, this barrier hands it the step; without, thread 0 publishes.
         self.sync();
         if workers == self.nthreads && self.tid == 0 {
-            self.publish(recv, send);
+            self.publish(recv, send, n * core::mem::size_of::<T>());
         }
         self.advance(recv, send);
     }

@@ -11,7 +11,35 @@
 use crate::error::Result;
 use std::sync::Arc;
 
+pub(crate) mod setup;
 pub mod socket;
+
+/// The network every inter-node connection of this process uses: the built-in socket network,
+/// made on first use (interface choice from `NCCL_SOCKET_IFNAME` / `NCCL_SOCKET_FAMILY`). A
+/// failure is kept and returned to every later caller.
+pub(crate) fn global() -> Result<Arc<dyn Net>> {
+    static NET: std::sync::OnceLock<std::result::Result<Arc<dyn Net>, crate::error::Error>> =
+        std::sync::OnceLock::new();
+    NET.get_or_init(|| {
+        let n = socket::SocketNet::new()?;
+        for d in 0..n.ndevs() {
+            if let Ok(p) = n.properties(d) {
+                log::info!(
+                    "NET/Socket : device {d}: {} ({} Mb/s){}",
+                    p.name,
+                    p.speed_mbps,
+                    if p.pci_path.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" at {}", p.pci_path)
+                    }
+                );
+            }
+        }
+        Ok(Arc::new(n) as Arc<dyn Net>)
+    })
+    .clone()
+}
 
 /// Bytes of a connection handle, as NCCL_NET_HANDLE_MAXSIZE.
 pub const HANDLE_BYTES: usize = 128;

@@ -91,6 +91,9 @@ struct Shared {
     queues: Mutex<Vec<VecDeque<Work>>>,
     cv: Condvar,
     stop: AtomicBool,
+    /// The peer closed its sending end cleanly (a [`wire::CLOSE_TAG`] header): nothing more
+    /// arrives, and that is no error.
+    closed: AtomicBool,
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
     waker: Mutex<Option<Waker>>,
@@ -455,11 +458,18 @@ impl Worker {
             let ctrl = self.ctrl()?;
             let mut hdr = [0u8; HEADER_BYTES];
             self.recv_all(&ctrl, &mut hdr)?;
-            let Some((len, _tag)) = wire::decode_header(&hdr) else {
+            let Some((len, tag)) = wire::decode_header(&hdr) else {
                 return Err(Halt::Broken(
                     "received a corrupt message header (the stream lost its framing)".into(),
                 ));
             };
+            if tag == wire::CLOSE_TAG {
+                // The sender is gone on purpose: posted receives stay pending, quietly.
+                self.shared.closed.store(true, Ordering::Release);
+                self.shared.stop.store(true, Ordering::Release);
+                self.shared.cv.notify_all();
+                return Err(Halt::Quit);
+            }
             w.len = len;
             w.discard = len > w.msg.cap;
             if w.discard && self.scratch.is_empty() {
@@ -534,6 +544,7 @@ impl Comm {
             queues: Mutex::new((0..nthreads).map(|_| VecDeque::new()).collect()),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
             waker: Mutex::new(None),
@@ -646,6 +657,9 @@ impl Comm {
     fn check_alive(&self) -> Result<()> {
         if let Some(e) = self.shared.error() {
             return Err(e);
+        }
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Ok(());
         }
         let mut probe = [MaybeUninit::<u8>::uninit(); 1];
         match self
@@ -767,6 +781,14 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        // A sending end that closes in good order says so, so that the peer's posted receives
+        // end quietly instead of failing (best effort: never when broken or with requests in
+        // flight, whose bytes the header would cut into).
+        if self.send && self.shared.error().is_none() && self.reqs.is_empty() {
+            let _ = self
+                .ctrl
+                .send_with_flags(&wire::encode_header(0, wire::CLOSE_TAG), libc::MSG_NOSIGNAL);
+        }
         self.join();
     }
 }

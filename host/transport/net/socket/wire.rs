@@ -171,6 +171,10 @@ pub fn decode_hello(b: &[u8; HELLO_BYTES]) -> std::result::Result<Hello, String>
 
 /// Bytes of a message header on the control socket.
 pub const HEADER_BYTES: usize = 16;
+/// The tag of the header a sending end writes when it closes cleanly: the receiving end then
+/// stops reading without an error (a peer that dies writes none, and its end of the stream is an
+/// error). Data messages never carry it.
+pub const CLOSE_TAG: u32 = u32::MAX;
 
 // Layout: len(le64) tag(le32) check(le32).
 pub fn encode_header(len: usize, tag: u32) -> [u8; HEADER_BYTES] {

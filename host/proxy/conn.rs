@@ -1,0 +1,249 @@
+//! One proxied connection: its host-mapped memory (counters, slot sizes, FIFO) and its network
+//! endpoint, and the step machine that moves slots between them.
+
+use crate::cuda::HostMem;
+use crate::error::{Error, Result};
+use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_HOST};
+use nccl_device::abi::{CTRL_LINE, NCCL_STEPS};
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const STEPS: u64 = NCCL_STEPS as u64;
+
+/// Where things sit in a proxied connection's host memory: tail, head and the slot sizes each in
+/// their own line, then NCCL_STEPS slots of `stride` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConnLayout {
+    pub stride: usize,
+}
+
+impl ConnLayout {
+    pub const TAIL: usize = 0;
+    pub const HEAD: usize = CTRL_LINE;
+    pub const SIZES: usize = 2 * CTRL_LINE;
+    pub const FIFO: usize = 3 * CTRL_LINE;
+
+    pub fn total(&self) -> usize {
+        Self::FIFO + NCCL_STEPS as usize * self.stride
+    }
+    fn slot(&self, step: u64) -> usize {
+        Self::FIFO + (step % STEPS) as usize * self.stride
+    }
+}
+
+/// Which way a connection moves data, with its network endpoint.
+pub(crate) enum Side {
+    Send(Box<dyn SendComm>),
+    Recv(Box<dyn RecvComm>),
+}
+
+/// A connection the proxy thread drives.
+pub(crate) struct NetConn {
+    side: Side,
+    mem: Arc<HostMem>,
+    layout: ConnLayout,
+    mr: Mr,
+    /// Steps posted to the network and steps completed (both count from 0 for the connection's
+    /// life, like the kernel's step counters).
+    posted: u64,
+    done: u64,
+    inflight: VecDeque<Request>,
+    /// Who is at the other end, for error messages.
+    peer: String,
+    failed: bool,
+}
+
+fn counter(mem: &HostMem, offset: usize) -> Result<&AtomicU64> {
+    let p = mem
+        .host_ptr(offset)
+        .filter(|_| offset + 8 <= mem.bytes && offset.is_multiple_of(8))
+        .ok_or_else(|| Error::internal("proxy counter outside its connection's memory"))?;
+    // SAFETY: p is 8-byte aligned inside `mem`, which outlives the returned borrow; the GPU
+    // and this thread access it only with single 8-byte loads and stores.
+    Ok(unsafe { &*(p as *const AtomicU64) })
+}
+
+impl NetConn {
+    /// Wraps `side` over `mem` (laid out as `layout`), registering the FIFO with the network.
+    pub(crate) fn new(
+        mut side: Side,
+        mem: Arc<HostMem>,
+        layout: ConnLayout,
+        peer: String,
+    ) -> Result<NetConn> {
+        if mem.bytes < layout.total() {
+            return Err(Error::internal(
+                "proxied connection memory smaller than its layout",
+            ));
+        }
+        let fifo = mem
+            .host_ptr(ConnLayout::FIFO)
+            .ok_or_else(|| Error::internal("proxied connection without a FIFO"))?;
+        let len = NCCL_STEPS as usize * layout.stride;
+        // SAFETY: the FIFO lies inside `mem`, which this connection keeps alive (Arc) for as
+        // long as the endpoint that registered it (the endpoint is dropped first: field order).
+        let mr = unsafe {
+            match &mut side {
+                Side::Send(c) => c.reg_mr(fifo, len, PTR_HOST)?,
+                Side::Recv(c) => c.reg_mr(fifo, len, PTR_HOST)?,
+            }
+        };
+        Ok(NetConn {
+            side,
+            mem,
+            layout,
+            mr,
+            posted: 0,
+            done: 0,
+            inflight: VecDeque::new(),
+            peer,
+            failed: false,
+        })
+    }
+
+    pub(crate) fn set_waker(&mut self, w: Waker) {
+        match &mut self.side {
+            Side::Send(c) => c.set_waker(w),
+            Side::Recv(c) => c.set_waker(w),
+        }
+    }
+
+    /// Nothing the kernel published is still to be sent (always true for a receiving side, and
+    /// for a failed connection).
+    pub(crate) fn drained(&self) -> bool {
+        match self.side {
+            Side::Recv(_) => true,
+            Side::Send(_) => {
+                self.failed
+                    || counter(&self.mem, ConnLayout::TAIL)
+                        .map(|t| t.load(Ordering::Acquire) == self.done)
+                        .unwrap_or(true)
+            }
+        }
+    }
+
+    /// Moves whatever can move now; true if anything did. An error is returned once.
+    pub(crate) fn progress(&mut self) -> Result<bool> {
+        if self.failed {
+            return Ok(false);
+        }
+        let r = match self.side {
+            Side::Send(_) => self.progress_send(),
+            Side::Recv(_) => self.progress_recv(),
+        };
+        r.map_err(|e| {
+            self.failed = true;
+            e.context(format!("network connection with {}", self.peer))
+        })
+    }
+
+    fn progress_send(&mut self) -> Result<bool> {
+        let Side::Send(comm) = &mut self.side else {
+            return Ok(false);
+        };
+        let mem = &*self.mem;
+        let mut moved = false;
+        // Acquire: the slot's bytes and size were written before the kernel's release of tail.
+        let tail = counter(mem, ConnLayout::TAIL)?.load(Ordering::Acquire);
+        while self.posted < tail && self.posted < self.done + STEPS {
+            let size = counter(mem, ConnLayout::SIZES + 8 * (self.posted % STEPS) as usize)?
+                .load(Ordering::Acquire) as usize;
+            if size > self.layout.stride {
+                return Err(Error::internal(format!(
+                    "the kernel published a {size}-byte step in a {}-byte slot",
+                    self.layout.stride
+                )));
+            }
+            let off = self.layout.slot(self.posted) - ConnLayout::FIFO;
+            match comm.isend(self.mr, off, size, 0)? {
+                Some(req) => {
+                    self.inflight.push_back(req);
+                    self.posted += 1;
+                    moved = true;
+                }
+                None => break,
+            }
+        }
+        while let Some(&req) = self.inflight.front() {
+            if comm.test(req)?.is_none() {
+                break;
+            }
+            self.inflight.pop_front();
+            self.done += 1;
+            moved = true;
+        }
+        if moved {
+            // The slot may be refilled: hand it back to the kernel.
+            counter(mem, ConnLayout::HEAD)?.store(self.done, Ordering::Release);
+        }
+        Ok(moved)
+    }
+
+    fn progress_recv(&mut self) -> Result<bool> {
+        let Side::Recv(comm) = &mut self.side else {
+            return Ok(false);
+        };
+        let mem = &*self.mem;
+        let mut moved = false;
+        let head = counter(mem, ConnLayout::HEAD)?.load(Ordering::Acquire);
+        while self.posted < head + STEPS {
+            let buf = RecvBuf {
+                mr: self.mr,
+                offset: self.layout.slot(self.posted) - ConnLayout::FIFO,
+                max_len: self.layout.stride,
+                tag: 0,
+            };
+            match comm.irecv(&[buf])? {
+                Some(req) => {
+                    self.inflight.push_back(req);
+                    self.posted += 1;
+                    moved = true;
+                }
+                None => break,
+            }
+        }
+        while let Some(&req) = self.inflight.front() {
+            if comm.test(req)?.is_none() {
+                break;
+            }
+            self.inflight.pop_front();
+            self.done += 1;
+            moved = true;
+        }
+        if moved {
+            // The bytes landed (the network's completion ordered them before us): publish.
+            fence(Ordering::SeqCst);
+            counter(mem, ConnLayout::TAIL)?.store(self.done, Ordering::Release);
+        }
+        Ok(moved)
+    }
+}
+
+impl Drop for NetConn {
+    fn drop(&mut self) {
+        let r = match &mut self.side {
+            Side::Send(c) => c.dereg_mr(self.mr),
+            Side::Recv(c) => c.dereg_mr(self.mr),
+        };
+        if let Err(e) = r {
+            log::debug!("deregistering a proxied FIFO: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_keeps_counters_apart_and_slots_aligned() {
+        let l = ConnLayout { stride: 65536 };
+        assert_eq!(ConnLayout::HEAD - ConnLayout::TAIL, CTRL_LINE);
+        assert!(ConnLayout::SIZES + 8 * NCCL_STEPS as usize <= ConnLayout::FIFO);
+        assert_eq!(l.slot(9) - l.slot(8), 65536);
+        assert_eq!(l.slot(8), ConnLayout::FIFO);
+        assert_eq!(l.total(), ConnLayout::FIFO + 8 * 65536);
+        assert_eq!(ConnLayout::FIFO % 128, 0);
+    }
+}

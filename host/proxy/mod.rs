@@ -1,0 +1,275 @@
+//! Proxy threads: one per process and GPU, progressing the connections the GPU cannot drive
+//! alone (the network). Each connection is a FIFO of NCCL_STEPS slots in pinned host memory
+//! mapped into the device, with counters the kernel and the proxy share:
+//!
+//! - send: the kernel fills slot `s`, writes its byte count to `sizes[s % 8]` and publishes
+//!   `tail = s + 1`; the proxy posts the network send of that slot and, once it completed,
+//!   returns the slot by publishing `head`;
+//! - receive: the proxy keeps a receive posted into every slot the kernel has consumed (`head`,
+//!   published by the kernel) and publishes `tail` once a step's bytes landed whole.
+//!
+//! The thread sleeps when nothing moves: launches kick it ([`Proxy::kick`]), the network wakes it
+//! when a transfer completes, and without either it polls at a falling rate, so an idle proxy
+//! costs next to no CPU. A connection that fails reports once through its error callback (the
+//! communicator's async error and kernel abort flag) and is then left alone.
+
+mod conn;
+
+pub(crate) use conn::{ConnLayout, NetConn, Side};
+
+use crate::error::Error;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Called once when a connection fails: the communicator raises its async error and abort flag.
+pub(crate) type OnError = Arc<dyn Fn(Error) + Send + Sync>;
+
+/// A group of connections that belong together (one communicator's): removed together.
+pub(crate) type GroupId = u64;
+
+struct State {
+    conns: Vec<(GroupId, NetConn, OnError)>,
+    /// Kicks and network wake-ups since the thread last looked.
+    woken: bool,
+    stop: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cv: Condvar,
+    running: AtomicBool,
+}
+
+/// The proxy thread of one GPU in this process.
+pub(crate) struct Proxy {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    next_group: AtomicU64,
+}
+
+/// Keeps progressing for this long after the last progress or kick, then sleeps.
+const HOT: Duration = Duration::from_millis(50);
+/// Longest sleep of an idle proxy between polls of its connections.
+const MAX_NAP: Duration = Duration::from_millis(64);
+
+fn registry() -> &'static Mutex<HashMap<i32, Weak<Proxy>>> {
+    static R: std::sync::OnceLock<Mutex<HashMap<i32, Weak<Proxy>>>> = std::sync::OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Proxy {
+    /// The proxy of GPU `device` in this process, started on first use and stopped when the
+    /// last communicator holding it lets go.
+    pub(crate) fn for_device(device: i32) -> Arc<Proxy> {
+        let mut reg = lock(registry());
+        if let Some(p) = reg.get(&device).and_then(Weak::upgrade) {
+            return p;
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                conns: Vec::new(),
+                woken: false,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+            running: AtomicBool::new(true),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nccl-proxy-{device}"))
+            .spawn(move || {
+                crate::debug::set_cuda_dev(device);
+                run(&s)
+            })
+            .ok();
+        if thread.is_none() {
+            shared.running.store(false, Ordering::Relaxed);
+        }
+        let p = Arc::new(Proxy {
+            shared,
+            thread: Mutex::new(thread),
+            next_group: AtomicU64::new(1),
+        });
+        reg.insert(device, Arc::downgrade(&p));
+        p
+    }
+
+    pub(crate) fn new_group(&self) -> GroupId {
+        self.next_group.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Hands connections to the thread.
+    pub(crate) fn add(&self, group: GroupId, conns: Vec<NetConn>, on_error: OnError) {
+        let waker = self.waker();
+        let mut st = lock(&self.shared.state);
+        for mut c in conns {
+            c.set_waker(waker.clone());
+            st.conns.push((group, c, on_error.clone()));
+        }
+        st.woken = true;
+        self.shared.cv.notify_one();
+    }
+
+    /// Waits until the group's sending connections have sent every step their kernels
+    /// published (a communicator destroyed right after its last collective must not cut its
+    /// peers' data short), or until `limit`; false on timeout.
+    pub(crate) fn drain(&self, group: GroupId, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        loop {
+            let done = lock(&self.shared.state)
+                .conns
+                .iter()
+                .filter(|(g, _, _)| *g == group)
+                .all(|(_, c, _)| c.drained());
+            if done {
+                return true;
+            }
+            if t0.elapsed() > limit {
+                return false;
+            }
+            self.kick();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Drops a group's connections (their network endpoints close, their memory is freed).
+    pub(crate) fn remove(&self, group: GroupId) {
+        let gone: Vec<_> = {
+            let mut st = lock(&self.shared.state);
+            let (gone, kept) = std::mem::take(&mut st.conns)
+                .into_iter()
+                .partition(|(g, _, _)| *g == group);
+            st.conns = kept;
+            gone
+        };
+        drop(gone);
+    }
+
+    /// Work is coming (a launch that uses proxied connections): progress at full speed.
+    pub(crate) fn kick(&self) {
+        let mut st = lock(&self.shared.state);
+        st.woken = true;
+        self.shared.cv.notify_one();
+    }
+
+    fn waker(&self) -> crate::transport::net::Waker {
+        let s = Arc::downgrade(&self.shared);
+        Arc::new(move || {
+            if let Some(s) = s.upgrade() {
+                lock(&s.state).woken = true;
+                s.cv.notify_one();
+            }
+        })
+    }
+}
+
+/// A communicator's hold on the proxy of its GPU: its group of connections, removed (closed and
+/// freed) when the hold is dropped.
+pub(crate) struct ProxyGroup {
+    proxy: Arc<Proxy>,
+    group: GroupId,
+    on_error: OnError,
+    /// Set by an abort: the connections close without sending what is left.
+    abandoned: AtomicBool,
+}
+
+/// How long a communicator's destruction waits for its proxy to send what its kernels left.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
+impl ProxyGroup {
+    pub(crate) fn new(device: i32, on_error: OnError) -> ProxyGroup {
+        let proxy = Proxy::for_device(device);
+        let group = proxy.new_group();
+        ProxyGroup {
+            proxy,
+            group,
+            on_error,
+            abandoned: AtomicBool::new(false),
+        }
+    }
+
+    /// The communicator was aborted: do not wait for its sends when it goes.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(&self, conns: Vec<NetConn>) {
+        if !conns.is_empty() {
+            self.proxy.add(self.group, conns, self.on_error.clone());
+        }
+    }
+
+    pub(crate) fn kick(&self) {
+        self.proxy.kick();
+    }
+}
+
+impl Drop for ProxyGroup {
+    fn drop(&mut self) {
+        if !self.abandoned.load(Ordering::Relaxed) && !self.proxy.drain(self.group, DRAIN_LIMIT) {
+            log::warn!(
+                "network sends still pending after {} s; closing the connections",
+                DRAIN_LIMIT.as_secs()
+            );
+        }
+        self.proxy.remove(self.group);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        lock(&self.shared.state).stop = true;
+        self.shared.cv.notify_one();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(shared: &Shared) {
+    let mut last_busy = Instant::now();
+    let mut nap = Duration::from_micros(100);
+    loop {
+        let mut st = lock(&shared.state);
+        if st.stop {
+            break;
+        }
+        if std::mem::take(&mut st.woken) {
+            last_busy = Instant::now();
+        }
+        let mut moved = false;
+        for (_, c, on_error) in st.conns.iter_mut() {
+            match c.progress() {
+                Ok(m) => moved |= m,
+                Err(e) => on_error(e),
+            }
+        }
+        if moved {
+            last_busy = Instant::now();
+            nap = Duration::from_micros(100);
+        }
+        if last_busy.elapsed() < HOT {
+            drop(st);
+            std::thread::yield_now();
+            continue;
+        }
+        // Idle: sleep until kicked or woken, or for a nap that doubles up to MAX_NAP.
+        let (st, _) = shared
+            .cv
+            .wait_timeout_while(st, nap, |s| !s.woken && !s.stop)
+            .unwrap_or_else(|p| p.into_inner());
+        nap = if st.woken {
+            Duration::from_micros(100)
+        } else {
+            (nap * 2).min(MAX_NAP)
+        };
+    }
+    shared.running.store(false, Ordering::Relaxed);
+}

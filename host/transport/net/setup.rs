@@ -1,0 +1,211 @@
+//! Making network connections between two ranks of a communicator: the receiving side listens
+//! and sends its handle through the bootstrap, the sending side connects to it, and both poll
+//! until every connection of the batch is up. Each connection gets its FIFO and counters in
+//! pinned host memory mapped into the GPU (sockets cannot reach GPU memory), the structure the
+//! kernel advances, and a [`NetConn`] for the proxy thread.
+
+use super::{Connecting, Handle, Listener, Net, HANDLE_BYTES};
+use crate::bootstrap::{AbortFlag, Bootstrap};
+use crate::cuda::{Device, HostMem};
+use crate::error::{Error, Result};
+use crate::proxy::{ConnLayout, NetConn, Side};
+use crate::transport::links::Dir;
+use nccl_device::abi::{ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a communicator spanning several nodes needs to make network connections: which ranks
+/// are on other nodes, the network, and its hold on the proxy thread.
+pub(crate) struct NetPath {
+    /// `remote[r]`: rank r is on another node.
+    pub remote: Vec<bool>,
+    pub net: Arc<dyn Net>,
+    pub proxy: crate::proxy::ProxyGroup,
+    pub timeout: Duration,
+}
+
+/// One connection wanted: with `peer`, in direction `dir`, known to both sides by `key` (the
+/// channel of a ring, the index of a send/recv connection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Want {
+    pub peer: usize,
+    pub dir: Dir,
+    pub key: u32,
+}
+
+/// A connection made: what the kernel advances and what the proxy drives.
+pub(crate) struct Made {
+    pub want: Want,
+    pub send: ConnSend,
+    pub recv: ConnRecv,
+    pub conn: NetConn,
+}
+
+/// The slot stride of a proxied connection: every protocol's slot fits, so that a receiving
+/// proxy can post a step before it knows the protocol.
+pub(crate) fn stride(slot_bytes: usize) -> usize {
+    slot_bytes
+        .max(LL_SLOT_BYTES as usize)
+        .max(LL128_SLOT_BYTES as usize)
+        .next_multiple_of(128)
+}
+
+enum Half {
+    Listening(Box<dyn Listener>),
+    AwaitingHandle,
+    Connecting(Box<dyn Connecting>),
+    Up(Side),
+}
+
+/// Makes every connection in `wants` with network `net`; `tag_base + key` tags the handles on
+/// the bootstrap. Gives up at `timeout` or when `abort` is raised.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn connect(
+    net: &dyn Net,
+    device: &Device,
+    bootstrap: &Bootstrap,
+    wants: &[Want],
+    slot_bytes: usize,
+    tag_base: u32,
+    timeout: Duration,
+    abort: Option<&AbortFlag>,
+) -> Result<Vec<Made>> {
+    let ndevs = net.ndevs();
+    if ndevs == 0 {
+        return Err(Error::system(format!(
+            "network '{}' has no devices",
+            net.name()
+        )));
+    }
+    let dev_of = |w: &Want| w.key as usize % ndevs;
+    // Receivers listen and publish first, so no sender waits on a handle not yet sent.
+    let mut halves = Vec::with_capacity(wants.len());
+    for w in wants {
+        halves.push(match w.dir {
+            Dir::Recv => {
+                let (handle, l) = net.listen(dev_of(w))?;
+                bootstrap.send(w.peer, tag_base.wrapping_add(w.key), &handle)?;
+                Half::Listening(l)
+            }
+            Dir::Send => Half::AwaitingHandle,
+        });
+    }
+    for (w, h) in wants.iter().zip(halves.iter_mut()) {
+        if matches!(h, Half::AwaitingHandle) {
+            let got = bootstrap
+                .recv(w.peer, tag_base.wrapping_add(w.key))
+                .map_err(|e| e.context(format!("network handle from rank {}", w.peer)))?;
+            if got.len() != HANDLE_BYTES {
+                return Err(Error::remote(format!(
+                    "rank {} sent a {}-byte network handle (expected {HANDLE_BYTES})",
+                    w.peer,
+                    got.len()
+                )));
+            }
+            let mut handle: Handle = [0; HANDLE_BYTES];
+            handle.copy_from_slice(&got);
+            *h = Half::Connecting(net.connect(dev_of(w), &handle)?);
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut pending = 0;
+        for h in halves.iter_mut() {
+            let next = match h {
+                Half::Listening(l) => l.accept()?.map(|c| Half::Up(Side::Recv(c))),
+                Half::Connecting(c) => c.poll()?.map(|c| Half::Up(Side::Send(c))),
+                _ => None,
+            };
+            match next {
+                Some(up) => *h = up,
+                None if !matches!(h, Half::Up(_)) => pending += 1,
+                None => {}
+            }
+        }
+        if pending == 0 {
+            break;
+        }
+        if let Some(a) = abort {
+            a.check()?;
+        }
+        if Instant::now() > deadline {
+            let who: Vec<String> = wants
+                .iter()
+                .zip(&halves)
+                .filter(|(_, h)| !matches!(h, Half::Up(_)))
+                .map(|(w, _)| format!("rank {} ({:?})", w.peer, w.dir))
+                .collect();
+            return Err(Error::system(format!(
+                "network connections not established within {:.1} s: {}",
+                timeout.as_secs_f64(),
+                who.join(", ")
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let layout = ConnLayout {
+        stride: stride(slot_bytes),
+    };
+    let mut made = Vec::with_capacity(wants.len());
+    for (w, h) in wants.iter().zip(halves) {
+        let Half::Up(side) = h else {
+            return Err(Error::internal("network connection left pending"));
+        };
+        let mem = Arc::new(device.alloc_host_mem(layout.total())?);
+        let (send, recv) = conn_structs(&mem, layout);
+        let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
+        made.push(Made {
+            want: *w,
+            send,
+            recv,
+            conn: NetConn::new(side, mem, layout, peer)?,
+        });
+    }
+    Ok(made)
+}
+
+fn dir_name(d: Dir) -> &'static str {
+    match d {
+        Dir::Send => "send",
+        Dir::Recv => "receive",
+    }
+}
+
+/// The kernel's view of a proxied connection in `mem`: one FIFO for every protocol.
+fn conn_structs(mem: &HostMem, l: ConnLayout) -> (ConnSend, ConnRecv) {
+    let at = |o: usize| mem.ptr + o as u64;
+    let fifo = at(ConnLayout::FIFO);
+    let send = ConnSend {
+        fifo,
+        tail: at(ConnLayout::TAIL),
+        head: at(ConnLayout::HEAD),
+        step: 0,
+        ll_fifo: fifo,
+        ll128_fifo: fifo,
+        proxy_sizes: at(ConnLayout::SIZES),
+        proxy_stride: l.stride as u64,
+    };
+    let recv = ConnRecv {
+        fifo,
+        tail: at(ConnLayout::TAIL),
+        head: at(ConnLayout::HEAD),
+        step: 0,
+        ll_fifo: fifo,
+        ll128_fifo: fifo,
+        proxy_stride: l.stride as u64,
+        _pad: 0,
+    };
+    (send, recv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stride_fits_every_protocol() {
+        assert_eq!(stride(8192), LL128_SLOT_BYTES as usize);
+        assert_eq!(stride(1 << 19), 1 << 19);
+        assert!(stride(100_000) >= 100_000 && stride(100_000).is_multiple_of(128));
+    }
+}
