@@ -30,17 +30,28 @@ pub(crate) type OnError = Arc<dyn Fn(Error) + Send + Sync>;
 /// A group of connections that belong together (one communicator's): removed together.
 pub(crate) type GroupId = u64;
 
-struct State {
-    conns: Vec<(GroupId, NetConn, OnError)>,
-    /// Kicks and network wake-ups since the thread last looked.
-    woken: bool,
-    stop: bool,
-}
+type Conns = Vec<(GroupId, NetConn, OnError)>;
 
+/// What the thread and its users share. The connections' lock is held while the thread
+/// progresses them, and progress can call the network's waker (a socket that fails wakes its
+/// owner), so waking must never take that lock: it has its own bell.
 struct Shared {
-    state: Mutex<State>,
+    conns: Mutex<Conns>,
+    /// Kicks and network wake-ups since the thread last looked.
+    woken: AtomicBool,
+    stop: AtomicBool,
+    /// Guards the sleep on `cv` against a wake-up lost between the check and the wait.
+    bell: Mutex<()>,
     cv: Condvar,
     running: AtomicBool,
+}
+
+impl Shared {
+    fn ring(&self) {
+        self.woken.store(true, Ordering::Release);
+        let _bell = lock(&self.bell);
+        self.cv.notify_one();
+    }
 }
 
 /// The proxy thread of one GPU in this process.
@@ -73,11 +84,10 @@ impl Proxy {
             return p;
         }
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                conns: Vec::new(),
-                woken: false,
-                stop: false,
-            }),
+            conns: Mutex::new(Vec::new()),
+            woken: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            bell: Mutex::new(()),
             cv: Condvar::new(),
             running: AtomicBool::new(true),
         });
@@ -108,13 +118,14 @@ impl Proxy {
     /// Hands connections to the thread.
     pub(crate) fn add(&self, group: GroupId, conns: Vec<NetConn>, on_error: OnError) {
         let waker = self.waker();
-        let mut st = lock(&self.shared.state);
-        for mut c in conns {
-            c.set_waker(waker.clone());
-            st.conns.push((group, c, on_error.clone()));
+        {
+            let mut all = lock(&self.shared.conns);
+            for mut c in conns {
+                c.set_waker(waker.clone());
+                all.push((group, c, on_error.clone()));
+            }
         }
-        st.woken = true;
-        self.shared.cv.notify_one();
+        self.shared.ring();
     }
 
     /// Waits until the group's sending connections have sent every step their kernels
@@ -123,8 +134,7 @@ impl Proxy {
     pub(crate) fn drain(&self, group: GroupId, limit: Duration) -> bool {
         let t0 = Instant::now();
         loop {
-            let done = lock(&self.shared.state)
-                .conns
+            let done = lock(&self.shared.conns)
                 .iter()
                 .filter(|(g, _, _)| *g == group)
                 .all(|(_, c, _)| c.drained());
@@ -142,11 +152,11 @@ impl Proxy {
     /// Drops a group's connections (their network endpoints close, their memory is freed).
     pub(crate) fn remove(&self, group: GroupId) {
         let gone: Vec<_> = {
-            let mut st = lock(&self.shared.state);
-            let (gone, kept) = std::mem::take(&mut st.conns)
+            let mut all = lock(&self.shared.conns);
+            let (gone, kept) = std::mem::take(&mut *all)
                 .into_iter()
                 .partition(|(g, _, _)| *g == group);
-            st.conns = kept;
+            *all = kept;
             gone
         };
         drop(gone);
@@ -154,17 +164,14 @@ impl Proxy {
 
     /// Work is coming (a launch that uses proxied connections): progress at full speed.
     pub(crate) fn kick(&self) {
-        let mut st = lock(&self.shared.state);
-        st.woken = true;
-        self.shared.cv.notify_one();
+        self.shared.ring();
     }
 
     fn waker(&self) -> crate::transport::net::Waker {
         let s = Arc::downgrade(&self.shared);
         Arc::new(move || {
             if let Some(s) = s.upgrade() {
-                lock(&s.state).woken = true;
-                s.cv.notify_one();
+                s.ring();
             }
         })
     }
@@ -225,8 +232,8 @@ impl Drop for ProxyGroup {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        lock(&self.shared.state).stop = true;
-        self.shared.cv.notify_one();
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.ring();
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
@@ -236,16 +243,12 @@ impl Drop for Proxy {
 fn run(shared: &Shared) {
     let mut last_busy = Instant::now();
     let mut nap = Duration::from_micros(100);
-    loop {
-        let mut st = lock(&shared.state);
-        if st.stop {
-            break;
-        }
-        if std::mem::take(&mut st.woken) {
+    while !shared.stop.load(Ordering::Acquire) {
+        if shared.woken.swap(false, Ordering::AcqRel) {
             last_busy = Instant::now();
         }
         let mut moved = false;
-        for (_, c, on_error) in st.conns.iter_mut() {
+        for (_, c, on_error) in lock(&shared.conns).iter_mut() {
             match c.progress() {
                 Ok(m) => moved |= m,
                 Err(e) => on_error(e),
@@ -256,16 +259,18 @@ fn run(shared: &Shared) {
             nap = Duration::from_micros(100);
         }
         if last_busy.elapsed() < HOT {
-            drop(st);
             std::thread::yield_now();
             continue;
         }
         // Idle: sleep until kicked or woken, or for a nap that doubles up to MAX_NAP.
-        let (st, _) = shared
+        let bell = lock(&shared.bell);
+        let _ = shared
             .cv
-            .wait_timeout_while(st, nap, |s| !s.woken && !s.stop)
+            .wait_timeout_while(bell, nap, |_| {
+                !shared.woken.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire)
+            })
             .unwrap_or_else(|p| p.into_inner());
-        nap = if st.woken {
+        nap = if shared.woken.load(Ordering::Acquire) {
             Duration::from_micros(100)
         } else {
             (nap * 2).min(MAX_NAP)
