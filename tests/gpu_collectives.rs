@@ -136,16 +136,23 @@ fn process_per_gpu() {
 
 /// Ranks as processes on 2 nodes (`NCCL_HOSTID`), so that every ring crosses the network
 /// transport and its proxy threads (loopback sockets, buffers in pinned host memory): every
-/// collective, both placements, Simple and LL, random data, poisoned outputs. With
+/// collective, both placements, Simple, LL and LL128, random data, poisoned outputs. With
 /// NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS daemon first).
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn process_per_rank_on_two_nodes() {
     if let Some(ranks) = child_rank() {
         let n = ranks.comms[0].count();
+        let t0 = std::time::Instant::now();
         for (i, coll) in nccl::Coll::ALL.into_iter().enumerate() {
-            for count in [1usize, 4099, (1 << 22) + 5] {
+            for count in [1usize, 4099, (1 << 20) + 5] {
                 for in_place in [false, true] {
+                    // Progress, shown if the harness kills a rank that is stuck.
+                    eprintln!(
+                        "[{:?}] {} count {count} in_place {in_place}",
+                        t0.elapsed(),
+                        coll.name()
+                    );
                     common::check_collective(
                         &ranks,
                         coll,
@@ -163,8 +170,25 @@ fn process_per_rank_on_two_nodes() {
         }
         return;
     }
-    for (nodes, per_node) in [(2usize, 1usize), (2, 2)] {
-        for proto in ["Simple", "LL"] {
+    // NCCL_RS_TEST_SHAPES (e.g. `2x1`) narrows the node shapes for a first look on a new host.
+    let shapes: Vec<(usize, usize)> = match std::env::var("NCCL_RS_TEST_SHAPES") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| {
+                let (a, b) = s
+                    .trim()
+                    .split_once('x')
+                    .expect("NCCL_RS_TEST_SHAPES: NxR,...");
+                (
+                    a.parse().expect("nodes"),
+                    b.parse().expect("ranks per node"),
+                )
+            })
+            .collect(),
+        Err(_) => vec![(2, 1), (2, 2)],
+    };
+    for (nodes, per_node) in shapes {
+        for proto in ["Simple", "LL", "LL128"] {
             let env = [("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_PROTO", proto)];
             common::procs::run_nodes("process_per_rank_on_two_nodes", nodes, per_node, &env);
         }
