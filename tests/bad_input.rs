@@ -101,3 +101,190 @@ fn missing_rank_times_out() {
         "{e}"
     );
 }
+
+/// Issue 23, failure 1: every buffer is checked against its allocation, not just its first
+/// byte. A short buffer is InvalidArgument naming the buffer and both sizes; AllGather's recv
+/// and ReduceScatter's send are nranks × count; in-place offsets and the buffers NCCL ignores
+/// (Reduce's recv and Broadcast's send off the root) are not refused.
+#[test]
+fn buffer_extents() {
+    sim();
+    let comms = Comm::init_all(&[0, 1]).expect("init");
+    let (c, s) = (&comms[0], Default::default());
+    let f32 = DataType::Float32;
+    let small = c.device().alloc(4096).unwrap();
+    let big = c.device().alloc(8192).unwrap();
+    let short = |r: nccl::Result<()>, what: &str, need: usize, avail: usize| {
+        let e = r.expect_err("a short buffer must be refused");
+        assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+        for word in [what.to_string(), need.to_string(), avail.to_string()] {
+            assert!(e.message.contains(&word), "'{word}' not in: {e}");
+        }
+    };
+    let sum = ReduceOp::Sum;
+    // The issue's case: 2048 floats in a 4 KiB buffer.
+    short(
+        c.all_reduce(small.ptr, big.ptr, 2048, f32, sum, s),
+        "sendbuff",
+        8192,
+        4096,
+    );
+    short(
+        c.all_reduce(big.ptr, small.ptr, 2048, f32, sum, s),
+        "recvbuff",
+        8192,
+        4096,
+    );
+    // Bytes from the pointer to the end of the allocation, not the allocation's size.
+    short(
+        c.all_reduce(big.ptr + 8184, big.ptr, 4, f32, sum, s),
+        "sendbuff",
+        16,
+        8,
+    );
+    // AllGather's output and ReduceScatter's input hold nranks × count elements.
+    short(
+        c.all_gather(small.ptr, small.ptr, 1024, f32, s),
+        "recvbuff",
+        8192,
+        4096,
+    );
+    short(
+        c.reduce_scatter(small.ptr, small.ptr, 1024, f32, sum, s),
+        "sendbuff",
+        8192,
+        4096,
+    );
+    // The root's buffers of Broadcast and Reduce.
+    short(
+        c.broadcast(small.ptr, big.ptr, 2048, f32, 0, s),
+        "sendbuff",
+        8192,
+        4096,
+    );
+    short(
+        c.reduce(big.ptr, small.ptr, 2048, f32, sum, 0, s),
+        "recvbuff",
+        8192,
+        4096,
+    );
+    // Send and receive.
+    short(c.send(small.ptr, 2048, f32, 1, s), "sendbuff", 8192, 4096);
+    short(c.recv(small.ptr, 2048, f32, 1, s), "recvbuff", 8192, 4096);
+    // Registration covers the whole range too.
+    let e = c.register(small.ptr, 8192).unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+
+    // What fits is accepted, and runs: in-place AllGather and ReduceScatter at their offsets,
+    // Reduce with a short recv off the root, Broadcast with a short send off the root.
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let count = 256; // floats per rank
+    let block = count * 4;
+    let whole: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(2 * block).unwrap())
+        .collect();
+    let tiny: Vec<_> = comms.iter().map(|c| c.device().alloc(4).unwrap()).collect();
+    let fill = |r: usize| -> Vec<u8> {
+        (0..2 * count)
+            .flat_map(|i| ((r * 1000 + i) as f32).to_le_bytes())
+            .collect()
+    };
+    let run = |f: &dyn Fn(usize, &Comm) -> nccl::Result<()>| {
+        nccl::group_start();
+        for (r, c) in comms.iter().enumerate() {
+            f(r, c).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        }
+        nccl::group_end().unwrap();
+        for (r, c) in comms.iter().enumerate() {
+            c.device().stream_sync(streams[r]).unwrap();
+        }
+    };
+    let floats = |b: &nccl::cuda::DevBuffer, n: usize| -> Vec<f32> {
+        let mut out = vec![0u8; n * 4];
+        b.read(0, &mut out).unwrap();
+        out.chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    // In-place AllGather: rank r's input is block r of its output.
+    for (r, b) in whole.iter().enumerate() {
+        b.write(0, &fill(r)).unwrap();
+    }
+    run(&|r, c| {
+        let p = whole[r].ptr;
+        c.all_gather(p + (r * block) as u64, p, count, f32, streams[r])
+    });
+    for b in &whole {
+        let got = floats(b, 2 * count);
+        for (i, v) in got.iter().enumerate() {
+            let (r, j) = (i / count, i % count);
+            assert_eq!(
+                *v,
+                (r * 1000 + r * count + j) as f32,
+                "allgather element {i}"
+            );
+        }
+    }
+    // In-place ReduceScatter: rank r's output is block r of its input.
+    for (r, b) in whole.iter().enumerate() {
+        b.write(0, &fill(r)).unwrap();
+    }
+    run(&|r, c| {
+        let p = whole[r].ptr;
+        c.reduce_scatter(
+            p,
+            p + (r * block) as u64,
+            count,
+            f32,
+            ReduceOp::Sum,
+            streams[r],
+        )
+    });
+    for (r, b) in whole.iter().enumerate() {
+        let got = floats(b, 2 * count);
+        for j in 0..count {
+            let i = r * count + j;
+            assert_eq!(
+                got[i],
+                (1000 + 2 * i) as f32,
+                "reducescatter rank {r} element {j}"
+            );
+        }
+    }
+    // Reduce to rank 0; rank 1's recv is 4 bytes (NCCL ignores it off the root).
+    for (r, b) in whole.iter().enumerate() {
+        b.write(0, &fill(r)).unwrap();
+    }
+    run(&|r, c| {
+        let recv = if r == 0 { whole[0].ptr } else { tiny[1].ptr };
+        c.reduce(
+            whole[r].ptr,
+            recv,
+            2 * count,
+            f32,
+            ReduceOp::Sum,
+            0,
+            streams[r],
+        )
+    });
+    let got = floats(&whole[0], 2 * count);
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(*v, (1000 + 2 * i) as f32, "reduce element {i}");
+    }
+    // Broadcast from rank 0; rank 1's send is 4 bytes (ignored off the root).
+    for (r, b) in whole.iter().enumerate() {
+        b.write(0, &fill(r)).unwrap();
+    }
+    run(&|r, c| {
+        let send = if r == 0 { whole[0].ptr } else { tiny[1].ptr };
+        c.broadcast(send, whole[r].ptr, 2 * count, f32, 0, streams[r])
+    });
+    assert_eq!(floats(&whole[1], 2 * count), floats(&whole[0], 2 * count));
+    for (r, c) in comms.iter().enumerate() {
+        c.device().stream_destroy(streams[r]).unwrap();
+    }
+}

@@ -35,23 +35,27 @@ impl Registrations {
         if bytes == 0 {
             return Err(Error::invalid_argument("ncclCommRegister: size is 0"));
         }
-        let last = buff.checked_add(bytes as u64 - 1).ok_or_else(|| {
+        buff.checked_add(bytes as u64 - 1).ok_or_else(|| {
             Error::invalid_argument(format!("ncclCommRegister: {buff:#x} + {bytes} overflows"))
         })?;
-        for p in [buff, last] {
-            match device.pointer_device(p)? {
-                Some(d) if d == device.ordinal => {}
-                Some(d) => {
-                    return Err(Error::invalid_argument(format!(
-                        "ncclCommRegister: {p:#x} is on device {d}, the communicator on device {}",
-                        device.ordinal
-                    )))
-                }
-                None => {
-                    return Err(Error::invalid_argument(format!(
-                    "ncclCommRegister: {p:#x} is not device memory ({bytes} bytes from {buff:#x})"
+        match device.pointer_extent(buff, bytes)? {
+            Some((d, avail)) if d == device.ordinal && avail >= bytes => {}
+            Some((d, avail)) if d == device.ordinal => {
+                return Err(Error::invalid_argument(format!(
+                    "ncclCommRegister: buff {buff:#x} is too short: {bytes} bytes registered, \
+                     its allocation holds {avail} from there"
                 )))
-                }
+            }
+            Some((d, _)) => {
+                return Err(Error::invalid_argument(format!(
+                    "ncclCommRegister: {buff:#x} is on device {d}, the communicator on device {}",
+                    device.ordinal
+                )))
+            }
+            None => {
+                return Err(Error::invalid_argument(format!(
+                    "ncclCommRegister: {buff:#x} is not device memory ({bytes} bytes)"
+                )))
             }
         }
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());

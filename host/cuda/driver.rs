@@ -297,6 +297,13 @@ impl Device {
 
     pub fn free_host_mapped(&self, host: *mut u8) -> Result<()> {
         self.make_current()?;
+        let mut dev = 0;
+        // SAFETY: host came from alloc_host_mapped and is still allocated; out-parameter.
+        if unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut c_void, 0) }
+            == sys::CUresult::CUDA_SUCCESS
+        {
+            extent_cache::forget(dev);
+        }
         // SAFETY: host came from alloc_host_mapped and is freed once (the owner's Drop).
         check(
             unsafe { sys::cuMemFreeHost(host as *mut c_void) },
@@ -306,6 +313,7 @@ impl Device {
 
     pub fn free(&self, p: DevPtr) -> Result<()> {
         self.make_current()?;
+        extent_cache::forget(p);
         // SAFETY: p came from alloc on this device and is freed once (the owner's Drop).
         check(unsafe { sys::cuMemFree_v2(p) }, "cuMemFree")
     }
@@ -340,23 +348,40 @@ impl Device {
         stream_wait(s)
     }
 
-    /// The device a pointer belongs to, or None when the driver does not know it.
-    pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
+    /// The device owning `p` and the bytes from `p` to the end of its allocation (see
+    /// [`extent_cache`]): a cache hit costs a lock and a map lookup; a miss asks the driver
+    /// (`cuMemGetAddressRange`), so memory allocated outside this library works too.
+    pub fn pointer_extent(&self, p: DevPtr, need: usize) -> Result<Option<(i32, usize)>> {
+        let want = p.saturating_add(need as u64);
+        if let Some((ordinal, end)) = extent_cache::lookup(p) {
+            // Only a hit that suffices is trusted: anything short is asked again, so that a
+            // stale entry never refuses a good buffer.
+            if ordinal == self.ordinal && end >= want {
+                return Ok(Some((ordinal, (end - p) as usize)));
+            }
+        }
         self.make_current()?;
-        let mut ordinal: i32 = -1;
-        // SAFETY: out-parameter of the size the attribute defines (an int).
-        let r = unsafe {
-            sys::cuPointerGetAttribute(
-                &mut ordinal as *mut i32 as *mut c_void,
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                p,
-            )
+        let Some((ordinal, base, mut end)) = query_extent(p) else {
+            return Ok(None);
         };
-        Ok(if r == sys::CUresult::CUDA_SUCCESS {
-            Some(ordinal)
-        } else {
-            None
-        })
+        if end < want && walks_mappings(p) {
+            // An allocation of the virtual memory API (PyTorch's expandable segments) is
+            // several mappings side by side, and the driver reports one mapping's range:
+            // follow adjacent mappings of the same device until the buffer is covered.
+            for _ in 0..MAX_MAPPINGS_WALKED {
+                match query_extent(end) {
+                    Some((o, b, e)) if o == ordinal && b == end && walks_mappings(end) => end = e,
+                    _ => break,
+                }
+                if end >= want {
+                    break;
+                }
+            }
+        }
+        if end != DevPtr::MAX {
+            extent_cache::insert(base, end, ordinal);
+        }
+        Ok(Some((ordinal, end.saturating_sub(p) as usize)))
     }
 
     pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
@@ -412,6 +437,7 @@ impl Device {
 
     pub fn close_ipc(&self, p: DevPtr) -> Result<()> {
         self.make_current()?;
+        extent_cache::forget(p);
         // SAFETY: p came from open_ipc and is closed once.
         check(
             unsafe { sys::cuIpcCloseMemHandle(p) },
@@ -759,6 +785,104 @@ impl Drop for Device {
                 sys::cuStreamDestroy_v2(s.0);
             }
             sys::cuDevicePrimaryCtxRelease_v2(self.dev);
+        }
+    }
+}
+
+/// How many adjacent mappings one extent query follows at most.
+const MAX_MAPPINGS_WALKED: usize = 1 << 16;
+
+/// The device ordinal of `p` and the range `[base, end)` of the allocation (or mapping) the
+/// driver says holds it; None when `p` is not memory the driver knows.
+fn query_extent(p: DevPtr) -> Option<(i32, DevPtr, DevPtr)> {
+    let mut ordinal: i32 = -1;
+    // SAFETY: out-parameter of the size the attribute defines (an int).
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            &mut ordinal as *mut i32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            p,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: out-parameters.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) };
+    if r != sys::CUresult::CUDA_SUCCESS || base > p {
+        // Known to the driver but of no range it reports: its extent is unknown, so nothing
+        // is refused for it (as before extents were checked).
+        return Some((ordinal, p, DevPtr::MAX));
+    }
+    Some((ordinal, base, base.saturating_add(size as u64)))
+}
+
+/// Whether the allocation holding `p` may continue in an adjacent mapping: device memory of
+/// the virtual memory API (not cuMemAlloc's, which is legacy-IPC capable; not a memory
+/// pool's; not managed). Adjacent cuMemAlloc allocations are separate buffers, and an
+/// overrun into one is what the check exists to refuse.
+fn walks_mappings(p: DevPtr) -> bool {
+    use sys::CUpointer_attribute::*;
+    let get = |a: sys::CUpointer_attribute| -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: every attribute asked here is at most 8 bytes (an int, a bool or a
+        // handle); the rest of the zeroed u64 reads as 0 on a little-endian host.
+        let r = unsafe { sys::cuPointerGetAttribute(&mut v as *mut u64 as *mut c_void, a, p) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+    };
+    get(CU_POINTER_ATTRIBUTE_MEMORY_TYPE) == Some(sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u64)
+        && get(CU_POINTER_ATTRIBUTE_IS_MANAGED) == Some(0)
+        && get(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) == Some(0)
+        && get(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE).unwrap_or(0) == 0
+}
+
+/// Extents of device memory that calls used, by allocation base: what makes the extent check
+/// of every buffer of every call cheap. Entries of our own allocations are dropped when we
+/// free them. Memory that others free (a caching allocator returning a segment) is not seen;
+/// a stale entry is only trusted to accept a buffer it covers on the same device, and
+/// anything it would refuse is asked of the driver again. The cache is small: at
+/// [`extent_cache::MAX`] entries it starts over.
+mod extent_cache {
+    use super::DevPtr;
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock};
+
+    pub const MAX: usize = 4096;
+
+    fn map() -> std::sync::MutexGuard<'static, BTreeMap<DevPtr, (DevPtr, i32)>> {
+        static M: OnceLock<Mutex<BTreeMap<DevPtr, (DevPtr, i32)>>> = OnceLock::new();
+        M.get_or_init(|| Mutex::new(BTreeMap::new()))
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The (ordinal, end) of the cached extent holding `p`.
+    pub fn lookup(p: DevPtr) -> Option<(i32, DevPtr)> {
+        match map().range(..=p).next_back() {
+            Some((_, &(end, ordinal))) if p < end => Some((ordinal, end)),
+            _ => None,
+        }
+    }
+
+    pub fn insert(base: DevPtr, end: DevPtr, ordinal: i32) {
+        let mut m = map();
+        if m.len() >= MAX {
+            m.clear();
+        }
+        m.insert(base, (end, ordinal));
+    }
+
+    /// Drops every entry holding `p` (an allocation about to be freed).
+    pub fn forget(p: DevPtr) {
+        let mut m = map();
+        let stale: Vec<DevPtr> = m
+            .range(..=p)
+            .filter(|(_, &(end, _))| p < end)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in stale {
+            m.remove(&b);
         }
     }
 }

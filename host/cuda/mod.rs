@@ -186,7 +186,14 @@ impl Device {
     }
     /// The ordinal of the device owning `p`, or None if `p` is not device memory we know.
     pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
-        dispatch!(self.pointer_device(p))
+        Ok(self.pointer_extent(p, 0)?.map(|(ordinal, _)| ordinal))
+    }
+    /// The device owning `p` and how many bytes its allocation holds from `p` to its end, or
+    /// None if `p` is not device memory we know. The count is exact where the backend can
+    /// tell; where an allocation is made of several mappings (CUDA's virtual memory API) the
+    /// driver backend follows adjacent mappings until `need` bytes are covered.
+    pub fn pointer_extent(&self, p: DevPtr, need: usize) -> Result<Option<(i32, usize)>> {
+        dispatch!(self.pointer_extent(p, need))
     }
     pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
         match (&*self.imp, &*peer.imp) {

@@ -591,10 +591,15 @@ impl Device {
         Ok(())
     }
 
-    pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
+    /// The device of the region holding `p` and the bytes from `p` to the region's end, or
+    /// None when `p` is in no region (`_need` serves the driver backend).
+    pub fn pointer_extent(&self, p: DevPtr, _need: usize) -> Result<Option<(i32, usize)>> {
         let regions = lock(regions());
         Ok(match regions.range(..=p).next_back() {
-            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => Some(r.ordinal),
+            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => Some((
+                r.ordinal,
+                (base + r.bytes as u64).saturating_sub(p) as usize,
+            )),
             _ => None,
         })
     }

@@ -110,7 +110,8 @@ pub fn estimate_us(comm: &Comm, call: &CollCall) -> f64 {
     choose(comm, call).map(|c| c.est_time_us).unwrap_or(0.0)
 }
 
-/// Checks one user buffer of `bytes` bytes for a call on `comm`.
+/// Checks one user buffer of `bytes` bytes for a call on `comm`: not null, aligned to its
+/// elements, on the communicator's device, and all `bytes` inside its allocation.
 pub(crate) fn check_buffer(
     comm: &Comm,
     what: &str,
@@ -128,9 +129,13 @@ pub(crate) fn check_buffer(
             dt.name()
         )));
     }
-    match comm.device.pointer_device(p)? {
-        Some(d) if d == comm.device.ordinal => Ok(()),
-        Some(d) => Err(Error::invalid_argument(format!(
+    match comm.device.pointer_extent(p, bytes)? {
+        Some((d, avail)) if d == comm.device.ordinal && avail >= bytes => Ok(()),
+        Some((d, avail)) if d == comm.device.ordinal => Err(Error::invalid_argument(format!(
+            "{what} {p:#x} is too short: the call needs {bytes} bytes, its allocation holds \
+             {avail} from there"
+        ))),
+        Some((d, _)) => Err(Error::invalid_argument(format!(
             "{what} {p:#x} is on device {d} but the communicator (rank {}) is on device {}",
             comm.rank, comm.device.ordinal
         ))),
