@@ -3,8 +3,70 @@
 
 use crate::comm::{Comm, PendingComm};
 use crate::error::{Error, NcclResult, Result};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
+
+/// What a live handle carries in `magic` ("NCCLRSCM"); a destroyed one carries 0.
+const COMM_MAGIC: u64 = 0x4e43_434c_5253_434d;
+
+/// How many destroyed handles keep their memory, so that a recently destroyed `ncclComm_t`
+/// is not reused by a new communicator and a call on it is refused, not run on the new one.
+const DEAD_KEPT: usize = 1024;
+
+/// Every `ncclComm_t` this library handed out and has not destroyed, by address, and the most
+/// recent destroyed ones. An entry point looks its handle up here before touching it, so a
+/// destroyed, doubly destroyed or garbage pointer is refused without being dereferenced.
+#[derive(Default)]
+struct Registry {
+    live: HashMap<usize, Arc<CommHandle>>,
+    dead: VecDeque<Arc<CommHandle>>,
+}
+
+fn registry() -> &'static RwLock<Registry> {
+    static R: OnceLock<RwLock<Registry>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn not_live(p: *const CommHandle) -> Error {
+    Error::invalid_argument(format!(
+        "comm {p:p} is not a live communicator (destroyed, or not a ncclComm_t of this library)"
+    ))
+}
+
+/// Registers a new handle and returns the `ncclComm_t` that names it.
+pub(crate) fn hand_out(h: CommHandle) -> *mut CommHandle {
+    let h = Arc::new(h);
+    let p = Arc::as_ptr(&h) as *mut CommHandle;
+    registry()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .live
+        .insert(p as usize, h);
+    p
+}
+
+/// The live handle `p` names (never dereferencing a pointer that is not one).
+pub(crate) fn lookup(p: *const CommHandle) -> Result<Arc<CommHandle>> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    match r.live.get(&(p as usize)) {
+        Some(h) if h.magic.load(Ordering::Acquire) == COMM_MAGIC => Ok(h.clone()),
+        _ => Err(not_live(p)),
+    }
+}
+
+/// Takes `p` out of the live handles (a destroy); a second take of it is refused.
+pub(crate) fn take(p: *const CommHandle) -> Result<Arc<CommHandle>> {
+    let mut r = registry().write().unwrap_or_else(|e| e.into_inner());
+    let h = r.live.remove(&(p as usize)).ok_or_else(|| not_live(p))?;
+    h.magic.store(0, Ordering::Release);
+    if r.dead.len() >= DEAD_KEPT {
+        r.dead.pop_front();
+    }
+    r.dead.push_back(h.clone());
+    Ok(h)
+}
 
 enum State {
     Pending(PendingComm),
@@ -20,6 +82,8 @@ enum Finalize {
 
 /// The object behind `ncclComm_t`.
 pub struct CommHandle {
+    /// [`COMM_MAGIC`] while the handle is live.
+    magic: AtomicU64,
     blocking: bool,
     state: Mutex<State>,
     finalize: Mutex<Finalize>,
@@ -40,6 +104,7 @@ fn in_progress(what: &str) -> Error {
 impl CommHandle {
     pub(crate) fn pending(p: PendingComm, blocking: bool) -> CommHandle {
         CommHandle {
+            magic: AtomicU64::new(COMM_MAGIC),
             blocking,
             state: Mutex::new(State::Pending(p)),
             finalize: Mutex::new(Finalize::NotCalled),
@@ -48,6 +113,7 @@ impl CommHandle {
 
     pub(crate) fn from_comm(c: Comm) -> CommHandle {
         CommHandle {
+            magic: AtomicU64::new(COMM_MAGIC),
             blocking: c.config().blocking,
             state: Mutex::new(State::Ready(Arc::new(c))),
             finalize: Mutex::new(Finalize::NotCalled),
@@ -170,7 +236,7 @@ impl CommHandle {
     }
 
     /// `ncclCommDestroy`: waits for a background finalize, then frees.
-    pub(crate) fn destroy(self) -> Result<()> {
+    pub(crate) fn destroy(&self) -> Result<()> {
         if let Finalize::Running(h) =
             std::mem::replace(&mut *lock(&self.finalize), Finalize::NotCalled)
         {

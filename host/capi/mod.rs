@@ -3,8 +3,11 @@
 //!
 //! Every entry point checks its pointers (null: `ncclInvalidArgument`), catches panics (none
 //! crosses into C: `ncclInternalError`), and records the message of any error for
-//! `ncclGetLastError`. A `ncclComm_t` points to a boxed [`CommHandle`]: a communicator that may
+//! `ncclGetLastError`. A `ncclComm_t` points to a [`CommHandle`]: a communicator that may
 //! still be in creation (non-blocking config, or created inside a group), ready, or failed.
+//! Every entry point finds its handle among the live ones before using it, so a destroyed,
+//! doubly destroyed or garbage `ncclComm_t` is `ncclInvalidArgument` (a handle destroyed
+//! long ago, whose address a new communicator reuses, names that new one: undetectable).
 
 mod config;
 mod handle;
@@ -66,10 +69,13 @@ macro_rules! export {
     };
 }
 
-fn handle<'a>(comm: NcclComm) -> Result<&'a CommHandle> {
-    // SAFETY: a non-null ncclComm_t is a pointer this library returned (Box::into_raw) and
-    // that the caller has not destroyed; the handle is Sync.
-    unsafe { comm.as_ref() }.ok_or_else(|| null("comm"))
+/// The handle `comm` names: null, destroyed and garbage pointers are ncclInvalidArgument
+/// (looked up among the live handles, never dereferenced).
+fn handle(comm: NcclComm) -> Result<Arc<CommHandle>> {
+    if comm.is_null() {
+        return Err(null("comm"));
+    }
+    handle::lookup(comm)
 }
 
 fn count_of(what: &str, v: c_int) -> Result<usize> {
@@ -96,7 +102,7 @@ export! {
 
 /// Wraps a creation in a handle and stores it in `out`; what the creation call returns.
 unsafe fn hand_out(out: *mut NcclComm, pending: PendingComm, blocking: bool) -> Result<NcclResult> {
-    let h = Box::new(CommHandle::pending(pending, blocking));
+    let h = CommHandle::pending(pending, blocking);
     let code = if !blocking {
         NcclResult::InProgress
     } else if group::depth() > 0 {
@@ -107,7 +113,7 @@ unsafe fn hand_out(out: *mut NcclComm, pending: PendingComm, blocking: bool) -> 
         h.ready()?;
         NcclResult::Success
     };
-    *out = Box::into_raw(h);
+    *out = handle::hand_out(h);
     Ok(code)
 }
 
@@ -190,7 +196,7 @@ export! {
         let out = std::slice::from_raw_parts_mut(comms, n);
         out.fill(std::ptr::null_mut());
         for (slot, c) in out.iter_mut().zip(Comm::init_all(&devs)?) {
-            *slot = Box::into_raw(Box::new(CommHandle::from_comm(c)));
+            *slot = handle::hand_out(CommHandle::from_comm(c));
         }
         Ok(NcclResult::Success)
     }
@@ -281,10 +287,9 @@ export! {
             return Ok(NcclResult::Success);
         }
         handle(comm)?.check_destroyable()?;
-        // SAFETY: the pointer came from Box::into_raw here and is destroyed once (caller's
-        // contract, as in NCCL).
+        // A second destroy of the same handle (or one racing this) finds it gone.
+        let h = handle::take(comm)?;
         redop::forget(comm);
-        let h = Box::from_raw(comm);
         h.destroy()?;
         Ok(NcclResult::Success)
     }
@@ -302,8 +307,9 @@ export! {
         // the abort with a call of its own (PyTorch's main thread against its watchdog, seen
         // on one H200) then gets ncclInvalidUsage instead of touching freed memory. A later
         // ncclCommDestroy of the handle frees it.
+        let h = handle(comm)?;
         redop::forget(comm);
-        handle(comm)?.abort();
+        h.abort();
         Ok(NcclResult::Success)
     }
 }
