@@ -51,7 +51,16 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_BOOTSTRAP_TIMEOUT_MS",
         default: "120000",
-        doc: "how long init waits for every rank to arrive",
+        doc: "how long init waits for every rank to arrive (nccl-rs's own: NCCL documents no \
+              bootstrap timeout)",
+    },
+    Param {
+        name: "NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS",
+        default: "300000",
+        doc: "how long a bootstrap wait after init (allgather, barrier, a message from a peer, \
+              a split's agreement) may last before it fails; unset: the larger of 300 s and \
+              NCCL_BOOTSTRAP_TIMEOUT_MS (nccl-rs's own: NCCL's bootstrap waits without a \
+              deadline)",
     },
     Param {
         name: "NCCL_SOCKET_IFNAME",

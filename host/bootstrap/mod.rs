@@ -10,7 +10,8 @@
 //! keeps it; `allgather` is a ring (n−1 steps to the next rank) and `barrier` a dissemination
 //! barrier (log2 n rounds), both on the same connections with channels of their own. Every wait
 //! is bounded: by the init timeout during `init`, by the operation timeout afterwards
-//! (`set_op_timeout`), and a peer that closes its connection is noticed at once.
+//! (`NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS`, `set_op_timeout`), and a peer that closes its
+//! connection is noticed at once.
 //!
 //! Several roots (`ncclCommInitRankScalable`): ranks split into one contiguous block per unique
 //! id ([`RootPlan`]); each block bootstraps with its own root as above, except that the root of
@@ -49,8 +50,21 @@ use crate::error::{Error, Result};
 use p2p::{lock, Outgoing, Shared};
 use wire::Channel;
 
-/// Default bound of every wait after `init` (and never less than the init timeout).
+/// Default bound of every wait after `init` (and never less than the init timeout), unless
+/// `NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS` says otherwise.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The bound of every wait after `init`: `NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS` when set (NCCL has
+/// no such variable: its bootstrap waits without a deadline), else the larger of
+/// [`DEFAULT_OP_TIMEOUT`] and the init timeout.
+pub fn op_timeout_from_env(init_timeout: Duration) -> Duration {
+    match crate::env::raw("NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS") {
+        Some(_) => {
+            Duration::from_millis(crate::env::int("NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS").max(1) as u64)
+        }
+        None => init_timeout.max(DEFAULT_OP_TIMEOUT),
+    }
+}
 /// Extra time a rank gives the root to deliver its verdict after the rank's own timeout (the
 /// root counts from the hello's arrival, slightly later than the rank started counting).
 const ROOT_GRACE: Duration = Duration::from_secs(1);
@@ -168,7 +182,7 @@ impl Bootstrap {
             peers: vec![me; nranks],
             out: (0..nranks).map(|_| Mutex::new(None)).collect(),
             collective: Mutex::new(()),
-            op_timeout_ms: AtomicU64::new(socket::millis(timeout.max(DEFAULT_OP_TIMEOUT))),
+            op_timeout_ms: AtomicU64::new(socket::millis(op_timeout_from_env(timeout))),
             _abort_hook: hook,
         };
         log::debug!(
@@ -288,8 +302,7 @@ impl Bootstrap {
         &self.peers
     }
 
-    /// Bound of every wait from now on (default: the larger of `DEFAULT_OP_TIMEOUT` and the
-    /// init timeout).
+    /// Bound of every wait from now on (default: [`op_timeout_from_env`]).
     pub fn set_op_timeout(&self, timeout: Duration) {
         self.op_timeout_ms
             .store(socket::millis(timeout).max(1), Ordering::Relaxed);
