@@ -51,8 +51,8 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_BOOTSTRAP_TIMEOUT_MS",
         default: "120000",
-        doc: "how long init waits for every rank to arrive (nccl-rs's own: NCCL documents no \
-              bootstrap timeout)",
+        doc: "how long init waits for every rank to arrive, and an unused unique id's root for \
+              its first rank (nccl-rs's own: NCCL documents no bootstrap timeout)",
     },
     Param {
         name: "NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS",

@@ -5,6 +5,8 @@ use nccl::{Backend, Comm, DataType, NcclResult, ReduceOp, UniqueId};
 use std::time::{Duration, Instant};
 
 fn sim() {
+    // Bootstrap on loopback only.
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
 }
 

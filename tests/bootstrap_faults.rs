@@ -1,8 +1,10 @@
-//! Issue 23, failure 7: bootstrap waits after init take their bound from the environment
-//! (`NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS`). Loopback only (NCCL_SOCKET_IFNAME=lo).
+//! Issue 23, failures 3 and 7: bootstrap waits after init take their bound from the environment
+//! (`NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS`), and a unique id whose root is never used (or whose init
+//! failed before its first message) does not keep its thread and socket for ever: the root
+//! gives up after `NCCL_BOOTSTRAP_TIMEOUT_MS`. Loopback only (NCCL_SOCKET_IFNAME=lo).
 
 use nccl::bootstrap::Bootstrap;
-use nccl::Backend;
+use nccl::{Backend, Comm, NcclResult};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,10 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     g
+}
+
+fn count(dir: &str) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
 /// Runs `f` on its own thread; fails the test if it takes longer than `limit`.
@@ -50,4 +56,52 @@ fn op_timeout_comes_from_the_environment() {
         elapsed >= Duration::from_millis(400) && elapsed < Duration::from_secs(3),
         "the wait took {elapsed:?} with NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS=500: {e}"
     );
+}
+
+#[test]
+fn unused_roots_end() {
+    let _g = setup();
+    std::env::set_var("NCCL_BOOTSTRAP_TIMEOUT_MS", "1000");
+    // Devices and their stream threads live as long as the process: open them first.
+    let dev = nccl::Device::open(0).expect("simulated device");
+    let (threads0, fds0) = (count("/proc/self/task"), count("/proc/self/fd"));
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        let id = nccl::get_unique_id().expect("unique id");
+        if i % 10 == 0 {
+            // An init that fails before its first message leaves its root unused.
+            let e = Comm::init_rank_on(dev.clone(), 2, &id, 5).unwrap_err();
+            assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+        }
+        ids.push(id);
+    }
+    let (threads1, fds1) = (count("/proc/self/task"), count("/proc/self/fd"));
+    assert!(
+        threads1 >= threads0 + 50 && fds1 >= fds0 + 50,
+        "50 roots running: threads {threads0} -> {threads1}, descriptors {fds0} -> {fds1}"
+    );
+    // Past the timeout, every root closed its listener and ended.
+    let t = Instant::now();
+    let (mut threads, mut fds) = (threads1, fds1);
+    while t.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(100));
+        (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
+        if threads <= threads0 && fds <= fds0 {
+            break;
+        }
+    }
+    assert!(
+        threads <= threads0 && fds <= fds0,
+        "{:?} after the 1 s timeout: threads {threads0} -> {threads}, descriptors {fds0} -> {fds} \
+         (with 50 roots: {threads1}, {fds1})",
+        t.elapsed()
+    );
+    // An init on an id whose root ended fails within its own timeout (a rank cannot tell a
+    // root that ended from one not started yet, so it retries until then).
+    let e = within(Duration::from_secs(20), move || {
+        Comm::init_rank_on(dev, 1, &ids[1], 0).map(|_| ())
+    })
+    .unwrap_err();
+    std::env::remove_var("NCCL_BOOTSTRAP_TIMEOUT_MS");
+    assert_ne!(e.code, NcclResult::Success, "{e}");
 }

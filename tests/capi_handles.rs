@@ -88,6 +88,7 @@ fn all_invalid(h: H, case: &str) {
 
 /// A one-rank communicator of the simulator, through the C ABI.
 fn new_comm() -> H {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo"); // bootstrap on loopback only
     nccl::cuda::set_backend(nccl::Backend::Sim).expect("choose the simulator");
     let mut c: NcclComm = std::ptr::null_mut();
     // SAFETY: one slot for one device; devlist NULL means device 0.

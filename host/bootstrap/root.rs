@@ -2,6 +2,10 @@
 //! rank the table of all ranks' listen addresses and exits. If a rank's timeout expires before
 //! all arrived, it tells every rank that did arrive how many came, and exits.
 //!
+//! A root that no rank reaches within `NCCL_BOOTSTRAP_TIMEOUT_MS` of its start (an id that is
+//! never used, or an init that failed before its first message) closes its listener and ends
+//! too, so unused ids do not keep a thread and a socket each for ever.
+//!
 //! Connections are read by one short-lived thread each, so a silent or slow connection never
 //! holds up the others; anything that is not a valid hello is logged and dropped.
 
@@ -29,12 +33,14 @@ struct Arrival {
 
 /// Starts the root on `listener` (bound to `addr`) for the bootstrap identified by `nonce`.
 pub(crate) fn spawn(listener: Socket, addr: SocketAddr, nonce: u64) -> Result<()> {
-    socket::spawn("nccl-bs-root", move || run(listener, addr, nonce))
+    // How long the root waits for its first rank.
+    let idle = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+    socket::spawn("nccl-bs-root", move || run(listener, addr, nonce, idle))
         .map(|_| ())
         .map_err(|e| Error::system(format!("bootstrap root: cannot start its thread: {e}")))
 }
 
-fn run(listener: Socket, addr: SocketAddr, nonce: u64) {
+fn run(listener: Socket, addr: SocketAddr, nonce: u64, idle: Duration) {
     let (tx, rx) = mpsc::channel::<Arrival>();
     let stop = Arc::new(AtomicBool::new(false));
     let accepting = match listener.try_clone() {
@@ -51,7 +57,7 @@ fn run(listener: Socket, addr: SocketAddr, nonce: u64) {
         log::warn!("bootstrap root {addr}: cannot start the accept thread: {e}");
         return;
     }
-    gather(&rx, addr, nonce);
+    gather(&rx, addr, nonce, idle);
     stop.store(true, Ordering::SeqCst);
     // Wakes the accept thread out of accept() (Linux returns EINVAL there) and frees the port.
     let _ = listener.shutdown(std::net::Shutdown::Both);
@@ -154,20 +160,31 @@ struct Joined {
     listen: SocketAddr,
 }
 
-/// Waits for all ranks, answers them. Returns when the bootstrap completed or failed.
-fn gather(rx: &mpsc::Receiver<Arrival>, addr: SocketAddr, nonce: u64) {
+/// Waits for all ranks, answers them. Returns when the bootstrap completed or failed, or when
+/// no rank arrived within `idle`.
+fn gather(rx: &mpsc::Receiver<Arrival>, addr: SocketAddr, nonce: u64, idle: Duration) {
     let mut joined: Vec<Option<Joined>> = Vec::new();
     let mut count = 0usize;
     // The earliest moment at which some arrived rank gives up, and that rank.
     let mut expiry: Option<(Instant, usize)> = None;
     let mut first_arrival: Option<Instant> = None;
+    let unused_until = socket::deadline_after(idle);
     loop {
-        let next = match expiry {
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some((at, _)) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+        let until = match expiry {
+            None => unused_until,
+            Some((at, _)) => at,
         };
+        let next = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
         let a = match next {
             Ok(a) => a,
+            Err(RecvTimeoutError::Timeout) if expiry.is_none() => {
+                log::info!(
+                    "bootstrap root {addr}: no rank arrived within {} ms \
+                     (NCCL_BOOTSTRAP_TIMEOUT_MS); closing it",
+                    socket::millis(idle)
+                );
+                return;
+            }
             Err(RecvTimeoutError::Timeout) => {
                 let (who, waited) = match (expiry, first_arrival) {
                     (Some((_, r)), Some(t)) => (r, t.elapsed()),
