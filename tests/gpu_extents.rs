@@ -1,0 +1,72 @@
+//! Buffer extents on a real GPU (issue 23): the driver backend checks every buffer against
+//! its allocation (`cuMemGetAddressRange`, cached by allocation base). Ignored where there is
+//! no GPU (run it on the GPU host with --include-ignored).
+
+use nccl::{Backend, Comm, DataType, NcclResult, ReduceOp};
+use std::time::Instant;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn gpu_buffer_extents() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
+    let comms = Comm::init_all(&[0]).expect("a one-rank communicator on GPU 0");
+    let (c, s) = (&comms[0], Default::default());
+    let f32 = DataType::Float32;
+    let sum = ReduceOp::Sum;
+    let small = c.device().alloc(4096).unwrap();
+    let big = c.device().alloc(8192).unwrap();
+    let refused = |r: nccl::Result<()>, what: &str| {
+        let e = r.expect_err("a short buffer must be refused");
+        eprintln!("refused as it should: {e}");
+        assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+        assert!(e.message.contains(what), "{e}");
+        assert!(
+            e.message.contains("8192") || e.message.contains("16"),
+            "{e}"
+        );
+    };
+    refused(
+        c.all_reduce(small.ptr, big.ptr, 2048, f32, sum, s),
+        "sendbuff",
+    );
+    refused(
+        c.all_reduce(big.ptr, small.ptr, 2048, f32, sum, s),
+        "recvbuff",
+    );
+    refused(
+        c.all_reduce(big.ptr + 8184, big.ptr, 4, f32, sum, s),
+        "sendbuff",
+    );
+    refused(c.all_gather(small.ptr, big.ptr, 2048, f32, s), "sendbuff");
+    refused(c.send(small.ptr, 2048, f32, 0, s), "sendbuff");
+    // What fits runs (one rank: a launched copy).
+    big.write(0, &[7u8; 8192]).unwrap();
+    c.all_reduce(big.ptr, small.ptr, 1024, f32, sum, s).unwrap();
+    c.device().stream_sync(s).unwrap();
+    let mut out = vec![0u8; 4096];
+    small.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&b| b == 7));
+    // The check's cost: one rank in place returns right after the checks, launching nothing.
+    let n = 100_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        c.all_reduce(big.ptr, big.ptr, 2048, f32, sum, s).unwrap();
+    }
+    eprintln!(
+        "one-rank in-place AllReduce (checks only): {:.3} us a call",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+    // A freed allocation's cache entry goes with it: a larger buffer at a reused address is
+    // accepted whole.
+    drop(small);
+    let bigger = c.device().alloc(16384).unwrap();
+    c.all_reduce(bigger.ptr, bigger.ptr, 4096, f32, sum, s)
+        .unwrap();
+    c.device().stream_sync(s).unwrap();
+    drop(bigger);
+    drop(big);
+    for c in comms {
+        c.destroy().unwrap();
+    }
+}
