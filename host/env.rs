@@ -193,6 +193,11 @@ pub const PARAMS: &[Param] = &[
         doc: "1: ranks on one host may share a GPU (a kernel lab for one-GPU hosts; NCCL refuses duplicate GPUs, and the data then never crosses NVLink)",
     },
     Param {
+        name: "NCCL_RS_PROXY_STALL_WARN_S",
+        default: "30",
+        doc: "seconds a network send may wait with steps the kernel published before the proxy warns with its counters",
+    },
+    Param {
         name: "NCCL_TOPO_FILE",
         default: "",
         doc: "topology XML to use instead of detecting the node",

@@ -57,6 +57,7 @@ fn counts(all: &[usize]) -> Vec<usize> {
 /// through CUDA IPC).
 fn child_rank() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
+    nccl::debug::install_logger(); // NCCL_DEBUG for the rank processes
     let dev = nccl::Device::open(devices(nranks)[rank]).expect("open the GPU");
     let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
     Some(Ranks::new(vec![comm]))

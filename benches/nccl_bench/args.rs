@@ -30,6 +30,13 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
       --csv FILE            also write every measured row to FILE as CSV: one line per size
                             and placement, with the run's backend, GPU, versions, date, command
       --json FILE           the same records as JSON: {\"meta\": {...}, \"rows\": [{...}, ...]}
+      --nodes N             start N x R rank processes on this machine, one rank each, node k's
+      --ranks-per-node R    with NCCL_HOSTID=nccl-bench-node-k, so ranks of different nodes
+                            meet through the network transport (sockets; GPUs shared under
+                            NCCL_RS_SHARED_GPUS=1, with MPS) [R: 1]. Under mpirun, srun or
+                            torchrun the rank and size come from OMPI_COMM_WORLD_*, PMI_*,
+                            SLURM_* or RANK/WORLD_SIZE instead, and NCCL_COMM_ID=host:port
+                            names the bootstrap root (the baseline's is port + 1)
   -h, --help                this text";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +124,9 @@ pub struct Args {
     pub csv: Option<PathBuf>,
     /// `--json FILE`: the records, as JSON.
     pub json: Option<PathBuf>,
+    /// `--nodes N`: start N × `ranks_per_node` rank processes, one rank each (`launch`).
+    pub nodes: Option<usize>,
+    pub ranks_per_node: Option<usize>,
 }
 
 /// `8`, `64K`, `1M`, `2G`, `128MB`, `4KiB`: powers of 1024.
@@ -230,6 +240,8 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         backend: None,
         csv: None,
         json: None,
+        nodes: None,
+        ranks_per_node: None,
     };
     let mut i = 0;
     while i < argv.len() {
@@ -290,6 +302,8 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "backend",
             "csv",
             "json",
+            "nodes",
+            "ranks-per-node",
         ];
         if !known.contains(&key.as_str()) {
             return Err(format!("unknown option '{arg}'"));
@@ -341,6 +355,8 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             }
             "csv" => a.csv = Some(PathBuf::from(value)),
             "json" => a.json = Some(PathBuf::from(value)),
+            "nodes" => a.nodes = Some(parse_number(&value, "--nodes")?),
+            "ranks-per-node" => a.ranks_per_node = Some(parse_number(&value, "--ranks-per-node")?),
             _ => unreachable!("every key was checked against the known list"),
         }
     }
@@ -349,6 +365,15 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
     }
     if a.ngpus == Some(0) {
         return Err("--ngpus 0: use at least one GPU".into());
+    }
+    if a.nodes == Some(0) || a.ranks_per_node == Some(0) {
+        return Err("--nodes and --ranks-per-node: use at least 1".into());
+    }
+    if a.ranks_per_node.is_some() && a.nodes.is_none() {
+        return Err("--ranks-per-node needs --nodes".into());
+    }
+    if a.nodes.is_some() && a.ngpus.is_some() {
+        return Err("--nodes: every rank process drives one GPU; drop --ngpus".into());
     }
     if a.iters == Some(0) {
         return Err("--iters 0: time at least one iteration".into());

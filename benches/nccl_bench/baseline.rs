@@ -74,11 +74,18 @@ pub type ReduceScatterFn = unsafe extern "C" fn(
 pub type SendFn =
     unsafe extern "C" fn(*const c_void, usize, c_int, c_int, *mut c_void, *mut c_void) -> c_int;
 
+/// `ncclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NcclUniqueId(pub [u8; 128]);
+
 /// The entry points of NVIDIA NCCL the benchmark uses (C signatures of `nccl.h`).
 pub struct Nccl {
     pub path: String,
     version: c_int,
     comm_init_all: unsafe extern "C" fn(*mut *mut c_void, c_int, *const c_int) -> c_int,
+    comm_init_rank: unsafe extern "C" fn(*mut *mut c_void, c_int, NcclUniqueId, c_int) -> c_int,
+    get_unique_id: unsafe extern "C" fn(*mut NcclUniqueId) -> c_int,
     all_reduce: AllReduceFn,
     broadcast: BroadcastFn,
     reduce: ReduceFn,
@@ -110,10 +117,6 @@ impl Nccl {
             }};
         }
         let get_version = sym!("ncclGetVersion", unsafe extern "C" fn(*mut c_int) -> c_int);
-        let _get_unique_id = sym!(
-            "ncclGetUniqueId",
-            unsafe extern "C" fn(*mut c_void) -> c_int
-        );
         let get_last_error = {
             // SAFETY: as in sym!; this one is optional (NCCL 2.13 and later).
             let s = unsafe {
@@ -127,6 +130,14 @@ impl Nccl {
             comm_init_all: sym!(
                 "ncclCommInitAll",
                 unsafe extern "C" fn(*mut *mut c_void, c_int, *const c_int) -> c_int
+            ),
+            comm_init_rank: sym!(
+                "ncclCommInitRank",
+                unsafe extern "C" fn(*mut *mut c_void, c_int, NcclUniqueId, c_int) -> c_int
+            ),
+            get_unique_id: sym!(
+                "ncclGetUniqueId",
+                unsafe extern "C" fn(*mut NcclUniqueId) -> c_int
             ),
             all_reduce: sym!("ncclAllReduce", AllReduceFn),
             broadcast: sym!("ncclBroadcast", BroadcastFn),
@@ -205,6 +216,31 @@ impl Nccl {
             unsafe { (self.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) };
         self.check(r, "ncclCommInitAll")?;
         Ok(comms.into_iter().map(NcclComm).collect())
+    }
+
+    /// `ncclGetUniqueId` (with NCCL_COMM_ID set, the id of that address; else a root starts
+    /// in this process).
+    pub fn get_unique_id(&self) -> Result<NcclUniqueId, String> {
+        let mut id = NcclUniqueId([0; 128]);
+        // SAFETY: writes one ncclUniqueId.
+        let r = unsafe { (self.get_unique_id)(&mut id) };
+        self.check(r, "ncclGetUniqueId")?;
+        Ok(id)
+    }
+
+    /// `ncclCommInitRank` on the current device (the caller made `dev`'s context current
+    /// through ours: NCCL takes the device the runtime says is current).
+    pub fn comm_init_rank(
+        &self,
+        nranks: usize,
+        id: NcclUniqueId,
+        rank: usize,
+    ) -> Result<NcclComm, String> {
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: writes one communicator; id is passed by value as nccl.h declares.
+        let r = unsafe { (self.comm_init_rank)(&mut comm, nranks as c_int, id, rank as c_int) };
+        self.check(r, "ncclCommInitRank")?;
+        Ok(NcclComm(comm))
     }
 
     pub fn comm_destroy(&self, c: NcclComm) -> Result<(), String> {

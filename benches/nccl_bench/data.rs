@@ -218,7 +218,8 @@ impl Bench {
         let (send_bytes, recv_bytes) = call.coll.io_bytes(call.counts.count, size, n);
         let mut host = std::mem::take(&mut self.host);
         let res = (|| {
-            for (r, rank) in self.ranks.iter().enumerate() {
+            for rank in &self.ranks {
+                let r = rank.global;
                 let dev = rank.comm.device();
                 let (send, recv) = call.coll.pointers(rank, call);
                 let e = |x: nccl::Error| format!("copy to device {}: {x}", dev.ordinal);
@@ -242,8 +243,8 @@ impl Bench {
             }
             self.run(lib, call, 1, 0)?;
             let mut wrong = 0;
-            for (r, rank) in self.ranks.iter().enumerate() {
-                let expect = call.coll.expect(r, n, call);
+            for rank in &self.ranks {
+                let expect = call.coll.expect(rank.global, n, call);
                 if !expect.defined {
                     continue;
                 }

@@ -5,6 +5,7 @@
 //! cargo bench --bench nccl_bench -- -b 8 -e 128M -f 2 -g 4
 //! cargo bench --bench nccl_bench -- -C all_gather -g 4
 //! cargo bench --bench nccl_bench -- -C all --csv bench.csv --json bench.json
+//! cargo bench --bench nccl_bench -- --nodes 2 --ranks-per-node 2 -C all
 //! bench-nccl_bench -g 8 -C all -d all -o sum --baseline /usr/lib/x86_64-linux-gnu/libnccl.so.2
 //! ```
 //!
@@ -30,7 +31,8 @@
 //!
 //! The modules, one job each: `args` (the command line), `backend` (CUDA or the simulator),
 //! `baseline` (NVIDIA NCCL through dlopen), `collective` (what each collective is and how it
-//! is launched), `data` (inputs, the host reference, the check), `ranks` (each GPU's
+//! is launched), `data` (inputs, the host reference, the check), `launch` (one rank per
+//! process: `--nodes`, or a cluster launcher's environment), `ranks` (each GPU's
 //! communicator, stream, buffers, events), `timing` (events, medians, the rendezvous of
 //! per-GPU threads), `output` (the nccl-tests text table), `records` (CSV and JSON); this file
 //! runs them in order.
@@ -40,6 +42,7 @@ mod backend;
 mod baseline;
 mod collective;
 mod data;
+mod launch;
 mod output;
 mod ranks;
 mod records;
@@ -49,6 +52,7 @@ use args::{parse_args, Args, Mode, Op, USAGE};
 use backend::{pick_backend, Picked};
 use baseline::Nccl;
 use collective::{Call, Collective};
+use launch::{Member, Role};
 use nccl::cuda::{self, Backend};
 use nccl::Comm;
 use output::{Measure, Table, Theirs};
@@ -122,7 +126,26 @@ fn main() -> ExitCode {
         Picked::Run(b, why) => (b, why),
         Picked::Exit(code) => return code,
     };
-    match bench(&args, backend, &why, baseline) {
+    let member = match launch::role(args.nodes, args.ranks_per_node, baseline.as_ref()) {
+        Ok(Role::Single) => None,
+        Ok(Role::Member(m)) => Some(m),
+        Ok(Role::Parent { nodes, per_node }) => {
+            return launch::parent(nodes, per_node, backend, baseline.as_ref()).unwrap_or_else(
+                |e| {
+                    eprintln!("nccl_bench: error: {e}");
+                    ExitCode::FAILURE
+                },
+            )
+        }
+        Err(e) => {
+            eprintln!("nccl_bench: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if member.as_ref().is_some_and(|m| m.rank != 0) {
+        quiet_stdout();
+    }
+    match bench(&args, backend, &why, baseline, member) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(Fail::Usage(m)) => {
@@ -136,8 +159,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// The whole run; Ok(false) when some result was wrong.
-fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Result<bool, Fail> {
+/// Ranks other than 0 of a run with a process per rank print nothing (errors go to stderr).
+fn quiet_stdout() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 onto stdout of a descriptor we own; stdout stays valid.
+        unsafe { libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO) };
+    }
+}
+
+/// The whole run; Ok(false) when some result was wrong. `member`: this process is one rank of
+/// a run with a process per rank.
+fn bench(
+    args: &Args,
+    backend: Backend,
+    why: &str,
+    baseline: Option<Nccl>,
+    member: Option<Member>,
+) -> Result<bool, Fail> {
     let sim = backend == Backend::Sim;
     let started = records::utc_now();
     if sim && baseline.is_some() {
@@ -146,11 +185,24 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
         )));
     }
     let visible = cuda::device_count().map_err(|e| format!("counting devices: {e}"))?;
-    let ngpus = args.ngpus.unwrap_or(visible);
+    let ngpus = match &member {
+        Some(_) => 1,
+        None => args.ngpus.unwrap_or(visible),
+    };
+    let world = member.as_ref().map_or(ngpus, |m| m.world);
     // The kernel lab: more ranks than GPUs, rank r on device r % visible.
     // Read as the library reads it (environment, then NCCL_CONF_FILE), so both agree.
     let shared = nccl::env::int("NCCL_RS_SHARED_GPUS") == 1;
-    if shared && baseline.is_some() {
+    if let Some(m) = &member {
+        if m.local >= visible && !shared {
+            return Err(Fail::Usage(format!(
+                "rank process {} of this machine, but only {visible} device(s) visible: NCCL_RS_SHARED_GPUS=1 lets rank processes share GPUs",
+                m.local
+            )));
+        }
+    }
+    // NVIDIA NCCL refuses two ranks on one GPU of one node, but takes them on two nodes.
+    if shared && baseline.is_some() && member.is_none() {
         return Err(Fail::Usage(
             "NCCL_RS_SHARED_GPUS=1 shares GPUs among ranks, which NVIDIA NCCL refuses: drop --baseline".into(),
         ));
@@ -172,9 +224,9 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
         warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
         iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
     };
-    if args.root >= ngpus && args.colls.iter().any(|c| c.has_root()) {
+    if args.root >= world && args.colls.iter().any(|c| c.has_root()) {
         return Err(Fail::Usage(format!(
-            "--root {}: there are only {ngpus} ranks",
+            "--root {}: there are only {world} ranks",
             args.root
         )));
     }
@@ -196,6 +248,20 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
         Backend::Cuda => println!("# backend: CUDA ({why})"),
     }
     println!("# nccl-rs {}", nccl::VERSION_STRING);
+    if let Some(m) = &member {
+        let hostid = std::env::var("NCCL_HOSTID").unwrap_or_default();
+        println!(
+            "# {} rank processes, one rank each ({}); this is rank {}{}; times are the longest rank's",
+            m.world,
+            m.from,
+            m.rank,
+            if hostid.is_empty() {
+                String::new()
+            } else {
+                format!(", NCCL_HOSTID={hostid}")
+            }
+        );
+    }
     if let Some(n) = &baseline {
         println!(
             "# baseline: NVIDIA NCCL {} ({})",
@@ -205,14 +271,19 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     }
     println!("#");
     println!("# Using devices");
-    let devs: Vec<i32> = (0..ngpus).map(|r| (r % visible.max(1)) as i32).collect();
+    let first = member.as_ref().map_or(0, |m| m.rank);
+    let devs: Vec<i32> = match &member {
+        Some(m) => vec![(m.local % visible.max(1)) as i32],
+        None => (0..ngpus).map(|r| (r % visible.max(1)) as i32).collect(),
+    };
     if shared {
         println!("#  NCCL_RS_SHARED_GPUS=1: ranks share GPUs (a kernel lab: no NVLink crossed)");
     }
     let host = hostname();
     let pid = std::process::id();
     let mut gpus: Vec<String> = Vec::new();
-    for (r, &d) in devs.iter().enumerate() {
+    for (i, &d) in devs.iter().enumerate() {
+        let r = first + i;
         let dev = nccl::Device::open(d).map_err(|e| format!("opening device {d}: {e}"))?;
         let p = dev
             .props()
@@ -243,7 +314,14 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
 
     // Our communicators.
     let t0 = Instant::now();
-    let comms = Comm::init_all(&devs).map_err(|e| format!("nccl-rs init ({ngpus} ranks): {e}"))?;
+    let comms = match &member {
+        Some(m) => {
+            let dev = nccl::Device::open(devs[0]).map_err(|e| format!("opening the GPU: {e}"))?;
+            vec![Comm::init_rank_on(dev, m.world, &m.id, m.rank)
+                .map_err(|e| format!("nccl-rs init (rank {} of {}): {e}", m.rank, m.world))?]
+        }
+        None => Comm::init_all(&devs).map_err(|e| format!("nccl-rs init ({ngpus} ranks): {e}"))?,
+    };
     let our_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let our_mem: Vec<usize> = comms.iter().map(|c| c.init_device_bytes()).collect();
 
@@ -251,11 +329,11 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     let (send_bytes, recv_bytes) = args
         .colls
         .iter()
-        .map(|c| c.buffer_bytes(s.max_bytes, ngpus))
+        .map(|c| c.buffer_bytes(s.max_bytes, world))
         .fold((0, 0), |(s, r), (s2, r2)| (s.max(s2), r.max(r2)));
     let round = |b: usize| b.max(1).next_multiple_of(256);
     let mut ranks = Vec::with_capacity(ngpus);
-    for comm in comms {
+    for (i, comm) in comms.into_iter().enumerate() {
         let d = comm.device().clone();
         let e = |what: &str, x: nccl::Error| format!("{what} on device {}: {x}", d.ordinal);
         let stream = d.stream_create().map_err(|x| e("stream create", x))?;
@@ -270,6 +348,7 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
             .collect::<nccl::Result<Vec<u64>>>()
             .map_err(|x| e("event create", x))?;
         ranks.push(Rank {
+            global: first + i,
             comm,
             stream,
             send,
@@ -279,6 +358,7 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
     }
     let mut b = Bench {
         ranks,
+        world,
         mode: args.mode,
         nccl: None,
         host: vec![0u8; send_bytes.max(recv_bytes)],
@@ -308,7 +388,20 @@ fn bench(args: &Args, backend: Backend, why: &str, baseline: Option<Nccl>) -> Re
         };
         let before = free(&b)?;
         let t0 = Instant::now();
-        let comms = lib.comm_init_all(&devs)?;
+        let comms = match &member {
+            Some(m) => {
+                let id = m.nccl_id.ok_or_else(|| {
+                    "the baseline's unique id did not reach this rank".to_string()
+                })?;
+                b.ranks[0]
+                    .comm
+                    .device()
+                    .make_current()
+                    .map_err(|e| format!("make current: {e}"))?;
+                vec![lib.comm_init_rank(m.world, id, m.rank)?]
+            }
+            None => lib.comm_init_all(&devs)?,
+        };
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let after = free(&b)?;
         println!(

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 /// One GPU's communicator, stream, buffers and timing events.
 pub struct Rank {
+    /// The rank in the communicator (ranks of other processes are not in `Bench::ranks`).
+    pub global: usize,
     pub comm: Comm,
     pub stream: StreamHandle,
     pub send: DevBuffer,
@@ -28,7 +30,10 @@ pub enum Lib {
 /// Everything a run measures with: the ranks, NVIDIA NCCL's communicators beside them, how the
 /// GPUs are driven, and the host staging buffer of the checks.
 pub struct Bench {
+    /// This process's ranks: all of them, or one when each rank has its own process.
     pub ranks: Vec<Rank>,
+    /// Ranks in the communicator.
+    pub world: usize,
     pub mode: Mode,
     pub nccl: Option<(Nccl, Vec<NcclComm>)>,
     /// Host staging for checks, as large as the largest buffer.
@@ -36,8 +41,46 @@ pub struct Bench {
 }
 
 impl Bench {
+    /// Ranks in the communicator (in every process).
     pub fn nranks(&self) -> usize {
-        self.ranks.len()
+        self.world
+    }
+
+    /// Whether other processes hold ranks too (one rank per process).
+    pub fn spread(&self) -> bool {
+        self.world > self.ranks.len()
+    }
+
+    /// Makes `v` the element-wise `op` (max or sum) of every process's `v`, through an
+    /// AllReduce of nccl-rs (a no-op when every rank is in this process).
+    pub fn agree(&self, v: &mut [f64], op: nccl::ReduceOp) -> Result<(), String> {
+        if !self.spread() || v.is_empty() {
+            return Ok(());
+        }
+        let r = &self.ranks[0];
+        let d = r.comm.device();
+        let e = |what: &str, x: nccl::Error| format!("agreeing on results ({what}): {x}");
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let buf = d.alloc(bytes.len()).map_err(|x| e("alloc", x))?;
+        buf.write(0, &bytes).map_err(|x| e("copy in", x))?;
+        r.comm
+            .all_reduce(
+                buf.ptr,
+                buf.ptr,
+                v.len(),
+                nccl::DataType::Float64,
+                op,
+                r.stream,
+            )
+            .map_err(|x| e("AllReduce", x))?;
+        d.stream_sync(r.stream).map_err(|x| e("sync", x))?;
+        let mut out = vec![0u8; bytes.len()];
+        d.copy_dtoh(&mut out, buf.ptr)
+            .map_err(|x| e("copy out", x))?;
+        for (x, c) in v.iter_mut().zip(out.chunks_exact(8)) {
+            *x = f64::from_le_bytes(c.try_into().expect("8 bytes"));
+        }
+        Ok(())
     }
 
     /// Launches `call` on rank `r` only.
@@ -55,18 +98,18 @@ impl Bench {
         if lib == Lib::Nccl {
             let (n, _) = self.nccl.as_ref().ok_or("no baseline library loaded")?;
             n.group_start()?;
-            let launched = (0..self.nranks()).try_for_each(|r| self.launch_one(lib, r, call));
+            let launched = (0..self.ranks.len()).try_for_each(|r| self.launch_one(lib, r, call));
             let ended = n.group_end();
             return launched.and(ended);
         }
         if call.coll == Collective::SendRecv {
             // One thread drives every rank: their connections are made together at the end.
             nccl::group_start();
-            let launched = (0..self.nranks()).try_for_each(|r| self.launch_one(lib, r, call));
+            let launched = (0..self.ranks.len()).try_for_each(|r| self.launch_one(lib, r, call));
             let ended = nccl::group_end().map_err(|e| format!("nccl-rs group: {e}"));
             return launched.and(ended);
         }
-        (0..self.nranks()).try_for_each(|r| self.launch_one(lib, r, call))
+        (0..self.ranks.len()).try_for_each(|r| self.launch_one(lib, r, call))
     }
 
     /// Whether every stream drained within a few seconds (so buffers may be freed safely).

@@ -92,9 +92,11 @@ impl Bench {
             Mode::Thread => self.run_one_thread(lib, call, warmup, iters)?,
             Mode::Threads => self.run_threads(lib, call, warmup, iters)?,
         };
-        Ok((0..iters)
+        let mut longest: Vec<f64> = (0..iters)
             .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
-            .collect())
+            .collect();
+        self.agree(&mut longest, nccl::ReduceOp::Max)?;
+        Ok(longest)
     }
 
     fn run_one_thread(
@@ -117,7 +119,7 @@ impl Bench {
                 .map_err(|x| e("stream sync", r, x))?;
         }
         if iters == 0 {
-            return Ok(vec![Vec::new(); self.nranks()]);
+            return Ok(vec![Vec::new(); self.ranks.len()]);
         }
         for r in &self.ranks {
             r.comm
@@ -160,7 +162,7 @@ impl Bench {
         warmup: usize,
         iters: usize,
     ) -> Result<Vec<Vec<f64>>, String> {
-        let rv = Rendezvous::new(self.nranks());
+        let rv = Rendezvous::new(self.ranks.len());
         let body = |ri: usize| -> Result<Vec<f64>, String> {
             let r = &self.ranks[ri];
             let d = r.comm.device();
@@ -207,7 +209,7 @@ impl Bench {
                 .collect()
         };
         let results: Vec<Result<Vec<f64>, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..self.nranks())
+            let handles: Vec<_> = (0..self.ranks.len())
                 .map(|ri| {
                     let (body, rv) = (&body, &rv);
                     s.spawn(move || {
@@ -263,7 +265,11 @@ pub fn measure(
     nranks: usize,
 ) -> Result<Measure, String> {
     let wrong = match data {
-        Some(d) => Some(b.check(lib, call, d)?),
+        Some(d) => {
+            let mut w = [b.check(lib, call, d)? as f64];
+            b.agree(&mut w, nccl::ReduceOp::Sum)?;
+            Some(w[0] as usize)
+        }
         None => None,
     };
     let mut times = b.run(lib, call, s.warmup, s.iters)?;

@@ -62,7 +62,14 @@ pub struct Shape {
     pub slice_steps: u32,
     /// The kernels' `FLAG_*` bits ([`nccl_device::abi::CollArgs::flags`]).
     pub kernel_flags: u32,
+    /// Channels when the ranks span several nodes: every channel's ring crosses the network
+    /// once per node, and NCCL's search over one NIC per node gives two. NCCL_MIN_NCHANNELS
+    /// raises it, as every explicit channel setting does.
+    pub net_nchannels: u32,
 }
+
+/// Channels across nodes unless NCCL_MIN_NCHANNELS says more (see [`Shape::net_nchannels`]).
+const NET_CHANNELS: i64 = 2;
 
 impl Shape {
     /// From this process's parameters for `device`, the channels bounded by the config's
@@ -102,7 +109,9 @@ impl Shape {
         if min > 0 {
             n = n.max(min);
         }
+        let net_n = if min > 0 { n } else { n.min(NET_CHANNELS) };
         let n = config.bound_channels(n.clamp(1, MAX_CHANNELS as i64) as u32);
+        let net_nchannels = config.bound_channels(net_n.clamp(1, MAX_CHANNELS as i64) as u32);
         let (algo_mask, proto_mask) = tuning::filter_masks()?;
         let (conns_var, conns_max) = match sim {
             true => ("NCCL_RS_SIM_P2P_CONNS", 8),
@@ -153,6 +162,7 @@ impl Shape {
             p2p_slot_bytes: p2p_slot as u32,
             slice_steps: slice_steps as u32,
             kernel_flags,
+            net_nchannels,
         })
     }
 
@@ -376,6 +386,9 @@ impl Comm {
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
         let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
+        if nodes(&peers).len() > 1 {
+            shape.nchannels = shape.net_nchannels;
+        }
         let (mut tuner, graphs) =
             tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;
         if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
@@ -925,6 +938,7 @@ mod tests {
             p2p_slot_bytes: 4096,
             slice_steps: 0,
             kernel_flags: 0,
+            net_nchannels: 2,
         };
         let by_coll = |s: &Shape| Coll::ALL.map(|c| s.slice_steps_for(c));
         // AllReduce, Broadcast, Reduce, AllGather, ReduceScatter.

@@ -16,7 +16,7 @@ pub struct PeerInfo {
     pub shape: Shape,
 }
 
-const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4;
+const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4 + 4;
 
 /// Tells hosts apart: the hostname and the boot id (containers on one machine share the boot id
 /// but may not share memory, so the hostname counts too).
@@ -79,6 +79,7 @@ impl PeerInfo {
         v.extend_from_slice(&bus);
         v.extend_from_slice(&self.shape.slice_steps.to_le_bytes());
         v.extend_from_slice(&self.shape.kernel_flags.to_le_bytes());
+        v.extend_from_slice(&self.shape.net_nchannels.to_le_bytes());
         v
     }
 
@@ -106,6 +107,7 @@ impl PeerInfo {
                 p2p_slot_bytes: u32_at(53),
                 slice_steps: u32_at(89),
                 kernel_flags: u32_at(93),
+                net_nchannels: u32_at(97),
             },
             bus_id: String::from_utf8_lossy(&bus[..end]).into_owned(),
         })
@@ -173,6 +175,7 @@ mod tests {
                 p2p_slot_bytes: 8192,
                 slice_steps: 2,
                 kernel_flags: 1,
+                net_nchannels: 2,
             },
         };
         assert_eq!(PeerInfo::decode(&p.encode()), Some(p.clone()));

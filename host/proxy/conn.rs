@@ -8,6 +8,7 @@ use nccl_device::abi::{CTRL_LINE, NCCL_STEPS};
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const STEPS: u64 = NCCL_STEPS as u64;
 
@@ -52,6 +53,16 @@ pub(crate) struct NetConn {
     /// Who is at the other end, for error messages.
     peer: String,
     failed: bool,
+    /// Since when steps the kernel published have waited without any moving (send side), and
+    /// whether that was reported: a stuck job says where.
+    stalled_since: Option<Instant>,
+    stall_reported: bool,
+}
+
+/// A send side whose published steps make no progress for this long logs a warning with its
+/// counters (NCCL_RS_PROXY_STALL_WARN_S).
+fn stall_warn_after() -> Duration {
+    Duration::from_secs(crate::env::int("NCCL_RS_PROXY_STALL_WARN_S").clamp(1, 86_400) as u64)
 }
 
 fn counter(mem: &HostMem, offset: usize) -> Result<&AtomicU64> {
@@ -99,6 +110,8 @@ impl NetConn {
             inflight: VecDeque::new(),
             peer,
             failed: false,
+            stalled_since: None,
+            stall_reported: false,
         })
     }
 
@@ -176,6 +189,27 @@ impl NetConn {
         if moved {
             // The slot may be refilled: hand it back to the kernel.
             counter(mem, ConnLayout::HEAD)?.store(self.done, Ordering::Release);
+            log::trace!(
+                "send to {}: tail {tail} posted {} done {}",
+                self.peer,
+                self.posted,
+                self.done
+            );
+            self.stalled_since = None;
+            self.stall_reported = false;
+        } else if tail > self.done {
+            let since = *self.stalled_since.get_or_insert_with(Instant::now);
+            if !self.stall_reported && since.elapsed() > stall_warn_after() {
+                self.stall_reported = true;
+                log::warn!(
+                    "network send to {} stalled for {:?}: the kernel published step {tail}, {} posted, {} completed ({} in flight)",
+                    self.peer,
+                    since.elapsed(),
+                    self.posted,
+                    self.done,
+                    self.inflight.len()
+                );
+            }
         }
         Ok(moved)
     }
@@ -215,6 +249,12 @@ impl NetConn {
             // The bytes landed (the network's completion ordered them before us): publish.
             fence(Ordering::SeqCst);
             counter(mem, ConnLayout::TAIL)?.store(self.done, Ordering::Release);
+            log::trace!(
+                "recv from {}: head {head} posted {} done {}",
+                self.peer,
+                self.posted,
+                self.done
+            );
         }
         Ok(moved)
     }
