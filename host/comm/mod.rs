@@ -388,6 +388,9 @@ impl Comm {
         let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
         if nodes(&peers).len() > 1 {
             shape.nchannels = shape.net_nchannels;
+            if !device.is_sim() {
+                shape.proto_mask = net::simple_only(shape.proto_mask);
+            }
         }
         let (mut tuner, graphs) =
             tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;

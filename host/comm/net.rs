@@ -27,6 +27,33 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
     nodes.into_iter().map(|(_, r)| r).collect()
 }
 
+/// The protocols of a communicator across nodes on GPUs: Simple only. LL and LL128 steps over
+/// the network pass on the simulator but hang on GPUs (one H200, 2 processes as 2 nodes, even
+/// an 8-byte AllReduce: every step reached the peer's FIFO and its tail was published, yet the
+/// kernels never ended; a system fence before the tail did not help), so until that is
+/// understood they are not offered there. NCCL_PROTO naming only them gets Simple, with a
+/// warning.
+pub(super) fn simple_only(proto_mask: u64) -> u64 {
+    use crate::tune::{Proto, ProtoFilter};
+    let mut f = ProtoFilter::from_mask(proto_mask);
+    let mut forced = false;
+    for row in f.allowed.iter_mut() {
+        for (i, ok) in row.iter_mut().enumerate() {
+            *ok &= i == Proto::Simple as usize;
+        }
+        if !row[Proto::Simple as usize] {
+            row[Proto::Simple as usize] = true;
+            forced = true;
+        }
+    }
+    if forced {
+        log::warn!(
+            "NCCL_PROTO: across nodes on GPUs only Simple runs today (LL and LL128 steps over the network hang there); using Simple"
+        );
+    }
+    f.to_mask()
+}
+
 /// The network path of a communicator whose ranks span several nodes (None on one node).
 /// Errors of its connections become the communicator's async error and raise the kernels'
 /// abort flag, so collectives stuck on a dead peer end.
@@ -118,4 +145,26 @@ pub(super) fn ring_net(
         );
     }
     Ok(made)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simple_only;
+    use crate::tune::{Coll, Proto, ProtoFilter};
+
+    #[test]
+    fn gpus_across_nodes_run_simple_only() {
+        let all = ProtoFilter::default().to_mask();
+        let only_ll = ProtoFilter::parse("NCCL_PROTO", "LL")
+            .expect("LL parses")
+            .to_mask();
+        for m in [all, only_ll] {
+            let f = ProtoFilter::from_mask(simple_only(m));
+            for c in Coll::ALL {
+                assert!(f.allows(c, Proto::Simple as usize));
+                assert!(!f.allows(c, Proto::Ll as usize));
+                assert!(!f.allows(c, Proto::Ll128 as usize));
+            }
+        }
+    }
 }
