@@ -42,7 +42,7 @@ pub enum Role {
         nodes: usize,
         per_node: usize,
     },
-    Member(Member),
+    Member(Box<Member>),
 }
 
 fn hex(b: &[u8]) -> String {
@@ -126,14 +126,14 @@ pub fn role(
             Ok(h) => Some(NcclUniqueId(unhex(&h, NCCL_ID)?)),
             Err(_) => None,
         };
-        return Ok(Role::Member(Member {
+        return Ok(Role::Member(Box::new(Member {
             rank,
             world,
             local: env_usize(LOCAL).unwrap_or(rank),
             id,
             nccl_id,
             from: "--nodes",
-        }));
+        })));
     }
     if let Some(nodes) = nodes {
         return Ok(Role::Parent {
@@ -152,14 +152,14 @@ pub fn role(
     }
     let id = nccl::get_unique_id().map_err(|e| format!("unique id from NCCL_COMM_ID: {e}"))?;
     let nccl_id = baseline.map(nccl_id_from_comm_id).transpose()?;
-    Ok(Role::Member(Member {
+    Ok(Role::Member(Box::new(Member {
         rank,
         world,
         local: local_from_launcher(rank),
         id,
         nccl_id,
         from,
-    }))
+    })))
 }
 
 /// Starts the rank processes (this executable again, with the same arguments less `--nodes`

@@ -128,7 +128,7 @@ fn main() -> ExitCode {
     };
     let member = match launch::role(args.nodes, args.ranks_per_node, baseline.as_ref()) {
         Ok(Role::Single) => None,
-        Ok(Role::Member(m)) => Some(m),
+        Ok(Role::Member(m)) => Some(*m),
         Ok(Role::Parent { nodes, per_node }) => {
             return launch::parent(nodes, per_node, backend, baseline.as_ref()).unwrap_or_else(
                 |e| {
