@@ -75,6 +75,25 @@ fn counter(mem: &HostMem, offset: usize) -> Result<&AtomicU64> {
     Ok(unsafe { &*(p as *const AtomicU64) })
 }
 
+/// Pops the requests at the front of `inflight` that `finished` says are complete, in order,
+/// counting each in `done`; true if any was.
+fn retire(
+    inflight: &mut VecDeque<Request>,
+    done: &mut u64,
+    mut finished: impl FnMut(Request) -> Result<bool>,
+) -> Result<bool> {
+    let mut any = false;
+    while let Some(&req) = inflight.front() {
+        if !finished(req)? {
+            break;
+        }
+        inflight.pop_front();
+        *done += 1;
+        any = true;
+    }
+    Ok(any)
+}
+
 impl NetConn {
     /// Wraps `side` over `mem` (laid out as `layout`), registering the FIFO with the network.
     pub(crate) fn new(
@@ -178,14 +197,9 @@ impl NetConn {
                 None => break,
             }
         }
-        while let Some(&req) = self.inflight.front() {
-            if comm.test(req)?.is_none() {
-                break;
-            }
-            self.inflight.pop_front();
-            self.done += 1;
-            moved = true;
-        }
+        moved |= retire(&mut self.inflight, &mut self.done, |r| {
+            Ok(comm.test(r)?.is_some())
+        })?;
         if moved {
             // The slot may be refilled: hand it back to the kernel.
             counter(mem, ConnLayout::HEAD)?.store(self.done, Ordering::Release);
@@ -237,14 +251,9 @@ impl NetConn {
                 None => break,
             }
         }
-        while let Some(&req) = self.inflight.front() {
-            if comm.test(req)?.is_none() {
-                break;
-            }
-            self.inflight.pop_front();
-            self.done += 1;
-            moved = true;
-        }
+        moved |= retire(&mut self.inflight, &mut self.done, |r| {
+            Ok(comm.test(r)?.is_some())
+        })?;
         if moved {
             // The bytes landed (the network's completion ordered them before us): publish.
             fence(Ordering::SeqCst);

@@ -43,7 +43,6 @@ struct Shared {
     /// Guards the sleep on `cv` against a wake-up lost between the check and the wait.
     bell: Mutex<()>,
     cv: Condvar,
-    running: AtomicBool,
 }
 
 impl Shared {
@@ -89,7 +88,6 @@ impl Proxy {
             stop: AtomicBool::new(false),
             bell: Mutex::new(()),
             cv: Condvar::new(),
-            running: AtomicBool::new(true),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -99,9 +97,6 @@ impl Proxy {
                 run(&s)
             })
             .ok();
-        if thread.is_none() {
-            shared.running.store(false, Ordering::Relaxed);
-        }
         let p = Arc::new(Proxy {
             shared,
             thread: Mutex::new(thread),
@@ -276,5 +271,4 @@ fn run(shared: &Shared) {
             (nap * 2).min(MAX_NAP)
         };
     }
-    shared.running.store(false, Ordering::Relaxed);
 }
