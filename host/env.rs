@@ -253,6 +253,16 @@ pub const PARAMS: &[Param] = &[
         doc: "ring order per channel, rings separated by '|' (\"0 2 1 3|3 1 2 0\"); rank 0's rules",
     },
     Param {
+        name: "NCCL_NET_PLUGIN",
+        default: "",
+        doc: "network plugins, comma-separated, each tried as given then as libnccl-net-<name>.so; unset: libnccl-net.so; none: no plugin (the socket network stays available after them)",
+    },
+    Param {
+        name: "NCCL_COLLNET_ENABLE",
+        default: "0",
+        doc: "1: ask for CollNet; a plugin's ncclCollNetPlugin table is found and reported, but no CollNet algorithm runs here",
+    },
+    Param {
         name: "NCCL_TUNER_PLUGIN",
         default: "",
         doc: "tuner plugin library (path, name, or X for libnccl-tuner-X.so)",

@@ -12,6 +12,9 @@
 //! # Ok::<(), nccl::Error>(())
 //! ```
 
+// The network plugins' logger is a C variadic function (transport/net/plugin/log.rs).
+#![feature(c_variadic)]
+
 pub mod bootstrap;
 #[cfg(feature = "capi")]
 pub mod capi;

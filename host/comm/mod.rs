@@ -421,7 +421,20 @@ impl Comm {
         // its errors become the communicator's async error and stop the kernels.
         let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
         let kernel_abort = Arc::new(device.alloc_host_flag()?);
-        let net_path = net_path(rank, &peers, &me, &device, &async_error, &kernel_abort)?;
+        let choice = net::Choice {
+            name: config.net_name.as_deref(),
+            comm_id: net::comm_id(&ids[0].internal),
+            traffic_class: config.traffic_class,
+        };
+        let net_path = net_path(
+            rank,
+            &peers,
+            &me,
+            &device,
+            &choice,
+            &async_error,
+            &kernel_abort,
+        )?;
         let remote = |r: usize| net_path.as_ref().is_some_and(|n| n.remote[r]);
         if net_path.is_some() {
             // A proxy sends a step slot by slot, each slot spaced by the connection's stride:

@@ -8,6 +8,7 @@ use crate::cuda::{Device, HostFlag};
 use crate::error::{Error, Result};
 use crate::proxy::ProxyGroup;
 use crate::transport::links::Dir;
+pub(super) use crate::transport::net::plugin::{comm_id, Choice};
 use crate::transport::net::setup::{self, Made, NetPath, Want};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,14 +55,16 @@ pub(super) fn simple_only(proto_mask: u64) -> u64 {
     f.to_mask()
 }
 
-/// The network path of a communicator whose ranks span several nodes (None on one node).
-/// Errors of its connections become the communicator's async error and raise the kernels'
-/// abort flag, so collectives stuck on a dead peer end.
+/// The network path of a communicator whose ranks span several nodes (None on one node), over
+/// the network `choice` selects (a plugin or the socket network; NCCL_NET naming none that
+/// loaded fails). Errors of its connections become the communicator's async error and raise the
+/// kernels' abort flag, so collectives stuck on a dead peer end.
 pub(super) fn net_path(
     rank: usize,
     peers: &[PeerInfo],
     me: &PeerInfo,
     device: &Device,
+    choice: &Choice,
     async_error: &Arc<Mutex<Option<Error>>>,
     kernel_abort: &Arc<HostFlag>,
 ) -> Result<Option<Arc<NetPath>>> {
@@ -69,7 +72,7 @@ pub(super) fn net_path(
     if !remote.iter().any(|&r| r) {
         return Ok(None);
     }
-    let net = crate::transport::net::global().map_err(|e| e.context("network"))?;
+    let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
     let (slot, flag) = (async_error.clone(), kernel_abort.clone());
     let on_error = Arc::new(move |e: Error| {
         log::warn!("rank {rank}: {e}");

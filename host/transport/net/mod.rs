@@ -1,8 +1,10 @@
 //! The network interface every inter-node connection goes through, shaped like NCCL's net plugin
 //! ABI (`ncclNet_vN`): devices with properties, non-blocking listen / connect / accept over a
 //! handle of at most [`HANDLE_BYTES`] bytes, memory registration, and asynchronous isend / irecv
-//! completed by `test`. The built-in socket backend (`socket`) implements it; network plugins
-//! will be adapted to it. The proxy threads (`crate::proxy`) are its only users on the data path.
+//! completed by `test`. The built-in socket backend (`socket`) implements it; NCCL's network
+//! plugins (`libnccl-net*.so`, NCCL_NET_PLUGIN) are adapted to it in `plugin`, which also chooses
+//! each communicator's network (NCCL_NET). The proxy threads (`crate::proxy`) are its only users
+//! on the data path.
 //!
 //! Memory is named by registered regions, not raw pointers: [`SendComm::reg_mr`] takes the
 //! region once (unsafe: the caller keeps it alive until `dereg_mr`), and every transfer names a
@@ -11,6 +13,7 @@
 use crate::error::Result;
 use std::sync::Arc;
 
+pub(crate) mod plugin;
 pub(crate) mod setup;
 pub mod socket;
 

@@ -1,0 +1,518 @@
+/*
+ * A network plugin for nccl-rs's tests, written against include/nccl_net.h: TCP over
+ * 127.0.0.1 only, host memory only, one socket per connection, every message framed by an
+ * 8-byte length. Requests of a comm progress in the order they were posted, inside test().
+ *
+ * Build flavours (cc -shared -fPIC -I include -D...):
+ *   NET_VERSION=8|9|10|11  the table exported (ncclNetPlugin_vN), default 11
+ *   PLUGIN_NAME="..."      the network's name (default "TestTCP")
+ *   FAIL_INIT              init fails (ncclSystemError)
+ *   NO_SYMBOL              the table is exported under a name nccl-rs does not look for
+ *   WITH_COLLNET           also export an ncclCollNetPlugin_v8 table (reported, never used)
+ *   MAX_RECVS=n            the maxRecvs property (grouped receives), default 1
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "nccl_net.h"
+
+#ifndef NET_VERSION
+#define NET_VERSION 11
+#endif
+#ifndef PLUGIN_NAME
+#define PLUGIN_NAME "TestTCP"
+#endif
+#ifndef MAX_RECVS
+#define MAX_RECVS 1
+#endif
+
+#define MAGIC 0x6e636e74u /* "tncn" */
+#define NREQS NCCL_NET_MAX_REQUESTS
+
+static ncclDebugLogger_t logf_ = NULL;
+
+#define LOG(level, ...) \
+  do { if (logf_) logf_(level, 16 /* NET */, __FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+struct handle {
+  uint32_t magic;
+  struct sockaddr_in addr;
+};
+
+struct listen_comm {
+  int fd;
+};
+
+struct req {
+  int used;      /* handed out and not yet reported done */
+  int complete;
+  int is_send;
+  char* data;
+  size_t cap;    /* bytes to send, or room to receive */
+  uint64_t hdr;  /* the message's length on the wire */
+  size_t hdr_done, data_done;
+  struct comm* comm;
+};
+
+struct comm {
+  int fd;
+  int is_send;
+  struct req reqs[NREQS];
+  unsigned long posted, finished; /* requests posted, and completed in order */
+};
+
+static int set_nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static void tune_socket(int fd) {
+  int one = 1, buf = 4 << 20;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+static ncclResult_t pl_devices(int* n) {
+  *n = 1;
+  return ncclSuccess;
+}
+
+static ncclResult_t do_listen(int dev, void* opaque, void** listen_comm) {
+  struct handle* h = (struct handle*)opaque;
+  struct sockaddr_in a;
+  socklen_t len = sizeof a;
+  struct listen_comm* lc;
+  int fd;
+  if (dev != 0) return ncclInvalidArgument;
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ncclSystemError;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK); /* loopback only */
+  a.sin_port = 0;
+  if (bind(fd, (struct sockaddr*)&a, sizeof a) || listen(fd, 16) ||
+      getsockname(fd, (struct sockaddr*)&a, &len) || set_nonblocking(fd)) {
+    close(fd);
+    return ncclSystemError;
+  }
+  memset(h, 0, NCCL_NET_HANDLE_MAXSIZE);
+  h->magic = MAGIC;
+  h->addr = a;
+  lc = calloc(1, sizeof *lc);
+  if (!lc) { close(fd); return ncclSystemError; }
+  lc->fd = fd;
+  *listen_comm = lc;
+  return ncclSuccess;
+}
+
+static ncclResult_t do_connect(int dev, void* opaque, void** send_comm) {
+  struct handle* h = (struct handle*)opaque;
+  struct comm* c;
+  int fd;
+  *send_comm = NULL;
+  if (dev != 0 || h->magic != MAGIC) return ncclInvalidArgument;
+  if (h->addr.sin_addr.s_addr != htonl(INADDR_LOOPBACK)) return ncclInvalidArgument;
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ncclSystemError;
+  /* The listener is already listening: a loopback connect completes at once. */
+  if (connect(fd, (struct sockaddr*)&h->addr, sizeof h->addr)) {
+    LOG(NCCL_LOG_WARN, PLUGIN_NAME ": connect to port %d: %s", ntohs(h->addr.sin_port),
+        strerror(errno));
+    close(fd);
+    return ncclSystemError;
+  }
+  tune_socket(fd);
+  if (set_nonblocking(fd)) { close(fd); return ncclSystemError; }
+  c = calloc(1, sizeof *c);
+  if (!c) { close(fd); return ncclSystemError; }
+  c->fd = fd;
+  c->is_send = 1;
+  *send_comm = c;
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_accept(void* listen_comm, void** recv_comm, ncclNetDeviceHandle_t** dev) {
+  struct listen_comm* lc = listen_comm;
+  struct comm* c;
+  int fd = accept(lc->fd, NULL, NULL);
+  *recv_comm = NULL;
+  if (dev) *dev = NULL;
+  if (fd < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? ncclSuccess
+                                                                                  : ncclSystemError;
+  tune_socket(fd);
+  if (set_nonblocking(fd)) { close(fd); return ncclSystemError; }
+  c = calloc(1, sizeof *c);
+  if (!c) { close(fd); return ncclSystemError; }
+  c->fd = fd;
+  *recv_comm = c;
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  (void)comm; (void)data; (void)size;
+  if (type != NCCL_PTR_HOST) return ncclInternalError; /* host memory only */
+  *mhandle = (void*)(uintptr_t)0x1234;
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_reg_mr_dmabuf(void* comm, void* data, size_t size, int type,
+                                     uint64_t offset, int fd, void** mhandle) {
+  (void)comm; (void)data; (void)size; (void)type; (void)offset; (void)fd; (void)mhandle;
+  return ncclInternalError;
+}
+
+static ncclResult_t pl_dereg_mr(void* comm, void* mhandle) {
+  (void)comm;
+  return mhandle == (void*)(uintptr_t)0x1234 ? ncclSuccess : ncclInternalError;
+}
+
+/* A free slot for the next request, in posting order; NULL when all are in use. */
+static struct req* next_slot(struct comm* c) {
+  struct req* r = &c->reqs[c->posted % NREQS];
+  if (r->used) return NULL;
+  memset(r, 0, sizeof *r);
+  r->used = 1;
+  r->comm = c;
+  c->posted++;
+  return r;
+}
+
+/* Moves bytes of the oldest unfinished requests; an error is fatal to the comm. */
+static ncclResult_t progress(struct comm* c) {
+  while (c->finished < c->posted) {
+    struct req* r = &c->reqs[c->finished % NREQS];
+    while (r->hdr_done < sizeof r->hdr) {
+      ssize_t n = r->is_send
+          ? send(c->fd, (char*)&r->hdr + r->hdr_done, sizeof r->hdr - r->hdr_done, MSG_NOSIGNAL)
+          : recv(c->fd, (char*)&r->hdr + r->hdr_done, sizeof r->hdr - r->hdr_done, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
+      /* A peer gone between messages is a departure, not an error: receives stay pending. */
+      if (n == 0 && r->hdr_done == 0) return ncclSuccess;
+      if (n <= 0) return ncclRemoteError;
+      r->hdr_done += n;
+      if (r->hdr_done == sizeof r->hdr && !r->is_send && r->hdr > r->cap) {
+        LOG(NCCL_LOG_WARN, PLUGIN_NAME ": a %lu-byte message for a %lu-byte buffer",
+            (unsigned long)r->hdr, (unsigned long)r->cap);
+        return ncclInternalError;
+      }
+    }
+    while (r->data_done < r->hdr) {
+      ssize_t n = r->is_send
+          ? send(c->fd, r->data + r->data_done, r->hdr - r->data_done, MSG_NOSIGNAL)
+          : recv(c->fd, r->data + r->data_done, r->hdr - r->data_done, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
+      if (n <= 0) return ncclRemoteError;
+      r->data_done += n;
+    }
+    r->complete = 1;
+    c->finished++;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t do_isend(void* send_comm, void* data, size_t size, void* mhandle,
+                             void** request) {
+  struct comm* c = send_comm;
+  struct req* r;
+  *request = NULL;
+  if (mhandle != (void*)(uintptr_t)0x1234) return ncclInternalError;
+  r = next_slot(c);
+  if (!r) return ncclSuccess; /* try again later */
+  r->is_send = 1;
+  r->data = data;
+  r->cap = size;
+  r->hdr = size;
+  *request = r;
+  return progress(c);
+}
+
+static ncclResult_t do_irecv(void* recv_comm, int n, void** data, size_t size, void** mhandles,
+                             void** request) {
+  struct comm* c = recv_comm;
+  struct req* r;
+  *request = NULL;
+  /* Grouped receives: this plugin takes one buffer per request. */
+  if (n != 1 || n > MAX_RECVS) return ncclInternalError;
+  if (mhandles[0] != (void*)(uintptr_t)0x1234) return ncclInternalError;
+  r = next_slot(c);
+  if (!r) return ncclSuccess;
+  r->data = data[0];
+  r->cap = size;
+  *request = r;
+  return progress(c);
+}
+
+static ncclResult_t pl_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
+                              void** request) {
+  (void)recv_comm; (void)n; (void)data; (void)sizes; (void)mhandles;
+  *request = NULL; /* host memory: nothing to flush */
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_test(void* request, int* done, int* sizes) {
+  struct req* r = request;
+  ncclResult_t rc;
+  if (!r || !r->used) return ncclInternalError;
+  rc = progress(r->comm);
+  if (rc != ncclSuccess) return rc;
+  *done = r->complete;
+  if (r->complete) {
+    if (sizes) sizes[0] = (int)(r->is_send ? r->cap : r->hdr);
+    r->used = 0;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_close(void* comm) {
+  struct comm* c = comm;
+  if (!c) return ncclSuccess;
+  close(c->fd);
+  free(c);
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_close_listen(void* listen_comm) {
+  struct listen_comm* lc = listen_comm;
+  close(lc->fd);
+  free(lc);
+  return ncclSuccess;
+}
+
+static ncclResult_t pl_get_device_mr(void* comm, void* mhandle, void** dptr) {
+  (void)comm; (void)mhandle; *dptr = NULL;
+  return ncclInternalError;
+}
+
+static ncclResult_t pl_irecv_consumed(void* recv_comm, int n, void* request) {
+  (void)recv_comm; (void)n; (void)request;
+  return ncclSuccess;
+}
+
+static ncclResult_t common_init(ncclDebugLogger_t logfn) {
+  logf_ = logfn;
+#ifdef FAIL_INIT
+  LOG(NCCL_LOG_WARN, PLUGIN_NAME ": failing init on purpose (v%d)", NET_VERSION);
+  return ncclSystemError;
+#else
+  LOG(NCCL_LOG_INFO, PLUGIN_NAME ": init v%d, %d device on %s", NET_VERSION, 1, "127.0.0.1");
+  return ncclSuccess;
+#endif
+}
+
+/* ---- properties ---- */
+#if NET_VERSION == 8
+static ncclResult_t pl_get_properties(int dev, ncclNetProperties_v8_t* p) {
+#elif NET_VERSION == 11
+static ncclResult_t pl_get_properties(int dev, ncclNetProperties_v11_t* p) {
+#else
+static ncclResult_t pl_get_properties(int dev, ncclNetProperties_v9_t* p) {
+#endif
+  if (dev != 0) return ncclInvalidArgument;
+  memset(p, 0, sizeof *p);
+  p->name = "lo-test";
+  p->pciPath = NULL;
+  p->guid = 0x7465737400000000ull;
+  p->ptrSupport = NCCL_PTR_HOST;
+  p->speed = 12345;
+  p->port = 1;
+  p->latency = 1.5f;
+  p->maxComms = 65536;
+  p->maxRecvs = MAX_RECVS;
+  p->netDeviceType = NCCL_NET_DEVICE_HOST;
+#if NET_VERSION >= 9
+  p->vProps.ndevs = 1;
+  p->vProps.devs[0] = 0;
+  p->maxP2pBytes = (size_t)1 << 30;
+  p->maxCollBytes = (size_t)1 << 30;
+#endif
+#if NET_VERSION >= 11
+  p->maxMultiRequestSize = 1;
+#endif
+  return ncclSuccess;
+}
+
+/* ---- the table of each version ---- */
+#if NET_VERSION == 8
+static ncclResult_t pl_init(ncclDebugLogger_t logfn) { return common_init(logfn); }
+static ncclResult_t pl_listen(int dev, void* h, void** l) { return do_listen(dev, h, l); }
+static ncclResult_t pl_connect(int dev, void* h, void** s, ncclNetDeviceHandle_t** d) {
+  if (d) *d = NULL;
+  return do_connect(dev, h, s);
+}
+static ncclResult_t pl_isend(void* s, void* data, int size, int tag, void* mh, void** req) {
+  (void)tag;
+  if (size < 0) return ncclInternalError;
+  return do_isend(s, data, (size_t)size, mh, req);
+}
+static ncclResult_t pl_irecv(void* r, int n, void** data, int* sizes, int* tags, void** mh,
+                             void** req) {
+  (void)tags;
+  if (n < 1 || sizes[0] < 0) return ncclInternalError;
+  return do_irecv(r, n, data, (size_t)sizes[0], mh, req);
+}
+#define TABLE_TYPE ncclNet_v8_t
+#define TABLE_SYMBOL ncclNetPlugin_v8
+#elif NET_VERSION == 9
+static ncclResult_t pl_init(ncclDebugLogger_t logfn) { return common_init(logfn); }
+static ncclResult_t pl_listen(int dev, void* h, void** l) { return do_listen(dev, h, l); }
+static ncclResult_t pl_connect(int dev, void* h, void** s, ncclNetDeviceHandle_t** d) {
+  if (d) *d = NULL;
+  return do_connect(dev, h, s);
+}
+static ncclResult_t pl_isend(void* s, void* data, size_t size, int tag, void* mh, void** req) {
+  (void)tag;
+  return do_isend(s, data, size, mh, req);
+}
+static ncclResult_t pl_irecv(void* r, int n, void** data, size_t* sizes, int* tags, void** mh,
+                             void** req) {
+  (void)tags;
+  if (n < 1) return ncclInternalError;
+  return do_irecv(r, n, data, sizes[0], mh, req);
+}
+#define TABLE_TYPE ncclNet_v9_t
+#define TABLE_SYMBOL ncclNetPlugin_v9
+#elif NET_VERSION == 10
+static ncclResult_t pl_init(ncclDebugLogger_t logfn, ncclProfilerCallback_t prof) {
+  (void)prof;
+  return common_init(logfn);
+}
+static ncclResult_t pl_listen(int dev, void* h, void** l) { return do_listen(dev, h, l); }
+static ncclResult_t pl_connect(int dev, ncclNetCommConfig_t* cfg, void* h, void** s,
+                               ncclNetDeviceHandle_t** d) {
+  if (!cfg) return ncclInternalError;
+  if (d) *d = NULL;
+  return do_connect(dev, h, s);
+}
+static ncclResult_t pl_isend(void* s, void* data, size_t size, int tag, void* mh, void* ph,
+                             void** req) {
+  (void)tag; (void)ph;
+  return do_isend(s, data, size, mh, req);
+}
+static ncclResult_t pl_irecv(void* r, int n, void** data, size_t* sizes, int* tags, void** mh,
+                             void** ph, void** req) {
+  (void)tags; (void)ph;
+  if (n < 1) return ncclInternalError;
+  return do_irecv(r, n, data, sizes[0], mh, req);
+}
+#define TABLE_TYPE ncclNet_v10_t
+#define TABLE_SYMBOL ncclNetPlugin_v10
+#else
+static int ctx_count = 0; /* contexts alive */
+struct context {
+  uint32_t magic;
+  uint64_t comm_id;
+};
+static ncclResult_t pl_init(void** ctx, uint64_t comm_id, ncclNetCommConfig_t* cfg,
+                            ncclDebugLogger_t logfn, ncclProfilerCallback_t prof) {
+  struct context* c;
+  ncclResult_t rc;
+  (void)prof;
+  if (!cfg) return ncclInternalError;
+  rc = common_init(logfn);
+  if (rc != ncclSuccess) return rc;
+  c = calloc(1, sizeof *c);
+  if (!c) return ncclSystemError;
+  c->magic = MAGIC;
+  c->comm_id = comm_id;
+  *ctx = c;
+  ctx_count++;
+  LOG(NCCL_LOG_INFO, PLUGIN_NAME ": context for comm %llx (%d alive)",
+      (unsigned long long)comm_id, ctx_count);
+  return ncclSuccess;
+}
+static ncclResult_t pl_finalize(void* ctx) {
+  struct context* c = ctx;
+  if (!c || c->magic != MAGIC) return ncclInternalError;
+  ctx_count--;
+  LOG(NCCL_LOG_INFO, PLUGIN_NAME ": finalized comm %llx (%d alive)",
+      (unsigned long long)c->comm_id, ctx_count);
+  c->magic = 0;
+  free(c);
+  return ncclSuccess;
+}
+static ncclResult_t pl_set_net_attr(void* ctx, ncclNetAttr_v11_t* attr) {
+  struct context* c = ctx;
+  if (!c || c->magic != MAGIC || !attr) return ncclInternalError;
+  return ncclSuccess;
+}
+static ncclResult_t pl_listen(void* ctx, int dev, void* h, void** l) {
+  struct context* c = ctx;
+  if (!c || c->magic != MAGIC) return ncclInternalError;
+  return do_listen(dev, h, l);
+}
+static ncclResult_t pl_connect(void* ctx, int dev, void* h, void** s, ncclNetDeviceHandle_t** d) {
+  struct context* c = ctx;
+  if (!c || c->magic != MAGIC) return ncclInternalError;
+  if (d) *d = NULL;
+  return do_connect(dev, h, s);
+}
+static ncclResult_t pl_isend(void* s, void* data, size_t size, int tag, void* mh, void* ph,
+                             void** req) {
+  (void)tag; (void)ph;
+  return do_isend(s, data, size, mh, req);
+}
+static ncclResult_t pl_irecv(void* r, int n, void** data, size_t* sizes, int* tags, void** mh,
+                             void** ph, void** req) {
+  (void)tags; (void)ph;
+  if (n < 1) return ncclInternalError;
+  return do_irecv(r, n, data, sizes[0], mh, req);
+}
+#define TABLE_TYPE ncclNet_v11_t
+#define TABLE_SYMBOL ncclNetPlugin_v11
+#endif
+
+#ifdef NO_SYMBOL
+#undef TABLE_SYMBOL
+#define TABLE_SYMBOL someOtherTableName
+#endif
+
+#if NET_VERSION >= 9
+static ncclResult_t pl_make_vdevice(int* d, ncclNetVDeviceProps_t* props) {
+  (void)d; (void)props;
+  return ncclInvalidUsage; /* one physical device: nothing to merge */
+}
+#endif
+
+__attribute__((visibility("default"))) const TABLE_TYPE TABLE_SYMBOL = {
+  PLUGIN_NAME,
+  pl_init,
+  pl_devices,
+  pl_get_properties,
+  pl_listen,
+  pl_connect,
+  pl_accept,
+  pl_reg_mr,
+  pl_reg_mr_dmabuf,
+  pl_dereg_mr,
+  pl_isend,
+  pl_irecv,
+  pl_iflush,
+  pl_test,
+  pl_close,
+  pl_close,
+  pl_close_listen,
+  pl_get_device_mr,
+  pl_irecv_consumed,
+#if NET_VERSION >= 9
+  pl_make_vdevice,
+#endif
+#if NET_VERSION >= 11
+  pl_finalize,
+  pl_set_net_attr,
+#endif
+};
+
+#ifdef WITH_COLLNET
+__attribute__((visibility("default"))) const ncclCollNetHead_t ncclCollNetPlugin_v8 = {
+  PLUGIN_NAME "-collnet"
+};
+#endif
