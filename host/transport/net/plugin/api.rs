@@ -247,19 +247,17 @@ impl Api {
                     },
                 ))
             }
-            Table::V9(t) => {
+            Table::V9(_) | Table::V10(_) => {
+                // v10's properties have v9's layout.
+                let get = match self.table {
+                    Table::V9(t) => need!(self, t, get_properties),
+                    Table::V10(t) => need!(self, t, get_properties),
+                    _ => return Err(Error::internal("unreachable table version")),
+                };
                 // SAFETY: all-zero is a valid PropsV9.
                 let mut p: PropsV9 = unsafe { std::mem::zeroed() };
-                // SAFETY: `p` has the v9 layout and lives for the call.
-                let rc = unsafe { need!(self, t, get_properties)(d, &mut p) };
-                self.check("getProperties", rc)?;
-                Ok(v9(&p, None))
-            }
-            Table::V10(t) => {
-                // SAFETY: all-zero is a valid PropsV9 (v10's layout is v9's).
-                let mut p: PropsV9 = unsafe { std::mem::zeroed() };
-                // SAFETY: `p` has the v10 layout and lives for the call.
-                let rc = unsafe { need!(self, t, get_properties)(d, &mut p) };
+                // SAFETY: `p` has the v9/v10 layout and lives for the call.
+                let rc = unsafe { get(d, &mut p) };
                 self.check("getProperties", rc)?;
                 Ok(v9(&p, None))
             }
