@@ -1,5 +1,5 @@
 //! NCCL network plugins (NCCL_NET_PLUGIN, NCCL_NET) on the CPU simulator: a plugin written for
-//! these tests in C (`tests/c/net_plugin_tcp.c`, TCP over 127.0.0.1, host memory) is compiled
+//! these tests in C (`tests/c/plugins/net_plugin_tcp.c`, TCP over 127.0.0.1, host memory) is compiled
 //! here with the system `cc` in several flavours, and rank processes with their own
 //! `NCCL_HOSTID` (nodes) reach each other through it. Each rank checks its results and its own
 //! NCCL_DEBUG=INFO log: which file and version were loaded, the devices, the plugin's own
@@ -43,7 +43,7 @@ fn build(sub: &str, file: &str, defines: &[&str]) -> PathBuf {
         .arg(root.join("include"))
         .arg("-o")
         .arg(&out)
-        .arg(root.join("tests/c/net_plugin_tcp.c"));
+        .arg(root.join("tests/c/plugins/net_plugin_tcp.c"));
     for d in defines {
         cmd.arg(format!("-D{d}"));
     }
