@@ -189,8 +189,7 @@ fn process_per_rank_on_two_nodes() {
         Err(_) => vec![(2, 1), (2, 2)],
     };
     for (nodes, per_node) in shapes {
-        // LL and LL128 are not offered across nodes on GPUs yet (comm::net::simple_only).
-        for proto in ["Simple"] {
+        for proto in ["LL", "LL128", "Simple"] {
             let env = [("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_PROTO", proto)];
             common::procs::run_nodes("process_per_rank_on_two_nodes", nodes, per_node, &env);
         }

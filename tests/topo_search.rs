@@ -513,3 +513,19 @@ fn tuner_across_nodes_prefers_tree_on_one_nic_and_many_nodes() {
         Algo::Tree
     );
 }
+
+#[test]
+fn tuner_across_nodes_ends_ll_where_the_network_steps_throttle_it() {
+    // Two DGX H100 nodes: LL still serves the smallest AllReduce, but its per-channel rate over
+    // the network (each step waits for the proxies) hands mid sizes to LL128 or Simple.
+    let s = sys(synthetic::dgx_h100());
+    let g = graph::search(&s, 2, &Params::default()).unwrap();
+    let t = Tuner::new(&s, &g, &TuneParams::default());
+    assert_eq!(t.choose(Coll::AllReduce, 8).unwrap().proto, Proto::Ll);
+    let end = (3..=30)
+        .map(|k| 1usize << k)
+        .find(|&b| t.choose(Coll::AllReduce, b).unwrap().proto != Proto::Ll)
+        .expect("LL ends somewhere");
+    eprintln!("LL ends at {end} bytes across 2 nodes");
+    assert!(end <= 256 << 10, "LL chosen up to {end} bytes across nodes");
+}

@@ -19,6 +19,7 @@ mod pending;
 pub mod register;
 pub mod rings;
 mod split;
+mod transports;
 pub mod tuning;
 mod turns;
 
@@ -29,9 +30,11 @@ pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
 use crate::cuda::{DevBuffer, Device, Kernel};
 use crate::error::{Error, NcclResult, Result};
+use crate::graph::Transport;
 use crate::transport::links::{Dir, Links};
 use crate::transport::net::setup::NetPath;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
+use crate::transport::shm::ShmRing;
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -199,6 +202,8 @@ pub struct Comm {
     /// DevComm followed by its ChannelDev array, in device memory.
     pub(crate) dev_comm: DevBuffer,
     _p2p: Option<P2p>,
+    /// The ring's connections through host shared memory (neighbours p2p does not reach).
+    _shm: Option<ShmRing>,
     kernels: Mutex<HashMap<(&'static str, DataType, RedOpKind), Kernel>>,
     aborted: AtomicBool,
     /// Device memory this communicator took at init (bytes), for reports.
@@ -385,15 +390,22 @@ impl Comm {
             .map_err(|e| e.context("bootstrap"))?;
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
+        // P2P, SHM or NET for every pair, alike on every rank.
+        let system = tuning::node_system(rank, &device, &peers)?;
+        let own_row = transports::own_row(rank, &device, &peers, &system)?;
+        let transports = transports::Transports::agree(&bootstrap, &own_row)?;
         let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
-        if nodes(&peers).len() > 1 {
+        if transports.any(Transport::Net) {
+            // Across nodes (or with p2p and SHM off on one).
             shape.nchannels = shape.net_nchannels;
-            if !device.is_sim() {
-                shape.proto_mask = net::simple_only(shape.proto_mask);
-            }
         }
-        let (mut tuner, graphs) =
-            tuning::build(rank, &device, &peers, &shape).map_err(|e| e.context("tuning"))?;
+        if transports.any(Transport::Shm) {
+            // Host memory carries these rings: as across nodes, the channels NCCL's search
+            // finds over such paths (two), not NVLink's 32 sets of pinned FIFOs.
+            shape.nchannels = shape.net_nchannels;
+        }
+        let (mut tuner, graphs) = tuning::build(rank, &device, system, &peers, &shape)
+            .map_err(|e| e.context("tuning"))?;
         if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
             log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
             tuner.log();
@@ -415,6 +427,7 @@ impl Comm {
             .map(|p| PeerAddr {
                 device: p.device,
                 same_process: p.same_process(&me),
+                transport: transports.between(rank, p.rank as usize),
             })
             .collect();
         // Peers on other nodes are reached over the network, through this GPU's proxy thread;
@@ -428,17 +441,16 @@ impl Comm {
         };
         let net_path = net_path(
             rank,
-            &peers,
-            &me,
+            transports.remote(rank),
             &device,
             &choice,
             &async_error,
             &kernel_abort,
         )?;
         let remote = |r: usize| net_path.as_ref().is_some_and(|n| n.remote[r]);
-        if net_path.is_some() {
+        if transports.any(Transport::Net) {
             // A proxy sends a step slot by slot, each slot spaced by the connection's stride:
-            // one slot per Simple step (every rank sees the same nodes, so all agree).
+            // one slot per Simple step (every rank knows every pair's transport, so all agree).
             shape.slice_steps = 1;
         }
         let p2p = if nranks > 1 {
@@ -447,8 +459,24 @@ impl Comm {
                 &bootstrap,
                 &addrs,
                 &ring_peers,
-                &remote,
+                &|r: usize| remote(r) || transports.between(rank, r) == Transport::Shm,
                 layout,
+            )?)
+        } else {
+            None
+        };
+        // Ring neighbours on this node that p2p does not reach meet in host shared memory.
+        let is_shm = |r: usize| r != rank && transports.between(rank, r) == Transport::Shm;
+        let devices: Vec<i32> = peers.iter().map(|p| p.device).collect();
+        let shm = if (0..nranks).any(is_shm) {
+            let slot = shape.slot_bytes as usize;
+            Some(ShmRing::setup(
+                &device,
+                &bootstrap,
+                &ring_peers,
+                &is_shm,
+                slot,
+                &devices,
             )?)
         } else {
             None
@@ -506,6 +534,26 @@ impl Comm {
                 let (send, recv) = p.conns(c);
                 ch.send = send.unwrap_or_default();
                 ch.recv = recv.unwrap_or_default();
+                if send.is_some() && next != rank {
+                    log::info!(
+                        "Channel {c:02}/0 : {rank}[{}] -> {next}[{}] via P2P/{}",
+                        device.ordinal,
+                        peers[next].device,
+                        if addrs[next].same_process {
+                            "direct pointer"
+                        } else {
+                            "IPC"
+                        }
+                    );
+                }
+            }
+            if let Some((send, recv)) = shm.as_ref().map(|s| s.conns(c)) {
+                if let Some(s) = send {
+                    ch.send = s;
+                }
+                if let Some(r) = recv {
+                    ch.recv = r;
+                }
             }
             for m in ring_conns.iter().filter(|m| m.want.key as usize == c) {
                 match m.want.dir {
@@ -555,6 +603,7 @@ impl Comm {
             order,
             dev_comm,
             _p2p: p2p,
+            _shm: shm,
             kernels: Mutex::new(HashMap::new()),
             aborted: AtomicBool::new(false),
             init_bytes: free_before.saturating_sub(free_after),

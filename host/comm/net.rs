@@ -28,47 +28,20 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
     nodes.into_iter().map(|(_, r)| r).collect()
 }
 
-/// The protocols of a communicator across nodes on GPUs: Simple only. LL and LL128 steps over
-/// the network pass on the simulator but hang on GPUs (one H200, 2 processes as 2 nodes, even
-/// an 8-byte AllReduce: every step reached the peer's FIFO and its tail was published, yet the
-/// kernels never ended; a system fence before the tail did not help), so until that is
-/// understood they are not offered there. NCCL_PROTO naming only them gets Simple, with a
-/// warning.
-pub(super) fn simple_only(proto_mask: u64) -> u64 {
-    use crate::tune::{Proto, ProtoFilter};
-    let mut f = ProtoFilter::from_mask(proto_mask);
-    let mut forced = false;
-    for row in f.allowed.iter_mut() {
-        for (i, ok) in row.iter_mut().enumerate() {
-            *ok &= i == Proto::Simple as usize;
-        }
-        if !row[Proto::Simple as usize] {
-            row[Proto::Simple as usize] = true;
-            forced = true;
-        }
-    }
-    if forced {
-        log::warn!(
-            "NCCL_PROTO: across nodes on GPUs only Simple runs today (LL and LL128 steps over the network hang there); using Simple"
-        );
-    }
-    f.to_mask()
-}
-
-/// The network path of a communicator whose ranks span several nodes (None on one node), over
+/// The network path of a rank that reaches some ranks through the network (`remote`: those on
+/// other nodes, and on its own with p2p and SHM both off; None when there are none), over
 /// the network `choice` selects (a plugin or the socket network; NCCL_NET naming none that
 /// loaded fails). Errors of its connections become the communicator's async error and raise the
 /// kernels' abort flag, so collectives stuck on a dead peer end.
 pub(super) fn net_path(
     rank: usize,
-    peers: &[PeerInfo],
-    me: &PeerInfo,
+    remote: Vec<bool>,
     device: &Device,
     choice: &Choice,
     async_error: &Arc<Mutex<Option<Error>>>,
     kernel_abort: &Arc<HostFlag>,
 ) -> Result<Option<Arc<NetPath>>> {
-    let remote: Vec<bool> = peers.iter().map(|p| p.host_hash != me.host_hash).collect();
+    // `remote[r]`: rank r is on another node, or on ours with p2p and SHM both off.
     if !remote.iter().any(|&r| r) {
         return Ok(None);
     }
@@ -148,26 +121,4 @@ pub(super) fn ring_net(
         );
     }
     Ok(made)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::simple_only;
-    use crate::tune::{Coll, Proto, ProtoFilter};
-
-    #[test]
-    fn gpus_across_nodes_run_simple_only() {
-        let all = ProtoFilter::default().to_mask();
-        let only_ll = ProtoFilter::parse("NCCL_PROTO", "LL")
-            .expect("LL parses")
-            .to_mask();
-        for m in [all, only_ll] {
-            let f = ProtoFilter::from_mask(simple_only(m));
-            for c in Coll::ALL {
-                assert!(f.allows(c, Proto::Simple as usize));
-                assert!(!f.allows(c, Proto::Ll as usize));
-                assert!(!f.allows(c, Proto::Ll128 as usize));
-            }
-        }
-    }
 }

@@ -99,15 +99,17 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
     }
 }
 
-/// Topology, graphs and tuner for rank `rank`; `shape` is the agreed (rank 0's) one. The
-/// graphs come back too: their rings order the channels (see `super::rings`).
+/// Graphs and tuner for rank `rank` on `system` (its node, from [`node_system`]); `shape`
+/// is the agreed (rank 0's) one. The graphs come back too: their rings order the channels
+/// (see `super::rings`).
 pub fn build(
     rank: usize,
     device: &Device,
+    system: System,
     peers: &[PeerInfo],
     shape: &Shape,
 ) -> Result<(Tuner, Graphs)> {
-    let (system, graphs) = match search(rank, device, peers, shape) {
+    let (system, graphs) = match search_in(system, shape) {
         Ok(found) => found,
         Err(e) if !device.is_sim() => {
             // Detection reads sysfs and NVML of machines we may never have seen: a failure
@@ -130,13 +132,18 @@ pub fn build(
     Ok((Tuner::new(&system, &graphs, &params), graphs))
 }
 
-fn search(
-    rank: usize,
-    device: &Device,
-    peers: &[PeerInfo],
-    shape: &Shape,
-) -> Result<(System, Graphs)> {
-    search_in(local_system(rank, device, peers)?, shape)
+/// [`local_system`], or on GPUs where that fails an NVSwitch node of the communicator's size
+/// (detection reads sysfs and NVML of machines we may never have seen: a failure there costs
+/// tuning accuracy, not the communicator).
+pub(super) fn node_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<System> {
+    match local_system(rank, device, peers) {
+        Ok(s) => Ok(s),
+        Err(e) if !device.is_sim() => {
+            log::warn!("topology detection failed ({e}); tuning for an NVSwitch node");
+            nvswitch(peers.len(), device)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The graph search over `system`, one node, channels bounded by the shape.

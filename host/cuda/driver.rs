@@ -311,6 +311,40 @@ impl Device {
         )
     }
 
+    /// Pins `bytes` of host memory at `host` (a mapping of ours, e.g. a shared memory segment)
+    /// and maps it into the device: (device address). PORTABLE, so every context may use it.
+    pub fn host_register(&self, host: *mut u8, bytes: usize) -> Result<DevPtr> {
+        // CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP.
+        const FLAGS: u32 = 0x01 | 0x02;
+        self.make_current()?;
+        // SAFETY: the caller passes a live mapping of `bytes` bytes that outlives the
+        // registration (host_unregister runs before it is unmapped).
+        check(
+            unsafe { sys::cuMemHostRegister_v2(host as *mut c_void, bytes, FLAGS) },
+            &format!("cuMemHostRegister of {bytes} bytes"),
+        )?;
+        let mut dev = 0;
+        // SAFETY: host is registered with DEVICEMAP just above; out-parameter.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut c_void, 0) };
+        if let Err(e) = check(r, "cuMemHostGetDevicePointer") {
+            // SAFETY: host was registered just above.
+            unsafe { sys::cuMemHostUnregister(host as *mut c_void) };
+            return Err(e);
+        }
+        Ok(dev)
+    }
+
+    /// Undoes [`Device::host_register`].
+    pub fn host_unregister(&self, host: *mut u8) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: host was registered by host_register and is unregistered once (the owner's
+        // Drop), while still mapped.
+        check(
+            unsafe { sys::cuMemHostUnregister(host as *mut c_void) },
+            "cuMemHostUnregister",
+        )
+    }
+
     pub fn free(&self, p: DevPtr) -> Result<()> {
         self.make_current()?;
         extent_cache::forget(p);

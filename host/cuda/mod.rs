@@ -428,6 +428,48 @@ impl Device {
     }
 }
 
+/// Host memory of the caller's (a shared memory segment) pinned and mapped into a device:
+/// kernels address it through `ptr`. Unregistered on drop, which must come before the memory
+/// is unmapped.
+pub struct HostRegistration {
+    dev: Device,
+    host: *mut u8,
+    /// The device address kernels use.
+    pub ptr: DevPtr,
+}
+
+// SAFETY: the registration only holds the address to unregister it; the memory itself is
+// owned (and synchronised) by whoever registered it.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above; nothing is read or written through `host` here.
+unsafe impl Sync for HostRegistration {}
+
+impl Device {
+    /// Pins `bytes` of host memory at `host` and maps it into this device (CUDA:
+    /// `cuMemHostRegister` with PORTABLE | DEVICEMAP; the simulator: the same address).
+    ///
+    /// # Safety
+    /// `host..host + bytes` is a live mapping of the caller's, page-aligned, that stays mapped
+    /// until the returned registration drops.
+    pub unsafe fn host_register(&self, host: *mut u8, bytes: usize) -> Result<HostRegistration> {
+        let ptr = dispatch!(self.host_register(host, bytes))?;
+        Ok(HostRegistration {
+            dev: self.clone(),
+            host,
+            ptr,
+        })
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.host_unregister(self.host)) {
+            log::warn!("unregistering host memory: {e}");
+        }
+    }
+}
+
 /// A peer process's buffer mapped into ours.
 pub struct IpcMapping {
     dev: Device,

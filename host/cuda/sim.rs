@@ -400,7 +400,7 @@ fn region_owner(name: &str) -> Option<(u32, Option<u64>)> {
 }
 
 /// The inode of this process's pid namespace (0 where /proc does not say).
-fn pid_namespace() -> u64 {
+pub(crate) fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
     static NS: OnceLock<u64> = OnceLock::new();
     *NS.get_or_init(|| {
@@ -561,6 +561,15 @@ impl Device {
     pub fn alloc_host_mapped(&self, bytes: usize) -> Result<(*mut u8, DevPtr)> {
         let p = self.alloc(bytes)?;
         Ok((p as *mut u8, p))
+    }
+
+    /// Host memory is what simulated kernels address: the same address serves both sides.
+    pub fn host_register(&self, host: *mut u8, _bytes: usize) -> Result<DevPtr> {
+        Ok(host as DevPtr)
+    }
+
+    pub fn host_unregister(&self, _host: *mut u8) -> Result<()> {
+        Ok(())
     }
 
     pub fn free_host_mapped(&self, host: *mut u8) -> Result<()> {

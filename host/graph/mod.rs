@@ -88,8 +88,8 @@ impl Params {
     }
 }
 
-/// How two ranks talk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How two ranks talk, nearest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Transport {
     /// CUDA peer access / IPC over NVLink or PCIe.
     P2p,
@@ -101,9 +101,13 @@ pub enum Transport {
 
 /// The transport between local GPUs `a` and `b` (positions in `system.gpus`) of one node.
 pub fn transport(paths: &Paths, a: usize, b: usize, p: &Params) -> Transport {
-    let path = &paths.gpu_gpu[a][b];
+    transport_over(paths.gpu_gpu[a][b].ty, p)
+}
+
+/// The transport between two GPUs of one node joined by a path of type `ty`.
+pub fn transport_over(ty: PathType, p: &Params) -> Transport {
     let level = p.p2p_level.unwrap_or(PathType::Pxb);
-    if !p.p2p_disable && path.ty != PathType::Dis && path.ty <= level {
+    if !p.p2p_disable && ty != PathType::Dis && ty <= level {
         Transport::P2p
     } else if !p.shm_disable {
         Transport::Shm

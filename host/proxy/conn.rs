@@ -53,10 +53,13 @@ pub(crate) struct NetConn {
     /// Who is at the other end, for error messages.
     peer: String,
     failed: bool,
-    /// Since when steps the kernel published have waited without any moving (send side), and
+    /// Since when steps have waited without any moving (sent: published by the kernel; received:
+    /// landed but not released by it), and
     /// whether that was reported: a stuck job says where.
     stalled_since: Option<Instant>,
     stall_reported: bool,
+    /// The receive side's head at the last look, to tell a kernel that moves from one that waits.
+    seen_head: u64,
 }
 
 /// A send side whose published steps make no progress for this long logs a warning with its
@@ -73,6 +76,23 @@ fn counter(mem: &HostMem, offset: usize) -> Result<&AtomicU64> {
     // SAFETY: p is 8-byte aligned inside `mem`, which outlives the returned borrow; the GPU
     // and this thread access it only with single 8-byte loads and stores.
     Ok(unsafe { &*(p as *const AtomicU64) })
+}
+
+/// The first 16 bytes of `step`'s slot as four words: an LL line's `{data, flag, data, flag}`,
+/// for the traces and stall warnings that say where a step stopped.
+fn slot_words(mem: &HostMem, layout: ConnLayout, step: u64) -> [u32; 4] {
+    let mut w = [0u32; 4];
+    if let Some(p) = mem
+        .host_ptr(layout.slot(step))
+        .filter(|_| layout.slot(step) + 16 <= mem.bytes)
+    {
+        for (k, v) in w.iter_mut().enumerate() {
+            // SAFETY: 16 bytes at the slot's start lie inside `mem` (checked above) and slots
+            // are 128-byte aligned; a racing network write makes the words stale, not unsound.
+            *v = unsafe { std::ptr::read_volatile((p as *const u32).add(k)) };
+        }
+    }
+    w
 }
 
 /// Pops the requests at the front of `inflight` that `finished` says are complete, in order,
@@ -131,6 +151,7 @@ impl NetConn {
             failed: false,
             stalled_since: None,
             stall_reported: false,
+            seen_head: 0,
         })
     }
 
@@ -190,6 +211,14 @@ impl NetConn {
             let off = self.layout.slot(self.posted) - ConnLayout::FIFO;
             match comm.isend(self.mr, off, size, 0)? {
                 Some(req) => {
+                    if log::log_enabled!(log::Level::Trace) {
+                        log::trace!(
+                            "send to {}: step {} of {size} bytes, first line {:08x?}",
+                            self.peer,
+                            self.posted,
+                            slot_words(mem, self.layout, self.posted)
+                        );
+                    }
                     self.inflight.push_back(req);
                     self.posted += 1;
                     moved = true;
@@ -216,12 +245,14 @@ impl NetConn {
             if !self.stall_reported && since.elapsed() > stall_warn_after() {
                 self.stall_reported = true;
                 log::warn!(
-                    "network send to {} stalled for {:?}: the kernel published step {tail}, {} posted, {} completed ({} in flight)",
+                    "network send to {} stalled for {:?}: the kernel published step {tail}, {} posted, {} completed ({} in flight); step {}'s first line {:08x?}",
                     self.peer,
                     since.elapsed(),
                     self.posted,
                     self.done,
-                    self.inflight.len()
+                    self.inflight.len(),
+                    self.done,
+                    slot_words(mem, self.layout, self.done)
                 );
             }
         }
@@ -251,8 +282,19 @@ impl NetConn {
                 None => break,
             }
         }
+        let (layout, peer, mut next) = (self.layout, &self.peer, self.done);
         moved |= retire(&mut self.inflight, &mut self.done, |r| {
-            Ok(comm.test(r)?.is_some())
+            let sizes = comm.test(r)?;
+            if let Some(sizes) = &sizes {
+                if log::log_enabled!(log::Level::Trace) {
+                    log::trace!(
+                        "recv from {peer}: step {next} landed, {sizes:?} bytes, first line {:08x?}",
+                        slot_words(mem, layout, next)
+                    );
+                }
+                next += 1;
+            }
+            Ok(sizes.is_some())
         })?;
         if moved {
             // The bytes landed (the network's completion ordered them before us): publish.
@@ -265,7 +307,34 @@ impl NetConn {
                 self.done
             );
         }
+        self.watch_recv(moved || head != self.seen_head, head);
         Ok(moved)
+    }
+
+    /// A receive side whose landed steps the kernel does not release (head) for the stall
+    /// time warns once with its counters and the first line of the step the kernel waits on.
+    fn watch_recv(&mut self, progressed: bool, head: u64) {
+        self.seen_head = head;
+        if progressed || self.done == head {
+            self.stalled_since = None;
+            self.stall_reported = false;
+            return;
+        }
+        let since = *self.stalled_since.get_or_insert_with(Instant::now);
+        if !self.stall_reported && since.elapsed() > stall_warn_after() {
+            self.stall_reported = true;
+            let lines: Vec<String> = (head..self.done.min(head + STEPS))
+                .map(|s| format!("step {s}: {:08x?}", slot_words(&self.mem, self.layout, s)))
+                .collect();
+            log::warn!(
+                "network receive from {}: the kernel has not released step {head} for {:?} although {} steps landed ({} posted); first lines of the landed steps: {}",
+                self.peer,
+                since.elapsed(),
+                self.done,
+                self.posted,
+                lines.join(", ")
+            );
+        }
     }
 }
 

@@ -3,12 +3,16 @@
 //! counters, a sending side owns the head counters, exactly as on the ring (see `p2p`). The
 //! two sides meet through the bootstrap: each publishes its block, then maps the other's —
 //! all publications of a group first, then all waits, so two ranks connecting both ways at
-//! once never wait on each other.
+//! once never wait on each other. A peer the communicator reaches through SHM gets its
+//! connections in a shared memory segment the receiving side creates (counters and FIFOs);
+//! the sending side opens it, and publishes nothing.
 
 use super::p2p::{export, import, PeerAddr};
+use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
 use crate::error::{Error, Result};
+use crate::graph::Transport;
 use crate::transport::net::setup::{self, NetPath, Want};
 use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
 use std::collections::HashMap;
@@ -31,16 +35,28 @@ struct Side {
     /// Our p2p block (None for a network connection: its memory lives with the proxy's).
     _own: Option<DevBuffer>,
     _mapping: Option<IpcMapping>,
+    /// The shared memory segment of an SHM connection (created or opened).
+    _shm: Option<ShmMem>,
 }
 
 /// Bootstrap tags of send/recv network handles: this base + the connection's index.
 const TAG_NET_LINK: u32 = 0x6e65_7300;
 
+/// What [`Links::start`] made of one fresh connection.
+enum Own {
+    /// A network connection: made whole in `finish`.
+    Net,
+    /// Our published p2p block.
+    P2p(DevBuffer),
+    /// An SHM connection: the segment we created and published (receiving side), or None
+    /// (sending side: the peer's segment is opened in `finish`).
+    Shm(Option<ShmMem>),
+}
+
 /// Connections whose publication went out and whose peer side is still to be mapped.
 pub struct Started {
     fresh: Vec<(usize, Dir)>,
-    /// Our published p2p block per fresh connection (None for network ones).
-    owned: Vec<Option<DevBuffer>>,
+    owned: Vec<Own>,
 }
 
 pub struct Links {
@@ -162,7 +178,23 @@ impl Links {
         for &(peer, dir) in &fresh {
             if self.remote(peer) {
                 // Network connections are made whole in `finish`.
-                owned.push(None);
+                owned.push(Own::Net);
+                continue;
+            }
+            if self.peers[peer].transport == Transport::Shm {
+                owned.push(Own::Shm(match dir {
+                    Dir::Recv => {
+                        let (mem, record) = ShmMem::create(
+                            &self.device,
+                            peer,
+                            self.rank,
+                            self.shm_layout().total(),
+                        )?;
+                        self.bootstrap.send(peer, TAG_RECV_BLOCK, &record)?;
+                        Some(mem)
+                    }
+                    Dir::Send => None,
+                }));
                 continue;
             }
             let (bytes, tag) = match dir {
@@ -177,7 +209,7 @@ impl Links {
             let own = self.device.alloc(bytes)?;
             self.bootstrap
                 .send(peer, tag, &export(&self.device, &own)?)?;
-            owned.push(Some(own));
+            owned.push(Own::P2p(own));
         }
         Ok(Started { fresh, owned })
     }
@@ -238,6 +270,7 @@ impl Links {
                     conns: buf,
                     _own: None,
                     _mapping: None,
+                    _shm: None,
                 },
             );
         }
@@ -246,6 +279,49 @@ impl Links {
         }
         np.proxy.add(conns);
         Ok(())
+    }
+
+    /// Where an SHM connection's counters and FIFOs lie in its segment.
+    fn shm_layout(&self) -> LinkLayout {
+        LinkLayout {
+            nconns: self.nconns,
+            fifo_bytes: self.fifo_bytes(),
+        }
+    }
+
+    /// An SHM connection's side: the receiving side has its segment (`mem`, made in `start`),
+    /// the sending side opens the one the peer published.
+    fn finish_shm(&self, peer: usize, dir: Dir, mem: Option<ShmMem>) -> Result<Side> {
+        let mem = match mem {
+            Some(m) => m,
+            None => {
+                let record = self
+                    .bootstrap
+                    .recv(peer, TAG_RECV_BLOCK)
+                    .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
+                ShmMem::open(&self.device, &record)
+                    .map_err(|e| e.context(format!("rank {peer}'s shared memory")))?
+            }
+        };
+        let l = self.shm_layout();
+        let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
+        for c in 0..self.nconns {
+            let words = match dir {
+                Dir::Send => l.send(mem.ptr(), c).words(),
+                Dir::Recv => l.recv(mem.ptr(), c).words(),
+            };
+            words
+                .iter()
+                .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));
+        }
+        let conns = self.device.alloc(raw.len())?;
+        conns.write(0, &raw)?;
+        Ok(Side {
+            conns,
+            _own: None,
+            _mapping: None,
+            _shm: Some(mem),
+        })
     }
 
     /// Maps the peers' sides of what [`Links::start`] began and wires the connections.
@@ -258,8 +334,14 @@ impl Links {
         self.finish_net(&fresh, &mut sides)?;
         // Map the other side of each and wire the connections.
         for (&(peer, dir), own) in fresh.iter().zip(owned) {
-            let Some(own) = own else {
-                continue; // a network connection, made above
+            let own = match own {
+                Own::Net => continue, // made above
+                Own::Shm(mem) => {
+                    let side = self.finish_shm(peer, dir, mem)?;
+                    sides.insert((peer, dir), side);
+                    continue;
+                }
+                Own::P2p(own) => own,
             };
             let tag = if dir == Dir::Recv {
                 TAG_SEND_CTRL
@@ -317,6 +399,7 @@ impl Links {
                     conns,
                     _own: Some(own),
                     _mapping: mapping,
+                    _shm: None,
                 },
             );
         }

@@ -65,11 +65,13 @@ impl Layout {
     }
 }
 
-/// How a rank is reached: its device and whether it shares our process.
+/// How a rank is reached: its device, whether it shares our process, and the transport the
+/// communicator chose for the pair.
 #[derive(Clone, Copy, Debug)]
 pub struct PeerAddr {
     pub device: i32,
     pub same_process: bool,
+    pub transport: crate::graph::Transport,
 }
 
 /// What one rank publishes about a block of its device memory.

@@ -367,6 +367,11 @@ fn min_bytes_per_channel(p: Proto) -> usize {
     }
 }
 
+/// LL busbw (GB/s) one channel reaches across nodes: measured on one H100 as 2 nodes over the
+/// socket network (AllReduce 128 KiB to 2 MiB: 0.37 to 0.39 GB/s on one channel, where Simple
+/// reached 3 GB/s), which puts LL's end near 16 KiB, where the same run measured it.
+const LL_NET_CHANNEL_BW: f64 = 0.38;
+
 /// Tree throughput as a share of the ring's (one node's chain; measured 0.47 on 4×H200).
 const TREE_INTRA_EFF: f64 = 0.47;
 /// Tree throughput over the network as a share of the NICs' (up and down overlap).
@@ -456,7 +461,9 @@ impl Tuner {
             _ => ring,
         } * proto_eff(proto);
         if self.nnodes > 1 && proto == Proto::Ll {
-            bw *= 0.5; // LL over the network: half the payload per packet
+            // LL over the network: half the payload per packet, and each 16 KiB step waits for
+            // the proxies (send, network, receive) before its slot turns.
+            bw = (bw * 0.5).min(LL_NET_CHANNEL_BW * self.nchannels.max(1) as f64);
         }
         if coll != Coll::AllReduce && algo == Algo::Tree {
             bw = 0.0;

@@ -28,18 +28,24 @@ pub fn grid_dim() -> u32 {
 }
 
 /// `__syncthreads()`: every thread of the CTA waits here.
+///
+/// `barrier.sync` without `.aligned` (PTX 6.0, sm_70): threads may reach it from divergent
+/// paths, as they do after thread 0 alone spun on a counter. `bar.sync` is the `.aligned`
+/// form, which counts a whole warp as arrived when some of its lanes do; a lane still spinning
+/// then lags one barrier behind its CTA (2 processes as 2 nodes on one H100: LL and LL128 steps
+/// over the network hung so, the receiving thread 0 never releasing its slot).
 #[inline(always)]
 pub fn sync_threads() {
-    // SAFETY: a CTA-wide barrier; every thread of the CTA reaches it (kernels keep control flow
-    // uniform around barriers).
-    unsafe { asm!("bar.sync 0;", options(nostack)) }
+    // SAFETY: a CTA-wide barrier; every thread of the CTA reaches it.
+    unsafe { asm!("barrier.sync 0;", options(nostack)) }
 }
 
-/// A named barrier `id` (1..16) for `nthreads` threads (a multiple of 32).
+/// A named barrier `id` (1..16) for `nthreads` threads (a multiple of 32); not `.aligned`,
+/// as [`sync_threads`].
 #[inline(always)]
 pub fn barrier_named(id: u32, nthreads: u32) {
     // SAFETY: as sync_threads, for the threads taking part.
-    unsafe { asm!("bar.sync {}, {};", in(reg32) id, in(reg32) nthreads, options(nostack)) }
+    unsafe { asm!("barrier.sync {}, {};", in(reg32) id, in(reg32) nthreads, options(nostack)) }
 }
 
 /// Load with acquire semantics at system scope: sees what a peer GPU or the host released.

@@ -101,11 +101,21 @@ impl Simple {
         if recv {
             self.sync();
             if self.tid == 0 {
-                // A plain (volatile) store, no system-scope release: every line of the slot was
-                // loaded and used before the barrier, and a release here would first wait for
-                // this thread's stores to the next peer to land (a round trip over the link
-                // on every step). The data's order is carried by the lines' flags.
-                arch::st_volatile((*self.recv).head as *mut u64, self.recv_step + 1);
+                let head = (*self.recv).head as *mut u64;
+                if (*self.recv).proxy_stride != 0 {
+                    // A proxy reads this head from host memory and then lets the network
+                    // overwrite the slot: a system-scope release, as Simple's, orders every
+                    // load of the slot before it. Its wait is small beside the network
+                    // round trip each step costs anyway.
+                    arch::st_release_sys(head, self.recv_step + 1);
+                } else {
+                    // A plain (volatile) store, no system-scope release: every line of the
+                    // slot was loaded and used before the barrier, and a release here would
+                    // first wait for this thread's stores to the next peer to land (a round
+                    // trip over the link on every step). The data's order is carried by the
+                    // lines' flags.
+                    arch::st_volatile(head, self.recv_step + 1);
+                }
             }
             self.recv_step += 1;
         }

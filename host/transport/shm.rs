@@ -1,0 +1,435 @@
+//! The SHM transport: peers on one node that do not use p2p (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL,
+//! no peer access) meet in host shared memory. The receiver of a connection creates a POSIX
+//! shared memory segment holding the FIFOs (Simple, LL, LL128) and both counters, each counter
+//! in its own 128-byte line; the sender opens it by name. Each side pins its mapping and maps it
+//! into its GPU (`Device::host_register`: CUDA's PORTABLE | DEVICEMAP registration; on the
+//! simulator host memory is what kernels address), so both kernels read and write it with the
+//! same protocol code as p2p and no proxy thread takes part (NCCL's SHM in its direct mode).
+//! Senders and receivers in one process (`ncclCommInitAll`) map the segment twice alike.
+//!
+//! A segment's name comes from its creator's pid and pid namespace, a counter of the process
+//! and the two ranks: unique among live processes, never random. The opener unlinks it once it
+//! is mapped (the creator mapped it before publishing the name), so nothing stays in /dev/shm;
+//! a creator whose peer never opened it unlinks it when it drops.
+
+use super::p2p::Layout;
+use crate::bootstrap::Bootstrap;
+use crate::cuda::{DevPtr, Device, HostRegistration};
+use crate::error::{Error, Result};
+use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bootstrap tag of a ring connection's segment record (receiver to sender).
+const TAG_SHM_RING: u32 = 0x7368_6d01;
+
+/// A mapping of a POSIX shared memory segment.
+struct Segment {
+    host: *mut u8,
+    bytes: usize,
+    /// The name while it may still be linked and is ours to unlink.
+    name: Option<CString>,
+}
+
+// SAFETY: the mapping is plain shared memory; kernels and peers reach it through their own
+// addresses, and this struct only maps, unlinks and unmaps it.
+unsafe impl Send for Segment {}
+// SAFETY: as above; no method reads or writes the memory.
+unsafe impl Sync for Segment {}
+
+fn os_error(what: &str, name: &str) -> Error {
+    Error::system(format!(
+        "{what}({name}): {} (is /dev/shm large enough? NCCL_SHM_DISABLE=1 turns SHM off)",
+        std::io::Error::last_os_error()
+    ))
+}
+
+impl Segment {
+    /// Creates a zeroed segment of `bytes` named `name` and maps it. A leftover of that name
+    /// (a process that had our pid died before unlinking it) is replaced.
+    fn create(name: &str, bytes: usize) -> Result<Segment> {
+        let c = CString::new(name).map_err(|_| Error::internal("shm name holds a NUL byte"))?;
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
+        // SAFETY: plain system calls on a name of ours; every result is checked.
+        let fd = unsafe {
+            let mut fd = libc::shm_open(c.as_ptr(), flags, 0o600);
+            if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+                libc::shm_unlink(c.as_ptr());
+                fd = libc::shm_open(c.as_ptr(), flags, 0o600);
+            }
+            fd
+        };
+        if fd < 0 {
+            return Err(os_error("shm_open", name));
+        }
+        // SAFETY: fd is ours; a fresh object grows zero-filled.
+        if unsafe { libc::ftruncate(fd, bytes as libc::off_t) } != 0 {
+            let e = os_error("ftruncate", name);
+            // SAFETY: closing and unlinking what we just created.
+            unsafe {
+                libc::close(fd);
+                libc::shm_unlink(c.as_ptr());
+            }
+            return Err(e);
+        }
+        let mapped = Segment::map(fd, name, bytes);
+        if mapped.is_err() {
+            // SAFETY: unlinking what we just created.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
+        }
+        let host = mapped?;
+        Ok(Segment {
+            host,
+            bytes,
+            name: Some(c),
+        })
+    }
+
+    /// Opens the segment `name` a peer created, checks it holds `bytes`, maps it and unlinks
+    /// the name (both sides have it mapped now).
+    fn open(name: &str, bytes: usize) -> Result<Segment> {
+        let c = CString::new(name).map_err(|_| Error::remote("shm name holds a NUL byte"))?;
+        // SAFETY: plain system call; the result is checked.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            return Err(os_error("shm_open", name));
+        }
+        // SAFETY: fstat fills a zeroed stat of ours.
+        let size = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 {
+                libc::close(fd);
+                return Err(os_error("fstat", name));
+            }
+            st.st_size as usize
+        };
+        if size != bytes {
+            // SAFETY: fd is ours.
+            unsafe { libc::close(fd) };
+            return Err(Error::remote(format!(
+                "shared memory segment {name} holds {size} bytes, {bytes} expected"
+            )));
+        }
+        let host = Segment::map(fd, name, bytes)?;
+        // SAFETY: unlinking a name both sides have mapped; the memory stays while mapped.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+        Ok(Segment {
+            host,
+            bytes,
+            name: None,
+        })
+    }
+
+    /// Maps `bytes` of `fd` shared, and closes `fd`.
+    fn map(fd: libc::c_int, name: &str, bytes: usize) -> Result<*mut u8> {
+        // SAFETY: fd is an open shared memory object of at least `bytes` bytes; the result
+        // is checked; fd is closed once (the mapping keeps the object).
+        let p = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            libc::close(fd);
+            p
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_error("mmap", name));
+        }
+        Ok(p as *mut u8)
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: host and bytes come from our own mmap; the name (if still ours) is unlinked
+        // once, and a name the peer unlinked already just fails.
+        unsafe {
+            libc::munmap(self.host as *mut libc::c_void, self.bytes);
+            if let Some(c) = &self.name {
+                libc::shm_unlink(c.as_ptr());
+            }
+        }
+    }
+}
+
+/// A segment mapped into a device. The registration drops before the mapping (field order).
+pub struct ShmMem {
+    reg: HostRegistration,
+    _seg: Segment,
+}
+
+impl ShmMem {
+    /// The device address of the segment's first byte.
+    pub fn ptr(&self) -> DevPtr {
+        self.reg.ptr
+    }
+
+    /// Creates a segment of `bytes` for a connection from rank `from` to rank `to` and maps it
+    /// into `device`: (the memory, the record the peer opens it with).
+    pub fn create(
+        device: &Device,
+        from: usize,
+        to: usize,
+        bytes: usize,
+    ) -> Result<(ShmMem, Vec<u8>)> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "/ncclrs-{}@{}-shm-{}-{from}to{to}",
+            std::process::id(),
+            crate::cuda::sim::pid_namespace(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let bytes = bytes.max(1).next_multiple_of(page_size());
+        let seg = Segment::create(&name, bytes)?;
+        // SAFETY: the segment is mapped, page-aligned, and outlives the registration (field
+        // order of ShmMem).
+        let reg = unsafe { device.host_register(seg.host, bytes) }
+            .map_err(|e| e.context(format!("registering shared memory {name}")))?;
+        let mut record = (bytes as u64).to_le_bytes().to_vec();
+        record.extend_from_slice(name.as_bytes());
+        Ok((ShmMem { reg, _seg: seg }, record))
+    }
+
+    /// Opens and maps into `device` the segment a peer's `record` names.
+    pub fn open(device: &Device, record: &[u8]) -> Result<ShmMem> {
+        if record.len() < 9 {
+            return Err(Error::remote(format!(
+                "malformed shm connection record ({} bytes)",
+                record.len()
+            )));
+        }
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&record[..8]);
+        let bytes = u64::from_le_bytes(b) as usize;
+        let name = std::str::from_utf8(&record[8..])
+            .map_err(|_| Error::remote("malformed shm segment name"))?;
+        let seg = Segment::open(name, bytes)?;
+        // SAFETY: as in `create`.
+        let reg = unsafe { device.host_register(seg.host, bytes) }
+            .map_err(|e| e.context(format!("registering shared memory {name}")))?;
+        Ok(ShmMem { reg, _seg: seg })
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// The ring's SHM connections of a communicator: per channel, send and receive sides whose
+/// neighbour is reached through SHM.
+pub struct ShmRing {
+    /// Segments we created (our receive sides) and opened (our send sides).
+    _mems: Vec<ShmMem>,
+    conns: Vec<(Option<ConnSend>, Option<ConnRecv>)>,
+}
+
+/// Channels grouped by the neighbour `pick` gives them where `is_shm` holds: (neighbour,
+/// channels in ascending order), neighbours in the order of their first channel.
+fn by_peer(
+    ring_peers: &[(usize, usize)],
+    pick: impl Fn(&(usize, usize)) -> usize,
+    is_shm: &dyn Fn(usize) -> bool,
+) -> Vec<(usize, Vec<usize>)> {
+    let mut out: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (c, rp) in ring_peers.iter().enumerate() {
+        let p = pick(rp);
+        if !is_shm(p) {
+            continue;
+        }
+        match out.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, chs)) => chs.push(c),
+            None => out.push((p, vec![c])),
+        }
+    }
+    out
+}
+
+impl ShmRing {
+    /// Connects every channel's ring neighbours for which `is_shm` holds (`ring_peers[c]` =
+    /// (prev, next) of channel `c`). A receiver makes one segment per previous rank, holding
+    /// the channels that come from it in a [`Layout`] of those channels (its counters and
+    /// FIFOs); the sender sees the same channels towards it, so both index it alike. All
+    /// records go out before any is awaited. `devices[r]` is rank r's device, for the log.
+    pub fn setup(
+        device: &Device,
+        bootstrap: &Bootstrap,
+        ring_peers: &[(usize, usize)],
+        is_shm: &dyn Fn(usize) -> bool,
+        slot_bytes: usize,
+        devices: &[i32],
+    ) -> Result<ShmRing> {
+        let me = bootstrap.rank();
+        let nch = ring_peers.len();
+        let mut conns: Vec<(Option<ConnSend>, Option<ConnRecv>)> = vec![(None, None); nch];
+        let mut mems = Vec::new();
+        for (prev, chs) in by_peer(ring_peers, |rp| rp.0, is_shm) {
+            let l = Layout::new(chs.len(), slot_bytes);
+            let (mem, record) = ShmMem::create(device, prev, me, l.total())?;
+            bootstrap.send(prev, TAG_SHM_RING, &record)?;
+            let base = mem.ptr();
+            for (i, &c) in chs.iter().enumerate() {
+                conns[c].1 = Some(ConnRecv {
+                    fifo: base + l.fifo(i),
+                    tail: base + l.recv_tail(i),
+                    head: base + l.send_head(i),
+                    step: 0,
+                    ll_fifo: base + l.ll_fifo(i),
+                    ll128_fifo: base + l.ll128_fifo(i),
+                    proxy_stride: 0,
+                    _pad: 0,
+                });
+            }
+            mems.push(mem);
+        }
+        for (next, chs) in by_peer(ring_peers, |rp| rp.1, is_shm) {
+            let l = Layout::new(chs.len(), slot_bytes);
+            let record = bootstrap
+                .recv(next, TAG_SHM_RING)
+                .map_err(|e| e.context(format!("shm connection to rank {next}")))?;
+            let mem = ShmMem::open(device, &record)
+                .map_err(|e| e.context(format!("rank {next}'s shared memory")))?;
+            let base = mem.ptr();
+            for (i, &c) in chs.iter().enumerate() {
+                conns[c].0 = Some(ConnSend {
+                    fifo: base + l.fifo(i),
+                    tail: base + l.recv_tail(i),
+                    head: base + l.send_head(i),
+                    step: 0,
+                    ll_fifo: base + l.ll_fifo(i),
+                    ll128_fifo: base + l.ll128_fifo(i),
+                    proxy_sizes: 0,
+                    proxy_stride: 0,
+                });
+                let dev = |r: usize| devices.get(r).copied().unwrap_or(-1);
+                log::info!(
+                    target: crate::debug::INIT,
+                    "Channel {c:02}/0 : {me}[{}] -> {next}[{}] via SHM/direct/direct",
+                    dev(me),
+                    dev(next)
+                );
+            }
+            mems.push(mem);
+        }
+        Ok(ShmRing { _mems: mems, conns })
+    }
+
+    /// Channel `ch`'s SHM connections: send to next, receive from prev (None for a side that
+    /// another transport carries).
+    pub fn conns(&self, ch: usize) -> (Option<ConnSend>, Option<ConnRecv>) {
+        self.conns.get(ch).copied().unwrap_or((None, None))
+    }
+}
+
+/// Where the parts of a send/recv link's segment lie: `nconns` tail lines, `nconns` head
+/// lines, then `nconns` FIFOs of `fifo_bytes` (Simple only, as p2p links).
+#[derive(Clone, Copy, Debug)]
+pub struct LinkLayout {
+    pub nconns: usize,
+    pub fifo_bytes: usize,
+}
+
+impl LinkLayout {
+    pub fn total(&self) -> usize {
+        self.nconns * (2 * CTRL_LINE + self.fifo_bytes)
+    }
+    fn tail(&self, c: usize) -> u64 {
+        (c * CTRL_LINE) as u64
+    }
+    fn head(&self, c: usize) -> u64 {
+        ((self.nconns + c) * CTRL_LINE) as u64
+    }
+    fn fifo(&self, c: usize) -> u64 {
+        (2 * self.nconns * CTRL_LINE + c * self.fifo_bytes) as u64
+    }
+
+    /// Connection `c`'s sending side in a segment at `base`.
+    pub fn send(&self, base: DevPtr, c: usize) -> ConnSend {
+        ConnSend {
+            fifo: base + self.fifo(c),
+            tail: base + self.tail(c),
+            head: base + self.head(c),
+            ..ConnSend::default()
+        }
+    }
+
+    /// Connection `c`'s receiving side in a segment at `base`.
+    pub fn recv(&self, base: DevPtr, c: usize) -> ConnRecv {
+        ConnRecv {
+            fifo: base + self.fifo(c),
+            tail: base + self.tail(c),
+            head: base + self.head(c),
+            ..ConnRecv::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_group_by_neighbour() {
+        let rp = [(1, 2), (3, 2), (1, 3), (0, 1)];
+        let shm = |r: usize| r != 0;
+        assert_eq!(
+            by_peer(&rp, |p| p.0, &shm),
+            vec![(1, vec![0, 2]), (3, vec![1])]
+        );
+        assert_eq!(
+            by_peer(&rp, |p| p.1, &shm),
+            vec![(2, vec![0, 1]), (3, vec![2]), (1, vec![3])]
+        );
+    }
+
+    #[test]
+    fn link_layout_keeps_counters_apart() {
+        let l = LinkLayout {
+            nconns: 3,
+            fifo_bytes: 8 << 12,
+        };
+        let s = l.send(0x1000, 2);
+        let r = l.recv(0x1000, 2);
+        assert_eq!((s.fifo, s.tail, s.head), (r.fifo, r.tail, r.head));
+        let mut lines: Vec<u64> = (0..3).flat_map(|c| [l.tail(c), l.head(c)]).collect();
+        lines.sort();
+        assert!(lines.windows(2).all(|w| w[1] - w[0] >= CTRL_LINE as u64));
+        assert_eq!(l.fifo(0), 6 * CTRL_LINE as u64);
+        assert_eq!(l.fifo(2) as usize + (8 << 12), l.total());
+    }
+
+    #[test]
+    fn segments_are_shared_and_unlinked() {
+        let name = format!("/ncclrs-{}@0-shm-test-unit", std::process::id());
+        let a = Segment::create(&name, 8192).expect("create");
+        let b = Segment::open(&name, 8192).expect("open");
+        // The opener unlinked the name: a third open fails.
+        assert!(Segment::open(&name, 8192).is_err());
+        // SAFETY: both map the same live 8 KiB segment.
+        unsafe {
+            std::ptr::write_volatile(a.host.add(100), 0x5a);
+            assert_eq!(std::ptr::read_volatile(b.host.add(100)), 0x5a);
+            assert_eq!(std::ptr::read_volatile(b.host.add(101)), 0);
+        }
+        drop(a);
+        drop(b);
+        // A record whose size differs from the segment's is refused.
+        let name = format!("/ncclrs-{}@0-shm-test-size", std::process::id());
+        let a = Segment::create(&name, 8192).expect("create");
+        assert!(Segment::open(&name, 4096).is_err());
+        drop(a);
+        assert!(
+            Segment::open(&name, 8192).is_err(),
+            "the creator unlinked it"
+        );
+    }
+}
