@@ -25,6 +25,8 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
   -o, --op NAME             sum prod max min avg premulsum, or all; a list works too [sum]
   -c, --check 0|1           check the results of the first call of every size [1]
   -t, --mode thread|threads one thread drives every GPU, or a thread per GPU [thread]
+  -G, --cudagraph N         capture N iterations in a CUDA graph per GPU and time its replays
+                            (each replay's time / N; -w and -n count replays) [0: no graph]
       --baseline PATH       NVIDIA libnccl.so.2 to run side by side (CUDA backend only)
       --backend cuda|sim    CUDA GPUs or the CPU simulator [cuda if a GPU is visible, else sim]
       --csv FILE            also write every measured row to FILE as CSV: one line per size
@@ -118,6 +120,8 @@ pub struct Args {
     pub ops: Vec<Op>,
     pub check: bool,
     pub mode: Mode,
+    /// `-G N`: iterations captured per CUDA graph (0: launched directly).
+    pub graph: usize,
     pub baseline: Option<PathBuf>,
     pub backend: Option<Backend>,
     /// `--csv FILE`: the records, as CSV.
@@ -236,6 +240,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         ops: vec![Op::Sum],
         check: true,
         mode: Mode::Thread,
+        graph: 0,
         baseline: None,
         backend: None,
         csv: None,
@@ -276,6 +281,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                 'o' => "op",
                 'c' => "check",
                 't' => "mode",
+                'G' => "cudagraph",
                 'C' => "collective",
                 'r' => "root",
                 _ => return Err(format!("unknown option '{arg}'")),
@@ -296,6 +302,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "op",
             "check",
             "mode",
+            "cudagraph",
             "collective",
             "root",
             "baseline",
@@ -343,6 +350,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                     v => return Err(format!("--mode: '{v}' (use thread or threads)")),
                 }
             }
+            "cudagraph" => a.graph = parse_number(&value, "--cudagraph")?,
             "collective" => a.colls = parse_collectives(&value)?,
             "root" => a.root = parse_number(&value, "--root")?,
             "baseline" => a.baseline = Some(PathBuf::from(value)),
@@ -374,6 +382,11 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
     }
     if a.nodes.is_some() && a.ngpus.is_some() {
         return Err("--nodes: every rank process drives one GPU; drop --ngpus".into());
+    }
+    if a.graph > 0 && a.mode == Mode::Threads {
+        return Err(
+            "-G: graphs are captured by one thread driving every GPU (use -t thread)".into(),
+        );
     }
     if a.iters == Some(0) {
         return Err("--iters 0: time at least one iteration".into());

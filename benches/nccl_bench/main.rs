@@ -82,6 +82,8 @@ struct Settings {
     max_bytes: usize,
     warmup: usize,
     iters: usize,
+    /// Iterations per CUDA graph (`-G`; 0: direct launches).
+    graph: usize,
 }
 
 /// Errors a run ends with: bad arguments (exit 2) or a failure (exit 1).
@@ -223,6 +225,7 @@ fn bench(
         max_bytes: args.max_bytes.unwrap_or(default_max.max(args.min_bytes)),
         warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
         iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
+        graph: args.graph,
     };
     if args.root >= world && args.colls.iter().any(|c| c.has_root()) {
         return Err(Fail::Usage(format!(
@@ -243,6 +246,12 @@ fn bench(
         "# nThread {nthread} nGpus {ngpu_per_thread} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
         s.min_bytes, s.max_bytes, args.step_factor, s.warmup, s.iters, args.check as u8
     );
+    if s.graph > 0 {
+        println!(
+            "# CUDA graphs: {} iterations captured per graph; times are a replay's / {}",
+            s.graph, s.graph
+        );
+    }
     match backend {
         Backend::Sim => println!("# backend: CPU simulator ({why})"),
         Backend::Cuda => println!("# backend: CUDA ({why})"),
@@ -527,6 +536,8 @@ fn measure_all(
                     in_place: false,
                 };
                 let tuned = match coll.tuned() {
+                    // One rank: a copy engine copy out of place, nothing in place.
+                    Some(_) if n == 1 && op != Op::PreMulSum => "copy".into(),
                     Some(t) => b.ranks[0]
                         .comm
                         .tuning(t, counts.size_bytes)

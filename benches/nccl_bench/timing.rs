@@ -99,6 +99,81 @@ impl Bench {
         Ok(longest)
     }
 
+    /// `-G n`: captures `n` iterations in a graph per GPU (one thread issuing, as without
+    /// graphs), replays it `warmup` times untimed and `iters` times timed; each replay's longest
+    /// time over the GPUs / `n`, in ms.
+    pub fn run_graph(
+        &self,
+        lib: Lib,
+        call: &Call,
+        warmup: usize,
+        iters: usize,
+        n: usize,
+    ) -> Result<Vec<f64>, String> {
+        let e = |what: &str, r: &Rank, err: nccl::Error| {
+            format!("{what} on device {}: {err}", r.comm.cu_device())
+        };
+        for r in &self.ranks {
+            let d = r.comm.device();
+            d.capture_begin(r.stream)
+                .map_err(|x| e("begin capture", r, x))?;
+        }
+        let issued = (0..n).try_for_each(|_| self.launch_all(lib, call));
+        // Every capture ends, whatever happened inside it.
+        let ended: Vec<_> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                r.comm
+                    .device()
+                    .capture_end(r.stream)
+                    .map_err(|x| e("end capture", r, x))
+            })
+            .collect();
+        issued.map_err(|m| format!("capturing {n} iterations: {m}"))?;
+        let graphs = ended.into_iter().collect::<Result<Vec<_>, String>>()?;
+        let replay = || -> Result<(), String> {
+            for (g, r) in graphs.iter().zip(&self.ranks) {
+                g.launch(r.stream).map_err(|x| e("graph launch", r, x))?;
+            }
+            Ok(())
+        };
+        for _ in 0..warmup {
+            replay()?;
+        }
+        for r in &self.ranks {
+            let d = r.comm.device();
+            d.stream_sync(r.stream)
+                .map_err(|x| e("stream sync", r, x))?;
+            d.event_record(r.events[0], r.stream)
+                .map_err(|x| e("event record", r, x))?;
+        }
+        for i in 0..iters {
+            replay()?;
+            for r in &self.ranks {
+                r.comm
+                    .device()
+                    .event_record(r.events[i + 1], r.stream)
+                    .map_err(|x| e("event record", r, x))?;
+            }
+        }
+        let mut longest = vec![0.0f64; iters];
+        for r in &self.ranks {
+            let d = r.comm.device();
+            d.event_sync(r.events[iters])
+                .map_err(|x| e("event sync", r, x))?;
+            for (i, t) in longest.iter_mut().enumerate() {
+                let ms = d
+                    .event_elapsed_ms(r.events[i], r.events[i + 1])
+                    .map_err(|x| e("event elapsed time", r, x))?;
+                *t = t.max(f64::from(ms) / n as f64);
+            }
+        }
+        drop(graphs);
+        self.agree(&mut longest, nccl::ReduceOp::Max)?;
+        Ok(longest)
+    }
+
     fn run_one_thread(
         &self,
         lib: Lib,
@@ -272,7 +347,10 @@ pub fn measure(
         }
         None => None,
     };
-    let mut times = b.run(lib, call, s.warmup, s.iters)?;
+    let mut times = match s.graph {
+        0 => b.run(lib, call, s.warmup, s.iters)?,
+        n => b.run_graph(lib, call, s.warmup, s.iters, n)?,
+    };
     let time_us = median(&mut times) * 1e3;
     let algbw = if time_us > 0.0 {
         call.counts.size_bytes as f64 / 1e3 / time_us

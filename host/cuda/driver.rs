@@ -367,6 +367,24 @@ impl Device {
         stream_wait(s)
     }
 
+    /// Copies `bytes` from `src` to `dst` (device memory) on `stream`, by the copy engine; a
+    /// capture records it as a memcpy node.
+    pub fn copy_dtod_async(
+        &self,
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: the caller checked both ranges against their allocations; the stream orders
+        // the copy with the work around it, as a kernel's accesses would be.
+        check(
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.0 as sys::CUstream) },
+            "cuMemcpyDtoDAsync",
+        )
+    }
+
     pub fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.make_current()?;
         let _relaxed = RelaxedCapture::enter();

@@ -246,6 +246,16 @@ impl Device {
             ),
         }
     }
+    /// Copies `bytes` from `src` to `dst`, both device memory, in `stream`'s order.
+    pub fn copy_dtod_async(
+        &self,
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        dispatch!(self.copy_dtod_async(dst, src, bytes, stream))
+    }
     /// A non-blocking stream: it never waits for the legacy default stream, nor it for it.
     pub fn stream_create(&self) -> Result<StreamHandle> {
         dispatch!(self.stream_create(false))

@@ -342,6 +342,14 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// process, OR-ed ([`launched_flags`]).
 static COLL_FLAGS: AtomicU32 = AtomicU32::new(0);
 static P2P_FLAGS: AtomicU32 = AtomicU32::new(0);
+/// Kernel launches (and their replays' captures) in this process ([`launch_count`]).
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How many kernels this process launched or captured on the simulator so far: tests check
+/// with it that a path launches nothing.
+pub fn launch_count() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
 
 /// The kernel flags (`FLAG_*`) some collective launch and some point-to-point launch on the
 /// simulator carried so far in this process: tests check with it that a setting reached the
@@ -697,6 +705,7 @@ impl Device {
             }
         };
         let s = self.stream(stream)?;
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
         let body: Arc<dyn Fn() + Send + Sync> = Arc::from(body);
         s.push_replayable(Arc::new(move || {
             let body = body.clone();
@@ -715,6 +724,28 @@ impl Device {
                         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                         .unwrap_or_else(|| "kernel panicked".into())
                 })
+            })
+        }));
+        Ok(())
+    }
+
+    /// Copies `bytes` from `src` to `dst` in stream order (the copy engine's job on a GPU).
+    pub fn copy_dtod_async(
+        &self,
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.check_range(dst, bytes)?;
+        self.check_range(src, bytes)?;
+        let s = self.stream(stream)?;
+        s.push_replayable(Arc::new(move || {
+            Box::new(move || {
+                // SAFETY: both ranges lay inside live mappings when the copy was queued, and
+                // (as on a GPU) the caller keeps them until the stream passed the copy.
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+                Ok(())
             })
         }));
         Ok(())

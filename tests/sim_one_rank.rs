@@ -1,0 +1,82 @@
+//! One-rank communicators on the simulator: an out-of-place collective is a stream-ordered
+//! copy (the copy engine's job on a GPU), an in-place one does nothing; neither launches a
+//! kernel, and both hold in CUDA graphs.
+
+mod common;
+
+use common::graphs::{capture_and_replay, FirstUse};
+use common::{check_collective, Drive, Ranks};
+use nccl::{Backend, Coll, Comm, DataType, ReduceOp};
+
+/// The launch counter is per process: the tests take turns.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_rank() -> Ranks {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    Ranks::new(Comm::init_all(&[0]).expect("init_all on the simulator"))
+}
+
+#[test]
+fn one_rank_collectives_launch_no_kernel() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = one_rank();
+    let before = nccl::cuda::sim::launch_count();
+    for (i, coll) in Coll::ALL.into_iter().enumerate() {
+        for (j, (dt, op)) in [
+            (DataType::Float32, ReduceOp::Sum),
+            (DataType::Int32, ReduceOp::Avg),
+            (DataType::Bfloat16, ReduceOp::Max),
+            (DataType::Float64, ReduceOp::Prod),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for count in [1usize, 1000, 300_001] {
+                for in_place in [false, true] {
+                    check_collective(
+                        &ranks,
+                        coll,
+                        count,
+                        dt,
+                        op,
+                        0,
+                        in_place,
+                        (i * 100 + j * 10) as u64 + count as u64,
+                        Drive::OneThread,
+                    )
+                    .unwrap_or_else(|e| panic!("{} {dt:?} count {count}: {e}", coll.name()));
+                }
+            }
+        }
+    }
+    assert_eq!(
+        nccl::cuda::sim::launch_count(),
+        before,
+        "a one-rank collective launched a kernel"
+    );
+    // A scaled sum still runs the kernel (it multiplies): right values, one launch per call.
+    check_collective(
+        &ranks,
+        Coll::AllReduce,
+        777,
+        DataType::Float32,
+        ReduceOp::PreMulSum {
+            scalar_bits: 2.0f32.to_bits() as u64,
+        },
+        0,
+        false,
+        5,
+        Drive::OneThread,
+    )
+    .expect("PreMulSum on one rank");
+    assert!(nccl::cuda::sim::launch_count() > before);
+}
+
+#[test]
+fn one_rank_copies_replay_in_graphs() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = one_rank();
+    capture_and_replay(&ranks, 5, FirstUse::BeforeCapture).expect("direct, then captured");
+    let ranks = one_rank();
+    capture_and_replay(&ranks, 5, FirstUse::InsideCapture).expect("first use in the capture");
+}
