@@ -404,32 +404,6 @@ impl Comm {
             // finds over such paths (two), not NVLink's 32 sets of pinned FIFOs.
             shape.nchannels = shape.net_nchannels;
         }
-        let (mut tuner, graphs) = tuning::build(rank, &device, system, &peers, &shape)
-            .map_err(|e| e.context("tuning"))?;
-        if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
-            log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
-            tuner.log();
-        }
-        // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
-        let rings = rings::agree(
-            &bootstrap,
-            &graphs,
-            &nodes(&peers),
-            shape.nchannels as usize,
-        )
-        .map_err(|e| e.context("rings"))?;
-        let nch = shape.nchannels as usize;
-        let ring_peers: Vec<(usize, usize)> = (0..nch).map(|c| rings.peers(c, rank)).collect();
-        let (free_before, _) = device.mem_info()?;
-        let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
-        let addrs: Vec<PeerAddr> = peers
-            .iter()
-            .map(|p| PeerAddr {
-                device: p.device,
-                same_process: p.same_process(&me),
-                transport: transports.between(rank, p.rank as usize),
-            })
-            .collect();
         // Peers on other nodes are reached over the network, through this GPU's proxy thread;
         // its errors become the communicator's async error and stop the kernels.
         let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
@@ -447,6 +421,33 @@ impl Comm {
             &async_error,
             &kernel_abort,
         )?;
+        // Across nodes the tuner models the network: the node count and the NICs' speed.
+        let nodes_of = nodes(&peers);
+        let net_model = net_path
+            .as_ref()
+            .filter(|_| nodes_of.len() > 1)
+            .map(|np| tuning::NetModel::of(&*np.net, nodes_of.len(), shape.nchannels as usize));
+        let (mut tuner, graphs) = tuning::build(rank, &device, system, &peers, &shape, net_model)
+            .map_err(|e| e.context("tuning"))?;
+        if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
+            log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
+            tuner.log();
+        }
+        // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
+        let rings = rings::agree(&bootstrap, &graphs, &nodes_of, shape.nchannels as usize)
+            .map_err(|e| e.context("rings"))?;
+        let nch = shape.nchannels as usize;
+        let ring_peers: Vec<(usize, usize)> = (0..nch).map(|c| rings.peers(c, rank)).collect();
+        let (free_before, _) = device.mem_info()?;
+        let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
+        let addrs: Vec<PeerAddr> = peers
+            .iter()
+            .map(|p| PeerAddr {
+                device: p.device,
+                same_process: p.same_process(&me),
+                transport: transports.between(rank, p.rank as usize),
+            })
+            .collect();
         let remote = |r: usize| net_path.as_ref().is_some_and(|n| n.remote[r]);
         if transports.any(Transport::Net) {
             // A proxy sends a step slot by slot, each slot spaced by the connection's stride:

@@ -12,7 +12,9 @@ use crate::cuda::Device;
 use crate::error::Result;
 use crate::graph::{self, Graphs};
 use crate::topo::detect::{GpuInfo, StaticGpus};
+use crate::topo::PathType;
 use crate::topo::{synthetic, System};
+use crate::transport::net::Net;
 use crate::tune::{Algo, AlgoFilter, Proto, ProtoFilter, TuneParams, Tuner, NUM_ALGOS, NUM_PROTOS};
 
 /// (algorithm, protocol) pairs the device kernels implement.
@@ -74,11 +76,14 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
     }
     let (major, minor) = device.props()?.compute_capability;
     let sm = major * 10 + minor;
+    // The node's own search numbers its GPUs by position among the node's ranks (the rings
+    // across nodes map positions to ranks: `super::rings`).
     let gpus = local
         .iter()
-        .map(|p| GpuInfo {
+        .enumerate()
+        .map(|(i, p)| GpuInfo {
             dev: p.device,
-            rank: p.rank as usize,
+            rank: i,
             busid: p.bus_id.clone(),
             sm,
         })
@@ -99,6 +104,31 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
     }
 }
 
+/// What the tuner knows of the network across nodes.
+#[derive(Clone, Copy, Debug)]
+pub struct NetModel {
+    pub nnodes: usize,
+    /// Bandwidth (GB/s) a node's channels reach over the network: one NIC per channel, as
+    /// the channels spread over the network's devices.
+    pub bw_gbs: f64,
+}
+
+impl NetModel {
+    /// The model of `net` for `nnodes` nodes and `nchannels` channels.
+    pub(super) fn of(net: &dyn Net, nnodes: usize, nchannels: usize) -> NetModel {
+        let nics = net.ndevs().clamp(1, nchannels.max(1));
+        let speeds: Vec<f64> = (0..nics)
+            .filter_map(|d| net.properties(d).ok())
+            .map(|p| f64::from(p.speed_mbps) / 8000.0)
+            .collect();
+        let bw_gbs = match speeds.is_empty() {
+            true => 1.25, // 10 Gb/s, the socket network's default
+            false => speeds.iter().sum(),
+        };
+        NetModel { nnodes, bw_gbs }
+    }
+}
+
 /// Graphs and tuner for rank `rank` on `system` (its node, from [`node_system`]); `shape`
 /// is the agreed (rank 0's) one. The graphs come back too: their rings order the channels
 /// (see `super::rings`).
@@ -108,14 +138,16 @@ pub fn build(
     system: System,
     peers: &[PeerInfo],
     shape: &Shape,
+    net: Option<NetModel>,
 ) -> Result<(Tuner, Graphs)> {
+    let local = system.gpus.len().max(1);
     let (system, graphs) = match search_in(system, shape) {
         Ok(found) => found,
         Err(e) if !device.is_sim() => {
             // Detection reads sysfs and NVML of machines we may never have seen: a failure
             // there costs tuning accuracy, not the communicator.
             log::warn!("topology search failed ({e}); tuning for an NVSwitch node");
-            search_in(nvswitch(peers.len(), device)?, shape)?
+            search_in(nvswitch(local, device)?, shape)?
         }
         Err(e) => return Err(e),
     };
@@ -129,7 +161,18 @@ pub fn build(
         built: built(),
         auto_max_bytes: AUTO_MAX_BYTES,
     };
-    Ok((Tuner::new(&system, &graphs, &params), graphs))
+    // The search saw this node; the tuner sees the whole communicator.
+    let mut whole = graphs.clone();
+    if let Some(net) = net {
+        whole.nnodes = net.nnodes;
+        whole.nranks = peers.len();
+        whole.bw_inter = net.bw_gbs;
+        whole.net_type = PathType::Net;
+        // Inside a node the tree is a chain along the ring, and across nodes too (no double
+        // binary tree yet): its depth grows with the node count.
+        whole.tree_chain = true;
+    }
+    Ok((Tuner::new(&system, &whole, &params), graphs))
 }
 
 /// [`local_system`], or on GPUs where that fails an NVSwitch node of the communicator's size

@@ -174,6 +174,9 @@ pub struct Graphs {
     pub net_type: PathType,
     /// Every ring step inside a node is NVLink (LL128 is safe).
     pub all_nvlink: bool,
+    /// The tree runs as a chain along the ring (a communicator's tree today), not the double
+    /// binary tree across nodes these graphs describe: its depth is the node count.
+    pub tree_chain: bool,
 }
 
 impl Graphs {
@@ -369,6 +372,7 @@ pub fn search_ranks(system: &System, ranks: &[Vec<usize>], params: &Params) -> R
         intra_type,
         net_type: if nnodes > 1 { net_type } else { PathType::Loc },
         all_nvlink,
+        tree_chain: false,
     })
 }
 

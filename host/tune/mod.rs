@@ -386,6 +386,8 @@ pub struct Tuner {
     bw_intra: f64,
     bw_inter: f64,
     intra_type: PathType,
+    /// The tree is a chain across nodes (see `Graphs::tree_chain`).
+    tree_chain: bool,
     ll128_ok: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
@@ -418,6 +420,7 @@ impl Tuner {
             bw_intra: graphs.bw_intra,
             bw_inter: graphs.bw_inter,
             intra_type: graphs.intra_type,
+            tree_chain: graphs.tree_chain,
             ll128_ok,
             params: params.clone(),
             plugin,
@@ -484,7 +487,10 @@ impl Tuner {
         let base = base_lat(algo, proto);
         match algo {
             Algo::Tree => {
-                let depth = (self.nnodes as f64).log2().ceil();
+                let depth = match self.tree_chain {
+                    true => (self.nnodes as f64 - 1.0).max(0.0),
+                    false => (self.nnodes as f64).log2().ceil(),
+                };
                 base + 2.0 * ((self.nlocal as f64 - 1.0) * intra + depth * net)
             }
             _ => {
