@@ -11,11 +11,21 @@
 //! Threads: helper thread `t` owns the data sockets `i` with `i % nthreads == t`; thread 0 also
 //! owns the control socket. On the sending side `isend` hands the message to every thread;
 //! thread 0 writes the header (and an inline payload) and each thread writes its pieces. On the
-//! receiving side `irecv` hands the posted buffer to thread 0, which reads the header, learns
-//! the length and hands the message to the other threads. A thread with one piece to move uses
-//! a blocking call (woken every [`IO_TICK`] to look at its flags); with several it interleaves
-//! non-blocking calls over its sockets, backing off when none moves. The last thread to finish
-//! its part of a message completes the request and calls the waker.
+//! receiving side the caller's `irecv` and `test` read the control socket without blocking:
+//! a header, then an inline payload into the oldest posted buffer, or for a large message hand
+//! it to every thread. A thread with one piece to move uses a blocking call (woken every
+//! [`IO_TICK`] to look at its flags); with several it interleaves non-blocking calls over its
+//! sockets, backing off when none moves. The last thread to finish its part of a message
+//! completes the request and calls the waker.
+//!
+//! Why the caller moves small messages itself: handing one to a sleeping thread and back costs
+//! two thread wake-ups per side, several times what loopback TCP takes to move it. So `isend`
+//! writes an inline message itself when thread 0 has nothing queued for the control socket
+//! (whatever does not go out at once is left to thread 0, which goes on from that byte). A
+//! receiving caller that stops polling (an idle proxy asleep, a program waiting on its sends)
+//! does not stall the stream: when it has not come by for [`CALLER_AWAY`], thread 0 watches
+//! the control socket, reads what arrives the same way and calls the waker. Whoever reads
+//! holds `reader`; the caller only tries it, so it never waits on thread 0.
 //!
 //! Failures: an I/O error or an end of stream records one `ncclRemoteError` naming the peer,
 //! shuts every socket down (which wakes the other threads) and calls the waker; from then on
@@ -25,13 +35,14 @@
 //! joins the threads.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
+use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
@@ -47,6 +58,9 @@ pub const IO_TICK: Duration = Duration::from_millis(100);
 pub const MAX_REQUESTS: usize = 32;
 /// Bytes a helper thread reads at once when it throws a message away.
 const SCRATCH_BYTES: usize = 256 << 10;
+/// A receiving caller that has not read the control socket for this long may be asleep: thread
+/// 0 then watches the socket and calls the waker when bytes arrive.
+pub const CALLER_AWAY: Duration = Duration::from_millis(2);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -81,6 +95,15 @@ struct Work {
     len: usize,
     /// Receiving a message longer than its buffer: read and drop its bytes, fail the request.
     discard: bool,
+    /// Sending: bytes of the header and inline payload the caller already wrote.
+    sent: usize,
+}
+
+/// The helper threads' work: each thread's parts of messages, and (receiving) the posted
+/// buffers whose header has not been read yet, oldest first.
+struct Queues {
+    work: Vec<VecDeque<Work>>,
+    posted: VecDeque<Arc<Msg>>,
 }
 
 struct Shared {
@@ -88,8 +111,17 @@ struct Shared {
     dev: String,
     nthreads: usize,
     ndata: usize,
-    queues: Mutex<Vec<VecDeque<Work>>>,
+    queues: Mutex<Queues>,
     cv: Condvar,
+    /// Sending: messages handed to thread 0 whose header and inline payload are not all
+    /// written yet; while any are, the caller must not write on the control socket.
+    ctrl_queued: AtomicUsize,
+    /// Receiving: where the reading of the control socket stands; held by whoever reads it.
+    reader: Mutex<Reader>,
+    /// Receiving: when the caller last read the control socket ([`Shared::clock_us`]).
+    caller_seen_us: AtomicU64,
+    /// The time base of `caller_seen_us`.
+    epoch: Instant,
     stop: AtomicBool,
     /// The peer closed its sending end cleanly (a [`wire::CLOSE_TAG`] header): nothing more
     /// arrives, and that is no error.
@@ -102,6 +134,10 @@ struct Shared {
 }
 
 impl Shared {
+    fn clock_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
     fn quitting(&self) -> bool {
         self.stop.load(Ordering::Acquire) || self.failed.load(Ordering::Acquire)
     }
@@ -149,13 +185,25 @@ impl Shared {
 
     /// The next part of a message for thread `t`; None once the comm stops or fails.
     fn next(&self, t: usize) -> Option<Work> {
+        self.next_job(t, false).map(|j| match j {
+            Job::Part(w) => w,
+            Job::Listen => unreachable!("listening is thread 0's, receiving"),
+        })
+    }
+
+    /// Thread `t`'s next part of a message or, with `listen` (thread 0 receiving), a posted
+    /// buffer waiting for its header; None once the comm stops or fails.
+    fn next_job(&self, t: usize, listen: bool) -> Option<Job> {
         let mut q = lock(&self.queues);
         loop {
             if self.quitting() {
                 return None;
             }
-            if let Some(w) = q[t].pop_front() {
-                return Some(w);
+            if let Some(w) = q.work[t].pop_front() {
+                return Some(Job::Part(w));
+            }
+            if listen && !q.posted.is_empty() {
+                return Some(Job::Listen);
             }
             q = self
                 .cv
@@ -169,10 +217,11 @@ impl Shared {
         {
             let mut q = lock(&self.queues);
             for t in threads {
-                q[t].push_back(Work {
+                q.work[t].push_back(Work {
                     msg: w.msg.clone(),
                     len: w.len,
                     discard: w.discard,
+                    sent: w.sent,
                 });
             }
         }
@@ -184,18 +233,185 @@ impl Shared {
         if w.msg.parts_left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let result = if w.discard {
-            Err(Error::remote(format!(
-                "NET/Socket: message of {} bytes from {} does not fit the receive buffer of {} \
-                 bytes (device {}); the message was dropped",
-                w.len, self.peer, w.msg.cap, self.dev
-            )))
-        } else {
-            Ok(w.len)
-        };
-        let _ = w.msg.result.set(result);
+        self.finish(&w.msg, w.len, w.discard);
         self.wake();
     }
+
+    /// Completes `msg`: `len` bytes moved, or (`discard`) dropped as too long for its buffer.
+    fn finish(&self, msg: &Msg, len: usize, discard: bool) {
+        let result = if discard {
+            Err(Error::remote(format!(
+                "NET/Socket: message of {len} bytes from {} does not fit the receive buffer of {} \
+                 bytes (device {}); the message was dropped",
+                self.peer, msg.cap, self.dev
+            )))
+        } else {
+            Ok(len)
+        };
+        let _ = msg.result.set(result);
+    }
+}
+
+impl Shared {
+    /// Reads what the control socket holds, without blocking: headers, inline payloads into
+    /// the oldest posted buffers, large messages handed to the threads. A broken stream fails
+    /// the connection (the error then comes from `test`).
+    fn read_ctrl(&self, ctrl: &Socket, reader: &mut Reader) {
+        if self.quitting() {
+            return;
+        }
+        if let Err(what) = self.read_ctrl_inner(ctrl, reader) {
+            self.fail(|| what);
+        }
+    }
+
+    fn read_ctrl_inner(
+        &self,
+        ctrl: &Socket,
+        reader: &mut Reader,
+    ) -> std::result::Result<(), String> {
+        loop {
+            match &mut reader.reading {
+                Reading::Header { buf, got } => {
+                    if lock(&self.queues).posted.is_empty() {
+                        return Ok(()); // headers are read for posted receives only
+                    }
+                    while *got < HEADER_BYTES {
+                        let mut part = [MaybeUninit::<u8>::uninit(); HEADER_BYTES];
+                        let want = &mut part[..HEADER_BYTES - *got];
+                        match read_now(ctrl, want) {
+                            Ok(Some(n)) => {
+                                for (d, s) in buf[*got..*got + n].iter_mut().zip(&part[..n]) {
+                                    // SAFETY: the socket initialized the first n bytes.
+                                    *d = unsafe { s.assume_init() };
+                                }
+                                *got += n;
+                            }
+                            Ok(None) => return Ok(()),
+                            Err(e) => {
+                                return Err(format!(
+                                    "{e} (reading a message header, {got} of {HEADER_BYTES} \
+                                     bytes in)"
+                                ))
+                            }
+                        }
+                    }
+                    let Some((len, tag)) = wire::decode_header(buf) else {
+                        return Err(
+                            "received a corrupt message header (the stream lost its framing)"
+                                .into(),
+                        );
+                    };
+                    if tag == wire::CLOSE_TAG {
+                        // The sender is gone on purpose: posted receives stay pending, quietly.
+                        self.closed.store(true, Ordering::Release);
+                        self.stop.store(true, Ordering::Release);
+                        self.cv.notify_all();
+                        return Ok(());
+                    }
+                    let Some(msg) = lock(&self.queues).posted.pop_front() else {
+                        return Err("a header without a posted receive".into());
+                    };
+                    let discard = len > msg.cap;
+                    if wire::inline(len) {
+                        reader.reading = Reading::Payload {
+                            msg,
+                            len,
+                            got: 0,
+                            discard,
+                        };
+                    } else {
+                        let w = Work {
+                            msg,
+                            len,
+                            discard,
+                            sent: 0,
+                        };
+                        self.push(0..self.nthreads, &w);
+                        reader.reading = Reading::header();
+                    }
+                }
+                Reading::Payload {
+                    msg,
+                    len,
+                    got,
+                    discard,
+                } => {
+                    while *got < *len {
+                        let dst = if *discard {
+                            if reader.scratch.is_empty() {
+                                reader.scratch = vec![MaybeUninit::uninit(); SCRATCH_BYTES];
+                            }
+                            let n = (*len - *got).min(reader.scratch.len());
+                            &mut reader.scratch[..n]
+                        } else {
+                            // SAFETY: `msg.addr..msg.addr + len` (len <= msg.cap) lies inside
+                            // a region registered with this comm (checked by `irecv`), valid
+                            // for writes until `dereg_mr` (refused while this request is in
+                            // flight); only the holder of `reader` touches it while the
+                            // receive is unfinished. MaybeUninit: nothing is claimed about
+                            // its contents.
+                            unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    (msg.addr + *got) as *mut MaybeUninit<u8>,
+                                    *len - *got,
+                                )
+                            }
+                        };
+                        match read_now(ctrl, dst) {
+                            Ok(Some(n)) => *got += n,
+                            Ok(None) => return Ok(()),
+                            Err(e) => {
+                                return Err(format!(
+                                    "{e} (receiving bytes {got}.. of a {len}-byte inline message)"
+                                ))
+                            }
+                        }
+                    }
+                    self.finish(msg, *len, *discard);
+                    reader.reading = Reading::header();
+                }
+            }
+        }
+    }
+}
+
+/// What a helper thread does next.
+enum Job {
+    /// Its part of a message.
+    Part(Work),
+    /// Thread 0, receiving: make sure a caller that went away hears of arriving bytes.
+    Listen,
+}
+
+/// One non-blocking read: Some(bytes read), None when nothing is there; the end of the
+/// stream is an error.
+fn read_now(s: &Socket, buf: &mut [MaybeUninit<u8>]) -> io::Result<Option<usize>> {
+    loop {
+        return match s.recv_with_flags(buf, libc::MSG_DONTWAIT) {
+            Ok(0) if !buf.is_empty() => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            )),
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if would_block(&e) => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
+}
+
+/// Waits up to `limit` for `s` to become readable (bytes, an end of stream or an error).
+fn readable(s: &Socket, limit: Duration) -> bool {
+    let mut fd = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd, and nfds says one.
+    let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+    rc > 0 && fd.revents != 0
 }
 
 /// Why a helper thread stopped working on a message.
@@ -255,6 +471,9 @@ struct Worker {
 
 impl Worker {
     fn run(mut self) {
+        if !self.send && self.t == 0 {
+            return self.run_listener();
+        }
         while let Some(w) = self.shared.next(self.t) {
             let outcome = if self.send {
                 self.send_one(&w).map(|()| w)
@@ -294,36 +513,6 @@ impl Worker {
                 Ok(n) => done += n,
                 Err(e) if would_block(&e) => self.check()?,
                 Err(e) => return Err(Halt::Broken(format!("sending a message header: {e}"))),
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads exactly `buf.len()` bytes (a header) from `sock`.
-    fn recv_all(&self, sock: &Socket, buf: &mut [u8]) -> std::result::Result<(), Halt> {
-        let mut got = 0;
-        while got < buf.len() {
-            let mut r: &Socket = sock;
-            match r.read(&mut buf[got..]) {
-                Ok(0) => {
-                    self.check()?;
-                    return Err(Halt::Broken(if got == 0 {
-                        "the peer closed the connection (waiting for the next message header)"
-                            .into()
-                    } else {
-                        format!(
-                            "the peer closed the connection inside a message header ({got} of \
-                             {} bytes)",
-                            buf.len()
-                        )
-                    }));
-                }
-                Ok(n) => got += n,
-                Err(e) if would_block(&e) => self.check()?,
-                Err(e) => {
-                    self.check()?;
-                    return Err(Halt::Broken(format!("receiving a message header: {e}")));
-                }
             }
         }
         Ok(())
@@ -444,47 +633,76 @@ impl Worker {
     fn send_one(&mut self, w: &Work) -> std::result::Result<(), Halt> {
         if self.t == 0 {
             let ctrl = self.ctrl()?;
-            self.send_all(&ctrl, &wire::encode_header(w.len, w.msg.tag))?;
+            let hdr = wire::encode_header(w.len, w.msg.tag);
+            self.send_all(&ctrl, hdr.get(w.sent..).unwrap_or(&[]))?;
             if wire::inline(w.len) && w.len > 0 {
-                self.move_pieces(&mut [self.inline_piece(ctrl, w)])?;
+                // The caller may have written the first bytes already.
+                let skip = w.sent.saturating_sub(HEADER_BYTES).min(w.len);
+                let mut p = self.inline_piece(ctrl, w);
+                p.addr += skip;
+                p.left -= skip;
+                self.move_pieces(&mut [p])?;
             }
+            self.shared.ctrl_queued.fetch_sub(1, Ordering::AcqRel);
         }
         let mut pieces = self.pieces(w.msg.addr, w.len, false);
         self.move_pieces(&mut pieces)
     }
 
-    fn recv_one(&mut self, mut w: Work) -> std::result::Result<Work, Halt> {
-        if self.t == 0 {
-            let ctrl = self.ctrl()?;
-            let mut hdr = [0u8; HEADER_BYTES];
-            self.recv_all(&ctrl, &mut hdr)?;
-            let Some((len, tag)) = wire::decode_header(&hdr) else {
-                return Err(Halt::Broken(
-                    "received a corrupt message header (the stream lost its framing)".into(),
-                ));
-            };
-            if tag == wire::CLOSE_TAG {
-                // The sender is gone on purpose: posted receives stay pending, quietly.
-                self.shared.closed.store(true, Ordering::Release);
-                self.shared.stop.store(true, Ordering::Release);
-                self.shared.cv.notify_all();
-                return Err(Halt::Quit);
-            }
-            w.len = len;
-            w.discard = len > w.msg.cap;
-            if w.discard && self.scratch.is_empty() {
-                self.scratch = vec![MaybeUninit::uninit(); SCRATCH_BYTES];
-            }
-            self.shared.push(1..self.shared.nthreads, &w);
-            if wire::inline(len) && len > 0 {
-                self.move_pieces(&mut [self.inline_piece(ctrl, &w)])?;
-            }
-        } else if w.discard && self.scratch.is_empty() {
+    /// Receiving, threads other than 0: this thread's pieces of a message.
+    fn recv_one(&mut self, w: Work) -> std::result::Result<Work, Halt> {
+        if w.discard && self.scratch.is_empty() {
             self.scratch = vec![MaybeUninit::uninit(); SCRATCH_BYTES];
         }
         let mut pieces = self.pieces(w.msg.addr, w.len, w.discard);
         self.move_pieces(&mut pieces)?;
         Ok(w)
+    }
+
+    /// Receiving, thread 0: moves its pieces of large messages, and calls the waker when bytes
+    /// arrive on the control socket while the caller is away.
+    fn run_listener(mut self) {
+        while let Some(job) = self.shared.next_job(0, true) {
+            let outcome = match job {
+                Job::Part(w) => self.recv_one(w).map(|w| self.shared.part_done(&w)),
+                Job::Listen => self.listen(),
+            };
+            match outcome {
+                Ok(()) => {}
+                Err(Halt::Quit) => return,
+                Err(Halt::Broken(what)) => {
+                    self.shared.fail(|| what);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Receives are posted. While the caller comes by, nothing to do but wait for work; once it
+    /// stayed away for [`CALLER_AWAY`], wait (a tick at most) for the control socket to become
+    /// readable, read it, and call the waker.
+    fn listen(&mut self) -> std::result::Result<(), Halt> {
+        let shared = self.shared.clone();
+        let away = Duration::from_micros(
+            shared
+                .clock_us()
+                .saturating_sub(shared.caller_seen_us.load(Ordering::Acquire)),
+        );
+        if away >= CALLER_AWAY {
+            let ctrl = self.ctrl()?;
+            if !readable(&ctrl, IO_TICK) {
+                return self.check();
+            }
+            shared.read_ctrl(&ctrl, &mut lock(&shared.reader));
+            shared.wake();
+            return self.check();
+        }
+        // Give the caller time to come (pushed work wakes us at once).
+        let q = lock(&shared.queues);
+        if q.work[0].is_empty() && !shared.quitting() {
+            drop(shared.cv.wait_timeout(q, CALLER_AWAY - away));
+        }
+        self.check()
     }
 }
 
@@ -505,6 +723,35 @@ pub(super) struct Comm {
     next_mr: u64,
     reqs: HashMap<u64, Arc<Msg>>,
     next_req: u64,
+}
+
+/// The receiving end's place in the control socket's stream, and where the bytes of a message
+/// too long for its buffer go.
+struct Reader {
+    reading: Reading,
+    scratch: Vec<MaybeUninit<u8>>,
+}
+
+/// A receiving end's place in the control socket's stream.
+enum Reading {
+    /// `got` bytes of the next header.
+    Header { buf: [u8; HEADER_BYTES], got: usize },
+    /// `got` of the `len` bytes of an inline message for `msg` (`discard`: too long for it).
+    Payload {
+        msg: Arc<Msg>,
+        len: usize,
+        got: usize,
+        discard: bool,
+    },
+}
+
+impl Reading {
+    fn header() -> Reading {
+        Reading::Header {
+            buf: [0; HEADER_BYTES],
+            got: 0,
+        }
+    }
 }
 
 /// Makes a connected socket blocking with [`IO_TICK`] timeouts and no Nagle delay.
@@ -541,8 +788,18 @@ impl Comm {
             dev,
             nthreads,
             ndata: data.len(),
-            queues: Mutex::new((0..nthreads).map(|_| VecDeque::new()).collect()),
+            queues: Mutex::new(Queues {
+                work: (0..nthreads).map(|_| VecDeque::new()).collect(),
+                posted: VecDeque::new(),
+            }),
             cv: Condvar::new(),
+            ctrl_queued: AtomicUsize::new(0),
+            reader: Mutex::new(Reader {
+                reading: Reading::header(),
+                scratch: Vec::new(),
+            }),
+            caller_seen_us: AtomicU64::new(0),
+            epoch: Instant::now(),
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             failed: AtomicBool::new(false),
@@ -694,7 +951,7 @@ impl Comm {
         }
     }
 
-    fn post(&mut self, addr: usize, cap: usize, tag: u32, mr: Mr) -> Request {
+    fn new_msg(&mut self, addr: usize, cap: usize, tag: u32, mr: Mr) -> (Request, Arc<Msg>) {
         let msg = Arc::new(Msg {
             addr,
             cap,
@@ -706,20 +963,7 @@ impl Comm {
         let id = self.next_req;
         self.next_req += 1;
         self.reqs.insert(id, msg.clone());
-        let threads = if self.send {
-            0..self.shared.nthreads
-        } else {
-            0..1
-        };
-        self.shared.push(
-            threads,
-            &Work {
-                msg,
-                len: cap,
-                discard: false,
-            },
-        );
-        Request(id)
+        (Request(id), msg)
     }
 
     pub(super) fn isend(
@@ -734,7 +978,49 @@ impl Comm {
         if self.reqs.len() >= MAX_REQUESTS {
             return Ok(None);
         }
-        Ok(Some(self.post(addr, len, tag, mr)))
+        let (req, msg) = self.new_msg(addr, len, tag, mr);
+        let mut sent = 0;
+        if wire::inline(len) && self.shared.ctrl_queued.load(Ordering::Acquire) == 0 {
+            sent = self.write_inline(addr, len, tag)?;
+            if sent == HEADER_BYTES + len {
+                self.shared.finish(&msg, len, false);
+                return Ok(Some(req));
+            }
+        }
+        self.shared.ctrl_queued.fetch_add(1, Ordering::AcqRel);
+        let work = Work {
+            msg,
+            len,
+            discard: false,
+            sent,
+        };
+        self.shared.push(0..self.shared.nthreads, &work);
+        Ok(Some(req))
+    }
+
+    /// The caller's fast path: writes as much of an inline message (header and payload) as the
+    /// control socket takes without blocking; thread 0 is idle on it (nothing queued).
+    fn write_inline(&self, addr: usize, len: usize, tag: u32) -> Result<usize> {
+        let hdr = wire::encode_header(len, tag);
+        // SAFETY: `addr..addr + len` lies inside a region registered with this comm (checked
+        // by `isend`), which the caller of `reg_mr` keeps valid for reads until `dereg_mr`
+        // (refused while this request is in flight). Only reads happen through it.
+        let payload = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        let bufs = [io::IoSlice::new(&hdr), io::IoSlice::new(payload)];
+        match self
+            .ctrl
+            .send_vectored_with_flags(&bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        {
+            Ok(n) => Ok(n),
+            Err(e) if would_block(&e) => Ok(0),
+            Err(e) => {
+                self.shared
+                    .fail(|| format!("sending a {len}-byte message on the control socket: {e}"));
+                Err(self.shared.error().unwrap_or_else(|| {
+                    Error::remote(format!("NET/Socket: {}: {e}", self.shared.peer))
+                }))
+            }
+        }
     }
 
     pub(super) fn irecv(&mut self, buf: &RecvBuf) -> Result<Option<Request>> {
@@ -743,10 +1029,28 @@ impl Comm {
         if self.reqs.len() >= MAX_REQUESTS {
             return Ok(None);
         }
-        Ok(Some(self.post(addr, buf.max_len, buf.tag, buf.mr)))
+        let (req, msg) = self.new_msg(addr, buf.max_len, buf.tag, buf.mr);
+        lock(&self.shared.queues).posted.push_back(msg);
+        self.shared.cv.notify_all();
+        self.read_ctrl();
+        Ok(Some(req))
+    }
+
+    /// The caller's turn at the control socket (unless thread 0 is reading it right now).
+    fn read_ctrl(&mut self) {
+        let shared = &*self.shared;
+        shared
+            .caller_seen_us
+            .store(shared.clock_us(), Ordering::Release);
+        if let Ok(mut reader) = shared.reader.try_lock() {
+            shared.read_ctrl(&self.ctrl, &mut reader);
+        }
     }
 
     pub(super) fn test(&mut self, req: Request) -> Result<Option<usize>> {
+        if !self.send {
+            self.read_ctrl();
+        }
         let Some(msg) = self.reqs.get(&req.0) else {
             return Err(Error::invalid_usage(format!(
                 "NET/Socket: request {} is not in flight on this comm (already completed?)",

@@ -221,6 +221,67 @@ fn eight_in_flight_each_way() {
     assert_eq!(s.test(sends[0]).unwrap_err().code, NcclResult::InvalidUsage);
 }
 
+/// The callers' fast paths (a small message written by `isend` and read by `test` while the
+/// helper threads sleep) interleaved with messages the threads move: a ping-pong of small
+/// messages, some rounds sending a large one first so that the small one queues behind it,
+/// every byte checked and every message in its own place.
+#[test]
+fn small_and_large_messages_interleave_intact() {
+    let net = lo_net(2, 2);
+    let (mut s, mut r) = pair(&net);
+    let mut rng = Rng(11);
+    let small = [0usize, 1, 13, 4096, wire::MIN_CHUNK - 1];
+    let large = wire::MIN_CHUNK + 5;
+    let mut src = rng.bytes(large + wire::MIN_CHUNK);
+    let mut dst = vec![0u8; 2 * (large + wire::MIN_CHUNK)];
+    let smr = reg_send(s.as_mut(), &mut src);
+    let rmr = reg_recv(r.as_mut(), &mut dst);
+    let slot = large + wire::MIN_CHUNK;
+    for round in 0..200 {
+        let n = small[round % small.len()];
+        let with_large = round % 7 == 3;
+        let at = |k: usize| RecvBuf {
+            mr: rmr,
+            offset: k * slot,
+            max_len: slot,
+            tag: 0,
+        };
+        let mut recvs = vec![r.irecv(&[at(0)]).unwrap().expect("irecv slot")];
+        if with_large {
+            recvs.push(r.irecv(&[at(1)]).unwrap().expect("irecv slot"));
+        }
+        let mut sizes = Vec::new();
+        let mut sends = Vec::new();
+        if with_large {
+            sends.push(s.isend(smr, 0, large, 0).unwrap().expect("isend slot"));
+            sizes.push((0, large));
+        }
+        sends.push(s.isend(smr, large, n, 0).unwrap().expect("isend slot"));
+        sizes.push((large, n));
+        if !with_large && round > 0 {
+            // The connection is idle (every earlier message completed): the small message
+            // went out inside `isend`.
+            assert_eq!(s.test(sends[0]).unwrap(), Some(n), "round {round}");
+        } else {
+            for req in sends {
+                wait_send(s.as_mut(), req).unwrap();
+            }
+        }
+        for (k, req) in recvs.into_iter().enumerate() {
+            let (from, len) = sizes[k];
+            assert_eq!(
+                wait_recv(r.as_mut(), req).unwrap(),
+                vec![len],
+                "round {round}"
+            );
+            assert!(
+                src[from..from + len] == dst[k * slot..k * slot + len],
+                "round {round}: message {k} ({len} bytes) arrived changed"
+            );
+        }
+    }
+}
+
 #[test]
 fn too_short_receive_fails_with_both_sizes_and_the_stream_goes_on() {
     let net = lo_net(2, 2);
@@ -812,4 +873,46 @@ fn throughput_256mib() {
             n as f64 / best / 1e9
         );
     }
+}
+
+/// Round trips of an 8-byte message over loopback (send, receive, answer), the callers
+/// polling `test` as the proxy does; prints the mean. Run with
+/// `cargo test --workspace --all-features --lib transport::net -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn round_trip_8b() {
+    let net = lo_net(2, 2);
+    let (mut s1, mut r2) = pair(&net);
+    let (mut s2, mut r1) = pair(&net);
+    let rounds = 20_000;
+    let t0 = std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let mut buf = vec![0u8; 8];
+            let rmr = reg_recv(r2.as_mut(), &mut buf);
+            let mut out = vec![1u8; 8];
+            let smr = reg_send(s2.as_mut(), &mut out);
+            for _ in 0..rounds {
+                let rq = r2.irecv(&[recv_buf(rmr, 8)]).unwrap().unwrap();
+                while r2.test(rq).unwrap().is_none() {}
+                let sq = s2.isend(smr, 0, 8, 0).unwrap().unwrap();
+                while s2.test(sq).unwrap().is_none() {}
+            }
+        });
+        let mut buf = vec![0u8; 8];
+        let rmr = reg_recv(r1.as_mut(), &mut buf);
+        let mut out = vec![2u8; 8];
+        let smr = reg_send(s1.as_mut(), &mut out);
+        let t0 = Instant::now();
+        for _ in 0..rounds {
+            let rq = r1.irecv(&[recv_buf(rmr, 8)]).unwrap().unwrap();
+            let sq = s1.isend(smr, 0, 8, 0).unwrap().unwrap();
+            while s1.test(sq).unwrap().is_none() {}
+            while r1.test(rq).unwrap().is_none() {}
+        }
+        t0
+    });
+    println!(
+        "socket net loopback: 8-byte round trip {:.1} us",
+        t0.elapsed().as_secs_f64() * 1e6 / rounds as f64
+    );
 }
