@@ -38,7 +38,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -122,6 +122,9 @@ struct Shared {
     caller_seen_us: AtomicU64,
     /// The time base of `caller_seen_us`.
     epoch: Instant,
+    /// Receiving: an eventfd rung when thread 0 gets work, so that watching the control
+    /// socket (a blocking poll) never keeps it from its pieces of a large message.
+    work_bell: Option<OwnedFd>,
     stop: AtomicBool,
     /// The peer closed its sending end cleanly (a [`wire::CLOSE_TAG`] header): nothing more
     /// arrives, and that is no error.
@@ -214,6 +217,7 @@ impl Shared {
     }
 
     fn push(&self, threads: std::ops::Range<usize>, w: &Work) {
+        let to_thread0 = threads.contains(&0);
         {
             let mut q = lock(&self.queues);
             for t in threads {
@@ -226,6 +230,12 @@ impl Shared {
             }
         }
         self.cv.notify_all();
+        if let (true, Some(fd)) = (to_thread0, &self.work_bell) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from `one` to an eventfd this struct owns. A full counter
+            // (EAGAIN) means thread 0 has been rung already.
+            let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
     }
 
     /// Thread's part of `w` is done; the last part completes the request.
@@ -401,17 +411,41 @@ fn read_now(s: &Socket, buf: &mut [MaybeUninit<u8>]) -> io::Result<Option<usize>
     }
 }
 
-/// Waits up to `limit` for `s` to become readable (bytes, an end of stream or an error).
-fn readable(s: &Socket, limit: Duration) -> bool {
-    let mut fd = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// Waits up to `limit` for `s` to become readable (bytes, an end of stream or an error), or for
+/// `bell` to ring (then drained). True when `s` is readable.
+fn readable(s: &Socket, bell: Option<&OwnedFd>, limit: Duration) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: bell.map_or(-1, |b| b.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
     let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one valid pollfd, and nfds says one.
-    let rc = unsafe { libc::poll(&mut fd, 1, ms) };
-    rc > 0 && fd.revents != 0
+    // SAFETY: two pollfds, nfds says two; a negative fd is ignored by poll.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if rc > 0 && fds[1].revents != 0 {
+        if let Some(b) = bell {
+            let mut count = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into `count` from an eventfd (non-blocking).
+            let _ = unsafe { libc::read(b.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+        }
+    }
+    rc > 0 && fds[0].revents != 0
+}
+
+/// A non-blocking eventfd; None where the system refuses one (thread 0 then notices its work
+/// within [`IO_TICK`]).
+fn eventfd() -> Option<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    // SAFETY: `fd` was just created and nothing else owns it.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Why a helper thread stopped working on a message.
@@ -690,7 +724,7 @@ impl Worker {
         );
         if away >= CALLER_AWAY {
             let ctrl = self.ctrl()?;
-            if !readable(&ctrl, IO_TICK) {
+            if !readable(&ctrl, shared.work_bell.as_ref(), IO_TICK) {
                 return self.check();
             }
             shared.read_ctrl(&ctrl, &mut lock(&shared.reader));
@@ -800,6 +834,7 @@ impl Comm {
             }),
             caller_seen_us: AtomicU64::new(0),
             epoch: Instant::now(),
+            work_bell: if send { None } else { eventfd() },
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             failed: AtomicBool::new(false),
