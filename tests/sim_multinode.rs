@@ -224,12 +224,14 @@ fn send_recv_all_to_all_across_nodes() {
         }
         return;
     }
+    // Four connections per peer: a message smaller than 4 x 64 KiB leaves some idle across
+    // nodes (enqueue::p2p::NET_MIN_PART) and uses them all inside a node.
     for (nodes, per_node) in [(2, 1), (2, 2), (3, 1)] {
         common::procs::run_nodes(
             "send_recv_all_to_all_across_nodes",
             nodes,
             per_node,
-            &[LOOPBACK],
+            &[LOOPBACK, ("NCCL_RS_SIM_P2P_CONNS", "4")],
         );
     }
 }

@@ -104,10 +104,16 @@ pub fn submit(
     }
 }
 
-/// The byte range connection `c` of `n` carries of a `bytes`-long message (16-byte aligned
-/// pieces; the last ones may be empty).
-pub fn part(bytes: usize, n: usize, c: usize) -> (usize, usize) {
-    let per = bytes.div_ceil(n).next_multiple_of(16);
+/// Least bytes a connection to a peer on another node carries of a message: every connection
+/// used costs a network message and a proxy round per step, so an 8-byte send over 16 of them
+/// took 205 µs on one H100 as 2 nodes (NCCL, with one channel per small message: 39 µs). The
+/// socket network moves anything smaller than 64 KiB as one message anyway.
+pub const NET_MIN_PART: usize = 64 << 10;
+
+/// The byte range connection `c` of `n` carries of a `bytes`-long message: 16-byte aligned
+/// pieces of at least `min` bytes, so the last ones may be empty.
+pub fn part(bytes: usize, n: usize, c: usize, min: usize) -> (usize, usize) {
+    let per = bytes.div_ceil(n).next_multiple_of(16).max(min);
     let s = (c * per).min(bytes);
     (s, (s + per).min(bytes) - s)
 }
@@ -256,8 +262,18 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
             match *w {
                 Work::Conn(i) => {
                     let op = &batch[i];
+                    // Both ends see the same bytes and the same kind of link, so they skip the
+                    // same empty pieces.
+                    let min = if links.remote(op.peer) {
+                        NET_MIN_PART
+                    } else {
+                        0
+                    };
                     for c in 0..nconns {
-                        let (off, len) = part(op.bytes, nconns, c);
+                        let (off, len) = part(op.bytes, nconns, c, min);
+                        if len == 0 && op.bytes > 0 && min > 0 {
+                            continue; // nothing for this connection: it stays idle
+                        }
                         push(
                             &mut args,
                             P2pItem {
@@ -340,10 +356,10 @@ mod tests {
     #[test]
     fn parts_cover_the_message_once() {
         for bytes in [0usize, 1, 15, 16, 17, 1000, 1 << 20] {
-            for n in [1usize, 2, 4] {
+            for (n, min) in [(1usize, 0), (2, 0), (4, 0), (4, 4096), (16, NET_MIN_PART)] {
                 let mut next = 0;
                 for c in 0..n {
-                    let (s, len) = part(bytes, n, c);
+                    let (s, len) = part(bytes, n, c, min);
                     assert_eq!(s, next.min(bytes));
                     assert!(len == 0 || s % 16 == 0);
                     next = s + len;

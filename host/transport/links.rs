@@ -94,7 +94,8 @@ impl Links {
         }
     }
 
-    fn remote(&self, peer: usize) -> bool {
+    /// Is `peer` on another node (its connections go through the network and the proxy)?
+    pub(crate) fn remote(&self, peer: usize) -> bool {
         self.net.as_ref().is_some_and(|n| n.remote[peer])
     }
 
