@@ -61,6 +61,8 @@ fn ring_collectives_across_nodes() {
         let big = c.tuning(nccl::tune::Coll::AllReduce, 256 << 20).unwrap();
         // 256 MiB at 1.25 GB/s per NIC on the simulated socket network: over 50 ms.
         assert!(big.est_time_us > 50_000.0, "{big:?}");
+        // A large collective uses every ring the communicator connected across the network.
+        assert_eq!(big.nchannels, c.shape().nchannels as usize, "{big:?}");
         collectives(&ranks, 1);
         return;
     }

@@ -168,6 +168,10 @@ pub fn build(
         whole.nranks = peers.len();
         whole.bw_inter = net.bw_gbs;
         whole.net_type = PathType::Net;
+        // Every ring the communicator connected crosses the network: the channels to use are
+        // those, whatever the search found inside this node (one GPU: one channel, which kept
+        // every collective on one socket connection).
+        whole.nchannels = shape.nchannels as usize;
         // Inside a node the tree is a chain along the ring, and across nodes too (no double
         // binary tree yet): its depth grows with the node count.
         whole.tree_chain = true;
