@@ -61,6 +61,9 @@ fn ring_collectives_across_nodes() {
         let big = c.tuning(nccl::tune::Coll::AllReduce, 256 << 20).unwrap();
         // 256 MiB at 1.25 GB/s per NIC on the simulated socket network: over 50 ms.
         assert!(big.est_time_us > 50_000.0, "{big:?}");
+        // Two rings across nodes unless NCCL_MIN_NCHANNELS asks for more.
+        let rings = std::env::var("NCCL_MIN_NCHANNELS").map_or(2, |v| v.parse().unwrap());
+        assert_eq!(c.shape().nchannels, rings);
         // A large collective uses every ring the communicator connected across the network.
         assert_eq!(big.nchannels, c.shape().nchannels as usize, "{big:?}");
         collectives(&ranks, 1);
@@ -74,6 +77,8 @@ fn ring_collectives_across_nodes() {
             &[LOOPBACK],
         );
     }
+    let env = [LOOPBACK, ("NCCL_MIN_NCHANNELS", "3")];
+    common::procs::run_nodes("ring_collectives_across_nodes", 2, 2, &env);
 }
 
 #[test]

@@ -112,7 +112,12 @@ impl Shape {
         if min > 0 {
             n = n.max(min);
         }
-        let net_n = if min > 0 { n } else { n.min(NET_CHANNELS) };
+        // Across nodes NCCL_MIN_NCHANNELS raises the default and NCCL_MAX_NCHANNELS caps it,
+        // as inside a node (a minimum of 4 is 4 rings, not the 32 of NVLink).
+        let mut net_n = NET_CHANNELS.max(min);
+        if max > 0 {
+            net_n = net_n.min(max);
+        }
         let n = config.bound_channels(n.clamp(1, MAX_CHANNELS as i64) as u32);
         let net_nchannels = config.bound_channels(net_n.clamp(1, MAX_CHANNELS as i64) as u32);
         let (algo_mask, proto_mask) = tuning::filter_masks()?;
