@@ -93,10 +93,17 @@ impl Fabric {
             tag.len() <= 3 && nodes <= 9,
             "interface names have 15 bytes"
         );
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root: network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN".into());
-        }
+        Fabric::make(tag, nodes, subnet).map_err(|e| {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                format!("not root (namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN): {e}")
+            } else {
+                e
+            }
+        })
+    }
+
+    fn make(tag: &str, nodes: usize, subnet: u8) -> Result<Fabric, String> {
         delete_stale();
         let pid = std::process::id();
         let signals = std::env::temp_dir().join(format!("{NS_PREFIX}{pid}-{tag}"));
