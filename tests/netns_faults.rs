@@ -177,17 +177,15 @@ fn killed_peer_across_namespaces() {
     // Every survivor here has a network connection to the victim. A survivor that reaches it
     // only through p2p on its own node (2x2) learns of the death from nothing yet (issue 23's
     // bootstrap-based detection), so 2x2 is not claimed, as in sim_multinode.
-    for (tag, nodes, per_node, subnet) in [("k1", 3, 1, 3)] {
-        let test = "killed_peer_across_namespaces";
-        let Some(f) = netns::fabric_or_skip(test, tag, nodes, subnet) else {
-            return;
-        };
-        let victim = nodes * per_node - 1;
-        let mut run = f.start(test, per_node, ROOT_PORT, &[]);
-        let took = run.wait(RUN_LIMIT, &[victim]);
-        run.check(&[victim]);
-        eprintln!("killed peer, {nodes}x{per_node}: the survivors were done after {took:?}");
-    }
+    let test = "killed_peer_across_namespaces";
+    let Some(f) = netns::fabric_or_skip(test, "kp", 3, 3) else {
+        return;
+    };
+    let victim = 2;
+    let mut run = f.start(test, 1, ROOT_PORT, &[]);
+    let took = run.wait(RUN_LIMIT, &[victim]);
+    run.check(&[victim]);
+    eprintln!("killed peer, 3x1: the survivors were done after {took:?}");
 }
 
 /// The peer timeout the downed-link test configures, and what it allows on top (the
@@ -195,10 +193,10 @@ fn killed_peer_across_namespaces() {
 const PEER_TIMEOUT_MS: u64 = 3000;
 const SLACK: Duration = Duration::from_secs(10);
 
-/// Node 1's veth link taken down while both ranks loop over AllReduces: neither rank hears
-/// from the other again (no reset, no close: the packets just vanish), so only the peer
-/// timeout can tell. Every rank gets an async error naming the connection within it, and
-/// abort returns.
+/// The last node's veth link taken down while every rank loops over AllReduces (2×1, 2×2, and
+/// 3×1 where nodes 0 and 1 still reach each other): no rank hears from the cut-off node again,
+/// nor it from them (no reset, no close: the packets just vanish), so only the peer timeout
+/// can tell. Every rank gets an async error naming a connection within it, and abort returns.
 #[test]
 fn downed_link_across_namespaces() {
     if let Some((rank, nranks)) = netns::child() {
@@ -243,37 +241,46 @@ fn downed_link_across_namespaces() {
         comm.destroy().ok();
         return;
     }
-    for (tag, per_node, subnet) in [("d1", 1, 4), ("d2", 2, 5)] {
-        if !downed_link("downed_link_across_namespaces", tag, per_node, subnet) {
+    for (tag, nodes, per_node, subnet) in [("d1", 2, 1, 4), ("d2", 2, 2, 5), ("d3", 3, 1, 7)] {
+        if !downed_link(
+            "downed_link_across_namespaces",
+            tag,
+            nodes,
+            per_node,
+            subnet,
+        ) {
             return;
         }
     }
 }
 
-/// The parent of [`downed_link_across_namespaces`] for 2 × `per_node` ranks: starts them, takes
-/// node 1's link down once every rank finished an AllReduce, and checks that all of them are
-/// done within the peer timeout and the slack. False when skipped.
-fn downed_link(test: &str, tag: &str, per_node: usize, subnet: u8) -> bool {
-    let Some(f) = netns::fabric_or_skip(test, tag, 2, subnet) else {
+/// The parent of [`downed_link_across_namespaces`] for `nodes` × `per_node` ranks: starts them,
+/// takes the last node's link down once every rank finished an AllReduce, and checks that all
+/// of them are done within the peer timeout and the slack. False when skipped.
+fn downed_link(test: &str, tag: &str, nodes: usize, per_node: usize, subnet: u8) -> bool {
+    let Some(f) = netns::fabric_or_skip(test, tag, nodes, subnet) else {
         return false;
     };
     let timeout = PEER_TIMEOUT_MS.to_string();
     let env = [("NCCL_RS_SOCKET_TIMEOUT_MS", timeout.as_str())];
     let mut run = f.start(test, per_node, ROOT_PORT, &env);
-    let all: Vec<usize> = (0..2 * per_node).collect();
+    let all: Vec<usize> = (0..nodes * per_node).collect();
     let looping = run.wait_signal("looping", &all, Duration::from_secs(60));
     if looping {
         std::thread::sleep(Duration::from_millis(100));
-        f.link_down(1).expect("take node 1's link down");
+        f.link_down(nodes - 1)
+            .expect("take the last node's link down");
     }
     let t_down = Instant::now();
     let took = run.wait(Duration::from_millis(PEER_TIMEOUT_MS) + SLACK + SLACK, &[]);
     run.check(&[]);
     assert!(looping, "the ranks never reported their first AllReduce");
-    eprintln!("downed link, 2x{per_node}: every rank was done {took:?} after the link went down");
+    eprintln!(
+        "downed link, {nodes}x{per_node}: every rank was done {took:?} after the link went down"
+    );
     assert!(
         t_down.elapsed() <= Duration::from_millis(PEER_TIMEOUT_MS) + SLACK,
-        "2x{per_node}: the ranks took {took:?} to give up after the link went down (peer \
+        "{nodes}x{per_node}: the ranks took {took:?} to give up after the link went down (peer \
          timeout {PEER_TIMEOUT_MS} ms)"
     );
     true
