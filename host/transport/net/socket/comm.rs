@@ -559,9 +559,10 @@ fn ready(s: &Socket, peer_timeout: Option<Duration>) -> io::Result<()> {
 /// unanswered ones, so `every + probes × every` ≈ `t` (at least 2 s). Probes go out only while
 /// the socket has no unacknowledged data of its own; a receiving socket never has any, so the
 /// receiving end of every connection notices a silent peer within `t`, and its failure raises
-/// the communicator's async error and stops its kernels. (TCP_USER_TIMEOUT would bound the
-/// sending end too, but it also ends connections whose receiver merely reads late, a zero
-/// window, which a rank that is late to a collective legitimately causes.)
+/// the communicator's async error and stops its kernels. A sending socket with unacknowledged
+/// data is bounded only by TCP's retransmissions (tcp_retries2: about 15 minutes). Setting
+/// TCP_USER_TIMEOUT would bound it by `t` too, but that also ends connections whose receiver
+/// merely reads late (a zero window), which a rank late to a collective legitimately causes.
 pub(super) fn keepalive(s: &Socket, t: Duration) -> io::Result<()> {
     let secs = t
         .as_secs()
