@@ -93,6 +93,15 @@ pub const PARAMS: &[Param] = &[
         doc: "data sockets per socket-network helper thread (threads x sockets at most 64); 0: automatic, 1 (8 on AWS ENA)",
     },
     Param {
+        name: "NCCL_RS_SOCKET_TIMEOUT_MS",
+        default: "60000",
+        doc: "how long a socket-network connection may hear nothing from its peer's host before it \
+              fails (TCP keepalive probes, answered by the peer's kernel however busy its rank \
+              is): a link taken down or a host gone without closing becomes an error instead of \
+              a hang (nccl-rs's own: NCCL's socket network waits forever); rounded up to whole \
+              seconds, at least 2; 0: no probes",
+    },
+    Param {
         name: "NCCL_UID_STAGGER_THRESHOLD",
         default: "256",
         doc: "ranks per unique id above which hellos to its root are paced",

@@ -7,6 +7,7 @@ use nccl::{Coll, Comm, DataType, ReduceOp, StreamHandle};
 use nccl_device::types::Elem;
 
 pub mod graphs;
+pub mod netns;
 
 /// A small deterministic generator (xorshift*), so failures reproduce from the seed.
 pub struct Rng(u64);

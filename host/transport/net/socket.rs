@@ -34,11 +34,15 @@ pub use ifaces::Family;
 
 /// How long a connection may take to open before either side gives up.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a connection may hear nothing from its peer's host before it fails
+/// (`NCCL_RS_SOCKET_TIMEOUT_MS`'s default; see `comm::keepalive`).
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Speed reported when sysfs does not know it (Mbit/s), as NCCL.
 pub const DEFAULT_SPEED_MBPS: u32 = 10_000;
 
-/// What a [`SocketNet`] is made with. `Default` is NCCL's defaults without reading the
-/// environment; [`SocketOptions::from_env`] reads the NCCL_* parameters.
+/// What a [`SocketNet`] is made with. `Default` is NCCL's defaults (and nccl-rs's
+/// [`DEFAULT_PEER_TIMEOUT`]) without reading the environment; [`SocketOptions::from_env`] reads
+/// the NCCL_* parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SocketOptions {
     /// `NCCL_SOCKET_IFNAME`: None for NCCL's automatic choice.
@@ -54,6 +58,10 @@ pub struct SocketOptions {
     pub retry_count: u32,
     /// `NCCL_SOCKET_RETRY_SLEEP_MSEC`: pause between retries, times the attempt number.
     pub retry_sleep_ms: u64,
+    /// `NCCL_RS_SOCKET_TIMEOUT_MS`: a connection whose peer's host answers nothing for this long
+    /// (a link down, a host gone) fails instead of waiting forever; None: no keepalive probes
+    /// (NCCL's behaviour).
+    pub peer_timeout: Option<Duration>,
 }
 
 impl Default for SocketOptions {
@@ -66,6 +74,7 @@ impl Default for SocketOptions {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             retry_count: 34,
             retry_sleep_ms: 100,
+            peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
         }
     }
 }
@@ -89,6 +98,10 @@ impl SocketOptions {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             retry_count: retry.count,
             retry_sleep_ms: retry.sleep_ms,
+            peer_timeout: match crate::env::int("NCCL_RS_SOCKET_TIMEOUT_MS") {
+                ms if ms <= 0 => None,
+                ms => Some(Duration::from_millis(ms as u64)),
+            },
         }
     }
 }
@@ -254,7 +267,8 @@ impl Net for SocketNet {
                 ))
             })?;
         let tag = handshake::next_tag();
-        let l = SocketListener::new(sock, tag, d.props.name.clone(), self.opts.handshake_timeout)?;
+        let l = SocketListener::new(sock, tag, d.props.name.clone(), self.opts.handshake_timeout)?
+            .with_peer_timeout(self.opts.peer_timeout);
         let handle = wire::encode_handle(&wire::HandleInfo {
             addr: l.addr(),
             tag,
@@ -276,7 +290,8 @@ impl Net for SocketNet {
                 count: self.opts.retry_count,
                 sleep_ms: self.opts.retry_sleep_ms,
             },
-        )?;
+        )?
+        .with_peer_timeout(self.opts.peer_timeout);
         Ok(Box::new(c))
     }
 }

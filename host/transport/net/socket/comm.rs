@@ -33,6 +33,14 @@
 //! `irecv` also peek at the control socket, so that a peer that went away while the connection
 //! was idle is noticed before new work is posted. Dropping the comm shuts the sockets down and
 //! joins the threads.
+//!
+//! A peer whose host stops answering without closing anything (its link taken down, the host
+//! gone) sends no reset and no end of stream: without more, a receive would wait for it forever.
+//! So every socket has TCP keepalive probes tuned to the peer timeout
+//! (`NCCL_RS_SOCKET_TIMEOUT_MS`, [`keepalive`]): a connection that hears nothing from the peer's
+//! host for that long fails with ETIMEDOUT, which the waiting helper thread reports as above.
+//! The probes are answered by the peer's kernel, so a peer rank that is merely busy (a late
+//! collective) never trips them.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -44,7 +52,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use socket2::Socket;
+use socket2::{Socket, TcpKeepalive};
 
 use super::wire::{self, HEADER_BYTES};
 use crate::error::{Error, Result};
@@ -73,6 +81,8 @@ pub(super) struct Conn {
     pub nthreads: usize,
     pub peer: SocketAddr,
     pub dev: String,
+    /// The peer timeout ([`keepalive`]); None: the kernel's defaults (no probes).
+    pub peer_timeout: Option<Duration>,
 }
 
 /// One message: where its bytes are (or go), and its outcome.
@@ -300,8 +310,9 @@ impl Shared {
                             Ok(None) => return Ok(()),
                             Err(e) => {
                                 return Err(format!(
-                                    "{e} (reading a message header, {got} of {HEADER_BYTES} \
-                                     bytes in)"
+                                    "{} (reading a message header, {got} of {HEADER_BYTES} \
+                                     bytes in)",
+                                    io_text(&e)
                                 ))
                             }
                         }
@@ -373,7 +384,8 @@ impl Shared {
                             Ok(None) => return Ok(()),
                             Err(e) => {
                                 return Err(format!(
-                                    "{e} (receiving bytes {got}.. of a {len}-byte inline message)"
+                                    "{} (receiving bytes {got}.. of a {len}-byte inline message)",
+                                    io_text(&e)
                                 ))
                             }
                         }
@@ -456,11 +468,27 @@ enum Halt {
     Broken(String),
 }
 
+/// A call that should be repeated: nothing moved before the socket's IO_TICK timeout (EAGAIN),
+/// or a signal. ETIMEDOUT is no such thing on Linux: it is the kernel giving up on the
+/// connection (keepalive probes or retransmissions unanswered), an error.
 fn would_block(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-    )
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => true,
+        io::ErrorKind::TimedOut => e.raw_os_error() != Some(libc::ETIMEDOUT),
+        _ => false,
+    }
+}
+
+/// An I/O error for a message; a connection timeout says what it means.
+fn io_text(e: &io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ETIMEDOUT) {
+        format!(
+            "{e}: the peer's host stopped answering (link down or host gone; see \
+             NCCL_RS_SOCKET_TIMEOUT_MS)"
+        )
+    } else {
+        e.to_string()
+    }
 }
 
 /// Part of a message on one socket.
@@ -546,7 +574,12 @@ impl Worker {
             match sock.send_with_flags(&bytes[done..], libc::MSG_NOSIGNAL) {
                 Ok(n) => done += n,
                 Err(e) if would_block(&e) => self.check()?,
-                Err(e) => return Err(Halt::Broken(format!("sending a message header: {e}"))),
+                Err(e) => {
+                    return Err(Halt::Broken(format!(
+                        "sending a message header: {}",
+                        io_text(&e)
+                    )))
+                }
             }
         }
         Ok(())
@@ -589,7 +622,7 @@ impl Worker {
         if self.shared.quitting() {
             return Halt::Quit;
         }
-        Halt::Broken(format!("{}: {e}", p.describe(self.send)))
+        Halt::Broken(format!("{}: {}", p.describe(self.send), io_text(&e)))
     }
 
     /// Moves every piece to its end.
@@ -788,12 +821,42 @@ impl Reading {
     }
 }
 
-/// Makes a connected socket blocking with [`IO_TICK`] timeouts and no Nagle delay.
-fn ready(s: &Socket) -> io::Result<()> {
+/// Makes a connected socket blocking with [`IO_TICK`] timeouts, no Nagle delay, and keepalive
+/// probes for `peer_timeout`.
+fn ready(s: &Socket, peer_timeout: Option<Duration>) -> io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(IO_TICK))?;
     s.set_write_timeout(Some(IO_TICK))?;
+    if let Some(t) = peer_timeout {
+        keepalive(s, t)?;
+    }
     s.set_nodelay(true)
+}
+
+/// TCP keepalive such that a connection whose peer's host answers nothing for about `t` fails
+/// with ETIMEDOUT. The kernel counts whole seconds: after `every` seconds without hearing from
+/// the peer it sends a probe, then one every `every` seconds, and gives up after `probes`
+/// unanswered ones, so `every + probes × every` ≈ `t` (at least 2 s). Probes go out only while
+/// the socket has no unacknowledged data of its own; a receiving socket never has any, so the
+/// receiving end of every connection notices a silent peer within `t`, and its failure raises
+/// the communicator's async error and stops its kernels. A sending socket with unacknowledged
+/// data is bounded only by TCP's retransmissions (tcp_retries2: about 15 minutes). Setting
+/// TCP_USER_TIMEOUT would bound it by `t` too, but that also ends connections whose receiver
+/// merely reads late (a zero window), which a rank late to a collective legitimately causes.
+pub(super) fn keepalive(s: &Socket, t: Duration) -> io::Result<()> {
+    let secs = t
+        .as_secs()
+        .saturating_add(u64::from(t.subsec_nanos() > 0))
+        .max(2);
+    let every = (secs / 4).clamp(1, 32_767);
+    let probes = (secs / every).saturating_sub(1).clamp(1, 127);
+    s.set_keepalive(true)?;
+    s.set_tcp_keepalive(
+        &TcpKeepalive::new()
+            .with_time(Duration::from_secs(every))
+            .with_interval(Duration::from_secs(every))
+            .with_retries(probes as u32),
+    )
 }
 
 impl Comm {
@@ -805,9 +868,10 @@ impl Comm {
             nthreads,
             peer,
             dev,
+            peer_timeout,
         } = conn;
         for s in std::iter::once(&ctrl).chain(&data) {
-            ready(s).map_err(|e| {
+            ready(s, peer_timeout).map_err(|e| {
                 Error::system(format!(
                     "NET/Socket: setting up a socket of the connection with {peer}: {e}"
                 ))
@@ -978,7 +1042,7 @@ impl Comm {
             Ok(_) => Ok(()),
             Err(e) if would_block(&e) => Ok(()),
             Err(e) => {
-                self.shared.fail(|| format!("{e}"));
+                self.shared.fail(|| io_text(&e));
                 Err(self.shared.error().unwrap_or_else(|| {
                     Error::remote(format!("NET/Socket: {}: {e}", self.shared.peer))
                 }))

@@ -78,6 +78,8 @@ pub struct SocketListener {
     tag: u64,
     dev: String,
     timeout: Duration,
+    /// Handed to the connections it accepts (`Conn::peer_timeout`).
+    peer_timeout: Option<Duration>,
     pending: Vec<Pending>,
     groups: HashMap<ConnId, Group>,
 }
@@ -101,9 +103,17 @@ impl SocketListener {
             tag,
             dev,
             timeout,
+            peer_timeout: None,
             pending: Vec::new(),
             groups: HashMap::new(),
         })
+    }
+
+    /// The connections it accepts fail when their peer's host is silent for `t` (see
+    /// `comm::keepalive`); None (the default) leaves the kernel's defaults.
+    pub(super) fn with_peer_timeout(mut self, t: Option<Duration>) -> Self {
+        self.peer_timeout = t;
+        self
     }
 
     pub(super) fn addr(&self) -> SocketAddr {
@@ -279,6 +289,7 @@ impl Listener for SocketListener {
                 nthreads: g.nthreads,
                 peer: g.peer,
                 dev: self.dev.clone(),
+                peer_timeout: self.peer_timeout,
             };
             log::info!(
                 "NET/Socket: accepted a connection from {} on {} ({} threads x {} sockets)",
@@ -339,6 +350,8 @@ pub struct SocketConnecting {
     deadline: Instant,
     timeout: Duration,
     retry: Retry,
+    /// Handed to the connection once open (`Conn::peer_timeout`).
+    peer_timeout: Option<Duration>,
 }
 
 fn retryable(e: &io::Error) -> bool {
@@ -387,11 +400,19 @@ impl SocketConnecting {
             deadline: crate::bootstrap::socket::deadline_after(timeout),
             timeout,
             retry,
+            peer_timeout: None,
         };
         for i in 0..c.attempts.len() {
             c.advance(i)?;
         }
         Ok(c)
+    }
+
+    /// The connection fails when its peer's host is silent for `t` (see `comm::keepalive`);
+    /// None (the default) leaves the kernel's defaults.
+    pub(super) fn with_peer_timeout(mut self, t: Option<Duration>) -> Self {
+        self.peer_timeout = t;
+        self
     }
 
     fn role(i: usize) -> String {
@@ -507,6 +528,7 @@ impl Connecting for SocketConnecting {
                 nthreads: self.nthreads,
                 peer: self.target,
                 dev: self.dev.clone(),
+                peer_timeout: self.peer_timeout,
             };
             if conn.data.len() + 1 != self.attempts.len() {
                 return Err(Error::internal(

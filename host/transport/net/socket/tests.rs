@@ -24,6 +24,7 @@ fn opts(nthreads: usize, nsocks: usize, family: Family) -> SocketOptions {
         handshake_timeout: Duration::from_secs(20),
         retry_count: 3,
         retry_sleep_ms: 10,
+        peer_timeout: Some(Duration::from_secs(10)),
     }
 }
 
@@ -915,4 +916,36 @@ fn round_trip_8b() {
         "socket net loopback: 8-byte round trip {:.1} us",
         t0.elapsed().as_secs_f64() * 1e6 / rounds as f64
     );
+}
+
+#[test]
+fn keepalive_probes_add_up_to_the_peer_timeout() {
+    let s = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .unwrap();
+    // (timeout, seconds of silence before the first probe = between probes, probes)
+    for (t, every, probes) in [
+        (Duration::from_millis(3000), 1, 2),
+        (Duration::from_millis(2500), 1, 2),
+        (Duration::from_millis(500), 1, 1),
+        (Duration::from_secs(60), 15, 3),
+        (Duration::from_secs(10), 2, 4),
+    ] {
+        super::comm::keepalive(&s, t).unwrap();
+        assert!(s.keepalive().unwrap());
+        assert_eq!(
+            s.keepalive_time().unwrap(),
+            Duration::from_secs(every),
+            "{t:?}"
+        );
+        assert_eq!(
+            s.keepalive_interval().unwrap(),
+            Duration::from_secs(every),
+            "{t:?}"
+        );
+        assert_eq!(s.keepalive_retries().unwrap(), probes, "{t:?}");
+    }
 }

@@ -1,0 +1,411 @@
+//! Nodes with network stacks of their own on one machine: each node is a network namespace
+//! (`ip netns`) with one veth interface whose other end sits on a bridge in a hub namespace, so
+//! that rank processes of different nodes talk over a real, non-loopback interface that a test
+//! can take down. The test binary re-executes itself inside a node's namespace
+//! (`ip netns exec NS <test binary> <test name> ...`), told its rank, the rank count and its
+//! node through the environment, as `procs` does.
+//!
+//! Addresses are fixed and private (10.213.<subnet>.<node + 1>/24) and live only inside the
+//! namespaces a [`Fabric`] makes; nothing here touches the machine's own interfaces. Names carry
+//! the process id and a tag of the test, so tests running side by side (and other runs) never
+//! meet. Dropping the fabric deletes its namespaces (and with them every interface in them),
+//! whether the test passed or not; namespaces left behind by a test process that died without
+//! dropping (SIGKILL) are deleted by the next run.
+//!
+//! Where namespaces cannot be made (not root, no `ip`, no permission), [`Fabric::new`] says
+//! why, and the test prints that and returns: skipped with the reason.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Every namespace a fabric makes starts with this, then `<pid>-`.
+const NS_PREFIX: &str = "nccl-rs-test-";
+
+const RANK: &str = "NCCL_RS_NETNS_RANK";
+const NRANKS: &str = "NCCL_RS_NETNS_NRANKS";
+const SIGNALS: &str = "NCCL_RS_NETNS_SIGNALS";
+/// The interface of the rank's node, for the child to look at its counters.
+const IFNAME: &str = "NCCL_RS_NETNS_IFNAME";
+
+/// Runs `ip` with `args`; Err with its output when it fails.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip {}`: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Deletes namespaces of earlier test processes that no longer exist (killed before their
+/// fabrics were dropped). Only names this module makes are touched.
+fn delete_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
+}
+
+/// One node: its namespace, its interface there and that interface's address.
+pub struct Node {
+    pub ns: String,
+    pub ifname: String,
+    pub addr: Ipv4Addr,
+}
+
+/// Nodes in namespaces of their own on a bridge; deleted when dropped.
+pub struct Fabric {
+    pub nodes: Vec<Node>,
+    hub: String,
+    /// Namespaces made so far (the hub first), deleted in `drop`.
+    made: Vec<String>,
+    /// Where children leave signal files for the parent.
+    signals: PathBuf,
+}
+
+impl Fabric {
+    /// `nodes` namespaces named after this process and `tag` (at most 3 characters, unique per
+    /// test), on the subnet 10.213.`subnet`.0/24. Err(why) when namespaces cannot be made here.
+    pub fn new(tag: &str, nodes: usize, subnet: u8) -> Result<Fabric, String> {
+        assert!(
+            tag.len() <= 3 && nodes <= 9,
+            "interface names have 15 bytes"
+        );
+        Fabric::make(tag, nodes, subnet).map_err(|e| {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                format!("not root (namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN): {e}")
+            } else {
+                e
+            }
+        })
+    }
+
+    fn make(tag: &str, nodes: usize, subnet: u8) -> Result<Fabric, String> {
+        delete_stale();
+        let pid = std::process::id();
+        let signals = std::env::temp_dir().join(format!("{NS_PREFIX}{pid}-{tag}"));
+        let _ = std::fs::remove_dir_all(&signals);
+        std::fs::create_dir_all(&signals)
+            .map_err(|e| format!("cannot make {}: {e}", signals.display()))?;
+        let mut f = Fabric {
+            nodes: Vec::new(),
+            hub: format!("{NS_PREFIX}{pid}-{tag}-hub"),
+            made: Vec::new(),
+            signals,
+        };
+        // From here on an error drops `f`, which deletes whatever was made.
+        ip(&["netns", "add", &f.hub])?;
+        f.made.push(f.hub.clone());
+        let bridge = format!("b{pid}{tag}");
+        ip(&["-n", &f.hub, "link", "add", &bridge, "type", "bridge"])?;
+        ip(&["-n", &f.hub, "link", "set", &bridge, "up"])?;
+        for i in 0..nodes {
+            let ns = format!("{NS_PREFIX}{pid}-{tag}-{i}");
+            ip(&["netns", "add", &ns])?;
+            f.made.push(ns.clone());
+            let ifname = format!("n{pid}{tag}{i}");
+            let port = format!("h{pid}{tag}{i}");
+            // The node's end is made inside the node, its peer inside the hub.
+            ip(&[
+                "-n", &ns, "link", "add", &ifname, "type", "veth", "peer", "name", &port, "netns",
+                &f.hub,
+            ])?;
+            ip(&["-n", &f.hub, "link", "set", &port, "master", &bridge])?;
+            ip(&["-n", &f.hub, "link", "set", &port, "up"])?;
+            let addr = Ipv4Addr::new(10, 213, subnet, i as u8 + 1);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &ifname,
+            ])?;
+            ip(&["-n", &ns, "link", "set", &ifname, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            f.nodes.push(Node { ns, ifname, addr });
+        }
+        Ok(f)
+    }
+
+    /// Takes node `i`'s interface down (inside its namespace): the node is cut off.
+    pub fn link_down(&self, i: usize) -> Result<(), String> {
+        let n = &self.nodes[i];
+        ip(&["-n", &n.ns, "link", "set", &n.ifname, "down"])
+    }
+
+    /// Starts `nodes.len()` × `per_node` copies of this test binary running `test_name`, rank r
+    /// on node r / `per_node`, in that node's namespace: `NCCL_HOSTID` names the node,
+    /// `NCCL_SOCKET_IFNAME` its interface (exactly), and `NCCL_COMM_ID` puts the bootstrap root
+    /// at node 0's address, `port` (rank 0 starts it there). `env` is added for every rank.
+    pub fn start(
+        &self,
+        test_name: &str,
+        per_node: usize,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Running {
+        let nranks = self.nodes.len() * per_node;
+        let exe = std::env::current_exe().expect("test binary path");
+        let comm_id = format!("{}:{port}", self.nodes[0].addr);
+        let started = Instant::now();
+        let mut children = Vec::new();
+        for r in 0..nranks {
+            let node = &self.nodes[r / per_node];
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &node.ns])
+                .arg(&exe)
+                .args([
+                    test_name,
+                    "--exact",
+                    "--include-ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(RANK, r.to_string())
+                .env(NRANKS, nranks.to_string())
+                .env(SIGNALS, &self.signals)
+                .env(IFNAME, &node.ifname)
+                .env("NCCL_HOSTID", format!("netns-node-{}", r / per_node))
+                .env("NCCL_SOCKET_IFNAME", format!("={}", node.ifname))
+                .env("NCCL_COMM_ID", &comm_id);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut c = cmd.spawn().expect("start a rank process");
+            let mut so = c.stdout.take().expect("piped stdout");
+            let mut se = c.stderr.take().expect("piped stderr");
+            // Both pipes drained on threads of their own, so that neither fills up.
+            let err = std::thread::spawn(move || {
+                use std::io::Read;
+                let mut text = String::new();
+                let _ = se.read_to_string(&mut text);
+                text
+            });
+            let out = std::thread::spawn(move || {
+                use std::io::Read;
+                let mut text = String::new();
+                let _ = so.read_to_string(&mut text);
+                text + &err.join().unwrap_or_default()
+            });
+            children.push(Rank {
+                child: c,
+                output: Some(out),
+                status: None,
+            });
+        }
+        Running {
+            ranks: children,
+            signals: self.signals.clone(),
+            started,
+        }
+    }
+
+    /// Runs the ranks as [`Fabric::start`] does and fails the test (with every rank's output)
+    /// unless each of them passed within `limit`.
+    pub fn run(
+        &self,
+        test_name: &str,
+        per_node: usize,
+        port: u16,
+        env: &[(&str, &str)],
+        limit: Duration,
+    ) {
+        let mut running = self.start(test_name, per_node, port, env);
+        running.wait(limit, &[]);
+        running.check(&[]);
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its interfaces; a veth pair goes with either end.
+        for ns in self.made.iter().rev() {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                eprintln!("netns: {e}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.signals);
+    }
+}
+
+struct Rank {
+    child: Child,
+    output: Option<JoinHandle<String>>,
+    status: Option<ExitStatus>,
+}
+
+/// Rank processes started by [`Fabric::start`]; killed if still running when dropped.
+pub struct Running {
+    ranks: Vec<Rank>,
+    signals: PathBuf,
+    pub started: Instant,
+}
+
+impl Running {
+    /// Waits until every rank in `ranks` left the signal `name` (see [`signal`]), or until
+    /// `limit`; false on timeout or when a rank exited first.
+    pub fn wait_signal(&mut self, name: &str, ranks: &[usize], limit: Duration) -> bool {
+        let t0 = Instant::now();
+        loop {
+            if ranks
+                .iter()
+                .all(|r| self.signals.join(format!("{name}.{r}")).exists())
+            {
+                return true;
+            }
+            if t0.elapsed() > limit || self.poll() < self.ranks.len() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Looks at every rank; how many still run.
+    fn poll(&mut self) -> usize {
+        let mut running = 0;
+        for r in &mut self.ranks {
+            if r.status.is_none() {
+                match r.child.try_wait() {
+                    Ok(Some(s)) => r.status = Some(s),
+                    _ => running += 1,
+                }
+            }
+        }
+        running
+    }
+
+    /// Waits until every rank exited, or kills the rest after `limit` (counted from now); how
+    /// long it took. A rank that fails (outside `exempt`: ranks expected to die) makes the
+    /// others be killed as well, since they may wait on it forever.
+    pub fn wait(&mut self, limit: Duration, exempt: &[usize]) -> Duration {
+        let t0 = Instant::now();
+        loop {
+            let running = self.poll();
+            if running == 0 {
+                return t0.elapsed();
+            }
+            let failed = self
+                .ranks
+                .iter()
+                .enumerate()
+                .any(|(i, r)| !exempt.contains(&i) && r.status.is_some_and(|s| !s.success()));
+            if failed || t0.elapsed() > limit {
+                self.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        for r in &mut self.ranks {
+            if r.status.is_none() {
+                let _ = r.child.kill();
+            }
+        }
+    }
+
+    /// Once every rank exited: fails the test with the output of each rank (outside
+    /// `exempt`) that did not pass.
+    pub fn check(&mut self, exempt: &[usize]) {
+        let mut failed = Vec::new();
+        for (i, r) in self.ranks.iter_mut().enumerate() {
+            let text = r
+                .output
+                .take()
+                .and_then(|t| t.join().ok())
+                .unwrap_or_default();
+            if exempt.contains(&i) {
+                continue;
+            }
+            let ok = r.status.is_some_and(|s| s.success());
+            // A child that ran no test (wrong name) must not count as a pass.
+            if !ok || !text.contains("1 passed") {
+                failed.push(format!("rank {i} ({:?}):\n{text}", r.status));
+            } else {
+                // What the ranks measured, for the test's own output.
+                for l in text.lines().filter(|l| l.starts_with("rank ")) {
+                    eprintln!("{l}");
+                }
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "rank processes failed:\n{}",
+            failed.join("\n")
+        );
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+        for r in &mut self.ranks {
+            let _ = r.child.wait();
+        }
+    }
+}
+
+/// In a child: (rank, nranks); None in the parent.
+pub fn child() -> Option<(usize, usize)> {
+    let rank = std::env::var(RANK).ok()?.parse().ok()?;
+    let nranks = std::env::var(NRANKS).ok()?.parse().ok()?;
+    Some((rank, nranks))
+}
+
+/// In a child: tells the parent that this rank reached `name`.
+pub fn signal(name: &str, rank: usize) {
+    let dir = std::env::var(SIGNALS).expect("signal directory");
+    std::fs::write(Path::new(&dir).join(format!("{name}.{rank}")), b"")
+        .expect("write a signal file");
+}
+
+/// In a child: bytes sent and received so far through this node's interface.
+pub fn interface_bytes() -> (u64, u64) {
+    let ifname = std::env::var(IFNAME).expect("interface name");
+    // Inside `ip netns exec`, /sys shows the namespace's own interfaces.
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{ifname}/statistics/{what}"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {what} counter for {ifname}"))
+    };
+    (read("tx_bytes"), read("rx_bytes"))
+}
+
+/// Makes the fabric for a test, or prints why it cannot and returns None (the test is then
+/// skipped).
+pub fn fabric_or_skip(test: &str, tag: &str, nodes: usize, subnet: u8) -> Option<Fabric> {
+    match Fabric::new(tag, nodes, subnet) {
+        Ok(f) => Some(f),
+        Err(why) => {
+            eprintln!("{test}: skipped: network namespaces cannot be made here: {why}");
+            None
+        }
+    }
+}
