@@ -62,7 +62,7 @@ fn ring_collectives_across_nodes() {
         // 256 MiB at 1.25 GB/s per NIC on the simulated socket network: over 50 ms.
         assert!(big.est_time_us > 50_000.0, "{big:?}");
         // Two rings across nodes unless NCCL_MIN_NCHANNELS asks for more.
-        let rings = std::env::var("NCCL_MIN_NCHANNELS").map_or(2, |v| v.parse().unwrap());
+        let rings = std::env::var("NCCL_MIN_NCHANNELS").map_or(2, |v| v.parse().unwrap()); // the simulator's 2
         assert_eq!(c.shape().nchannels, rings);
         // A large collective uses every ring the communicator connected across the network.
         assert_eq!(big.nchannels, c.shape().nchannels as usize, "{big:?}");

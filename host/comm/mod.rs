@@ -66,13 +66,18 @@ pub struct Shape {
     /// The kernels' `FLAG_*` bits ([`nccl_device::abi::CollArgs::flags`]).
     pub kernel_flags: u32,
     /// Channels when the ranks span several nodes: every channel's ring crosses the network
-    /// once per node, and NCCL's search over one NIC per node gives two. NCCL_MIN_NCHANNELS
-    /// raises it, as every explicit channel setting does.
+    /// once per node, on connections of its own ([`NET_CHANNELS`]; NCCL's search over one NIC
+    /// per node gives two). NCCL_MIN_NCHANNELS raises it and NCCL_MAX_NCHANNELS caps it.
     pub net_nchannels: u32,
 }
 
-/// Channels across nodes unless NCCL_MIN_NCHANNELS says more (see [`Shape::net_nchannels`]).
-const NET_CHANNELS: i64 = 2;
+/// Channels across nodes on GPUs unless NCCL_MIN/MAX_NCHANNELS say otherwise (see
+/// [`Shape::net_nchannels`]). Each is a ring of its own socket connections: on one H100 as 2
+/// nodes over loopback, 256 MiB AllReduce moved 4.5 GB/s busbw with 2, 8.2 with 8, 8.9 with 16
+/// and 8.5 with 32, and 8 was best at 1 and 16 MiB (NCCL's sockets: 2.3-2.7 in the same runs;
+/// results/h100-nodes2-channels.txt). The simulator keeps 2 (threads are its cores).
+const NET_CHANNELS: i64 = 8;
+const SIM_NET_CHANNELS: i64 = 2;
 
 impl Shape {
     /// From this process's parameters for `device`, the channels bounded by the config's
@@ -114,7 +119,7 @@ impl Shape {
         }
         // Across nodes NCCL_MIN_NCHANNELS raises the default and NCCL_MAX_NCHANNELS caps it,
         // as inside a node (a minimum of 4 is 4 rings, not the 32 of NVLink).
-        let mut net_n = NET_CHANNELS.max(min);
+        let mut net_n = if sim { SIM_NET_CHANNELS } else { NET_CHANNELS }.max(min);
         if max > 0 {
             net_n = net_n.min(max);
         }
