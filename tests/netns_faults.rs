@@ -18,8 +18,8 @@
 mod common;
 
 use common::netns;
-use common::{check_collective, Drive, Ranks};
-use nccl::{Backend, Coll, Comm, DataType, ReduceOp};
+use common::Ranks;
+use nccl::{Backend, Comm, DataType, ReduceOp};
 use std::time::{Duration, Instant};
 
 /// The bootstrap root's port at node 0's address (each fabric has namespaces of its own, so
@@ -37,36 +37,6 @@ fn child_comm(rank: usize, nranks: usize) -> Comm {
     Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across namespaces")
 }
 
-/// Every collective in and out of place at a few sizes, one type and op each.
-fn collectives(ranks: &Ranks, seed: u64) {
-    let n = ranks.comms[0].count();
-    for (i, coll) in Coll::ALL.into_iter().enumerate() {
-        for (j, count) in [1usize, 37, 3000, 40_000].into_iter().enumerate() {
-            let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int32, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Prod),
-            ][(i + j) % 4];
-            let root = (i + j) % n;
-            for in_place in [false, true] {
-                check_collective(
-                    ranks,
-                    coll,
-                    count,
-                    dt,
-                    op,
-                    root,
-                    in_place,
-                    seed + (i * 10 + j) as u64,
-                    Drive::OneThread,
-                )
-                .unwrap_or_else(|e| panic!("{} count {count}: {e}", coll.name()));
-            }
-        }
-    }
-}
-
 /// Every collective across 2×1 and 2×2 ranks, nodes joined only by the veth link: the
 /// bootstrap and the socket network work over a real interface, and the collectives' bytes
 /// cross it (the interface's counters say so).
@@ -75,7 +45,7 @@ fn collectives_across_namespaces() {
     if let Some((rank, nranks)) = netns::child() {
         let ranks = Ranks::new(vec![child_comm(rank, nranks)]);
         let (tx0, rx0) = netns::interface_bytes();
-        collectives(&ranks, 7);
+        common::every_collective(&ranks, 7);
         let (tx1, rx1) = netns::interface_bytes();
         let (tx, rx) = (tx1 - tx0, rx1 - rx0);
         eprintln!("rank {rank}/{nranks}: {tx} bytes sent and {rx} received over the veth link");

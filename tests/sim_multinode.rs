@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{check_collective, Drive, Ranks};
-use nccl::{Backend, Coll, Comm, DataType, ReduceOp};
+use common::{Drive, Ranks};
+use nccl::{Backend, Comm, DataType, ReduceOp};
 
 /// Loopback only: tests never leave this machine.
 const LOOPBACK: (&str, &str) = ("NCCL_SOCKET_IFNAME", "lo");
@@ -18,36 +18,6 @@ fn child_comm() -> Option<Ranks> {
     let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
     let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
     Some(Ranks::new(vec![comm]))
-}
-
-/// Every collective in and out of place, a few sizes, one type and op each.
-fn collectives(ranks: &Ranks, seed: u64) {
-    let n = ranks.comms[0].count();
-    for (i, coll) in Coll::ALL.into_iter().enumerate() {
-        for (j, count) in [1usize, 37, 3000, 40_000].into_iter().enumerate() {
-            let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int32, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Prod),
-            ][(i + j) % 4];
-            let root = (i + j) % n;
-            for in_place in [false, true] {
-                check_collective(
-                    ranks,
-                    coll,
-                    count,
-                    dt,
-                    op,
-                    root,
-                    in_place,
-                    seed + (i * 10 + j) as u64,
-                    Drive::OneThread,
-                )
-                .unwrap_or_else(|e| panic!("{} count {count}: {e}", coll.name()));
-            }
-        }
-    }
 }
 
 #[test]
@@ -66,7 +36,7 @@ fn ring_collectives_across_nodes() {
         assert_eq!(c.shape().nchannels, rings);
         // A large collective uses every ring the communicator connected across the network.
         assert_eq!(big.nchannels, c.shape().nchannels as usize, "{big:?}");
-        collectives(&ranks, 1);
+        common::every_collective(&ranks, 1);
         return;
     }
     for (nodes, per_node) in [(2, 1), (2, 2), (3, 2)] {
@@ -84,7 +54,7 @@ fn ring_collectives_across_nodes() {
 #[test]
 fn every_protocol_and_algorithm_across_nodes() {
     if let Some(ranks) = child_comm() {
-        collectives(&ranks, 2);
+        common::every_collective(&ranks, 2);
         return;
     }
     for proto in ["LL", "LL128", "Simple"] {

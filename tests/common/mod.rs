@@ -239,6 +239,37 @@ pub fn check_all_reduce(
     )
 }
 
+/// Every collective in and out of place at a few sizes (1 to 40 000 elements), one type and op
+/// each, the root moving: the quick all-round check of a communicator across nodes.
+pub fn every_collective(ranks: &Ranks, seed: u64) {
+    let n = ranks.comms[0].count();
+    for (i, coll) in Coll::ALL.into_iter().enumerate() {
+        for (j, count) in [1usize, 37, 3000, 40_000].into_iter().enumerate() {
+            let (dt, op) = [
+                (DataType::Float32, ReduceOp::Sum),
+                (DataType::Int32, ReduceOp::Max),
+                (DataType::Bfloat16, ReduceOp::Sum),
+                (DataType::Int64, ReduceOp::Prod),
+            ][(i + j) % 4];
+            let root = (i + j) % n;
+            for in_place in [false, true] {
+                check_collective(
+                    ranks,
+                    coll,
+                    count,
+                    dt,
+                    op,
+                    root,
+                    in_place,
+                    seed + (i * 10 + j) as u64,
+                    Drive::OneThread,
+                )
+                .unwrap_or_else(|e| panic!("{} count {count}: {e}", coll.name()));
+            }
+        }
+    }
+}
+
 /// Runs one collective on every communicator with fresh random data and poisoned outputs, and
 /// checks every rank's result against the host reference.
 #[allow(clippy::too_many_arguments)]
