@@ -256,30 +256,33 @@ fn finalize_then_destroy_and_drop() {
         .collect();
     per_rank(n, |r| {
         let c = &comms[r];
-        c.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            1024,
-            DataType::Float32,
-            ReduceOp::Sum,
-            Default::default(),
-        )
+        unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                1024,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+        }
         .expect("all_reduce");
         // finalize waits for the streams the communicator saw; until enqueue reports its
         // launches (Comm::note_stream), wait here for this one.
         c.device().stream_sync(Default::default()).expect("sync");
         c.finalize().expect("finalize");
         assert!(c.is_finalized());
-        let e = c
-            .all_reduce(
-                bufs[r].ptr,
-                bufs[r].ptr,
+        let e = unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
                 1,
                 DataType::Float32,
                 ReduceOp::Sum,
                 Default::default(),
             )
-            .unwrap_err();
+        }
+        .unwrap_err();
         assert_eq!(e.code, NcclResult::InvalidUsage);
         assert_eq!(c.finalize().unwrap_err().code, NcclResult::InvalidUsage);
     });
@@ -347,25 +350,29 @@ fn shrink_with_abort_leaves_a_dead_rank_behind() {
             return None;
         }
         let p = &parents[r];
-        p.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            4096,
-            DataType::Float32,
-            ReduceOp::Sum,
-            Default::default(),
-        )
+        unsafe {
+            p.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                4096,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+        }
         .expect("launch");
         let child = p.shrink(&[dead], None, nccl::SHRINK_ABORT).expect("shrink");
         // The stopped parent takes no new work.
-        let again = p.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            1,
-            DataType::Float32,
-            ReduceOp::Sum,
-            Default::default(),
-        );
+        let again = unsafe {
+            p.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                1,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+        };
         assert_eq!(again.unwrap_err().code, NcclResult::InvalidUsage);
         Some(child)
     });

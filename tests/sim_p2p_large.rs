@@ -102,11 +102,11 @@ fn all_to_all_many(ranks: &Ranks, m: usize, seed: u64, threads: bool, two_stream
             };
             let (from, to) = if send { (r, p) } else { (p, r) };
             let len = elems(seed, from, to, j);
-            let ptr = bufs[r][k].ptr;
+            let ptr = bufs[r][k].ptr();
             let res = if send {
-                c.send(ptr, len, DataType::Int32, p, s)
+                unsafe { c.send_raw(ptr, len, DataType::Int32, p, s) }
             } else {
-                c.recv(ptr, len, DataType::Int32, p, s)
+                unsafe { c.recv_raw(ptr, len, DataType::Int32, p, s) }
             };
             res.map_err(|e| format!("rank {r} op {k}: {e}"))?;
         }
@@ -172,7 +172,7 @@ fn all_to_all_many(ranks: &Ranks, m: usize, seed: u64, threads: bool, two_stream
             let len = elems(seed, p, r, j);
             let mut out = vec![0u8; len * 4 + 64];
             c.device()
-                .copy_dtoh(&mut out, bufs[r][k].ptr)
+                .copy_dtoh(&mut out, bufs[r][k].ptr())
                 .expect("read back");
             let got = from_bytes::<i32>(&out[..len * 4]);
             if let Some(i) = (0..len).find(|&i| got[i] != value(seed, p, r, j, i)) {

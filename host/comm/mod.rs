@@ -331,7 +331,7 @@ fn connect_tree(
     let send_arr = tree_links.gather(&send)?;
     let recv_arr = tree_links.gather(&recv)?;
     Ok(Some(TreeUp {
-        arrays: (send_arr.ptr, recv_arr.ptr),
+        arrays: (send_arr.ptr(), recv_arr.ptr()),
         ctas,
         slot_bytes,
         _own: Some((tree_links, Some((send_arr, recv_arr)))),
@@ -499,7 +499,7 @@ impl Comm {
         for (c, ch) in channels.iter_mut().enumerate() {
             let (prev, next) = ring_peers[c];
             ch.ring_index = rings.position(c, rank) as u32;
-            ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
+            ch.ring_ranks = dev_comm.ptr() + (ring_at + rings.index_of(c) * nranks * 4) as u64;
             ch.ring_prev = prev as u32;
             ch.ring_next = next as u32;
             if let Some(p) = &p2p {
@@ -519,7 +519,7 @@ impl Comm {
             nranks: nranks as u32,
             nchannels: shape.nchannels,
             slot_bytes: shape.slot_bytes,
-            channels: dev_comm.ptr + head as u64,
+            channels: dev_comm.ptr() + head as u64,
             abort_flag: kernel_abort.ptr,
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;

@@ -261,6 +261,10 @@ impl Device {
     pub fn stream_sync(&self, s: StreamHandle) -> Result<()> {
         dispatch!(self.stream_sync(s))
     }
+    /// Waits until every stream of this device is idle (`cuCtxSynchronize`).
+    pub fn synchronize(&self) -> Result<()> {
+        dispatch!(self.synchronize())
+    }
     pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
         dispatch!(self.stream_query(s))
     }
@@ -304,11 +308,13 @@ impl Device {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernel(usize);
 
-/// Device memory owned by the runtime.
+/// Untyped device memory owned by the runtime, freed when dropped. Its address and size are
+/// fixed at allocation (private fields: nothing can make `Drop` free another address). Rust
+/// programs use the typed [`crate::DeviceBuffer`]; this is the raw layer's.
 pub struct DevBuffer {
     dev: Device,
-    pub ptr: DevPtr,
-    pub bytes: usize,
+    ptr: DevPtr,
+    bytes: usize,
 }
 
 impl std::fmt::Debug for DevBuffer {
@@ -322,8 +328,17 @@ impl std::fmt::Debug for DevBuffer {
 }
 
 impl DevBuffer {
+    /// The device that holds the memory.
     pub fn device(&self) -> &Device {
         &self.dev
+    }
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+    /// The size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         if offset + data.len() > self.bytes {

@@ -330,25 +330,25 @@ fn check_typed<T: Elem>(
                 _ => (0, 0),
             };
             b.write(s as usize, x).map_err(e)?;
-            let (sp, rp) = (b.ptr + s, b.ptr + o);
+            let (sp, rp) = (b.ptr() + s, b.ptr() + o);
             bufs.push((vec![b], sp, rp));
         } else {
             let sb = dev.alloc((in_len * size).max(1)).map_err(e)?;
             sb.write(0, x).map_err(e)?;
             let rb = dev.alloc((out_len * size).max(1)).map_err(e)?;
             rb.write(0, &vec![0xA5u8; out_len * size]).map_err(e)?; // poison
-            let (sp, rp) = (sb.ptr, rb.ptr);
+            let (sp, rp) = (sb.ptr(), rb.ptr());
             bufs.push((vec![sb, rb], sp, rp));
         }
     }
     let call = |i: usize| -> Result<(), String> {
         let (c, s, (_, sp, rp)) = (&comms[i], streams[i], &bufs[i]);
         match coll {
-            Coll::AllReduce => c.all_reduce(*sp, *rp, count, dt, op, s),
-            Coll::Broadcast => c.broadcast(*sp, *rp, count, dt, root, s),
-            Coll::Reduce => c.reduce(*sp, *rp, count, dt, op, root, s),
-            Coll::AllGather => c.all_gather(*sp, *rp, count, dt, s),
-            Coll::ReduceScatter => c.reduce_scatter(*sp, *rp, count, dt, op, s),
+            Coll::AllReduce => unsafe { c.all_reduce_raw(*sp, *rp, count, dt, op, s) },
+            Coll::Broadcast => unsafe { c.broadcast_raw(*sp, *rp, count, dt, root, s) },
+            Coll::Reduce => unsafe { c.reduce_raw(*sp, *rp, count, dt, op, root, s) },
+            Coll::AllGather => unsafe { c.all_gather_raw(*sp, *rp, count, dt, s) },
+            Coll::ReduceScatter => unsafe { c.reduce_scatter_raw(*sp, *rp, count, dt, op, s) },
         }
         .map_err(e)
     };
@@ -368,7 +368,7 @@ fn check_typed<T: Elem>(
         Drive::Group => {
             nccl::group_start();
             let r: Result<(), String> = (0..comms.len()).try_for_each(call);
-            let end = nccl::group_end().map_err(e);
+            let end = nccl::group_end().map(|_| ()).map_err(e);
             r?;
             end?;
             sync_all()?;
@@ -681,21 +681,25 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         let c = &ranks.comms[i];
         let r = c.rank();
         for p in 0..n {
-            c.send(
-                bufs[i].0[p].ptr,
-                count(r, p),
-                DataType::Int32,
-                p,
-                ranks.streams[i],
-            )
+            unsafe {
+                c.send_raw(
+                    bufs[i].0[p].ptr(),
+                    count(r, p),
+                    DataType::Int32,
+                    p,
+                    ranks.streams[i],
+                )
+            }
             .map_err(e)?;
-            c.recv(
-                bufs[i].1[p].ptr,
-                count(p, r),
-                DataType::Int32,
-                p,
-                ranks.streams[i],
-            )
+            unsafe {
+                c.recv_raw(
+                    bufs[i].1[p].ptr(),
+                    count(p, r),
+                    DataType::Int32,
+                    p,
+                    ranks.streams[i],
+                )
+            }
             .map_err(e)?;
         }
         Ok(())
@@ -709,7 +713,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
                         s.spawn(move || {
                             nccl::group_start();
                             let r = issue(i);
-                            let end = nccl::group_end().map_err(e);
+                            let end = nccl::group_end().map(|_| ()).map_err(e);
                             r.and(end)
                         })
                     })
@@ -726,7 +730,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         _ => {
             nccl::group_start();
             let r = (0..ranks.comms.len()).try_for_each(issue);
-            let end = nccl::group_end().map_err(e);
+            let end = nccl::group_end().map(|_| ()).map_err(e);
             r?;
             end?;
         }
@@ -737,7 +741,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         for p in 0..n {
             let mut out = vec![0u8; count(p, r) * 4];
             c.device()
-                .copy_dtoh(&mut out, bufs[i].1[p].ptr)
+                .copy_dtoh(&mut out, bufs[i].1[p].ptr())
                 .map_err(e)?;
             let got = from_bytes::<i32>(&out);
             if let Some(k) = (0..got.len()).find(|&k| got[k] != value(p, r, k)) {
@@ -790,14 +794,16 @@ pub fn late_rank_all_reduce_at(n: usize, late: usize) {
         if i == late {
             std::thread::sleep(std::time::Duration::from_millis(300));
         }
-        c.all_reduce(
-            bufs[i].ptr,
-            bufs[i].ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            streams[i],
-        )
+        unsafe {
+            c.all_reduce_raw(
+                bufs[i].ptr(),
+                bufs[i].ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                streams[i],
+            )
+        }
         .unwrap();
     }
     for (i, c) in comms.iter().enumerate() {
