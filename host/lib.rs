@@ -54,7 +54,7 @@ pub mod tune;
 
 pub use api::{
     capture, group, AsDeviceSlice, AsDeviceSliceMut, Capture, CapturedGraph, DeviceBuffer,
-    DeviceSlice, DeviceSliceMut, Element, Group, Op, Stream, F8E4M3, F8E5M2,
+    DeviceSlice, DeviceSliceMut, Element, Group, Op, Registration, Stream, F8E4M3, F8E5M2,
 };
 pub use bootstrap::{get_unique_id, UniqueId};
 pub use comm::{Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR};

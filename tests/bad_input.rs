@@ -203,7 +203,7 @@ fn buffer_extents() {
         4096,
     );
     // Registration covers the whole range too.
-    let e = c.register(small.ptr(), 8192).unwrap_err();
+    let e = unsafe { c.register_raw(small.ptr(), 8192) }.unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
 
     // What fits is accepted, and runs: in-place AllGather and ReduceScatter at their offsets,

@@ -205,9 +205,17 @@ fn bad_buffers_are_rejected() {
     let other = ranks.comms[1].device().alloc(4096).expect("alloc on GPU 1");
     let mine = c0.device().alloc(4096).expect("alloc on GPU 0");
     let s = ranks.streams[0];
-    let err =
-        unsafe { c0.all_reduce_raw(other.ptr(), mine.ptr(), 16, DataType::Float32, ReduceOp::Sum, s) }
-            .unwrap_err();
+    let err = unsafe {
+        c0.all_reduce_raw(
+            other.ptr(),
+            mine.ptr(),
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+            s,
+        )
+    }
+    .unwrap_err();
     assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
     assert!(err.message.contains("device 1"), "{err}");
     let host = [0u8; 64];

@@ -181,7 +181,9 @@ fn premulsum_with_a_device_scalar() {
         nccl::group_start();
         for (i, c) in ranks.comms.iter().enumerate() {
             let (send, recv, scalar) = &bufs[i];
-            let op = ReduceOp::PreMulSumDevice { scalar: scalar.ptr() };
+            let op = ReduceOp::PreMulSumDevice {
+                scalar: scalar.ptr(),
+            };
             unsafe { c.all_reduce_raw(send.ptr(), recv.ptr(), count, dt, op, ranks.streams[i]) }
                 .unwrap();
         }

@@ -383,7 +383,7 @@ fn abort_stops_a_group_still_in_progress() {
 fn nccl_2_28_all_to_all_on_nonblocking_comms_returns_at_the_call() {
     sim();
     let n = 3;
-    let cs = comms(12, n, &Config::blocking(false));
+    let mut cs = comms(12, n, &Config::blocking(false));
     for c in &cs {
         assert_eq!(poll(c), NcclResult::Success);
     }
@@ -403,8 +403,7 @@ fn nccl_2_28_all_to_all_on_nonblocking_comms_returns_at_the_call() {
         .collect();
     for grouped in [false, true] {
         std::thread::scope(|s| {
-            for (r, c) in cs.iter().enumerate() {
-                let b = &bufs[r];
+            for (c, b) in cs.iter_mut().zip(&bufs) {
                 s.spawn(move || {
                     let st = StreamHandle::default();
                     if grouped {

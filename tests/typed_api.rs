@@ -42,8 +42,10 @@ fn typed_collectives_in_a_group() {
         .map(|c| DeviceBuffer::zeroed(c.device(), 2 * n).unwrap())
         .collect();
     nccl::group(|g| {
-        for (i, c) in comms.iter().enumerate() {
-            g.all_reduce(c, &sends[i], &mut sums[i], Op::PreMulSum(2.0), &streams[i])?;
+        // Each buffer stays borrowed until the group ends: one `&mut` per buffer, from
+        // iter_mut (indexing `&mut sums[i]` in the loop would borrow the whole Vec twice).
+        for (i, (c, sum)) in comms.iter().zip(&mut sums).enumerate() {
+            g.all_reduce(c, &sends[i], sum, Op::PreMulSum(2.0), &streams[i])?;
         }
         Ok(())
     })
@@ -79,7 +81,10 @@ fn in_place_views_and_half_types() {
         Ok(())
     })
     .unwrap();
-    assert_eq!(bufs[1].to_vec().unwrap(), vec![half::bf16::from_f32(1.5); 8]);
+    assert_eq!(
+        bufs[1].to_vec().unwrap(),
+        vec![half::bf16::from_f32(1.5); 8]
+    );
     // i32 in-place ReduceScatter: block `rank` of each buffer gets the sums.
     let mut rs: Vec<DeviceBuffer<i32>> = comms
         .iter()

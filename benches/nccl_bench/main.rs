@@ -349,7 +349,7 @@ fn bench(
             .map_err(|x| e("event create", x))?;
         ranks.push(Rank {
             global: first + i,
-            comm,
+            comm: ranks::RankComm(comm),
             stream,
             send,
             recv,

@@ -12,12 +12,28 @@ use std::time::{Duration, Instant};
 pub struct Rank {
     /// The rank in the communicator (ranks of other processes are not in `Bench::ranks`).
     pub global: usize,
-    pub comm: Comm,
+    pub comm: RankComm,
     pub stream: StreamHandle,
     pub send: DevBuffer,
     pub recv: DevBuffer,
     /// One per iteration boundary: iters + 1.
     pub events: Vec<u64>,
+}
+
+/// A rank's communicator, which the timing loop lends to that rank's thread (`Comm` is `Send`
+/// but not `Sync`).
+pub struct RankComm(pub Comm);
+
+// SAFETY: every field of a `Comm` is thread-safe; `Comm` withholds `Sync` only so that two
+// threads never issue on one at once. In thread-per-rank timing each rank's communicator is
+// used by its own thread only, and by the main thread only before and after those threads.
+unsafe impl Sync for RankComm {}
+
+impl std::ops::Deref for RankComm {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.0
+    }
 }
 
 /// Which library runs a measurement.

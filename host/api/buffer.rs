@@ -125,6 +125,20 @@ impl<T: Element> DeviceBuffer<T> {
         self.as_slice_mut().into_slice_mut(range)
     }
 
+    /// Read-only views of `size` elements each (see [`DeviceSlice::chunks`]).
+    pub fn chunks(&self, size: usize) -> Result<impl Iterator<Item = DeviceSlice<'_, T>>> {
+        self.as_slice().chunks(size)
+    }
+
+    /// Disjoint writable views of `size` elements each, as `<[T]>::chunks_mut`: for
+    /// receiving one block from each peer (see [`DeviceSliceMut::into_chunks_mut`]).
+    pub fn chunks_mut(
+        &mut self,
+        size: usize,
+    ) -> Result<impl Iterator<Item = DeviceSliceMut<'_, T>>> {
+        self.as_slice_mut().into_chunks_mut(size)
+    }
+
     /// Two writable views, of elements `..mid` and `mid..`.
     pub fn split_at_mut(
         &mut self,
@@ -163,6 +177,13 @@ fn bounds(range: &impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)>
             range.end_bound()
         ))),
     }
+}
+
+fn check_chunk(size: usize) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid_argument("chunks of 0 elements"));
+    }
+    Ok(())
 }
 
 /// A read-only view of device elements (`&[T]` of device memory).
@@ -242,6 +263,17 @@ impl<'a, T: Element> DeviceSlice<'a, T> {
             len: e - s,
             _t: PhantomData,
         })
+    }
+    /// Views of `size` elements each, in order (the last one shorter when `size` does not
+    /// divide the length), as `<[T]>::chunks`; `ncclInvalidArgument` when `size` is 0.
+    pub fn chunks(&self, size: usize) -> Result<impl Iterator<Item = DeviceSlice<'a, T>>> {
+        check_chunk(size)?;
+        let this = *self;
+        Ok((0..self.len).step_by(size).map(move |s| DeviceSlice {
+            ptr: this.ptr + (s * std::mem::size_of::<T>()) as u64,
+            len: size.min(this.len - s),
+            ..this
+        }))
     }
     /// Copies the view into `dst`, which must have the same length.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
@@ -331,6 +363,22 @@ impl<'a, T: Element> DeviceSliceMut<'a, T> {
         };
         let head = DeviceSliceMut { len: mid, ..self };
         Ok((head, tail))
+    }
+    /// Disjoint writable views of `size` elements each, in order (the last one shorter when
+    /// `size` does not divide the length), as `<[T]>::chunks_mut`, consuming this view;
+    /// `ncclInvalidArgument` when `size` is 0.
+    pub fn into_chunks_mut(
+        self,
+        size: usize,
+    ) -> Result<impl Iterator<Item = DeviceSliceMut<'a, T>>> {
+        check_chunk(size)?;
+        let (ordinal, ptr, len) = (self.ordinal, self.ptr, self.len);
+        Ok((0..len).step_by(size).map(move |s| DeviceSliceMut {
+            ordinal,
+            ptr: ptr + (s * std::mem::size_of::<T>()) as u64,
+            len: size.min(len - s),
+            _t: PhantomData,
+        }))
     }
     /// Overwrites the view with `src`, which must have the same length.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {

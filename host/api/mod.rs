@@ -17,11 +17,13 @@ mod direct;
 mod element;
 mod op;
 mod raw;
+mod register;
 mod scope;
 mod stream;
 
 pub use buffer::{AsDeviceSlice, AsDeviceSliceMut, DeviceBuffer, DeviceSlice, DeviceSliceMut};
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use op::Op;
+pub use register::Registration;
 pub use scope::{capture, group, Capture, CapturedGraph, Group};
 pub use stream::Stream;

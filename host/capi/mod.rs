@@ -233,7 +233,7 @@ export! {
         let slot = newcomm.as_mut().ok_or_else(|| null("newcomm"))?;
         *slot = std::ptr::null_mut();
         let (cfg, blocking) = child_config(config, &parent)?;
-        match Comm::start_split(&parent, color, key, cfg.as_ref())? {
+        match Comm::start_split(&parent.0, color, key, cfg.as_ref())? {
             None => Ok(NcclResult::Success),
             Some(p) => hand_out(newcomm, p, blocking),
         }
@@ -266,7 +266,7 @@ export! {
                 .collect::<Result<_>>()?,
         };
         let (cfg, blocking) = child_config(config, &parent)?;
-        let pending = Comm::start_shrink(&parent, &exclude, cfg.as_ref(), shrink_flags)?;
+        let pending = Comm::start_shrink(&parent.0, &exclude, cfg.as_ref(), shrink_flags)?;
         hand_out(newcomm, pending, blocking)
     }
 }
@@ -441,7 +441,7 @@ fn dtype(v: c_int) -> Result<DataType> {
 }
 
 /// The communicator of a collective and its stream.
-fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(Arc<Comm>, StreamHandle)> {
+fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(crate::comm::Shared, StreamHandle)> {
     let c = handle(comm)?.ready()?;
     Ok((c, StreamHandle(stream as usize as u64)))
 }
@@ -803,7 +803,8 @@ export! {
     ) {
         let out = handle_out.as_mut().ok_or_else(|| null("handle"))?;
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        *out = c.register(dev(buff), size)? as usize as *mut c_void;
+        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
         Ok(NcclResult::Success)
     }
 }
@@ -837,7 +838,8 @@ export! {
             )));
         }
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        *out = c.register(dev(buff), size)? as usize as *mut c_void;
+        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
         Ok(NcclResult::Success)
     }
 }

@@ -18,6 +18,7 @@ mod peer;
 mod pending;
 pub mod register;
 pub mod rings;
+mod shared;
 mod split;
 pub mod tuning;
 mod turns;
@@ -38,6 +39,7 @@ use nccl_device::types::DataType;
 use net::{net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
+pub(crate) use shared::{NotSync, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -218,6 +220,8 @@ pub struct Comm {
     pub(crate) net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
     pub(crate) split_turns: Arc<turns::Turns>,
+    /// `Send` but not `Sync`: one thread at a time issues on a communicator (see [`NotSync`]).
+    pub(crate) _one_thread: NotSync,
 }
 
 impl std::fmt::Debug for Comm {
@@ -331,7 +335,7 @@ fn connect_tree(
     let send_arr = tree_links.gather(&send)?;
     let recv_arr = tree_links.gather(&recv)?;
     Ok(Some(TreeUp {
-        arrays: (send_arr.ptr(), recv_arr.ptr()),
+        arrays: (send_arr.ptr, recv_arr.ptr),
         ctas,
         slot_bytes,
         _own: Some((tree_links, Some((send_arr, recv_arr)))),
@@ -499,7 +503,7 @@ impl Comm {
         for (c, ch) in channels.iter_mut().enumerate() {
             let (prev, next) = ring_peers[c];
             ch.ring_index = rings.position(c, rank) as u32;
-            ch.ring_ranks = dev_comm.ptr() + (ring_at + rings.index_of(c) * nranks * 4) as u64;
+            ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
             ch.ring_prev = prev as u32;
             ch.ring_next = next as u32;
             if let Some(p) = &p2p {
@@ -519,7 +523,7 @@ impl Comm {
             nranks: nranks as u32,
             nchannels: shape.nchannels,
             slot_bytes: shape.slot_bytes,
-            channels: dev_comm.ptr() + head as u64,
+            channels: dev_comm.ptr + head as u64,
             abort_flag: kernel_abort.ptr,
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
@@ -566,6 +570,7 @@ impl Comm {
             registered: register::Registrations::default(),
             kernel_abort,
             split_turns: Arc::default(),
+            _one_thread: NotSync::default(),
         })
     }
 
@@ -761,8 +766,13 @@ impl Comm {
     }
 
     /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
-    /// communicator's operations; the handle is for [`Comm::deregister`].
-    pub fn register(&self, buff: crate::cuda::DevPtr, bytes: usize) -> Result<register::RegHandle> {
+    /// communicator's operations; the handle is for [`Comm::deregister`]. Public as
+    /// `Comm::register_raw` (unsafe) and, typed, `Comm::register`.
+    pub(crate) fn register_ptr(
+        &self,
+        buff: crate::cuda::DevPtr,
+        bytes: usize,
+    ) -> Result<register::RegHandle> {
         self.check_usable()?;
         self.registered.register(&self.device, buff, bytes)
     }

@@ -313,8 +313,8 @@ pub struct Kernel(usize);
 /// programs use the typed [`crate::DeviceBuffer`]; this is the raw layer's.
 pub struct DevBuffer {
     dev: Device,
-    ptr: DevPtr,
-    bytes: usize,
+    pub(crate) ptr: DevPtr,
+    pub(crate) bytes: usize,
 }
 
 impl std::fmt::Debug for DevBuffer {

@@ -242,7 +242,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         _ => 1,
     };
     let mut args = CollArgs {
-        comm: comm.dev_comm.ptr(),
+        comm: comm.dev_comm.ptr,
         sendbuff: c.send,
         recvbuff: c.recv,
         count: count as u64,

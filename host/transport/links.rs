@@ -110,7 +110,7 @@ impl Links {
         let side = sides
             .get(&(peer, dir))
             .ok_or_else(|| Error::internal(format!("no {dir:?} connection with rank {peer}")))?;
-        Ok(side.conns.ptr() + (c * std::mem::size_of::<ConnSend>()) as u64)
+        Ok(side.conns.ptr + (c * std::mem::size_of::<ConnSend>()) as u64)
     }
 
     /// A new device array whose entry `c` is a copy of connection `c` of `picks[c]` (connected
@@ -282,7 +282,7 @@ impl Links {
                         let s = ConnSend {
                             fifo: fifo(theirs, c),
                             tail: ctrl(theirs, c),
-                            head: ctrl(own.ptr(), c),
+                            head: ctrl(own.ptr, c),
                             step: 0,
                             ll_fifo: 0,
                             ll128_fifo: 0,
@@ -293,8 +293,8 @@ impl Links {
                     }
                     Dir::Recv => {
                         let r = ConnRecv {
-                            fifo: fifo(own.ptr(), c),
-                            tail: ctrl(own.ptr(), c),
+                            fifo: fifo(own.ptr, c),
+                            tail: ctrl(own.ptr, c),
                             head: ctrl(theirs, c),
                             step: 0,
                             ll_fifo: 0,

@@ -80,7 +80,7 @@ const EXPORT_BYTES: usize = 64 + 8;
 pub fn export(device: &Device, buf: &DevBuffer) -> Result<Vec<u8>> {
     let mut e = vec![0u8; EXPORT_BYTES];
     e[..64].copy_from_slice(&device.ipc_handle(buf)?);
-    e[64..].copy_from_slice(&buf.ptr().to_le_bytes());
+    e[64..].copy_from_slice(&buf.ptr.to_le_bytes());
     Ok(e)
 }
 
@@ -154,7 +154,7 @@ impl P2p {
         let mut mapped: Vec<Option<DevPtr>> = vec![None; peers.len()];
         let mut base_of = |r: usize| -> Result<DevPtr> {
             if r == bootstrap.rank() {
-                return Ok(own.ptr());
+                return Ok(own.ptr);
             }
             if let Some(Some(p)) = mapped.get(r) {
                 return Ok(*p);
@@ -196,7 +196,7 @@ impl P2p {
         let send = next_base.map(|next_base| ConnSend {
             fifo: next_base + l.fifo(ch),
             tail: next_base + l.recv_tail(ch),
-            head: self.own.ptr() + l.send_head(ch),
+            head: self.own.ptr + l.send_head(ch),
             step: 0,
             ll_fifo: next_base + l.ll_fifo(ch),
             ll128_fifo: next_base + l.ll128_fifo(ch),
@@ -204,12 +204,12 @@ impl P2p {
             proxy_stride: 0,
         });
         let recv = prev_base.map(|prev_base| ConnRecv {
-            fifo: self.own.ptr() + l.fifo(ch),
-            tail: self.own.ptr() + l.recv_tail(ch),
+            fifo: self.own.ptr + l.fifo(ch),
+            tail: self.own.ptr + l.recv_tail(ch),
             head: prev_base + l.send_head(ch),
             step: 0,
-            ll_fifo: self.own.ptr() + l.ll_fifo(ch),
-            ll128_fifo: self.own.ptr() + l.ll128_fifo(ch),
+            ll_fifo: self.own.ptr + l.ll_fifo(ch),
+            ll128_fifo: self.own.ptr + l.ll128_fifo(ch),
             proxy_stride: 0,
             _pad: 0,
         });

@@ -193,10 +193,9 @@ pub fn capture_and_replay(ranks: &Ranks, replays: usize, first: FirstUse) -> Res
     drop(graphs);
     // Finalize is collective: every rank at once.
     std::thread::scope(|sc| {
-        let done: Vec<_> = ranks
-            .comms
-            .iter()
-            .map(|c| sc.spawn(|| c.finalize()))
+        let done: Vec<_> = super::lend(&ranks.comms)
+            .into_iter()
+            .map(|c| sc.spawn(move || c.finalize()))
             .collect();
         done.into_iter().try_for_each(|h| {
             h.join()

@@ -177,6 +177,29 @@ pub enum Drive {
 
 /// Communicators with a stream each (tests running side by side must not share the default
 /// stream: two collectives queued in different orders on two devices would wait on each other).
+/// A communicator lent to the one thread that issues on it, in the thread-per-rank drives.
+#[derive(Clone, Copy)]
+pub struct OnItsThread<'a>(pub &'a Comm);
+
+// SAFETY: every field of a `Comm` is thread-safe; `Comm` withholds `Sync` only so that two
+// threads never issue on it at once. The drives that lend communicators give each rank's to
+// exactly one thread at a time (its rank thread, or this one before and after them).
+unsafe impl Send for OnItsThread<'_> {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for OnItsThread<'_> {}
+
+impl std::ops::Deref for OnItsThread<'_> {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        self.0
+    }
+}
+
+/// The communicators, to be lent one per thread (see [`OnItsThread`]).
+pub fn lend(comms: &[Comm]) -> Vec<OnItsThread<'_>> {
+    comms.iter().map(OnItsThread).collect()
+}
+
 pub struct Ranks {
     pub comms: Vec<Comm>,
     pub streams: Vec<StreamHandle>,
@@ -301,7 +324,8 @@ fn check_typed<T: Elem>(
 ) -> Result<(), String> {
     let dt = T::DTYPE;
     let op = typed_op(op, dt);
-    let (comms, streams) = (&ranks.comms, &ranks.streams);
+    let lent = lend(&ranks.comms);
+    let (comms, streams) = (&lent[..], &ranks.streams);
     let n = comms[0].count();
     let (in_len, out_len) = match coll {
         Coll::AllGather => (count, n * count),
@@ -677,8 +701,10 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         }
         bufs.push((sends, recvs));
     }
+    let lent = lend(&ranks.comms);
+    let (comms, streams) = (&lent[..], &ranks.streams);
     let issue = |i: usize| -> Result<(), String> {
-        let c = &ranks.comms[i];
+        let c = &comms[i];
         let r = c.rank();
         for p in 0..n {
             unsafe {
@@ -687,7 +713,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
                     count(r, p),
                     DataType::Int32,
                     p,
-                    ranks.streams[i],
+                    streams[i],
                 )
             }
             .map_err(e)?;
@@ -697,7 +723,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
                     count(p, r),
                     DataType::Int32,
                     p,
-                    ranks.streams[i],
+                    streams[i],
                 )
             }
             .map_err(e)?;
