@@ -63,6 +63,9 @@ fn rank(comm: Comm) -> nccl::Result<Vec<f64>> {
     } // the graph is dropped: `buf` is free to be read again
     let out = buf.to_vec()?;
     drop(buf);
+    // Finalize (collective) before destroy: peers may still use this rank's memory until all
+    // of them are done.
+    comm.finalize()?;
     comm.destroy()?;
     Ok(out)
 }

@@ -61,7 +61,11 @@ fn split_and_reduce(parent: Comm) -> nccl::Result<(usize, usize, Vec<u32>)> {
     child.all_reduce_in_place(&mut buf, Op::Sum, &stream)?;
     stream.synchronize()?;
     let out = (child.rank(), child.count(), buf.to_vec()?);
+    // Finalize (collective) before destroy: a peer may still be completing the last
+    // operation with this rank's memory until every rank has finalized.
+    child.finalize()?;
     child.destroy()?;
+    parent.finalize()?;
     parent.destroy()?;
     Ok(out)
 }

@@ -150,7 +150,22 @@ fn every_too_short_buffer_is_refused_with_its_sizes() {
         c.all_reduce(&eight, &mut fifteen, Op::Sum, &streams[1]),
         &["stream", "device 1"],
     );
+    refused(
+        c.reduce_scatter_in_place(&mut fifteen, Op::Sum, s),
+        &["ncclReduceScatter", "15", "multiple"],
+    );
+    refused(
+        c.reduce::<_, &mut DeviceBuffer<f32>>(&eight, None, Op::Sum, 0, s),
+        &["root", "recvbuff"],
+    );
+    refused(
+        c.all_to_all(&fifteen, &mut eight_mut(d), s),
+        &["ncclAlltoAll", "15", "multiple"],
+    );
     refused(eight.slice(4..9).map(|_| ()), &["4..9", "8 elements"]);
+    refused(eight.chunks(0).map(|_| ()), &["0 elements"]);
+    let other_reg = comms[1].register(&eight).map(|_| ());
+    refused(other_reg, &["ncclCommRegister", "device 0", "device 1"]);
 }
 
 fn eight_mut(d: &nccl::Device) -> DeviceBuffer<f32> {
@@ -199,4 +214,120 @@ fn captured_graph_replays_and_keeps_its_borrows() {
     let e = c.all_reduce(&send, &mut recv, Op::Sum, s).unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
     drop(c.device().capture_end(s.handle()));
+}
+
+#[test]
+fn send_recv_over_chunks_rooted_calls_and_registration() {
+    let (comms, streams) = ranks(3);
+    let n = 3;
+    let block = 5;
+    // All-to-all by hand: block j of rank r's buffer to rank j, into block r there.
+    let sends: Vec<DeviceBuffer<u64>> = comms
+        .iter()
+        .map(|c| {
+            let v: Vec<u64> = (0..n * block)
+                .map(|i| (100 * c.rank() + i) as u64)
+                .collect();
+            DeviceBuffer::from_slice(c.device(), &v).unwrap()
+        })
+        .collect();
+    let mut recvs: Vec<DeviceBuffer<u64>> = comms
+        .iter()
+        .map(|c| DeviceBuffer::zeroed(c.device(), n * block).unwrap())
+        .collect();
+    let regs: Vec<_> = comms
+        .iter()
+        .zip(&sends)
+        .map(|(c, b)| c.register(b).expect("register"))
+        .collect();
+    nccl::group(|g| {
+        for (((c, send), recv), st) in comms.iter().zip(&sends).zip(&mut recvs).zip(&streams) {
+            for (peer, (out, into)) in send.chunks(block)?.zip(recv.chunks_mut(block)?).enumerate()
+            {
+                g.send(c, out, peer, st)?;
+                g.recv(c, into, peer, st)?;
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    for r in regs {
+        r.deregister().expect("deregister");
+    }
+    for (r, recv) in recvs.iter().enumerate() {
+        let want: Vec<u64> = (0..n * block)
+            .map(|i| (100 * (i / block) + r * block + i % block) as u64)
+            .collect();
+        assert_eq!(recv.to_vec().unwrap(), want, "rank {r}");
+    }
+    // Broadcast from rank 2 (the others give no send buffer), then Reduce (prod) to rank 1.
+    let root_data = DeviceBuffer::from_slice(comms[2].device(), &[3i8, -2, 1]).unwrap();
+    let mut outs: Vec<DeviceBuffer<i8>> = comms
+        .iter()
+        .map(|c| DeviceBuffer::zeroed(c.device(), 3).unwrap())
+        .collect();
+    nccl::group(|g| {
+        for ((c, out), st) in comms.iter().zip(&mut outs).zip(&streams) {
+            let send = (c.rank() == 2).then_some(&root_data);
+            g.broadcast(c, send, out, 2, st)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for out in &outs {
+        assert_eq!(out.to_vec().unwrap(), vec![3, -2, 1]);
+    }
+    let mut prod = DeviceBuffer::<i8>::zeroed(comms[1].device(), 3).unwrap();
+    // The root's receive buffer is lent once, to the root's call.
+    let mut root_recv = Some(&mut prod);
+    nccl::group(|g| {
+        for ((c, out), st) in comms.iter().zip(&outs).zip(&streams) {
+            let recv = if c.rank() == 1 { root_recv.take() } else { None };
+            g.reduce(c, out, recv, Op::Prod, 1, st)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(prod.to_vec().unwrap(), vec![27, -8, 1]);
+}
+
+#[test]
+fn a_typed_group_of_non_blocking_communicators_is_not_an_error() {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    let id = nccl::get_unique_id().unwrap();
+    let cfg = nccl::Config::blocking(false);
+    let mut comms: Vec<Comm> = (0..2)
+        .map(|r| {
+            nccl::Comm::start_init_rank_config_on(
+                nccl::Device::open(r as i32).unwrap(),
+                2,
+                &id,
+                r,
+                &cfg,
+            )
+            .expect("start init")
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|p| p.wait().expect("init"))
+        .collect();
+    comms.sort_by_key(|c| c.rank());
+    let streams: Vec<Stream> = comms
+        .iter()
+        .map(|c| Stream::new(c.device()).unwrap())
+        .collect();
+    let mut bufs: Vec<DeviceBuffer<half::f16>> = comms
+        .iter()
+        .map(|c| DeviceBuffer::from_slice(c.device(), &[half::f16::from_f32(0.5); 100]).unwrap())
+        .collect();
+    nccl::group(|g| {
+        for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
+            g.all_reduce_in_place(c, b, Op::PreMulSum(half::f16::from_f32(3.0)), s)?;
+        }
+        Ok(())
+    })
+    .expect("a non-blocking group in progress is waited for, not an error");
+    for b in &bufs {
+        assert_eq!(b.to_vec().unwrap(), vec![half::f16::from_f32(3.0); 100]);
+    }
 }

@@ -172,11 +172,25 @@ fn bounds(range: &impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)>
     match (start, end) {
         (Some(s), Some(e)) if s <= e && e <= len => Ok((s, e)),
         _ => Err(Error::invalid_argument(format!(
-            "range {:?}..{:?} is out of bounds of a slice of {len} elements",
-            range.start_bound(),
-            range.end_bound()
+            "range {} is out of bounds of a slice of {len} elements",
+            show_range(range)
         ))),
     }
+}
+
+/// A range as Rust writes it (`2..9`, `..=7`, `3..`).
+fn show_range(range: &impl RangeBounds<usize>) -> String {
+    let start = match range.start_bound() {
+        Bound::Included(s) => s.to_string(),
+        Bound::Excluded(s) => format!("{s}+1"),
+        Bound::Unbounded => String::new(),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(e) => format!("={e}"),
+        Bound::Excluded(e) => e.to_string(),
+        Bound::Unbounded => String::new(),
+    };
+    format!("{start}..{end}")
 }
 
 fn check_chunk(size: usize) -> Result<()> {
@@ -482,5 +496,8 @@ mod tests {
         let e = bounds(&(2..9), 4).unwrap_err();
         assert_eq!(e.code, crate::NcclResult::InvalidArgument);
         assert!(e.message.contains("4 elements"), "{}", e.message);
+        assert!(e.message.contains("range 2..9 "), "{}", e.message);
+        assert_eq!(show_range(&(..=3)), "..=3");
+        assert_eq!(show_range(&(1..)), "1..");
     }
 }
