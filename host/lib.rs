@@ -34,29 +34,44 @@
 
 // The network plugins' logger is a C variadic function (transport/net/plugin/log.rs).
 #![feature(c_variadic)]
+// The API is documented; the internals (public only with the test-only `internals` feature)
+// are not held to it.
+#![cfg_attr(not(feature = "internals"), warn(missing_docs))]
+// Internals that only this crate's tests call are dead code without the `internals` feature.
+#![cfg_attr(not(feature = "internals"), allow(dead_code))]
+
+/// Declares modules that are internals: `pub(crate)`, and `pub` (unstable, undocumented) only
+/// with the `internals` feature, for this crate's own tests.
+macro_rules! internal_mods {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "internals")]
+            #[doc(hidden)]
+            pub mod $name;
+            #[cfg(not(feature = "internals"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+pub(crate) use internal_mods;
 
 mod api;
-pub mod bootstrap;
 #[cfg(feature = "capi")]
 pub mod capi;
 pub mod comm;
 pub mod cuda;
 pub mod debug;
-pub mod enqueue;
-pub mod env;
 pub mod error;
-pub mod graph;
 pub(crate) mod proxy;
-
-pub mod topo;
-pub mod transport;
 pub mod tune;
+
+internal_mods!(bootstrap, enqueue, env, graph, topo, transport);
 
 pub use api::{
     capture, group, AsDeviceSlice, AsDeviceSliceMut, Capture, CapturedGraph, DeviceBuffer,
     DeviceSlice, DeviceSliceMut, Element, Group, Op, Registration, Stream, F8E4M3, F8E5M2,
 };
-pub use bootstrap::{get_unique_id, UniqueId};
+pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 pub use comm::{Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
 pub use enqueue::{CollCall, ReduceOp};
@@ -66,10 +81,11 @@ pub use nccl_device::types::DataType;
 
 /// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
 pub const VERSION: i32 = 22503;
+/// The NCCL version this library implements, as text.
 pub const VERSION_STRING: &str = "2.25.3";
 
 /// The device code as PTX, one text per GPU architecture.
-pub mod ptx {
+pub(crate) mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx_table.rs"));
 }
 

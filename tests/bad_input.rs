@@ -96,7 +96,7 @@ fn ranks_and_ids() {
         NcclResult::InvalidArgument
     );
     let garbage = UniqueId {
-        internal: [0x5a; nccl::bootstrap::UNIQUE_ID_BYTES],
+        internal: [0x5a; nccl::UNIQUE_ID_BYTES],
     };
     let t = Instant::now();
     let e = Comm::init_rank_on(dev, 2, &garbage, 0).unwrap_err();

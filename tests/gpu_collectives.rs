@@ -21,7 +21,7 @@ fn gpus(n: usize) -> Ranks {
 fn devices(n: usize) -> Vec<i32> {
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
     let have = nccl::cuda::device_count().unwrap_or_else(|e| panic!("no GPUs: {e}"));
-    if nccl::env::int("NCCL_RS_SHARED_GPUS") == 1 && have < n {
+    if std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1") && have < n {
         eprintln!("NCCL_RS_SHARED_GPUS=1: {n} ranks share {have} GPU(s)");
         return (0..n).map(|r| (r % have.max(1)) as i32).collect();
     }

@@ -192,7 +192,7 @@ fn bench(
     let world = member.as_ref().map_or(ngpus, |m| m.world);
     // The kernel lab: more ranks than GPUs, rank r on device r % visible.
     // Read as the library reads it (environment, then NCCL_CONF_FILE), so both agree.
-    let shared = nccl::env::int("NCCL_RS_SHARED_GPUS") == 1;
+    let shared = std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1");
     if let Some(m) = &member {
         if m.local >= visible && !shared {
             return Err(Fail::Usage(format!(

@@ -36,14 +36,23 @@ pub struct Config {
 /// The options a communicator runs with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedConfig {
+    /// Whether creation and finalize wait (NCCL_COMM_BLOCKING).
     pub blocking: bool,
+    /// CTAs per cluster on GPUs that have clusters (NCCL_CGA_CLUSTER_SIZE).
     pub cga_cluster_size: i32,
+    /// Fewest channels (CTAs) per collective (NCCL_MIN_CTAS).
     pub min_ctas: u32,
+    /// Most channels (CTAs) per collective (NCCL_MAX_CTAS).
     pub max_ctas: u32,
+    /// The network to use, by name (NCCL_NET).
     pub net_name: Option<String>,
+    /// Whether split children share the parent's resources (NCCL_COMM_SPLIT_SHARE_RESOURCES).
     pub split_share: bool,
+    /// The network traffic class (NCCL_IB_TC), when set.
     pub traffic_class: Option<i32>,
+    /// A name shown in logs.
     pub comm_name: Option<String>,
+    /// CollNet on or off (recorded; there is no CollNet here).
     pub collnet_enable: bool,
 }
 

@@ -48,11 +48,15 @@ use std::time::{Duration, Instant};
 /// Launch shape and buffer sizes, decided by rank 0's parameters so every rank agrees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
+    /// Channels (CTAs) per collective.
     pub nchannels: u32,
+    /// Threads per CTA.
     pub nthreads: u32,
+    /// Bytes of one FIFO slot (a step) of the Simple protocol.
     pub slot_bytes: u32,
     /// NCCL_ALGO and NCCL_PROTO as [`crate::tune::Filter`] masks.
     pub algo_mask: u64,
+    /// NCCL_PROTO as a [`crate::tune::Filter`] mask.
     pub proto_mask: u64,
     /// Connections per peer of send/recv and of the tree's up links (CTAs per message); 0:
     /// from the communicator's size.
@@ -699,6 +703,7 @@ impl Comm {
         results.into_iter().collect()
     }
 
+    /// `ncclCommCuRank`: this rank's number in the communicator.
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -718,9 +723,11 @@ impl Comm {
     pub fn cu_device(&self) -> i32 {
         self.device.ordinal
     }
+    /// The device this communicator's rank runs on.
     pub fn device(&self) -> &Device {
         &self.device
     }
+    /// The launch shape every rank agreed on at creation.
     pub fn shape(&self) -> Shape {
         self.shape
     }
