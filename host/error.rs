@@ -7,6 +7,7 @@ use std::sync::Mutex;
 /// `ncclResult_t`, value for value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NcclResult {
     /// `ncclSuccess`.
     Success = 0,

@@ -64,11 +64,9 @@ fn init_rank_config_as_threads() {
     sim();
     for n in [2usize, 5, 16] {
         let id = nccl::get_unique_id().unwrap();
-        let config = Config {
-            max_ctas: Some(1),
-            comm_name: Some(format!("threads-{n}")),
-            ..Config::default()
-        };
+        let mut config = Config::default();
+        config.max_ctas = Some(1);
+        config.comm_name = Some(format!("threads-{n}"));
         let t = Instant::now();
         let comms: Vec<Comm> = per_rank(n, |r| {
             Comm::init_rank_config_on(dev(r), n, &id, r, &config).expect("init")
@@ -92,11 +90,9 @@ fn init_rank_config_as_threads() {
 fn min_ctas_raises_the_channels() {
     sim();
     let id = nccl::get_unique_id().unwrap();
-    let config = Config {
-        min_ctas: Some(3),
-        max_ctas: Some(3),
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.min_ctas = Some(3);
+    config.max_ctas = Some(3);
     let comms: Vec<Comm> = per_rank(2, |r| {
         Comm::init_rank_config_on(dev(r), 2, &id, r, &config).expect("init")
     });

@@ -282,7 +282,11 @@ fn send_recv_over_chunks_rooted_calls_and_registration() {
     let mut root_recv = Some(&mut prod);
     nccl::group(|g| {
         for ((c, out), st) in comms.iter().zip(&outs).zip(&streams) {
-            let recv = if c.rank() == 1 { root_recv.take() } else { None };
+            let recv = if c.rank() == 1 {
+                root_recv.take()
+            } else {
+                None
+            };
             g.reduce(c, out, recv, Op::Prod, 1, st)?;
         }
         Ok(())

@@ -245,7 +245,7 @@ fn bench(
     );
     match backend {
         Backend::Sim => println!("# backend: CPU simulator ({why})"),
-        Backend::Cuda => println!("# backend: CUDA ({why})"),
+        _ => println!("# backend: CUDA ({why})"),
     }
     println!("# nccl-rs {}", nccl::VERSION_STRING);
     if let Some(m) = &member {

@@ -92,8 +92,7 @@ impl Bench {
         .map_err(|x| e("AllReduce", x))?;
         d.stream_sync(r.stream).map_err(|x| e("sync", x))?;
         let mut out = vec![0u8; bytes.len()];
-        buf.read(0, &mut out)
-            .map_err(|x| e("copy out", x))?;
+        buf.read(0, &mut out).map_err(|x| e("copy out", x))?;
         for (x, c) in v.iter_mut().zip(out.chunks_exact(8)) {
             *x = f64::from_le_bytes(c.try_into().expect("8 bytes"));
         }

@@ -10,6 +10,7 @@ pub const SPLIT_NOCOLOR: i32 = -1;
 /// Communicator options, as `ncclConfig_t`; `None` is `NCCL_CONFIG_UNDEF_*` (the parameter or
 /// default applies; a split child inherits its parent's value).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// false: creation (and finalize) return at once and complete in the background
     /// (`ncclInProgress`); poll with `get_async_error`. Parameter NCCL_COMM_BLOCKING.

@@ -22,6 +22,7 @@ pub struct StreamHandle(pub u64);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// Which implementation runs the device work.
+#[non_exhaustive]
 pub enum Backend {
     /// The CUDA driver, loaded at run time.
     Cuda,

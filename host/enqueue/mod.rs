@@ -27,6 +27,7 @@ use nccl_device::types::DataType;
 /// A reduction as the API takes it: NCCL's built-in ops, or PreMulSum with its scalar given as
 /// the raw bits of one element of the collective's type (what `ncclRedOpCreatePreMulSum` makes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReduceOp {
     /// Sum.
     Sum,

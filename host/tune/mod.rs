@@ -33,6 +33,7 @@ use std::fmt;
 
 /// The collectives the model knows (values are NCCL's `ncclFunc_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Coll {
     /// Broadcast.
     Broadcast = 0,
@@ -69,6 +70,7 @@ impl Coll {
 
 /// Algorithms (values are NCCL's algorithm indices, as the tuner plugin's cost table uses them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Algo {
     /// Tree (double binary tree across nodes, chain within).
     Tree = 0,
@@ -122,6 +124,7 @@ impl fmt::Display for Algo {
 
 /// Protocols (values are NCCL's protocol indices).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Proto {
     /// LL: 8-byte stores with flags.
     Ll = 0,

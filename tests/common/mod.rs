@@ -111,6 +111,7 @@ pub fn reference<T: Elem>(inputs: &[Vec<T>], op: ReduceOp, dt: DataType) -> Vec<
                 ReduceOp::PreMulSumDevice { .. } => {
                     panic!("reference: pass the device scalar's value as PreMulSum")
                 }
+                other => panic!("reference: no model of {other:?}"),
             };
             let tol = match op {
                 ReduceOp::Max | ReduceOp::Min => 0.0,
