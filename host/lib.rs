@@ -68,8 +68,8 @@ pub mod tune;
 internal_mods!(bootstrap, enqueue, env, graph, topo, transport);
 
 pub use api::{
-    capture, group, AsDeviceSlice, AsDeviceSliceMut, Capture, CapturedGraph, DeviceBuffer,
-    DeviceSlice, DeviceSliceMut, Element, Group, Op, Registration, Stream, F8E4M3, F8E5M2,
+    capture, group, Capture, CapturedGraph, DeviceBuffer, DeviceSlice, DeviceSliceMut, Element,
+    Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,
 };
 pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 pub use comm::{Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR};

@@ -97,7 +97,7 @@ fn child() -> Option<Option<Ranks>> {
     let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
     let got = Comm::init_rank_on(dev, nranks, &id, rank);
     if let Ok(want) = std::env::var(EXPECT_INIT_ERROR) {
-        let e = got.err().expect("init should fail");
+        let e = got.expect_err("init should fail");
         assert_eq!(e.code, nccl::NcclResult::InvalidUsage, "{e}");
         assert!(e.message.contains(&want), "{e} lacks {want:?}");
         return Some(None);

@@ -422,61 +422,61 @@ impl<'a, T: Element> DeviceSliceMut<'a, T> {
 
 /// What collectives read: a [`DeviceSlice`], or anything that lends one (`&DeviceBuffer<T>`,
 /// `&DeviceSliceMut<T>`, …).
-pub trait AsDeviceSlice<'a> {
+pub trait IntoDeviceSlice<'a> {
     /// The element type.
     type Elem: Element;
     /// The view.
-    fn as_device_slice(self) -> DeviceSlice<'a, Self::Elem>;
+    fn into_device_slice(self) -> DeviceSlice<'a, Self::Elem>;
 }
 
 /// What collectives write: a [`DeviceSliceMut`], or anything that lends one
 /// (`&mut DeviceBuffer<T>`, `&mut DeviceSliceMut<T>`).
-pub trait AsDeviceSliceMut<'a> {
+pub trait IntoDeviceSliceMut<'a> {
     /// The element type.
     type Elem: Element;
     /// The view.
-    fn as_device_slice_mut(self) -> DeviceSliceMut<'a, Self::Elem>;
+    fn into_device_slice_mut(self) -> DeviceSliceMut<'a, Self::Elem>;
 }
 
-impl<'a, T: Element> AsDeviceSlice<'a> for DeviceSlice<'a, T> {
+impl<'a, T: Element> IntoDeviceSlice<'a> for DeviceSlice<'a, T> {
     type Elem = T;
-    fn as_device_slice(self) -> DeviceSlice<'a, T> {
+    fn into_device_slice(self) -> DeviceSlice<'a, T> {
         self
     }
 }
-impl<'a, T: Element> AsDeviceSlice<'a> for &DeviceSlice<'a, T> {
+impl<'a, T: Element> IntoDeviceSlice<'a> for &DeviceSlice<'a, T> {
     type Elem = T;
-    fn as_device_slice(self) -> DeviceSlice<'a, T> {
+    fn into_device_slice(self) -> DeviceSlice<'a, T> {
         *self
     }
 }
-impl<'a, T: Element> AsDeviceSlice<'a> for &'a DeviceBuffer<T> {
+impl<'a, T: Element> IntoDeviceSlice<'a> for &'a DeviceBuffer<T> {
     type Elem = T;
-    fn as_device_slice(self) -> DeviceSlice<'a, T> {
+    fn into_device_slice(self) -> DeviceSlice<'a, T> {
         self.as_slice()
     }
 }
-impl<'a, T: Element> AsDeviceSlice<'a> for &'a DeviceSliceMut<'_, T> {
+impl<'a, T: Element> IntoDeviceSlice<'a> for &'a DeviceSliceMut<'_, T> {
     type Elem = T;
-    fn as_device_slice(self) -> DeviceSlice<'a, T> {
+    fn into_device_slice(self) -> DeviceSlice<'a, T> {
         self.as_slice()
     }
 }
-impl<'a, T: Element> AsDeviceSliceMut<'a> for DeviceSliceMut<'a, T> {
+impl<'a, T: Element> IntoDeviceSliceMut<'a> for DeviceSliceMut<'a, T> {
     type Elem = T;
-    fn as_device_slice_mut(self) -> DeviceSliceMut<'a, T> {
+    fn into_device_slice_mut(self) -> DeviceSliceMut<'a, T> {
         self
     }
 }
-impl<'a, T: Element> AsDeviceSliceMut<'a> for &'a mut DeviceSliceMut<'_, T> {
+impl<'a, T: Element> IntoDeviceSliceMut<'a> for &'a mut DeviceSliceMut<'_, T> {
     type Elem = T;
-    fn as_device_slice_mut(self) -> DeviceSliceMut<'a, T> {
+    fn into_device_slice_mut(self) -> DeviceSliceMut<'a, T> {
         self.reborrow()
     }
 }
-impl<'a, T: Element> AsDeviceSliceMut<'a> for &'a mut DeviceBuffer<T> {
+impl<'a, T: Element> IntoDeviceSliceMut<'a> for &'a mut DeviceBuffer<T> {
     type Elem = T;
-    fn as_device_slice_mut(self) -> DeviceSliceMut<'a, T> {
+    fn into_device_slice_mut(self) -> DeviceSliceMut<'a, T> {
         self.as_slice_mut()
     }
 }
@@ -490,7 +490,8 @@ mod tests {
         assert_eq!(bounds(&(..), 4).unwrap(), (0, 4));
         assert_eq!(bounds(&(1..=2), 4).unwrap(), (1, 3));
         assert_eq!(bounds(&(4..), 4).unwrap(), (4, 4));
-        assert!(bounds(&(3..2), 4).is_err());
+        let (hi, lo) = (3, 2);
+        assert!(bounds(&(hi..lo), 4).is_err());
         assert!(bounds(&(0..5), 4).is_err());
         assert!(bounds(&(..=usize::MAX), 4).is_err());
         let e = bounds(&(2..9), 4).unwrap_err();

@@ -17,15 +17,15 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()>
             where
-                S: AsDeviceSlice<'a>,
-                R: AsDeviceSliceMut<'a, Elem = S::Elem>,
+                S: IntoDeviceSlice<'a>,
+                R: IntoDeviceSliceMut<'a, Elem = S::Elem>,
             {
                 self.join(comm, stream)?;
-                let (s, r) = (send.as_device_slice(), recv.as_device_slice_mut());
+                let (s, r) = (send.into_device_slice(), recv.into_device_slice_mut());
                 coll::all_reduce(comm, s, r, op, stream)
             }
             /// In-place AllReduce of `buf`.
-            pub fn all_reduce_in_place<B: AsDeviceSliceMut<'a>>(
+            pub fn all_reduce_in_place<B: IntoDeviceSliceMut<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: B,
@@ -33,7 +33,7 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::all_reduce_in_place(comm, buf.as_device_slice_mut(), op, stream)
+                coll::all_reduce_in_place(comm, buf.into_device_slice_mut(), op, stream)
             }
             /// Broadcast of `root`'s `send` into every `recv`; see [`Comm::broadcast`].
             pub fn broadcast<S, R>(
@@ -45,15 +45,15 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()>
             where
-                S: AsDeviceSlice<'a>,
-                R: AsDeviceSliceMut<'a, Elem = S::Elem>,
+                S: IntoDeviceSlice<'a>,
+                R: IntoDeviceSliceMut<'a, Elem = S::Elem>,
             {
                 self.join(comm, stream)?;
-                let s = send.map(|s| s.as_device_slice());
-                coll::broadcast(comm, s, recv.as_device_slice_mut(), root, stream)
+                let s = send.map(|s| s.into_device_slice());
+                coll::broadcast(comm, s, recv.into_device_slice_mut(), root, stream)
             }
             /// In-place Broadcast of `buf` from `root`.
-            pub fn broadcast_in_place<B: AsDeviceSliceMut<'a>>(
+            pub fn broadcast_in_place<B: IntoDeviceSliceMut<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: B,
@@ -61,7 +61,7 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::broadcast_in_place(comm, buf.as_device_slice_mut(), root, stream)
+                coll::broadcast_in_place(comm, buf.into_device_slice_mut(), root, stream)
             }
             /// Reduce of every `send` into `root`'s `recv`; see [`Comm::reduce`].
             pub fn reduce<S, R>(
@@ -74,15 +74,15 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()>
             where
-                S: AsDeviceSlice<'a>,
-                R: AsDeviceSliceMut<'a, Elem = S::Elem>,
+                S: IntoDeviceSlice<'a>,
+                R: IntoDeviceSliceMut<'a, Elem = S::Elem>,
             {
                 self.join(comm, stream)?;
-                let r = recv.map(|r| r.as_device_slice_mut());
-                coll::reduce(comm, send.as_device_slice(), r, op, root, stream)
+                let r = recv.map(|r| r.into_device_slice_mut());
+                coll::reduce(comm, send.into_device_slice(), r, op, root, stream)
             }
             /// In-place Reduce of `buf` to `root`.
-            pub fn reduce_in_place<B: AsDeviceSliceMut<'a>>(
+            pub fn reduce_in_place<B: IntoDeviceSliceMut<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: B,
@@ -91,7 +91,7 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::reduce_in_place(comm, buf.as_device_slice_mut(), op, root, stream)
+                coll::reduce_in_place(comm, buf.into_device_slice_mut(), op, root, stream)
             }
             /// AllGather of every `send` into `recv`; see [`Comm::all_gather`].
             pub fn all_gather<S, R>(
@@ -102,22 +102,22 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()>
             where
-                S: AsDeviceSlice<'a>,
-                R: AsDeviceSliceMut<'a, Elem = S::Elem>,
+                S: IntoDeviceSlice<'a>,
+                R: IntoDeviceSliceMut<'a, Elem = S::Elem>,
             {
                 self.join(comm, stream)?;
-                let (s, r) = (send.as_device_slice(), recv.as_device_slice_mut());
+                let (s, r) = (send.into_device_slice(), recv.into_device_slice_mut());
                 coll::all_gather(comm, s, r, stream)
             }
             /// In-place AllGather over `buf` (this rank's block is its input).
-            pub fn all_gather_in_place<B: AsDeviceSliceMut<'a>>(
+            pub fn all_gather_in_place<B: IntoDeviceSliceMut<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: B,
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::all_gather_in_place(comm, buf.as_device_slice_mut(), stream)
+                coll::all_gather_in_place(comm, buf.into_device_slice_mut(), stream)
             }
             /// ReduceScatter of every `send` into `recv`; see [`Comm::reduce_scatter`].
             pub fn reduce_scatter<S, R>(
@@ -129,15 +129,15 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()>
             where
-                S: AsDeviceSlice<'a>,
-                R: AsDeviceSliceMut<'a, Elem = S::Elem>,
+                S: IntoDeviceSlice<'a>,
+                R: IntoDeviceSliceMut<'a, Elem = S::Elem>,
             {
                 self.join(comm, stream)?;
-                let (s, r) = (send.as_device_slice(), recv.as_device_slice_mut());
+                let (s, r) = (send.into_device_slice(), recv.into_device_slice_mut());
                 coll::reduce_scatter(comm, s, r, op, stream)
             }
             /// In-place ReduceScatter over `buf` (this rank's block receives the result).
-            pub fn reduce_scatter_in_place<B: AsDeviceSliceMut<'a>>(
+            pub fn reduce_scatter_in_place<B: IntoDeviceSliceMut<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: B,
@@ -145,10 +145,10 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::reduce_scatter_in_place(comm, buf.as_device_slice_mut(), op, stream)
+                coll::reduce_scatter_in_place(comm, buf.into_device_slice_mut(), op, stream)
             }
             /// Sends `buf` to `peer`; see [`Comm::send`].
-            pub fn send<S: AsDeviceSlice<'a>>(
+            pub fn send<S: IntoDeviceSlice<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: S,
@@ -156,10 +156,10 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::send(comm, buf.as_device_slice(), peer, stream)
+                coll::send(comm, buf.into_device_slice(), peer, stream)
             }
             /// Receives `buf.len()` elements from `peer` into `buf`; see [`Comm::recv`].
-            pub fn recv<R: AsDeviceSliceMut<'a>>(
+            pub fn recv<R: IntoDeviceSliceMut<'a>>(
                 &mut self,
                 comm: &'a Comm,
                 buf: R,
@@ -167,7 +167,7 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()> {
                 self.join(comm, stream)?;
-                coll::recv(comm, buf.as_device_slice_mut(), peer, stream)
+                coll::recv(comm, buf.into_device_slice_mut(), peer, stream)
             }
             /// All-to-all; see [`Comm::all_to_all`].
             pub fn all_to_all<S, R>(
@@ -178,11 +178,11 @@ macro_rules! scoped_calls {
                 stream: &'a Stream,
             ) -> Result<()>
             where
-                S: AsDeviceSlice<'a>,
-                R: AsDeviceSliceMut<'a, Elem = S::Elem>,
+                S: IntoDeviceSlice<'a>,
+                R: IntoDeviceSliceMut<'a, Elem = S::Elem>,
             {
                 self.join(comm, stream)?;
-                let (s, r) = (send.as_device_slice(), recv.as_device_slice_mut());
+                let (s, r) = (send.into_device_slice(), recv.into_device_slice_mut());
                 coll::all_to_all(comm, s, r, stream)
             }
         }

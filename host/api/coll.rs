@@ -229,7 +229,7 @@ pub(crate) fn all_gather<T: Element>(
 /// The per-rank block of an in-place AllGather or ReduceScatter over `len` elements.
 fn block(what: &str, comm: &Comm, len: usize) -> Result<usize> {
     let n = comm.count();
-    if len % n != 0 {
+    if !len.is_multiple_of(n) {
         return Err(Error::invalid_argument(format!(
             "{what}: in place, buff's {len} elements must be a multiple of the {n} ranks"
         )));

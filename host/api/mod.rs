@@ -21,7 +21,7 @@ mod register;
 mod scope;
 mod stream;
 
-pub use buffer::{AsDeviceSlice, AsDeviceSliceMut, DeviceBuffer, DeviceSlice, DeviceSliceMut};
+pub use buffer::{DeviceBuffer, DeviceSlice, DeviceSliceMut, IntoDeviceSlice, IntoDeviceSliceMut};
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use op::Op;
 pub use register::Registration;

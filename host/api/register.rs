@@ -1,7 +1,7 @@
 //! User buffer registration (`ncclCommRegister`), typed: a [`Registration`] guard that
 //! deregisters when dropped.
 
-use super::buffer::AsDeviceSlice;
+use super::buffer::IntoDeviceSlice;
 use crate::comm::register::RegHandle;
 use crate::comm::Comm;
 use crate::cuda::DevPtr;
@@ -59,8 +59,8 @@ impl Comm {
     /// drop(reg);
     /// # Ok(()) }
     /// ```
-    pub fn register<'b, B: AsDeviceSlice<'b>>(&self, buf: B) -> Result<Registration<'_>> {
-        let view = buf.as_device_slice();
+    pub fn register<'b, B: IntoDeviceSlice<'b>>(&self, buf: B) -> Result<Registration<'_>> {
+        let view = buf.into_device_slice();
         if view.device_ordinal() != self.device().ordinal {
             return Err(Error::invalid_argument(format!(
                 "ncclCommRegister: the buffer is on device {} but the communicator (rank {}) \

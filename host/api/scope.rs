@@ -6,7 +6,7 @@
 //! (`mem::forget`) with work still queued on borrowed buffers. When the closure fails or
 //! panics, the group's queued work is dropped, never launched, and a capture is discarded.
 
-use super::buffer::{AsDeviceSlice, AsDeviceSliceMut};
+use super::buffer::{IntoDeviceSlice, IntoDeviceSliceMut};
 use super::calls::scoped_calls;
 use super::coll;
 use super::op::Op;

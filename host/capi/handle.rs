@@ -115,7 +115,7 @@ impl CommHandle {
         CommHandle {
             magic: AtomicU64::new(COMM_MAGIC),
             blocking: c.config().blocking,
-            state: Mutex::new(State::Ready(Shared(Arc::new(c)))),
+            state: Mutex::new(State::Ready(Shared::new(c))),
             finalize: Mutex::new(Finalize::NotCalled),
         }
     }
@@ -134,7 +134,7 @@ impl CommHandle {
         };
         match taken {
             Ok(c) => {
-                let c = Shared(Arc::new(c));
+                let c = Shared::new(c);
                 *st = State::Ready(c.clone());
                 Ok(c)
             }

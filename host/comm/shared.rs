@@ -31,6 +31,15 @@ unsafe impl Send for Shared {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Shared {}
 
+impl Shared {
+    /// Shares `comm` with the library's threads.
+    // An `Arc` of a non-`Sync` type: the `unsafe impl`s above are what make it shareable.
+    #[allow(clippy::arc_with_non_send_sync)]
+    pub(crate) fn new(comm: Comm) -> Shared {
+        Shared(Arc::new(comm))
+    }
+}
+
 impl std::ops::Deref for Shared {
     type Target = Comm;
     fn deref(&self) -> &Comm {
