@@ -29,6 +29,25 @@
 //! fn f(comm: &nccl::Comm) { shared(comm) } // error: `Comm` is not `Sync`
 //! ```
 //!
+//! Two threads cannot issue on one communicator:
+//!
+//! ```compile_fail
+//! fn f(comm: nccl::Comm) {
+//!     std::thread::scope(|s| {
+//!         s.spawn(|| comm.rank()); // error: `&Comm` cannot be sent to another thread
+//!         s.spawn(|| comm.rank());
+//!     });
+//! }
+//! ```
+//!
+//! but a thread may own one (`Send`):
+//!
+//! ```
+//! fn f(comm: nccl::Comm) -> std::thread::JoinHandle<usize> {
+//!     std::thread::spawn(move || comm.rank())
+//! }
+//! ```
+//!
 //! Logging: the library emits through the `log` crate only; [`init_logging`] installs NCCL's
 //! `NCCL_DEBUG` logger when the program has none.
 

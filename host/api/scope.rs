@@ -173,6 +173,34 @@ scoped_calls!(Capture);
 /// waits for its launches to finish.
 ///
 /// When `f` fails or panics, the capture is ended and discarded.
+///
+/// ```no_run
+/// # fn f(comm: &nccl::Comm, stream: &nccl::Stream) -> nccl::Result<()> {
+/// let mut buf = nccl::DeviceBuffer::<f32>::zeroed(comm.device(), 1024)?;
+/// let graph = nccl::capture(stream, |c| {
+///     c.all_reduce_in_place(comm, &mut buf, nccl::Op::Sum, stream)
+/// })?;
+/// for _ in 0..10 {
+///     graph.launch()?;
+/// }
+/// drop(graph); // waits for the launches; `buf` is free again
+/// let sums = buf.to_vec()?;
+/// # Ok(()) }
+/// ```
+///
+/// A buffer cannot be dropped (or read, or used by another call) while a graph that may still
+/// be launched holds it:
+///
+/// ```compile_fail
+/// # fn f(comm: &nccl::Comm, stream: &nccl::Stream) -> nccl::Result<()> {
+/// let mut buf = nccl::DeviceBuffer::<f32>::zeroed(comm.device(), 1024)?;
+/// let graph = nccl::capture(stream, |c| {
+///     c.all_reduce_in_place(comm, &mut buf, nccl::Op::Sum, stream)
+/// })?;
+/// drop(buf); // error: `buf` is borrowed by the graph
+/// graph.launch()?;
+/// # Ok(()) }
+/// ```
 pub fn capture<'a>(
     stream: &'a Stream,
     f: impl FnOnce(&mut Capture<'a>) -> Result<()>,
