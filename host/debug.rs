@@ -43,20 +43,35 @@ use std::time::Instant;
 
 /// Explicit `log` targets, one per NCCL subsystem (`log::info!(target: debug::NET, …)`).
 pub const INIT: &str = "nccl::INIT";
+/// The `log` target of collective operations (`NCCL_DEBUG_SUBSYS=COLL`).
 pub const COLL: &str = "nccl::COLL";
+/// The `log` target of point-to-point operations (`P2P`).
 pub const P2P: &str = "nccl::P2P";
+/// The `log` target of the shared-memory transport (`SHM`).
 pub const SHM: &str = "nccl::SHM";
+/// The `log` target of the network transports (`NET`).
 pub const NET: &str = "nccl::NET";
+/// The `log` target of the topology search (`GRAPH`).
 pub const GRAPH: &str = "nccl::GRAPH";
+/// The `log` target of the tuner (`TUNING`).
 pub const TUNING: &str = "nccl::TUNING";
+/// The `log` target of parameter reports (`ENV`).
 pub const ENV: &str = "nccl::ENV";
+/// The `log` target of allocations (`ALLOC`).
 pub const ALLOC: &str = "nccl::ALLOC";
+/// The `log` target of API call traces (`CALL`).
 pub const CALL: &str = "nccl::CALL";
+/// The `log` target of the proxy threads (`PROXY`).
 pub const PROXY: &str = "nccl::PROXY";
+/// The `log` target of NVLink SHARP (`NVLS`).
 pub const NVLS: &str = "nccl::NVLS";
+/// The `log` target of the bootstrap network (`BOOTSTRAP`).
 pub const BOOTSTRAP: &str = "nccl::BOOTSTRAP";
+/// The `log` target of buffer registration (`REG`).
 pub const REG: &str = "nccl::REG";
+/// The `log` target of the profiler (`PROFILE`).
 pub const PROFILE: &str = "nccl::PROFILE";
+/// The `log` target of the reliability service (`RAS`).
 pub const RAS: &str = "nccl::RAS";
 /// Shown whatever `NCCL_DEBUG_SUBSYS` selects (when the level allows it).
 pub const ALL: &str = "nccl::ALL";

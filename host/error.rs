@@ -7,14 +7,23 @@ use std::sync::Mutex;
 /// `ncclResult_t`, value for value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NcclResult {
+    /// `ncclSuccess`.
     Success = 0,
+    /// `ncclUnhandledCudaError`: a CUDA call failed.
     UnhandledCudaError = 1,
+    /// `ncclSystemError`: a system call failed (memory, sockets, threads).
     SystemError = 2,
+    /// `ncclInternalError`: a bug in this library, or a peer that broke the protocol.
     InternalError = 3,
+    /// `ncclInvalidArgument`: a bad argument (a null or too short buffer, a rank out of range, ...).
     InvalidArgument = 4,
+    /// `ncclInvalidUsage`: a call made when it may not be (after finalize, inside a capture, ...).
     InvalidUsage = 5,
+    /// `ncclRemoteError`: a peer failed or went away.
     RemoteError = 6,
+    /// `ncclInProgress`: a non-blocking operation is still running.
     InProgress = 7,
 }
 
@@ -45,15 +54,19 @@ impl NcclResult {
 /// An error: its `ncclResult_t` and a message saying what went wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
+    /// The `ncclResult_t` it maps to.
     pub code: NcclResult,
+    /// What went wrong (what `ncclGetLastError` returns).
     pub message: String,
 }
 
+/// A result whose error is an [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 impl Error {
+    /// An error of `code` saying `message`.
     pub fn new(code: NcclResult, message: impl Into<String>) -> Error {
         let message = message.into();
         log::warn!("{message}");
@@ -62,21 +75,27 @@ impl Error {
         }
         Error { code, message }
     }
+    /// `ncclUnhandledCudaError`.
     pub fn cuda(message: impl Into<String>) -> Error {
         Error::new(NcclResult::UnhandledCudaError, message)
     }
+    /// `ncclSystemError`.
     pub fn system(message: impl Into<String>) -> Error {
         Error::new(NcclResult::SystemError, message)
     }
+    /// `ncclInternalError`.
     pub fn internal(message: impl Into<String>) -> Error {
         Error::new(NcclResult::InternalError, message)
     }
+    /// `ncclInvalidArgument`.
     pub fn invalid_argument(message: impl Into<String>) -> Error {
         Error::new(NcclResult::InvalidArgument, message)
     }
+    /// `ncclInvalidUsage`.
     pub fn invalid_usage(message: impl Into<String>) -> Error {
         Error::new(NcclResult::InvalidUsage, message)
     }
+    /// `ncclRemoteError`.
     pub fn remote(message: impl Into<String>) -> Error {
         Error::new(NcclResult::RemoteError, message)
     }

@@ -1,37 +1,96 @@
 //! nccl-rs: collective communication among GPUs, NCCL's job rebuilt in Rust, kernels included.
 //!
 //! ```no_run
-//! use nccl::{Comm, DataType, ReduceOp};
+//! use nccl::{Comm, DeviceBuffer, Op, Stream};
 //! let comms = Comm::init_all(&[0, 1])?;
-//! for c in &comms {
-//!     let dev = c.device();
-//!     let buf = dev.alloc(1024 * 4)?;
-//!     c.all_reduce(buf.ptr, buf.ptr, 1024, DataType::Float32, ReduceOp::Sum, Default::default())?;
-//!     dev.stream_sync(Default::default())?;
-//! }
+//! let streams = comms.iter().map(|c| Stream::new(c.device())).collect::<nccl::Result<Vec<_>>>()?;
+//! let mut bufs = comms
+//!     .iter()
+//!     .map(|c| DeviceBuffer::from_slice(c.device(), &[1.0f32; 1024]))
+//!     .collect::<nccl::Result<Vec<_>>>()?;
+//! // One thread drives both ranks: their calls go out together, in a group.
+//! nccl::group(|g| {
+//!     for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
+//!         g.all_reduce_in_place(c, b, Op::Sum, s)?;
+//!     }
+//!     Ok(())
+//! })?;
+//! assert_eq!(bufs[0].to_vec()?, vec![2.0f32; 1024]);
 //! # Ok::<(), nccl::Error>(())
 //! ```
+//!
+//! Thread safety: a [`Comm`] is `Send` but not `Sync`. NCCL's rule (its "Thread Safety"
+//! page) is that one communicator must not be used by several threads at once, while any one
+//! thread at a time may use it; `Send` without `Sync` is that rule, checked by the compiler.
+//! Put a communicator in a `Mutex` to share it.
+//!
+//! ```compile_fail
+//! fn shared<T: Sync>(_: &T) {}
+//! fn f(comm: &nccl::Comm) { shared(comm) } // error: `Comm` is not `Sync`
+//! ```
+//!
+//! Two threads cannot issue on one communicator:
+//!
+//! ```compile_fail
+//! fn f(comm: nccl::Comm) {
+//!     std::thread::scope(|s| {
+//!         s.spawn(|| comm.rank()); // error: `&Comm` cannot be sent to another thread
+//!         s.spawn(|| comm.rank());
+//!     });
+//! }
+//! ```
+//!
+//! but a thread may own one (`Send`):
+//!
+//! ```
+//! fn f(comm: nccl::Comm) -> std::thread::JoinHandle<usize> {
+//!     std::thread::spawn(move || comm.rank())
+//! }
+//! ```
+//!
+//! Logging: the library emits through the `log` crate only; [`init_logging`] installs NCCL's
+//! `NCCL_DEBUG` logger when the program has none.
 
 // The network plugins' logger is a C variadic function (transport/net/plugin/log.rs).
 #![feature(c_variadic)]
+// The API is documented; the internals (public only with the test-only `internals` feature)
+// are not held to it.
+#![cfg_attr(not(feature = "internals"), warn(missing_docs))]
+// Internals that only this crate's tests call are dead code without the `internals` feature.
+#![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
-pub mod bootstrap;
+/// Declares modules that are internals: `pub(crate)`, and `pub` (unstable, undocumented) only
+/// with the `internals` feature, for this crate's own tests.
+macro_rules! internal_mods {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "internals")]
+            #[doc(hidden)]
+            pub mod $name;
+            #[cfg(not(feature = "internals"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+pub(crate) use internal_mods;
+
+mod api;
 #[cfg(feature = "capi")]
 pub mod capi;
 pub mod comm;
 pub mod cuda;
 pub mod debug;
-pub mod enqueue;
-pub mod env;
 pub mod error;
-pub mod graph;
 pub(crate) mod proxy;
-
-pub mod topo;
-pub mod transport;
 pub mod tune;
 
-pub use bootstrap::{get_unique_id, UniqueId};
+internal_mods!(bootstrap, enqueue, env, graph, topo, transport);
+
+pub use api::{
+    capture, group, Capture, CapturedGraph, DeviceBuffer, DeviceSlice, DeviceSliceMut, Element,
+    Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,
+};
+pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 pub use comm::{Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
 pub use enqueue::{CollCall, ReduceOp};
@@ -41,25 +100,51 @@ pub use nccl_device::types::DataType;
 
 /// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
 pub const VERSION: i32 = 22503;
+/// The NCCL version this library implements, as text.
 pub const VERSION_STRING: &str = "2.25.3";
 
 /// The device code as PTX, one text per GPU architecture.
-pub mod ptx {
+pub(crate) mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx_table.rs"));
 }
 
-/// `ncclGroupStart`: operations issued by this thread until the matching [`group_end`] are
-/// launched together when it ends.
+/// Installs NCCL's logger (`NCCL_DEBUG`, `NCCL_DEBUG_SUBSYS`, `NCCL_DEBUG_FILE`, NCCL's line
+/// format) as the process's `log` logger, unless the program already has one, which stays.
+/// Returns whether NCCL's logger is the one in place. The library never calls it for Rust
+/// programs; the C ABI library does, for C programs.
+pub fn init_logging() -> bool {
+    debug::install_logger()
+}
+
+/// `ncclGroupStart` (the raw layer's group): operations issued by this thread until the
+/// matching [`group_end`] are launched together when it ends. Typed calls go through
+/// [`group`] instead, which keeps their buffers borrowed; they refuse to run inside a group
+/// opened here.
 pub fn group_start() {
     enqueue::group::start()
 }
 
-/// `ncclGroupEnd`. When the group's communicators are non-blocking (`Config::blocking(false)`)
-/// and it holds operations, they are issued on a background thread and this returns an error
-/// of code [`NcclResult::InProgress`] — not a failure: poll each communicator's
-/// [`Comm::async_state`] until it is `Success` before using it or its streams again.
-pub fn group_end() -> Result<()> {
-    enqueue::group::end()
+/// How a group ended ([`group_end`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GroupStatus {
+    /// Its operations were issued (or it was an inner level, which issues nothing).
+    Complete,
+    /// Its communicators are non-blocking: the operations are being issued in the background.
+    /// Poll each communicator's [`Comm::async_state`] until it is `Success` (or call
+    /// [`Comm::wait_group`]) before using it or its streams again.
+    InProgress,
+}
+
+/// `ncclGroupEnd`. A group of non-blocking communicators (`Config::blocking(false)`) holding
+/// operations is issued on a background thread: that is [`GroupStatus::InProgress`], not an
+/// error.
+pub fn group_end() -> Result<GroupStatus> {
+    match enqueue::group::end() {
+        Ok(()) => Ok(GroupStatus::Complete),
+        Err(e) if e.code == NcclResult::InProgress => Ok(GroupStatus::InProgress),
+        Err(e) => Err(e),
+    }
 }
 
 /// `ncclGroupSimulateEnd`: ends the group without launching anything (its operations are
@@ -67,179 +152,4 @@ pub fn group_end() -> Result<()> {
 /// an inner, nested group.
 pub fn group_simulate_end() -> Result<Option<f64>> {
     enqueue::group::simulate_end()
-}
-
-/// Every collective: the communicator must be ready and joins the thread's group, then the
-/// call is checked and launched (now or at the group's end).
-fn submit_collective(comm: &Comm, call: CollCall) -> Result<()> {
-    enqueue::group::enter(comm).map_err(|e| {
-        enqueue::group::record_error(e.context(format!("nccl{}", call.coll.name())))
-    })?;
-    enqueue::collective(comm, call)?;
-    enqueue::group::note_collective(comm, &call);
-    Ok(())
-}
-
-impl Comm {
-    /// `ncclAllReduce`: reduces `count` elements of every rank's `send` into every rank's `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let call = CollCall {
-            coll: Coll::AllReduce,
-            send,
-            recv,
-            count,
-            dt: dtype,
-            op,
-            root: 0,
-            stream,
-        };
-        submit_collective(self, call)
-    }
-
-    /// `ncclBroadcast`: copies `count` elements of `send` on `root` to `recv` on every rank.
-    #[allow(clippy::too_many_arguments)]
-    pub fn broadcast(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let call = CollCall {
-            coll: Coll::Broadcast,
-            send,
-            recv,
-            count,
-            dt: dtype,
-            op: ReduceOp::Sum,
-            root,
-            stream,
-        };
-        submit_collective(self, call)
-    }
-
-    /// `ncclReduce`: reduces every rank's `send` into `recv` on `root`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let call = CollCall {
-            coll: Coll::Reduce,
-            send,
-            recv,
-            count,
-            dt: dtype,
-            op,
-            root,
-            stream,
-        };
-        submit_collective(self, call)
-    }
-
-    /// `ncclAllGather`: every rank's `count` elements, gathered in rank order into `recv`
-    /// (nranks × count elements) on every rank.
-    pub fn all_gather(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: usize,
-        dtype: DataType,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let call = CollCall {
-            coll: Coll::AllGather,
-            send,
-            recv,
-            count,
-            dt: dtype,
-            op: ReduceOp::Sum,
-            root: 0,
-            stream,
-        };
-        submit_collective(self, call)
-    }
-
-    /// `ncclSend`: sends `count` elements of `send` to rank `peer`, which posts a matching
-    /// [`Comm::recv`]. Inside a group, all sends and receives go out together at its end.
-    pub fn send(
-        &self,
-        send: DevPtr,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        enqueue::p2p::submit(
-            self,
-            transport::links::Dir::Send,
-            send,
-            count,
-            dtype,
-            peer,
-            stream,
-        )
-    }
-
-    /// `ncclRecv`: receives `count` elements from rank `peer` into `recv`.
-    pub fn recv(
-        &self,
-        recv: DevPtr,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        enqueue::p2p::submit(
-            self,
-            transport::links::Dir::Recv,
-            recv,
-            count,
-            dtype,
-            peer,
-            stream,
-        )
-    }
-
-    /// `ncclReduceScatter`: reduces every rank's `send` (nranks × count elements) and leaves
-    /// block `rank` (count elements) in each rank's `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        let call = CollCall {
-            coll: Coll::ReduceScatter,
-            send,
-            recv,
-            count,
-            dt: dtype,
-            op,
-            root: 0,
-            stream,
-        };
-        submit_collective(self, call)
-    }
 }

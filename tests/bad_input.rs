@@ -20,45 +20,64 @@ fn buffers_and_counts() {
     let s = Default::default();
     let code = |r: nccl::Result<()>| r.unwrap_err().code;
     assert_eq!(
-        code(c.all_reduce(0, buf.ptr, 4, DataType::Float32, ReduceOp::Sum, s)),
+        code(unsafe { c.all_reduce_raw(0, buf.ptr(), 4, DataType::Float32, ReduceOp::Sum, s) }),
         NcclResult::InvalidArgument
     );
     assert_eq!(
-        code(c.all_reduce(buf.ptr + 1, buf.ptr, 4, DataType::Int32, ReduceOp::Sum, s)),
+        code(unsafe {
+            c.all_reduce_raw(
+                buf.ptr() + 1,
+                buf.ptr(),
+                4,
+                DataType::Int32,
+                ReduceOp::Sum,
+                s,
+            )
+        }),
         NcclResult::InvalidArgument
     );
     assert_eq!(
-        code(c.all_reduce(
-            buf.ptr,
-            buf.ptr,
-            usize::MAX / 2,
-            DataType::Float64,
+        code(unsafe {
+            c.all_reduce_raw(
+                buf.ptr(),
+                buf.ptr(),
+                usize::MAX / 2,
+                DataType::Float64,
+                ReduceOp::Sum,
+                s,
+            )
+        }),
+        NcclResult::InvalidArgument
+    );
+    let e = unsafe {
+        c.all_reduce_raw(
+            other.ptr(),
+            buf.ptr(),
+            4,
+            DataType::Float32,
             ReduceOp::Sum,
-            s
-        )),
-        NcclResult::InvalidArgument
-    );
-    let e = c
-        .all_reduce(other.ptr, buf.ptr, 4, DataType::Float32, ReduceOp::Sum, s)
-        .unwrap_err();
+            s,
+        )
+    }
+    .unwrap_err();
     assert!(e.message.contains("device 1"), "{e}");
     let host = [0u32; 8];
     assert_eq!(
-        code(c.all_reduce(
-            host.as_ptr() as u64,
-            buf.ptr,
-            4,
-            DataType::Uint32,
-            ReduceOp::Sum,
-            s
-        )),
+        code(unsafe {
+            c.all_reduce_raw(
+                host.as_ptr() as u64,
+                buf.ptr(),
+                4,
+                DataType::Uint32,
+                ReduceOp::Sum,
+                s,
+            )
+        }),
         NcclResult::InvalidArgument
     );
     assert!(nccl::error::last_error().contains("not device memory"));
     // Zero elements: nothing to do, even with null buffers (as NCCL).
-    assert!(c
-        .all_reduce(0, 0, 0, DataType::Float32, ReduceOp::Sum, s)
-        .is_ok());
+    assert!(unsafe { c.all_reduce_raw(0, 0, 0, DataType::Float32, ReduceOp::Sum, s) }.is_ok());
     assert_eq!(DataType::from_raw(12), None);
     assert_eq!(ReduceOp::from_raw(5), None);
 }
@@ -77,7 +96,7 @@ fn ranks_and_ids() {
         NcclResult::InvalidArgument
     );
     let garbage = UniqueId {
-        internal: [0x5a; nccl::bootstrap::UNIQUE_ID_BYTES],
+        internal: [0x5a; nccl::UNIQUE_ID_BYTES],
     };
     let t = Instant::now();
     let e = Comm::init_rank_on(dev, 2, &garbage, 0).unwrap_err();
@@ -126,55 +145,65 @@ fn buffer_extents() {
     let sum = ReduceOp::Sum;
     // The case: 2048 floats in a 4 KiB buffer.
     short(
-        c.all_reduce(small.ptr, big.ptr, 2048, f32, sum, s),
+        unsafe { c.all_reduce_raw(small.ptr(), big.ptr(), 2048, f32, sum, s) },
         "sendbuff",
         8192,
         4096,
     );
     short(
-        c.all_reduce(big.ptr, small.ptr, 2048, f32, sum, s),
+        unsafe { c.all_reduce_raw(big.ptr(), small.ptr(), 2048, f32, sum, s) },
         "recvbuff",
         8192,
         4096,
     );
     // Bytes from the pointer to the end of the allocation, not the allocation's size.
     short(
-        c.all_reduce(big.ptr + 8184, big.ptr, 4, f32, sum, s),
+        unsafe { c.all_reduce_raw(big.ptr() + 8184, big.ptr(), 4, f32, sum, s) },
         "sendbuff",
         16,
         8,
     );
     // AllGather's output and ReduceScatter's input hold nranks × count elements.
     short(
-        c.all_gather(small.ptr, small.ptr, 1024, f32, s),
+        unsafe { c.all_gather_raw(small.ptr(), small.ptr(), 1024, f32, s) },
         "recvbuff",
         8192,
         4096,
     );
     short(
-        c.reduce_scatter(small.ptr, small.ptr, 1024, f32, sum, s),
+        unsafe { c.reduce_scatter_raw(small.ptr(), small.ptr(), 1024, f32, sum, s) },
         "sendbuff",
         8192,
         4096,
     );
     // The root's buffers of Broadcast and Reduce.
     short(
-        c.broadcast(small.ptr, big.ptr, 2048, f32, 0, s),
+        unsafe { c.broadcast_raw(small.ptr(), big.ptr(), 2048, f32, 0, s) },
         "sendbuff",
         8192,
         4096,
     );
     short(
-        c.reduce(big.ptr, small.ptr, 2048, f32, sum, 0, s),
+        unsafe { c.reduce_raw(big.ptr(), small.ptr(), 2048, f32, sum, 0, s) },
         "recvbuff",
         8192,
         4096,
     );
     // Send and receive.
-    short(c.send(small.ptr, 2048, f32, 1, s), "sendbuff", 8192, 4096);
-    short(c.recv(small.ptr, 2048, f32, 1, s), "recvbuff", 8192, 4096);
+    short(
+        unsafe { c.send_raw(small.ptr(), 2048, f32, 1, s) },
+        "sendbuff",
+        8192,
+        4096,
+    );
+    short(
+        unsafe { c.recv_raw(small.ptr(), 2048, f32, 1, s) },
+        "recvbuff",
+        8192,
+        4096,
+    );
     // Registration covers the whole range too.
-    let e = c.register(small.ptr, 8192).unwrap_err();
+    let e = unsafe { c.register_raw(small.ptr(), 8192) }.unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
 
     // What fits is accepted, and runs: in-place AllGather and ReduceScatter at their offsets,
@@ -217,8 +246,8 @@ fn buffer_extents() {
         b.write(0, &fill(r)).unwrap();
     }
     run(&|r, c| {
-        let p = whole[r].ptr;
-        c.all_gather(p + (r * block) as u64, p, count, f32, streams[r])
+        let p = whole[r].ptr();
+        unsafe { c.all_gather_raw(p + (r * block) as u64, p, count, f32, streams[r]) }
     });
     for b in &whole {
         let got = floats(b, 2 * count);
@@ -236,15 +265,17 @@ fn buffer_extents() {
         b.write(0, &fill(r)).unwrap();
     }
     run(&|r, c| {
-        let p = whole[r].ptr;
-        c.reduce_scatter(
-            p,
-            p + (r * block) as u64,
-            count,
-            f32,
-            ReduceOp::Sum,
-            streams[r],
-        )
+        let p = whole[r].ptr();
+        unsafe {
+            c.reduce_scatter_raw(
+                p,
+                p + (r * block) as u64,
+                count,
+                f32,
+                ReduceOp::Sum,
+                streams[r],
+            )
+        }
     });
     for (r, b) in whole.iter().enumerate() {
         let got = floats(b, 2 * count);
@@ -262,16 +293,22 @@ fn buffer_extents() {
         b.write(0, &fill(r)).unwrap();
     }
     run(&|r, c| {
-        let recv = if r == 0 { whole[0].ptr } else { tiny[1].ptr };
-        c.reduce(
-            whole[r].ptr,
-            recv,
-            2 * count,
-            f32,
-            ReduceOp::Sum,
-            0,
-            streams[r],
-        )
+        let recv = if r == 0 {
+            whole[0].ptr()
+        } else {
+            tiny[1].ptr()
+        };
+        unsafe {
+            c.reduce_raw(
+                whole[r].ptr(),
+                recv,
+                2 * count,
+                f32,
+                ReduceOp::Sum,
+                0,
+                streams[r],
+            )
+        }
     });
     let got = floats(&whole[0], 2 * count);
     for (i, v) in got.iter().enumerate() {
@@ -282,8 +319,12 @@ fn buffer_extents() {
         b.write(0, &fill(r)).unwrap();
     }
     run(&|r, c| {
-        let send = if r == 0 { whole[0].ptr } else { tiny[1].ptr };
-        c.broadcast(send, whole[r].ptr, 2 * count, f32, 0, streams[r])
+        let send = if r == 0 {
+            whole[0].ptr()
+        } else {
+            tiny[1].ptr()
+        };
+        unsafe { c.broadcast_raw(send, whole[r].ptr(), 2 * count, f32, 0, streams[r]) }
     });
     assert_eq!(floats(&whole[1], 2 * count), floats(&whole[0], 2 * count));
     for (r, c) in comms.iter().enumerate() {

@@ -94,14 +94,16 @@ fn abort_ends_a_collective_stuck_on_an_absent_peer() {
     let stream = c.device().stream_create().unwrap();
     let buf = c.device().alloc(1 << 20).unwrap();
     // Rank 1 never calls its AllReduce.
-    c.all_reduce(
-        buf.ptr,
-        buf.ptr,
-        1 << 18,
-        nccl::DataType::Float32,
-        nccl::ReduceOp::Sum,
-        stream,
-    )
+    unsafe {
+        c.all_reduce_raw(
+            buf.ptr(),
+            buf.ptr(),
+            1 << 18,
+            nccl::DataType::Float32,
+            nccl::ReduceOp::Sum,
+            stream,
+        )
+    }
     .unwrap();
     std::thread::sleep(Duration::from_millis(200));
     assert!(

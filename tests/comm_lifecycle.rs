@@ -29,6 +29,22 @@ fn per_rank<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     })
 }
 
+/// Runs `f(rank, item)` for every rank at once, each on a thread of its own with its own
+/// item (a `Comm` is `Send` but not `Sync`: each thread gets `&mut` its own).
+fn each_rank<C: Send, T: Send>(items: &mut [C], f: impl Fn(usize, &mut C) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = items
+            .iter_mut()
+            .enumerate()
+            .map(|(r, c)| s.spawn(move || f(r, c)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
 fn sum_ok(comms: Vec<Comm>, count: usize) {
     let ranks = Ranks::new(comms);
     check_all_reduce(
@@ -48,11 +64,9 @@ fn init_rank_config_as_threads() {
     sim();
     for n in [2usize, 5, 16] {
         let id = nccl::get_unique_id().unwrap();
-        let config = Config {
-            max_ctas: Some(1),
-            comm_name: Some(format!("threads-{n}")),
-            ..Config::default()
-        };
+        let mut config = Config::default();
+        config.max_ctas = Some(1);
+        config.comm_name = Some(format!("threads-{n}"));
         let t = Instant::now();
         let comms: Vec<Comm> = per_rank(n, |r| {
             Comm::init_rank_config_on(dev(r), n, &id, r, &config).expect("init")
@@ -76,11 +90,9 @@ fn init_rank_config_as_threads() {
 fn min_ctas_raises_the_channels() {
     sim();
     let id = nccl::get_unique_id().unwrap();
-    let config = Config {
-        min_ctas: Some(3),
-        max_ctas: Some(3),
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.min_ctas = Some(3);
+    config.max_ctas = Some(3);
     let comms: Vec<Comm> = per_rank(2, |r| {
         Comm::init_rank_config_on(dev(r), 2, &id, r, &config).expect("init")
     });
@@ -127,7 +139,7 @@ fn ranks_as_processes_split_and_reduce() {
 fn split_colors_keys_and_nocolor() {
     sim();
     let n = 7;
-    let parents: Vec<Comm> = {
+    let mut parents: Vec<Comm> = {
         let id = nccl::get_unique_id().unwrap();
         per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"))
     };
@@ -141,8 +153,8 @@ fn split_colors_keys_and_nocolor() {
         }
     };
     let key = |r: usize| if r == 2 { 10 } else { 10 - r as i32 };
-    let children: Vec<Option<Comm>> = per_rank(n, |r| {
-        parents[r].split(color(r), key(r), None).expect("split")
+    let children: Vec<Option<Comm>> = each_rank(&mut parents, |r, p| {
+        p.split(color(r), key(r), None).expect("split")
     });
     assert!(children[6].is_none());
     // Color 0: ranks 0 (key 10), 2 (key 10), 4 (key 6) -> order 4, 0, 2.
@@ -170,9 +182,10 @@ fn split_colors_keys_and_nocolor() {
 fn invalid_color_fails_without_blocking_the_others() {
     sim();
     let id = nccl::get_unique_id().unwrap();
-    let parents: Vec<Comm> = per_rank(3, |r| Comm::init_rank_on(dev(r), 3, &id, r).expect("init"));
-    let res = per_rank(3, |r| {
-        parents[r].split(if r == 1 { -5 } else { 0 }, 0, None)
+    let mut parents: Vec<Comm> =
+        per_rank(3, |r| Comm::init_rank_on(dev(r), 3, &id, r).expect("init"));
+    let res = each_rank(&mut parents, |r, p| {
+        p.split(if r == 1 { -5 } else { 0 }, 0, None)
     });
     for (r, x) in res.into_iter().enumerate() {
         if r == 1 {
@@ -249,37 +262,41 @@ fn finalize_then_destroy_and_drop() {
     sim();
     let n = 3;
     let id = nccl::get_unique_id().unwrap();
-    let comms: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
+    let mut comms: Vec<Comm> =
+        per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
     let bufs: Vec<_> = comms
         .iter()
         .map(|c| c.device().alloc(4096).expect("alloc"))
         .collect();
-    per_rank(n, |r| {
-        let c = &comms[r];
-        c.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            1024,
-            DataType::Float32,
-            ReduceOp::Sum,
-            Default::default(),
-        )
+    each_rank(&mut comms, |r, c| {
+        let c = &*c;
+        unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                1024,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+        }
         .expect("all_reduce");
         // finalize waits for the streams the communicator saw; until enqueue reports its
         // launches (Comm::note_stream), wait here for this one.
         c.device().stream_sync(Default::default()).expect("sync");
         c.finalize().expect("finalize");
         assert!(c.is_finalized());
-        let e = c
-            .all_reduce(
-                bufs[r].ptr,
-                bufs[r].ptr,
+        let e = unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
                 1,
                 DataType::Float32,
                 ReduceOp::Sum,
                 Default::default(),
             )
-            .unwrap_err();
+        }
+        .unwrap_err();
         assert_eq!(e.code, NcclResult::InvalidUsage);
         assert_eq!(c.finalize().unwrap_err().code, NcclResult::InvalidUsage);
     });
@@ -311,13 +328,13 @@ fn shrink_renumbers_the_ranks_left_and_keeps_the_parent() {
     sim();
     let n = 5;
     let id = nccl::get_unique_id().unwrap();
-    let parents: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
+    let mut parents: Vec<Comm> =
+        per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
     // Ranks 1 and 3 leave (listed out of order); they do not call shrink.
     let exclude = [3usize, 1];
-    let children: Vec<Option<Comm>> = per_rank(n, |r| {
+    let children: Vec<Option<Comm>> = each_rank(&mut parents, |r, p| {
         (!exclude.contains(&r)).then(|| {
-            parents[r]
-                .shrink(&exclude, None, nccl::SHRINK_DEFAULT)
+            p.shrink(&exclude, None, nccl::SHRINK_DEFAULT)
                 .expect("shrink")
         })
     });
@@ -336,36 +353,41 @@ fn shrink_with_abort_leaves_a_dead_rank_behind() {
     sim();
     let n = 4;
     let id = nccl::get_unique_id().unwrap();
-    let parents: Vec<Comm> = per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
+    let mut parents: Vec<Comm> =
+        per_rank(n, |r| Comm::init_rank_on(dev(r), n, &id, r).expect("init"));
     let dead = 2;
     parents[dead].abort();
     // The others start an AllReduce that waits on the dead rank forever, then shrink it away:
     // NCCL_SHRINK_ABORT stops that AllReduce first.
     let bufs: Vec<_> = (0..n).map(|r| dev(r).alloc(4096 * 4).unwrap()).collect();
-    let children: Vec<Option<Comm>> = per_rank(n, |r| {
+    let children: Vec<Option<Comm>> = each_rank(&mut parents, |r, p| {
         if r == dead {
             return None;
         }
-        let p = &parents[r];
-        p.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            4096,
-            DataType::Float32,
-            ReduceOp::Sum,
-            Default::default(),
-        )
+        let p = &*p;
+        unsafe {
+            p.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                4096,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+        }
         .expect("launch");
         let child = p.shrink(&[dead], None, nccl::SHRINK_ABORT).expect("shrink");
         // The stopped parent takes no new work.
-        let again = p.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            1,
-            DataType::Float32,
-            ReduceOp::Sum,
-            Default::default(),
-        );
+        let again = unsafe {
+            p.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                1,
+                DataType::Float32,
+                ReduceOp::Sum,
+                Default::default(),
+            )
+        };
         assert_eq!(again.unwrap_err().code, NcclResult::InvalidUsage);
         Some(child)
     });
@@ -406,16 +428,21 @@ fn back_to_back_nonblocking_splits_keep_their_order() {
     for round in 0..5 {
         let id = nccl::get_unique_id().unwrap();
         let cfg = Config::blocking(false);
-        let parents: Vec<std::sync::Arc<Comm>> = per_rank(n, |r| {
-            std::sync::Arc::new(Comm::init_rank_config_on(dev(r), n, &id, r, &cfg).expect("init"))
+        let mut parents: Vec<Option<Comm>> = per_rank(n, |r| {
+            Some(Comm::init_rank_config_on(dev(r), n, &id, r, &cfg).expect("init"))
         });
-        for p in &parents {
+        for p in parents.iter().flatten() {
             while p.async_state() == NcclResult::InProgress {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
         let groups = [[0usize, 3], [1, 2]];
-        let children: Vec<Vec<Comm>> = per_rank(n, |r| {
+        // An Arc<Comm> stays on its thread (a Comm is not Sync): each rank's thread wraps
+        // its own parent.
+        let children: Vec<Vec<Comm>> = each_rank(&mut parents, |r, p| {
+            // start_split takes an Arc (the split may outlive this call); it stays here.
+            #[allow(clippy::arc_with_non_send_sync)]
+            let parent = std::sync::Arc::new(p.take().expect("a parent"));
             let mut pending = Vec::new();
             for g in &groups {
                 let color = if g.contains(&r) {
@@ -423,11 +450,11 @@ fn back_to_back_nonblocking_splits_keep_their_order() {
                 } else {
                     nccl::SPLIT_NOCOLOR
                 };
-                pending.push(Comm::start_split(&parents[r], color, r as i32, None).expect("split"));
+                pending.push(Comm::start_split(&parent, color, r as i32, None).expect("split"));
             }
             // Also a shrink of rank 1, right behind them, by the others.
             let shrunk = (r != 1).then(|| {
-                Comm::start_shrink(&parents[r], &[1], None, nccl::SHRINK_DEFAULT).expect("shrink")
+                Comm::start_shrink(&parent, &[1], None, nccl::SHRINK_DEFAULT).expect("shrink")
             });
             pending
                 .into_iter()

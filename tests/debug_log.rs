@@ -326,3 +326,36 @@ fn an_application_logger_is_kept() {
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
     assert!(nccl_lines(&stdout).is_empty(), "NCCL's lines:\n{stdout}");
 }
+
+/// An application that installs `env_logger` first keeps it: `nccl::init_logging` says NCCL's
+/// logger is not in place, creating communicators installs nothing (env_logger's own `init`
+/// would panic if a logger had been set under it), and the library's records reach the
+/// application's logger.
+#[test]
+fn an_application_env_logger_installed_first_stays() {
+    if is_child() {
+        env_logger::builder()
+            .filter_level(log::LevelFilter::Info)
+            .target(env_logger::Target::Stdout)
+            .init();
+        nccl::cuda::set_backend(nccl::Backend::Sim).unwrap();
+        assert!(!nccl::init_logging(), "the application's logger stays");
+        let comms = nccl::Comm::init_all(&[0, 1]).expect("init_all on the simulator");
+        drop(comms);
+        log::info!("the application logs after nccl");
+        return;
+    }
+    let out = run_child(
+        "an_application_env_logger_installed_first_stays",
+        &[("NCCL_DEBUG", "INFO")],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    // No line in NCCL's format (`host:pid:tid [dev] NCCL INFO ...`): env_logger wrote them all.
+    assert!(!stdout.contains("NCCL INFO"), "NCCL's lines:\n{stdout}");
+    assert!(
+        stdout.contains("the application logs after nccl"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("NCCL version 2.25.3 (nccl-rs)"), "{stdout}");
+}

@@ -21,7 +21,7 @@ fn gpus(n: usize) -> Ranks {
 fn devices(n: usize) -> Vec<i32> {
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
     let have = nccl::cuda::device_count().unwrap_or_else(|e| panic!("no GPUs: {e}"));
-    if nccl::env::int("NCCL_RS_SHARED_GPUS") == 1 && have < n {
+    if std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1") && have < n {
         eprintln!("NCCL_RS_SHARED_GPUS=1: {n} ranks share {have} GPU(s)");
         return (0..n).map(|r| (r % have.max(1)) as i32).collect();
     }
@@ -204,33 +204,43 @@ fn bad_buffers_are_rejected() {
     let other = ranks.comms[1].device().alloc(4096).expect("alloc on GPU 1");
     let mine = c0.device().alloc(4096).expect("alloc on GPU 0");
     let s = ranks.streams[0];
-    let err = c0
-        .all_reduce(other.ptr, mine.ptr, 16, DataType::Float32, ReduceOp::Sum, s)
-        .unwrap_err();
+    let err = unsafe {
+        c0.all_reduce_raw(
+            other.ptr(),
+            mine.ptr(),
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+            s,
+        )
+    }
+    .unwrap_err();
     assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
     assert!(err.message.contains("device 1"), "{err}");
     let host = [0u8; 64];
-    let err = c0
-        .all_reduce(
+    let err = unsafe {
+        c0.all_reduce_raw(
             host.as_ptr() as u64,
-            mine.ptr,
+            mine.ptr(),
             16,
             DataType::Float32,
             ReduceOp::Sum,
             s,
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(err.code, nccl::NcclResult::InvalidArgument, "{err}");
-    let err = c0
-        .all_reduce(
-            mine.ptr + 2,
-            mine.ptr,
+    let err = unsafe {
+        c0.all_reduce_raw(
+            mine.ptr() + 2,
+            mine.ptr(),
             16,
             DataType::Float32,
             ReduceOp::Sum,
             s,
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert!(err.message.contains("aligned"), "{err}");
 }
 

@@ -27,22 +27,28 @@ fn gpu_buffer_extents() {
         );
     };
     refused(
-        c.all_reduce(small.ptr, big.ptr, 2048, f32, sum, s),
+        unsafe { c.all_reduce_raw(small.ptr(), big.ptr(), 2048, f32, sum, s) },
         "sendbuff",
     );
     refused(
-        c.all_reduce(big.ptr, small.ptr, 2048, f32, sum, s),
+        unsafe { c.all_reduce_raw(big.ptr(), small.ptr(), 2048, f32, sum, s) },
         "recvbuff",
     );
     refused(
-        c.all_reduce(big.ptr + 8184, big.ptr, 4, f32, sum, s),
+        unsafe { c.all_reduce_raw(big.ptr() + 8184, big.ptr(), 4, f32, sum, s) },
         "sendbuff",
     );
-    refused(c.all_gather(small.ptr, big.ptr, 2048, f32, s), "sendbuff");
-    refused(c.send(small.ptr, 2048, f32, 0, s), "sendbuff");
+    refused(
+        unsafe { c.all_gather_raw(small.ptr(), big.ptr(), 2048, f32, s) },
+        "sendbuff",
+    );
+    refused(
+        unsafe { c.send_raw(small.ptr(), 2048, f32, 0, s) },
+        "sendbuff",
+    );
     // What fits runs (one rank: a launched copy).
     big.write(0, &[7u8; 8192]).unwrap();
-    c.all_reduce(big.ptr, small.ptr, 1024, f32, sum, s).unwrap();
+    unsafe { c.all_reduce_raw(big.ptr(), small.ptr(), 1024, f32, sum, s) }.unwrap();
     c.device().stream_sync(s).unwrap();
     let mut out = vec![0u8; 4096];
     small.read(0, &mut out).unwrap();
@@ -51,7 +57,7 @@ fn gpu_buffer_extents() {
     let n = 100_000;
     let t = Instant::now();
     for _ in 0..n {
-        c.all_reduce(big.ptr, big.ptr, 2048, f32, sum, s).unwrap();
+        unsafe { c.all_reduce_raw(big.ptr(), big.ptr(), 2048, f32, sum, s) }.unwrap();
     }
     eprintln!(
         "one-rank in-place AllReduce (checks only): {:.3} us a call",
@@ -61,8 +67,7 @@ fn gpu_buffer_extents() {
     // accepted whole.
     drop(small);
     let bigger = c.device().alloc(16384).unwrap();
-    c.all_reduce(bigger.ptr, bigger.ptr, 4096, f32, sum, s)
-        .unwrap();
+    unsafe { c.all_reduce_raw(bigger.ptr(), bigger.ptr(), 4096, f32, sum, s) }.unwrap();
     c.device().stream_sync(s).unwrap();
     drop(bigger);
     drop(big);

@@ -115,14 +115,18 @@ fn killed_peer_across_namespaces() {
         let count = 1 << 20;
         let buf = comm.device().alloc(count * 4).expect("alloc");
         let stream = comm.device().stream_create().expect("stream");
-        comm.all_reduce(
-            buf.ptr,
-            buf.ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            stream,
-        )
+        // SAFETY: `buf` holds `count` floats and outlives the AllReduce (the comm is aborted
+        // and its kernels end before `buf` drops).
+        unsafe {
+            comm.all_reduce_raw(
+                buf.ptr(),
+                buf.ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                stream,
+            )
+        }
         .expect("issue the AllReduce");
         if rank == victim {
             std::thread::sleep(Duration::from_millis(200));
@@ -174,38 +178,53 @@ fn downed_link_across_namespaces() {
         let count = 1 << 16;
         let buf = comm.device().alloc(count * 4).expect("alloc");
         let stream = comm.device().stream_create().expect("stream");
-        let iterations = std::thread::scope(|s| {
-            let looping = s.spawn(|| {
-                let mut done = 0u64;
-                loop {
-                    let r = comm
-                        .all_reduce(
-                            buf.ptr,
-                            buf.ptr,
-                            count,
-                            DataType::Float32,
-                            ReduceOp::Sum,
-                            stream,
-                        )
-                        .and_then(|()| comm.device().stream_sync(stream));
-                    if r.is_err() || comm.get_async_error().is_err() {
-                        return done;
-                    }
-                    done += 1;
-                    if done == 1 {
-                        netns::signal("looping", rank);
-                    }
+        // One thread issues, watches and aborts (a `Comm` is not shared across threads): an
+        // AllReduce is issued, then polled until it completes or the async error comes.
+        let t0 = Instant::now();
+        let mut iterations = 0u64;
+        let err = 'outer: loop {
+            // SAFETY: `buf` holds `count` floats and outlives every AllReduce (the comm is
+            // aborted and its kernels end before `buf` drops).
+            let issued = unsafe {
+                comm.all_reduce_raw(
+                    buf.ptr(),
+                    buf.ptr(),
+                    count,
+                    DataType::Float32,
+                    ReduceOp::Sum,
+                    stream,
+                )
+            };
+            loop {
+                if let Err(e) = comm.get_async_error().and(issued.clone()) {
+                    break 'outer e;
                 }
-            });
-            let (err, after) = wait_async_error(&comm, rank, Duration::from_secs(60));
-            eprintln!("rank {rank}: async error {after:?} into the loop: {err}");
-            check_peer_error(&err, rank);
-            let t1 = Instant::now();
-            comm.abort();
-            let n = looping.join().expect("the loop thread");
-            eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
-            n
-        });
+                match comm.device().stream_query(stream) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => break 'outer e,
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "rank {rank}: no async error after 60 s"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            iterations += 1;
+            if iterations == 1 {
+                netns::signal("looping", rank);
+            }
+        };
+        eprintln!(
+            "rank {rank}: async error {:?} into the loop: {err}",
+            t0.elapsed()
+        );
+        check_peer_error(&err, rank);
+        let t1 = Instant::now();
+        comm.abort();
+        eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
+        // The aborted kernel ends on its own; `buf` may go only after it did.
+        let _ = comm.device().stream_sync(stream);
         eprintln!("rank {rank}: {iterations} AllReduces before the link went down");
         drop(buf);
         comm.destroy().ok();

@@ -123,14 +123,16 @@ fn launches_on_different_streams_stay_in_order() {
             } else {
                 extra[i]
             };
-            c.all_reduce(
-                bufs[i].ptr,
-                bufs[i].ptr,
-                count,
-                DataType::Float32,
-                nccl::ReduceOp::Sum,
-                s,
-            )
+            unsafe {
+                c.all_reduce_raw(
+                    bufs[i].ptr(),
+                    bufs[i].ptr(),
+                    count,
+                    DataType::Float32,
+                    nccl::ReduceOp::Sum,
+                    s,
+                )
+            }
             .unwrap();
         }
     }
@@ -179,8 +181,10 @@ fn premulsum_with_a_device_scalar() {
         nccl::group_start();
         for (i, c) in ranks.comms.iter().enumerate() {
             let (send, recv, scalar) = &bufs[i];
-            let op = ReduceOp::PreMulSumDevice { scalar: scalar.ptr };
-            c.all_reduce(send.ptr, recv.ptr, count, dt, op, ranks.streams[i])
+            let op = ReduceOp::PreMulSumDevice {
+                scalar: scalar.ptr(),
+            };
+            unsafe { c.all_reduce_raw(send.ptr(), recv.ptr(), count, dt, op, ranks.streams[i]) }
                 .unwrap();
         }
         nccl::group_end().unwrap();
@@ -200,10 +204,10 @@ fn premulsum_with_a_device_scalar() {
     let c = &ranks.comms[0];
     let buf = c.device().alloc(64).unwrap();
     let host = [0f32; 1];
-    let e = c
-        .all_reduce(
-            buf.ptr,
-            buf.ptr,
+    let e = unsafe {
+        c.all_reduce_raw(
+            buf.ptr(),
+            buf.ptr(),
             4,
             DataType::Float32,
             ReduceOp::PreMulSumDevice {
@@ -211,7 +215,8 @@ fn premulsum_with_a_device_scalar() {
             },
             ranks.streams[0],
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(e.code, nccl::NcclResult::InvalidArgument, "{e}");
     assert!(e.message.contains("premulsum scalar"), "{e}");
 }

@@ -104,9 +104,9 @@ fn a_group_mixing_captured_and_direct_streams_is_refused() {
     }
     nccl::group_start();
     for (i, c) in ranks.comms.iter().enumerate() {
-        let (p, f, peer) = (bufs[i].ptr, DataType::Float32, 1 - i);
-        c.send(p, 16, f, peer, ranks.streams[i]).expect("queue");
-        c.recv(p + 64, 16, f, peer, direct[i]).expect("queue");
+        let (p, f, peer) = (bufs[i].ptr(), DataType::Float32, 1 - i);
+        unsafe { c.send_raw(p, 16, f, peer, ranks.streams[i]) }.expect("queue");
+        unsafe { c.recv_raw(p + 64, 16, f, peer, direct[i]) }.expect("queue");
     }
     let err = nccl::group_end().expect_err("mixed capture states in one group");
     assert_eq!(err.code, NcclResult::InvalidUsage, "{err}");

@@ -35,9 +35,9 @@ fn comms(first: usize, n: usize, config: &Config) -> Vec<Comm> {
     })
 }
 
-fn in_progress(r: nccl::Result<()>) {
-    let e = r.expect_err("a non-blocking group ends in progress");
-    assert_eq!(e.code, NcclResult::InProgress, "{e}");
+fn in_progress(r: nccl::Result<nccl::GroupStatus>) {
+    let s = r.expect("a non-blocking group in progress is not an error");
+    assert_eq!(s, nccl::GroupStatus::InProgress);
 }
 
 /// Polls until the communicator's background work was issued; its final state.
@@ -79,11 +79,9 @@ fn nonblocking_groups_issue_in_the_background() {
     }
     let issue = |r: usize| {
         nccl::group_start();
-        cs[r]
-            .send(send[r].ptr, count, DataType::Int32, 1 - r, streams[r])
+        unsafe { cs[r].send_raw(send[r].ptr(), count, DataType::Int32, 1 - r, streams[r]) }
             .unwrap();
-        cs[r]
-            .recv(recv[r].ptr, count, DataType::Int32, 1 - r, streams[r])
+        unsafe { cs[r].recv_raw(recv[r].ptr(), count, DataType::Int32, 1 - r, streams[r]) }
             .unwrap();
         nccl::group_end()
     };
@@ -96,22 +94,22 @@ fn nonblocking_groups_issue_in_the_background() {
         "rank 1 has nothing"
     );
     // Using rank 0 now is refused, as NCCL refuses it, and changes nothing.
-    let e = cs[0]
-        .all_reduce(
-            send[0].ptr,
-            send[0].ptr,
+    let e = unsafe {
+        cs[0].all_reduce_raw(
+            send[0].ptr(),
+            send[0].ptr(),
             1,
             DataType::Int32,
             ReduceOp::Sum,
             streams[0],
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
     assert!(e.message.contains("poll"), "{e}");
     nccl::group_start();
-    let e = cs[0]
-        .send(send[0].ptr, 1, DataType::Int32, 1, streams[0])
-        .unwrap_err();
+    let e =
+        unsafe { cs[0].send_raw(send[0].ptr(), 1, DataType::Int32, 1, streams[0]) }.unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
     assert_eq!(
         nccl::group_end().unwrap_err().code,
@@ -155,14 +153,16 @@ fn nonblocking_groups_issue_in_the_background() {
         .collect();
     nccl::group_start();
     for (r, c) in cs.iter().enumerate() {
-        c.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            n,
-            DataType::Float32,
-            ReduceOp::Sum,
-            streams[r],
-        )
+        unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                n,
+                DataType::Float32,
+                ReduceOp::Sum,
+                streams[r],
+            )
+        }
         .unwrap();
     }
     in_progress(nccl::group_end());
@@ -194,11 +194,11 @@ fn blocking_and_nonblocking_communicators_do_not_mix() {
     );
     let s = StreamHandle::default();
     nccl::group_start();
-    nb.all_reduce(bn.ptr, bn.ptr, 16, DataType::Float32, ReduceOp::Sum, s)
+    unsafe { nb.all_reduce_raw(bn.ptr(), bn.ptr(), 16, DataType::Float32, ReduceOp::Sum, s) }
         .unwrap();
-    let e = b
-        .all_reduce(bb.ptr, bb.ptr, 16, DataType::Float32, ReduceOp::Sum, s)
-        .unwrap_err();
+    let e =
+        unsafe { b.all_reduce_raw(bb.ptr(), bb.ptr(), 16, DataType::Float32, ReduceOp::Sum, s) }
+            .unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
     assert!(e.message.contains("non-blocking"), "{e}");
     assert_eq!(
@@ -217,14 +217,13 @@ fn a_failed_background_group_becomes_the_communicators_error() {
     let s = c.device().stream_create().unwrap();
     // A send to ourselves without its receive: only found when the group is issued.
     nccl::group_start();
-    c.send(b.ptr, 4, DataType::Int32, 0, s).unwrap();
+    unsafe { c.send_raw(b.ptr(), 4, DataType::Int32, 0, s) }.unwrap();
     in_progress(nccl::group_end());
     assert_eq!(poll(&c), NcclResult::InvalidUsage);
     let e = c.wait_group().unwrap_err();
     assert!(e.message.contains("receives from itself"), "{e}");
     // Every later call reports it (the communicator is to be aborted).
-    let e = c
-        .all_reduce(b.ptr, b.ptr, 4, DataType::Int32, ReduceOp::Sum, s)
+    let e = unsafe { c.all_reduce_raw(b.ptr(), b.ptr(), 4, DataType::Int32, ReduceOp::Sum, s) }
         .unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
     c.device().stream_destroy(s).unwrap();
@@ -253,8 +252,8 @@ fn simulate_end_launches_nothing_and_estimates() {
         .collect();
     let call = |r: usize, n: usize| CollCall {
         coll: nccl::Coll::AllReduce,
-        send: bufs[r].ptr,
-        recv: bufs[r].ptr,
+        send: bufs[r].ptr(),
+        recv: bufs[r].ptr(),
         count: n,
         dt: DataType::Float32,
         op: ReduceOp::Sum,
@@ -267,29 +266,30 @@ fn simulate_end_launches_nothing_and_estimates() {
     // Rank 0: two all-reduces; rank 1: one. The ranks run side by side: the longest counts.
     nccl::group_start();
     for (r, c) in cs.iter().enumerate() {
-        c.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            streams[r],
-        )
+        unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                streams[r],
+            )
+        }
         .unwrap();
     }
-    cs[0]
-        .all_reduce(
-            bufs[0].ptr,
-            bufs[0].ptr,
+    unsafe {
+        cs[0].all_reduce_raw(
+            bufs[0].ptr(),
+            bufs[0].ptr(),
             100,
             DataType::Float32,
             ReduceOp::Sum,
             streams[0],
         )
-        .unwrap();
-    cs[0]
-        .send(bufs[0].ptr, 10, DataType::Float32, 1, streams[0])
-        .unwrap();
+    }
+    .unwrap();
+    unsafe { cs[0].send_raw(bufs[0].ptr(), 10, DataType::Float32, 1, streams[0]) }.unwrap();
     let t = nccl::group_simulate_end().unwrap().expect("outermost");
     assert!(
         (t - (one + small)).abs() < 1e-9 * t.max(1.0),
@@ -310,14 +310,16 @@ fn simulate_end_launches_nothing_and_estimates() {
     let want = reference(&x, ReduceOp::Sum, DataType::Float32);
     nccl::group_start();
     for (r, c) in cs.iter().enumerate() {
-        c.all_reduce(
-            bufs[r].ptr,
-            bufs[r].ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            streams[r],
-        )
+        unsafe {
+            c.all_reduce_raw(
+                bufs[r].ptr(),
+                bufs[r].ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                streams[r],
+            )
+        }
         .unwrap();
     }
     nccl::group_end().unwrap();
@@ -336,8 +338,7 @@ fn simulate_end_launches_nothing_and_estimates() {
     assert_eq!(nccl::group_simulate_end().unwrap(), Some(0.0));
     // A bad call in the group comes back from the simulated end.
     nccl::group_start();
-    let e = cs[0]
-        .all_reduce(0, 0, 4, DataType::Float32, ReduceOp::Sum, streams[0])
+    let e = unsafe { cs[0].all_reduce_raw(0, 0, 4, DataType::Float32, ReduceOp::Sum, streams[0]) }
         .unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument);
     assert_eq!(
@@ -362,7 +363,7 @@ fn abort_stops_a_group_still_in_progress() {
     let s = cs[0].device().stream_create().unwrap();
     // Rank 1 never takes part: rank 0's group waits for it in the background.
     nccl::group_start();
-    cs[0].send(b.ptr, 1024, DataType::Int32, 1, s).unwrap();
+    unsafe { cs[0].send_raw(b.ptr(), 1024, DataType::Int32, 1, s) }.unwrap();
     in_progress(nccl::group_end());
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(cs[0].async_state(), NcclResult::InProgress);
@@ -382,7 +383,7 @@ fn abort_stops_a_group_still_in_progress() {
 fn nccl_2_28_all_to_all_on_nonblocking_comms_returns_at_the_call() {
     sim();
     let n = 3;
-    let cs = comms(12, n, &Config::blocking(false));
+    let mut cs = comms(12, n, &Config::blocking(false));
     for c in &cs {
         assert_eq!(poll(c), NcclResult::Success);
     }
@@ -402,14 +403,15 @@ fn nccl_2_28_all_to_all_on_nonblocking_comms_returns_at_the_call() {
         .collect();
     for grouped in [false, true] {
         std::thread::scope(|s| {
-            for (r, c) in cs.iter().enumerate() {
-                let b = &bufs[r];
+            for (c, b) in cs.iter_mut().zip(&bufs) {
                 s.spawn(move || {
                     let st = StreamHandle::default();
                     if grouped {
                         nccl::group_start();
                     }
-                    let r1 = c.all_to_all(b.0.ptr, b.1.ptr, count, DataType::Int32, st);
+                    let r1 = unsafe {
+                        c.all_to_all_raw(b.0.ptr(), b.1.ptr(), count, DataType::Int32, st)
+                    };
                     if grouped {
                         r1.expect("all_to_all inside a group");
                         in_progress(nccl::group_end());

@@ -79,14 +79,16 @@ fn killed_peer_mid_collective_raises_async_errors() {
         let buf = comm.device().alloc(count * 4).expect("alloc");
         let stream = comm.device().stream_create().expect("stream");
         // Everyone starts a large AllReduce; the victim dies once its kernel runs.
-        comm.all_reduce(
-            buf.ptr,
-            buf.ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            stream,
-        )
+        unsafe {
+            comm.all_reduce_raw(
+                buf.ptr(),
+                buf.ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                stream,
+            )
+        }
         .expect("issue the AllReduce");
         if rank == victim {
             std::thread::sleep(std::time::Duration::from_millis(200));

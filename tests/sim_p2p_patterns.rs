@@ -92,11 +92,11 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
         let s = ranks.streams[r];
         if r == root {
             for (q, off) in offs[..n].iter().enumerate() {
-                let p = src.ptr + (off * 4) as u64;
-                c.send(p, len(root, q), i32t, q, s).unwrap();
+                let p = src.ptr() + (off * 4) as u64;
+                unsafe { c.send_raw(p, len(root, q), i32t, q, s) }.unwrap();
             }
         }
-        c.recv(dst[r].ptr, len(root, r), i32t, root, s).unwrap();
+        unsafe { c.recv_raw(dst[r].ptr(), len(root, r), i32t, root, s) }.unwrap();
     }
     nccl::group_end().unwrap();
     sync(ranks);
@@ -116,11 +116,11 @@ fn scatter_gather(ranks: &Ranks, root: usize) {
     nccl::group_start();
     for (r, c) in ranks.comms.iter().enumerate() {
         let s = ranks.streams[r];
-        c.send(srcs[r].ptr, len(r, root), i32t, root, s).unwrap();
+        unsafe { c.send_raw(srcs[r].ptr(), len(r, root), i32t, root, s) }.unwrap();
         if r == root {
             for (q, off) in goffs[..n].iter().enumerate() {
-                let p = gathered.ptr + (off * 4) as u64;
-                c.recv(p, len(q, root), i32t, q, s).unwrap();
+                let p = gathered.ptr() + (off * 4) as u64;
+                unsafe { c.recv_raw(p, len(q, root), i32t, q, s) }.unwrap();
             }
         }
     }
@@ -154,8 +154,8 @@ fn neighbor_exchange(ranks: &Ranks) {
             let (lo, li) = (len(r, peer) + 7 * k, len(peer, r) + 7 * back);
             let out = alloc_with(ranks, r, &payload_k(r, peer, k, lo));
             let inb = poisoned(ranks, r, li);
-            c.send(out.ptr, lo, i32t, peer, s).unwrap();
-            c.recv(inb.ptr, li, i32t, peer, s).unwrap();
+            unsafe { c.send_raw(out.ptr(), lo, i32t, peer, s) }.unwrap();
+            unsafe { c.recv_raw(inb.ptr(), li, i32t, peer, s) }.unwrap();
             bufs.push((r, k, peer, back, li, out, inb));
         }
     }
@@ -215,8 +215,16 @@ fn nccl_2_28_patterns(ranks: &Ranks, count: usize, root: usize, in_place: bool) 
     let recvs: Vec<DevBuffer> = (0..n).map(|r| poisoned(ranks, r, n * count)).collect();
     nccl::group_start();
     for (r, c) in ranks.comms.iter().enumerate() {
-        c.all_to_all(sends[r].ptr, recvs[r].ptr, count, i32t, ranks.streams[r])
-            .unwrap();
+        unsafe {
+            c.all_to_all_raw(
+                sends[r].ptr(),
+                recvs[r].ptr(),
+                count,
+                i32t,
+                ranks.streams[r],
+            )
+        }
+        .unwrap();
     }
     nccl::group_end().unwrap();
     sync(ranks);
@@ -242,12 +250,11 @@ fn nccl_2_28_patterns(ranks: &Ranks, count: usize, root: usize, in_place: bool) 
     nccl::group_start();
     for (r, c) in ranks.comms.iter().enumerate() {
         let send = match (r == root, in_place) {
-            (true, true) => out.ptr + root as u64 * block,
-            (true, false) => own.ptr,
-            _ => srcs[r].ptr,
+            (true, true) => out.ptr() + root as u64 * block,
+            (true, false) => own.ptr(),
+            _ => srcs[r].ptr(),
         };
-        c.gather(send, out.ptr, count, i32t, root, ranks.streams[r])
-            .unwrap();
+        unsafe { c.gather_raw(send, out.ptr(), count, i32t, root, ranks.streams[r]) }.unwrap();
     }
     nccl::group_end().unwrap();
     sync(ranks);
@@ -264,12 +271,11 @@ fn nccl_2_28_patterns(ranks: &Ranks, count: usize, root: usize, in_place: bool) 
     nccl::group_start();
     for (r, c) in ranks.comms.iter().enumerate() {
         let recv = if r == root && in_place {
-            src.ptr + root as u64 * block
+            src.ptr() + root as u64 * block
         } else {
-            dsts[r].ptr
+            dsts[r].ptr()
         };
-        c.scatter(src.ptr, recv, count, i32t, root, ranks.streams[r])
-            .unwrap();
+        unsafe { c.scatter_raw(src.ptr(), recv, count, i32t, root, ranks.streams[r]) }.unwrap();
     }
     nccl::group_end().unwrap();
     sync(ranks);
@@ -313,22 +319,22 @@ fn nccl_2_28_patterns_reject_bad_arguments() {
     let code = |r: nccl::Result<()>| r.unwrap_err().code;
     let bad = nccl::NcclResult::InvalidArgument;
     assert_eq!(
-        code(c.all_to_all(b.ptr, b.ptr, 8, DataType::Int32, s)),
+        code(unsafe { c.all_to_all_raw(b.ptr(), b.ptr(), 8, DataType::Int32, s) }),
         bad,
         "in place"
     );
     assert_eq!(
-        code(c.gather(b.ptr, b.ptr, 8, DataType::Int32, 2, s)),
+        code(unsafe { c.gather_raw(b.ptr(), b.ptr(), 8, DataType::Int32, 2, s) }),
         bad,
         "root"
     );
     assert_eq!(
-        code(c.scatter(b.ptr, b.ptr, 8, DataType::Int32, 5, s)),
+        code(unsafe { c.scatter_raw(b.ptr(), b.ptr(), 8, DataType::Int32, 5, s) }),
         bad,
         "root"
     );
     assert_eq!(
-        code(c.all_to_all(b.ptr, 0, usize::MAX / 2, DataType::Int32, s)),
+        code(unsafe { c.all_to_all_raw(b.ptr(), 0, usize::MAX / 2, DataType::Int32, s) }),
         bad,
         "size"
     );

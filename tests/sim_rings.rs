@@ -242,11 +242,11 @@ fn malformed_rings_fail_init_everywhere() {
 #[test]
 fn split_children_use_the_searched_rings() {
     if common::procs::child().is_some() {
-        let parents = sim_comms(4);
+        let mut parents = sim_comms(4);
         let children: Vec<Comm> = std::thread::scope(|s| {
             let handles: Vec<_> = parents
                 .comms
-                .iter()
+                .iter_mut()
                 .map(|c| s.spawn(move || c.split((c.rank() % 2) as i32, 0, None)))
                 .collect();
             handles

@@ -55,15 +55,19 @@ fn bad_peers_and_unmatched_self_sends() {
     let b = c.device().alloc(64).unwrap();
     let s = ranks.streams[0];
     assert_eq!(
-        c.send(b.ptr, 4, DataType::Float32, 2, s).unwrap_err().code,
+        unsafe { c.send_raw(b.ptr(), 4, DataType::Float32, 2, s) }
+            .unwrap_err()
+            .code,
         NcclResult::InvalidArgument
     );
     assert_eq!(
-        c.recv(0, 4, DataType::Float32, 1, s).unwrap_err().code,
+        unsafe { c.recv_raw(0, 4, DataType::Float32, 1, s) }
+            .unwrap_err()
+            .code,
         NcclResult::InvalidArgument
     );
     nccl::group_start();
-    c.send(b.ptr, 4, DataType::Float32, 0, s).unwrap();
+    unsafe { c.send_raw(b.ptr(), 4, DataType::Float32, 0, s) }.unwrap();
     let e = nccl::group_end().unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
 }

@@ -106,16 +106,17 @@ fn bad_filters_are_clear_errors() {
             assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
             assert!(e.message.contains("NCCL_PROTO"), "{e}");
             let buf = comm.device().alloc(1024).expect("alloc");
-            let e = comm
-                .all_reduce(
-                    buf.ptr,
-                    buf.ptr,
+            let e = unsafe {
+                comm.all_reduce_raw(
+                    buf.ptr(),
+                    buf.ptr(),
                     256,
                     DataType::Float32,
                     ReduceOp::Sum,
                     nccl::cuda::StreamHandle(0),
                 )
-                .unwrap_err();
+            }
+            .unwrap_err();
             assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
         }
         return;

@@ -19,7 +19,7 @@ pub enum Picked {
 pub fn pick_backend(args: &Args) -> Picked {
     let explicit = match args.backend {
         Some(Backend::Sim) => Some((Backend::Sim, "--backend sim")),
-        Some(Backend::Cuda) => Some((Backend::Cuda, "--backend cuda")),
+        Some(_) => Some((Backend::Cuda, "--backend cuda")),
         None => match std::env::var("NCCL_RS_BACKEND").as_deref() {
             Ok("sim") | Ok("SIM") | Ok("simulator") => Some((Backend::Sim, "NCCL_RS_BACKEND=sim")),
             Ok("cuda") | Ok("CUDA") => Some((Backend::Cuda, "NCCL_RS_BACKEND=cuda")),
@@ -38,7 +38,7 @@ pub fn pick_backend(args: &Args) -> Picked {
             };
             Picked::Run(Backend::Sim, why)
         }
-        Some((Backend::Cuda, how)) => match probe_cuda() {
+        Some((_, how)) => match probe_cuda() {
             Ok(n) => Picked::Run(
                 Backend::Cuda,
                 format!("chosen with {how}; {n} GPU(s) visible"),

@@ -163,16 +163,16 @@ impl Collective {
     /// ReduceScatter's output is block `rank` of its input.
     pub fn pointers(self, rank: &Rank, call: &Call) -> (DevPtr, DevPtr) {
         if !call.in_place {
-            return (rank.send.ptr, rank.recv.ptr);
+            return (rank.send.ptr(), rank.recv.ptr());
         }
-        let base = rank.recv.ptr;
+        let base = rank.recv.ptr();
         let block = (rank.comm.rank() * call.counts.count * call.dt.size()) as DevPtr;
         match self {
             Collective::AllGather => (base + block, base),
             Collective::ReduceScatter => (base, base + block),
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (base, base),
             // Not measured in place (see `in_place_applies`).
-            Collective::SendRecv => (rank.send.ptr, rank.recv.ptr),
+            Collective::SendRecv => (rank.send.ptr(), rank.recv.ptr()),
         }
     }
 
@@ -233,17 +233,23 @@ impl Collective {
         let (c, count, dt, stream) = (&rank.comm, call.counts.count, call.dt, rank.stream);
         let op = call.op.ours(dt);
         let r = match self {
-            Collective::AllReduce => c.all_reduce(send, recv, count, dt, op, stream),
-            Collective::Broadcast => c.broadcast(send, recv, count, dt, call.root, stream),
-            Collective::Reduce => c.reduce(send, recv, count, dt, op, call.root, stream),
-            Collective::AllGather => c.all_gather(send, recv, count, dt, stream),
-            Collective::ReduceScatter => c.reduce_scatter(send, recv, count, dt, op, stream),
+            Collective::AllReduce => unsafe { c.all_reduce_raw(send, recv, count, dt, op, stream) },
+            Collective::Broadcast => unsafe {
+                c.broadcast_raw(send, recv, count, dt, call.root, stream)
+            },
+            Collective::Reduce => unsafe {
+                c.reduce_raw(send, recv, count, dt, op, call.root, stream)
+            },
+            Collective::AllGather => unsafe { c.all_gather_raw(send, recv, count, dt, stream) },
+            Collective::ReduceScatter => unsafe {
+                c.reduce_scatter_raw(send, recv, count, dt, op, stream)
+            },
             Collective::SendRecv => {
                 let (to, from) = Collective::ring_peers(c.rank(), c.count());
                 nccl::group_start();
-                let sent = c.send(send, count, dt, to, stream);
-                let received = c.recv(recv, count, dt, from, stream);
-                let ended = nccl::group_end();
+                let sent = unsafe { c.send_raw(send, count, dt, to, stream) };
+                let received = unsafe { c.recv_raw(recv, count, dt, from, stream) };
+                let ended = nccl::group_end().map(|_| ());
                 sent.and(received).and(ended)
             }
         };

@@ -233,9 +233,11 @@ impl Bench {
                     tile(&poison, &mut host[off..off + len]);
                     off += len;
                 }
-                dev.copy_htod(recv, &host[..recv_bytes]).map_err(e)?;
+                // SAFETY: the rank's own buffers (their sizes), idle between measurements.
+                unsafe { dev.copy_htod_raw(recv, &host[..recv_bytes]) }.map_err(e)?;
                 tile(&data.inputs[r], &mut host[..send_bytes]);
-                dev.copy_htod(send, &host[..send_bytes]).map_err(e)?;
+                // SAFETY: as above.
+                unsafe { dev.copy_htod_raw(send, &host[..send_bytes]) }.map_err(e)?;
                 // A copy from pageable memory may return before its DMA lands, and the
                 // collective runs on a non-blocking stream: wait on the legacy stream that
                 // carried the copies.
@@ -250,7 +252,8 @@ impl Bench {
                 }
                 let dev = rank.comm.device();
                 let (_, recv) = call.coll.pointers(rank, call);
-                dev.copy_dtoh(&mut host[..recv_bytes], recv)
+                // SAFETY: the rank's own receive buffer, idle after the run.
+                unsafe { dev.copy_dtoh_raw(&mut host[..recv_bytes], recv) }
                     .map_err(|x| format!("copy from device {}: {x}", dev.ordinal))?;
                 let mut off = 0;
                 for seg in expect.segs {

@@ -195,8 +195,8 @@ pub fn parent(
     }
     args.push("--backend".into());
     args.push(match backend {
-        Backend::Cuda => "cuda".into(),
         Backend::Sim => "sim".into(),
+        _ => "cuda".into(),
     });
     // Both roots live here, for as long as the ranks run.
     let id = nccl::get_unique_id().map_err(|e| format!("nccl-rs unique id: {e}"))?;

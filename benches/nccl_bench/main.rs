@@ -194,7 +194,7 @@ fn bench(
     let world = member.as_ref().map_or(ngpus, |m| m.world);
     // The kernel lab: more ranks than GPUs, rank r on device r % visible.
     // Read as the library reads it (environment, then NCCL_CONF_FILE), so both agree.
-    let shared = nccl::env::int("NCCL_RS_SHARED_GPUS") == 1;
+    let shared = std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1");
     if let Some(m) = &member {
         if m.local >= visible && !shared {
             return Err(Fail::Usage(format!(
@@ -254,7 +254,7 @@ fn bench(
     }
     match backend {
         Backend::Sim => println!("# backend: CPU simulator ({why})"),
-        Backend::Cuda => println!("# backend: CUDA ({why})"),
+        _ => println!("# backend: CUDA ({why})"),
     }
     println!("# nccl-rs {}", nccl::VERSION_STRING);
     if let Some(m) = &member {
@@ -358,7 +358,7 @@ fn bench(
             .map_err(|x| e("event create", x))?;
         ranks.push(Rank {
             global: first + i,
-            comm,
+            comm: ranks::RankComm(comm),
             stream,
             send,
             recv,

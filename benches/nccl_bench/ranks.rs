@@ -12,12 +12,28 @@ use std::time::{Duration, Instant};
 pub struct Rank {
     /// The rank in the communicator (ranks of other processes are not in `Bench::ranks`).
     pub global: usize,
-    pub comm: Comm,
+    pub comm: RankComm,
     pub stream: StreamHandle,
     pub send: DevBuffer,
     pub recv: DevBuffer,
     /// One per iteration boundary: iters + 1.
     pub events: Vec<u64>,
+}
+
+/// A rank's communicator, which the timing loop lends to that rank's thread (`Comm` is `Send`
+/// but not `Sync`).
+pub struct RankComm(pub Comm);
+
+// SAFETY: every field of a `Comm` is thread-safe; `Comm` withholds `Sync` only so that two
+// threads never issue on one at once. In thread-per-rank timing each rank's communicator is
+// used by its own thread only, and by the main thread only before and after those threads.
+unsafe impl Sync for RankComm {}
+
+impl std::ops::Deref for RankComm {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.0
+    }
 }
 
 /// Which library runs a measurement.
@@ -63,20 +79,20 @@ impl Bench {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         let buf = d.alloc(bytes.len()).map_err(|x| e("alloc", x))?;
         buf.write(0, &bytes).map_err(|x| e("copy in", x))?;
-        r.comm
-            .all_reduce(
-                buf.ptr,
-                buf.ptr,
+        unsafe {
+            r.comm.all_reduce_raw(
+                buf.ptr(),
+                buf.ptr(),
                 v.len(),
                 nccl::DataType::Float64,
                 op,
                 r.stream,
             )
-            .map_err(|x| e("AllReduce", x))?;
+        }
+        .map_err(|x| e("AllReduce", x))?;
         d.stream_sync(r.stream).map_err(|x| e("sync", x))?;
         let mut out = vec![0u8; bytes.len()];
-        d.copy_dtoh(&mut out, buf.ptr)
-            .map_err(|x| e("copy out", x))?;
+        buf.read(0, &mut out).map_err(|x| e("copy out", x))?;
         for (x, c) in v.iter_mut().zip(out.chunks_exact(8)) {
             *x = f64::from_le_bytes(c.try_into().expect("8 bytes"));
         }
@@ -106,7 +122,9 @@ impl Bench {
             // One thread drives every rank: their connections are made together at the end.
             nccl::group_start();
             let launched = (0..self.ranks.len()).try_for_each(|r| self.launch_one(lib, r, call));
-            let ended = nccl::group_end().map_err(|e| format!("nccl-rs group: {e}"));
+            let ended = nccl::group_end()
+                .map(|_| ())
+                .map_err(|e| format!("nccl-rs group: {e}"));
             return launched.and(ended);
         }
         (0..self.ranks.len()).try_for_each(|r| self.launch_one(lib, r, call))

@@ -15,12 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{root, socket, wire};
 use crate::error::{Error, Result};
 
+/// The size of a [`UniqueId`] (`NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;
 
 /// `ncclUniqueId`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct UniqueId {
+    /// The id's bytes, to send to the other ranks out of band.
     pub internal: [u8; UNIQUE_ID_BYTES],
 }
 

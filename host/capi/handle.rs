@@ -1,7 +1,7 @@
 //! What a `ncclComm_t` points to: a communicator in creation, ready, or failed, plus a
 //! finalize that may run in the background (non-blocking communicators).
 
-use crate::comm::{Comm, PendingComm};
+use crate::comm::{Comm, PendingComm, Shared};
 use crate::error::{Error, NcclResult, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,7 +70,7 @@ pub(crate) fn take(p: *const CommHandle) -> Result<Arc<CommHandle>> {
 
 enum State {
     Pending(PendingComm),
-    Ready(Arc<Comm>),
+    Ready(Shared),
     Failed(Error),
 }
 
@@ -115,14 +115,14 @@ impl CommHandle {
         CommHandle {
             magic: AtomicU64::new(COMM_MAGIC),
             blocking: c.config().blocking,
-            state: Mutex::new(State::Ready(Arc::new(c))),
+            state: Mutex::new(State::Ready(Shared::new(c))),
             finalize: Mutex::new(Finalize::NotCalled),
         }
     }
 
     /// The communicator, once created; Err(InProgress) while the creation runs, or the
     /// creation's error.
-    fn resolve(&self) -> Result<Arc<Comm>> {
+    fn resolve(&self) -> Result<Shared> {
         let mut st = lock(&self.state);
         let taken = match &*st {
             State::Ready(c) => return Ok(c.clone()),
@@ -134,7 +134,7 @@ impl CommHandle {
         };
         match taken {
             Ok(c) => {
-                let c = Arc::new(c);
+                let c = Shared::new(c);
                 *st = State::Ready(c.clone());
                 Ok(c)
             }
@@ -180,7 +180,7 @@ impl CommHandle {
     /// finalize or a non-blocking group is still in progress is refused as NCCL refuses it
     /// (ncclInvalidArgument: "poll ncclCommGetAsyncError until ncclSuccess before the next
     /// call"); after a non-blocking group failed, every call returns that group's error.
-    pub(crate) fn ready(&self) -> Result<Arc<Comm>> {
+    pub(crate) fn ready(&self) -> Result<Shared> {
         let busy = |what: &str| {
             Error::invalid_argument(format!(
                 "{what} is still in progress (ncclInProgress): poll ncclCommGetAsyncError until \
@@ -247,7 +247,7 @@ impl CommHandle {
             State::Failed(in_progress("destroyed")),
         );
         match state {
-            State::Ready(c) => match Arc::try_unwrap(c) {
+            State::Ready(c) => match Arc::try_unwrap(c.0) {
                 Ok(c) => c.destroy(),
                 // A background split of this parent still holds it; it frees it when done.
                 Err(_) => Ok(()),

@@ -233,7 +233,7 @@ export! {
         let slot = newcomm.as_mut().ok_or_else(|| null("newcomm"))?;
         *slot = std::ptr::null_mut();
         let (cfg, blocking) = child_config(config, &parent)?;
-        match Comm::start_split(&parent, color, key, cfg.as_ref())? {
+        match Comm::start_split(&parent.0, color, key, cfg.as_ref())? {
             None => Ok(NcclResult::Success),
             Some(p) => hand_out(newcomm, p, blocking),
         }
@@ -266,7 +266,7 @@ export! {
                 .collect::<Result<_>>()?,
         };
         let (cfg, blocking) = child_config(config, &parent)?;
-        let pending = Comm::start_shrink(&parent, &exclude, cfg.as_ref(), shrink_flags)?;
+        let pending = Comm::start_shrink(&parent.0, &exclude, cfg.as_ref(), shrink_flags)?;
         hand_out(newcomm, pending, blocking)
     }
 }
@@ -364,8 +364,10 @@ export! {
     /// `ncclGroupEnd`: runs what the group recorded; its first error. ncclInProgress when the
     /// group's communicators are non-blocking: its operations are issued in the background.
     fn ncclGroupEnd / pncclGroupEnd() {
-        crate::group_end()?;
-        Ok(NcclResult::Success)
+        Ok(match crate::group_end()? {
+            crate::GroupStatus::InProgress => NcclResult::InProgress,
+            _ => NcclResult::Success,
+        })
     }
 }
 
@@ -439,7 +441,7 @@ fn dtype(v: c_int) -> Result<DataType> {
 }
 
 /// The communicator of a collective and its stream.
-fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(Arc<Comm>, StreamHandle)> {
+fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(crate::comm::Shared, StreamHandle)> {
     let c = handle(comm)?.ready()?;
     Ok((c, StreamHandle(stream as usize as u64)))
 }
@@ -462,7 +464,8 @@ export! {
         let dt = dtype(datatype)?;
         let op = redop::resolve(comm, op, dt)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.all_reduce(dev(sendbuff), dev(recvbuff), count, dt, op, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.all_reduce_raw(dev(sendbuff), dev(recvbuff), count, dt, op, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -481,7 +484,8 @@ export! {
         let dt = dtype(datatype)?;
         let root = count_of("root", root)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.broadcast(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.broadcast_raw(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -514,7 +518,8 @@ export! {
         let dt = dtype(datatype)?;
         let peer = count_of("peer", peer)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.send(dev(sendbuff), count, dt, peer, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.send_raw(dev(sendbuff), count, dt, peer, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -532,7 +537,8 @@ export! {
         let dt = dtype(datatype)?;
         let peer = count_of("peer", peer)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.recv(dev(recvbuff), count, dt, peer, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.recv_raw(dev(recvbuff), count, dt, peer, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -553,7 +559,8 @@ export! {
         let op = redop::resolve(comm, op, dt)?;
         let root = count_of("root", root)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.reduce(dev(sendbuff), dev(recvbuff), count, dt, op, root, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.reduce_raw(dev(sendbuff), dev(recvbuff), count, dt, op, root, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -570,7 +577,8 @@ export! {
     ) {
         let dt = dtype(datatype)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.all_gather(dev(sendbuff), dev(recvbuff), sendcount, dt, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.all_gather_raw(dev(sendbuff), dev(recvbuff), sendcount, dt, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -588,7 +596,8 @@ export! {
     ) {
         let dt = dtype(datatype)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.all_to_all(dev(sendbuff), dev(recvbuff), count, dt, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.all_to_all_raw(dev(sendbuff), dev(recvbuff), count, dt, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -608,7 +617,8 @@ export! {
         let dt = dtype(datatype)?;
         let root = count_of("root", root)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.gather(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.gather_raw(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -627,7 +637,8 @@ export! {
         let dt = dtype(datatype)?;
         let root = count_of("root", root)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.scatter(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.scatter_raw(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -646,7 +657,8 @@ export! {
         let dt = dtype(datatype)?;
         let op = redop::resolve(comm, op, dt)?;
         let (c, s) = coll_comm(comm, stream)?;
-        c.reduce_scatter(dev(sendbuff), dev(recvbuff), recvcount, dt, op, s)?;
+        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
+        c.reduce_scatter_raw(dev(sendbuff), dev(recvbuff), recvcount, dt, op, s)?;
         Ok(NcclResult::Success)
     }
 }
@@ -662,11 +674,11 @@ export! {
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
         let out = ptr.as_mut().ok_or_else(|| null("ptr"))?;
         let buf = Device::current()?.alloc(size.max(1))?;
-        *out = buf.ptr as usize as *mut c_void;
+        *out = buf.ptr() as usize as *mut c_void;
         allocations()
             .lock()
             .map_err(|_| Error::internal("allocation table poisoned"))?
-            .insert(buf.ptr, buf);
+            .insert(buf.ptr(), buf);
         Ok(NcclResult::Success)
     }
 }
@@ -791,7 +803,8 @@ export! {
     ) {
         let out = handle_out.as_mut().ok_or_else(|| null("handle"))?;
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        *out = c.register(dev(buff), size)? as usize as *mut c_void;
+        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
         Ok(NcclResult::Success)
     }
 }
@@ -825,7 +838,8 @@ export! {
             )));
         }
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        *out = c.register(dev(buff), size)? as usize as *mut c_void;
+        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
         Ok(NcclResult::Success)
     }
 }

@@ -10,6 +10,7 @@ pub const SPLIT_NOCOLOR: i32 = -1;
 /// Communicator options, as `ncclConfig_t`; `None` is `NCCL_CONFIG_UNDEF_*` (the parameter or
 /// default applies; a split child inherits its parent's value).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// false: creation (and finalize) return at once and complete in the background
     /// (`ncclInProgress`); poll with `get_async_error`. Parameter NCCL_COMM_BLOCKING.
@@ -36,14 +37,23 @@ pub struct Config {
 /// The options a communicator runs with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedConfig {
+    /// Whether creation and finalize wait (NCCL_COMM_BLOCKING).
     pub blocking: bool,
+    /// CTAs per cluster on GPUs that have clusters (NCCL_CGA_CLUSTER_SIZE).
     pub cga_cluster_size: i32,
+    /// Fewest channels (CTAs) per collective (NCCL_MIN_CTAS).
     pub min_ctas: u32,
+    /// Most channels (CTAs) per collective (NCCL_MAX_CTAS).
     pub max_ctas: u32,
+    /// The network to use, by name (NCCL_NET).
     pub net_name: Option<String>,
+    /// Whether split children share the parent's resources (NCCL_COMM_SPLIT_SHARE_RESOURCES).
     pub split_share: bool,
+    /// The network traffic class (NCCL_IB_TC), when set.
     pub traffic_class: Option<i32>,
+    /// A name shown in logs.
     pub comm_name: Option<String>,
+    /// CollNet on or off (recorded; there is no CollNet here).
     pub collnet_enable: bool,
 }
 

@@ -18,6 +18,7 @@ mod peer;
 mod pending;
 pub mod register;
 pub mod rings;
+mod shared;
 mod split;
 mod transports;
 pub mod tuning;
@@ -41,6 +42,7 @@ use nccl_device::types::DataType;
 use net::{net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
+pub(crate) use shared::{NotSync, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,11 +51,15 @@ use std::time::{Duration, Instant};
 /// Launch shape and buffer sizes, decided by rank 0's parameters so every rank agrees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
+    /// Channels (CTAs) per collective.
     pub nchannels: u32,
+    /// Threads per CTA.
     pub nthreads: u32,
+    /// Bytes of one FIFO slot (a step) of the Simple protocol.
     pub slot_bytes: u32,
     /// NCCL_ALGO and NCCL_PROTO as [`crate::tune::Filter`] masks.
     pub algo_mask: u64,
+    /// NCCL_PROTO as a [`crate::tune::Filter`] mask.
     pub proto_mask: u64,
     /// Connections per peer of send/recv and of the tree's up links (CTAs per message); 0:
     /// from the communicator's size.
@@ -233,6 +239,8 @@ pub struct Comm {
     pub(crate) net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
     pub(crate) split_turns: Arc<turns::Turns>,
+    /// `Send` but not `Sync`: one thread at a time issues on a communicator (see [`NotSync`]).
+    pub(crate) _one_thread: NotSync,
 }
 
 impl std::fmt::Debug for Comm {
@@ -626,6 +634,7 @@ impl Comm {
             registered: register::Registrations::default(),
             kernel_abort,
             split_turns: Arc::default(),
+            _one_thread: NotSync::default(),
         })
     }
 
@@ -754,6 +763,7 @@ impl Comm {
         results.into_iter().collect()
     }
 
+    /// `ncclCommCuRank`: this rank's number in the communicator.
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -773,9 +783,11 @@ impl Comm {
     pub fn cu_device(&self) -> i32 {
         self.device.ordinal
     }
+    /// The device this communicator's rank runs on.
     pub fn device(&self) -> &Device {
         &self.device
     }
+    /// The launch shape every rank agreed on at creation.
     pub fn shape(&self) -> Shape {
         self.shape
     }
@@ -821,8 +833,13 @@ impl Comm {
     }
 
     /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
-    /// communicator's operations; the handle is for [`Comm::deregister`].
-    pub fn register(&self, buff: crate::cuda::DevPtr, bytes: usize) -> Result<register::RegHandle> {
+    /// communicator's operations; the handle is for [`Comm::deregister`]. Public as
+    /// `Comm::register_raw` (unsafe) and, typed, `Comm::register`.
+    pub(crate) fn register_ptr(
+        &self,
+        buff: crate::cuda::DevPtr,
+        bytes: usize,
+    ) -> Result<register::RegHandle> {
         self.check_usable()?;
         self.registered.register(&self.device, buff, bytes)
     }

@@ -103,6 +103,7 @@ struct Last {
     captured: bool,
 }
 
+/// Keeps one communicator's launches in issue order across the streams it is given.
 pub struct StreamOrder {
     device: Device,
     last: Mutex<Last>,
@@ -119,6 +120,7 @@ pub(crate) fn in_progress(what: impl Into<String>) -> Error {
 }
 
 impl StreamOrder {
+    /// The order of a communicator on `device`, with nothing issued yet.
     pub fn new(device: Device) -> StreamOrder {
         StreamOrder {
             device,

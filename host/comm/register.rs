@@ -19,6 +19,7 @@ struct Table {
     buffers: HashMap<RegHandle, (DevPtr, usize)>,
 }
 
+/// A communicator's registered buffers.
 #[derive(Default)]
 pub struct Registrations {
     table: Mutex<Table>,

@@ -53,10 +53,12 @@ impl Rings {
         Rings::new(nranks, nchannels, &[(0..nranks).collect()])
     }
 
+    /// Ranks on each ring.
     pub fn nranks(&self) -> usize {
         self.nranks
     }
 
+    /// Channels the rings serve.
     pub fn nchannels(&self) -> usize {
         self.of_channel.len()
     }
@@ -66,6 +68,7 @@ impl Rings {
         &self.distinct
     }
 
+    /// The ring channel `c` runs on.
     pub fn index_of(&self, c: usize) -> usize {
         self.of_channel[c]
     }

@@ -167,7 +167,8 @@ impl Comm {
             .unwrap_or_default()
             .resolve(Some(&parent.config))?;
         let launch = Launch::for_blocking(resolved.blocking);
-        let p = parent.clone();
+        // The job may run on another thread, which the library orders itself.
+        let p = super::Shared(parent.clone());
         let turn = parent.split_turns.ticket();
         if color < 0 {
             let job = move || {
@@ -338,7 +339,8 @@ impl Comm {
     ) -> Result<PendingComm> {
         let (group, resolved) = parent.prepare_shrink(exclude, config, flags)?;
         let launch = Launch::for_blocking(resolved.blocking);
-        let p = parent.clone();
+        // The job may run on another thread, which the library orders itself.
+        let p = super::Shared(parent.clone());
         let turn = parent.split_turns.ticket();
         PendingComm::start(launch, move |abort| {
             p.shrink_with(&group, resolved, abort, turn)

@@ -634,6 +634,13 @@ impl Device {
         )
     }
 
+    /// Waits for all work of this device's context.
+    pub fn synchronize(&self) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: our context is current; the call only waits.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+
     /// Whether all work on `s` is done (without waiting).
     pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
         self.make_current()?;

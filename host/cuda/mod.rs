@@ -3,9 +3,7 @@
 //! threads. The backend is chosen explicitly — `NCCL_RS_BACKEND=cuda|sim` or [`set_backend`]
 //! before first use — and never swapped in silently when a GPU is missing.
 
-pub mod driver;
-pub mod ptx;
-pub mod sim;
+crate::internal_mods!(driver, ptx, sim);
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -23,16 +21,25 @@ pub type DevPtr = u64;
 pub struct StreamHandle(pub u64);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which implementation runs the device work.
+#[non_exhaustive]
 pub enum Backend {
+    /// The CUDA driver, loaded at run time.
     Cuda,
+    /// The CPU simulator: the same kernels on host threads.
     Sim,
 }
 
 #[derive(Clone, Debug)]
+/// What a device is, as the driver reports it.
 pub struct DeviceProps {
+    /// The product name.
     pub name: String,
+    /// The PCI bus id (`0000:17:00.0`).
     pub bus_id: String,
+    /// (major, minor).
     pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
     pub sm_count: u32,
 }
 
@@ -67,6 +74,7 @@ pub fn backend() -> Backend {
     }
 }
 
+/// How many devices the chosen backend shows.
 pub fn device_count() -> Result<usize> {
     match backend() {
         Backend::Cuda => driver::device_count(),
@@ -96,6 +104,7 @@ pub use graph::Graph;
 #[derive(Clone)]
 pub struct Device {
     imp: Arc<Imp>,
+    /// Its ordinal (`cudaSetDevice`'s number).
     pub ordinal: i32,
 }
 
@@ -143,6 +152,7 @@ impl Device {
         Device::open(ordinal)
     }
 
+    /// Whether it is a simulated device.
     pub fn is_sim(&self) -> bool {
         matches!(*self.imp, Imp::Sim(_))
     }
@@ -152,6 +162,7 @@ impl Device {
         crate::debug::set_cuda_dev(self.ordinal); // the `[cudaDev]` of this thread's log lines
         dispatch!(self.make_current())
     }
+    /// Name, bus id, compute capability and SM count.
     pub fn props(&self) -> Result<DeviceProps> {
         dispatch!(self.props())
     }
@@ -170,6 +181,7 @@ impl Device {
         })
     }
 
+    /// `bytes` of device memory (at least 1), freed when the buffer drops.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuffer> {
         let ptr = dispatch!(self.alloc(bytes))?;
         Ok(DevBuffer {
@@ -178,11 +190,31 @@ impl Device {
             bytes,
         })
     }
-    pub fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+    pub(crate) fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         dispatch!(self.copy_htod(dst, src))
     }
-    pub fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+    pub(crate) fn copy_dtoh(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         dispatch!(self.copy_dtoh(dst, src))
+    }
+    /// Copies `src` to the device address `dst` (`cuMemcpyHtoD`), after the work queued on the
+    /// legacy stream. [`DevBuffer::write`] and the typed `DeviceBuffer` copies are the safe
+    /// forms.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be device memory (on the simulator: memory the simulator allocated) of
+    /// `src.len()` bytes that nothing else uses during the copy.
+    pub unsafe fn copy_htod_raw(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        self.copy_htod(dst, src)
+    }
+    /// Copies `dst.len()` bytes from the device address `src` (`cuMemcpyDtoH`).
+    ///
+    /// # Safety
+    ///
+    /// `src` must be device memory (on the simulator: memory the simulator allocated) of
+    /// `dst.len()` bytes that nothing writes during the copy.
+    pub unsafe fn copy_dtoh_raw(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        self.copy_dtoh(dst, src)
     }
     /// The ordinal of the device owning `p`, or None if `p` is not device memory we know.
     pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
@@ -195,6 +227,7 @@ impl Device {
     pub fn pointer_extent(&self, p: DevPtr, need: usize) -> Result<Option<(i32, usize)>> {
         dispatch!(self.pointer_extent(p, need))
     }
+    /// Whether this device can map `peer`'s memory (`cuDeviceCanAccessPeer`).
     pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
         match (&*self.imp, &*peer.imp) {
             (Imp::Cuda(a), Imp::Cuda(b)) => a.can_access_peer(b),
@@ -202,6 +235,7 @@ impl Device {
             _ => Ok(false),
         }
     }
+    /// Maps `peer`'s memory into this device's address space (once per pair).
     pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
         match (&*self.imp, &*peer.imp) {
             (Imp::Cuda(a), Imp::Cuda(b)) => a.enable_peer_access(b),
@@ -265,15 +299,23 @@ impl Device {
     pub fn stream_create_blocking(&self) -> Result<StreamHandle> {
         dispatch!(self.stream_create(true))
     }
+    /// Destroys a stream made by [`Device::stream_create`]; queued work still runs.
     pub fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
         dispatch!(self.stream_destroy(s))
     }
+    /// Waits until the work queued on `s` has run.
     pub fn stream_sync(&self, s: StreamHandle) -> Result<()> {
         dispatch!(self.stream_sync(s))
     }
+    /// Waits until every stream of this device is idle (`cuCtxSynchronize`).
+    pub fn synchronize(&self) -> Result<()> {
+        dispatch!(self.synchronize())
+    }
+    /// Whether the work queued on `s` has run (without waiting).
     pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
         dispatch!(self.stream_query(s))
     }
+    /// A new timing event.
     pub fn event_create(&self) -> Result<u64> {
         dispatch!(self.event_create())
     }
@@ -284,6 +326,7 @@ impl Device {
             Imp::Sim(d) => d.event_create(),
         }
     }
+    /// Records event `e` on stream `s`.
     pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
         dispatch!(self.event_record(e, s))
     }
@@ -299,12 +342,15 @@ impl Device {
     pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
         dispatch!(self.stream_wait_event_external(s, e))
     }
+    /// Waits until event `e` has happened.
     pub fn event_sync(&self, e: u64) -> Result<()> {
         dispatch!(self.event_sync(e))
     }
+    /// Milliseconds between two recorded events.
     pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
         dispatch!(self.event_elapsed_ms(start, end))
     }
+    /// Destroys event `e`.
     pub fn event_destroy(&self, e: u64) -> Result<()> {
         dispatch!(self.event_destroy(e))
     }
@@ -314,11 +360,13 @@ impl Device {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernel(usize);
 
-/// Device memory owned by the runtime.
+/// Untyped device memory owned by the runtime, freed when dropped. Its address and size are
+/// fixed at allocation (private fields: nothing can make `Drop` free another address). Rust
+/// programs use the typed [`crate::DeviceBuffer`]; this is the raw layer's.
 pub struct DevBuffer {
     dev: Device,
-    pub ptr: DevPtr,
-    pub bytes: usize,
+    pub(crate) ptr: DevPtr,
+    pub(crate) bytes: usize,
 }
 
 impl std::fmt::Debug for DevBuffer {
@@ -332,15 +380,26 @@ impl std::fmt::Debug for DevBuffer {
 }
 
 impl DevBuffer {
+    /// The device that holds the memory.
     pub fn device(&self) -> &Device {
         &self.dev
     }
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+    /// The size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// Copies `data` to byte `offset` of the buffer; an error past its end.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         if offset + data.len() > self.bytes {
             return Err(Error::internal("DevBuffer write out of range"));
         }
         self.dev.copy_htod(self.ptr + offset as u64, data)
     }
+    /// Copies bytes from `offset` of the buffer into `data`; an error past its end.
     pub fn read(&self, offset: usize, data: &mut [u8]) -> Result<()> {
         if offset + data.len() > self.bytes {
             return Err(Error::internal("DevBuffer read out of range"));
@@ -398,6 +457,7 @@ pub struct HostMem {
     host: *mut u8,
     /// The device address kernels use.
     pub ptr: DevPtr,
+    /// Its size in bytes.
     pub bytes: usize,
 }
 
@@ -483,6 +543,7 @@ impl Drop for HostRegistration {
 /// A peer process's buffer mapped into ours.
 pub struct IpcMapping {
     dev: Device,
+    /// The mapped address in this process.
     pub ptr: DevPtr,
 }
 

@@ -777,6 +777,23 @@ impl Device {
         self.stream(s)?.sync()
     }
 
+    /// Waits for the legacy stream and every live stream of this device.
+    pub fn synchronize(&self) -> Result<()> {
+        let mine: Vec<Arc<Stream>> = lock(registry())
+            .streams
+            .values()
+            .filter(|st| st.ordinal == self.ordinal)
+            .cloned()
+            .collect();
+        let mut first = self.default_stream.sync().err();
+        for st in mine {
+            if let Err(e) = st.sync() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
     pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
         self.stream(s)?.idle()
     }

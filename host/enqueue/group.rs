@@ -21,6 +21,8 @@ use crate::error::{Error, NcclResult, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
+// For the tests, through the `internals` feature.
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use crate::comm::group_scope::{depth, parallel, Job};
 
 /// A communicator with operations in the group.

@@ -9,6 +9,8 @@ mod patterns;
 
 /// The communicator's launch order, which moved down to the communicator layer that owns it
 /// (this path stays for code that named it here).
+// For the tests, through the `internals` feature.
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use crate::comm::order;
 
 use crate::comm::Comm;
@@ -25,23 +27,33 @@ use nccl_device::types::DataType;
 /// A reduction as the API takes it: NCCL's built-in ops, or PreMulSum with its scalar given as
 /// the raw bits of one element of the collective's type (what `ncclRedOpCreatePreMulSum` makes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReduceOp {
+    /// Sum.
     Sum,
+    /// Product.
     Prod,
+    /// Maximum.
     Max,
+    /// Minimum.
     Min,
+    /// Average.
     Avg,
+    /// Each input times a scalar, then summed (a host scalar, `ncclScalarHostImmediate`).
     PreMulSum {
+        /// The scalar's bytes (little-endian, of the collective's element type).
         scalar_bits: u64,
     },
     /// PreMulSum whose scalar (one element of the collective's type) is in device memory and
     /// is read by the kernel when it runs.
     PreMulSumDevice {
+        /// The scalar's device address.
         scalar: DevPtr,
     },
 }
 
 impl ReduceOp {
+    /// The kernels' reduction for this op.
     pub fn kind(self) -> RedOpKind {
         match self {
             ReduceOp::Sum => RedOpKind::Sum,
@@ -148,16 +160,22 @@ pub(crate) fn check_buffer(
 /// One collective call as the API received it.
 #[derive(Clone, Copy, Debug)]
 pub struct CollCall {
+    /// Which collective.
     pub coll: Coll,
+    /// The send buffer's device address.
     pub send: DevPtr,
+    /// The receive buffer's device address.
     pub recv: DevPtr,
     /// Elements: of the whole buffer (AllReduce, Broadcast, Reduce), of each rank's block
     /// (AllGather's input, ReduceScatter's output).
     pub count: usize,
+    /// The element type.
     pub dt: DataType,
+    /// The reduction (AllReduce, Reduce, ReduceScatter).
     pub op: ReduceOp,
     /// Broadcast and Reduce only.
     pub root: usize,
+    /// The stream it is ordered on.
     pub stream: StreamHandle,
 }
 

@@ -26,7 +26,7 @@ fn block_bytes(what: &str, count: usize, dt: DataType, nranks: usize) -> Result<
 }
 
 /// [`Comm::send`] or [`Comm::recv`]: (buffer, count, type, peer, stream).
-type MoveFn = fn(&Comm, DevPtr, usize, DataType, usize, StreamHandle) -> Result<()>;
+type MoveFn = unsafe fn(&Comm, DevPtr, usize, DataType, usize, StreamHandle) -> Result<()>;
 
 fn check_root(what: &str, root: usize, nranks: usize) -> Result<()> {
     if root >= nranks {
@@ -51,7 +51,11 @@ fn in_group(issue: impl FnOnce() -> Result<()>) -> Result<()> {
 impl Comm {
     /// `ncclAlltoAll`: block `j` (`count` elements) of `send` goes to rank `j`, and rank `i`'s
     /// block lands at block `i` of `recv`. Not in place (`send` == `recv`), as in NCCL.
-    pub fn all_to_all(
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::send_raw`] and [`Comm::recv_raw`], for every block the call moves.
+    pub unsafe fn all_to_all_raw(
         &self,
         send: DevPtr,
         recv: DevPtr,
@@ -71,8 +75,11 @@ impl Comm {
         in_group(|| {
             for peer in 0..n {
                 let at = peer as u64 * block;
-                self.send(send + at, count, dtype, peer, stream)?;
-                self.recv(recv + at, count, dtype, peer, stream)?;
+                // SAFETY: the caller's contract covers every block of both buffers.
+                unsafe {
+                    self.send_raw(send + at, count, dtype, peer, stream)?;
+                    self.recv_raw(recv + at, count, dtype, peer, stream)?;
+                }
             }
             Ok(())
         })
@@ -81,8 +88,12 @@ impl Comm {
     /// `ncclGather`: every rank's `count` elements of `send` land at block `i` (rank `i`'s)
     /// of `recv` on `root`; `recv` is not used elsewhere. In place at the root when `send` is
     /// its own block of `recv`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::send_raw`] and [`Comm::recv_raw`], for every block the call moves.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather(
+    pub unsafe fn gather_raw(
         &self,
         send: DevPtr,
         recv: DevPtr,
@@ -91,14 +102,19 @@ impl Comm {
         root: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        self.rooted("ncclGather", true, recv, send, count, dtype, root, stream)
+        // SAFETY: the caller's contract.
+        unsafe { self.rooted("ncclGather", true, recv, send, count, dtype, root, stream) }
     }
 
     /// `ncclScatter`: block `i` (`count` elements) of `send` on `root` lands in rank `i`'s
     /// `recv`; `send` is not used elsewhere. In place at the root when `recv` is its own block
     /// of `send`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::send_raw`] and [`Comm::recv_raw`], for every block the call moves.
     #[allow(clippy::too_many_arguments)]
-    pub fn scatter(
+    pub unsafe fn scatter_raw(
         &self,
         send: DevPtr,
         recv: DevPtr,
@@ -107,13 +123,18 @@ impl Comm {
         root: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        self.rooted("ncclScatter", false, send, recv, count, dtype, root, stream)
+        // SAFETY: the caller's contract.
+        unsafe { self.rooted("ncclScatter", false, send, recv, count, dtype, root, stream) }
     }
 
     /// Gather (`to_root`) or scatter: the root moves block `i` of `blocks` from or to rank
     /// `i`, and every rank its `mine`; nothing moves at the root when `mine` is its own block.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::gather_raw`] and [`Comm::scatter_raw`].
     #[allow(clippy::too_many_arguments)]
-    fn rooted(
+    unsafe fn rooted(
         &self,
         what: &str,
         to_root: bool,
@@ -129,17 +150,19 @@ impl Comm {
         let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
         let at = |r: usize| blocks + r as u64 * block;
         let (root_side, rank_side) = match to_root {
-            true => (Comm::recv as MoveFn, Comm::send as MoveFn),
-            false => (Comm::send as MoveFn, Comm::recv as MoveFn),
+            true => (Comm::recv_raw as MoveFn, Comm::send_raw as MoveFn),
+            false => (Comm::send_raw as MoveFn, Comm::recv_raw as MoveFn),
         };
         in_group(|| {
             if me == root {
                 for peer in (0..n).filter(|&p| !(p == me && at(p) == mine)) {
-                    root_side(self, at(peer), count, dtype, peer, stream)?;
+                    // SAFETY: block `peer` of the caller's buffer (the caller's contract).
+                    unsafe { root_side(self, at(peer), count, dtype, peer, stream)? };
                 }
             }
             if !(me == root && at(me) == mine) {
-                rank_side(self, mine, count, dtype, root, stream)?;
+                // SAFETY: the caller's own block (the caller's contract).
+                unsafe { rank_side(self, mine, count, dtype, root, stream)? };
             }
             Ok(())
         })

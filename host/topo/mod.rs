@@ -18,6 +18,8 @@ pub mod detect;
 pub mod synthetic;
 pub mod xml;
 
+// For the tests, through the `internals` feature.
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use detect::{GpuInfo, GpuProbe, NvLinkInfo, StaticGpus, Sysfs};
 pub use xml::XmlNode;
 

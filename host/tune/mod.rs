@@ -33,15 +33,22 @@ use std::fmt;
 
 /// The collectives the model knows (values are NCCL's `ncclFunc_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Coll {
+    /// Broadcast.
     Broadcast = 0,
+    /// Reduce.
     Reduce = 1,
+    /// AllGather.
     AllGather = 2,
+    /// ReduceScatter.
     ReduceScatter = 3,
+    /// AllReduce.
     AllReduce = 4,
 }
 
 impl Coll {
+    /// Every collective the tuner knows, in NCCL's order.
     pub const ALL: [Coll; 5] = [
         Coll::Broadcast,
         Coll::Reduce,
@@ -49,6 +56,7 @@ impl Coll {
         Coll::ReduceScatter,
         Coll::AllReduce,
     ];
+    /// Its name as NCCL logs it.
     pub fn as_str(self) -> &'static str {
         match self {
             Coll::Broadcast => "Broadcast",
@@ -62,19 +70,29 @@ impl Coll {
 
 /// Algorithms (values are NCCL's algorithm indices, as the tuner plugin's cost table uses them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Algo {
+    /// Tree (double binary tree across nodes, chain within).
     Tree = 0,
+    /// Ring.
     Ring = 1,
+    /// CollNet direct (not available here).
     CollNetDirect = 2,
+    /// CollNet chain (not available here).
     CollNetChain = 3,
+    /// NVLink SHARP (not available here).
     Nvls = 4,
+    /// NVLink SHARP with a tree (not available here).
     NvlsTree = 5,
+    /// PAT (not available here).
     Pat = 6,
 }
 
+/// How many algorithms there are.
 pub const NUM_ALGOS: usize = 7;
 
 impl Algo {
+    /// Every algorithm, in NCCL's order.
     pub const ALL: [Algo; NUM_ALGOS] = [
         Algo::Tree,
         Algo::Ring,
@@ -84,6 +102,7 @@ impl Algo {
         Algo::NvlsTree,
         Algo::Pat,
     ];
+    /// Its name as NCCL writes it (`NCCL_ALGO`).
     pub fn as_str(self) -> &'static str {
         match self {
             Algo::Tree => "Tree",
@@ -105,16 +124,23 @@ impl fmt::Display for Algo {
 
 /// Protocols (values are NCCL's protocol indices).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Proto {
+    /// LL: 8-byte stores with flags.
     Ll = 0,
+    /// LL128: 128-byte lines with a flag.
     Ll128 = 1,
+    /// Simple: data, fence, counter.
     Simple = 2,
 }
 
+/// How many protocols there are.
 pub const NUM_PROTOS: usize = 3;
 
 impl Proto {
+    /// Every protocol, in NCCL's order.
     pub const ALL: [Proto; NUM_PROTOS] = [Proto::Ll, Proto::Ll128, Proto::Simple];
+    /// Its name as NCCL writes it (`NCCL_PROTO`).
     pub fn as_str(self) -> &'static str {
         match self {
             Proto::Ll => "LL",
@@ -137,7 +163,9 @@ pub struct Filter<const N: usize> {
     pub allowed: [[bool; N]; 5],
 }
 
+/// Which algorithms each collective may use.
 pub type AlgoFilter = Filter<NUM_ALGOS>;
+/// Which protocols each collective may use.
 pub type ProtoFilter = Filter<NUM_PROTOS>;
 
 impl<const N: usize> Default for Filter<N> {
@@ -195,6 +223,7 @@ impl<const N: usize> Filter<N> {
         Ok(f)
     }
 
+    /// Whether `coll` may use item `item`.
     pub fn allows(&self, coll: Coll, item: usize) -> bool {
         self.allowed[coll as usize][item]
     }
@@ -254,7 +283,9 @@ impl ProtoFilter {
 /// The tuning parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TuneParams {
+    /// NCCL_ALGO as a filter.
     pub algo: AlgoFilter,
+    /// NCCL_PROTO as a filter.
     pub proto: ProtoFilter,
     /// NCCL_NTHREADS when set.
     pub nthreads: Option<u32>,
@@ -313,9 +344,13 @@ impl TuneParams {
 /// What to run for one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Choice {
+    /// The algorithm.
     pub algo: Algo,
+    /// The protocol.
     pub proto: Proto,
+    /// Channels (CTAs).
     pub nchannels: usize,
+    /// Threads per CTA.
     pub nthreads: u32,
     /// The model's estimate, µs.
     pub est_time_us: f64,

@@ -63,6 +63,7 @@ enum Get {
 
 /// A loaded tuner plugin with its context.
 pub struct Plugin {
+    /// The plugin's name, as it reports it.
     pub name: String,
     get: Get,
     destroy: DestroyFn,
@@ -154,7 +155,7 @@ impl Plugin {
         }
     }
 
-    /// Lets the plugin adjust `table` (µs per [algo][proto], -1 unavailable) and `nchannels`.
+    /// Lets the plugin adjust `table` (µs per `[algo][proto]`, -1 unavailable) and `nchannels`.
     pub fn get_coll_info(
         &self,
         coll: Coll,

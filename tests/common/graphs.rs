@@ -39,15 +39,13 @@ fn issue(ranks: &Ranks, bufs: &[Bufs], streams: &[StreamHandle]) -> Result<(), S
     for (i, c) in ranks.comms.iter().enumerate() {
         let (b, s, r) = (&bufs[i], streams[i], c.rank());
         let f = DataType::Float32;
-        c.all_reduce(b.send.ptr, b.sum.ptr, COUNT, f, ReduceOp::Sum, s)
+        unsafe { c.all_reduce_raw(b.send.ptr(), b.sum.ptr(), COUNT, f, ReduceOp::Sum, s) }
             .map_err(e)?;
-        c.all_gather(b.send.ptr, b.gathered.ptr, COUNT, f, s)
-            .map_err(e)?;
-        c.send(b.send.ptr, COUNT, f, (r + 1) % n, s).map_err(e)?;
-        c.recv(b.from_prev.ptr, COUNT, f, (r + n - 1) % n, s)
-            .map_err(e)?;
+        unsafe { c.all_gather_raw(b.send.ptr(), b.gathered.ptr(), COUNT, f, s) }.map_err(e)?;
+        unsafe { c.send_raw(b.send.ptr(), COUNT, f, (r + 1) % n, s) }.map_err(e)?;
+        unsafe { c.recv_raw(b.from_prev.ptr(), COUNT, f, (r + n - 1) % n, s) }.map_err(e)?;
     }
-    nccl::group_end().map_err(e)
+    nccl::group_end().map(|_| ()).map_err(e)
 }
 
 /// Writes replay `it`'s inputs (every stream idle).
@@ -195,10 +193,9 @@ pub fn capture_and_replay(ranks: &Ranks, replays: usize, first: FirstUse) -> Res
     drop(graphs);
     // Finalize is collective: every rank at once.
     std::thread::scope(|sc| {
-        let done: Vec<_> = ranks
-            .comms
-            .iter()
-            .map(|c| sc.spawn(|| c.finalize()))
+        let done: Vec<_> = super::lend(&ranks.comms)
+            .into_iter()
+            .map(|c| sc.spawn(move || c.finalize()))
             .collect();
         done.into_iter().try_for_each(|h| {
             h.join()
@@ -248,10 +245,10 @@ pub fn replays_interleaved_with_direct_calls(ranks: &Ranks, rounds: usize) -> Re
         nccl::group_start();
         for (i, c) in ranks.comms.iter().enumerate() {
             let (b, s) = (&bufs[i], streams[i]);
-            c.all_reduce(b[from].ptr, b[to].ptr, COUNT, f, ReduceOp::Sum, s)
+            unsafe { c.all_reduce_raw(b[from].ptr(), b[to].ptr(), COUNT, f, ReduceOp::Sum, s) }
                 .map_err(e)?;
         }
-        nccl::group_end().map_err(e)
+        nccl::group_end().map(|_| ()).map_err(e)
     };
     // Kernels loaded and connections made outside any capture.
     all_reduce(0, 1, &others)?;

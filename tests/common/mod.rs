@@ -112,6 +112,7 @@ pub fn reference<T: Elem>(inputs: &[Vec<T>], op: ReduceOp, dt: DataType) -> Vec<
                 ReduceOp::PreMulSumDevice { .. } => {
                     panic!("reference: pass the device scalar's value as PreMulSum")
                 }
+                other => panic!("reference: no model of {other:?}"),
             };
             let tol = match op {
                 ReduceOp::Max | ReduceOp::Min => 0.0,
@@ -178,6 +179,29 @@ pub enum Drive {
 
 /// Communicators with a stream each (tests running side by side must not share the default
 /// stream: two collectives queued in different orders on two devices would wait on each other).
+/// A communicator lent to the one thread that issues on it, in the thread-per-rank drives.
+#[derive(Clone, Copy)]
+pub struct OnItsThread<'a>(pub &'a Comm);
+
+// SAFETY: every field of a `Comm` is thread-safe; `Comm` withholds `Sync` only so that two
+// threads never issue on it at once. The drives that lend communicators give each rank's to
+// exactly one thread at a time (its rank thread, or this one before and after them).
+unsafe impl Send for OnItsThread<'_> {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for OnItsThread<'_> {}
+
+impl std::ops::Deref for OnItsThread<'_> {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        self.0
+    }
+}
+
+/// The communicators, to be lent one per thread (see [`OnItsThread`]).
+pub fn lend(comms: &[Comm]) -> Vec<OnItsThread<'_>> {
+    comms.iter().map(OnItsThread).collect()
+}
+
 pub struct Ranks {
     pub comms: Vec<Comm>,
     pub streams: Vec<StreamHandle>,
@@ -333,7 +357,8 @@ fn check_typed<T: Elem>(
 ) -> Result<(), String> {
     let dt = T::DTYPE;
     let op = typed_op(op, dt);
-    let (comms, streams) = (&ranks.comms, &ranks.streams);
+    let lent = lend(&ranks.comms);
+    let (comms, streams) = (&lent[..], &ranks.streams);
     let n = comms[0].count();
     let (in_len, out_len) = match coll {
         Coll::AllGather => (count, n * count),
@@ -362,25 +387,25 @@ fn check_typed<T: Elem>(
                 _ => (0, 0),
             };
             b.write(s as usize, x).map_err(e)?;
-            let (sp, rp) = (b.ptr + s, b.ptr + o);
+            let (sp, rp) = (b.ptr() + s, b.ptr() + o);
             bufs.push((vec![b], sp, rp));
         } else {
             let sb = dev.alloc((in_len * size).max(1)).map_err(e)?;
             sb.write(0, x).map_err(e)?;
             let rb = dev.alloc((out_len * size).max(1)).map_err(e)?;
             rb.write(0, &vec![0xA5u8; out_len * size]).map_err(e)?; // poison
-            let (sp, rp) = (sb.ptr, rb.ptr);
+            let (sp, rp) = (sb.ptr(), rb.ptr());
             bufs.push((vec![sb, rb], sp, rp));
         }
     }
     let call = |i: usize| -> Result<(), String> {
         let (c, s, (_, sp, rp)) = (&comms[i], streams[i], &bufs[i]);
         match coll {
-            Coll::AllReduce => c.all_reduce(*sp, *rp, count, dt, op, s),
-            Coll::Broadcast => c.broadcast(*sp, *rp, count, dt, root, s),
-            Coll::Reduce => c.reduce(*sp, *rp, count, dt, op, root, s),
-            Coll::AllGather => c.all_gather(*sp, *rp, count, dt, s),
-            Coll::ReduceScatter => c.reduce_scatter(*sp, *rp, count, dt, op, s),
+            Coll::AllReduce => unsafe { c.all_reduce_raw(*sp, *rp, count, dt, op, s) },
+            Coll::Broadcast => unsafe { c.broadcast_raw(*sp, *rp, count, dt, root, s) },
+            Coll::Reduce => unsafe { c.reduce_raw(*sp, *rp, count, dt, op, root, s) },
+            Coll::AllGather => unsafe { c.all_gather_raw(*sp, *rp, count, dt, s) },
+            Coll::ReduceScatter => unsafe { c.reduce_scatter_raw(*sp, *rp, count, dt, op, s) },
         }
         .map_err(e)
     };
@@ -400,7 +425,7 @@ fn check_typed<T: Elem>(
         Drive::Group => {
             nccl::group_start();
             let r: Result<(), String> = (0..comms.len()).try_for_each(call);
-            let end = nccl::group_end().map_err(e);
+            let end = nccl::group_end().map(|_| ()).map_err(e);
             r?;
             end?;
             sync_all()?;
@@ -431,7 +456,8 @@ fn check_typed<T: Elem>(
             continue;
         };
         let mut out = vec![0u8; out_len * size];
-        c.device().copy_dtoh(&mut out, bufs[i].2).map_err(e)?;
+        // SAFETY: the test's own output buffer, idle after the synchronization above.
+        unsafe { c.device().copy_dtoh_raw(&mut out, bufs[i].2) }.map_err(e)?;
         compare(
             &from_bytes::<T>(&out),
             want,
@@ -535,7 +561,7 @@ pub mod procs {
         let nranks = std::env::var(NRANKS).ok()?.parse().ok()?;
         let hex = std::env::var(ID).ok()?;
         let mut id = UniqueId {
-            internal: [0; nccl::bootstrap::UNIQUE_ID_BYTES],
+            internal: [0; nccl::UNIQUE_ID_BYTES],
         };
         for (i, b) in id.internal.iter_mut().enumerate() {
             *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
@@ -709,25 +735,31 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         }
         bufs.push((sends, recvs));
     }
+    let lent = lend(&ranks.comms);
+    let (comms, streams) = (&lent[..], &ranks.streams);
     let issue = |i: usize| -> Result<(), String> {
-        let c = &ranks.comms[i];
+        let c = &comms[i];
         let r = c.rank();
         for p in 0..n {
-            c.send(
-                bufs[i].0[p].ptr,
-                count(r, p),
-                DataType::Int32,
-                p,
-                ranks.streams[i],
-            )
+            unsafe {
+                c.send_raw(
+                    bufs[i].0[p].ptr(),
+                    count(r, p),
+                    DataType::Int32,
+                    p,
+                    streams[i],
+                )
+            }
             .map_err(e)?;
-            c.recv(
-                bufs[i].1[p].ptr,
-                count(p, r),
-                DataType::Int32,
-                p,
-                ranks.streams[i],
-            )
+            unsafe {
+                c.recv_raw(
+                    bufs[i].1[p].ptr(),
+                    count(p, r),
+                    DataType::Int32,
+                    p,
+                    streams[i],
+                )
+            }
             .map_err(e)?;
         }
         Ok(())
@@ -741,7 +773,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
                         s.spawn(move || {
                             nccl::group_start();
                             let r = issue(i);
-                            let end = nccl::group_end().map_err(e);
+                            let end = nccl::group_end().map(|_| ()).map_err(e);
                             r.and(end)
                         })
                     })
@@ -758,7 +790,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         _ => {
             nccl::group_start();
             let r = (0..ranks.comms.len()).try_for_each(issue);
-            let end = nccl::group_end().map_err(e);
+            let end = nccl::group_end().map(|_| ()).map_err(e);
             r?;
             end?;
         }
@@ -768,9 +800,7 @@ pub fn check_all_to_all(ranks: &Ranks, scale: usize, drive: Drive) -> Result<(),
         let r = c.rank();
         for p in 0..n {
             let mut out = vec![0u8; count(p, r) * 4];
-            c.device()
-                .copy_dtoh(&mut out, bufs[i].1[p].ptr)
-                .map_err(e)?;
+            bufs[i].1[p].read(0, &mut out).map_err(e)?;
             let got = from_bytes::<i32>(&out);
             if let Some(k) = (0..got.len()).find(|&k| got[k] != value(p, r, k)) {
                 return Err(format!(
@@ -822,14 +852,16 @@ pub fn late_rank_all_reduce_at(n: usize, late: usize) {
         if i == late {
             std::thread::sleep(std::time::Duration::from_millis(300));
         }
-        c.all_reduce(
-            bufs[i].ptr,
-            bufs[i].ptr,
-            count,
-            DataType::Float32,
-            ReduceOp::Sum,
-            streams[i],
-        )
+        unsafe {
+            c.all_reduce_raw(
+                bufs[i].ptr(),
+                bufs[i].ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                streams[i],
+            )
+        }
         .unwrap();
     }
     for (i, c) in comms.iter().enumerate() {
