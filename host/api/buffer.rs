@@ -252,6 +252,21 @@ fn device_of(ordinal: i32) -> Result<Device> {
 }
 
 impl<'a, T: Element> DeviceSlice<'a, T> {
+    /// A view of `len` elements at `ptr` on device `ordinal`.
+    ///
+    /// # Safety
+    ///
+    /// The memory must be live device memory of that many elements, not written by anything
+    /// else, for `'a`.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) unsafe fn from_raw(ordinal: i32, ptr: DevPtr, len: usize) -> DeviceSlice<'a, T> {
+        DeviceSlice {
+            ordinal,
+            ptr,
+            len,
+            _t: PhantomData,
+        }
+    }
     /// How many elements it views.
     pub fn len(&self) -> usize {
         self.len
@@ -314,6 +329,21 @@ impl<'a, T: Element> DeviceSlice<'a, T> {
 }
 
 impl<'a, T: Element> DeviceSliceMut<'a, T> {
+    /// A writable view of `len` elements at `ptr` on device `ordinal`.
+    ///
+    /// # Safety
+    ///
+    /// The memory must be live device memory of that many elements, used by nothing else,
+    /// for `'a`.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) unsafe fn from_raw(ordinal: i32, ptr: DevPtr, len: usize) -> DeviceSliceMut<'a, T> {
+        DeviceSliceMut {
+            ordinal,
+            ptr,
+            len,
+            _t: PhantomData,
+        }
+    }
     /// How many elements it views.
     pub fn len(&self) -> usize {
         self.len

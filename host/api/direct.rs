@@ -11,7 +11,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 /// A typed call may be issued outside any scope: no raw group is open, no capture runs.
-fn direct(what: &str, stream: &Stream) -> Result<()> {
+pub(super) fn direct(what: &str, stream: &Stream) -> Result<()> {
     if crate::enqueue::group::depth() > 0 {
         return Err(Error::invalid_usage(format!(
             "{what}: a group is open on this thread (group_start); typed calls in a group go \

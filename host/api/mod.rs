@@ -15,6 +15,8 @@ mod calls;
 mod coll;
 mod direct;
 mod element;
+#[cfg(feature = "cudarc")]
+mod interop;
 mod op;
 mod raw;
 mod register;

@@ -40,6 +40,16 @@ impl Stream {
         }
     }
 
+    /// A stream the program made otherwise (cudarc's), borrowed: dropping it destroys nothing.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) fn borrowed(device: &Device, handle: StreamHandle) -> Stream {
+        Stream {
+            device: device.clone(),
+            handle,
+            owned: false,
+        }
+    }
+
     /// The device it belongs to.
     pub fn device(&self) -> &Device {
         &self.device
