@@ -115,6 +115,8 @@ fn killed_peer_mid_collective_raises_async_errors() {
             ),
             "{err}"
         );
+        // The message names the dead rank.
+        assert!(err.message.contains(&format!("rank {victim}")), "{err}");
         let t1 = std::time::Instant::now();
         comm.abort();
         eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
@@ -126,10 +128,10 @@ fn killed_peer_mid_collective_raises_async_errors() {
         eprintln!("rank {rank}: abort and destroy took {:?}", t1.elapsed());
         return;
     }
-    // Every survivor here has a network connection to the victim. A survivor that reaches it
-    // only through p2p on its own node learns of the death from nothing yet (issue 23's
-    // bootstrap-based detection), so 2x2 is not claimed.
-    for (nodes, per_node) in [(2, 1), (3, 1)] {
+    // 2x1 and 3x1: every survivor has a network connection to the victim. 2x2 and 1x3: some
+    // survivors reach it only through p2p on their node, and learn of its death from the
+    // bootstrap (the rank that sees its connection end tells every rank).
+    for (nodes, per_node) in [(2, 1), (3, 1), (2, 2), (1, 3)] {
         common::procs::run_nodes_with_victim(
             "killed_peer_mid_collective_raises_async_errors",
             nodes,

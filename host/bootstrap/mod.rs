@@ -20,6 +20,13 @@
 //! rank 0 sends the complete table back, and each first rank forwards it within its block. No
 //! root handles more than its block (plus one rank per other block).
 //!
+//! Peers that go: a rank dropping its bootstrap (`ncclCommDestroy`) first says goodbye on each
+//! of its connections. A connection that ends without one means the peer died or aborted; once
+//! a communicator [`Bootstrap::watch`]es, the rank that sees it reports it to the communicator
+//! (its async error, the kernels' abort flag) and tells every other rank, so ranks that never
+//! talked to the dead one learn of it too; waits on a dead rank and every allgather and
+//! barrier then fail at once.
+//!
 //! Every wait can be cut short by an [`AbortFlag`] (`init_with`, `init_scalable`): setting it
 //! shuts down the sockets the rank is blocked on.
 //!
@@ -40,13 +47,14 @@ mod tests;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use abort::AbortFlag;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 
 use crate::error::{Error, Result};
+pub(crate) use p2p::Fault;
 use p2p::{lock, Outgoing, Shared};
 use wire::Channel;
 
@@ -71,7 +79,7 @@ const ROOT_GRACE: Duration = Duration::from_secs(1);
 
 /// One rank's end of the bootstrap network. Send + Sync: any thread may call any method.
 pub struct Bootstrap {
-    shared: std::sync::Arc<Shared>,
+    shared: Arc<Shared>,
     peers: Vec<SocketAddr>,
     /// One lazily opened connection per peer; the lock keeps frames to one peer in order.
     out: Vec<Mutex<Option<Outgoing>>>,
@@ -418,13 +426,93 @@ impl Bootstrap {
     }
 
     /// Closes every socket of this rank; waiting and later calls fail instead of hanging.
+    /// No goodbye: to the peers this rank is gone, as if its process had died.
     pub fn abort(&self) {
+        self.shared.clear_watcher();
         self.shared.close("aborted");
+    }
+
+    /// From now on, a peer that goes without a goodbye (its process died, it aborted, its host
+    /// vanished and keepalive gave up) is reported to `on_fault`, once per peer, and to every
+    /// other rank: a rank that sees a peer's connection end tells everyone, so ranks that had
+    /// no connection to the dead one learn of it too. Waits on a dead rank, and every allgather
+    /// and barrier, then fail at once. `on_fault` runs on a bootstrap thread.
+    pub(crate) fn watch(self: &Arc<Self>, on_fault: impl Fn(Error) + Send + Sync + 'static) {
+        let me = self.rank();
+        let this = Arc::downgrade(self);
+        self.shared.set_watcher(Arc::new(move |f: Fault| {
+            let bs = this.upgrade();
+            let at = bs
+                .as_ref()
+                .and_then(|b| b.peers.get(f.dead))
+                .map(|a| format!(" (bootstrap at {a})"))
+                .unwrap_or_default();
+            let err = match f.reported_by {
+                None => Error::remote(format!(
+                    "rank {me}: peer rank {}{at} is gone (process died or aborted): {}",
+                    f.dead, f.why
+                )),
+                Some(by) => Error::remote(format!(
+                    "rank {me}: peer rank {}{at} is gone, as rank {by} saw: {}",
+                    f.dead, f.why
+                )),
+            };
+            on_fault(err);
+            if let (None, Some(bs)) = (f.reported_by, bs) {
+                bs.tell_everyone(f);
+            }
+        }));
+    }
+
+    /// Stops reporting faults (the watcher is dropped).
+    pub(crate) fn unwatch(&self) {
+        self.shared.clear_watcher();
+    }
+
+    /// Sends a fault notice to every rank but ourselves and the dead one, from a thread of its
+    /// own (a rank that is slow to read must not hold up the reader that saw the fault).
+    fn tell_everyone(self: Arc<Self>, f: Fault) {
+        let spawned = socket::spawn("nccl-bs-fault", move || {
+            let mut end = f.why.len().min(wire::MAX_FAIL_TEXT);
+            while !f.why.is_char_boundary(end) {
+                end -= 1;
+            }
+            let why = &f.why.as_bytes()[..end];
+            for r in (0..self.nranks()).filter(|&r| r != self.rank() && r != f.dead) {
+                if let Err(e) = self.send_on(r, Channel::Fault, f.dead as u32, why) {
+                    log::debug!("rank {}: fault notice to rank {r}: {e}", self.rank());
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("bootstrap: cannot start the fault notice thread: {e}");
+        }
+    }
+
+    /// Tells every peer we hold a connection to that its end is coming on purpose. Best
+    /// effort and quick: a peer that does not take the frame at once is skipped.
+    fn say_goodbye(&self) {
+        if self.shared.is_closed() {
+            return;
+        }
+        let Ok(frame) = wire::encode_data(Channel::Leave, 0, &[]) else {
+            return;
+        };
+        for slot in &self.out {
+            // A send stuck on this connection holds its lock; skip it rather than wait.
+            if let Ok(mut conn) = slot.try_lock() {
+                if let Some(c) = conn.as_mut() {
+                    let _ = c.write(&frame, Duration::from_millis(100));
+                }
+            }
+        }
     }
 }
 
 impl Drop for Bootstrap {
     fn drop(&mut self) {
+        self.shared.clear_watcher();
+        self.say_goodbye();
         self.shared.close("closed");
     }
 }

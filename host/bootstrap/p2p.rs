@@ -5,7 +5,7 @@
 //! deadline. Because readers always drain their sockets, two ranks sending to each other at
 //! once never deadlock, and a peer that closes its end is noticed at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +32,24 @@ struct Mailbox {
     queues: HashMap<Key, VecDeque<Vec<u8>>>,
     /// Per peer: open incoming connections, and why the last one closed.
     live: HashMap<usize, (u32, Option<String>)>,
+    /// Peers that said goodbye: the end of their connections is no fault.
+    left: HashSet<usize>,
+    /// Peers known to be gone (their connection ended without a goodbye, or another rank said
+    /// so), and why: waits on them, and every allgather and barrier, fail at once.
+    dead: HashMap<usize, String>,
 }
+
+/// A peer gone without a goodbye (its process died, or it aborted): what a watcher hears.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    pub dead: usize,
+    /// The rank that saw it go, when another rank reported it; None when it was us.
+    pub reported_by: Option<usize>,
+    pub why: String,
+}
+
+/// Called (from a reader thread, no lock held) for every peer found gone.
+pub(crate) type Watcher = Arc<dyn Fn(Fault) + Send + Sync>;
 
 /// Every socket this rank has open, so that `close` can shut them all down at once without
 /// taking the per-peer send locks (a blocked send may be holding one).
@@ -52,6 +69,7 @@ pub(crate) struct Shared {
     arrived: Condvar,
     registry: Mutex<Registry>,
     listener: Socket,
+    watcher: Mutex<Option<Watcher>>,
 }
 
 impl Shared {
@@ -74,6 +92,7 @@ impl Shared {
             arrived: Condvar::new(),
             registry: Mutex::new(Registry::default()),
             listener,
+            watcher: Mutex::new(None),
         });
         let s = shared.clone();
         socket::spawn("nccl-bs-accept", move || accept_loop(s, accepting))
@@ -163,6 +182,22 @@ impl Shared {
                 }
             }
             self.check_open()?;
+            if let Some(why) = mb.dead.get(&from) {
+                return Err(Error::remote(format!(
+                    "bootstrap rank {}: rank {from} is gone ({why}); it cannot send the awaited \
+                     message ({channel:?} tag {tag})",
+                    self.rank
+                )));
+            }
+            if matches!(channel, Channel::Allgather | Channel::Barrier) {
+                if let Some((dead, why)) = mb.dead.iter().next() {
+                    return Err(Error::remote(format!(
+                        "bootstrap rank {}: rank {dead} is gone ({why}), so no {channel:?} of \
+                         all ranks can complete",
+                        self.rank
+                    )));
+                }
+            }
             if let Some((0, Some(why))) = mb.live.get(&from) {
                 return Err(Error::remote(format!(
                     "bootstrap rank {}: rank {from} closed its connection ({why}) before \
@@ -194,13 +229,69 @@ impl Shared {
     }
 
     fn peer_closed(&self, from: usize, why: String) {
-        {
+        let gone = {
             let mut mb = lock(&self.mailbox);
             let e = mb.live.entry(from).or_default();
             e.0 = e.0.saturating_sub(1);
-            e.1 = Some(why);
-        }
+            e.1 = Some(why.clone());
+            // Our own close ends every connection: that is no fault of the peer's.
+            // Reported once per peer, however many of its connections end.
+            !self.is_closed()
+                && !mb.left.contains(&from)
+                && !mb.dead.contains_key(&from)
+                && mb.dead.insert(from, why.clone()).is_none()
+        };
         self.arrived.notify_all();
+        if gone {
+            self.notify(Fault {
+                dead: from,
+                reported_by: None,
+                why: format!("its bootstrap connection ended without a goodbye: {why}"),
+            });
+        }
+    }
+
+    fn peer_left(&self, from: usize) {
+        lock(&self.mailbox).left.insert(from);
+    }
+
+    /// Another rank says `fault.dead` is gone.
+    fn reported(&self, fault: Fault) {
+        if fault.dead == self.rank || self.is_closed() {
+            return;
+        }
+        let first = {
+            let mut mb = lock(&self.mailbox);
+            !mb.dead.contains_key(&fault.dead)
+                && mb.dead.insert(fault.dead, fault.why.clone()).is_none()
+        };
+        self.arrived.notify_all();
+        if first {
+            self.notify(fault);
+        }
+    }
+
+    fn notify(&self, fault: Fault) {
+        let w = lock(&self.watcher).clone();
+        match w {
+            Some(w) => w(fault),
+            None => log::debug!(
+                "bootstrap rank {}: rank {} is gone ({}), nobody watches",
+                self.rank,
+                fault.dead,
+                fault.why
+            ),
+        }
+    }
+
+    /// Installs the function told about every peer found gone from now on.
+    pub(crate) fn set_watcher(&self, w: Watcher) {
+        *lock(&self.watcher) = Some(w);
+    }
+
+    /// Drops the watcher (it may hold what owns this bootstrap).
+    pub(crate) fn clear_watcher(&self) {
+        lock(&self.watcher).take();
     }
 }
 
@@ -338,6 +429,29 @@ fn read_peer(shared: &Shared, stream: TcpStream, id: u64) {
             Err(e) => break e.to_string(),
         };
         let (channel, tag, header) = match wire::decode(&body) {
+            Ok(Msg::Data {
+                channel: Channel::Leave,
+                ..
+            }) => {
+                shared.peer_left(from);
+                continue;
+            }
+            Ok(Msg::Data {
+                channel: Channel::Fault,
+                tag,
+                payload,
+            }) => {
+                // A rank number from a peer: checked before use.
+                if tag as usize >= shared.nranks || payload.len() > wire::MAX_FAIL_TEXT {
+                    break format!("a fault notice out of range (rank {tag})");
+                }
+                shared.reported(Fault {
+                    dead: tag as usize,
+                    reported_by: Some(from),
+                    why: String::from_utf8_lossy(payload).into_owned(),
+                });
+                continue;
+            }
             Ok(Msg::Data {
                 channel,
                 tag,

@@ -436,6 +436,54 @@ fn dead_peer_abort_and_op_timeout() {
     );
 }
 
+/// A rank that goes without a goodbye (aborted, or its process died) is reported to every
+/// survivor, also those with no connection to it; one that leaves on purpose (dropped, as
+/// `ncclCommDestroy` does) is not.
+#[test]
+fn a_gone_peer_is_reported_to_every_rank() {
+    use std::sync::{mpsc, Arc};
+    let id = get_unique_id().expect("id");
+    let mut ranks: Vec<Arc<Bootstrap>> = with_ranks(&id, 4, Arc::new)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    let (tx, rx) = mpsc::channel::<(usize, Error)>();
+    for bs in &ranks {
+        let (tx, me) = (Mutex::new(tx.clone()), bs.rank());
+        bs.watch(move |e| {
+            let _ = lock(&tx).send((me, e));
+        });
+    }
+    // Rank 3 leaves on purpose: nobody hears of a fault.
+    drop(ranks.pop());
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a goodbye is no fault"
+    );
+    // Rank 1 aborts: rank 2 (its ring successor) sees the connection end, and tells rank 0,
+    // which never had a connection from rank 1.
+    ranks[1].abort();
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        let (who, e) = rx.recv_timeout(T).expect("a fault report in time");
+        assert_eq!(e.code, NcclResult::RemoteError, "{e}");
+        assert!(e.message.contains("peer rank 1 (bootstrap at "), "{e}");
+        heard.push(who);
+        if who == 0 {
+            assert!(e.message.contains("as rank 2 saw"), "{e}");
+        }
+    }
+    heard.sort();
+    assert_eq!(heard, [0, 2]);
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "once per peer");
+    // Waits on the dead rank and collectives of all ranks now fail at once.
+    let start = Instant::now();
+    let e = ranks[0].recv(1, 7).expect_err("rank 1 is gone");
+    assert!(e.message.contains("is gone"), "{e}");
+    assert!(ranks[2].barrier().is_err());
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+}
+
 #[test]
 fn fuzz_decoder() {
     let mut rng = Rng(0x1234_5678_9abc_def1);

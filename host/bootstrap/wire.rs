@@ -10,7 +10,7 @@ use crate::error::{Error, NcclResult, Result};
 /// "nccl-rs\0": the first field of every control message and of the unique id.
 pub(crate) const MAGIC: u64 = 0x6e63_636c_2d72_7300;
 /// Bumped whenever a message layout changes, so that two builds never misread each other.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Most ranks one bootstrap accepts (keeps the root's address table a sane size).
 pub(crate) const MAX_RANKS: usize = 1 << 20;
 /// Largest body accepted on a connection before it proved to be one of ours (hello, connect).
@@ -24,7 +24,7 @@ pub(crate) const MAX_PAYLOAD: usize = MAX_DATA_BODY - DATA_HEADER;
 /// Encoded size of a socket address: family, port, 16 address bytes, IPv6 scope id.
 pub(crate) const ADDR_BYTES: usize = 1 + 2 + 16 + 4;
 /// Longest error text the root sends back.
-const MAX_FAIL_TEXT: usize = 900;
+pub(crate) const MAX_FAIL_TEXT: usize = 900;
 
 const T_HELLO: u8 = 1;
 const T_TABLE: u8 = 2;
@@ -40,6 +40,11 @@ pub(crate) enum Channel {
     Barrier,
     /// Internal set-up traffic (the address tables of a bootstrap with several roots).
     Setup,
+    /// A goodbye (empty): the sender closes this connection on purpose (`ncclCommDestroy`),
+    /// so its end is no fault.
+    Leave,
+    /// A fault notice: rank `tag` is gone, and the payload says why (UTF-8).
+    Fault,
 }
 
 impl Channel {
@@ -49,6 +54,8 @@ impl Channel {
             Channel::Allgather => 1,
             Channel::Barrier => 2,
             Channel::Setup => 3,
+            Channel::Leave => 4,
+            Channel::Fault => 5,
         }
     }
     fn from_u8(v: u8) -> Option<Channel> {
@@ -57,6 +64,8 @@ impl Channel {
             1 => Some(Channel::Allgather),
             2 => Some(Channel::Barrier),
             3 => Some(Channel::Setup),
+            4 => Some(Channel::Leave),
+            5 => Some(Channel::Fault),
             _ => None,
         }
     }

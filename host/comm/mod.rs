@@ -39,7 +39,7 @@ use crate::transport::shm::ShmRing;
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
-use net::{net_path, nodes, ring_net};
+use net::{fault_sink, net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
 pub(crate) use shared::{NotSync, Shared};
@@ -404,8 +404,10 @@ impl Comm {
         let shape = Shape::from_env(&device, &config)?;
         let timeout =
             Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
-        let bootstrap = Bootstrap::init_scalable(ids, rank, nranks, timeout, abort)
-            .map_err(|e| e.context("bootstrap"))?;
+        let bootstrap = Arc::new(
+            Bootstrap::init_scalable(ids, rank, nranks, timeout, abort)
+                .map_err(|e| e.context("bootstrap"))?,
+        );
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
         // P2P, SHM or NET for every pair, alike on every rank.
@@ -422,23 +424,21 @@ impl Comm {
             // finds over such paths (two), not NVLink's 32 sets of pinned FIFOs.
             shape.nchannels = shape.net_nchannels;
         }
-        // Peers on other nodes are reached over the network, through this GPU's proxy thread;
-        // its errors become the communicator's async error and stop the kernels.
+        // A peer gone (seen by the bootstrap, by us or another rank) and the network's errors
+        // become the communicator's async error and stop the kernels.
         let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
         let kernel_abort = Arc::new(device.alloc_host_flag()?);
+        let on_fault = fault_sink(rank, &async_error, &kernel_abort);
+        bootstrap.watch({
+            let f = on_fault.clone();
+            move |e| f(e)
+        });
         let choice = net::Choice {
             name: config.net_name.as_deref(),
             comm_id: net::comm_id(&ids[0].internal),
             traffic_class: config.traffic_class,
         };
-        let net_path = net_path(
-            rank,
-            transports.remote(rank),
-            &device,
-            &choice,
-            &async_error,
-            &kernel_abort,
-        )?;
+        let net_path = net_path(transports.remote(rank), &device, &choice, on_fault)?;
         // Across nodes the tuner models the network: the node count and the NICs' speed.
         let nodes_of = nodes(&peers);
         let net_model = net_path
@@ -506,7 +506,6 @@ impl Comm {
         };
         // Send/receive connections, made on first use: a few per peer (more CTAs per message
         // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
-        let bootstrap = Arc::new(bootstrap);
         let order = Arc::new(order::StreamOrder::new(device.clone()));
         // 64 CTAs' worth spread over the peers, at most 16 per peer: a launch then covers
         // half the distances (MAX_P2P_ITEMS / 2 CTAs per direction), so an all-to-all takes
@@ -878,14 +877,19 @@ impl Comm {
         slot.get_or_insert(e);
     }
 
-    /// `ncclCommGetAsyncError`: Ok, or the error an operation raised in the background.
-    pub fn get_async_error(&self) -> Result<()> {
-        // A non-blocking group still issuing (InProgress) or failed comes first.
-        self.order.background.state()?;
+    /// The error raised in the background (a peer gone, a network failure), if any.
+    fn raised_error(&self) -> Result<()> {
         match &*self.async_error.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// `ncclCommGetAsyncError`: Ok, or the error an operation raised in the background.
+    pub fn get_async_error(&self) -> Result<()> {
+        // A non-blocking group still issuing (InProgress) or failed comes first.
+        self.order.background.state()?;
+        self.raised_error()
     }
 
     /// What `ncclCommGetAsyncError` reports: `InProgress` while a non-blocking group still
@@ -914,10 +918,13 @@ impl Comm {
     /// `ncclCommFinalize`: waits until every operation this rank issued completed and every
     /// rank finalized (a barrier), so that `destroy` afterwards frees without waiting on
     /// anyone. Later operations are invalid usage. In a non-blocking C communicator this runs
-    /// in the background.
+    /// in the background. After a fault (a peer gone, a network error) it returns that error
+    /// instead of waiting for ranks that may never come.
     pub fn finalize(&self) -> Result<()> {
         self.check_usable()?;
         self.flush()?;
+        self.raised_error()
+            .map_err(|e| e.context(format!("rank {}: finalize", self.rank)))?;
         self.bootstrap
             .barrier()
             .map_err(|e| e.context(format!("rank {}: finalize", self.rank)))?;
@@ -931,12 +938,13 @@ impl Comm {
     }
 
     /// `ncclCommDestroy`: waits for this rank's own operations (not for other ranks, unlike
-    /// finalize) and frees everything. Dropping a `Comm` does the same, ignoring errors.
+    /// finalize) and frees everything; after a fault (a peer gone) it frees all the same and
+    /// returns that error. Dropping a `Comm` does the same, ignoring errors.
     pub fn destroy(self) -> Result<()> {
         let r = if self.is_finalized() || self.aborted.load(Ordering::Acquire) {
             Ok(())
         } else {
-            self.flush()
+            self.flush().and_then(|()| self.raised_error())
         };
         self.finalized.store(true, Ordering::Release);
         drop(self);
@@ -1004,6 +1012,9 @@ impl Drop for Comm {
                 log::warn!("destroying rank {}: {e}", self.rank);
             }
         }
+        // A fault notice thread may keep the bootstrap a moment longer: it must not reach
+        // this communicator's flag and error slot any more.
+        self.bootstrap.unwatch();
     }
 }
 

@@ -6,7 +6,7 @@ use super::Shape;
 use crate::bootstrap::{AbortFlag, Bootstrap};
 use crate::cuda::{Device, HostFlag};
 use crate::error::{Error, Result};
-use crate::proxy::ProxyGroup;
+use crate::proxy::{OnError, ProxyGroup};
 use crate::transport::links::Dir;
 pub(super) use crate::transport::net::plugin::{comm_id, Choice};
 use crate::transport::net::setup::{self, Made, NetPath, Want};
@@ -31,30 +31,18 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
 /// The network path of a rank that reaches some ranks through the network (`remote`: those on
 /// other nodes, and on its own with p2p and SHM both off; None when there are none), over
 /// the network `choice` selects (a plugin or the socket network; NCCL_NET naming none that
-/// loaded fails). Errors of its connections become the communicator's async error and raise the
-/// kernels' abort flag, so collectives stuck on a dead peer end.
+/// loaded fails). Errors of its connections go to `on_error` ([`fault_sink`]).
 pub(super) fn net_path(
-    rank: usize,
     remote: Vec<bool>,
     device: &Device,
     choice: &Choice,
-    async_error: &Arc<Mutex<Option<Error>>>,
-    kernel_abort: &Arc<HostFlag>,
+    on_error: OnError,
 ) -> Result<Option<Arc<NetPath>>> {
     // `remote[r]`: rank r is on another node, or on ours with p2p and SHM both off.
     if !remote.iter().any(|&r| r) {
         return Ok(None);
     }
     let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
-    let (slot, flag) = (async_error.clone(), kernel_abort.clone());
-    let on_error = Arc::new(move |e: Error| {
-        log::warn!("rank {rank}: {e}");
-        let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if s.is_none() {
-            *s = Some(e);
-        }
-        flag.raise();
-    });
     let timeout = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
     Ok(Some(Arc::new(NetPath {
         remote,
@@ -62,6 +50,25 @@ pub(super) fn net_path(
         proxy: ProxyGroup::new(device.ordinal, on_error),
         timeout,
     })))
+}
+
+/// Where a communicator's faults go (a peer gone, a network connection failed): the first
+/// becomes its async error, and each raises the kernels' abort flag, so collectives stuck on a
+/// dead peer end.
+pub(super) fn fault_sink(
+    rank: usize,
+    async_error: &Arc<Mutex<Option<Error>>>,
+    kernel_abort: &Arc<HostFlag>,
+) -> OnError {
+    let (slot, flag) = (async_error.clone(), kernel_abort.clone());
+    Arc::new(move |e: Error| {
+        log::warn!("rank {rank}: {e}");
+        let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if s.is_none() {
+            *s = Some(e);
+        }
+        flag.raise();
+    })
 }
 
 /// Connects every channel's ring neighbours that are on other nodes; logs each as NCCL does.

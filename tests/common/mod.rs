@@ -698,6 +698,9 @@ pub mod procs {
                 continue;
             }
             let ok = status.is_some_and(|s| s.success());
+            if std::env::var_os("NCCL_RS_TEST_SHOW_RANKS").is_some() {
+                eprintln!("--- rank {r} ({status:?}):\n{text}");
+            }
             // A child that ran no test (wrong name) must not count as a pass.
             if !ok || !text.contains("1 passed") {
                 failed.push(format!("rank {r} ({status:?}):\n{text}"));
