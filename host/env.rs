@@ -63,6 +63,34 @@ pub const PARAMS: &[Param] = &[
               deadline)",
     },
     Param {
+        name: "NCCL_RAS_ENABLE",
+        default: "1",
+        doc: "0: no RAS thread (the job-state queries of `ncclras`)",
+    },
+    Param {
+        name: "NCCL_RAS_ADDR",
+        default: "localhost:28028",
+        doc: "host:port where the first process of a host answers RAS clients",
+    },
+    Param {
+        name: "NCCL_RAS_TIMEOUT_FACTOR",
+        default: "1",
+        doc: "multiplies RAS's wait for each rank's answer (5 s)",
+    },
+    Param {
+        name: "NCCL_RS_BOOTSTRAP_HANDSHAKE_MS",
+        default: "5000",
+        doc: "how long a connection to a bootstrap listener (root or rank) may take to send its \
+              hello; at most 64 connections are in their hello at once, the rest wait in the \
+              backlog (nccl-rs's own)",
+    },
+    Param {
+        name: "NCCL_RS_BOOTSTRAP_QUEUE_BYTES",
+        default: "1073741824",
+        doc: "most bytes one peer may have waiting, unread, in a rank's bootstrap mailbox; past \
+              it the rank stops reading from that peer until some are taken (nccl-rs's own)",
+    },
+    Param {
         name: "NCCL_SOCKET_IFNAME",
         default: "",
         doc: "interfaces the bootstrap may use: prefixes, ^ to exclude, = for exact names",

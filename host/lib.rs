@@ -82,6 +82,7 @@ pub mod cuda;
 pub mod debug;
 pub mod error;
 pub(crate) mod proxy;
+pub mod ras;
 pub mod tune;
 
 internal_mods!(bootstrap, enqueue, env, graph, topo, transport);

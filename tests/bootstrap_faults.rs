@@ -105,3 +105,64 @@ fn unused_roots_end() {
     std::env::remove_var("NCCL_BOOTSTRAP_TIMEOUT_MS");
     assert_ne!(e.code, NcclResult::Success, "{e}");
 }
+
+/// Issue 23, failure 4: anyone who can reach a listener got a thread per connection. Now at
+/// most 64 connections are in their handshake at once (the rest wait in the kernel's backlog)
+/// and each has `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS` to greet: 300 silent connections to a rank's
+/// listener and 300 to a root hold a bounded number of threads, and the ranks still get
+/// through once the silent ones are dropped.
+#[test]
+fn silent_connections_hold_few_threads() {
+    let _g = setup();
+    std::env::set_var("NCCL_RS_BOOTSTRAP_HANDSHAKE_MS", "300");
+    let t = Duration::from_secs(30);
+    let threads = || count("/proc/self/task");
+    // A root under a flood before any rank arrives.
+    let id = nccl::get_unique_id().expect("unique id");
+    let (root, _) = id.decode().expect("a valid id");
+    assert!(root.ip().is_loopback(), "{root}");
+    let before = threads();
+    let flood: Vec<_> = (0..300)
+        .map(|_| std::net::TcpStream::connect(root).expect("connect to the root"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let during = threads();
+    assert!(
+        during <= before + 64 + 4,
+        "300 silent connections to a root: threads {before} -> {during}"
+    );
+    let ranks: Vec<Bootstrap> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let id = &id;
+                s.spawn(move || Bootstrap::init(id, r, 3, t).expect("init through the flood"))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    drop(flood);
+    // A rank's listener under a flood: rank 0 has no connection to rank 2 yet (the ring runs
+    // 0 -> 1 -> 2 -> 0), so its first send must get through the flood.
+    let target = ranks[2].peer_addresses()[2];
+    let before = threads();
+    let flood: Vec<_> = (0..300)
+        .map(|_| std::net::TcpStream::connect(target).expect("connect to rank 2"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let during = threads();
+    assert!(
+        during <= before + 64 + 4,
+        "300 silent connections to a rank: threads {before} -> {during}"
+    );
+    let start = Instant::now();
+    ranks[0]
+        .send(2, 5, b"through")
+        .expect("send through the flood");
+    assert_eq!(ranks[2].recv(0, 5).expect("recv"), b"through");
+    eprintln!(
+        "a message through 300 silent connections: {:?}",
+        start.elapsed()
+    );
+    drop(flood);
+    std::env::remove_var("NCCL_RS_BOOTSTRAP_HANDSHAKE_MS");
+}

@@ -117,7 +117,7 @@ impl fmt::Debug for UniqueId {
 
 /// 64 random bits: /dev/urandom, else a hash of time, pid and a counter under std's randomly
 /// keyed hasher.
-fn random_nonce() -> u64 {
+pub(crate) fn random_nonce() -> u64 {
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))

@@ -38,6 +38,7 @@
 mod abort;
 mod id;
 mod p2p;
+mod ras;
 mod root;
 pub(crate) mod socket;
 mod wire;
@@ -56,7 +57,7 @@ pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
 pub(crate) use p2p::Fault;
 use p2p::{lock, Outgoing, Shared};
-use wire::Channel;
+use wire::{Channel, Member};
 
 /// Default bound of every wait after `init` (and never less than the init timeout), unless
 /// `NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS` says otherwise.
@@ -80,7 +81,8 @@ const ROOT_GRACE: Duration = Duration::from_secs(1);
 /// One rank's end of the bootstrap network. Send + Sync: any thread may call any method.
 pub struct Bootstrap {
     shared: Arc<Shared>,
-    peers: Vec<SocketAddr>,
+    /// Every rank's listen address and key, by rank.
+    peers: Vec<Member>,
     /// One lazily opened connection per peer; the lock keeps frames to one peer in order.
     out: Vec<Mutex<Option<Outgoing>>>,
     /// Serialises allgather and barrier: their frames carry no sequence number, so two of them
@@ -178,10 +180,14 @@ impl Bootstrap {
         let listener = socket::listen(SocketAddr::new(ip, 0), false).map_err(|e| {
             Error::system(format!("bootstrap rank {rank}: cannot listen on {ip}: {e}"))
         })?;
-        let me = socket::local_addr(&listener)
-            .map_err(|e| Error::system(format!("bootstrap rank {rank}: no local address: {e}")))?;
+        let me = Member {
+            addr: socket::local_addr(&listener).map_err(|e| {
+                Error::system(format!("bootstrap rank {rank}: no local address: {e}"))
+            })?,
+            key: id::random_nonce(),
+        };
         // The first id's nonce names the whole bootstrap: every rank knows it.
-        let shared = Shared::start(rank, nranks, f0.nonce, listener)?;
+        let shared = Shared::start(rank, nranks, f0.nonce, me.key, listener)?;
         let closer = shared.clone();
         let hook = abort.hook(move || closer.close("aborted"));
         // From here on, dropping `bs` on an error path closes what was opened.
@@ -194,7 +200,8 @@ impl Bootstrap {
             _abort_hook: hook,
         };
         log::debug!(
-            "bootstrap rank {rank}/{nranks}: listening on {me}, root at {} ({nids} roots)",
+            "bootstrap rank {rank}/{nranks}: listening on {}, root at {} ({nids} roots)",
+            me.addr,
             fk.root
         );
         stagger(plan.size(block), local, abort)?;
@@ -205,9 +212,11 @@ impl Bootstrap {
         };
         if peers.len() != nranks || peers[rank] != me {
             return Err(Error::remote(format!(
-                "bootstrap rank {rank}: the address table does not list this rank at {me}"
+                "bootstrap rank {rank}: the address table does not list this rank at {}",
+                me.addr
             )));
         }
+        bs.shared.learn(peers.iter().map(|m| m.key).enumerate());
         bs.peers = peers;
         if nranks > 1 {
             // The ring connection now, so that a broken peer shows at init and the first
@@ -219,7 +228,7 @@ impl Bootstrap {
                 *slot = Some(Outgoing::open(
                     &bs.shared,
                     next,
-                    bs.peers[next],
+                    bs.peers[next].addr,
                     deadline.max(at_least),
                 )?);
             }
@@ -236,10 +245,10 @@ impl Bootstrap {
         &mut self,
         fields: &[id::IdFields],
         plan: &RootPlan,
-        me: SocketAddr,
+        me: Member,
         deadline: Instant,
         abort: &AbortFlag,
-    ) -> Result<Vec<SocketAddr>> {
+    ) -> Result<Vec<Member>> {
         const TAG_BLOCK: u32 = 1;
         const TAG_FULL: u32 = 2;
         let (rank, nranks) = (self.rank(), self.nranks());
@@ -253,7 +262,7 @@ impl Bootstrap {
         let own_n = if block == 0 { n0 + guests } else { size };
         let table = exchange_with_root(f.root, f.nonce, local, own_n, me, deadline, abort)?;
         self.peers[start..start + size].copy_from_slice(&table[..size]);
-        let leaders_from = |peers: &mut [SocketAddr], t: &[SocketAddr]| {
+        let leaders_from = |peers: &mut [Member], t: &[Member]| {
             for j in 1..nids {
                 peers[plan.start(j)] = t[n0 + j - 1];
             }
@@ -268,9 +277,25 @@ impl Bootstrap {
                 exchange_with_root(f0.root, f0.nonce, guest, n0 + guests, me, deadline, abort)?;
             leaders_from(&mut self.peers, &t0);
         }
-        let take = |from: usize, tag: u32, count: usize| -> Result<Vec<SocketAddr>> {
+        // The keys known so far (this block, rank 0's block and the leaders): greetings from
+        // those ranks are checked against them while the tables are merged.
+        let known = |peers: &[Member]| {
+            let leaders = (1..nids).map(|j| plan.start(j));
+            (start..start + size)
+                .chain(0..n0)
+                .chain(leaders)
+                .map(|r| (r, peers[r].key))
+                .collect::<Vec<_>>()
+        };
+        if block == 0 || local == 0 {
+            self.shared.learn(known(&self.peers));
+        } else {
+            self.shared
+                .learn((start..start + size).map(|r| (r, self.peers[r].key)));
+        }
+        let take = |from: usize, tag: u32, count: usize| -> Result<Vec<Member>> {
             let b = self.shared.take(from, Channel::Setup, tag, deadline)?;
-            wire::decode_addrs(&b, count)
+            wire::decode_members(&b, count)
         };
         if rank == 0 {
             let mut full = self.peers.clone();
@@ -278,16 +303,16 @@ impl Bootstrap {
                 let t = take(plan.start(j), TAG_BLOCK, plan.size(j))?;
                 full[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
             }
-            let msg = wire::encode_addrs(&full);
+            let msg = wire::encode_members(&full);
             for r in (1..n0).chain((1..nids).map(|j| plan.start(j))) {
                 self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
             }
             Ok(full)
         } else if local == 0 {
-            let mine = wire::encode_addrs(&self.peers[start..start + size]);
+            let mine = wire::encode_members(&self.peers[start..start + size]);
             self.send_on(0, Channel::Setup, TAG_BLOCK, &mine)?;
             let full = take(0, TAG_FULL, nranks)?;
-            let msg = wire::encode_addrs(&full);
+            let msg = wire::encode_members(&full);
             for r in start + 1..start + size {
                 self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
             }
@@ -306,14 +331,20 @@ impl Bootstrap {
     }
 
     /// The listen address of every rank, by rank.
-    pub fn peer_addresses(&self) -> &[SocketAddr] {
-        &self.peers
+    pub fn peer_addresses(&self) -> Vec<SocketAddr> {
+        self.peers.iter().map(|m| m.addr).collect()
     }
 
     /// Bound of every wait from now on (default: [`op_timeout_from_env`]).
     pub fn set_op_timeout(&self, timeout: Duration) {
         self.op_timeout_ms
             .store(socket::millis(timeout).max(1), Ordering::Relaxed);
+    }
+
+    /// Most bytes one peer may have waiting unread here (default: `NCCL_RS_BOOTSTRAP_QUEUE_BYTES`).
+    #[cfg(test)]
+    pub(crate) fn set_queue_budget(&self, bytes: usize) {
+        self.shared.set_queue_budget(bytes);
     }
 
     fn op_timeout(&self) -> Duration {
@@ -345,7 +376,7 @@ impl Bootstrap {
             empty => empty.insert(Outgoing::open(
                 &self.shared,
                 peer,
-                self.peers[peer],
+                self.peers[peer].addr,
                 socket::deadline_after(timeout),
             )?),
         };
@@ -445,7 +476,7 @@ impl Bootstrap {
             let at = bs
                 .as_ref()
                 .and_then(|b| b.peers.get(f.dead))
-                .map(|a| format!(" (bootstrap at {a})"))
+                .map(|m| format!(" (bootstrap at {})", m.addr))
                 .unwrap_or_default();
             let err = match f.reported_by {
                 None => Error::remote(format!(
@@ -529,10 +560,10 @@ fn exchange_with_root(
     nonce: u64,
     rank: usize,
     nranks: usize,
-    me: SocketAddr,
+    me: Member,
     deadline: Instant,
     abort: &AbortFlag,
-) -> Result<Vec<SocketAddr>> {
+) -> Result<Vec<Member>> {
     let stream = socket::connect(root, deadline, || abort.is_aborted()).map_err(|e| {
         abort.check().err().unwrap_or_else(|| {
             Error::remote(format!(
@@ -552,7 +583,7 @@ fn exchange_with_root(
         rank: rank as u32,
         nranks: nranks as u32,
         timeout_ms: socket::millis(deadline.saturating_duration_since(Instant::now())),
-        listen: me,
+        me,
     };
     let late = deadline + ROOT_GRACE;
     socket::write_frame(&stream, &wire::encode_hello(&hello), late).map_err(|e| {
@@ -575,7 +606,9 @@ fn exchange_with_root(
         }
     })?;
     match wire::decode(&body)? {
-        wire::Msg::Table { nonce: n, addrs } if n == nonce && addrs.len() == nranks => Ok(addrs),
+        wire::Msg::Table { nonce: n, members } if n == nonce && members.len() == nranks => {
+            Ok(members)
+        }
         wire::Msg::Fail { code, message } => Err(Error::new(
             code,
             format!("bootstrap rank {rank}: {message}"),

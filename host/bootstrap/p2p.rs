@@ -8,13 +8,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
-use super::root::HELLO_WAIT;
 use super::socket;
 use super::wire::{self, Channel, Connect, Msg};
 use crate::error::{Error, Result};
@@ -34,6 +33,8 @@ struct Mailbox {
     live: HashMap<usize, (u32, Option<String>)>,
     /// Peers that said goodbye: the end of their connections is no fault.
     left: HashSet<usize>,
+    /// Bytes delivered from each peer and not yet taken.
+    queued: HashMap<usize, usize>,
     /// Peers known to be gone (their connection ended without a goodbye, or another rank said
     /// so), and why: waits on them, and every allgather and barrier, fail at once.
     dead: HashMap<usize, String>,
@@ -50,6 +51,8 @@ pub(crate) struct Fault {
 
 /// Called (from a reader thread, no lock held) for every peer found gone.
 pub(crate) type Watcher = Arc<dyn Fn(Fault) + Send + Sync>;
+/// Called (from a reader thread) for a RAS query: the asking rank and the query's number.
+pub(crate) type RasResponder = Arc<dyn Fn(usize, u32) + Send + Sync>;
 
 /// Every socket this rank has open, so that `close` can shut them all down at once without
 /// taking the per-peer send locks (a blocked send may be holding one).
@@ -64,12 +67,26 @@ pub(crate) struct Shared {
     pub rank: usize,
     pub nranks: usize,
     pub nonce: u64,
+    /// This rank's key: its greetings carry it.
+    pub key: u64,
+    /// Every rank's key, as the tables made it known (None: not yet); a greeting must carry
+    /// the key of the rank it claims to be.
+    keys: Mutex<Vec<Option<u64>>>,
+    learned: Condvar,
+    /// Connections accepted but not yet through their greeting.
+    handshakes: Arc<socket::Gate>,
+    /// Most bytes one peer may have waiting in the mailbox: past it, its reader stops reading
+    /// (TCP then holds the sender back) until some are taken.
+    queue_budget: AtomicUsize,
+    taken: Condvar,
     closed: AtomicBool,
     mailbox: Mutex<Mailbox>,
     arrived: Condvar,
     registry: Mutex<Registry>,
     listener: Socket,
     watcher: Mutex<Option<Watcher>>,
+    /// Answers a RAS query from (rank, query number); None: RAS is not served.
+    ras: Mutex<Option<RasResponder>>,
 }
 
 impl Shared {
@@ -78,6 +95,7 @@ impl Shared {
         rank: usize,
         nranks: usize,
         nonce: u64,
+        key: u64,
         listener: Socket,
     ) -> Result<Arc<Shared>> {
         let accepting = listener
@@ -87,17 +105,55 @@ impl Shared {
             rank,
             nranks,
             nonce,
+            key,
+            keys: Mutex::new(vec![None; nranks]),
+            learned: Condvar::new(),
+            handshakes: socket::Gate::new(socket::MAX_HANDSHAKES),
+            queue_budget: AtomicUsize::new(queue_budget_from_env()),
+            taken: Condvar::new(),
             closed: AtomicBool::new(false),
             mailbox: Mutex::new(Mailbox::default()),
             arrived: Condvar::new(),
             registry: Mutex::new(Registry::default()),
             listener,
             watcher: Mutex::new(None),
+            ras: Mutex::new(None),
         });
         let s = shared.clone();
         socket::spawn("nccl-bs-accept", move || accept_loop(s, accepting))
             .map_err(|e| Error::system(format!("bootstrap: cannot start a thread: {e}")))?;
         Ok(shared)
+    }
+
+    /// Records the keys of these ranks (from a table the root or rank 0 sent).
+    pub(crate) fn learn(&self, members: impl IntoIterator<Item = (usize, u64)>) {
+        let mut keys = lock(&self.keys);
+        for (r, k) in members {
+            if let Some(slot) = keys.get_mut(r) {
+                *slot = Some(k);
+            }
+        }
+        drop(keys);
+        self.learned.notify_all();
+    }
+
+    /// The key of `rank`, waiting for a table to make it known until `deadline`.
+    fn key_of(&self, rank: usize, deadline: Instant) -> Option<u64> {
+        let mut keys = lock(&self.keys);
+        loop {
+            if let Some(k) = keys.get(rank).copied().flatten() {
+                return Some(k);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.is_closed() {
+                return None;
+            }
+            keys = self
+                .learned
+                .wait_timeout(keys, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -154,12 +210,45 @@ impl Shared {
     }
 
     pub(crate) fn deliver(&self, from: usize, channel: Channel, tag: u32, msg: Vec<u8>) {
-        lock(&self.mailbox)
-            .queues
+        let mut mb = lock(&self.mailbox);
+        *mb.queued.entry(from).or_default() += msg.len();
+        mb.queues
             .entry((from, channel, tag))
             .or_default()
             .push_back(msg);
+        drop(mb);
         self.arrived.notify_all();
+    }
+
+    /// Waits while `from` has more than the budget waiting in the mailbox; false once closed.
+    fn wait_for_room(&self, from: usize) -> bool {
+        let mut mb = lock(&self.mailbox);
+        loop {
+            if self.is_closed() {
+                return false;
+            }
+            let budget = self.queue_budget.load(Ordering::Relaxed);
+            if mb.queued.get(&from).copied().unwrap_or(0) <= budget {
+                return true;
+            }
+            mb = self
+                .taken
+                .wait_timeout(mb, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Bytes from `from` waiting in the mailbox.
+    #[cfg(test)]
+    pub(crate) fn queued_from(&self, from: usize) -> usize {
+        lock(&self.mailbox).queued.get(&from).copied().unwrap_or(0)
+    }
+
+    /// Sets the per-peer budget of waiting bytes (tests; else `NCCL_RS_BOOTSTRAP_QUEUE_BYTES`).
+    #[cfg(test)]
+    pub(crate) fn set_queue_budget(&self, bytes: usize) {
+        self.queue_budget.store(bytes, Ordering::Relaxed);
     }
 
     /// The next message from `from` on (channel, tag), waiting until `deadline`.
@@ -178,6 +267,11 @@ impl Shared {
                     if q.is_empty() {
                         mb.queues.remove(&key);
                     }
+                    if let Some(n) = mb.queued.get_mut(&from) {
+                        *n = n.saturating_sub(m.len());
+                    }
+                    drop(mb);
+                    self.taken.notify_all();
                     return Ok(m);
                 }
             }
@@ -289,9 +383,29 @@ impl Shared {
         *lock(&self.watcher) = Some(w);
     }
 
-    /// Drops the watcher (it may hold what owns this bootstrap).
+    /// Drops the watcher and the RAS responder (they may hold what owns this bootstrap).
     pub(crate) fn clear_watcher(&self) {
         lock(&self.watcher).take();
+        lock(&self.ras).take();
+    }
+
+    pub(crate) fn set_ras_responder(&self, r: RasResponder) {
+        *lock(&self.ras) = Some(r);
+    }
+
+    /// Why `rank` is known to be gone, if it is.
+    pub(crate) fn gone(&self, rank: usize) -> Option<String> {
+        lock(&self.mailbox).dead.get(&rank).cloned()
+    }
+}
+
+/// Default of `NCCL_RS_BOOTSTRAP_QUEUE_BYTES`: 1 GiB waiting per peer (a frame may be 256 MiB).
+const QUEUE_BUDGET: usize = 1 << 30;
+
+fn queue_budget_from_env() -> usize {
+    match crate::env::raw("NCCL_RS_BOOTSTRAP_QUEUE_BYTES") {
+        Some(_) => crate::env::int("NCCL_RS_BOOTSTRAP_QUEUE_BYTES").max(0) as usize,
+        None => QUEUE_BUDGET,
     }
 }
 
@@ -326,6 +440,7 @@ impl Outgoing {
             nonce: shared.nonce,
             from: rank as u32,
             nranks: shared.nranks as u32,
+            key: shared.key,
         });
         let out = Outgoing {
             stream,
@@ -359,6 +474,11 @@ impl Outgoing {
 
 fn accept_loop(shared: Arc<Shared>, listener: Socket) {
     loop {
+        // At most MAX_HANDSHAKES connections in their greeting at once: past that, new ones
+        // wait in the kernel's backlog (no thread, no descriptor of ours) until one is through.
+        let Some(permit) = shared.handshakes.enter(|| shared.is_closed()) else {
+            return;
+        };
         let accepted = listener.accept();
         if shared.is_closed() {
             return;
@@ -370,7 +490,9 @@ fn accept_loop(shared: Arc<Shared>, listener: Socket) {
                     return;
                 };
                 let s = shared.clone();
-                if let Err(e) = socket::spawn("nccl-bs-recv", move || read_peer(&s, stream, id)) {
+                if let Err(e) = socket::spawn("nccl-bs-recv", move || {
+                    read_peer(&s, stream, id, permit)
+                }) {
                     log::warn!("bootstrap rank {}: cannot start a reader: {e}", shared.rank);
                     shared.unregister(id);
                 }
@@ -384,35 +506,45 @@ fn accept_loop(shared: Arc<Shared>, listener: Socket) {
     }
 }
 
-/// Checks the `Connect` greeting of an incoming connection; the sender's rank if it is ours.
+/// Checks the `Connect` greeting of an incoming connection: this bootstrap's nonce, a rank in
+/// range, and that rank's own key (so a process that knows only the unique id cannot pass as
+/// a rank). The sender's rank if all holds.
 fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Result<usize, String> {
-    let body = socket::read_frame(
-        stream,
-        wire::MAX_CTRL_BODY,
-        socket::deadline_after(HELLO_WAIT),
-    )
-    .map_err(|e| e.to_string())?;
-    match wire::decode(&body) {
-        Ok(Msg::Connect(c))
-            if c.nonce == shared.nonce
-                && c.nranks as usize == shared.nranks
-                && (c.from as usize) < shared.nranks =>
-        {
-            Ok(c.from as usize)
-        }
-        Ok(_) => Err("not a greeting of this bootstrap".into()),
-        Err(e) => Err(e.message),
+    let deadline = socket::deadline_after(socket::handshake_wait());
+    let body =
+        socket::read_frame(stream, wire::MAX_CTRL_BODY, deadline).map_err(|e| e.to_string())?;
+    let c = match wire::decode(&body) {
+        Ok(Msg::Connect(c)) if c.nonce == shared.nonce && c.nranks as usize == shared.nranks => c,
+        Ok(_) => return Err("not a greeting of this bootstrap".into()),
+        Err(e) => return Err(e.message),
+    };
+    let from = c.from as usize;
+    if from >= shared.nranks || from == shared.rank {
+        return Err(format!("a greeting as rank {from}, which cannot call us"));
+    }
+    match shared.key_of(from, deadline) {
+        Some(k) if k == c.key => Ok(from),
+        Some(_) => Err(format!(
+            "a greeting as rank {from} without that rank's key (not rank {from})"
+        )),
+        None => Err(format!("a greeting as rank {from}, whose key is not known yet")),
     }
 }
 
-fn read_peer(shared: &Shared, stream: TcpStream, id: u64) {
+fn read_peer(shared: &Shared, stream: TcpStream, id: u64, permit: socket::Permit) {
     let rank = shared.rank;
     let _ = stream.set_nodelay(true);
-    let from = match greeting(shared, &stream) {
+    let greeted = greeting(shared, &stream);
+    drop(permit);
+    let from = match greeted {
         Ok(f) => f,
         Err(why) => {
             if !shared.is_closed() {
-                log::warn!("bootstrap rank {rank}: dropping an incoming connection: {why}");
+                let who = stream.peer_addr().map(|a| a.to_string());
+                log::warn!(
+                    "bootstrap rank {rank}: dropping an incoming connection from {}: {why}",
+                    who.as_deref().unwrap_or("?")
+                );
             }
             shared.unregister(id);
             return;
@@ -423,6 +555,11 @@ fn read_peer(shared: &Shared, stream: TcpStream, id: u64) {
     let _ = stream.set_read_timeout(None);
     let mut r = BufReader::with_capacity(64 << 10, &stream);
     let why = loop {
+        // A peer that sends faster than we take holds only the budget here; the rest stays
+        // in TCP's buffers and then in the sender's (whose send times out).
+        if !shared.wait_for_room(from) {
+            break "closed".to_string();
+        }
         let mut body = match socket::read_frame_untimed(&mut r, wire::MAX_DATA_BODY) {
             Ok(Some(b)) => b,
             Ok(None) => break "closed by the peer".to_string(),
@@ -434,6 +571,17 @@ fn read_peer(shared: &Shared, stream: TcpStream, id: u64) {
                 ..
             }) => {
                 shared.peer_left(from);
+                continue;
+            }
+            Ok(Msg::Data {
+                channel: Channel::Ras,
+                tag,
+                ..
+            }) => {
+                let r = lock(&shared.ras).clone();
+                if let Some(r) = r {
+                    r(from, tag);
+                }
                 continue;
             }
             Ok(Msg::Data {

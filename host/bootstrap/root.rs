@@ -18,11 +18,9 @@ use std::time::{Duration, Instant};
 use socket2::Socket;
 
 use super::socket;
-use super::wire::{self, Hello, Msg};
+use super::wire::{self, Hello, Member, Msg};
 use crate::error::{Error, NcclResult, Result};
 
-/// How long a connection to the root may stay silent before it is dropped.
-pub(crate) const HELLO_WAIT: Duration = Duration::from_secs(10);
 /// How long the root waits to hand a rank its answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
@@ -70,7 +68,12 @@ fn accept_loop(
     tx: Sender<Arrival>,
     stop: Arc<AtomicBool>,
 ) {
+    let gate = socket::Gate::new(socket::MAX_HANDSHAKES);
     loop {
+        // A bounded number of connections in their hello at once (see `socket::Gate`).
+        let Some(permit) = gate.enter(|| stop.load(Ordering::SeqCst)) else {
+            return;
+        };
         let accepted = listener.accept();
         if stop.load(Ordering::SeqCst) {
             return;
@@ -80,7 +83,12 @@ fn accept_loop(
                 let stream: TcpStream = sock.into();
                 let tx = tx.clone();
                 if let Err(e) = socket::spawn("nccl-bs-root-conn", move || {
-                    read_hello(stream, addr, nonce, tx)
+                    let hello = read_hello(&stream, addr, nonce);
+                    drop(permit);
+                    if let Some(hello) = hello {
+                        // The root thread is gone once the bootstrap completed or failed.
+                        let _ = tx.send(Arrival { hello, stream });
+                    }
                 }) {
                     log::warn!("bootstrap root {addr}: cannot start a connection thread: {e}");
                 }
@@ -101,7 +109,9 @@ fn refuse(stream: &TcpStream, code: NcclResult, message: &str) {
     let _ = socket::write_frame(stream, &wire::encode_fail(code, message), deadline);
 }
 
-fn read_hello(stream: TcpStream, addr: SocketAddr, nonce: u64, tx: Sender<Arrival>) {
+/// The hello of a connection, if it is a valid one for this root (else it is refused or
+/// dropped, with a warning).
+fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello> {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
@@ -110,54 +120,53 @@ fn read_hello(stream: TcpStream, addr: SocketAddr, nonce: u64, tx: Sender<Arriva
     let body = match socket::read_frame(
         &stream,
         wire::MAX_CTRL_BODY,
-        socket::deadline_after(HELLO_WAIT),
+        socket::deadline_after(socket::handshake_wait()),
     ) {
         Ok(b) => b,
         Err(e) => {
             log::warn!("bootstrap root {addr}: dropping connection from {peer}: {e}");
-            return;
+            return None;
         }
     };
     let hello = match wire::decode(&body) {
         Ok(Msg::Hello(h)) => h,
         Ok(_) => {
             log::warn!("bootstrap root {addr}: dropping connection from {peer}: not a hello");
-            return;
+            return None;
         }
         Err(e) => {
             log::warn!(
                 "bootstrap root {addr}: dropping connection from {peer}: {}",
                 e.message
             );
-            return;
+            return None;
         }
     };
     if hello.nonce != nonce {
         log::warn!("bootstrap root {addr}: {peer} brought the nonce of another unique id");
         refuse(
-            &stream,
+            stream,
             NcclResult::InvalidUsage,
             &format!("the bootstrap root at {addr} belongs to another unique id (stale id?)"),
         );
-        return;
+        return None;
     }
     let (rank, nranks) = (hello.rank as usize, hello.nranks as usize);
     if nranks == 0 || nranks > wire::MAX_RANKS || rank >= nranks {
         log::warn!("bootstrap root {addr}: {peer} says rank {rank} of {nranks}");
         refuse(
-            &stream,
+            stream,
             NcclResult::InvalidArgument,
             &format!("rank {rank} of {nranks} ranks is out of range"),
         );
-        return;
+        return None;
     }
-    // The root thread is gone once the bootstrap completed or failed; nothing to do then.
-    let _ = tx.send(Arrival { hello, stream });
+    Some(hello)
 }
 
 struct Joined {
     stream: TcpStream,
-    listen: SocketAddr,
+    member: Member,
 }
 
 /// Waits for all ranks, answers them. Returns when the bootstrap completed or failed, or when
@@ -261,14 +270,14 @@ fn gather(rx: &mpsc::Receiver<Arrival>, addr: SocketAddr, nonce: u64, idle: Dura
         }
         joined[rank] = Some(Joined {
             stream: a.stream,
-            listen: a.hello.listen,
+            member: a.hello.me,
         });
         count += 1;
         if count == joined.len() {
             break;
         }
     }
-    let table: Vec<SocketAddr> = joined.iter().flatten().map(|j| j.listen).collect();
+    let table: Vec<Member> = joined.iter().flatten().map(|j| j.member).collect();
     log::info!(
         "bootstrap root {addr}: all {} ranks arrived; sending the address table",
         table.len()

@@ -290,7 +290,10 @@ fn root_survives_garbage() {
             rank,
             nranks,
             timeout_ms: 1000,
-            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
+            me: wire::Member {
+                addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
+                key: 1,
+            },
         })
     };
     let good = hello(nonce, 0, 3);
@@ -484,6 +487,70 @@ fn a_gone_peer_is_reported_to_every_rank() {
     assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
 }
 
+/// Knowing the unique id (its nonce) is not enough to pass as a rank: a greeting must carry
+/// the key the claimed rank gave the root. A forged rank 1 cannot deliver a message in its
+/// name; the real one still can.
+#[test]
+fn a_forged_rank_cannot_send_in_its_name() {
+    let id = get_unique_id().expect("id");
+    let nonce = id.fields().expect("fields").nonce;
+    let ranks: Vec<Bootstrap> = with_ranks(&id, 2, |bs| bs)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    let target = ranks[0].peer_addresses()[0];
+    let forge = |key: u64| {
+        let mut s = TcpStream::connect(target).expect("connect");
+        let hello = wire::encode_connect(&wire::Connect {
+            nonce,
+            from: 1,
+            nranks: 2,
+            key,
+        });
+        s.write_all(&hello).expect("greet");
+        let data = wire::encode_data(Channel::User, 9, b"forged").expect("frame");
+        let _ = s.write_all(&data);
+        s
+    };
+    // Without the key (any guess), and as the rank itself.
+    let _a = forge(0);
+    let _b = forge(0x5eed);
+    ranks[0].set_op_timeout(Duration::from_millis(500));
+    let e = ranks[0].recv(1, 9).expect_err("the forged message must not arrive");
+    assert!(e.message.contains("timed out"), "{e}");
+    ranks[1].send(0, 9, b"real").expect("send");
+    assert_eq!(ranks[0].recv(1, 9).expect("the real one"), b"real");
+}
+
+/// A peer that sends faster than the rank takes: its reader stops at the budget (TCP then holds
+/// the sender back), and every message still arrives, in order, once taken.
+#[test]
+fn a_peer_holds_at_most_its_budget_in_the_mailbox() {
+    let id = get_unique_id().expect("id");
+    let ranks: Vec<Bootstrap> = with_ranks(&id, 2, |bs| bs)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    ranks[0].set_queue_budget(1 << 20);
+    let msg = vec![7u8; 256 << 10];
+    thread::scope(|s| {
+        let sender = s.spawn(|| {
+            for i in 0..64u32 {
+                ranks[1].send(0, i, &msg).expect("send");
+            }
+        });
+        thread::sleep(Duration::from_millis(300));
+        let waiting = ranks[0].shared.queued_from(1);
+        // The budget and one frame past it, not the 16 MiB sent.
+        assert!(waiting <= (1 << 20) + (256 << 10), "{waiting} bytes waiting");
+        assert!(waiting >= 1 << 20, "the sender had filled the budget: {waiting}");
+        for i in 0..64u32 {
+            assert_eq!(ranks[0].recv(1, i).expect("recv").len(), msg.len());
+        }
+        sender.join().expect("sender");
+    });
+}
+
 #[test]
 fn fuzz_decoder() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
@@ -492,23 +559,30 @@ fn fuzz_decoder() {
         rank: 1,
         nranks: 4,
         timeout_ms: 10,
-        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 1234)),
+        me: wire::Member {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1234)),
+            key: 77,
+        },
     });
-    let addrs: Vec<SocketAddr> = (0..5)
-        .map(|i| SocketAddr::from((Ipv4Addr::new(10, 0, 0, i), 1000 + u16::from(i))))
+    let members: Vec<wire::Member> = (0..5)
+        .map(|i| wire::Member {
+            addr: SocketAddr::from((Ipv4Addr::new(10, 0, 0, i), 1000 + u16::from(i))),
+            key: u64::from(i) << 40,
+        })
         .collect();
-    let table = wire::encode_table(9, &addrs);
+    let table = wire::encode_table(9, &members);
     let fail = wire::encode_fail(NcclResult::RemoteError, "only 2 of 3 ranks arrived");
     let connect = wire::encode_connect(&wire::Connect {
         nonce: 1,
         from: 2,
         nranks: 3,
+        key: 5,
     });
     let data = wire::encode_data(Channel::Barrier, 3, b"payload").expect("data");
     let valid = [hello, table, fail, connect, data];
     // The valid frames decode to what was encoded.
     assert!(matches!(wire::decode(&valid[0][4..]), Ok(Msg::Hello(h)) if h.rank == 1));
-    assert!(matches!(wire::decode(&valid[1][4..]), Ok(Msg::Table { addrs: a, .. }) if a == addrs));
+    assert!(matches!(wire::decode(&valid[1][4..]), Ok(Msg::Table { members: m, .. }) if m == members));
     assert!(
         matches!(wire::decode(&valid[4][4..]), Ok(Msg::Data { channel: Channel::Barrier, tag: 3, payload }) if payload == b"payload")
     );
@@ -639,15 +713,21 @@ fn abort_stops_a_waiting_init() {
 }
 
 #[test]
-fn address_lists_round_trip() {
+fn member_lists_round_trip() {
     let a = vec![
-        SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
-        SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
+        wire::Member {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
+            key: u64::MAX,
+        },
+        wire::Member {
+            addr: SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
+            key: 3,
+        },
     ];
-    let b = wire::encode_addrs(&a);
-    assert_eq!(wire::decode_addrs(&b, 2).expect("decode"), a);
-    assert!(wire::decode_addrs(&b, 3).is_err());
-    assert!(wire::decode_addrs(&b[1..], 2).is_err());
+    let b = wire::encode_members(&a);
+    assert_eq!(wire::decode_members(&b, 2).expect("decode"), a);
+    assert!(wire::decode_members(&b, 3).is_err());
+    assert!(wire::decode_members(&b[1..], 2).is_err());
 }
 
 #[test]

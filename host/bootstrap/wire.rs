@@ -23,6 +23,8 @@ pub(crate) const DATA_HEADER: usize = 1 + 1 + 4;
 pub(crate) const MAX_PAYLOAD: usize = MAX_DATA_BODY - DATA_HEADER;
 /// Encoded size of a socket address: family, port, 16 address bytes, IPv6 scope id.
 pub(crate) const ADDR_BYTES: usize = 1 + 2 + 16 + 4;
+/// Encoded size of a [`Member`]: its address and its key.
+pub(crate) const MEMBER_BYTES: usize = ADDR_BYTES + 8;
 /// Longest error text the root sends back.
 pub(crate) const MAX_FAIL_TEXT: usize = 900;
 
@@ -45,6 +47,10 @@ pub(crate) enum Channel {
     Leave,
     /// A fault notice: rank `tag` is gone, and the payload says why (UTF-8).
     Fault,
+    /// A RAS query (`tag`: its number; empty), answered from the reader thread.
+    Ras,
+    /// The answer to RAS query `tag`: the rank's health record.
+    RasReply,
 }
 
 impl Channel {
@@ -56,6 +62,8 @@ impl Channel {
             Channel::Setup => 3,
             Channel::Leave => 4,
             Channel::Fault => 5,
+            Channel::Ras => 6,
+            Channel::RasReply => 7,
         }
     }
     fn from_u8(v: u8) -> Option<Channel> {
@@ -66,6 +74,8 @@ impl Channel {
             3 => Some(Channel::Setup),
             4 => Some(Channel::Leave),
             5 => Some(Channel::Fault),
+            6 => Some(Channel::Ras),
+            7 => Some(Channel::RasReply),
             _ => None,
         }
     }
@@ -79,8 +89,18 @@ pub(crate) struct Hello {
     pub nranks: u32,
     /// How long this rank is still willing to wait for the others.
     pub timeout_ms: u64,
-    /// Where this rank's own listener accepts peers.
-    pub listen: SocketAddr,
+    /// Where this rank's own listener accepts peers, and the key it will greet them with.
+    pub me: Member,
+}
+
+/// A rank as the others know it: where it listens, and the key its greetings carry. The key
+/// (64 random bits the rank drew) travels only from the rank to the root and from the root to
+/// the members, never in the unique id, so knowing the id (its nonce) is not enough to pass
+/// as a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub addr: SocketAddr,
+    pub key: u64,
 }
 
 /// First frame on a rank-to-rank connection: who is calling, for which bootstrap.
@@ -89,6 +109,8 @@ pub(crate) struct Connect {
     pub nonce: u64,
     pub from: u32,
     pub nranks: u32,
+    /// The sender's own key, as the table lists it.
+    pub key: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -97,7 +119,7 @@ pub(crate) enum Msg<'a> {
     /// Root to every rank once all arrived: every rank's listen address, by rank.
     Table {
         nonce: u64,
-        addrs: Vec<SocketAddr>,
+        members: Vec<Member>,
     },
     /// Root to a rank: the bootstrap cannot complete, and why.
     Fail {
@@ -141,8 +163,8 @@ impl Frame {
     fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn addr(&mut self, a: &SocketAddr) {
-        put_addr(&mut self.0, a);
+    fn member(&mut self, m: &Member) {
+        put_member(&mut self.0, m);
     }
     fn finish(mut self) -> Vec<u8> {
         // Bodies are bounded well below 4 GiB by the callers (MAX_RANKS, MAX_PAYLOAD).
@@ -171,21 +193,29 @@ pub(crate) fn put_addr(out: &mut Vec<u8>, a: &SocketAddr) {
     out.extend_from_slice(&scope.to_le_bytes());
 }
 
-/// A list of addresses, `ADDR_BYTES` each (the payload of set-up messages).
-pub(crate) fn encode_addrs(addrs: &[SocketAddr]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES);
-    for a in addrs {
-        put_addr(&mut v, a);
+/// Appends the `MEMBER_BYTES` encoding of `m`.
+fn put_member(out: &mut Vec<u8>, m: &Member) {
+    put_addr(out, &m.addr);
+    out.extend_from_slice(&m.key.to_le_bytes());
+}
+
+/// A list of members, `MEMBER_BYTES` each (the payload of set-up messages).
+pub(crate) fn encode_members(members: &[Member]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(members.len() * MEMBER_BYTES);
+    for m in members {
+        put_member(&mut v, m);
     }
     v
 }
 
-/// Decodes exactly `count` addresses; anything else is a malformed message.
-pub(crate) fn decode_addrs(b: &[u8], count: usize) -> Result<Vec<SocketAddr>> {
-    if count > MAX_RANKS || b.len() != count.saturating_mul(ADDR_BYTES) {
-        return Err(malformed("address list size does not match its count"));
+/// Decodes exactly `count` members; anything else is a malformed message.
+pub(crate) fn decode_members(b: &[u8], count: usize) -> Result<Vec<Member>> {
+    if count > MAX_RANKS || b.len() != count.saturating_mul(MEMBER_BYTES) {
+        return Err(malformed("member list size does not match its count"));
     }
-    b.chunks_exact(ADDR_BYTES).map(get_addr).collect()
+    b.chunks_exact(MEMBER_BYTES)
+        .map(|c| Rd(c).member())
+        .collect()
 }
 
 /// Reads an address written by `put_addr`; port 0 or an unknown family is an error.
@@ -222,6 +252,12 @@ impl<'a> Rd<'a> {
     }
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn member(&mut self) -> Result<Member> {
+        Ok(Member {
+            addr: self.addr()?,
+            key: self.u64()?,
+        })
     }
     fn addr(&mut self) -> Result<SocketAddr> {
         let family = self.u8()?;
@@ -262,35 +298,36 @@ pub(crate) fn body_len(prefix: [u8; 4], max: usize) -> Option<usize> {
 
 /// Largest body of a root's answer to a rank of an `nranks`-rank bootstrap.
 pub(crate) fn answer_body_max(nranks: usize) -> usize {
-    (1 + 12 + 8 + 4 + nranks.min(MAX_RANKS) * ADDR_BYTES).max(1 + 12 + 1 + 4 + MAX_FAIL_TEXT)
+    (1 + 12 + 8 + 4 + nranks.min(MAX_RANKS) * MEMBER_BYTES).max(1 + 12 + 1 + 4 + MAX_FAIL_TEXT)
 }
 
 pub(crate) fn encode_hello(h: &Hello) -> Vec<u8> {
-    let mut f = Frame::control(T_HELLO, 24 + ADDR_BYTES);
+    let mut f = Frame::control(T_HELLO, 24 + MEMBER_BYTES);
     f.u64(h.nonce);
     f.u32(h.rank);
     f.u32(h.nranks);
     f.u64(h.timeout_ms);
-    f.addr(&h.listen);
+    f.member(&h.me);
     f.finish()
 }
 
 pub(crate) fn encode_connect(c: &Connect) -> Vec<u8> {
-    let mut f = Frame::control(T_CONNECT, 16);
+    let mut f = Frame::control(T_CONNECT, 24);
     f.u64(c.nonce);
     f.u32(c.from);
     f.u32(c.nranks);
+    f.u64(c.key);
     f.finish()
 }
 
-/// The address table; `addrs.len()` must not exceed `MAX_RANKS` (the root only builds tables
+/// The member table; `members.len()` must not exceed `MAX_RANKS` (the root only builds tables
 /// from validated hellos).
-pub(crate) fn encode_table(nonce: u64, addrs: &[SocketAddr]) -> Vec<u8> {
-    let mut f = Frame::control(T_TABLE, 12 + addrs.len() * ADDR_BYTES);
+pub(crate) fn encode_table(nonce: u64, members: &[Member]) -> Vec<u8> {
+    let mut f = Frame::control(T_TABLE, 12 + members.len() * MEMBER_BYTES);
     f.u64(nonce);
-    f.u32(addrs.len() as u32);
-    for a in addrs {
-        f.addr(a);
+    f.u32(members.len() as u32);
+    for m in members {
+        f.member(m);
     }
     f.finish()
 }
@@ -363,25 +400,26 @@ pub(crate) fn decode(body: &[u8]) -> Result<Msg<'_>> {
             rank: r.u32()?,
             nranks: r.u32()?,
             timeout_ms: r.u64()?,
-            listen: r.addr()?,
+            me: r.member()?,
         }),
         T_CONNECT => Msg::Connect(Connect {
             nonce: r.u64()?,
             from: r.u32()?,
             nranks: r.u32()?,
+            key: r.u64()?,
         }),
         T_TABLE => {
             let nonce = r.u64()?;
             let count = r.u32()? as usize;
             // Check the count against the bytes really present before allocating for it.
-            if count > MAX_RANKS || r.0.len() != count * ADDR_BYTES {
-                return Err(malformed("address table size does not match its count"));
+            if count > MAX_RANKS || r.0.len() != count * MEMBER_BYTES {
+                return Err(malformed("member table size does not match its count"));
             }
-            let mut addrs = Vec::with_capacity(count);
+            let mut members = Vec::with_capacity(count);
             for _ in 0..count {
-                addrs.push(r.addr()?);
+                members.push(r.member()?);
             }
-            Msg::Table { nonce, addrs }
+            Msg::Table { nonce, members }
         }
         T_FAIL => {
             let code = code_from_u8(r.u8()?);

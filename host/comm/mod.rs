@@ -185,6 +185,44 @@ impl Shape {
         })
     }
 
+    /// Checks a shape that came from a peer (rank 0's rules every rank) against the ranges
+    /// `from_env` allows, so that a corrupt or hostile record cannot make this rank allocate
+    /// without bound or index past its arrays.
+    pub(crate) fn check_from_peer(&self, rank: usize) -> Result<()> {
+        let max_slot = (1u32 << 30) / nccl_device::abi::NCCL_STEPS;
+        let bad = |what: &str, v: u64| {
+            Err(Error::remote(format!(
+                "rank {rank} sent a peer record with {what} = {v}, out of range"
+            )))
+        };
+        let ch = 1..=MAX_CHANNELS as u32;
+        if !ch.contains(&self.nchannels) {
+            return bad("nchannels", self.nchannels.into());
+        }
+        if !ch.contains(&self.net_nchannels) {
+            return bad("net_nchannels", self.net_nchannels.into());
+        }
+        if !(1..=crate::cuda::MAX_THREADS as u32).contains(&self.nthreads) {
+            return bad("nthreads", self.nthreads.into());
+        }
+        if !(128..=max_slot).contains(&self.slot_bytes) || self.slot_bytes % 128 != 0 {
+            return bad("slot_bytes", self.slot_bytes.into());
+        }
+        if self.p2p_conns > (MAX_P2P_ITEMS / 4) as u32 {
+            return bad("p2p_conns", self.p2p_conns.into());
+        }
+        if !(4096..=(1 << 24)).contains(&self.p2p_slot_bytes) || self.p2p_slot_bytes % 128 != 0 {
+            return bad("p2p_slot_bytes", self.p2p_slot_bytes.into());
+        }
+        if ![0, 1, 2, 4].contains(&self.slice_steps) {
+            return bad("slice_steps", self.slice_steps.into());
+        }
+        if self.kernel_flags & !nccl_device::abi::FLAG_SIMPLE_PUBLISHER != 0 {
+            return bad("kernel_flags", self.kernel_flags.into());
+        }
+        Ok(())
+    }
+
     /// FIFO slots a Simple ring step of `coll` fills at once. As NCCL: two for AllReduce,
     /// AllGather and ReduceScatter (a 1 MiB step with the default 4 MiB buffer), one for the
     /// chains of Broadcast and Reduce, whose first bytes reach the last rank sooner so.
@@ -239,6 +277,8 @@ pub struct Comm {
     pub(crate) net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
     pub(crate) split_turns: Arc<turns::Turns>,
+    /// This communicator's health, for RAS queries (see [`crate::ras`]).
+    pub(crate) ras: Arc<crate::ras::Entry>,
     /// `Send` but not `Sync`: one thread at a time issues on a communicator (see [`NotSync`]).
     pub(crate) _one_thread: NotSync,
 }
@@ -608,6 +648,22 @@ impl Comm {
             shape.slot_bytes / 1024,
             t0.elapsed().as_secs_f64() * 1e3
         );
+        let ras = {
+            let (order, slot) = (Arc::downgrade(&order), async_error.clone());
+            let health = crate::ras::Health::new(
+                net::comm_id(&ids[0].internal),
+                rank,
+                nranks,
+                device.ordinal,
+                config.comm_name.clone(),
+                move || order.upgrade().and_then(|o| o.finished()),
+                move || {
+                    let e = slot.lock().unwrap_or_else(|p| p.into_inner());
+                    e.as_ref().map(|e| e.to_string())
+                },
+            );
+            crate::ras::register(Arc::new(health), &bootstrap)
+        };
         Ok(Comm {
             rank,
             nranks,
@@ -633,6 +689,7 @@ impl Comm {
             registered: register::Registrations::default(),
             kernel_abort,
             split_turns: Arc::default(),
+            ras,
             _one_thread: NotSync::default(),
         })
     }

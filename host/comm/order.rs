@@ -181,6 +181,19 @@ impl StreamOrder {
         Ok(())
     }
 
+    /// Whether everything launched so far has finished, without waiting (None: cannot tell,
+    /// as after a graph capture, or while a launch holds the order).
+    pub(crate) fn finished(&self) -> Option<bool> {
+        let last = self.last.try_lock().ok()?;
+        if last.captured {
+            return None;
+        }
+        match last.done {
+            Some(e) => self.device.event_query(e).ok(),
+            None => Some(true),
+        }
+    }
+
     /// Waits until everything launched so far has finished (a non-blocking group still being
     /// issued in the background included).
     pub fn wait_idle(&self) -> Result<()> {

@@ -121,6 +121,7 @@ impl PeerInfo {
             let p = PeerInfo::decode(b)
                 .filter(|p| p.rank as usize == r)
                 .ok_or_else(|| Error::remote(format!("rank {r} sent a malformed peer record")))?;
+            p.shape.check_from_peer(r)?;
             peers.push(p);
         }
         // The kernel lab: ranks on this host may share a GPU when asked (in one process they
@@ -156,9 +157,34 @@ impl PeerInfo {
 mod tests {
     use super::*;
 
+    /// Issue 23, failure 5: rank 0's shape rules every rank, so a record with a huge channel
+    /// count made every rank allocate until the process aborted. Such records are refused.
     #[test]
-    fn peer_info_round_trips() {
-        let p = PeerInfo {
+    fn peer_records_out_of_range_are_refused() {
+        let good = sample();
+        assert!(good.shape.check_from_peer(0).is_ok());
+        let mut huge = good.clone();
+        huge.shape.nchannels = u32::MAX;
+        let back = PeerInfo::decode(&huge.encode()).expect("decodes");
+        let e = back.shape.check_from_peer(0).unwrap_err();
+        assert!(e.message.contains("nchannels = 4294967295"), "{e}");
+        for bad in [
+            |s: &mut Shape| s.net_nchannels = 0,
+            |s: &mut Shape| s.nthreads = 1 << 20,
+            |s: &mut Shape| s.slot_bytes = 1 << 31,
+            |s: &mut Shape| s.p2p_conns = 1 << 16,
+            |s: &mut Shape| s.p2p_slot_bytes = 100,
+            |s: &mut Shape| s.slice_steps = 3,
+            |s: &mut Shape| s.kernel_flags = 0x8000_0000,
+        ] {
+            let mut p = good.clone();
+            bad(&mut p.shape);
+            assert!(p.shape.check_from_peer(0).is_err(), "{:?}", p.shape);
+        }
+    }
+
+    fn sample() -> PeerInfo {
+        PeerInfo {
             rank: 3,
             pid: 4242,
             host_hash: 0xdead_beef_1234,
@@ -177,7 +203,12 @@ mod tests {
                 kernel_flags: 1,
                 net_nchannels: 2,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn peer_info_round_trips() {
+        let p = sample();
         assert_eq!(PeerInfo::decode(&p.encode()), Some(p.clone()));
         assert_eq!(PeerInfo::decode(&p.encode()[1..]), None);
         assert_eq!(host_hash(), host_hash());

@@ -77,6 +77,7 @@ fn fields_are_thread_safe(c: &Comm) {
         kernel_abort,
         net,
         split_turns,
+        ras,
         _one_thread: _,
     } = c;
     both(rank);
@@ -103,4 +104,5 @@ fn fields_are_thread_safe(c: &Comm) {
     both(kernel_abort);
     both(net);
     both(split_turns);
+    both(ras);
 }

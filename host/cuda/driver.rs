@@ -714,6 +714,17 @@ impl Device {
         )
     }
 
+    /// Whether event `e`'s latest record has happened (without waiting).
+    pub fn event_query(&self, e: u64) -> Result<bool> {
+        self.make_current()?;
+        // SAFETY: e belongs to this context; the call only looks.
+        let r = unsafe { sys::cuEventQuery(e as sys::CUevent) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r, "cuEventQuery").map(|_| true)
+    }
+
     pub fn event_sync(&self, e: u64) -> Result<()> {
         self.make_current()?;
         // SAFETY: e belongs to this context.

@@ -342,6 +342,10 @@ impl Device {
     pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
         dispatch!(self.stream_wait_event_external(s, e))
     }
+    /// Whether event `e` has happened (without waiting).
+    pub fn event_query(&self, e: u64) -> Result<bool> {
+        dispatch!(self.event_query(e))
+    }
     /// Waits until event `e` has happened.
     pub fn event_sync(&self, e: u64) -> Result<()> {
         dispatch!(self.event_sync(e))

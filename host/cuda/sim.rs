@@ -46,7 +46,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Maps the shared-memory object `name` (creating it with `bytes` when `create`). `None`:
 /// `create` was asked and the name is taken.
-fn map_shm(name: &str, bytes: usize, create: bool) -> Result<Option<u64>> {
+/// Maps the shared-memory object `name` whole (created with `bytes` when `create`): its address
+/// and its real size, or None when `create` found the name taken.
+fn map_shm(name: &str, bytes: usize, create: bool) -> Result<Option<(u64, usize)>> {
     let c =
         std::ffi::CString::new(name).map_err(|_| Error::internal("shm name holds a NUL byte"))?;
     let flags = if create {
@@ -100,7 +102,7 @@ fn map_shm(name: &str, bytes: usize, create: bool) -> Result<Option<u64>> {
                 std::io::Error::last_os_error()
             )));
         }
-        Ok(Some(p as u64))
+        Ok(Some((p as u64, size)))
     }
 }
 
@@ -529,7 +531,7 @@ impl Device {
                 NEXT_ID.fetch_add(1, Ordering::Relaxed)
             );
             match map_shm(&name, bytes, true)? {
-                Some(p) => break (name, p),
+                Some((p, _)) => break (name, p),
                 None if tries < 64 => tries += 1,
                 None => return Err(Error::system(format!("shm_open({name}): name taken"))),
             }
@@ -644,8 +646,17 @@ impl Device {
         let end = h[12..].iter().position(|&b| b == 0).map_or(64, |i| 12 + i);
         let name = std::str::from_utf8(&h[12..end])
             .map_err(|_| Error::invalid_argument("malformed simulator IPC handle"))?;
-        let p = map_shm(name, bytes, false)?
+        let (p, size) = map_shm(name, bytes, false)?
             .ok_or_else(|| Error::internal("shm_open without O_CREAT reported a taken name"))?;
+        // The size comes from a peer: the region must really hold it, or accesses past the
+        // mapping would fault.
+        if bytes > size {
+            // SAFETY: unmaps exactly the mapping made above, which nothing else knows of yet.
+            unsafe { libc::munmap(p as *mut libc::c_void, size) };
+            return Err(Error::invalid_argument(format!(
+                "simulator IPC handle of {name} claims {bytes} bytes, but the region holds {size}"
+            )));
+        }
         lock(regions()).insert(
             p,
             Region {
@@ -875,6 +886,12 @@ impl Device {
         Ok(())
     }
 
+    pub fn event_query(&self, e: u64) -> Result<bool> {
+        let ev = self.event(e)?;
+        let st = lock(&ev.state);
+        Ok(st.done >= st.issued)
+    }
+
     pub fn event_sync(&self, e: u64) -> Result<()> {
         let ev = self.event(e)?;
         let (target, captured_on) = {
@@ -956,5 +973,28 @@ impl Device {
     pub fn graph_destroy(&self, graph: u64, _exec: u64) -> Result<()> {
         lock(registry()).graphs.remove(&graph);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size inside an IPC handle comes from a peer: one larger than the shared region is
+    /// refused (it used to be mapped and recorded as that size, so accesses past the real
+    /// region faulted); the true size opens.
+    #[test]
+    fn an_ipc_handle_claiming_more_than_its_region_is_refused() {
+        let dev = Device::open(0).expect("simulated device");
+        let p = dev.alloc(4096).expect("alloc");
+        let mut h = dev.ipc_handle(p).expect("handle");
+        h[4..12].copy_from_slice(&(1u64 << 30).to_le_bytes());
+        let e = dev.open_ipc(&h).expect_err("a lying size");
+        assert_eq!(e.code, crate::error::NcclResult::InvalidArgument, "{e}");
+        assert!(e.message.contains("claims 1073741824 bytes"), "{e}");
+        h[4..12].copy_from_slice(&4096u64.to_le_bytes());
+        let q = dev.open_ipc(&h).expect("the true size");
+        dev.close_ipc(q).expect("close");
+        dev.free(p).expect("free");
     }
 }

@@ -181,6 +181,7 @@ pub struct CollCall {
 
 /// Checks a call and launches it now, or when the calling thread's group ends.
 pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
+    comm.ras.health.issued(call.coll.name());
     launch_checked(comm, call)
         .map_err(|e| group::record_error(e.context(format!("nccl{}", call.coll.name()))))
 }

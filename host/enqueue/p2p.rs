@@ -54,6 +54,7 @@ pub fn submit(
     } else {
         "ncclRecv"
     };
+    comm.ras.health.issued(&what[4..]);
     let checked = || -> Result<P2pOp> {
         group::enter(comm)?;
         comm.check_usable()?;

@@ -614,6 +614,11 @@ pub mod procs {
         victim: Option<usize>,
         per_rank: impl Fn(usize) -> Vec<(String, String)>,
     ) {
+        // The root this parent starts listens on loopback, like the ranks (NCCL_SOCKET_IFNAME
+        // reaches only the children): tests never use an address of a real interface.
+        if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+            std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+        }
         let id = nccl::get_unique_id().expect("unique id");
         let hex: String = id.internal.iter().map(|b| format!("{b:02x}")).collect();
         let exe = std::env::current_exe().expect("test binary path");
