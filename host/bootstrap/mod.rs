@@ -504,11 +504,7 @@ impl Bootstrap {
     /// own (a rank that is slow to read must not hold up the reader that saw the fault).
     fn tell_everyone(self: Arc<Self>, f: Fault) {
         let spawned = socket::spawn("nccl-bs-fault", move || {
-            let mut end = f.why.len().min(wire::MAX_FAIL_TEXT);
-            while !f.why.is_char_boundary(end) {
-                end -= 1;
-            }
-            let why = &f.why.as_bytes()[..end];
+            let why = wire::cut_text(&f.why).as_bytes();
             for r in (0..self.nranks()).filter(|&r| r != self.rank() && r != f.dead) {
                 if let Err(e) = self.send_on(r, Channel::Fault, f.dead as u32, why) {
                     log::debug!("rank {}: fault notice to rank {r}: {e}", self.rank());

@@ -40,6 +40,17 @@ struct Mailbox {
     dead: HashMap<usize, String>,
 }
 
+/// Records `rank` as gone (the first reason stays); whether this is news.
+fn mark_dead(mb: &mut Mailbox, rank: usize, why: &str) -> bool {
+    match mb.dead.entry(rank) {
+        std::collections::hash_map::Entry::Occupied(_) => false,
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(why.to_string());
+            true
+        }
+    }
+}
+
 /// A peer gone without a goodbye (its process died, or it aborted): what a watcher hears.
 #[derive(Clone, Debug)]
 pub(crate) struct Fault {
@@ -330,10 +341,7 @@ impl Shared {
             e.1 = Some(why.clone());
             // Our own close ends every connection: that is no fault of the peer's.
             // Reported once per peer, however many of its connections end.
-            !self.is_closed()
-                && !mb.left.contains(&from)
-                && !mb.dead.contains_key(&from)
-                && mb.dead.insert(from, why.clone()).is_none()
+            !self.is_closed() && !mb.left.contains(&from) && mark_dead(&mut mb, from, &why)
         };
         self.arrived.notify_all();
         if gone {
@@ -354,11 +362,7 @@ impl Shared {
         if fault.dead == self.rank || self.is_closed() {
             return;
         }
-        let first = {
-            let mut mb = lock(&self.mailbox);
-            !mb.dead.contains_key(&fault.dead)
-                && mb.dead.insert(fault.dead, fault.why.clone()).is_none()
-        };
+        let first = mark_dead(&mut lock(&self.mailbox), fault.dead, &fault.why);
         self.arrived.notify_all();
         if first {
             self.notify(fault);

@@ -333,16 +333,21 @@ pub(crate) fn encode_table(nonce: u64, members: &[Member]) -> Vec<u8> {
 }
 
 pub(crate) fn encode_fail(code: NcclResult, message: &str) -> Vec<u8> {
-    let mut end = message.len().min(MAX_FAIL_TEXT);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    let text = &message.as_bytes()[..end];
+    let text = cut_text(message).as_bytes();
     let mut f = Frame::control(T_FAIL, 5 + text.len());
     f.u8(code as u8);
     f.u32(text.len() as u32);
     f.0.extend_from_slice(text);
     f.finish()
+}
+
+/// `text` cut to `MAX_FAIL_TEXT` bytes at a char boundary (error and fault texts on the wire).
+pub(crate) fn cut_text(text: &str) -> &str {
+    let mut end = text.len().min(MAX_FAIL_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// A data frame; Err(invalid_argument) when the payload is over `MAX_PAYLOAD`.
