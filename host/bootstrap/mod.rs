@@ -457,9 +457,14 @@ impl Bootstrap {
     }
 
     /// Closes every socket of this rank; waiting and later calls fail instead of hanging.
-    /// No goodbye: to the peers this rank is gone, as if its process had died.
+    /// No goodbye, so the peers take this rank for gone, as if its process had died — unless
+    /// it aborts because a peer is already gone: then it says goodbye, so that survivors keep
+    /// naming the rank that really died, not the first one to abort after it.
     pub fn abort(&self) {
         self.shared.clear_watcher();
+        if self.shared.any_gone() {
+            self.say_goodbye();
+        }
         self.shared.close("aborted");
     }
 

@@ -397,6 +397,11 @@ impl Shared {
         *lock(&self.ras) = Some(r);
     }
 
+    /// Whether some peer is known to be gone.
+    pub(crate) fn any_gone(&self) -> bool {
+        !lock(&self.mailbox).dead.is_empty()
+    }
+
     /// Why `rank` is known to be gone, if it is.
     pub(crate) fn gone(&self, rank: usize) -> Option<String> {
         lock(&self.mailbox).dead.get(&rank).cloned()
