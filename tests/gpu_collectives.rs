@@ -267,7 +267,7 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
             Drive::ThreadPerRank
         };
         let ranks = gpus(n);
-        for scale in [0usize, 1, 1000, 3 << 20] {
+        for scale in common::matrix_counts(&[0usize, 1, 1000, 3 << 20]) {
             common::check_all_to_all(&ranks, scale, drive).unwrap_or_else(|e| panic!("{e}"));
         }
     }

@@ -505,9 +505,54 @@ pub fn forced_protocol_comms(
     Ranks::new(comms)
 }
 
+/// The element types of the matrices: all of them, or those NCCL_RS_TEST_TYPES names by their
+/// NCCL names (e.g. `float,int8`), for slow runs such as compute-sanitizer's, which cannot afford
+/// every kernel family. A name that is no type is an error; stderr says what was left out.
+pub fn matrix_types() -> Vec<DataType> {
+    let Ok(list) = std::env::var("NCCL_RS_TEST_TYPES") else {
+        return DataType::ALL.to_vec();
+    };
+    let picked: Vec<DataType> = list
+        .split(',')
+        .map(|s| {
+            let s = s.trim();
+            DataType::ALL
+                .into_iter()
+                .find(|t| t.name() == s)
+                .unwrap_or_else(|| panic!("NCCL_RS_TEST_TYPES: no type named {s:?}"))
+        })
+        .collect();
+    eprintln!("NCCL_RS_TEST_TYPES={list}: these types only, of all {}", DataType::ALL.len());
+    picked
+}
+
+/// The counts of the matrices: `counts`, or with NCCL_RS_TEST_MAX_COUNT=M each count above M
+/// replaced by M (duplicates dropped), for slow runs; stderr says so.
+pub fn matrix_counts(counts: &[usize]) -> Vec<usize> {
+    let Ok(max) = std::env::var("NCCL_RS_TEST_MAX_COUNT") else {
+        return counts.to_vec();
+    };
+    let max: usize = max
+        .trim()
+        .parse()
+        .expect("NCCL_RS_TEST_MAX_COUNT: a count");
+    let mut out: Vec<usize> = Vec::new();
+    for &c in counts {
+        let c = c.min(max);
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    if out != counts {
+        eprintln!("NCCL_RS_TEST_MAX_COUNT={max}: counts {out:?} instead of {counts:?}");
+    }
+    out
+}
+
 /// Every element type and reduction at each count, alternating in-place and out-of-place.
 pub fn type_op_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
-    for (k, dt) in DataType::ALL.into_iter().enumerate() {
+    let counts = &matrix_counts(counts)[..];
+    for (k, dt) in matrix_types().into_iter().enumerate() {
         for op in ALL_OPS {
             for (i, &count) in counts.iter().enumerate() {
                 let in_place = (i + k) % 2 == 1;
@@ -522,8 +567,10 @@ pub fn type_op_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
 /// out-of-place.
 pub fn collective_matrix(ranks: &Ranks, counts: &[usize], drive: Drive) {
     let n = ranks.comms[0].count();
+    let counts = &matrix_counts(counts)[..];
+    let types = matrix_types();
     for coll in Coll::ALL {
-        for (k, dt) in DataType::ALL.into_iter().enumerate() {
+        for (k, dt) in types.iter().copied().enumerate() {
             for (i, &count) in counts.iter().enumerate() {
                 for in_place in [false, true] {
                     let op = ALL_OPS[(k + i) % ALL_OPS.len()];
