@@ -522,7 +522,10 @@ pub fn matrix_types() -> Vec<DataType> {
                 .unwrap_or_else(|| panic!("NCCL_RS_TEST_TYPES: no type named {s:?}"))
         })
         .collect();
-    eprintln!("NCCL_RS_TEST_TYPES={list}: these types only, of all {}", DataType::ALL.len());
+    eprintln!(
+        "NCCL_RS_TEST_TYPES={list}: these types only, of all {}",
+        DataType::ALL.len()
+    );
     picked
 }
 
@@ -532,10 +535,7 @@ pub fn matrix_counts(counts: &[usize]) -> Vec<usize> {
     let Ok(max) = std::env::var("NCCL_RS_TEST_MAX_COUNT") else {
         return counts.to_vec();
     };
-    let max: usize = max
-        .trim()
-        .parse()
-        .expect("NCCL_RS_TEST_MAX_COUNT: a count");
+    let max: usize = max.trim().parse().expect("NCCL_RS_TEST_MAX_COUNT: a count");
     let mut out: Vec<usize> = Vec::new();
     for &c in counts {
         let c = c.min(max);
