@@ -116,6 +116,34 @@ impl<T: Elem> Move<T> {
         self.run_inline(&op, n, tid, nthreads)
     }
 
+    /// [`Move::run`], then the group's barrier (`bar` 0: the CTA's; else named barrier `bar` of
+    /// `bar_threads` threads), in one body.
+    ///
+    /// The barrier sits in this function, not after the call: lanes leave the mover's loops at
+    /// different times, and the driver's JIT compiles a barrier right after a call return as if
+    /// the warp were whole again, so a split warp reached it (compute-sanitizer's synccheck:
+    /// "divergent threads in warp" at the Simple step's barrier on one H100; a trap on a
+    /// partial `activemask` there fired on the hardware too: results/h100-compute-sanitizer.txt).
+    /// Here the JIT sees the loops end and guards the barrier for a split warp, as it does for
+    /// every other barrier of the kernels.
+    #[inline(never)]
+    pub unsafe fn run_then_meet<O: RedOp<T>>(
+        self,
+        op: O,
+        n: usize,
+        tid: usize,
+        nthreads: usize,
+        bar: u32,
+        bar_threads: u32,
+    ) {
+        self.run_inline(&op, n, tid, nthreads);
+        if bar == 0 {
+            arch::sync_threads();
+        } else {
+            arch::barrier_named(bar, bar_threads);
+        }
+    }
+
     /// [`Move::run`] inlined at the call site, as every step was before it had its own
     /// body. The send/recv kernel keeps that: its family is small, and with the shared body
     /// 4xH200 sendrecv at 512 MiB measured 0.65-0.66 of NCCL, against 0.80 inlined (same

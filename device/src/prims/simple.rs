@@ -366,13 +366,14 @@ impl Simple {
         if send {
             mv.send = Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T;
         }
+        // With a publisher, the barrier after the data hands it the step; without, thread 0
+        // publishes.
         if self.inline {
             mv.run_inline(op, n, self.tid, workers);
+            self.sync();
         } else {
-            mv.run(*op, n, self.tid, workers);
+            mv.run_then_meet(*op, n, self.tid, workers, self.bar, self.nthreads as u32);
         }
-        // With a publisher, this barrier hands it the step; without, thread 0 publishes.
-        self.sync();
         if workers == self.nthreads && self.tid == 0 {
             self.publish(recv, send, n * core::mem::size_of::<T>());
         }
