@@ -2,7 +2,7 @@
 //! every error carries the message that `ncclGetLastError` returns.
 
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// `ncclResult_t`, value for value.
 #[repr(C)]
@@ -51,14 +51,25 @@ impl NcclResult {
     }
 }
 
-/// An error: its `ncclResult_t` and a message saying what went wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An error: its `ncclResult_t`, a message saying what went wrong, and the error underneath
+/// where there is one (an I/O error: [`std::error::Error::source`]).
+#[derive(Clone, Debug)]
 pub struct Error {
     /// The `ncclResult_t` it maps to.
     pub code: NcclResult,
     /// What went wrong (what `ncclGetLastError` returns).
     pub message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
+
+/// Errors are equal when their code and message are (the source is what the message says).
+impl PartialEq for Error {
+    fn eq(&self, other: &Error) -> bool {
+        self.code == other.code && self.message == other.message
+    }
+}
+
+impl Eq for Error {}
 
 /// A result whose error is an [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
@@ -73,7 +84,24 @@ impl Error {
         if let Ok(mut last) = LAST_ERROR.lock() {
             last.clone_from(&message);
         }
-        Error { code, message }
+        Error {
+            code,
+            message,
+            source: None,
+        }
+    }
+    /// An `InProgress` answer: not a failure, so neither logged nor kept as the last error.
+    pub(crate) fn in_progress(what: impl Into<String>) -> Error {
+        Error {
+            code: NcclResult::InProgress,
+            message: what.into(),
+            source: None,
+        }
+    }
+    /// The same error, with `source` as the error underneath it.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        self.source = Some(Arc::new(source));
+        self
     }
     /// `ncclUnhandledCudaError`.
     pub fn cuda(message: impl Into<String>) -> Error {
@@ -101,7 +129,10 @@ impl Error {
     }
     /// Adds what was being done when the error happened, keeping the code.
     pub fn context(self, what: impl fmt::Display) -> Error {
-        Error::new(self.code, format!("{what}: {}", self.message))
+        Error {
+            source: self.source,
+            ..Error::new(self.code, format!("{what}: {}", self.message))
+        }
     }
 }
 
@@ -111,11 +142,17 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
-        Error::system(format!("system call failed: {e}"))
+        Error::system(format!("system call failed: {e}")).with_source(e)
     }
 }
 
@@ -139,5 +176,18 @@ mod tests {
             .context("ncclCommInitRank")
             .message
             .starts_with("ncclCommInitRank: "));
+    }
+
+    #[test]
+    fn an_io_error_stays_the_source_through_context() {
+        use std::error::Error as _;
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "peer reset");
+        let e = Error::from(io).context("rank 1: recv from rank 0");
+        assert_eq!(e.code, NcclResult::SystemError);
+        let src = e.source().expect("the io::Error underneath");
+        let io = src.downcast_ref::<std::io::Error>().expect("an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+        assert!(Error::internal("no source").source().is_none());
+        assert_eq!(e.clone(), e, "equal by code and message");
     }
 }

@@ -92,7 +92,9 @@ pub use api::{
     Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,
 };
 pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
-pub use comm::{Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR};
+pub use comm::{
+    AbortHandle, Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR,
+};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
 pub use enqueue::{CollCall, ReduceOp};
 pub use error::{Error, NcclResult, Result};

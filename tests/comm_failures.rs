@@ -2,6 +2,8 @@
 //! creation, a dead peer. Every case ends with an error in bounded time, never a hang. (A test
 //! binary of its own: it shortens NCCL_BOOTSTRAP_TIMEOUT_MS for the whole process.)
 
+mod common;
+
 use nccl::{Backend, Comm, Config, Device, NcclResult};
 use std::time::{Duration, Instant};
 
@@ -123,4 +125,113 @@ fn abort_ends_a_collective_stuck_on_an_absent_peer() {
     drop(buf);
     c.device().stream_destroy(stream).unwrap();
     drop(comms);
+}
+
+/// The bootstrap root killed during init (issue 23's tests): rank 0 starts the root
+/// (`NCCL_COMM_ID`, as launchers do) and dies while rank 2 has not arrived yet. Rank 1, waiting
+/// on the root, and rank 2, arriving at a port nobody listens on any more, both fail init with
+/// an error in bounded time.
+#[test]
+fn the_root_killed_during_init_fails_every_rank_in_time() {
+    if let Some((rank, nranks, _)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let id = nccl::get_unique_id().expect("the id of NCCL_COMM_ID");
+        match rank {
+            0 => {
+                std::thread::spawn(|| {
+                    std::thread::sleep(Duration::from_millis(500));
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                });
+                let _ = Comm::init_rank_on(dev(0), nranks, &id, 0);
+                std::thread::sleep(Duration::from_secs(60));
+                unreachable!("rank 0 was to die during its init");
+            }
+            _ => {
+                if rank == 2 {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                let t = Instant::now();
+                let e = Comm::init_rank_on(dev(rank), nranks, &id, rank)
+                    .err()
+                    .expect("an init whose root died must fail");
+                let took = t.elapsed();
+                eprintln!("rank {rank}: {:?} after {took:?}: {e}", e.code);
+                assert_ne!(e.code, NcclResult::Success);
+                // A liveness bound (the bootstrap timeout is 3 s here), not a timing claim.
+                assert!(took < Duration::from_secs(20), "rank {rank}: {took:?}");
+            }
+        }
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let comm_id = format!("127.0.0.1:{port}");
+    let env = [
+        ("NCCL_SOCKET_IFNAME", "lo"),
+        ("NCCL_COMM_ID", comm_id.as_str()),
+        ("NCCL_BOOTSTRAP_TIMEOUT_MS", "3000"),
+    ];
+    common::procs::run_nodes_with_victim(
+        "the_root_killed_during_init_fails_every_rank_in_time",
+        1,
+        3,
+        &env,
+        0,
+    );
+}
+
+/// NCCL's watchdog pattern with a `Comm` that is not `Sync`: the owner thread is blocked on a
+/// collective whose peer never comes; another thread, holding only an `AbortHandle`, polls the
+/// async error and aborts; the owner's wait ends.
+#[test]
+fn a_watchdog_thread_aborts_through_a_handle() {
+    sim();
+    let comms = Comm::init_all(&[2, 3]).expect("init_all");
+    let c = &comms[0];
+    let handle = c.abort_handle();
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(handle.get_async_error().is_ok(), "no fault yet");
+        assert!(!handle.is_aborted());
+        handle.abort();
+        handle
+    });
+    let stream = c.device().stream_create().unwrap();
+    let buf = c.device().alloc(1 << 20).unwrap();
+    unsafe {
+        c.all_reduce_raw(
+            buf.ptr(),
+            buf.ptr(),
+            1 << 18,
+            nccl::DataType::Float32,
+            nccl::ReduceOp::Sum,
+            stream,
+        )
+    }
+    .unwrap();
+    // Blocks until the watchdog's abort ends the kernel (a liveness bound, not timing).
+    let t = Instant::now();
+    let _ = c.device().stream_sync(stream);
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    let handle = watchdog.join().expect("watchdog");
+    assert!(c.is_aborted() && handle.is_aborted());
+    let e = unsafe {
+        c.all_reduce_raw(
+            buf.ptr(),
+            buf.ptr(),
+            1,
+            nccl::DataType::Float32,
+            nccl::ReduceOp::Sum,
+            stream,
+        )
+    }
+    .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+    drop(buf);
+    c.device().stream_destroy(stream).unwrap();
+    drop(comms);
+    // The handle outlives the communicator: aborting again does nothing.
+    handle.abort();
 }

@@ -93,3 +93,146 @@ fn a_query_names_the_dead_and_the_late_rank() {
     ];
     common::procs::run_nodes_with_victim("a_query_names_the_dead_and_the_late_rank", 1, 4, &env, 3);
 }
+
+/// A rank stopped by SIGSTOP (alive for the kernel, silent for everyone): its peers see no
+/// error, and a query names it as not responding. It is woken after the query and the job
+/// ends normally.
+#[test]
+fn a_query_names_a_stopped_rank() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank");
+        let buf = comm.device().alloc(4096).expect("alloc");
+        let stream = comm.device().stream_create().expect("stream");
+        all_reduce(&comm, &buf, stream);
+        comm.device()
+            .stream_sync(stream)
+            .expect("the first AllReduce");
+        match rank {
+            2 => {
+                // A shell wakes this process in 12 s; meanwhile every thread of it is stopped.
+                let pid = std::process::id();
+                std::process::Command::new("sh")
+                    .args(["-c", &format!("sleep 12; kill -CONT {pid}")])
+                    .spawn()
+                    .expect("start the waker");
+                unsafe {
+                    libc::raise(libc::SIGSTOP);
+                }
+            }
+            1 => std::thread::sleep(Duration::from_secs(8)),
+            _ => {
+                // Rank 2 stops within a few ms of its AllReduce ending.
+                std::thread::sleep(Duration::from_secs(1));
+                let addr = nccl::ras::listening_on().expect("rank 0's RAS listener");
+                let t = Instant::now();
+                let text =
+                    nccl::ras::query(addr, false, Duration::from_secs(20)).expect("a RAS answer");
+                eprintln!("answered in {:?}:\n{text}", t.elapsed());
+                for want in [
+                    "3 ranks",
+                    "rank 2: NOT RESPONDING",
+                    "STUCK or FAILED: 1 rank not responding",
+                ] {
+                    assert!(text.contains(want), "no {want:?} in:\n{text}");
+                }
+                assert!(!text.contains("rank 1:"), "rank 1 is healthy:\n{text}");
+                assert!(comm.get_async_error().is_ok(), "a stopped rank is not dead");
+            }
+        }
+        comm.abort();
+        let _ = comm.device().stream_sync(stream);
+        drop(buf);
+        drop(comm);
+        return;
+    }
+    let env = [
+        ("NCCL_SOCKET_IFNAME", "lo"),
+        ("NCCL_RAS_ADDR", "127.0.0.1:0"),
+    ];
+    common::procs::run_nodes("a_query_names_a_stopped_rank", 1, 3, &env);
+}
+
+/// Hostile clients on the RAS listener: a flood of silent connections holds at most a few
+/// threads (the rest are turned away at once), garbage gets an error line or a closed
+/// connection, and a real query still gets its report afterwards.
+#[test]
+fn the_ras_listener_survives_hostile_clients() {
+    use std::io::{Read, Write};
+    if common::procs::child().is_some() {
+        return;
+    }
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    std::env::set_var("NCCL_RAS_ADDR", "127.0.0.1:0");
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    let comms = Comm::init_all(&[0]).expect("a one-rank communicator");
+    let addr = nccl::ras::listening_on().expect("this process's RAS listener");
+    assert!(addr.ip().is_loopback(), "{addr}");
+    let threads = || std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
+    let before = threads();
+    let silent: Vec<_> = (0..100)
+        .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = threads();
+    let answer = |bytes: &[u8]| {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    // While the flood holds every slot, others are told so at once.
+    let busy = answer(b"STATUS\n");
+    drop(silent);
+    assert!(
+        during <= before + 4 + 2,
+        "100 silent RAS clients: threads {before} -> {during}"
+    );
+    assert!(busy.starts_with("ERROR: too many"), "{busy:?}");
+    // Garbage, once the slots are free again.
+    let mut rng = common::Rng::new(23);
+    let junk: Vec<u8> = (0..4000).map(|_| rng.next() as u8).collect();
+    let t = Instant::now();
+    let mut got = Vec::new();
+    for bytes in [
+        &b"HELLO\n"[..],
+        &junk[..],
+        &[b'A'; 100_000][..],
+        &[0xff, 0xfe, b'\n'][..],
+    ] {
+        let mut text = answer(bytes);
+        while text.starts_with("ERROR: too many") && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+            text = answer(bytes);
+        }
+        got.push(text);
+    }
+    assert!(got[0].starts_with("ERROR: unknown command"), "{:?}", got[0]);
+    assert!(got[2].starts_with("ERROR: unknown command"), "{:?}", got[2]);
+    for text in &got {
+        assert!(
+            !text.contains("Communicator"),
+            "garbage got a report: {text:?}"
+        );
+    }
+    // And a real query.
+    let mut text = String::new();
+    while t.elapsed() < Duration::from_secs(20) {
+        text = nccl::ras::query(addr, false, Duration::from_secs(10)).expect("a RAS answer");
+        if !text.starts_with("ERROR: too many") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        text.contains("Communicator") && text.contains("state: OK"),
+        "{text}"
+    );
+    for c in comms {
+        c.destroy().expect("destroy");
+    }
+}

@@ -118,7 +118,7 @@ fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello>
         .unwrap_or_else(|_| "?".into());
     let _ = stream.set_nodelay(true);
     let body = match socket::read_frame(
-        &stream,
+        stream,
         wire::MAX_CTRL_BODY,
         socket::deadline_after(socket::handshake_wait()),
     ) {

@@ -479,12 +479,17 @@ fn a_gone_peer_is_reported_to_every_rank() {
     heard.sort();
     assert_eq!(heard, [0, 2]);
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "once per peer");
-    // Waits on the dead rank and collectives of all ranks now fail at once.
+    // Waits on the dead rank and collectives of all ranks now fail at once, not at the end
+    // of their timeout (60 s here; the bound below is liveness, not timing: a loaded 2-core
+    // machine took over 2 s once).
+    for r in [0, 2] {
+        ranks[r].set_op_timeout(Duration::from_secs(60));
+    }
     let start = Instant::now();
     let e = ranks[0].recv(1, 7).expect_err("rank 1 is gone");
     assert!(e.message.contains("is gone"), "{e}");
     assert!(ranks[2].barrier().is_err());
-    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
 }
 
 /// Knowing the unique id (its nonce) is not enough to pass as a rank: a greeting must carry
@@ -515,6 +520,24 @@ fn a_forged_rank_cannot_send_in_its_name() {
     // Without the key (any guess), and as the rank itself.
     let _a = forge(0);
     let _b = forge(0x5eed);
+    // Without the nonce, and plain garbage: random bytes, a frame announcing 2 GiB, a
+    // truncated greeting. None may kill the listener or reach the mailbox.
+    let stranger = |bytes: &[u8]| {
+        let mut s = TcpStream::connect(target).expect("connect");
+        let _ = s.write_all(bytes);
+        s
+    };
+    let wrong_nonce = wire::encode_connect(&wire::Connect {
+        nonce: nonce ^ 0x40,
+        from: 1,
+        nranks: 2,
+        key: 0,
+    });
+    let mut rng = Rng(0x5151_7e57);
+    let _c = stranger(&wrong_nonce);
+    let _d = stranger(&rng.bytes(500));
+    let _e = stranger(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3]);
+    let _f = stranger(&wrong_nonce[..wrong_nonce.len() / 2]);
     ranks[0].set_op_timeout(Duration::from_millis(500));
     let e = ranks[0].recv(1, 9).expect_err("the forged message must not arrive");
     assert!(e.message.contains("timed out"), "{e}");

@@ -93,14 +93,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// An "in progress" answer, without logging it or touching the last error (callers poll).
-fn in_progress(what: &str) -> Error {
-    Error {
-        code: NcclResult::InProgress,
-        message: what.to_string(),
-    }
-}
-
 impl CommHandle {
     pub(crate) fn pending(p: PendingComm, blocking: bool) -> CommHandle {
         CommHandle {
@@ -128,7 +120,11 @@ impl CommHandle {
             State::Ready(c) => return Ok(c.clone()),
             State::Failed(e) => return Err(e.clone()),
             State::Pending(p) => match p.try_take() {
-                None => return Err(in_progress("the communicator is still being created")),
+                None => {
+                    return Err(Error::in_progress(
+                        "the communicator is still being created",
+                    ))
+                }
                 Some(r) => r,
             },
         };
@@ -158,7 +154,7 @@ impl CommHandle {
         }
         match &*f {
             Finalize::NotCalled => None,
-            Finalize::Running(_) => Some(Err(in_progress("finalize is in progress"))),
+            Finalize::Running(_) => Some(Err(Error::in_progress("finalize is in progress"))),
             Finalize::Done(r) => Some(r.clone()),
         }
     }
@@ -244,7 +240,7 @@ impl CommHandle {
         }
         let state = std::mem::replace(
             &mut *lock(&self.state),
-            State::Failed(in_progress("destroyed")),
+            State::Failed(Error::in_progress("destroyed")),
         );
         match state {
             State::Ready(c) => match Arc::try_unwrap(c.0) {

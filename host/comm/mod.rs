@@ -10,6 +10,7 @@
 //! owns ([`order`]) and the thread's group nesting with its deferred creations
 //! (`group_scope`), lives here.
 
+mod abort_handle;
 mod config;
 pub(crate) mod group_scope;
 mod net;
@@ -24,6 +25,7 @@ mod transports;
 pub mod tuning;
 mod turns;
 
+pub use abort_handle::AbortHandle;
 pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
 pub use pending::{Launch, PendingComm};
 pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
@@ -202,16 +204,18 @@ impl Shape {
         if !ch.contains(&self.net_nchannels) {
             return bad("net_nchannels", self.net_nchannels.into());
         }
-        if !(1..=crate::cuda::MAX_THREADS as u32).contains(&self.nthreads) {
+        if !(1..=crate::cuda::MAX_THREADS).contains(&self.nthreads) {
             return bad("nthreads", self.nthreads.into());
         }
-        if !(128..=max_slot).contains(&self.slot_bytes) || self.slot_bytes % 128 != 0 {
+        if !(128..=max_slot).contains(&self.slot_bytes) || !self.slot_bytes.is_multiple_of(128) {
             return bad("slot_bytes", self.slot_bytes.into());
         }
         if self.p2p_conns > (MAX_P2P_ITEMS / 4) as u32 {
             return bad("p2p_conns", self.p2p_conns.into());
         }
-        if !(4096..=(1 << 24)).contains(&self.p2p_slot_bytes) || self.p2p_slot_bytes % 128 != 0 {
+        if !(4096..=(1 << 24)).contains(&self.p2p_slot_bytes)
+            || !self.p2p_slot_bytes.is_multiple_of(128)
+        {
             return bad("p2p_slot_bytes", self.p2p_slot_bytes.into());
         }
         if ![0, 1, 2, 4].contains(&self.slice_steps) {
@@ -259,7 +263,8 @@ pub struct Comm {
     /// The ring's connections through host shared memory (neighbours p2p does not reach).
     _shm: Option<ShmRing>,
     kernels: Mutex<HashMap<(&'static str, DataType, RedOpKind), Kernel>>,
-    aborted: AtomicBool,
+    /// Set by `abort` (shared with [`AbortHandle`]s).
+    aborted: Arc<AtomicBool>,
     /// Device memory this communicator took at init (bytes), for reports.
     pub(crate) init_bytes: usize,
     config: ResolvedConfig,
@@ -679,7 +684,7 @@ impl Comm {
             _p2p: p2p,
             _shm: shm,
             kernels: Mutex::new(HashMap::new()),
-            aborted: AtomicBool::new(false),
+            aborted: Arc::new(AtomicBool::new(false)),
             init_bytes: free_before.saturating_sub(free_after),
             config,
             abort_flag: abort.clone(),
@@ -1010,25 +1015,23 @@ impl Comm {
 
     /// `ncclCommAbort`: stops the bootstrap so no later call waits on a peer, even a dead one;
     /// later operations are invalid usage. The memory is released when the communicator drops
-    /// (without waiting for outstanding operations).
+    /// (without waiting for outstanding operations). From another thread, use an
+    /// [`AbortHandle`] ([`Comm::abort_handle`]).
     pub fn abort(&self) {
-        self.stop_operations();
-        self.abort_flag.abort();
-        self.bootstrap.abort();
-        // A non-blocking group issuing our work must stop before our memory may go; the
-        // bootstrap abort above ends any handshake it waits on.
-        let _ = self.order.background.wait();
+        self.abort_handle().abort();
+    }
+
+    /// A handle that aborts this communicator or reads its async error from any thread (a
+    /// watchdog's, while this one is blocked in the communicator's work).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle::of(self)
     }
 
     /// What `NCCL_SHRINK_ABORT` asks before a shrink: the kernels in flight stop waiting on
     /// peers and return, and later operations are invalid usage, but the bootstrap stays open
     /// for the shrink's own messages.
     pub(crate) fn stop_operations(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.kernel_abort.raise();
-        if let Some(n) = &self.net {
-            n.proxy.abandon();
-        }
+        self.abort_handle().stop_operations();
     }
 
     /// Whether `abort` was called.

@@ -20,7 +20,7 @@
 //! the enqueue layer launches through it.
 
 use crate::cuda::{Device, StreamHandle};
-use crate::error::{Error, NcclResult, Result};
+use crate::error::{Error, Result};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// The background issue of a non-blocking group, as one communicator sees it.
@@ -74,7 +74,7 @@ impl Background {
     pub fn state(&self) -> Result<()> {
         match &*self.lock() {
             BgState::Idle => Ok(()),
-            BgState::Running => Err(in_progress(
+            BgState::Running => Err(Error::in_progress(
                 "a non-blocking group is still issuing this communicator's operations",
             )),
             BgState::Failed(e) => Err(e.clone()),
@@ -109,14 +109,6 @@ pub struct StreamOrder {
     last: Mutex<Last>,
     /// A non-blocking group issuing this communicator's work on another thread.
     pub(crate) background: Background,
-}
-
-/// An `InProgress` answer: not a failure, so neither logged nor kept as the last error.
-pub(crate) fn in_progress(what: impl Into<String>) -> Error {
-    Error {
-        code: NcclResult::InProgress,
-        message: what.into(),
-    }
 }
 
 impl StreamOrder {
@@ -255,6 +247,7 @@ fn link(device: &Device, from: StreamHandle, to: StreamHandle) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::NcclResult;
 
     #[test]
     fn background_state_follows_the_group() {

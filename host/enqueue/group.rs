@@ -15,7 +15,7 @@
 //! and the model's time of its collectives is returned.
 
 use crate::comm::group_scope::{self, Closed};
-use crate::comm::order::{in_progress, StreamOrder};
+use crate::comm::order::StreamOrder;
 use crate::comm::Comm;
 use crate::error::{Error, NcclResult, Result};
 use std::cell::RefCell;
@@ -215,7 +215,7 @@ fn end_with(inline: bool) -> Result<()> {
             }
         });
     match spawned {
-        Ok(_) => Err(in_progress(
+        Ok(_) => Err(Error::in_progress(
             "ncclGroupEnd: the group's operations are being issued in the background",
         )),
         Err(e) => {
