@@ -113,13 +113,14 @@ fn a_query_names_a_stopped_rank() {
             2 => {
                 // A shell wakes this process in 12 s; meanwhile every thread of it is stopped.
                 let pid = std::process::id();
-                std::process::Command::new("sh")
+                let mut waker = std::process::Command::new("sh")
                     .args(["-c", &format!("sleep 12; kill -CONT {pid}")])
                     .spawn()
                     .expect("start the waker");
                 unsafe {
                     libc::raise(libc::SIGSTOP);
                 }
+                let _ = waker.wait();
             }
             1 => std::thread::sleep(Duration::from_secs(8)),
             _ => {

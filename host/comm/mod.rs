@@ -13,6 +13,7 @@
 mod abort_handle;
 mod config;
 pub(crate) mod group_scope;
+mod keepalive;
 mod net;
 pub mod order;
 mod peer;
@@ -284,6 +285,9 @@ pub struct Comm {
     pub(crate) split_turns: Arc<turns::Turns>,
     /// This communicator's health, for RAS queries (see [`crate::ras`]).
     pub(crate) ras: Arc<crate::ras::Entry>,
+    /// Where the connection memory goes when this rank drops while other ranks of the
+    /// communicator in this process may still write into it (see [`keepalive`]).
+    keep: Arc<keepalive::Keep>,
     /// `Send` but not `Sync`: one thread at a time issues on a communicator (see [`NotSync`]).
     pub(crate) _one_thread: NotSync,
 }
@@ -517,6 +521,9 @@ impl Comm {
             // one slot per Simple step (every rank knows every pair's transport, so all agree).
             shape.slice_steps = 1;
         }
+        // Before the connection exchange, so every member in this process joins before any
+        // can leave.
+        let keep = keepalive::join(net::comm_id(&ids[0].internal));
         let p2p = if nranks > 1 {
             Some(P2p::setup(
                 &device,
@@ -695,6 +702,7 @@ impl Comm {
             kernel_abort,
             split_turns: Arc::default(),
             ras,
+            keep,
             _one_thread: NotSync::default(),
         })
     }
@@ -1075,6 +1083,18 @@ impl Drop for Comm {
         // A fault notice thread may keep the bootstrap a moment longer: it must not reach
         // this communicator's flag and error slot any more.
         self.bootstrap.unwatch();
+        // Our kernels are done, but a peer's in this process may still write into our
+        // connection memory: it goes with the last member in this process.
+        if let Some(p) = self._p2p.take() {
+            self.keep.leave(p);
+        }
+        if let Some(s) = self._shm.take() {
+            self.keep.leave(s);
+        }
+        if let Some(t) = self.tree_up.take() {
+            self.keep.leave(t);
+        }
+        self.keep.leave(self.links.clone());
     }
 }
 

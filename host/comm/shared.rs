@@ -78,6 +78,7 @@ fn fields_are_thread_safe(c: &Comm) {
         net,
         split_turns,
         ras,
+        keep,
         _one_thread: _,
     } = c;
     both(rank);
@@ -105,4 +106,5 @@ fn fields_are_thread_safe(c: &Comm) {
     both(net);
     both(split_turns);
     both(ras);
+    both(keep);
 }
