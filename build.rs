@@ -18,6 +18,13 @@ fn main() {
     println!("cargo:rerun-if-changed=device/src");
     println!("cargo:rerun-if-changed=device/Cargo.toml");
     println!("cargo:rerun-if-env-changed=NCCL_RS_SKIP_PTX");
+    // C-variadic functions (the net plugins' logger) need a nightly compiler; a crate built on
+    // stable gets the fallback in transport/net/plugin/log.rs.
+    println!("cargo::rustc-check-cfg=cfg(nccl_rs_variadic)");
+    let nightly = is_nightly();
+    if nightly {
+        println!("cargo:rustc-cfg=nccl_rs_variadic");
+    }
     // The C ABI drop-in answers to NVIDIA's soname, so programs linked against it load ours.
     if env::var_os("CARGO_FEATURE_CAPI").is_some() {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
@@ -38,7 +45,7 @@ fn main() {
             // For machines that only run the simulator and cannot build for nvptx.
             fs::write(&ptx, "").expect("write empty PTX");
         } else {
-            build_ptx(&manifest, &out, arch, &ptx);
+            build_ptx(&manifest, &out, arch, &ptx, nightly);
         }
         let sm: u32 = arch.trim_start_matches("sm_").parse().expect("sm_NN");
         let text = fs::read(&ptx).expect("read PTX");
@@ -53,11 +60,43 @@ fn main() {
     fs::write(out.join("ptx_table.rs"), table).expect("write ptx_table.rs");
 }
 
-fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path) {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+/// Whether the compiler building this crate is a nightly (or a local development build).
+fn is_nightly() -> bool {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    Command::new(rustc)
+        .arg("-V")
+        .output()
+        .map(|o| {
+            let v = String::from_utf8_lossy(&o.stdout);
+            v.contains("-nightly") || v.contains("-dev")
+        })
+        .unwrap_or(false)
+}
+
+/// The nightly toolchain this repository pins (rust-toolchain.toml), for the device build when
+/// the crate itself is built by a stable compiler (a project depending on nccl-rs).
+fn pinned_toolchain(manifest: &Path) -> String {
+    let text = fs::read_to_string(manifest.join("rust-toolchain.toml"))
+        .expect("nccl-rs build.rs: read rust-toolchain.toml");
+    text.lines()
+        .find_map(|l| {
+            let v = l.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+            Some(v.trim().trim_matches('"').to_string())
+        })
+        .expect("nccl-rs build.rs: rust-toolchain.toml names no channel")
+}
+
+fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path, nightly: bool) {
     // One target directory per architecture: the PTX is picked up by name from it.
     let target_dir = out.join(format!("nvptx-{arch}"));
-    let mut cmd = Command::new(cargo);
+    let mut cmd = if nightly {
+        Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    } else {
+        // The device crate needs nightly (build-std, nvptx asm): rustup runs the pinned one.
+        let mut c = Command::new("rustup");
+        c.args(["run", &pinned_toolchain(manifest), "cargo"]);
+        c
+    };
     cmd.current_dir(manifest)
         .args([
             "rustc",
@@ -74,6 +113,9 @@ fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path) {
         .arg(format!("-Ctarget-cpu={arch}"));
     // The outer build's flags and wrappers (clippy, coverage, host RUSTFLAGS) are not for nvptx.
     for var in [
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTUP_TOOLCHAIN",
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
         "RUSTC_WORKSPACE_WRAPPER",
@@ -89,9 +131,15 @@ fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path) {
     // core too must turn panics into traps: a kernel cannot unwind, and a call to core's panic
     // machinery would be an undefined symbol in the PTX.
     cmd.env("RUSTFLAGS", "-Zunstable-options -Cpanic=immediate-abort");
-    let status = cmd
-        .status()
-        .expect("nccl-rs build.rs: cannot run cargo for the device crate");
+    let status = cmd.status().unwrap_or_else(|e| {
+        panic!(
+            "nccl-rs build.rs: cannot run cargo for the device crate ({e}); with a stable \
+             compiler the kernels are built by rustup's {} toolchain (rustup toolchain install {} \
+             --component rust-src), or set NCCL_RS_SKIP_PTX=1 to build for the simulator only",
+            pinned_toolchain(manifest),
+            pinned_toolchain(manifest)
+        )
+    });
     if !status.success() {
         panic!("nccl-rs build.rs: the device crate failed to build for nvptx64-nvidia-cuda ({arch}); rustc's message is above");
     }

@@ -51,8 +51,9 @@
 //! Logging: the library emits through the `log` crate only; [`init_logging`] installs NCCL's
 //! `NCCL_DEBUG` logger when the program has none.
 
-// The network plugins' logger is a C variadic function (transport/net/plugin/log.rs).
-#![feature(c_variadic)]
+// The network plugins' logger is a C variadic function (transport/net/plugin/log.rs): that
+// needs nightly, and build.rs sets `nccl_rs_variadic` when the compiler is one.
+#![cfg_attr(nccl_rs_variadic, feature(c_variadic))]
 // The API is documented; the internals (public only with the test-only `internals` feature)
 // are not held to it.
 #![cfg_attr(not(feature = "internals"), warn(missing_docs))]

@@ -107,6 +107,7 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
 /// What the tuner knows of the network across nodes.
 #[derive(Clone, Copy, Debug)]
 pub struct NetModel {
+    /// Nodes the communicator spans.
     pub nnodes: usize,
     /// Bandwidth (GB/s) a node's channels reach over the network: one NIC per channel, as
     /// the channels spread over the network's devices.

@@ -5,7 +5,7 @@
 
 use super::abi::{CommConfig, NetAttr, PropsV11, PropsV8, PropsV9};
 use super::load::Table;
-use super::log::{logger, profiler};
+use super::log::{logger_fn, profiler};
 use crate::error::{Error, NcclResult, Result};
 use crate::transport::net::{Handle, Properties};
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -141,9 +141,9 @@ impl Api {
         // SAFETY: the callbacks are valid for the life of the process.
         let rc = unsafe {
             match self.table {
-                Table::V8(t) => need!(self, t, init)(logger),
-                Table::V9(t) => need!(self, t, init)(logger),
-                Table::V10(t) => need!(self, t, init)(logger, profiler),
+                Table::V8(t) => need!(self, t, init)(logger_fn()),
+                Table::V9(t) => need!(self, t, init)(logger_fn()),
+                Table::V10(t) => need!(self, t, init)(logger_fn(), profiler),
                 Table::V11(_) => return Err(Error::internal("v11 plugins init per communicator")),
             }
         };
@@ -158,7 +158,7 @@ impl Api {
         let mut ctx: P = null_mut();
         let mut config = config;
         // SAFETY: `ctx` and `config` are live for the call; the callbacks for the process.
-        let rc = unsafe { need!(self, t, init)(&mut ctx, comm_id, &mut config, logger, profiler) };
+        let rc = unsafe { need!(self, t, init)(&mut ctx, comm_id, &mut config, logger_fn(), profiler) };
         self.check("init", rc)?;
         Ok(ctx)
     }
