@@ -112,10 +112,13 @@ fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path, nightly: bool
         .args(["--", "--emit=asm", "-Ccodegen-units=1", "-Cdebuginfo=0"])
         .arg(format!("-Ctarget-cpu={arch}"));
     // The outer build's flags and wrappers (clippy, coverage, host RUSTFLAGS) are not for nvptx.
+    if !nightly {
+        // The outer (stable) compiler is not the one for the device crate: rustup run picks.
+        for var in ["RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN"] {
+            cmd.env_remove(var);
+        }
+    }
     for var in [
-        "RUSTC",
-        "RUSTDOC",
-        "RUSTUP_TOOLCHAIN",
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
         "RUSTC_WORKSPACE_WRAPPER",

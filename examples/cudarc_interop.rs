@@ -1,8 +1,16 @@
-//! cudarc interop (feature `cudarc`): a program that manages its GPU memory and streams with
-//! cudarc passes its `CudaSlice`s and `CudaStream` straight to the collectives (the `_on`
-//! calls), which keep cudarc's event bookkeeping. One thread per GPU, each all-reducing a
-//! buffer cudarc allocated. It needs a GPU (cudarc memory is CUDA memory); without one it says
-//! so and exits successfully.
+//! Moving a cudarc program to nccl-rs (feature `cudarc`). The body below is written against
+//! cudarc's own NCCL module (`cudarc::nccl::safe`); moving it to nccl-rs took one change, the
+//! `use` line:
+//!
+//! ```text
+//! - use cudarc::nccl::safe::{Comm, Id, ReduceOp};
+//! + use nccl::cudarc_nccl::{Comm, Id, ReduceOp};
+//! ```
+//!
+//! One thread per rank, each with a cudarc stream on its GPU (ranks share GPUs round-robin when
+//! there are fewer), cudarc's `CudaSlice`s all-reduced. It needs a GPU (cudarc memory is CUDA
+//! memory); without one it says so and exits successfully. The `_on` calls of `nccl::Comm`
+//! (`all_reduce_on`, ...) take the same cudarc buffers with this crate's own `Comm`.
 //!
 //! ```text
 //! cargo run --example cudarc_interop --features cudarc [NRANKS]
@@ -11,36 +19,30 @@
 mod common;
 
 use cudarc::driver::CudaContext;
-use nccl::{Backend, Comm, Op};
+use nccl::cudarc_nccl::{Comm, Id, ReduceOp};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if common::choose_backend()? != Backend::Cuda {
+    if common::choose_backend()? != nccl::Backend::Cuda {
         println!("cudarc_interop: no GPU here (cudarc allocates CUDA memory); nothing to run");
         return Ok(());
     }
-    let gpus = nccl::cuda::device_count()?;
+    let gpus = CudaContext::device_count()? as usize;
     let n = common::nranks_arg(gpus.max(1));
-    let id = nccl::get_unique_id()?;
+    let id = Id::new()?;
     let threads: Vec<_> = (0..n)
         .map(|rank| {
             std::thread::spawn(move || -> Result<Vec<f32>, String> {
                 let e = |x: &dyn std::fmt::Display| format!("rank {rank}: {x}");
-                let ordinal = rank % gpus.max(1);
-                let ctx = CudaContext::new(ordinal).map_err(|x| e(&x))?;
+                let ctx = CudaContext::new(rank % gpus.max(1)).map_err(|x| e(&x))?;
                 let stream = ctx.new_stream().map_err(|x| e(&x))?;
-                let device = nccl::Device::open(ordinal as i32).map_err(|x| e(&x))?;
-                let comm = Comm::init_rank_on(device, n, &id, rank).map_err(|x| e(&x))?;
-                // cudarc's memory, cudarc's stream: no conversion.
+                let comm = Comm::from_rank(stream.clone(), rank, n, id).map_err(|x| e(&x))?;
                 let send = stream
                     .clone_htod(&vec![(rank + 1) as f32; 1 << 16])
                     .map_err(|x| e(&x))?;
                 let mut recv = stream.alloc_zeros::<f32>(1 << 16).map_err(|x| e(&x))?;
-                comm.all_reduce_on(&send, &mut recv, Op::Sum, &stream)
+                comm.all_reduce(&send, &mut recv, &ReduceOp::Sum)
                     .map_err(|x| e(&x))?;
-                let out = stream.clone_dtoh(&recv).map_err(|x| e(&x))?;
-                comm.finalize().map_err(|x| e(&x))?;
-                comm.destroy().map_err(|x| e(&x))?;
-                Ok(out)
+                stream.clone_dtoh(&recv).map_err(|x| e(&x))
             })
         })
         .collect();
@@ -51,6 +53,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("rank {rank}: AllReduce result is not {want}").into());
         }
     }
-    println!("{n} ranks: AllReduce on cudarc's CudaSlice and CudaStream correct");
+    println!("{n} ranks: AllReduce through nccl::cudarc_nccl on cudarc's CudaSlice correct");
     Ok(())
 }

@@ -88,6 +88,8 @@ pub mod tune;
 
 internal_mods!(bootstrap, enqueue, env, graph, topo, transport);
 
+#[cfg(feature = "cudarc")]
+pub use api::cudarc_nccl;
 pub use api::{
     capture, group, Capture, CapturedGraph, DeviceBuffer, DeviceSlice, DeviceSliceMut, Element,
     Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,

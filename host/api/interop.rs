@@ -114,6 +114,45 @@ impl Comm {
         coll::broadcast(self, s, r, root, &st)
     }
 
+    /// In-place [`Comm::broadcast`] on cudarc's memory and stream.
+    pub fn broadcast_in_place_on<T, B>(
+        &self,
+        buf: &mut B,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()>
+    where
+        T: Element,
+        B: DevicePtrMut<T>,
+    {
+        let st = our_stream("ncclBroadcast", stream)?;
+        let (o, n) = (ordinal_of(buf), buf.len());
+        let (p, _write) = buf.device_ptr_mut(stream);
+        // SAFETY: as in `all_reduce_on`.
+        let b = unsafe { DeviceSliceMut::<T>::from_raw(o, p, n) };
+        coll::broadcast_in_place(self, b, root, &st)
+    }
+
+    /// In-place [`Comm::reduce`] on cudarc's memory and stream (the result on `root`).
+    pub fn reduce_in_place_on<T, B>(
+        &self,
+        buf: &mut B,
+        op: Op<T>,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()>
+    where
+        T: Element,
+        B: DevicePtrMut<T>,
+    {
+        let st = our_stream("ncclReduce", stream)?;
+        let (o, n) = (ordinal_of(buf), buf.len());
+        let (p, _write) = buf.device_ptr_mut(stream);
+        // SAFETY: as in `all_reduce_on`.
+        let b = unsafe { DeviceSliceMut::<T>::from_raw(o, p, n) };
+        coll::reduce_in_place(self, b, op, root, &st)
+    }
+
     /// [`Comm::reduce`] on cudarc's memory and stream (`recv` is written on `root` only).
     pub fn reduce_on<T, S, R>(
         &self,

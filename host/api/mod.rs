@@ -13,6 +13,8 @@
 mod buffer;
 mod calls;
 mod coll;
+#[cfg(feature = "cudarc")]
+pub mod cudarc_nccl;
 mod direct;
 mod element;
 #[cfg(feature = "cudarc")]

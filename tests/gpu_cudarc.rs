@@ -1,0 +1,151 @@
+//! The `cudarc` feature on a GPU (issue 22): every call of `nccl::cudarc_nccl` (cudarc's NCCL
+//! API on nccl-rs) and the `_on` calls, on cudarc's `CudaSlice`s and streams, ranks as threads
+//! (with NCCL_RS_SHARED_GPUS=1 they share the GPUs round-robin). Random-ish inputs, outputs
+//! poisoned first, every element checked.
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use nccl::cudarc_nccl::{Comm, Id, ReduceOp};
+use std::sync::Arc;
+
+const N: usize = 4099;
+
+fn value(rank: usize, i: usize) -> f32 {
+    ((rank * 7 + i * 13) % 101) as f32 - 50.0
+}
+
+fn upload(stream: &Arc<CudaStream>, v: &[f32]) -> CudaSlice<f32> {
+    stream.clone_htod(v).expect("htod")
+}
+
+fn poisoned(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<f32> {
+    upload(stream, &vec![f32::NAN; n])
+}
+
+fn down(stream: &Arc<CudaStream>, b: &CudaSlice<f32>) -> Vec<f32> {
+    stream.clone_dtoh(b).expect("dtoh")
+}
+
+fn check(what: &str, rank: usize, got: &[f32], want: impl Fn(usize) -> f32) {
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(*g, want(i), "{what}: rank {rank}, element {i}");
+    }
+    eprintln!("rank {rank}: {what} ok");
+}
+
+fn rank_body(comm: Comm, n: usize) {
+    let (rank, stream) = (comm.rank(), comm.stream());
+    let mine: Vec<f32> = (0..N).map(|i| value(rank, i)).collect();
+    let send = upload(&stream, &mine);
+    let sum = |i: usize| (0..n).map(|r| value(r, i)).sum::<f32>();
+    let max = |i: usize| (0..n).map(|r| value(r, i)).fold(f32::MIN, f32::max);
+
+    let mut recv = poisoned(&stream, N);
+    comm.all_reduce(&send, &mut recv, &ReduceOp::Sum).unwrap();
+    check("all_reduce", rank, &down(&stream, &recv), sum);
+
+    let mut buf = upload(&stream, &mine);
+    comm.all_reduce_in_place(&mut buf, &ReduceOp::Max).unwrap();
+    check("all_reduce_in_place", rank, &down(&stream, &buf), max);
+
+    let mut recv = poisoned(&stream, N);
+    let root = n - 1;
+    comm.broadcast(Some(&send), &mut recv, root as i32).unwrap();
+    check("broadcast", rank, &down(&stream, &recv), |i| value(root, i));
+
+    let mut buf = upload(&stream, &mine);
+    comm.broadcast_in_place(&mut buf, 0).unwrap();
+    check("broadcast_in_place", rank, &down(&stream, &buf), |i| {
+        value(0, i)
+    });
+
+    let mut recv = poisoned(&stream, N * n);
+    comm.all_gather(&send, &mut recv).unwrap();
+    check("all_gather", rank, &down(&stream, &recv), |i| {
+        value(i / N, i % N)
+    });
+
+    let mut recv = poisoned(&stream, N);
+    let root = n / 2;
+    comm.reduce(&send, Some(&mut recv), &ReduceOp::Sum, root as i32)
+        .unwrap();
+    if rank == root {
+        check("reduce", rank, &down(&stream, &recv), sum);
+    }
+
+    let mut buf = upload(&stream, &mine);
+    comm.reduce_in_place(&mut buf, &ReduceOp::Max, 0).unwrap();
+    if rank == 0 {
+        check("reduce_in_place", rank, &down(&stream, &buf), max);
+    }
+
+    let big: Vec<f32> = (0..N * n).map(|i| value(rank, i)).collect();
+    let big = upload(&stream, &big);
+    let mut recv = poisoned(&stream, N);
+    comm.reduce_scatter(&big, &mut recv, &ReduceOp::Sum)
+        .unwrap();
+    check("reduce_scatter", rank, &down(&stream, &recv), |i| {
+        (0..n).map(|r| value(r, rank * N + i)).sum()
+    });
+
+    // A ring exchange: even ranks send first, odd ranks receive first.
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let mut got = poisoned(&stream, N);
+    if rank % 2 == 0 {
+        comm.send(&send, next as i32).unwrap();
+        comm.recv(&mut got, prev as i32).unwrap();
+    } else {
+        comm.recv(&mut got, prev as i32).unwrap();
+        comm.send(&send, next as i32).unwrap();
+    }
+    check("send/recv", rank, &down(&stream, &got), |i| value(prev, i));
+
+    // nccl-rs's own Comm, `_on` calls, on the same cudarc memory.
+    let mut recv = poisoned(&stream, N);
+    comm.inner()
+        .all_reduce_on(&send, &mut recv, nccl::Op::Sum, &stream)
+        .unwrap();
+    check("all_reduce_on", rank, &down(&stream, &recv), sum);
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn cudarc_nccl_calls_on_cudarc_memory() {
+    let gpus = CudaContext::device_count().expect("CUDA") as usize;
+    let shared = std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1");
+    for n in [2usize, 3] {
+        if n > gpus && !shared {
+            eprintln!("{n} ranks skipped: {gpus} GPU(s) and NCCL_RS_SHARED_GPUS unset");
+            continue;
+        }
+        let id = Id::new().expect("id");
+        let threads: Vec<_> = (0..n)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let ctx = CudaContext::new(rank % gpus).expect("context");
+                    let stream = ctx.new_stream().expect("stream");
+                    let comm = Comm::from_rank(stream, rank, n, id).expect("from_rank");
+                    eprintln!("rank {rank} of {n}: initialized");
+                    rank_body(comm, n);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("rank thread");
+        }
+        eprintln!("{n} ranks: every cudarc_nccl call correct");
+    }
+    // One thread, every rank: from_devices.
+    let streams: Vec<_> = (0..2)
+        .map(|r| {
+            CudaContext::new(r % gpus)
+                .expect("context")
+                .new_stream()
+                .expect("stream")
+        })
+        .collect();
+    if gpus >= 2 || shared {
+        let comms = Comm::from_devices(streams).expect("from_devices");
+        assert_eq!(comms.len(), 2);
+        assert_eq!((comms[1].rank(), comms[1].world_size()), (1, 2));
+    }
+}
