@@ -86,16 +86,11 @@ fn a_dead_peer_fails_finalize_and_abort_is_prompt() {
     assert!(t.elapsed() < Duration::from_secs(1));
 }
 
-/// A collective whose peer never launches its half: the kernel waits on the peer, and abort
-/// ends that wait, so the stream drains and the communicators can go (no hang).
-#[test]
-fn abort_ends_a_collective_stuck_on_an_absent_peer() {
-    sim();
-    let comms = Comm::init_all(&[0, 1]).expect("init_all");
-    let c = &comms[0];
+/// Issues rank 0's half of an AllReduce of 1 MiB on a stream of its own; the peer never
+/// issues its half, so the kernel waits until an abort.
+fn all_reduce_without_its_peer(c: &Comm) -> (nccl::StreamHandle, nccl::DevBuffer) {
     let stream = c.device().stream_create().unwrap();
     let buf = c.device().alloc(1 << 20).unwrap();
-    // Rank 1 never calls its AllReduce.
     unsafe {
         c.all_reduce_raw(
             buf.ptr(),
@@ -107,6 +102,18 @@ fn abort_ends_a_collective_stuck_on_an_absent_peer() {
         )
     }
     .unwrap();
+    (stream, buf)
+}
+
+/// A collective whose peer never launches its half: the kernel waits on the peer, and abort
+/// ends that wait, so the stream drains and the communicators can go (no hang).
+#[test]
+fn abort_ends_a_collective_stuck_on_an_absent_peer() {
+    sim();
+    let comms = Comm::init_all(&[0, 1]).expect("init_all");
+    let c = &comms[0];
+    // Rank 1 never calls its AllReduce.
+    let (stream, buf) = all_reduce_without_its_peer(c);
     std::thread::sleep(Duration::from_millis(200));
     assert!(
         !c.device().stream_query(stream).unwrap(),
@@ -197,19 +204,7 @@ fn a_watchdog_thread_aborts_through_a_handle() {
         handle.abort();
         handle
     });
-    let stream = c.device().stream_create().unwrap();
-    let buf = c.device().alloc(1 << 20).unwrap();
-    unsafe {
-        c.all_reduce_raw(
-            buf.ptr(),
-            buf.ptr(),
-            1 << 18,
-            nccl::DataType::Float32,
-            nccl::ReduceOp::Sum,
-            stream,
-        )
-    }
-    .unwrap();
+    let (stream, buf) = all_reduce_without_its_peer(c);
     // Blocks until the watchdog's abort ends the kernel (a liveness bound, not timing).
     let t = Instant::now();
     let _ = c.device().stream_sync(stream);

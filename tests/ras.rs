@@ -22,19 +22,29 @@ fn all_reduce(comm: &Comm, buf: &nccl::DevBuffer, stream: nccl::StreamHandle) {
     .expect("issue an AllReduce");
 }
 
+/// A rank process's communicator on the simulator, with a 4 KiB buffer and a stream, after
+/// operation 1 (an AllReduce) completed on every rank.
+fn rank_after_one_all_reduce(
+    rank: usize,
+    nranks: usize,
+    id: &nccl::UniqueId,
+) -> (Comm, nccl::DevBuffer, nccl::StreamHandle) {
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+    let comm = Comm::init_rank_on(dev, nranks, id, rank).expect("init_rank");
+    let buf = comm.device().alloc(4096).expect("alloc");
+    let stream = comm.device().stream_create().expect("stream");
+    all_reduce(&comm, &buf, stream);
+    comm.device()
+        .stream_sync(stream)
+        .expect("the first AllReduce");
+    (comm, buf, stream)
+}
+
 #[test]
 fn a_query_names_the_dead_and_the_late_rank() {
     if let Some((rank, nranks, id)) = common::procs::child() {
-        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
-        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
-        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank");
-        let buf = comm.device().alloc(4096).expect("alloc");
-        let stream = comm.device().stream_create().expect("stream");
-        // Operation 1 on every rank.
-        all_reduce(&comm, &buf, stream);
-        comm.device()
-            .stream_sync(stream)
-            .expect("the first AllReduce");
+        let (comm, buf, stream) = rank_after_one_all_reduce(rank, nranks, &id);
         match rank {
             // Rank 3 dies; rank 2 stops issuing (but its process lives and answers queries).
             3 => unsafe {
@@ -100,15 +110,7 @@ fn a_query_names_the_dead_and_the_late_rank() {
 #[test]
 fn a_query_names_a_stopped_rank() {
     if let Some((rank, nranks, id)) = common::procs::child() {
-        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
-        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
-        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank");
-        let buf = comm.device().alloc(4096).expect("alloc");
-        let stream = comm.device().stream_create().expect("stream");
-        all_reduce(&comm, &buf, stream);
-        comm.device()
-            .stream_sync(stream)
-            .expect("the first AllReduce");
+        let (comm, buf, stream) = rank_after_one_all_reduce(rank, nranks, &id);
         match rank {
             2 => {
                 // A shell wakes this process in 12 s; meanwhile every thread of it is stopped.
