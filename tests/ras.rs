@@ -22,6 +22,13 @@ fn all_reduce(comm: &Comm, buf: &nccl::DevBuffer, stream: nccl::StreamHandle) {
     .expect("issue an AllReduce");
 }
 
+/// The tests here run one at a time in the parent: the hostile-client test counts the
+/// process's threads, and the others start a reader thread per rank process.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A rank process's communicator on the simulator, with a 4 KiB buffer and a stream, after
 /// operation 1 (an AllReduce) completed on every rank.
 fn rank_after_one_all_reduce(
@@ -50,7 +57,7 @@ fn a_query_names_the_dead_and_the_late_rank() {
             3 => unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
             },
-            2 => std::thread::sleep(Duration::from_secs(4)),
+            2 => std::thread::sleep(Duration::from_secs(8)),
             _ => {
                 // Operation 2 on ranks 0 and 1 only: it cannot complete.
                 all_reduce(&comm, &buf, stream);
@@ -63,12 +70,21 @@ fn a_query_names_the_dead_and_the_late_rank() {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 if rank == 1 {
-                    std::thread::sleep(Duration::from_secs(4));
+                    std::thread::sleep(Duration::from_secs(8));
                 } else {
                     let addr = nccl::ras::listening_on().expect("rank 0's RAS listener");
                     assert!(addr.ip().is_loopback(), "{addr}");
-                    let text = nccl::ras::query(addr, false, Duration::from_secs(20))
-                        .expect("a RAS answer");
+                    // Rank 1 issues its operation 2 about when this rank does; on a loaded
+                    // machine it may still be on its way at the first query.
+                    let asked = Instant::now();
+                    let text = loop {
+                        let text = nccl::ras::query(addr, false, Duration::from_secs(20))
+                            .expect("a RAS answer");
+                        if !text.contains("rank 1:") || asked.elapsed() > Duration::from_secs(4) {
+                            break text;
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    };
                     eprintln!("{text}");
                     for want in [
                         "4 ranks",
@@ -101,6 +117,7 @@ fn a_query_names_the_dead_and_the_late_rank() {
         ("NCCL_SOCKET_IFNAME", "lo"),
         ("NCCL_RAS_ADDR", "127.0.0.1:0"),
     ];
+    let _one_at_a_time = serial();
     common::procs::run_nodes_with_victim("a_query_names_the_dead_and_the_late_rank", 1, 4, &env, 3);
 }
 
@@ -154,6 +171,7 @@ fn a_query_names_a_stopped_rank() {
         ("NCCL_SOCKET_IFNAME", "lo"),
         ("NCCL_RAS_ADDR", "127.0.0.1:0"),
     ];
+    let _one_at_a_time = serial();
     common::procs::run_nodes("a_query_names_a_stopped_rank", 1, 3, &env);
 }
 
@@ -166,6 +184,7 @@ fn the_ras_listener_survives_hostile_clients() {
     if common::procs::child().is_some() {
         return;
     }
+    let _one_at_a_time = serial();
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     std::env::set_var("NCCL_RAS_ADDR", "127.0.0.1:0");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
