@@ -16,17 +16,29 @@ pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct NcclConfig {
+    /// Bytes of the structure the caller has (`sizeof(ncclConfig_t)` where it was built).
     pub size: usize,
+    /// `NCCL_CONFIG_MAGIC` once `NCCL_CONFIG_INITIALIZER` set it.
     pub magic: c_uint,
+    /// The NCCL version whose header built the structure.
     pub version: c_uint,
+    /// 1: calls block until done; 0: non-blocking communicator.
     pub blocking: c_int,
+    /// CUDA thread block cluster size of the kernels.
     pub cga_cluster_size: c_int,
+    /// Fewest CTAs (channels) a collective uses.
     pub min_ctas: c_int,
+    /// Most CTAs (channels) a collective uses.
     pub max_ctas: c_int,
+    /// The network to use, by its name (`NCCL_NET`); null for any.
     pub net_name: *const c_char,
+    /// 1: a split child shares its parent's resources.
     pub split_share: c_int,
+    /// Network traffic class; `NCCL_CONFIG_UNDEF_INT` for the default.
     pub traffic_class: c_int,
+    /// A name for the communicator, shown in logs and RAS reports.
     pub comm_name: *const c_char,
+    /// 1: CollNet may be used.
     pub collnet_enable: c_int,
 }
 

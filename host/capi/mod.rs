@@ -378,8 +378,11 @@ pub const NCCL_SIM_INFO_MAGIC: u32 = 0x7468_5283;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct NcclSimInfo {
+    /// Bytes of the structure the caller has.
     pub size: usize,
+    /// `NCCL_SIM_INFO_MAGIC` once `NCCL_SIM_INFO_INITIALIZER` set it.
     pub magic: u32,
+    /// The NCCL version whose header built the structure.
     pub version: u32,
     /// µs, as NCCL's model gives it.
     pub estimated_time: f32,

@@ -75,7 +75,7 @@ pub struct Shape {
     /// The kernels' `FLAG_*` bits ([`nccl_device::abi::CollArgs::flags`]).
     pub kernel_flags: u32,
     /// Channels when the ranks span several nodes: every channel's ring crosses the network
-    /// once per node, on connections of its own ([`NET_CHANNELS`]; NCCL's search over one NIC
+    /// once per node, on connections of its own (`NET_CHANNELS`; NCCL's search over one NIC
     /// per node gives two). NCCL_MIN_NCHANNELS raises it and NCCL_MAX_NCHANNELS caps it.
     pub net_nchannels: u32,
 }

@@ -130,7 +130,7 @@ impl NetModel {
     }
 }
 
-/// Graphs and tuner for rank `rank` on `system` (its node, from [`node_system`]); `shape`
+/// Graphs and tuner for rank `rank` on `system` (its node, from `node_system`); `shape`
 /// is the agreed (rank 0's) one. The graphs come back too: their rings order the channels
 /// (see `super::rings`).
 pub fn build(

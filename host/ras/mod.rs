@@ -1,7 +1,7 @@
 //! RAS (reliability, availability, serviceability), after NCCL 2.24's: a thread per process
 //! keeps the health of its communicators and answers clients with the state of the job.
 //!
-//! Every communicator registers a [`Health`] record at init: its id (the first unique id's
+//! Every communicator registers a `Health` record at init: its id (the first unique id's
 //! nonce, alike on every rank), rank, size, the operations issued on it (count, the last few by
 //! sequence number, when the last came) and two views it asks when a report is made: whether
 //! all its work finished (the launch order's event) and its async error.
