@@ -29,6 +29,20 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The rank processes' environment: loopback, and a RAS listener on a free port each.
+const RANK_ENV: [(&str, &str); 2] = [
+    ("NCCL_SOCKET_IFNAME", "lo"),
+    ("NCCL_RAS_ADDR", "127.0.0.1:0"),
+];
+
+/// A rank process's last steps: abort (peers may be dead or stopped), drain, free.
+fn end_rank(comm: Comm, buf: nccl::DevBuffer, stream: nccl::StreamHandle) {
+    comm.abort();
+    let _ = comm.device().stream_sync(stream);
+    drop(buf);
+    drop(comm);
+}
+
 /// A rank process's communicator on the simulator, with a 4 KiB buffer and a stream, after
 /// operation 1 (an AllReduce) completed on every rank.
 fn rank_after_one_all_reduce(
@@ -107,16 +121,10 @@ fn a_query_names_the_dead_and_the_late_rank() {
                 }
             }
         }
-        comm.abort();
-        let _ = comm.device().stream_sync(stream);
-        drop(buf);
-        drop(comm);
+        end_rank(comm, buf, stream);
         return;
     }
-    let env = [
-        ("NCCL_SOCKET_IFNAME", "lo"),
-        ("NCCL_RAS_ADDR", "127.0.0.1:0"),
-    ];
+    let env = RANK_ENV;
     let _one_at_a_time = serial();
     common::procs::run_nodes_with_victim("a_query_names_the_dead_and_the_late_rank", 1, 4, &env, 3);
 }
@@ -161,16 +169,10 @@ fn a_query_names_a_stopped_rank() {
                 assert!(comm.get_async_error().is_ok(), "a stopped rank is not dead");
             }
         }
-        comm.abort();
-        let _ = comm.device().stream_sync(stream);
-        drop(buf);
-        drop(comm);
+        end_rank(comm, buf, stream);
         return;
     }
-    let env = [
-        ("NCCL_SOCKET_IFNAME", "lo"),
-        ("NCCL_RAS_ADDR", "127.0.0.1:0"),
-    ];
+    let env = RANK_ENV;
     let _one_at_a_time = serial();
     common::procs::run_nodes("a_query_names_a_stopped_rank", 1, 3, &env);
 }
