@@ -17,7 +17,7 @@ use super::stream::Stream;
 use crate::comm::Comm;
 use crate::cuda::{Backend, Device, StreamHandle};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 /// The library's view of cudarc's stream (borrowed: dropping it destroys nothing).
 fn our_stream(what: &str, stream: &CudaStream) -> Result<Stream> {
@@ -37,6 +37,31 @@ fn ordinal_of<T, B: cudarc::driver::DeviceSlice<T>>(b: &B) -> i32 {
     b.stream().context().ordinal() as i32
 }
 
+/// A cudarc buffer a call reads on `stream`: our slice of it, and cudarc's guard, which makes
+/// `stream` wait for the buffer's last write now and records this read when dropped. Keep the
+/// guard until the call has ordered its work.
+fn read<'a, T: Element, B: DevicePtr<T>>(
+    b: &'a B,
+    stream: &'a CudaStream,
+) -> (DeviceSlice<'a, T>, SyncOnDrop<'a>) {
+    let (o, n) = (ordinal_of(b), b.len());
+    let (p, guard) = b.device_ptr(stream);
+    // SAFETY: cudarc's buffer is live device memory of `n` elements on its context's device,
+    // borrowed for 'a.
+    (unsafe { DeviceSlice::from_raw(o, p, n) }, guard)
+}
+
+/// As [`read`], for a buffer the call writes (the guard records the write).
+fn write<'a, T: Element, B: DevicePtrMut<T>>(
+    b: &'a mut B,
+    stream: &'a CudaStream,
+) -> (DeviceSliceMut<'a, T>, SyncOnDrop<'a>) {
+    let (o, n) = (ordinal_of(b), b.len());
+    let (p, guard) = b.device_ptr_mut(stream);
+    // SAFETY: as in `read`; the buffer is borrowed exclusively for 'a.
+    (unsafe { DeviceSliceMut::from_raw(o, p, n) }, guard)
+}
+
 impl Comm {
     /// [`Comm::all_reduce`] on cudarc's memory and stream.
     pub fn all_reduce_on<T, S, R>(
@@ -52,18 +77,8 @@ impl Comm {
         R: DevicePtrMut<T>,
     {
         let st = our_stream("ncclAllReduce", stream)?;
-        let (so, sn, ro, rn) = (ordinal_of(send), send.len(), ordinal_of(recv), recv.len());
-        let (s, _read) = send.device_ptr(stream);
-        let (r, _write) = recv.device_ptr_mut(stream);
-        // SAFETY: cudarc's buffers are live device memory of `len` elements on their
-        // context's device, borrowed (`recv` exclusively) until the call has ordered its work
-        // on `stream`; `_read` / `_write` record cudarc's events after that.
-        let (s, r) = unsafe {
-            (
-                DeviceSlice::<T>::from_raw(so, s, sn),
-                DeviceSliceMut::<T>::from_raw(ro, r, rn),
-            )
-        };
+        let (s, _read) = read(send, stream);
+        let (r, _write) = write(recv, stream);
         coll::all_reduce(self, s, r, op, &st)
     }
 
@@ -79,10 +94,7 @@ impl Comm {
         B: DevicePtrMut<T>,
     {
         let st = our_stream("ncclAllReduce", stream)?;
-        let (o, n) = (ordinal_of(buf), buf.len());
-        let (p, _write) = buf.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let b = unsafe { DeviceSliceMut::<T>::from_raw(o, p, n) };
+        let (b, _write) = write(buf, stream);
         coll::all_reduce_in_place(self, b, op, &st)
     }
 
@@ -100,17 +112,8 @@ impl Comm {
         R: DevicePtrMut<T>,
     {
         let st = our_stream("ncclBroadcast", stream)?;
-        let (ro, rn) = (ordinal_of(recv), recv.len());
-        let sent = send.map(|s| (ordinal_of(s), s.len(), s.device_ptr(stream)));
-        let (r, _write) = recv.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let (s, r) = unsafe {
-            (
-                sent.as_ref()
-                    .map(|(o, n, (p, _))| DeviceSlice::<T>::from_raw(*o, *p, *n)),
-                DeviceSliceMut::<T>::from_raw(ro, r, rn),
-            )
-        };
+        let (s, _read) = send.map(|s| read(s, stream)).unzip();
+        let (r, _write) = write(recv, stream);
         coll::broadcast(self, s, r, root, &st)
     }
 
@@ -126,10 +129,7 @@ impl Comm {
         B: DevicePtrMut<T>,
     {
         let st = our_stream("ncclBroadcast", stream)?;
-        let (o, n) = (ordinal_of(buf), buf.len());
-        let (p, _write) = buf.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let b = unsafe { DeviceSliceMut::<T>::from_raw(o, p, n) };
+        let (b, _write) = write(buf, stream);
         coll::broadcast_in_place(self, b, root, &st)
     }
 
@@ -146,10 +146,7 @@ impl Comm {
         B: DevicePtrMut<T>,
     {
         let st = our_stream("ncclReduce", stream)?;
-        let (o, n) = (ordinal_of(buf), buf.len());
-        let (p, _write) = buf.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let b = unsafe { DeviceSliceMut::<T>::from_raw(o, p, n) };
+        let (b, _write) = write(buf, stream);
         coll::reduce_in_place(self, b, op, root, &st)
     }
 
@@ -168,17 +165,8 @@ impl Comm {
         R: DevicePtrMut<T>,
     {
         let st = our_stream("ncclReduce", stream)?;
-        let (so, sn) = (ordinal_of(send), send.len());
-        let (s, _read) = send.device_ptr(stream);
-        let got = recv.map(|r| (ordinal_of(r), r.len(), r.device_ptr_mut(stream)));
-        // SAFETY: as in `all_reduce_on`.
-        let (s, r) = unsafe {
-            (
-                DeviceSlice::<T>::from_raw(so, s, sn),
-                got.as_ref()
-                    .map(|(o, n, (p, _))| DeviceSliceMut::<T>::from_raw(*o, *p, *n)),
-            )
-        };
+        let (s, _read) = read(send, stream);
+        let (r, _write) = recv.map(|r| write(r, stream)).unzip();
         coll::reduce(self, s, r, op, root, &st)
     }
 
@@ -190,16 +178,8 @@ impl Comm {
         R: DevicePtrMut<T>,
     {
         let st = our_stream("ncclAllGather", stream)?;
-        let (so, sn, ro, rn) = (ordinal_of(send), send.len(), ordinal_of(recv), recv.len());
-        let (s, _read) = send.device_ptr(stream);
-        let (r, _write) = recv.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let (s, r) = unsafe {
-            (
-                DeviceSlice::<T>::from_raw(so, s, sn),
-                DeviceSliceMut::<T>::from_raw(ro, r, rn),
-            )
-        };
+        let (s, _read) = read(send, stream);
+        let (r, _write) = write(recv, stream);
         coll::all_gather(self, s, r, &st)
     }
 
@@ -217,16 +197,8 @@ impl Comm {
         R: DevicePtrMut<T>,
     {
         let st = our_stream("ncclReduceScatter", stream)?;
-        let (so, sn, ro, rn) = (ordinal_of(send), send.len(), ordinal_of(recv), recv.len());
-        let (s, _read) = send.device_ptr(stream);
-        let (r, _write) = recv.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let (s, r) = unsafe {
-            (
-                DeviceSlice::<T>::from_raw(so, s, sn),
-                DeviceSliceMut::<T>::from_raw(ro, r, rn),
-            )
-        };
+        let (s, _read) = read(send, stream);
+        let (r, _write) = write(recv, stream);
         coll::reduce_scatter(self, s, r, op, &st)
     }
 
@@ -237,10 +209,7 @@ impl Comm {
         S: DevicePtr<T>,
     {
         let st = our_stream("ncclSend", stream)?;
-        let (o, n) = (ordinal_of(buf), buf.len());
-        let (p, _read) = buf.device_ptr(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let b = unsafe { DeviceSlice::<T>::from_raw(o, p, n) };
+        let (b, _read) = read(buf, stream);
         coll::send(self, b, peer, &st)
     }
 
@@ -251,10 +220,7 @@ impl Comm {
         R: DevicePtrMut<T>,
     {
         let st = our_stream("ncclRecv", stream)?;
-        let (o, n) = (ordinal_of(buf), buf.len());
-        let (p, _write) = buf.device_ptr_mut(stream);
-        // SAFETY: as in `all_reduce_on`.
-        let b = unsafe { DeviceSliceMut::<T>::from_raw(o, p, n) };
+        let (b, _write) = write(buf, stream);
         coll::recv(self, b, peer, &st)
     }
 }
