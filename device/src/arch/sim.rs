@@ -165,9 +165,17 @@ pub unsafe fn ld_pack(p: *const Pack16) -> Pack16 {
     core::ptr::read_volatile(p)
 }
 
+/// LL's line load. Each 8-byte half (`{data, flag}`) is read as one atomic load, as a GPU's
+/// 16-byte load guarantees at least: a plain volatile read of the pack may be split into 4-byte
+/// moves (it was, in unoptimized builds), and a poll could then see a new flag beside old data.
 pub unsafe fn ld_volatile_pack(p: *const Pack16) -> Pack16 {
-    // SAFETY: as ld_pack; a volatile read is made on every call, as the poll loop needs.
-    core::ptr::read_volatile(p)
+    // SAFETY: as ld_pack; the halves are 8-byte aligned.
+    let h = p as *const AtomicU64;
+    let (lo, hi) = (
+        (*h).load(Ordering::Acquire),
+        (*h.add(1)).load(Ordering::Acquire),
+    );
+    Pack16([lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32])
 }
 
 pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
@@ -175,10 +183,14 @@ pub unsafe fn st_pack(p: *mut Pack16, v: Pack16) {
     core::ptr::write_volatile(p, v)
 }
 
-/// As on the GPU, a store the compiler keeps as written; `st_pack` already is one here.
+/// LL's line store: each 8-byte half as one atomic store (see [`ld_volatile_pack`]), released
+/// so that a reader that sees its flag also sees what this thread wrote before.
 pub unsafe fn st_volatile_pack(p: *mut Pack16, v: Pack16) {
-    // SAFETY: as st_pack.
-    st_pack(p, v)
+    // SAFETY: as st_pack; the halves are 8-byte aligned.
+    let h = p as *const AtomicU64;
+    let [a, b, c, d] = v.0.map(u64::from);
+    (*h).store(a | (b << 32), Ordering::Release);
+    (*h.add(1)).store(c | (d << 32), Ordering::Release);
 }
 
 pub fn spin_pause() {
@@ -371,6 +383,33 @@ mod tests {
                 }
                 for i in 0..64 {
                     assert_eq!(*(dp as *const u64).add(i), i as u64 + 1);
+                }
+            }
+        };
+        run_cta(0, 1, 2, &body);
+    }
+
+    /// LL's guarantee: a reader that sees a half's flag sees that half's data with it. The
+    /// writer rewrites one line with `{i, i, i, i}` as fast as it can; every line the reader
+    /// polls must hold equal words in each half.
+    #[test]
+    fn ll_line_halves_are_never_torn() {
+        let line = std::boxed::Box::new(Pack16::default());
+        let lp = &*line as *const Pack16 as u64;
+        const LAST: u32 = 200_000;
+        let body = move || unsafe {
+            let p = lp as *mut Pack16;
+            if thread_idx() == 0 {
+                for i in 1..=LAST {
+                    st_volatile_pack(p, Pack16([i, i, i, i]));
+                }
+            } else {
+                loop {
+                    let v = ld_volatile_pack(p);
+                    assert!(v.0[0] == v.0[1] && v.0[2] == v.0[3], "torn line {:?}", v.0);
+                    if v.0[1] == LAST && v.0[3] == LAST {
+                        break;
+                    }
                 }
             }
         };
