@@ -2,7 +2,7 @@
 //! format, over the `log` facade.
 //!
 //! The library emits every message through `log` and never installs a logger by itself
-//! (DESIGN rule 6b): a Rust program keeps whatever logger it has, or calls [`install_logger`]
+//! (DESIGN rule 6b): a Rust program keeps whatever logger it has, or calls [`crate::init_logging`]
 //! to get NCCL's. The C ABI (feature `capi`) installs it on its first entry, because C, C++ and
 //! Python programs expect `NCCL_DEBUG` to work as with NVIDIA's library.
 //!
@@ -250,10 +250,12 @@ fn cuda_dev() -> i32 {
     CUDA_DEV.try_with(Cell::get).unwrap_or(-1)
 }
 
-/// The calling thread's kernel id, as NCCL prints it.
-pub fn tid() -> i64 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) }
+crate::internal! {
+    /// The calling thread's kernel id, as NCCL prints it.
+    fn tid() -> i64 {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_gettid) }
+    }
 }
 
 /// The host name up to its first dot (gethostname(2)), as NCCL prints it.
@@ -427,32 +429,34 @@ impl log::Log for NcclLogger {
 static LOGGER: OnceLock<NcclLogger> = OnceLock::new();
 static INSTALLED: OnceLock<bool> = OnceLock::new();
 
-/// Makes NCCL's logger this process's `log` logger: lines in NCCL's format, filtered by
-/// `NCCL_DEBUG` and `NCCL_DEBUG_SUBSYS`, written to `NCCL_DEBUG_FILE` or standard output (see
-/// the module's documentation). It also sets `log`'s maximum level from `NCCL_DEBUG`, and
-/// records of other crates then go through it too.
-///
-/// The library never calls it for Rust programs (it does for C programs, on their first call);
-/// call it early in `main` if you want NCCL's logs and have no logger of your own. Returns true
-/// when NCCL's logger is the process's logger (also on later calls), false when the program had
-/// already installed another one, which stays.
-pub fn install_logger() -> bool {
-    *INSTALLED.get_or_init(|| {
-        let s = settings();
-        let logger = LOGGER.get_or_init(|| NcclLogger {
-            level: s.level,
-            mask: s.mask,
-            start: Instant::now(),
-            sink: OnceLock::new(),
-        });
-        match log::set_logger(logger) {
-            Ok(()) => {
-                log::set_max_level(s.level.filter());
-                true
+crate::internal! {
+    /// Makes NCCL's logger this process's `log` logger: lines in NCCL's format, filtered by
+    /// `NCCL_DEBUG` and `NCCL_DEBUG_SUBSYS`, written to `NCCL_DEBUG_FILE` or standard output (see
+    /// the module's documentation). It also sets `log`'s maximum level from `NCCL_DEBUG`, and
+    /// records of other crates then go through it too.
+    ///
+    /// The library never calls it for Rust programs (it does for C programs, on their first call);
+    /// call it early in `main` if you want NCCL's logs and have no logger of your own. Returns true
+    /// when NCCL's logger is the process's logger (also on later calls), false when the program had
+    /// already installed another one, which stays.
+    fn install_logger() -> bool {
+        *INSTALLED.get_or_init(|| {
+            let s = settings();
+            let logger = LOGGER.get_or_init(|| NcclLogger {
+                level: s.level,
+                mask: s.mask,
+                start: Instant::now(),
+                sink: OnceLock::new(),
+            });
+            match log::set_logger(logger) {
+                Ok(()) => {
+                    log::set_max_level(s.level.filter());
+                    true
+                }
+                Err(_) => false,
             }
-            Err(_) => false,
-        }
-    })
+        })
+    }
 }
 
 /// Whether NCCL's logger is the process's logger.

@@ -75,34 +75,59 @@ macro_rules! internal_mods {
 }
 pub(crate) use internal_mods;
 
+/// Declares one item (a function or method, a type, a constant) that is an internal: written
+/// `internal! { /// docs \n fn name(..) { .. } }`, it is `pub(crate)`, and `pub` (hidden from the
+/// docs) only with the `internals` feature, for this crate's own tests.
+macro_rules! internal {
+    // Attributes (docs included) are peeled one at a time: a repetition of them followed by
+    // the item's tokens would be ambiguous to macro_rules.
+    (@attrs [$($a:tt)*] #[$m:meta] $($rest:tt)*) => {
+        $crate::internal!(@attrs [$($a)* #[$m]] $($rest)*);
+    };
+    (@attrs [$($a:tt)*] $($item:tt)*) => {
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        $($a)*
+        pub $($item)*
+        #[cfg(not(feature = "internals"))]
+        $($a)*
+        pub(crate) $($item)*
+    };
+    ($($t:tt)*) => {
+        $crate::internal!(@attrs [] $($t)*);
+    };
+}
+pub(crate) use internal;
+
 mod api;
 #[cfg(feature = "capi")]
 pub mod capi;
-pub mod comm;
 pub mod cuda;
 pub mod debug;
 pub mod error;
 pub(crate) mod proxy;
 pub mod ras;
-pub mod tune;
 
-internal_mods!(bootstrap, enqueue, env, graph, topo, transport);
+internal_mods!(bootstrap, comm, enqueue, env, graph, topo, transport, tune);
 
 #[cfg(feature = "cudarc")]
 pub use api::cudarc_nccl;
 pub use api::{
     capture, group, Capture, CapturedGraph, DeviceBuffer, DeviceSlice, DeviceSliceMut, Element,
-    Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,
+    Event, Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,
 };
 pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
+pub use comm::register::RegHandle;
 pub use comm::{
-    AbortHandle, Comm, Config, PendingComm, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR,
+    AbortHandle, Comm, Config, PendingComm, ResolvedConfig, SHRINK_ABORT, SHRINK_DEFAULT,
+    SPLIT_NOCOLOR,
 };
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
-pub use enqueue::{CollCall, ReduceOp};
+pub use enqueue::ReduceOp;
 pub use error::{Error, NcclResult, Result};
 pub use nccl_device::abi::Coll;
 pub use nccl_device::types::DataType;
+pub use tune::{Algo, Choice as TuningChoice, Proto};
 
 /// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
 pub const VERSION: i32 = 22503;

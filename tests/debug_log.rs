@@ -32,11 +32,8 @@ fn is_child() -> bool {
 /// The child's work: NCCL's logger, two communicators on the simulator, the probes.
 fn child_logs() {
     nccl::cuda::set_backend(nccl::Backend::Sim).expect("choose the simulator");
-    assert!(debug::install_logger(), "no other logger in this process");
-    assert!(
-        debug::install_logger(),
-        "a second call says it is still ours"
-    );
+    assert!(nccl::init_logging(), "no other logger in this process");
+    assert!(nccl::init_logging(), "a second call says it is still ours");
     let comms = nccl::Comm::init_all(&[0, 1]).expect("init_all on the simulator");
     for (name, target) in PROBES {
         log::info!(target: target, "probe info {name}");
@@ -271,7 +268,7 @@ fn version_prints_only_the_version() {
 #[test]
 fn abort_stops_at_the_first_warning() {
     if is_child() {
-        assert!(debug::install_logger());
+        assert!(nccl::init_logging());
         log::info!(target: debug::INIT, "probe before");
         log::warn!(target: debug::NET, "probe abort");
         unreachable!("NCCL_DEBUG=ABORT aborts at a warning");
@@ -310,7 +307,7 @@ fn an_application_logger_is_kept() {
         log::set_logger(&Mine).unwrap();
         log::set_max_level(log::LevelFilter::Info);
         nccl::cuda::set_backend(nccl::Backend::Sim).unwrap();
-        assert!(!debug::install_logger(), "the program's logger stays");
+        assert!(!nccl::init_logging(), "the program's logger stays");
         let comms = nccl::Comm::init_all(&[0, 1]).expect("init_all on the simulator");
         drop(comms);
         let seen = SEEN.lock().unwrap();

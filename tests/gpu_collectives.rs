@@ -57,7 +57,7 @@ fn counts(all: &[usize]) -> Vec<usize> {
 /// through CUDA IPC).
 fn child_rank() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
-    nccl::debug::install_logger(); // NCCL_DEBUG for the rank processes
+    nccl::init_logging(); // NCCL_DEBUG for the rank processes
     let dev = nccl::Device::open(devices(nranks)[rank]).expect("open the GPU");
     let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child process");
     Some(Ranks::new(vec![comm]))
@@ -362,7 +362,7 @@ fn forced_algorithms_and_protocols_in_one_process() {
                 _ => Proto::Simple,
             };
             let big = ranks.comms[0]
-                .tuning(nccl::tune::Coll::AllReduce, 1 << 30)
+                .tuning(nccl::Coll::AllReduce, 1 << 30)
                 .expect("a choice");
             assert_eq!(big.proto, want, "NCCL_PROTO={proto} must hold at 1 GiB");
             common::collective_matrix(&ranks, &[1, 4099, (1 << 20) + 3], Drive::Group);

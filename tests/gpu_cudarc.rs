@@ -1,5 +1,5 @@
 //! The `cudarc` feature on a GPU (issue 22): every call of `nccl::cudarc_nccl` (cudarc's NCCL
-//! API on nccl-rs) and the `_on` calls, on cudarc's `CudaSlice`s and streams, ranks as threads
+//! API on nccl-rs, its `Group` included) and the `_on` calls, on cudarc's `CudaSlice`s and streams, ranks as threads
 //! (with NCCL_RS_SHARED_GPUS=1 they share the GPUs round-robin). Random-ish inputs, outputs
 //! poisoned first, every element checked.
 //!
@@ -114,6 +114,54 @@ fn rank_body(comm: Comm, n: usize, meet: &Barrier) {
         comm.send(&send, next as i32).unwrap();
     }
     check("send/recv", rank, &down(&stream, &got), |i| value(prev, i));
+
+    // cudarc's Group: a send/recv pair (no even/odd order needed) and an AllReduce, issued
+    // together when the group ends.
+    let mut got = poisoned(&stream, N);
+    let mut recv = poisoned(&stream, N);
+    meet.wait();
+    {
+        let (send_v, got_v, recv_v) = (send.as_view(), got.as_view_mut(), recv.as_view_mut());
+        let mut g = comm.group();
+        g.send(send_v, next as i32).unwrap();
+        g.recv(got_v, prev as i32).unwrap();
+        g.all_reduce(send.as_view(), recv_v, &ReduceOp::Sum)
+            .unwrap();
+        g.end().unwrap();
+    }
+    check("group send/recv", rank, &down(&stream, &got), |i| {
+        value(prev, i)
+    });
+    check("group all_reduce", rank, &down(&stream, &recv), sum);
+
+    // A second group opened on the thread while one collects refuses its calls.
+    let mut recv = poisoned(&stream, N);
+    {
+        let recv_v = recv.as_view_mut();
+        let outer = comm.group();
+        let mut inner = comm.group();
+        let e = inner
+            .all_reduce_in_place(recv_v, &ReduceOp::Sum)
+            .expect_err("a nested group's call is refused");
+        assert!(e.to_string().contains("another"), "{e}");
+        drop(inner);
+        outer.end().unwrap();
+    }
+    eprintln!("rank {rank}: nested group refused");
+
+    // A leaked group launches nothing (its views' borrows end with it).
+    {
+        let mut g = comm.group();
+        g.all_reduce(send.as_view(), recv.as_view_mut(), &ReduceOp::Sum)
+            .unwrap();
+        std::mem::forget(g);
+    }
+    stream.synchronize().unwrap();
+    assert!(
+        down(&stream, &recv).iter().all(|x| x.is_nan()),
+        "a leaked group ran"
+    );
+    eprintln!("rank {rank}: a leaked group issued nothing");
 
     // nccl-rs's own Comm, `_on` calls, on the same cudarc memory.
     let mut recv = poisoned(&stream, N);

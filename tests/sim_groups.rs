@@ -5,7 +5,8 @@
 mod common;
 
 use common::{from_bytes, input, reference, to_bytes};
-use nccl::{Backend, CollCall, Comm, Config, DataType, Device, NcclResult, ReduceOp, StreamHandle};
+use nccl::enqueue::CollCall;
+use nccl::{Backend, Comm, Config, DataType, Device, NcclResult, ReduceOp, StreamHandle};
 use std::time::{Duration, Instant};
 
 fn sim() {

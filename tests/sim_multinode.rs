@@ -26,9 +26,9 @@ fn ring_collectives_across_nodes() {
         // The tuner sees the nodes: across the socket network LL ends at a few KiB (on one
         // node it runs to MiBs), and the tuned time of a large AllReduce counts the network.
         let c = &ranks.comms[0];
-        let mid = c.tuning(nccl::tune::Coll::AllReduce, 256 << 10).unwrap();
+        let mid = c.tuning(nccl::Coll::AllReduce, 256 << 10).unwrap();
         assert_ne!(mid.proto, nccl::tune::Proto::Ll, "{mid:?}");
-        let big = c.tuning(nccl::tune::Coll::AllReduce, 256 << 20).unwrap();
+        let big = c.tuning(nccl::Coll::AllReduce, 256 << 20).unwrap();
         // 256 MiB at 1.25 GB/s per NIC on the simulated socket network: over 50 ms.
         assert!(big.est_time_us > 50_000.0, "{big:?}");
         // Two rings across nodes unless NCCL_MIN_NCHANNELS asks for more.

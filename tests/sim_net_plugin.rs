@@ -92,7 +92,7 @@ fn assert_log_has(log: &str, what: &str) {
 /// parent said to expect. `None` in the parent; `Some(None)` when init was expected to fail.
 fn child() -> Option<Option<Ranks>> {
     let (rank, nranks, id) = common::procs::child()?;
-    nccl::debug::install_logger();
+    nccl::init_logging();
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
     let got = Comm::init_rank_on(dev, nranks, &id, rank);

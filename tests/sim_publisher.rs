@@ -10,8 +10,8 @@
 mod common;
 
 use common::{check_all_to_all, Drive, Ranks};
-use nccl::tune::{Algo, Coll, Proto};
 use nccl::Comm;
+use nccl::{Algo, Coll, Proto};
 use nccl_device::abi::FLAG_SIMPLE_PUBLISHER as FLAG;
 
 const ENV: &[(&str, &str)] = &[

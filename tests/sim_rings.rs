@@ -7,7 +7,7 @@
 mod common;
 
 use common::{check_all_reduce, check_collective, Drive, Ranks};
-use nccl::tune::{Algo, Coll, Proto};
+use nccl::{Algo, Coll, Proto};
 use nccl::{Backend, Comm, DataType, NcclResult, ReduceOp};
 
 const RINGS4: &str = "0 2 1 3|3 1 2 0";

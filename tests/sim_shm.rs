@@ -25,10 +25,7 @@ const REFUSE: &str = "NCCL_RS_TEST_SHM_REFUSE";
 fn child_ranks() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
-    assert!(
-        nccl::debug::install_logger(),
-        "no other logger in the child"
-    );
+    assert!(nccl::init_logging(), "no other logger in the child");
     let comms = match std::env::var(IN_PROCESS).ok().and_then(|v| v.parse().ok()) {
         Some(n) => {
             let devs: Vec<i32> = (0..n).collect();

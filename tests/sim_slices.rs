@@ -20,7 +20,7 @@ fn every_collective_with_four_slot_steps() {
     assert_eq!(comms[0].shape().slice_steps, 4);
     let proto = |bytes| {
         comms[0]
-            .tuning(nccl::tune::Coll::AllReduce, bytes)
+            .tuning(nccl::Coll::AllReduce, bytes)
             .expect("a choice")
             .proto
     };

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Drive, Ranks};
-use nccl::tune::{Algo, Coll, Proto};
+use nccl::{Algo, Coll, Proto};
 use nccl::{Backend, Comm};
 
 fn use_tree() {

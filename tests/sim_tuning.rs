@@ -5,7 +5,7 @@
 mod common;
 
 use common::{check_all_reduce, Drive, Ranks};
-use nccl::tune::{Algo, Coll, Proto};
+use nccl::{Algo, Coll, Proto};
 use nccl::{Backend, Comm, NcclResult, ReduceOp};
 use nccl_device::types::DataType;
 

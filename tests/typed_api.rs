@@ -335,3 +335,58 @@ fn a_typed_group_of_non_blocking_communicators_is_not_an_error() {
         assert_eq!(b.to_vec().unwrap(), vec![half::f16::from_f32(3.0); 100]);
     }
 }
+
+/// `Event`: recorded after a collective, it completes once the collective has run; two of
+/// them time it; a stream made to wait on one orders its later work after it.
+#[test]
+fn events_order_and_time_stream_work() {
+    let (comms, streams) = ranks(2);
+    let n = 4096;
+    let mut bufs: Vec<DeviceBuffer<f32>> = comms
+        .iter()
+        .map(|c| DeviceBuffer::from_slice(c.device(), &vec![1.0f32; n]).unwrap())
+        .collect();
+    let events: Vec<(nccl::Event, nccl::Event)> = comms
+        .iter()
+        .map(|c| {
+            (
+                nccl::Event::new(c.device()).unwrap(),
+                nccl::Event::new(c.device()).unwrap(),
+            )
+        })
+        .collect();
+    for ((s, _), st) in events.iter().zip(&streams) {
+        s.record(st).unwrap();
+    }
+    nccl::group(|g| {
+        for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
+            g.all_reduce_in_place(c, b, Op::Sum, s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for ((_, e), st) in events.iter().zip(&streams) {
+        e.record(st).unwrap();
+    }
+    for (s, e) in &events {
+        e.synchronize().unwrap();
+        assert!(e.is_complete().unwrap());
+        let ms = s.elapsed_ms(e).unwrap();
+        assert!(ms >= 0.0, "elapsed {ms} ms");
+    }
+    // A second stream of rank 0, made to wait on the end event, copies the result after it.
+    let other = Stream::new(comms[0].device()).unwrap();
+    other.wait(&events[0].1).unwrap();
+    other.synchronize().unwrap();
+    assert_eq!(bufs[0].to_vec().unwrap(), vec![2.0f32; n]);
+    // An event of another device is refused, naming both devices.
+    let e = events[1]
+        .0
+        .record(&streams[0])
+        .expect_err("another device's stream");
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    assert!(
+        e.message.contains("device 0") && e.message.contains("device 1"),
+        "{e}"
+    );
+}

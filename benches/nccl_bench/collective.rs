@@ -25,13 +25,13 @@ pub enum Collective {
 
 impl Collective {
     /// The tuner's name for it (none for send/receive: no algorithm or protocol is chosen).
-    pub fn tuned(self) -> Option<nccl::tune::Coll> {
+    pub fn tuned(self) -> Option<nccl::Coll> {
         Some(match self {
-            Collective::AllReduce => nccl::tune::Coll::AllReduce,
-            Collective::Broadcast => nccl::tune::Coll::Broadcast,
-            Collective::Reduce => nccl::tune::Coll::Reduce,
-            Collective::AllGather => nccl::tune::Coll::AllGather,
-            Collective::ReduceScatter => nccl::tune::Coll::ReduceScatter,
+            Collective::AllReduce => nccl::Coll::AllReduce,
+            Collective::Broadcast => nccl::Coll::Broadcast,
+            Collective::Reduce => nccl::Coll::Reduce,
+            Collective::AllGather => nccl::Coll::AllGather,
+            Collective::ReduceScatter => nccl::Coll::ReduceScatter,
             Collective::SendRecv => return None,
         })
     }
@@ -230,7 +230,7 @@ impl Collective {
 
     pub fn launch_ours(self, rank: &Rank, call: &Call) -> Result<(), String> {
         let (send, recv) = self.pointers(rank, call);
-        let (c, count, dt, stream) = (&rank.comm, call.counts.count, call.dt, rank.stream);
+        let (c, count, dt, stream) = (&rank.comm, call.counts.count, call.dt, rank.stream.handle());
         let op = call.op.ours(dt);
         let r = match self {
             Collective::AllReduce => unsafe { c.all_reduce_raw(send, recv, count, dt, op, stream) },
@@ -264,7 +264,7 @@ impl Collective {
         call: &Call,
     ) -> Result<(), String> {
         let (send, recv) = self.pointers(rank, call);
-        let (count, dt, stream) = (call.counts.count, call.dt as c_int, rank.stream);
+        let (count, dt, stream) = (call.counts.count, call.dt as c_int, rank.stream.handle());
         let op = || {
             call.op
                 .nccl()

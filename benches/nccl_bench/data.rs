@@ -4,7 +4,6 @@
 use crate::args::Op;
 use crate::collective::Call;
 use crate::ranks::{Bench, Lib};
-use nccl::cuda::StreamHandle;
 use nccl::{DataType, ReduceOp};
 use nccl_device::types::Elem;
 use nccl_device::with_elem;
@@ -241,7 +240,7 @@ impl Bench {
                 // A copy from pageable memory may return before its DMA lands, and the
                 // collective runs on a non-blocking stream: wait on the legacy stream that
                 // carried the copies.
-                dev.stream_sync(StreamHandle::default()).map_err(e)?;
+                nccl::Stream::legacy(dev).synchronize().map_err(e)?;
             }
             self.run(lib, call, 1, 0)?;
             let mut wrong = 0;

@@ -100,7 +100,7 @@ impl From<String> for Fail {
 
 fn main() -> ExitCode {
     // NCCL_DEBUG and friends, as nccl-tests users expect (a library never installs it itself).
-    nccl::debug::install_logger();
+    nccl::init_logging();
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     let args = match parse_args(&argv) {
         Ok(Some(a)) => a,
@@ -345,7 +345,7 @@ fn bench(
     for (i, comm) in comms.into_iter().enumerate() {
         let d = comm.device().clone();
         let e = |what: &str, x: nccl::Error| format!("{what} on device {}: {x}", d.ordinal);
-        let stream = d.stream_create().map_err(|x| e("stream create", x))?;
+        let stream = nccl::Stream::new(&d).map_err(|x| e("stream create", x))?;
         let send = d
             .alloc(round(send_bytes))
             .map_err(|x| e("allocating the send buffer", x))?;
@@ -353,8 +353,8 @@ fn bench(
             .alloc(round(recv_bytes))
             .map_err(|x| e("allocating the receive buffer", x))?;
         let events = (0..=s.iters)
-            .map(|_| d.event_create())
-            .collect::<nccl::Result<Vec<u64>>>()
+            .map(|_| nccl::Event::new(&d))
+            .collect::<nccl::Result<Vec<_>>>()
             .map_err(|x| e("event create", x))?;
         ranks.push(Rank {
             global: first + i,

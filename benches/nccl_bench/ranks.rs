@@ -4,8 +4,8 @@
 use crate::args::Mode;
 use crate::baseline::{Nccl, NcclComm};
 use crate::collective::{Call, Collective};
-use nccl::cuda::{DevBuffer, StreamHandle};
-use nccl::Comm;
+use nccl::cuda::DevBuffer;
+use nccl::{Comm, Event, Stream};
 use std::time::{Duration, Instant};
 
 /// One GPU's communicator, stream, buffers and timing events.
@@ -13,11 +13,11 @@ pub struct Rank {
     /// The rank in the communicator (ranks of other processes are not in `Bench::ranks`).
     pub global: usize,
     pub comm: RankComm,
-    pub stream: StreamHandle,
+    pub stream: Stream,
     pub send: DevBuffer,
     pub recv: DevBuffer,
     /// One per iteration boundary: iters + 1.
-    pub events: Vec<u64>,
+    pub events: Vec<Event>,
 }
 
 /// A rank's communicator, which the timing loop lends to that rank's thread (`Comm` is `Send`
@@ -86,11 +86,11 @@ impl Bench {
                 v.len(),
                 nccl::DataType::Float64,
                 op,
-                r.stream,
+                r.stream.handle(),
             )
         }
         .map_err(|x| e("AllReduce", x))?;
-        d.stream_sync(r.stream).map_err(|x| e("sync", x))?;
+        r.stream.synchronize().map_err(|x| e("sync", x))?;
         let mut out = vec![0u8; bytes.len()];
         buf.read(0, &mut out).map_err(|x| e("copy out", x))?;
         for (x, c) in v.iter_mut().zip(out.chunks_exact(8)) {
@@ -134,7 +134,7 @@ impl Bench {
     pub fn quiesce(&self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);
         self.ranks.iter().all(|r| loop {
-            match r.comm.device().stream_query(r.stream) {
+            match r.stream.is_idle() {
                 Ok(true) => break true,
                 Ok(false) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1))
@@ -153,17 +153,7 @@ impl Bench {
                 }
             }
         }
-        for r in &self.ranks {
-            let d = r.comm.device();
-            for &ev in &r.events {
-                if let Err(e) = d.event_destroy(ev) {
-                    first.get_or_insert(format!("event destroy: {e}"));
-                }
-            }
-            if let Err(e) = d.stream_destroy(r.stream) {
-                first.get_or_insert(format!("stream destroy: {e}"));
-            }
-        }
+        // The ranks' events and streams are destroyed as they drop.
         match first {
             Some(e) => Err(e),
             None => Ok(()),

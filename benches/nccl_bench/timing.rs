@@ -115,7 +115,7 @@ impl Bench {
         };
         for r in &self.ranks {
             let d = r.comm.device();
-            d.capture_begin(r.stream)
+            d.capture_begin(r.stream.handle())
                 .map_err(|x| e("begin capture", r, x))?;
         }
         let issued = (0..n).try_for_each(|_| self.launch_all(lib, call));
@@ -126,7 +126,7 @@ impl Bench {
             .map(|r| {
                 r.comm
                     .device()
-                    .capture_end(r.stream)
+                    .capture_end(r.stream.handle())
                     .map_err(|x| e("end capture", r, x))
             })
             .collect();
@@ -134,7 +134,8 @@ impl Bench {
         let graphs = ended.into_iter().collect::<Result<Vec<_>, String>>()?;
         let replay = || -> Result<(), String> {
             for (g, r) in graphs.iter().zip(&self.ranks) {
-                g.launch(r.stream).map_err(|x| e("graph launch", r, x))?;
+                g.launch(r.stream.handle())
+                    .map_err(|x| e("graph launch", r, x))?;
             }
             Ok(())
         };
@@ -142,29 +143,27 @@ impl Bench {
             replay()?;
         }
         for r in &self.ranks {
-            let d = r.comm.device();
-            d.stream_sync(r.stream)
-                .map_err(|x| e("stream sync", r, x))?;
-            d.event_record(r.events[0], r.stream)
+            r.stream.synchronize().map_err(|x| e("stream sync", r, x))?;
+            r.events[0]
+                .record(&r.stream)
                 .map_err(|x| e("event record", r, x))?;
         }
         for i in 0..iters {
             replay()?;
             for r in &self.ranks {
-                r.comm
-                    .device()
-                    .event_record(r.events[i + 1], r.stream)
+                r.events[i + 1]
+                    .record(&r.stream)
                     .map_err(|x| e("event record", r, x))?;
             }
         }
         let mut longest = vec![0.0f64; iters];
         for r in &self.ranks {
-            let d = r.comm.device();
-            d.event_sync(r.events[iters])
+            r.events[iters]
+                .synchronize()
                 .map_err(|x| e("event sync", r, x))?;
             for (i, t) in longest.iter_mut().enumerate() {
-                let ms = d
-                    .event_elapsed_ms(r.events[i], r.events[i + 1])
+                let ms = r.events[i]
+                    .elapsed_ms(&r.events[i + 1])
                     .map_err(|x| e("event elapsed time", r, x))?;
                 *t = t.max(f64::from(ms) / n as f64);
             }
@@ -188,27 +187,22 @@ impl Bench {
             self.launch_all(lib, call)?;
         }
         for r in &self.ranks {
-            r.comm
-                .device()
-                .stream_sync(r.stream)
-                .map_err(|x| e("stream sync", r, x))?;
+            r.stream.synchronize().map_err(|x| e("stream sync", r, x))?;
         }
         if iters == 0 {
             return Ok(vec![Vec::new(); self.ranks.len()]);
         }
         for r in &self.ranks {
-            r.comm
-                .device()
-                .event_record(r.events[0], r.stream)
+            r.events[0]
+                .record(&r.stream)
                 .map_err(|x| e("event record", r, x))?;
         }
         let t0 = Instant::now();
         for i in 0..iters {
             self.launch_all(lib, call)?;
             for r in &self.ranks {
-                r.comm
-                    .device()
-                    .event_record(r.events[i + 1], r.stream)
+                r.events[i + 1]
+                    .record(&r.stream)
                     .map_err(|x| e("event record", r, x))?;
             }
         }
@@ -216,12 +210,13 @@ impl Bench {
         self.ranks
             .iter()
             .map(|r| {
-                let d = r.comm.device();
-                d.event_sync(r.events[iters])
+                r.events[iters]
+                    .synchronize()
                     .map_err(|x| e("event sync", r, x))?;
                 (0..iters)
                     .map(|i| {
-                        d.event_elapsed_ms(r.events[i], r.events[i + 1])
+                        r.events[i]
+                            .elapsed_ms(&r.events[i + 1])
                             .map(f64::from)
                             .map_err(|x| e("event elapsed time", r, x))
                     })
@@ -247,7 +242,7 @@ impl Bench {
             // Waits for the stream to drain, giving up if another thread failed.
             let idle = || -> Result<(), String> {
                 loop {
-                    if d.stream_query(r.stream).map_err(|x| e("stream query", x))? {
+                    if r.stream.is_idle().map_err(|x| e("stream query", x))? {
                         return Ok(());
                     }
                     if rv.failed() {
@@ -265,19 +260,22 @@ impl Bench {
             if iters == 0 {
                 return Ok(Vec::new());
             }
-            d.event_record(r.events[0], r.stream)
+            r.events[0]
+                .record(&r.stream)
                 .map_err(|x| e("event record", x))?;
             let t0 = Instant::now();
             for i in 0..iters {
                 self.launch_one(lib, ri, call)?;
-                d.event_record(r.events[i + 1], r.stream)
+                r.events[i + 1]
+                    .record(&r.stream)
                     .map_err(|x| e("event record", x))?;
             }
             report_host_time(lib, ri, call, t0, iters);
             idle()?;
             (0..iters)
                 .map(|i| {
-                    d.event_elapsed_ms(r.events[i], r.events[i + 1])
+                    r.events[i]
+                        .elapsed_ms(&r.events[i + 1])
                         .map(f64::from)
                         .map_err(|x| e("event elapsed time", x))
                 })

@@ -5,9 +5,9 @@
 //!
 //! What differs: errors are [`crate::Error`] (cudarc's are `NcclError`), calls return `()`
 //! where cudarc returns `NcclStatus`, ranks and peers are `usize` or `i32` as cudarc has them,
-//! and cudarc's `Group` (several calls under one `ncclGroupStart`/`End`) is not offered: issue
-//! the calls of different ranks from their own threads, or use [`crate::group`] with this
-//! crate's own buffers. Dropping a [`Comm`] destroys it (cudarc aborts it).
+//! and a [`Group`] issues its calls when it ends rather than as they are made (so a leaked
+//! group launches nothing), one group at a time per thread. Dropping a [`Comm`] destroys it
+//! (cudarc aborts it).
 
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -18,6 +18,8 @@ use crate::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+
+pub use super::cudarc_group::Group;
 
 /// The element types cudarc's NCCL module takes (every [`Element`] here).
 pub use super::element::Element as NcclType;
@@ -70,7 +72,7 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    fn op<T: Element>(&self) -> Op<T> {
+    pub(super) fn op<T: Element>(&self) -> Op<T> {
         match self {
             ReduceOp::Sum => Op::Sum,
             ReduceOp::Prod => Op::Prod,
@@ -91,7 +93,7 @@ pub struct Comm {
 }
 
 /// A rank or peer given as cudarc's `i32`.
-fn index(what: &str, v: i32) -> Result<usize> {
+pub(super) fn index(what: &str, v: i32) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::invalid_argument(format!("{what} {v} is negative")))
 }
 
@@ -138,6 +140,11 @@ impl Comm {
     /// The stream the calls run on.
     pub fn stream(&self) -> Arc<CudaStream> {
         self.stream.clone()
+    }
+
+    /// The stream, borrowed.
+    pub(super) fn cuda_stream(&self) -> &CudaStream {
+        &self.stream
     }
 
     /// The CUDA context of that stream.

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 /// The library's view of cudarc's stream (borrowed: dropping it destroys nothing).
-fn our_stream(what: &str, stream: &CudaStream) -> Result<Stream> {
+pub(super) fn our_stream(what: &str, stream: &CudaStream) -> Result<Stream> {
     if crate::cuda::backend() != Backend::Cuda {
         return Err(Error::invalid_usage(format!(
             "{what}: cudarc's buffers are CUDA memory, but the simulator backend is in use"

@@ -14,9 +14,12 @@ mod buffer;
 mod calls;
 mod coll;
 #[cfg(feature = "cudarc")]
+mod cudarc_group;
+#[cfg(feature = "cudarc")]
 pub mod cudarc_nccl;
 mod direct;
 mod element;
+mod event;
 #[cfg(feature = "cudarc")]
 mod interop;
 mod op;
@@ -27,6 +30,7 @@ mod stream;
 
 pub use buffer::{DeviceBuffer, DeviceSlice, DeviceSliceMut, IntoDeviceSlice, IntoDeviceSliceMut};
 pub use element::{Element, F8E4M3, F8E5M2};
+pub use event::Event;
 pub use op::Op;
 pub use register::Registration;
 pub use scope::{capture, group, Capture, CapturedGraph, Group};

@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 type Borrows<'a> = PhantomData<fn(&'a ()) -> &'a ()>;
 
 /// Ends every group level open on this thread, dropping what they queued.
-fn drop_open_groups() {
+pub(super) fn drop_open_groups() {
     while depth() > 0 {
         if let Err(e) = crate::enqueue::group::simulate_end() {
             log::warn!("dropping an unfinished group: {e}");

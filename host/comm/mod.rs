@@ -856,49 +856,53 @@ impl Comm {
     pub fn device(&self) -> &Device {
         &self.device
     }
-    /// The launch shape every rank agreed on at creation.
-    pub fn shape(&self) -> Shape {
-        self.shape
+    crate::internal! {
+        /// The launch shape every rank agreed on at creation.
+        fn shape(&self) -> Shape {
+            self.shape
+        }
     }
 
-    /// Every channel's ring (ranks in ring order), as the kernels read it: from this rank's
-    /// channel structures in device memory, checked against what init agreed.
-    pub fn channel_rings(&self) -> Result<Vec<Vec<usize>>> {
-        let nch = self.shape.nchannels as usize;
-        let size = std::mem::size_of::<ChannelDev>();
-        let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
-        let mut raw = vec![0u8; nch * size];
-        self.dev_comm.read(head, &mut raw)?;
-        let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let mut out = Vec::with_capacity(nch);
-        for (c, ch) in raw.chunks_exact(size).enumerate() {
-            let index = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_index)) as usize;
-            let prev = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_prev)) as usize;
-            let next = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_next)) as usize;
-            let at = std::mem::offset_of!(ChannelDev, ring_ranks);
-            let mut ptr = [0u8; 8];
-            ptr.copy_from_slice(&ch[at..at + 8]);
-            let mut words = vec![0u8; self.nranks * 4];
-            self.device.copy_dtoh(&mut words, u64::from_le_bytes(ptr))?;
-            let ring: Vec<usize> = (0..self.nranks)
-                .map(|i| u32_at(&words, 4 * i) as usize)
-                .collect();
-            let n = self.nranks;
-            let consistent = index < n
-                && ring[index] == self.rank
-                && ring[(index + n - 1) % n] == prev
-                && ring[(index + 1) % n] == next
-                && ring == self.rings.ring(c);
-            if !consistent {
-                return Err(Error::internal(format!(
-                    "rank {}: channel {c} holds ring {ring:?} at index {index} (prev {prev}, next {next}); init agreed on {:?}",
-                    self.rank,
-                    self.rings.ring(c)
-                )));
+    crate::internal! {
+        /// Every channel's ring (ranks in ring order), as the kernels read it: from this rank's
+        /// channel structures in device memory, checked against what init agreed.
+        fn channel_rings(&self) -> Result<Vec<Vec<usize>>> {
+            let nch = self.shape.nchannels as usize;
+            let size = std::mem::size_of::<ChannelDev>();
+            let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+            let mut raw = vec![0u8; nch * size];
+            self.dev_comm.read(head, &mut raw)?;
+            let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+            let mut out = Vec::with_capacity(nch);
+            for (c, ch) in raw.chunks_exact(size).enumerate() {
+                let index = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_index)) as usize;
+                let prev = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_prev)) as usize;
+                let next = u32_at(ch, std::mem::offset_of!(ChannelDev, ring_next)) as usize;
+                let at = std::mem::offset_of!(ChannelDev, ring_ranks);
+                let mut ptr = [0u8; 8];
+                ptr.copy_from_slice(&ch[at..at + 8]);
+                let mut words = vec![0u8; self.nranks * 4];
+                self.device.copy_dtoh(&mut words, u64::from_le_bytes(ptr))?;
+                let ring: Vec<usize> = (0..self.nranks)
+                    .map(|i| u32_at(&words, 4 * i) as usize)
+                    .collect();
+                let n = self.nranks;
+                let consistent = index < n
+                    && ring[index] == self.rank
+                    && ring[(index + n - 1) % n] == prev
+                    && ring[(index + 1) % n] == next
+                    && ring == self.rings.ring(c);
+                if !consistent {
+                    return Err(Error::internal(format!(
+                        "rank {}: channel {c} holds ring {ring:?} at index {index} (prev {prev}, next {next}); init agreed on {:?}",
+                        self.rank,
+                        self.rings.ring(c)
+                    )));
+                }
+                out.push(ring);
             }
-            out.push(ring);
+            Ok(out)
         }
-        Ok(out)
     }
 
     /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
@@ -919,9 +923,10 @@ impl Comm {
     }
 
     /// What a collective of `bytes` (NCCL's nBytes: AllGather's whole output, ReduceScatter's
-    /// whole input, else one rank's buffer) runs with here, as the tuner picks it.
-    pub fn tuning(&self, coll: crate::tune::Coll, bytes: usize) -> Result<crate::tune::Choice> {
-        self.tuner.choose(coll, bytes)
+    /// whole input, else one rank's buffer) runs with here, as the tuner picks it (what
+    /// `NCCL_DEBUG=INFO` with `NCCL_DEBUG_SUBSYS=TUNING` logs for each call).
+    pub fn tuning(&self, coll: crate::Coll, bytes: usize) -> Result<crate::TuningChoice> {
+        self.tuner.choose(crate::enqueue::tune_coll(coll), bytes)
     }
     /// Device memory this communicator allocated at init (cuMemGetInfo before and after).
     pub fn init_device_bytes(&self) -> usize {

@@ -170,15 +170,17 @@ impl Device {
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         dispatch!(self.mem_info())
     }
-    /// Zeroed device memory, freed when the buffer drops.
-    /// A cleared [`HostFlag`].
-    pub fn alloc_host_flag(&self) -> Result<HostFlag> {
-        let (host, ptr) = dispatch!(self.alloc_host_mapped(8))?;
-        Ok(HostFlag {
-            dev: self.clone(),
-            host: host as *mut u64,
-            ptr,
-        })
+    crate::internal! {
+        /// Zeroed device memory, freed when the buffer drops.
+        /// A cleared [`HostFlag`].
+        fn alloc_host_flag(&self) -> Result<HostFlag> {
+            let (host, ptr) = dispatch!(self.alloc_host_mapped(8))?;
+            Ok(HostFlag {
+                dev: self.clone(),
+                host: host as *mut u64,
+                ptr,
+            })
+        }
     }
 
     /// `bytes` of device memory (at least 1), freed when the buffer drops.
@@ -216,153 +218,203 @@ impl Device {
     pub unsafe fn copy_dtoh_raw(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.copy_dtoh(dst, src)
     }
-    /// The ordinal of the device owning `p`, or None if `p` is not device memory we know.
-    pub fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
-        Ok(self.pointer_extent(p, 0)?.map(|(ordinal, _)| ordinal))
-    }
-    /// The device owning `p` and how many bytes its allocation holds from `p` to its end, or
-    /// None if `p` is not device memory we know. The count is exact where the backend can
-    /// tell; where an allocation is made of several mappings (CUDA's virtual memory API) the
-    /// driver backend follows adjacent mappings until `need` bytes are covered.
-    pub fn pointer_extent(&self, p: DevPtr, need: usize) -> Result<Option<(i32, usize)>> {
-        dispatch!(self.pointer_extent(p, need))
-    }
-    /// Whether this device can map `peer`'s memory (`cuDeviceCanAccessPeer`).
-    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
-        match (&*self.imp, &*peer.imp) {
-            (Imp::Cuda(a), Imp::Cuda(b)) => a.can_access_peer(b),
-            (Imp::Sim(_), Imp::Sim(_)) => Ok(true),
-            _ => Ok(false),
+    crate::internal! {
+        /// The ordinal of the device owning `p`, or None if `p` is not device memory we know.
+        fn pointer_device(&self, p: DevPtr) -> Result<Option<i32>> {
+            Ok(self.pointer_extent(p, 0)?.map(|(ordinal, _)| ordinal))
         }
     }
-    /// Maps `peer`'s memory into this device's address space (once per pair).
-    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
-        match (&*self.imp, &*peer.imp) {
-            (Imp::Cuda(a), Imp::Cuda(b)) => a.enable_peer_access(b),
-            (Imp::Sim(_), Imp::Sim(_)) => Ok(()),
-            _ => Err(Error::internal("peer access between backends")),
+    crate::internal! {
+        /// The device owning `p` and how many bytes its allocation holds from `p` to its end, or
+        /// None if `p` is not device memory we know. The count is exact where the backend can
+        /// tell; where an allocation is made of several mappings (CUDA's virtual memory API) the
+        /// driver backend follows adjacent mappings until `need` bytes are covered.
+        fn pointer_extent(&self, p: DevPtr, need: usize) -> Result<Option<(i32, usize)>> {
+            dispatch!(self.pointer_extent(p, need))
         }
     }
-    /// A handle another process can open to map `buf`.
-    pub fn ipc_handle(&self, buf: &DevBuffer) -> Result<[u8; 64]> {
-        dispatch!(self.ipc_handle(buf.ptr))
-    }
-    /// Maps a peer process's buffer; unmapped when the mapping drops.
-    pub fn open_ipc(&self, handle: &[u8; 64]) -> Result<IpcMapping> {
-        let ptr = dispatch!(self.open_ipc(handle))?;
-        Ok(IpcMapping {
-            dev: self.clone(),
-            ptr,
-        })
-    }
-    /// The kernel `name` of the module family `family` (a name prefix), loaded lazily.
-    pub fn kernel(&self, name: &str, family: &str) -> Result<Kernel> {
-        Ok(Kernel(dispatch!(self.function(name, family))?))
-    }
-    /// Launches `kernel` on `grid` CTAs of `block` threads with `arg` as its only parameter.
-    pub fn launch<A: Copy + Send + 'static>(
-        &self,
-        kernel: Kernel,
-        grid: u32,
-        block: u32,
-        stream: StreamHandle,
-        arg: &A,
-    ) -> Result<()> {
-        match &*self.imp {
-            Imp::Cuda(d) => d.launch(kernel.0, grid, block, stream, arg as *const A as *const u8),
-            Imp::Sim(d) => d.launch(
-                kernel.0,
-                grid,
-                block,
-                stream,
-                arg as *const A as *const u8,
-                std::mem::size_of::<A>(),
-            ),
+    crate::internal! {
+        /// Whether this device can map `peer`'s memory (`cuDeviceCanAccessPeer`).
+        fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+            match (&*self.imp, &*peer.imp) {
+                (Imp::Cuda(a), Imp::Cuda(b)) => a.can_access_peer(b),
+                (Imp::Sim(_), Imp::Sim(_)) => Ok(true),
+                _ => Ok(false),
+            }
         }
     }
-    /// Copies `bytes` from `src` to `dst`, both device memory, in `stream`'s order.
-    pub fn copy_dtod_async(
-        &self,
-        dst: DevPtr,
-        src: DevPtr,
-        bytes: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        dispatch!(self.copy_dtod_async(dst, src, bytes, stream))
+    crate::internal! {
+        /// Maps `peer`'s memory into this device's address space (once per pair).
+        fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+            match (&*self.imp, &*peer.imp) {
+                (Imp::Cuda(a), Imp::Cuda(b)) => a.enable_peer_access(b),
+                (Imp::Sim(_), Imp::Sim(_)) => Ok(()),
+                _ => Err(Error::internal("peer access between backends")),
+            }
+        }
     }
-    /// A non-blocking stream: it never waits for the legacy default stream, nor it for it.
-    pub fn stream_create(&self) -> Result<StreamHandle> {
-        dispatch!(self.stream_create(false))
+    crate::internal! {
+        /// A handle another process can open to map `buf`.
+        fn ipc_handle(&self, buf: &DevBuffer) -> Result<[u8; 64]> {
+            dispatch!(self.ipc_handle(buf.ptr))
+        }
     }
-    /// A blocking stream (`cudaStreamCreate`'s default): ordered with the legacy default
-    /// stream both ways, as most CUDA programs' streams are.
-    pub fn stream_create_blocking(&self) -> Result<StreamHandle> {
-        dispatch!(self.stream_create(true))
+    crate::internal! {
+        /// Maps a peer process's buffer; unmapped when the mapping drops.
+        fn open_ipc(&self, handle: &[u8; 64]) -> Result<IpcMapping> {
+            let ptr = dispatch!(self.open_ipc(handle))?;
+            Ok(IpcMapping {
+                dev: self.clone(),
+                ptr,
+            })
+        }
     }
-    /// Destroys a stream made by [`Device::stream_create`]; queued work still runs.
-    pub fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
-        dispatch!(self.stream_destroy(s))
+    crate::internal! {
+        /// The kernel `name` of the module family `family` (a name prefix), loaded lazily.
+        fn kernel(&self, name: &str, family: &str) -> Result<Kernel> {
+            Ok(Kernel(dispatch!(self.function(name, family))?))
+        }
     }
-    /// Waits until the work queued on `s` has run.
-    pub fn stream_sync(&self, s: StreamHandle) -> Result<()> {
-        dispatch!(self.stream_sync(s))
+    crate::internal! {
+        /// Launches `kernel` on `grid` CTAs of `block` threads with `arg` as its only parameter.
+        fn launch<A: Copy + Send + 'static>(
+            &self,
+            kernel: Kernel,
+            grid: u32,
+            block: u32,
+            stream: StreamHandle,
+            arg: &A,
+        ) -> Result<()> {
+            match &*self.imp {
+                Imp::Cuda(d) => d.launch(kernel.0, grid, block, stream, arg as *const A as *const u8),
+                Imp::Sim(d) => d.launch(
+                    kernel.0,
+                    grid,
+                    block,
+                    stream,
+                    arg as *const A as *const u8,
+                    std::mem::size_of::<A>(),
+                ),
+            }
+        }
+    }
+    crate::internal! {
+        /// Copies `bytes` from `src` to `dst`, both device memory, in `stream`'s order.
+        fn copy_dtod_async(
+            &self,
+            dst: DevPtr,
+            src: DevPtr,
+            bytes: usize,
+            stream: StreamHandle,
+        ) -> Result<()> {
+            dispatch!(self.copy_dtod_async(dst, src, bytes, stream))
+        }
+    }
+    crate::internal! {
+        /// A non-blocking stream: it never waits for the legacy default stream, nor it for it.
+        fn stream_create(&self) -> Result<StreamHandle> {
+            dispatch!(self.stream_create(false))
+        }
+    }
+    crate::internal! {
+        /// A blocking stream (`cudaStreamCreate`'s default): ordered with the legacy default
+        /// stream both ways, as most CUDA programs' streams are.
+        fn stream_create_blocking(&self) -> Result<StreamHandle> {
+            dispatch!(self.stream_create(true))
+        }
+    }
+    crate::internal! {
+        /// Destroys a stream made by [`Device::stream_create`]; queued work still runs.
+        fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
+            dispatch!(self.stream_destroy(s))
+        }
+    }
+    crate::internal! {
+        /// Waits until the work queued on `s` has run.
+        fn stream_sync(&self, s: StreamHandle) -> Result<()> {
+            dispatch!(self.stream_sync(s))
+        }
     }
     /// Waits until every stream of this device is idle (`cuCtxSynchronize`).
     pub fn synchronize(&self) -> Result<()> {
         dispatch!(self.synchronize())
     }
-    /// Whether the work queued on `s` has run (without waiting).
-    pub fn stream_query(&self, s: StreamHandle) -> Result<bool> {
-        dispatch!(self.stream_query(s))
-    }
-    /// A new timing event.
-    pub fn event_create(&self) -> Result<u64> {
-        dispatch!(self.event_create())
-    }
-    /// An event that orders work but cannot time it (cheaper to record).
-    pub fn event_create_untimed(&self) -> Result<u64> {
-        match &*self.imp {
-            Imp::Cuda(d) => d.event_create_untimed(),
-            Imp::Sim(d) => d.event_create(),
+    crate::internal! {
+        /// Whether the work queued on `s` has run (without waiting).
+        fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+            dispatch!(self.stream_query(s))
         }
     }
-    /// Records event `e` on stream `s`.
-    pub fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
-        dispatch!(self.event_record(e, s))
+    crate::internal! {
+        /// A new timing event.
+        fn event_create(&self) -> Result<u64> {
+            dispatch!(self.event_create())
+        }
     }
-    /// Makes later work on `s` wait for event `e`.
-    pub fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
-        dispatch!(self.stream_wait_event(s, e))
+    crate::internal! {
+        /// An event that orders work but cannot time it (cheaper to record).
+        fn event_create_untimed(&self) -> Result<u64> {
+            match &*self.imp {
+                Imp::Cuda(d) => d.event_create_untimed(),
+                Imp::Sim(d) => d.event_create(),
+            }
+        }
     }
-    /// Inside a capture only: each launch of the graph records `e` (an event record node).
-    pub fn event_record_external(&self, e: u64, s: StreamHandle) -> Result<()> {
-        dispatch!(self.event_record_external(e, s))
+    crate::internal! {
+        /// Records event `e` on stream `s`.
+        fn event_record(&self, e: u64, s: StreamHandle) -> Result<()> {
+            dispatch!(self.event_record(e, s))
+        }
     }
-    /// Inside a capture only: each launch of the graph waits for `e`'s latest record then.
-    pub fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
-        dispatch!(self.stream_wait_event_external(s, e))
+    crate::internal! {
+        /// Makes later work on `s` wait for event `e`.
+        fn stream_wait_event(&self, s: StreamHandle, e: u64) -> Result<()> {
+            dispatch!(self.stream_wait_event(s, e))
+        }
     }
-    /// Whether event `e` has happened (without waiting).
-    pub fn event_query(&self, e: u64) -> Result<bool> {
-        dispatch!(self.event_query(e))
+    crate::internal! {
+        /// Inside a capture only: each launch of the graph records `e` (an event record node).
+        fn event_record_external(&self, e: u64, s: StreamHandle) -> Result<()> {
+            dispatch!(self.event_record_external(e, s))
+        }
     }
-    /// Waits until event `e` has happened.
-    pub fn event_sync(&self, e: u64) -> Result<()> {
-        dispatch!(self.event_sync(e))
+    crate::internal! {
+        /// Inside a capture only: each launch of the graph waits for `e`'s latest record then.
+        fn stream_wait_event_external(&self, s: StreamHandle, e: u64) -> Result<()> {
+            dispatch!(self.stream_wait_event_external(s, e))
+        }
     }
-    /// Milliseconds between two recorded events.
-    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
-        dispatch!(self.event_elapsed_ms(start, end))
+    crate::internal! {
+        /// Whether event `e` has happened (without waiting).
+        fn event_query(&self, e: u64) -> Result<bool> {
+            dispatch!(self.event_query(e))
+        }
     }
-    /// Destroys event `e`.
-    pub fn event_destroy(&self, e: u64) -> Result<()> {
-        dispatch!(self.event_destroy(e))
+    crate::internal! {
+        /// Waits until event `e` has happened.
+        fn event_sync(&self, e: u64) -> Result<()> {
+            dispatch!(self.event_sync(e))
+        }
+    }
+    crate::internal! {
+        /// Milliseconds between two recorded events.
+        fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
+            dispatch!(self.event_elapsed_ms(start, end))
+        }
+    }
+    crate::internal! {
+        /// Destroys event `e`.
+        fn event_destroy(&self, e: u64) -> Result<()> {
+            dispatch!(self.event_destroy(e))
+        }
     }
 }
 
-/// A kernel entry point of a device (an opaque backend handle).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Kernel(usize);
+crate::internal! {
+    /// A kernel entry point of a device (an opaque backend handle).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    struct Kernel(usize);
+}
 
 /// Untyped device memory owned by the runtime, freed when dropped. Its address and size are
 /// fixed at allocation (private fields: nothing can make `Drop` free another address). Rust
@@ -421,12 +473,14 @@ impl Drop for DevBuffer {
     }
 }
 
-/// A flag in host memory that kernels can read: set by the host while kernels run (abort).
-pub struct HostFlag {
-    dev: Device,
-    host: *mut u64,
-    /// The device address kernels read.
-    pub ptr: DevPtr,
+crate::internal! {
+    /// A flag in host memory that kernels can read: set by the host while kernels run (abort).
+    struct HostFlag {
+        dev: Device,
+        host: *mut u64,
+        /// The device address kernels read.
+        pub ptr: DevPtr,
+    }
 }
 
 // SAFETY: the flag is a plain u64 written with volatile stores and read by kernels; the pointer
@@ -453,16 +507,18 @@ impl Drop for HostFlag {
     }
 }
 
-/// Pinned host memory mapped into the device: the FIFOs and counters of connections a proxy
-/// thread carries (the host reads and writes it through `host`, kernels through `ptr`).
-/// Zeroed at allocation.
-pub struct HostMem {
-    dev: Device,
-    host: *mut u8,
-    /// The device address kernels use.
-    pub ptr: DevPtr,
-    /// Its size in bytes.
-    pub bytes: usize,
+crate::internal! {
+    /// Pinned host memory mapped into the device: the FIFOs and counters of connections a proxy
+    /// thread carries (the host reads and writes it through `host`, kernels through `ptr`).
+    /// Zeroed at allocation.
+    struct HostMem {
+        dev: Device,
+        host: *mut u8,
+        /// The device address kernels use.
+        pub ptr: DevPtr,
+        /// Its size in bytes.
+        pub bytes: usize,
+    }
 }
 
 // SAFETY: the memory is shared with kernels and proxy threads by design; every access goes
@@ -490,26 +546,30 @@ impl Drop for HostMem {
 }
 
 impl Device {
-    /// `bytes` of zeroed pinned host memory mapped into this device.
-    pub fn alloc_host_mem(&self, bytes: usize) -> Result<HostMem> {
-        let (host, ptr) = dispatch!(self.alloc_host_mapped(bytes))?;
-        Ok(HostMem {
-            dev: self.clone(),
-            host,
-            ptr,
-            bytes,
-        })
+    crate::internal! {
+        /// `bytes` of zeroed pinned host memory mapped into this device.
+        fn alloc_host_mem(&self, bytes: usize) -> Result<HostMem> {
+            let (host, ptr) = dispatch!(self.alloc_host_mapped(bytes))?;
+            Ok(HostMem {
+                dev: self.clone(),
+                host,
+                ptr,
+                bytes,
+            })
+        }
     }
 }
 
-/// Host memory of the caller's (a shared memory segment) pinned and mapped into a device:
-/// kernels address it through `ptr`. Unregistered on drop, which must come before the memory
-/// is unmapped.
-pub struct HostRegistration {
-    dev: Device,
-    host: *mut u8,
-    /// The device address kernels use.
-    pub ptr: DevPtr,
+crate::internal! {
+    /// Host memory of the caller's (a shared memory segment) pinned and mapped into a device:
+    /// kernels address it through `ptr`. Unregistered on drop, which must come before the memory
+    /// is unmapped.
+    struct HostRegistration {
+        dev: Device,
+        host: *mut u8,
+        /// The device address kernels use.
+        pub ptr: DevPtr,
+    }
 }
 
 // SAFETY: the registration only holds the address to unregister it; the memory itself is
@@ -519,19 +579,21 @@ unsafe impl Send for HostRegistration {}
 unsafe impl Sync for HostRegistration {}
 
 impl Device {
-    /// Pins `bytes` of host memory at `host` and maps it into this device (CUDA:
-    /// `cuMemHostRegister` with PORTABLE | DEVICEMAP; the simulator: the same address).
-    ///
-    /// # Safety
-    /// `host..host + bytes` is a live mapping of the caller's, page-aligned, that stays mapped
-    /// until the returned registration drops.
-    pub unsafe fn host_register(&self, host: *mut u8, bytes: usize) -> Result<HostRegistration> {
-        let ptr = dispatch!(self.host_register(host, bytes))?;
-        Ok(HostRegistration {
-            dev: self.clone(),
-            host,
-            ptr,
-        })
+    crate::internal! {
+        /// Pins `bytes` of host memory at `host` and maps it into this device (CUDA:
+        /// `cuMemHostRegister` with PORTABLE | DEVICEMAP; the simulator: the same address).
+        ///
+        /// # Safety
+        /// `host..host + bytes` is a live mapping of the caller's, page-aligned, that stays mapped
+        /// until the returned registration drops.
+        unsafe fn host_register(&self, host: *mut u8, bytes: usize) -> Result<HostRegistration> {
+            let ptr = dispatch!(self.host_register(host, bytes))?;
+            Ok(HostRegistration {
+                dev: self.clone(),
+                host,
+                ptr,
+            })
+        }
     }
 }
 
@@ -544,11 +606,13 @@ impl Drop for HostRegistration {
     }
 }
 
-/// A peer process's buffer mapped into ours.
-pub struct IpcMapping {
-    dev: Device,
-    /// The mapped address in this process.
-    pub ptr: DevPtr,
+crate::internal! {
+    /// A peer process's buffer mapped into ours.
+    struct IpcMapping {
+        dev: Device,
+        /// The mapped address in this process.
+        pub ptr: DevPtr,
+    }
 }
 
 impl Drop for IpcMapping {

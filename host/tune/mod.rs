@@ -229,7 +229,7 @@ impl<const N: usize> Filter<N> {
     }
 
     /// The filter as bits (`coll * N + item`), to send to other ranks.
-    pub fn to_mask(&self) -> u64 {
+    pub fn to_mask(self) -> u64 {
         let mut m = 0u64;
         for (c, row) in self.allowed.iter().enumerate() {
             for (i, &ok) in row.iter().enumerate() {
@@ -343,6 +343,7 @@ impl TuneParams {
 
 /// What to run for one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Choice {
     /// The algorithm.
     pub algo: Algo,

@@ -497,9 +497,7 @@ pub fn forced_protocol_comms(
     let devs: Vec<i32> = (0..n as i32).collect();
     let comms = Comm::init_all(&devs).expect("init_all on the simulator");
     for c in &comms {
-        let big = c
-            .tuning(nccl::tune::Coll::AllReduce, 1 << 30)
-            .expect("a choice");
+        let big = c.tuning(nccl::Coll::AllReduce, 1 << 30).expect("a choice");
         assert_eq!(big.proto, proto, "{env:?} selects {proto:?} at every size");
     }
     Ranks::new(comms)
