@@ -125,9 +125,8 @@ pub use comm::{
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
 pub use enqueue::ReduceOp;
 pub use error::{Error, NcclResult, Result};
-pub use nccl_device::abi::Coll;
 pub use nccl_device::types::DataType;
-pub use tune::{Algo, Choice as TuningChoice, Proto};
+pub use tune::{Algo, Choice as TuningChoice, Coll, Proto};
 
 /// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
 pub const VERSION: i32 = 22503;

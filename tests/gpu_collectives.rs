@@ -145,7 +145,7 @@ fn process_per_rank_on_two_nodes() {
     if let Some(ranks) = child_rank() {
         let n = ranks.comms[0].count();
         let t0 = std::time::Instant::now();
-        for (i, coll) in nccl::Coll::ALL.into_iter().enumerate() {
+        for (i, coll) in nccl_device::abi::Coll::ALL.into_iter().enumerate() {
             for count in [1usize, 4099, (1 << 20) + 5] {
                 for in_place in [false, true] {
                     // Progress, shown if the harness kills a rank that is stuck.

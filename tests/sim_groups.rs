@@ -252,7 +252,7 @@ fn simulate_end_launches_nothing_and_estimates() {
         .map(|c| c.device().stream_create().unwrap())
         .collect();
     let call = |r: usize, n: usize| CollCall {
-        coll: nccl::Coll::AllReduce,
+        coll: nccl_device::abi::Coll::AllReduce,
         send: bufs[r].ptr(),
         recv: bufs[r].ptr(),
         count: n,

@@ -11,7 +11,8 @@
 mod common;
 
 use common::{check_collective, Drive, Ranks};
-use nccl::{Backend, Coll, Comm, DataType, ReduceOp};
+use nccl::{Backend, Comm, DataType, ReduceOp};
+use nccl_device::abi::Coll;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -6,7 +6,8 @@ mod common;
 
 use common::graphs::{capture_and_replay, FirstUse};
 use common::{check_collective, Drive, Ranks};
-use nccl::{Backend, Coll, Comm, DataType, ReduceOp};
+use nccl::{Backend, Comm, DataType, ReduceOp};
+use nccl_device::abi::Coll;
 
 /// The launch counter is per process: the tests take turns.
 static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());

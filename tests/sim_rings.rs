@@ -191,7 +191,7 @@ fn rank_zeros_rings_rule() {
         let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank");
         check_rings(std::slice::from_ref(&comm), Some(expected(RINGS4, 2)));
         let ranks = Ranks::new(vec![comm]);
-        for (k, coll) in nccl::Coll::ALL.into_iter().enumerate() {
+        for (k, coll) in nccl_device::abi::Coll::ALL.into_iter().enumerate() {
             for count in [7usize, 70_000] {
                 check_collective(
                     &ranks,

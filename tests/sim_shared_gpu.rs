@@ -4,7 +4,8 @@
 mod common;
 
 use common::{check_collective, Drive, Ranks};
-use nccl::{Backend, Coll, Comm, DataType, NcclResult, ReduceOp};
+use nccl::{Backend, Comm, DataType, NcclResult, ReduceOp};
+use nccl_device::abi::Coll;
 
 #[test]
 fn ranks_share_a_gpu_only_when_asked() {

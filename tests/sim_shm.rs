@@ -9,7 +9,8 @@
 mod common;
 
 use common::{check_all_to_all, check_collective, Drive, Ranks};
-use nccl::{Backend, Coll, Comm, DataType, ReduceOp};
+use nccl::{Backend, Comm, DataType, ReduceOp};
+use nccl_device::abi::Coll;
 
 /// Loopback only: tests never leave this machine.
 const LOOPBACK: (&str, &str) = ("NCCL_SOCKET_IFNAME", "lo");

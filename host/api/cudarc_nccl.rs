@@ -58,6 +58,7 @@ impl Id {
 
 /// The reductions of cudarc's `ReduceOp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReduceOp {
     /// Sum.
     Sum,

@@ -926,7 +926,7 @@ impl Comm {
     /// whole input, else one rank's buffer) runs with here, as the tuner picks it (what
     /// `NCCL_DEBUG=INFO` with `NCCL_DEBUG_SUBSYS=TUNING` logs for each call).
     pub fn tuning(&self, coll: crate::Coll, bytes: usize) -> Result<crate::TuningChoice> {
-        self.tuner.choose(crate::enqueue::tune_coll(coll), bytes)
+        self.tuner.choose(coll, bytes)
     }
     /// Device memory this communicator allocated at init (cuMemGetInfo before and after).
     pub fn init_device_bytes(&self) -> usize {

@@ -3,7 +3,8 @@
 //! integers, a tolerance from the reduction depth for floats).
 #![allow(dead_code)]
 
-use nccl::{Coll, Comm, DataType, ReduceOp, StreamHandle};
+use nccl::{Comm, DataType, ReduceOp, StreamHandle};
+use nccl_device::abi::Coll;
 use nccl_device::types::Elem;
 
 pub mod graphs;
