@@ -368,16 +368,21 @@ fn events_order_and_time_stream_work() {
     for ((_, e), st) in events.iter().zip(&streams) {
         e.record(st).unwrap();
     }
+    // A second stream of rank 0, made to wait on the end event before anything waited on
+    // it: once that stream has drained, the event has happened.
+    let other = Stream::new(comms[0].device()).unwrap();
+    other.wait(&events[0].1).unwrap();
+    other.synchronize().unwrap();
+    assert!(
+        events[0].1.is_complete().unwrap(),
+        "the stream ran past its wait"
+    );
     for (s, e) in &events {
         e.synchronize().unwrap();
         assert!(e.is_complete().unwrap());
         let ms = s.elapsed_ms(e).unwrap();
         assert!(ms >= 0.0, "elapsed {ms} ms");
     }
-    // A second stream of rank 0, made to wait on the end event, copies the result after it.
-    let other = Stream::new(comms[0].device()).unwrap();
-    other.wait(&events[0].1).unwrap();
-    other.synchronize().unwrap();
     assert_eq!(bufs[0].to_vec().unwrap(), vec![2.0f32; n]);
     // An event of another device is refused, naming both devices.
     let e = events[1]

@@ -98,6 +98,21 @@ impl<'g> Group<'g> {
         (unsafe { DeviceSliceMut::from_raw(o, p, n) }, sync)
     }
 
+    /// A call's input and output views, with both records.
+    fn read_write<T: NcclType>(
+        &self,
+        input: CudaView<'g, T>,
+        output: CudaViewMut<'g, T>,
+    ) -> (
+        DeviceSlice<'g, T>,
+        DeviceSliceMut<'g, T>,
+        Vec<SyncOnDrop<'g>>,
+    ) {
+        let (s, s_sync) = self.read(input);
+        let (r, r_sync) = self.write(output);
+        (s, r, vec![s_sync, r_sync])
+    }
+
     /// `ncclSend` of `data` to `peer`.
     pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<()> {
         let peer = index("peer", peer)?;
@@ -152,10 +167,9 @@ impl<'g> Group<'g> {
         sendbuff: CudaView<'s, T>,
         recvbuff: CudaViewMut<'r, T>,
     ) -> Result<()> {
-        let (s, s_sync) = self.read(sendbuff);
-        let (r, r_sync) = self.write(recvbuff);
+        let (s, r, syncs) = self.read_write(sendbuff, recvbuff);
         let call: Call<'g> = Box::new(move |c, st| coll::all_gather(c, s, r, st));
-        self.push("ncclAllGather", call, vec![s_sync, r_sync])
+        self.push("ncclAllGather", call, syncs)
     }
 
     /// `ncclAllReduce`.
@@ -166,10 +180,9 @@ impl<'g> Group<'g> {
         reduce_op: &ReduceOp,
     ) -> Result<()> {
         let op = reduce_op.op();
-        let (s, s_sync) = self.read(sendbuff);
-        let (r, r_sync) = self.write(recvbuff);
+        let (s, r, syncs) = self.read_write(sendbuff, recvbuff);
         let call: Call<'g> = Box::new(move |c, st| coll::all_reduce(c, s, r, op, st));
-        self.push("ncclAllReduce", call, vec![s_sync, r_sync])
+        self.push("ncclAllReduce", call, syncs)
     }
 
     /// In-place `ncclAllReduce`.
@@ -225,10 +238,9 @@ impl<'g> Group<'g> {
         reduce_op: &ReduceOp,
     ) -> Result<()> {
         let op = reduce_op.op();
-        let (s, s_sync) = self.read(sendbuff);
-        let (r, r_sync) = self.write(recvbuff);
+        let (s, r, syncs) = self.read_write(sendbuff, recvbuff);
         let call: Call<'g> = Box::new(move |c, st| coll::reduce_scatter(c, s, r, op, st));
-        self.push("ncclReduceScatter", call, vec![s_sync, r_sync])
+        self.push("ncclReduceScatter", call, syncs)
     }
 
     /// Issues the collected calls in one `ncclGroupStart` / `ncclGroupEnd` and returns once
