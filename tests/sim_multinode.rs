@@ -216,3 +216,89 @@ fn send_recv_all_to_all_across_nodes() {
         );
     }
 }
+
+/// NCCL_ALGO=allreduce:tree across nodes runs NCCL's double binary tree: each channel's CTA
+/// in one of the two trees over the nodes (a chain inside each node), with up to two child
+/// nodes. In each child: the tuner forces the tree, the kernels' tree places (read back from
+/// the device) are the double binary tree's of the node list, and AllReduce is right for
+/// random data, poisoned outputs, in and out of place, sizes that divide by nothing (one
+/// element to many FIFO slots per channel), and the operators whose `pre` or `post` a rank
+/// with two children must apply exactly once.
+#[test]
+fn double_binary_tree_all_reduce_across_nodes() {
+    if std::env::var_os("DBT_TEST_LOG").is_some() {
+        assert!(nccl::init_logging(), "no other logger in this process");
+    }
+    if let Some(ranks) = child_comm() {
+        use nccl::{Algo, Coll, Proto};
+        let c = &ranks.comms[0];
+        for bytes in [8, 1 << 30] {
+            let t = c.tuning(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((t.algo, t.proto), (Algo::Tree, Proto::Simple), "{bytes} B");
+        }
+        let per_node: usize = std::env::var("DBT_TEST_PER_NODE").unwrap().parse().unwrap();
+        let (rank, nranks) = (c.rank(), c.count());
+        let nodes: Vec<Vec<usize>> = (0..nranks / per_node)
+            .map(|n| (n * per_node..(n + 1) * per_node).collect())
+            .collect();
+        let nch = c.shape().nchannels as usize;
+        let want = nccl::graph::dbt_channels(&nodes, nch);
+        let places = c
+            .tree_places()
+            .unwrap()
+            .expect("a double binary tree across nodes");
+        assert_eq!(places.len(), nch);
+        for (ch, (up, down)) in places.iter().enumerate() {
+            let node = &want[ch].nodes[rank];
+            assert_eq!((up, down), (&node.up, &node.down), "channel {ch}");
+        }
+        for (i, count) in [1usize, 37, 4099, 70_001].into_iter().enumerate() {
+            let (dt, op) = [
+                (DataType::Float32, ReduceOp::Sum),
+                (DataType::Float32, ReduceOp::PreMulSum { scalar_bits: 0 }),
+                (DataType::Int32, ReduceOp::Avg),
+                (DataType::Float64, ReduceOp::Avg),
+                (DataType::Int64, ReduceOp::Prod),
+                (DataType::Bfloat16, ReduceOp::Max),
+            ][(i + rank_seed()) % 6];
+            let op = common::typed_op(op, dt);
+            for in_place in [false, true] {
+                common::check_all_reduce(
+                    &ranks,
+                    count,
+                    dt,
+                    op,
+                    in_place,
+                    40 + i as u64,
+                    Drive::OneThread,
+                )
+                .unwrap_or_else(|e| panic!("{dt:?} {op:?} count {count} in place {in_place}: {e}"));
+            }
+        }
+        return;
+    }
+    // Odd node counts (a node with two child nodes in one tree, the shifted second tree), an
+    // even one (the mirrored tree), and chains of two ranks inside the nodes.
+    for (nodes, per_node) in [(3, 1), (4, 1), (5, 1), (2, 2), (3, 2)] {
+        let per = per_node.to_string();
+        let shape = format!("{nodes}");
+        let env = [
+            LOOPBACK,
+            ("NCCL_ALGO", "allreduce:tree"),
+            ("DBT_TEST_PER_NODE", per.as_str()),
+            ("DBT_TEST_NODES", shape.as_str()),
+        ];
+        common::procs::run_nodes(
+            "double_binary_tree_all_reduce_across_nodes",
+            nodes,
+            per_node,
+            &env,
+        );
+    }
+}
+
+/// Varies the (type, operator) per shape, so the five shapes together cover all six.
+fn rank_seed() -> usize {
+    std::env::var("DBT_TEST_NODES").map_or(0, |v| v.parse().unwrap_or(0))
+        + std::env::var("DBT_TEST_PER_NODE").map_or(0, |v| v.parse().unwrap_or(0))
+}

@@ -29,8 +29,13 @@ pub const PROTO_LL128: u32 = 2;
 
 /// The algorithms a collective launch may use (`CollArgs::algo`).
 pub const ALGO_RING: u32 = 0;
-/// AllReduce as a chain in ring order: reduce towards ring position 0, then broadcast back.
+/// AllReduce as a tree: on one node a chain in ring order (reduce towards ring position 0, then
+/// broadcast back); across nodes the double binary tree of [`CollArgs::tree`].
 pub const ALGO_TREE: u32 = 1;
+
+/// Most children a rank has in a tree across nodes: the next rank of its node's chain and two
+/// child nodes (NCCL's tree arity).
+pub const TREE_MAX_CHILDREN: usize = 3;
 
 /// The sending side of one connection: we write into the peer's FIFO.
 #[repr(C)]
@@ -186,6 +191,28 @@ pub struct CollArgs {
     pub slice_steps: u32,
     /// `FLAG_*` bits: how the kernel runs its steps.
     pub flags: u32,
+    /// Across nodes, the double binary tree: an array of [`TreeDev`] in device memory, entry
+    /// `c` for CTA `c` (its FIFO slots are `tree_slot_bytes`). 0: the tree is the chain in
+    /// ring order over `tree_up_send`/`tree_up_recv` and the ring's connections.
+    pub tree: u64,
+}
+
+/// One CTA's place in a tree across nodes (see [`CollArgs::tree`]): device addresses of the
+/// connections to its parent and to each of its children, 0 where there is none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeDev {
+    /// Children in use: `up_recv[..nchildren]` and `down_send[..nchildren]`.
+    pub nchildren: u32,
+    pub _pad: u32,
+    /// `*mut ConnSend` towards the parent (0 at the root): partial sums go up.
+    pub up_send: u64,
+    /// `*mut ConnRecv` from the parent (0 at the root): the results come down.
+    pub down_recv: u64,
+    /// Per child, `*mut ConnRecv`: its partial sums.
+    pub up_recv: [u64; TREE_MAX_CHILDREN],
+    /// Per child, `*mut ConnSend`: the results, passed on.
+    pub down_send: [u64; TREE_MAX_CHILDREN],
 }
 
 /// [`CollArgs::flags`], [`P2pArgs::flags`]: a Simple step's last warp publishes it while the
@@ -287,6 +314,8 @@ const _: () = {
     assert!(core::mem::size_of::<ConnRecv>() == 64);
     assert!(core::mem::size_of::<ChannelDev>() == 152);
     assert!(core::mem::size_of::<DevComm>() == 32);
-    assert!(core::mem::size_of::<CollArgs>() == 96);
+    assert!(core::mem::size_of::<CollArgs>() == 104);
+    assert!(core::mem::size_of::<TreeDev>() == 24 + 16 * TREE_MAX_CHILDREN);
+    assert!(core::mem::align_of::<TreeDev>() == 8);
     assert!(core::mem::align_of::<CollArgs>() == 8);
 };

@@ -23,6 +23,7 @@ pub mod rings;
 mod shared;
 mod split;
 mod transports;
+mod tree;
 pub mod tuning;
 mod turns;
 
@@ -252,8 +253,11 @@ pub struct Comm {
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
-    /// The tree's up connections, when NCCL_ALGO allows the tree: see [`TreeUp`].
+    /// The tree's up connections, when NCCL_ALGO allows the tree on one node: see [`TreeUp`].
     pub(crate) tree_up: Option<TreeUp>,
+    /// Across nodes, the double binary tree's connections when NCCL_ALGO allows the tree
+    /// (then `tree_up` is None): see [`tree`].
+    pub(crate) dbt: Option<tree::Dbt>,
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
@@ -579,9 +583,30 @@ impl Comm {
             move |n, slot| Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
         };
         let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
-        let tree_up = connect_tree(rank, &links, &shape, &rings, tree_slot, |n| {
-            make_links(n, tree_slot)
-        })?;
+        // On one node the tree is the chain in ring order; across nodes NCCL's double binary
+        // tree, each channel on links of its own with the same slots.
+        let (tree_up, dbt) = if nodes_of.len() > 1 {
+            use crate::tune::{Algo, AlgoFilter, Coll};
+            let allowed = AlgoFilter::from_mask(shape.algo_mask)
+                .allows(Coll::AllReduce, Algo::Tree as usize);
+            let dbt = match allowed {
+                true => {
+                    let trees = crate::graph::dbt_channels(&nodes_of, nch);
+                    let np = net_path.as_deref();
+                    let made = tree::connect_dbt(rank, &device, &trees, &addrs, np, |c| {
+                        make_links.clone()(1, tree_slot).keyed(c as u32)
+                    });
+                    Some(made.map_err(|e| e.context("tree connections"))?)
+                }
+                false => None,
+            };
+            (None, dbt)
+        } else {
+            let up = connect_tree(rank, &links, &shape, &rings, tree_slot, |n| {
+                make_links(n, tree_slot)
+            })?;
+            (up, None)
+        };
 
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).
@@ -685,6 +710,7 @@ impl Comm {
             bootstrap,
             links,
             tree_up,
+            dbt,
             rings,
             order,
             dev_comm,
@@ -905,6 +931,38 @@ impl Comm {
         }
     }
 
+    crate::internal! {
+        /// Across nodes, this rank's place in every channel's tree (parent, children), as
+        /// its kernels read it (the device array checked against what init connected);
+        /// None where the communicator has no double binary tree (one node, or NCCL_ALGO
+        /// leaves no tree).
+        fn tree_places(&self) -> Result<Option<Vec<(Option<usize>, Vec<usize>)>>> {
+            let Some(d) = &self.dbt else {
+                return Ok(None);
+            };
+            let size = std::mem::size_of::<nccl_device::abi::TreeDev>();
+            let mut raw = vec![0u8; d.ctas * size];
+            self.device.copy_dtoh(&mut raw, d.array.ptr)?;
+            for (c, (up, down)) in d.places.iter().enumerate() {
+                let b = &raw[c * size..(c + 1) * size];
+                let word = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default());
+                let n = (word(0) & 0xffff_ffff) as usize;
+                let kids = nccl_device::abi::TREE_MAX_CHILDREN;
+                let conns_ok = (word(1) != 0) == up.is_some()
+                    && (word(2) != 0) == up.is_some()
+                    && (0..kids).all(|i| (word(3 + i) != 0) == (i < n))
+                    && (0..kids).all(|i| (word(3 + kids + i) != 0) == (i < n));
+                if n != down.len() || !conns_ok {
+                    return Err(Error::internal(format!(
+                        "rank {}: channel {c}'s tree on the device has {n} children and other connections than init made ({up:?}, {down:?})",
+                        self.rank
+                    )));
+                }
+            }
+            Ok(Some(d.places.clone()))
+        }
+    }
+
     /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
     /// communicator's operations; the handle is for [`Comm::deregister`]. Public as
     /// `Comm::register_raw` (unsafe) and, typed, `Comm::register`.
@@ -1097,6 +1155,9 @@ impl Drop for Comm {
             self.keep.leave(s);
         }
         if let Some(t) = self.tree_up.take() {
+            self.keep.leave(t);
+        }
+        if let Some(t) = self.dbt.take() {
             self.keep.leave(t);
         }
         self.keep.leave(self.links.clone());

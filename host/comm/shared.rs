@@ -61,6 +61,7 @@ fn fields_are_thread_safe(c: &Comm) {
         bootstrap,
         links,
         tree_up,
+        dbt,
         rings,
         order,
         dev_comm,
@@ -89,6 +90,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(bootstrap);
     both(links);
     both(tree_up);
+    both(dbt);
     both(rings);
     both(order);
     both(dev_comm);

@@ -152,7 +152,8 @@ pub fn build(
         }
         Err(e) => return Err(e),
     };
-    graphs.log(rank);
+    // Across nodes the communicator logs the trees it runs on (`super::tree`).
+    graphs.log(rank, net.is_none());
     let params = TuneParams {
         algo: AlgoFilter::from_mask(shape.algo_mask),
         proto: ProtoFilter::from_mask(shape.proto_mask),
@@ -173,9 +174,6 @@ pub fn build(
         // those, whatever the search found inside this node (one GPU: one channel, which kept
         // every collective on one socket connection).
         whole.nchannels = shape.nchannels as usize;
-        // Inside a node the tree is a chain along the ring, and across nodes too (no double
-        // binary tree yet): its depth grows with the node count.
-        whole.tree_chain = true;
     }
     Ok((Tuner::new(&system, &whole, &params), graphs))
 }

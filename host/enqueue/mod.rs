@@ -293,19 +293,26 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     let mut grid = (choice.nchannels as u32).clamp(1, shape.nchannels.max(1));
     // One rank: the ring kernel's local copy serves any algorithm.
     if choice.algo == Algo::Tree && comm.nranks > 1 {
-        let tree = comm.tree_up.as_ref().ok_or_else(|| {
-            Error::internal("the tuner chose the tree, whose connections were not made")
-        })?;
-        let (up_send, up_recv) = tree.arrays;
-        let slot = tree.slot_bytes as u32;
+        // Across nodes the double binary tree (CTA c on channel c's tree), else the chain.
+        let (slot, ctas) = match &comm.dbt {
+            Some(d) => {
+                args.tree = d.array.ptr;
+                (d.slot_bytes as u32, d.ctas)
+            }
+            None => {
+                let tree = comm.tree_up.as_ref().ok_or_else(|| {
+                    Error::internal("the tuner chose the tree, whose connections were not made")
+                })?;
+                (args.tree_up_send, args.tree_up_recv) = tree.arrays;
+                (tree.slot_bytes as u32, tree.ctas)
+            }
+        };
         args.algo = ALGO_TREE;
         args.tree_slot_bytes = slot;
-        args.tree_up_send = up_send;
-        args.tree_up_recv = up_recv;
         args.chunk_elems = slot.min(shape.slot_bytes) / dt.size() as u32;
         args.slice_steps = 1;
-        // One CTA per up connection.
-        grid = grid.min(tree.ctas as u32);
+        // One CTA per tree connection.
+        grid = grid.min(ctas as u32);
     }
     let kernel = comm.kernel("coll", dt, op.kind())?;
     let mut block = shape.nthreads;

@@ -174,9 +174,6 @@ pub struct Graphs {
     pub net_type: PathType,
     /// Every ring step inside a node is NVLink (LL128 is safe).
     pub all_nvlink: bool,
-    /// The tree runs as a chain along the ring (a communicator's tree today), not the double
-    /// binary tree across nodes these graphs describe: its depth is the node count.
-    pub tree_chain: bool,
 }
 
 impl Graphs {
@@ -192,8 +189,9 @@ impl Graphs {
             .collect()
     }
 
-    /// Logs rings, trees and channel counts for `rank` at NCCL_DEBUG=INFO, as NCCL does.
-    pub fn log(&self, rank: usize) {
+    /// Logs rings, trees (unless `with_trees` is false: a communicator across nodes logs the
+    /// trees it runs on) and channel counts for `rank` at NCCL_DEBUG=INFO, as NCCL does.
+    pub fn log(&self, rank: usize, with_trees: bool) {
         if !log::log_enabled!(log::Level::Info) {
             return;
         }
@@ -213,19 +211,9 @@ impl Graphs {
                 log::info!("Channel {c:02}/{:02} : {}", self.nchannels, s.join(" "));
             }
         }
-        let mut trees = String::new();
-        for (c, t) in self.trees.iter().enumerate() {
-            let node = &t.nodes[rank];
-            let d = |i: usize| node.down.get(i).map(|x| *x as i64).unwrap_or(-1);
-            trees.push_str(&format!(
-                " [{c}] {}/{}/{}->{rank}->{}",
-                d(0),
-                d(1),
-                d(2),
-                node.up.map(|x| x as i64).unwrap_or(-1)
-            ));
+        if with_trees {
+            log_trees(rank, &self.trees);
         }
-        log::info!("Trees{trees}");
         for (c, (p, n)) in self.ring_peers(rank).iter().enumerate() {
             log::debug!("Ring {c:02} : {p} -> {rank} -> {n}");
         }
@@ -372,28 +360,40 @@ pub fn search_ranks(system: &System, ranks: &[Vec<usize>], params: &Params) -> R
         intra_type,
         net_type: if nnodes > 1 { net_type } else { PathType::Loc },
         all_nvlink,
-        tree_chain: false,
     })
 }
 
-/// Node `i`'s parent and children in one binary tree over `0..n` (NCCL's construction: in
-/// binary, a node's lowest set bit gives its level; node 0 is the root). Children are derived
-/// from parents, so the tree is consistent by construction.
+/// The parent of label `i` (1..=n) in the binary tree over labels `1..=n` numbered in order
+/// (NCCL's construction, without its extra root 0 on top): a label's lowest set bit gives its
+/// height, so odd labels are leaves and every interior label is even; the root is the largest
+/// power of two not above `n`. A label whose parent would lie past `n` hangs from the next
+/// label above in its line (`i` less its lowest bit), which that missing label would have
+/// hung from, so no label gets a third child.
 pub fn btree_parent(n: usize, i: usize) -> Option<usize> {
-    if i == 0 || i >= n {
+    if i == 0 || i > n {
         return None;
     }
     let bit = i & i.wrapping_neg();
     let up = (i ^ bit) | (bit << 1);
-    Some(if up >= n { i ^ bit } else { up })
+    if up <= n {
+        return Some(up);
+    }
+    let above = i ^ bit;
+    (above != 0).then_some(above)
 }
 
-/// The two trees of the double binary tree over `n` nodes: parent of every node in tree 0 and
-/// tree 1. Tree 1 mirrors tree 0 (n even) or shifts it by one (n odd), so a leaf of one tree is
-/// an interior node of the other.
+/// The two trees of the double binary tree over `n` nodes (NCCL's, as its paper and blog
+/// describe it): the parent of every node `0..n` in tree 0 and in tree 1. Node `p` is label
+/// `p + 1` of [`btree_parent`]'s tree in tree 0; tree 1 is tree 0 with its labels mirrored
+/// (`n + 1 - l`, `n` even) or shifted by one (`l % n + 1`, `n` odd). Either way tree 0's
+/// interior labels (even) become odd ones, the leaves of tree 0: every node is interior in at
+/// most one of the two trees, so each node's links carry about the same load in both, and
+/// each tree is about log2(n) deep.
 pub fn double_btree(n: usize) -> [Vec<Option<usize>>; 2] {
-    let t0: Vec<Option<usize>> = (0..n).map(|i| btree_parent(n, i)).collect();
-    // Relabel: position p of tree 0 holds node map(p) in tree 1.
+    let t0: Vec<Option<usize>> = (1..=n)
+        .map(|l| btree_parent(n, l).map(|u| u - 1))
+        .collect();
+    // Position p of tree 0 holds node map(p) in tree 1.
     let map = |p: usize| {
         if n.is_multiple_of(2) {
             n - 1 - p
@@ -408,30 +408,105 @@ pub fn double_btree(n: usize) -> [Vec<Option<usize>>; 2] {
     [t0, t1]
 }
 
-fn build_tree(ranks: &[Vec<usize>], order: &[usize], which: u8) -> Tree {
-    let nnodes = ranks.len();
-    let nranks = nnodes * order.len();
+/// Edges from the deepest node of either tree of [`double_btree`]`(n)` to its root: the
+/// tree's hops across nodes, each way.
+pub fn dbt_depth(n: usize) -> usize {
+    double_btree(n)
+        .iter()
+        .map(|t| {
+            (0..n)
+                .map(|mut p| {
+                    let mut d = 0;
+                    while let Some(u) = t[p] {
+                        p = u;
+                        d += 1;
+                        if d > n {
+                            break; // not a tree: never (the unit tests check it)
+                        }
+                    }
+                    d
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A tree over ranks: each node's chain (`chains[node]`, its ranks head first; empty nodes
+/// are skipped) hangs from its parent node's head in tree `which` of [`double_btree`] over
+/// the nodes. A head's children are the next rank of its chain first, then the heads of its
+/// child nodes. Every rank in `0..nranks` must be in exactly one chain.
+pub fn tree_of_chains(chains: &[Vec<usize>], nranks: usize, which: u8) -> Tree {
+    let chains: Vec<&Vec<usize>> = chains.iter().filter(|c| !c.is_empty()).collect();
+    let parents = &double_btree(chains.len())[which as usize & 1];
     let mut nodes = vec![TreeNode::default(); nranks];
-    let parents = &double_btree(nnodes)[which as usize];
-    let head = |node: usize| ranks[node][order[0]];
-    let mut root = head(0);
-    for (node, r) in ranks.iter().enumerate() {
-        // The chain inside the node.
-        for w in order.windows(2) {
-            let (a, b) = (r[w[0]], r[w[1]]);
-            nodes[b].up = Some(a);
-            nodes[a].down.push(b);
+    let mut root = chains.first().map_or(0, |c| c[0]);
+    for chain in &chains {
+        for w in chain.windows(2) {
+            nodes[w[1]].up = Some(w[0]);
+            nodes[w[0]].down.push(w[1]);
         }
+    }
+    for (node, chain) in chains.iter().enumerate() {
         match parents[node] {
             Some(p) => {
-                let (h, ph) = (head(node), head(p));
+                let (h, ph) = (chain[0], chains[p][0]);
                 nodes[h].up = Some(ph);
                 nodes[ph].down.push(h);
             }
-            None => root = head(node),
+            None => root = chain[0],
         }
     }
     Tree { root, nodes, which }
+}
+
+/// Per channel, the tree AllReduce runs on across nodes (`nodes[n]`: node n's ranks in their
+/// order): channel `c` uses tree `c % 2` of the double binary tree over the nodes, so
+/// successive channels split between the two trees, and each node's chain starts at its
+/// `c`-th rank (as ring `c` enters the node there: `comm::rings::across_nodes`), so successive
+/// channels cross the network from different GPUs.
+pub fn dbt_channels(nodes: &[Vec<usize>], nchannels: usize) -> Vec<Tree> {
+    let nranks = nodes.iter().map(Vec::len).sum();
+    (0..nchannels)
+        .map(|c| {
+            let chains: Vec<Vec<usize>> = nodes
+                .iter()
+                .map(|node| {
+                    let n = node.len().max(1);
+                    (0..node.len()).map(|i| node[(i + c) % n]).collect()
+                })
+                .collect();
+            tree_of_chains(&chains, nranks, (c % 2) as u8)
+        })
+        .collect()
+}
+
+/// Logs `rank`'s place in every channel's tree as NCCL does:
+/// `Trees [0] 1/-1/-1->0->-1 [1] ...` (children, the rank, its parent; -1: none).
+pub fn log_trees(rank: usize, trees: &[Tree]) {
+    let mut line = String::new();
+    for (c, t) in trees.iter().enumerate() {
+        let node = &t.nodes[rank];
+        let d = |i: usize| node.down.get(i).map_or(-1, |x| *x as i64);
+        line.push_str(&format!(
+            " [{c}] {}/{}/{}->{rank}->{}",
+            d(0),
+            d(1),
+            d(2),
+            node.up.map_or(-1, |x| x as i64)
+        ));
+    }
+    log::info!(target: crate::debug::INIT, "Trees{line}");
+}
+
+fn build_tree(ranks: &[Vec<usize>], order: &[usize], which: u8) -> Tree {
+    let nranks = ranks.len() * order.len();
+    let chains: Vec<Vec<usize>> = ranks
+        .iter()
+        .map(|r| order.iter().map(|&g| r[g]).collect())
+        .collect();
+    tree_of_chains(&chains, nranks, which)
 }
 
 /// Residual bandwidth per directed link, indexed like `system.nodes[n].links[l]`.
@@ -736,28 +811,94 @@ fn dfs_path(
 mod tests {
     use super::*;
 
+    /// Parent links of one tree over `n` nodes: one root, at most two children each, and
+    /// every node reaches the root (no cycle). Returns each node's child count.
+    fn check_btree(t: &[Option<usize>], n: usize) -> Vec<usize> {
+        assert_eq!(t.len(), n);
+        let roots = t.iter().filter(|p| p.is_none()).count();
+        assert_eq!(roots, usize::from(n > 0), "n={n}");
+        let mut kids = vec![0; n];
+        for (i, p) in t.iter().enumerate() {
+            if let Some(p) = *p {
+                assert!(p < n && p != i, "n={n}");
+                kids[p] += 1;
+            }
+        }
+        assert!(kids.iter().all(|&k| k <= 2), "n={n}: {kids:?}");
+        for i in 0..n {
+            let mut cur = i;
+            let mut steps = 0;
+            while let Some(p) = t[cur] {
+                cur = p;
+                steps += 1;
+                assert!(steps <= n, "cycle at n={n}");
+            }
+        }
+        kids
+    }
+
     #[test]
-    fn btree_is_a_tree() {
-        for n in 1..200 {
-            for t in double_btree(n) {
-                let roots = t.iter().filter(|p| p.is_none()).count();
-                assert_eq!(roots, 1, "n={n}");
-                let mut kids = vec![0; n];
-                for (i, p) in t.iter().enumerate() {
-                    if let Some(p) = p {
-                        assert_ne!(*p, i);
-                        kids[*p] += 1;
+    fn double_btree_is_two_complementary_trees() {
+        for n in 1..300 {
+            let [t0, t1] = double_btree(n);
+            let (k0, k1) = (check_btree(&t0, n), check_btree(&t1, n));
+            for p in 0..n {
+                assert!(
+                    k0[p] == 0 || k1[p] == 0,
+                    "n={n}: node {p} is interior in both trees ({} and {} children)",
+                    k0[p],
+                    k1[p]
+                );
+            }
+            // About log2(n) deep: never deeper than the chain of doublings.
+            assert!(dbt_depth(n) <= n.ilog2() as usize, "n={n}: {}", dbt_depth(n));
+        }
+        assert_eq!([1, 2, 3, 4, 5, 8, 9].map(dbt_depth), [0, 1, 1, 2, 2, 3, 3]);
+        // Two nodes: each is the other's root.
+        assert_eq!(double_btree(2), [vec![Some(1), None], vec![None, Some(0)]]);
+    }
+
+    #[test]
+    fn dbt_channels_hang_chains_from_node_trees() {
+        // Uneven nodes too: 3 + 1 + 2 ranks, not in rank order.
+        for nodes in [
+            vec![vec![0], vec![1], vec![2]],
+            vec![vec![0, 1], vec![2, 3], vec![4, 5]],
+            vec![vec![4, 0, 5], vec![2], vec![3, 1]],
+            (0..5).map(|n| vec![n]).collect(),
+        ] {
+            let nranks: usize = nodes.iter().map(Vec::len).sum();
+            let node_of = |r: usize| nodes.iter().position(|n| n.contains(&r)).unwrap();
+            let trees = dbt_channels(&nodes, 4);
+            for (c, t) in trees.iter().enumerate() {
+                assert_eq!(t.which as usize, c % 2);
+                assert_eq!(t.nodes.len(), nranks);
+                let roots: Vec<usize> = (0..nranks).filter(|&r| t.nodes[r].up.is_none()).collect();
+                assert_eq!(roots, vec![t.root], "{nodes:?} channel {c}");
+                for (r, x) in t.nodes.iter().enumerate() {
+                    assert!(x.down.len() <= 3, "rank {r}: {:?}", x.down);
+                    for &d in &x.down {
+                        assert_eq!(t.nodes[d].up, Some(r));
                     }
-                }
-                assert!(kids.iter().all(|&k| k <= 2), "n={n}");
-                for i in 0..n {
-                    let mut cur = i;
-                    let mut steps = 0;
-                    while let Some(p) = t[cur] {
-                        cur = p;
+                    // Across nodes only between heads, and a node's head starts at its c-th rank.
+                    if let Some(u) = x.up.filter(|&u| node_of(u) != node_of(r)) {
+                        let (a, b) = (&nodes[node_of(r)], &nodes[node_of(u)]);
+                        assert_eq!((r, u), (a[c % a.len()], b[c % b.len()]));
+                    }
+                    // Every rank reaches the root.
+                    let (mut cur, mut steps) = (r, 0);
+                    while let Some(u) = t.nodes[cur].up {
+                        cur = u;
                         steps += 1;
-                        assert!(steps <= n, "cycle at n={n}");
+                        assert!(steps <= nranks);
                     }
+                    assert_eq!(cur, t.root);
+                }
+                // The node-level tree is `double_btree`'s tree `c % 2`.
+                let heads: Vec<usize> = nodes.iter().map(|n| n[c % n.len()]).collect();
+                let want = &double_btree(nodes.len())[c % 2];
+                for (i, &h) in heads.iter().enumerate() {
+                    assert_eq!(t.nodes[h].up.map(node_of), want[i], "{nodes:?} channel {c}");
                 }
             }
         }

@@ -70,6 +70,9 @@ pub struct Links {
     sides: Mutex<HashMap<(usize, Dir), Side>>,
     /// How peers on other nodes are reached (None when every peer is on this node).
     net: Option<Arc<NetPath>>,
+    /// The network key of connection 0 (connection `c` is `key_base + c`): it picks the NIC
+    /// (`key % ndevs`) and tags the handles ([`Links::keyed`]).
+    key_base: u32,
 }
 
 impl Links {
@@ -91,7 +94,15 @@ impl Links {
             slot_bytes,
             sides: Mutex::new(HashMap::new()),
             net,
+            key_base: 0,
         }
+    }
+
+    /// Numbers this set's network connections from `base`: sets of links made one per
+    /// channel (the trees across nodes) then spread over the NICs as the channels do.
+    pub(crate) fn keyed(mut self, base: u32) -> Links {
+        self.key_base = base;
+        self
     }
 
     /// Is `peer` on another node (its connections go through the network and the proxy)?
@@ -232,7 +243,7 @@ impl Links {
                 (0..self.nconns).map(move |c| Want {
                     peer,
                     dir,
-                    key: c as u32,
+                    key: self.key_base + c as u32,
                 })
             })
             .collect();

@@ -422,8 +422,6 @@ pub struct Tuner {
     bw_intra: f64,
     bw_inter: f64,
     intra_type: PathType,
-    /// The tree is a chain across nodes (see `Graphs::tree_chain`).
-    tree_chain: bool,
     ll128_ok: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
@@ -456,7 +454,6 @@ impl Tuner {
             bw_intra: graphs.bw_intra,
             bw_inter: graphs.bw_inter,
             intra_type: graphs.intra_type,
-            tree_chain: graphs.tree_chain,
             ll128_ok,
             params: params.clone(),
             plugin,
@@ -523,10 +520,9 @@ impl Tuner {
         let base = base_lat(algo, proto);
         match algo {
             Algo::Tree => {
-                let depth = match self.tree_chain {
-                    true => (self.nnodes as f64 - 1.0).max(0.0),
-                    false => (self.nnodes as f64).log2().ceil(),
-                };
+                // Up and down the chain inside a node and the double binary tree's hops
+                // across nodes (about log2 of the node count: `graph::dbt_depth`).
+                let depth = crate::graph::dbt_depth(self.nnodes) as f64;
                 base + 2.0 * ((self.nlocal as f64 - 1.0) * intra + depth * net)
             }
             _ => {

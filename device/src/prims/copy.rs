@@ -42,6 +42,9 @@ pub struct Move<T> {
     pub send: *mut T,
     /// Apply the operator's `post` (this step produces the final value).
     pub post: bool,
+    /// `input` holds a partial result that already had the operator's `pre` (a value this
+    /// rank reduced before, kept in its output buffer): take it as it is.
+    pub pre_done: bool,
 }
 
 impl<T: Elem> Move<T> {
@@ -54,6 +57,7 @@ impl<T: Elem> Move<T> {
             output: core::ptr::null_mut(),
             send: core::ptr::null_mut(),
             post: false,
+            pre_done: false,
         }
     }
 
@@ -69,7 +73,7 @@ impl<T: Elem> Move<T> {
         let mut v = if self.input.is_null() {
             r
         } else {
-            let x = if O::HAS_PRE {
+            let x = if O::HAS_PRE && !self.pre_done {
                 map1::<T>(x, |a| op.pre(a))
             } else {
                 x
@@ -91,7 +95,7 @@ impl<T: Elem> Move<T> {
         let mut v = if self.input.is_null() {
             r
         } else {
-            let x = op.pre(x);
+            let x = if self.pre_done { x } else { op.pre(x) };
             if self.recv.is_null() {
                 x
             } else {
@@ -269,6 +273,7 @@ mod tests {
                     output: out.as_mut_ptr() as *mut u32,
                     send: send.as_mut_ptr() as *mut u32,
                     post: false,
+                    pre_done: false,
                 };
                 for tid in 0..nthreads {
                     // SAFETY: every pointer covers n elements.

@@ -1,0 +1,136 @@
+//! The tree AllReduce across nodes: NCCL's double binary tree over the nodes, a chain of the
+//! local ranks inside each node (`graph::dbt_channels` gives the shapes), and its connections.
+//!
+//! Channel `c` runs on tree `c % 2`. Its CTA talks to its parent and to up to
+//! [`TREE_MAX_CHILDREN`] children (the next rank of its node's chain, and two child nodes at
+//! a node's head), each way, on links of its own: one set of [`Links`] per channel with one
+//! connection per (peer, direction), so a channel connects only the peers it uses, through the
+//! same setup as every other connection (p2p or SHM inside a node, the network and its proxy
+//! across nodes). Every rank connects the channels in the same order at init, so no
+//! collective waits on a handshake and the bootstrap's records pair up channel by channel.
+
+use crate::cuda::{DevBuffer, Device};
+use crate::error::{Error, Result};
+use crate::graph::{Transport, Tree};
+use crate::transport::links::{Dir, Links};
+use crate::transport::net::setup::NetPath;
+use crate::transport::p2p::PeerAddr;
+use nccl_device::abi::{TreeDev, TREE_MAX_CHILDREN};
+
+/// The trees across nodes, as this rank's CTAs run them.
+pub(crate) struct Dbt {
+    /// A [`TreeDev`] per CTA, in device memory (`CollArgs::tree`).
+    pub array: DevBuffer,
+    /// CTAs (channels) the trees serve.
+    pub ctas: usize,
+    /// Bytes of one FIFO slot of every tree connection.
+    pub slot_bytes: usize,
+    /// Per channel, this rank's parent and children.
+    pub places: Vec<(Option<usize>, Vec<usize>)>,
+    /// Per channel, the connections.
+    _links: Vec<Links>,
+}
+
+/// What a connection log line says of the path to `peer` (as NCCL prints it).
+fn path_name(peer: usize, addrs: &[PeerAddr], net: Option<&NetPath>, key: usize) -> String {
+    match net {
+        Some(np) if np.remote[peer] => {
+            let ndevs = np.net.ndevs().max(1);
+            format!("NET/{}/{}", np.net.name(), key % ndevs)
+        }
+        _ => match addrs[peer].transport {
+            Transport::Shm => "SHM/direct/direct".into(),
+            _ if addrs[peer].same_process => "P2P/direct pointer".into(),
+            _ => "P2P/IPC".into(),
+        },
+    }
+}
+
+/// Connects this rank's place in every channel's tree (`trees[c]` for channel `c`), each
+/// channel on links from `make_links(c)`, and writes the CTAs' [`TreeDev`] array. Logs the
+/// trees and every connection at NCCL_DEBUG=INFO.
+pub(crate) fn connect_dbt(
+    rank: usize,
+    device: &Device,
+    trees: &[Tree],
+    addrs: &[PeerAddr],
+    net: Option<&NetPath>,
+    make_links: impl Fn(usize) -> Links,
+) -> Result<Dbt> {
+    crate::graph::log_trees(rank, trees);
+    let mut links = Vec::with_capacity(trees.len());
+    let mut devs = Vec::with_capacity(trees.len());
+    let mut places = Vec::with_capacity(trees.len());
+    let mut slot_bytes = 0;
+    for (c, t) in trees.iter().enumerate() {
+        let me = t.nodes.get(rank).ok_or_else(|| {
+            Error::internal(format!("tree {c} has no place for rank {rank}"))
+        })?;
+        if me.down.len() > TREE_MAX_CHILDREN {
+            return Err(Error::internal(format!(
+                "tree {c}: rank {rank} has {} children (at most {TREE_MAX_CHILDREN})",
+                me.down.len()
+            )));
+        }
+        let l = make_links(c);
+        slot_bytes = l.slot_bytes;
+        let mut needs = Vec::new();
+        if let Some(p) = me.up {
+            needs.extend([(p, Dir::Send), (p, Dir::Recv)]);
+        }
+        for &d in &me.down {
+            needs.extend([(d, Dir::Recv), (d, Dir::Send)]);
+        }
+        let started = l.start(&needs)?;
+        l.finish(started)
+            .map_err(|e| e.context(format!("tree connections of channel {c}")))?;
+        let mut td = TreeDev {
+            nchildren: me.down.len() as u32,
+            ..TreeDev::default()
+        };
+        if let Some(p) = me.up {
+            td.up_send = l.conn(p, Dir::Send, 0)?;
+            td.down_recv = l.conn(p, Dir::Recv, 0)?;
+        }
+        for (i, &d) in me.down.iter().enumerate() {
+            td.up_recv[i] = l.conn(d, Dir::Recv, 0)?;
+            td.down_send[i] = l.conn(d, Dir::Send, 0)?;
+        }
+        if log::log_enabled!(log::Level::Info) {
+            let dev = |r: usize| match r == rank {
+                true => device.ordinal,
+                false => addrs[r].device,
+            };
+            for &(peer, dir) in &needs {
+                let path = path_name(peer, addrs, net, c);
+                let remote = net.is_some_and(|np| np.remote[peer]);
+                let (from, to, what) = match dir {
+                    Dir::Send => (rank, peer, " [send]"),
+                    Dir::Recv => (peer, rank, " [receive]"),
+                };
+                // As for the rings: both ends of a network connection, the sender of others.
+                if remote || dir == Dir::Send {
+                    let what = if remote { what } else { "" };
+                    log::info!(
+                        "Channel {c:02}/0 : {from}[{}] -> {to}[{}]{what} via {path}",
+                        dev(from),
+                        dev(to)
+                    );
+                }
+            }
+        }
+        links.push(l);
+        devs.push(td);
+        places.push((me.up, me.down.clone()));
+    }
+    let array = device.alloc(std::mem::size_of_val(devs.as_slice()).max(1))?;
+    array.write(0, super::as_bytes(&devs))?;
+    log::info!("Connected all trees");
+    Ok(Dbt {
+        array,
+        ctas: trees.len(),
+        slot_bytes,
+        places,
+        _links: links,
+    })
+}
