@@ -302,3 +302,50 @@ fn rank_seed() -> usize {
     std::env::var("DBT_TEST_NODES").map_or(0, |v| v.parse().unwrap_or(0))
         + std::env::var("DBT_TEST_PER_NODE").map_or(0, |v| v.parse().unwrap_or(0))
 }
+
+#[test]
+fn zz_tmp_timing() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init");
+        let stream = comm.device().stream_create().expect("stream");
+        for count in [1024usize, 256 << 10, 4 << 20] {
+            let buf = comm.device().alloc(count * 4).expect("alloc");
+            let mut times = Vec::new();
+            for _ in 0..7 {
+                let t0 = std::time::Instant::now();
+                unsafe {
+                    comm.all_reduce_raw(
+                        buf.ptr(),
+                        buf.ptr(),
+                        count,
+                        DataType::Float32,
+                        ReduceOp::Sum,
+                        stream,
+                    )
+                }
+                .unwrap();
+                comm.device().stream_sync(stream).unwrap();
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            if rank == 0 {
+                eprintln!(
+                    "TIMING {} {} bytes {:?}: median {:.2} ms",
+                    std::env::var("NCCL_ALGO").unwrap(),
+                    count * 4,
+                    comm.tuning(nccl::Coll::AllReduce, count * 4).unwrap().algo,
+                    times[3]
+                );
+            }
+        }
+        return;
+    }
+    for (n, r) in [(4, 1), (3, 2)] {
+        for algo in ["allreduce:tree", "allreduce:ring"] {
+            eprintln!("TIMING shape {n}x{r}");
+            common::procs::run_nodes("zz_tmp_timing", n, r, &[LOOPBACK, ("NCCL_ALGO", algo)]);
+        }
+    }
+}

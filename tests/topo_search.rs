@@ -360,7 +360,9 @@ fn tuner_on_h200x4() {
         .try_init();
     let s = sys(synthetic::h200x4());
     s.log();
-    graph::search(&s, 1, &Params::default()).unwrap().log(0, true);
+    graph::search(&s, 1, &Params::default())
+        .unwrap()
+        .log(0, true);
     let t = h200_tuner(&TuneParams::default());
     let tiny = t.choose(Coll::AllReduce, 8).unwrap();
     assert_eq!(tiny.proto, Proto::Ll, "{tiny:?}");

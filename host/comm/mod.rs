@@ -936,7 +936,7 @@ impl Comm {
         /// its kernels read it (the device array checked against what init connected);
         /// None where the communicator has no double binary tree (one node, or NCCL_ALGO
         /// leaves no tree).
-        fn tree_places(&self) -> Result<Option<Vec<(Option<usize>, Vec<usize>)>>> {
+        fn tree_places(&self) -> Result<Option<Vec<crate::graph::Place>>> {
             let Some(d) = &self.dbt else {
                 return Ok(None);
             };

@@ -11,7 +11,7 @@
 
 use crate::cuda::{DevBuffer, Device};
 use crate::error::{Error, Result};
-use crate::graph::{Transport, Tree};
+use crate::graph::{Place, Transport, Tree};
 use crate::transport::links::{Dir, Links};
 use crate::transport::net::setup::NetPath;
 use crate::transport::p2p::PeerAddr;
@@ -26,7 +26,7 @@ pub(crate) struct Dbt {
     /// Bytes of one FIFO slot of every tree connection.
     pub slot_bytes: usize,
     /// Per channel, this rank's parent and children.
-    pub places: Vec<(Option<usize>, Vec<usize>)>,
+    pub places: Vec<Place>,
     /// Per channel, the connections.
     _links: Vec<Links>,
 }

@@ -131,6 +131,10 @@ pub struct TreeNode {
     pub down: Vec<usize>,
 }
 
+/// A rank's place in one channel's tree as its kernel runs it: the parent (None at the root)
+/// and the children.
+pub type Place = (Option<usize>, Vec<usize>);
+
 /// One tree over all ranks, indexed by rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tree {
