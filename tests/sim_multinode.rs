@@ -295,6 +295,74 @@ fn double_binary_tree_all_reduce_across_nodes() {
             &env,
         );
     }
+    // The chains inside the nodes through host shared memory instead of p2p.
+    let env = [
+        LOOPBACK,
+        ("NCCL_ALGO", "allreduce:tree"),
+        ("NCCL_P2P_DISABLE", "1"),
+        ("DBT_TEST_PER_NODE", "2"),
+        ("DBT_TEST_NODES", "3"),
+    ];
+    common::procs::run_nodes("double_binary_tree_all_reduce_across_nodes", 3, 2, &env);
+    check_tree_log();
+}
+
+/// 3x1 again with NCCL_DEBUG=INFO into a file per rank: every rank's `Trees` line is the
+/// double binary tree's, as NCCL prints it, and every tree edge is a network connection whose
+/// two ends log it (`Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0`).
+fn check_tree_log() {
+    let dir = std::env::temp_dir().join(format!("nccl-rs-dbt-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rank.%p.log");
+    let env = [
+        LOOPBACK,
+        ("NCCL_ALGO", "allreduce:tree"),
+        ("DBT_TEST_PER_NODE", "1"),
+        ("DBT_TEST_NODES", "3"),
+        ("DBT_TEST_LOG", "1"),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_FILE", file.to_str().unwrap()),
+    ];
+    common::procs::run_nodes("double_binary_tree_all_reduce_across_nodes", 3, 1, &env);
+    let mut text = String::new();
+    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+        text.push_str(&std::fs::read_to_string(f.path()).unwrap());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    let nodes = vec![vec![0], vec![1], vec![2]];
+    let trees = nccl::graph::dbt_channels(&nodes, 2); // the simulator's two channels
+    let mut got: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once("NCCL INFO Trees"))
+        .map(|(_, t)| t)
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = (0..3)
+        .map(|r| {
+            let places = trees.iter().enumerate().map(|(c, t)| {
+                let x = &t.nodes[r];
+                let d = |i: usize| x.down.get(i).map_or(-1, |&v| v as i64);
+                let up = x.up.map_or(-1, |v| v as i64);
+                format!(" [{c}] {}/{}/{}->{r}->{up}", d(0), d(1), d(2))
+            });
+            places.collect()
+        })
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "the Trees lines:\n{text}");
+    for (c, t) in trees.iter().enumerate() {
+        for (child, x) in t.nodes.iter().enumerate() {
+            let Some(parent) = x.up else { continue };
+            for (from, to) in [(child, parent), (parent, child)] {
+                for what in ["send", "receive"] {
+                    let line = format!(
+                        "Channel {c:02}/0 : {from}[{from}] -> {to}[{to}] [{what}] via NET/Socket/"
+                    );
+                    assert!(text.contains(&line), "no line {line:?} in:\n{text}");
+                }
+            }
+        }
+    }
 }
 
 /// Varies the (type, operator) per shape, so the five shapes together cover all six.
