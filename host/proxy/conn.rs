@@ -50,7 +50,8 @@ pub(crate) struct NetConn {
     posted: u64,
     done: u64,
     inflight: VecDeque<Request>,
-    /// Who is at the other end, for error messages.
+    /// The rank at the other end, and how it is reached (for error messages).
+    peer_rank: usize,
     peer: String,
     failed: bool,
     /// Since when steps have waited without any moving (sent: published by the kernel; received:
@@ -120,6 +121,7 @@ impl NetConn {
         mut side: Side,
         mem: Arc<HostMem>,
         layout: ConnLayout,
+        peer_rank: usize,
         peer: String,
     ) -> Result<NetConn> {
         if mem.bytes < layout.total() {
@@ -147,12 +149,18 @@ impl NetConn {
             posted: 0,
             done: 0,
             inflight: VecDeque::new(),
+            peer_rank,
             peer,
             failed: false,
             stalled_since: None,
             stall_reported: false,
             seen_head: 0,
         })
+    }
+
+    /// The rank at the other end.
+    pub(crate) fn peer_rank(&self) -> usize {
+        self.peer_rank
     }
 
     pub(crate) fn set_waker(&mut self, w: Waker) {

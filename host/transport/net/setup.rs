@@ -158,7 +158,7 @@ pub(crate) fn connect(
             want: *w,
             send,
             recv,
-            conn: NetConn::new(side, mem, layout, peer)?,
+            conn: NetConn::new(side, mem, layout, w.peer, peer)?,
         });
     }
     Ok(made)
