@@ -970,6 +970,16 @@ impl Device {
         Ok(())
     }
 
+    /// How many nodes (launches, copies, external event waits and records) a graph holds:
+    /// tests check with it what a captured call costs.
+    pub fn graph_node_count(&self, exec: u64) -> Result<usize> {
+        lock(registry())
+            .graphs
+            .get(&exec)
+            .map(|g| g.len())
+            .ok_or_else(|| Error::invalid_argument(format!("unknown graph {exec:#x}")))
+    }
+
     pub fn graph_destroy(&self, graph: u64, _exec: u64) -> Result<()> {
         lock(registry()).graphs.remove(&graph);
         Ok(())
