@@ -22,7 +22,7 @@
 //!
 //! Peers that go: a rank dropping its bootstrap (`ncclCommDestroy`) first says goodbye on each
 //! of its connections. A connection that ends without one means the peer died or aborted; once
-//! a communicator [`Bootstrap::watch`]es, the rank that sees it reports it to the communicator
+//! a communicator watches (`Bootstrap::watch`), the rank that sees it reports it to the communicator
 //! (its async error, the kernels' abort flag) and tells every other rank, so ranks that never
 //! talked to the dead one learn of it too; waits on a dead rank and every allgather and
 //! barrier then fail at once.
