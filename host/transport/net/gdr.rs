@@ -12,7 +12,7 @@
 
 use super::{Net, Properties, PTR_CUDA, PTR_DMABUF};
 use crate::cuda::Device;
-use crate::topo::{LinkKind, NodeKind, PathType, System};
+use crate::topo::{LinkKind, NodeKind, PathType, Paths, System};
 
 /// How one network device's connections place their FIFOs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -135,7 +135,7 @@ fn peer_mem_loaded() -> bool {
 /// The GPU-to-device path: through the topology's NIC of the same PCI bus id (the last part of
 /// the device's `pci_path`) or name; a device the topology does not hold hangs off a CPU, as
 /// NCCL places it (PHB on a one-CPU node, else SYS: which CPU is not known).
-fn path_to(system: &System, g: usize, p: &Properties) -> PathType {
+fn path_to(system: &System, paths: &Paths, g: usize, p: &Properties) -> PathType {
     let busid = p
         .pci_path
         .rsplit('/')
@@ -154,7 +154,6 @@ fn path_to(system: &System, g: usize, p: &Properties) -> PathType {
             || (!p.name.is_empty() && n.name == p.name)
     });
     if let Some(n) = found {
-        let paths = system.paths();
         if let Some(path) = paths.gpu_net.get(g).and_then(|row| row.get(n)) {
             return path.ty;
         }
@@ -187,6 +186,18 @@ impl Policy {
         device: &Device,
     ) -> crate::error::Result<Policy> {
         let knobs = Knobs::from_env()?;
+        let props = (0..net.ndevs())
+            .map(|d| net.properties(d))
+            .collect::<crate::error::Result<Vec<_>>>()?;
+        if props
+            .iter()
+            .all(|p| p.ptr_support & (PTR_CUDA | PTR_DMABUF) == 0)
+        {
+            // Host pointers only (the socket network): nothing to decide.
+            return Ok(Policy {
+                devs: vec![DevGdr::default(); props.len()],
+            });
+        }
         let gpu = system.gpus.get(local);
         let sm = match gpu {
             Some(g) => g.sm,
@@ -202,9 +213,8 @@ impl Policy {
                     .enumerate()
                     .any(|(o, p)| o != local && p.ty <= PathType::Nvl)
             });
-        let mut devs = Vec::with_capacity(net.ndevs());
-        for d in 0..net.ndevs() {
-            let p = net.properties(d)?;
+        let mut devs = Vec::with_capacity(props.len());
+        for (d, p) in props.into_iter().enumerate() {
             if p.ptr_support & (PTR_CUDA | PTR_DMABUF) == 0 {
                 devs.push(DevGdr::default());
                 continue;
@@ -217,7 +227,7 @@ impl Policy {
                 driver_peer_mem: device.is_sim() || peer_mem_loaded(),
                 driver_dmabuf: device.dmabuf_supported(),
                 sm,
-                path: path_to(system, local, &p),
+                path: path_to(system, &paths, local, &p),
                 nvlink_or_alone,
             };
             let (g, why) = decide(&facts, &knobs);
