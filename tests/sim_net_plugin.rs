@@ -545,7 +545,8 @@ fn gdr_env(
 /// A plugin that takes CUDA pointers, with GPU Direct RDMA allowed (the plugin's device has no
 /// PCI path, so it hangs off the CPU: PHB from the GPU, beyond the default PXB): every FIFO in
 /// GPU memory, registered as PTR_CUDA, received steps flushed; every collective and an
-/// all-to-all right. v11 flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its forceFlush property.
+/// all-to-all right. v11 flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its forceFlush property,
+/// with NCCL_PROTO=Simple (so the flushes counted are Simple receives').
 #[test]
 fn cuda_pointer_plugin_uses_gpu_memory_and_flushes() {
     if gdr_child(5, true) {
@@ -581,7 +582,11 @@ fn cuda_pointer_plugin_uses_gpu_memory_and_flushes() {
         "TestGDR",
         "9",
         "gpu-flush",
-        &[("NCCL_NET_GDR_LEVEL", "PHB"), (EXPECT_LOG, "forceFlush")],
+        &[
+            ("NCCL_NET_GDR_LEVEL", "PHB"),
+            ("NCCL_PROTO", "Simple"),
+            (EXPECT_LOG, "forceFlush"),
+        ],
     );
     run("cuda_pointer_plugin_uses_gpu_memory_and_flushes", 2, &env);
 }
