@@ -42,7 +42,7 @@ use crate::transport::shm::ShmRing;
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
-use net::{fault_sink, net_path, nodes, ring_net};
+use net::{fault_sink, net_fault_sink, net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
 pub(crate) use shared::{NotSync, Shared};
@@ -492,11 +492,12 @@ impl Comm {
             .iter()
             .filter(|p| p.host_hash == peers[rank].host_hash && p.rank < peers[rank].rank)
             .count();
+        let on_net_error = net_fault_sink(on_fault, &bootstrap);
         let net_path = net_path(
             transports.remote(rank),
             &device,
             &choice,
-            on_fault,
+            on_net_error,
             &system,
             local,
         )?;

@@ -32,7 +32,7 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
 /// The network path of a rank that reaches some ranks through the network (`remote`: those on
 /// other nodes, and on its own with p2p and SHM both off; None when there are none), over
 /// the network `choice` selects (a plugin or the socket network; NCCL_NET naming none that
-/// loaded fails). Errors of its connections go to `on_error` ([`fault_sink`]).
+/// loaded fails). Errors of its connections go to `on_error` ([`net_fault_sink`]).
 ///
 /// `system` is this rank's node and `local` its GPU's position there: with the network's
 /// pointer support, NCCL_NET_GDR_LEVEL and the GPU-NIC path they decide where its connections'
@@ -68,7 +68,7 @@ pub(super) fn fault_sink(
     rank: usize,
     async_error: &Arc<Mutex<Option<Error>>>,
     kernel_abort: &Arc<HostFlag>,
-) -> OnError {
+) -> FaultSink {
     let (slot, flag) = (async_error.clone(), kernel_abort.clone());
     Arc::new(move |e: Error| {
         log::warn!("rank {rank}: {e}");
@@ -77,6 +77,22 @@ pub(super) fn fault_sink(
             *s = Some(e);
         }
         flag.raise();
+    })
+}
+
+/// A communicator's fault sink (see [`fault_sink`]).
+pub(super) type FaultSink = Arc<dyn Fn(Error) + Send + Sync>;
+
+/// Where the proxy's connection errors go: the fault sink, and the bootstrap, which tells every
+/// other rank that the peer failed — ranks that reach it only through p2p or SHM learn of it
+/// too, whatever this rank does next (an application aborts at once on an async error).
+pub(super) fn net_fault_sink(sink: FaultSink, bootstrap: &Arc<Bootstrap>) -> OnError {
+    let bs = Arc::downgrade(bootstrap);
+    Arc::new(move |peer: usize, e: Error| {
+        if let Some(b) = bs.upgrade() {
+            b.peer_failed(peer, &e.message);
+        }
+        sink(e)
     })
 }
 

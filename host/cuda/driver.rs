@@ -45,6 +45,8 @@ fn stream_wait(s: sys::CUstream) -> Result<()> {
     )
 }
 
+mod vmm;
+
 /// Loads libcuda and calls cuInit once; later calls return the same outcome.
 pub fn init() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
@@ -256,22 +258,28 @@ impl Device {
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
             &format!("cuMemAlloc of {bytes} bytes"),
         )?;
-        // Zeroed on our own stream, never the legacy one: a first use of a communicator may
-        // allocate while a blocking stream of this context captures a graph.
-        let zeroed = self.private_stream().and_then(|s| {
-            // SAFETY: p is a fresh allocation of at least `bytes` bytes; s is our stream.
-            check(
-                unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
-                "cuMemsetD8Async",
-            )?;
-            stream_wait(s)
-        });
-        if let Err(e) = zeroed {
+        // SAFETY: p is a fresh allocation of at least `bytes` bytes.
+        if let Err(e) = unsafe { self.zero_new(p, bytes) } {
             // SAFETY: p came from cuMemAlloc just above and is not used.
             unsafe { sys::cuMemFree_v2(p) };
             return Err(e);
         }
         Ok(p)
+    }
+
+    /// Zeroes `bytes` at `p`, on our own stream, never the legacy one: a first use of a
+    /// communicator may allocate while a blocking stream of this context captures a graph.
+    ///
+    /// # Safety
+    /// `p` is a fresh allocation of at least `bytes` bytes that nothing else uses yet.
+    unsafe fn zero_new(&self, p: DevPtr, bytes: usize) -> Result<()> {
+        let s = self.private_stream()?;
+        // SAFETY: the caller's promise; s is our stream.
+        check(
+            unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
+            "cuMemsetD8Async",
+        )?;
+        stream_wait(s)
     }
 
     /// Our private non-blocking stream, created on first use.
@@ -380,6 +388,9 @@ impl Device {
     }
 
     pub fn free(&self, p: DevPtr) -> Result<()> {
+        if self.free_vmm(p)? {
+            return Ok(());
+        }
         self.make_current()?;
         extent_cache::forget(p);
         // SAFETY: p came from alloc on this device and is freed once (the owner's Drop).

@@ -192,6 +192,18 @@ impl Device {
             bytes,
         })
     }
+    /// `bytes` of device memory (at least 1) as `ncclMemAlloc` gives it: through the CUDA
+    /// virtual memory API, shareable with other processes by a POSIX file descriptor, its
+    /// extent rounded up to the allocation granularity (the multicast one too where NVLS may
+    /// be used); freed when the buffer drops. On the simulator, rounded the same way.
+    pub fn alloc_vmm(&self, bytes: usize) -> Result<DevBuffer> {
+        let (ptr, _mapped) = dispatch!(self.alloc_vmm(bytes))?;
+        Ok(DevBuffer {
+            dev: self.clone(),
+            ptr,
+            bytes,
+        })
+    }
     pub(crate) fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         dispatch!(self.copy_htod(dst, src))
     }

@@ -80,7 +80,8 @@ pub(crate) struct NetConn {
     front_flushing: bool,
     /// Flushes posted, for the logs.
     flushes: u64,
-    /// Who is at the other end, for error messages.
+    /// The rank at the other end, and how it is reached (for error messages).
+    peer_rank: usize,
     peer: String,
     failed: bool,
     /// Since when steps have waited without any moving (sent: published by the kernel; received:
@@ -157,6 +158,7 @@ impl NetConn {
         device: &Device,
         layout: ConnLayout,
         place: FifoPlace,
+        peer_rank: usize,
         peer: String,
     ) -> Result<NetConn> {
         let len = layout.fifo_bytes();
@@ -164,7 +166,15 @@ impl NetConn {
             match Self::register_gpu(&mut side, device, len, dmabuf) {
                 Ok((buf, mr)) => {
                     let mem = Arc::new(device.alloc_host_mem(ConnLayout::FIFO)?);
-                    return Ok(NetConn::with(side, mem, Some(buf), flush, layout, mr, peer));
+                    return Ok(NetConn::with(
+                        side,
+                        mem,
+                        Some((buf, flush)),
+                        layout,
+                        mr,
+                        peer_rank,
+                        peer,
+                    ));
                 }
                 Err(e) => log::warn!(
                     "network connection with {peer}: GPU memory for its FIFO failed ({e}); using host memory"
@@ -183,7 +193,7 @@ impl NetConn {
                 Side::Recv(c) => c.reg_mr(fifo, len, PTR_HOST)?,
             }
         };
-        Ok(NetConn::with(side, mem, None, false, layout, mr, peer))
+        Ok(NetConn::with(side, mem, None, layout, mr, peer_rank, peer))
     }
 
     /// A FIFO of `len` bytes in `device`'s memory, registered with the network: through a
@@ -217,15 +227,18 @@ impl NetConn {
         Ok((buf, mr))
     }
 
+    /// `gpu`: the FIFO in GPU memory, and whether its received steps are flushed.
     fn with(
         side: Side,
         mem: Arc<HostMem>,
-        gpu_fifo: Option<DevBuffer>,
-        flush: bool,
+        gpu: Option<(DevBuffer, bool)>,
         layout: ConnLayout,
         mr: Mr,
+        peer_rank: usize,
         peer: String,
     ) -> NetConn {
+        let flush = gpu.as_ref().is_some_and(|(_, f)| *f);
+        let gpu_fifo = gpu.map(|(b, _)| b);
         let fifo = match &gpu_fifo {
             Some(b) => b.ptr(),
             None => mem.ptr + ConnLayout::FIFO as u64,
@@ -243,6 +256,7 @@ impl NetConn {
             inflight: VecDeque::new(),
             front_flushing: false,
             flushes: 0,
+            peer_rank,
             peer,
             failed: false,
             stalled_since: None,
@@ -265,6 +279,11 @@ impl NetConn {
     /// Whether the FIFO is in GPU memory (GPU Direct RDMA).
     pub(crate) fn on_gpu(&self) -> bool {
         self.gpu_fifo.is_some()
+    }
+
+    /// The rank at the other end.
+    pub(crate) fn peer_rank(&self) -> usize {
+        self.peer_rank
     }
 
     pub(crate) fn set_waker(&mut self, w: Waker) {

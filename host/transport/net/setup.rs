@@ -185,7 +185,7 @@ pub(crate) fn connect(
             _ => FifoPlace::Host,
         };
         let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
-        let conn = NetConn::new(side, device, layout, place, peer)?;
+        let conn = NetConn::new(side, device, layout, place, w.peer, peer)?;
         let (send, recv) = conn_structs(&conn, layout);
         made.push(Made {
             want: *w,
