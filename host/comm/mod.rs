@@ -487,8 +487,20 @@ impl Comm {
             comm_id: net::comm_id(&ids[0].internal),
             traffic_class: config.traffic_class,
         };
+        // This GPU's position among its node's (the node's topology numbers them so).
+        let local = peers
+            .iter()
+            .filter(|p| p.host_hash == peers[rank].host_hash && p.rank < peers[rank].rank)
+            .count();
         let on_net_error = net_fault_sink(on_fault, &bootstrap);
-        let net_path = net_path(transports.remote(rank), &device, &choice, on_net_error)?;
+        let net_path = net_path(
+            transports.remote(rank),
+            &device,
+            &choice,
+            on_net_error,
+            &system,
+            local,
+        )?;
         // Across nodes the tuner models the network: the node count and the NICs' speed.
         let nodes_of = nodes(&peers);
         let net_model = net_path

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::proxy::{OnError, ProxyGroup};
 use crate::transport::links::Dir;
 pub(super) use crate::transport::net::plugin::{comm_id, Choice};
+use crate::transport::net::gdr::Policy;
 use crate::transport::net::setup::{self, Made, NetPath, Want};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,11 +33,17 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
 /// other nodes, and on its own with p2p and SHM both off; None when there are none), over
 /// the network `choice` selects (a plugin or the socket network; NCCL_NET naming none that
 /// loaded fails). Errors of its connections go to `on_error` ([`net_fault_sink`]).
+///
+/// `system` is this rank's node and `local` its GPU's position there: with the network's
+/// pointer support, NCCL_NET_GDR_LEVEL and the GPU-NIC path they decide where its connections'
+/// FIFOs live (`transport::net::gdr`).
 pub(super) fn net_path(
     remote: Vec<bool>,
     device: &Device,
     choice: &Choice,
     on_error: OnError,
+    system: &crate::topo::System,
+    local: usize,
 ) -> Result<Option<Arc<NetPath>>> {
     // `remote[r]`: rank r is on another node, or on ours with p2p and SHM both off.
     if !remote.iter().any(|&r| r) {
@@ -44,8 +51,10 @@ pub(super) fn net_path(
     }
     let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
     let timeout = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+    let gdr = Policy::new(&*net, system, local, device)?;
     Ok(Some(Arc::new(NetPath {
         remote,
+        gdr,
         net,
         proxy: ProxyGroup::new(device.ordinal, on_error),
         timeout,
@@ -119,6 +128,7 @@ pub(super) fn ring_net(
     }
     let made = setup::connect(
         &*np.net,
+        &np.gdr,
         device,
         bootstrap,
         &wants,
@@ -128,19 +138,18 @@ pub(super) fn ring_net(
         Some(abort),
     )
     .map_err(|e| e.context("ring network connections"))?;
-    let ndevs = np.net.ndevs().max(1);
-    for w in &wants {
+    for m in &made {
+        let w = &m.want;
         let (from, to, what) = match w.dir {
             Dir::Send => (rank, w.peer, "send"),
             Dir::Recv => (w.peer, rank, "receive"),
         };
         log::info!(
-            "Channel {:02}/0 : {from}[{}] -> {to}[{}] [{what}] via NET/{}/{}",
+            "Channel {:02}/0 : {from}[{}] -> {to}[{}] [{what}] via {}",
             w.key,
             device.ordinal,
             device.ordinal,
-            np.net.name(),
-            w.key as usize % ndevs
+            m.via(np.net.name())
         );
     }
     Ok(made)

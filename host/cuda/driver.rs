@@ -166,6 +166,40 @@ impl Device {
         Ok(v)
     }
 
+    /// Whether the driver exports this device's memory as dmabufs.
+    pub fn dmabuf_supported(&self) -> bool {
+        self.attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+            .is_ok_and(|v| v != 0)
+    }
+
+    /// A new dmabuf file descriptor for `bytes` at `p` (page-aligned, inside one allocation).
+    pub fn dmabuf_fd(&self, p: DevPtr, bytes: usize) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        self.make_current()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `fd` is an int the driver writes the new descriptor into; our context is
+        // current; the range is the caller's allocation.
+        check(
+            unsafe {
+                sys::cuMemGetHandleForAddressRange(
+                    &mut fd as *mut std::ffi::c_int as *mut c_void,
+                    p,
+                    bytes,
+                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            },
+            "cuMemGetHandleForAddressRange",
+        )?;
+        if fd < 0 {
+            return Err(Error::cuda(
+                "cuMemGetHandleForAddressRange returned no file descriptor",
+            ));
+        }
+        // SAFETY: the driver made `fd` for us; nothing else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
     fn compute_capability(&self) -> Result<(u32, u32)> {
         use sys::CUdevice_attribute::*;
         Ok((

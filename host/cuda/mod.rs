@@ -609,6 +609,31 @@ impl Device {
     }
 }
 
+impl Device {
+    crate::internal! {
+        /// Whether GPU memory of this device can be handed to a network as a dmabuf
+        /// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; never on the simulator, whose device memory
+        /// is host memory a network reads as it is).
+        fn dmabuf_supported(&self) -> bool {
+            match &*self.imp {
+                Imp::Cuda(d) => d.dmabuf_supported(),
+                Imp::Sim(_) => false,
+            }
+        }
+    }
+    crate::internal! {
+        /// A dmabuf file descriptor for `bytes` of this device's memory at `p`
+        /// (`cuMemGetHandleForAddressRange`), for a network's `regMrDmaBuf`; `None` on the
+        /// simulator. `p` and `bytes` must be page-aligned and inside one allocation.
+        fn dmabuf_fd(&self, p: DevPtr, bytes: usize) -> Result<Option<std::os::fd::OwnedFd>> {
+            match &*self.imp {
+                Imp::Cuda(d) => d.dmabuf_fd(p, bytes).map(Some),
+                Imp::Sim(_) => Ok(None),
+            }
+        }
+    }
+}
+
 impl Drop for HostRegistration {
     fn drop(&mut self) {
         let d = &self.dev;

@@ -15,7 +15,7 @@
 
 mod conn;
 
-pub(crate) use conn::{ConnLayout, NetConn, Side};
+pub(crate) use conn::{ConnLayout, FifoPlace, NetConn, Side};
 
 use crate::error::Error;
 use std::collections::HashMap;
