@@ -434,6 +434,7 @@ impl Bootstrap {
             )));
         }
         let _one_at_a_time = lock(&self.collective);
+        self.shared.check_all_alive("allgather")?;
         let (n, r) = (self.nranks(), self.rank());
         let mut all = vec![Vec::new(); n];
         all[r] = mine.to_vec();
@@ -451,6 +452,7 @@ impl Bootstrap {
     pub fn barrier(&self) -> Result<()> {
         self.shared.check_open()?;
         let _one_at_a_time = lock(&self.collective);
+        self.shared.check_all_alive("barrier")?;
         let (n, r) = (self.nranks(), self.rank());
         let (mut dist, mut round) = (1usize, 0u32);
         while dist < n {

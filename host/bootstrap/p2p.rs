@@ -408,6 +408,19 @@ impl Shared {
         news
     }
 
+    /// An error if some peer is known to be gone: a collective of all ranks (`what`) cannot
+    /// complete then, and must not first wait on a connection to a rank that left.
+    pub(crate) fn check_all_alive(&self, what: &str) -> Result<()> {
+        match lock(&self.mailbox).dead.iter().next() {
+            Some((dead, why)) => Err(Error::remote(format!(
+                "bootstrap rank {}: rank {dead} is gone ({why}), so no {what} of all ranks can \
+                 complete",
+                self.rank
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether some peer is known to be gone.
     pub(crate) fn any_gone(&self) -> bool {
         !lock(&self.mailbox).dead.is_empty()
