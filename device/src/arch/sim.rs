@@ -326,6 +326,102 @@ pub fn trap() -> ! {
     panic!("nccl-device: kernel trap")
 }
 
+/// One mapping of a multicast object: `len` bytes at `base` (an address range reserved for it
+/// and never touched directly) stand for the same offsets in each member's buffer.
+struct McWindow {
+    base: u64,
+    len: u64,
+    members: Vec<u64>,
+}
+
+fn mc_windows() -> &'static std::sync::RwLock<Vec<McWindow>> {
+    static W: std::sync::RwLock<Vec<McWindow>> = std::sync::RwLock::new(Vec::new());
+    &W
+}
+
+/// The simulator backend maps a multicast object at `base` (`len` bytes) over `members` (the
+/// buffers bound to it, one per member GPU); called again as members bind.
+pub fn mc_set_window(base: u64, len: u64, members: Vec<u64>) {
+    let mut w = mc_windows().write().unwrap_or_else(|p| p.into_inner());
+    w.retain(|x| x.base != base);
+    w.push(McWindow { base, len, members });
+}
+
+/// The mapping at `base` is gone.
+pub fn mc_remove_window(base: u64) {
+    let mut w = mc_windows().write().unwrap_or_else(|p| p.into_inner());
+    w.retain(|x| x.base != base);
+}
+
+/// Runs `f` on the member addresses `bytes` bytes at multicast address `p` stand for: a
+/// multicast access outside any mapping, or one whose members are not all bound, traps (a GPU
+/// faults).
+fn with_members<R>(p: u64, bytes: u64, f: impl FnOnce(&mut dyn Iterator<Item = u64>) -> R) -> R {
+    let w = mc_windows().read().unwrap_or_else(|p| p.into_inner());
+    let Some(win) = w.iter().find(|x| p >= x.base && p + bytes <= x.base + x.len) else {
+        drop(w);
+        panic!("nccl-device sim: multimem access at {p:#x} outside every multicast mapping");
+    };
+    let off = p - win.base;
+    if win.members.is_empty() {
+        drop(w);
+        panic!("nccl-device sim: multimem access at {p:#x}: no memory bound");
+    }
+    let mut it = win.members.iter().map(|m| m + off);
+    f(&mut it)
+}
+
+/// See the GPU version: reads the pack from every member in turn and reduces lane by lane.
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(op: super::McOp, p: *const Pack16) -> Pack16 {
+    use super::McOp;
+    if super::multimem_op(T::DTYPE, match op {
+        McOp::Add => crate::ops::RedOpKind::Sum,
+        McOp::Min => crate::ops::RedOpKind::Min,
+        McOp::Max => crate::ops::RedOpKind::Max,
+    })
+    .is_none()
+    {
+        trap();
+    }
+    with_members(p as u64, 16, |members| {
+        let mut acc: Option<Pack16> = None;
+        for m in members {
+            // SAFETY: a bound member's buffer covers the window (the backend checked the
+            // binding's size); the pack lies inside it.
+            let v = core::ptr::read_volatile(m as *const Pack16);
+            acc = Some(match acc {
+                None => v,
+                Some(a) => crate::ops::map2::<T>(a, v, |x, y| match op {
+                    McOp::Add => x.add(y),
+                    McOp::Min => x.lesser(y),
+                    McOp::Max => x.greater(y),
+                }),
+            });
+        }
+        acc.unwrap_or_default()
+    })
+}
+
+/// See the GPU version: writes the pack to every member.
+pub unsafe fn multimem_st(p: *mut Pack16, v: Pack16) {
+    with_members(p as u64, 16, |members| {
+        for m in members {
+            // SAFETY: as in multimem_ld_reduce.
+            core::ptr::write_volatile(m as *mut Pack16, v);
+        }
+    })
+}
+
+/// See the GPU version: a release add on every member's counter.
+pub unsafe fn multimem_red_add_u64(p: *mut u64, v: u64) {
+    with_members(p as u64, 8, |members| {
+        for m in members {
+            // SAFETY: as in multimem_ld_reduce; the counter is 8-byte aligned.
+            (*(m as *const AtomicU64)).fetch_add(v, Ordering::Release);
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
