@@ -38,7 +38,11 @@ impl Device {
 
     /// Creates a multicast object of `ndev` devices and `bytes` (a multiple of the
     /// granularity); the handle is what the other ranks pass to [`Device::multicast_import`].
-    pub(crate) fn multicast_create(&self, ndev: usize, bytes: usize) -> Result<(Multicast, [u8; 64])> {
+    pub(crate) fn multicast_create(
+        &self,
+        ndev: usize,
+        bytes: usize,
+    ) -> Result<(Multicast, [u8; 64])> {
         let (imp, h) = match &*self.imp {
             Imp::Cuda(d) => {
                 let (m, h) = d.multicast_create(ndev, bytes)?;

@@ -346,6 +346,13 @@ static COLL_FLAGS: AtomicU32 = AtomicU32::new(0);
 static P2P_FLAGS: AtomicU32 = AtomicU32::new(0);
 /// Kernel launches (and their replays' captures) in this process ([`launch_count`]).
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static NVLS_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Collective launches with the NVLS algorithm so far in this process (tests check which
+/// calls ran on the switch and which fell back).
+pub fn nvls_launches() -> u64 {
+    NVLS_LAUNCHES.load(Ordering::Relaxed)
+}
 
 /// How many kernels this process launched or captured on the simulator so far: tests check
 /// with it that a path launches nothing.
@@ -699,6 +706,9 @@ impl Device {
                 // SAFETY: the caller passes a parameter of the kernel's type (checked by size).
                 let a: CollArgs = unsafe { std::ptr::read_unaligned(arg as *const CollArgs) };
                 COLL_FLAGS.fetch_or(a.flags, Ordering::Relaxed);
+                if a.algo == nccl_device::abi::ALGO_NVLS {
+                    NVLS_LAUNCHES.fetch_add(1, Ordering::Relaxed);
+                }
                 // SAFETY: the host wired `a` to live buffers and a communicator, as on a GPU.
                 Box::new(move || unsafe { f(&a) })
             }

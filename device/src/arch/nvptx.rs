@@ -274,7 +274,10 @@ pub unsafe fn p2p_param_item(_args: &P2pArgs, i: usize) -> P2pItem {
 /// `.vec`). A (type, reduction) outside [`super::multimem_op`] traps.
 #[cfg(nccl_rs_multimem)]
 #[inline(always)]
-pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(op: super::McOp, p: *const Pack16) -> Pack16 {
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
+    op: super::McOp,
+    p: *const Pack16,
+) -> Pack16 {
     use super::McOp::*;
     use crate::types::DataType::*;
     macro_rules! v4 {
@@ -353,7 +356,10 @@ pub unsafe fn multimem_red_add_u64(p: *mut u64, v: u64) {
 /// Without multicast (before sm_90): never called, the host launches no NVLS kernel here.
 #[cfg(not(nccl_rs_multimem))]
 #[inline(always)]
-pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(_op: super::McOp, _p: *const Pack16) -> Pack16 {
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
+    _op: super::McOp,
+    _p: *const Pack16,
+) -> Pack16 {
     trap()
 }
 

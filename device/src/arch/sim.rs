@@ -358,7 +358,10 @@ pub fn mc_remove_window(base: u64) {
 /// faults).
 fn with_members<R>(p: u64, bytes: u64, f: impl FnOnce(&mut dyn Iterator<Item = u64>) -> R) -> R {
     let w = mc_windows().read().unwrap_or_else(|p| p.into_inner());
-    let Some(win) = w.iter().find(|x| p >= x.base && p + bytes <= x.base + x.len) else {
+    let Some(win) = w
+        .iter()
+        .find(|x| p >= x.base && p + bytes <= x.base + x.len)
+    else {
         drop(w);
         panic!("nccl-device sim: multimem access at {p:#x} outside every multicast mapping");
     };
@@ -372,13 +375,19 @@ fn with_members<R>(p: u64, bytes: u64, f: impl FnOnce(&mut dyn Iterator<Item = u
 }
 
 /// See the GPU version: reads the pack from every member in turn and reduces lane by lane.
-pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(op: super::McOp, p: *const Pack16) -> Pack16 {
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
+    op: super::McOp,
+    p: *const Pack16,
+) -> Pack16 {
     use super::McOp;
-    if super::multimem_op(T::DTYPE, match op {
-        McOp::Add => crate::ops::RedOpKind::Sum,
-        McOp::Min => crate::ops::RedOpKind::Min,
-        McOp::Max => crate::ops::RedOpKind::Max,
-    })
+    if super::multimem_op(
+        T::DTYPE,
+        match op {
+            McOp::Add => crate::ops::RedOpKind::Sum,
+            McOp::Min => crate::ops::RedOpKind::Min,
+            McOp::Max => crate::ops::RedOpKind::Max,
+        },
+    )
     .is_none()
     {
         trap();

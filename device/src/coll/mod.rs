@@ -11,8 +11,8 @@ pub mod reduce_scatter;
 pub mod send_recv;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, ALGO_NVLS, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
-    PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, Coll, CollArgs, DevComm, ALGO_NVLS, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES,
+    PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};

@@ -271,7 +271,11 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
             let mut i = self.tid;
             while i < n * per_block {
                 let (j, e) = (i / per_block, (i % per_block) * pe);
-                let v = self.pack_in(input.add(j * count + off + e), core::cmp::min(pe, q - e), true);
+                let v = self.pack_in(
+                    input.add(j * count + off + e),
+                    core::cmp::min(pe, q - e),
+                    true,
+                );
                 arch::st_pack((uc + ((j * qa + e) * Self::SZ) as u64) as *mut Pack16, v);
                 i += self.nthreads;
             }
@@ -323,7 +327,11 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
             while i < n * per_block {
                 let (j, e) = (i / per_block, (i % per_block) * pe);
                 let v = arch::ld_pack((uc + ((j * qa + e) * Self::SZ) as u64) as *const Pack16);
-                self.pack_out(output.add(j * count + off + e), v, core::cmp::min(pe, q - e));
+                self.pack_out(
+                    output.add(j * count + off + e),
+                    v,
+                    core::cmp::min(pe, q - e),
+                );
                 i += self.nthreads;
             }
             self.pieces += 1;
