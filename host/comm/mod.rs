@@ -1120,6 +1120,10 @@ impl Drop for Comm {
         if let Some(t) = self.tree_up.take() {
             self.keep.leave(t);
         }
+        // Peers' NVLS kernels may still reach our scratch through the multicast mapping.
+        if let Some(n) = self.nvls.take() {
+            self.keep.leave(n);
+        }
         self.keep.leave(self.links.clone());
     }
 }

@@ -58,6 +58,10 @@ struct Nvls<T, O> {
 /// As [`super::run`]; the host set up NVLS (`DevComm::nvls`) and launched at most
 /// `nvls_nchannels` CTAs, and chose NVLS only for a (type, reduction) in
 /// [`arch::multimem_op`] (AllGather: any, it moves bytes).
+///
+/// Not inlined, as the protocols' bodies (`super::run_with`): the entry point then holds no
+/// NVLS registers on its ring and tree paths.
+#[inline(never)]
 pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
     let comm = &*(args.comm as *const DevComm);
     let coll = Coll::from_raw(args.coll);
@@ -133,7 +137,7 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
             while !self.aborted && arch::ld_acquire_sys(self.uc as *const u64) < target {
                 arch::spin_pause();
                 spins += 1;
-                if spins % ABORT_POLL == 0 && !self.abort.is_null() {
+                if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
                     // Once aborted this thread waits no more: the kernel runs to its end.
                     self.aborted = arch::ld_volatile(self.abort) != 0;
                 }
