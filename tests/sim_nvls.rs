@@ -242,3 +242,41 @@ fn nvls_enable_other_than_one_never_creates_a_multicast_object() {
     assert_eq!(sim::multicast_objects_created(), created + 1);
     drop(ranks);
 }
+
+/// Ranks in separate processes with NCCL_NVLS_ENABLE=1: the simulator's multicast objects do
+/// not cross processes, so the communicator stays off NVLS (no object, no NVLS launch) and
+/// every collective still runs, on the ring.
+#[test]
+fn ranks_in_processes_keep_nvls_off_on_the_simulator() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let ranks = Ranks::new(vec![
+            Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank")
+        ]);
+        for (i, coll) in [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather]
+            .into_iter()
+            .enumerate()
+        {
+            check_collective(
+                &ranks,
+                coll,
+                999,
+                DataType::Float32,
+                ReduceOp::Sum,
+                0,
+                i % 2 == 1,
+                40 + i as u64,
+                Drive::OneThread,
+            )
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        }
+        assert_eq!(sim::multicast_objects_created(), 0);
+        assert_eq!(sim::nvls_launches(), 0);
+        return;
+    }
+    let _t = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::remove_var("NCCL_ALGO"); // the children inherit our environment
+    let t = "ranks_in_processes_keep_nvls_off_on_the_simulator";
+    common::procs::run(t, 2, &[("NCCL_NVLS_ENABLE", "1")]);
+}

@@ -3,7 +3,8 @@
 //!
 //! Set up only when NCCL_NVLS_ENABLE is exactly "1" on every rank, every rank's GPU reports
 //! multicast support (asked only after the variable said 1), the communicator has more than
-//! one rank, all on one node and on distinct GPUs, and every pair connects through P2P. Every
+//! one rank, all on one node and on distinct GPUs (on the simulator: in one process), and every
+//! pair connects through P2P. Every
 //! rank says whether it may, and NVLS exists only where all may, so a rank with the variable
 //! unset never creates, imports or binds a multicast object, and never lets the others wait.
 
@@ -48,6 +49,10 @@ fn may(rank: usize, device: &Device, peers: &[PeerInfo], all_p2p: bool) -> Resul
     });
     if !one_node || !distinct {
         log::info!("NVLS off: the ranks are not on distinct GPUs of one node");
+        return Ok(false);
+    }
+    if device.is_sim() && peers.iter().any(|p| p.pid != me.pid) {
+        log::info!("NVLS off: the simulator's multicast objects live in one process");
         return Ok(false);
     }
     let ok = device.multicast_supported()?;
