@@ -991,23 +991,44 @@ impl Device {
         p
     }
 
-    /// The recommended granularity of a multicast object of `ndev` devices and `bytes`.
+    /// Device memory for a multicast binding (pinned, on this device).
+    fn mc_mem_prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: a plain C struct for which all zeroes is valid.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.ordinal;
+        prop
+    }
+
+    /// The granularity of a multicast object of `ndev` devices and `bytes` and of the memory
+    /// bound to it: the larger of the multicast and the allocation minimum (both powers of
+    /// two). The minimum, not the recommended one, which can be hundreds of MiB.
     pub fn multicast_granularity(&self, ndev: usize, bytes: usize) -> Result<usize> {
         self.make_current()?;
         let prop = Self::mc_prop(ndev, bytes);
-        let mut g = 0usize;
-        // SAFETY: out-parameter and a filled property struct.
-        check(
-            unsafe {
+        let mem = self.mc_mem_prop();
+        let (mut g, mut a) = (0usize, 0usize);
+        // SAFETY: out-parameters and filled property structs.
+        unsafe {
+            check(
                 sys::cuMulticastGetGranularity(
                     &mut g,
                     &prop,
-                    sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_RECOMMENDED,
-                )
-            },
-            "cuMulticastGetGranularity",
-        )?;
-        Ok(g.max(1))
+                    sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_MINIMUM,
+                ),
+                "cuMulticastGetGranularity",
+            )?;
+            check(
+                sys::cuMemGetAllocationGranularity(
+                    &mut a,
+                    &mem,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                ),
+                "cuMemGetAllocationGranularity",
+            )?;
+        }
+        Ok(g.max(a).max(1))
     }
 
     /// cuMulticastCreate for `ndev` devices, exported as a file descriptor; the handle other
@@ -1159,11 +1180,7 @@ impl Device {
     /// member device must have been added first.
     pub fn multicast_bind_map(&self, mc: &mut Multicast, align: usize) -> Result<(u64, u64)> {
         self.make_current()?;
-        // SAFETY: plain C struct for which all zeroes is valid.
-        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = self.ordinal;
+        let prop = self.mc_mem_prop();
         let mut mem = 0;
         // SAFETY: out-parameter and a filled property struct; `bytes` is a multiple of the
         // multicast granularity, which is a multiple of the allocation granularity.
