@@ -521,6 +521,50 @@ mod tests {
         run_cta(0, 1, 2, &body);
     }
 
+    /// A multicast window over three members: ld_reduce reduces the three packs lane by lane,
+    /// st and red reach all three, an access outside every window traps.
+    #[test]
+    fn multicast_windows_reach_every_member() {
+        use crate::arch::McOp;
+        let mut members = [[0u64; 4]; 3];
+        for (m, mem) in members.iter_mut().enumerate() {
+            let f = [1.5f32 * (m as f32 + 1.0), -2.0, m as f32, 8.0];
+            let p = mem.as_mut_ptr() as *mut f32;
+            for (i, v) in f.iter().enumerate() {
+                unsafe { p.add(i).write(*v) };
+            }
+        }
+        let window = std::vec![0u8; 32];
+        let base = window.as_ptr() as u64;
+        let addrs = members.iter().map(|m| m.as_ptr() as u64).collect();
+        mc_set_window(base, 32, addrs);
+        unsafe {
+            let sum = multimem_ld_reduce::<f32>(McOp::Add, base as *const Pack16);
+            let got: [f32; 4] = core::mem::transmute(sum.0);
+            assert_eq!(got, [9.0, -6.0, 3.0, 24.0]);
+            multimem_st(base as *mut Pack16, Pack16([7, 8, 9, 10]));
+            multimem_red_add_u64((base + 16) as *mut u64, 5);
+        }
+        for m in &members {
+            let p = m.as_ptr() as *const u32;
+            assert_eq!(
+                unsafe { [*p, *p.add(1), *p.add(2), *p.add(3)] },
+                [7, 8, 9, 10]
+            );
+            assert_eq!(m[2], 5);
+        }
+        // Outside every window is a fault.
+        let r = std::panic::catch_unwind(|| unsafe {
+            multimem_st((base + 32) as *mut Pack16, Pack16::default())
+        });
+        assert!(r.is_err());
+        let r = std::panic::catch_unwind(|| unsafe {
+            multimem_ld_reduce::<i8>(McOp::Add, base as *const Pack16)
+        });
+        assert!(r.is_err(), "int8 has no multimem.ld_reduce");
+        mc_remove_window(base);
+    }
+
     #[test]
     fn a_trap_reaches_the_launcher() {
         let r = std::panic::catch_unwind(|| {
