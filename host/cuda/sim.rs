@@ -1046,7 +1046,8 @@ impl Device {
     pub fn multicast_create(&self, ndev: usize, bytes: usize) -> Result<(Multicast, [u8; 64])> {
         if ndev == 0 || bytes == 0 || !bytes.is_multiple_of(MC_GRANULARITY) {
             return Err(Error::invalid_argument(format!(
-                "multicast object of {ndev} devices and {bytes} bytes (granularity {MC_GRANULARITY})"
+                "multicast object of {ndev} devices and {bytes} bytes \
+                 (granularity {MC_GRANULARITY})"
             )));
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);

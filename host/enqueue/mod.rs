@@ -18,8 +18,8 @@ use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128,
-    PROTO_SIMPLE,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
+    PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;

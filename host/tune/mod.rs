@@ -632,8 +632,9 @@ impl Tuner {
     /// [`Tuner::choose`], NVLS left out unless `allow_nvls` (a type or reduction the switch
     /// cannot reduce). Where the filters left nothing but NVLS, such a call runs on the ring.
     pub fn choose_with(&self, coll: Coll, bytes: usize, allow_nvls: bool) -> Result<Choice> {
+        let allows_nvls = |a: &AlgoFilter| a.allows(coll, Algo::Nvls as usize);
         match self.choose_from(coll, bytes, allow_nvls) {
-            Err(_) if !allow_nvls && self.nvls && self.params.algo.allows(coll, Algo::Nvls as usize) => {
+            Err(_) if !allow_nvls && self.nvls && allows_nvls(&self.params.algo) => {
                 let proto = Proto::Simple;
                 let nchannels = self.channels_for(proto, bytes);
                 Ok(Choice {
