@@ -280,3 +280,44 @@ fn ranks_in_processes_keep_nvls_off_on_the_simulator() {
     let t = "ranks_in_processes_keep_nvls_off_on_the_simulator";
     common::procs::run(t, 2, &[("NCCL_NVLS_ENABLE", "1")]);
 }
+
+/// An NVLS AllReduce whose peer never launches: rank 0 waits at the switch barrier, and
+/// ncclCommAbort ends that wait (no hang).
+#[test]
+fn abort_ends_an_nvls_collective_stuck_on_an_absent_peer() {
+    let _t = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = comms(2, Some("1"), Some("NVLS"));
+    let c = &ranks.comms[0];
+    let launched = sim::nvls_launches();
+    let stream = ranks.streams[0];
+    let buf = c.device().alloc(1 << 18).expect("alloc");
+    // SAFETY: the test's own buffer, kept until the stream drained.
+    unsafe {
+        c.all_reduce_raw(
+            buf.ptr(),
+            buf.ptr(),
+            1 << 16,
+            DataType::Float32,
+            ReduceOp::Sum,
+            stream,
+        )
+    }
+    .expect("issue rank 0's half");
+    assert_eq!(sim::nvls_launches(), launched + 1);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        !c.device().stream_query(stream).unwrap(),
+        "the NVLS kernel cannot pass its barrier without its peer"
+    );
+    c.abort();
+    // A liveness bound, not a timing claim: without the abort this never ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !c.device().stream_query(stream).unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the aborted kernel still waits"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(buf);
+}
