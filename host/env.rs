@@ -281,6 +281,21 @@ pub const PARAMS: &[Param] = &[
         doc: "farthest GPU-NIC path (LOC, PIX, PXB, PHB, SYS) GPUDirect RDMA is used over (default PXB)",
     },
     Param {
+        name: "NCCL_NET_GDR_READ",
+        default: "",
+        doc: "1: sends read GPU memory directly (GPU Direct RDMA) where NCCL_NET_GDR_LEVEL allows; 0: sends go through host memory; unset: on from compute capability 8.0, before only where GPUs share NVLink (or there is one GPU)",
+    },
+    Param {
+        name: "NCCL_NET_FORCE_FLUSH",
+        default: "0",
+        doc: "1: flush every GPU Direct RDMA receive (iflush) even where the GPU needs none (compute capability 9.0 and later)",
+    },
+    Param {
+        name: "NCCL_DMABUF_ENABLE",
+        default: "1",
+        doc: "0: never register GPU memory with a network plugin through a dmabuf (regMrDmaBuf); 1: where the plugin and the driver support it",
+    },
+    Param {
         name: "NCCL_CROSS_NIC",
         default: "2",
         doc: "0: rings keep one NIC per node (rails); 1: may change NIC; 2: only when it helps",

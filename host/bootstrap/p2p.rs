@@ -397,6 +397,17 @@ impl Shared {
         *lock(&self.ras) = Some(r);
     }
 
+    /// Records `rank` as gone (waits on it fail from now on); whether this is news. Nobody is
+    /// notified: the caller reports it.
+    pub(crate) fn mark_gone(&self, rank: usize, why: &str) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let news = mark_dead(&mut lock(&self.mailbox), rank, why);
+        self.arrived.notify_all();
+        news
+    }
+
     /// Whether some peer is known to be gone.
     pub(crate) fn any_gone(&self) -> bool {
         !lock(&self.mailbox).dead.is_empty()

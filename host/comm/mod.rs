@@ -43,7 +43,7 @@ use crate::transport::shm::ShmRing;
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
-use net::{fault_sink, net_path, nodes, ring_net};
+use net::{fault_sink, net_fault_sink, net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
 pub(crate) use shared::{NotSync, Shared};
@@ -490,7 +490,20 @@ impl Comm {
             comm_id: net::comm_id(&ids[0].internal),
             traffic_class: config.traffic_class,
         };
-        let net_path = net_path(transports.remote(rank), &device, &choice, on_fault)?;
+        // This GPU's position among its node's (the node's topology numbers them so).
+        let local = peers
+            .iter()
+            .filter(|p| p.host_hash == peers[rank].host_hash && p.rank < peers[rank].rank)
+            .count();
+        let on_net_error = net_fault_sink(on_fault, &bootstrap);
+        let net_path = net_path(
+            transports.remote(rank),
+            &device,
+            &choice,
+            on_net_error,
+            &system,
+            local,
+        )?;
         // Across nodes the tuner models the network: the node count and the NICs' speed.
         let nodes_of = nodes(&peers);
         let net_model = net_path

@@ -45,6 +45,8 @@ fn stream_wait(s: sys::CUstream) -> Result<()> {
     )
 }
 
+mod vmm;
+
 /// Loads libcuda and calls cuInit once; later calls return the same outcome.
 pub fn init() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
@@ -164,6 +166,40 @@ impl Device {
         Ok(v)
     }
 
+    /// Whether the driver exports this device's memory as dmabufs.
+    pub fn dmabuf_supported(&self) -> bool {
+        self.attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+            .is_ok_and(|v| v != 0)
+    }
+
+    /// A new dmabuf file descriptor for `bytes` at `p` (page-aligned, inside one allocation).
+    pub fn dmabuf_fd(&self, p: DevPtr, bytes: usize) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        self.make_current()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `fd` is an int the driver writes the new descriptor into; our context is
+        // current; the range is the caller's allocation.
+        check(
+            unsafe {
+                sys::cuMemGetHandleForAddressRange(
+                    &mut fd as *mut std::ffi::c_int as *mut c_void,
+                    p,
+                    bytes,
+                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            },
+            "cuMemGetHandleForAddressRange",
+        )?;
+        if fd < 0 {
+            return Err(Error::cuda(
+                "cuMemGetHandleForAddressRange returned no file descriptor",
+            ));
+        }
+        // SAFETY: the driver made `fd` for us; nothing else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
     fn compute_capability(&self) -> Result<(u32, u32)> {
         use sys::CUdevice_attribute::*;
         Ok((
@@ -222,22 +258,28 @@ impl Device {
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
             &format!("cuMemAlloc of {bytes} bytes"),
         )?;
-        // Zeroed on our own stream, never the legacy one: a first use of a communicator may
-        // allocate while a blocking stream of this context captures a graph.
-        let zeroed = self.private_stream().and_then(|s| {
-            // SAFETY: p is a fresh allocation of at least `bytes` bytes; s is our stream.
-            check(
-                unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
-                "cuMemsetD8Async",
-            )?;
-            stream_wait(s)
-        });
-        if let Err(e) = zeroed {
+        // SAFETY: p is a fresh allocation of at least `bytes` bytes.
+        if let Err(e) = unsafe { self.zero_new(p, bytes) } {
             // SAFETY: p came from cuMemAlloc just above and is not used.
             unsafe { sys::cuMemFree_v2(p) };
             return Err(e);
         }
         Ok(p)
+    }
+
+    /// Zeroes `bytes` at `p`, on our own stream, never the legacy one: a first use of a
+    /// communicator may allocate while a blocking stream of this context captures a graph.
+    ///
+    /// # Safety
+    /// `p` is a fresh allocation of at least `bytes` bytes that nothing else uses yet.
+    unsafe fn zero_new(&self, p: DevPtr, bytes: usize) -> Result<()> {
+        let s = self.private_stream()?;
+        // SAFETY: the caller's promise; s is our stream.
+        check(
+            unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
+            "cuMemsetD8Async",
+        )?;
+        stream_wait(s)
     }
 
     /// Our private non-blocking stream, created on first use.
@@ -346,6 +388,9 @@ impl Device {
     }
 
     pub fn free(&self, p: DevPtr) -> Result<()> {
+        if self.free_vmm(p)? {
+            return Ok(());
+        }
         self.make_current()?;
         extent_cache::forget(p);
         // SAFETY: p came from alloc on this device and is freed once (the owner's Drop).

@@ -354,6 +354,10 @@ pub fn nvls_launches() -> u64 {
     NVLS_LAUNCHES.load(Ordering::Relaxed)
 }
 
+/// The allocation granularity the simulator's `alloc_vmm` rounds to (the driver's
+/// recommended one on current GPUs).
+pub const SIM_VMM_GRANULARITY: usize = 2 << 20;
+
 /// How many kernels this process launched or captured on the simulator so far: tests check
 /// with it that a path launches nothing.
 pub fn launch_count() -> u64 {
@@ -552,6 +556,13 @@ impl Device {
             },
         );
         Ok(p)
+    }
+
+    /// `alloc` rounded up to [`SIM_VMM_GRANULARITY`], as the driver's virtual memory API
+    /// rounds: (address, size).
+    pub fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+        let size = bytes.max(1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY;
+        Ok((self.alloc(size)?, size))
     }
 
     fn unmap(&self, p: DevPtr) -> Result<()> {
@@ -978,6 +989,16 @@ impl Device {
             stream.push_replayable(j.clone());
         }
         Ok(())
+    }
+
+    /// How many nodes (launches, copies, external event waits and records) a graph holds:
+    /// tests check with it what a captured call costs.
+    pub fn graph_node_count(&self, exec: u64) -> Result<usize> {
+        lock(registry())
+            .graphs
+            .get(&exec)
+            .map(|g| g.len())
+            .ok_or_else(|| Error::invalid_argument(format!("unknown graph {exec:#x}")))
     }
 
     pub fn graph_destroy(&self, graph: u64, _exec: u64) -> Result<()> {
