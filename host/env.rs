@@ -41,7 +41,18 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_NVLS_ENABLE",
         default: "0",
-        doc: "1: allow NVLink SHARP multicast objects (off here: never on shared hosts)",
+        doc: "exactly 1: NVLink SHARP (NVLS) where every rank's GPU supports multicast; \
+              anything else: no multicast object is ever created (the shared GPU hosts set 0)",
+    },
+    Param {
+        name: "NCCL_NVLS_NCHANNELS",
+        default: "16",
+        doc: "most channels (CTAs) of an NVLS collective, each with its own scratch region",
+    },
+    Param {
+        name: "NCCL_NVLS_CHUNKSIZE",
+        default: "131072",
+        doc: "bytes of each of a NVLS channel's two scratch halves (one piece of a call each)",
     },
     Param {
         name: "NCCL_COMM_ID",

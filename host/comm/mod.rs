@@ -15,6 +15,7 @@ mod config;
 pub(crate) mod group_scope;
 mod keepalive;
 mod net;
+pub(crate) mod nvls;
 pub mod order;
 mod peer;
 mod pending;
@@ -254,6 +255,8 @@ pub struct Comm {
     pub(crate) links: Arc<Links>,
     /// The tree's up connections, when NCCL_ALGO allows the tree: see [`TreeUp`].
     pub(crate) tree_up: Option<TreeUp>,
+    /// NVLS's multicast scratch, where NCCL_NVLS_ENABLE=1 and the GPUs allow it.
+    pub(crate) nvls: Option<nvls::Nvls>,
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
@@ -596,6 +599,20 @@ impl Comm {
             make_links(n, tree_slot)
         })?;
 
+        // NVLS: only with NCCL_NVLS_ENABLE=1 on every rank (see nvls.rs), after every rank
+        // agreed on the tuner (all of them decide alike here).
+        let all_p2p = !transports.any(Transport::Net) && !transports.any(Transport::Shm);
+        let nvls = nvls::setup(
+            rank,
+            &device,
+            &bootstrap,
+            &peers,
+            all_p2p,
+            shape.nchannels as usize,
+        )
+        .map_err(|e| e.context("NVLS setup"))?;
+        tuner.set_nvls(nvls.is_some());
+
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).
         let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
@@ -652,6 +669,9 @@ impl Comm {
             slot_bytes: shape.slot_bytes,
             channels: dev_comm.ptr + head as u64,
             abort_flag: kernel_abort.ptr,
+            nvls: nvls.as_ref().map_or(0, |n| n.chans.ptr),
+            nvls_nchannels: nvls.as_ref().map_or(0, |n| n.nchannels as u32),
+            _pad: 0,
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
@@ -698,6 +718,7 @@ impl Comm {
             bootstrap,
             links,
             tree_up,
+            nvls,
             rings,
             order,
             dev_comm,
@@ -1111,6 +1132,10 @@ impl Drop for Comm {
         }
         if let Some(t) = self.tree_up.take() {
             self.keep.leave(t);
+        }
+        // Peers' NVLS kernels may still reach our scratch through the multicast mapping.
+        if let Some(n) = self.nvls.take() {
+            self.keep.leave(n);
         }
         self.keep.leave(self.links.clone());
     }

@@ -61,6 +61,7 @@ fn fields_are_thread_safe(c: &Comm) {
         bootstrap,
         links,
         tree_up,
+        nvls,
         rings,
         order,
         dev_comm,
@@ -89,6 +90,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(bootstrap);
     both(links);
     both(tree_up);
+    both(nvls);
     both(rings);
     both(order);
     both(dev_comm);

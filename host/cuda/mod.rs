@@ -99,6 +99,8 @@ macro_rules! dispatch {
 
 mod graph;
 pub use graph::Graph;
+mod multicast;
+pub(crate) use multicast::Multicast;
 
 /// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.
 #[derive(Clone)]

@@ -87,7 +87,7 @@ impl Device {
             },
             "cuMemGetAllocationGranularity",
         )?;
-        let nvls = std::env::var("NCCL_NVLS_ENABLE").is_ok_and(|v| v.trim() == "1");
+        let nvls = std::env::var("NCCL_NVLS_ENABLE").is_ok_and(|v| v == "1");
         if nvls && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0 {
             // SAFETY: a plain C structure, zero where not set.
             let mut mc: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
