@@ -86,6 +86,13 @@ fn pinned_toolchain(manifest: &Path) -> String {
         .expect("nccl-rs build.rs: rust-toolchain.toml names no channel")
 }
 
+/// Whether `arch` (`sm_NN`) has multicast memory: sm_90 and newer.
+fn has_multimem(arch: &str) -> bool {
+    arch.trim_start_matches("sm_")
+        .parse::<u32>()
+        .is_ok_and(|sm| sm >= 90)
+}
+
 fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path, nightly: bool) {
     // One target directory per architecture: the PTX is picked up by name from it.
     let target_dir = out.join(format!("nvptx-{arch}"));
@@ -111,6 +118,12 @@ fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path, nightly: bool
         .arg(&target_dir)
         .args(["--", "--emit=asm", "-Ccodegen-units=1", "-Cdebuginfo=0"])
         .arg(format!("-Ctarget-cpu={arch}"));
+    if has_multimem(arch) {
+        // Multicast memory (NVLS's multimem.ld_reduce / st / red) needs sm_90 and PTX ISA 8.1;
+        // LLVM would write sm_90's minimum, 7.8. Older architectures build without the NVLS
+        // instructions (device/src/arch/nvptx.rs traps there instead).
+        cmd.args(["-Ctarget-feature=+ptx81", "--cfg", "nccl_rs_multimem"]);
+    }
     // The outer build's flags and wrappers (clippy, coverage, host RUSTFLAGS) are not for nvptx.
     if !nightly {
         // The outer (stable) compiler is not the one for the device crate: rustup run picks.

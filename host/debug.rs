@@ -190,7 +190,7 @@ pub(crate) fn expand_file_name(pattern: &str, host: &str, pid: u32) -> String {
 
 /// The subsystem bit of a record's target: an explicit `nccl::<SUBSYS>` target, else the
 /// module it was logged from (`nccl::bootstrap` BOOTSTRAP, `nccl::comm` INIT (its `register`
-/// REG), `nccl::enqueue::p2p` P2P, `nccl::enqueue` COLL, `nccl::transport::shm` SHM,
+/// REG, its `nvls` NVLS), `nccl::enqueue::p2p` P2P, `nccl::enqueue` COLL, `nccl::transport::shm` SHM,
 /// `nccl::transport::net` NET, `nccl::transport::nvls` NVLS, `nccl::transport` P2P,
 /// `nccl::proxy` PROXY, `nccl::topo` and `nccl::graph` GRAPH, `nccl::tune` TUNING, `nccl::env`
 /// ENV, `nccl::cuda` ALLOC, `nccl::capi` CALL), INIT for everything else.
@@ -212,6 +212,7 @@ pub(crate) fn subsystem_of(target: &str) -> u64 {
     const MODULES: &[(&str, &str)] = &[
         ("bootstrap", "BOOTSTRAP"),
         ("comm::register", "REG"),
+        ("comm::nvls", "NVLS"),
         ("comm", "INIT"),
         ("enqueue::p2p", "P2P"),
         ("enqueue", "COLL"),
@@ -545,6 +546,7 @@ mod tests {
         assert_eq!(s("nccl::comm"), bit("INIT"));
         assert_eq!(s("nccl::comm::split"), bit("INIT"));
         assert_eq!(s("nccl::comm::register"), bit("REG"));
+        assert_eq!(s("nccl::comm::nvls"), bit("NVLS"));
         assert_eq!(s("nccl::enqueue::p2p"), bit("P2P"));
         assert_eq!(s("nccl::enqueue::group"), bit("COLL"));
         assert_eq!(s("nccl::enqueue"), bit("COLL"));

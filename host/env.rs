@@ -41,7 +41,18 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_NVLS_ENABLE",
         default: "0",
-        doc: "1: allow NVLink SHARP multicast objects (off here: never on shared hosts)",
+        doc: "exactly 1: NVLink SHARP (NVLS) where every rank's GPU supports multicast; \
+              anything else: no multicast object is ever created (the shared GPU hosts set 0)",
+    },
+    Param {
+        name: "NCCL_NVLS_NCHANNELS",
+        default: "16",
+        doc: "most channels (CTAs) of an NVLS collective, each with its own scratch region",
+    },
+    Param {
+        name: "NCCL_NVLS_CHUNKSIZE",
+        default: "131072",
+        doc: "bytes of each of a NVLS channel's two scratch halves (one piece of a call each)",
     },
     Param {
         name: "NCCL_COMM_ID",
@@ -268,6 +279,21 @@ pub const PARAMS: &[Param] = &[
         name: "NCCL_NET_GDR_LEVEL",
         default: "",
         doc: "farthest GPU-NIC path (LOC, PIX, PXB, PHB, SYS) GPUDirect RDMA is used over (default PXB)",
+    },
+    Param {
+        name: "NCCL_NET_GDR_READ",
+        default: "",
+        doc: "1: sends read GPU memory directly (GPU Direct RDMA) where NCCL_NET_GDR_LEVEL allows; 0: sends go through host memory; unset: on from compute capability 8.0, before only where GPUs share NVLink (or there is one GPU)",
+    },
+    Param {
+        name: "NCCL_NET_FORCE_FLUSH",
+        default: "0",
+        doc: "1: flush every GPU Direct RDMA receive (iflush) even where the GPU needs none (compute capability 9.0 and later)",
+    },
+    Param {
+        name: "NCCL_DMABUF_ENABLE",
+        default: "1",
+        doc: "0: never register GPU memory with a network plugin through a dmabuf (regMrDmaBuf); 1: where the plugin and the driver support it",
     },
     Param {
         name: "NCCL_CROSS_NIC",

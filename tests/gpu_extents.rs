@@ -75,3 +75,40 @@ fn gpu_buffer_extents() {
         c.destroy().unwrap();
     }
 }
+
+/// `ncclMemAlloc`'s memory on a real GPU (issue 24 item 1): a VMM mapping, rounded to the
+/// granularity, zeroed; a buffer in it is checked against the mapping's extent, and a
+/// collective on it runs; freeing it unmaps it (the same address then is no device memory).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn gpu_mem_alloc_is_a_vmm_mapping() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
+    let comms = Comm::init_all(&[0]).expect("a one-rank communicator on GPU 0");
+    let (c, s) = (&comms[0], Default::default());
+    let (f32, sum) = (DataType::Float32, ReduceOp::Sum);
+    let asked = 3 * 4096 + 4;
+    let buf = c.device().alloc_vmm(asked).expect("alloc_vmm");
+    let mut bytes = vec![1u8; asked];
+    buf.read(0, &mut bytes).unwrap();
+    assert!(bytes.iter().all(|&b| b == 0), "not zeroed");
+    // The extent is the whole mapping (the recommended granularity, 2 MiB on current GPUs):
+    // a call on it up to the granularity passes the check, one past the mapping does not.
+    let gran = 2 << 20;
+    let e = unsafe { c.all_reduce_raw(buf.ptr(), buf.ptr(), gran / 4 + 1, f32, sum, s) }
+        .expect_err("past the mapping");
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    eprintln!("refused as it should: {e}");
+    let out = c.device().alloc_vmm(gran).expect("alloc_vmm");
+    buf.write(0, &[3u8; 4096]).unwrap();
+    unsafe { c.all_reduce_raw(buf.ptr(), out.ptr(), gran / 4, f32, sum, s) }.unwrap();
+    c.device().stream_sync(s).unwrap();
+    let mut got = vec![0u8; 4096];
+    out.read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 3));
+    let p = buf.ptr();
+    drop(buf);
+    let e = unsafe { c.all_reduce_raw(p, out.ptr(), 16, f32, sum, s) }
+        .expect_err("a freed mapping is no device memory");
+    eprintln!("after free, refused as it should: {e}");
+}

@@ -7,6 +7,13 @@
 //!
 //! Failure cases: a plugin whose init fails and one without a table are skipped for the next
 //! network; NCCL_NET naming no loaded network fails init with the list of loaded networks.
+//!
+//! GPU Direct RDMA: a flavour of the plugin claims NCCL_PTR_CUDA (the simulator's GPU memory is
+//! host memory, so it copies it as is) and counts, in a file per process, its registrations by
+//! memory type, its receives into GPU and host regions and its flushes. Where
+//! NCCL_NET_GDR_LEVEL allows, every FIFO is GPU memory and received steps are flushed (where
+//! asked: NCCL_NET_FORCE_FLUSH or forceFlush, the simulator being a compute capability 9.0 GPU);
+//! where it forbids, host memory and no flush. A plugin's speed moves the tuner's choice.
 
 mod common;
 
@@ -25,6 +32,12 @@ const EXPECT_VERSION: &str = "PLUGIN_TEST_VERSION";
 const EXPECT_INIT_ERROR: &str = "PLUGIN_TEST_INIT_ERROR";
 /// Text the child's log must contain ('|'-separated).
 const EXPECT_LOG: &str = "PLUGIN_TEST_LOG";
+/// The pointer support the child's log must name (default HOST).
+const EXPECT_PTR: &str = "PLUGIN_TEST_PTR";
+/// Where the FIFOs must be: "gpu-flush", "gpu" (no flush) or "host".
+const EXPECT_PLACE: &str = "PLUGIN_TEST_PLACE";
+/// The plugin's counters file (its own variable; `.<pid>` is appended).
+const STATS: &str = "TEST_PLUGIN_STATS";
 
 /// The test's folder of plugins and logs.
 fn dir() -> PathBuf {
@@ -120,7 +133,8 @@ fn child() -> Option<Option<Ranks>> {
         assert_log_has(
             &log,
             &format!(
-                "NET/Plugin {net} : device 0: lo-test speed 12345 Mb/s latency 1.5 us ptrSupport HOST maxComms 65536 maxRecvs 1"
+                "NET/Plugin {net} : device 0: lo-test speed 12345 Mb/s latency 1.5 us ptrSupport {} maxComms 65536 maxRecvs 1",
+                std::env::var(EXPECT_PTR).unwrap_or_else(|_| "HOST".into())
             ),
         );
         // The plugin's own line, printf-formatted by our logger.
@@ -139,6 +153,21 @@ fn child() -> Option<Option<Ranks>> {
         }
     }
     Some(Some(Ranks::new(vec![comm])))
+}
+
+/// This process's plugin counters (written at each comm close), by name.
+fn plugin_stats() -> std::collections::HashMap<String, u64> {
+    let path = format!(
+        "{}.{}",
+        std::env::var(STATS).expect("the stats path set by the parent"),
+        std::process::id()
+    );
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the plugin's counters {path}: {e}"));
+    text.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().expect("a count")))
+        .collect()
 }
 
 /// The ring connections of a communicator went through `net`.
@@ -422,4 +451,277 @@ fn wrong_net_name_fails_init_with_the_loaded_networks() {
         2,
         &env,
     );
+}
+
+/// The child of the GPU Direct RDMA tests: traffic (every collective and an all-to-all where
+/// `full`, else an AllReduce and an all-to-all), then the log's connection lines and the
+/// plugin's counters against EXPECT_PLACE.
+fn gdr_child(seed: u64, full: bool) -> bool {
+    let Some(ranks) = child() else { return false };
+    let ranks = ranks.expect("a communicator");
+    let net = std::env::var(EXPECT_NET).expect("expected network");
+    if full {
+        traffic(&ranks, seed);
+    } else {
+        common::check_all_reduce(
+            &ranks,
+            300_000,
+            DataType::Float32,
+            ReduceOp::Sum,
+            false,
+            seed,
+            Drive::OneThread,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        common::check_all_to_all(&ranks, 20_000, Drive::OneThread)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let log = own_log();
+    destroy(ranks, None);
+    let st = plugin_stats();
+    let get = |k: &str| *st.get(k).unwrap_or_else(|| panic!("no {k} in {st:?}"));
+    let place = std::env::var(EXPECT_PLACE).expect("expected placement");
+    // Neither a flush of host memory nor a dmabuf (the simulator has none) ever.
+    assert_eq!(get("flush_host"), 0, "{st:?}");
+    assert_eq!(get("reg_dmabuf"), 0, "{st:?}");
+    match place.as_str() {
+        "gpu" | "gpu-flush" => {
+            for dir in ["send", "receive"] {
+                assert_log_has(&log, &format!("[{dir}] via NET/{net}/0/GDRDMA"));
+            }
+            assert_log_has(&log, "GPU Direct RDMA on");
+            // Every FIFO is GPU memory: nothing registered as host memory, every receive
+            // posted into GPU memory.
+            assert!(get("reg_cuda") > 0 && get("reg_host") == 0, "{st:?}");
+            assert!(get("recv_cuda") > 0 && get("recv_host") == 0, "{st:?}");
+            if place == "gpu-flush" {
+                // Every landed step is flushed (at most the receives still posted at close
+                // are not).
+                assert!(get("flush_cuda") > 0, "{st:?}");
+                assert!(get("flush_cuda") <= get("recv_cuda"), "{st:?}");
+            } else {
+                assert_eq!(get("flush_cuda"), 0, "{st:?}");
+            }
+        }
+        "host" => {
+            assert!(!log.contains("GDRDMA"), "GPU Direct RDMA used:\n{log}");
+            assert_log_has(&log, "GPU Direct RDMA off");
+            assert!(get("reg_cuda") == 0 && get("reg_host") > 0, "{st:?}");
+            assert!(get("recv_cuda") == 0 && get("recv_host") > 0, "{st:?}");
+            assert_eq!(get("flush_cuda"), 0, "{st:?}");
+        }
+        other => panic!("unknown placement {other}"),
+    }
+    true
+}
+
+/// The environment of a GPU Direct RDMA run of plugin `so` (named `net`, version `v`).
+fn gdr_env(
+    so: &Path,
+    logs: &str,
+    net: &str,
+    v: &str,
+    place: &str,
+    more: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let logs = dir().join(logs);
+    std::fs::create_dir_all(&logs).expect("log folder");
+    let stats = logs.join("stats").to_string_lossy().into_owned();
+    let mut env = with(
+        &base_env(&logs),
+        &[
+            ("NCCL_NET_PLUGIN", so.to_str().expect("utf-8 path")),
+            (EXPECT_NET, net),
+            (EXPECT_VERSION, v),
+            (EXPECT_PTR, "HOST|CUDA"),
+            (EXPECT_PLACE, place),
+            (STATS, stats.as_str()),
+        ],
+    );
+    env.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
+
+/// A plugin that takes CUDA pointers, with GPU Direct RDMA allowed (the plugin's device has no
+/// PCI path, so it hangs off the CPU: PHB from the GPU, beyond the default PXB): every FIFO in
+/// GPU memory, registered as PTR_CUDA, received steps flushed; every collective and an
+/// all-to-all right. v11 flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its forceFlush property,
+/// with NCCL_PROTO=Simple (so the flushes counted are Simple receives').
+#[test]
+fn cuda_pointer_plugin_uses_gpu_memory_and_flushes() {
+    if gdr_child(5, true) {
+        return;
+    }
+    let v11 = build(
+        "gdr11",
+        "libgdr-v11.so",
+        &["NET_VERSION=11", "CUDA_PTR", "PLUGIN_NAME=\"TestGDR\""],
+    );
+    let env = gdr_env(
+        &v11,
+        "logs-gdr11",
+        "TestGDR",
+        "11",
+        "gpu-flush",
+        &[("NCCL_NET_GDR_LEVEL", "SYS"), ("NCCL_NET_FORCE_FLUSH", "1")],
+    );
+    run("cuda_pointer_plugin_uses_gpu_memory_and_flushes", 2, &env);
+    let v9 = build(
+        "gdr9",
+        "libgdr-v9.so",
+        &[
+            "NET_VERSION=9",
+            "CUDA_PTR",
+            "FORCE_FLUSH",
+            "PLUGIN_NAME=\"TestGDR\"",
+        ],
+    );
+    let env = gdr_env(
+        &v9,
+        "logs-gdr9",
+        "TestGDR",
+        "9",
+        "gpu-flush",
+        &[
+            ("NCCL_NET_GDR_LEVEL", "PHB"),
+            ("NCCL_PROTO", "Simple"),
+            (EXPECT_LOG, "forceFlush"),
+        ],
+    );
+    run("cuda_pointer_plugin_uses_gpu_memory_and_flushes", 2, &env);
+}
+
+/// The same plugin where NCCL_NET_GDR_LEVEL forbids GPU Direct RDMA (explicitly LOC, or the
+/// default PXB against the PHB path): host memory, no flush; allowed on a compute capability
+/// 9.0 GPU without a forced flush: GPU memory, no flush.
+#[test]
+fn gdr_level_decides_placement_and_flush() {
+    if gdr_child(6, false) {
+        return;
+    }
+    let v11 = build(
+        "gdr11b",
+        "libgdr-v11.so",
+        &["NET_VERSION=11", "CUDA_PTR", "PLUGIN_NAME=\"TestGDR\""],
+    );
+    let name = "gdr_level_decides_placement_and_flush";
+    let forbid = gdr_env(
+        &v11,
+        "logs-gdr-loc",
+        "TestGDR",
+        "11",
+        "host",
+        &[
+            ("NCCL_NET_GDR_LEVEL", "LOC"),
+            ("NCCL_NET_FORCE_FLUSH", "1"),
+            (
+                EXPECT_LOG,
+                "GPU-NIC path PHB is farther than NCCL_NET_GDR_LEVEL LOC",
+            ),
+        ],
+    );
+    run(name, 2, &forbid);
+    let default = gdr_env(
+        &v11,
+        "logs-gdr-default",
+        "TestGDR",
+        "11",
+        "host",
+        &[(
+            EXPECT_LOG,
+            "GPU-NIC path PHB is farther than NCCL_NET_GDR_LEVEL PXB",
+        )],
+    );
+    run(name, 2, &default);
+    let no_flush = gdr_env(
+        &v11,
+        "logs-gdr-noflush",
+        "TestGDR",
+        "11",
+        "gpu",
+        &[
+            ("NCCL_NET_GDR_LEVEL", "PHB"),
+            (
+                EXPECT_LOG,
+                "receives in GPU memory, sends from GPU memory, registered with regMr",
+            ),
+        ],
+    );
+    run(name, 2, &no_flush);
+}
+
+/// A network's speed feeds the tuner: one process loads a slow (1 Gb/s) and a fast
+/// (400 Gb/s) flavour of the plugin and makes a communicator over each (NCCL_NET through the
+/// config's netName); their AllReduce choices differ, and the slow network's estimate of a
+/// large AllReduce is the longer.
+#[test]
+fn plugin_speed_moves_the_tuner() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::init_logging();
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let mut slow_cfg = nccl::Config::default();
+        slow_cfg.net_name = Some("TestSlow".into());
+        let slow = Comm::init_rank_config_on(dev, nranks, &id, rank, &slow_cfg)
+            .unwrap_or_else(|e| panic!("init over TestSlow: {e}"));
+        let mut fast_cfg = nccl::Config::default();
+        fast_cfg.net_name = Some("TestFast".into());
+        let fast = slow
+            .split(0, rank as i32, Some(&fast_cfg))
+            .unwrap_or_else(|e| panic!("split over TestFast: {e}"))
+            .expect("a child communicator");
+        let log = own_log();
+        assert_log_has(
+            &log,
+            "NET/Plugin TestSlow : device 0: lo-test speed 1000 Mb/s",
+        );
+        assert_log_has(
+            &log,
+            "NET/Plugin TestFast : device 0: lo-test speed 400000 Mb/s",
+        );
+        let mut differ = Vec::new();
+        for shift in 10..=30 {
+            let bytes = 1usize << shift;
+            let s = slow
+                .tuning(nccl::Coll::AllReduce, bytes)
+                .expect("slow choice");
+            let f = fast
+                .tuning(nccl::Coll::AllReduce, bytes)
+                .expect("fast choice");
+            if (s.algo, s.proto) != (f.algo, f.proto) {
+                differ.push(format!("{bytes}: {s:?} / {f:?}"));
+            }
+            if shift == 30 {
+                assert!(
+                    s.est_time_us > 10.0 * f.est_time_us,
+                    "1 GiB over 1 Gb/s estimated {} us, over 400 Gb/s {} us",
+                    s.est_time_us,
+                    f.est_time_us
+                );
+            }
+        }
+        assert!(
+            !differ.is_empty(),
+            "the network's speed changed no AllReduce choice from 1 KiB to 1 GiB"
+        );
+        eprintln!("rank {rank}: choices that differ (slow / fast): {differ:#?}");
+        fast.destroy().expect("destroy");
+        slow.destroy().expect("destroy");
+        return;
+    }
+    let slow = build(
+        "slow",
+        "libslow.so",
+        &["NET_VERSION=11", "SPEED=1000", "PLUGIN_NAME=\"TestSlow\""],
+    );
+    let fast = build(
+        "fast",
+        "libfast.so",
+        &["NET_VERSION=11", "SPEED=400000", "PLUGIN_NAME=\"TestFast\""],
+    );
+    let logs = dir().join("logs-speed");
+    std::fs::create_dir_all(&logs).expect("log folder");
+    let list = format!("{},{}", slow.display(), fast.display());
+    let env = with(&base_env(&logs), &[("NCCL_NET_PLUGIN", list.as_str())]);
+    run("plugin_speed_moves_the_tuner", 2, &env);
 }

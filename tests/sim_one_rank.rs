@@ -81,3 +81,55 @@ fn one_rank_copies_replay_in_graphs() {
     let ranks = one_rank();
     capture_and_replay(&ranks, 5, FirstUse::InsideCapture).expect("first use in the capture");
 }
+
+/// A captured one-rank copy is one graph node, as NCCL's memcpy node: the communicator's
+/// launch order (an event wait and an event record around each launch) stays out of it, and
+/// the replays still copy.
+#[test]
+fn a_captured_one_rank_copy_is_one_graph_node() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = one_rank();
+    let (comm, stream) = (&ranks.comms[0], ranks.streams[0]);
+    let dev = comm.device();
+    let count = 1000;
+    let (src, dst) = (
+        dev.alloc(count * 4).expect("src"),
+        dev.alloc(count * 4).expect("dst"),
+    );
+    let all_reduce = || {
+        // SAFETY: both buffers hold `count` floats and live until the stream is synchronized.
+        unsafe {
+            comm.all_reduce_raw(
+                src.ptr(),
+                dst.ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                stream,
+            )
+        }
+    };
+    // A direct call first: the communicator's order then has a launch to wait for.
+    all_reduce().expect("direct call");
+    dev.stream_sync(stream).expect("sync");
+    dev.capture_begin(stream).expect("capture");
+    let calls = 4;
+    let issued = (0..calls).try_for_each(|_| all_reduce());
+    let graph = dev.capture_end(stream).expect("end the capture");
+    issued.expect("captured calls");
+    assert_eq!(graph.sim_node_count(), Some(calls));
+    for round in 0..3u32 {
+        let input: Vec<f32> = (0..count).map(|i| (i as u32 * 7 + round) as f32).collect();
+        src.write(0, &bytemuck_f32(&input)).expect("input");
+        dst.write(0, &vec![0xffu8; count * 4]).expect("poison");
+        graph.launch(stream).expect("replay");
+        dev.stream_sync(stream).expect("sync");
+        let mut out = vec![0u8; count * 4];
+        dst.read(0, &mut out).expect("output");
+        assert_eq!(out, bytemuck_f32(&input), "replay {round}");
+    }
+}
+
+fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}

@@ -99,7 +99,7 @@ fn bad_filters_are_clear_errors() {
             assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
             assert!(e.message.contains("NCCL_ALGO=rign"), "{e}");
         } else {
-            std::env::set_var("NCCL_ALGO", "NVLS"); // never on the shared hosts: not built
+            std::env::set_var("NCCL_ALGO", "NVLS"); // one rank, NCCL_NVLS_ENABLE unset: no NVLS
             let comm = Comm::init_rank_on(dev(0), 1, &nccl::get_unique_id().unwrap(), 0)
                 .expect("init_rank");
             let e = comm.tuning(Coll::AllReduce, 1024).unwrap_err();

@@ -395,3 +395,47 @@ fn events_order_and_time_stream_work() {
         "{e}"
     );
 }
+
+/// `DeviceBuffer::mem_alloc` (ncclMemAlloc): zeroed, registrable, and collectives on it are
+/// right; a too-short one is still refused by its length, not by its (rounded) allocation.
+#[test]
+fn mem_alloc_buffers_carry_collectives() {
+    let (comms, streams) = ranks(2);
+    let n = 3001;
+    let mut bufs: Vec<DeviceBuffer<i32>> = comms
+        .iter()
+        .map(|c| DeviceBuffer::mem_alloc(c.device(), n).expect("mem_alloc"))
+        .collect();
+    for b in &bufs {
+        assert_eq!(b.len(), n);
+        assert!(b.to_vec().unwrap().iter().all(|&v| v == 0), "not zeroed");
+    }
+    let inputs: Vec<Vec<i32>> = (0..2)
+        .map(|r| (0..n as i32).map(|i| i * 31 + r * 7 - 5000).collect())
+        .collect();
+    for (b, v) in bufs.iter_mut().zip(&inputs) {
+        b.copy_from_host(v).unwrap();
+    }
+    let regs: Vec<_> = comms
+        .iter()
+        .zip(&bufs)
+        .map(|(c, b)| c.register(b).expect("register"))
+        .collect();
+    drop(regs);
+    nccl::group(|g| {
+        for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
+            g.all_reduce_in_place(c, b, Op::Sum, s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for b in &bufs {
+        let want: Vec<i32> = (0..n).map(|i| inputs[0][i] + inputs[1][i]).collect();
+        assert_eq!(b.to_vec().unwrap(), want);
+    }
+    let mut short = DeviceBuffer::<i32>::mem_alloc(comms[0].device(), n - 1).unwrap();
+    refused(
+        comms[0].all_reduce(&bufs[0], &mut short, Op::Sum, &streams[0]),
+        &[&(n - 1).to_string(), &n.to_string()],
+    );
+}

@@ -32,6 +32,31 @@ pub const ALGO_RING: u32 = 0;
 /// AllReduce as a tree: on one node a chain in ring order (reduce towards ring position 0, then
 /// broadcast back); across nodes the double binary tree of [`CollArgs::tree`].
 pub const ALGO_TREE: u32 = 1;
+/// NVLink SHARP: the switch reduces (`multimem.ld_reduce`) and multicasts (`multimem.st`)
+/// through a multicast-bound scratch buffer ([`NvlsChannel`]).
+pub const ALGO_NVLS: u32 = 2;
+
+/// Bytes at the start of every NVLS channel region that hold its barrier counter (its own
+/// 128-byte line; the data halves follow).
+pub const NVLS_CTRL_BYTES: u64 = 128;
+
+/// One channel's share of the NVLS scratch: a region of the multicast-bound buffer (this
+/// rank's unicast view `uc` and the multicast view `mc` of the same offsets). The region
+/// starts with the barrier counter line ([`NVLS_CTRL_BYTES`]), then two halves of `half_bytes`
+/// each that successive pieces use in turn.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvlsChannel {
+    pub uc: u64,
+    pub mc: u64,
+    /// Bytes of each data half (a multiple of 16).
+    pub half_bytes: u64,
+    /// Barriers this rank passed on this channel; persists across launches (the counter
+    /// reaches `barriers * nranks` when every rank passed as many).
+    pub barriers: u64,
+    /// Pieces moved on this channel; persists across launches (piece `k` uses half `k % 2`).
+    pub pieces: u64,
+}
 
 /// Most children a rank has in a tree across nodes: the next rank of its node's chain and two
 /// child nodes (NCCL's tree arity).
@@ -153,6 +178,11 @@ pub struct DevComm {
     /// A u64 in host memory mapped for the device: the host sets it non-zero on
     /// `ncclCommAbort`, and every wait gives up once it sees that (0: no flag).
     pub abort_flag: u64,
+    /// `nchannels` [`NvlsChannel`] in device memory when NVLS is set up, else 0.
+    pub nvls: u64,
+    /// Channels that have an [`NvlsChannel`] (an NVLS launch's grid is at most this).
+    pub nvls_nchannels: u32,
+    pub _pad: u32,
 }
 
 /// The arguments of one collective launch, passed by value as the kernel's only parameter.
@@ -313,7 +343,8 @@ const _: () = {
     assert!(core::mem::size_of::<ConnSend>() == 64);
     assert!(core::mem::size_of::<ConnRecv>() == 64);
     assert!(core::mem::size_of::<ChannelDev>() == 152);
-    assert!(core::mem::size_of::<DevComm>() == 32);
+    assert!(core::mem::size_of::<DevComm>() == 48);
+    assert!(core::mem::size_of::<NvlsChannel>() == 40);
     assert!(core::mem::size_of::<CollArgs>() == 104);
     assert!(core::mem::size_of::<TreeDev>() == 24 + 16 * TREE_MAX_CHILDREN);
     assert!(core::mem::align_of::<TreeDev>() == 8);

@@ -53,6 +53,19 @@ impl<T: Element> DeviceBuffer<T> {
         })
     }
 
+    /// `len` zeroed elements on `device` allocated as `ncclMemAlloc` allocates: through the
+    /// CUDA virtual memory API, shareable with other processes (POSIX file descriptor), the
+    /// allocation rounded up to the granularity NCCL's user buffer registration and NVLS ask
+    /// for. Such buffers are the ones to register with [`crate::Comm::register`].
+    pub fn mem_alloc(device: &Device, len: usize) -> Result<DeviceBuffer<T>> {
+        let raw = device.alloc_vmm(byte_len::<T>(len)?.max(1))?;
+        Ok(DeviceBuffer {
+            raw,
+            len,
+            _t: PhantomData,
+        })
+    }
+
     /// A copy of `data` on `device`.
     pub fn from_slice(device: &Device, data: &[T]) -> Result<DeviceBuffer<T>> {
         let mut b = DeviceBuffer::zeroed(device, data.len())?;

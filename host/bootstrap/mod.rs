@@ -22,7 +22,7 @@
 //!
 //! Peers that go: a rank dropping its bootstrap (`ncclCommDestroy`) first says goodbye on each
 //! of its connections. A connection that ends without one means the peer died or aborted; once
-//! a communicator [`Bootstrap::watch`]es, the rank that sees it reports it to the communicator
+//! a communicator watches (`Bootstrap::watch`), the rank that sees it reports it to the communicator
 //! (its async error, the kernels' abort flag) and tells every other rank, so ranks that never
 //! talked to the dead one learn of it too; waits on a dead rank and every allgather and
 //! barrier then fail at once.
@@ -48,7 +48,7 @@ mod tests;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use abort::AbortFlag;
@@ -77,6 +77,8 @@ pub fn op_timeout_from_env(init_timeout: Duration) -> Duration {
 /// Extra time a rank gives the root to deliver its verdict after the rank's own timeout (the
 /// root counts from the hello's arrival, slightly later than the rank started counting).
 const ROOT_GRACE: Duration = Duration::from_secs(1);
+/// How long an abort after a fault waits for its notices of that fault to reach the others.
+const NOTICE_GRACE: Duration = Duration::from_secs(1);
 
 /// One rank's end of the bootstrap network. Send + Sync: any thread may call any method.
 pub struct Bootstrap {
@@ -89,6 +91,9 @@ pub struct Bootstrap {
     /// running at once on one rank would take each other's messages.
     collective: Mutex<()>,
     op_timeout_ms: AtomicU64,
+    /// Fault notices still being sent to the other ranks: abort lets them finish (briefly)
+    /// before it closes the sockets, so the news of the dead rank gets out.
+    notices: (Mutex<usize>, Condvar),
     /// Closes this bootstrap when the init's abort flag is set.
     _abort_hook: abort::HookGuard,
 }
@@ -197,6 +202,7 @@ impl Bootstrap {
             out: (0..nranks).map(|_| Mutex::new(None)).collect(),
             collective: Mutex::new(()),
             op_timeout_ms: AtomicU64::new(socket::millis(op_timeout_from_env(timeout))),
+            notices: (Mutex::new(0), Condvar::new()),
             _abort_hook: hook,
         };
         log::debug!(
@@ -428,6 +434,7 @@ impl Bootstrap {
             )));
         }
         let _one_at_a_time = lock(&self.collective);
+        self.shared.check_all_alive("allgather")?;
         let (n, r) = (self.nranks(), self.rank());
         let mut all = vec![Vec::new(); n];
         all[r] = mine.to_vec();
@@ -445,6 +452,7 @@ impl Bootstrap {
     pub fn barrier(&self) -> Result<()> {
         self.shared.check_open()?;
         let _one_at_a_time = lock(&self.collective);
+        self.shared.check_all_alive("barrier")?;
         let (n, r) = (self.nranks(), self.rank());
         let (mut dist, mut round) = (1usize, 0u32);
         while dist < n {
@@ -458,14 +466,32 @@ impl Bootstrap {
 
     /// Closes every socket of this rank; waiting and later calls fail instead of hanging.
     /// No goodbye, so the peers take this rank for gone, as if its process had died — unless
-    /// it aborts because a peer is already gone: then it says goodbye, so that survivors keep
-    /// naming the rank that really died, not the first one to abort after it.
-    pub fn abort(&self) {
+    /// it aborts because of a fault (`after_fault`: its communicator already holds an error, or
+    /// a peer is known gone): then the notices of that fault go out first, and it says goodbye,
+    /// so that survivors keep naming the rank that really failed, not the first one to abort
+    /// after it.
+    pub fn abort(&self, after_fault: bool) {
         self.shared.clear_watcher();
-        if self.shared.any_gone() {
+        if after_fault || self.shared.any_gone() {
+            self.finish_notices(NOTICE_GRACE);
             self.say_goodbye();
         }
         self.shared.close("aborted");
+    }
+
+    /// Waits, at most `grace`, for the fault notices being sent (`tell_everyone`).
+    fn finish_notices(&self, grace: Duration) {
+        let (count, done) = &self.notices;
+        let until = Instant::now() + grace;
+        let mut n = lock(count);
+        while *n > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                log::debug!("rank {}: {} fault notices unsent at abort", self.rank(), *n);
+                return;
+            }
+            n = done.wait_timeout(n, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 
     /// From now on, a peer that goes without a goodbye (its process died, it aborted, its host
@@ -493,11 +519,28 @@ impl Bootstrap {
                     f.dead, f.why
                 )),
             };
-            on_fault(err);
+            // The notices first: `on_fault` may lead to an abort, which lets them finish.
             if let (None, Some(bs)) = (f.reported_by, bs) {
                 bs.tell_everyone(f);
             }
+            on_fault(err);
         }));
+    }
+
+    /// Another layer (the network transport) found `peer` failed: it is recorded as gone, as if
+    /// its bootstrap connection had ended, and every other rank is told (once). The watcher is
+    /// not called: the layer that saw it reports its own, more precise error.
+    pub(crate) fn peer_failed(self: &Arc<Self>, peer: usize, why: &str) {
+        if peer == self.rank() || peer >= self.nranks() {
+            return;
+        }
+        if self.shared.mark_gone(peer, why) {
+            self.clone().tell_everyone(Fault {
+                dead: peer,
+                reported_by: None,
+                why: why.to_string(),
+            });
+        }
     }
 
     /// Stops reporting faults (the watcher is dropped).
@@ -508,17 +551,28 @@ impl Bootstrap {
     /// Sends a fault notice to every rank but ourselves and the dead one, from a thread of its
     /// own (a rank that is slow to read must not hold up the reader that saw the fault).
     fn tell_everyone(self: Arc<Self>, f: Fault) {
+        *lock(&self.notices.0) += 1;
+        let this = self.clone();
         let spawned = socket::spawn("nccl-bs-fault", move || {
             let why = wire::cut_text(&f.why).as_bytes();
-            for r in (0..self.nranks()).filter(|&r| r != self.rank() && r != f.dead) {
-                if let Err(e) = self.send_on(r, Channel::Fault, f.dead as u32, why) {
-                    log::debug!("rank {}: fault notice to rank {r}: {e}", self.rank());
+            for r in (0..this.nranks()).filter(|&r| r != this.rank() && r != f.dead) {
+                if let Err(e) = this.send_on(r, Channel::Fault, f.dead as u32, why) {
+                    log::debug!("rank {}: fault notice to rank {r}: {e}", this.rank());
                 }
             }
+            this.notice_done();
         });
         if let Err(e) = spawned {
             log::warn!("bootstrap: cannot start the fault notice thread: {e}");
+            self.notice_done();
         }
+    }
+
+    fn notice_done(&self) {
+        let (count, done) = &self.notices;
+        let mut n = lock(count);
+        *n = n.saturating_sub(1);
+        done.notify_all();
     }
 
     /// Tells every peer we hold a connection to that its end is coming on purpose. Best

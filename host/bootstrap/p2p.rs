@@ -397,6 +397,30 @@ impl Shared {
         *lock(&self.ras) = Some(r);
     }
 
+    /// Records `rank` as gone (waits on it fail from now on); whether this is news. Nobody is
+    /// notified: the caller reports it.
+    pub(crate) fn mark_gone(&self, rank: usize, why: &str) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let news = mark_dead(&mut lock(&self.mailbox), rank, why);
+        self.arrived.notify_all();
+        news
+    }
+
+    /// An error if some peer is known to be gone: a collective of all ranks (`what`) cannot
+    /// complete then, and must not first wait on a connection to a rank that left.
+    pub(crate) fn check_all_alive(&self, what: &str) -> Result<()> {
+        match lock(&self.mailbox).dead.iter().next() {
+            Some((dead, why)) => Err(Error::remote(format!(
+                "bootstrap rank {}: rank {dead} is gone ({why}), so no {what} of all ranks can \
+                 complete",
+                self.rank
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether some peer is known to be gone.
     pub(crate) fn any_gone(&self) -> bool {
         !lock(&self.mailbox).dead.is_empty()

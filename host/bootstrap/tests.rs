@@ -420,7 +420,7 @@ fn dead_peer_abort_and_op_timeout() {
     thread::scope(|s| {
         let waiter = s.spawn(|| b.recv(0, 1));
         thread::sleep(Duration::from_millis(50));
-        b.abort();
+        b.abort(false);
         let e = waiter.join().expect("join").expect_err("aborted");
         assert!(e.message.contains("aborted"), "{}", e.message);
     });
@@ -465,7 +465,7 @@ fn a_gone_peer_is_reported_to_every_rank() {
     );
     // Rank 1 aborts: rank 2 (its ring successor) sees the connection end, and tells rank 0,
     // which never had a connection from rank 1.
-    ranks[1].abort();
+    ranks[1].abort(false);
     let mut heard = Vec::new();
     while heard.len() < 2 {
         let (who, e) = rx.recv_timeout(T).expect("a fault report in time");
@@ -490,6 +490,45 @@ fn a_gone_peer_is_reported_to_every_rank() {
     assert!(e.message.contains("is gone"), "{e}");
     assert!(ranks[2].barrier().is_err());
     assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
+}
+
+/// A rank that aborts the moment it learns of a dead peer (as an application does on an async
+/// error) first lets its notices of that death out and says goodbye: the other survivors hear
+/// of the dead rank, never of the one that aborted after it.
+#[test]
+fn an_abort_after_a_fault_passes_the_news_on() {
+    use std::sync::{mpsc, Arc};
+    let id = get_unique_id().expect("id");
+    let mut ranks: Vec<Arc<Bootstrap>> = with_ranks(&id, 4, Arc::new)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    let (tx, rx) = mpsc::channel::<(usize, Error)>();
+    for bs in &ranks {
+        let (tx, me) = (Mutex::new(tx.clone()), bs.rank());
+        let this = Arc::downgrade(bs);
+        bs.watch(move |e| {
+            if me == 0 {
+                if let Some(b) = this.upgrade() {
+                    b.abort(true);
+                }
+            }
+            let _ = lock(&tx).send((me, e));
+        });
+    }
+    // Rank 3 dies; its ring successor, rank 0, sees it and aborts at once.
+    ranks.pop().expect("rank 3").abort(false);
+    let mut heard = Vec::new();
+    while heard.len() < 3 {
+        let (who, e) = rx.recv_timeout(T).expect("a fault report in time");
+        assert!(e.message.contains("peer rank 3 (bootstrap at "), "rank {who}: {e}");
+        heard.push(who);
+    }
+    heard.sort();
+    assert_eq!(heard, [0, 1, 2]);
+    if let Ok((who, e)) = rx.recv_timeout(Duration::from_millis(500)) {
+        panic!("rank {who} heard of a second fault: {e}");
+    }
 }
 
 /// Knowing the unique id (its nonce) is not enough to pass as a rank: a greeting must carry

@@ -673,10 +673,11 @@ fn allocations() -> &'static Mutex<HashMap<u64, DevBuffer>> {
 }
 
 export! {
-    /// `ncclMemAlloc`: device memory on the current device.
+    /// `ncclMemAlloc`: device memory on the current device, through the CUDA virtual memory
+    /// API (shareable by POSIX file descriptor, rounded to the allocation granularity).
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
         let out = ptr.as_mut().ok_or_else(|| null("ptr"))?;
-        let buf = Device::current()?.alloc(size.max(1))?;
+        let buf = Device::current()?.alloc_vmm(size)?;
         *out = buf.ptr() as usize as *mut c_void;
         allocations()
             .lock()

@@ -73,11 +73,19 @@ impl AbortHandle {
     /// the communicator's work returns (with an error). The communicator's memory is released
     /// when its owner drops it.
     pub fn abort(&self) {
+        // After a fault, this abort is a consequence, not news (see `Bootstrap::abort`). Read
+        // before stopping: the stop itself may raise errors of its own.
+        let failed = self
+            .async_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
         self.stop_operations();
-        self.abort_flag.abort();
+        // The bootstrap first: the abort flag's hook closes it at once, with no goodbye.
         if let Some(b) = self.bootstrap.upgrade() {
-            b.abort();
+            b.abort(failed);
         }
+        self.abort_flag.abort();
         // A non-blocking group issuing our work must stop before our memory may go; the
         // bootstrap abort above ends any handshake it waits on.
         if let Some(o) = self.order.upgrade() {

@@ -15,6 +15,7 @@ mod config;
 pub(crate) mod group_scope;
 mod keepalive;
 mod net;
+pub(crate) mod nvls;
 pub mod order;
 mod peer;
 mod pending;
@@ -43,7 +44,7 @@ use crate::transport::shm::ShmRing;
 use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
-use net::{fault_sink, net_path, nodes, ring_net};
+use net::{fault_sink, net_fault_sink, net_path, nodes, ring_net};
 use peer::PeerInfo;
 use rings::Rings;
 pub(crate) use shared::{NotSync, Shared};
@@ -258,6 +259,8 @@ pub struct Comm {
     /// Across nodes, the double binary tree's connections when NCCL_ALGO allows the tree
     /// (then `tree_up` is None): see [`tree`].
     pub(crate) dbt: Option<tree::Dbt>,
+    /// NVLS's multicast scratch, where NCCL_NVLS_ENABLE=1 and the GPUs allow it.
+    pub(crate) nvls: Option<nvls::Nvls>,
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
@@ -491,7 +494,20 @@ impl Comm {
             comm_id: net::comm_id(&ids[0].internal),
             traffic_class: config.traffic_class,
         };
-        let net_path = net_path(transports.remote(rank), &device, &choice, on_fault)?;
+        // This GPU's position among its node's (the node's topology numbers them so).
+        let local = peers
+            .iter()
+            .filter(|p| p.host_hash == peers[rank].host_hash && p.rank < peers[rank].rank)
+            .count();
+        let on_net_error = net_fault_sink(on_fault, &bootstrap);
+        let net_path = net_path(
+            transports.remote(rank),
+            &device,
+            &choice,
+            on_net_error,
+            &system,
+            local,
+        )?;
         // Across nodes the tuner models the network: the node count and the NICs' speed.
         let nodes_of = nodes(&peers);
         let net_model = net_path
@@ -608,6 +624,20 @@ impl Comm {
             (up, None)
         };
 
+        // NVLS: only with NCCL_NVLS_ENABLE=1 on every rank (see nvls.rs), after every rank
+        // agreed on the tuner (all of them decide alike here).
+        let all_p2p = !transports.any(Transport::Net) && !transports.any(Transport::Shm);
+        let nvls = nvls::setup(
+            rank,
+            &device,
+            &bootstrap,
+            &peers,
+            all_p2p,
+            shape.nchannels as usize,
+        )
+        .map_err(|e| e.context("NVLS setup"))?;
+        tuner.set_nvls(nvls.is_some());
+
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).
         let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
@@ -664,6 +694,9 @@ impl Comm {
             slot_bytes: shape.slot_bytes,
             channels: dev_comm.ptr + head as u64,
             abort_flag: kernel_abort.ptr,
+            nvls: nvls.as_ref().map_or(0, |n| n.chans.ptr),
+            nvls_nchannels: nvls.as_ref().map_or(0, |n| n.nchannels as u32),
+            _pad: 0,
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
@@ -711,6 +744,7 @@ impl Comm {
             links,
             tree_up,
             dbt,
+            nvls,
             rings,
             order,
             dev_comm,
@@ -1159,6 +1193,10 @@ impl Drop for Comm {
         }
         if let Some(t) = self.dbt.take() {
             self.keep.leave(t);
+        }
+        // Peers' NVLS kernels may still reach our scratch through the multicast mapping.
+        if let Some(n) = self.nvls.take() {
+            self.keep.leave(n);
         }
         self.keep.leave(self.links.clone());
     }

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::proxy::{OnError, ProxyGroup};
 use crate::transport::links::Dir;
 pub(super) use crate::transport::net::plugin::{comm_id, Choice};
+use crate::transport::net::gdr::Policy;
 use crate::transport::net::setup::{self, Made, NetPath, Want};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,12 +32,18 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
 /// The network path of a rank that reaches some ranks through the network (`remote`: those on
 /// other nodes, and on its own with p2p and SHM both off; None when there are none), over
 /// the network `choice` selects (a plugin or the socket network; NCCL_NET naming none that
-/// loaded fails). Errors of its connections go to `on_error` ([`fault_sink`]).
+/// loaded fails). Errors of its connections go to `on_error` ([`net_fault_sink`]).
+///
+/// `system` is this rank's node and `local` its GPU's position there: with the network's
+/// pointer support, NCCL_NET_GDR_LEVEL and the GPU-NIC path they decide where its connections'
+/// FIFOs live (`transport::net::gdr`).
 pub(super) fn net_path(
     remote: Vec<bool>,
     device: &Device,
     choice: &Choice,
     on_error: OnError,
+    system: &crate::topo::System,
+    local: usize,
 ) -> Result<Option<Arc<NetPath>>> {
     // `remote[r]`: rank r is on another node, or on ours with p2p and SHM both off.
     if !remote.iter().any(|&r| r) {
@@ -44,8 +51,10 @@ pub(super) fn net_path(
     }
     let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
     let timeout = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+    let gdr = Policy::new(&*net, system, local, device)?;
     Ok(Some(Arc::new(NetPath {
         remote,
+        gdr,
         net,
         proxy: ProxyGroup::new(device.ordinal, on_error),
         timeout,
@@ -59,7 +68,7 @@ pub(super) fn fault_sink(
     rank: usize,
     async_error: &Arc<Mutex<Option<Error>>>,
     kernel_abort: &Arc<HostFlag>,
-) -> OnError {
+) -> FaultSink {
     let (slot, flag) = (async_error.clone(), kernel_abort.clone());
     Arc::new(move |e: Error| {
         log::warn!("rank {rank}: {e}");
@@ -68,6 +77,22 @@ pub(super) fn fault_sink(
             *s = Some(e);
         }
         flag.raise();
+    })
+}
+
+/// A communicator's fault sink (see [`fault_sink`]).
+pub(super) type FaultSink = Arc<dyn Fn(Error) + Send + Sync>;
+
+/// Where the proxy's connection errors go: the fault sink, and the bootstrap, which tells every
+/// other rank that the peer failed — ranks that reach it only through p2p or SHM learn of it
+/// too, whatever this rank does next (an application aborts at once on an async error).
+pub(super) fn net_fault_sink(sink: FaultSink, bootstrap: &Arc<Bootstrap>) -> OnError {
+    let bs = Arc::downgrade(bootstrap);
+    Arc::new(move |peer: usize, e: Error| {
+        if let Some(b) = bs.upgrade() {
+            b.peer_failed(peer, &e.message);
+        }
+        sink(e)
     })
 }
 
@@ -103,6 +128,7 @@ pub(super) fn ring_net(
     }
     let made = setup::connect(
         &*np.net,
+        &np.gdr,
         device,
         bootstrap,
         &wants,
@@ -112,19 +138,18 @@ pub(super) fn ring_net(
         Some(abort),
     )
     .map_err(|e| e.context("ring network connections"))?;
-    let ndevs = np.net.ndevs().max(1);
-    for w in &wants {
+    for m in &made {
+        let w = &m.want;
         let (from, to, what) = match w.dir {
             Dir::Send => (rank, w.peer, "send"),
             Dir::Recv => (w.peer, rank, "receive"),
         };
         log::info!(
-            "Channel {:02}/0 : {from}[{}] -> {to}[{}] [{what}] via NET/{}/{}",
+            "Channel {:02}/0 : {from}[{}] -> {to}[{}] [{what}] via {}",
             w.key,
             device.ordinal,
             device.ordinal,
-            np.net.name(),
-            w.key as usize % ndevs
+            m.via(np.net.name())
         );
     }
     Ok(made)

@@ -62,6 +62,7 @@ fn fields_are_thread_safe(c: &Comm) {
         links,
         tree_up,
         dbt,
+        nvls,
         rings,
         order,
         dev_comm,
@@ -91,6 +92,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(links);
     both(tree_up);
     both(dbt);
+    both(nvls);
     both(rings);
     both(order);
     both(dev_comm);

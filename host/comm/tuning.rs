@@ -23,6 +23,8 @@ pub const BUILT: &[(Algo, Proto)] = &[
     (Algo::Ring, Proto::Ll),
     (Algo::Ring, Proto::Ll128),
     (Algo::Tree, Proto::Simple),
+    // Offered only where the communicator set NVLS up (`Tuner::set_nvls`).
+    (Algo::Nvls, Proto::Simple),
 ];
 
 /// Largest automatic call per protocol (LL, LL128, Simple), from our kernels on 4×H200 beside

@@ -45,6 +45,8 @@ fn stream_wait(s: sys::CUstream) -> Result<()> {
     )
 }
 
+mod vmm;
+
 /// Loads libcuda and calls cuInit once; later calls return the same outcome.
 pub fn init() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
@@ -164,6 +166,40 @@ impl Device {
         Ok(v)
     }
 
+    /// Whether the driver exports this device's memory as dmabufs.
+    pub fn dmabuf_supported(&self) -> bool {
+        self.attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+            .is_ok_and(|v| v != 0)
+    }
+
+    /// A new dmabuf file descriptor for `bytes` at `p` (page-aligned, inside one allocation).
+    pub fn dmabuf_fd(&self, p: DevPtr, bytes: usize) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        self.make_current()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `fd` is an int the driver writes the new descriptor into; our context is
+        // current; the range is the caller's allocation.
+        check(
+            unsafe {
+                sys::cuMemGetHandleForAddressRange(
+                    &mut fd as *mut std::ffi::c_int as *mut c_void,
+                    p,
+                    bytes,
+                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            },
+            "cuMemGetHandleForAddressRange",
+        )?;
+        if fd < 0 {
+            return Err(Error::cuda(
+                "cuMemGetHandleForAddressRange returned no file descriptor",
+            ));
+        }
+        // SAFETY: the driver made `fd` for us; nothing else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
     fn compute_capability(&self) -> Result<(u32, u32)> {
         use sys::CUdevice_attribute::*;
         Ok((
@@ -222,22 +258,28 @@ impl Device {
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
             &format!("cuMemAlloc of {bytes} bytes"),
         )?;
-        // Zeroed on our own stream, never the legacy one: a first use of a communicator may
-        // allocate while a blocking stream of this context captures a graph.
-        let zeroed = self.private_stream().and_then(|s| {
-            // SAFETY: p is a fresh allocation of at least `bytes` bytes; s is our stream.
-            check(
-                unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
-                "cuMemsetD8Async",
-            )?;
-            stream_wait(s)
-        });
-        if let Err(e) = zeroed {
+        // SAFETY: p is a fresh allocation of at least `bytes` bytes.
+        if let Err(e) = unsafe { self.zero_new(p, bytes) } {
             // SAFETY: p came from cuMemAlloc just above and is not used.
             unsafe { sys::cuMemFree_v2(p) };
             return Err(e);
         }
         Ok(p)
+    }
+
+    /// Zeroes `bytes` at `p`, on our own stream, never the legacy one: a first use of a
+    /// communicator may allocate while a blocking stream of this context captures a graph.
+    ///
+    /// # Safety
+    /// `p` is a fresh allocation of at least `bytes` bytes that nothing else uses yet.
+    unsafe fn zero_new(&self, p: DevPtr, bytes: usize) -> Result<()> {
+        let s = self.private_stream()?;
+        // SAFETY: the caller's promise; s is our stream.
+        check(
+            unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
+            "cuMemsetD8Async",
+        )?;
+        stream_wait(s)
     }
 
     /// Our private non-blocking stream, created on first use.
@@ -346,6 +388,9 @@ impl Device {
     }
 
     pub fn free(&self, p: DevPtr) -> Result<()> {
+        if self.free_vmm(p)? {
+            return Ok(());
+        }
         self.make_current()?;
         extent_cache::forget(p);
         // SAFETY: p came from alloc on this device and is freed once (the owner's Drop).
@@ -953,6 +998,276 @@ mod extent_cache {
             .collect();
         for b in stale {
             m.remove(&b);
+        }
+    }
+}
+
+// ---- Multicast objects (NVLS). Reached only through `super::multicast`, which the
+// communicator calls only when NCCL_NVLS_ENABLE is exactly 1 and every rank's device reports
+// multicast support: on the shared GPU hosts a multicast object can take the host's GPUs out
+// of service, and those hosts set NCCL_NVLS_ENABLE=0.
+
+/// A multicast object as this process holds it, and what it bound and mapped on one device.
+pub struct Multicast {
+    handle: sys::CUmemGenericAllocationHandle,
+    bytes: usize,
+    /// The physical memory bound to it on our device, mapped at `uc`.
+    mem: Option<sys::CUmemGenericAllocationHandle>,
+    uc: sys::CUdeviceptr,
+    /// The multicast object mapped at `mc`.
+    mc: sys::CUdeviceptr,
+    /// The file descriptor it was exported as (the creator), closed on drop.
+    fd: i32,
+}
+
+impl Device {
+    /// CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED.
+    pub fn multicast_supported(&self) -> Result<bool> {
+        Ok(self.attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0)
+    }
+
+    fn mc_prop(ndev: usize, bytes: usize) -> sys::CUmulticastObjectProp {
+        // SAFETY: a plain C struct for which all zeroes is valid.
+        let mut p: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
+        p.numDevices = ndev as u32;
+        p.size = bytes;
+        p.handleTypes =
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
+        p
+    }
+
+    /// Device memory for a multicast binding (pinned, on this device).
+    fn mc_mem_prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: a plain C struct for which all zeroes is valid.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.ordinal;
+        prop
+    }
+
+    /// The granularity of a multicast object of `ndev` devices and `bytes` and of the memory
+    /// bound to it: the larger of the multicast and the allocation minimum (both powers of
+    /// two). The minimum, not the recommended one, which can be hundreds of MiB.
+    pub fn multicast_granularity(&self, ndev: usize, bytes: usize) -> Result<usize> {
+        self.make_current()?;
+        let prop = Self::mc_prop(ndev, bytes);
+        let mem = self.mc_mem_prop();
+        let (mut g, mut a) = (0usize, 0usize);
+        // SAFETY: out-parameters and filled property structs.
+        unsafe {
+            check(
+                sys::cuMulticastGetGranularity(
+                    &mut g,
+                    &prop,
+                    sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_MINIMUM,
+                ),
+                "cuMulticastGetGranularity",
+            )?;
+            check(
+                sys::cuMemGetAllocationGranularity(
+                    &mut a,
+                    &mem,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                ),
+                "cuMemGetAllocationGranularity",
+            )?;
+        }
+        Ok(g.max(a).max(1))
+    }
+
+    /// cuMulticastCreate for `ndev` devices, exported as a file descriptor; the handle other
+    /// ranks import is (our pid, that descriptor).
+    pub fn multicast_create(&self, ndev: usize, bytes: usize) -> Result<(Multicast, [u8; 64])> {
+        self.make_current()?;
+        let prop = Self::mc_prop(ndev, bytes);
+        let mut handle = 0;
+        // SAFETY: out-parameter and a filled property struct.
+        check(
+            unsafe { sys::cuMulticastCreate(&mut handle, &prop) },
+            "cuMulticastCreate",
+        )?;
+        let mut mc = Multicast {
+            handle,
+            bytes,
+            mem: None,
+            uc: 0,
+            mc: 0,
+            fd: -1,
+        };
+        let mut fd: i32 = -1;
+        // SAFETY: a POSIX file descriptor handle is written as an int.
+        check(
+            unsafe {
+                sys::cuMemExportToShareableHandle(
+                    &mut fd as *mut i32 as *mut c_void,
+                    handle,
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            },
+            "cuMemExportToShareableHandle(multicast)",
+        )?;
+        mc.fd = fd;
+        let mut h = [0u8; 64];
+        h[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        h[4..8].copy_from_slice(&fd.to_le_bytes());
+        h[8..16].copy_from_slice(&(bytes as u64).to_le_bytes());
+        Ok((mc, h))
+    }
+
+    /// Imports the multicast object another rank created ([`Device::multicast_create`]'s
+    /// handle): its descriptor taken over with pidfd_getfd (same process: duplicated).
+    pub fn multicast_import(&self, h: &[u8; 64]) -> Result<Multicast> {
+        self.make_current()?;
+        let word = |a: usize| u32::from_le_bytes([h[a], h[a + 1], h[a + 2], h[a + 3]]);
+        let (pid, theirs) = (word(0), word(4) as i32);
+        let bytes = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default()) as usize;
+        // SAFETY: plain system calls; every result is checked and the descriptors we open are
+        // closed below.
+        let fd = unsafe {
+            if pid == std::process::id() {
+                libc::dup(theirs)
+            } else {
+                let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) as i32;
+                if pidfd < 0 {
+                    return Err(Error::system(format!(
+                        "pidfd_open({pid}) for the NVLS multicast handle: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, theirs, 0) as i32;
+                libc::close(pidfd);
+                fd
+            }
+        };
+        if fd < 0 {
+            return Err(Error::system(format!(
+                "taking the NVLS multicast descriptor of process {pid}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let mut handle = 0;
+        // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer.
+        let r = unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd as isize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        };
+        // SAFETY: our own descriptor; the driver holds its own reference after the import.
+        unsafe { libc::close(fd) };
+        check(r, "cuMemImportFromShareableHandle(multicast)")?;
+        Ok(Multicast {
+            handle,
+            bytes,
+            mem: None,
+            uc: 0,
+            mc: 0,
+            fd: -1,
+        })
+    }
+
+    /// cuMulticastAddDevice for this device.
+    pub fn multicast_add_device(&self, mc: &Multicast) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: a live multicast handle and our device.
+        check(
+            unsafe { sys::cuMulticastAddDevice(mc.handle, self.dev) },
+            "cuMulticastAddDevice",
+        )
+    }
+
+    fn access_desc(&self) -> sys::CUmemAccessDesc {
+        // SAFETY: plain C structs for which all zeroes is valid.
+        let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+        d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        d.location.id = self.ordinal;
+        d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        d
+    }
+
+    /// Reserves `bytes` of address space aligned to `align` and maps `handle` there.
+    fn map_handle(
+        &self,
+        handle: sys::CUmemGenericAllocationHandle,
+        bytes: usize,
+        align: usize,
+    ) -> Result<sys::CUdeviceptr> {
+        let mut va = 0;
+        // SAFETY: out-parameter; the range is freed on any later failure.
+        check(
+            unsafe { sys::cuMemAddressReserve(&mut va, bytes, align, 0, 0) },
+            "cuMemAddressReserve",
+        )?;
+        let desc = self.access_desc();
+        // SAFETY: a fresh reservation of `bytes` and a live handle of at least that size.
+        let r = unsafe {
+            check(sys::cuMemMap(va, bytes, 0, handle, 0), "cuMemMap").and_then(|_| {
+                check(sys::cuMemSetAccess(va, bytes, &desc, 1), "cuMemSetAccess")
+            })
+        };
+        if let Err(e) = r {
+            // SAFETY: undoing what succeeded above (an unmapped range unmaps as an error we
+            // ignore).
+            unsafe {
+                sys::cuMemUnmap(va, bytes);
+                sys::cuMemAddressFree(va, bytes);
+            }
+            return Err(e);
+        }
+        Ok(va)
+    }
+
+    /// Allocates the object's size of physical memory on this device, binds it to the
+    /// multicast object at offset 0, and maps both: (unicast, multicast) addresses. Every
+    /// member device must have been added first.
+    pub fn multicast_bind_map(&self, mc: &mut Multicast, align: usize) -> Result<(u64, u64)> {
+        self.make_current()?;
+        let prop = self.mc_mem_prop();
+        let mut mem = 0;
+        // SAFETY: out-parameter and a filled property struct; `bytes` is a multiple of the
+        // multicast granularity, which is a multiple of the allocation granularity.
+        check(
+            unsafe { sys::cuMemCreate(&mut mem, mc.bytes, &prop, 0) },
+            "cuMemCreate(NVLS)",
+        )?;
+        mc.mem = Some(mem);
+        // SAFETY: live handles, offsets 0, the object's whole size.
+        check(
+            unsafe { sys::cuMulticastBindMem(mc.handle, 0, mem, 0, mc.bytes, 0) },
+            "cuMulticastBindMem",
+        )?;
+        mc.uc = self.map_handle(mem, mc.bytes, align)?;
+        mc.mc = self.map_handle(mc.handle, mc.bytes, align)?;
+        Ok((mc.uc, mc.mc))
+    }
+
+    /// Unmaps, unbinds and releases what `mc` holds on this device.
+    pub fn multicast_release(&self, mc: &mut Multicast) {
+        let _ = self.make_current();
+        // SAFETY: each handle and mapping is released once, in reverse order of creation;
+        // errors at teardown are not actionable.
+        unsafe {
+            for va in [std::mem::take(&mut mc.mc), std::mem::take(&mut mc.uc)] {
+                if va != 0 {
+                    sys::cuMemUnmap(va, mc.bytes);
+                    sys::cuMemAddressFree(va, mc.bytes);
+                }
+            }
+            if let Some(mem) = mc.mem.take() {
+                sys::cuMulticastUnbind(mc.handle, self.dev, 0, mc.bytes);
+                sys::cuMemRelease(mem);
+            }
+            if mc.handle != 0 {
+                sys::cuMemRelease(mc.handle);
+                mc.handle = 0;
+            }
+            if mc.fd >= 0 {
+                libc::close(mc.fd);
+                mc.fd = -1;
+            }
         }
     }
 }

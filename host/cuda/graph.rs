@@ -41,6 +41,17 @@ impl Graph {
         let dev = &self.dev;
         dispatch!(dev.graph_launch(exec, s))
     }
+
+    crate::internal! {
+        /// On the simulator, how many nodes the graph holds (None on a GPU): what a captured
+        /// call costs, for tests.
+        fn sim_node_count(&self) -> Option<usize> {
+            match &*self.dev.imp {
+                Imp::Sim(d) => d.graph_node_count(self.exec).ok(),
+                Imp::Cuda(_) => None,
+            }
+        }
+    }
 }
 
 impl Drop for Graph {

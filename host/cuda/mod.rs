@@ -99,6 +99,8 @@ macro_rules! dispatch {
 
 mod graph;
 pub use graph::Graph;
+mod multicast;
+pub(crate) use multicast::Multicast;
 
 /// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.
 #[derive(Clone)]
@@ -186,6 +188,18 @@ impl Device {
     /// `bytes` of device memory (at least 1), freed when the buffer drops.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuffer> {
         let ptr = dispatch!(self.alloc(bytes))?;
+        Ok(DevBuffer {
+            dev: self.clone(),
+            ptr,
+            bytes,
+        })
+    }
+    /// `bytes` of device memory (at least 1) as `ncclMemAlloc` gives it: through the CUDA
+    /// virtual memory API, shareable with other processes by a POSIX file descriptor, its
+    /// extent rounded up to the allocation granularity (the multicast one too where NVLS may
+    /// be used); freed when the buffer drops. On the simulator, rounded the same way.
+    pub fn alloc_vmm(&self, bytes: usize) -> Result<DevBuffer> {
+        let (ptr, _mapped) = dispatch!(self.alloc_vmm(bytes))?;
         Ok(DevBuffer {
             dev: self.clone(),
             ptr,
@@ -593,6 +607,31 @@ impl Device {
                 host,
                 ptr,
             })
+        }
+    }
+}
+
+impl Device {
+    crate::internal! {
+        /// Whether GPU memory of this device can be handed to a network as a dmabuf
+        /// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; never on the simulator, whose device memory
+        /// is host memory a network reads as it is).
+        fn dmabuf_supported(&self) -> bool {
+            match &*self.imp {
+                Imp::Cuda(d) => d.dmabuf_supported(),
+                Imp::Sim(_) => false,
+            }
+        }
+    }
+    crate::internal! {
+        /// A dmabuf file descriptor for `bytes` of this device's memory at `p`
+        /// (`cuMemGetHandleForAddressRange`), for a network's `regMrDmaBuf`; `None` on the
+        /// simulator. `p` and `bytes` must be page-aligned and inside one allocation.
+        fn dmabuf_fd(&self, p: DevPtr, bytes: usize) -> Result<Option<std::os::fd::OwnedFd>> {
+            match &*self.imp {
+                Imp::Cuda(d) => d.dmabuf_fd(p, bytes).map(Some),
+                Imp::Sim(_) => Ok(None),
+            }
         }
     }
 }

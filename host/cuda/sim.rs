@@ -346,6 +346,17 @@ static COLL_FLAGS: AtomicU32 = AtomicU32::new(0);
 static P2P_FLAGS: AtomicU32 = AtomicU32::new(0);
 /// Kernel launches (and their replays' captures) in this process ([`launch_count`]).
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static NVLS_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Collective launches with the NVLS algorithm so far in this process (tests check which
+/// calls ran on the switch and which fell back).
+pub fn nvls_launches() -> u64 {
+    NVLS_LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// The allocation granularity the simulator's `alloc_vmm` rounds to (the driver's
+/// recommended one on current GPUs).
+pub const SIM_VMM_GRANULARITY: usize = 2 << 20;
 
 /// How many kernels this process launched or captured on the simulator so far: tests check
 /// with it that a path launches nothing.
@@ -547,6 +558,13 @@ impl Device {
         Ok(p)
     }
 
+    /// `alloc` rounded up to [`SIM_VMM_GRANULARITY`], as the driver's virtual memory API
+    /// rounds: (address, size).
+    pub fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+        let size = bytes.max(1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY;
+        Ok((self.alloc(size)?, size))
+    }
+
     fn unmap(&self, p: DevPtr) -> Result<()> {
         let r = lock(regions()).remove(&p).ok_or_else(|| {
             Error::invalid_argument(format!("{p:#x} is not simulated device memory"))
@@ -699,6 +717,9 @@ impl Device {
                 // SAFETY: the caller passes a parameter of the kernel's type (checked by size).
                 let a: CollArgs = unsafe { std::ptr::read_unaligned(arg as *const CollArgs) };
                 COLL_FLAGS.fetch_or(a.flags, Ordering::Relaxed);
+                if a.algo == nccl_device::abi::ALGO_NVLS {
+                    NVLS_LAUNCHES.fetch_add(1, Ordering::Relaxed);
+                }
                 // SAFETY: the host wired `a` to live buffers and a communicator, as on a GPU.
                 Box::new(move || unsafe { f(&a) })
             }
@@ -970,9 +991,218 @@ impl Device {
         Ok(())
     }
 
+    /// How many nodes (launches, copies, external event waits and records) a graph holds:
+    /// tests check with it what a captured call costs.
+    pub fn graph_node_count(&self, exec: u64) -> Result<usize> {
+        lock(registry())
+            .graphs
+            .get(&exec)
+            .map(|g| g.len())
+            .ok_or_else(|| Error::invalid_argument(format!("unknown graph {exec:#x}")))
+    }
+
     pub fn graph_destroy(&self, graph: u64, _exec: u64) -> Result<()> {
         lock(registry()).graphs.remove(&graph);
         Ok(())
+    }
+}
+
+// ---- Multicast objects (NVLS) in one process: a multicast object names a buffer on each
+// member device; mapping it reserves an address range that the device simulator resolves to the
+// members (`nccl_device::arch::sim::mc_set_window`).
+
+struct McObject {
+    ndev: usize,
+    bytes: usize,
+    devices: Vec<i32>,
+    /// Bound member buffers (device, address).
+    members: Vec<(i32, u64)>,
+    /// Address ranges it is mapped at.
+    windows: Vec<u64>,
+    /// Holders (the creator and every importer).
+    refs: usize,
+}
+
+fn mc_objects() -> &'static Mutex<HashMap<u64, McObject>> {
+    static M: OnceLock<Mutex<HashMap<u64, McObject>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+static MC_CREATED: AtomicU64 = AtomicU64::new(0);
+
+/// Multicast objects this process created so far (tests check NVLS stays off).
+pub fn multicast_objects_created() -> u64 {
+    MC_CREATED.load(Ordering::SeqCst)
+}
+
+/// The simulator's multicast granularity.
+const MC_GRANULARITY: usize = 4096;
+
+/// A multicast object as one rank holds it.
+pub struct Multicast {
+    id: u64,
+    bytes: usize,
+    uc: u64,
+    mc: u64,
+}
+
+impl McObject {
+    fn publish(&self) {
+        let members: Vec<u64> = self.members.iter().map(|m| m.1).collect();
+        for &w in &self.windows {
+            nccl_device::arch::sim::mc_set_window(w, self.bytes as u64, members.clone());
+        }
+    }
+}
+
+impl Device {
+    pub fn multicast_supported(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    pub fn multicast_granularity(&self, _ndev: usize, _bytes: usize) -> Result<usize> {
+        Ok(MC_GRANULARITY)
+    }
+
+    pub fn multicast_create(&self, ndev: usize, bytes: usize) -> Result<(Multicast, [u8; 64])> {
+        if ndev == 0 || bytes == 0 || !bytes.is_multiple_of(MC_GRANULARITY) {
+            return Err(Error::invalid_argument(format!(
+                "multicast object of {ndev} devices and {bytes} bytes \
+                 (granularity {MC_GRANULARITY})"
+            )));
+        }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        lock(mc_objects()).insert(
+            id,
+            McObject {
+                ndev,
+                bytes,
+                devices: Vec::new(),
+                members: Vec::new(),
+                windows: Vec::new(),
+                refs: 1,
+            },
+        );
+        MC_CREATED.fetch_add(1, Ordering::SeqCst);
+        let mut h = [0u8; 64];
+        h[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        h[8..16].copy_from_slice(&id.to_le_bytes());
+        Ok((
+            Multicast {
+                id,
+                bytes,
+                uc: 0,
+                mc: 0,
+            },
+            h,
+        ))
+    }
+
+    pub fn multicast_import(&self, h: &[u8; 64]) -> Result<Multicast> {
+        let pid = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+        if pid != std::process::id() {
+            return Err(Error::invalid_usage(
+                "the simulator's multicast objects do not cross processes",
+            ));
+        }
+        let id = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+        let mut objs = lock(mc_objects());
+        let o = objs
+            .get_mut(&id)
+            .ok_or_else(|| Error::invalid_argument("unknown simulated multicast handle"))?;
+        o.refs += 1;
+        Ok(Multicast {
+            id,
+            bytes: o.bytes,
+            uc: 0,
+            mc: 0,
+        })
+    }
+
+    pub fn multicast_add_device(&self, mc: &Multicast) -> Result<()> {
+        let mut objs = lock(mc_objects());
+        let o = objs
+            .get_mut(&mc.id)
+            .ok_or_else(|| Error::internal("multicast object gone"))?;
+        if o.devices.len() >= o.ndev || !o.members.is_empty() {
+            return Err(Error::cuda(format!(
+                "cuMulticastAddDevice: object of {} devices has {} and {} bound",
+                o.ndev,
+                o.devices.len(),
+                o.members.len()
+            )));
+        }
+        o.devices.push(self.ordinal);
+        Ok(())
+    }
+
+    /// As CUDA: binding needs every member device added first.
+    pub fn multicast_bind_map(&self, mc: &mut Multicast, _align: usize) -> Result<(u64, u64)> {
+        let ready = {
+            let objs = lock(mc_objects());
+            let o = objs
+                .get(&mc.id)
+                .ok_or_else(|| Error::internal("multicast object gone"))?;
+            o.devices.len() == o.ndev && o.devices.contains(&self.ordinal)
+        };
+        if !ready {
+            return Err(Error::cuda(
+                "cuMulticastBindMem: not every member device was added, or not this one",
+            ));
+        }
+        let uc = self.alloc(mc.bytes)?;
+        // The multicast range: reserved address space no one may touch directly.
+        // SAFETY: an anonymous PROT_NONE mapping; its result is checked.
+        let va = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mc.bytes,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if va == libc::MAP_FAILED {
+            let _ = self.free(uc);
+            return Err(Error::system("mmap of a simulated multicast range failed"));
+        }
+        let mut objs = lock(mc_objects());
+        let o = objs
+            .get_mut(&mc.id)
+            .ok_or_else(|| Error::internal("multicast object gone"))?;
+        o.members.push((self.ordinal, uc));
+        o.windows.push(va as u64);
+        o.publish();
+        mc.uc = uc;
+        mc.mc = va as u64;
+        Ok((uc, va as u64))
+    }
+
+    pub fn multicast_release(&self, mc: &mut Multicast) {
+        let mut objs = lock(mc_objects());
+        if let Some(o) = objs.get_mut(&mc.id) {
+            if mc.mc != 0 {
+                o.windows.retain(|&w| w != mc.mc);
+                nccl_device::arch::sim::mc_remove_window(mc.mc);
+                // SAFETY: our own reservation of mc.bytes.
+                unsafe { libc::munmap(mc.mc as *mut libc::c_void, mc.bytes) };
+            }
+            if mc.uc != 0 {
+                o.members.retain(|m| m.1 != mc.uc);
+                o.publish();
+            }
+            o.refs -= 1;
+            if o.refs == 0 {
+                objs.remove(&mc.id);
+            }
+        }
+        drop(objs);
+        if mc.uc != 0 {
+            let _ = self.free(mc.uc);
+        }
+        mc.uc = 0;
+        mc.mc = 0;
     }
 }
 

@@ -18,8 +18,8 @@ use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_RING, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128,
-    PROTO_SIMPLE,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
+    PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -111,7 +111,13 @@ pub fn choose(comm: &Comm, call: &CollCall) -> Result<Choice> {
             call.dt.name()
         ))
     })?;
-    comm.tuner.choose(tune_coll(call.coll), bytes)
+    // The switch reduces only some (type, reduction) pairs; AllGather moves bytes.
+    let nvls_ok = comm.nvls.is_some()
+        && match call.coll {
+            Coll::AllGather => true,
+            _ => nccl_device::arch::multimem_op(call.dt, call.op.kind()).is_some(),
+        };
+    comm.tuner.choose_with(tune_coll(call.coll), bytes, nvls_ok)
 }
 
 /// The model's time for `call` in µs (0 for an empty call), for ncclGroupSimulateEnd.
@@ -256,7 +262,16 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         let (device, stream, order) = (comm.device.clone(), c.stream, comm.order.clone());
         let (dst, src) = (c.recv, c.send);
         return group::ordered(Box::new(move || {
-            order.launch(stream, || device.copy_dtod_async(dst, src, bytes, stream))
+            let copy = || device.copy_dtod_async(dst, src, bytes, stream);
+            // In a capture the communicator's launch order would add an event wait and an
+            // event record around the copy (three graph nodes a call, twice the replay time
+            // of NCCL's one memcpy node on an H100). The copy shares nothing with the
+            // communicator's other work (no FIFO, no kernel), so it needs no place in that
+            // order: the user's stream orders it with the user's own work.
+            if device.stream_capturing(stream)? {
+                return copy();
+            }
+            order.launch(stream, copy)
         }));
     }
     let proto = match choice.proto {
@@ -313,6 +328,15 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         args.slice_steps = 1;
         // One CTA per tree connection.
         grid = grid.min(ctas as u32);
+    }
+    if choice.algo == Algo::Nvls {
+        let nvls = comm.nvls.as_ref().ok_or_else(|| {
+            Error::internal("the tuner chose NVLS, which this communicator did not set up")
+        })?;
+        args.algo = ALGO_NVLS;
+        args.proto = PROTO_SIMPLE;
+        // One CTA per NVLS channel region.
+        grid = grid.min(nvls.nchannels as u32).max(1);
     }
     let kernel = comm.kernel("coll", dt, op.kind())?;
     let mut block = shape.nthreads;

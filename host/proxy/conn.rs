@@ -1,11 +1,12 @@
 //! One proxied connection: its host-mapped memory (counters, slot sizes, FIFO) and its network
 //! endpoint, and the step machine that moves slots between them.
 
-use crate::cuda::HostMem;
+use crate::cuda::{DevBuffer, DevPtr, Device, HostMem};
 use crate::error::{Error, Result};
-use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_HOST};
+use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
 use nccl_device::abi::{CTRL_LINE, NCCL_STEPS};
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 const STEPS: u64 = NCCL_STEPS as u64;
 
 /// Where things sit in a proxied connection's host memory: tail, head and the slot sizes each in
-/// their own line, then NCCL_STEPS slots of `stride` bytes.
+/// their own line, then NCCL_STEPS slots of `stride` bytes (the FIFO; in GPU memory instead
+/// where the network reads and writes it: [`FifoPlace::Gpu`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ConnLayout {
     pub stride: usize,
@@ -26,7 +28,10 @@ impl ConnLayout {
     pub const FIFO: usize = 3 * CTRL_LINE;
 
     pub fn total(&self) -> usize {
-        Self::FIFO + NCCL_STEPS as usize * self.stride
+        Self::FIFO + self.fifo_bytes()
+    }
+    pub fn fifo_bytes(&self) -> usize {
+        NCCL_STEPS as usize * self.stride
     }
     fn slot(&self, step: u64) -> usize {
         Self::FIFO + (step % STEPS) as usize * self.stride
@@ -39,10 +44,31 @@ pub(crate) enum Side {
     Recv(Box<dyn RecvComm>),
 }
 
+/// Where a connection's FIFO is wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FifoPlace {
+    /// Pinned host memory mapped into the GPU, registered as `PTR_HOST`.
+    Host,
+    /// GPU memory the network reads or writes itself (GPU Direct RDMA), registered through a
+    /// dmabuf where `dmabuf` (and the device gives one), else as `PTR_CUDA`; received steps
+    /// are flushed where `flush`.
+    Gpu { dmabuf: bool, flush: bool },
+}
+
+/// Host pages: a GPU FIFO is sized and aligned to them, as a dmabuf range must be.
+const PAGE: usize = 4096;
+
 /// A connection the proxy thread drives.
 pub(crate) struct NetConn {
     side: Side,
+    /// The counters and slot sizes, and the FIFO unless it is in GPU memory.
     mem: Arc<HostMem>,
+    /// The FIFO in GPU memory (GPU Direct RDMA); dropped after the endpoint that registered it.
+    gpu_fifo: Option<DevBuffer>,
+    /// The FIFO's address as the kernel and the network use it.
+    fifo: DevPtr,
+    /// Received steps are flushed (iflush) before the kernel is told of them.
+    flush: bool,
     layout: ConnLayout,
     mr: Mr,
     /// Steps posted to the network and steps completed (both count from 0 for the connection's
@@ -50,7 +76,12 @@ pub(crate) struct NetConn {
     posted: u64,
     done: u64,
     inflight: VecDeque<Request>,
-    /// Who is at the other end, for error messages.
+    /// The front of `inflight` is the flush of a landed step, not its receive.
+    front_flushing: bool,
+    /// Flushes posted, for the logs.
+    flushes: u64,
+    /// The rank at the other end, and how it is reached (for error messages).
+    peer_rank: usize,
     peer: String,
     failed: bool,
     /// Since when steps have waited without any moving (sent: published by the kernel; received:
@@ -82,6 +113,10 @@ fn counter(mem: &HostMem, offset: usize) -> Result<&AtomicU64> {
 /// for the traces and stall warnings that say where a step stopped.
 fn slot_words(mem: &HostMem, layout: ConnLayout, step: u64) -> [u32; 4] {
     let mut w = [0u32; 4];
+    if mem.bytes < layout.total() {
+        // The FIFO is in GPU memory: the host does not read it.
+        return w;
+    }
     if let Some(p) = mem
         .host_ptr(layout.slot(step))
         .filter(|_| layout.slot(step) + 16 <= mem.bytes)
@@ -115,22 +150,41 @@ fn retire(
 }
 
 impl NetConn {
-    /// Wraps `side` over `mem` (laid out as `layout`), registering the FIFO with the network.
+    /// Wraps `side` with its memory, laid out as `layout`: counters in pinned host memory, the
+    /// FIFO where `place` says (GPU memory falls back to host memory, with a warning, where it
+    /// cannot be allocated or the network refuses to register it), registered with the network.
     pub(crate) fn new(
         mut side: Side,
-        mem: Arc<HostMem>,
+        device: &Device,
         layout: ConnLayout,
+        place: FifoPlace,
+        peer_rank: usize,
         peer: String,
     ) -> Result<NetConn> {
-        if mem.bytes < layout.total() {
-            return Err(Error::internal(
-                "proxied connection memory smaller than its layout",
-            ));
+        let len = layout.fifo_bytes();
+        if let FifoPlace::Gpu { dmabuf, flush } = place {
+            match Self::register_gpu(&mut side, device, len, dmabuf) {
+                Ok((buf, mr)) => {
+                    let mem = Arc::new(device.alloc_host_mem(ConnLayout::FIFO)?);
+                    return Ok(NetConn::with(
+                        side,
+                        mem,
+                        Some((buf, flush)),
+                        layout,
+                        mr,
+                        peer_rank,
+                        peer,
+                    ));
+                }
+                Err(e) => log::warn!(
+                    "network connection with {peer}: GPU memory for its FIFO failed ({e}); using host memory"
+                ),
+            }
         }
+        let mem = Arc::new(device.alloc_host_mem(layout.total())?);
         let fifo = mem
             .host_ptr(ConnLayout::FIFO)
             .ok_or_else(|| Error::internal("proxied connection without a FIFO"))?;
-        let len = NCCL_STEPS as usize * layout.stride;
         // SAFETY: the FIFO lies inside `mem`, which this connection keeps alive (Arc) for as
         // long as the endpoint that registered it (the endpoint is dropped first: field order).
         let mr = unsafe {
@@ -139,20 +193,97 @@ impl NetConn {
                 Side::Recv(c) => c.reg_mr(fifo, len, PTR_HOST)?,
             }
         };
-        Ok(NetConn {
+        Ok(NetConn::with(side, mem, None, layout, mr, peer_rank, peer))
+    }
+
+    /// A FIFO of `len` bytes in `device`'s memory, registered with the network: through a
+    /// dmabuf where `dmabuf` and the device gives one, else by address as `PTR_CUDA`.
+    fn register_gpu(
+        side: &mut Side,
+        device: &Device,
+        len: usize,
+        dmabuf: bool,
+    ) -> Result<(DevBuffer, Mr)> {
+        let buf = device.alloc(len.next_multiple_of(PAGE))?;
+        let ptr = buf.ptr() as *mut u8;
+        let fd = if dmabuf && (buf.ptr() as usize).is_multiple_of(PAGE) {
+            device.dmabuf_fd(buf.ptr(), buf.bytes())?
+        } else {
+            None
+        };
+        // SAFETY: `buf` is `len` bytes or more of device memory this connection keeps (field
+        // order drops it after the endpoint); the network takes GPU memory (PTR_CUDA /
+        // DMABUF), which is why this placement was chosen; the dmabuf stays open for the call.
+        let mr = unsafe {
+            match (side, &fd) {
+                (Side::Send(c), Some(fd)) => c.reg_mr_dmabuf(ptr, len, PTR_CUDA, 0, fd.as_fd())?,
+                (Side::Recv(c), Some(fd)) => c.reg_mr_dmabuf(ptr, len, PTR_CUDA, 0, fd.as_fd())?,
+                (Side::Send(c), None) => c.reg_mr(ptr, len, PTR_CUDA)?,
+                (Side::Recv(c), None) => c.reg_mr(ptr, len, PTR_CUDA)?,
+            }
+        };
+        // The dmabuf descriptor closes here: the registration holds what it needs.
+        drop(fd);
+        Ok((buf, mr))
+    }
+
+    /// `gpu`: the FIFO in GPU memory, and whether its received steps are flushed.
+    fn with(
+        side: Side,
+        mem: Arc<HostMem>,
+        gpu: Option<(DevBuffer, bool)>,
+        layout: ConnLayout,
+        mr: Mr,
+        peer_rank: usize,
+        peer: String,
+    ) -> NetConn {
+        let flush = gpu.as_ref().is_some_and(|(_, f)| *f);
+        let gpu_fifo = gpu.map(|(b, _)| b);
+        let fifo = match &gpu_fifo {
+            Some(b) => b.ptr(),
+            None => mem.ptr + ConnLayout::FIFO as u64,
+        };
+        NetConn {
             side,
             mem,
+            gpu_fifo,
+            fifo,
+            flush,
             layout,
             mr,
             posted: 0,
             done: 0,
             inflight: VecDeque::new(),
+            front_flushing: false,
+            flushes: 0,
+            peer_rank,
             peer,
             failed: false,
             stalled_since: None,
             stall_reported: false,
             seen_head: 0,
-        })
+        }
+    }
+
+    /// The device address of the connection's counter at `offset` ([`ConnLayout`]'s TAIL, HEAD,
+    /// SIZES).
+    pub(crate) fn ctrl_addr(&self, offset: usize) -> DevPtr {
+        self.mem.ptr + offset as u64
+    }
+
+    /// The device address of the FIFO's first slot.
+    pub(crate) fn fifo_addr(&self) -> DevPtr {
+        self.fifo
+    }
+
+    /// Whether the FIFO is in GPU memory (GPU Direct RDMA).
+    pub(crate) fn on_gpu(&self) -> bool {
+        self.gpu_fifo.is_some()
+    }
+
+    /// The rank at the other end.
+    pub(crate) fn peer_rank(&self) -> usize {
+        self.peer_rank
     }
 
     pub(crate) fn set_waker(&mut self, w: Waker) {
@@ -282,20 +413,47 @@ impl NetConn {
                 None => break,
             }
         }
-        let (layout, peer, mut next) = (self.layout, &self.peer, self.done);
-        moved |= retire(&mut self.inflight, &mut self.done, |r| {
-            let sizes = comm.test(r)?;
-            if let Some(sizes) = &sizes {
+        // Steps complete in order; a landed step of a GPU FIFO that needs it is flushed first,
+        // and counts as done once its flush completed.
+        while let Some(&req) = self.inflight.front() {
+            if self.front_flushing {
+                if comm.test(req)?.is_none() {
+                    break;
+                }
+            } else {
+                let Some(sizes) = comm.test(req)? else { break };
                 if log::log_enabled!(log::Level::Trace) {
                     log::trace!(
-                        "recv from {peer}: step {next} landed, {sizes:?} bytes, first line {:08x?}",
-                        slot_words(mem, layout, next)
+                        "recv from {}: step {} landed, {sizes:?} bytes, first line {:08x?}",
+                        self.peer,
+                        self.done,
+                        slot_words(mem, self.layout, self.done)
                     );
                 }
-                next += 1;
+                let bytes = sizes.first().copied().unwrap_or(0);
+                if self.flush && bytes > 0 {
+                    let buf = RecvBuf {
+                        mr: self.mr,
+                        offset: self.layout.slot(self.done) - ConnLayout::FIFO,
+                        max_len: bytes,
+                        tag: 0,
+                    };
+                    if let Some(f) = comm.iflush(&[buf])? {
+                        self.flushes += 1;
+                        if let Some(front) = self.inflight.front_mut() {
+                            *front = f;
+                        }
+                        self.front_flushing = true;
+                        moved = true;
+                        continue;
+                    }
+                }
             }
-            Ok(sizes.is_some())
-        })?;
+            self.inflight.pop_front();
+            self.front_flushing = false;
+            self.done += 1;
+            moved = true;
+        }
         if moved {
             // The bytes landed (the network's completion ordered them before us): publish.
             fence(Ordering::SeqCst);
@@ -340,6 +498,13 @@ impl NetConn {
 
 impl Drop for NetConn {
     fn drop(&mut self) {
+        if self.flushes > 0 {
+            log::debug!(
+                "network receive from {}: {} steps flushed from GPU memory",
+                self.peer,
+                self.flushes
+            );
+        }
         let r = match &mut self.side {
             Side::Send(c) => c.dereg_mr(self.mr),
             Side::Recv(c) => c.dereg_mr(self.mr),

@@ -15,7 +15,7 @@
 
 mod conn;
 
-pub(crate) use conn::{ConnLayout, NetConn, Side};
+pub(crate) use conn::{ConnLayout, FifoPlace, NetConn, Side};
 
 use crate::error::Error;
 use std::collections::HashMap;
@@ -24,8 +24,9 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Called once when a connection fails: the communicator raises its async error and abort flag.
-pub(crate) type OnError = Arc<dyn Fn(Error) + Send + Sync>;
+/// Called once when a connection fails, with the peer rank at its other end: the communicator
+/// raises its async error and abort flag, and tells the other ranks.
+pub(crate) type OnError = Arc<dyn Fn(usize, Error) + Send + Sync>;
 
 /// A group of connections that belong together (one communicator's): removed together.
 pub(crate) type GroupId = u64;
@@ -246,7 +247,7 @@ fn run(shared: &Shared) {
         for (_, c, on_error) in lock(&shared.conns).iter_mut() {
             match c.progress() {
                 Ok(m) => moved |= m,
-                Err(e) => on_error(e),
+                Err(e) => on_error(c.peer_rank(), e),
             }
         }
         if moved {

@@ -252,6 +252,7 @@ impl Links {
         }
         let made = setup::connect(
             &*np.net,
+            &np.gdr,
             &self.device,
             &self.bootstrap,
             &wants,
@@ -261,6 +262,19 @@ impl Links {
             None,
         )
         .map_err(|e| e.context("send/recv network connections"))?;
+        for m in &made {
+            let (from, to, what) = match m.want.dir {
+                Dir::Send => (self.rank, m.want.peer, "send"),
+                Dir::Recv => (m.want.peer, self.rank, "receive"),
+            };
+            log::info!(
+                "Channel {:02}/1 : {from}[{}] -> {to}[{}] [{what}] via {}",
+                m.want.key,
+                self.device.ordinal,
+                self.device.ordinal,
+                m.via(np.net.name())
+            );
+        }
         let mut conns = Vec::with_capacity(made.len());
         for chunk in made.chunks(self.nconns) {
             let (peer, dir) = (chunk[0].want.peer, chunk[0].want.dir);

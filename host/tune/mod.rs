@@ -423,6 +423,9 @@ pub struct Tuner {
     bw_inter: f64,
     intra_type: PathType,
     ll128_ok: bool,
+    /// NVLS is set up (the communicator's multicast object exists: NCCL_NVLS_ENABLE=1 and
+    /// multicast support on every rank).
+    nvls: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -455,6 +458,7 @@ impl Tuner {
             bw_inter: graphs.bw_inter,
             intra_type: graphs.intra_type,
             ll128_ok,
+            nvls: false,
             params: params.clone(),
             plugin,
         };
@@ -462,12 +466,31 @@ impl Tuner {
         t
     }
 
+    /// Offers NVLS (AllReduce, ReduceScatter, AllGather) once the communicator set it up.
+    pub(crate) fn set_nvls(&mut self, on: bool) {
+        self.nvls = on;
+    }
+
+    /// Whether NVLS is offered.
+    pub fn nvls(&self) -> bool {
+        self.nvls
+    }
+
     /// Whether the (collective, algorithm, protocol) exists here and the filters allow it.
     pub fn enabled(&self, coll: Coll, algo: Algo, proto: Proto) -> bool {
         let supported = match algo {
             Algo::Ring => true,
             Algo::Tree => coll == Coll::AllReduce,
-            _ => false, // NVLS, CollNet, PAT: not built (NVLS stays off on the shared hosts)
+            // Only where the communicator made its multicast object (never without
+            // NCCL_NVLS_ENABLE=1, which the shared GPU hosts leave at 0).
+            Algo::Nvls => {
+                self.nvls
+                    && matches!(
+                        coll,
+                        Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather
+                    )
+            }
+            _ => false, // CollNet, NVLS tree, PAT: not built
         };
         supported
             && self.params.built[algo as usize][proto as usize]
@@ -519,6 +542,14 @@ impl Tuner {
         let net = hop_lat(PathType::Net, proto);
         let base = base_lat(algo, proto);
         match algo {
+            // Barriers through the switch instead of ring steps: two per piece for AllReduce,
+            // one for ReduceScatter and AllGather (uncalibrated: NVLS never ran on a GPU here).
+            Algo::Nvls => {
+                base + match coll {
+                    Coll::AllReduce => 2.0 * intra,
+                    _ => intra,
+                }
+            }
             Algo::Tree => {
                 // Up and down the chain inside a node and the double binary tree's hops
                 // across nodes (about log2 of the node count: `graph::dbt_depth`).
@@ -591,6 +622,30 @@ impl Tuner {
 
     /// Algorithm, protocol, channels and threads for one call of `bytes` bytes.
     pub fn choose(&self, coll: Coll, bytes: usize) -> Result<Choice> {
+        self.choose_with(coll, bytes, true)
+    }
+
+    /// [`Tuner::choose`], NVLS left out unless `allow_nvls` (a type or reduction the switch
+    /// cannot reduce). Where the filters left nothing but NVLS, such a call runs on the ring.
+    pub fn choose_with(&self, coll: Coll, bytes: usize, allow_nvls: bool) -> Result<Choice> {
+        let allows_nvls = |a: &AlgoFilter| a.allows(coll, Algo::Nvls as usize);
+        match self.choose_from(coll, bytes, allow_nvls) {
+            Err(_) if !allow_nvls && self.nvls && allows_nvls(&self.params.algo) => {
+                let proto = Proto::Simple;
+                let nchannels = self.channels_for(proto, bytes);
+                Ok(Choice {
+                    algo: Algo::Ring,
+                    proto,
+                    nchannels,
+                    nthreads: self.nthreads_for(proto, bytes, nchannels),
+                    est_time_us: 0.0,
+                })
+            }
+            r => r,
+        }
+    }
+
+    fn choose_from(&self, coll: Coll, bytes: usize, allow_nvls: bool) -> Result<Choice> {
         let mut table = [[-1.0f32; NUM_PROTOS]; NUM_ALGOS];
         for a in Algo::ALL {
             for p in Proto::ALL {
@@ -609,6 +664,9 @@ impl Tuner {
                 Ok(()) => {}
                 Err(e) => log::warn!("tuner plugin: {}; using the internal model", e.message),
             }
+        }
+        if !allow_nvls {
+            table[Algo::Nvls as usize] = [-1.0; NUM_PROTOS];
         }
         let pick = |bounded: bool| {
             let mut best: Option<(Algo, Proto, f32)> = None;

@@ -257,3 +257,122 @@ pub unsafe fn p2p_param_item(_args: &P2pArgs, i: usize) -> P2pItem {
         slot_bytes: (last >> 32) as u32,
     }
 }
+
+// ---- Multicast memory (NVLink SHARP): sm_90 and PTX ISA 8.1 or newer ----
+//
+// `multimem.*` instructions take a multicast address (a mapping of a multicast object, which
+// names one buffer on each member GPU): `ld_reduce` loads the value from every member and returns
+// the reduction the switch computed; `st` writes every member; `red` reduces into every member.
+// build.rs compiles this part only for architectures that have it (`--cfg nccl_rs_multimem`,
+// with `+ptx81`): on older ones every function below traps, and the host never launches NVLS
+// there (it never creates a multicast object without NCCL_NVLS_ENABLE=1 and the devices'
+// multicast support).
+
+/// `multimem.ld_reduce` of one 16-byte pack of `T` at multicast address `p` with `op`: the
+/// widest form the ISA has for the type (`.v4.f32`, `.v4.f16x2`, `.v4.bf16x2` in one
+/// instruction; `.f64`, `.u64`, `.s64` two, 32-bit integers four: integer forms take no
+/// `.vec`). A (type, reduction) outside [`super::multimem_op`] traps.
+#[cfg(nccl_rs_multimem)]
+#[inline(always)]
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
+    op: super::McOp,
+    p: *const Pack16,
+) -> Pack16 {
+    use super::McOp::*;
+    use crate::types::DataType::*;
+    macro_rules! v4 {
+        ($ins:literal) => {{
+            let (a, b, c, d): (u32, u32, u32, u32);
+            asm!(concat!("multimem.ld_reduce.relaxed.sys.global.", $ins, " {{{}, {}, {}, {}}}, [{}];"),
+                out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack));
+            Pack16([a, b, c, d])
+        }};
+    }
+    macro_rules! s32x4 {
+        ($ins:literal) => {{
+            let (a, b, c, d): (u32, u32, u32, u32);
+            asm!(concat!("multimem.ld_reduce.relaxed.sys.global.", $ins, " {}, [{}];\n\t",
+                         "multimem.ld_reduce.relaxed.sys.global.", $ins, " {}, [{}+4];\n\t",
+                         "multimem.ld_reduce.relaxed.sys.global.", $ins, " {}, [{}+8];\n\t",
+                         "multimem.ld_reduce.relaxed.sys.global.", $ins, " {}, [{}+12];"),
+                out(reg32) a, in(reg64) p, out(reg32) b, in(reg64) p,
+                out(reg32) c, in(reg64) p, out(reg32) d, in(reg64) p, options(nostack));
+            Pack16([a, b, c, d])
+        }};
+    }
+    macro_rules! s64x2 {
+        ($ins:literal) => {{
+            let (a, b): (u64, u64);
+            asm!(concat!("multimem.ld_reduce.relaxed.sys.global.", $ins, " {}, [{}];\n\t",
+                         "multimem.ld_reduce.relaxed.sys.global.", $ins, " {}, [{}+8];"),
+                out(reg64) a, in(reg64) p, out(reg64) b, in(reg64) p, options(nostack));
+            Pack16([a as u32, (a >> 32) as u32, b as u32, (b >> 32) as u32])
+        }};
+    }
+    match (T::DTYPE, op) {
+        (Float32, Add) => v4!("add.v4.f32"),
+        (Float16, Add) => v4!("add.v4.f16x2"),
+        (Float16, Min) => v4!("min.v4.f16x2"),
+        (Float16, Max) => v4!("max.v4.f16x2"),
+        (Bfloat16, Add) => v4!("add.v4.bf16x2"),
+        (Bfloat16, Min) => v4!("min.v4.bf16x2"),
+        (Bfloat16, Max) => v4!("max.v4.bf16x2"),
+        (Float64, Add) => s64x2!("add.f64"),
+        (Int32, Add) => s32x4!("add.s32"),
+        (Int32, Min) => s32x4!("min.s32"),
+        (Int32, Max) => s32x4!("max.s32"),
+        (Uint32, Add) => s32x4!("add.u32"),
+        (Uint32, Min) => s32x4!("min.u32"),
+        (Uint32, Max) => s32x4!("max.u32"),
+        // The ISA's .add has no .s64: two's-complement sums are the same bits as .u64's.
+        (Int64, Add) | (Uint64, Add) => s64x2!("add.u64"),
+        (Int64, Min) => s64x2!("min.s64"),
+        (Int64, Max) => s64x2!("max.s64"),
+        (Uint64, Min) => s64x2!("min.u64"),
+        (Uint64, Max) => s64x2!("max.u64"),
+        _ => trap(),
+    }
+}
+
+/// `multimem.st` of one 16-byte pack to every member at multicast address `p` (`.v4.f32`:
+/// a store moves bits, whatever the element type).
+#[cfg(nccl_rs_multimem)]
+#[inline(always)]
+pub unsafe fn multimem_st(p: *mut Pack16, v: Pack16) {
+    let [a, b, c, d] = v.0;
+    asm!("multimem.st.relaxed.sys.global.v4.f32 [{}], {{{}, {}, {}, {}}};",
+        in(reg64) p, in(reg32) a, in(reg32) b, in(reg32) c, in(reg32) d, options(nostack));
+}
+
+/// `multimem.red.release.sys` adding `v` to the u64 at multicast address `p` on every member:
+/// what this thread wrote before (and saw through a barrier) is visible to whoever acquires
+/// the new value on any member.
+#[cfg(nccl_rs_multimem)]
+#[inline(always)]
+pub unsafe fn multimem_red_add_u64(p: *mut u64, v: u64) {
+    asm!("multimem.red.release.sys.global.add.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
+}
+
+/// Without multicast (before sm_90): never called, the host launches no NVLS kernel here.
+#[cfg(not(nccl_rs_multimem))]
+#[inline(always)]
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
+    _op: super::McOp,
+    _p: *const Pack16,
+) -> Pack16 {
+    trap()
+}
+
+/// See above.
+#[cfg(not(nccl_rs_multimem))]
+#[inline(always)]
+pub unsafe fn multimem_st(_p: *mut Pack16, _v: Pack16) {
+    trap()
+}
+
+/// See above.
+#[cfg(not(nccl_rs_multimem))]
+#[inline(always)]
+pub unsafe fn multimem_red_add_u64(_p: *mut u64, _v: u64) {
+    trap()
+}

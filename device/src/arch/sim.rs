@@ -326,6 +326,111 @@ pub fn trap() -> ! {
     panic!("nccl-device: kernel trap")
 }
 
+/// One mapping of a multicast object: `len` bytes at `base` (an address range reserved for it
+/// and never touched directly) stand for the same offsets in each member's buffer.
+struct McWindow {
+    base: u64,
+    len: u64,
+    members: Vec<u64>,
+}
+
+fn mc_windows() -> &'static std::sync::RwLock<Vec<McWindow>> {
+    static W: std::sync::RwLock<Vec<McWindow>> = std::sync::RwLock::new(Vec::new());
+    &W
+}
+
+/// The simulator backend maps a multicast object at `base` (`len` bytes) over `members` (the
+/// buffers bound to it, one per member GPU); called again as members bind.
+pub fn mc_set_window(base: u64, len: u64, members: Vec<u64>) {
+    let mut w = mc_windows().write().unwrap_or_else(|p| p.into_inner());
+    w.retain(|x| x.base != base);
+    w.push(McWindow { base, len, members });
+}
+
+/// The mapping at `base` is gone.
+pub fn mc_remove_window(base: u64) {
+    let mut w = mc_windows().write().unwrap_or_else(|p| p.into_inner());
+    w.retain(|x| x.base != base);
+}
+
+/// Runs `f` on the member addresses `bytes` bytes at multicast address `p` stand for: a
+/// multicast access outside any mapping, or one whose members are not all bound, traps (a GPU
+/// faults).
+fn with_members<R>(p: u64, bytes: u64, f: impl FnOnce(&mut dyn Iterator<Item = u64>) -> R) -> R {
+    let w = mc_windows().read().unwrap_or_else(|p| p.into_inner());
+    let Some(win) = w
+        .iter()
+        .find(|x| p >= x.base && p + bytes <= x.base + x.len)
+    else {
+        drop(w);
+        panic!("nccl-device sim: multimem access at {p:#x} outside every multicast mapping");
+    };
+    let off = p - win.base;
+    if win.members.is_empty() {
+        drop(w);
+        panic!("nccl-device sim: multimem access at {p:#x}: no memory bound");
+    }
+    let mut it = win.members.iter().map(|m| m + off);
+    f(&mut it)
+}
+
+/// See the GPU version: reads the pack from every member in turn and reduces lane by lane.
+pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
+    op: super::McOp,
+    p: *const Pack16,
+) -> Pack16 {
+    use super::McOp;
+    if super::multimem_op(
+        T::DTYPE,
+        match op {
+            McOp::Add => crate::ops::RedOpKind::Sum,
+            McOp::Min => crate::ops::RedOpKind::Min,
+            McOp::Max => crate::ops::RedOpKind::Max,
+        },
+    )
+    .is_none()
+    {
+        trap();
+    }
+    with_members(p as u64, 16, |members| {
+        let mut acc: Option<Pack16> = None;
+        for m in members {
+            // SAFETY: a bound member's buffer covers the window (the backend checked the
+            // binding's size); the pack lies inside it.
+            let v = core::ptr::read_volatile(m as *const Pack16);
+            acc = Some(match acc {
+                None => v,
+                Some(a) => crate::ops::map2::<T>(a, v, |x, y| match op {
+                    McOp::Add => x.add(y),
+                    McOp::Min => x.lesser(y),
+                    McOp::Max => x.greater(y),
+                }),
+            });
+        }
+        acc.unwrap_or_default()
+    })
+}
+
+/// See the GPU version: writes the pack to every member.
+pub unsafe fn multimem_st(p: *mut Pack16, v: Pack16) {
+    with_members(p as u64, 16, |members| {
+        for m in members {
+            // SAFETY: as in multimem_ld_reduce.
+            core::ptr::write_volatile(m as *mut Pack16, v);
+        }
+    })
+}
+
+/// See the GPU version: a release add on every member's counter.
+pub unsafe fn multimem_red_add_u64(p: *mut u64, v: u64) {
+    with_members(p as u64, 8, |members| {
+        for m in members {
+            // SAFETY: as in multimem_ld_reduce; the counter is 8-byte aligned.
+            (*(m as *const AtomicU64)).fetch_add(v, Ordering::Release);
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,6 +519,50 @@ mod tests {
             }
         };
         run_cta(0, 1, 2, &body);
+    }
+
+    /// A multicast window over three members: ld_reduce reduces the three packs lane by lane,
+    /// st and red reach all three, an access outside every window traps.
+    #[test]
+    fn multicast_windows_reach_every_member() {
+        use crate::arch::McOp;
+        let mut members = [[0u64; 4]; 3];
+        for (m, mem) in members.iter_mut().enumerate() {
+            let f = [1.5f32 * (m as f32 + 1.0), -2.0, m as f32, 8.0];
+            let p = mem.as_mut_ptr() as *mut f32;
+            for (i, v) in f.iter().enumerate() {
+                unsafe { p.add(i).write(*v) };
+            }
+        }
+        let window = std::vec![0u8; 32];
+        let base = window.as_ptr() as u64;
+        let addrs = members.iter().map(|m| m.as_ptr() as u64).collect();
+        mc_set_window(base, 32, addrs);
+        unsafe {
+            let sum = multimem_ld_reduce::<f32>(McOp::Add, base as *const Pack16);
+            let got: [f32; 4] = core::mem::transmute(sum.0);
+            assert_eq!(got, [9.0, -6.0, 3.0, 24.0]);
+            multimem_st(base as *mut Pack16, Pack16([7, 8, 9, 10]));
+            multimem_red_add_u64((base + 16) as *mut u64, 5);
+        }
+        for m in &members {
+            let p = m.as_ptr() as *const u32;
+            assert_eq!(
+                unsafe { [*p, *p.add(1), *p.add(2), *p.add(3)] },
+                [7, 8, 9, 10]
+            );
+            assert_eq!(m[2], 5);
+        }
+        // Outside every window is a fault.
+        let r = std::panic::catch_unwind(|| unsafe {
+            multimem_st((base + 32) as *mut Pack16, Pack16::default())
+        });
+        assert!(r.is_err());
+        let r = std::panic::catch_unwind(|| unsafe {
+            multimem_ld_reduce::<i8>(McOp::Add, base as *const Pack16)
+        });
+        assert!(r.is_err(), "int8 has no multimem.ld_reduce");
+        mc_remove_window(base);
     }
 
     #[test]

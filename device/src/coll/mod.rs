@@ -5,13 +5,14 @@
 pub mod all_gather;
 pub mod all_reduce;
 pub mod broadcast;
+pub mod nvls;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
-    PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, Coll, CollArgs, DevComm, ALGO_NVLS, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES,
+    PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
@@ -29,6 +30,7 @@ pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
     // every step of every collective spilled registers that each protocol alone does not
     // need (ptxas at 128 registers). The tree moves its data with Simple whatever was asked.
     match args.proto {
+        _ if args.algo == ALGO_NVLS => nvls::run::<T, O>(args),
         _ if args.algo == ALGO_TREE => run_with::<T, O, PROTO_SIMPLE>(args),
         PROTO_LL => run_with::<T, O, PROTO_LL>(args),
         PROTO_LL128 => run_with::<T, O, PROTO_LL128>(args),

@@ -13,6 +13,7 @@
 use crate::error::Result;
 use std::sync::Arc;
 
+pub(crate) mod gdr;
 pub(crate) mod plugin;
 pub(crate) mod setup;
 pub mod socket;
@@ -72,6 +73,8 @@ pub struct Properties {
     pub max_comms: usize,
     /// Most receives one `irecv` may group.
     pub max_recvs: usize,
+    /// The network asks for every GPU Direct RDMA receive to be flushed (forceFlush, v9 on).
+    pub force_flush: bool,
 }
 
 /// Called by a backend when a transfer made progress, so that a sleeping proxy wakes.
@@ -95,6 +98,10 @@ pub trait Net: Send + Sync {
     fn listen(&self, dev: usize) -> Result<(Handle, Box<dyn Listener>)>;
     /// Starts connecting to a peer's handle; drive the result with [`Connecting::poll`].
     fn connect(&self, dev: usize, handle: &Handle) -> Result<Box<dyn Connecting>>;
+    /// Whether its comms register GPU memory through a dmabuf (`regMrDmaBuf`).
+    fn has_dmabuf_reg(&self) -> bool {
+        false
+    }
 }
 
 /// A connect in progress (non-blocking, as ncclNet's connect returning a null comm).
@@ -116,6 +123,24 @@ pub trait SendComm: Send {
     /// # Safety
     /// The region must stay valid for reads until [`SendComm::dereg_mr`] (or the comm's drop).
     unsafe fn reg_mr(&mut self, ptr: *mut u8, len: usize, kind: u32) -> Result<Mr>;
+    /// Registers `len` bytes of GPU memory at `ptr` through the dmabuf `fd` (whose range starts
+    /// `offset` bytes before `ptr`), as `regMrDmaBuf` with `kind` (`PTR_CUDA`). The caller may
+    /// close `fd` once this returns.
+    ///
+    /// # Safety
+    /// As [`SendComm::reg_mr`].
+    unsafe fn reg_mr_dmabuf(
+        &mut self,
+        _ptr: *mut u8,
+        _len: usize,
+        _kind: u32,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Mr> {
+        Err(crate::error::Error::internal(
+            "this network registers no memory through a dmabuf",
+        ))
+    }
     fn dereg_mr(&mut self, mr: Mr) -> Result<()>;
     /// Sends bytes `offset..offset + len` of `mr`. `Ok(None)`: the backend cannot take another
     /// request now, try again later.
@@ -143,6 +168,24 @@ pub trait RecvComm: Send {
     /// # Safety
     /// The region must stay valid for writes until [`RecvComm::dereg_mr`] (or the comm's drop).
     unsafe fn reg_mr(&mut self, ptr: *mut u8, len: usize, kind: u32) -> Result<Mr>;
+    /// Registers `len` bytes of GPU memory at `ptr` through the dmabuf `fd` (whose range starts
+    /// `offset` bytes before `ptr`), as `regMrDmaBuf` with `kind` (`PTR_CUDA`). The caller may
+    /// close `fd` once this returns.
+    ///
+    /// # Safety
+    /// As [`RecvComm::reg_mr`].
+    unsafe fn reg_mr_dmabuf(
+        &mut self,
+        _ptr: *mut u8,
+        _len: usize,
+        _kind: u32,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Mr> {
+        Err(crate::error::Error::internal(
+            "this network registers no memory through a dmabuf",
+        ))
+    }
     fn dereg_mr(&mut self, mr: Mr) -> Result<()>;
     /// Posts a receive into up to `max_recvs` buffers (one per message). `Ok(None)`: try again.
     /// A message longer than its buffer fails the request.

@@ -1,14 +1,16 @@
 //! Making network connections between two ranks of a communicator: the receiving side listens
 //! and sends its handle through the bootstrap, the sending side connects to it, and both poll
-//! until every connection of the batch is up. Each connection gets its FIFO and counters in
-//! pinned host memory mapped into the GPU (sockets cannot reach GPU memory), the structure the
-//! kernel advances, and a [`NetConn`] for the proxy thread.
+//! until every connection of the batch is up. Each connection gets its counters in pinned host
+//! memory mapped into the GPU, its FIFO there too or in GPU memory where the network reads and
+//! writes it (GPU Direct RDMA, [`super::gdr`]), the structure the kernel advances, and a
+//! [`NetConn`] for the proxy thread.
 
+use super::gdr::Policy;
 use super::{Connecting, Handle, Listener, Net, HANDLE_BYTES};
 use crate::bootstrap::{AbortFlag, Bootstrap};
-use crate::cuda::{Device, HostMem};
+use crate::cuda::Device;
 use crate::error::{Error, Result};
-use crate::proxy::{ConnLayout, NetConn, Side};
+use crate::proxy::{ConnLayout, FifoPlace, NetConn, Side};
 use crate::transport::links::Dir;
 use nccl_device::abi::{ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES};
 use std::sync::Arc;
@@ -20,6 +22,8 @@ pub(crate) struct NetPath {
     /// `remote[r]`: rank r is on another node.
     pub remote: Vec<bool>,
     pub net: Arc<dyn Net>,
+    /// Where each network device's connections put their FIFOs (GPU Direct RDMA or not).
+    pub gdr: Policy,
     pub proxy: crate::proxy::ProxyGroup,
     pub timeout: Duration,
 }
@@ -39,6 +43,20 @@ pub(crate) struct Made {
     pub send: ConnSend,
     pub recv: ConnRecv,
     pub conn: NetConn,
+    /// The network device it uses.
+    pub dev: usize,
+}
+
+impl Made {
+    /// How NCCL's INFO lines name the connection's path: `NET/<name>/<dev>`, with `/GDRDMA`
+    /// where its FIFO is in GPU memory.
+    pub(crate) fn via(&self, net: &str) -> String {
+        format!(
+            "NET/{net}/{}{}",
+            self.dev,
+            if self.conn.on_gpu() { "/GDRDMA" } else { "" }
+        )
+    }
 }
 
 /// The slot stride of a proxied connection: every protocol's slot fits, so that a receiving
@@ -57,11 +75,13 @@ enum Half {
     Up(Side),
 }
 
-/// Makes every connection in `wants` with network `net`; `tag_base + key` tags the handles on
-/// the bootstrap. Gives up at `timeout` or when `abort` is raised.
+/// Makes every connection in `wants` with network `net`, FIFOs placed as `gdr` says;
+/// `tag_base + key` tags the handles on the bootstrap. Gives up at `timeout` or when `abort` is
+/// raised.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn connect(
     net: &dyn Net,
+    gdr: &Policy,
     device: &Device,
     bootstrap: &Bootstrap,
     wants: &[Want],
@@ -151,14 +171,28 @@ pub(crate) fn connect(
         let Half::Up(side) = h else {
             return Err(Error::internal("network connection left pending"));
         };
-        let mem = Arc::new(device.alloc_host_mem(layout.total())?);
-        let (send, recv) = conn_structs(&mem, layout);
+        let dev = dev_of(w);
+        let g = gdr.dev(dev);
+        let place = match w.dir {
+            Dir::Send if g.send => FifoPlace::Gpu {
+                dmabuf: g.dmabuf,
+                flush: false,
+            },
+            Dir::Recv if g.recv => FifoPlace::Gpu {
+                dmabuf: g.dmabuf,
+                flush: g.flush,
+            },
+            _ => FifoPlace::Host,
+        };
         let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
+        let conn = NetConn::new(side, device, layout, place, w.peer, peer)?;
+        let (send, recv) = conn_structs(&conn, layout);
         made.push(Made {
             want: *w,
             send,
             recv,
-            conn: NetConn::new(side, mem, layout, peer)?,
+            conn,
+            dev,
         });
     }
     Ok(made)
@@ -171,10 +205,10 @@ fn dir_name(d: Dir) -> &'static str {
     }
 }
 
-/// The kernel's view of a proxied connection in `mem`: one FIFO for every protocol.
-fn conn_structs(mem: &HostMem, l: ConnLayout) -> (ConnSend, ConnRecv) {
-    let at = |o: usize| mem.ptr + o as u64;
-    let fifo = at(ConnLayout::FIFO);
+/// The kernel's view of a proxied connection: one FIFO for every protocol.
+fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
+    let at = |o: usize| conn.ctrl_addr(o);
+    let fifo = conn.fifo_addr();
     let send = ConnSend {
         fifo,
         tail: at(ConnLayout::TAIL),

@@ -208,6 +208,7 @@ impl SocketNet {
                         port: 0,
                         max_comms: 65536,
                         max_recvs: 1,
+                        force_flush: false,
                     },
                     nthreads,
                     nsocks,

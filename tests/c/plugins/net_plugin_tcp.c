@@ -10,6 +10,15 @@
  *   NO_SYMBOL              the table is exported under a name nccl-rs does not look for
  *   WITH_COLLNET           also export an ncclCollNetPlugin_v8 table (reported, never used)
  *   MAX_RECVS=n            the maxRecvs property (grouped receives), default 1
+ *   CUDA_PTR               claim NCCL_PTR_CUDA too: regMr takes GPU memory (on nccl-rs's
+ *                          simulator GPU memory is host memory, so send/recv copy it as is);
+ *                          iflush of a GPU region returns a request that test() completes
+ *   FORCE_FLUSH            the forceFlush property (v9 on)
+ *   SPEED=n                the speed property, Mb/s (default 12345)
+ *
+ * Counters: with TEST_PLUGIN_STATS=<path> in the environment, every close of a comm writes the
+ * process's registrations by type, receives posted into GPU and host regions, and flushes
+ * (of GPU and of host regions) to <path>.<pid>, for the tests to read.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -33,6 +42,17 @@
 #ifndef MAX_RECVS
 #define MAX_RECVS 1
 #endif
+#ifndef SPEED
+#define SPEED 12345
+#endif
+
+/* Memory handles: which kind of region was registered. */
+#define MH_HOST ((void*)(uintptr_t)0x1234)
+#define MH_CUDA ((void*)(uintptr_t)0x1235)
+
+static struct {
+  unsigned long reg_host, reg_cuda, reg_dmabuf, recv_host, recv_cuda, flush_cuda, flush_host;
+} stats;
 
 #define MAGIC 0x6e636e74u /* "tncn" */
 #define NREQS NCCL_NET_MAX_REQUESTS
@@ -54,6 +74,7 @@ struct listen_comm {
 struct req {
   int used;      /* handed out and not yet reported done */
   int complete;
+  int is_flush;  /* a flush: its own allocation, complete at the first test */
   int is_send;
   char* data;
   size_t cap;    /* bytes to send, or room to receive */
@@ -157,22 +178,48 @@ static ncclResult_t pl_accept(void* listen_comm, void** recv_comm, ncclNetDevice
   return ncclSuccess;
 }
 
+static void write_stats(void) {
+  const char* path = getenv("TEST_PLUGIN_STATS");
+  char name[4096];
+  FILE* f;
+  if (!path) return;
+  snprintf(name, sizeof name, "%s.%d", path, (int)getpid());
+  f = fopen(name, "w");
+  if (!f) return;
+  fprintf(f, "reg_host=%lu reg_cuda=%lu reg_dmabuf=%lu recv_host=%lu recv_cuda=%lu flush_cuda=%lu flush_host=%lu\n",
+          stats.reg_host, stats.reg_cuda, stats.reg_dmabuf, stats.recv_host, stats.recv_cuda,
+          stats.flush_cuda, stats.flush_host);
+  fclose(f);
+}
+
 static ncclResult_t pl_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
-  (void)comm; (void)data; (void)size;
-  if (type != NCCL_PTR_HOST) return ncclInternalError; /* host memory only */
-  *mhandle = (void*)(uintptr_t)0x1234;
-  return ncclSuccess;
+  (void)comm; (void)size;
+  if (!data) return ncclInternalError;
+  if (type == NCCL_PTR_HOST) {
+    stats.reg_host++;
+    *mhandle = MH_HOST;
+    return ncclSuccess;
+  }
+#ifdef CUDA_PTR
+  if (type == NCCL_PTR_CUDA) {
+    stats.reg_cuda++;
+    *mhandle = MH_CUDA;
+    return ncclSuccess;
+  }
+#endif
+  return ncclInternalError; /* a kind of memory this flavour does not take */
 }
 
 static ncclResult_t pl_reg_mr_dmabuf(void* comm, void* data, size_t size, int type,
                                      uint64_t offset, int fd, void** mhandle) {
   (void)comm; (void)data; (void)size; (void)type; (void)offset; (void)fd; (void)mhandle;
-  return ncclInternalError;
+  stats.reg_dmabuf++;
+  return ncclInternalError; /* no dmabuf support claimed */
 }
 
 static ncclResult_t pl_dereg_mr(void* comm, void* mhandle) {
   (void)comm;
-  return mhandle == (void*)(uintptr_t)0x1234 ? ncclSuccess : ncclInternalError;
+  return (mhandle == MH_HOST || mhandle == MH_CUDA) ? ncclSuccess : ncclInternalError;
 }
 
 /* A free slot for the next request, in posting order; NULL when all are in use. */
@@ -224,7 +271,7 @@ static ncclResult_t do_isend(void* send_comm, void* data, size_t size, void* mha
   struct comm* c = send_comm;
   struct req* r;
   *request = NULL;
-  if (mhandle != (void*)(uintptr_t)0x1234) return ncclInternalError;
+  if (mhandle != MH_HOST && mhandle != MH_CUDA) return ncclInternalError;
   r = next_slot(c);
   if (!r) return ncclSuccess; /* try again later */
   r->is_send = 1;
@@ -242,9 +289,10 @@ static ncclResult_t do_irecv(void* recv_comm, int n, void** data, size_t size, v
   *request = NULL;
   /* Grouped receives: this plugin takes one buffer per request. */
   if (n != 1 || n > MAX_RECVS) return ncclInternalError;
-  if (mhandles[0] != (void*)(uintptr_t)0x1234) return ncclInternalError;
+  if (mhandles[0] != MH_HOST && mhandles[0] != MH_CUDA) return ncclInternalError;
   r = next_slot(c);
   if (!r) return ncclSuccess;
+  if (mhandles[0] == MH_CUDA) stats.recv_cuda++; else stats.recv_host++;
   r->data = data[0];
   r->cap = size;
   *request = r;
@@ -253,8 +301,23 @@ static ncclResult_t do_irecv(void* recv_comm, int n, void** data, size_t size, v
 
 static ncclResult_t pl_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
                               void** request) {
-  (void)recv_comm; (void)n; (void)data; (void)sizes; (void)mhandles;
-  *request = NULL; /* host memory: nothing to flush */
+  struct req* r;
+  (void)data; (void)sizes;
+  *request = NULL;
+  if (n < 1 || !mhandles) return ncclInternalError;
+  if (mhandles[0] != MH_CUDA) {
+    stats.flush_host++; /* host memory: nothing to flush (nccl-rs should not ask) */
+    return ncclSuccess;
+  }
+  stats.flush_cuda++;
+  /* The simulator's GPU memory is host memory: the flush is done at once, reported by test. */
+  r = calloc(1, sizeof *r);
+  if (!r) return ncclSystemError;
+  r->used = 1;
+  r->is_flush = 1;
+  r->complete = 1;
+  r->comm = recv_comm;
+  *request = r;
   return ncclSuccess;
 }
 
@@ -262,6 +325,12 @@ static ncclResult_t pl_test(void* request, int* done, int* sizes) {
   struct req* r = request;
   ncclResult_t rc;
   if (!r || !r->used) return ncclInternalError;
+  if (r->is_flush) {
+    *done = 1;
+    if (sizes) sizes[0] = 0;
+    free(r);
+    return ncclSuccess;
+  }
   rc = progress(r->comm);
   if (rc != ncclSuccess) return rc;
   *done = r->complete;
@@ -277,6 +346,7 @@ static ncclResult_t pl_close(void* comm) {
   if (!c) return ncclSuccess;
   close(c->fd);
   free(c);
+  write_stats();
   return ncclSuccess;
 }
 
@@ -321,14 +391,21 @@ static ncclResult_t pl_get_properties(int dev, ncclNetProperties_v9_t* p) {
   p->name = "lo-test";
   p->pciPath = NULL;
   p->guid = 0x7465737400000000ull;
+#ifdef CUDA_PTR
+  p->ptrSupport = NCCL_PTR_HOST | NCCL_PTR_CUDA;
+#else
   p->ptrSupport = NCCL_PTR_HOST;
-  p->speed = 12345;
+#endif
+  p->speed = SPEED;
   p->port = 1;
   p->latency = 1.5f;
   p->maxComms = 65536;
   p->maxRecvs = MAX_RECVS;
   p->netDeviceType = NCCL_NET_DEVICE_HOST;
 #if NET_VERSION >= 9
+#ifdef FORCE_FLUSH
+  p->forceFlush = 1;
+#endif
   p->vProps.ndevs = 1;
   p->vProps.devs[0] = 0;
   p->maxP2pBytes = (size_t)1 << 30;

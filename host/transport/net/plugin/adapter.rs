@@ -11,6 +11,7 @@ use crate::transport::net::{
 };
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 
 /// One initialised use of a plugin: the process-wide one of a v8-v10 plugin, or a v11
@@ -181,6 +182,10 @@ impl Net for PluginNet {
             handle: Box::new(*handle),
         }))
     }
+
+    fn has_dmabuf_reg(&self) -> bool {
+        self.inst.api.has_reg_mr_dma_buf()
+    }
 }
 
 /// A listen comm; closed when dropped (after its accept, as NCCL does).
@@ -292,6 +297,28 @@ impl Endpoint {
         Ok(Mr(id))
     }
 
+    /// # Safety
+    /// As [`SendComm::reg_mr_dmabuf`].
+    unsafe fn reg_mr_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        kind: u32,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Mr> {
+        // SAFETY: the caller keeps the region valid until dereg_mr; `comm` is live; `fd` is
+        // open for the call.
+        let mh = unsafe {
+            self.inst
+                .api
+                .reg_mr_dma_buf(self.comm, ptr, len, kind, offset, fd.as_raw_fd())?
+        };
+        let id = self.id();
+        self.regions.insert(id, Region { ptr, len, mh });
+        Ok(Mr(id))
+    }
+
     fn dereg_mr(&mut self, mr: Mr) -> Result<()> {
         let r = self
             .regions
@@ -377,6 +404,17 @@ impl SendComm for PluginSendComm {
         // SAFETY: forwarded contract.
         unsafe { self.ep.reg_mr(ptr, len, kind) }
     }
+    unsafe fn reg_mr_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        kind: u32,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Mr> {
+        // SAFETY: forwarded contract.
+        unsafe { self.ep.reg_mr_dmabuf(ptr, len, kind, offset, fd) }
+    }
     fn dereg_mr(&mut self, mr: Mr) -> Result<()> {
         self.ep.dereg_mr(mr)
     }
@@ -395,6 +433,17 @@ impl RecvComm for PluginRecvComm {
     unsafe fn reg_mr(&mut self, ptr: *mut u8, len: usize, kind: u32) -> Result<Mr> {
         // SAFETY: forwarded contract.
         unsafe { self.ep.reg_mr(ptr, len, kind) }
+    }
+    unsafe fn reg_mr_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        kind: u32,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Mr> {
+        // SAFETY: forwarded contract.
+        unsafe { self.ep.reg_mr_dmabuf(ptr, len, kind, offset, fd) }
     }
     fn dereg_mr(&mut self, mr: Mr) -> Result<()> {
         self.ep.dereg_mr(mr)

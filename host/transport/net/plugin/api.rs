@@ -210,6 +210,7 @@ impl Api {
                     port: p.port,
                     max_comms: p.max_comms.max(0) as usize,
                     max_recvs: p.max_recvs.max(1) as usize,
+                    force_flush: p.force_flush != 0,
                 },
                 Extra {
                     reg_is_global: p.reg_is_global != 0,
@@ -239,6 +240,7 @@ impl Api {
                         port: p.port,
                         max_comms: p.max_comms.max(0) as usize,
                         max_recvs: p.max_recvs.max(1) as usize,
+                        force_flush: false,
                     },
                     Extra {
                         reg_is_global: p.reg_is_global != 0,
@@ -350,6 +352,38 @@ impl Api {
         // SAFETY: the caller's contract; `mh` lives for the call.
         let rc = unsafe { shared!(self, reg_mr)(comm, ptr as P, len, kind as c_int, &mut mh) };
         self.check("regMr", rc)?;
+        Ok(mh)
+    }
+
+    /// Whether the table has regMrDmaBuf.
+    pub(crate) fn has_reg_mr_dma_buf(&self) -> bool {
+        match self.table {
+            Table::V8(t) => t.reg_mr_dma_buf.is_some(),
+            Table::V9(t) => t.reg_mr_dma_buf.is_some(),
+            Table::V10(t) => t.reg_mr_dma_buf.is_some(),
+            Table::V11(t) => t.reg_mr_dma_buf.is_some(),
+        }
+    }
+
+    /// regMrDmaBuf: `len` bytes at `ptr` through the dmabuf `fd`, `offset` bytes into it.
+    ///
+    /// # Safety
+    /// As [`Api::reg_mr`]; `fd` is an open dmabuf for the range.
+    pub(crate) unsafe fn reg_mr_dma_buf(
+        &self,
+        comm: P,
+        ptr: *mut u8,
+        len: usize,
+        kind: u32,
+        offset: u64,
+        fd: c_int,
+    ) -> Result<P> {
+        let mut mh: P = null_mut();
+        // SAFETY: the caller's contract; `mh` lives for the call.
+        let rc = unsafe {
+            shared!(self, reg_mr_dma_buf)(comm, ptr as P, len, kind as c_int, offset, fd, &mut mh)
+        };
+        self.check("regMrDmaBuf", rc)?;
         Ok(mh)
     }
 

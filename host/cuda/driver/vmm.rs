@@ -1,0 +1,231 @@
+//! Device memory through the CUDA virtual memory API, as `ncclMemAlloc` hands it out:
+//! physical memory created with a POSIX file-descriptor handle (so that another process can
+//! map it) and GPU Direct RDMA capable where the device says so, mapped at an address range of
+//! its own, with read-write access for this device and every device that can reach it, and
+//! zeroed like every allocation of ours.
+
+use super::{check, extent_cache, sys, Device};
+use crate::cuda::DevPtr;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// One mapping made by [`Device::alloc_vmm`].
+struct Mapping {
+    size: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+}
+
+fn mappings() -> MutexGuard<'static, HashMap<DevPtr, Mapping>> {
+    static M: OnceLock<Mutex<HashMap<DevPtr, Mapping>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Undoes the steps of an allocation that failed part way, last first.
+struct Undo {
+    handle: Option<sys::CUmemGenericAllocationHandle>,
+    reserved: Option<(DevPtr, usize)>,
+    mapped: bool,
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        // SAFETY: each field names a step of this allocation that succeeded and that nothing
+        // else uses yet; results are ignored (this is already an error path).
+        unsafe {
+            if let Some((p, size)) = self.reserved {
+                if self.mapped {
+                    sys::cuMemUnmap(p, size);
+                }
+                sys::cuMemAddressFree(p, size);
+            }
+            if let Some(h) = self.handle {
+                sys::cuMemRelease(h);
+            }
+        }
+    }
+}
+
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+impl Device {
+    /// The allocation properties of [`Device::alloc_vmm`] on this device, with `handles`.
+    fn vmm_prop(
+        &self,
+        handles: sys::CUmemAllocationHandleType,
+    ) -> Result<sys::CUmemAllocationProp> {
+        use sys::CUdevice_attribute::*;
+        // SAFETY: a plain C structure; zero is the value of every field not set below.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = handles;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.ordinal;
+        prop.allocFlags.gpuDirectRDMACapable =
+            u8::from(self.attr(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)? != 0);
+        Ok(prop)
+    }
+
+    /// The granularity sizes are rounded to: the driver's recommended one, and the multicast
+    /// one where NVLS may be used (`NCCL_NVLS_ENABLE=1` and the device supports multicast;
+    /// the query creates no multicast object, and is skipped otherwise all the same).
+    fn vmm_granularity(&self, prop: &sys::CUmemAllocationProp) -> Result<usize> {
+        use sys::CUdevice_attribute::*;
+        let mut gran = 0usize;
+        // SAFETY: out-parameter; prop is a valid property structure.
+        check(
+            unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut gran,
+                    prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                )
+            },
+            "cuMemGetAllocationGranularity",
+        )?;
+        let nvls = std::env::var("NCCL_NVLS_ENABLE").is_ok_and(|v| v == "1");
+        if nvls && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0 {
+            // SAFETY: a plain C structure, zero where not set.
+            let mut mc: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
+            mc.numDevices = super::device_count()? as u32;
+            mc.size = gran;
+            mc.handleTypes =
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
+            let mut mc_gran = 0usize;
+            // SAFETY: out-parameter; mc is a valid property structure.
+            let r = unsafe {
+                sys::cuMulticastGetGranularity(
+                    &mut mc_gran,
+                    &mc,
+                    sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_RECOMMENDED,
+                )
+            };
+            if r == sys::CUresult::CUDA_SUCCESS && mc_gran > 0 {
+                gran = gran.max(mc_gran);
+            }
+        }
+        Ok(gran.max(1))
+    }
+
+    /// `bytes` of device memory (at least 1) through the virtual memory API, rounded up to
+    /// the granularity: (address, mapped size). Freed by [`Device::free`].
+    pub fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+        use sys::CUdevice_attribute::*;
+        self.make_current()?;
+        if self.attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? == 0 {
+            return Err(Error::invalid_usage(format!(
+                "device {} does not support the CUDA virtual memory API (ncclMemAlloc needs it)",
+                self.ordinal
+            )));
+        }
+        let fd = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let mut prop = self.vmm_prop(fd)?;
+        let gran = self.vmm_granularity(&prop)?;
+        let size = round_up(bytes.max(1), gran);
+        let mut undo = Undo {
+            handle: None,
+            reserved: None,
+            mapped: false,
+        };
+        let mut handle = 0;
+        // SAFETY: out-parameter; prop is valid; size is a multiple of the granularity.
+        let mut r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // Some containers refuse shareable handles: memory only this process maps.
+            log::info!(
+                "ncclMemAlloc: cuMemCreate with a POSIX fd handle failed ({r:?}); retrying without"
+            );
+            prop = self.vmm_prop(sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE)?;
+            // SAFETY: as above.
+            r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
+        }
+        check(r, &format!("cuMemCreate of {size} bytes"))?;
+        undo.handle = Some(handle);
+        let mut ptr: DevPtr = 0;
+        // SAFETY: out-parameter; size and alignment are multiples of the granularity.
+        check(
+            unsafe { sys::cuMemAddressReserve(&mut ptr, size, gran, 0, 0) },
+            "cuMemAddressReserve",
+        )?;
+        undo.reserved = Some((ptr, size));
+        // SAFETY: the range was just reserved for this handle, of the same size.
+        check(
+            unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) },
+            "cuMemMap",
+        )?;
+        undo.mapped = true;
+        let access = self.vmm_access()?;
+        // SAFETY: the range is mapped; `access` holds access.len() valid descriptors.
+        check(
+            unsafe { sys::cuMemSetAccess(ptr, size, access.as_ptr(), access.len()) },
+            "cuMemSetAccess",
+        )?;
+        // SAFETY: the mapping is fresh, `size` bytes, and readable and writable here now.
+        unsafe { self.zero_new(ptr, size)? };
+        std::mem::forget(undo);
+        mappings().insert(ptr, Mapping { size, handle });
+        Ok((ptr, size))
+    }
+
+    /// Read-write access for this device and every device that can access it.
+    fn vmm_access(&self) -> Result<Vec<sys::CUmemAccessDesc>> {
+        let desc = |ordinal: i32| {
+            // SAFETY: a plain C structure, zero where not set.
+            let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+            d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            d.location.id = ordinal;
+            d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            d
+        };
+        let mut access = vec![desc(self.ordinal)];
+        for o in 0..super::device_count()? as i32 {
+            if o == self.ordinal {
+                continue;
+            }
+            let (mut peer, mut can) = (0, 0);
+            // SAFETY: out-parameters; o is a visible ordinal.
+            let ok = unsafe {
+                sys::cuDeviceGet(&mut peer, o) == sys::CUresult::CUDA_SUCCESS
+                    && sys::cuDeviceCanAccessPeer(&mut can, peer, self.dev)
+                        == sys::CUresult::CUDA_SUCCESS
+            };
+            if ok && can != 0 {
+                access.push(desc(o));
+            }
+        }
+        Ok(access)
+    }
+
+    /// Frees `p` if [`Device::alloc_vmm`] made it: whether it did.
+    pub(super) fn free_vmm(&self, p: DevPtr) -> Result<bool> {
+        let Some(m) = mappings().remove(&p) else {
+            return Ok(false);
+        };
+        self.make_current()?;
+        extent_cache::forget(p);
+        // SAFETY: p is a live mapping of m.size bytes of m.handle, made by alloc_vmm and
+        // freed once (it was just removed from the table).
+        unsafe {
+            check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")?;
+            check(sys::cuMemAddressFree(p, m.size), "cuMemAddressFree")?;
+            check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_up;
+
+    #[test]
+    fn sizes_round_up_to_the_granularity() {
+        assert_eq!(round_up(1, 2 << 20), 2 << 20);
+        assert_eq!(round_up(2 << 20, 2 << 20), 2 << 20);
+        assert_eq!(round_up((2 << 20) + 1, 2 << 20), 4 << 20);
+    }
+}
