@@ -108,6 +108,17 @@ fn killed_peer_mid_collective_raises_async_errors() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         eprintln!("rank {rank}: async error after {:?}: {err}", t0.elapsed());
+        let t1 = std::time::Instant::now();
+        comm.abort();
+        eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
+        // The aborted kernel ends; only then may its buffer go (and only then may a failed
+        // check below unwind: a panic that drops the buffer under the kernel would end the
+        // process in a SIGSEGV that hides the failure).
+        let _ = comm.device().stream_sync(stream);
+        eprintln!("rank {rank}: stream drained after {:?}", t1.elapsed());
+        drop(buf);
+        comm.destroy().ok();
+        eprintln!("rank {rank}: abort and destroy took {:?}", t1.elapsed());
         assert!(
             matches!(
                 err.code,
@@ -117,15 +128,6 @@ fn killed_peer_mid_collective_raises_async_errors() {
         );
         // The message names the dead rank.
         assert!(err.message.contains(&format!("rank {victim}")), "{err}");
-        let t1 = std::time::Instant::now();
-        comm.abort();
-        eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
-        // The aborted kernel ends; only then may its buffer go.
-        let _ = comm.device().stream_sync(stream);
-        eprintln!("rank {rank}: stream drained after {:?}", t1.elapsed());
-        drop(buf);
-        comm.destroy().ok();
-        eprintln!("rank {rank}: abort and destroy took {:?}", t1.elapsed());
         return;
     }
     // 2x1 and 3x1: every survivor has a network connection to the victim. 2x2 and 1x3: some
