@@ -259,7 +259,7 @@ pub struct Comm {
     /// Across nodes, the double binary tree's connections when NCCL_ALGO allows the tree
     /// (then `tree_up` is None): see [`tree`].
     pub(crate) dbt: Option<tree::Dbt>,
-    /// NVLS's multicast scratch, where NCCL_NVLS_ENABLE=1 and the GPUs allow it.
+    /// NVLS's multicast scratch, where the user set NCCL_NVLS_ENABLE to 1 and the GPUs allow it.
     pub(crate) nvls: Option<nvls::Nvls>,
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
@@ -624,7 +624,7 @@ impl Comm {
             (up, None)
         };
 
-        // NVLS: only with NCCL_NVLS_ENABLE=1 on every rank (see nvls.rs), after every rank
+        // NVLS: only where the user set NCCL_NVLS_ENABLE to 1 on every rank (see nvls.rs), after every rank
         // agreed on the tuner (all of them decide alike here).
         let all_p2p = !transports.any(Transport::Net) && !transports.any(Transport::Shm);
         let nvls = nvls::setup(

@@ -29,15 +29,10 @@ impl std::fmt::Debug for Nvls {
     }
 }
 
-/// Whether NCCL_NVLS_ENABLE allows multicast: exactly "1", nothing else.
-pub(crate) fn enabled_by_env() -> bool {
-    crate::env::raw("NCCL_NVLS_ENABLE").as_deref() == Some("1")
-}
-
 /// Whether this rank may take part (see the module's comment); the device is asked about
 /// multicast only once the variable said 1.
 fn may(rank: usize, device: &Device, peers: &[PeerInfo], all_p2p: bool) -> Result<bool> {
-    if !enabled_by_env() || peers.len() < 2 || !all_p2p {
+    if !crate::cuda::multicast::allowed_by_env() || peers.len() < 2 || !all_p2p {
         return Ok(false);
     }
     let me = &peers[rank];

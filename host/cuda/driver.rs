@@ -1002,10 +1002,10 @@ mod extent_cache {
     }
 }
 
-// ---- Multicast objects (NVLS). Reached only through `super::multicast`, which the
-// communicator calls only when NCCL_NVLS_ENABLE is exactly 1 and every rank's device reports
-// multicast support: on the shared GPU hosts a multicast object can take the host's GPUs out
-// of service, and those hosts set NCCL_NVLS_ENABLE=0.
+// ---- Multicast objects (NVLS). Reached only through `super::multicast`, which refuses
+// unless the user set NCCL_NVLS_ENABLE to exactly 1 (and the communicator asks only then and
+// where every rank's device reports multicast support): on the shared GPU hosts a multicast
+// object can take the host's GPUs out of service, and those hosts keep the variable at 0.
 
 /// A multicast object as this process holds it, and what it bound and mapped on one device.
 pub struct Multicast {

@@ -99,7 +99,7 @@ macro_rules! dispatch {
 
 mod graph;
 pub use graph::Graph;
-mod multicast;
+pub(crate) mod multicast;
 pub(crate) use multicast::Multicast;
 
 /// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.

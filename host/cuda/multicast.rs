@@ -1,9 +1,11 @@
 //! Multicast objects (NVLink SHARP) on either backend: a multicast object names one buffer on
 //! each member GPU; through its mapping `multimem` instructions reach all of them at once.
 //!
-//! Only the communicator's NVLS setup calls this, and only when NCCL_NVLS_ENABLE is exactly 1
-//! and every rank's device reports multicast support (`comm::nvls`). The shared GPU hosts set
-//! NCCL_NVLS_ENABLE=0: a multicast object there can take every GPU of the host out of service.
+//! Only the communicator's NVLS setup calls this, and only when the user set NCCL_NVLS_ENABLE
+//! to exactly "1" and every rank's device reports multicast support (`comm::nvls`). The shared
+//! GPU hosts keep NCCL_NVLS_ENABLE at 0: a multicast object there can take every GPU of the
+//! host out of service. So creating or importing an object checks the variable here too, at
+//! the last step before the driver, whoever the caller is.
 
 use super::{driver, sim, Device, Imp};
 use crate::error::{Error, Result};
@@ -25,6 +27,22 @@ impl std::fmt::Debug for Multicast {
     }
 }
 
+/// Whether the user allows multicast objects: NCCL_NVLS_ENABLE (environment or
+/// NCCL_CONF_FILE) exactly "1", nothing else. The one reading of the variable in the library.
+pub(crate) fn allowed_by_env() -> bool {
+    crate::env::raw("NCCL_NVLS_ENABLE").as_deref() == Some("1")
+}
+
+/// An error unless [`allowed_by_env`]: no multicast object is made or joined without it.
+fn check_allowed(what: &str) -> Result<()> {
+    if allowed_by_env() {
+        return Ok(());
+    }
+    Err(Error::invalid_usage(format!(
+        "{what}: multicast objects are made only when NCCL_NVLS_ENABLE is exactly \"1\""
+    )))
+}
+
 impl Device {
     /// Whether the device can join a multicast object.
     pub(crate) fn multicast_supported(&self) -> Result<bool> {
@@ -43,6 +61,7 @@ impl Device {
         ndev: usize,
         bytes: usize,
     ) -> Result<(Multicast, [u8; 64])> {
+        check_allowed("creating a multicast object")?;
         let (imp, h) = match &*self.imp {
             Imp::Cuda(d) => {
                 let (m, h) = d.multicast_create(ndev, bytes)?;
@@ -64,6 +83,7 @@ impl Device {
 
     /// Imports the multicast object another rank created.
     pub(crate) fn multicast_import(&self, h: &[u8; 64]) -> Result<Multicast> {
+        check_allowed("importing a multicast object")?;
         let imp = match &*self.imp {
             Imp::Cuda(d) => McImp::Cuda(d.multicast_import(h)?),
             Imp::Sim(d) => McImp::Sim(d.multicast_import(h)?),
@@ -103,5 +123,34 @@ impl Drop for Multicast {
             (Imp::Sim(d), McImp::Sim(m)) => d.multicast_release(m),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::{set_backend, Backend};
+    use crate::error::NcclResult;
+
+    /// Whoever calls, no multicast object is created or imported unless the user set
+    /// NCCL_NVLS_ENABLE to exactly 1 (checked on the simulator; the same check stands before
+    /// the driver's calls).
+    #[test]
+    fn no_multicast_object_without_nvls_enable() {
+        if allowed_by_env() {
+            eprintln!("skipped: NCCL_NVLS_ENABLE=1 in this test's environment");
+            return;
+        }
+        let _ = set_backend(Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        assert!(
+            dev.is_sim(),
+            "the simulator must be the backend of the lib tests"
+        );
+        let e = dev.multicast_create(2, 2 << 20).expect_err("refused");
+        assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+        assert!(e.message.contains("NCCL_NVLS_ENABLE"), "{e}");
+        let e = dev.multicast_import(&[0u8; 64]).expect_err("refused");
+        assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
     }
 }

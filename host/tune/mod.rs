@@ -423,8 +423,8 @@ pub struct Tuner {
     bw_inter: f64,
     intra_type: PathType,
     ll128_ok: bool,
-    /// NVLS is set up (the communicator's multicast object exists: NCCL_NVLS_ENABLE=1 and
-    /// multicast support on every rank).
+    /// NVLS is set up (the communicator's multicast object exists: the user set
+    /// NCCL_NVLS_ENABLE to 1 and every rank's GPU supports multicast).
     nvls: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
@@ -481,8 +481,8 @@ impl Tuner {
         let supported = match algo {
             Algo::Ring => true,
             Algo::Tree => coll == Coll::AllReduce,
-            // Only where the communicator made its multicast object (never without
-            // NCCL_NVLS_ENABLE=1, which the shared GPU hosts leave at 0).
+            // Only where the communicator made its multicast object (never unless the user
+            // set NCCL_NVLS_ENABLE to 1; the shared GPU hosts keep it at 0).
             Algo::Nvls => {
                 self.nvls
                     && matches!(

@@ -265,8 +265,8 @@ pub unsafe fn p2p_param_item(_args: &P2pArgs, i: usize) -> P2pItem {
 // the reduction the switch computed; `st` writes every member; `red` reduces into every member.
 // build.rs compiles this part only for architectures that have it (`--cfg nccl_rs_multimem`,
 // with `+ptx81`): on older ones every function below traps, and the host never launches NVLS
-// there (it never creates a multicast object without NCCL_NVLS_ENABLE=1 and the devices'
-// multicast support).
+// there (it never creates a multicast object unless the user set NCCL_NVLS_ENABLE to 1 and
+// the devices support multicast).
 
 /// `multimem.ld_reduce` of one 16-byte pack of `T` at multicast address `p` with `op`: the
 /// widest form the ISA has for the type (`.v4.f32`, `.v4.f16x2`, `.v4.bf16x2` in one

@@ -71,7 +71,7 @@ impl Device {
     }
 
     /// The granularity sizes are rounded to: the driver's recommended one, and the multicast
-    /// one where NVLS may be used (`NCCL_NVLS_ENABLE=1` and the device supports multicast;
+    /// one where NVLS may be used (the user set NCCL_NVLS_ENABLE to 1 and the device supports multicast;
     /// the query creates no multicast object, and is skipped otherwise all the same).
     fn vmm_granularity(&self, prop: &sys::CUmemAllocationProp) -> Result<usize> {
         use sys::CUdevice_attribute::*;
@@ -87,8 +87,7 @@ impl Device {
             },
             "cuMemGetAllocationGranularity",
         )?;
-        let nvls = std::env::var("NCCL_NVLS_ENABLE").is_ok_and(|v| v == "1");
-        if nvls && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0 {
+        if crate::cuda::multicast::allowed_by_env() && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0 {
             // SAFETY: a plain C structure, zero where not set.
             let mut mc: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
             mc.numDevices = super::device_count()? as u32;
