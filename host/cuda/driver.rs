@@ -1007,6 +1007,16 @@ mod extent_cache {
 // where every rank's device reports multicast support): on the shared GPU hosts a multicast
 // object can take the host's GPUs out of service, and those hosts keep the variable at 0.
 
+/// Read-write access to a mapping for device `ordinal`.
+fn access_desc(ordinal: i32) -> sys::CUmemAccessDesc {
+    // SAFETY: plain C structs for which all zeroes is valid.
+    let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+    d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = ordinal;
+    d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    d
+}
+
 /// A multicast object as this process holds it, and what it bound and mapped on one device.
 pub struct Multicast {
     handle: sys::CUmemGenericAllocationHandle,
@@ -1179,21 +1189,14 @@ impl Device {
         )
     }
 
-    fn access_desc(&self) -> sys::CUmemAccessDesc {
-        // SAFETY: plain C structs for which all zeroes is valid.
-        let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-        d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        d.location.id = self.ordinal;
-        d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        d
-    }
-
-    /// Reserves `bytes` of address space aligned to `align` and maps `handle` there.
+    /// Reserves `bytes` of address space aligned to `align`, maps `handle` there and grants
+    /// the `access` given (see [`access_desc`]); on failure nothing stays reserved or mapped.
     fn map_handle(
         &self,
         handle: sys::CUmemGenericAllocationHandle,
         bytes: usize,
         align: usize,
+        access: &[sys::CUmemAccessDesc],
     ) -> Result<sys::CUdeviceptr> {
         let mut va = 0;
         // SAFETY: out-parameter; the range is freed on any later failure.
@@ -1201,11 +1204,14 @@ impl Device {
             unsafe { sys::cuMemAddressReserve(&mut va, bytes, align, 0, 0) },
             "cuMemAddressReserve",
         )?;
-        let desc = self.access_desc();
-        // SAFETY: a fresh reservation of `bytes` and a live handle of at least that size.
+        // SAFETY: a fresh reservation of `bytes` and a live handle of at least that size;
+        // `access` holds access.len() descriptors.
         let r = unsafe {
             check(sys::cuMemMap(va, bytes, 0, handle, 0), "cuMemMap").and_then(|_| {
-                check(sys::cuMemSetAccess(va, bytes, &desc, 1), "cuMemSetAccess")
+                check(
+                    sys::cuMemSetAccess(va, bytes, access.as_ptr(), access.len()),
+                    "cuMemSetAccess",
+                )
             })
         };
         if let Err(e) = r {
@@ -1239,8 +1245,9 @@ impl Device {
             unsafe { sys::cuMulticastBindMem(mc.handle, 0, mem, 0, mc.bytes, 0) },
             "cuMulticastBindMem",
         )?;
-        mc.uc = self.map_handle(mem, mc.bytes, align)?;
-        mc.mc = self.map_handle(mc.handle, mc.bytes, align)?;
+        let access = [access_desc(self.ordinal)];
+        mc.uc = self.map_handle(mem, mc.bytes, align, &access)?;
+        mc.mc = self.map_handle(mc.handle, mc.bytes, align, &access)?;
         Ok((mc.uc, mc.mc))
     }
 

@@ -4,7 +4,7 @@
 //! its own, with read-write access for this device and every device that can reach it, and
 //! zeroed like every allocation of ours.
 
-use super::{check, extent_cache, sys, Device};
+use super::{access_desc, check, extent_cache, sys, Device};
 use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -21,31 +21,6 @@ fn mappings() -> MutexGuard<'static, HashMap<DevPtr, Mapping>> {
     M.get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-}
-
-/// Undoes the steps of an allocation that failed part way, last first.
-struct Undo {
-    handle: Option<sys::CUmemGenericAllocationHandle>,
-    reserved: Option<(DevPtr, usize)>,
-    mapped: bool,
-}
-
-impl Drop for Undo {
-    fn drop(&mut self) {
-        // SAFETY: each field names a step of this allocation that succeeded and that nothing
-        // else uses yet; results are ignored (this is already an error path).
-        unsafe {
-            if let Some((p, size)) = self.reserved {
-                if self.mapped {
-                    sys::cuMemUnmap(p, size);
-                }
-                sys::cuMemAddressFree(p, size);
-            }
-            if let Some(h) = self.handle {
-                sys::cuMemRelease(h);
-            }
-        }
-    }
 }
 
 fn round_up(n: usize, to: usize) -> usize {
@@ -125,11 +100,6 @@ impl Device {
         let mut prop = self.vmm_prop(fd)?;
         let gran = self.vmm_granularity(&prop)?;
         let size = round_up(bytes.max(1), gran);
-        let mut undo = Undo {
-            handle: None,
-            reserved: None,
-            mapped: false,
-        };
         let mut handle = 0;
         // SAFETY: out-parameter; prop is valid; size is a multiple of the granularity.
         let mut r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
@@ -143,44 +113,36 @@ impl Device {
             r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
         }
         check(r, &format!("cuMemCreate of {size} bytes"))?;
-        undo.handle = Some(handle);
-        let mut ptr: DevPtr = 0;
-        // SAFETY: out-parameter; size and alignment are multiples of the granularity.
-        check(
-            unsafe { sys::cuMemAddressReserve(&mut ptr, size, gran, 0, 0) },
-            "cuMemAddressReserve",
-        )?;
-        undo.reserved = Some((ptr, size));
-        // SAFETY: the range was just reserved for this handle, of the same size.
-        check(
-            unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) },
-            "cuMemMap",
-        )?;
-        undo.mapped = true;
-        let access = self.vmm_access()?;
-        // SAFETY: the range is mapped; `access` holds access.len() valid descriptors.
-        check(
-            unsafe { sys::cuMemSetAccess(ptr, size, access.as_ptr(), access.len()) },
-            "cuMemSetAccess",
-        )?;
-        // SAFETY: the mapping is fresh, `size` bytes, and readable and writable here now.
-        unsafe { self.zero_new(ptr, size)? };
-        std::mem::forget(undo);
+        let mapped = self.vmm_access().and_then(|access| {
+            let ptr = self.map_handle(handle, size, gran, &access)?;
+            // SAFETY: the mapping is fresh, `size` bytes, readable and writable here now.
+            match unsafe { self.zero_new(ptr, size) } {
+                Ok(()) => Ok(ptr),
+                Err(e) => {
+                    // SAFETY: the mapping made just above, used by nobody.
+                    unsafe {
+                        sys::cuMemUnmap(ptr, size);
+                        sys::cuMemAddressFree(ptr, size);
+                    }
+                    Err(e)
+                }
+            }
+        });
+        let ptr = match mapped {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: the handle created above, mapped nowhere now.
+                unsafe { sys::cuMemRelease(handle) };
+                return Err(e);
+            }
+        };
         mappings().insert(ptr, Mapping { size, handle });
         Ok((ptr, size))
     }
 
     /// Read-write access for this device and every device that can access it.
     fn vmm_access(&self) -> Result<Vec<sys::CUmemAccessDesc>> {
-        let desc = |ordinal: i32| {
-            // SAFETY: a plain C structure, zero where not set.
-            let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-            d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-            d.location.id = ordinal;
-            d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            d
-        };
-        let mut access = vec![desc(self.ordinal)];
+        let mut access = vec![access_desc(self.ordinal)];
         for o in 0..super::device_count()? as i32 {
             if o == self.ordinal {
                 continue;
@@ -193,7 +155,7 @@ impl Device {
                         == sys::CUresult::CUDA_SUCCESS
             };
             if ok && can != 0 {
-                access.push(desc(o));
+                access.push(access_desc(o));
             }
         }
         Ok(access)
