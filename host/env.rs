@@ -261,6 +261,11 @@ pub const PARAMS: &[Param] = &[
         doc: "bytes of one send/recv step (FIFO slot of a p2p connection); unset: 512 KiB on GPUs",
     },
     Param {
+        name: "NCCL_LOCAL_REGISTER",
+        default: "1",
+        doc: "0: registered buffers (ncclCommRegister) are recorded but every send/recv still copies through the FIFOs",
+    },
+    Param {
         name: "NCCL_P2P_LEVEL",
         default: "",
         doc: "farthest path (LOC, NVL, PIX, PXB, PHB, SYS) P2P is used over (default PXB)",

@@ -312,6 +312,67 @@ pub struct P2pItem {
     pub kind: u32,
     /// Bytes of one FIFO slot of this connection.
     pub slot_bytes: u32,
+    /// The zero-copy handshake (registered buffers, [`DIRECT_OFF`] and the other `DIRECT_*`):
+    /// a Recv item offers the address of its part of the user buffer (or [`DIRECT_DECLINE`]:
+    /// nothing to offer); a Send item says how to reach an offered address
+    /// ([`DIRECT_DECLINE`], [`DIRECT_SAME_SPACE`], or a `*const RegTable` in device memory).
+    /// Both ends of a message set it alike (off, or on with their own value), so both meet.
+    pub direct: u64,
+}
+
+/// [`P2pItem::direct`]: no handshake; the message goes through the FIFO.
+pub const DIRECT_OFF: u64 = 0;
+/// [`P2pItem::direct`]: the handshake happens, but this side refuses the zero-copy path (an
+/// unregistered buffer, or a peer whose memory it cannot map), so the message takes the FIFO.
+pub const DIRECT_DECLINE: u64 = 1;
+/// [`P2pItem::direct`] of a Send: the receiver shares our address space (same process, peer
+/// access on), so an offered address is used as it is.
+pub const DIRECT_SAME_SPACE: u64 = 2;
+
+/// The zero-copy handshake lives in the connection's counter lines, beside the counters (each
+/// line is [`CTRL_LINE`] bytes and the counter takes its first 8). The receiver writes its offer
+/// into the sender's head line: the address at +16, then (release) the tag at +8. The sender
+/// answers in the receiver's tail line: the mode (1: the data is in your buffer; 0: it comes
+/// through the FIFO) at +16, then (release) the tag at +8. The tag is the connection's step at
+/// the start of the message plus one, the same at both ends, so stale words never match.
+pub const DIRECT_TAG: usize = 8;
+/// See [`DIRECT_TAG`].
+pub const DIRECT_WORD: usize = 16;
+
+/// One registered buffer of a peer process as this process maps it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegEntry {
+    /// The buffer's range in the peer's address space: [start, end).
+    pub peer_start: u64,
+    pub peer_end: u64,
+    /// Where `peer_start` lies in ours.
+    pub local: u64,
+}
+
+/// Most entries a [`RegTable`] holds.
+pub const REG_TABLE_ENTRIES: usize = 255;
+
+/// A peer process's registered buffers as this process maps them; a sender translates an
+/// offered address through it. The host appends entries and then raises `count` (release), so
+/// a kernel reading `count` entries sees them whole.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RegTable {
+    pub count: u64,
+    pub _pad: [u64; 2],
+    pub entries: [RegEntry; REG_TABLE_ENTRIES],
+}
+
+impl RegTable {
+    /// Where `bytes` at the peer's `addr` lie in our address space, if one entry covers them.
+    pub fn translate(entries: &[RegEntry], addr: u64, bytes: u64) -> Option<u64> {
+        let end = addr.checked_add(bytes)?;
+        entries
+            .iter()
+            .find(|e| e.peer_start <= addr && end <= e.peer_end)
+            .map(|e| e.local + (addr - e.peer_start))
+    }
 }
 
 /// The arguments of a point-to-point launch (grid = `nitems`).
@@ -338,8 +399,10 @@ impl Default for P2pArgs {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<P2pItem>() == 40);
-    assert!(core::mem::size_of::<P2pArgs>() == 16 + 40 * MAX_P2P_ITEMS);
+    assert!(core::mem::size_of::<P2pItem>() == 48);
+    assert!(core::mem::size_of::<P2pArgs>() == 16 + 48 * MAX_P2P_ITEMS);
+    assert!(core::mem::size_of::<RegTable>() == 24 * (REG_TABLE_ENTRIES + 1));
+    assert!(DIRECT_WORD + 8 <= CTRL_LINE);
     assert!(core::mem::size_of::<ConnSend>() == 64);
     assert!(core::mem::size_of::<ConnRecv>() == 64);
     assert!(core::mem::size_of::<ChannelDev>() == 152);

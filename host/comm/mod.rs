@@ -283,7 +283,7 @@ pub struct Comm {
     /// An error raised outside any call (`ncclCommGetAsyncError`).
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
-    registered: register::Registrations,
+    pub(crate) registered: register::Registrations,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
     /// The network side of a communicator spanning several nodes (None on one node).
@@ -758,7 +758,7 @@ impl Comm {
             finalized: AtomicBool::new(false),
             async_error,
             net: net_path,
-            registered: register::Registrations::default(),
+            registered: register::Registrations::new(crate::env::int("NCCL_LOCAL_REGISTER") != 0),
             kernel_abort,
             split_turns: Arc::default(),
             ras,
@@ -915,6 +915,14 @@ impl Comm {
     /// The device this communicator's rank runs on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+    crate::internal! {
+        /// The step counters of the send/recv connections to (`send`) or from `peer`, one per
+        /// connection, as the kernels left them; None before the first message made them.
+        fn p2p_steps(&self, peer: usize, send: bool) -> Result<Option<Vec<u64>>> {
+            let dir = if send { Dir::Send } else { Dir::Recv };
+            self.links.steps(peer, dir)
+        }
     }
     crate::internal! {
         /// The launch shape every rank agreed on at creation.

@@ -1,7 +1,9 @@
 //! User buffer registration (`ncclCommRegister` / `ncclCommDeregister`). Registering tells the
-//! communicator a buffer will be used in its operations; NCCL uses that for zero-copy paths.
-//! We check and record the buffer; the data paths still copy through the FIFOs, which is
-//! correct for registered and unregistered buffers alike (registration is a hint in NCCL too).
+//! communicator a buffer will be used in its operations: a send/recv between registered
+//! buffers of ranks that map each other's memory skips the FIFO (the sender writes into the
+//! receiver's buffer; see `enqueue::p2p` and the device's `prims::direct`). Unregistered
+//! buffers, and registered ones whose peer did not register, take the FIFO as before.
+//! `NCCL_LOCAL_REGISTER=0` keeps the records but turns the zero-copy path off.
 
 use crate::cuda::{DevPtr, Device};
 use crate::error::{Error, Result};
@@ -23,9 +25,25 @@ struct Table {
 #[derive(Default)]
 pub struct Registrations {
     table: Mutex<Table>,
+    /// NCCL_LOCAL_REGISTER: registered buffers may take the zero-copy path.
+    zero_copy: bool,
 }
 
 impl Registrations {
+    /// An empty table; `zero_copy` from NCCL_LOCAL_REGISTER.
+    pub fn new(zero_copy: bool) -> Registrations {
+        Registrations {
+            zero_copy,
+            ..Registrations::default()
+        }
+    }
+
+    /// Whether an operation on `bytes` at `buff` may take the zero-copy path: the range lies
+    /// inside one registered buffer and NCCL_LOCAL_REGISTER allows it.
+    pub fn zero_copy(&self, buff: DevPtr, bytes: usize) -> bool {
+        self.zero_copy && bytes > 0 && self.covers(buff, bytes)
+    }
+
     /// Records `bytes` at `buff`, which must be memory of `device`.
     pub fn register(&self, device: &Device, buff: DevPtr, bytes: usize) -> Result<RegHandle> {
         if buff == 0 {
@@ -64,6 +82,17 @@ impl Registrations {
         let h = t.last;
         t.buffers.insert(h, (buff, bytes));
         Ok(h)
+    }
+
+    /// Whether `bytes` at `buff` lie inside one registered buffer.
+    pub fn covers(&self, buff: DevPtr, bytes: usize) -> bool {
+        let Some(end) = buff.checked_add(bytes as u64) else {
+            return false;
+        };
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.buffers
+            .values()
+            .any(|&(b, n)| b <= buff && end <= b + n as u64)
     }
 
     /// Forgets a registration made on this communicator.

@@ -17,7 +17,9 @@ use super::group;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::transport::links::{Dir, Links};
-use nccl_device::abi::{P2pArgs, P2pItem, P2pKind, MAX_P2P_ITEMS};
+use nccl_device::abi::{
+    P2pArgs, P2pItem, P2pKind, DIRECT_DECLINE, DIRECT_OFF, MAX_P2P_ITEMS, NCCL_STEPS,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -35,6 +37,8 @@ pub struct P2pOp {
     pub abort_flag: DevPtr,
     /// The communicator's kernel flags ([`crate::comm::Shape::kernel_flags`]).
     pub kernel_flags: u32,
+    /// The buffer is registered (and NCCL_LOCAL_REGISTER allows zero-copy).
+    pub registered: bool,
 }
 
 /// `ncclSend` (`dir` Send) and `ncclRecv` (`dir` Recv): checks the call, then records it until
@@ -97,6 +101,7 @@ pub fn submit(
             stream,
             abort_flag: comm.kernel_abort.ptr,
             kernel_flags: comm.shape.kernel_flags,
+            registered: comm.registered.zero_copy(buff, bytes),
         })
     };
     match checked() {
@@ -288,6 +293,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                                     P2pKind::Recv as u32
                                 },
                                 slot_bytes: links.slot_bytes as u32,
+                                direct: direct(links, op, off, len)?,
                             },
                         )?;
                     }
@@ -301,6 +307,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                         bytes: batch[send].bytes as u64,
                         kind: P2pKind::Copy as u32,
                         slot_bytes: 0,
+                        direct: DIRECT_OFF,
                     },
                 )?,
             }
@@ -326,6 +333,25 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     batch[0].order.launch_joined(main, others, || {
         all.iter()
             .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
+    })
+}
+
+/// The zero-copy handshake of one part (`len` bytes at `off`) of `op` ([`P2pItem::direct`]).
+/// Both ends decide alike whether it happens: the connection is a direct one (p2p, inside the
+/// node) and the part fills the connection's FIFO at least once, so that a message the FIFO
+/// could have taken whole before the receiver arrived never waits for it now. Each end then
+/// puts in its own value: what it offers (receiver) or how it reaches an offer (sender).
+fn direct(links: &Links, op: &P2pOp, off: usize, len: usize) -> Result<u64> {
+    let Some(reach) = links.direct_reach(op.peer)? else {
+        return Ok(DIRECT_OFF);
+    };
+    if len < NCCL_STEPS as usize * links.slot_bytes {
+        return Ok(DIRECT_OFF);
+    }
+    Ok(match op.dir {
+        Dir::Recv if op.registered => op.buff + off as u64,
+        Dir::Send if op.registered => reach,
+        _ => DIRECT_DECLINE,
     })
 }
 

@@ -121,6 +121,46 @@ impl Links {
         self.rank
     }
 
+    /// The step counters of the connections for (`peer`, `dir`), None if not made yet.
+    pub fn steps(&self, peer: usize, dir: Dir) -> Result<Option<Vec<u64>>> {
+        let sides = self
+            .sides
+            .lock()
+            .map_err(|_| Error::internal("p2p connection table poisoned"))?;
+        let Some(side) = sides.get(&(peer, dir)) else {
+            return Ok(None);
+        };
+        let size = std::mem::size_of::<ConnSend>();
+        let mut raw = vec![0u8; self.nconns * size];
+        side.conns.read(0, &mut raw)?;
+        // `step` is the fourth word of ConnSend and ConnRecv alike.
+        Ok(Some(
+            raw.chunks(size)
+                .map(|c| u64::from_le_bytes(c[24..32].try_into().unwrap_or_default()))
+                .collect(),
+        ))
+    }
+
+    /// How a send to `peer` reaches a buffer the peer offers for zero-copy
+    /// ([`nccl_device::abi::P2pItem::direct`]), or None where messages to and from it always
+    /// take the FIFO (a peer reached through SHM or the network). Peers of this process share
+    /// our address space; other processes' buffers are not mapped, so their offers are
+    /// declined (the FIFO carries those messages).
+    pub fn direct_reach(&self, peer: usize) -> Result<Option<u64>> {
+        let p = self
+            .peers
+            .get(peer)
+            .ok_or_else(|| Error::internal(format!("zero-copy reach of rank {peer}")))?;
+        if self.remote(peer) || p.transport != Transport::P2p {
+            return Ok(None);
+        }
+        Ok(Some(if p.same_process {
+            nccl_device::abi::DIRECT_SAME_SPACE
+        } else {
+            nccl_device::abi::DIRECT_DECLINE
+        }))
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }

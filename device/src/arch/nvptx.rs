@@ -219,9 +219,11 @@ pub fn trap() -> ! {
     unsafe { asm!("trap;", options(nostack, noreturn)) }
 }
 
-// The five words p2p_param_item reads: four u64 fields, then kind (low half) and slot_bytes.
+// The six words p2p_param_item reads: four u64 fields, then kind (low half) and slot_bytes,
+// then direct.
 const _: () = assert!(
-    core::mem::size_of::<P2pItem>() == 40
+    core::mem::size_of::<P2pItem>() == 48
+        && core::mem::offset_of!(P2pItem, direct) == 40
         && core::mem::offset_of!(P2pItem, bytes) == 24
         && core::mem::offset_of!(P2pItem, kind) == 32
         && core::mem::offset_of!(P2pItem, slot_bytes) == 36
@@ -255,6 +257,7 @@ pub unsafe fn p2p_param_item(_args: &P2pArgs, i: usize) -> P2pItem {
         bytes: word(3),
         kind: last as u32,
         slot_bytes: (last >> 32) as u32,
+        direct: word(5),
     }
 }
 

@@ -1,8 +1,9 @@
 //! Point-to-point: each CTA runs one work item of a group — a send or a receive of a byte range
 //! over one connection to one peer, step by step with the Simple protocol — or a copy for a send
-//! to ourselves.
+//! to ourselves. Between registered buffers of peers that map each other, a message may skip
+//! the FIFO (see [`crate::prims::Simple::direct_send`]).
 
-use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pItem, P2pKind};
+use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pItem, P2pKind, DIRECT_OFF};
 use crate::arch;
 use crate::ops::Sum;
 use crate::prims::copy::Move;
@@ -56,6 +57,17 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
     .with_abort(abort_flag)
     .with_flags(flags)
     .with_inline_moves();
+    if it.direct != DIRECT_OFF {
+        let done = if send {
+            prims.direct_send(it.direct, it.buff as *const u8, bytes)
+        } else {
+            prims.direct_recv(it.direct)
+        };
+        if done {
+            prims.finish();
+            return;
+        }
+    }
     let chunk = it.slot_bytes as usize;
     let mut off = 0;
     // A zero-byte message still takes one step, so that both sides agree on the step count.

@@ -2,6 +2,7 @@
 //! Simple, LL and LL128, chosen per launch at run time over one step model.
 
 pub mod copy;
+mod direct;
 pub mod ll;
 pub mod ll128;
 mod packet;

@@ -1,0 +1,123 @@
+//! Zero-copy point-to-point: when both ends of a message registered their buffers, the sender
+//! copies straight from its user buffer into the receiver's, and no FIFO slot is used.
+//!
+//! Which path a message takes is agreed on the GPU, per message, so that a rank that passed an
+//! unregistered buffer while its peer passed a registered one gets copies, not a hang or a write
+//! into memory nobody offered ([`crate::abi::DIRECT_TAG`] says where the words live):
+//! 1. the receiver offers an address (its part of the user buffer, or nothing);
+//! 2. the sender takes the offer if it can reach that address, copies, and answers "direct";
+//!    else it answers "FIFO" and both run the ordinary Simple steps.
+//!
+//! A direct message takes one step of the connection's counters at both ends (the sender
+//! publishes `tail`, the receiver `head`), so the FIFO's flow control stays consistent for the
+//! messages after it.
+
+use super::copy::Move;
+use super::simple::Simple;
+use crate::abi::{RegEntry, RegTable, DIRECT_DECLINE, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD};
+use crate::arch;
+use crate::ops::Sum;
+
+/// Where a word of a counter line lies.
+#[inline(always)]
+fn word(line: u64, offset: usize) -> *mut u64 {
+    (line + offset as u64) as *mut u64
+}
+
+impl Simple {
+    /// The receiving end's side of the handshake over this primitive's receive connection:
+    /// offers `offer` (an address in the sender's view, or [`DIRECT_DECLINE`]) and waits for
+    /// the sender's answer. Returns true when the sender put the data into the offered buffer
+    /// (the message is then done, its step taken); false when it comes through the FIFO.
+    ///
+    /// # Safety
+    /// Every thread of the group calls it alike; the connection is a direct (p2p) one whose
+    /// peer runs [`Simple::direct_send`] for the same message.
+    #[inline(always)]
+    pub unsafe fn direct_recv(&mut self, offer: u64) -> bool {
+        let rc = self.recv;
+        let tag = self.recv_step + 1;
+        let (offer_line, answer_line) = ((*rc).head, (*rc).tail);
+        if self.tid == 0 {
+            arch::st_volatile(word(offer_line, DIRECT_WORD), offer);
+            arch::st_release_sys(word(offer_line, DIRECT_TAG), tag);
+            self.wait(|| arch::ld_acquire_sys(word(answer_line, DIRECT_TAG)) >= tag);
+        }
+        self.sync();
+        // Every thread reads the answer after thread 0's acquire; a thread 0 that gave up
+        // (abort) leaves an old tag, which reads as "FIFO".
+        let answered = arch::ld_volatile(word(answer_line, DIRECT_TAG)) >= tag;
+        let direct = answered && arch::ld_volatile(word(answer_line, DIRECT_WORD)) == 1;
+        if direct {
+            if self.tid == 0 {
+                arch::st_release_sys(offer_line as *mut u64, tag);
+            }
+            self.recv_step = tag;
+        }
+        direct
+    }
+
+    /// The sending end's side: waits for the receiver's offer and, when `reach` (the item's
+    /// [`crate::abi::P2pItem::direct`]) lets us address it, copies `bytes` from `src` there and
+    /// answers "direct" (returns true: the message is done); else answers "FIFO" (false).
+    ///
+    /// # Safety
+    /// As [`Simple::direct_recv`], on the send connection; `src` holds `bytes` bytes, and a
+    /// `reach` that is a table points at a [`RegTable`] in device memory.
+    #[inline(always)]
+    pub unsafe fn direct_send(&mut self, reach: u64, src: *const u8, bytes: usize) -> bool {
+        let sc = self.send;
+        let tag = self.send_step + 1;
+        let (offer_line, answer_line) = ((*sc).head, (*sc).tail);
+        if self.tid == 0 {
+            self.wait(|| arch::ld_acquire_sys(word(offer_line, DIRECT_TAG)) >= tag);
+        }
+        self.sync();
+        // Only an offer of this message counts (see direct_recv on an abort).
+        let offered = arch::ld_volatile(word(offer_line, DIRECT_TAG)) >= tag;
+        let offer = arch::ld_volatile(word(offer_line, DIRECT_WORD));
+        let dst = if offered && offer != DIRECT_DECLINE && offer != 0 {
+            reach_offer(reach, offer, bytes as u64)
+        } else {
+            0
+        };
+        if dst != 0 {
+            Move {
+                input: src,
+                output: dst as *mut u8,
+                ..Move::<u8>::none()
+            }
+            .run_inline(&Sum, bytes, self.tid, self.nthreads);
+            self.sync();
+        }
+        if self.tid == 0 {
+            if dst != 0 {
+                arch::st_volatile((*sc).tail as *mut u64, tag);
+            }
+            arch::st_volatile(word(answer_line, DIRECT_WORD), (dst != 0) as u64);
+            // Releases the data (the barrier above gathered every thread's stores) and the mode.
+            arch::st_release_sys(word(answer_line, DIRECT_TAG), tag);
+        }
+        if dst != 0 {
+            self.send_step = tag;
+        }
+        dst != 0
+    }
+}
+
+/// Where the receiver's offered `addr` (`bytes` long) lies for us, or 0 if we cannot reach it.
+#[inline(always)]
+unsafe fn reach_offer(reach: u64, addr: u64, bytes: u64) -> u64 {
+    match reach {
+        DIRECT_DECLINE | 0 => 0,
+        DIRECT_SAME_SPACE => addr,
+        table => {
+            let t = table as *const RegTable;
+            let count = arch::ld_acquire_sys(core::ptr::addr_of!((*t).count));
+            let n = core::cmp::min(count as usize, crate::abi::REG_TABLE_ENTRIES);
+            let entries: &[RegEntry] =
+                core::slice::from_raw_parts(core::ptr::addr_of!((*t).entries).cast(), n);
+            RegTable::translate(entries, addr, bytes).unwrap_or(0)
+        }
+    }
+}
