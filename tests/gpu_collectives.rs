@@ -407,3 +407,28 @@ fn first_use_inside_blocking_captures_on_1_2_and_4_gpus() {
             .unwrap_or_else(|e| panic!("{n} GPUs: {e}"));
     }
 }
+
+/// Registered send/recv on 2 (and 4) GPUs in one process: a ring of messages over one FIFO per
+/// connection goes direct (the sender writes into the receiver's buffer) exactly where both ends
+/// registered, with the bytes of the FIFO path (random data, poisoned receive buffers, bytes
+/// around them untouched); mixed registration falls back to the FIFO.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn registered_send_recv_on_2_and_4_gpus() {
+    use common::register::{check_steps, ring_round, Who};
+    for n in counts(&[2, 4]) {
+        let ranks = gpus(n);
+        let comms = &ranks.comms;
+        let conns = 64usize.div_ceil(n).min(16);
+        let fifo = 8 * comms[0].shape().p2p_slot_bytes as usize;
+        ring_round(comms, Who::None, 4096, 1);
+        for (k, who) in [Who::All, Who::Even, Who::None, Who::All]
+            .into_iter()
+            .enumerate()
+        {
+            let base = conns * fifo + 4096 * k;
+            let steps = ring_round(comms, who, base, 11 + k as u64);
+            check_steps(comms, who, base, &steps);
+        }
+    }
+}

@@ -27,6 +27,8 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
   -t, --mode thread|threads one thread drives every GPU, or a thread per GPU [thread]
   -G, --cudagraph N         capture N iterations in a CUDA graph per GPU and time its replays
                             (each replay's time / N; -w and -n count replays) [0: no graph]
+  -R, --local_register 0|1  1: register every rank's send and receive buffers with
+                            ncclCommRegister (both libraries) before measuring [0]
       --baseline PATH       NVIDIA libnccl.so.2 to run side by side (CUDA backend only)
       --backend cuda|sim    CUDA GPUs or the CPU simulator [cuda if a GPU is visible, else sim]
       --csv FILE            also write every measured row to FILE as CSV: one line per size
@@ -122,6 +124,8 @@ pub struct Args {
     pub mode: Mode,
     /// `-G N`: iterations captured per CUDA graph (0: launched directly).
     pub graph: usize,
+    /// `-R 1`: the buffers are registered with each communicator.
+    pub register: bool,
     pub baseline: Option<PathBuf>,
     pub backend: Option<Backend>,
     /// `--csv FILE`: the records, as CSV.
@@ -241,6 +245,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         check: true,
         mode: Mode::Thread,
         graph: 0,
+        register: false,
         baseline: None,
         backend: None,
         csv: None,
@@ -282,6 +287,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                 'c' => "check",
                 't' => "mode",
                 'G' => "cudagraph",
+                'R' => "local_register",
                 'C' => "collective",
                 'r' => "root",
                 _ => return Err(format!("unknown option '{arg}'")),
@@ -303,6 +309,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "check",
             "mode",
             "cudagraph",
+            "local_register",
             "collective",
             "root",
             "baseline",
@@ -351,6 +358,13 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                 }
             }
             "cudagraph" => a.graph = parse_number(&value, "--cudagraph")?,
+            "local_register" => {
+                a.register = match value.trim() {
+                    "0" => false,
+                    "1" => true,
+                    v => return Err(format!("--local_register: '{v}' (use 0 or 1)")),
+                }
+            }
             "collective" => a.colls = parse_collectives(&value)?,
             "root" => a.root = parse_number(&value, "--root")?,
             "baseline" => a.baseline = Some(PathBuf::from(value)),

@@ -96,6 +96,8 @@ pub struct Nccl {
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
     comm_destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
+    /// `ncclCommRegister(comm, buff, size, &handle)`.
+    comm_register: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     get_last_error: Option<unsafe extern "C" fn(*mut c_void) -> *const c_char>,
 }
@@ -152,6 +154,10 @@ impl Nccl {
                 "ncclCommDestroy",
                 unsafe extern "C" fn(*mut c_void) -> c_int
             ),
+            comm_register: sym!(
+                "ncclCommRegister",
+                unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> c_int
+            ),
             get_error_string: sym!(
                 "ncclGetErrorString",
                 unsafe extern "C" fn(c_int) -> *const c_char
@@ -207,6 +213,15 @@ impl Nccl {
         Err(format!(
             "NVIDIA NCCL {what} failed: {code} (ncclResult_t {r}){last}"
         ))
+    }
+
+    /// `ncclCommRegister` of `bytes` at `buff` (kept until the communicator is destroyed).
+    pub fn register(&self, comm: &NcclComm, buff: DevPtr, bytes: usize) -> Result<(), String> {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: `buff` is device memory of the communicator's GPU holding `bytes`, alive
+        // until the communicator is destroyed; one handle is written.
+        let r = unsafe { (self.comm_register)(comm.0, buff as *mut c_void, bytes, &mut handle) };
+        self.check(r, "ncclCommRegister")
     }
 
     pub fn comm_init_all(&self, devs: &[i32]) -> Result<Vec<NcclComm>, String> {

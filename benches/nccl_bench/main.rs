@@ -424,6 +424,9 @@ fn bench(
         );
         b.nccl = Some((lib, comms));
     }
+    if args.register {
+        register_buffers(&b)?;
+    }
 
     let mut all_right = true;
     for &coll in &args.colls {
@@ -459,6 +462,23 @@ fn bench(
     }
     b.teardown()?;
     Ok(all_right)
+}
+
+/// `-R 1`: every rank's send and receive buffers registered with its communicators (ours
+/// and the baseline's), for the rest of the run.
+fn register_buffers(b: &Bench) -> Result<(), String> {
+    for (i, r) in b.ranks.iter().enumerate() {
+        for buf in [&r.send, &r.recv] {
+            // SAFETY: the buffers live as long as the communicators (Bench drops them after).
+            unsafe { r.comm.register_raw(buf.ptr(), buf.bytes()) }
+                .map_err(|e| format!("ncclCommRegister (nccl-rs, rank {}): {e}", r.global))?;
+            if let Some((lib, comms)) = &b.nccl {
+                lib.register(&comms[i], buf.ptr(), buf.bytes())?;
+            }
+        }
+    }
+    println!("# buffers registered with ncclCommRegister (-R 1)");
+    Ok(())
 }
 
 /// Every type, op and size of the table.

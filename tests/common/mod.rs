@@ -9,6 +9,7 @@ use nccl_device::types::Elem;
 
 pub mod graphs;
 pub mod netns;
+pub mod register;
 
 /// A small deterministic generator (xorshift*), so failures reproduce from the seed.
 pub struct Rng(u64);

@@ -1,0 +1,171 @@
+//! Registered send/recv rounds, shared by the simulator and GPU suites: every rank sends to
+//! its successor and receives from its predecessor between buffers that some ranks registered,
+//! and each connection's step counter tells which path a message took.
+
+use super::{lend, Rng};
+use nccl::{Comm, DataType};
+
+/// Which ranks register their buffers in a round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Who {
+    All,
+    None,
+    /// Even ranks register, odd ones do not: every message has one registered end.
+    Even,
+}
+
+impl Who {
+    pub fn registers(self, rank: usize) -> bool {
+        match self {
+            Who::All => true,
+            Who::None => false,
+            Who::Even => rank % 2 == 0,
+        }
+    }
+}
+
+/// Bytes rank `from` sends to `from + 1`: over the FIFO's size, odd, different per rank.
+pub fn ring_bytes(from: usize, base: usize) -> usize {
+    base + 4 * 37 * from + 12
+}
+
+/// One round: every rank sends to its successor and receives from its predecessor in one
+/// group (random bytes, a poisoned receive buffer at an offset inside a larger registered
+/// allocation); checks the bytes and returns, per rank, how many steps its send connections
+/// advanced.
+pub fn ring_round(comms: &[Comm], who: Who, base: usize, seed: u64) -> Vec<u64> {
+    let n = comms.len();
+    let mut rng = Rng::new(seed);
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    // Buffers sit 256 bytes into their allocation, which is what gets registered.
+    const LEAD: usize = 256;
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    let mut regs = Vec::new();
+    let mut data = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        let out_bytes = ring_bytes(r, base);
+        let in_bytes = ring_bytes((r + n - 1) % n, base);
+        let mine: Vec<u8> = (0..out_bytes).map(|_| rng.next() as u8).collect();
+        let s = c.device().alloc(LEAD + out_bytes).unwrap();
+        s.write(LEAD, &mine).unwrap();
+        let rb = c.device().alloc(LEAD + in_bytes + LEAD).unwrap();
+        rb.write(0, &vec![0xA5; LEAD + in_bytes + LEAD]).unwrap();
+        if who.registers(r) {
+            // SAFETY: both buffers outlive their registrations (deregistered below).
+            unsafe {
+                regs.push((r, c.register_raw(s.ptr(), LEAD + out_bytes).unwrap()));
+                regs.push((r, c.register_raw(rb.ptr(), LEAD + in_bytes + LEAD).unwrap()));
+            }
+        }
+        sends.push(s);
+        recvs.push(rb);
+        data.push(mine);
+    }
+    let before: Vec<u64> = comms.iter().map(|c| send_steps(c, n)).collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (r, c) in lent.iter().enumerate() {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        // SAFETY: the buffers hold these byte counts from LEAD on and live until the sync.
+        unsafe {
+            c.send_raw(
+                sends[r].ptr() + LEAD as u64,
+                ring_bytes(r, base),
+                DataType::Uint8,
+                next,
+                streams[r],
+            )
+            .unwrap();
+            c.recv_raw(
+                recvs[r].ptr() + LEAD as u64,
+                ring_bytes(prev, base),
+                DataType::Uint8,
+                prev,
+                streams[r],
+            )
+            .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    for (r, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[r]).unwrap();
+        let prev = (r + n - 1) % n;
+        let len = ring_bytes(prev, base);
+        let mut got = vec![0u8; LEAD + len + LEAD];
+        recvs[r].read(0, &mut got).unwrap();
+        assert!(
+            got[..LEAD]
+                .iter()
+                .chain(&got[LEAD + len..])
+                .all(|&b| b == 0xA5),
+            "{n} ranks, {who:?}: rank {r} has bytes written outside its receive buffer"
+        );
+        if let Some(k) = (0..len).find(|&k| got[LEAD + k] != data[prev][k]) {
+            panic!(
+                "{n} ranks, {who:?}, {len} bytes: rank {r}'s byte {k} from rank {prev} is wrong"
+            );
+        }
+    }
+    for (r, h) in regs {
+        comms[r].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| send_steps(c, n) - before[r])
+        .collect()
+}
+
+/// The steps of rank `c`'s send connections to its successor, summed.
+pub fn send_steps(c: &Comm, n: usize) -> u64 {
+    c.p2p_steps((c.rank() + 1) % n, true)
+        .unwrap()
+        .map_or(0, |v| v.iter().sum())
+}
+
+/// Steps a message of `bytes` takes over `conns` connections of `slot`-byte FIFO slots: per
+/// part (as `enqueue::p2p::part` cuts them), one when it goes direct (`direct` and the part fills
+/// its FIFO of 8 slots), else one per slot (at least one).
+pub fn expected_steps(bytes: usize, conns: usize, slot: usize, direct: bool) -> u64 {
+    let per = bytes.div_ceil(conns).next_multiple_of(16);
+    (0..conns)
+        .map(|c| {
+            let s = (c * per).min(bytes);
+            let len = (s + per).min(bytes) - s;
+            if direct && len >= 8 * slot {
+                1
+            } else {
+                len.div_ceil(slot).max(1) as u64
+            }
+        })
+        .sum()
+}
+
+/// Checks a round's steps (from [`ring_round`]): the direct path exactly where both ends of a
+/// message registered.
+pub fn check_steps(comms: &[Comm], who: Who, base: usize, steps: &[u64]) {
+    let n = comms.len();
+    let conns = comms[0]
+        .p2p_steps(1 % n, true)
+        .unwrap()
+        .map_or(1, |v| v.len());
+    let slot = comms[0].shape().p2p_slot_bytes as usize;
+    for (r, &s) in steps.iter().enumerate() {
+        let bytes = ring_bytes(r, base);
+        let both = who.registers(r) && who.registers((r + 1) % n);
+        let want = expected_steps(bytes, conns, slot, both);
+        assert_eq!(
+            s,
+            want,
+            "{n} ranks, {who:?}, {bytes} bytes: rank {r}'s send to {} took {s} steps",
+            (r + 1) % n
+        );
+    }
+}
