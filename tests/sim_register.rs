@@ -57,3 +57,105 @@ fn small_registered_messages_take_the_fifo() {
         }
     }
 }
+
+/// Ranks as processes: a registered buffer reaches its peers as a record (an IPC handle of its
+/// allocation), which the sender maps before a launch; an offer whose record has not been
+/// mapped yet is declined (the FIFO carries the message), so the first rounds after
+/// registering may copy. Every round's bytes are checked; messages with an unregistered end
+/// never go direct, and all-registered ones do once the records are in.
+#[test]
+fn registered_send_recv_across_processes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
+        let comms = vec![comm];
+        ring_round(&comms, Who::None, 2 * FIFO, 1);
+        for (k, who) in [Who::Even, Who::None].into_iter().enumerate() {
+            let base = 3 * FIFO + 1000 * k;
+            let steps = ring_round(&comms, who, base, 5 + k as u64);
+            check_steps(&comms, who, base, &steps);
+        }
+        // The same buffers registered across rounds: records go out once, before this rank's
+        // first launch of them, so the peers have them mapped for later rounds (every round
+        // needs every rank's launch). All ranks run the same rounds; the last must be direct.
+        let mut last = [0u64; 2];
+        for k in 0..6 {
+            let base = 3 * FIFO + 64 * k;
+            last = ring_round_registered_once(&comms, base, 40 + k as u64);
+        }
+        let base = 3 * FIFO + 64 * 5;
+        let want = expected_steps(ring_bytes(rank, base), last[1] as usize, SLOT, true);
+        assert_eq!(
+            last[0], want,
+            "rank {rank}: registered messages did not go direct"
+        );
+        return;
+    }
+    for n in [2usize, 4] {
+        common::procs::run(
+            "registered_send_recv_across_processes",
+            n,
+            &[
+                ("NCCL_P2P_NVL_CHUNKSIZE", "4096"),
+                ("NCCL_RS_SIM_P2P_CONNS", "2"),
+            ],
+        );
+    }
+}
+
+/// A round with buffers registered once for the whole process (kept registered between
+/// rounds, so the peers' records are in after the first): returns [steps of this rank's sends,
+/// its connections].
+fn ring_round_registered_once(comms: &[Comm], base: usize, seed: u64) -> [u64; 2] {
+    use std::sync::OnceLock;
+    static BUFS: OnceLock<(nccl::DevBuffer, nccl::DevBuffer)> = OnceLock::new();
+    let c = &comms[0];
+    let (n, r) = (c.count(), c.rank());
+    let room = 4 * FIFO + 64 * 64 + 4096;
+    let (s, rb) = BUFS.get_or_init(|| {
+        let s = c.device().alloc(room).unwrap();
+        let rb = c.device().alloc(room).unwrap();
+        // SAFETY: the buffers live (in the static) as long as the process.
+        unsafe {
+            c.register_raw(s.ptr(), room).unwrap();
+            c.register_raw(rb.ptr(), room).unwrap();
+        }
+        (s, rb)
+    });
+    let prev = (r + n - 1) % n;
+    let mut rng = common::Rng::new(seed * 1000 + r as u64);
+    let mine: Vec<u8> = (0..ring_bytes(r, base)).map(|_| rng.next() as u8).collect();
+    s.write(0, &mine).unwrap();
+    let len = ring_bytes(prev, base);
+    rb.write(0, &vec![0x5A; len]).unwrap();
+    let stream = c.device().stream_create().unwrap();
+    let before = common::register::send_steps(c);
+    nccl::group_start();
+    // SAFETY: both buffers hold `room` bytes, more than either message.
+    unsafe {
+        c.send_raw(
+            s.ptr(),
+            mine.len(),
+            nccl::DataType::Uint8,
+            (r + 1) % n,
+            stream,
+        )
+        .unwrap();
+        c.recv_raw(rb.ptr(), len, nccl::DataType::Uint8, prev, stream)
+            .unwrap();
+    }
+    nccl::group_end().unwrap();
+    c.device().stream_sync(stream).unwrap();
+    c.device().stream_destroy(stream).unwrap();
+    let mut rng = common::Rng::new(seed * 1000 + prev as u64);
+    let want: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+    let mut got = vec![0u8; len];
+    rb.read(0, &mut got).unwrap();
+    assert!(got == want, "rank {r}: wrong bytes from rank {prev}");
+    let conns = c
+        .p2p_steps((r + 1) % n, true)
+        .unwrap()
+        .map_or(1, |v| v.len());
+    [common::register::send_steps(c) - before, conns as u64]
+}

@@ -422,6 +422,12 @@ impl Bootstrap {
         self.recv_on(peer, Channel::User, tag)
     }
 
+    /// The next message `peer` sent with `tag` if one is here, without waiting.
+    pub fn try_recv(&self, peer: usize, tag: u32) -> Result<Option<Vec<u8>>> {
+        self.check_peer(peer)?;
+        Ok(self.shared.try_take(peer, Channel::User, tag))
+    }
+
     /// Every rank's `mine`, by rank (lengths may differ). A ring: at step s each rank passes on
     /// the contribution it received at step s−1, tagged with its origin rank.
     pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {

@@ -262,6 +262,23 @@ impl Shared {
         self.queue_budget.store(bytes, Ordering::Relaxed);
     }
 
+    /// The next message from `from` on (channel, tag) if one is queued.
+    pub(crate) fn try_take(&self, from: usize, channel: Channel, tag: u32) -> Option<Vec<u8>> {
+        let key = (from, channel, tag);
+        let mut mb = lock(&self.mailbox);
+        let q = mb.queues.get_mut(&key)?;
+        let m = q.pop_front()?;
+        if q.is_empty() {
+            mb.queues.remove(&key);
+        }
+        if let Some(n) = mb.queued.get_mut(&from) {
+            *n = n.saturating_sub(m.len());
+        }
+        drop(mb);
+        self.taken.notify_all();
+        Some(m)
+    }
+
     /// The next message from `from` on (channel, tag), waiting until `deadline`.
     pub(crate) fn take(
         &self,

@@ -1014,12 +1014,23 @@ impl Comm {
         bytes: usize,
     ) -> Result<register::RegHandle> {
         self.check_usable()?;
-        self.registered.register(&self.device, buff, bytes)
+        let h = self.registered.register(&self.device, buff, bytes)?;
+        if self.registered.zero_copy_enabled() {
+            // Peers in other processes map it; a failure to tell them only costs copies.
+            if let Err(e) = self.links.export_registration(h, buff, bytes) {
+                log::warn!("telling peers of registered buffer {buff:#x}: {e}");
+            }
+        }
+        Ok(h)
     }
 
     /// `ncclCommDeregister`.
     pub fn deregister(&self, handle: register::RegHandle) -> Result<()> {
-        self.registered.deregister(handle)
+        self.registered.deregister(handle)?;
+        if let Err(e) = self.links.withdraw_registration(handle) {
+            log::warn!("telling peers of a deregistered buffer: {e}");
+        }
+        Ok(())
     }
 
     /// What a collective of `bytes` (NCCL's nBytes: AllGather's whole output, ReduceScatter's

@@ -38,6 +38,11 @@ impl Registrations {
         }
     }
 
+    /// NCCL_LOCAL_REGISTER: registered buffers may take the zero-copy path.
+    pub fn zero_copy_enabled(&self) -> bool {
+        self.zero_copy
+    }
+
     /// Whether an operation on `bytes` at `buff` may take the zero-copy path: the range lies
     /// inside one registered buffer and NCCL_LOCAL_REGISTER allows it.
     pub fn zero_copy(&self, buff: DevPtr, bytes: usize) -> bool {

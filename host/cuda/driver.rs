@@ -501,6 +501,12 @@ impl Device {
         check(r, "cuCtxEnablePeerAccess")
     }
 
+    /// The base of the allocation (or mapping) holding `p`, None if `p` is not device memory.
+    pub fn allocation_base(&self, p: DevPtr) -> Result<Option<DevPtr>> {
+        self.make_current()?;
+        Ok(query_extent(p).map(|(_, base, _)| base))
+    }
+
     pub fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
         self.make_current()?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };

@@ -274,6 +274,17 @@ impl Device {
         }
     }
     crate::internal! {
+        /// The base of the allocation holding `p` and an IPC handle of that allocation, for
+        /// another process to map. Memory of CUDA's virtual memory API has no such handle
+        /// (an error).
+        fn ipc_export(&self, p: DevPtr) -> Result<(DevPtr, [u8; 64])> {
+            let base = dispatch!(self.allocation_base(p))?.ok_or_else(|| {
+                Error::invalid_argument(format!("{p:#x} is not device memory of this process"))
+            })?;
+            Ok((base, dispatch!(self.ipc_handle(base))?))
+        }
+    }
+    crate::internal! {
         /// Maps a peer process's buffer; unmapped when the mapping drops.
         fn open_ipc(&self, handle: &[u8; 64]) -> Result<IpcMapping> {
             let ptr = dispatch!(self.open_ipc(handle))?;

@@ -641,6 +641,15 @@ impl Device {
         })
     }
 
+    /// The base of the region holding `p`, None if `p` is not simulated device memory.
+    pub fn allocation_base(&self, p: DevPtr) -> Result<Option<DevPtr>> {
+        let regions = lock(regions());
+        Ok(match regions.range(..=p).next_back() {
+            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => Some(base),
+            _ => None,
+        })
+    }
+
     pub fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
         let regions = lock(regions());
         let r = regions.get(&p).ok_or_else(|| {

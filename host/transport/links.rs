@@ -8,6 +8,7 @@
 //! the sending side opens it, and publishes nothing.
 
 use super::p2p::{export, import, PeerAddr};
+use super::regmap::{self, PeerRegs};
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
@@ -70,6 +71,10 @@ pub struct Links {
     sides: Mutex<HashMap<(usize, Dir), Side>>,
     /// How peers on other nodes are reached (None when every peer is on this node).
     net: Option<Arc<NetPath>>,
+    /// Peer processes' registered buffers as we map them, by peer (see `regmap`).
+    regs: Mutex<HashMap<usize, PeerRegs>>,
+    /// Our registrations whose records went to the peers of [`Links::reg_peers`].
+    exported: Mutex<std::collections::HashSet<u64>>,
     /// The network key of connection 0 (connection `c` is `key_base + c`): it picks the NIC
     /// (`key % ndevs`) and tags the handles ([`Links::keyed`]).
     key_base: u32,
@@ -93,6 +98,8 @@ impl Links {
             nconns: nconns.max(1),
             slot_bytes,
             sides: Mutex::new(HashMap::new()),
+            regs: Mutex::new(HashMap::new()),
+            exported: Mutex::new(Default::default()),
             net,
             key_base: 0,
         }
@@ -144,8 +151,8 @@ impl Links {
     /// How a send to `peer` reaches a buffer the peer offers for zero-copy
     /// ([`nccl_device::abi::P2pItem::direct`]), or None where messages to and from it always
     /// take the FIFO (a peer reached through SHM or the network). Peers of this process share
-    /// our address space; other processes' buffers are not mapped, so their offers are
-    /// declined (the FIFO carries those messages).
+    /// our address space; other processes' registered buffers are reached through the table
+    /// of what they sent us (`regmap`), brought up to date here.
     pub fn direct_reach(&self, peer: usize) -> Result<Option<u64>> {
         let p = self
             .peers
@@ -154,11 +161,84 @@ impl Links {
         if self.remote(peer) || p.transport != Transport::P2p {
             return Ok(None);
         }
-        Ok(Some(if p.same_process {
-            nccl_device::abi::DIRECT_SAME_SPACE
-        } else {
-            nccl_device::abi::DIRECT_DECLINE
-        }))
+        if p.same_process {
+            return Ok(Some(nccl_device::abi::DIRECT_SAME_SPACE));
+        }
+        let mut regs = self
+            .regs
+            .lock()
+            .map_err(|_| Error::internal("registration table poisoned"))?;
+        let r = match regs.entry(peer) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
+        };
+        regmap::drain(&self.bootstrap, &self.device, peer, r)?;
+        Ok(Some(r.device_ptr()))
+    }
+
+    /// Peers in other processes of this node that we reach through p2p: those that map our
+    /// registered buffers.
+    fn reg_peers(&self) -> Vec<usize> {
+        (0..self.peers.len())
+            .filter(|&p| {
+                p != self.rank
+                    && !self.remote(p)
+                    && !self.peers[p].same_process
+                    && self.peers[p].transport == Transport::P2p
+            })
+            .collect()
+    }
+
+    /// Sends registration `id` (`bytes` at `buff`) to the peers that may map it. A buffer
+    /// without an IPC handle (CUDA's virtual memory API) is not sent: messages into it from
+    /// other processes take copies.
+    pub fn export_registration(&self, id: u64, buff: DevPtr, bytes: usize) -> Result<()> {
+        let peers = self.reg_peers();
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let (base, handle) = match self.device.ipc_export(buff) {
+            Ok(x) => x,
+            Err(e) => {
+                log::info!(
+                    "registered buffer {buff:#x} has no IPC handle ({e}): peers in other \
+                     processes send into it through the FIFO"
+                );
+                return Ok(());
+            }
+        };
+        let rec = regmap::Record {
+            id,
+            start: buff,
+            end: buff + bytes as u64,
+            base,
+            handle,
+        };
+        let msg = regmap::encode(id, Some(&rec));
+        for p in peers {
+            self.bootstrap.send(p, regmap::TAG_REG, &msg)?;
+        }
+        self.exported
+            .lock()
+            .map_err(|_| Error::internal("registration table poisoned"))?
+            .insert(id);
+        Ok(())
+    }
+
+    /// Withdraws registration `id` from the peers it was sent to.
+    pub fn withdraw_registration(&self, id: u64) -> Result<()> {
+        let sent = self
+            .exported
+            .lock()
+            .map_err(|_| Error::internal("registration table poisoned"))?
+            .remove(&id);
+        if sent {
+            let msg = regmap::encode(id, None);
+            for p in self.reg_peers() {
+                self.bootstrap.send(p, regmap::TAG_REG, &msg)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn device(&self) -> &Device {

@@ -5,4 +5,5 @@
 pub mod links;
 pub mod net;
 pub mod p2p;
+pub mod regmap;
 pub mod shm;

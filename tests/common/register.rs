@@ -29,13 +29,21 @@ pub fn ring_bytes(from: usize, base: usize) -> usize {
     base + 4 * 37 * from + 12
 }
 
-/// One round: every rank sends to its successor and receives from its predecessor in one
-/// group (random bytes, a poisoned receive buffer at an offset inside a larger registered
-/// allocation); checks the bytes and returns, per rank, how many steps its send connections
-/// advanced.
+/// The bytes rank `from` sends in round `seed`: random, the same in every process.
+fn ring_data(from: usize, base: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed.wrapping_mul(1000) + from as u64);
+    (0..ring_bytes(from, base))
+        .map(|_| rng.next() as u8)
+        .collect()
+}
+
+/// One round over the communicators of this process (every rank of the job, or some: the
+/// others run the same round in their processes): every rank sends to its successor and
+/// receives from its predecessor in one group (random bytes, a poisoned receive buffer at an
+/// offset inside a larger registered allocation). Checks the bytes and returns, per
+/// communicator, how many steps its send connections advanced.
 pub fn ring_round(comms: &[Comm], who: Who, base: usize, seed: u64) -> Vec<u64> {
-    let n = comms.len();
-    let mut rng = Rng::new(seed);
+    let n = comms[0].count();
     let streams: Vec<_> = comms
         .iter()
         .map(|c| c.device().stream_create().unwrap())
@@ -45,58 +53,59 @@ pub fn ring_round(comms: &[Comm], who: Who, base: usize, seed: u64) -> Vec<u64> 
     let mut sends = Vec::new();
     let mut recvs = Vec::new();
     let mut regs = Vec::new();
-    let mut data = Vec::new();
-    for (r, c) in comms.iter().enumerate() {
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
         let out_bytes = ring_bytes(r, base);
         let in_bytes = ring_bytes((r + n - 1) % n, base);
-        let mine: Vec<u8> = (0..out_bytes).map(|_| rng.next() as u8).collect();
         let s = c.device().alloc(LEAD + out_bytes).unwrap();
-        s.write(LEAD, &mine).unwrap();
+        s.write(LEAD, &ring_data(r, base, seed)).unwrap();
         let rb = c.device().alloc(LEAD + in_bytes + LEAD).unwrap();
         rb.write(0, &vec![0xA5; LEAD + in_bytes + LEAD]).unwrap();
         if who.registers(r) {
             // SAFETY: both buffers outlive their registrations (deregistered below).
             unsafe {
-                regs.push((r, c.register_raw(s.ptr(), LEAD + out_bytes).unwrap()));
-                regs.push((r, c.register_raw(rb.ptr(), LEAD + in_bytes + LEAD).unwrap()));
+                regs.push((i, c.register_raw(s.ptr(), LEAD + out_bytes).unwrap()));
+                regs.push((i, c.register_raw(rb.ptr(), LEAD + in_bytes + LEAD).unwrap()));
             }
         }
         sends.push(s);
         recvs.push(rb);
-        data.push(mine);
     }
-    let before: Vec<u64> = comms.iter().map(|c| send_steps(c, n)).collect();
+    let before: Vec<u64> = comms.iter().map(send_steps).collect();
     let lent = lend(comms);
     nccl::group_start();
-    for (r, c) in lent.iter().enumerate() {
+    for (i, c) in lent.iter().enumerate() {
+        let r = c.rank();
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
         // SAFETY: the buffers hold these byte counts from LEAD on and live until the sync.
         unsafe {
             c.send_raw(
-                sends[r].ptr() + LEAD as u64,
+                sends[i].ptr() + LEAD as u64,
                 ring_bytes(r, base),
                 DataType::Uint8,
                 next,
-                streams[r],
+                streams[i],
             )
             .unwrap();
             c.recv_raw(
-                recvs[r].ptr() + LEAD as u64,
+                recvs[i].ptr() + LEAD as u64,
                 ring_bytes(prev, base),
                 DataType::Uint8,
                 prev,
-                streams[r],
+                streams[i],
             )
             .unwrap();
         }
     }
     nccl::group_end().unwrap();
-    for (r, c) in comms.iter().enumerate() {
-        c.device().stream_sync(streams[r]).unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
         let prev = (r + n - 1) % n;
-        let len = ring_bytes(prev, base);
+        let want = ring_data(prev, base, seed);
+        let len = want.len();
         let mut got = vec![0u8; LEAD + len + LEAD];
-        recvs[r].read(0, &mut got).unwrap();
+        recvs[i].read(0, &mut got).unwrap();
         assert!(
             got[..LEAD]
                 .iter()
@@ -104,28 +113,28 @@ pub fn ring_round(comms: &[Comm], who: Who, base: usize, seed: u64) -> Vec<u64> 
                 .all(|&b| b == 0xA5),
             "{n} ranks, {who:?}: rank {r} has bytes written outside its receive buffer"
         );
-        if let Some(k) = (0..len).find(|&k| got[LEAD + k] != data[prev][k]) {
+        if let Some(k) = (0..len).find(|&k| got[LEAD + k] != want[k]) {
             panic!(
                 "{n} ranks, {who:?}, {len} bytes: rank {r}'s byte {k} from rank {prev} is wrong"
             );
         }
     }
-    for (r, h) in regs {
-        comms[r].deregister(h).unwrap();
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
     }
     for (c, s) in comms.iter().zip(streams) {
         c.device().stream_destroy(s).unwrap();
     }
     comms
         .iter()
-        .enumerate()
-        .map(|(r, c)| send_steps(c, n) - before[r])
+        .zip(before)
+        .map(|(c, b)| send_steps(c) - b)
         .collect()
 }
 
 /// The steps of rank `c`'s send connections to its successor, summed.
-pub fn send_steps(c: &Comm, n: usize) -> u64 {
-    c.p2p_steps((c.rank() + 1) % n, true)
+pub fn send_steps(c: &Comm) -> u64 {
+    c.p2p_steps((c.rank() + 1) % c.count(), true)
         .unwrap()
         .map_or(0, |v| v.iter().sum())
 }
@@ -151,13 +160,14 @@ pub fn expected_steps(bytes: usize, conns: usize, slot: usize, direct: bool) -> 
 /// Checks a round's steps (from [`ring_round`]): the direct path exactly where both ends of a
 /// message registered.
 pub fn check_steps(comms: &[Comm], who: Who, base: usize, steps: &[u64]) {
-    let n = comms.len();
-    let conns = comms[0]
-        .p2p_steps(1 % n, true)
-        .unwrap()
-        .map_or(1, |v| v.len());
+    let n = comms[0].count();
     let slot = comms[0].shape().p2p_slot_bytes as usize;
-    for (r, &s) in steps.iter().enumerate() {
+    for (c, &s) in comms.iter().zip(steps) {
+        let r = c.rank();
+        let conns = c
+            .p2p_steps((r + 1) % n, true)
+            .unwrap()
+            .map_or(1, |v| v.len());
         let bytes = ring_bytes(r, base);
         let both = who.registers(r) && who.registers((r + 1) % n);
         let want = expected_steps(bytes, conns, slot, both);

@@ -1,0 +1,268 @@
+//! Registered buffers across processes of a node. When a rank registers a buffer
+//! (`ncclCommRegister`), it sends every peer in another process of its node that it reaches
+//! through p2p a record of the buffer (its range, the base of its allocation and an IPC handle
+//! of that allocation); deregistering sends a withdrawal. A sender maps a peer's registered
+//! buffers as their records arrive (drained before each launch, without waiting) and keeps
+//! them in a table the kernels read ([`RegTable`]), through which it translates the addresses
+//! the peer offers for zero-copy (`prims::direct`). A record that has not arrived yet, or a
+//! buffer that cannot be mapped (CUDA's virtual memory API has no IPC handle), only means that
+//! the peer's offer is declined and the message takes the FIFO.
+
+use crate::bootstrap::Bootstrap;
+use crate::cuda::{DevPtr, Device, HostMem, IpcMapping};
+use crate::error::{Error, Result};
+use nccl_device::abi::{RegEntry, RegTable, REG_TABLE_ENTRIES};
+use std::collections::HashMap;
+
+/// The bootstrap tag of registration records.
+pub const TAG_REG: u32 = 0x7265_6701;
+
+const ADD: u64 = 1;
+const WITHDRAW: u64 = 2;
+const RECORD_BYTES: usize = 5 * 8 + 64;
+
+/// One registration as its owner describes it to a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The owner's registration handle.
+    pub id: u64,
+    /// The registered range, in the owner's address space.
+    pub start: DevPtr,
+    pub end: DevPtr,
+    /// The base of the allocation holding it, and the allocation's IPC handle.
+    pub base: DevPtr,
+    pub handle: [u8; 64],
+}
+
+/// A registration record (`Some`) or a withdrawal of registration `id`, as bytes.
+pub fn encode(id: u64, add: Option<&Record>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(RECORD_BYTES);
+    let r = add.copied().unwrap_or(Record {
+        id,
+        start: 0,
+        end: 0,
+        base: 0,
+        handle: [0; 64],
+    });
+    let kind = if add.is_some() { ADD } else { WITHDRAW };
+    for w in [kind, id, r.start, r.end, r.base] {
+        b.extend_from_slice(&w.to_le_bytes());
+    }
+    b.extend_from_slice(&r.handle);
+    b
+}
+
+/// The record in `b` (None: a withdrawal of the id returned).
+pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
+    if b.len() != RECORD_BYTES {
+        return Err(Error::remote(format!(
+            "malformed registration record ({} bytes)",
+            b.len()
+        )));
+    }
+    let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default());
+    let (kind, id) = (w(0), w(1));
+    match kind {
+        WITHDRAW => Ok((id, None)),
+        ADD => {
+            let (start, end, base) = (w(2), w(3), w(4));
+            if start < base || end <= start {
+                return Err(Error::remote(format!(
+                    "registration record with range {start:#x}..{end:#x} in an allocation at {base:#x}"
+                )));
+            }
+            let mut handle = [0u8; 64];
+            handle.copy_from_slice(&b[40..]);
+            Ok((
+                id,
+                Some(Record {
+                    id,
+                    start,
+                    end,
+                    base,
+                    handle,
+                }),
+            ))
+        }
+        k => Err(Error::remote(format!("registration record of kind {k}"))),
+    }
+}
+
+/// One peer process's registered buffers as we map them.
+pub struct PeerRegs {
+    /// The table kernels read: pinned host memory mapped into the device.
+    table: HostMem,
+    /// Entries written (never reused: a kernel may be reading any of them).
+    used: usize,
+    /// Registration id → entry index.
+    by_id: HashMap<u64, usize>,
+    /// The peer's allocation base → our mapping of it and how many entries use it.
+    mappings: HashMap<DevPtr, (IpcMapping, usize)>,
+    /// Entry index → the peer's allocation base it maps.
+    entry_base: HashMap<usize, DevPtr>,
+    /// The table filled up (said once).
+    full_said: bool,
+}
+
+const ENTRIES_AT: usize = std::mem::offset_of!(RegTable, entries);
+
+impl PeerRegs {
+    pub fn new(device: &Device) -> Result<PeerRegs> {
+        Ok(PeerRegs {
+            table: device.alloc_host_mem(std::mem::size_of::<RegTable>())?,
+            used: 0,
+            by_id: HashMap::new(),
+            mappings: HashMap::new(),
+            entry_base: HashMap::new(),
+            full_said: false,
+        })
+    }
+
+    /// The table's device address (a [`nccl_device::abi::P2pItem::direct`] of a send).
+    pub fn device_ptr(&self) -> DevPtr {
+        self.table.ptr
+    }
+
+    fn write_entry(&self, i: usize, e: RegEntry) {
+        let at = ENTRIES_AT + i * std::mem::size_of::<RegEntry>();
+        for (k, w) in [e.peer_start, e.peer_end, e.local].into_iter().enumerate() {
+            if let Some(p) = self.table.host_ptr(at + 8 * k) {
+                // SAFETY: inside the table (host_ptr checked the offset); kernels only read it.
+                unsafe { std::ptr::write_volatile(p as *mut u64, w) };
+            }
+        }
+    }
+
+    fn write_count(&self, n: usize) {
+        // The entries before the count that publishes them.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if let Some(p) = self.table.host_ptr(0) {
+            // SAFETY: the table's first word; kernels only read it.
+            unsafe { std::ptr::write_volatile(p as *mut u64, n as u64) };
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Applies one record from `peer`: maps and enters a registration, or withdraws one.
+    pub fn apply(&mut self, device: &Device, peer: usize, id: u64, rec: Option<Record>) {
+        match rec {
+            None => {
+                let Some(i) = self.by_id.remove(&id) else {
+                    return;
+                };
+                // An empty range: no offer matches it again.
+                self.write_entry(i, RegEntry::default());
+                let base = self.entry_base.remove(&i);
+                if let Some(base) = base {
+                    if let Some((_, refs)) = self.mappings.get_mut(&base) {
+                        *refs -= 1;
+                        if *refs == 0 {
+                            self.mappings.remove(&base);
+                        }
+                    }
+                }
+            }
+            Some(r) => {
+                if self.used == REG_TABLE_ENTRIES {
+                    if !self.full_said {
+                        log::warn!(
+                            "rank {peer} registered more than {REG_TABLE_ENTRIES} buffers with \
+                             this communicator: later ones take copies"
+                        );
+                        self.full_said = true;
+                    }
+                    return;
+                }
+                let local = match self.mappings.get_mut(&r.base) {
+                    Some((m, refs)) => {
+                        *refs += 1;
+                        m.ptr
+                    }
+                    None => match device.open_ipc(&r.handle) {
+                        Ok(m) => {
+                            let p = m.ptr;
+                            self.mappings.insert(r.base, (m, 1));
+                            p
+                        }
+                        Err(e) => {
+                            log::info!(
+                                "cannot map rank {peer}'s registered buffer {:#x} ({e}): \
+                                 messages into it take copies",
+                                r.start
+                            );
+                            return;
+                        }
+                    },
+                };
+                let i = self.used;
+                self.write_entry(
+                    i,
+                    RegEntry {
+                        peer_start: r.start,
+                        peer_end: r.end,
+                        local: local + (r.start - r.base),
+                    },
+                );
+                self.used += 1;
+                self.by_id.insert(id, i);
+                self.entry_base.insert(i, r.base);
+                self.write_count(self.used);
+            }
+        }
+    }
+}
+
+/// Drains the records `peer` has sent so far into `regs`.
+pub fn drain(
+    bootstrap: &Bootstrap,
+    device: &Device,
+    peer: usize,
+    regs: &mut PeerRegs,
+) -> Result<()> {
+    while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
+        match decode(&m) {
+            Ok((id, rec)) => regs.apply(device, peer, id, rec),
+            Err(e) => log::warn!("rank {peer}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_bad_ones_are_refused() {
+        let r = Record {
+            id: 7,
+            start: 0x1100,
+            end: 0x2000,
+            base: 0x1000,
+            handle: [3; 64],
+        };
+        assert_eq!(decode(&encode(7, Some(&r))).unwrap(), (7, Some(r)));
+        assert_eq!(decode(&encode(9, None)).unwrap(), (9, None));
+        assert!(decode(&[0; 10]).is_err());
+        let bad = Record { start: 0x900, ..r };
+        assert!(decode(&encode(7, Some(&bad))).is_err());
+        let mut odd = encode(7, Some(&r));
+        odd[0] = 5;
+        assert!(decode(&odd).is_err());
+    }
+
+    #[test]
+    fn offers_translate_only_inside_an_entry() {
+        let e = [RegEntry {
+            peer_start: 0x1000,
+            peer_end: 0x2000,
+            local: 0x9000,
+        }];
+        assert_eq!(RegTable::translate(&e, 0x1100, 0x100), Some(0x9100));
+        assert_eq!(RegTable::translate(&e, 0x1f00, 0x100), Some(0x9f00));
+        assert_eq!(RegTable::translate(&e, 0x1f00, 0x101), None);
+        assert_eq!(RegTable::translate(&e, 0xf00, 0x10), None);
+        assert_eq!(RegTable::translate(&e, u64::MAX - 4, 0x10), None);
+        assert_eq!(RegTable::translate(&[RegEntry::default()], 0x10, 0x10), None);
+    }
+}
