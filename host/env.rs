@@ -148,9 +148,11 @@ pub const PARAMS: &[Param] = &[
               the connection fails, so that a peer whose host vanished mid-transfer (packets \
               dropped, no reset) becomes an error instead of TCP's ~15 minutes of \
               retransmissions; a receiver that merely reads late still acknowledges (zero-window \
-              probes) and never trips it (nccl-rs's own; bootstrap: TCP_USER_TIMEOUT, its \
-              readers always drain; socket network: the time since the last ACK, from \
-              TCP_INFO); 0: no bound",
+              probes) and never trips it (nccl-rs's own; bootstrap: TCP_USER_TIMEOUT, at most \
+              NCCL_RS_SOCKET_TIMEOUT_MS, since Linux also ends keepalive's count with it, and \
+              its readers always drain up to NCCL_RS_BOOTSTRAP_QUEUE_BYTES; socket network: the \
+              time since the last ACK while data is unacknowledged, from TCP_INFO, because \
+              TCP_USER_TIMEOUT also counts a zero window); 0: no bound",
     },
     Param {
         name: "NCCL_RS_PEER_HANG_TIMEOUT_MS",
