@@ -361,8 +361,9 @@ fn vanished_host_under_a_sender_across_namespaces() {
     }
     let test = "vanished_host_under_a_sender_across_namespaces";
     let bound = SEND_TIMEOUT_MS.to_string();
-    // With keepalive (the bootstrap's connection from the vanished rank also notices it) and
-    // without (only the bound on the sending sockets can).
+    // With keepalive (the default: rank 0's idle connections from rank 1, the bootstrap's and
+    // the ring's receiving one, notice it too, so this case passed before the send bound) and
+    // without (only the bound on the sending sockets can: before it, rank 0 hung until killed).
     for (tag, subnet, keepalive) in [("v1", 9, bound.as_str()), ("v2", 10, "0")] {
         let Some(f) = netns::fabric_or_skip(test, tag, 2, subnet) else {
             return;
