@@ -145,7 +145,7 @@ fn killed_peer_mid_collective_raises_async_errors() {
 }
 
 /// How long a rank may go without a heartbeat in the stopped-peer test.
-const HANG_TIMEOUT_MS: &str = "2000";
+const HANG_TIMEOUT_MS: &str = "3000";
 
 /// A rank whose process stops (SIGSTOP) without dying keeps its sockets open and its kernel
 /// answering TCP, so nothing but its silence can tell. With `NCCL_RS_PEER_HANG_TIMEOUT_MS`,
