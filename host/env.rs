@@ -134,11 +134,36 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_RS_SOCKET_TIMEOUT_MS",
         default: "60000",
-        doc: "how long a socket-network connection may hear nothing from its peer's host before it \
-              fails (TCP keepalive probes, answered by the peer's kernel however busy its rank \
+        doc: "how long a bootstrap or socket-network connection may hear nothing from its peer's \
+              host before it fails (TCP keepalive probes, answered by the peer's kernel however busy its rank \
               is): a link taken down or a host gone without closing becomes an error instead of \
               a hang (nccl-rs's own: NCCL's socket network waits forever); rounded up to whole \
               seconds, at least 2; 0: no probes",
+    },
+    Param {
+        name: "NCCL_RS_SOCKET_SEND_TIMEOUT_MS",
+        default: "60000",
+        doc: "how long bytes sent on a bootstrap or socket-network connection may stay \
+              unacknowledged by the peer's host (no ACK at all, while data is in flight) before \
+              the connection fails, so that a peer whose host vanished mid-transfer (packets \
+              dropped, no reset) becomes an error instead of TCP's ~15 minutes of \
+              retransmissions; a receiver that merely reads late still acknowledges (zero-window \
+              probes) and never trips it (nccl-rs's own; bootstrap: TCP_USER_TIMEOUT, at most \
+              NCCL_RS_SOCKET_TIMEOUT_MS, since Linux also ends keepalive's count with it, and \
+              its readers always drain up to NCCL_RS_BOOTSTRAP_QUEUE_BYTES; socket network: the \
+              time since the last ACK while data is unacknowledged, from TCP_INFO, because \
+              TCP_USER_TIMEOUT also counts a zero window); 0: no bound",
+    },
+    Param {
+        name: "NCCL_RS_PEER_HANG_TIMEOUT_MS",
+        default: "0",
+        doc: "opt-in bound on a rank that hangs without dying (its process stopped: SIGSTOP, a \
+              debugger; or wholly stuck): each rank sends a bootstrap heartbeat to its ring \
+              successor every quarter of this (at most 5 s), and a rank that has heard none from \
+              its predecessor for this long while an operation of the communicator is \
+              outstanding raises the async error (ncclRemoteError, \"rank N has not responded \
+              for T s\") and the kernels' abort flag, and tells every other rank; every rank \
+              must set the same value (nccl-rs's own: NCCL has no such bound); 0: off",
     },
     Param {
         name: "NCCL_UID_STAGGER_THRESHOLD",

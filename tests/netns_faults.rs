@@ -10,7 +10,13 @@
 //!   within a bound, and abort returns;
 //! - the link of a node taken down in the middle of a loop of AllReduces (2×1, 2×2): every rank
 //!   gets an async error within the configured peer timeout (`NCCL_RS_SOCKET_TIMEOUT_MS`; TCP
-//!   keepalive probes, `transport/net/socket/comm.rs`), and abort returns. Nothing hangs.
+//!   keepalive probes, `transport/net/socket/comm.rs`), and abort returns. Nothing hangs;
+//! - the host of a rank that only receives vanishes (its link down: every packet dropped, no
+//!   reset) while its peer is in the middle of a large send: the sender, whose sockets hold
+//!   unacknowledged data (so keepalive never probes them), gets an async error within the
+//!   bound on unacknowledged data (`NCCL_RS_SOCKET_SEND_TIMEOUT_MS`), with keepalive on and
+//!   off. (No `tc netem` or `iptables` on the test hosts' kernels, so the link is taken down
+//!   instead: the packets vanish all the same.)
 //!
 //! Addresses are fixed (10.213.x.y) and exist only inside the namespaces the tests make.
 //! Where namespaces cannot be made (not root, no `ip`), each test says why and passes.
@@ -273,4 +279,108 @@ fn downed_link(test: &str, tag: &str, nodes: usize, per_node: usize, subnet: u8)
          timeout {PEER_TIMEOUT_MS} ms)"
     );
     true
+}
+
+/// The bound on unacknowledged data the vanished-host test configures.
+const SEND_TIMEOUT_MS: u64 = 3000;
+
+/// Rank 0 sends large messages to rank 1 in a loop (2×1); the parent takes rank 1's link down
+/// in the middle of it. Rank 0's sockets then hold unacknowledged data, which TCP alone
+/// retransmits for about 15 minutes; it must get an async error naming the connection within
+/// the bound instead, and abort must return. Rank 1 (cut off) sees its link down and leaves.
+#[test]
+fn vanished_host_under_a_sender_across_namespaces() {
+    if let Some((rank, nranks)) = netns::child() {
+        let comm = child_comm(rank, nranks);
+        let peer = 1 - rank;
+        let count = 4 << 20;
+        let buf = comm.device().alloc(count * 4).expect("alloc");
+        let stream = comm.device().stream_create().expect("stream");
+        let ifname = std::env::var("NCCL_RS_NETNS_IFNAME").expect("interface name");
+        let link_down = || {
+            std::fs::read_to_string(format!("/sys/class/net/{ifname}/operstate"))
+                .map(|s| s.trim() == "down")
+                .unwrap_or(false)
+        };
+        let t0 = Instant::now();
+        let mut iterations = 0u64;
+        let err = 'outer: loop {
+            // SAFETY: `buf` holds `count` floats and outlives every send and receive (the
+            // comm is aborted and its kernels end before `buf` drops).
+            let issued = unsafe {
+                if rank == 0 {
+                    comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+                } else {
+                    comm.recv_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+                }
+            };
+            loop {
+                if let Err(e) = comm.get_async_error().and(issued.clone()) {
+                    break 'outer Some(e);
+                }
+                if rank == 1 && link_down() {
+                    break 'outer None;
+                }
+                match comm.device().stream_query(stream) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => break 'outer Some(e),
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "rank {rank}: no async error after 60 s ({iterations} messages)"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            iterations += 1;
+            if iterations == 1 {
+                netns::signal("looping", rank);
+            }
+        };
+        match err {
+            Some(err) => {
+                eprintln!(
+                    "rank {rank}: async error {:?} into the loop: {err}",
+                    t0.elapsed()
+                );
+                check_peer_error(&err, rank);
+            }
+            None => {
+                assert_eq!(rank, 1, "only the cut-off rank leaves without an error");
+                eprintln!("rank {rank}: the link is down; leaving");
+            }
+        }
+        let t1 = Instant::now();
+        comm.abort();
+        eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
+        let _ = comm.device().stream_sync(stream);
+        eprintln!("rank {rank}: {iterations} messages before the link went down");
+        drop(buf);
+        comm.destroy().ok();
+        return;
+    }
+    let test = "vanished_host_under_a_sender_across_namespaces";
+    let bound = SEND_TIMEOUT_MS.to_string();
+    // With keepalive (the default: rank 0's idle connections from rank 1, the bootstrap's and
+    // the ring's receiving one, notice it too, so this case passed before the send bound) and
+    // without (only the bound on the sending sockets can: before it, rank 0 hung until killed).
+    for (tag, subnet, keepalive) in [("v1", 9, bound.as_str()), ("v2", 10, "0")] {
+        let Some(f) = netns::fabric_or_skip(test, tag, 2, subnet) else {
+            return;
+        };
+        let env = [
+            ("NCCL_RS_SOCKET_TIMEOUT_MS", keepalive),
+            ("NCCL_RS_SOCKET_SEND_TIMEOUT_MS", bound.as_str()),
+        ];
+        let mut run = f.start(test, 1, ROOT_PORT, &env);
+        let looping = run.wait_signal("looping", &[0, 1], Duration::from_secs(60));
+        if looping {
+            std::thread::sleep(Duration::from_millis(100));
+            f.link_down(1).expect("take rank 1's link down");
+        }
+        let took = run.wait(Duration::from_millis(SEND_TIMEOUT_MS) + SLACK + SLACK, &[]);
+        run.check(&[]);
+        assert!(looping, "the ranks never reported their first message");
+        eprintln!("vanished host (keepalive {keepalive} ms): both ranks were done {took:?} after the link went down");
+    }
 }

@@ -144,6 +144,89 @@ fn killed_peer_mid_collective_raises_async_errors() {
     }
 }
 
+/// How long a rank may go without a heartbeat in the stopped-peer test.
+const HANG_TIMEOUT_MS: &str = "3000";
+
+/// A rank whose process stops (SIGSTOP) without dying keeps its sockets open and its kernel
+/// answering TCP, so nothing but its silence can tell. With `NCCL_RS_PEER_HANG_TIMEOUT_MS`,
+/// the survivors' AllReduce, stuck on it, ends: each gets an async error naming the stopped
+/// rank (its ring successor saw its heartbeats stop, and told the other), and abort and
+/// destroy return. The parent kills the stopped rank once the others are done.
+#[test]
+fn stopped_peer_raises_async_errors_when_hangs_are_watched() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
+        let victim = nranks - 1;
+        if rank == victim {
+            // Beat a while first (a rank's successor watches it once a heartbeat came), then
+            // stop with nothing issued; the parent kills this process later.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            // SAFETY: raise(3) with a signal number; stops this process.
+            unsafe { libc::raise(libc::SIGSTOP) };
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+        let count = 1 << 16;
+        let buf = comm.device().alloc(count * 4).expect("alloc");
+        let stream = comm.device().stream_create().expect("stream");
+        // SAFETY: `buf` holds `count` floats and outlives the AllReduce (the comm is aborted
+        // and its stream drained before `buf` drops).
+        unsafe {
+            comm.all_reduce_raw(
+                buf.ptr(),
+                buf.ptr(),
+                count,
+                DataType::Float32,
+                ReduceOp::Sum,
+                stream,
+            )
+        }
+        .expect("issue the AllReduce");
+        let t0 = std::time::Instant::now();
+        let limit = std::time::Duration::from_secs(60);
+        let err = loop {
+            if let Err(e) = comm.get_async_error() {
+                break Some((e, t0.elapsed()));
+            }
+            if t0.elapsed() > limit {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let t1 = std::time::Instant::now();
+        comm.abort();
+        // The aborted kernel ends; only then may its buffer go (and a failed check unwind).
+        let _ = comm.device().stream_sync(stream);
+        drop(buf);
+        comm.destroy().ok();
+        eprintln!("rank {rank}: abort and destroy took {:?}", t1.elapsed());
+        let (err, after) =
+            err.unwrap_or_else(|| panic!("rank {rank}: no async error after {limit:?}"));
+        eprintln!("rank {rank}: async error {after:?} after issuing: {err}");
+        assert_eq!(err.code, nccl::NcclResult::RemoteError, "{err}");
+        assert!(err.message.contains(&format!("rank {victim}")), "{err}");
+        if rank == 0 {
+            // The victim's ring successor saw its heartbeats stop.
+            assert!(
+                err.message
+                    .contains(&format!("rank {victim} has not responded for")),
+                "{err}"
+            );
+        }
+        return;
+    }
+    common::procs::run_nodes_with_victim(
+        "stopped_peer_raises_async_errors_when_hangs_are_watched",
+        3,
+        1,
+        &[LOOPBACK, ("NCCL_RS_PEER_HANG_TIMEOUT_MS", HANG_TIMEOUT_MS)],
+        2,
+    );
+}
+
 /// CPU time (clock ticks) of this process's proxy threads so far, from /proc.
 fn proxy_ticks() -> u64 {
     let mut ticks = 0;

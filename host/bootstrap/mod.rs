@@ -516,8 +516,10 @@ impl Bootstrap {
                 .map(|m| format!(" (bootstrap at {})", m.addr))
                 .unwrap_or_default();
             let err = match f.reported_by {
+                None if f.hung => Error::remote(format!("rank {me}: {}{at}", f.why)),
                 None => Error::remote(format!(
-                    "rank {me}: peer rank {}{at} is gone (process died or aborted): {}",
+                    "rank {me}: peer rank {}{at} is gone (process died or aborted, or its host \
+                     stopped answering): {}",
                     f.dead, f.why
                 )),
                 Some(by) => Error::remote(format!(
@@ -543,9 +545,83 @@ impl Bootstrap {
         if self.shared.mark_gone(peer, why) {
             self.clone().tell_everyone(Fault {
                 dead: peer,
+                hung: false,
                 reported_by: None,
                 why: why.to_string(),
             });
+        }
+    }
+
+    /// From now on, until this bootstrap closes, a thread sends a heartbeat to the ring
+    /// successor every `after` / 4 (at most 5 s), and watches the ring predecessor's: when none
+    /// came for `after` while `busy()` (an operation of the communicator is outstanding), the
+    /// predecessor is reported as a fault ("rank N has not responded for T s"), as one whose
+    /// connection ended (`watch`): the communicator's async error and kernel abort flag here,
+    /// a notice to every other rank. This catches a rank whose process is stopped (SIGSTOP, a
+    /// debugger) or wholly stuck, which keeps its connections open and its kernel answering
+    /// TCP, so nothing else sees it. The heartbeats are sent and read by threads of their own,
+    /// so an application thread that is merely slow (or blocked in a collective) never trips it.
+    /// A predecessor is watched only once its first heartbeat came (it watches too); a
+    /// pause of this rank's own thread (this process stopped) restarts the count.
+    pub(crate) fn watch_hangs(
+        self: &Arc<Self>,
+        after: Duration,
+        busy: impl Fn() -> bool + Send + 'static,
+    ) {
+        let (n, r) = (self.nranks(), self.rank());
+        if n < 2 || after.is_zero() {
+            return;
+        }
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let period = (after / 4).clamp(Duration::from_millis(20), Duration::from_secs(5));
+        let (this, shared) = (Arc::downgrade(self), self.shared.clone());
+        let spawned = socket::spawn("nccl-bs-beat", move || {
+            let mut last = Instant::now();
+            loop {
+                let Some(bs) = this.upgrade() else { return };
+                if bs.shared.is_closed() {
+                    return;
+                }
+                let now = Instant::now();
+                if now.duration_since(last) > period + after / 2 {
+                    // This thread could not run for a while (this process was stopped, or
+                    // starved): what it did not read meanwhile says nothing about the peer.
+                    bs.shared.forgive(prev);
+                }
+                last = now;
+                if bs.shared.gone(next).is_none() {
+                    if let Err(e) = bs.send_on(next, Channel::Beat, 0, &[]) {
+                        log::debug!("rank {r}: heartbeat to rank {next}: {e}");
+                    }
+                }
+                if let Some(silent) = bs.shared.silent_for(prev) {
+                    if silent >= after && bs.shared.gone(prev).is_none() && busy() {
+                        bs.shared.hung(
+                            prev,
+                            format!(
+                                "rank {prev} has not responded for {:.1} s (its process is \
+                                 stopped or stuck; NCCL_RS_PEER_HANG_TIMEOUT_MS={})",
+                                silent.as_secs_f64(),
+                                after.as_millis()
+                            ),
+                        );
+                    }
+                }
+                drop(bs);
+                // Short naps, so that a closed bootstrap ends this thread soon.
+                let wake = Instant::now() + period;
+                while Instant::now() < wake {
+                    std::thread::sleep(wake.saturating_duration_since(Instant::now()).min(
+                        Duration::from_millis(50),
+                    ));
+                    if this.strong_count() == 0 || shared.is_closed() {
+                        return;
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("rank {r}: cannot start the heartbeat thread: {e}");
         }
     }
 

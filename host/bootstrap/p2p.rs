@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ fn mark_dead(mb: &mut Mailbox, rank: usize, why: &str) -> bool {
 #[derive(Clone, Debug)]
 pub(crate) struct Fault {
     pub dead: usize,
+    /// Not gone but silent: the rank's heartbeats stopped (`why` says for how long).
+    pub hung: bool,
     /// The rank that saw it go, when another rank reported it; None when it was us.
     pub reported_by: Option<usize>,
     pub why: String,
@@ -96,6 +98,10 @@ pub(crate) struct Shared {
     registry: Mutex<Registry>,
     listener: Socket,
     watcher: Mutex<Option<Watcher>>,
+    /// When each peer was last heard from (any frame; ms since `epoch`, 0: never), and
+    /// whether a heartbeat ([`Channel::Beat`]) came from it yet.
+    heard: Vec<(AtomicU64, AtomicBool)>,
+    epoch: Instant,
     /// Answers a RAS query from (rank, query number); None: RAS is not served.
     ras: Mutex<Option<RasResponder>>,
 }
@@ -128,6 +134,10 @@ impl Shared {
             registry: Mutex::new(Registry::default()),
             listener,
             watcher: Mutex::new(None),
+            heard: (0..nranks)
+                .map(|_| (AtomicU64::new(0), AtomicBool::new(false)))
+                .collect(),
+            epoch: Instant::now(),
             ras: Mutex::new(None),
         });
         let s = shared.clone();
@@ -364,6 +374,7 @@ impl Shared {
         if gone {
             self.notify(Fault {
                 dead: from,
+                hung: false,
                 reported_by: None,
                 why: format!("its bootstrap connection ended without a goodbye: {why}"),
             });
@@ -441,6 +452,53 @@ impl Shared {
     /// Whether some peer is known to be gone.
     pub(crate) fn any_gone(&self) -> bool {
         !lock(&self.mailbox).dead.is_empty()
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// A frame came from `from` (a heartbeat: `beat`).
+    fn heard_from(&self, from: usize, beat: bool) {
+        if let Some((at, beats)) = self.heard.get(from) {
+            at.store(self.now_ms(), Ordering::Relaxed);
+            if beat {
+                beats.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts `rank`'s silence from now (after this rank itself could not look for a while).
+    pub(crate) fn forgive(&self, rank: usize) {
+        if let Some((at, _)) = self.heard.get(rank) {
+            at.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// How long nothing came from `rank`, once it sent a heartbeat (None before: a peer that
+    /// never sent one does not watch hangs, and its silence means nothing).
+    pub(crate) fn silent_for(&self, rank: usize) -> Option<Duration> {
+        let (at, beats) = self.heard.get(rank)?;
+        if !beats.load(Ordering::Relaxed) {
+            return None;
+        }
+        let since = self.now_ms().saturating_sub(at.load(Ordering::Relaxed));
+        Some(Duration::from_millis(since))
+    }
+
+    /// `rank` is silent (its heartbeats stopped) while this rank waits on the communicator:
+    /// recorded as gone, and reported like a peer whose connection ended (`why` says so).
+    pub(crate) fn hung(&self, rank: usize, why: String) {
+        if self.mark_gone(rank, &why) {
+            self.notify(Fault {
+                dead: rank,
+                hung: true,
+                reported_by: None,
+                why,
+            });
+        }
     }
 
     /// Why `rank` is known to be gone, if it is.
@@ -536,6 +594,13 @@ fn accept_loop(shared: Arc<Shared>, listener: Socket) {
         match accepted {
             Ok((sock, _)) => {
                 let stream: TcpStream = sock.into();
+                if let Err(e) = socket::bound_silence(&stream) {
+                    log::warn!(
+                        "bootstrap rank {}: cannot bound a peer's silence (keepalive, \
+                         TCP_USER_TIMEOUT): {e}",
+                        shared.rank
+                    );
+                }
                 let Some(id) = shared.register(&stream) else {
                     return;
                 };
@@ -611,7 +676,10 @@ fn read_peer(shared: &Shared, stream: TcpStream, id: u64, permit: socket::Permit
             break "closed".to_string();
         }
         let mut body = match socket::read_frame_untimed(&mut r, wire::MAX_DATA_BODY) {
-            Ok(Some(b)) => b,
+            Ok(Some(b)) => {
+                shared.heard_from(from, false);
+                b
+            }
             Ok(None) => break "closed by the peer".to_string(),
             Err(e) => break e.to_string(),
         };
@@ -621,6 +689,13 @@ fn read_peer(shared: &Shared, stream: TcpStream, id: u64, permit: socket::Permit
                 ..
             }) => {
                 shared.peer_left(from);
+                continue;
+            }
+            Ok(Msg::Data {
+                channel: Channel::Beat,
+                ..
+            }) => {
+                shared.heard_from(from, true);
                 continue;
             }
             Ok(Msg::Data {
@@ -645,6 +720,7 @@ fn read_peer(shared: &Shared, stream: TcpStream, id: u64, permit: socket::Permit
                 }
                 shared.reported(Fault {
                     dead: tag as usize,
+                    hung: false,
                     reported_by: Some(from),
                     why: String::from_utf8_lossy(payload).into_owned(),
                 });

@@ -251,6 +251,7 @@ pub(crate) fn connect(
         match TcpStream::connect_timeout(&addr, left.min(ATTEMPT)) {
             Ok(s) => {
                 s.set_nodelay(true)?;
+                bound_silence(&s)?;
                 return Ok(s);
             }
             Err(e) => {
@@ -266,6 +267,64 @@ pub(crate) fn connect(
             }
         }
     }
+}
+
+/// `NCCL_RS_SOCKET_TIMEOUT_MS` (keepalive) and `NCCL_RS_SOCKET_SEND_TIMEOUT_MS` (unacknowledged
+/// data): how long a connection's peer host may be silent before the connection fails; None:
+/// no bound (0).
+pub(crate) fn silence_bounds() -> (Option<Duration>, Option<Duration>) {
+    let bound = |name| match crate::env::int(name) {
+        ms if ms <= 0 => None,
+        ms => Some(Duration::from_millis(ms as u64)),
+    };
+    (
+        bound("NCCL_RS_SOCKET_TIMEOUT_MS"),
+        bound("NCCL_RS_SOCKET_SEND_TIMEOUT_MS"),
+    )
+}
+
+/// TCP keepalive such that a connection whose peer's host answers nothing for about `t` fails
+/// with ETIMEDOUT. The kernel counts whole seconds: after `every` seconds without hearing from
+/// the peer it sends a probe, then one every `every` seconds, and gives up after `probes`
+/// unanswered ones, so `every + probes × every` ≈ `t` (at least 2 s). Probes go out only while
+/// the socket has no unacknowledged data of its own, and they are answered by the peer's
+/// kernel, so a peer rank that is merely busy (or stopped) never trips them.
+pub(crate) fn keepalive(s: &Socket, t: Duration) -> io::Result<()> {
+    let secs = t
+        .as_secs()
+        .saturating_add(u64::from(t.subsec_nanos() > 0))
+        .max(2);
+    let every = (secs / 4).clamp(1, 32_767);
+    let probes = (secs / every).saturating_sub(1).clamp(1, 127);
+    s.set_keepalive(true)?;
+    s.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(every))
+            .with_interval(Duration::from_secs(every))
+            .with_retries(probes as u32),
+    )
+}
+
+/// Bounds how long a bootstrap connection's peer host may be silent (see [`silence_bounds`]):
+/// keepalive probes for an idle connection (a reader waiting on a peer whose host vanished
+/// gets ETIMEDOUT, which ends the connection and reports the peer gone), and TCP_USER_TIMEOUT
+/// for one with data in flight (without it, TCP retransmits for about 15 minutes). Linux also
+/// lets TCP_USER_TIMEOUT decide when unanswered keepalive probes end a connection, so it is
+/// the smaller of the two bounds. A zero window (a receiver that does not read) counts too on
+/// recent kernels; the bootstrap's readers always drain their sockets (up to
+/// `NCCL_RS_BOOTSTRAP_QUEUE_BYTES` waiting per peer), so only a peer past that budget for the
+/// whole bound is cut off.
+pub(crate) fn bound_silence(s: &TcpStream) -> io::Result<()> {
+    let (idle, unacked) = silence_bounds();
+    let s = socket2::SockRef::from(s);
+    if let Some(t) = idle {
+        keepalive(&s, t)?;
+    }
+    let user = unacked.map(|u| idle.map_or(u, |i| i.min(u)));
+    if let Some(t) = user {
+        s.set_tcp_user_timeout(Some(t.max(Duration::from_millis(1))))?;
+    }
+    Ok(())
 }
 
 fn timed_out() -> io::Error {
@@ -480,6 +539,21 @@ mod tests {
             sleep_ms: 0,
         };
         assert_eq!(zero.pause(3), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn connections_bound_a_silent_peer_host() {
+        let l = listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), false).unwrap();
+        let addr = local_addr(&l).unwrap();
+        let s = connect(addr, deadline_after(Duration::from_secs(10)), || false).unwrap();
+        let (idle, unacked) = silence_bounds();
+        let r = socket2::SockRef::from(&s);
+        assert_eq!(r.keepalive().unwrap(), idle.is_some());
+        // TCP_USER_TIMEOUT also ends keepalive's count on Linux: never above the idle bound.
+        assert_eq!(
+            r.tcp_user_timeout().unwrap(),
+            unacked.map(|u| idle.map_or(u, |i| i.min(u)))
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::error::{Error, NcclResult, Result};
 /// "nccl-rs\0": the first field of every control message and of the unique id.
 pub(crate) const MAGIC: u64 = 0x6e63_636c_2d72_7300;
 /// Bumped whenever a message layout changes, so that two builds never misread each other.
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 /// Most ranks one bootstrap accepts (keeps the root's address table a sane size).
 pub(crate) const MAX_RANKS: usize = 1 << 20;
 /// Largest body accepted on a connection before it proved to be one of ours (hello, connect).
@@ -51,6 +51,9 @@ pub(crate) enum Channel {
     Ras,
     /// The answer to RAS query `tag`: the rank's health record.
     RasReply,
+    /// A heartbeat (empty) to the ring successor, while hangs are watched
+    /// (`NCCL_RS_PEER_HANG_TIMEOUT_MS`): it only says that the sender's process still runs.
+    Beat,
 }
 
 impl Channel {
@@ -64,6 +67,7 @@ impl Channel {
             Channel::Fault => 5,
             Channel::Ras => 6,
             Channel::RasReply => 7,
+            Channel::Beat => 8,
         }
     }
     fn from_u8(v: u8) -> Option<Channel> {
@@ -76,6 +80,7 @@ impl Channel {
             5 => Some(Channel::Fault),
             6 => Some(Channel::Ras),
             7 => Some(Channel::RasReply),
+            8 => Some(Channel::Beat),
             _ => None,
         }
     }

@@ -734,6 +734,17 @@ impl Comm {
             );
             crate::ras::register(Arc::new(health), &bootstrap)
         };
+        // Opt-in: a peer whose process stopped (alive to TCP, silent to us) becomes a fault
+        // when an operation waits on it (NCCL has no such bound).
+        let hang_ms = crate::env::int("NCCL_RS_PEER_HANG_TIMEOUT_MS");
+        if hang_ms > 0 {
+            let order = Arc::downgrade(&order);
+            bootstrap.watch_hangs(Duration::from_millis(hang_ms as u64), move || {
+                // Outstanding: not known to be finished (None: a launch in progress, or a
+                // captured graph, whose work cannot be seen).
+                order.upgrade().is_some_and(|o| o.finished() != Some(true))
+            });
+        }
         Ok(Comm {
             rank,
             nranks,

@@ -736,6 +736,17 @@ pub mod procs {
             if running == 0 {
                 break;
             }
+            // A victim still there once every other rank is done (stopped, or hung on
+            // purpose) is killed: nothing is left behind.
+            if let Some(v) = victim {
+                let others_done = children
+                    .iter()
+                    .enumerate()
+                    .all(|(r, (_, _, status))| r == v || status.is_some());
+                if others_done {
+                    let _ = children[v].0.kill();
+                }
+            }
             if any_failed || std::time::Instant::now() > deadline {
                 for (c, _, _) in children.iter_mut() {
                     let _ = c.kill();

@@ -62,6 +62,10 @@ pub struct SocketOptions {
     /// (a link down, a host gone) fails instead of waiting forever; None: no keepalive probes
     /// (NCCL's behaviour).
     pub peer_timeout: Option<Duration>,
+    /// `NCCL_RS_SOCKET_SEND_TIMEOUT_MS`: a connection whose data in flight its peer's host
+    /// leaves unacknowledged for this long (the host vanished mid-transfer) fails; None: TCP's
+    /// retransmission limit alone (about 15 minutes; NCCL's behaviour).
+    pub send_timeout: Option<Duration>,
 }
 
 impl Default for SocketOptions {
@@ -75,6 +79,7 @@ impl Default for SocketOptions {
             retry_count: 34,
             retry_sleep_ms: 100,
             peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
+            send_timeout: Some(DEFAULT_PEER_TIMEOUT),
         }
     }
 }
@@ -99,6 +104,10 @@ impl SocketOptions {
             retry_count: retry.count,
             retry_sleep_ms: retry.sleep_ms,
             peer_timeout: match crate::env::int("NCCL_RS_SOCKET_TIMEOUT_MS") {
+                ms if ms <= 0 => None,
+                ms => Some(Duration::from_millis(ms as u64)),
+            },
+            send_timeout: match crate::env::int("NCCL_RS_SOCKET_SEND_TIMEOUT_MS") {
                 ms if ms <= 0 => None,
                 ms => Some(Duration::from_millis(ms as u64)),
             },
@@ -269,7 +278,7 @@ impl Net for SocketNet {
             })?;
         let tag = handshake::next_tag();
         let l = SocketListener::new(sock, tag, d.props.name.clone(), self.opts.handshake_timeout)?
-            .with_peer_timeout(self.opts.peer_timeout);
+            .with_timeouts(self.opts.peer_timeout, self.opts.send_timeout);
         let handle = wire::encode_handle(&wire::HandleInfo {
             addr: l.addr(),
             tag,
@@ -292,7 +301,7 @@ impl Net for SocketNet {
                 sleep_ms: self.opts.retry_sleep_ms,
             },
         )?
-        .with_peer_timeout(self.opts.peer_timeout);
+        .with_timeouts(self.opts.peer_timeout, self.opts.send_timeout);
         Ok(Box::new(c))
     }
 }

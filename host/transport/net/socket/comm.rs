@@ -41,6 +41,17 @@
 //! host for that long fails with ETIMEDOUT, which the waiting helper thread reports as above.
 //! The probes are answered by the peer's kernel, so a peer rank that is merely busy (a late
 //! collective) never trips them.
+//!
+//! Keepalive never probes a socket with unacknowledged data of its own: a sender whose peer's
+//! host vanished mid-message would wait on TCP's retransmissions (about 15 minutes). So a
+//! sending helper thread that cannot move bytes looks, every [`IO_TICK`] or so, at its
+//! socket's TCP_INFO: data in flight and no acknowledgement at all for the send timeout
+//! (`NCCL_RS_SOCKET_SEND_TIMEOUT_MS`, [`unacked_for`]) fails the connection as above.
+//! TCP_USER_TIMEOUT would bound that too, but Linux also counts a zero window against it: a
+//! receiver that merely posts its buffers late (a rank late to a collective, whose peer has
+//! filled the socket buffers meanwhile) would end the connection. Its kernel still answers
+//! with acknowledgements (of the zero-window probes), and no segment stays unacknowledged
+//! then, so the check here never fires on it.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -52,7 +63,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use socket2::{Socket, TcpKeepalive};
+use socket2::Socket;
 
 use super::wire::{self, HEADER_BYTES};
 use crate::error::{Error, Result};
@@ -83,6 +94,9 @@ pub(super) struct Conn {
     pub dev: String,
     /// The peer timeout ([`keepalive`]); None: the kernel's defaults (no probes).
     pub peer_timeout: Option<Duration>,
+    /// Sending: how long data in flight may go unacknowledged ([`unacked_for`]); None: TCP's
+    /// retransmission limit alone.
+    pub send_timeout: Option<Duration>,
 }
 
 /// One message: where its bytes are (or go), and its outcome.
@@ -144,6 +158,8 @@ struct Shared {
     waker: Mutex<Option<Waker>>,
     /// Every socket (control first), to shut them down.
     sockets: Vec<Arc<Socket>>,
+    /// Sending: the bound on unacknowledged data ([`unacked_for`]).
+    send_timeout: Option<Duration>,
 }
 
 impl Shared {
@@ -491,6 +507,34 @@ fn io_text(e: &io::Error) -> String {
     }
 }
 
+/// How long `s` has had data in flight without any acknowledgement from its peer's host, when
+/// that is at least `t` (TCP_INFO: unacknowledged segments, time since the last ACK). None
+/// while the peer acknowledges, or when nothing is in flight: a zero window (a receiver that
+/// does not read) leaves nothing unacknowledged, and its kernel answers the window probes.
+pub(super) fn unacked_for(s: &Socket, t: Duration) -> Option<Duration> {
+    let mut info = MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is writable for `len` bytes, and the kernel writes at most `len` bytes
+    // of a tcp_info there (fewer on older kernels; the rest stays zero).
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: zero-initialised, then (partly) filled by the kernel: every bit pattern is a
+    // valid tcp_info (plain integers).
+    let info = unsafe { info.assume_init() };
+    let silent = Duration::from_millis(info.tcpi_last_ack_recv.into());
+    (info.tcpi_unacked > 0 && silent >= t).then_some(silent)
+}
+
 /// Part of a message on one socket.
 struct Piece {
     sock: Arc<Socket>,
@@ -529,6 +573,8 @@ struct Worker {
     ctrl: Option<Arc<Socket>>,
     socks: Vec<(usize, Arc<Socket>)>,
     scratch: Vec<MaybeUninit<u8>>,
+    /// When the sockets' acknowledgements were last looked at ([`Worker::acked`]).
+    acks_seen: Instant,
 }
 
 impl Worker {
@@ -561,6 +607,34 @@ impl Worker {
         }
     }
 
+    /// Sending with a send timeout: whether it is time (every [`IO_TICK`]) to look at the
+    /// acknowledgements of the sockets that take no bytes ([`Worker::acked`]).
+    fn acks_due(&mut self) -> bool {
+        if !self.send || self.shared.send_timeout.is_none() || self.acks_seen.elapsed() < IO_TICK
+        {
+            return false;
+        }
+        self.acks_seen = Instant::now();
+        true
+    }
+
+    /// Sending, while `sock` takes no bytes: fails the connection when its data in flight went
+    /// unacknowledged for the send timeout ([`unacked_for`]).
+    fn acked(&self, sock: &Socket, what: impl FnOnce() -> String) -> std::result::Result<(), Halt> {
+        let Some(t) = self.shared.send_timeout else {
+            return Ok(());
+        };
+        match unacked_for(sock, t) {
+            Some(silent) => Err(Halt::Broken(format!(
+                "{}: no acknowledgement from the peer's host for {:.1} s with data in flight \
+                 (link down or host gone; see NCCL_RS_SOCKET_SEND_TIMEOUT_MS)",
+                what(),
+                silent.as_secs_f64()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn ctrl(&self) -> std::result::Result<Arc<Socket>, Halt> {
         self.ctrl
             .clone()
@@ -568,12 +642,17 @@ impl Worker {
     }
 
     /// Writes all of `bytes` (a header) on `sock`.
-    fn send_all(&self, sock: &Socket, bytes: &[u8]) -> std::result::Result<(), Halt> {
+    fn send_all(&mut self, sock: &Socket, bytes: &[u8]) -> std::result::Result<(), Halt> {
         let mut done = 0;
         while done < bytes.len() {
             match sock.send_with_flags(&bytes[done..], libc::MSG_NOSIGNAL) {
                 Ok(n) => done += n,
-                Err(e) if would_block(&e) => self.check()?,
+                Err(e) if would_block(&e) => {
+                    self.check()?;
+                    if self.acks_due() {
+                        self.acked(sock, || "sending a message header".into())?;
+                    }
+                }
                 Err(e) => {
                     return Err(Halt::Broken(format!(
                         "sending a message header: {}",
@@ -638,7 +717,12 @@ impl Worker {
                 for p in pieces.iter_mut().filter(|p| p.left > 0) {
                     match self.step(p, 0) {
                         Ok(_) => {}
-                        Err(e) if would_block(&e) => self.check()?,
+                        Err(e) if would_block(&e) => {
+                            self.check()?;
+                            if self.acks_due() {
+                                self.acked(&p.sock, || p.describe(true))?;
+                            }
+                        }
                         Err(e) => return Err(self.broken(p, e)),
                     }
                 }
@@ -657,6 +741,11 @@ impl Worker {
             } else {
                 idle += 1;
                 self.check()?;
+                if self.acks_due() {
+                    for p in pieces.iter().filter(|p| p.left > 0) {
+                        self.acked(&p.sock, || p.describe(true))?;
+                    }
+                }
                 if idle < 32 {
                     std::thread::yield_now();
                 } else {
@@ -834,29 +923,13 @@ fn ready(s: &Socket, peer_timeout: Option<Duration>) -> io::Result<()> {
 }
 
 /// TCP keepalive such that a connection whose peer's host answers nothing for about `t` fails
-/// with ETIMEDOUT. The kernel counts whole seconds: after `every` seconds without hearing from
-/// the peer it sends a probe, then one every `every` seconds, and gives up after `probes`
-/// unanswered ones, so `every + probes × every` ≈ `t` (at least 2 s). Probes go out only while
-/// the socket has no unacknowledged data of its own; a receiving socket never has any, so the
-/// receiving end of every connection notices a silent peer within `t`, and its failure raises
-/// the communicator's async error and stops its kernels. A sending socket with unacknowledged
-/// data is bounded only by TCP's retransmissions (tcp_retries2: about 15 minutes). Setting
-/// TCP_USER_TIMEOUT would bound it by `t` too, but that also ends connections whose receiver
-/// merely reads late (a zero window), which a rank late to a collective legitimately causes.
+/// with ETIMEDOUT (the bootstrap's, [`crate::bootstrap::socket::keepalive`]). A receiving socket
+/// never has unacknowledged data, so the receiving end of every connection notices a silent
+/// peer within `t`, and its failure raises the communicator's async error and stops its
+/// kernels; a sending socket with data in flight is bounded by the send timeout instead
+/// ([`unacked_for`]).
 pub(super) fn keepalive(s: &Socket, t: Duration) -> io::Result<()> {
-    let secs = t
-        .as_secs()
-        .saturating_add(u64::from(t.subsec_nanos() > 0))
-        .max(2);
-    let every = (secs / 4).clamp(1, 32_767);
-    let probes = (secs / every).saturating_sub(1).clamp(1, 127);
-    s.set_keepalive(true)?;
-    s.set_tcp_keepalive(
-        &TcpKeepalive::new()
-            .with_time(Duration::from_secs(every))
-            .with_interval(Duration::from_secs(every))
-            .with_retries(probes as u32),
-    )
+    crate::bootstrap::socket::keepalive(s, t)
 }
 
 impl Comm {
@@ -869,6 +942,7 @@ impl Comm {
             peer,
             dev,
             peer_timeout,
+            send_timeout,
         } = conn;
         for s in std::iter::once(&ctrl).chain(&data) {
             ready(s, peer_timeout).map_err(|e| {
@@ -905,6 +979,7 @@ impl Comm {
             error: Mutex::new(None),
             waker: Mutex::new(None),
             sockets,
+            send_timeout,
         });
         let mut comm = Comm {
             send,
@@ -929,6 +1004,7 @@ impl Comm {
                     .map(|(i, s)| (i, s.clone()))
                     .collect(),
                 scratch: Vec::new(),
+                acks_seen: Instant::now(),
             };
             let name = format!("nccl-net-{}{t}", if send { "send" } else { "recv" });
             let handle = crate::bootstrap::socket::spawn(&name, move || worker.run())

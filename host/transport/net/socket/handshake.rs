@@ -78,8 +78,9 @@ pub struct SocketListener {
     tag: u64,
     dev: String,
     timeout: Duration,
-    /// Handed to the connections it accepts (`Conn::peer_timeout`).
+    /// Handed to the connections it accepts (`Conn::peer_timeout`, `Conn::send_timeout`).
     peer_timeout: Option<Duration>,
+    send_timeout: Option<Duration>,
     pending: Vec<Pending>,
     groups: HashMap<ConnId, Group>,
 }
@@ -104,15 +105,18 @@ impl SocketListener {
             dev,
             timeout,
             peer_timeout: None,
+            send_timeout: None,
             pending: Vec::new(),
             groups: HashMap::new(),
         })
     }
 
-    /// The connections it accepts fail when their peer's host is silent for `t` (see
-    /// `comm::keepalive`); None (the default) leaves the kernel's defaults.
-    pub(super) fn with_peer_timeout(mut self, t: Option<Duration>) -> Self {
-        self.peer_timeout = t;
+    /// The connections it accepts fail when their peer's host is silent for `peer` (see
+    /// `comm::keepalive`), or leaves data they send unacknowledged for `send` (see
+    /// `comm::unacked_for`); None (the default) leaves the kernel's defaults.
+    pub(super) fn with_timeouts(mut self, peer: Option<Duration>, send: Option<Duration>) -> Self {
+        self.peer_timeout = peer;
+        self.send_timeout = send;
         self
     }
 
@@ -290,6 +294,7 @@ impl Listener for SocketListener {
                 peer: g.peer,
                 dev: self.dev.clone(),
                 peer_timeout: self.peer_timeout,
+                send_timeout: self.send_timeout,
             };
             log::info!(
                 "NET/Socket: accepted a connection from {} on {} ({} threads x {} sockets)",
@@ -350,8 +355,9 @@ pub struct SocketConnecting {
     deadline: Instant,
     timeout: Duration,
     retry: Retry,
-    /// Handed to the connection once open (`Conn::peer_timeout`).
+    /// Handed to the connection once open (`Conn::peer_timeout`, `Conn::send_timeout`).
     peer_timeout: Option<Duration>,
+    send_timeout: Option<Duration>,
 }
 
 fn retryable(e: &io::Error) -> bool {
@@ -401,6 +407,7 @@ impl SocketConnecting {
             timeout,
             retry,
             peer_timeout: None,
+            send_timeout: None,
         };
         for i in 0..c.attempts.len() {
             c.advance(i)?;
@@ -408,10 +415,12 @@ impl SocketConnecting {
         Ok(c)
     }
 
-    /// The connection fails when its peer's host is silent for `t` (see `comm::keepalive`);
-    /// None (the default) leaves the kernel's defaults.
-    pub(super) fn with_peer_timeout(mut self, t: Option<Duration>) -> Self {
-        self.peer_timeout = t;
+    /// The connection fails when its peer's host is silent for `peer` (see
+    /// `comm::keepalive`), or leaves data it sends unacknowledged for `send` (see
+    /// `comm::unacked_for`); None (the default) leaves the kernel's defaults.
+    pub(super) fn with_timeouts(mut self, peer: Option<Duration>, send: Option<Duration>) -> Self {
+        self.peer_timeout = peer;
+        self.send_timeout = send;
         self
     }
 
@@ -529,6 +538,7 @@ impl Connecting for SocketConnecting {
                 peer: self.target,
                 dev: self.dev.clone(),
                 peer_timeout: self.peer_timeout,
+                send_timeout: self.send_timeout,
             };
             if conn.data.len() + 1 != self.attempts.len() {
                 return Err(Error::internal(

@@ -25,6 +25,7 @@ fn opts(nthreads: usize, nsocks: usize, family: Family) -> SocketOptions {
         retry_count: 3,
         retry_sleep_ms: 10,
         peer_timeout: Some(Duration::from_secs(10)),
+        send_timeout: Some(Duration::from_secs(10)),
     }
 }
 
@@ -962,4 +963,50 @@ fn keepalive_probes_add_up_to_the_peer_timeout() {
         );
         assert_eq!(s.keepalive_retries().unwrap(), probes, "{t:?}");
     }
+}
+
+/// A receiver that posts its buffer long after the sender started (a rank late to a
+/// collective) is no fault: the sender's sockets fill, the receiver's window closes, and the
+/// send timeout (here 1 s, waited out 3 times) never fires, since the receiver's kernel
+/// acknowledges everything it holds. (TCP_USER_TIMEOUT would end this connection: Linux counts
+/// a zero window against it; 6.18 did so after 1 s in a probe with plain sockets.) Then every
+/// byte arrives intact.
+#[test]
+fn a_receiver_late_past_the_send_timeout_is_no_fault() {
+    let net = SocketNet::with_options(SocketOptions {
+        send_timeout: Some(Duration::from_secs(1)),
+        ..opts(1, 1, Family::V4)
+    })
+    .unwrap();
+    let (mut s, mut r) = pair(&net);
+    let len = 32 << 20;
+    let mut a = Rng(23).bytes(len);
+    let mut b = vec![0x5au8; len];
+    let smr = reg_send(s.as_mut(), &mut a);
+    let rmr = reg_recv(r.as_mut(), &mut b);
+    let sq = s.isend(smr, 0, len, 0).unwrap().unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        assert_eq!(s.test(sq).unwrap(), None, "the send cannot finish unread");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rq = r.irecv(&[recv_buf(rmr, len)]).unwrap().unwrap();
+    assert_eq!(wait_send(s.as_mut(), sq).unwrap(), len);
+    assert_eq!(wait_recv(r.as_mut(), rq).unwrap(), vec![len]);
+    assert!(a == b);
+}
+
+/// On a connection whose peer acknowledges, nothing is ever unacknowledged for long.
+#[test]
+fn acknowledged_data_is_not_taken_for_a_silent_host() {
+    let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_a, _) = l.accept().unwrap();
+    c.write_all(&[7u8; 1 << 16]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let sock = socket2::SockRef::from(&c);
+    assert_eq!(
+        super::comm::unacked_for(&sock, Duration::from_millis(100)),
+        None
+    );
 }
