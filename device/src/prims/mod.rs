@@ -2,9 +2,11 @@
 //! Simple, LL and LL128, chosen per launch at run time over one step model.
 
 pub mod copy;
+pub mod fan;
 pub mod ll;
 pub mod ll128;
 mod packet;
 pub mod simple;
 
+pub use fan::SimpleFan;
 pub use simple::Simple;
