@@ -586,15 +586,15 @@ mod tests {
         let at = |v: &Vec<Pack16>| unsafe { (v.as_ptr() as *const u32).add(off) };
         let at_mut = |v: &mut Vec<Pack16>| unsafe { (v.as_mut_ptr() as *mut u32).add(off) };
         let mut mv = Fan::<u32>::none();
-        for k in 0..nrecv {
-            mv.recv[k] = at(&recvs[k]);
+        for (k, r) in recvs.iter().take(nrecv).enumerate() {
+            mv.recv[k] = at(r);
         }
         if with_input {
             mv.input = at(&input);
         }
         mv.output = at_mut(&mut out);
-        for k in 0..nsend {
-            mv.send[k] = at_mut(&mut sends[k]);
+        for (k, d) in sends.iter_mut().take(nsend).enumerate() {
+            mv.send[k] = at_mut(d);
         }
         mv.post = true;
         for tid in 0..nthreads {
