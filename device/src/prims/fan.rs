@@ -11,6 +11,9 @@
 //! connection's `tail` (and the step's size, to a proxy) and every receive connection's
 //! `head` with system-scope releases. Each connection keeps its own step counter, saved for
 //! the next launch. Every connection given takes part in every step.
+//!
+//! Simple only, one FIFO slot per step (no slices), and every thread moves data: the publishing
+//! warp of `FLAG_SIMPLE_PUBLISHER` ([`super::simple`]) is not used here.
 
 use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS};
 use crate::arch;
