@@ -363,8 +363,27 @@ fn double_binary_tree_all_reduce_across_nodes() {
         return;
     }
     // Odd node counts (a node with two child nodes in one tree, the shifted second tree), an
-    // even one (the mirrored tree), and chains of two ranks inside the nodes.
-    for (nodes, per_node) in [(3, 1), (4, 1), (5, 1), (2, 2), (3, 2)] {
+    // even one (the mirrored tree), and chains of two ranks inside the nodes. With chains, a
+    // node head with two child nodes has three children: at the root in 3x2 (one step per
+    // chunk over all six connections), below the root in 4x2 (three children's sums reduced
+    // on the way up, the result sent to three children on the way down).
+    let heads_of_three = |nodes: usize, per: usize| {
+        let shape: Vec<Vec<usize>> = (0..nodes)
+            .map(|n| (n * per..(n + 1) * per).collect())
+            .collect();
+        let trees = nccl::graph::dbt_channels(&shape, 2);
+        let three = |root: bool| {
+            trees.iter().any(|t| {
+                t.nodes
+                    .iter()
+                    .any(|x| x.down.len() == 3 && x.up.is_none() == root)
+            })
+        };
+        (three(true), three(false))
+    };
+    assert_eq!(heads_of_three(3, 2), (true, false));
+    assert_eq!(heads_of_three(4, 2), (false, true));
+    for (nodes, per_node) in [(3, 1), (4, 1), (5, 1), (2, 2), (3, 2), (4, 2)] {
         let per = per_node.to_string();
         let shape = format!("{nodes}");
         let env = [

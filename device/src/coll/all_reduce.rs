@@ -7,8 +7,8 @@
 use super::{align_up, div_ceil, Kernel};
 use crate::abi::{ConnRecv, ConnSend, TreeDev, TREE_MAX_CHILDREN};
 use crate::ops::{pack_elems, RedOp};
-use crate::prims::copy::Move;
-use crate::prims::Simple;
+use crate::prims::copy::{Move, FAN};
+use crate::prims::{Simple, SimpleFan};
 use crate::types::Elem;
 
 /// The chunk (elements per ring step) for a piece of `remaining` elements.
@@ -237,15 +237,10 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
 /// the parent sends and pass it to every child. As in [`tree`], the root does both in one
 /// group and every other rank splits its CTA so that both directions stream at once.
 ///
-/// Several children are composed from the one-peer Simple steps rather than a primitive over
-/// several peers: the first child's partial sum is reduced with our input into our output
-/// buffer, each further child's is added to that (`Move::pre_done`: the operator's `pre` was
-/// applied once already), and the last of these steps sends the sum up. On the way down, the
-/// step that stores the parent's result also sends it to the first child, and each further
-/// child gets it read back from the output buffer. That costs a pass over the chunk in the
-/// output buffer per further child; in exchange the data mover and Simple's step, which every
-/// ring collective runs, stay exactly as they are. The output buffer is free to serve as
-/// scratch: a chunk's result comes down only after this rank sent the chunk's partial sum up.
+/// Each direction is one step per chunk over all of its peers ([`SimpleFan`]): the way up
+/// reduces every child's slot and our input in one pass and writes the parent's slot; the
+/// way down reads the parent's slot once and writes our output and every child's slot; the
+/// root reduces its children's slots with its input and writes its output and their slots.
 ///
 /// # Safety
 /// See [`super::run`]; `args.tree` holds a [`TreeDev`] for every CTA whose connections have
@@ -271,139 +266,69 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         ) / pe
             * pe,
     );
-    let (op, abort, flags) = (k.op, k.abort_flag, a.flags);
-    let none = Move::<T>::none();
+    let (op, abort) = (k.op, k.abort_flag);
     let (start, end) = (k.start, k.end);
     let span = |c: usize| {
         let s = start + c * chunk;
         (s, core::cmp::min(chunk, end - s))
     };
     let nchunks = div_ceil(end - start, chunk);
-    let send_to = |p: u64| p as *mut ConnSend;
-    let recv_from = |p: u64| p as *mut ConnRecv;
-    let prims = |send: *mut ConnSend, recv: *mut ConnRecv| {
-        Simple::on(send, recv, slot)
-            .with_abort(abort)
-            .with_flags(flags)
-    };
     let null_send = core::ptr::null_mut::<ConnSend>();
     let null_recv = core::ptr::null_mut::<ConnRecv>();
-    // Child `i`'s connections (null past the last child).
-    let child_recv = |i: usize| match i < nc {
-        true => recv_from(t.up_recv[i]),
+    // The children's connections (null past the last child), the parent's alone.
+    let children_recv: [*mut ConnRecv; FAN] = core::array::from_fn(|i| match i < nc {
+        true => t.up_recv[i] as *mut ConnRecv,
         false => null_recv,
-    };
-    let child_send = |i: usize| match i < nc {
-        true => send_to(t.down_send[i]),
+    });
+    let children_send: [*mut ConnSend; FAN] = core::array::from_fn(|i| match i < nc {
+        true => t.down_send[i] as *mut ConnSend,
         false => null_send,
-    };
+    });
+    let null = core::ptr::null_mut::<T>();
     if root {
-        // Gather step i takes child i's sum; the last one finishes the chunk and sends it to
-        // the first child. Then the other children get it from the output.
-        let mut gather: [Simple; TREE_MAX_CHILDREN] = core::array::from_fn(|i| {
-            let send = if i + 1 == nc {
-                child_send(0)
-            } else {
-                null_send
-            };
-            prims(send, child_recv(i))
-        });
-        let mut pass: [Simple; TREE_MAX_CHILDREN] = core::array::from_fn(|j| match j {
-            0 => prims(null_send, null_recv),
-            _ => prims(child_send(j), null_recv),
-        });
+        // One step per chunk: the children's sums and our input in, the result out to our
+        // output and back down to every child.
+        let mut p = SimpleFan::new(children_recv, children_send, slot).with_abort(abort);
         for c in 0..nchunks {
             let (s, n) = span(c);
-            for (i, g) in gather.iter_mut().enumerate().take(nc) {
-                let last = i + 1 == nc;
-                let mv = Move {
-                    input: if i == 0 { input.add(s) } else { output.add(s) },
-                    pre_done: i > 0,
-                    output: output.add(s),
-                    post: last,
-                    ..none
-                };
-                g.step(&op, true, last, mv, n);
-            }
-            for p in pass.iter_mut().take(nc).skip(1) {
-                let mv = Move {
-                    input: output.add(s),
-                    pre_done: true,
-                    ..none
-                };
-                p.step(&op, false, true, mv, n);
-            }
+            p.step(&op, input.add(s), output.add(s), true, n);
         }
-        for p in gather.into_iter().chain(pass) {
-            p.finish();
-        }
+        p.finish();
         return;
     }
     let nthreads = crate::arch::block_dim() as usize;
     let half = nthreads / 2;
     if (crate::arch::thread_idx() as usize) < half {
-        // Up: step i adds child i's partial sum (into the output buffer while more follow);
-        // the last sends the sum to the parent. A leaf sends its input alone.
-        let nup = core::cmp::max(nc, 1);
-        let mut up: [Simple; TREE_MAX_CHILDREN] = core::array::from_fn(|i| {
-            let send = if i + 1 == nup {
-                send_to(t.up_send)
-            } else {
-                null_send
-            };
-            prims(send, child_recv(i)).group(0, half, BAR_UP)
-        });
+        // Up: our input plus every child's partial sum, to the parent (a leaf sends its input).
+        let parent = only(t.up_send as *mut ConnSend);
+        let mut up = SimpleFan::new(children_recv, parent, slot)
+            .with_abort(abort)
+            .group(0, half, BAR_UP);
         for c in 0..nchunks {
             let (s, n) = span(c);
-            for (i, u) in up.iter_mut().enumerate().take(nup) {
-                let last = i + 1 == nup;
-                let mv = Move {
-                    input: if i == 0 { input.add(s) } else { output.add(s) },
-                    pre_done: i > 0,
-                    output: if last {
-                        core::ptr::null_mut()
-                    } else {
-                        output.add(s)
-                    },
-                    ..none
-                };
-                u.step(&op, i < nc, last, mv, n);
-            }
+            up.step(&op, input.add(s), null, false, n);
         }
-        for u in up {
-            u.finish();
-        }
+        up.finish();
     } else {
-        // Down: store the parent's result while passing it to the first child, then read it
-        // back for the others.
-        let (first, count) = (half, nthreads - half);
-        let mut down: [Simple; TREE_MAX_CHILDREN] = core::array::from_fn(|j| {
-            match j {
-                0 => prims(child_send(0), recv_from(t.down_recv)),
-                _ => prims(child_send(j), null_recv),
-            }
-            .group(first, count, BAR_DOWN)
-        });
+        // Down: the parent's result into our output and on to every child.
+        let parent = only(t.down_recv as *mut ConnRecv);
+        let mut down = SimpleFan::new(parent, children_send, slot)
+            .with_abort(abort)
+            .group(half, nthreads - half, BAR_DOWN);
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                output: output.add(s),
-                ..none
-            };
-            down[0].step(&op, true, nc > 0, mv, n);
-            for d in down.iter_mut().take(nc).skip(1) {
-                let mv = Move {
-                    input: output.add(s),
-                    pre_done: true,
-                    ..none
-                };
-                d.step(&op, false, true, mv, n);
-            }
+            down.step(&op, core::ptr::null(), output.add(s), false, n);
         }
-        for d in down {
-            d.finish();
-        }
+        down.finish();
     }
+}
+
+/// `p` alone among [`FAN`] connections.
+#[inline(always)]
+fn only<C>(p: *mut C) -> [*mut C; FAN] {
+    let mut a = [core::ptr::null_mut(); FAN];
+    a[0] = p;
+    a
 }
 
 #[cfg(test)]

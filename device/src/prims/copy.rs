@@ -31,6 +31,23 @@ macro_rules! each_unrolled {
     };
 }
 
+/// Runs `$body` once for each `$k` in 0..`$limit` (`$limit` ≤ 8, a constant), as
+/// straight-line code with constant indices (see [`each_unrolled`]).
+macro_rules! each_below {
+    ($limit:expr, $k:ident => $body:block) => {{
+        const _: () = assert!($limit <= 8);
+        each_below!(@ $limit, $k $body 0 1 2 3 4 5 6 7);
+    }};
+    (@ $limit:expr, $k:ident $body:block $($i:literal)*) => {
+        $(
+            if $i < $limit {
+                let $k: usize = $i;
+                $body
+            }
+        )*
+    };
+}
+
 /// The sources and destinations of one step; a null pointer is an absent one.
 #[derive(Clone, Copy)]
 pub struct Move<T> {
@@ -42,9 +59,6 @@ pub struct Move<T> {
     pub send: *mut T,
     /// Apply the operator's `post` (this step produces the final value).
     pub post: bool,
-    /// `input` holds a partial result that already had the operator's `pre` (a value this
-    /// rank reduced before, kept in its output buffer): take it as it is.
-    pub pre_done: bool,
 }
 
 impl<T: Elem> Move<T> {
@@ -57,7 +71,6 @@ impl<T: Elem> Move<T> {
             output: core::ptr::null_mut(),
             send: core::ptr::null_mut(),
             post: false,
-            pre_done: false,
         }
     }
 
@@ -73,7 +86,7 @@ impl<T: Elem> Move<T> {
         let mut v = if self.input.is_null() {
             r
         } else {
-            let x = if O::HAS_PRE && !self.pre_done {
+            let x = if O::HAS_PRE {
                 map1::<T>(x, |a| op.pre(a))
             } else {
                 x
@@ -95,7 +108,7 @@ impl<T: Elem> Move<T> {
         let mut v = if self.input.is_null() {
             r
         } else {
-            let x = if self.pre_done { x } else { op.pre(x) };
+            let x = op.pre(x);
             if self.recv.is_null() {
                 x
             } else {
@@ -244,6 +257,218 @@ impl<T: Elem> Move<T> {
     }
 }
 
+/// Peers one [`Fan`] step reads from, or writes to, at most: a tree's children (the next rank
+/// of a node's chain and two child nodes, [`crate::abi::TREE_MAX_CHILDREN`]).
+pub const FAN: usize = crate::abi::TREE_MAX_CHILDREN;
+
+/// The sources and destinations of a step with several peers ([`crate::prims::fan`]): up to
+/// [`FAN`] received slots and this rank's input, reduced together, into this rank's output and
+/// up to [`FAN`] send slots; a null pointer is an absent one. Every buffer is read or written
+/// once per element, so a tree rank with three children reduces them and its input in one
+/// pass, and sends a result to three children in one pass.
+#[derive(Clone, Copy)]
+pub struct Fan<T> {
+    /// Data received from peers (partial sums: the operator's `pre` was applied upstream).
+    pub recv: [*const T; FAN],
+    /// This rank's own input; `pre` of the operator applies to it.
+    pub input: *const T,
+    pub output: *mut T,
+    pub send: [*mut T; FAN],
+    /// Apply the operator's `post` (this step produces the final value).
+    pub post: bool,
+}
+
+impl<T: Elem> Fan<T> {
+    /// Nothing to read or write yet: fill in what a step uses with struct update syntax.
+    #[inline(always)]
+    pub fn none() -> Fan<T> {
+        Fan {
+            recv: [core::ptr::null(); FAN],
+            input: core::ptr::null(),
+            output: core::ptr::null_mut(),
+            send: [core::ptr::null_mut(); FAN],
+            post: false,
+        }
+    }
+
+    #[inline(always)]
+    fn aligned(&self) -> bool {
+        let mut bits = self.input as usize | self.output as usize;
+        each_below!(FAN, k => {
+            bits |= self.recv[k] as usize | self.send[k] as usize;
+        });
+        bits.is_multiple_of(16)
+    }
+
+    /// [`Move::run_then_meet`] for several peers: moves `n` elements (thread `tid` of
+    /// `nthreads` takes its share), then meets at the group's barrier (`bar` 0: the CTA's;
+    /// else named barrier `bar` of `bar_threads` threads), in one body for the reason given
+    /// there. Every pointer that is not null must be valid for `n` elements.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn run_then_meet<O: RedOp<T>>(
+        self,
+        op: O,
+        n: usize,
+        tid: usize,
+        nthreads: usize,
+        bar: u32,
+        bar_threads: u32,
+    ) {
+        self.run_inline(&op, n, tid, nthreads);
+        if bar == 0 {
+            arch::sync_threads();
+        } else {
+            arch::barrier_named(bar, bar_threads);
+        }
+    }
+
+    /// The element loop of [`Fan::run_then_meet`], in the layout of [`Move::run_inline`]:
+    /// whole hunks per warp, then single packs, then single elements. Sources are reduced in
+    /// a fixed order (input first, then the peers in order), so every element is reduced alike
+    /// whichever loop takes it.
+    // `have` is set after the last peer too, where nothing reads it: the unrolled body is the
+    // same for every peer.
+    #[allow(unused_assignments)]
+    #[inline(always)]
+    pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
+        let pe = pack_elems::<T>();
+        let npacks = if self.aligned() { n / pe } else { 0 };
+        let lanes = if cfg!(target_arch = "nvptx64") {
+            WARP
+        } else {
+            WARP.min(nthreads)
+        };
+        let (warp, lane, nwarps) = (tid / lanes, tid % lanes, nthreads / lanes);
+        let hunk = UNROLL * lanes;
+        let nhunks = npacks / hunk;
+        let p = |ptr: *const T, i: usize| (ptr as *const Pack16).add(i);
+        let has_input = !self.input.is_null();
+        let mut h = if warp < nwarps { warp } else { nhunks };
+        while h < nhunks {
+            let at = h * hunk + lane;
+            // The sum so far, and whether it holds anything yet (the same for every element).
+            let mut v = [Pack16::default(); 8];
+            if has_input {
+                each_unrolled!(u => {
+                    v[u] = arch::ld_pack(p(self.input, at + u * lanes));
+                });
+                if O::HAS_PRE {
+                    each_unrolled!(u => {
+                        v[u] = map1::<T>(v[u], |a| op.pre(a));
+                    });
+                }
+            }
+            let mut have = has_input;
+            each_below!(FAN, k => {
+                let r = self.recv[k];
+                if !r.is_null() {
+                    let mut x = [Pack16::default(); 8];
+                    each_unrolled!(u => {
+                        x[u] = arch::ld_pack(p(r, at + u * lanes));
+                    });
+                    each_unrolled!(u => {
+                        v[u] = if have {
+                            map2::<T>(x[u], v[u], |a, b| op.reduce(a, b))
+                        } else {
+                            x[u]
+                        };
+                    });
+                    have = true;
+                }
+            });
+            if O::HAS_POST && self.post {
+                each_unrolled!(u => {
+                    v[u] = map1::<T>(v[u], |a| op.post(a));
+                });
+            }
+            each_unrolled!(u => {
+                let k = at + u * lanes;
+                if !self.output.is_null() {
+                    arch::st_pack((self.output as *mut Pack16).add(k), v[u]);
+                }
+            });
+            each_below!(FAN, s => {
+                let d = self.send[s];
+                if !d.is_null() {
+                    each_unrolled!(u => {
+                        arch::st_pack((d as *mut Pack16).add(at + u * lanes), v[u]);
+                    });
+                }
+            });
+            h += nwarps;
+        }
+        let mut i = nhunks * hunk + tid;
+        while i < npacks {
+            let mut v = Pack16::default();
+            if has_input {
+                v = arch::ld_pack(p(self.input, i));
+                if O::HAS_PRE {
+                    v = map1::<T>(v, |a| op.pre(a));
+                }
+            }
+            let mut have = has_input;
+            each_below!(FAN, k => {
+                let r = self.recv[k];
+                if !r.is_null() {
+                    let x = arch::ld_pack(p(r, i));
+                    v = if have {
+                        map2::<T>(x, v, |a, b| op.reduce(a, b))
+                    } else {
+                        x
+                    };
+                    have = true;
+                }
+            });
+            if O::HAS_POST && self.post {
+                v = map1::<T>(v, |a| op.post(a));
+            }
+            if !self.output.is_null() {
+                arch::st_pack((self.output as *mut Pack16).add(i), v);
+            }
+            each_below!(FAN, s => {
+                let d = self.send[s];
+                if !d.is_null() {
+                    arch::st_pack((d as *mut Pack16).add(i), v);
+                }
+            });
+            i += nthreads;
+        }
+        let mut e = npacks * pe + tid;
+        while e < n {
+            let mut v = T::default();
+            if has_input {
+                v = core::ptr::read_volatile(self.input.add(e));
+                if O::HAS_PRE {
+                    v = op.pre(v);
+                }
+            }
+            let mut have = has_input;
+            each_below!(FAN, k => {
+                let r = self.recv[k];
+                if !r.is_null() {
+                    let x = core::ptr::read_volatile(r.add(e));
+                    v = if have { op.reduce(x, v) } else { x };
+                    have = true;
+                }
+            });
+            if O::HAS_POST && self.post {
+                v = op.post(v);
+            }
+            if !self.output.is_null() {
+                core::ptr::write_volatile(self.output.add(e), v);
+            }
+            each_below!(FAN, s => {
+                let d = self.send[s];
+                if !d.is_null() {
+                    core::ptr::write_volatile(d.add(e), v);
+                }
+            });
+            e += nthreads;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -273,7 +498,6 @@ mod tests {
                     output: out.as_mut_ptr() as *mut u32,
                     send: send.as_mut_ptr() as *mut u32,
                     post: false,
-                    pre_done: false,
                 };
                 for tid in 0..nthreads {
                     // SAFETY: every pointer covers n elements.
@@ -289,6 +513,113 @@ mod tests {
                         "{nthreads} threads, n {n}, e {e}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The mover of several peers, run for every thread of a CTA in turn: every element of the
+    /// output and of every send slot holds `pre(input)` plus every received value, with `post`
+    /// when asked, for any set of peers, with and without input, on aligned buffers (hunks,
+    /// packs, tail) and on buffers one element off (elements only). PreMulSum's `pre` must
+    /// apply to the input alone and once; Avg's `post` once.
+    #[test]
+    fn fan_reduces_every_peer_once() {
+        use crate::ops::{Avg, PreMulSum};
+        for nthreads in [1, 24, 64, 96] {
+            for n in [0usize, 5, 129, 4 * 128 * 4 + 7, 3000] {
+                for off in [0usize, 1] {
+                    for nrecv in 0..=FAN {
+                        for with_input in [false, true] {
+                            if nrecv == 0 && !with_input {
+                                continue;
+                            }
+                            let nsend = (nrecv + n) % (FAN + 1);
+                            fan_case(
+                                nthreads,
+                                n,
+                                off,
+                                nrecv,
+                                with_input,
+                                nsend,
+                                PreMulSum::<u32>::new(3),
+                            );
+                            fan_case(
+                                nthreads,
+                                n,
+                                off,
+                                nrecv,
+                                with_input,
+                                nsend,
+                                Avg::<u32>::new(4),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn fan_case<O: RedOp<u32>>(
+        nthreads: usize,
+        n: usize,
+        off: usize,
+        nrecv: usize,
+        with_input: bool,
+        nsend: usize,
+        op: O,
+    ) {
+        // 16-byte aligned buffers with room for n + off u32s.
+        let words = (n + off).div_ceil(4) + 1;
+        let fill = |f: &dyn Fn(usize) -> u32| -> Vec<Pack16> {
+            (0..words)
+                .map(|k| Pack16(core::array::from_fn(|j| f(4 * k + j))))
+                .collect()
+        };
+        let recvs: Vec<Vec<Pack16>> = (0..FAN)
+            .map(|k| fill(&|e| (e * 7 + k * 1000 + 1) as u32))
+            .collect();
+        let input = fill(&|e| e as u32 + 5);
+        let mut out = vec![Pack16([u32::MAX; 4]); words];
+        let mut sends: Vec<Vec<Pack16>> = (0..FAN)
+            .map(|_| vec![Pack16([u32::MAX; 4]); words])
+            .collect();
+        let at = |v: &Vec<Pack16>| unsafe { (v.as_ptr() as *const u32).add(off) };
+        let at_mut = |v: &mut Vec<Pack16>| unsafe { (v.as_mut_ptr() as *mut u32).add(off) };
+        let mut mv = Fan::<u32>::none();
+        for (k, r) in recvs.iter().take(nrecv).enumerate() {
+            mv.recv[k] = at(r);
+        }
+        if with_input {
+            mv.input = at(&input);
+        }
+        mv.output = at_mut(&mut out);
+        for (k, d) in sends.iter_mut().take(nsend).enumerate() {
+            mv.send[k] = at_mut(d);
+        }
+        mv.post = true;
+        for tid in 0..nthreads {
+            // SAFETY: every pointer covers n elements.
+            unsafe { mv.run_inline(&op, n, tid, nthreads) };
+        }
+        for e in 0..n {
+            let i = e + off;
+            let mut want = if with_input { op.pre(i as u32 + 5) } else { 0 };
+            for k in 0..nrecv {
+                want = want.wrapping_add((i * 7 + k * 1000 + 1) as u32);
+            }
+            let want = op.post(want);
+            let got = unsafe { *at(&out).add(e) };
+            assert_eq!(
+                got, want,
+                "output: {nthreads} threads, n {n}+{off}, {nrecv} recv, input {with_input}, e {e}"
+            );
+            for (k, s) in sends.iter().enumerate() {
+                let got = unsafe { *at(s).add(e) };
+                let want = if k < nsend { want } else { u32::MAX };
+                assert_eq!(
+                    got, want,
+                    "send {k}: {nthreads} threads, n {n}+{off}, e {e}"
+                );
             }
         }
     }

@@ -3,9 +3,11 @@
 
 pub mod copy;
 mod direct;
+pub mod fan;
 pub mod ll;
 pub mod ll128;
 mod packet;
 pub mod simple;
 
+pub use fan::SimpleFan;
 pub use simple::Simple;

@@ -1,0 +1,232 @@
+//! Simple steps with several peers at once: a step receives one FIFO slot from each of up to
+//! [`FAN`] receive connections, reduces them with this rank's input, and writes the result to
+//! this rank's output and to one FIFO slot of each of up to [`FAN`] send connections, in one
+//! pass over the data ([`Fan`]). A tree rank with three children so reduces a chunk in one
+//! step and broadcasts it in one step, where one-peer steps ([`super::Simple`]) took one per
+//! child.
+//!
+//! The step model is Simple's, per connection: a receive slot is ready once the sender's
+//! `tail` covers the step, a send slot is free once the receiver's `head` is within
+//! NCCL_STEPS of it; after the data, the CTA meets and one thread publishes every send
+//! connection's `tail` (and the step's size, to a proxy) and every receive connection's
+//! `head` with system-scope releases. Each connection keeps its own step counter, saved for
+//! the next launch. Every connection given takes part in every step.
+//!
+//! Simple only, one FIFO slot per step (no slices), and every thread moves data: the publishing
+//! warp of `FLAG_SIMPLE_PUBLISHER` ([`super::simple`]) is not used here.
+
+use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS};
+use crate::arch;
+use crate::ops::RedOp;
+use crate::prims::copy::{Fan, FAN};
+use crate::types::Elem;
+
+/// Spins between two looks at the abort flag (as [`super::Simple`]'s waits).
+const ABORT_POLL: u32 = 1024;
+
+/// Up to [`FAN`] receive and [`FAN`] send connections (null: absent) and their step counters.
+pub struct SimpleFan {
+    recv: [*mut ConnRecv; FAN],
+    send: [*mut ConnSend; FAN],
+    recv_slot_bytes: [usize; FAN],
+    send_slot_bytes: [usize; FAN],
+    recv_step: [u64; FAN],
+    send_step: [u64; FAN],
+    /// The last `tail` (receive) and `head` (send) value thread 0 acquired per connection:
+    /// counters only grow, so one that already covers a step spares its poll.
+    tail_seen: [u64; FAN],
+    head_seen: [u64; FAN],
+    /// This thread's index in its group, the group's size and named barrier (0: the CTA).
+    tid: usize,
+    nthreads: usize,
+    bar: u32,
+    /// The communicator's abort flag (null: none), polled while waiting.
+    abort: *const u64,
+    /// This thread saw the abort flag: it waits no more, so the kernel runs to its end.
+    aborted: bool,
+}
+
+impl SimpleFan {
+    /// Steps over the non-null connections of `recv` and `send`, whose FIFO slots hold
+    /// `slot_bytes` (a proxied connection spaces them by its own stride).
+    ///
+    /// # Safety
+    /// Non-null pointers point at connections in device memory, wired by the host.
+    #[inline(always)]
+    pub unsafe fn new(
+        recv: [*mut ConnRecv; FAN],
+        send: [*mut ConnSend; FAN],
+        slot_bytes: u32,
+    ) -> SimpleFan {
+        let mut f = SimpleFan {
+            recv,
+            send,
+            recv_slot_bytes: [slot_bytes as usize; FAN],
+            send_slot_bytes: [slot_bytes as usize; FAN],
+            recv_step: [0; FAN],
+            send_step: [0; FAN],
+            tail_seen: [0; FAN],
+            head_seen: [0; FAN],
+            tid: arch::thread_idx() as usize,
+            nthreads: arch::block_dim() as usize,
+            bar: 0,
+            abort: core::ptr::null(),
+            aborted: false,
+        };
+        for i in 0..FAN {
+            if let Some(c) = recv[i].as_ref() {
+                f.recv_step[i] = c.step;
+                if c.proxy_stride != 0 {
+                    f.recv_slot_bytes[i] = c.proxy_stride as usize;
+                }
+            }
+            if let Some(c) = send[i].as_ref() {
+                f.send_step[i] = c.step;
+                if c.proxy_stride != 0 {
+                    f.send_slot_bytes[i] = c.proxy_stride as usize;
+                }
+            }
+        }
+        f
+    }
+
+    /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
+    /// barrier `bar` (1..=7; on GPUs `count` is whole warps), as [`super::Simple::group`].
+    #[inline(always)]
+    pub fn group(mut self, first: usize, count: usize, bar: u32) -> SimpleFan {
+        self.tid = arch::thread_idx() as usize - first;
+        self.nthreads = count;
+        self.bar = bar;
+        self
+    }
+
+    /// Gives up waiting once the u64 at `flag` (host-mapped; null: never) is non-zero.
+    #[inline(always)]
+    pub fn with_abort(mut self, flag: u64) -> SimpleFan {
+        self.abort = flag as *const u64;
+        self
+    }
+
+    #[inline(always)]
+    fn sync(&self) {
+        if self.bar == 0 {
+            arch::sync_threads();
+        } else {
+            arch::barrier_named(self.bar, self.nthreads as u32);
+        }
+    }
+
+    /// Spins until the u64 at `counter` reaches `need` (acquire, system scope), or until the
+    /// abort flag is raised; returns the last value read.
+    #[inline(always)]
+    unsafe fn wait(&mut self, counter: *const u64, need: u64) -> u64 {
+        let mut spins = 0u32;
+        loop {
+            let seen = arch::ld_acquire_sys(counter);
+            if seen >= need || self.aborted {
+                return seen;
+            }
+            arch::spin_pause();
+            spins += 1;
+            if spins == ABORT_POLL {
+                spins = 0;
+                self.aborted = !self.abort.is_null() && arch::ld_volatile(self.abort) != 0;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn slot(fifo: u64, step: u64, slot_bytes: usize) -> u64 {
+        fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
+    }
+
+    /// One step over every connection: waits for each receive slot and each free send slot,
+    /// reduces the received slots with `input` (null: none; the operator's `pre` applies to
+    /// it) into `output` (null: none) and every send slot, applying `post` when asked, and
+    /// publishes. `n` elements (at most a slot's worth). Every thread of the group calls it
+    /// with the same arguments.
+    #[inline(always)]
+    pub unsafe fn step<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        input: *const T,
+        output: *mut T,
+        post: bool,
+        n: usize,
+    ) {
+        if self.tid == 0 {
+            for i in 0..FAN {
+                let need = self.recv_step[i] + 1;
+                if !self.recv[i].is_null() && self.tail_seen[i] < need {
+                    self.tail_seen[i] = self.wait((*self.recv[i]).tail as *const u64, need);
+                }
+                // The peer consumed up to `head`: our next slot is free once it is within
+                // NCCL_STEPS of the step.
+                let need = (self.send_step[i] + 1).saturating_sub(NCCL_STEPS as u64);
+                if !self.send[i].is_null() && self.head_seen[i] < need {
+                    self.head_seen[i] = self.wait((*self.send[i]).head as *const u64, need);
+                }
+            }
+        }
+        self.sync();
+        let mut mv = Fan {
+            input,
+            output,
+            post,
+            ..Fan::none()
+        };
+        for i in 0..FAN {
+            if let Some(c) = self.recv[i].as_ref() {
+                mv.recv[i] = Self::slot(c.fifo, self.recv_step[i], self.recv_slot_bytes[i]) as _;
+            }
+            if let Some(c) = self.send[i].as_ref() {
+                mv.send[i] = Self::slot(c.fifo, self.send_step[i], self.send_slot_bytes[i]) as _;
+            }
+        }
+        mv.run_then_meet(
+            *op,
+            n,
+            self.tid,
+            self.nthreads,
+            self.bar,
+            self.nthreads as u32,
+        );
+        if self.tid == 0 {
+            let bytes = (n * core::mem::size_of::<T>()) as u64;
+            for i in 0..FAN {
+                if let Some(c) = self.send[i].as_ref() {
+                    let sizes = c.proxy_sizes as *mut u64;
+                    if !sizes.is_null() {
+                        // A proxy sends the slot: its byte count, ordered before the tail by
+                        // the release below.
+                        let at = self.send_step[i] % NCCL_STEPS as u64;
+                        arch::st_volatile(sizes.add(at as usize), bytes);
+                    }
+                    arch::st_release_sys(c.tail as *mut u64, self.send_step[i] + 1);
+                }
+                if let Some(c) = self.recv[i].as_ref() {
+                    arch::st_release_sys(c.head as *mut u64, self.recv_step[i] + 1);
+                }
+            }
+        }
+        for i in 0..FAN {
+            self.send_step[i] += 1;
+            self.recv_step[i] += 1;
+        }
+    }
+
+    /// Saves the step counters for the next launch on these connections.
+    #[inline(always)]
+    pub unsafe fn finish(self) {
+        if self.tid == 0 {
+            for i in 0..FAN {
+                if let Some(c) = self.send[i].as_mut() {
+                    c.step = self.send_step[i];
+                }
+                if let Some(c) = self.recv[i].as_mut() {
+                    c.step = self.recv_step[i];
+                }
+            }
+        }
+    }
+}
