@@ -291,6 +291,11 @@ pub const PARAMS: &[Param] = &[
         doc: "0: registered buffers (ncclCommRegister) are recorded but every send/recv still copies through the FIFOs",
     },
     Param {
+        name: "NCCL_GRAPH_REGISTER",
+        default: "1",
+        doc: "0: send/recv captured in a CUDA graph copy through the FIFOs; 1: their buffers count as registered (zero-copy with peers of this process)",
+    },
+    Param {
         name: "NCCL_P2P_LEVEL",
         default: "",
         doc: "farthest path (LOC, NVL, PIX, PXB, PHB, SYS) P2P is used over (default PXB)",

@@ -159,3 +159,98 @@ fn ring_round_registered_once(comms: &[Comm], base: usize, seed: u64) -> [u64; 2
         .map_or(1, |v| v.len());
     [common::register::send_steps(c) - before, conns as u64]
 }
+
+/// Graph registration: send/recv captured in a CUDA graph count as registered (NCCL_GRAPH_REGISTER,
+/// on by default), so between ranks of one process every replay goes direct, on buffers nobody
+/// registered; new bytes written before each replay arrive whole.
+#[test]
+fn captured_send_recv_go_direct_without_registration() {
+    let comms = sim_comms(3, &[]);
+    let n = comms.len();
+    let base = 3 * FIFO;
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let sends: Vec<_> = (0..n)
+        .map(|r| comms[r].device().alloc(ring_bytes(r, base)).unwrap())
+        .collect();
+    let recvs: Vec<_> = (0..n)
+        .map(|r| {
+            comms[r]
+                .device()
+                .alloc(ring_bytes((r + n - 1) % n, base))
+                .unwrap()
+        })
+        .collect();
+    // Connections first (outside any capture).
+    ring_round(&comms, Who::None, base, 1);
+    for (c, s) in comms.iter().zip(&streams) {
+        c.device().capture_begin(*s).unwrap();
+    }
+    let lent = common::lend(&comms);
+    nccl::group_start();
+    for (r, c) in lent.iter().enumerate() {
+        let prev = (r + n - 1) % n;
+        // SAFETY: the buffers hold these counts and outlive the graphs' replays.
+        unsafe {
+            c.send_raw(
+                sends[r].ptr(),
+                ring_bytes(r, base),
+                nccl::DataType::Uint8,
+                (r + 1) % n,
+                streams[r],
+            )
+            .unwrap();
+            c.recv_raw(
+                recvs[r].ptr(),
+                ring_bytes(prev, base),
+                nccl::DataType::Uint8,
+                prev,
+                streams[r],
+            )
+            .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    let graphs: Vec<_> = comms
+        .iter()
+        .zip(&streams)
+        .map(|(c, s)| c.device().capture_end(*s).unwrap())
+        .collect();
+    for replay in 0..3u64 {
+        let data: Vec<Vec<u8>> = (0..n)
+            .map(|r| {
+                let mut rng = common::Rng::new(100 * replay + r as u64);
+                (0..ring_bytes(r, base)).map(|_| rng.next() as u8).collect()
+            })
+            .collect();
+        for r in 0..n {
+            sends[r].write(0, &data[r]).unwrap();
+            recvs[r].write(0, &vec![0xA5; recvs[r].bytes()]).unwrap();
+        }
+        let before: Vec<u64> = comms.iter().map(common::register::send_steps).collect();
+        for (g, s) in graphs.iter().zip(&streams) {
+            g.launch(*s).unwrap();
+        }
+        for (r, c) in comms.iter().enumerate() {
+            c.device().stream_sync(streams[r]).unwrap();
+            let prev = (r + n - 1) % n;
+            let mut got = vec![0u8; recvs[r].bytes()];
+            recvs[r].read(0, &mut got).unwrap();
+            assert!(
+                got == data[prev],
+                "replay {replay}: rank {r}'s bytes from rank {prev}"
+            );
+            let steps = common::register::send_steps(c) - before[r];
+            assert_eq!(
+                steps, CONNS as u64,
+                "replay {replay}: rank {r}'s send was not direct"
+            );
+        }
+    }
+    drop(graphs);
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}

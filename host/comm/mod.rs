@@ -769,7 +769,10 @@ impl Comm {
             finalized: AtomicBool::new(false),
             async_error,
             net: net_path,
-            registered: register::Registrations::new(crate::env::int("NCCL_LOCAL_REGISTER") != 0),
+            registered: register::Registrations::new(
+                crate::env::int("NCCL_LOCAL_REGISTER") != 0,
+                crate::env::int("NCCL_GRAPH_REGISTER") != 0,
+            ),
             kernel_abort,
             split_turns: Arc::default(),
             ras,

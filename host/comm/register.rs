@@ -27,15 +27,28 @@ pub struct Registrations {
     table: Mutex<Table>,
     /// NCCL_LOCAL_REGISTER: registered buffers may take the zero-copy path.
     zero_copy: bool,
+    /// NCCL_GRAPH_REGISTER: buffers of operations captured in a CUDA graph count as
+    /// registered.
+    graph: bool,
 }
 
 impl Registrations {
-    /// An empty table; `zero_copy` from NCCL_LOCAL_REGISTER.
-    pub fn new(zero_copy: bool) -> Registrations {
+    /// An empty table; `zero_copy` from NCCL_LOCAL_REGISTER, `graph` from
+    /// NCCL_GRAPH_REGISTER.
+    pub fn new(zero_copy: bool, graph: bool) -> Registrations {
         Registrations {
             zero_copy,
+            graph,
             ..Registrations::default()
         }
+    }
+
+    /// Whether a send or receive of `bytes` at `buff` may take the zero-copy path: a
+    /// registered buffer, or (graph registration) any buffer of a captured operation. A
+    /// captured buffer needs nothing registered for peers of this process (they address it
+    /// as it is); peers in other processes have no record of it and decline its offers.
+    pub fn p2p_zero_copy(&self, buff: DevPtr, bytes: usize, captured: bool) -> bool {
+        self.zero_copy(buff, bytes) || (self.graph && captured && bytes > 0)
     }
 
     /// NCCL_LOCAL_REGISTER: registered buffers may take the zero-copy path.

@@ -101,7 +101,11 @@ pub fn submit(
             stream,
             abort_flag: comm.kernel_abort.ptr,
             kernel_flags: comm.shape.kernel_flags,
-            registered: comm.registered.zero_copy(buff, bytes),
+            registered: comm.registered.p2p_zero_copy(
+                buff,
+                bytes,
+                comm.device.stream_capturing(stream)?,
+            ),
         })
     };
     match checked() {
