@@ -362,9 +362,14 @@ fn vanished_host_under_a_sender_across_namespaces() {
     let test = "vanished_host_under_a_sender_across_namespaces";
     let bound = SEND_TIMEOUT_MS.to_string();
     // With keepalive (the default: rank 0's idle connections from rank 1, the bootstrap's and
-    // the ring's receiving one, notice it too, so this case passed before the send bound) and
-    // without (only the bound on the sending sockets can: before it, rank 0 hung until killed).
-    for (tag, subnet, keepalive) in [("v1", 9, bound.as_str()), ("v2", 10, "0")] {
+    // the ring's receiving one, notice it too). Without keepalive only the bound on the sending
+    // sockets can, and only if the link goes down while a socket holds unacknowledged data:
+    // when it goes down while rank 0 waits for rank 1 to post a receive, nothing is in flight
+    // and nothing can tell (NCCL's sockets neither). That case passed or hung depending on
+    // timing (4 of 6 runs hung on a loaded 2-core machine), so it is not run here; the pieces
+    // are unit-tested (`bootstrap::socket::connections_bound_a_silent_peer_host`, the socket
+    // network's `a_receiver_late_past_the_send_timeout_is_no_fault`).
+    for (tag, subnet, keepalive) in [("v1", 9, bound.as_str())] {
         let Some(f) = netns::fabric_or_skip(test, tag, 2, subnet) else {
             return;
         };

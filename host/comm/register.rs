@@ -1,7 +1,7 @@
 //! User buffer registration (`ncclCommRegister` / `ncclCommDeregister`). Registering tells the
 //! communicator a buffer will be used in its operations: a send/recv between registered
 //! buffers of ranks that map each other's memory skips the FIFO (the sender writes into the
-//! receiver's buffer; see `enqueue::p2p` and the device's `prims::direct`). Unregistered
+//! receiver's buffer; see the send/recv enqueue and the device's `prims::direct`). Unregistered
 //! buffers, and registered ones whose peer did not register, take the FIFO as before.
 //! `NCCL_LOCAL_REGISTER=0` keeps the records but turns the zero-copy path off.
 

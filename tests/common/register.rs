@@ -19,7 +19,7 @@ impl Who {
         match self {
             Who::All => true,
             Who::None => false,
-            Who::Even => rank % 2 == 0,
+            Who::Even => rank.is_multiple_of(2),
         }
     }
 }
