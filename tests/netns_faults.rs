@@ -369,23 +369,22 @@ fn vanished_host_under_a_sender_across_namespaces() {
     // timing (4 of 6 runs hung on a loaded 2-core machine), so it is not run here; the pieces
     // are unit-tested (`bootstrap::socket::connections_bound_a_silent_peer_host`, the socket
     // network's `a_receiver_late_past_the_send_timeout_is_no_fault`).
-    for (tag, subnet, keepalive) in [("v1", 9, bound.as_str())] {
-        let Some(f) = netns::fabric_or_skip(test, tag, 2, subnet) else {
-            return;
-        };
-        let env = [
-            ("NCCL_RS_SOCKET_TIMEOUT_MS", keepalive),
-            ("NCCL_RS_SOCKET_SEND_TIMEOUT_MS", bound.as_str()),
-        ];
-        let mut run = f.start(test, 1, ROOT_PORT, &env);
-        let looping = run.wait_signal("looping", &[0, 1], Duration::from_secs(60));
-        if looping {
-            std::thread::sleep(Duration::from_millis(100));
-            f.link_down(1).expect("take rank 1's link down");
-        }
-        let took = run.wait(Duration::from_millis(SEND_TIMEOUT_MS) + SLACK + SLACK, &[]);
-        run.check(&[]);
-        assert!(looping, "the ranks never reported their first message");
-        eprintln!("vanished host (keepalive {keepalive} ms): both ranks were done {took:?} after the link went down");
+    let (tag, subnet, keepalive) = ("v1", 9, bound.as_str());
+    let Some(f) = netns::fabric_or_skip(test, tag, 2, subnet) else {
+        return;
+    };
+    let env = [
+        ("NCCL_RS_SOCKET_TIMEOUT_MS", keepalive),
+        ("NCCL_RS_SOCKET_SEND_TIMEOUT_MS", bound.as_str()),
+    ];
+    let mut run = f.start(test, 1, ROOT_PORT, &env);
+    let looping = run.wait_signal("looping", &[0, 1], Duration::from_secs(60));
+    if looping {
+        std::thread::sleep(Duration::from_millis(100));
+        f.link_down(1).expect("take rank 1's link down");
     }
+    let took = run.wait(Duration::from_millis(SEND_TIMEOUT_MS) + SLACK + SLACK, &[]);
+    run.check(&[]);
+    assert!(looping, "the ranks never reported their first message");
+    eprintln!("vanished host (keepalive {keepalive} ms): both ranks were done {took:?} after the link went down");
 }
