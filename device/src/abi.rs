@@ -338,6 +338,10 @@ pub const DIRECT_SAME_SPACE: u64 = 2;
 pub const DIRECT_TAG: usize = 8;
 /// See [`DIRECT_TAG`].
 pub const DIRECT_WORD: usize = 16;
+/// In the sender's head line, a word only the sender writes: thread 0's decision (the address
+/// it copies to, or 0), read back by the CTA's other threads after a barrier, so that one thread
+/// alone reads the offer and the [`RegTable`] (host memory, a trip over PCIe per read).
+pub const DIRECT_DST: usize = 24;
 
 /// One registered buffer of a peer process as this process maps it.
 #[repr(C)]
@@ -402,7 +406,7 @@ const _: () = {
     assert!(core::mem::size_of::<P2pItem>() == 48);
     assert!(core::mem::size_of::<P2pArgs>() == 16 + 48 * MAX_P2P_ITEMS);
     assert!(core::mem::size_of::<RegTable>() == 24 * (REG_TABLE_ENTRIES + 1));
-    assert!(DIRECT_WORD + 8 <= CTRL_LINE);
+    assert!(DIRECT_DST + 8 <= CTRL_LINE);
     assert!(core::mem::size_of::<ConnSend>() == 64);
     assert!(core::mem::size_of::<ConnRecv>() == 64);
     assert!(core::mem::size_of::<ChannelDev>() == 152);

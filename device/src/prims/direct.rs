@@ -14,7 +14,9 @@
 
 use super::copy::Move;
 use super::simple::Simple;
-use crate::abi::{RegEntry, RegTable, DIRECT_DECLINE, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD};
+use crate::abi::{
+    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD,
+};
 use crate::arch;
 use crate::ops::Sum;
 
@@ -71,16 +73,19 @@ impl Simple {
         let (offer_line, answer_line) = ((*sc).head, (*sc).tail);
         if self.tid == 0 {
             self.wait(|| arch::ld_acquire_sys(word(offer_line, DIRECT_TAG)) >= tag);
+            // Only an offer of this message counts (a thread 0 that gave up on an abort sees
+            // an older tag and takes the FIFO).
+            let offered = arch::ld_volatile(word(offer_line, DIRECT_TAG)) >= tag;
+            let offer = arch::ld_volatile(word(offer_line, DIRECT_WORD));
+            let dst = if offered && offer != DIRECT_DECLINE && offer != 0 {
+                reach_offer(reach, offer, bytes as u64)
+            } else {
+                0
+            };
+            arch::st_volatile(word(offer_line, DIRECT_DST), dst);
         }
         self.sync();
-        // Only an offer of this message counts (see direct_recv on an abort).
-        let offered = arch::ld_volatile(word(offer_line, DIRECT_TAG)) >= tag;
-        let offer = arch::ld_volatile(word(offer_line, DIRECT_WORD));
-        let dst = if offered && offer != DIRECT_DECLINE && offer != 0 {
-            reach_offer(reach, offer, bytes as u64)
-        } else {
-            0
-        };
+        let dst = arch::ld_volatile(word(offer_line, DIRECT_DST));
         if dst != 0 {
             Move {
                 input: src,
