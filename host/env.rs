@@ -236,6 +236,11 @@ pub const PARAMS: &[Param] = &[
         doc: "threads per simulated CTA",
     },
     Param {
+        name: "NCCL_RS_SIM_NVLS",
+        default: "0",
+        doc: "1: allow NVLS multicast objects on the simulator only (its tests use it instead of NCCL_NVLS_ENABLE, which the CUDA backend honours)",
+    },
+    Param {
         name: "NCCL_RS_SIM_BUFFSIZE",
         default: "65536",
         doc: "NCCL_BUFFSIZE under the simulator, unless NCCL_BUFFSIZE is set",

@@ -5,8 +5,11 @@
 //! reduce falls back to the ring and is still right; NCCL_NVLS_ENABLE other than exactly 1
 //! never creates a multicast object.
 //!
-//! NCCL_NVLS_ENABLE and NCCL_ALGO are read at communicator creation: the tests take turns
-//! (one lock) and set them before each creation.
+//! The tests turn NVLS on with the simulator's own switch (NCCL_RS_SIM_NVLS=1, which the CUDA
+//! backend never reads), never with NCCL_NVLS_ENABLE: nothing here can turn multicast on for a
+//! real GPU. NCCL_NVLS_ENABLE's own values are checked to keep it off. These variables and
+//! NCCL_ALGO are read at communicator creation: the tests take turns (one lock) and set them
+//! before each creation.
 
 mod common;
 
@@ -18,13 +21,29 @@ use std::sync::Mutex;
 
 static TURN: Mutex<()> = Mutex::new(());
 
-/// Communicators on `n` simulated GPUs created with NCCL_NVLS_ENABLE = `nvls` (None: unset)
-/// and NCCL_ALGO = `algo` (None: unset). Small scratch halves (4 KiB) make calls of a few
-/// thousand elements take many pieces, so both halves and the barriers turn over.
-fn comms(n: usize, nvls: Option<&str>, algo: Option<&str>) -> Ranks {
+/// How a test sets NVLS up: on through the simulator's switch, or NCCL_NVLS_ENABLE set to a
+/// value (None: unset) with the simulator's switch off.
+#[derive(Clone, Copy, Debug)]
+enum Nvls<'a> {
+    SimOn,
+    Enable(Option<&'a str>),
+}
+
+/// Communicators on `n` simulated GPUs created with NVLS as `nvls` says and NCCL_ALGO =
+/// `algo` (None: unset). Small scratch halves (4 KiB) make calls of a few thousand elements
+/// take many pieces, so both halves and the barriers turn over.
+fn comms(n: usize, nvls: Nvls, algo: Option<&str>) -> Ranks {
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     std::env::set_var("NCCL_NVLS_CHUNKSIZE", "4096");
-    for (k, v) in [("NCCL_NVLS_ENABLE", nvls), ("NCCL_ALGO", algo)] {
+    let (sim_on, enable) = match nvls {
+        Nvls::SimOn => (Some("1"), None),
+        Nvls::Enable(v) => (None, v),
+    };
+    for (k, v) in [
+        ("NCCL_RS_SIM_NVLS", sim_on),
+        ("NCCL_NVLS_ENABLE", enable),
+        ("NCCL_ALGO", algo),
+    ] {
         match v {
             Some(v) => std::env::set_var(k, v),
             None => std::env::remove_var(k),
@@ -86,7 +105,7 @@ fn check(
 }
 
 fn matrix(n: usize, counts: &[usize]) {
-    let ranks = comms(n, Some("1"), Some("NVLS"));
+    let ranks = comms(n, Nvls::SimOn, Some("NVLS"));
     for c in &ranks.comms {
         assert_eq!(
             c.tuning(nccl::Coll::AllReduce, 1 << 20)
@@ -147,7 +166,7 @@ fn nvls_between_ring_collectives_in_and_out_of_place() {
     // Simple only: between Simple's ring and NVLS the model takes NVLS by itself (at these
     // sizes it takes the ring's LL over both).
     std::env::set_var("NCCL_PROTO", "Simple");
-    let ranks = comms(4, Some("1"), None);
+    let ranks = comms(4, Nvls::SimOn, None);
     std::env::remove_var("NCCL_PROTO");
     let launched = sim::nvls_launches();
     let mut seed = 77;
@@ -188,7 +207,7 @@ fn nvls_enable_other_than_one_never_creates_a_multicast_object() {
     for env in [None, Some("0"), Some("2"), Some("yes"), Some(" 1")] {
         let created = sim::multicast_objects_created();
         let launched = sim::nvls_launches();
-        let ranks = comms(4, env, None);
+        let ranks = comms(4, Nvls::Enable(env), None);
         for c in &ranks.comms {
             for bytes in [8, 1 << 20, 1 << 30] {
                 let t = c.tuning(nccl::Coll::AllReduce, bytes).expect("a choice");
@@ -217,7 +236,7 @@ fn nvls_enable_other_than_one_never_creates_a_multicast_object() {
         );
         assert_eq!(sim::nvls_launches(), launched, "NCCL_NVLS_ENABLE={env:?}");
 
-        let ranks = comms(2, env, Some("NVLS"));
+        let ranks = comms(2, Nvls::Enable(env), Some("NVLS"));
         let r = check_collective(
             &ranks,
             Coll::AllReduce,
@@ -238,12 +257,12 @@ fn nvls_enable_other_than_one_never_creates_a_multicast_object() {
         );
     }
     let created = sim::multicast_objects_created();
-    let ranks = comms(4, Some("1"), None);
+    let ranks = comms(4, Nvls::SimOn, None);
     assert_eq!(sim::multicast_objects_created(), created + 1);
     drop(ranks);
 }
 
-/// Ranks in separate processes with NCCL_NVLS_ENABLE=1: the simulator's multicast objects do
+/// Ranks in separate processes with NVLS allowed (the simulator's switch): the simulator's multicast objects do
 /// not cross processes, so the communicator stays off NVLS (no object, no NVLS launch) and
 /// every collective still runs, on the ring.
 #[test]
@@ -278,7 +297,8 @@ fn ranks_in_processes_keep_nvls_off_on_the_simulator() {
     let _t = TURN.lock().unwrap_or_else(|p| p.into_inner());
     std::env::remove_var("NCCL_ALGO"); // the children inherit our environment
     let t = "ranks_in_processes_keep_nvls_off_on_the_simulator";
-    common::procs::run(t, 2, &[("NCCL_NVLS_ENABLE", "1")]);
+    std::env::remove_var("NCCL_NVLS_ENABLE");
+    common::procs::run(t, 2, &[("NCCL_RS_SIM_NVLS", "1")]);
 }
 
 /// An NVLS AllReduce whose peer never launches: rank 0 waits at the switch barrier, and
@@ -286,7 +306,7 @@ fn ranks_in_processes_keep_nvls_off_on_the_simulator() {
 #[test]
 fn abort_ends_an_nvls_collective_stuck_on_an_absent_peer() {
     let _t = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let ranks = comms(2, Some("1"), Some("NVLS"));
+    let ranks = comms(2, Nvls::SimOn, Some("NVLS"));
     let c = &ranks.comms[0];
     let launched = sim::nvls_launches();
     let stream = ranks.streams[0];

@@ -29,8 +29,18 @@ impl std::fmt::Debug for Multicast {
 
 /// Whether the user allows multicast objects: NCCL_NVLS_ENABLE (environment or
 /// NCCL_CONF_FILE) exactly "1", nothing else. The one reading of the variable in the library.
+/// On the simulator NCCL_RS_SIM_NVLS=1 allows them too: the tests turn NVLS on with it, so
+/// that no test sets the variable that turns multicast on for real GPUs (the CUDA backend
+/// never reads the simulator's switch).
 pub(crate) fn allowed_by_env() -> bool {
-    crate::env::raw("NCCL_NVLS_ENABLE").as_deref() == Some("1")
+    user_allows(crate::env::raw("NCCL_NVLS_ENABLE").as_deref())
+        || (crate::cuda::backend() == crate::cuda::Backend::Sim
+            && crate::env::int("NCCL_RS_SIM_NVLS") == 1)
+}
+
+/// NCCL's rule for NCCL_NVLS_ENABLE's value `v`: on only when it is exactly "1".
+fn user_allows(v: Option<&str>) -> bool {
+    v == Some("1")
 }
 
 /// An error unless [`allowed_by_env`]: no multicast object is made or joined without it.
@@ -137,11 +147,22 @@ mod tests {
     /// the driver's calls).
     #[test]
     fn no_multicast_object_without_nvls_enable() {
-        if allowed_by_env() {
-            eprintln!("skipped: NCCL_NVLS_ENABLE=1 in this test's environment");
-            return;
+        for v in [
+            None,
+            Some("0"),
+            Some("2"),
+            Some("yes"),
+            Some(" 1"),
+            Some("1 "),
+        ] {
+            assert!(!user_allows(v), "{v:?}");
         }
+        assert!(user_allows(Some("1")));
         let _ = set_backend(Backend::Sim);
+        assert!(
+            !allowed_by_env(),
+            "run the library's tests with NCCL_NVLS_ENABLE and NCCL_RS_SIM_NVLS unset"
+        );
         let dev = Device::open(0).expect("device 0");
         assert!(
             dev.is_sim(),
