@@ -279,6 +279,8 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                     } else {
                         0
                     };
+                    // Once per message: it brings the peer's registration table up to date.
+                    let reach = links.direct_reach(op.peer)?;
                     for c in 0..nconns {
                         let (off, len) = part(op.bytes, nconns, c, min);
                         if len == 0 && op.bytes > 0 && min > 0 {
@@ -297,7 +299,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                                     P2pKind::Recv as u32
                                 },
                                 slot_bytes: links.slot_bytes as u32,
-                                direct: direct(links, op, off, len)?,
+                                direct: direct(links, reach, op, off, len),
                             },
                         )?;
                     }
@@ -340,23 +342,24 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     })
 }
 
-/// The zero-copy handshake of one part (`len` bytes at `off`) of `op` ([`P2pItem::direct`]).
+/// The zero-copy handshake of one part (`len` bytes at `off`) of `op` ([`P2pItem::direct`]),
+/// given `reach`, the peer's [`Links::direct_reach`] (looked up once per message).
 /// Both ends decide alike whether it happens: the connection is a direct one (p2p, inside the
 /// node) and the part fills the connection's FIFO at least once, so that a message the FIFO
 /// could have taken whole before the receiver arrived never waits for it now. Each end then
 /// puts in its own value: what it offers (receiver) or how it reaches an offer (sender).
-fn direct(links: &Links, op: &P2pOp, off: usize, len: usize) -> Result<u64> {
-    let Some(reach) = links.direct_reach(op.peer)? else {
-        return Ok(DIRECT_OFF);
+fn direct(links: &Links, reach: Option<u64>, op: &P2pOp, off: usize, len: usize) -> u64 {
+    let Some(reach) = reach else {
+        return DIRECT_OFF;
     };
     if len < NCCL_STEPS as usize * links.slot_bytes {
-        return Ok(DIRECT_OFF);
+        return DIRECT_OFF;
     }
-    Ok(match op.dir {
+    match op.dir {
         Dir::Recv if op.registered => op.buff + off as u64,
         Dir::Send if op.registered => reach,
         _ => DIRECT_DECLINE,
-    })
+    }
 }
 
 fn push(args: &mut P2pArgs, it: P2pItem) -> Result<()> {
