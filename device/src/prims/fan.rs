@@ -15,10 +15,11 @@
 //! Simple only, one FIFO slot per step (no slices), and every thread moves data: the publishing
 //! warp of `FLAG_SIMPLE_PUBLISHER` ([`super::simple`]) is not used here.
 
-use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS};
+use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS, PROTO_SIMPLE};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::{Fan, FAN};
+use crate::prims::simple::announce_recv;
 use crate::types::Elem;
 
 /// Spins between two looks at the abort flag (as [`super::Simple`]'s waits).
@@ -158,6 +159,7 @@ impl SimpleFan {
             for i in 0..FAN {
                 let need = self.recv_step[i] + 1;
                 if !self.recv[i].is_null() && self.tail_seen[i] < need {
+                    announce_recv(self.recv[i], need, PROTO_SIMPLE);
                     self.tail_seen[i] = self.wait((*self.recv[i]).tail as *const u64, need);
                 }
                 // The peer consumed up to `head`: our next slot is free once it is within
