@@ -11,9 +11,14 @@
 //! GPU Direct RDMA: a flavour of the plugin claims NCCL_PTR_CUDA (the simulator's GPU memory is
 //! host memory, so it copies it as is) and counts, in a file per process, its registrations by
 //! memory type, its receives into GPU and host regions and its flushes. Where
-//! NCCL_NET_GDR_LEVEL allows, every FIFO is GPU memory and received steps are flushed (where
-//! asked: NCCL_NET_FORCE_FLUSH or forceFlush, the simulator being a compute capability 9.0 GPU);
-//! where it forbids, host memory and no flush. A plugin's speed moves the tuner's choice.
+//! NCCL_NET_GDR_LEVEL allows, every FIFO is GPU memory and received Simple steps are flushed
+//! (where asked: NCCL_NET_FORCE_FLUSH or forceFlush, the simulator being a compute capability
+//! 9.0 GPU), LL and LL128 steps never; where it forbids, host memory and no flush. A plugin's
+//! speed moves the tuner's choice.
+//!
+//! Grouped receives: a flavour with maxRecvs 4 matches tags and groups receives; the send/recv
+//! connections between two ranks then share one comm per direction, and the receiving proxy
+//! posts several connections' awaited steps in one irecv.
 
 mod common;
 
@@ -498,8 +503,8 @@ fn gdr_child(seed: u64, full: bool) -> bool {
             assert!(get("reg_cuda") > 0 && get("reg_host") == 0, "{st:?}");
             assert!(get("recv_cuda") > 0 && get("recv_host") == 0, "{st:?}");
             if place == "gpu-flush" {
-                // Every landed step is flushed (at most the receives still posted at close
-                // are not).
+                // Landed Simple steps are flushed (LL and LL128 ones, and the receives still
+                // posted at close, are not): see only_simple_steps_are_flushed.
                 assert!(get("flush_cuda") > 0, "{st:?}");
                 assert!(get("flush_cuda") <= get("recv_cuda"), "{st:?}");
             } else {

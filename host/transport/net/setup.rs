@@ -79,7 +79,7 @@ enum Half {
 
 /// For each want, the index of the want whose network comm it uses: its own, or with `share`
 /// (send/recv links, NCCL_NET_SHARED_COMMS on) and a device that groups receives (maxRecvs
-/// > 1, so it matches tags), the first want with the same peer, direction and device. Both
+/// above 1, so it matches tags), the first want with the same peer, direction and device. Both
 /// ends decide alike from the same network and the same wants.
 fn comm_owners(
     net: &dyn Net,
