@@ -577,6 +577,29 @@ impl NetConn {
     /// time warns once with its counters and the first line of the step the kernel waits on.
     fn watch_recv(&mut self, progressed: bool, head: u64) {
         self.seen_head = head;
+        if let Front::Landed(bytes) = self.front {
+            // A landed step held for its kernel's word on its protocol (a flushing GPU FIFO).
+            if progressed {
+                self.stalled_since = None;
+                self.stall_reported = false;
+            }
+            let since = *self.stalled_since.get_or_insert_with(Instant::now);
+            if !self.stall_reported && since.elapsed() > stall_warn_after() {
+                self.stall_reported = true;
+                let (end, proto) = proxy_proto_parts(
+                    counter(&self.mem, ConnLayout::PROTO)
+                        .map(|c| c.load(Ordering::Acquire))
+                        .unwrap_or(0),
+                );
+                log::warn!(
+                    "network receive from {}: step {} landed ({bytes} bytes) {:?} ago and waits for its kernel to say its protocol (last word: steps below {end}, protocol {proto}; kernel released {head})",
+                    self.peer,
+                    self.done,
+                    since.elapsed()
+                );
+            }
+            return;
+        }
         if progressed || self.done == head {
             self.stalled_since = None;
             self.stall_reported = false;

@@ -156,10 +156,16 @@ impl SimpleFan {
         n: usize,
     ) {
         if self.tid == 0 {
+            // Every proxy that fills a receive connection hears of the step before any wait,
+            // so that none holds a landed step while we wait on another connection.
+            for i in 0..FAN {
+                if !self.recv[i].is_null() && self.tail_seen[i] <= self.recv_step[i] {
+                    announce_recv(self.recv[i], self.recv_step[i] + 1, PROTO_SIMPLE);
+                }
+            }
             for i in 0..FAN {
                 let need = self.recv_step[i] + 1;
                 if !self.recv[i].is_null() && self.tail_seen[i] < need {
-                    announce_recv(self.recv[i], need, PROTO_SIMPLE);
                     self.tail_seen[i] = self.wait((*self.recv[i]).tail as *const u64, need);
                 }
                 // The peer consumed up to `head`: our next slot is free once it is within
