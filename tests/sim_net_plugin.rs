@@ -904,8 +904,8 @@ fn grouped_child(seed: u64) -> bool {
 /// two ranks share one network comm per direction, each tagging its messages, and the
 /// receiving proxy posts the steps its kernels wait for of several connections in one irecv
 /// (the plugin matches tags and counts multi-buffer receives). All-to-alls and ring shifts
-/// across 2 and 3 nodes, right with maxRecvs 4 and with maxRecvs 1 (a comm per connection,
-/// no grouped receive).
+/// across 2 and 3 nodes, right with maxRecvs 4 (v11 and v8 tables) and with maxRecvs 1 (a comm
+/// per connection, no grouped receive).
 #[test]
 fn grouped_receives_over_shared_comms() {
     if grouped_child(11) {
@@ -916,13 +916,23 @@ fn grouped_receives_over_shared_comms() {
         "libgrp4.so",
         &["NET_VERSION=11", "MAX_RECVS=4", "PLUGIN_NAME=\"TestGroup\""],
     );
+    // v8's table: int sizes, the adapter converting each buffer's.
+    let grouped_v8 = build(
+        "grp4v8",
+        "libgrp4v8.so",
+        &["NET_VERSION=8", "MAX_RECVS=4", "PLUGIN_NAME=\"TestGroup\""],
+    );
     let single = build(
         "grp1",
         "libgrp1.so",
         &["NET_VERSION=11", "PLUGIN_NAME=\"TestGroup\""],
     );
-    for (so, max) in [(&grouped, "4"), (&single, "1")] {
-        let logs = dir().join(format!("logs-grp{max}"));
+    for (so, version, max) in [
+        (&grouped, "11", "4"),
+        (&grouped_v8, "8", "4"),
+        (&single, "11", "1"),
+    ] {
+        let logs = dir().join(format!("logs-grp{max}-v{version}"));
         std::fs::create_dir_all(&logs).expect("log folder");
         let stats = logs.join("stats").to_string_lossy().into_owned();
         let env = with(
@@ -933,7 +943,7 @@ fn grouped_receives_over_shared_comms() {
                 // Small send/recv slots: many steps per connection and message.
                 ("NCCL_P2P_NVL_CHUNKSIZE", "4096"),
                 (EXPECT_NET, "TestGroup"),
-                (EXPECT_VERSION, "11"),
+                (EXPECT_VERSION, version),
                 (EXPECT_MAX_RECVS, max),
                 (STATS, stats.as_str()),
             ],
