@@ -18,6 +18,7 @@
 mod conn;
 pub(crate) mod shared;
 
+use conn::Poll;
 pub(crate) use conn::{ConnLayout, FifoPlace, NetConn, Side};
 
 use crate::error::Error;
@@ -242,6 +243,9 @@ impl Drop for Proxy {
 fn run(shared: &Shared) {
     let mut last_busy = Instant::now();
     let mut nap = Duration::from_micros(100);
+    // The connection whose turn it is to be tested although idle: one per pass, so a pass costs
+    // the connections in use plus one, and an idle one is still looked at every few passes.
+    let mut turn = 0usize;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.woken.swap(false, Ordering::AcqRel) {
             last_busy = Instant::now();
@@ -256,8 +260,16 @@ fn run(shared: &Shared) {
                 Err(e) => on_error(c.peer_rank(), e),
             }
         }
-        for (_, c, on_error) in conns.iter_mut() {
-            match c.progress() {
+        let now = Instant::now();
+        // After a nap every connection is tested: that pass is rare.
+        let napped = now.saturating_duration_since(last_busy) >= HOT;
+        turn = if turn + 1 < conns.len() { turn + 1 } else { 0 };
+        for (k, (_, c, on_error)) in conns.iter_mut().enumerate() {
+            let poll = match napped || k == turn {
+                true => Poll::Always,
+                false => Poll::IfActive(now),
+            };
+            match c.progress(poll) {
                 Ok(m) => moved |= m,
                 Err(e) => on_error(c.peer_rank(), e),
             }
