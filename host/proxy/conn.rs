@@ -138,8 +138,8 @@ pub(crate) enum Poll {
 /// A receive side whose last step landed (or was posted) this long ago is idle. A test is a
 /// system call for the socket network, and a proxy that tested every idle receive of every
 /// channel on every pass paid for all of them on each step: 2 nodes x (8 rings + 8 trees) are
-/// 24 receives, and an 8-byte AllReduce took 60-68 us against 45-51 us with this rule (2 rank
-/// processes as 2 nodes on one H100).
+/// 24 receives, and an 8-byte AllReduce took 53-76 us against 45-49 us with this rule (2 rank
+/// processes as 2 nodes on one H100, results/h100-nodes2-proxy-poll.txt).
 const RECV_ACTIVE: Duration = Duration::from_millis(10);
 
 /// A send side whose published steps make no progress for this long logs a warning with its
