@@ -179,3 +179,150 @@ pub fn check_steps(comms: &[Comm], who: Who, base: usize, steps: &[u64]) {
         );
     }
 }
+
+/// Bytes around each AllGather output that must stay as poisoned.
+const AG_LEAD: usize = 256;
+
+/// The block rank `r` contributes to AllGather round `seed`: random, the same in every process.
+pub fn ag_block(r: usize, count: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed.wrapping_mul(7919) + r as u64);
+    (0..count).map(|_| rng.next() as u8).collect()
+}
+
+/// One AllGather of `count` bytes per rank over the communicators of this process (every rank
+/// of the job, or some: the others run the same round in their processes), in one group:
+/// random blocks, in place or not, into an output poisoned around and inside, which ranks that
+/// `who` names registered whole (256 bytes either side included). Checks every block and the
+/// bytes around the output, and returns, per communicator, how many ring steps of each channel
+/// went direct (the predecessor wrote into its output) during the round.
+pub fn all_gather_round(
+    comms: &[Comm],
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    let n = comms[0].count();
+    let total = AG_LEAD + n * count + AG_LEAD;
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let mut outs = Vec::new();
+    let mut ins = Vec::new();
+    let mut regs = Vec::new();
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let mine = ag_block(r, count, seed);
+        let inp = if in_place {
+            out.write(AG_LEAD + r * count, &mine).unwrap();
+            None
+        } else {
+            let b = c.device().alloc(count.max(1)).unwrap();
+            b.write(0, &mine).unwrap();
+            Some(b)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffer outlives its registration (deregistered below).
+            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
+        }
+        outs.push(out);
+        ins.push(inp);
+    }
+    let before: Vec<Vec<u64>> = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (i, c) in lent.iter().enumerate() {
+        let r = c.rank();
+        let recv = outs[i].ptr() + AG_LEAD as u64;
+        let send = match &ins[i] {
+            Some(b) => b.ptr(),
+            None => recv + (r * count) as u64,
+        };
+        // SAFETY: the buffers hold these byte counts and live until the sync below.
+        unsafe {
+            c.all_gather_raw(send, recv, count, DataType::Uint8, streams[i])
+                .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
+        let mut got = vec![0u8; total];
+        outs[i].read(0, &mut got).unwrap();
+        let what = format!("{n} ranks, {who:?}, {count} bytes, in place {in_place}: rank {r}");
+        assert!(
+            got[..AG_LEAD]
+                .iter()
+                .chain(&got[AG_LEAD + n * count..])
+                .all(|&b| b == 0xA5),
+            "{what} has bytes written outside its output"
+        );
+        for b in 0..n {
+            let want = ag_block(b, count, seed);
+            let at = AG_LEAD + b * count;
+            if let Some(k) = (0..count).find(|&k| got[at + k] != want[k]) {
+                panic!("{what}: byte {k} of rank {b}'s block is wrong");
+            }
+        }
+    }
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .zip(before)
+        .map(|(c, b)| {
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(b).map(|(a, b)| a - b).collect()
+        })
+        .collect()
+}
+
+/// Direct steps per channel that an AllGather of `count` bytes per rank takes at `c` (see
+/// [`all_gather_round`]) when the ranks `registered` names registered their outputs and
+/// zero-copy is `on`: on a channel whose slice of a block fills a Simple step at least, every
+/// step of the channel when this rank and its ring predecessor there both registered; else none.
+/// The call must run as a Simple ring (the tuner's choice is checked).
+pub fn expected_ag_direct(
+    c: &Comm,
+    registered: impl Fn(usize) -> bool,
+    count: usize,
+    on: bool,
+) -> Vec<u64> {
+    let (n, r) = (c.count(), c.rank());
+    let choice = c.tuning(nccl::Coll::AllGather, n * count).unwrap();
+    assert_eq!(
+        (choice.algo, choice.proto),
+        (nccl::Algo::Ring, nccl::Proto::Simple),
+        "the test needs a Simple ring"
+    );
+    let shape = c.shape();
+    let nch = (choice.nchannels as u32).clamp(1, shape.nchannels) as usize;
+    let chunk =
+        (shape.slot_bytes * shape.slice_steps_for(nccl_device::abi::Coll::AllGather)) as usize;
+    let rings = c.channel_rings().unwrap();
+    (0..shape.nchannels as usize)
+        .map(|ch| {
+            let ring = &rings[ch];
+            let pos = ring.iter().position(|&x| x == r).unwrap();
+            let prev = ring[(pos + n - 1) % n];
+            let (s, e) = nccl_device::coll::channel_range::<u8>(count, ch, nch);
+            let direct = ch < nch && e - s >= chunk && on && registered(r) && registered(prev);
+            if direct {
+                (n as u64 - 1) * (e - s).div_ceil(chunk) as u64
+            } else {
+                0
+            }
+        })
+        .collect()
+}

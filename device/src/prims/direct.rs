@@ -15,7 +15,8 @@
 use super::copy::Move;
 use super::simple::Simple;
 use crate::abi::{
-    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD,
+    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF, DIRECT_SAME_SPACE, DIRECT_TAG,
+    DIRECT_WORD,
 };
 use crate::arch;
 use crate::ops::Sum;
@@ -107,6 +108,101 @@ impl Simple {
             self.send_step = tag;
         }
         dst != 0
+    }
+}
+
+/// What the ring handshake ([`Simple::ring_handshake`]) agreed for one collective on a
+/// channel.
+#[derive(Clone, Copy)]
+pub struct RingDirect {
+    /// The predecessor writes the blocks it passes us straight into our output buffer.
+    pub recv: bool,
+    /// Where the successor's output buffer starts in our address space (0: what we send it
+    /// goes through its FIFO).
+    pub send_to: u64,
+}
+
+impl RingDirect {
+    /// Both connections copy through their FIFOs.
+    pub const FIFO: RingDirect = RingDirect {
+        recv: false,
+        send_to: 0,
+    };
+}
+
+impl Simple {
+    /// The zero-copy handshake of a ring collective, on both of this channel's ring
+    /// connections at once, before the collective's first step: as a receiver (when `recv_on`)
+    /// we offer our output buffer `offer` to the predecessor, as a sender (when `reach` is not
+    /// [`crate::abi::DIRECT_OFF`]) we take the successor's offer of a `bytes`-long buffer if we
+    /// can reach it, and answer. Both words always go out, so each end knows the outcome of
+    /// its connections; only a `registered` rank waits (for its successor's offer and its
+    /// predecessor's answer): a rank that did not register declines and answers "FIFO" without
+    /// waiting, so its connections copy and cost it two stores. A connection goes direct only
+    /// when both of its ends registered. Every offer is posted before any wait, so the ring
+    /// cannot wait on itself. The handshake takes no step: the collective's steps then run with
+    /// their counters as through the FIFO ([`Simple::step_to`]).
+    ///
+    /// # Safety
+    /// Every thread of the group calls it alike, on a channel's ring connections wired by the
+    /// host; the peers run it for the same collective with the same `recv_on`/`reach != OFF` on
+    /// each shared connection, and a `reach` that is a table points at a [`RegTable`].
+    #[inline(always)]
+    pub unsafe fn ring_handshake(
+        &mut self,
+        recv_on: bool,
+        reach: u64,
+        registered: bool,
+        offer: u64,
+        bytes: u64,
+    ) -> RingDirect {
+        let (rc, sc) = (self.recv, self.send);
+        let send_on = reach != DIRECT_OFF;
+        let (rtag, stag) = (self.recv_step + 1, self.send_step + 1);
+        if self.tid == 0 {
+            if recv_on {
+                let line = (*rc).head;
+                let what = if registered { offer } else { DIRECT_DECLINE };
+                arch::st_volatile(word(line, DIRECT_WORD), what);
+                arch::st_release_sys(word(line, DIRECT_TAG), rtag);
+            }
+            if send_on {
+                let (offer_line, answer_line) = ((*sc).head, (*sc).tail);
+                let mut dst = 0;
+                if registered && reach != DIRECT_DECLINE {
+                    self.wait(|| arch::ld_acquire_sys(word(offer_line, DIRECT_TAG)) >= stag);
+                    // Only an offer of this collective counts (an abort leaves an older tag).
+                    let offered = arch::ld_volatile(word(offer_line, DIRECT_TAG)) >= stag;
+                    let o = arch::ld_volatile(word(offer_line, DIRECT_WORD));
+                    if offered && o != DIRECT_DECLINE && o != 0 {
+                        dst = reach_offer(reach, o, bytes);
+                    }
+                }
+                arch::st_volatile(word(offer_line, DIRECT_DST), dst);
+                arch::st_volatile(word(answer_line, DIRECT_WORD), (dst != 0) as u64);
+                // The tag is the sender's step plus one: the receiver's too (a connection's
+                // counters are equal at both ends between operations).
+                arch::st_release_sys(word(answer_line, DIRECT_TAG), stag);
+            }
+            if recv_on && registered {
+                let answer_line = (*rc).tail;
+                self.wait(|| arch::ld_acquire_sys(word(answer_line, DIRECT_TAG)) >= rtag);
+            }
+        }
+        self.sync();
+        let send_to = if send_on {
+            arch::ld_volatile(word((*sc).head, DIRECT_DST))
+        } else {
+            0
+        };
+        // Every thread reads the answer after thread 0's acquire; one that gave up (abort)
+        // leaves an old tag, which reads as "FIFO".
+        let recv = recv_on && registered && {
+            let line = (*rc).tail;
+            arch::ld_volatile(word(line, DIRECT_TAG)) >= rtag
+                && arch::ld_volatile(word(line, DIRECT_WORD)) == 1
+        };
+        RingDirect { recv, send_to }
     }
 }
 

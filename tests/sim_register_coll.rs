@@ -1,0 +1,251 @@
+//! Ring collectives on registered buffers, on the simulator: in an AllGather between ranks whose
+//! output buffers are registered, each rank writes the blocks it passes on straight into its
+//! successor's output, which passes them on from there (no FIFO on either end). Each channel
+//! counts the steps its predecessor wrote in place, which tells the path taken; the bytes are
+//! checked whichever path it was, and a connection with an unregistered end copies.
+
+mod common;
+
+use common::register::{all_gather_round, expected_ag_direct, Who};
+use nccl::{Backend, Comm};
+use std::sync::Mutex;
+
+/// The parameters are read from the environment at init, which is the process's: inits of
+/// this file's tests take turns, each with its own values.
+static ENV: Mutex<()> = Mutex::new(());
+
+/// Simple steps (the zero-copy path's protocol), the simulator's 2 channels and 64 KiB buffer:
+/// 8 KiB slots, 16 KiB steps (two slots). `local_register`: NCCL_LOCAL_REGISTER.
+fn sim_comms(n: usize, local_register: bool) -> Vec<Comm> {
+    let _turn = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("NCCL_PROTO", "Simple");
+    std::env::set_var("NCCL_ALGO", "Ring");
+    std::env::set_var(
+        "NCCL_LOCAL_REGISTER",
+        if local_register { "1" } else { "0" },
+    );
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init_all on the simulator")
+}
+
+/// A block per rank whose channel slices fill a 16 KiB step or more (33000: a whole step and a
+/// short one per channel; 70001: odd, three steps per channel, the last short), and one under a
+/// step (no handshake).
+const COUNTS: [usize; 3] = [33_000, 70_001, 5_000];
+
+fn check_round(comms: &[Comm], who: Who, count: usize, in_place: bool, seed: u64, on: bool) {
+    let got = all_gather_round(comms, who, count, in_place, seed);
+    for (c, g) in comms.iter().zip(&got) {
+        let want = expected_ag_direct(c, |r| who.registers(r), count, on);
+        assert_eq!(
+            g,
+            &want,
+            "{} ranks, {who:?}, {count} bytes, in place {in_place}: rank {}'s direct steps per \
+             channel",
+            comms.len(),
+            c.rank()
+        );
+    }
+}
+
+#[test]
+fn registered_all_gather_writes_in_place_and_mixed_falls_back() {
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 0;
+        for count in COUNTS {
+            for who in [Who::All, Who::None, Who::Even] {
+                for in_place in [false, true] {
+                    seed += 1;
+                    check_round(&comms, who, count, in_place, seed, true);
+                }
+            }
+        }
+        // Everyone registered and the block fills the channels' steps: the path was taken.
+        let got = all_gather_round(&comms, Who::All, COUNTS[0], false, 99);
+        assert!(
+            got.iter().all(|ch| ch.iter().all(|&s| s > 0)),
+            "{n} ranks: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn switch_off_keeps_the_fifo() {
+    for n in [2usize, 3] {
+        let comms = sim_comms(n, false);
+        for (k, who) in [Who::All, Who::Even].into_iter().enumerate() {
+            for in_place in [false, true] {
+                check_round(&comms, who, COUNTS[1], in_place, 50 + k as u64, false);
+            }
+        }
+        let got = all_gather_round(&comms, Who::All, COUNTS[1], false, 60);
+        assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
+    }
+}
+
+/// Graph registration: an AllGather captured in a CUDA graph counts as registered
+/// (NCCL_GRAPH_REGISTER, on by default), so between ranks of one process every replay goes
+/// direct on buffers nobody registered, and new blocks written before each replay arrive whole.
+#[test]
+fn captured_all_gather_goes_direct_without_registration() {
+    let comms = sim_comms(3, true);
+    let (n, count) = (comms.len(), COUNTS[0]);
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let ins: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(count).unwrap())
+        .collect();
+    let outs: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(n * count).unwrap())
+        .collect();
+    for (c, s) in comms.iter().zip(&streams) {
+        c.device().capture_begin(*s).unwrap();
+    }
+    let lent = common::lend(&comms);
+    nccl::group_start();
+    for (r, c) in lent.iter().enumerate() {
+        // SAFETY: the buffers hold these counts and outlive the graphs' replays.
+        unsafe {
+            c.all_gather_raw(
+                ins[r].ptr(),
+                outs[r].ptr(),
+                count,
+                nccl::DataType::Uint8,
+                streams[r],
+            )
+            .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    let graphs: Vec<_> = comms
+        .iter()
+        .zip(&streams)
+        .map(|(c, s)| c.device().capture_end(*s).unwrap())
+        .collect();
+    for replay in 0..2u64 {
+        let blocks: Vec<Vec<u8>> = (0..n)
+            .map(|r| common::register::ag_block(r, count, 300 + replay))
+            .collect();
+        for r in 0..n {
+            ins[r].write(0, &blocks[r]).unwrap();
+            outs[r].write(0, &vec![0xA5; n * count]).unwrap();
+        }
+        let before: Vec<_> = comms
+            .iter()
+            .map(|c| c.ring_direct_steps().unwrap())
+            .collect();
+        for (g, s) in graphs.iter().zip(&streams) {
+            g.launch(*s).unwrap();
+        }
+        for (r, c) in comms.iter().enumerate() {
+            c.device().stream_sync(streams[r]).unwrap();
+            let mut got = vec![0u8; n * count];
+            outs[r].read(0, &mut got).unwrap();
+            assert!(got == blocks.concat(), "replay {replay}: rank {r}'s output");
+            let steps: Vec<u64> = c
+                .ring_direct_steps()
+                .unwrap()
+                .iter()
+                .zip(&before[r])
+                .map(|(a, b)| a - b)
+                .collect();
+            let want = expected_ag_direct(c, |_| true, count, true);
+            assert_eq!(steps, want, "replay {replay}: rank {r}'s direct steps");
+        }
+    }
+    drop(graphs);
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
+
+/// Ranks as processes: a registered output reaches the predecessor as a record (an IPC handle
+/// of its allocation), which it maps before a launch; an offer not yet mapped is declined and
+/// the blocks take the FIFO, so the first rounds after registering may copy. Every round's
+/// bytes are checked; rounds where nobody registered never go direct, and with the buffers
+/// registered once, the last round goes direct on every channel.
+#[test]
+fn registered_all_gather_across_processes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
+        let comms = vec![comm];
+        for (k, in_place) in [false, true].into_iter().enumerate() {
+            let got = all_gather_round(&comms, Who::None, COUNTS[1], in_place, 70 + k as u64);
+            assert!(got[0].iter().all(|&s| s == 0), "rank {rank}: {got:?}");
+        }
+        let mut last = Vec::new();
+        for k in 0..6u64 {
+            last = gather_registered_once(&comms[0], COUNTS[1], k % 2 == 1, 80 + k);
+        }
+        let want = expected_ag_direct(&comms[0], |_| true, COUNTS[1], true);
+        assert_eq!(
+            last, want,
+            "rank {rank}: registered blocks did not go direct"
+        );
+        return;
+    }
+    for n in [2usize, 3] {
+        common::procs::run(
+            "registered_all_gather_across_processes",
+            n,
+            // Explicit: the children inherit this process's environment, which another test
+            // may have just set otherwise.
+            &[
+                ("NCCL_PROTO", "Simple"),
+                ("NCCL_ALGO", "Ring"),
+                ("NCCL_LOCAL_REGISTER", "1"),
+            ],
+        );
+    }
+}
+
+/// An AllGather into an output registered once for the whole process (so the peers' records
+/// are in after the first rounds): checks the blocks and returns the direct steps per channel.
+fn gather_registered_once(c: &Comm, count: usize, in_place: bool, seed: u64) -> Vec<u64> {
+    use std::sync::OnceLock;
+    static BUFS: OnceLock<(nccl::DevBuffer, nccl::DevBuffer)> = OnceLock::new();
+    let (n, r) = (c.count(), c.rank());
+    let (inp, out) = BUFS.get_or_init(|| {
+        let inp = c.device().alloc(count).unwrap();
+        let out = c.device().alloc(n * count).unwrap();
+        // SAFETY: the buffer lives (in the static) as long as the process.
+        unsafe { c.register_raw(out.ptr(), n * count).unwrap() };
+        (inp, out)
+    });
+    let mine = common::register::ag_block(r, count, seed);
+    out.write(0, &vec![0xA5; n * count]).unwrap();
+    let send = if in_place {
+        out.write(r * count, &mine).unwrap();
+        out.ptr() + (r * count) as u64
+    } else {
+        inp.write(0, &mine).unwrap();
+        inp.ptr()
+    };
+    let stream = c.device().stream_create().unwrap();
+    let before = c.ring_direct_steps().unwrap();
+    // SAFETY: both buffers hold what the call needs and live in the static.
+    unsafe {
+        c.all_gather_raw(send, out.ptr(), count, nccl::DataType::Uint8, stream)
+            .unwrap();
+    }
+    c.device().stream_sync(stream).unwrap();
+    c.device().stream_destroy(stream).unwrap();
+    let mut got = vec![0u8; n * count];
+    out.read(0, &mut got).unwrap();
+    for b in 0..n {
+        let want = common::register::ag_block(b, count, seed);
+        assert!(
+            got[b * count..(b + 1) * count] == want[..],
+            "rank {r}: rank {b}'s block is wrong (in place {in_place})"
+        );
+    }
+    let now = c.ring_direct_steps().unwrap();
+    now.iter().zip(before).map(|(a, b)| a - b).collect()
+}
