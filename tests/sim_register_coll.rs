@@ -1,13 +1,15 @@
-//! Ring collectives on registered buffers, on the simulator: in an AllGather between ranks whose
-//! output buffers are registered, each rank writes the blocks it passes on straight into its
-//! successor's output, which passes them on from there (no FIFO on either end). Each channel
-//! counts the steps its predecessor wrote in place, which tells the path taken; the bytes are
-//! checked whichever path it was, and a connection with an unregistered end copies.
+//! Ring collectives on registered buffers, on the simulator: in an AllGather, a Broadcast and
+//! the all-gather half of an AllReduce between ranks whose output buffers are registered, each
+//! rank writes what it passes on straight into its successor's output, which passes it on from
+//! there (no FIFO on either end). Each channel counts the steps its predecessor wrote in place,
+//! which tells the path taken; the results are checked whichever path it was, and a connection
+//! with an unregistered end copies.
 
 mod common;
 
-use common::register::{all_gather_round, expected_ag_direct, Who};
+use common::register::{coll_round, expected_direct, Who};
 use nccl::{Backend, Comm};
+use nccl_device::abi::Coll;
 use std::sync::Mutex;
 
 /// The parameters are read from the environment at init, which is the process's: inits of
@@ -28,20 +30,38 @@ fn sim_comms(n: usize, local_register: bool) -> Vec<Comm> {
     Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init_all on the simulator")
 }
 
-/// A block per rank whose channel slices fill a 16 KiB step or more (33000: a whole step and a
-/// short one per channel; 70001: odd, three steps per channel, the last short), and one under a
-/// step (no handshake).
-const COUNTS: [usize; 3] = [33_000, 70_001, 5_000];
+/// Counts per collective: two whose channel slices fill a Simple step or more (with the
+/// simulator's 2 channels; one odd, so steps and pieces end short) and one under a step (no
+/// handshake). AllGather: bytes per rank, 16 KiB steps (33000: a whole step and a short one per
+/// channel); AllReduce: int32, 4096 per step; Broadcast: bytes, 8 KiB steps (one slot).
+fn counts(coll: Coll) -> [usize; 3] {
+    match coll {
+        Coll::AllGather => [33_000, 70_001, 5_000],
+        Coll::AllReduce => [9_000, 20_001, 1_000],
+        _ => [17_000, 40_001, 3_000],
+    }
+}
 
-fn check_round(comms: &[Comm], who: Who, count: usize, in_place: bool, seed: u64, on: bool) {
-    let got = all_gather_round(comms, who, count, in_place, seed);
+const COLLS: [Coll; 3] = [Coll::AllGather, Coll::AllReduce, Coll::Broadcast];
+
+fn check_round(
+    comms: &[Comm],
+    coll: Coll,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+    on: bool,
+) {
+    let got = coll_round(comms, coll, who, count, in_place, seed);
     for (c, g) in comms.iter().zip(&got) {
-        let want = expected_ag_direct(c, |r| who.registers(r), count, on);
+        let want = expected_direct(c, coll, |r| who.registers(r), count, on);
         assert_eq!(
             g,
             &want,
-            "{} ranks, {who:?}, {count} bytes, in place {in_place}: rank {}'s direct steps per \
-             channel",
+            "{} on {} ranks, {who:?}, count {count}, in place {in_place}: rank {}'s direct steps \
+             per channel",
+            coll.name(),
             comms.len(),
             c.rank()
         );
@@ -49,24 +69,31 @@ fn check_round(comms: &[Comm], who: Who, count: usize, in_place: bool, seed: u64
 }
 
 #[test]
-fn registered_all_gather_writes_in_place_and_mixed_falls_back() {
+fn registered_ring_collectives_write_in_place_and_mixed_falls_back() {
     for n in [2usize, 3, 4, 8] {
         let comms = sim_comms(n, true);
         let mut seed = 0;
-        for count in COUNTS {
-            for who in [Who::All, Who::None, Who::Even] {
-                for in_place in [false, true] {
-                    seed += 1;
-                    check_round(&comms, who, count, in_place, seed, true);
+        for coll in COLLS {
+            for count in counts(coll) {
+                for who in [Who::All, Who::None, Who::Even] {
+                    for in_place in [false, true] {
+                        seed += 1;
+                        check_round(&comms, coll, who, count, in_place, seed, true);
+                    }
                 }
             }
+            // Everyone registered and the data fills the steps of the channels the tuner runs:
+            // the path was taken (by every rank but Broadcast's root, which receives nothing).
+            let got = coll_round(&comms, coll, Who::All, counts(coll)[0], false, 99);
+            for (r, ch) in got.iter().enumerate() {
+                let root = coll == Coll::Broadcast && r == 1 % n;
+                assert!(
+                    root || ch.iter().sum::<u64>() > 0,
+                    "{} on {n} ranks: {got:?}",
+                    coll.name()
+                );
+            }
         }
-        // Everyone registered and the block fills the channels' steps: the path was taken.
-        let got = all_gather_round(&comms, Who::All, COUNTS[0], false, 99);
-        assert!(
-            got.iter().all(|ch| ch.iter().all(|&s| s > 0)),
-            "{n} ranks: {got:?}"
-        );
     }
 }
 
@@ -74,13 +101,16 @@ fn registered_all_gather_writes_in_place_and_mixed_falls_back() {
 fn switch_off_keeps_the_fifo() {
     for n in [2usize, 3] {
         let comms = sim_comms(n, false);
-        for (k, who) in [Who::All, Who::Even].into_iter().enumerate() {
-            for in_place in [false, true] {
-                check_round(&comms, who, COUNTS[1], in_place, 50 + k as u64, false);
+        for coll in COLLS {
+            let count = counts(coll)[1];
+            for (k, who) in [Who::All, Who::Even].into_iter().enumerate() {
+                for in_place in [false, true] {
+                    check_round(&comms, coll, who, count, in_place, 50 + k as u64, false);
+                }
             }
+            let got = coll_round(&comms, coll, Who::All, count, false, 60);
+            assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
         }
-        let got = all_gather_round(&comms, Who::All, COUNTS[1], false, 60);
-        assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
     }
 }
 
@@ -90,7 +120,7 @@ fn switch_off_keeps_the_fifo() {
 #[test]
 fn captured_all_gather_goes_direct_without_registration() {
     let comms = sim_comms(3, true);
-    let (n, count) = (comms.len(), COUNTS[0]);
+    let (n, count) = (comms.len(), counts(Coll::AllGather)[0]);
     let streams: Vec<_> = comms
         .iter()
         .map(|c| c.device().stream_create().unwrap())
@@ -154,7 +184,7 @@ fn captured_all_gather_goes_direct_without_registration() {
                 .zip(&before[r])
                 .map(|(a, b)| a - b)
                 .collect();
-            let want = expected_ag_direct(c, |_| true, count, true);
+            let want = expected_direct(c, Coll::AllGather, |_| true, count, true);
             assert_eq!(steps, want, "replay {replay}: rank {r}'s direct steps");
         }
     }
@@ -176,15 +206,17 @@ fn registered_all_gather_across_processes() {
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
         let comms = vec![comm];
-        for (k, in_place) in [false, true].into_iter().enumerate() {
-            let got = all_gather_round(&comms, Who::None, COUNTS[1], in_place, 70 + k as u64);
+        for (k, coll) in COLLS.into_iter().enumerate() {
+            let count = counts(coll)[1];
+            let got = coll_round(&comms, coll, Who::None, count, k == 1, 70 + k as u64);
             assert!(got[0].iter().all(|&s| s == 0), "rank {rank}: {got:?}");
         }
+        let ag = counts(Coll::AllGather)[1];
         let mut last = Vec::new();
         for k in 0..6u64 {
-            last = gather_registered_once(&comms[0], COUNTS[1], k % 2 == 1, 80 + k);
+            last = gather_registered_once(&comms[0], ag, k % 2 == 1, 80 + k);
         }
-        let want = expected_ag_direct(&comms[0], |_| true, COUNTS[1], true);
+        let want = expected_direct(&comms[0], Coll::AllGather, |_| true, ag, true);
         assert_eq!(
             last, want,
             "rank {rank}: registered blocks did not go direct"

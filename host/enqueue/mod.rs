@@ -338,7 +338,8 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         // One CTA per NVLS channel region.
         grid = grid.min(nvls.nchannels as u32).max(1);
     }
-    if args.algo == ALGO_RING && proto == PROTO_SIMPLE && c.coll == Coll::AllGather {
+    let ring_direct = matches!(c.coll, Coll::AllGather | Coll::AllReduce | Coll::Broadcast);
+    if args.algo == ALGO_RING && proto == PROTO_SIMPLE && ring_direct {
         // Every rank sets the handshake alike (collective, algorithm, protocol); only this
         // rank's registration of its output decides whether it offers and takes offers.
         args.flags |= FLAG_RING_DIRECT;

@@ -27,7 +27,8 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let none = Move::<T>::none();
     // Registered output buffers: the predecessor may write our blocks in place, and we may
     // write into the successor's (see `Kernel::ring_direct`).
-    let direct = k.ring_direct(&mut prims, nranks * count * core::mem::size_of::<T>());
+    let bytes = nranks * count * core::mem::size_of::<T>();
+    let direct = k.ring_direct(&mut prims, bytes, true, true);
     let send_to = direct.send_to as *mut T;
     let at = |block: usize, off: usize| {
         if send_to.is_null() {
@@ -65,7 +66,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             // A direct receive finds the block in place: it is passed on from there.
             let mv = if direct.recv {
                 Move {
-                    input: place,
+                    recv: place,
                     ..none
                 }
             } else {

@@ -147,16 +147,30 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     /// ([`Simple::ring_handshake`]), when the launch asks for it ([`FLAG_RING_DIRECT`], Simple
     /// steps) and this channel's slice of a block fills a step at least: every rank decides
     /// that alike from the call, so both ends of each connection meet. `bytes`: the size of
-    /// the output buffer (`recvbuff`) a successor's offer must cover.
+    /// the output buffer (`recvbuff`) a successor's offer must cover. `recv_used`/`send_used`:
+    /// whether the collective takes steps on the receive/send connection (both ends of a
+    /// connection know it): one that takes none keeps its counters, and a handshake there would
+    /// leave words the next operation's handshake, with the same tag, would take for its own.
     #[inline(always)]
-    pub unsafe fn ring_direct(&self, prims: &mut Simple, bytes: usize) -> RingDirect {
+    pub unsafe fn ring_direct(
+        &self,
+        prims: &mut Simple,
+        bytes: usize,
+        recv_used: bool,
+        send_used: bool,
+    ) -> RingDirect {
         if P != PROTO_SIMPLE
             || self.args.flags & FLAG_RING_DIRECT == 0
             || self.end - self.start < self.max_chunk()
         {
             return RingDirect::FIFO;
         }
-        let (recv_on, reach) = ((*self.ch).recv_direct != 0, (*self.ch).send_reach);
+        let recv_on = recv_used && (*self.ch).recv_direct != 0;
+        let reach = if send_used {
+            (*self.ch).send_reach
+        } else {
+            DIRECT_OFF
+        };
         if !recv_on && reach == DIRECT_OFF {
             return RingDirect::FIFO;
         }

@@ -324,9 +324,9 @@ impl Simple {
 
     /// [`Simple::step`] on connections that agreed on zero-copy for this operation (Simple
     /// only; see [`Simple::ring_handshake`]). With `recv_direct`, the peer already wrote the
-    /// step's data into our buffer: no FIFO slot is read (`mv` names that data as its input,
-    /// or nothing to move). With a non-null `send_to`, the data goes there (the successor's
-    /// buffer) instead of a FIFO slot. The counters, waits and publishes are a FIFO step's, so
+    /// step's data into our buffer: no FIFO slot is read, and `mv.recv` names where the data
+    /// lies (null: nothing to pass on, so nothing moves). With a non-null `send_to`, the data
+    /// goes there (the successor's buffer) instead of a FIFO slot. The counters, waits and publishes are a FIFO step's, so
     /// flow control and the step counts stay as they were at both ends.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
