@@ -97,6 +97,92 @@ fn registered_ring_collectives_write_in_place_and_mixed_falls_back() {
     }
 }
 
+/// A direct receive passes on the finished value as it arrived: an AllReduce whose reduction
+/// scales each input (PreMulSum by 3) or divides the result (Avg) gives the FIFO path's result.
+#[test]
+fn registered_all_reduce_applies_pre_and_post_once() {
+    let comms = sim_comms(3, true);
+    let n = comms.len();
+    let count = 20_001;
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let three = 3i32.to_le_bytes();
+    for (k, op) in [
+        nccl::ReduceOp::PreMulSum {
+            scalar_bits: u32::from_le_bytes(three) as u64,
+        },
+        nccl::ReduceOp::Avg,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let inputs: Vec<Vec<i32>> = (0..n)
+            .map(|r| {
+                let mut rng = common::Rng::new(500 + 10 * k as u64 + r as u64);
+                (0..count).map(|_| (rng.next() % 1000) as i32).collect()
+            })
+            .collect();
+        let want: Vec<i32> = (0..count)
+            .map(|i| {
+                let sum: i32 = inputs.iter().map(|v| v[i]).sum();
+                match op {
+                    nccl::ReduceOp::Avg => sum / n as i32,
+                    _ => 3 * sum,
+                }
+            })
+            .collect();
+        let bufs: Vec<_> = comms
+            .iter()
+            .zip(&inputs)
+            .map(|(c, v)| {
+                let b = c.device().alloc(4 * count).unwrap();
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                b.write(0, &bytes).unwrap();
+                // SAFETY: the buffer outlives its registration (deregistered below, before it
+                // drops).
+                let h = unsafe { c.register_raw(b.ptr(), 4 * count).unwrap() };
+                (b, h)
+            })
+            .collect();
+        let before: Vec<_> = comms
+            .iter()
+            .map(|c| c.ring_direct_steps().unwrap())
+            .collect();
+        let lent = common::lend(&comms);
+        nccl::group_start();
+        for (r, c) in lent.iter().enumerate() {
+            let p = bufs[r].0.ptr();
+            // SAFETY: in place on a buffer of `count` int32 that lives until the sync.
+            unsafe {
+                c.all_reduce_raw(p, p, count, nccl::DataType::Int32, op, streams[r])
+                    .unwrap();
+            }
+        }
+        nccl::group_end().unwrap();
+        for (r, c) in comms.iter().enumerate() {
+            c.device().stream_sync(streams[r]).unwrap();
+            let mut raw = vec![0u8; 4 * count];
+            bufs[r].0.read(0, &mut raw).unwrap();
+            let got: Vec<i32> = raw
+                .chunks(4)
+                .map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            assert!(got == want, "{op:?}: rank {r}'s result");
+            let now = c.ring_direct_steps().unwrap();
+            let direct: u64 = now.iter().zip(&before[r]).map(|(a, b)| a - b).sum();
+            assert!(direct > 0, "{op:?}: rank {r} took no direct step");
+        }
+        for (c, (_, h)) in comms.iter().zip(bufs) {
+            c.deregister(h).unwrap();
+        }
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
+
 #[test]
 fn switch_off_keeps_the_fifo() {
     for n in [2usize, 3] {

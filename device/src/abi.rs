@@ -363,6 +363,13 @@ pub const DIRECT_WORD: usize = 16;
 /// alone reads the offer and the [`RegTable`] (host memory, a trip over PCIe per read).
 pub const DIRECT_DST: usize = 24;
 
+/// The ring collectives' handshake ([`FLAG_RING_DIRECT`]) uses the same words, with messages of
+/// one word where it can, so that a rank that did not register sends two plain stores and
+/// waits for nothing: a declined offer is the tag word alone, `tag | RING_DECLINED`; an offer of
+/// a buffer is its address at [`DIRECT_WORD`], then (release) the tag; an answer is the tag word
+/// alone, `tag << 1 | direct`.
+pub const RING_DECLINED: u64 = 1 << 63;
+
 /// One registered buffer of a peer process as this process maps it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
