@@ -11,9 +11,14 @@
 //! GPU Direct RDMA: a flavour of the plugin claims NCCL_PTR_CUDA (the simulator's GPU memory is
 //! host memory, so it copies it as is) and counts, in a file per process, its registrations by
 //! memory type, its receives into GPU and host regions and its flushes. Where
-//! NCCL_NET_GDR_LEVEL allows, every FIFO is GPU memory and received steps are flushed (where
-//! asked: NCCL_NET_FORCE_FLUSH or forceFlush, the simulator being a compute capability 9.0 GPU);
-//! where it forbids, host memory and no flush. A plugin's speed moves the tuner's choice.
+//! NCCL_NET_GDR_LEVEL allows, every FIFO is GPU memory and received Simple steps are flushed
+//! (where asked: NCCL_NET_FORCE_FLUSH or forceFlush, the simulator being a compute capability
+//! 9.0 GPU), LL and LL128 steps never; where it forbids, host memory and no flush. A plugin's
+//! speed moves the tuner's choice.
+//!
+//! Grouped receives: a flavour with maxRecvs 4 matches tags and groups receives; the send/recv
+//! connections between two ranks then share one comm per direction, and the receiving proxy
+//! posts several connections' awaited steps in one irecv.
 
 mod common;
 
@@ -38,6 +43,8 @@ const EXPECT_PTR: &str = "PLUGIN_TEST_PTR";
 const EXPECT_PLACE: &str = "PLUGIN_TEST_PLACE";
 /// The plugin's counters file (its own variable; `.<pid>` is appended).
 const STATS: &str = "TEST_PLUGIN_STATS";
+/// The maxRecvs the child's log must name (default 1).
+const EXPECT_MAX_RECVS: &str = "PLUGIN_TEST_MAX_RECVS";
 
 /// The test's folder of plugins and logs.
 fn dir() -> PathBuf {
@@ -133,8 +140,9 @@ fn child() -> Option<Option<Ranks>> {
         assert_log_has(
             &log,
             &format!(
-                "NET/Plugin {net} : device 0: lo-test speed 12345 Mb/s latency 1.5 us ptrSupport {} maxComms 65536 maxRecvs 1",
-                std::env::var(EXPECT_PTR).unwrap_or_else(|_| "HOST".into())
+                "NET/Plugin {net} : device 0: lo-test speed 12345 Mb/s latency 1.5 us ptrSupport {} maxComms 65536 maxRecvs {}",
+                std::env::var(EXPECT_PTR).unwrap_or_else(|_| "HOST".into()),
+                std::env::var(EXPECT_MAX_RECVS).unwrap_or_else(|_| "1".into())
             ),
         );
         // The plugin's own line, printf-formatted by our logger.
@@ -495,8 +503,8 @@ fn gdr_child(seed: u64, full: bool) -> bool {
             assert!(get("reg_cuda") > 0 && get("reg_host") == 0, "{st:?}");
             assert!(get("recv_cuda") > 0 && get("recv_host") == 0, "{st:?}");
             if place == "gpu-flush" {
-                // Every landed step is flushed (at most the receives still posted at close
-                // are not).
+                // Landed Simple steps are flushed (LL and LL128 ones, and the receives still
+                // posted at close, are not): see only_simple_steps_are_flushed.
                 assert!(get("flush_cuda") > 0, "{st:?}");
                 assert!(get("flush_cuda") <= get("recv_cuda"), "{st:?}");
             } else {
@@ -724,4 +732,224 @@ fn plugin_speed_moves_the_tuner() {
     let list = format!("{},{}", slow.display(), fast.display());
     let env = with(&base_env(&logs), &[("NCCL_NET_PLUGIN", list.as_str())]);
     run("plugin_speed_moves_the_tuner", 2, &env);
+}
+
+/// What the protocol-flush test's child expects of the plugin's flushes: "none" or "some".
+const EXPECT_FLUSHES: &str = "PLUGIN_TEST_FLUSHES";
+
+/// The child of the protocol-flush test: ring collectives with the one protocol NCCL_PROTO
+/// allows (the tuner's choice is checked first), every collective in and out of place, then
+/// the plugin's counters: receives posted into GPU memory, and flushes as EXPECT_FLUSHES says.
+fn flush_proto_child(seed: u64) -> bool {
+    let Some(ranks) = child() else { return false };
+    let ranks = ranks.expect("a communicator");
+    let want = match std::env::var("NCCL_PROTO")
+        .expect("a forced protocol")
+        .as_str()
+    {
+        "LL" => nccl::Proto::Ll,
+        "LL128" => nccl::Proto::Ll128,
+        _ => nccl::Proto::Simple,
+    };
+    for coll in nccl::Coll::ALL {
+        let choice = ranks.comms[0]
+            .tuning(coll, 4 * 50_000)
+            .expect("the tuner's choice");
+        assert_eq!(choice.proto, want, "{coll:?}: {choice:?}");
+    }
+    for (i, coll) in Coll::ALL.into_iter().enumerate() {
+        for in_place in [false, true] {
+            check_collective(
+                &ranks,
+                coll,
+                50_000,
+                DataType::Float32,
+                ReduceOp::Sum,
+                i % ranks.comms[0].count(),
+                in_place,
+                seed + i as u64,
+                Drive::OneThread,
+            )
+            .unwrap_or_else(|e| panic!("{} with {want:?}: {e}", coll.name()));
+        }
+    }
+    let log = own_log();
+    destroy(ranks, None);
+    assert_log_has(&log, "/GDRDMA");
+    let st = plugin_stats();
+    let get = |k: &str| *st.get(k).unwrap_or_else(|| panic!("no {k} in {st:?}"));
+    assert!(get("recv_cuda") > 0 && get("recv_host") == 0, "{st:?}");
+    assert_eq!(get("flush_host"), 0, "{st:?}");
+    match std::env::var(EXPECT_FLUSHES)
+        .expect("expected flushes")
+        .as_str()
+    {
+        "none" => assert_eq!(get("flush_cuda"), 0, "{want:?} steps were flushed: {st:?}"),
+        _ => assert!(
+            get("flush_cuda") > 0,
+            "{want:?} steps were not flushed: {st:?}"
+        ),
+    }
+    true
+}
+
+/// Only Simple receives into GPU memory are flushed (NCCL's rule: LL and LL128 lines carry
+/// their own flags). A plugin that takes CUDA pointers, GPU Direct RDMA allowed and flushes
+/// forced (NCCL_NET_FORCE_FLUSH=1), ring collectives across 2 nodes with NCCL_PROTO forced to
+/// LL, LL128 and Simple: no flush for LL or LL128, flushes for Simple, results right.
+#[test]
+fn only_simple_steps_are_flushed() {
+    if flush_proto_child(7) {
+        return;
+    }
+    let v11 = build(
+        "gdr11p",
+        "libgdr-v11.so",
+        &["NET_VERSION=11", "CUDA_PTR", "PLUGIN_NAME=\"TestGDR\""],
+    );
+    for (proto, flushes) in [("LL", "none"), ("LL128", "none"), ("Simple", "some")] {
+        let env = gdr_env(
+            &v11,
+            &format!("logs-gdr-{proto}"),
+            "TestGDR",
+            "11",
+            "gpu-flush",
+            &[
+                ("NCCL_NET_GDR_LEVEL", "SYS"),
+                ("NCCL_NET_FORCE_FLUSH", "1"),
+                ("NCCL_ALGO", "Ring"),
+                ("NCCL_PROTO", proto),
+                (EXPECT_FLUSHES, flushes),
+            ],
+        );
+        run("only_simple_steps_are_flushed", 2, &env);
+    }
+}
+
+/// Send/recv around the ring in one group, `count` i32 each way: every rank sends to the next
+/// and receives from the previous, fresh data from `seed`, the receive buffer poisoned first.
+fn check_ring_shift(ranks: &Ranks, count: usize, seed: u64) {
+    let c = &ranks.comms[0];
+    let (r, n) = (c.rank(), c.count());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    // A different stream of values per (seed, sender), known to its receiver.
+    let value = |from: usize, i: usize| {
+        let x = (seed ^ (from as u64) << 40).wrapping_add(i as u64);
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 33) as i32
+    };
+    let data: Vec<i32> = (0..count).map(|i| value(r, i)).collect();
+    let dev = c.device();
+    let sb = dev.alloc(count * 4).expect("send buffer");
+    sb.write(0, common::to_bytes(&data)).expect("write");
+    let rb = dev.alloc(count * 4).expect("recv buffer");
+    rb.write(0, &vec![0xA5; count * 4]).expect("poison");
+    let st = ranks.streams[0];
+    nccl::group_start();
+    // SAFETY: both buffers hold `count` i32 and outlive the stream sync below.
+    let sent = unsafe { c.send_raw(sb.ptr(), count, DataType::Int32, next, st) };
+    let recvd = unsafe { c.recv_raw(rb.ptr(), count, DataType::Int32, prev, st) };
+    let end = nccl::group_end();
+    sent.and(recvd).expect("send/recv");
+    end.expect("group end");
+    dev.stream_sync(st).expect("sync");
+    let mut out = vec![0u8; count * 4];
+    rb.read(0, &mut out).expect("read");
+    let got: Vec<i32> = common::from_bytes(&out);
+    if let Some(k) = (0..count).find(|&k| got[k] != value(prev, k)) {
+        panic!(
+            "rank {r} from {prev}: element {k} of {count} is {} want {}",
+            got[k],
+            value(prev, k)
+        );
+    }
+}
+
+/// The child of the grouped-receive test: all-to-alls (small, and many FIFO steps per
+/// connection) and ring shifts through the plugin, then its counters: grouped (multi-buffer)
+/// receives where maxRecvs > 1 and one comm per peer and direction, none otherwise.
+fn grouped_child(seed: u64) -> bool {
+    let Some(ranks) = child() else { return false };
+    let ranks = ranks.expect("a communicator");
+    for scale in [1usize, 100_000] {
+        common::check_all_to_all(&ranks, scale, Drive::OneThread)
+            .unwrap_or_else(|e| panic!("all-to-all at scale {scale}: {e}"));
+    }
+    for (i, count) in [3usize, 250_000].into_iter().enumerate() {
+        check_ring_shift(&ranks, count, seed + i as u64);
+    }
+    let log = own_log();
+    destroy(ranks, None);
+    let st = plugin_stats();
+    let get = |k: &str| *st.get(k).unwrap_or_else(|| panic!("no {k} in {st:?}"));
+    let max: u64 = std::env::var(EXPECT_MAX_RECVS)
+        .expect("expected maxRecvs")
+        .parse()
+        .expect("a number");
+    assert!(get("recv_max_n") <= max, "{st:?}");
+    if max > 1 {
+        // The 4 send/recv connections to each peer share one comm per direction.
+        assert_log_has(&log, "4 receive connections with rank");
+        assert!(
+            get("recv_multi") > 0,
+            "no grouped receive was posted: {st:?}"
+        );
+    } else {
+        assert!(!log.contains("share one comm"), "{log}");
+        assert_eq!(get("recv_multi"), 0, "{st:?}");
+    }
+    true
+}
+
+/// Grouped receives (maxRecvs 4): the 4 send/recv connections (NCCL_RS_SIM_P2P_CONNS) between
+/// two ranks share one network comm per direction, each tagging its messages, and the
+/// receiving proxy posts the steps its kernels wait for of several connections in one irecv
+/// (the plugin matches tags and counts multi-buffer receives). All-to-alls and ring shifts
+/// across 2 and 3 nodes, right with maxRecvs 4 (v11 and v8 tables) and with maxRecvs 1 (a comm
+/// per connection, no grouped receive).
+#[test]
+fn grouped_receives_over_shared_comms() {
+    if grouped_child(11) {
+        return;
+    }
+    let grouped = build(
+        "grp4",
+        "libgrp4.so",
+        &["NET_VERSION=11", "MAX_RECVS=4", "PLUGIN_NAME=\"TestGroup\""],
+    );
+    // v8's table: int sizes, the adapter converting each buffer's.
+    let grouped_v8 = build(
+        "grp4v8",
+        "libgrp4v8.so",
+        &["NET_VERSION=8", "MAX_RECVS=4", "PLUGIN_NAME=\"TestGroup\""],
+    );
+    let single = build(
+        "grp1",
+        "libgrp1.so",
+        &["NET_VERSION=11", "PLUGIN_NAME=\"TestGroup\""],
+    );
+    for (so, version, max) in [
+        (&grouped, "11", "4"),
+        (&grouped_v8, "8", "4"),
+        (&single, "11", "1"),
+    ] {
+        let logs = dir().join(format!("logs-grp{max}-v{version}"));
+        std::fs::create_dir_all(&logs).expect("log folder");
+        let stats = logs.join("stats").to_string_lossy().into_owned();
+        let env = with(
+            &base_env(&logs),
+            &[
+                ("NCCL_NET_PLUGIN", so.to_str().expect("utf-8 path")),
+                ("NCCL_RS_SIM_P2P_CONNS", "4"),
+                // Small send/recv slots: many steps per connection and message.
+                ("NCCL_P2P_NVL_CHUNKSIZE", "4096"),
+                (EXPECT_NET, "TestGroup"),
+                (EXPECT_VERSION, version),
+                (EXPECT_MAX_RECVS, max),
+                (STATS, stats.as_str()),
+            ],
+        );
+        for nodes in [2, 3] {
+            run("grouped_receives_over_shared_comms", nodes, &env);
+        }
+    }
 }

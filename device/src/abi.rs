@@ -27,6 +27,19 @@ pub const PROTO_SIMPLE: u32 = 0;
 pub const PROTO_LL: u32 = 1;
 pub const PROTO_LL128: u32 = 2;
 
+/// What a receiving kernel writes to [`ConnRecv::proxy_proto`] before it waits for the steps
+/// of a proxied connection up to (not including) `end`: those it is about to read carry
+/// protocol `proto` (`PROTO_*`). The step count comes first so that a proxy can tell a word
+/// about a step from one about an earlier step.
+pub const fn proxy_proto_word(end: u64, proto: u32) -> u64 {
+    (end << 2) | (proto as u64 & 3)
+}
+
+/// Reads a [`proxy_proto_word`]: `(end, proto)`.
+pub const fn proxy_proto_parts(word: u64) -> (u64, u32) {
+    (word >> 2, (word & 3) as u32)
+}
+
 /// The algorithms a collective launch may use (`CollArgs::algo`).
 pub const ALGO_RING: u32 = 0;
 /// AllReduce as a tree: on one node a chain in ring order (reduce towards ring position 0, then
@@ -112,8 +125,11 @@ pub struct ConnRecv {
     /// publishes `tail` once a step's bytes landed whole, and the LL and LL128 receivers wait
     /// for that before reading lines (a network's writes carry no 16- or 128-byte atomicity).
     pub proxy_stride: u64,
-    /// Keeps ConnRecv as large as ConnSend: arrays of either are indexed alike.
-    pub _pad: u64,
+    /// 0 for a direct connection. For a proxied one, a host-visible `u64` where the kernel,
+    /// before it waits for the steps below `end`, writes [`proxy_proto_word`]`(end, proto)`:
+    /// the receiving proxy learns which protocol a landed step carries (a GPU-memory FIFO
+    /// flushes Simple steps only: LL and LL128 lines carry their own flags).
+    pub proxy_proto: u64,
 }
 
 impl ConnSend {
@@ -143,7 +159,7 @@ impl ConnRecv {
             self.ll_fifo,
             self.ll128_fifo,
             self.proxy_stride,
-            self._pad,
+            self.proxy_proto,
         ]
     }
 }

@@ -136,6 +136,7 @@ pub(super) fn ring_net(
         TAG_NET_RING,
         np.timeout,
         Some(abort),
+        false,
     )
     .map_err(|e| e.context("ring network connections"))?;
     for m in &made {

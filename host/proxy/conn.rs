@@ -4,7 +4,7 @@
 use crate::cuda::{DevBuffer, DevPtr, Device, HostMem};
 use crate::error::{Error, Result};
 use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
-use nccl_device::abi::{CTRL_LINE, NCCL_STEPS};
+use nccl_device::abi::{proxy_proto_parts, CTRL_LINE, NCCL_STEPS, PROTO_SIMPLE};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -25,6 +25,9 @@ impl ConnLayout {
     pub const TAIL: usize = 0;
     pub const HEAD: usize = CTRL_LINE;
     pub const SIZES: usize = 2 * CTRL_LINE;
+    /// The receive side's use of the sizes line: the word where its kernel says which protocol
+    /// the steps it waits for carry (`ConnRecv::proxy_proto`).
+    pub const PROTO: usize = Self::SIZES;
     pub const FIFO: usize = 3 * CTRL_LINE;
 
     pub fn total(&self) -> usize {
@@ -55,6 +58,18 @@ pub(crate) enum FifoPlace {
     Gpu { dmabuf: bool, flush: bool },
 }
 
+/// Where a receive side stands with the oldest step in flight (the front of `inflight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Front {
+    /// Its receive is posted.
+    Receiving,
+    /// It landed with this many bytes in a GPU FIFO that flushes, and waits for its kernel to
+    /// say which protocol it carries (only Simple steps are flushed).
+    Landed(usize),
+    /// Its flush is posted (the front request is the flush's).
+    Flushing,
+}
+
 /// Host pages: a GPU FIFO is sized and aligned to them, as a dmabuf range must be.
 const PAGE: usize = 4096;
 
@@ -76,10 +91,23 @@ pub(crate) struct NetConn {
     posted: u64,
     done: u64,
     inflight: VecDeque<Request>,
-    /// The front of `inflight` is the flush of a landed step, not its receive.
-    front_flushing: bool,
-    /// Flushes posted, for the logs.
+    /// What the front of `inflight` is (receive side).
+    front: Front,
+    /// The protocol the kernel last announced for the steps it waits for (receive side),
+    /// taken as the likely one of steps that land before it says: a flushing FIFO flushes a
+    /// step ahead of its kernel while Simple steps flow, and waits for the word otherwise.
+    last_proto: Option<u32>,
+    /// Flushes posted, and landed steps of a flushing FIFO left unflushed (LL, LL128), for
+    /// the logs.
     flushes: u64,
+    unflushed: u64,
+    /// The tag of its messages: 0, or its key where it shares its network comm with other
+    /// connections to the same peer (`super::shared`).
+    tag: u32,
+    /// It shares its network comm: it posts only the receives its kernel awaits, since a
+    /// receive posted ahead for a connection that gets no more data would hold one of the
+    /// comm's requests from the others for good.
+    shares_comm: bool,
     /// The rank at the other end, and how it is reached (for error messages).
     peer_rank: usize,
     peer: String,
@@ -128,6 +156,21 @@ fn slot_words(mem: &HostMem, layout: ConnLayout, step: u64) -> [u32; 4] {
         }
     }
     w
+}
+
+/// Whether landed step `step` of a receive side carries Simple (flushed) rather than LL or
+/// LL128, from the word its kernel writes before it waits ([`ConnLayout::PROTO`]); where the
+/// kernel has not reached the step, `last` (the protocol it said last) decides for Simple and
+/// `None` (wait for the word) otherwise.
+fn step_is_simple(mem: &HostMem, step: u64, last: &mut Option<u32>) -> Result<Option<bool>> {
+    let (end, proto) = proxy_proto_parts(counter(mem, ConnLayout::PROTO)?.load(Ordering::Acquire));
+    // The kernel waits for steps from its own counter (no later than `step`, which it has not
+    // consumed) up to `end`: one in that range is the protocol it named.
+    if step < end {
+        *last = Some(proto);
+        return Ok(Some(proto == PROTO_SIMPLE));
+    }
+    Ok((*last == Some(PROTO_SIMPLE)).then_some(true))
 }
 
 /// Pops the requests at the front of `inflight` that `finished` says are complete, in order,
@@ -254,8 +297,12 @@ impl NetConn {
             posted: 0,
             done: 0,
             inflight: VecDeque::new(),
-            front_flushing: false,
+            front: Front::Receiving,
+            last_proto: None,
             flushes: 0,
+            unflushed: 0,
+            tag: 0,
+            shares_comm: false,
             peer_rank,
             peer,
             failed: false,
@@ -263,6 +310,14 @@ impl NetConn {
             stall_reported: false,
             seen_head: 0,
         }
+    }
+
+    /// Tags its messages with `tag`; `shared`: its network comm is shared with other
+    /// connections.
+    pub(crate) fn with_tag(mut self, tag: u32, shared: bool) -> NetConn {
+        self.tag = tag;
+        self.shares_comm = shared;
+        self
     }
 
     /// The device address of the connection's counter at `offset` ([`ConnLayout`]'s TAIL, HEAD,
@@ -340,7 +395,7 @@ impl NetConn {
                 )));
             }
             let off = self.layout.slot(self.posted) - ConnLayout::FIFO;
-            match comm.isend(self.mr, off, size, 0)? {
+            match comm.isend(self.mr, off, size, self.tag)? {
                 Some(req) => {
                     if log::log_enabled!(log::Level::Trace) {
                         log::trace!(
@@ -390,21 +445,44 @@ impl NetConn {
         Ok(moved)
     }
 
-    fn progress_recv(&mut self) -> Result<bool> {
+    /// Posts receives into the free slots of a receive side (nothing for a send side); true
+    /// if any was. The proxy posts for every connection before it completes any, so that a
+    /// comm several connections share sees all of their awaited steps at once.
+    pub(crate) fn post(&mut self) -> Result<bool> {
+        if self.failed || !matches!(self.side, Side::Recv(_)) {
+            return Ok(false);
+        }
+        self.post_recv().map_err(|e| {
+            self.failed = true;
+            e.context(format!("network connection with {}", self.peer))
+        })
+    }
+
+    fn post_recv(&mut self) -> Result<bool> {
         let Side::Recv(comm) = &mut self.side else {
             return Ok(false);
         };
         let mem = &*self.mem;
         let mut moved = false;
         let head = counter(mem, ConnLayout::HEAD)?.load(Ordering::Acquire);
+        // The steps below `awaited` are ones the kernel said it reads ([`ConnLayout::PROTO`]).
+        let (awaited, _) =
+            proxy_proto_parts(counter(mem, ConnLayout::PROTO)?.load(Ordering::Acquire));
         while self.posted < head + STEPS {
             let buf = RecvBuf {
                 mr: self.mr,
                 offset: self.layout.slot(self.posted) - ConnLayout::FIFO,
                 max_len: self.layout.stride,
-                tag: 0,
+                tag: self.tag,
             };
-            match comm.irecv(&[buf])? {
+            let req = if self.posted < awaited {
+                comm.irecv_awaited(buf)?
+            } else if self.shares_comm {
+                break;
+            } else {
+                comm.irecv(&[buf])?
+            };
+            match req {
                 Some(req) => {
                     self.inflight.push_back(req);
                     self.posted += 1;
@@ -413,44 +491,70 @@ impl NetConn {
                 None => break,
             }
         }
-        // Steps complete in order; a landed step of a GPU FIFO that needs it is flushed first,
-        // and counts as done once its flush completed.
+        comm.note_waiting(self.tag, self.posted < awaited);
+        Ok(moved)
+    }
+
+    fn progress_recv(&mut self) -> Result<bool> {
+        let mut moved = self.post_recv()?;
+        let Side::Recv(comm) = &mut self.side else {
+            return Ok(false);
+        };
+        let mem = &*self.mem;
+        let head = counter(mem, ConnLayout::HEAD)?.load(Ordering::Acquire);
+        // Steps complete in order; a landed Simple step of a GPU FIFO that needs it is flushed
+        // first, and counts as done once its flush completed.
         while let Some(&req) = self.inflight.front() {
-            if self.front_flushing {
-                if comm.test(req)?.is_none() {
+            let bytes = match self.front {
+                Front::Flushing => {
+                    if comm.test(req)?.is_none() {
+                        break;
+                    }
+                    None
+                }
+                Front::Landed(bytes) => Some(bytes),
+                Front::Receiving => {
+                    let Some(sizes) = comm.test(req)? else { break };
+                    if log::log_enabled!(log::Level::Trace) {
+                        log::trace!(
+                            "recv from {}: step {} landed, {sizes:?} bytes, first line {:08x?}",
+                            self.peer,
+                            self.done,
+                            slot_words(mem, self.layout, self.done)
+                        );
+                    }
+                    Some(sizes.first().copied().unwrap_or(0))
+                }
+            };
+            if let Some(bytes) = bytes.filter(|&b| self.flush && b > 0) {
+                let Some(simple) = step_is_simple(mem, self.done, &mut self.last_proto)? else {
+                    // The kernel has not said yet: hold the step (it is not published, so
+                    // the kernel will ask for it and say).
+                    self.front = Front::Landed(bytes);
                     break;
-                }
-            } else {
-                let Some(sizes) = comm.test(req)? else { break };
-                if log::log_enabled!(log::Level::Trace) {
-                    log::trace!(
-                        "recv from {}: step {} landed, {sizes:?} bytes, first line {:08x?}",
-                        self.peer,
-                        self.done,
-                        slot_words(mem, self.layout, self.done)
-                    );
-                }
-                let bytes = sizes.first().copied().unwrap_or(0);
-                if self.flush && bytes > 0 {
+                };
+                if !simple {
+                    self.unflushed += 1;
+                } else {
                     let buf = RecvBuf {
                         mr: self.mr,
                         offset: self.layout.slot(self.done) - ConnLayout::FIFO,
                         max_len: bytes,
-                        tag: 0,
+                        tag: self.tag,
                     };
                     if let Some(f) = comm.iflush(&[buf])? {
                         self.flushes += 1;
                         if let Some(front) = self.inflight.front_mut() {
                             *front = f;
                         }
-                        self.front_flushing = true;
+                        self.front = Front::Flushing;
                         moved = true;
                         continue;
                     }
                 }
             }
             self.inflight.pop_front();
-            self.front_flushing = false;
+            self.front = Front::Receiving;
             self.done += 1;
             moved = true;
         }
@@ -473,6 +577,29 @@ impl NetConn {
     /// time warns once with its counters and the first line of the step the kernel waits on.
     fn watch_recv(&mut self, progressed: bool, head: u64) {
         self.seen_head = head;
+        if let Front::Landed(bytes) = self.front {
+            // A landed step held for its kernel's word on its protocol (a flushing GPU FIFO).
+            if progressed {
+                self.stalled_since = None;
+                self.stall_reported = false;
+            }
+            let since = *self.stalled_since.get_or_insert_with(Instant::now);
+            if !self.stall_reported && since.elapsed() > stall_warn_after() {
+                self.stall_reported = true;
+                let (end, proto) = proxy_proto_parts(
+                    counter(&self.mem, ConnLayout::PROTO)
+                        .map(|c| c.load(Ordering::Acquire))
+                        .unwrap_or(0),
+                );
+                log::warn!(
+                    "network receive from {}: step {} landed ({bytes} bytes) {:?} ago and waits for its kernel to say its protocol (last word: steps below {end}, protocol {proto}; kernel released {head})",
+                    self.peer,
+                    self.done,
+                    since.elapsed()
+                );
+            }
+            return;
+        }
         if progressed || self.done == head {
             self.stalled_since = None;
             self.stall_reported = false;
@@ -498,11 +625,12 @@ impl NetConn {
 
 impl Drop for NetConn {
     fn drop(&mut self) {
-        if self.flushes > 0 {
+        if self.flushes + self.unflushed > 0 {
             log::debug!(
-                "network receive from {}: {} steps flushed from GPU memory",
+                "network receive from {}: {} steps flushed from GPU memory, {} LL/LL128 steps not",
                 self.peer,
-                self.flushes
+                self.flushes,
+                self.unflushed
             );
         }
         let r = match &mut self.side {

@@ -6,7 +6,9 @@
 //!   `tail = s + 1`; the proxy posts the network send of that slot and, once it completed,
 //!   returns the slot by publishing `head`;
 //! - receive: the proxy keeps a receive posted into every slot the kernel has consumed (`head`,
-//!   published by the kernel) and publishes `tail` once a step's bytes landed whole.
+//!   published by the kernel) and publishes `tail` once a step's bytes landed whole (a Simple
+//!   step in GPU memory flushed first). Connections that share a network comm post only the
+//!   steps their kernels await, grouped across connections (`shared`).
 //!
 //! The thread sleeps when nothing moves: launches kick it ([`Proxy::kick`]), the network wakes it
 //! when a transfer completes, and without either it polls at a falling rate, so an idle proxy
@@ -14,6 +16,7 @@
 //! communicator's async error and kernel abort flag) and is then left alone.
 
 mod conn;
+pub(crate) mod shared;
 
 pub(crate) use conn::{ConnLayout, FifoPlace, NetConn, Side};
 
@@ -244,12 +247,22 @@ fn run(shared: &Shared) {
             last_busy = Instant::now();
         }
         let mut moved = false;
-        for (_, c, on_error) in lock(&shared.conns).iter_mut() {
+        let mut conns = lock(&shared.conns);
+        // Receives are posted for every connection first: a network comm that several share
+        // then groups their awaited steps (shared.rs) before any completes.
+        for (_, c, on_error) in conns.iter_mut() {
+            match c.post() {
+                Ok(m) => moved |= m,
+                Err(e) => on_error(c.peer_rank(), e),
+            }
+        }
+        for (_, c, on_error) in conns.iter_mut() {
             match c.progress() {
                 Ok(m) => moved |= m,
                 Err(e) => on_error(c.peer_rank(), e),
             }
         }
+        drop(conns);
         if moved {
             last_busy = Instant::now();
             nap = Duration::from_micros(100);

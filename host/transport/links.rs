@@ -380,6 +380,7 @@ impl Links {
             TAG_NET_LINK,
             np.timeout,
             None,
+            true,
         )
         .map_err(|e| e.context("send/recv network connections"))?;
         for m in &made {
@@ -528,7 +529,7 @@ impl Links {
                             ll_fifo: 0,
                             ll128_fifo: 0,
                             proxy_stride: 0,
-                            _pad: 0,
+                            proxy_proto: 0,
                         };
                         r.words().to_vec()
                     }

@@ -213,7 +213,7 @@ impl P2p {
             ll_fifo: self.own.ptr + l.ll_fifo(ch),
             ll128_fifo: self.own.ptr + l.ll128_fifo(ch),
             proxy_stride: 0,
-            _pad: 0,
+            proxy_proto: 0,
         });
         (send, recv)
     }

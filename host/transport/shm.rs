@@ -286,7 +286,7 @@ impl ShmRing {
                     ll_fifo: base + l.ll_fifo(i),
                     ll128_fifo: base + l.ll128_fifo(i),
                     proxy_stride: 0,
-                    _pad: 0,
+                    proxy_proto: 0,
                 });
             }
             mems.push(mem);

@@ -69,6 +69,10 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
         }
     }
     let chunk = it.slot_bytes as usize;
+    if !send {
+        // The steps this item reads (at least one): a proxy may group their receives.
+        prims.promise_recv(bytes.div_ceil(chunk.max(1)).max(1) as u64);
+    }
     let mut off = 0;
     // A zero-byte message still takes one step, so that both sides agree on the step count.
     loop {

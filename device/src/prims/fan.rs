@@ -15,10 +15,11 @@
 //! Simple only, one FIFO slot per step (no slices), and every thread moves data: the publishing
 //! warp of `FLAG_SIMPLE_PUBLISHER` ([`super::simple`]) is not used here.
 
-use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS};
+use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS, PROTO_SIMPLE};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::{Fan, FAN};
+use crate::prims::simple::announce_recv;
 use crate::types::Elem;
 
 /// Spins between two looks at the abort flag (as [`super::Simple`]'s waits).
@@ -155,6 +156,13 @@ impl SimpleFan {
         n: usize,
     ) {
         if self.tid == 0 {
+            // Every proxy that fills a receive connection hears of the step before any wait,
+            // so that none holds a landed step while we wait on another connection.
+            for i in 0..FAN {
+                if !self.recv[i].is_null() && self.tail_seen[i] <= self.recv_step[i] {
+                    announce_recv(self.recv[i], self.recv_step[i] + 1, PROTO_SIMPLE);
+                }
+            }
             for i in 0..FAN {
                 let need = self.recv_step[i] + 1;
                 if !self.recv[i].is_null() && self.tail_seen[i] < need {

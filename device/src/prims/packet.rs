@@ -1,10 +1,10 @@
 //! What the flag-carrying protocols (LL, LL128) share around a step: waiting for credit before
 //! filling a slot, finding the step's slots, and giving a slot back once it was read.
 
-use crate::abi::{LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS};
+use crate::abi::{LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS, PROTO_LL, PROTO_LL128};
 use crate::arch::{self, Pack16};
 use crate::prims::copy::Move;
-use crate::prims::simple::Simple;
+use crate::prims::simple::{announce_recv, Simple};
 
 /// Which FIFO of a connection a step uses.
 #[derive(Clone, Copy)]
@@ -34,7 +34,16 @@ impl Simple {
         let proxied = recv && (*rc).proxy_stride != 0;
         if proxied && self.tid == 0 {
             let (tail, need) = ((*rc).tail as *const u64, self.recv_step + 1);
-            self.wait(|| arch::ld_acquire_sys(tail) >= need);
+            if arch::ld_acquire_sys(tail) < need {
+                // Not landed yet: the proxy may be waiting to learn the step's protocol (it
+                // flushes Simple steps only) before it publishes.
+                let proto = match fifo {
+                    Fifo::Ll => PROTO_LL,
+                    Fifo::Ll128 => PROTO_LL128,
+                };
+                announce_recv(rc, need, proto);
+                self.wait(|| arch::ld_acquire_sys(tail) >= need);
+            }
         }
         if send && self.tid == 0 {
             // A plain (volatile) load: the slot's writes depend on it by control, and no data

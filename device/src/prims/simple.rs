@@ -13,8 +13,8 @@
 //! to +1.4% at 64 and 256 MiB (results/h200-lab-simple-publisher.txt).
 
 use crate::abi::{
-    ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER, NCCL_STEPS, PROTO_LL, PROTO_LL128,
-    PROTO_SIMPLE,
+    proxy_proto_word, ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER, NCCL_STEPS, PROTO_LL,
+    PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::RedOp;
@@ -54,6 +54,26 @@ pub struct Simple {
     /// already covers a step spares the poll (and its round trip) for that step.
     tail_seen: u64,
     head_seen: u64,
+    /// The receive steps below this were announced to a proxy at once
+    /// ([`Simple::promise_recv`]): their steps need no word of their own.
+    promised: u64,
+}
+
+/// Before waiting for the steps below `end` of receive connection `rc`: where a proxy fills
+/// its FIFO, tells it that they carry protocol `proto` (`PROTO_*`), so that it flushes only
+/// the Simple steps of a GPU-memory FIFO ([`ConnRecv::proxy_proto`]). A direct connection has
+/// no such word. One thread calls it.
+///
+/// # Safety
+/// `rc` points at a connection wired by the host.
+#[inline(always)]
+pub(super) unsafe fn announce_recv(rc: *const ConnRecv, end: u64, proto: u32) {
+    let at = (*rc).proxy_proto as *mut u64;
+    if !at.is_null() {
+        // A plain store: the proxy only reads it, and what it unblocks (the tail) is acquired
+        // by the wait that follows.
+        arch::st_volatile(at, proxy_proto_word(end, proto));
+    }
 }
 
 /// The FIFO slots a Simple step fills when asked for `steps`: the largest power of two not
@@ -137,6 +157,7 @@ impl Simple {
             publisher: false,
             tail_seen: 0,
             head_seen: 0,
+            promised: 0,
         }
     }
 
@@ -361,6 +382,9 @@ impl Simple {
         if self.tid == 0 {
             if recv && self.tail_seen < self.recv_step + slice {
                 let (tail, need) = ((*rc).tail as *const u64, self.recv_step + slice);
+                if need > self.promised {
+                    announce_recv(rc, need, PROTO_SIMPLE);
+                }
                 let mut seen = self.tail_seen;
                 self.wait(|| {
                     seen = arch::ld_acquire_sys(tail);
@@ -416,6 +440,25 @@ impl Simple {
             self.publish(recv, send, n * core::mem::size_of::<T>());
         }
         self.advance(recv, send);
+    }
+
+    /// Tells a proxy that fills the receive connection that this CTA will read its next
+    /// `steps` steps (Simple): it may then post their receives together with other
+    /// connections' (grouped receives, `maxRecvs`), knowing they will come. Every thread of the
+    /// group calls it; thread 0 writes.
+    ///
+    /// # Safety
+    /// As [`Simple::on`].
+    #[inline(always)]
+    pub unsafe fn promise_recv(&mut self, steps: u64) {
+        if self.recv.is_null() || self.proto != PROTO_SIMPLE {
+            return;
+        }
+        let end = self.recv_step + steps;
+        if self.tid == 0 {
+            announce_recv(self.recv, end, PROTO_SIMPLE);
+        }
+        self.promised = end;
     }
 
     /// Saves the step counters for the next launch on this channel.

@@ -2,8 +2,10 @@
 //! (`PTR_CUDA`, or `PTR_DMABUF` with a driver that exports dmabufs) may read and write GPU
 //! memory itself; then, where the GPU-to-NIC path is no farther than `NCCL_NET_GDR_LEVEL`
 //! (PXB by default), receives land in GPU memory, and sends read it where `NCCL_NET_GDR_READ`
-//! allows. Otherwise the FIFO is pinned host memory mapped into the GPU. A GPU-memory receive is
-//! flushed (the plugin's `iflush`) before the kernel is told it landed, on GPUs that need it
+//! allows. Otherwise the FIFO is pinned host memory mapped into the GPU. A GPU-memory receive of
+//! a Simple step is flushed (the plugin's `iflush`; LL and LL128 lines carry their own flags,
+//! and the proxy learns a step's protocol from its kernel: `crate::proxy`'s conn.rs) before the
+//! kernel is told it landed, on GPUs that need it
 //! (compute capability below 9.0), or where the plugin (`forceFlush`) or
 //! `NCCL_NET_FORCE_FLUSH=1` asks.
 //!

@@ -190,6 +190,15 @@ pub trait RecvComm: Send {
     /// Posts a receive into up to `max_recvs` buffers (one per message). `Ok(None)`: try again.
     /// A message longer than its buffer fails the request.
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<Request>>;
+    /// Posts a receive of one step that its kernel waits for (so it will come soon): a comm
+    /// that several connections share may hold it a moment to post it in one `irecv` with
+    /// other connections' (`crate::proxy::shared`). `Ok(None)`: try again.
+    fn irecv_awaited(&mut self, buf: RecvBuf) -> Result<Option<Request>> {
+        self.irecv(&[buf])
+    }
+    /// Whether the connection tagged `tag` has steps its kernel waits for that it cannot post
+    /// yet (its FIFO is full): a shared comm holds other connections' awaited receives for it.
+    fn note_waiting(&mut self, _tag: u32, _waiting: bool) {}
     /// `Ok(Some(sizes))` (one per buffer) once complete, `Ok(None)` while in flight.
     fn test(&mut self, req: Request) -> Result<Option<Vec<usize>>>;
     /// Makes received data visible to the GPU where the network wrote GPU memory. `Ok(None)`:

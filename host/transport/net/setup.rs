@@ -73,11 +73,39 @@ enum Half {
     AwaitingHandle,
     Connecting(Box<dyn Connecting>),
     Up(Side),
+    /// Shares the network comm of another want ([`comm_owners`]).
+    Shares,
+}
+
+/// For each want, the index of the want whose network comm it uses: its own, or with `share`
+/// (send/recv links, NCCL_NET_SHARED_COMMS on) and a device that groups receives (maxRecvs
+/// above 1, so it matches tags), the first want with the same peer, direction and device. Both
+/// ends decide alike from the same network and the same wants.
+fn comm_owners(
+    net: &dyn Net,
+    wants: &[Want],
+    dev_of: impl Fn(&Want) -> usize,
+    share: bool,
+) -> Vec<usize> {
+    let mut owner: Vec<usize> = (0..wants.len()).collect();
+    if !share || crate::env::int("NCCL_NET_SHARED_COMMS") == 0 {
+        return owner;
+    }
+    let mut first = std::collections::HashMap::new();
+    for (i, w) in wants.iter().enumerate() {
+        let dev = dev_of(w);
+        if net.properties(dev).is_ok_and(|p| p.max_recvs > 1) {
+            owner[i] = *first.entry((w.peer, w.dir, dev)).or_insert(i);
+        }
+    }
+    owner
 }
 
 /// Makes every connection in `wants` with network `net`, FIFOs placed as `gdr` says;
-/// `tag_base + key` tags the handles on the bootstrap. Gives up at `timeout` or when `abort` is
-/// raised.
+/// `tag_base + key` tags the handles on the bootstrap. With `share`, the connections to one
+/// peer in one direction on one device share one network comm where the device groups
+/// receives ([`comm_owners`]); each tags its messages with its key. Gives up at `timeout` or
+/// when `abort` is raised.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn connect(
     net: &dyn Net,
@@ -89,6 +117,7 @@ pub(crate) fn connect(
     tag_base: u32,
     timeout: Duration,
     abort: Option<&AbortFlag>,
+    share: bool,
 ) -> Result<Vec<Made>> {
     let ndevs = net.ndevs();
     if ndevs == 0 {
@@ -98,9 +127,14 @@ pub(crate) fn connect(
         )));
     }
     let dev_of = |w: &Want| w.key as usize % ndevs;
+    let owners = comm_owners(net, wants, dev_of, share);
     // Receivers listen and publish first, so no sender waits on a handle not yet sent.
     let mut halves = Vec::with_capacity(wants.len());
-    for w in wants {
+    for (i, w) in wants.iter().enumerate() {
+        if owners[i] != i {
+            halves.push(Half::Shares);
+            continue;
+        }
         halves.push(match w.dir {
             Dir::Recv => {
                 let (handle, l) = net.listen(dev_of(w))?;
@@ -138,7 +172,7 @@ pub(crate) fn connect(
             };
             match next {
                 Some(up) => *h = up,
-                None if !matches!(h, Half::Up(_)) => pending += 1,
+                None if !matches!(h, Half::Up(_) | Half::Shares) => pending += 1,
                 None => {}
             }
         }
@@ -152,7 +186,7 @@ pub(crate) fn connect(
             let who: Vec<String> = wants
                 .iter()
                 .zip(&halves)
-                .filter(|(_, h)| !matches!(h, Half::Up(_)))
+                .filter(|(_, h)| !matches!(h, Half::Up(_) | Half::Shares))
                 .map(|(w, _)| format!("rank {} ({:?})", w.peer, w.dir))
                 .collect();
             return Err(Error::system(format!(
@@ -166,11 +200,9 @@ pub(crate) fn connect(
     let layout = ConnLayout {
         stride: stride(slot_bytes),
     };
+    let sides = share_sides(net, wants, &owners, halves, dev_of)?;
     let mut made = Vec::with_capacity(wants.len());
-    for (w, h) in wants.iter().zip(halves) {
-        let Half::Up(side) = h else {
-            return Err(Error::internal("network connection left pending"));
-        };
+    for (w, (side, tag, shared)) in wants.iter().zip(sides) {
         let dev = dev_of(w);
         let g = gdr.dev(dev);
         let place = match w.dir {
@@ -185,7 +217,7 @@ pub(crate) fn connect(
             _ => FifoPlace::Host,
         };
         let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
-        let conn = NetConn::new(side, device, layout, place, w.peer, peer)?;
+        let conn = NetConn::new(side, device, layout, place, w.peer, peer)?.with_tag(tag, shared);
         let (send, recv) = conn_structs(&conn, layout);
         made.push(Made {
             want: *w,
@@ -196,6 +228,67 @@ pub(crate) fn connect(
         });
     }
     Ok(made)
+}
+
+/// Each want's endpoint, message tag and whether it shares its comm, once every comm is up:
+/// its own comm with tag 0, or a handle on the comm it shares (every sharer, the owner too,
+/// tags with its key).
+fn share_sides(
+    net: &dyn Net,
+    wants: &[Want],
+    owners: &[usize],
+    halves: Vec<Half>,
+    dev_of: impl Fn(&Want) -> usize,
+) -> Result<Vec<(Side, u32, bool)>> {
+    use crate::proxy::shared::{Grouper, SharedRecv, SharedSend};
+    use std::sync::Mutex;
+    enum Shared {
+        Send(Arc<Mutex<Box<dyn super::SendComm>>>),
+        Recv(Arc<Mutex<Grouper>>),
+    }
+    let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
+    let mut comms: std::collections::HashMap<usize, Shared> = Default::default();
+    let mut out: Vec<Option<(Side, u32, bool)>> = Vec::with_capacity(wants.len());
+    for (i, h) in halves.into_iter().enumerate() {
+        match h {
+            Half::Up(side) if sharers(i) > 1 => {
+                let w = &wants[i];
+                let max_recvs = net.properties(dev_of(w))?.max_recvs;
+                log::info!(
+                    "NET/{}: {} {} connections with rank {} share one comm (maxRecvs {max_recvs})",
+                    net.name(),
+                    sharers(i),
+                    dir_name(w.dir),
+                    w.peer
+                );
+                comms.insert(
+                    i,
+                    match side {
+                        Side::Send(c) => Shared::Send(Arc::new(Mutex::new(c))),
+                        Side::Recv(c) => Shared::Recv(Grouper::new(c, max_recvs)),
+                    },
+                );
+                out.push(None);
+            }
+            Half::Up(side) => out.push(Some((side, 0, false))),
+            Half::Shares => out.push(None),
+            _ => return Err(Error::internal("network connection left pending")),
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, s)| match s {
+            Some(s) => Ok(s),
+            None => {
+                let side = match comms.get(&owners[i]) {
+                    Some(Shared::Send(c)) => Side::Send(Box::new(SharedSend(c.clone()))),
+                    Some(Shared::Recv(g)) => Side::Recv(Box::new(SharedRecv(g.clone()))),
+                    None => return Err(Error::internal("a shared network comm went missing")),
+                };
+                Ok((side, wants[i].key, true))
+            }
+        })
+        .collect()
 }
 
 fn dir_name(d: Dir) -> &'static str {
@@ -227,7 +320,7 @@ fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
         ll_fifo: fifo,
         ll128_fifo: fifo,
         proxy_stride: l.stride as u64,
-        _pad: 0,
+        proxy_proto: at(ConnLayout::PROTO),
     };
     (send, recv)
 }

@@ -9,7 +9,14 @@
  *   FAIL_INIT              init fails (ncclSystemError)
  *   NO_SYMBOL              the table is exported under a name nccl-rs does not look for
  *   WITH_COLLNET           also export an ncclCollNetPlugin_v8 table (reported, never used)
- *   MAX_RECVS=n            the maxRecvs property (grouped receives), default 1
+ *   MAX_RECVS=n            the maxRecvs property, default 1. Above 1 the plugin matches tags
+ *                          and groups receives: an irecv of n buffers sends the sender one
+ *                          clear-to-send entry (tag, room) per buffer; an isend waits (returns
+ *                          no request) until an unused entry of its tag came, and frames its
+ *                          message with the tag; the receiver puts each message into the
+ *                          oldest posted buffer of its tag, and a request completes once all of
+ *                          its buffers are full. So connections that share one comm never
+ *                          block each other on the stream.
  *   CUDA_PTR               claim NCCL_PTR_CUDA too: regMr takes GPU memory (on nccl-rs's
  *                          simulator GPU memory is host memory, so send/recv copy it as is);
  *                          iflush of a GPU region returns a request that test() completes
@@ -17,8 +24,9 @@
  *   SPEED=n                the speed property, Mb/s (default 12345)
  *
  * Counters: with TEST_PLUGIN_STATS=<path> in the environment, every close of a comm writes the
- * process's registrations by type, receives posted into GPU and host regions, and flushes
- * (of GPU and of host regions) to <path>.<pid>, for the tests to read.
+ * process's registrations by type, receives posted into GPU and host regions (per buffer),
+ * flushes (of GPU and of host regions), irecv calls of more than one buffer and the largest
+ * n seen, and comms opened, to <path>.<pid>, for the tests to read.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,6 +60,7 @@
 
 static struct {
   unsigned long reg_host, reg_cuda, reg_dmabuf, recv_host, recv_cuda, flush_cuda, flush_host;
+  unsigned long recv_multi, recv_max_n, comms;
 } stats;
 
 #define MAGIC 0x6e636e74u /* "tncn" */
@@ -71,6 +80,13 @@ struct listen_comm {
   int fd;
 };
 
+/* A tagged message's frame (MAX_RECVS > 1), and a clear-to-send entry (receiver to sender). */
+struct frame {
+  int32_t tag;
+  uint32_t pad;
+  uint64_t len;
+};
+
 struct req {
   int used;      /* handed out and not yet reported done */
   int complete;
@@ -81,13 +97,35 @@ struct req {
   uint64_t hdr;  /* the message's length on the wire */
   size_t hdr_done, data_done;
   struct comm* comm;
+  /* Tagged receives: n buffers, each matched to one message. */
+  unsigned long seq; /* posting order */
+  int n, nfull, tag;
+  char* bufs[MAX_RECVS];
+  size_t caps[MAX_RECVS], lens[MAX_RECVS];
+  int tags[MAX_RECVS], matched[MAX_RECVS];
 };
+
+#define NCTS (NREQS * MAX_RECVS)
 
 struct comm {
   int fd;
   int is_send;
   struct req reqs[NREQS];
   unsigned long posted, finished; /* requests posted, and completed in order */
+  /* Tagged mode. Sender: clear-to-send entries received and not yet used, oldest first (and
+   * the bytes of one being read). Receiver: entries still to write, the frame being read and
+   * the buffer it fills (NULL while reading a frame). */
+  struct frame cts[NCTS];
+  int ncts;
+  struct frame cts_in;
+  size_t cts_in_done;
+  char cts_out[NCTS * sizeof(struct frame)];
+  size_t cts_out_len;
+  struct frame rframe;
+  size_t rframe_done;
+  struct req* rreq;
+  int rbuf;
+  size_t rdone;
 };
 
 static int set_nonblocking(int fd) {
@@ -157,6 +195,7 @@ static ncclResult_t do_connect(int dev, void* opaque, void** send_comm) {
   if (!c) { close(fd); return ncclSystemError; }
   c->fd = fd;
   c->is_send = 1;
+  stats.comms++;
   *send_comm = c;
   return ncclSuccess;
 }
@@ -174,6 +213,7 @@ static ncclResult_t pl_accept(void* listen_comm, void** recv_comm, ncclNetDevice
   c = calloc(1, sizeof *c);
   if (!c) { close(fd); return ncclSystemError; }
   c->fd = fd;
+  stats.comms++;
   *recv_comm = c;
   return ncclSuccess;
 }
@@ -186,9 +226,9 @@ static void write_stats(void) {
   snprintf(name, sizeof name, "%s.%d", path, (int)getpid());
   f = fopen(name, "w");
   if (!f) return;
-  fprintf(f, "reg_host=%lu reg_cuda=%lu reg_dmabuf=%lu recv_host=%lu recv_cuda=%lu flush_cuda=%lu flush_host=%lu\n",
+  fprintf(f, "reg_host=%lu reg_cuda=%lu reg_dmabuf=%lu recv_host=%lu recv_cuda=%lu flush_cuda=%lu flush_host=%lu recv_multi=%lu recv_max_n=%lu comms=%lu\n",
           stats.reg_host, stats.reg_cuda, stats.reg_dmabuf, stats.recv_host, stats.recv_cuda,
-          stats.flush_cuda, stats.flush_host);
+          stats.flush_cuda, stats.flush_host, stats.recv_multi, stats.recv_max_n, stats.comms);
   fclose(f);
 }
 
@@ -222,9 +262,18 @@ static ncclResult_t pl_dereg_mr(void* comm, void* mhandle) {
   return (mhandle == MH_HOST || mhandle == MH_CUDA) ? ncclSuccess : ncclInternalError;
 }
 
-/* A free slot for the next request, in posting order; NULL when all are in use. */
+/* A free slot for the next request, in posting order; NULL when all are in use. A tagged
+ * receiver's requests complete out of order: it takes any free slot. */
 static struct req* next_slot(struct comm* c) {
   struct req* r = &c->reqs[c->posted % NREQS];
+#if MAX_RECVS > 1
+  if (!c->is_send) {
+    int i;
+    for (i = 0; i < NREQS && c->reqs[i].used; i++) {}
+    if (i == NREQS) return NULL;
+    r = &c->reqs[i];
+  }
+#endif
   if (r->used) return NULL;
   memset(r, 0, sizeof *r);
   r->used = 1;
@@ -234,7 +283,7 @@ static struct req* next_slot(struct comm* c) {
 }
 
 /* Moves bytes of the oldest unfinished requests; an error is fatal to the comm. */
-static ncclResult_t progress(struct comm* c) {
+__attribute__((unused)) static ncclResult_t progress(struct comm* c) {
   while (c->finished < c->posted) {
     struct req* r = &c->reqs[c->finished % NREQS];
     while (r->hdr_done < sizeof r->hdr) {
@@ -266,37 +315,187 @@ static ncclResult_t progress(struct comm* c) {
   return ncclSuccess;
 }
 
-static ncclResult_t do_isend(void* send_comm, void* data, size_t size, void* mhandle,
+#if MAX_RECVS > 1
+/* Reads or writes up to len bytes; 1: done, 0: would block, <0: the error to return. */
+static int io(struct comm* c, int sending, void* p, size_t len, size_t* done, int idle_ok) {
+  while (*done < len) {
+    ssize_t n = sending ? send(c->fd, (char*)p + *done, len - *done, MSG_NOSIGNAL)
+                        : recv(c->fd, (char*)p + *done, len - *done, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    /* A peer gone between messages is a departure, not an error: requests stay pending (and
+     * room offered to it is forgotten). */
+    if ((n == 0 || (n < 0 && (errno == EPIPE || errno == ECONNRESET))) && *done == 0 && idle_ok)
+      return 0;
+    if (n <= 0) return -(int)ncclRemoteError;
+    *done += n;
+  }
+  return 1;
+}
+
+/* Sender: takes in clear-to-send entries, then sends posted messages in order. */
+static ncclResult_t progress_send_tagged(struct comm* c) {
+  int k;
+  for (;;) {
+    k = io(c, 0, &c->cts_in, sizeof c->cts_in, &c->cts_in_done, 1);
+    if (k < 0) return (ncclResult_t)-k;
+    if (k == 0) break;
+    if (c->ncts == NCTS) return ncclInternalError; /* more room offered than posted */
+    c->cts[c->ncts++] = c->cts_in;
+    c->cts_in_done = 0;
+  }
+  while (c->finished < c->posted) {
+    struct req* r = &c->reqs[c->finished % NREQS];
+    struct frame f = {r->tag, 0, r->hdr};
+    if (r->hdr_done < sizeof f) {
+      /* The frame goes out whole or not at all (a partial frame is finished below). */
+      k = io(c, 1, (char*)&f, sizeof f, &r->hdr_done, 0);
+      if (k <= 0) return k < 0 ? (ncclResult_t)-k : ncclSuccess;
+    }
+    k = io(c, 1, r->data, r->hdr, &r->data_done, 0);
+    if (k <= 0) return k < 0 ? (ncclResult_t)-k : ncclSuccess;
+    r->complete = 1;
+    c->finished++;
+  }
+  return ncclSuccess;
+}
+
+/* The oldest posted receive with an unmatched buffer of `tag` (its index in *b). */
+static struct req* match(struct comm* c, int tag, int* b) {
+  struct req* best = NULL;
+  int i, j;
+  for (i = 0; i < NREQS; i++) {
+    struct req* r = &c->reqs[i];
+    if (!r->used || r->complete || (best && r->seq > best->seq)) continue;
+    for (j = 0; j < r->n; j++) {
+      if (!r->matched[j] && r->tags[j] == tag) {
+        best = r;
+        *b = j;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+/* Receiver: writes clear-to-send entries, then reads frames into the buffers of their tags. */
+static ncclResult_t progress_recv_tagged(struct comm* c) {
+  int k;
+  if (c->cts_out_len) {
+    size_t done = 0;
+    k = io(c, 1, c->cts_out, c->cts_out_len, &done, 1);
+    if (k < 0) return (ncclResult_t)-k;
+    memmove(c->cts_out, c->cts_out + done, c->cts_out_len - done);
+    c->cts_out_len -= done;
+  }
+  for (;;) {
+    if (!c->rreq) {
+      k = io(c, 0, &c->rframe, sizeof c->rframe, &c->rframe_done, 1);
+      if (k <= 0) return k < 0 ? (ncclResult_t)-k : ncclSuccess;
+      c->rreq = match(c, c->rframe.tag, &c->rbuf);
+      if (!c->rreq) {
+        LOG(NCCL_LOG_WARN, PLUGIN_NAME ": a message of tag %d without a receive posted for it",
+            c->rframe.tag);
+        return ncclInternalError;
+      }
+      if (c->rframe.len > c->rreq->caps[c->rbuf]) {
+        LOG(NCCL_LOG_WARN, PLUGIN_NAME ": a %lu-byte message for a %lu-byte buffer",
+            (unsigned long)c->rframe.len, (unsigned long)c->rreq->caps[c->rbuf]);
+        return ncclInternalError;
+      }
+      c->rreq->matched[c->rbuf] = 1;
+      c->rdone = 0;
+    }
+    k = io(c, 0, c->rreq->bufs[c->rbuf], c->rframe.len, &c->rdone, 0);
+    if (k <= 0) return k < 0 ? (ncclResult_t)-k : ncclSuccess;
+    c->rreq->lens[c->rbuf] = c->rframe.len;
+    if (++c->rreq->nfull == c->rreq->n) c->rreq->complete = 1;
+    c->rreq = NULL;
+    c->rframe_done = 0;
+  }
+}
+#endif
+
+static ncclResult_t progress_any(struct comm* c) {
+#if MAX_RECVS > 1
+  return c->is_send ? progress_send_tagged(c) : progress_recv_tagged(c);
+#else
+  return progress(c);
+#endif
+}
+
+static ncclResult_t do_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                              void** request) {
   struct comm* c = send_comm;
   struct req* r;
   *request = NULL;
   if (mhandle != MH_HOST && mhandle != MH_CUDA) return ncclInternalError;
+#if MAX_RECVS > 1
+  {
+    /* Only into room the receiver offered: the oldest entry of this tag. */
+    int i;
+    ncclResult_t rc = progress_send_tagged(c);
+    if (rc != ncclSuccess) return rc;
+    for (i = 0; i < c->ncts && c->cts[i].tag != tag; i++) {}
+    if (i == c->ncts) return ncclSuccess; /* not yet: try again later */
+    if (size > c->cts[i].len) {
+      LOG(NCCL_LOG_WARN, PLUGIN_NAME ": a %lu-byte send of tag %d into %lu bytes",
+          (unsigned long)size, tag, (unsigned long)c->cts[i].len);
+      return ncclInternalError;
+    }
+    r = next_slot(c);
+    if (!r) return ncclSuccess;
+    memmove(&c->cts[i], &c->cts[i + 1], (c->ncts - i - 1) * sizeof c->cts[0]);
+    c->ncts--;
+  }
+#else
+  (void)tag;
   r = next_slot(c);
   if (!r) return ncclSuccess; /* try again later */
+#endif
   r->is_send = 1;
   r->data = data;
   r->cap = size;
   r->hdr = size;
+  r->tag = tag;
   *request = r;
-  return progress(c);
+  return progress_any(c);
 }
 
-static ncclResult_t do_irecv(void* recv_comm, int n, void** data, size_t size, void** mhandles,
-                             void** request) {
+static ncclResult_t do_irecv(void* recv_comm, int n, void** data, const size_t* sizes,
+                             const int* tags, void** mhandles, void** request) {
   struct comm* c = recv_comm;
   struct req* r;
+  int i;
   *request = NULL;
-  /* Grouped receives: this plugin takes one buffer per request. */
-  if (n != 1 || n > MAX_RECVS) return ncclInternalError;
-  if (mhandles[0] != MH_HOST && mhandles[0] != MH_CUDA) return ncclInternalError;
+  if (n < 1 || n > MAX_RECVS) return ncclInternalError;
+  for (i = 0; i < n; i++)
+    if (mhandles[i] != MH_HOST && mhandles[i] != MH_CUDA) return ncclInternalError;
   r = next_slot(c);
   if (!r) return ncclSuccess;
-  if (mhandles[0] == MH_CUDA) stats.recv_cuda++; else stats.recv_host++;
+  for (i = 0; i < n; i++) {
+    if (mhandles[i] == MH_CUDA) stats.recv_cuda++; else stats.recv_host++;
+  }
+  if (n > 1) stats.recv_multi++;
+  if ((unsigned long)n > stats.recv_max_n) stats.recv_max_n = n;
   r->data = data[0];
-  r->cap = size;
+  r->cap = sizes[0];
+#if MAX_RECVS > 1
+  r->seq = c->posted;
+  r->n = n;
+  for (i = 0; i < n; i++) {
+    struct frame f = {tags[i], 0, sizes[i]};
+    r->bufs[i] = data[i];
+    r->caps[i] = sizes[i];
+    r->tags[i] = tags[i];
+    if (c->cts_out_len + sizeof f > sizeof c->cts_out) return ncclInternalError;
+    memcpy(c->cts_out + c->cts_out_len, &f, sizeof f);
+    c->cts_out_len += sizeof f;
+  }
+#else
+  (void)tags;
+#endif
   *request = r;
-  return progress(c);
+  return progress_any(c);
 }
 
 static ncclResult_t pl_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
@@ -331,10 +530,16 @@ static ncclResult_t pl_test(void* request, int* done, int* sizes) {
     free(r);
     return ncclSuccess;
   }
-  rc = progress(r->comm);
+  rc = progress_any(r->comm);
   if (rc != ncclSuccess) return rc;
   *done = r->complete;
   if (r->complete) {
+#if MAX_RECVS > 1
+    if (sizes && !r->is_send) {
+      int i;
+      for (i = 0; i < r->n; i++) sizes[i] = (int)r->lens[i];
+    } else
+#endif
     if (sizes) sizes[0] = (int)(r->is_send ? r->cap : r->hdr);
     r->used = 0;
   }
@@ -426,15 +631,19 @@ static ncclResult_t pl_connect(int dev, void* h, void** s, ncclNetDeviceHandle_t
   return do_connect(dev, h, s);
 }
 static ncclResult_t pl_isend(void* s, void* data, int size, int tag, void* mh, void** req) {
-  (void)tag;
   if (size < 0) return ncclInternalError;
-  return do_isend(s, data, (size_t)size, mh, req);
+  return do_isend(s, data, (size_t)size, tag, mh, req);
 }
 static ncclResult_t pl_irecv(void* r, int n, void** data, int* sizes, int* tags, void** mh,
                              void** req) {
-  (void)tags;
-  if (n < 1 || sizes[0] < 0) return ncclInternalError;
-  return do_irecv(r, n, data, (size_t)sizes[0], mh, req);
+  size_t sz[MAX_RECVS];
+  int i;
+  if (n < 1 || n > MAX_RECVS) return ncclInternalError;
+  for (i = 0; i < n; i++) {
+    if (sizes[i] < 0) return ncclInternalError;
+    sz[i] = (size_t)sizes[i];
+  }
+  return do_irecv(r, n, data, sz, tags, mh, req);
 }
 #define TABLE_TYPE ncclNet_v8_t
 #define TABLE_SYMBOL ncclNetPlugin_v8
@@ -446,14 +655,11 @@ static ncclResult_t pl_connect(int dev, void* h, void** s, ncclNetDeviceHandle_t
   return do_connect(dev, h, s);
 }
 static ncclResult_t pl_isend(void* s, void* data, size_t size, int tag, void* mh, void** req) {
-  (void)tag;
-  return do_isend(s, data, size, mh, req);
+  return do_isend(s, data, size, tag, mh, req);
 }
 static ncclResult_t pl_irecv(void* r, int n, void** data, size_t* sizes, int* tags, void** mh,
                              void** req) {
-  (void)tags;
-  if (n < 1) return ncclInternalError;
-  return do_irecv(r, n, data, sizes[0], mh, req);
+  return do_irecv(r, n, data, sizes, tags, mh, req);
 }
 #define TABLE_TYPE ncclNet_v9_t
 #define TABLE_SYMBOL ncclNetPlugin_v9
@@ -471,14 +677,13 @@ static ncclResult_t pl_connect(int dev, ncclNetCommConfig_t* cfg, void* h, void*
 }
 static ncclResult_t pl_isend(void* s, void* data, size_t size, int tag, void* mh, void* ph,
                              void** req) {
-  (void)tag; (void)ph;
-  return do_isend(s, data, size, mh, req);
+  (void)ph;
+  return do_isend(s, data, size, tag, mh, req);
 }
 static ncclResult_t pl_irecv(void* r, int n, void** data, size_t* sizes, int* tags, void** mh,
                              void** ph, void** req) {
-  (void)tags; (void)ph;
-  if (n < 1) return ncclInternalError;
-  return do_irecv(r, n, data, sizes[0], mh, req);
+  (void)ph;
+  return do_irecv(r, n, data, sizes, tags, mh, req);
 }
 #define TABLE_TYPE ncclNet_v10_t
 #define TABLE_SYMBOL ncclNetPlugin_v10
@@ -534,14 +739,13 @@ static ncclResult_t pl_connect(void* ctx, int dev, void* h, void** s, ncclNetDev
 }
 static ncclResult_t pl_isend(void* s, void* data, size_t size, int tag, void* mh, void* ph,
                              void** req) {
-  (void)tag; (void)ph;
-  return do_isend(s, data, size, mh, req);
+  (void)ph;
+  return do_isend(s, data, size, tag, mh, req);
 }
 static ncclResult_t pl_irecv(void* r, int n, void** data, size_t* sizes, int* tags, void** mh,
                              void** ph, void** req) {
-  (void)tags; (void)ph;
-  if (n < 1) return ncclInternalError;
-  return do_irecv(r, n, data, sizes[0], mh, req);
+  (void)ph;
+  return do_irecv(r, n, data, sizes, tags, mh, req);
 }
 #define TABLE_TYPE ncclNet_v11_t
 #define TABLE_SYMBOL ncclNetPlugin_v11
