@@ -282,11 +282,11 @@ fn captured_all_gather_goes_direct_without_registration() {
 
 /// Ranks as processes: a registered output reaches the predecessor as a record (an IPC handle
 /// of its allocation), which it maps before a launch; an offer not yet mapped is declined and
-/// the blocks take the FIFO, so the first rounds after registering may copy. Every round's
-/// bytes are checked; rounds where nobody registered never go direct, and with the buffers
-/// registered once, the last round goes direct on every channel.
+/// the data takes the FIFO, so the first rounds after registering may copy. Every round's
+/// result is checked; rounds where nobody registered never go direct, and with the output
+/// registered once, the last round of AllGather, AllReduce and Broadcast goes direct.
 #[test]
-fn registered_all_gather_across_processes() {
+fn registered_ring_collectives_across_processes() {
     if let Some((rank, nranks, id)) = common::procs::child() {
         nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
@@ -297,21 +297,28 @@ fn registered_all_gather_across_processes() {
             let got = coll_round(&comms, coll, Who::None, count, k == 1, 70 + k as u64);
             assert!(got[0].iter().all(|&s| s == 0), "rank {rank}: {got:?}");
         }
-        let ag = counts(Coll::AllGather)[1];
-        let mut last = Vec::new();
-        for k in 0..6u64 {
-            last = gather_registered_once(&comms[0], ag, k % 2 == 1, 80 + k);
+        // The same output registered once for every round: its record reaches the
+        // predecessor's process before that process's launches after the first rounds, and the
+        // last round of each collective goes direct on every channel that fills a step.
+        for coll in COLLS {
+            let count = counts(coll)[1];
+            let mut last = Vec::new();
+            for k in 0..6u64 {
+                last = registered_once(&comms[0], coll, count, k % 2 == 1, 80 + k);
+            }
+            let want = expected_direct(&comms[0], coll, |_| true, count, true);
+            assert_eq!(
+                last,
+                want,
+                "rank {rank}: registered {} did not go direct",
+                coll.name()
+            );
         }
-        let want = expected_direct(&comms[0], Coll::AllGather, |_| true, ag, true);
-        assert_eq!(
-            last, want,
-            "rank {rank}: registered blocks did not go direct"
-        );
         return;
     }
     for n in [2usize, 3] {
         common::procs::run(
-            "registered_all_gather_across_processes",
+            "registered_ring_collectives_across_processes",
             n,
             // Explicit: the children inherit this process's environment, which another test
             // may have just set otherwise.
@@ -324,46 +331,71 @@ fn registered_all_gather_across_processes() {
     }
 }
 
-/// An AllGather into an output registered once for the whole process (so the peers' records
-/// are in after the first rounds): checks the blocks and returns the direct steps per channel.
-fn gather_registered_once(c: &Comm, count: usize, in_place: bool, seed: u64) -> Vec<u64> {
+/// A collective (as [`coll_round`] runs it) into an output registered once for the whole process
+/// (so the peers' records are in after the first rounds): checks the result and returns the
+/// direct steps per channel.
+fn registered_once(c: &Comm, coll: Coll, count: usize, in_place: bool, seed: u64) -> Vec<u64> {
+    use common::register::{coll_data, elem_bytes, root_of};
     use std::sync::OnceLock;
+    /// Room for every round's input and output (3 ranks at most).
+    const ROOM: usize = 1 << 20;
     static BUFS: OnceLock<(nccl::DevBuffer, nccl::DevBuffer)> = OnceLock::new();
     let (n, r) = (c.count(), c.rank());
     let (inp, out) = BUFS.get_or_init(|| {
-        let inp = c.device().alloc(count).unwrap();
-        let out = c.device().alloc(n * count).unwrap();
+        let inp = c.device().alloc(ROOM).unwrap();
+        let out = c.device().alloc(ROOM).unwrap();
         // SAFETY: the buffer lives (in the static) as long as the process.
-        unsafe { c.register_raw(out.ptr(), n * count).unwrap() };
+        unsafe { c.register_raw(out.ptr(), ROOM).unwrap() };
         (inp, out)
     });
-    let mine = common::register::ag_block(r, count, seed);
-    out.write(0, &vec![0xA5; n * count]).unwrap();
+    let bytes = count * elem_bytes(coll);
+    let (mine, want) = coll_data(coll, n, r, count, seed);
+    assert!(want.len() <= ROOM);
+    out.write(0, &vec![0xA5; want.len()]).unwrap();
+    let at = if coll == Coll::AllGather {
+        r * bytes
+    } else {
+        0
+    };
     let send = if in_place {
-        out.write(r * count, &mine).unwrap();
-        out.ptr() + (r * count) as u64
+        if coll != Coll::Broadcast || r == root_of(n) {
+            out.write(at, &mine).unwrap();
+        }
+        out.ptr() + at as u64
     } else {
         inp.write(0, &mine).unwrap();
         inp.ptr()
     };
     let stream = c.device().stream_create().unwrap();
     let before = c.ring_direct_steps().unwrap();
+    let recv = out.ptr();
     // SAFETY: both buffers hold what the call needs and live in the static.
     unsafe {
-        c.all_gather_raw(send, out.ptr(), count, nccl::DataType::Uint8, stream)
-            .unwrap();
+        match coll {
+            Coll::AllGather => c.all_gather_raw(send, recv, count, nccl::DataType::Uint8, stream),
+            Coll::Broadcast => {
+                c.broadcast_raw(send, recv, count, nccl::DataType::Uint8, root_of(n), stream)
+            }
+            _ => c.all_reduce_raw(
+                send,
+                recv,
+                count,
+                nccl::DataType::Int32,
+                nccl::ReduceOp::Sum,
+                stream,
+            ),
+        }
+        .unwrap();
     }
     c.device().stream_sync(stream).unwrap();
     c.device().stream_destroy(stream).unwrap();
-    let mut got = vec![0u8; n * count];
+    let mut got = vec![0u8; want.len()];
     out.read(0, &mut got).unwrap();
-    for b in 0..n {
-        let want = common::register::ag_block(b, count, seed);
-        assert!(
-            got[b * count..(b + 1) * count] == want[..],
-            "rank {r}: rank {b}'s block is wrong (in place {in_place})"
-        );
-    }
+    assert!(
+        got == want,
+        "rank {r}: wrong {} result (in place {in_place})",
+        coll.name()
+    );
     let now = c.ring_direct_steps().unwrap();
     now.iter().zip(before).map(|(a, b)| a - b).collect()
 }

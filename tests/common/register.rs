@@ -200,12 +200,12 @@ pub fn elem_bytes(coll: Coll) -> usize {
     }
 }
 
-fn root_of(n: usize) -> usize {
+pub fn root_of(n: usize) -> usize {
     1 % n
 }
 
 /// What rank `r` passes as input and what every rank must end with, in bytes.
-fn coll_data(coll: Coll, n: usize, r: usize, count: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+pub fn coll_data(coll: Coll, n: usize, r: usize, count: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
     let bytes = count * elem_bytes(coll);
     let mine = ag_block(r, bytes, seed);
     let want = match coll {
