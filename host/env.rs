@@ -293,12 +293,12 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_LOCAL_REGISTER",
         default: "1",
-        doc: "0: registered buffers (ncclCommRegister) are recorded but every send/recv still copies through the FIFOs",
+        doc: "0: registered buffers (ncclCommRegister) are recorded but send/recv and the ring collectives (AllGather, Broadcast, AllReduce's all-gather) still copy through the FIFOs",
     },
     Param {
         name: "NCCL_GRAPH_REGISTER",
         default: "1",
-        doc: "0: send/recv captured in a CUDA graph copy through the FIFOs; 1: their buffers count as registered (zero-copy with peers of this process)",
+        doc: "0: send/recv and ring collectives captured in a CUDA graph copy through the FIFOs; 1: their buffers count as registered (zero-copy with peers of this process)",
     },
     Param {
         name: "NCCL_P2P_LEVEL",

@@ -408,6 +408,58 @@ fn first_use_inside_blocking_captures_on_1_2_and_4_gpus() {
     }
 }
 
+/// Registered ring collectives on 2 (and 4) GPUs in one process: AllGather, Broadcast and
+/// AllReduce between registered output buffers write what each rank passes on straight into its
+/// successor's output (per-channel counts of those steps), where both ends of a connection
+/// registered and the tuner runs a Simple ring, with the results of the FIFO path (random data,
+/// poisoned outputs, bytes around them untouched); mixed registration falls back to the FIFO.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn registered_ring_collectives_on_2_and_4_gpus() {
+    use common::register::{coll_round, expected_direct, Who};
+    use nccl_device::abi::Coll;
+    for n in counts(&[2, 4]) {
+        let ranks = gpus(n);
+        let comms = &ranks.comms;
+        let mut seed = 0;
+        // Large enough for Simple rings whose 32 channels' slices fill a step (1 MiB; 512 KiB
+        // for Broadcast), one odd.
+        for (coll, count) in [
+            (Coll::AllGather, 33 << 20),
+            (Coll::AllGather, (40 << 20) + 1),
+            (Coll::AllReduce, 12 << 20),
+            (Coll::Broadcast, (64 << 20) + 3),
+        ] {
+            let all: u64 = comms
+                .iter()
+                .flat_map(|c| expected_direct(c, coll, |_| true, count, true))
+                .sum();
+            assert!(
+                all > 0,
+                "{} of {count} on {n} GPUs takes no direct step",
+                coll.name()
+            );
+            for who in [Who::All, Who::Even, Who::None] {
+                for in_place in [false, true] {
+                    seed += 1;
+                    let got = coll_round(comms, coll, who, count, in_place, seed);
+                    for (c, g) in comms.iter().zip(&got) {
+                        let want = expected_direct(c, coll, |r| who.registers(r), count, true);
+                        assert_eq!(
+                            g,
+                            &want,
+                            "{} on {n} GPUs, {who:?}, count {count}, in place {in_place}: \
+                             rank {}'s direct steps per channel",
+                            coll.name(),
+                            c.rank()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Registered send/recv on 2 (and 4) GPUs in one process: a ring of messages over one FIFO per
 /// connection goes direct (the sender writes into the receiver's buffer) exactly where both ends
 /// registered, with the bytes of the FIFO path (random data, poisoned receive buffers, bytes

@@ -172,12 +172,23 @@ pub struct ChannelDev {
     pub ring_index: u32,
     pub ring_prev: u32,
     pub ring_next: u32,
-    pub _pad: u32,
+    /// 1 when the receive connection (from `ring_prev`) is a p2p one, which takes the
+    /// zero-copy handshake of ring collectives on registered buffers when a launch asks
+    /// ([`FLAG_RING_DIRECT`]); 0 for SHM, NET and none. Equal to the predecessor's
+    /// `send_reach != 0` for the same connection: both come from the pair's agreed transport.
+    pub recv_direct: u32,
     /// The ring as ranks: `nranks` u32 in device memory, `ring_ranks[pos]` is the rank at ring
     /// position `pos`.
     pub ring_ranks: u64,
     pub send: ConnSend,
     pub recv: ConnRecv,
+    /// How the send connection (to `ring_next`) reaches a buffer the successor offers
+    /// ([`P2pItem::direct`]'s values for a send): [`DIRECT_OFF`] where it never takes the
+    /// handshake (SHM, NET), [`DIRECT_SAME_SPACE`], [`DIRECT_DECLINE`], or a `*const RegTable`.
+    pub send_reach: u64,
+    /// Ring steps whose data the predecessor wrote straight into our output buffer
+    /// (zero-copy) instead of the FIFO; kept across launches (a statistic the tests read).
+    pub direct_steps: u64,
 }
 
 /// What a kernel needs of its communicator; lives in device memory, one per rank.
@@ -264,6 +275,15 @@ pub struct TreeDev {
 /// [`CollArgs::flags`], [`P2pArgs::flags`]: a Simple step's last warp publishes it while the
 /// others move the next step (NCCL_RS_SIMPLE_PUBLISHER).
 pub const FLAG_SIMPLE_PUBLISHER: u32 = 1;
+/// [`CollArgs::flags`]: the ring's p2p connections ([`ChannelDev::recv_direct`],
+/// [`ChannelDev::send_reach`]) start this collective with the zero-copy handshake, on channels
+/// whose slice of a block fills a step at least. Set alike on every rank, from facts every rank
+/// knows (collective, protocol, algorithm), never from registration.
+pub const FLAG_RING_DIRECT: u32 = 2;
+/// [`CollArgs::flags`]: this rank's output buffer is registered (or captured with graph
+/// registration): it offers it to its predecessor and takes its successor's offer. A rank
+/// without it answers the handshake at once, without waiting, and both sides copy.
+pub const FLAG_RING_REGISTERED: u32 = 4;
 
 /// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
 #[repr(u32)]
@@ -359,6 +379,13 @@ pub const DIRECT_WORD: usize = 16;
 /// alone reads the offer and the [`RegTable`] (host memory, a trip over PCIe per read).
 pub const DIRECT_DST: usize = 24;
 
+/// The ring collectives' handshake ([`FLAG_RING_DIRECT`]) uses the same words, with messages of
+/// one word where it can, so that a rank that did not register sends two plain stores and
+/// waits for nothing: a declined offer is the tag word alone, `tag | RING_DECLINED`; an offer of
+/// a buffer is its address at [`DIRECT_WORD`], then (release) the tag; an answer is the tag word
+/// alone, `tag << 1 | direct`.
+pub const RING_DECLINED: u64 = 1 << 63;
+
 /// One registered buffer of a peer process as this process maps it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -425,7 +452,7 @@ const _: () = {
     assert!(DIRECT_DST + 8 <= CTRL_LINE);
     assert!(core::mem::size_of::<ConnSend>() == 64);
     assert!(core::mem::size_of::<ConnRecv>() == 64);
-    assert!(core::mem::size_of::<ChannelDev>() == 152);
+    assert!(core::mem::size_of::<ChannelDev>() == 168);
     assert!(core::mem::size_of::<DevComm>() == 48);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
     assert!(core::mem::size_of::<CollArgs>() == 104);

@@ -284,6 +284,9 @@ pub struct Comm {
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
     pub(crate) registered: register::Registrations,
+    /// Ring successors in other processes whose registration tables ring sends read
+    /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
+    pub(crate) ring_tables: Vec<usize>,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
     /// The network side of a communicator spanning several nodes (None on one node).
@@ -649,8 +652,32 @@ impl Comm {
             .collect();
         let dev_comm = device.alloc(ring_at + ring_words.len() * 4)?;
         let mut channels = vec![ChannelDev::default(); nch];
+        // Zero-copy ring collectives: ring connections to peers of this node through p2p take
+        // the handshake (both ends judge a pair alike from the agreed transport), and a send
+        // reaches its successor's registered buffers as send/recv does (`Links::direct_reach`).
+        let p2p_peer =
+            |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
+        let mut ring_tables: Vec<usize> = Vec::new();
         for (c, ch) in channels.iter_mut().enumerate() {
             let (prev, next) = ring_peers[c];
+            ch.recv_direct = p2p_peer(prev) as u32;
+            ch.send_reach = match p2p_peer(next) {
+                false => nccl_device::abi::DIRECT_OFF,
+                true => match links.direct_reach(next) {
+                    Ok(Some(reach)) => {
+                        if !addrs[next].same_process && !ring_tables.contains(&next) {
+                            ring_tables.push(next);
+                        }
+                        reach
+                    }
+                    // Still the handshake (the successor expects it), never direct.
+                    Ok(None) => nccl_device::abi::DIRECT_DECLINE,
+                    Err(e) => {
+                        log::warn!("rank {rank}: rank {next}'s registered buffers: {e}");
+                        nccl_device::abi::DIRECT_DECLINE
+                    }
+                },
+            };
             ch.ring_index = rings.position(c, rank) as u32;
             ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
             ch.ring_prev = prev as u32;
@@ -769,6 +796,7 @@ impl Comm {
             finalized: AtomicBool::new(false),
             async_error,
             net: net_path,
+            ring_tables,
             registered: register::Registrations::new(
                 crate::env::int("NCCL_LOCAL_REGISTER") != 0,
                 crate::env::int("NCCL_GRAPH_REGISTER") != 0,
@@ -936,6 +964,22 @@ impl Comm {
         fn p2p_steps(&self, peer: usize, send: bool) -> Result<Option<Vec<u64>>> {
             let dir = if send { Dir::Send } else { Dir::Recv };
             self.links.steps(peer, dir)
+        }
+    }
+    crate::internal! {
+        /// Per channel, the ring steps whose data the predecessor wrote straight into this
+        /// rank's output buffer (zero-copy ring collectives), counted by the kernels since init.
+        fn ring_direct_steps(&self) -> Result<Vec<u64>> {
+            let nch = self.shape.nchannels as usize;
+            let size = std::mem::size_of::<ChannelDev>();
+            let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+            let mut raw = vec![0u8; nch * size];
+            self.dev_comm.read(head, &mut raw)?;
+            let at = std::mem::offset_of!(ChannelDev, direct_steps);
+            Ok(raw
+                .chunks_exact(size)
+                .map(|ch| u64::from_le_bytes(ch[at..at + 8].try_into().unwrap_or_default()))
+                .collect())
         }
     }
     crate::internal! {

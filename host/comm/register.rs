@@ -1,8 +1,10 @@
 //! User buffer registration (`ncclCommRegister` / `ncclCommDeregister`). Registering tells the
 //! communicator a buffer will be used in its operations: a send/recv between registered
 //! buffers of ranks that map each other's memory skips the FIFO (the sender writes into the
-//! receiver's buffer; see the send/recv enqueue and the device's `prims::direct`). Unregistered
-//! buffers, and registered ones whose peer did not register, take the FIFO as before.
+//! receiver's buffer; see the send/recv enqueue and the device's `prims::direct`), and so does
+//! each p2p ring connection of an AllGather between registered output buffers (the sender
+//! writes each block into its successor's output). Unregistered buffers, and registered ones
+//! whose peer did not register, take the FIFO as before.
 //! `NCCL_LOCAL_REGISTER=0` keeps the records but turns the zero-copy path off.
 
 use crate::cuda::{DevPtr, Device};
@@ -49,6 +51,18 @@ impl Registrations {
     /// as it is); peers in other processes have no record of it and decline its offers.
     pub fn p2p_zero_copy(&self, buff: DevPtr, bytes: usize, captured: bool) -> bool {
         self.zero_copy(buff, bytes) || (self.graph && captured && bytes > 0)
+    }
+
+    /// Whether a ring collective's output buffer (`bytes` at `buff`) may take the zero-copy
+    /// path: registered, or (graph registration) the call is captured, which `captured` tells
+    /// (asked only then).
+    pub fn coll_zero_copy(
+        &self,
+        buff: DevPtr,
+        bytes: usize,
+        captured: impl FnOnce() -> Result<bool>,
+    ) -> Result<bool> {
+        Ok(self.zero_copy(buff, bytes) || (self.graph && bytes > 0 && captured()?))
     }
 
     /// NCCL_LOCAL_REGISTER: registered buffers may take the zero-copy path.

@@ -76,6 +76,7 @@ fn fields_are_thread_safe(c: &Comm) {
         finalized,
         async_error,
         registered,
+        ring_tables,
         kernel_abort,
         net,
         split_turns,
@@ -106,6 +107,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(finalized);
     both(async_error);
     both(registered);
+    both(ring_tables);
     both(kernel_abort);
     both(net);
     both(split_turns);

@@ -18,8 +18,8 @@ use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL,
-    PROTO_LL128, PROTO_SIMPLE,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_REGISTERED,
+    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -337,6 +337,20 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         args.proto = PROTO_SIMPLE;
         // One CTA per NVLS channel region.
         grid = grid.min(nvls.nchannels as u32).max(1);
+    }
+    let ring_direct = matches!(c.coll, Coll::AllGather | Coll::AllReduce | Coll::Broadcast);
+    if args.algo == ALGO_RING && proto == PROTO_SIMPLE && ring_direct {
+        // Every rank sets the handshake alike (collective, algorithm, protocol); only this
+        // rank's registration of its output decides whether it offers and takes offers.
+        args.flags |= FLAG_RING_DIRECT;
+        let captured = || comm.device.stream_capturing(c.stream);
+        if comm.registered.coll_zero_copy(c.recv, recv_bytes, captured)? {
+            args.flags |= FLAG_RING_REGISTERED;
+            // The successors' registration tables, up to date (their records drained).
+            for &peer in &comm.ring_tables {
+                comm.links.direct_reach(peer)?;
+            }
+        }
     }
     let kernel = comm.kernel("coll", dt, op.kind())?;
     let mut block = shape.nthreads;

@@ -4,6 +4,7 @@
 
 use super::{lend, Rng};
 use nccl::{Comm, DataType};
+use nccl_device::abi::Coll;
 
 /// Which ranks register their buffers in a round.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -178,4 +179,240 @@ pub fn check_steps(comms: &[Comm], who: Who, base: usize, steps: &[u64]) {
             (r + 1) % n
         );
     }
+}
+
+/// Bytes around each collective's output that must stay as poisoned.
+const LEAD: usize = 256;
+
+/// The block rank `r` contributes to round `seed` (`bytes` random bytes, alike in every process).
+pub fn ag_block(r: usize, bytes: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed.wrapping_mul(7919) + r as u64);
+    (0..bytes).map(|_| rng.next() as u8).collect()
+}
+
+/// The ring collectives that take the zero-copy path, as the rounds below run them: AllGather
+/// of `count` bytes per rank, AllReduce (sum) of `count` int32, Broadcast of `count` bytes from
+/// rank 1 (rank 0 with one rank).
+pub fn elem_bytes(coll: Coll) -> usize {
+    match coll {
+        Coll::AllReduce => 4,
+        _ => 1,
+    }
+}
+
+pub fn root_of(n: usize) -> usize {
+    1 % n
+}
+
+/// What rank `r` passes as input and what every rank must end with, in bytes.
+pub fn coll_data(coll: Coll, n: usize, r: usize, count: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let bytes = count * elem_bytes(coll);
+    let mine = ag_block(r, bytes, seed);
+    let want = match coll {
+        Coll::AllGather => (0..n).flat_map(|b| ag_block(b, bytes, seed)).collect(),
+        Coll::Broadcast => ag_block(root_of(n), bytes, seed),
+        _ => {
+            let mut sum = vec![0i32; count];
+            for b in 0..n {
+                for (s, w) in sum.iter_mut().zip(ag_block(b, bytes, seed).chunks(4)) {
+                    *s = s.wrapping_add(i32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+                }
+            }
+            sum.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+    };
+    (mine, want)
+}
+
+/// One collective (`coll`: AllGather, AllReduce or Broadcast, see [`elem_bytes`]) over the
+/// communicators of this process (every rank of the job, or some: the others run the same
+/// round in their processes), in one group: random inputs, in place or not, into an output
+/// poisoned around and inside, which ranks that `who` names registered whole (256 bytes either
+/// side included). Checks the result and the bytes around the output, and returns, per
+/// communicator, how many ring steps of each channel went direct (the predecessor wrote into
+/// its output) during the round.
+pub fn coll_round(
+    comms: &[Comm],
+    coll: Coll,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    let n = comms[0].count();
+    let in_bytes = count * elem_bytes(coll);
+    let out_bytes = match coll {
+        Coll::AllGather => n * in_bytes,
+        _ => in_bytes,
+    };
+    let total = LEAD + out_bytes + LEAD;
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let mut outs = Vec::new();
+    let mut ins = Vec::new();
+    let mut regs = Vec::new();
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let (mine, _) = coll_data(coll, n, r, count, seed);
+        // Where our input lies in the output when in place.
+        let at = match coll {
+            Coll::AllGather => r * in_bytes,
+            _ => 0,
+        };
+        let inp = if in_place {
+            if coll != Coll::Broadcast || r == root_of(n) {
+                out.write(LEAD + at, &mine).unwrap();
+            }
+            None
+        } else {
+            let b = c.device().alloc(in_bytes).unwrap();
+            b.write(0, &mine).unwrap();
+            Some(b)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffer outlives its registration (deregistered below).
+            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
+        }
+        outs.push((out, at));
+        ins.push(inp);
+    }
+    let before: Vec<Vec<u64>> = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (i, c) in lent.iter().enumerate() {
+        let recv = outs[i].0.ptr() + LEAD as u64;
+        let send = match &ins[i] {
+            Some(b) => b.ptr(),
+            None => recv + outs[i].1 as u64,
+        };
+        // SAFETY: the buffers hold these counts and live until the sync below.
+        unsafe {
+            match coll {
+                Coll::AllGather => c.all_gather_raw(send, recv, count, DataType::Uint8, streams[i]),
+                Coll::Broadcast => {
+                    c.broadcast_raw(send, recv, count, DataType::Uint8, root_of(n), streams[i])
+                }
+                _ => c.all_reduce_raw(
+                    send,
+                    recv,
+                    count,
+                    DataType::Int32,
+                    nccl::ReduceOp::Sum,
+                    streams[i],
+                ),
+            }
+            .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
+        let mut got = vec![0u8; total];
+        outs[i].0.read(0, &mut got).unwrap();
+        let what = format!(
+            "{} on {n} ranks, {who:?}, count {count}, in place {in_place}: rank {r}",
+            coll.name()
+        );
+        assert!(
+            got[..LEAD]
+                .iter()
+                .chain(&got[LEAD + out_bytes..])
+                .all(|&b| b == 0xA5),
+            "{what} has bytes written outside its output"
+        );
+        let (_, want) = coll_data(coll, n, r, count, seed);
+        if let Some(k) = (0..out_bytes).find(|&k| got[LEAD + k] != want[k]) {
+            panic!("{what}: output byte {k} is wrong");
+        }
+    }
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .zip(before)
+        .map(|(c, b)| {
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(b).map(|(a, b)| a - b).collect()
+        })
+        .collect()
+}
+
+/// Direct steps per channel that [`coll_round`] of `coll` with `count` takes at `c` when the
+/// ranks `registered` names registered their outputs and zero-copy is `on`: on a channel whose
+/// slice fills a Simple step at least, the steps whose data comes from the ring predecessor
+/// finished (all of AllGather's, AllReduce's all-gather half, every step but the root's of
+/// Broadcast) when this rank and its predecessor there both registered; else none. None either
+/// where the tuner does not run the call as a Simple ring.
+pub fn expected_direct(
+    c: &Comm,
+    coll: Coll,
+    registered: impl Fn(usize) -> bool,
+    count: usize,
+    on: bool,
+) -> Vec<u64> {
+    let (n, r) = (c.count(), c.rank());
+    let esize = elem_bytes(coll);
+    let nbytes = match coll {
+        Coll::AllGather => n * count,
+        _ => count * esize,
+    };
+    let tcoll = match coll {
+        Coll::AllGather => nccl::Coll::AllGather,
+        Coll::Broadcast => nccl::Coll::Broadcast,
+        _ => nccl::Coll::AllReduce,
+    };
+    let choice = c.tuning(tcoll, nbytes).unwrap();
+    let shape = c.shape();
+    if (choice.algo, choice.proto) != (nccl::Algo::Ring, nccl::Proto::Simple) {
+        // Only Simple rings take the path.
+        return vec![0; shape.nchannels as usize];
+    }
+    let nch = (choice.nchannels as u32).clamp(1, shape.nchannels) as usize;
+    // Elements per step.
+    let chunk = (shape.slot_bytes * shape.slice_steps_for(coll)) as usize / esize;
+    let rings = c.channel_rings().unwrap();
+    (0..shape.nchannels as usize)
+        .map(|ch| {
+            let ring = &rings[ch];
+            let pos = ring.iter().position(|&x| x == r).unwrap();
+            let prev = ring[(pos + n - 1) % n];
+            let (s, e) = match coll {
+                Coll::AllReduce => nccl_device::coll::channel_range::<i32>(count, ch, nch),
+                _ => nccl_device::coll::channel_range::<u8>(count, ch, nch),
+            };
+            let root = coll == Coll::Broadcast && r == root_of(n);
+            let direct =
+                ch < nch && e - s >= chunk && on && registered(r) && registered(prev) && !root;
+            if !direct {
+                return 0;
+            }
+            match coll {
+                Coll::AllGather => (n as u64 - 1) * (e - s).div_ceil(chunk) as u64,
+                Coll::Broadcast => (e - s).div_ceil(chunk) as u64,
+                _ => {
+                    // A piece per loop of the ring kernel, n - 1 direct steps each.
+                    let (mut off, mut pieces) = (s, 0);
+                    while off < e {
+                        let k =
+                            nccl_device::coll::all_reduce::piece_chunk::<i32>(e - off, n, chunk);
+                        off += (e - off).min(k * n);
+                        pieces += 1;
+                    }
+                    (n as u64 - 1) * pieces
+                }
+            }
+        })
+        .collect()
 }

@@ -1,5 +1,7 @@
 //! AllGather. Ring: each rank's block travels nranks-1 hops; every rank stores each block that
-//! passes at its owner's place in the output. `count` is the per-rank element count.
+//! passes at its owner's place in the output. `count` is the per-rank element count. Between
+//! ranks whose output buffers are registered, a rank writes each block it passes on straight
+//! into its successor's output, which passes it on from there (no FIFO on either end).
 
 use super::Kernel;
 use crate::ops::RedOp;
@@ -23,6 +25,19 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut prims = k.prims();
     let chunk = k.max_chunk();
     let none = Move::<T>::none();
+    // Registered output buffers: the predecessor may write our blocks in place, and we may
+    // write into the successor's (see `Kernel::ring_direct`).
+    let bytes = nranks * count * core::mem::size_of::<T>();
+    let direct = k.ring_direct(&mut prims, bytes, true, true);
+    let send_to = direct.send_to as *mut T;
+    let at = |block: usize, off: usize| {
+        if send_to.is_null() {
+            core::ptr::null_mut()
+        } else {
+            send_to.add(block * count + off)
+        }
+    };
+    let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {
         let n = core::cmp::min(chunk, k.end - off);
@@ -31,7 +46,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         } else {
             own.add(off)
         };
-        prims.step(
+        prims.step_to(
             &op,
             false,
             true,
@@ -41,21 +56,37 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
                 ..none
             },
             n,
+            false,
+            at(me, off),
         );
         for j in 1..nranks {
             let from = k.rank_upstream(j);
-            prims.step(
-                &op,
-                true,
-                j < nranks - 1,
+            let place = output.add(from * count + off);
+            let send = j < nranks - 1;
+            // A direct receive finds the block in place: it is passed on from there.
+            let mv = if direct.recv {
                 Move {
-                    output: output.add(from * count + off),
+                    recv: place,
                     ..none
-                },
-                n,
-            );
+                }
+            } else {
+                Move {
+                    output: place,
+                    ..none
+                }
+            };
+            let to = if send {
+                at(from, off)
+            } else {
+                core::ptr::null_mut()
+            };
+            prims.step_to(&op, true, send, mv, n, direct.recv, to);
+        }
+        if direct.recv {
+            direct_steps += nranks as u64 - 1;
         }
         off += n;
     }
+    k.count_direct(direct_steps);
     prims.finish();
 }

@@ -33,6 +33,36 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut prims = k.prims();
     let max_chunk = k.max_chunk();
     let none = Move::<T>::none();
+    // Registered output buffers: the all-gather half writes each finished chunk straight into
+    // the successor's output, which passes it on from there (see `Kernel::ring_direct`). The
+    // reduce-scatter half always goes through the FIFO (its partial sums belong to no buffer).
+    // In place, the writes land where the successor's input was: every rank has added its
+    // input of a chunk before that chunk is finished.
+    let bytes = k.args.count as usize * core::mem::size_of::<T>();
+    let direct = k.ring_direct(&mut prims, bytes, true, true);
+    let send_to = direct.send_to as *mut T;
+    let dst = |s: usize| {
+        if send_to.is_null() {
+            core::ptr::null_mut()
+        } else {
+            send_to.add(s)
+        }
+    };
+    // A finished chunk that arrived: in our output already (direct), or in the FIFO.
+    let arrived = |s: usize| {
+        if direct.recv {
+            Move {
+                recv: output.add(s),
+                ..none
+            }
+        } else {
+            Move {
+                output: output.add(s),
+                ..none
+            }
+        }
+    };
+    let mut direct_steps = 0;
     let (mut off, end) = (k.start, k.end);
     while off < end {
         let chunk = piece_chunk::<T>(end - off, nranks, max_chunk);
@@ -71,7 +101,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         // Our chunk is now complete: store it and start it around the ring.
         let (s, n) = span(ring_ix);
-        prims.step(
+        prims.step_to(
             &op,
             true,
             true,
@@ -82,34 +112,30 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
                 ..none
             },
             n,
+            false,
+            dst(s),
         );
         // All-gather: forward each finished chunk.
         for j in 1..nranks - 1 {
             let (s, n) = span(at(j));
-            prims.step(
-                &op,
-                true,
-                true,
-                Move {
-                    output: output.add(s),
-                    ..none
-                },
-                n,
-            );
+            prims.step_to(&op, true, true, arrived(s), n, direct.recv, dst(s));
         }
         let (s, n) = span((ring_ix + 1) % nranks);
-        prims.step(
+        prims.step_to(
             &op,
             true,
             false,
-            Move {
-                output: output.add(s),
-                ..none
-            },
+            arrived(s),
             n,
+            direct.recv,
+            core::ptr::null_mut(),
         );
+        if direct.recv {
+            direct_steps += nranks as u64 - 1;
+        }
         off += piece;
     }
+    k.count_direct(direct_steps);
     prims.finish();
 }
 

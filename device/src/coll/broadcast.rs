@@ -1,5 +1,6 @@
 //! Broadcast. Ring: a chain that starts at the root; each chunk is one step, received, stored
-//! and forwarded by every rank but the last.
+//! and forwarded by every rank but the last. Between ranks whose output buffers are registered,
+//! each rank writes the chunks into its successor's output (no FIFO on either end).
 
 use super::Kernel;
 use crate::ops::RedOp;
@@ -21,6 +22,20 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut prims = k.prims();
     let chunk = k.max_chunk();
     let none = Move::<T>::none();
+    // Registered output buffers: each rank writes the chunks straight into its successor's
+    // output, which passes them on from there (see `Kernel::ring_direct`). The chain's
+    // connection from its last rank back to the root carries nothing and takes no handshake.
+    let bytes = k.args.count as usize * core::mem::size_of::<T>();
+    let direct = k.ring_direct(&mut prims, bytes, d != 0, d < nranks - 1);
+    let send_to = direct.send_to as *mut T;
+    let dst = |s: usize| {
+        if send_to.is_null() {
+            core::ptr::null_mut()
+        } else {
+            send_to.add(s)
+        }
+    };
+    let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {
         let n = core::cmp::min(chunk, k.end - off);
@@ -30,7 +45,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             } else {
                 output.add(off)
             };
-            prims.step(
+            prims.step_to(
                 &op,
                 false,
                 true,
@@ -40,20 +55,33 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
                     ..none
                 },
                 n,
+                false,
+                dst(off),
             );
         } else {
-            prims.step(
-                &op,
-                true,
-                d < nranks - 1,
+            let send = d < nranks - 1;
+            // A direct receive finds the chunk in place: it is passed on from there.
+            let mv = if direct.recv {
+                direct_steps += 1;
+                Move {
+                    recv: output.add(off),
+                    ..none
+                }
+            } else {
                 Move {
                     output: output.add(off),
                     ..none
-                },
-                n,
-            );
+                }
+            };
+            let to = if send {
+                dst(off)
+            } else {
+                core::ptr::null_mut()
+            };
+            prims.step_to(&op, true, send, mv, n, direct.recv, to);
         }
         off += n;
     }
+    k.count_direct(direct_steps);
     prims.finish();
 }

@@ -11,13 +11,13 @@ pub mod reduce_scatter;
 pub mod send_recv;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, ALGO_NVLS, ALGO_TREE, LL128_STEP_BYTES, LL_STEP_BYTES,
-    PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, Coll, CollArgs, DevComm, ALGO_NVLS, ALGO_TREE, DIRECT_OFF, FLAG_RING_DIRECT,
+    FLAG_RING_REGISTERED, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
-use crate::prims::Simple;
+use crate::prims::{RingDirect, Simple};
 use crate::types::Elem;
 
 /// Runs the collective `args.coll` as CTA `block_idx` (one channel).
@@ -141,6 +141,49 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
         };
         let slot = bytes as usize / core::mem::size_of::<T>();
         core::cmp::min(self.args.chunk_elems as usize, slot)
+    }
+
+    /// The zero-copy handshake on this channel's ring connections
+    /// ([`Simple::ring_handshake`]), when the launch asks for it ([`FLAG_RING_DIRECT`], Simple
+    /// steps) and this channel's slice of a block fills a step at least: every rank decides
+    /// that alike from the call, so both ends of each connection meet. `bytes`: the size of
+    /// the output buffer (`recvbuff`) a successor's offer must cover. `recv_used`/`send_used`:
+    /// whether the collective takes steps on the receive/send connection (both ends of a
+    /// connection know it): one that takes none keeps its counters, and a handshake there would
+    /// leave words the next operation's handshake, with the same tag, would take for its own.
+    #[inline(always)]
+    pub unsafe fn ring_direct(
+        &self,
+        prims: &mut Simple,
+        bytes: usize,
+        recv_used: bool,
+        send_used: bool,
+    ) -> RingDirect {
+        if P != PROTO_SIMPLE
+            || self.args.flags & FLAG_RING_DIRECT == 0
+            || self.end - self.start < self.max_chunk()
+        {
+            return RingDirect::FIFO;
+        }
+        let recv_on = recv_used && (*self.ch).recv_direct != 0;
+        let reach = if send_used {
+            (*self.ch).send_reach
+        } else {
+            DIRECT_OFF
+        };
+        if !recv_on && reach == DIRECT_OFF {
+            return RingDirect::FIFO;
+        }
+        let registered = self.args.flags & FLAG_RING_REGISTERED != 0;
+        prims.ring_handshake(recv_on, reach, registered, self.args.recvbuff, bytes as u64)
+    }
+
+    /// Counts `steps` ring steps received straight into our output ([`ChannelDev::direct_steps`]).
+    #[inline(always)]
+    pub unsafe fn count_direct(&self, steps: u64) {
+        if self.tid == 0 && steps > 0 {
+            (*self.ch).direct_steps += steps;
+        }
     }
 
     /// A single rank: the result is the input, reduced with itself alone.

@@ -15,7 +15,8 @@
 use super::copy::Move;
 use super::simple::Simple;
 use crate::abi::{
-    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD,
+    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF, DIRECT_SAME_SPACE, DIRECT_TAG,
+    DIRECT_WORD, RING_DECLINED,
 };
 use crate::arch;
 use crate::ops::Sum;
@@ -107,6 +108,112 @@ impl Simple {
             self.send_step = tag;
         }
         dst != 0
+    }
+}
+
+/// What the ring handshake ([`Simple::ring_handshake`]) agreed for one collective on a
+/// channel.
+#[derive(Clone, Copy)]
+pub struct RingDirect {
+    /// The predecessor writes the blocks it passes us straight into our output buffer.
+    pub recv: bool,
+    /// Where the successor's output buffer starts in our address space (0: what we send it
+    /// goes through its FIFO).
+    pub send_to: u64,
+}
+
+impl RingDirect {
+    /// Both connections copy through their FIFOs.
+    pub const FIFO: RingDirect = RingDirect {
+        recv: false,
+        send_to: 0,
+    };
+}
+
+impl Simple {
+    /// The zero-copy handshake of a ring collective, on both of this channel's ring
+    /// connections at once, before the collective's first step: as a receiver (when `recv_on`)
+    /// we offer our output buffer `offer` to the predecessor, as a sender (when `reach` is not
+    /// [`DIRECT_OFF`]) we take the successor's offer of a `bytes`-long buffer if we can reach
+    /// it, and answer. A connection goes direct only when both of its ends registered. A rank
+    /// that did not register (`registered` false) declines and answers "FIFO" with one plain
+    /// store each, from thread 0, and goes on at once (no fence, no barrier, no wait); a
+    /// registered one waits for its successor's offer and its predecessor's answer. Every offer
+    /// is posted before any wait, so the ring cannot wait on itself. The handshake takes no
+    /// step: the collective's steps then run with their counters as through the FIFO
+    /// ([`Simple::step_to`]). Words: see [`RING_DECLINED`].
+    ///
+    /// # Safety
+    /// Every thread of the group calls it alike, on a channel's ring connections wired by the
+    /// host; the peers run it for the same collective with the same `recv_on`/`reach != OFF` on
+    /// each shared connection, each of which then takes a step at least; a `reach` that is a
+    /// table points at a [`RegTable`].
+    #[inline(always)]
+    pub unsafe fn ring_handshake(
+        &mut self,
+        recv_on: bool,
+        reach: u64,
+        registered: bool,
+        offer: u64,
+        bytes: u64,
+    ) -> RingDirect {
+        let (rc, sc) = (self.recv, self.send);
+        let send_on = reach != DIRECT_OFF;
+        // The connection's step plus one, the same at both ends (a connection's counters are
+        // equal at both ends between operations).
+        let (rtag, stag) = (self.recv_step + 1, self.send_step + 1);
+        if !registered {
+            if self.tid == 0 {
+                if recv_on {
+                    arch::st_volatile(word((*rc).head, DIRECT_TAG), rtag | RING_DECLINED);
+                }
+                if send_on {
+                    arch::st_volatile(word((*sc).tail, DIRECT_TAG), stag << 1);
+                }
+            }
+            return RingDirect::FIFO;
+        }
+        if self.tid == 0 {
+            if recv_on {
+                let line = (*rc).head;
+                arch::st_volatile(word(line, DIRECT_WORD), offer);
+                arch::st_release_sys(word(line, DIRECT_TAG), rtag);
+            }
+            if send_on {
+                let line = (*sc).head;
+                let tag_of = |v: u64| v & !RING_DECLINED;
+                self.wait(|| tag_of(arch::ld_acquire_sys(word(line, DIRECT_TAG))) >= stag);
+                // Only an offer of this collective counts (an abort leaves an older tag).
+                let v = arch::ld_volatile(word(line, DIRECT_TAG));
+                let offered = tag_of(v) >= stag && v & RING_DECLINED == 0;
+                let mut dst = 0;
+                if offered && reach != DIRECT_DECLINE {
+                    let o = arch::ld_volatile(word(line, DIRECT_WORD));
+                    if o != 0 && o != DIRECT_DECLINE {
+                        dst = reach_offer(reach, o, bytes);
+                    }
+                }
+                arch::st_volatile(word(line, DIRECT_DST), dst);
+                arch::st_volatile(word((*sc).tail, DIRECT_TAG), stag << 1 | (dst != 0) as u64);
+            }
+            if recv_on {
+                let line = (*rc).tail;
+                self.wait(|| arch::ld_acquire_sys(word(line, DIRECT_TAG)) >> 1 >= rtag);
+            }
+        }
+        self.sync();
+        let send_to = if send_on {
+            arch::ld_volatile(word((*sc).head, DIRECT_DST))
+        } else {
+            0
+        };
+        // Every thread reads the answer after thread 0's acquire; one that gave up (abort)
+        // leaves an old tag, which reads as "FIFO".
+        let recv = recv_on && {
+            let v = arch::ld_volatile(word((*rc).tail, DIRECT_TAG));
+            v >> 1 >= rtag && v & 1 == 1
+        };
+        RingDirect { recv, send_to }
     }
 }
 

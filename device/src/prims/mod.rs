@@ -9,5 +9,6 @@ pub mod ll128;
 mod packet;
 pub mod simple;
 
+pub use direct::RingDirect;
 pub use fan::SimpleFan;
 pub use simple::Simple;

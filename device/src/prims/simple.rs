@@ -337,8 +337,29 @@ impl Simple {
         op: &O,
         recv: bool,
         send: bool,
+        mv: Move<T>,
+        n: usize,
+    ) {
+        self.step_to(op, recv, send, mv, n, false, core::ptr::null_mut())
+    }
+
+    /// [`Simple::step`] on connections that agreed on zero-copy for this operation (Simple
+    /// only; see [`Simple::ring_handshake`]). With `recv_direct`, the peer already wrote the
+    /// step's data into our buffer: no FIFO slot is read, and `mv.recv` names where the data
+    /// lies (null: nothing to pass on, so nothing moves). With a non-null `send_to`, the data
+    /// goes there (the successor's buffer) instead of a FIFO slot. The counters, waits and publishes are a FIFO step's, so
+    /// flow control and the step counts stay as they were at both ends.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn step_to<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        recv: bool,
+        send: bool,
         mut mv: Move<T>,
         n: usize,
+        recv_direct: bool,
+        send_to: *mut T,
     ) {
         match self.proto {
             PROTO_LL => return self.step_ll(op, recv, send, mv, n),
@@ -384,19 +405,36 @@ impl Simple {
             }
         }
         self.sync_workers(workers);
-        if recv {
+        if recv && !recv_direct {
             mv.recv = Simple::slot((*rc).fifo, self.recv_step, self.recv_slot_bytes) as *const T;
         }
         if send {
-            mv.send = Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T;
+            mv.send = if send_to.is_null() {
+                Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T
+            } else {
+                send_to
+            };
         }
+        // A direct receive with nothing to pass on or store has no data to move.
+        let moved = if mv.output.is_null() && mv.send.is_null() {
+            0
+        } else {
+            n
+        };
         // With a publisher, the barrier after the data hands it the step; without, thread 0
         // publishes.
         if self.inline {
-            mv.run_inline(op, n, self.tid, workers);
+            mv.run_inline(op, moved, self.tid, workers);
             self.sync();
         } else {
-            mv.run_then_meet(*op, n, self.tid, workers, self.bar, self.nthreads as u32);
+            mv.run_then_meet(
+                *op,
+                moved,
+                self.tid,
+                workers,
+                self.bar,
+                self.nthreads as u32,
+            );
         }
         if workers == self.nthreads && self.tid == 0 {
             self.publish(recv, send, n * core::mem::size_of::<T>());

@@ -1,0 +1,401 @@
+//! Ring collectives on registered buffers, on the simulator: in an AllGather, a Broadcast and
+//! the all-gather half of an AllReduce between ranks whose output buffers are registered, each
+//! rank writes what it passes on straight into its successor's output, which passes it on from
+//! there (no FIFO on either end). Each channel counts the steps its predecessor wrote in place,
+//! which tells the path taken; the results are checked whichever path it was, and a connection
+//! with an unregistered end copies.
+
+mod common;
+
+use common::register::{coll_round, expected_direct, Who};
+use nccl::{Backend, Comm};
+use nccl_device::abi::Coll;
+use std::sync::Mutex;
+
+/// The parameters are read from the environment at init, which is the process's: inits of
+/// this file's tests take turns, each with its own values.
+static ENV: Mutex<()> = Mutex::new(());
+
+/// Simple steps (the zero-copy path's protocol), the simulator's 2 channels and 64 KiB buffer:
+/// 8 KiB slots, 16 KiB steps (two slots). `local_register`: NCCL_LOCAL_REGISTER.
+fn sim_comms(n: usize, local_register: bool) -> Vec<Comm> {
+    let _turn = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("NCCL_PROTO", "Simple");
+    std::env::set_var("NCCL_ALGO", "Ring");
+    std::env::set_var(
+        "NCCL_LOCAL_REGISTER",
+        if local_register { "1" } else { "0" },
+    );
+    nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+    Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init_all on the simulator")
+}
+
+/// Counts per collective: two whose channel slices fill a Simple step or more (with the
+/// simulator's 2 channels; one odd, so steps and pieces end short) and one under a step (no
+/// handshake). AllGather: bytes per rank, 16 KiB steps (33000: a whole step and a short one per
+/// channel); AllReduce: int32, 4096 per step; Broadcast: bytes, 8 KiB steps (one slot).
+fn counts(coll: Coll) -> [usize; 3] {
+    match coll {
+        Coll::AllGather => [33_000, 70_001, 5_000],
+        Coll::AllReduce => [9_000, 20_001, 1_000],
+        _ => [17_000, 40_001, 3_000],
+    }
+}
+
+const COLLS: [Coll; 3] = [Coll::AllGather, Coll::AllReduce, Coll::Broadcast];
+
+fn check_round(
+    comms: &[Comm],
+    coll: Coll,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+    on: bool,
+) {
+    let got = coll_round(comms, coll, who, count, in_place, seed);
+    for (c, g) in comms.iter().zip(&got) {
+        let want = expected_direct(c, coll, |r| who.registers(r), count, on);
+        assert_eq!(
+            g,
+            &want,
+            "{} on {} ranks, {who:?}, count {count}, in place {in_place}: rank {}'s direct steps \
+             per channel",
+            coll.name(),
+            comms.len(),
+            c.rank()
+        );
+    }
+}
+
+#[test]
+fn registered_ring_collectives_write_in_place_and_mixed_falls_back() {
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 0;
+        for coll in COLLS {
+            for count in counts(coll) {
+                for who in [Who::All, Who::None, Who::Even] {
+                    for in_place in [false, true] {
+                        seed += 1;
+                        check_round(&comms, coll, who, count, in_place, seed, true);
+                    }
+                }
+            }
+            // Everyone registered and the data fills the steps of the channels the tuner runs:
+            // the path was taken (by every rank but Broadcast's root, which receives nothing).
+            let got = coll_round(&comms, coll, Who::All, counts(coll)[0], false, 99);
+            for (r, ch) in got.iter().enumerate() {
+                let root = coll == Coll::Broadcast && r == 1 % n;
+                assert!(
+                    root || ch.iter().sum::<u64>() > 0,
+                    "{} on {n} ranks: {got:?}",
+                    coll.name()
+                );
+            }
+        }
+    }
+}
+
+/// A direct receive passes on the finished value as it arrived: an AllReduce whose reduction
+/// scales each input (PreMulSum by 3) or divides the result (Avg) gives the FIFO path's result.
+#[test]
+fn registered_all_reduce_applies_pre_and_post_once() {
+    let comms = sim_comms(3, true);
+    let n = comms.len();
+    let count = 20_001;
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let three = 3i32.to_le_bytes();
+    for (k, op) in [
+        nccl::ReduceOp::PreMulSum {
+            scalar_bits: u32::from_le_bytes(three) as u64,
+        },
+        nccl::ReduceOp::Avg,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let inputs: Vec<Vec<i32>> = (0..n)
+            .map(|r| {
+                let mut rng = common::Rng::new(500 + 10 * k as u64 + r as u64);
+                (0..count).map(|_| (rng.next() % 1000) as i32).collect()
+            })
+            .collect();
+        let want: Vec<i32> = (0..count)
+            .map(|i| {
+                let sum: i32 = inputs.iter().map(|v| v[i]).sum();
+                match op {
+                    nccl::ReduceOp::Avg => sum / n as i32,
+                    _ => 3 * sum,
+                }
+            })
+            .collect();
+        let bufs: Vec<_> = comms
+            .iter()
+            .zip(&inputs)
+            .map(|(c, v)| {
+                let b = c.device().alloc(4 * count).unwrap();
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                b.write(0, &bytes).unwrap();
+                // SAFETY: the buffer outlives its registration (deregistered below, before it
+                // drops).
+                let h = unsafe { c.register_raw(b.ptr(), 4 * count).unwrap() };
+                (b, h)
+            })
+            .collect();
+        let before: Vec<_> = comms
+            .iter()
+            .map(|c| c.ring_direct_steps().unwrap())
+            .collect();
+        let lent = common::lend(&comms);
+        nccl::group_start();
+        for (r, c) in lent.iter().enumerate() {
+            let p = bufs[r].0.ptr();
+            // SAFETY: in place on a buffer of `count` int32 that lives until the sync.
+            unsafe {
+                c.all_reduce_raw(p, p, count, nccl::DataType::Int32, op, streams[r])
+                    .unwrap();
+            }
+        }
+        nccl::group_end().unwrap();
+        for (r, c) in comms.iter().enumerate() {
+            c.device().stream_sync(streams[r]).unwrap();
+            let mut raw = vec![0u8; 4 * count];
+            bufs[r].0.read(0, &mut raw).unwrap();
+            let got: Vec<i32> = raw
+                .chunks(4)
+                .map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            assert!(got == want, "{op:?}: rank {r}'s result");
+            let now = c.ring_direct_steps().unwrap();
+            let direct: u64 = now.iter().zip(&before[r]).map(|(a, b)| a - b).sum();
+            assert!(direct > 0, "{op:?}: rank {r} took no direct step");
+        }
+        for (c, (_, h)) in comms.iter().zip(bufs) {
+            c.deregister(h).unwrap();
+        }
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
+
+#[test]
+fn switch_off_keeps_the_fifo() {
+    for n in [2usize, 3] {
+        let comms = sim_comms(n, false);
+        for coll in COLLS {
+            let count = counts(coll)[1];
+            for (k, who) in [Who::All, Who::Even].into_iter().enumerate() {
+                for in_place in [false, true] {
+                    check_round(&comms, coll, who, count, in_place, 50 + k as u64, false);
+                }
+            }
+            let got = coll_round(&comms, coll, Who::All, count, false, 60);
+            assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
+        }
+    }
+}
+
+/// Graph registration: an AllGather captured in a CUDA graph counts as registered
+/// (NCCL_GRAPH_REGISTER, on by default), so between ranks of one process every replay goes
+/// direct on buffers nobody registered, and new blocks written before each replay arrive whole.
+#[test]
+fn captured_all_gather_goes_direct_without_registration() {
+    let comms = sim_comms(3, true);
+    let (n, count) = (comms.len(), counts(Coll::AllGather)[0]);
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let ins: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(count).unwrap())
+        .collect();
+    let outs: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(n * count).unwrap())
+        .collect();
+    for (c, s) in comms.iter().zip(&streams) {
+        c.device().capture_begin(*s).unwrap();
+    }
+    let lent = common::lend(&comms);
+    nccl::group_start();
+    for (r, c) in lent.iter().enumerate() {
+        // SAFETY: the buffers hold these counts and outlive the graphs' replays.
+        unsafe {
+            c.all_gather_raw(
+                ins[r].ptr(),
+                outs[r].ptr(),
+                count,
+                nccl::DataType::Uint8,
+                streams[r],
+            )
+            .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    let graphs: Vec<_> = comms
+        .iter()
+        .zip(&streams)
+        .map(|(c, s)| c.device().capture_end(*s).unwrap())
+        .collect();
+    for replay in 0..2u64 {
+        let blocks: Vec<Vec<u8>> = (0..n)
+            .map(|r| common::register::ag_block(r, count, 300 + replay))
+            .collect();
+        for r in 0..n {
+            ins[r].write(0, &blocks[r]).unwrap();
+            outs[r].write(0, &vec![0xA5; n * count]).unwrap();
+        }
+        let before: Vec<_> = comms
+            .iter()
+            .map(|c| c.ring_direct_steps().unwrap())
+            .collect();
+        for (g, s) in graphs.iter().zip(&streams) {
+            g.launch(*s).unwrap();
+        }
+        for (r, c) in comms.iter().enumerate() {
+            c.device().stream_sync(streams[r]).unwrap();
+            let mut got = vec![0u8; n * count];
+            outs[r].read(0, &mut got).unwrap();
+            assert!(got == blocks.concat(), "replay {replay}: rank {r}'s output");
+            let steps: Vec<u64> = c
+                .ring_direct_steps()
+                .unwrap()
+                .iter()
+                .zip(&before[r])
+                .map(|(a, b)| a - b)
+                .collect();
+            let want = expected_direct(c, Coll::AllGather, |_| true, count, true);
+            assert_eq!(steps, want, "replay {replay}: rank {r}'s direct steps");
+        }
+    }
+    drop(graphs);
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
+
+/// Ranks as processes: a registered output reaches the predecessor as a record (an IPC handle
+/// of its allocation), which it maps before a launch; an offer not yet mapped is declined and
+/// the data takes the FIFO, so the first rounds after registering may copy. Every round's
+/// result is checked; rounds where nobody registered never go direct, and with the output
+/// registered once, the last round of AllGather, AllReduce and Broadcast goes direct.
+#[test]
+fn registered_ring_collectives_across_processes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
+        let comms = vec![comm];
+        for (k, coll) in COLLS.into_iter().enumerate() {
+            let count = counts(coll)[1];
+            let got = coll_round(&comms, coll, Who::None, count, k == 1, 70 + k as u64);
+            assert!(got[0].iter().all(|&s| s == 0), "rank {rank}: {got:?}");
+        }
+        // The same output registered once for every round: its record reaches the
+        // predecessor's process before that process's launches after the first rounds, and the
+        // last round of each collective goes direct on every channel that fills a step.
+        for coll in COLLS {
+            let count = counts(coll)[1];
+            let mut last = Vec::new();
+            for k in 0..6u64 {
+                last = registered_once(&comms[0], coll, count, k % 2 == 1, 80 + k);
+            }
+            let want = expected_direct(&comms[0], coll, |_| true, count, true);
+            assert_eq!(
+                last,
+                want,
+                "rank {rank}: registered {} did not go direct",
+                coll.name()
+            );
+        }
+        return;
+    }
+    for n in [2usize, 3] {
+        common::procs::run(
+            "registered_ring_collectives_across_processes",
+            n,
+            // Explicit: the children inherit this process's environment, which another test
+            // may have just set otherwise.
+            &[
+                ("NCCL_PROTO", "Simple"),
+                ("NCCL_ALGO", "Ring"),
+                ("NCCL_LOCAL_REGISTER", "1"),
+            ],
+        );
+    }
+}
+
+/// A collective (as [`coll_round`] runs it) into an output registered once for the whole process
+/// (so the peers' records are in after the first rounds): checks the result and returns the
+/// direct steps per channel.
+fn registered_once(c: &Comm, coll: Coll, count: usize, in_place: bool, seed: u64) -> Vec<u64> {
+    use common::register::{coll_data, elem_bytes, root_of};
+    use std::sync::OnceLock;
+    /// Room for every round's input and output (3 ranks at most).
+    const ROOM: usize = 1 << 20;
+    static BUFS: OnceLock<(nccl::DevBuffer, nccl::DevBuffer)> = OnceLock::new();
+    let (n, r) = (c.count(), c.rank());
+    let (inp, out) = BUFS.get_or_init(|| {
+        let inp = c.device().alloc(ROOM).unwrap();
+        let out = c.device().alloc(ROOM).unwrap();
+        // SAFETY: the buffer lives (in the static) as long as the process.
+        unsafe { c.register_raw(out.ptr(), ROOM).unwrap() };
+        (inp, out)
+    });
+    let bytes = count * elem_bytes(coll);
+    let (mine, want) = coll_data(coll, n, r, count, seed);
+    assert!(want.len() <= ROOM);
+    out.write(0, &vec![0xA5; want.len()]).unwrap();
+    let at = if coll == Coll::AllGather {
+        r * bytes
+    } else {
+        0
+    };
+    let send = if in_place {
+        if coll != Coll::Broadcast || r == root_of(n) {
+            out.write(at, &mine).unwrap();
+        }
+        out.ptr() + at as u64
+    } else {
+        inp.write(0, &mine).unwrap();
+        inp.ptr()
+    };
+    let stream = c.device().stream_create().unwrap();
+    let before = c.ring_direct_steps().unwrap();
+    let recv = out.ptr();
+    // SAFETY: both buffers hold what the call needs and live in the static.
+    unsafe {
+        match coll {
+            Coll::AllGather => c.all_gather_raw(send, recv, count, nccl::DataType::Uint8, stream),
+            Coll::Broadcast => {
+                c.broadcast_raw(send, recv, count, nccl::DataType::Uint8, root_of(n), stream)
+            }
+            _ => c.all_reduce_raw(
+                send,
+                recv,
+                count,
+                nccl::DataType::Int32,
+                nccl::ReduceOp::Sum,
+                stream,
+            ),
+        }
+        .unwrap();
+    }
+    c.device().stream_sync(stream).unwrap();
+    c.device().stream_destroy(stream).unwrap();
+    let mut got = vec![0u8; want.len()];
+    out.read(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "rank {r}: wrong {} result (in place {in_place})",
+        coll.name()
+    );
+    let now = c.ring_direct_steps().unwrap();
+    now.iter().zip(before).map(|(a, b)| a - b).collect()
+}
