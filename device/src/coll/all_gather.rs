@@ -29,14 +29,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     // write into the successor's (see `Kernel::ring_direct`).
     let bytes = nranks * count * core::mem::size_of::<T>();
     let direct = k.ring_direct(&mut prims, bytes, true, true);
-    let send_to = direct.send_to as *mut T;
-    let at = |block: usize, off: usize| {
-        if send_to.is_null() {
-            core::ptr::null_mut()
-        } else {
-            send_to.add(block * count + off)
-        }
-    };
+    let at = |block: usize, off: usize| direct.send_at::<T>(block * count + off);
     let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {

@@ -40,14 +40,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     // input of a chunk before that chunk is finished.
     let bytes = k.args.count as usize * core::mem::size_of::<T>();
     let direct = k.ring_direct(&mut prims, bytes, true, true);
-    let send_to = direct.send_to as *mut T;
-    let dst = |s: usize| {
-        if send_to.is_null() {
-            core::ptr::null_mut()
-        } else {
-            send_to.add(s)
-        }
-    };
+    let dst = |s: usize| direct.send_at::<T>(s);
     // A finished chunk that arrived: in our output already (direct), or in the FIFO.
     let arrived = |s: usize| {
         if direct.recv {

@@ -27,14 +27,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     // connection from its last rank back to the root carries nothing and takes no handshake.
     let bytes = k.args.count as usize * core::mem::size_of::<T>();
     let direct = k.ring_direct(&mut prims, bytes, d != 0, d < nranks - 1);
-    let send_to = direct.send_to as *mut T;
-    let dst = |s: usize| {
-        if send_to.is_null() {
-            core::ptr::null_mut()
-        } else {
-            send_to.add(s)
-        }
-    };
+    let dst = |s: usize| direct.send_at::<T>(s);
     let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {
