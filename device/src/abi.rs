@@ -132,6 +132,21 @@ pub struct ConnRecv {
     pub proxy_proto: u64,
 }
 
+/// Set in a proxied receive side's `proxy_stride` (whose bytes are a multiple of 128) where its
+/// FIFO is in host memory: the network lands a step's bytes there in order, 8 aligned bytes at
+/// a time at least (a CPU's copy out of a socket, a NIC's DMA), so each half of an LL line is
+/// whole once its flag is. The LL receiver then polls the flags, as NCCL's LL over the network
+/// does, instead of waiting for the proxy's `tail` first (a round trip over PCIe on every
+/// step). LL128 lines need more than 8 bytes whole, and Simple has no flags: both still wait
+/// for `tail`.
+pub const STRIDE_LL_POLL: u64 = 1;
+
+/// The bytes between two slots of a proxied connection, from its `proxy_stride` word.
+#[inline(always)]
+pub const fn stride_bytes(proxy_stride: u64) -> u64 {
+    proxy_stride & !STRIDE_LL_POLL
+}
+
 impl ConnSend {
     /// The fields in layout order, as the host writes them into device memory.
     pub fn words(&self) -> [u64; 8] {

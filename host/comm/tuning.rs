@@ -114,21 +114,30 @@ pub struct NetModel {
     /// Bandwidth (GB/s) a node's channels reach over the network: one NIC per channel, as
     /// the channels spread over the network's devices.
     pub bw_gbs: f64,
+    /// The slowest device's `latency` property (µs): what a step pays on the wire, beyond
+    /// the proxies' own cost.
+    pub lat_us: f64,
 }
 
 impl NetModel {
     /// The model of `net` for `nnodes` nodes and `nchannels` channels.
     pub(super) fn of(net: &dyn Net, nnodes: usize, nchannels: usize) -> NetModel {
         let nics = net.ndevs().clamp(1, nchannels.max(1));
-        let speeds: Vec<f64> = (0..nics)
-            .filter_map(|d| net.properties(d).ok())
-            .map(|p| f64::from(p.speed_mbps) / 8000.0)
-            .collect();
-        let bw_gbs = match speeds.is_empty() {
+        let props: Vec<_> = (0..nics).filter_map(|d| net.properties(d).ok()).collect();
+        let bw_gbs = match props.is_empty() {
             true => 1.25, // 10 Gb/s, the socket network's default
-            false => speeds.iter().sum(),
+            false => props.iter().map(|p| f64::from(p.speed_mbps) / 8000.0).sum(),
         };
-        NetModel { nnodes, bw_gbs }
+        let lat_us = props
+            .iter()
+            .map(|p| f64::from(p.latency_us))
+            .filter(|l| l.is_finite() && *l > 0.0)
+            .fold(0.0, f64::max);
+        NetModel {
+            nnodes,
+            bw_gbs,
+            lat_us,
+        }
     }
 }
 
@@ -171,6 +180,7 @@ pub fn build(
         whole.nnodes = net.nnodes;
         whole.nranks = peers.len();
         whole.bw_inter = net.bw_gbs;
+        whole.lat_inter = net.lat_us;
         whole.net_type = PathType::Net;
         // Every ring the communicator connected crosses the network: the channels to use are
         // those, whatever the search found inside this node (one GPU: one channel, which kept

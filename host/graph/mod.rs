@@ -172,6 +172,8 @@ pub struct Graphs {
     pub bw_intra: f64,
     /// Network bandwidth a node's rings use (all channels), GB/s; 0 on one node.
     pub bw_inter: f64,
+    /// The network's own latency (µs, its devices' `latency` property), 0 on one node.
+    pub lat_inter: f64,
     /// The worst path type between consecutive GPUs of the rings inside a node.
     pub intra_type: PathType,
     /// The worst GPU↔NET path type of the rings (`Net` … `Loc` ordering of NCCL), `Loc` on one node.
@@ -361,6 +363,7 @@ pub fn search_ranks(system: &System, ranks: &[Vec<usize>], params: &Params) -> R
         speed,
         bw_intra,
         bw_inter,
+        lat_inter: 0.0,
         intra_type,
         net_type: if nnodes > 1 { net_type } else { PathType::Loc },
         all_nvlink,

@@ -378,14 +378,12 @@ fn base_lat(a: Algo, p: Proto) -> f64 {
     }
 }
 
-/// Hop latency µs per protocol for a step over NVLink, PCIe/SHM, or the network.
+/// Hop latency µs per protocol for a step inside a node: over NVLink, or PCIe/SHM.
 fn hop_lat(kind: PathType, p: Proto) -> f64 {
     let (ll, ll128, simple) = if kind <= PathType::Nvb {
         (0.6, 1.25, 2.5)
-    } else if kind < PathType::Net {
-        (1.0, 2.0, 3.0)
     } else {
-        (4.0, 8.0, 12.0)
+        (1.0, 2.0, 3.0)
     };
     match p {
         Proto::Ll => ll,
@@ -408,6 +406,15 @@ fn min_bytes_per_channel(p: Proto) -> usize {
 /// reached 3 GB/s), which puts LL's end near 16 KiB, where the same run measured it.
 const LL_NET_CHANNEL_BW: f64 = 0.38;
 
+/// A step across the network (µs) beyond the network's own `latency` property: the sending
+/// kernel's publish, both proxies' passes and system calls, the receiving kernel's look. The
+/// proxies dominate, so every protocol pays about the same. Measured on one H100 as 2 nodes
+/// over sockets (8-byte AllGather: one hop a call; AllReduce's ring: two).
+const NET_HOP_US: f64 = 20.0;
+/// What a call across nodes pays besides its steps, whatever the protocol (launch, the first
+/// proxy pass): the same runs put it near 10 µs. It replaces a smaller protocol base.
+const NET_BASE_US: f64 = 10.0;
+
 /// Tree throughput as a share of the ring's (one node's chain; measured 0.47 on 4×H200).
 const TREE_INTRA_EFF: f64 = 0.47;
 /// Tree throughput over the network as a share of the NICs' (up and down overlap).
@@ -421,6 +428,8 @@ pub struct Tuner {
     nchannels: usize,
     bw_intra: f64,
     bw_inter: f64,
+    /// One network step, µs ([`NET_HOP_US`] plus the network's latency).
+    net_hop: f64,
     intra_type: PathType,
     ll128_ok: bool,
     /// NVLS is set up (the communicator's multicast object exists: the user set
@@ -456,6 +465,7 @@ impl Tuner {
             nchannels: graphs.nchannels,
             bw_intra: graphs.bw_intra,
             bw_inter: graphs.bw_inter,
+            net_hop: NET_HOP_US + graphs.lat_inter.max(0.0),
             intra_type: graphs.intra_type,
             ll128_ok,
             nvls: false,
@@ -539,8 +549,11 @@ impl Tuner {
             self.nranks as f64
         };
         let intra = hop_lat(self.intra_type, proto);
-        let net = hop_lat(PathType::Net, proto);
-        let base = base_lat(algo, proto);
+        let net = self.net_hop;
+        let base = match self.nnodes > 1 {
+            true => base_lat(algo, proto).max(NET_BASE_US),
+            false => base_lat(algo, proto),
+        };
         match algo {
             // Barriers through the switch instead of ring steps: two per piece for AllReduce,
             // one for ReduceScatter and AllGather (uncalibrated: NVLS never ran on a GPU here).
@@ -753,6 +766,68 @@ impl Tuner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::{Graphs, Pattern};
+    use crate::topo::synthetic;
+
+    /// A tuner for `nnodes` nodes of `nlocal` NVSwitch GPUs joined by a 10 Gb/s network of
+    /// `lat_us` latency, 8 channels, the kernels this crate builds.
+    fn across_nodes(nnodes: usize, nlocal: usize, lat_us: f64) -> Tuner {
+        let system = System::from_xml_node(synthetic::nvswitch_node(nlocal, 90)).unwrap();
+        let nranks = nnodes * nlocal;
+        let graphs = Graphs {
+            nranks,
+            nnodes,
+            nchannels: 8,
+            patterns: vec![Pattern {
+                gpus: (0..nlocal).collect(),
+                net_in: Some(0),
+                net_out: Some(0),
+            }],
+            rings: vec![(0..nranks).collect(); 8],
+            trees: Vec::new(),
+            speed: 1.25,
+            bw_intra: 160.0,
+            bw_inter: 1.25,
+            lat_inter: lat_us,
+            intra_type: PathType::Nvl,
+            net_type: PathType::Net,
+            all_nvlink: true,
+        };
+        let mut built = [[false; NUM_PROTOS]; NUM_ALGOS];
+        for (a, p) in [
+            (Algo::Ring, Proto::Simple),
+            (Algo::Ring, Proto::Ll),
+            (Algo::Tree, Proto::Simple),
+        ] {
+            built[a as usize][p as usize] = true;
+        }
+        let params = TuneParams {
+            built,
+            ..TuneParams::default()
+        };
+        Tuner::new(&system, &graphs, &params)
+    }
+
+    #[test]
+    fn small_calls_across_nodes_take_the_fewest_network_hops() {
+        // 2 x 2: the ring crosses the network 3 times for an AllReduce, the tree twice; a
+        // network step costs the same for every protocol (measured: Tree/Simple 62-69 us
+        // against Ring/LL 76-93 at 8-512 bytes, results/h100-nodes2x2-tuner.txt).
+        let t = across_nodes(2, 2, 0.0);
+        for bytes in [8, 64, 512, 4096] {
+            assert_eq!(t.choose(Coll::AllReduce, bytes).unwrap().algo, Algo::Tree, "{bytes}");
+        }
+        // 2 x 1: both cross twice; the ring's LL starts sooner (Ring/LL 66.5 us, Tree 67.7).
+        let t = across_nodes(2, 1, 0.0);
+        let c = t.choose(Coll::AllReduce, 8).unwrap();
+        assert_eq!((c.algo, c.proto), (Algo::Ring, Proto::Ll));
+        // The network's own latency is paid on each of its steps.
+        let (slow, fast) = (across_nodes(2, 2, 50.0), across_nodes(2, 2, 0.0));
+        let ring = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
+        let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
+        assert!((ring(&slow) - ring(&fast) - 150.0).abs() < 1e-6);
+        assert!((tree(&slow) - tree(&fast) - 100.0).abs() < 1e-6);
+    }
 
     #[test]
     fn filters_parse() {

@@ -15,7 +15,7 @@
 //! Simple only, one FIFO slot per step (no slices), and every thread moves data: the publishing
 //! warp of `FLAG_SIMPLE_PUBLISHER` ([`super::simple`]) is not used here.
 
-use crate::abi::{ConnRecv, ConnSend, NCCL_STEPS, PROTO_SIMPLE};
+use crate::abi::{stride_bytes, ConnRecv, ConnSend, NCCL_STEPS, PROTO_SIMPLE};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::{Fan, FAN};
@@ -78,13 +78,13 @@ impl SimpleFan {
             if let Some(c) = recv[i].as_ref() {
                 f.recv_step[i] = c.step;
                 if c.proxy_stride != 0 {
-                    f.recv_slot_bytes[i] = c.proxy_stride as usize;
+                    f.recv_slot_bytes[i] = stride_bytes(c.proxy_stride) as usize;
                 }
             }
             if let Some(c) = send[i].as_ref() {
                 f.send_step[i] = c.step;
                 if c.proxy_stride != 0 {
-                    f.send_slot_bytes[i] = c.proxy_stride as usize;
+                    f.send_slot_bytes[i] = stride_bytes(c.proxy_stride) as usize;
                 }
             }
         }

@@ -1,7 +1,10 @@
 //! What the flag-carrying protocols (LL, LL128) share around a step: waiting for credit before
 //! filling a slot, finding the step's slots, and giving a slot back once it was read.
 
-use crate::abi::{LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS, PROTO_LL, PROTO_LL128};
+use crate::abi::{
+    stride_bytes, LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS, PROTO_LL, PROTO_LL128,
+    STRIDE_LL_POLL,
+};
 use crate::arch::{self, Pack16};
 use crate::prims::copy::Move;
 use crate::prims::simple::{announce_recv, Simple};
@@ -32,6 +35,14 @@ impl Simple {
         // network gave no line its atomicity (the flags then hold, and the loop below reads them
         // as on a direct connection).
         let proxied = recv && (*rc).proxy_stride != 0;
+        // Except LL lines landing in order in host memory (`STRIDE_LL_POLL`): their flags
+        // suffice, and the proxy only needs to hear that the kernel waits.
+        let polls_lines =
+            proxied && matches!(fifo, Fifo::Ll) && (*rc).proxy_stride & STRIDE_LL_POLL != 0;
+        if polls_lines && self.tid == 0 {
+            announce_recv(rc, self.recv_step + 1, PROTO_LL);
+        }
+        let proxied = proxied && !polls_lines;
         if proxied && self.tid == 0 {
             let (tail, need) = ((*rc).tail as *const u64, self.recv_step + 1);
             if arch::ld_acquire_sys(tail) < need {
@@ -61,7 +72,7 @@ impl Simple {
         // Proxied connections space their slots by their stride, alike for every protocol.
         let stride = |proxy_stride: u64| {
             if proxy_stride != 0 {
-                proxy_stride
+                stride_bytes(proxy_stride)
             } else {
                 fixed
             }

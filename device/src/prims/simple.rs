@@ -13,8 +13,8 @@
 //! to +1.4% at 64 and 256 MiB (results/h200-lab-simple-publisher.txt).
 
 use crate::abi::{
-    proxy_proto_word, ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER, NCCL_STEPS, PROTO_LL,
-    PROTO_LL128, PROTO_SIMPLE,
+    proxy_proto_word, stride_bytes, ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER,
+    NCCL_STEPS, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::RedOp;
@@ -137,11 +137,11 @@ impl Simple {
             recv,
             // A proxied connection spaces its slots by its own stride (abi::ConnSend).
             send_slot_bytes: match send.as_ref() {
-                Some(c) if c.proxy_stride != 0 => c.proxy_stride as usize,
+                Some(c) if c.proxy_stride != 0 => stride_bytes(c.proxy_stride) as usize,
                 _ => send_slot_bytes as usize,
             },
             recv_slot_bytes: match recv.as_ref() {
-                Some(c) if c.proxy_stride != 0 => c.proxy_stride as usize,
+                Some(c) if c.proxy_stride != 0 => stride_bytes(c.proxy_stride) as usize,
                 _ => recv_slot_bytes as usize,
             },
             send_step: if send.is_null() { 0 } else { (*send).step },

@@ -12,7 +12,7 @@ use crate::cuda::Device;
 use crate::error::{Error, Result};
 use crate::proxy::{ConnLayout, FifoPlace, NetConn, Side};
 use crate::transport::links::Dir;
-use nccl_device::abi::{ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES};
+use nccl_device::abi::{ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES, STRIDE_LL_POLL};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -319,7 +319,13 @@ fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
         step: 0,
         ll_fifo: fifo,
         ll128_fifo: fifo,
-        proxy_stride: l.stride as u64,
+        // A FIFO in host memory receives LL lines in order ([`STRIDE_LL_POLL`]); one in GPU
+        // memory (GPU Direct RDMA) has no such promise, and its steps may need a flush.
+        proxy_stride: l.stride as u64
+            | match !conn.on_gpu() && crate::env::int("NCCL_RS_NET_LL_POLL") != 0 {
+                true => STRIDE_LL_POLL,
+                false => 0,
+            },
         proxy_proto: at(ConnLayout::PROTO),
     };
     (send, recv)

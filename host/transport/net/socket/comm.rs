@@ -306,6 +306,7 @@ impl Shared {
         ctrl: &Socket,
         reader: &mut Reader,
     ) -> std::result::Result<(), String> {
+        reader.stash.drained = false;
         loop {
             match &mut reader.reading {
                 Reading::Header { buf, got } => {
@@ -315,7 +316,7 @@ impl Shared {
                     while *got < HEADER_BYTES {
                         let mut part = [MaybeUninit::<u8>::uninit(); HEADER_BYTES];
                         let want = &mut part[..HEADER_BYTES - *got];
-                        match read_now(ctrl, want) {
+                        match reader.stash.read(ctrl, want) {
                             Ok(Some(n)) => {
                                 for (d, s) in buf[*got..*got + n].iter_mut().zip(&part[..n]) {
                                     // SAFETY: the socket initialized the first n bytes.
@@ -395,7 +396,7 @@ impl Shared {
                                 )
                             }
                         };
-                        match read_now(ctrl, dst) {
+                        match reader.stash.read(ctrl, dst) {
                             Ok(Some(n)) => *got += n,
                             Ok(None) => return Ok(()),
                             Err(e) => {
@@ -846,7 +847,9 @@ impl Worker {
         );
         if away >= CALLER_AWAY {
             let ctrl = self.ctrl()?;
-            if !readable(&ctrl, shared.work_bell.as_ref(), IO_TICK) {
+            // Bytes read ahead may already hold what the posted receives wait for.
+            let stashed = !lock(&shared.reader).stash.is_empty();
+            if !stashed && !readable(&ctrl, shared.work_bell.as_ref(), IO_TICK) {
                 return self.check();
             }
             shared.read_ctrl(&ctrl, &mut lock(&shared.reader));
@@ -879,13 +882,89 @@ pub(super) struct Comm {
     next_mr: u64,
     reqs: HashMap<u64, Arc<Msg>>,
     next_req: u64,
+    /// When `check_alive` last peeked at the control socket.
+    last_peek: Option<Instant>,
 }
+
+/// How often `isend` and `irecv` peek at the control socket for a peer that went away.
+const PEEK_EVERY: Duration = Duration::from_millis(1);
 
 /// The receiving end's place in the control socket's stream, and where the bytes of a message
 /// too long for its buffer go.
 struct Reader {
     reading: Reading,
     scratch: Vec<MaybeUninit<u8>>,
+    stash: Stash,
+}
+
+/// Bytes read from the control socket ahead of the message being parsed. A small message's
+/// header and payload come in one read this way (one system call instead of three: header,
+/// payload, and the next header's "nothing yet").
+struct Stash {
+    buf: Box<[u8]>,
+    /// The unconsumed bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+    /// The socket had no more bytes at the last read of this pass: the next read of the pass
+    /// answers "nothing there" without a system call (bytes that arrive meanwhile are read
+    /// on the next pass).
+    drained: bool,
+}
+
+/// The stash's size: a small message with its header, and the start of the next.
+const STASH_BYTES: usize = 8 << 10;
+
+impl Stash {
+    fn new() -> Stash {
+        Stash {
+            buf: vec![0; STASH_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            drained: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// Like [`read_now`], served from the stash first; a read for fewer bytes than the stash
+    /// holds refills it, a larger one goes straight into `dst`.
+    fn read(&mut self, s: &Socket, dst: &mut [MaybeUninit<u8>]) -> io::Result<Option<usize>> {
+        if dst.is_empty() {
+            return Ok(Some(0));
+        }
+        if self.is_empty() {
+            if self.drained {
+                return Ok(None);
+            }
+            if dst.len() >= self.buf.len() {
+                let got = read_now(s, dst)?;
+                self.drained = got.is_none_or(|n| n < dst.len());
+                return Ok(got);
+            }
+            // SAFETY: the stash's bytes are initialized (zeroed at creation); viewing them as
+            // MaybeUninit for the socket to overwrite is sound.
+            let room = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.buf.as_mut_ptr() as *mut MaybeUninit<u8>,
+                    self.buf.len(),
+                )
+            };
+            let Some(n) = read_now(s, room)? else {
+                self.drained = true;
+                return Ok(None);
+            };
+            self.drained = n < self.buf.len();
+            (self.start, self.end) = (0, n);
+        }
+        let n = dst.len().min(self.end - self.start);
+        for (d, b) in dst[..n].iter_mut().zip(&self.buf[self.start..self.start + n]) {
+            d.write(*b);
+        }
+        self.start += n;
+        Ok(Some(n))
+    }
 }
 
 /// A receiving end's place in the control socket's stream.
@@ -969,6 +1048,7 @@ impl Comm {
             reader: Mutex::new(Reader {
                 reading: Reading::header(),
                 scratch: Vec::new(),
+                stash: Stash::new(),
             }),
             caller_seen_us: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -990,6 +1070,7 @@ impl Comm {
             next_mr: 1,
             reqs: HashMap::new(),
             next_req: 1,
+            last_peek: None,
         };
         for t in 0..nthreads {
             let worker = Worker {
@@ -1086,11 +1167,31 @@ impl Comm {
     }
 
     /// Fails if the connection broke, or if the peer went away while it was idle.
-    fn check_alive(&self) -> Result<()> {
+    fn check_alive(&mut self) -> Result<()> {
         if let Some(e) = self.shared.error() {
             return Err(e);
         }
         if self.shared.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // A peek is a system call: a busy connection looks once per PEEK_EVERY (its transfers
+        // see a failure anyway). A receiving end with bytes read ahead is not at the end of
+        // its stream yet, whatever the socket says.
+        let now = Instant::now();
+        if self
+            .last_peek
+            .is_some_and(|t| now.saturating_duration_since(t) < PEEK_EVERY)
+        {
+            return Ok(());
+        }
+        self.last_peek = Some(now);
+        if !self.send
+            && self
+                .shared
+                .reader
+                .try_lock()
+                .map_or(true, |r| !r.stash.is_empty())
+        {
             return Ok(());
         }
         let mut probe = [MaybeUninit::<u8>::uninit(); 1];
@@ -1205,9 +1306,17 @@ impl Comm {
             return Ok(None);
         }
         let (req, msg) = self.new_msg(addr, buf.max_len, buf.tag, buf.mr);
-        lock(&self.shared.queues).posted.push_back(msg);
-        self.shared.cv.notify_all();
-        self.read_ctrl();
+        let first = {
+            let mut q = lock(&self.shared.queues);
+            q.posted.push_back(msg);
+            q.posted.len() == 1
+        };
+        // Thread 0 waits for a first posted receive before it watches the socket for an absent
+        // caller; later ones it sees by itself. The caller reads what arrived at its next
+        // `test`, so posting costs no system call.
+        if first {
+            self.shared.cv.notify_all();
+        }
         Ok(Some(req))
     }
 
