@@ -406,14 +406,22 @@ fn min_bytes_per_channel(p: Proto) -> usize {
 /// reached 3 GB/s), which puts LL's end near 16 KiB, where the same run measured it.
 const LL_NET_CHANNEL_BW: f64 = 0.38;
 
-/// A step across the network (µs) beyond the network's own `latency` property: the sending
-/// kernel's publish, both proxies' passes and system calls, the receiving kernel's look. The
-/// proxies dominate, so every protocol pays about the same. Measured on one H100 as 2 nodes
-/// over sockets (8-byte AllGather: one hop a call; AllReduce's ring: two).
-const NET_HOP_US: f64 = 20.0;
-/// What a call across nodes pays besides its steps, whatever the protocol (launch, the first
-/// proxy pass): the same runs put it near 10 µs. It replaces a smaller protocol base.
-const NET_BASE_US: f64 = 10.0;
+/// A step across the network (µs) by protocol (LL, LL128, Simple), beyond the network's own
+/// `latency` property: the sending kernel's publish, both proxies' passes and system calls,
+/// the receiving kernel's look. LL's receiver polls its lines; the others wait for the
+/// proxy's tail, one more round trip. Fitted to one H100 as 2 and 2x2 nodes over sockets
+/// (AllReduce forced Ring/LL, Ring/Simple and Tree at 8 B to 4 KiB,
+/// results/h100-nodes2-latency-forced.txt): Ring/LL 40-46 us on 2 nodes (two network steps),
+/// Tree 48-52.
+const NET_HOP_US: [f64; NUM_PROTOS] = [9.0, 12.0, 12.0];
+/// What a call across nodes pays besides its steps, whatever the protocol (the launch, the
+/// proxies' first passes): about 28 us in the same runs. It replaces a smaller protocol base.
+const NET_BASE_US: f64 = 28.0;
+
+/// Simple (and LL128) busbw (GB/s) one channel reaches across nodes: the same lab moved a
+/// 32 KiB AllReduce on one channel in about 16 us beyond its latency (Ring/Simple 61-64 us
+/// against 42-46 at 8 bytes).
+const NET_CHANNEL_BW: f64 = 2.0;
 
 /// Tree throughput as a share of the ring's (one node's chain; measured 0.47 on 4×H200).
 const TREE_INTRA_EFF: f64 = 0.47;
@@ -428,8 +436,8 @@ pub struct Tuner {
     nchannels: usize,
     bw_intra: f64,
     bw_inter: f64,
-    /// One network step, µs ([`NET_HOP_US`] plus the network's latency).
-    net_hop: f64,
+    /// The network's own latency, µs (added to [`NET_HOP_US`]).
+    net_lat: f64,
     intra_type: PathType,
     ll128_ok: bool,
     /// NVLS is set up (the communicator's multicast object exists: the user set
@@ -465,7 +473,7 @@ impl Tuner {
             nchannels: graphs.nchannels,
             bw_intra: graphs.bw_intra,
             bw_inter: graphs.bw_inter,
-            net_hop: NET_HOP_US + graphs.lat_inter.max(0.0),
+            net_lat: graphs.lat_inter.max(0.0),
             intra_type: graphs.intra_type,
             ll128_ok,
             nvls: false,
@@ -549,7 +557,7 @@ impl Tuner {
             self.nranks as f64
         };
         let intra = hop_lat(self.intra_type, proto);
-        let net = self.net_hop;
+        let net = NET_HOP_US[proto as usize] + self.net_lat;
         let base = match self.nnodes > 1 {
             true => base_lat(algo, proto).max(NET_BASE_US),
             false => base_lat(algo, proto),
@@ -608,7 +616,19 @@ impl Tuner {
             return Some(base_lat(algo, proto));
         }
         let nch = self.channels_for(proto, bytes);
-        let bw = self.bw(coll, algo, proto) * nch as f64 / self.nchannels.max(1) as f64;
+        let all = self.bw(coll, algo, proto);
+        let bw = match self.nnodes > 1 {
+            // Across nodes a channel is bound by its proxies' steps, not by a share of the
+            // wire: one channel alone may fill it.
+            true => {
+                let per_channel = match proto {
+                    Proto::Ll => LL_NET_CHANNEL_BW,
+                    _ => NET_CHANNEL_BW,
+                };
+                (per_channel * nch as f64).min(all)
+            }
+            false => all * nch as f64 / self.nchannels.max(1) as f64,
+        };
         if bw <= 0.0 {
             return None;
         }
@@ -809,18 +829,21 @@ mod tests {
     }
 
     #[test]
-    fn small_calls_across_nodes_take_the_fewest_network_hops() {
-        // 2 x 2: the ring crosses the network 3 times for an AllReduce, the tree twice; a
-        // network step costs the same for every protocol (measured: Tree/Simple 62-69 us
-        // against Ring/LL 76-93 at 8-512 bytes, results/h100-nodes2x2-tuner.txt).
+    fn calls_across_nodes_follow_the_measured_choices() {
+        // 2 x 2: the ring crosses the network 3 times for an AllReduce, the tree twice; Tree
+        // matched or beat Ring/LL from 64 bytes (63-71 us against 64-75 at 64 B-4 KiB) and won
+        // clearly from 32 KiB (results/h100-nodes2-latency-forced.txt).
         let t = across_nodes(2, 2, 0.0);
-        for bytes in [8, 64, 512, 4096] {
+        for bytes in [64, 512, 4096, 32 << 10, 256 << 10] {
             assert_eq!(t.choose(Coll::AllReduce, bytes).unwrap().algo, Algo::Tree, "{bytes}");
         }
-        // 2 x 1: both cross twice; the ring's LL starts sooner (Ring/LL 66.5 us, Tree 67.7).
+        // 2 x 1: both cross twice, and the ring's LL starts sooner: Ring/LL at 8-512 bytes
+        // (40-46 us, Tree 48-52), Ring/Simple from 32 KiB (61-64 us, LL 94-100).
         let t = across_nodes(2, 1, 0.0);
-        let c = t.choose(Coll::AllReduce, 8).unwrap();
-        assert_eq!((c.algo, c.proto), (Algo::Ring, Proto::Ll));
+        for (bytes, proto) in [(8, Proto::Ll), (512, Proto::Ll), (32 << 10, Proto::Simple)] {
+            let c = t.choose(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((c.algo, c.proto), (Algo::Ring, proto), "{bytes}");
+        }
         // The network's own latency is paid on each of its steps.
         let (slow, fast) = (across_nodes(2, 2, 50.0), across_nodes(2, 2, 0.0));
         let ring = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
