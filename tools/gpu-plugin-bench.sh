@@ -13,7 +13,10 @@
 # Run there:   tools/gpu-plugin-bench.sh [bench [ROUNDS]]   (from the repository root, .gpu carried)
 #              tools/gpu-plugin-bench.sh tests [TEST...]    the GPU tests of tests/gpu_net_plugin.rs
 #              (all three by default, each with its own time limit), with the same MPS set-up
-# Knobs:       COLLS (all_reduce,all_gather,reduce_scatter), MINB (64M), MAXB (1G), ITERS (10),
+#              tools/gpu-plugin-bench.sh ofi    nccl_bench through aws-ofi-nccl (libfabric's tcp
+#              provider on lo) from .gpu-ofi/ (carried too; see .gpu-ofi/README.txt), then the
+#              socket network beside it
+# Knobs:       COLLS (all_reduce; a list: all_reduce,all_gather,...), MINB (64M), MAXB (1G), ITERS (10),
 #              WARMUP (3), CHECK (1: check each size's first call), BASELINE=1 (NVIDIA NCCL
 #              beside the socket rows; it refuses nothing here: 2 nodes), STEP_LIMIT_S (150).
 # On a host of one GPU the ranks share it (NCCL_RS_SHARED_GPUS=1) and the MPS daemon this
@@ -27,7 +30,7 @@ out="$base/plugin-bench"
 rm -rf "$out" && mkdir -p "$out"
 mode="${1:-bench}"
 rounds="${2:-2}"
-colls="${COLLS:-all_reduce,all_gather,reduce_scatter}"
+colls="${COLLS:-all_reduce}"
 minb="${MINB:-64M}" maxb="${MAXB:-1G}"
 iters="${ITERS:-10}" warmup="${WARMUP:-3}" check="${CHECK:-1}"
 limit="${STEP_LIMIT_S:-150}"
@@ -44,7 +47,9 @@ tests="$root/.gpu/bin/test-gpu_net_plugin"
 case "$mode" in
   bench) [ -x "$bench" ] || { echo "no $bench: build the bundle first (see the top of $0)"; exit 2; } ;;
   tests) [ -x "$tests" ] || { echo "no $tests: bundle it (-- --test gpu_net_plugin)"; exit 2; } ;;
-  *) echo "usage: $0 [bench [ROUNDS] | tests [TEST...]]"; exit 2 ;;
+  ofi) [ -x "$bench" ] && [ -f "$root/.gpu-ofi/libnccl-net-ofi.so" ] ||
+    { echo "ofi needs $bench and .gpu-ofi/libnccl-net-ofi.so (carried)"; exit 2; } ;;
+  *) echo "usage: $0 [bench [ROUNDS] | tests [TEST...] | ofi]"; exit 2 ;;
 esac
 
 # The plugin flavours.
@@ -105,6 +110,35 @@ if [ "$mode" = tests ]; then
   exit $status
 fi
 
+summary() { # busbw per collective, size and network: the mean of both placements over the
+  # rounds so far; the plugin's ratio to sockets.
+python3 - "$out" <<'EOF' | tee "$out/summary.txt"
+import csv, glob, os, sys
+from collections import defaultdict
+out = sys.argv[1]
+bw = defaultdict(list)
+for path in sorted(glob.glob(os.path.join(out, "*-[0-9]*.csv"))):
+    net = os.path.basename(path).rsplit("-", 1)[0]
+    for row in csv.DictReader(open(path)):
+        bw[(row["collective"], int(row["size_bytes"]), net)].append(float(row["busbw_gbps"]))
+present = {n for _, _, n in bw}
+nets = [n for n in ["socket", "host", "cuda", "ofi"] if n in present]
+others = [n for n in nets if n != "socket"]
+print("# busbw GB/s, mean of out-of-place and in-place over the rounds (n values); ratio = network / socket")
+print(f"{'collective':14} {'size':>10} " + " ".join(f"{n:>12}" for n in nets)
+      + "".join(f" {n + '/sock':>10}" for n in others))
+for coll, size in sorted({(c, s) for c, s, _ in bw}):
+    m = {}
+    cells = []
+    for n in nets:
+        v = bw.get((coll, size, n), [])
+        m[n] = sum(v) / len(v) if v else None
+        cells.append(f"{m[n]:8.2f} ({len(v)})" if v else f"{'-':>12}")
+    ratio = lambda n: f"{m[n] / m['socket']:10.3f}" if m.get(n) and m.get("socket") else f"{'-':>10}"
+    print(f"{coll:14} {size >> 20:>7} MiB " + " ".join(cells) + "".join(f" {ratio(n)}" for n in others))
+EOF
+}
+
 run() { # run ROUND NAME ENV...: one benchmark run, its table, CSV and INFO logs
   local r=$1 name=$2
   shift 2
@@ -120,36 +154,30 @@ run() { # run ROUND NAME ENV...: one benchmark run, its table, CSV and INFO logs
   # Which network and placement the connections took, as the ranks logged it.
   grep -hoE 'via NET/[A-Za-z]+/[0-9]+(/GDRDMA)?|GPU Direct RDMA (on|off)[^:]*(: .*)?' \
     "$out/logs-$tag"/rank-*.log 2>/dev/null | sort | uniq -c | head -6
+  summary >/dev/null # kept current, in case the call's limit ends the session
   archive
 }
+
+if [ "$mode" = ofi ]; then
+  # aws-ofi-nccl, unmodified, over libfabric's tcp provider on loopback; its libraries from
+  # .gpu-ofi/lib. A plugin that fails to load or init is skipped for the socket network, and the
+  # log says why: the lines kept below tell which network carried the traffic.
+  ofi="$root/.gpu-ofi"
+  { ldd --version | head -1; LD_LIBRARY_PATH="$ofi/lib" ldd "$ofi/libnccl-net-ofi.so"; } \
+    >"$out/ofi-ldd.txt" 2>&1
+  grep -E 'not found|GLIBC' "$out/ofi-ldd.txt"
+  run 1 ofi LD_LIBRARY_PATH="$ofi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FI_PROVIDER=tcp \
+    FI_TCP_IFACE=lo NCCL_NET_PLUGIN="$ofi/libnccl-net-ofi.so"
+  grep -hE 'NET/OFI|NET/Plugin|WARN' "$out/logs-ofi-1"/rank-*.log 2>/dev/null | sort | uniq -c | head -30
+  run 1 socket NCCL_NET_PLUGIN=none
+  summary
+  exit 0
+fi
 
 for r in $(seq 1 "$rounds"); do
   run "$r" socket NCCL_NET_PLUGIN=none
   run "$r" host NCCL_NET_PLUGIN="$work/libtest-host.so" NCCL_NET=TestTCP
   run "$r" cuda NCCL_NET_PLUGIN="$work/libtest-cuda.so" NCCL_NET=TestTCP NCCL_NET_GDR_LEVEL=SYS
 done
+summary
 
-# busbw per collective, size and network: the mean of both placements over the rounds; the
-# plugin's ratio to sockets.
-python3 - "$out" <<'EOF' | tee "$out/summary.txt"
-import csv, glob, os, sys
-from collections import defaultdict
-out = sys.argv[1]
-bw = defaultdict(list)
-for path in sorted(glob.glob(os.path.join(out, "*-[0-9]*.csv"))):
-    net = os.path.basename(path).rsplit("-", 1)[0]
-    for row in csv.DictReader(open(path)):
-        bw[(row["collective"], int(row["size_bytes"]), net)].append(float(row["busbw_gbps"]))
-nets = ["socket", "host", "cuda"]
-print("# busbw GB/s, mean of out-of-place and in-place over the rounds (n values); ratio = plugin / socket")
-print(f"{'collective':14} {'size':>10} " + " ".join(f"{n:>12}" for n in nets) + "   host/sock  cuda/sock")
-for coll, size in sorted({(c, s) for c, s, _ in bw}):
-    m = {}
-    cells = []
-    for n in nets:
-        v = bw.get((coll, size, n), [])
-        m[n] = sum(v) / len(v) if v else None
-        cells.append(f"{m[n]:8.2f} ({len(v)})" if v else f"{'-':>12}")
-    ratio = lambda n: f"{m[n] / m['socket']:9.3f}" if m.get(n) and m.get("socket") else f"{'-':>9}"
-    print(f"{coll:14} {size >> 20:>7} MiB " + " ".join(cells) + f"   {ratio('host')}  {ratio('cuda')}")
-EOF
