@@ -98,7 +98,7 @@ fn build(file: &str, defines: &[&str]) -> PathBuf {
         .arg("-o")
         .arg(&out)
         .arg(root.join(PLUGIN_SRC))
-        .arg("-ldl");
+        .args(["-ldl", "-lpthread"]);
     for d in defines {
         cmd.arg(format!("-D{d}"));
     }
@@ -362,16 +362,20 @@ fn run(test: &str, so: &Path, name: &str, more: &[(&str, &str)]) {
     common::procs::run_nodes(test, 2, 1, &env);
 }
 
-/// The CUDA flavour with GPU Direct RDMA allowed and flushes forced: ring collectives with LL,
-/// LL128 and Simple forced; FIFOs in GPU memory copied through the driver, only Simple steps
-/// flushed.
+/// The CUDA flavour (a helper thread per comm, as benchmarked) with GPU Direct RDMA allowed and
+/// flushes forced: ring collectives with LL, LL128 and Simple forced; FIFOs in GPU memory
+/// copied through the driver, only Simple steps flushed.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn cuda_pointer_plugin_on_gpu_flushes_simple_steps_only() {
     if child(21) {
         return;
     }
-    let so = build("libgpu-cuda.so", &["NET_VERSION=11", "CUDA_PTR", "DMABUF"]);
+    // The flavour tools/gpu-plugin-bench.sh measures: a helper thread per comm.
+    let so = build(
+        "libgpu-cuda.so",
+        &["NET_VERSION=11", "CUDA_PTR", "DMABUF", "HELPER_THREAD"],
+    );
     for (proto, flushes) in [("LL", "none"), ("LL128", "none"), ("Simple", "some")] {
         run(
             "cuda_pointer_plugin_on_gpu_flushes_simple_steps_only",
@@ -421,15 +425,16 @@ fn cuda_pointer_plugin_on_gpu_groups_receives() {
     );
 }
 
-/// The host-memory flavour, single and grouped receives: FIFOs in host memory, nothing
-/// registered as GPU memory, no flush, no copy through the driver.
+/// The host-memory flavour, single receives (with a helper thread per comm, as benchmarked) and
+/// grouped ones: FIFOs in host memory, nothing registered as GPU memory, no flush, no copy
+/// through the driver.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn host_memory_plugin_on_gpu() {
     if child(23) {
         return;
     }
-    let single = build("libgpu-host.so", &["NET_VERSION=11"]);
+    let single = build("libgpu-host.so", &["NET_VERSION=11", "HELPER_THREAD"]);
     let grouped = build("libgpu-host-grp4.so", &["NET_VERSION=11", "MAX_RECVS=4"]);
     run(
         "host_memory_plugin_on_gpu",

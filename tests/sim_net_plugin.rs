@@ -553,17 +553,25 @@ fn gdr_env(
 /// A plugin that takes CUDA pointers, with GPU Direct RDMA allowed (the plugin's device has no
 /// PCI path, so it hangs off the CPU: PHB from the GPU, beyond the default PXB): every FIFO in
 /// GPU memory, registered as PTR_CUDA, received steps flushed; every collective and an
-/// all-to-all right. v11 flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its forceFlush property,
+/// all-to-all right. v11 (a helper thread per comm) flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its
+/// forceFlush property,
 /// with NCCL_PROTO=Simple (so the flushes counted are Simple receives').
 #[test]
 fn cuda_pointer_plugin_uses_gpu_memory_and_flushes() {
     if gdr_child(5, true) {
         return;
     }
+    // With a helper thread per comm (the flavour tools/gpu-plugin-bench.sh measures): receives
+    // into GPU memory are copied there by test(), on the proxy thread.
     let v11 = build(
         "gdr11",
         "libgdr-v11.so",
-        &["NET_VERSION=11", "CUDA_PTR", "PLUGIN_NAME=\"TestGDR\""],
+        &[
+            "NET_VERSION=11",
+            "CUDA_PTR",
+            "HELPER_THREAD",
+            "PLUGIN_NAME=\"TestGDR\"",
+        ],
     );
     let env = gdr_env(
         &v11,

@@ -2,7 +2,8 @@
 # Issue 21's target table on a GPU host, in one device call: 2 rank processes as 2 nodes
 # (`nccl_bench --nodes 2`, NCCL_HOSTID per node, loopback) through
 #   socket  the built-in socket network (NCCL_NET_PLUGIN=none),
-#   host    the test plugin tests/c/plugins/net_plugin_tcp.c, host memory (-DNET_VERSION=11),
+#   host    the test plugin tests/c/plugins/net_plugin_tcp.c, host memory (-DNET_VERSION=11
+#           -DHELPER_THREAD: a thread per comm moves its bytes),
 #   cuda    the same with CUDA pointers (-DCUDA_PTR -DDMABUF, NCCL_NET_GDR_LEVEL=SYS): FIFOs in
 #           GPU memory, moved through the CUDA driver by the plugin,
 # alternated by round, sizes 64 MiB .. 1 GiB; then a summary of busbw per size and the plugin's
@@ -57,11 +58,12 @@ src="$root/tests/c/plugins/net_plugin_tcp.c"
 build() { # build FILE DEFINES...
   local f=$1
   shift
-  cc -shared -fPIC -O2 -Wall -Werror -I "$root/include" -o "$work/$f" "$src" -ldl "$@" ||
+  cc -shared -fPIC -O2 -Wall -Werror -I "$root/include" -o "$work/$f" "$src" -ldl -lpthread "$@" ||
     { echo "cc failed for $f"; exit 2; }
 }
-build libtest-host.so -DNET_VERSION=11
-build libtest-cuda.so -DNET_VERSION=11 -DCUDA_PTR -DDMABUF
+# A helper thread per comm (as the socket network's helper threads): comms move bytes in parallel.
+build libtest-host.so -DNET_VERSION=11 -DHELPER_THREAD
+build libtest-cuda.so -DNET_VERSION=11 -DCUDA_PTR -DDMABUF -DHELPER_THREAD
 
 {
   echo "# $(date -u +%FT%TZ) $(hostname) build $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"

@@ -31,6 +31,9 @@
  *   DMABUF                 (with CUDA_PTR) claim NCCL_PTR_DMABUF too: regMrDmaBuf takes a
  *                          region of GPU memory with its dmabuf descriptor (checked with
  *                          fstat; the bytes are moved by address as above)
+ *   HELPER_THREAD          (with MAX_RECVS 1) a thread per comm moves its bytes, so that comms
+ *                          move theirs in parallel (as the socket network's helper threads);
+ *                          isend, irecv and test only post and look
  *   FORCE_FLUSH            the forceFlush property (v9 on)
  *   SPEED=n                the speed property, Mb/s (default 12345)
  *
@@ -46,6 +49,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,6 +314,7 @@ struct req {
    * (NULL: they landed where they belong) and its region. */
   void* dst[MAX_RECVS];
   const struct gpu_mr* dmr[MAX_RECVS];
+  int copied; /* (untagged) its staging went into the GPU */
 };
 
 #define NCTS (NREQS * MAX_RECVS)
@@ -339,7 +345,18 @@ struct comm {
     char* p;
     size_t cap;
   } stage[NREQS][MAX_RECVS];
+#ifdef HELPER_THREAD
+  /* The comm's helper thread (HELPER_THREAD): the lock over posting and completing, its
+   * wake-up, whether it runs, and its sticky error. */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int helped, stop;
+  ncclResult_t err;
+#endif
 };
+
+static ncclResult_t start_helper(struct comm* c);
 
 /* Request r's staging buffer i, at least n bytes; NULL when out of memory. */
 static char* stage_for(struct comm* c, struct req* r, int i, size_t n) {
@@ -421,6 +438,11 @@ static ncclResult_t do_connect(int dev, void* opaque, void** send_comm) {
   if (!c) { close(fd); return ncclSystemError; }
   c->fd = fd;
   c->is_send = 1;
+  if (start_helper(c) != ncclSuccess) {
+    close(fd);
+    free(c);
+    return ncclSystemError;
+  }
   stats.comms++;
   *send_comm = c;
   return ncclSuccess;
@@ -439,6 +461,11 @@ static ncclResult_t pl_accept(void* listen_comm, void** recv_comm, ncclNetDevice
   c = calloc(1, sizeof *c);
   if (!c) { close(fd); return ncclSystemError; }
   c->fd = fd;
+  if (start_helper(c) != ncclSuccess) {
+    close(fd);
+    free(c);
+    return ncclSystemError;
+  }
   stats.comms++;
   *recv_comm = c;
   return ncclSuccess;
@@ -532,43 +559,126 @@ static struct req* next_slot(struct comm* c) {
   return r;
 }
 
+/* Moves the bytes of request r (the oldest unfinished one): 1 once they all moved, 0 while
+ * the socket would block (or the peer left between messages: a departure, not an error,
+ * receives stay pending), else minus the error, fatal to the comm. */
+static int move_one(struct comm* c, struct req* r) {
+  while (r->hdr_done < sizeof r->hdr) {
+    ssize_t n = r->is_send
+        ? send(c->fd, (char*)&r->hdr + r->hdr_done, sizeof r->hdr - r->hdr_done, MSG_NOSIGNAL)
+        : recv(c->fd, (char*)&r->hdr + r->hdr_done, sizeof r->hdr - r->hdr_done, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (n == 0 && r->hdr_done == 0) return 0;
+    if (n <= 0) return -(int)ncclRemoteError;
+    r->hdr_done += n;
+    if (r->hdr_done == sizeof r->hdr && !r->is_send && r->hdr > r->cap) {
+      LOG(NCCL_LOG_WARN, PLUGIN_NAME ": a %lu-byte message for a %lu-byte buffer",
+          (unsigned long)r->hdr, (unsigned long)r->cap);
+      return -(int)ncclInternalError;
+    }
+  }
+  while (r->data_done < r->hdr) {
+    ssize_t n = r->is_send
+        ? send(c->fd, r->data + r->data_done, r->hdr - r->data_done, MSG_NOSIGNAL)
+        : recv(c->fd, r->data + r->data_done, r->hdr - r->data_done, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (n <= 0) return -(int)ncclRemoteError;
+    r->data_done += n;
+  }
+  return 1;
+}
+
+/* A receive that landed in staging goes into the GPU before it says it is done. */
+static ncclResult_t land_in_gpu(struct comm* c, struct req* r) {
+#if MAX_RECVS > 1
+  (void)c; (void)r;
+  return ncclSuccess; /* tagged receives copy each buffer as it fills */
+#else
+  if (r->is_send || !r->dmr[0] || r->copied) return ncclSuccess;
+  r->copied = 1;
+  return gpu_copy(&c->stream, r->dmr[0], 1, r->dst[0], r->data, r->hdr);
+#endif
+}
+
 /* Moves bytes of the oldest unfinished requests; an error is fatal to the comm. */
 __attribute__((unused)) static ncclResult_t progress(struct comm* c) {
   while (c->finished < c->posted) {
     struct req* r = &c->reqs[c->finished % NREQS];
-    while (r->hdr_done < sizeof r->hdr) {
-      ssize_t n = r->is_send
-          ? send(c->fd, (char*)&r->hdr + r->hdr_done, sizeof r->hdr - r->hdr_done, MSG_NOSIGNAL)
-          : recv(c->fd, (char*)&r->hdr + r->hdr_done, sizeof r->hdr - r->hdr_done, 0);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
-      /* A peer gone between messages is a departure, not an error: receives stay pending. */
-      if (n == 0 && r->hdr_done == 0) return ncclSuccess;
-      if (n <= 0) return ncclRemoteError;
-      r->hdr_done += n;
-      if (r->hdr_done == sizeof r->hdr && !r->is_send && r->hdr > r->cap) {
-        LOG(NCCL_LOG_WARN, PLUGIN_NAME ": a %lu-byte message for a %lu-byte buffer",
-            (unsigned long)r->hdr, (unsigned long)r->cap);
-        return ncclInternalError;
-      }
-    }
-    while (r->data_done < r->hdr) {
-      ssize_t n = r->is_send
-          ? send(c->fd, r->data + r->data_done, r->hdr - r->data_done, MSG_NOSIGNAL)
-          : recv(c->fd, r->data + r->data_done, r->hdr - r->data_done, 0);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
-      if (n <= 0) return ncclRemoteError;
-      r->data_done += n;
-    }
-    if (!r->is_send && r->dmr[0]) {
-      /* Landed in staging: into the GPU before the request says it is done. */
-      ncclResult_t rc = gpu_copy(&c->stream, r->dmr[0], 1, r->dst[0], r->data, r->hdr);
-      if (rc != ncclSuccess) return rc;
-    }
+    ncclResult_t rc;
+    int k = move_one(c, r);
+    if (k <= 0) return k < 0 ? (ncclResult_t)-k : ncclSuccess;
+    rc = land_in_gpu(c, r);
+    if (rc != ncclSuccess) return rc;
     r->complete = 1;
     c->finished++;
   }
   return ncclSuccess;
 }
+
+#ifdef HELPER_THREAD
+#if MAX_RECVS > 1
+#error "HELPER_THREAD is for MAX_RECVS 1"
+#endif
+/* A thread per comm moves its bytes, so that comms move theirs in parallel, as NCCL's socket
+ * network's helper threads do. Requests are posted and completed under the comm's lock; a
+ * posted request's buffer, size and capacity do not change, so the thread moves its bytes
+ * with the lock released. It never calls CUDA: a receive into device memory is copied into
+ * the GPU by test(), on the caller's thread (which has the context current). */
+static void* helper(void* arg) {
+  struct comm* c = arg;
+  int was_ready = 0; /* the last poll said the socket was ready */
+  for (;;) {
+    struct req* r;
+    size_t before;
+    int k;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop && c->finished == c->posted) pthread_cond_wait(&c->cv, &c->mu);
+    if (c->stop) {
+      pthread_mutex_unlock(&c->mu);
+      return NULL;
+    }
+    r = &c->reqs[c->finished % NREQS];
+    pthread_mutex_unlock(&c->mu);
+    before = r->hdr_done + r->data_done;
+    k = move_one(c, r);
+    pthread_mutex_lock(&c->mu);
+    if (k > 0) {
+      r->complete = 1;
+      c->finished++;
+    } else if (k < 0) {
+      c->err = (ncclResult_t)-k;
+      c->stop = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (k != 0 || r->hdr_done + r->data_done != before) {
+      was_ready = 0;
+    } else if (was_ready) {
+      /* Ready, yet nothing moved: a departed peer's socket stays readable. A nap. */
+      usleep(1000);
+      was_ready = 0;
+    } else {
+      struct pollfd pfd = {c->fd, (short)(r->is_send ? POLLOUT : POLLIN), 0};
+      was_ready = poll(&pfd, 1, 1) > 0;
+    }
+  }
+}
+
+static ncclResult_t start_helper(struct comm* c) {
+  if (pthread_mutex_init(&c->mu, NULL) || pthread_cond_init(&c->cv, NULL)) return ncclSystemError;
+  if (pthread_create(&c->thread, NULL, helper, c)) return ncclSystemError;
+  c->helped = 1;
+  return ncclSuccess;
+}
+#define LOCK(c) pthread_mutex_lock(&(c)->mu)
+#define UNLOCK(c) pthread_mutex_unlock(&(c)->mu)
+#else
+static ncclResult_t start_helper(struct comm* c) {
+  (void)c;
+  return ncclSuccess;
+}
+#define LOCK(c) ((void)(c))
+#define UNLOCK(c) ((void)(c))
+#endif
 
 #if MAX_RECVS > 1
 /* Reads or writes up to len bytes; 1: done, 0: would block, <0: the error to return. */
@@ -676,16 +786,21 @@ static ncclResult_t progress_recv_tagged(struct comm* c) {
 }
 #endif
 
+/* Moves what can move now (called with the comm's lock held). With a helper thread, that
+ * thread moves the bytes: this wakes it and reports its error, if any. */
 static ncclResult_t progress_any(struct comm* c) {
 #if MAX_RECVS > 1
   return c->is_send ? progress_send_tagged(c) : progress_recv_tagged(c);
+#elif defined(HELPER_THREAD)
+  pthread_cond_signal(&c->cv);
+  return c->err;
 #else
   return progress(c);
 #endif
 }
 
-static ncclResult_t do_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
-                             void** request) {
+static ncclResult_t isend_locked(void* send_comm, void* data, size_t size, int tag,
+                                 void* mhandle, void** request) {
   struct comm* c = send_comm;
   struct req* r;
   const struct gpu_mr* g = as_gpu_mr(mhandle);
@@ -734,8 +849,8 @@ static ncclResult_t do_isend(void* send_comm, void* data, size_t size, int tag, 
   return progress_any(c);
 }
 
-static ncclResult_t do_irecv(void* recv_comm, int n, void** data, const size_t* sizes,
-                             const int* tags, void** mhandles, void** request) {
+static ncclResult_t irecv_locked(void* recv_comm, int n, void** data, const size_t* sizes,
+                                 const int* tags, void** mhandles, void** request) {
   struct comm* c = recv_comm;
   struct req* r;
   char* land[MAX_RECVS];
@@ -786,6 +901,27 @@ static ncclResult_t do_irecv(void* recv_comm, int n, void** data, const size_t* 
   return progress_any(c);
 }
 
+/* Posting takes the comm's lock (with a helper thread). */
+static ncclResult_t do_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+                             void** request) {
+  struct comm* c = send_comm;
+  ncclResult_t rc;
+  LOCK(c);
+  rc = isend_locked(send_comm, data, size, tag, mhandle, request);
+  UNLOCK(c);
+  return rc;
+}
+
+static ncclResult_t do_irecv(void* recv_comm, int n, void** data, const size_t* sizes,
+                             const int* tags, void** mhandles, void** request) {
+  struct comm* c = recv_comm;
+  ncclResult_t rc;
+  LOCK(c);
+  rc = irecv_locked(recv_comm, n, data, sizes, tags, mhandles, request);
+  UNLOCK(c);
+  return rc;
+}
+
 static ncclResult_t pl_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
                               void** request) {
   struct req* r;
@@ -819,10 +955,15 @@ static ncclResult_t pl_test(void* request, int* done, int* sizes) {
     free(r);
     return ncclSuccess;
   }
+  LOCK(r->comm);
   rc = progress_any(r->comm);
-  if (rc != ncclSuccess) return rc;
   *done = r->complete;
-  if (r->complete) {
+  UNLOCK(r->comm);
+  if (rc != ncclSuccess) return rc;
+  if (*done) {
+    /* (untagged, with a helper thread) a receive into device memory goes into the GPU here. */
+    rc = land_in_gpu(r->comm, r);
+    if (rc != ncclSuccess) return rc;
 #if MAX_RECVS > 1
     if (sizes && !r->is_send) {
       int i;
@@ -830,7 +971,9 @@ static ncclResult_t pl_test(void* request, int* done, int* sizes) {
     } else
 #endif
     if (sizes) sizes[0] = (int)(r->is_send ? r->cap : r->hdr);
+    LOCK(r->comm);
     r->used = 0;
+    UNLOCK(r->comm);
   }
   return ncclSuccess;
 }
@@ -839,6 +982,17 @@ static ncclResult_t pl_close(void* comm) {
   struct comm* c = comm;
   int i, j;
   if (!c) return ncclSuccess;
+#ifdef HELPER_THREAD
+  if (c->helped) {
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+  }
+#endif
   close(c->fd);
 #ifdef CUDA_PTR
   if (c->stream && cu.loaded) cu.stream_destroy(c->stream);
