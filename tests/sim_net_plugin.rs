@@ -553,17 +553,25 @@ fn gdr_env(
 /// A plugin that takes CUDA pointers, with GPU Direct RDMA allowed (the plugin's device has no
 /// PCI path, so it hangs off the CPU: PHB from the GPU, beyond the default PXB): every FIFO in
 /// GPU memory, registered as PTR_CUDA, received steps flushed; every collective and an
-/// all-to-all right. v11 flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its forceFlush property,
+/// all-to-all right. v11 (a helper thread per comm) flushes on NCCL_NET_FORCE_FLUSH=1, v9 on its
+/// forceFlush property,
 /// with NCCL_PROTO=Simple (so the flushes counted are Simple receives').
 #[test]
 fn cuda_pointer_plugin_uses_gpu_memory_and_flushes() {
     if gdr_child(5, true) {
         return;
     }
+    // With a helper thread per comm (the flavour tools/gpu-plugin-bench.sh measures): receives
+    // into GPU memory are copied there by test(), on the proxy thread.
     let v11 = build(
         "gdr11",
         "libgdr-v11.so",
-        &["NET_VERSION=11", "CUDA_PTR", "PLUGIN_NAME=\"TestGDR\""],
+        &[
+            "NET_VERSION=11",
+            "CUDA_PTR",
+            "HELPER_THREAD",
+            "PLUGIN_NAME=\"TestGDR\"",
+        ],
     );
     let env = gdr_env(
         &v11,
@@ -826,44 +834,6 @@ fn only_simple_steps_are_flushed() {
     }
 }
 
-/// Send/recv around the ring in one group, `count` i32 each way: every rank sends to the next
-/// and receives from the previous, fresh data from `seed`, the receive buffer poisoned first.
-fn check_ring_shift(ranks: &Ranks, count: usize, seed: u64) {
-    let c = &ranks.comms[0];
-    let (r, n) = (c.rank(), c.count());
-    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-    // A different stream of values per (seed, sender), known to its receiver.
-    let value = |from: usize, i: usize| {
-        let x = (seed ^ (from as u64) << 40).wrapping_add(i as u64);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 33) as i32
-    };
-    let data: Vec<i32> = (0..count).map(|i| value(r, i)).collect();
-    let dev = c.device();
-    let sb = dev.alloc(count * 4).expect("send buffer");
-    sb.write(0, common::to_bytes(&data)).expect("write");
-    let rb = dev.alloc(count * 4).expect("recv buffer");
-    rb.write(0, &vec![0xA5; count * 4]).expect("poison");
-    let st = ranks.streams[0];
-    nccl::group_start();
-    // SAFETY: both buffers hold `count` i32 and outlive the stream sync below.
-    let sent = unsafe { c.send_raw(sb.ptr(), count, DataType::Int32, next, st) };
-    let recvd = unsafe { c.recv_raw(rb.ptr(), count, DataType::Int32, prev, st) };
-    let end = nccl::group_end();
-    sent.and(recvd).expect("send/recv");
-    end.expect("group end");
-    dev.stream_sync(st).expect("sync");
-    let mut out = vec![0u8; count * 4];
-    rb.read(0, &mut out).expect("read");
-    let got: Vec<i32> = common::from_bytes(&out);
-    if let Some(k) = (0..count).find(|&k| got[k] != value(prev, k)) {
-        panic!(
-            "rank {r} from {prev}: element {k} of {count} is {} want {}",
-            got[k],
-            value(prev, k)
-        );
-    }
-}
-
 /// The child of the grouped-receive test: all-to-alls (small, and many FIFO steps per
 /// connection) and ring shifts through the plugin, then its counters: grouped (multi-buffer)
 /// receives where maxRecvs > 1 and one comm per peer and direction, none otherwise.
@@ -875,7 +845,7 @@ fn grouped_child(seed: u64) -> bool {
             .unwrap_or_else(|e| panic!("all-to-all at scale {scale}: {e}"));
     }
     for (i, count) in [3usize, 250_000].into_iter().enumerate() {
-        check_ring_shift(&ranks, count, seed + i as u64);
+        common::check_ring_shift(&ranks, count, seed + i as u64);
     }
     let log = own_log();
     destroy(ranks, None);
@@ -886,6 +856,12 @@ fn grouped_child(seed: u64) -> bool {
         .parse()
         .expect("a number");
     assert!(get("recv_max_n") <= max, "{st:?}");
+    if std::env::var_os("NCCL_NET_GDR_LEVEL").is_some() {
+        // The CUDA-pointer flavour: every receive into GPU memory, Simple steps flushed.
+        assert_log_has(&log, "/GDRDMA");
+        assert!(get("recv_cuda") > 0 && get("recv_host") == 0, "{st:?}");
+        assert!(get("flush_cuda") > 0 && get("flush_host") == 0, "{st:?}");
+    }
     if max > 1 {
         // The 4 send/recv connections to each peer share one comm per direction.
         assert_log_has(&log, "4 receive connections with rank");
@@ -904,8 +880,9 @@ fn grouped_child(seed: u64) -> bool {
 /// two ranks share one network comm per direction, each tagging its messages, and the
 /// receiving proxy posts the steps its kernels wait for of several connections in one irecv
 /// (the plugin matches tags and counts multi-buffer receives). All-to-alls and ring shifts
-/// across 2 and 3 nodes, right with maxRecvs 4 (v11 and v8 tables) and with maxRecvs 1 (a comm
-/// per connection, no grouped receive).
+/// across 2 and 3 nodes, right with maxRecvs 4 (v11 and v8 tables, and a v11 flavour taking
+/// CUDA pointers: FIFOs in GPU memory, Simple steps flushed) and with maxRecvs 1 (a comm per
+/// connection, no grouped receive).
 #[test]
 fn grouped_receives_over_shared_comms() {
     if grouped_child(11) {
@@ -927,12 +904,31 @@ fn grouped_receives_over_shared_comms() {
         "libgrp1.so",
         &["NET_VERSION=11", "PLUGIN_NAME=\"TestGroup\""],
     );
-    for (so, version, max) in [
-        (&grouped, "11", "4"),
-        (&grouped_v8, "8", "4"),
-        (&single, "11", "1"),
+    // CUDA pointers too: FIFOs in (simulated) GPU memory, Simple steps flushed, so a grouped
+    // receive's steps are flushed one by one (under a stand-in libcuda.so.1 on the loader's
+    // path, this flavour's staging copies run as they do on a GPU).
+    let grouped_gdr = build(
+        "grp4gdr",
+        "libgrp4gdr.so",
+        &[
+            "NET_VERSION=11",
+            "MAX_RECVS=4",
+            "CUDA_PTR",
+            "PLUGIN_NAME=\"TestGroup\"",
+        ],
+    );
+    let gdr: &[(&str, &str)] = &[
+        ("NCCL_NET_GDR_LEVEL", "SYS"),
+        ("NCCL_NET_FORCE_FLUSH", "1"),
+        (EXPECT_PTR, "HOST|CUDA"),
+    ];
+    for (so, version, max, more, tag) in [
+        (&grouped, "11", "4", &[][..], ""),
+        (&grouped_v8, "8", "4", &[][..], ""),
+        (&single, "11", "1", &[][..], ""),
+        (&grouped_gdr, "11", "4", gdr, "-gdr"),
     ] {
-        let logs = dir().join(format!("logs-grp{max}-v{version}"));
+        let logs = dir().join(format!("logs-grp{max}-v{version}{tag}"));
         std::fs::create_dir_all(&logs).expect("log folder");
         let stats = logs.join("stats").to_string_lossy().into_owned();
         let env = with(
@@ -948,6 +944,7 @@ fn grouped_receives_over_shared_comms() {
                 (STATS, stats.as_str()),
             ],
         );
+        let env = with(&env, more);
         for nodes in [2, 3] {
             run("grouped_receives_over_shared_comms", nodes, &env);
         }

@@ -31,12 +31,26 @@ pub(crate) struct Dbt {
     _links: Vec<Links>,
 }
 
-/// What a connection log line says of the path to `peer` (as NCCL prints it).
-fn path_name(peer: usize, addrs: &[PeerAddr], net: Option<&NetPath>, key: usize) -> String {
+/// What a connection log line says of the path to `peer` in direction `dir` (as NCCL prints
+/// it; a network connection whose FIFO the GPU Direct RDMA policy puts in GPU memory ends in
+/// `/GDRDMA`, as the rings' lines do).
+fn path_name(
+    peer: usize,
+    dir: Dir,
+    addrs: &[PeerAddr],
+    net: Option<&NetPath>,
+    key: usize,
+) -> String {
     match net {
         Some(np) if np.remote[peer] => {
-            let ndevs = np.net.ndevs().max(1);
-            format!("NET/{}/{}", np.net.name(), key % ndevs)
+            let dev = key % np.net.ndevs().max(1);
+            let g = np.gdr.dev(dev);
+            let on_gpu = match dir {
+                Dir::Send => g.send,
+                Dir::Recv => g.recv,
+            };
+            let gdr = if on_gpu { "/GDRDMA" } else { "" };
+            format!("NET/{}/{dev}{gdr}", np.net.name())
         }
         _ => match addrs[peer].transport {
             Transport::Shm => "SHM/direct/direct".into(),
@@ -102,7 +116,7 @@ pub(crate) fn connect_dbt(
                 false => addrs[r].device,
             };
             for &(peer, dir) in &needs {
-                let path = path_name(peer, addrs, net, c);
+                let path = path_name(peer, dir, addrs, net, c);
                 let remote = net.is_some_and(|np| np.remote[peer]);
                 let (from, to, what) = match dir {
                     Dir::Send => (rank, peer, " [send]"),

@@ -99,6 +99,14 @@ impl Proxy {
             .name(format!("nccl-proxy-{device}"))
             .spawn(move || {
                 crate::debug::set_cuda_dev(device);
+                // The thread runs with its GPU current, as NCCL's proxy thread does
+                // (cudaSetDevice): network plugins that take CUDA pointers may call the CUDA
+                // driver from isend, irecv, test and iflush, and the driver works on the
+                // calling thread's current context.
+                match crate::cuda::Device::open(device).and_then(|d| d.make_current()) {
+                    Ok(()) => {}
+                    Err(e) => log::warn!("proxy thread of GPU {device}: its context: {e}"),
+                }
                 run(&s)
             })
             .ok();

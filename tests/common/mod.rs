@@ -938,3 +938,41 @@ pub fn late_rank_all_reduce_at(n: usize, late: usize) {
             .unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// Send/recv around the ring in one group, `count` i32 each way: every rank sends to the next
+/// and receives from the previous, fresh data from `seed`, the receive buffer poisoned first.
+pub fn check_ring_shift(ranks: &Ranks, count: usize, seed: u64) {
+    let c = &ranks.comms[0];
+    let (r, n) = (c.rank(), c.count());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    // A different stream of values per (seed, sender), known to its receiver.
+    let value = |from: usize, i: usize| {
+        let x = (seed ^ (from as u64) << 40).wrapping_add(i as u64);
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 33) as i32
+    };
+    let data: Vec<i32> = (0..count).map(|i| value(r, i)).collect();
+    let dev = c.device();
+    let sb = dev.alloc(count * 4).expect("send buffer");
+    sb.write(0, to_bytes(&data)).expect("write");
+    let rb = dev.alloc(count * 4).expect("recv buffer");
+    rb.write(0, &vec![0xA5; count * 4]).expect("poison");
+    let st = ranks.streams[0];
+    nccl::group_start();
+    // SAFETY: both buffers hold `count` i32 and outlive the stream sync below.
+    let sent = unsafe { c.send_raw(sb.ptr(), count, DataType::Int32, next, st) };
+    let recvd = unsafe { c.recv_raw(rb.ptr(), count, DataType::Int32, prev, st) };
+    let end = nccl::group_end();
+    sent.and(recvd).expect("send/recv");
+    end.expect("group end");
+    dev.stream_sync(st).expect("sync");
+    let mut out = vec![0u8; count * 4];
+    rb.read(0, &mut out).expect("read");
+    let got: Vec<i32> = from_bytes(&out);
+    if let Some(k) = (0..count).find(|&k| got[k] != value(prev, k)) {
+        panic!(
+            "rank {r} from {prev}: element {k} of {count} is {} want {}",
+            got[k],
+            value(prev, k)
+        );
+    }
+}
