@@ -412,11 +412,25 @@ fn quiet_link_cut_without_keepalive_is_seen_by_heartbeats() {
                 .map(|s| s.trim() == "down")
                 .unwrap_or(false)
         };
+        // One message from rank 0 to rank 1 sets their connection up; then rank 0 sends a
+        // second, which waits for a receive that rank 1 never posts.
+        // SAFETY: `buf` holds `count` floats and outlives every send and receive (the comm is
+        // aborted and its kernels end before `buf` drops).
+        unsafe {
+            if rank == 0 {
+                comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+            } else {
+                comm.recv_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+            }
+        }
+        .expect("issue the first message");
+        comm.device()
+            .stream_sync(stream)
+            .expect("the first message");
         if rank == 0 {
-            // SAFETY: `buf` holds `count` floats and outlives the send (the comm is aborted and
-            // its kernels end before `buf` drops).
+            // SAFETY: as above.
             unsafe { comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream) }
-                .expect("issue the send");
+                .expect("issue the second send");
         }
         // A few heartbeats go both ways before the link is cut (rank 1 never posts a receive).
         std::thread::sleep(Duration::from_millis(HANG_TIMEOUT_MS));
