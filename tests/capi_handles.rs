@@ -55,9 +55,28 @@ fn every_call(h: H) -> Vec<(&'static str, NcclResult)> {
                     "ncclReduceScatter",
                     ncclReduceScatter(buf, buf, 1, 7, 0, c, s),
                 ),
+                ("ncclBcast", ncclBcast(buf, 1, 7, 0, c, s)),
+                ("ncclAlltoAll", ncclAlltoAll(buf, buf, 1, 7, c, s)),
+                ("ncclGather", ncclGather(buf, buf, 1, 7, 0, c, s)),
+                ("ncclScatter", ncclScatter(buf, buf, 1, 7, 0, c, s)),
                 ("ncclSend", ncclSend(buf, 1, 7, 0, c, s)),
                 ("ncclRecv", ncclRecv(buf, 1, 7, 0, c, s)),
                 ("ncclCommRegister", ncclCommRegister(c, buf, 4, &mut reg)),
+                ("ncclCommDeregister", ncclCommDeregister(c, buf)),
+                (
+                    "ncclCommWindowRegister",
+                    ncclCommWindowRegister(c, buf, 4, &mut reg, 0),
+                ),
+                ("ncclCommWindowDeregister", ncclCommWindowDeregister(c, buf)),
+                (
+                    "ncclDevCommCreate",
+                    ncclDevCommCreate(c, std::ptr::null(), buf),
+                ),
+                (
+                    "ncclDevCommDestroy",
+                    ncclDevCommDestroy(c, std::ptr::null()),
+                ),
+                ("ncclRedOpDestroy", ncclRedOpDestroy(5, c)),
                 (
                     "ncclRedOpCreatePreMulSum",
                     ncclRedOpCreatePreMulSum(
@@ -71,6 +90,10 @@ fn every_call(h: H) -> Vec<(&'static str, NcclResult)> {
                 (
                     "ncclCommSplit",
                     ncclCommSplit(c, 0, 0, &mut split, std::ptr::null()),
+                ),
+                (
+                    "ncclCommShrink",
+                    ncclCommShrink(c, std::ptr::null(), 0, &mut split, std::ptr::null(), 0),
                 ),
                 ("ncclCommFinalize", ncclCommFinalize(c)),
                 ("ncclCommAbort", ncclCommAbort(c)),
