@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 
 pub use abort::AbortFlag;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
+pub(crate) use id::new_local_root_id;
 
 use crate::error::{Error, Result};
 pub(crate) use p2p::Fault;
