@@ -37,9 +37,14 @@ static SERIAL: AtomicU64 = AtomicU64::new(1);
 /// 65 sockets (a control socket and `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS` ≤ 64).
 pub(super) const MAX_PENDING: usize = 128;
 
-/// A number no other listener or connection of this process has (process id and a counter).
+/// A number no other listener of this process has (the process id and a counter), masked with
+/// a secret drawn once per process: the tag travels only in the handle, through the bootstrap,
+/// so a stranger who knows the process id cannot greet a listener as one of its connections.
 pub(super) fn next_tag() -> u64 {
-    (u64::from(std::process::id()) << 32) | (SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff)
+    static SECRET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let secret = *SECRET.get_or_init(crate::bootstrap::random_nonce);
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
+    ((u64::from(std::process::id()) << 32) | serial) ^ secret
 }
 
 fn next_conn_id() -> ConnId {

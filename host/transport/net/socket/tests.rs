@@ -623,6 +623,15 @@ fn a_flood_of_silent_connections_holds_few_descriptors() {
     drop(flood);
 }
 
+/// A listener's tag is not the process id and a counter in the clear (a stranger who knows
+/// the pid could then greet the listener as one of its connections and fail its set-up).
+#[test]
+fn listener_tags_do_not_show_the_process_id() {
+    let (a, b) = (handshake::next_tag(), handshake::next_tag());
+    assert_ne!(a >> 32, u64::from(std::process::id()), "{a:#x}");
+    assert_ne!(a, b);
+}
+
 #[test]
 fn connect_to_nobody_fails_in_time() {
     let net = lo_net(1, 1);
