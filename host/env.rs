@@ -161,7 +161,8 @@ pub const PARAMS: &[Param] = &[
               debugger; or wholly stuck): each rank sends a bootstrap heartbeat to its ring \
               successor every quarter of this (at most 5 s), and a rank that has heard none from \
               its predecessor for this long while an operation of the communicator is \
-              outstanding raises the async error (ncclRemoteError, \"rank N has not responded \
+              outstanding (twice this long otherwise: another rank may be the one waiting) \
+              raises the async error (ncclRemoteError, \"rank N has not responded \
               for T s\") and the kernels' abort flag, and tells every other rank; every rank \
               must set the same value (nccl-rs's own: NCCL has no such bound); 0: off",
     },

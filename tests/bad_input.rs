@@ -136,6 +136,22 @@ fn buffer_extents() {
     let f32 = DataType::Float32;
     let small = c.device().alloc(4096).unwrap();
     let big = c.device().alloc(8192).unwrap();
+    // Poisoned with a pattern that must survive every refused call (the issue's case wrote past
+    // `small` into the next allocation).
+    let pattern = |n: usize, seed: u64| -> Vec<u8> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let (small0, big0) = (pattern(4096, 0x5eed_1234), pattern(8192, 0xbeef_0987));
+    small.write(0, &small0).unwrap();
+    big.write(0, &big0).unwrap();
     let short = |r: nccl::Result<()>, what: &str, need: usize, avail: usize| {
         let e = r.expect_err("a short buffer must be refused");
         assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
@@ -144,6 +160,7 @@ fn buffer_extents() {
         }
     };
     let sum = ReduceOp::Sum;
+    let refusals = Instant::now();
     // The issue's case: 2048 floats in a 4 KiB buffer.
     short(
         unsafe { c.all_reduce_raw(small.ptr(), big.ptr(), 2048, f32, sum, s) },
@@ -206,6 +223,21 @@ fn buffer_extents() {
     // Registration covers the whole range too.
     let e = unsafe { c.register_raw(small.ptr(), 8192) }.unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    // Nothing ran: both allocations hold their pattern.
+    for (b, want, name) in [(&small, &small0, "small"), (&big, &big0, "big")] {
+        let mut got = vec![0u8; want.len()];
+        b.read(0, &mut got).unwrap();
+        assert!(
+            got == *want,
+            "the {name} buffer changed under a refused call"
+        );
+    }
+    // For docs/faults.md (no bound asserted): the slowest refusal.
+    eprintln!(
+        "short buffers: 10 calls refused in {:?} (all together, checks included), both buffers \
+         intact",
+        refusals.elapsed()
+    );
 
     // What fits is accepted, and runs: in-place AllGather and ReduceScatter at their offsets,
     // Reduce with a short recv off the root, Broadcast with a short send off the root.

@@ -52,6 +52,10 @@ fn op_timeout_comes_from_the_environment() {
     std::env::remove_var("NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS");
     peer.join().unwrap();
     let e = r.expect_err("a receive nobody answers must time out");
+    eprintln!(
+        "a receive nobody answers (NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS=500): {:?} after {elapsed:?}: {e}",
+        e.code
+    );
     assert!(
         elapsed >= Duration::from_millis(400) && elapsed < Duration::from_secs(3),
         "the wait took {elapsed:?} with NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS=500: {e}"
@@ -90,6 +94,11 @@ fn unused_roots_end() {
             break;
         }
     }
+    eprintln!(
+        "50 unused ids (NCCL_BOOTSTRAP_TIMEOUT_MS=1000): threads {threads0} -> {threads1} -> \
+         {threads}, descriptors {fds0} -> {fds1} -> {fds}, {:?} after the last id was made",
+        t.elapsed()
+    );
     assert!(
         threads <= threads0 && fds <= fds0,
         "{:?} after the 1 s timeout: threads {threads0} -> {threads}, descriptors {fds0} -> {fds} \
@@ -127,6 +136,7 @@ fn silent_connections_hold_few_threads() {
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     let during = threads();
+    eprintln!("300 silent connections to a root: threads {before} -> {during}");
     assert!(
         during <= before + 64 + 4,
         "300 silent connections to a root: threads {before} -> {during}"
@@ -150,6 +160,7 @@ fn silent_connections_hold_few_threads() {
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     let during = threads();
+    eprintln!("300 silent connections to a rank: threads {before} -> {during}");
     assert!(
         during <= before + 64 + 4,
         "300 silent connections to a rank: threads {before} -> {during}"

@@ -68,6 +68,7 @@ fn c_programs_pass_on_the_simulator() {
         let exe = compile(&src, &dir);
         let out = Command::new(&exe)
             .env("NCCL_RS_BACKEND", "sim")
+            .env("NCCL_SOCKET_IFNAME", "lo") // bootstrap on loopback only
             .env("LD_LIBRARY_PATH", &dir)
             .env("NCCL_BOOTSTRAP_TIMEOUT_MS", "20000")
             .output()

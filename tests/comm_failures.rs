@@ -8,6 +8,8 @@ use nccl::{Backend, Comm, Config, Device, NcclResult};
 use std::time::{Duration, Instant};
 
 fn sim() {
+    // Loopback only (without it the bootstrap used the machine's own interface address).
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     std::env::set_var("NCCL_BOOTSTRAP_TIMEOUT_MS", "1500");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
 }
@@ -34,6 +36,10 @@ fn a_rank_that_never_arrives_fails_every_other_rank_in_time() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
     for r in res {
         let e = r.unwrap_err();
+        eprintln!(
+            "a rank that never arrives (NCCL_BOOTSTRAP_TIMEOUT_MS=1500): {:?} after {took:?}: {e}",
+            e.code
+        );
         assert_eq!(e.code, NcclResult::RemoteError, "{e}");
         assert!(e.message.contains("3 of 4"), "{e}");
     }
@@ -51,6 +57,11 @@ fn abort_during_creation_returns_promptly() {
     let t = Instant::now();
     p.abort();
     let e = p.wait().unwrap_err();
+    eprintln!(
+        "abort during creation: {:?} after {:?}: {e}",
+        e.code,
+        t.elapsed()
+    );
     assert!(
         t.elapsed() < Duration::from_millis(1000),
         "{:?}",
@@ -78,11 +89,17 @@ fn a_dead_peer_fails_finalize_and_abort_is_prompt() {
     let c = &comms[0];
     let t = Instant::now();
     let e = c.finalize().unwrap_err();
+    eprintln!(
+        "finalize after the peer aborted: {:?} after {:?}: {e}",
+        e.code,
+        t.elapsed()
+    );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert_eq!(e.code, NcclResult::RemoteError, "{e}");
     let t = Instant::now();
     c.abort();
     drop(comms);
+    eprintln!("abort and destroy after the fault: {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(1));
 }
 
@@ -119,6 +136,7 @@ fn abort_ends_a_collective_stuck_on_an_absent_peer() {
         !c.device().stream_query(stream).unwrap(),
         "the kernel cannot finish without its peer"
     );
+    let t = Instant::now();
     c.abort();
     // A liveness bound, not a timing claim: without the abort this never ends.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -129,9 +147,48 @@ fn abort_ends_a_collective_stuck_on_an_absent_peer() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    eprintln!(
+        "a collective stuck on an absent peer: its stream drained {:?} after the abort",
+        t.elapsed()
+    );
     drop(buf);
     c.device().stream_destroy(stream).unwrap();
     drop(comms);
+}
+
+/// Issue 23: `ncclCommDestroy` with no abort before it, on a rank whose collective is stuck on a
+/// peer that went away (aborted: its connections end without a goodbye). The fault raises the
+/// kernels' abort flag, so the destroy's wait for this rank's own work ends, and it returns the
+/// fault (ncclRemoteError naming the peer) instead of waiting for ever.
+#[test]
+fn destroy_after_a_peer_fault_returns_the_error() {
+    sim();
+    let mut comms = Comm::init_all(&[4, 5]).expect("init_all");
+    let dead = comms.pop().expect("rank 1");
+    let c = comms.pop().expect("rank 0");
+    // Rank 1 never calls its AllReduce; it goes away instead.
+    let (stream, buf) = all_reduce_without_its_peer(&c);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !c.device().stream_query(stream).unwrap(),
+        "the kernel cannot finish without its peer"
+    );
+    let t = Instant::now();
+    dead.abort();
+    drop(dead);
+    let dev = c.device().clone();
+    let e = c.destroy().expect_err("a destroy after a fault returns it");
+    eprintln!(
+        "destroy with a collective stuck on a peer that aborted: {:?} after {:?}: {e}",
+        e.code,
+        t.elapsed()
+    );
+    assert_eq!(e.code, NcclResult::RemoteError, "{e}");
+    assert!(e.message.contains("rank 1"), "{e}");
+    // The kernel ended: the stream is drained and the buffer may go.
+    assert!(dev.stream_query(stream).unwrap(), "the kernel still runs");
+    drop(buf);
+    dev.stream_destroy(stream).unwrap();
 }
 
 /// The bootstrap root killed during init (issue 23's tests): rank 0 starts the root

@@ -9,7 +9,8 @@ use nccl::{Backend, Comm, Config, DataType, Device, NcclResult, ReduceOp, Unique
 use std::time::{Duration, Instant};
 
 fn sim() {
-    // 16 simulated GPUs: every rank of a communicator needs a device of its own.
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo"); // bootstrap on loopback only
+                                                   // 16 simulated GPUs: every rank of a communicator needs a device of its own.
     std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
 }

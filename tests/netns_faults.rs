@@ -388,3 +388,120 @@ fn vanished_host_under_a_sender_across_namespaces() {
     assert!(looping, "the ranks never reported their first message");
     eprintln!("vanished host (keepalive {keepalive} ms): both ranks were done {took:?} after the link went down");
 }
+
+/// The heartbeat bound the quiet-link test configures.
+const HANG_TIMEOUT_MS: u64 = 2000;
+
+/// The case the vanished-host test cannot run: keepalive off, and the link cut while nothing
+/// is in flight (rank 0's send waits for rank 1 to post its receive, which never comes). No
+/// socket holds unacknowledged data and none probes, so TCP alone never tells; the opt-in
+/// heartbeats (`NCCL_RS_PEER_HANG_TIMEOUT_MS`) do: rank 0 stops hearing rank 1's and gets an
+/// async error naming it within the bound, and abort returns. Rank 1 (cut off) sees its link
+/// down and leaves.
+#[test]
+fn quiet_link_cut_without_keepalive_is_seen_by_heartbeats() {
+    if let Some((rank, nranks)) = netns::child() {
+        let comm = child_comm(rank, nranks);
+        let peer = 1 - rank;
+        let count = 1 << 20;
+        let buf = comm.device().alloc(count * 4).expect("alloc");
+        let stream = comm.device().stream_create().expect("stream");
+        let ifname = std::env::var("NCCL_RS_NETNS_IFNAME").expect("interface name");
+        let link_down = || {
+            std::fs::read_to_string(format!("/sys/class/net/{ifname}/operstate"))
+                .map(|s| s.trim() == "down")
+                .unwrap_or(false)
+        };
+        // One message from rank 0 to rank 1 sets their connection up; then rank 0 sends a
+        // second, which waits for a receive that rank 1 never posts.
+        // SAFETY: `buf` holds `count` floats and outlives every send and receive (the comm is
+        // aborted and its kernels end before `buf` drops).
+        unsafe {
+            if rank == 0 {
+                comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+            } else {
+                comm.recv_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+            }
+        }
+        .expect("issue the first message");
+        comm.device()
+            .stream_sync(stream)
+            .expect("the first message");
+        if rank == 0 {
+            // SAFETY: as above.
+            unsafe { comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream) }
+                .expect("issue the second send");
+        }
+        // A few heartbeats go both ways before the link is cut (rank 1 never posts a receive).
+        std::thread::sleep(Duration::from_millis(HANG_TIMEOUT_MS));
+        netns::signal("quiet", rank);
+        let t0 = Instant::now();
+        let err = loop {
+            if let Err(e) = comm.get_async_error() {
+                break Some(e);
+            }
+            if rank == 1 && link_down() {
+                break None;
+            }
+            if rank == 0 {
+                assert!(
+                    !comm.device().stream_query(stream).unwrap_or(false),
+                    "rank 0: the send completed without a receiver"
+                );
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "rank {rank}: no async error after 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        match err {
+            Some(err) => {
+                eprintln!(
+                    "rank {rank}: async error {:?} after the signal: {err}",
+                    t0.elapsed()
+                );
+                check_peer_error(&err, rank);
+                assert!(
+                    err.message.contains(&format!("rank {peer}")),
+                    "rank {rank}: the error does not name rank {peer}: {err}"
+                );
+            }
+            None => {
+                assert_eq!(rank, 1, "only the cut-off rank leaves without an error");
+                eprintln!("rank {rank}: the link is down; leaving");
+            }
+        }
+        let t1 = Instant::now();
+        comm.abort();
+        let _ = comm.device().stream_sync(stream);
+        eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
+        drop(buf);
+        comm.destroy().ok();
+        return;
+    }
+    let test = "quiet_link_cut_without_keepalive_is_seen_by_heartbeats";
+    let Some(f) = netns::fabric_or_skip(test, "q1", 2, 11) else {
+        return;
+    };
+    let hang = HANG_TIMEOUT_MS.to_string();
+    let env = [
+        ("NCCL_RS_SOCKET_TIMEOUT_MS", "0"),
+        ("NCCL_RS_PEER_HANG_TIMEOUT_MS", hang.as_str()),
+    ];
+    let mut run = f.start(test, 1, ROOT_PORT, &env);
+    let quiet = run.wait_signal("quiet", &[0, 1], Duration::from_secs(60));
+    if quiet {
+        f.link_down(1).expect("take rank 1's link down");
+    }
+    let took = run.wait(
+        Duration::from_millis(2 * HANG_TIMEOUT_MS) + SLACK + SLACK,
+        &[],
+    );
+    run.check(&[]);
+    assert!(quiet, "the ranks never reported their quiet state");
+    eprintln!(
+        "quiet link cut, keepalive off, NCCL_RS_PEER_HANG_TIMEOUT_MS={HANG_TIMEOUT_MS}: both ranks \
+         were done {took:?} after the link went down"
+    );
+}

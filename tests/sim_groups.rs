@@ -10,6 +10,7 @@ use nccl::{Backend, Comm, Config, DataType, Device, NcclResult, ReduceOp, Stream
 use std::time::{Duration, Instant};
 
 fn sim() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo"); // bootstrap on loopback only
     std::env::set_var("NCCL_RS_SIM_DEVICES", "16");
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
 }

@@ -227,6 +227,77 @@ fn stopped_peer_raises_async_errors_when_hangs_are_watched() {
     );
 }
 
+/// The stopped rank's ring successor may have nothing to wait for while another rank waits on
+/// it: here rank 1 waits to receive from the stopped rank 2, and rank 0 (rank 2's successor,
+/// the only rank that hears its heartbeats) has nothing outstanding. The successor reports the
+/// silence all the same once it lasted twice `NCCL_RS_PEER_HANG_TIMEOUT_MS`, so rank 1's receive
+/// ends with an error naming rank 2, and abort and destroy return. (Before, rank 1 waited for
+/// ever: only a busy successor reported.)
+#[test]
+fn stopped_peer_is_reported_when_its_watcher_has_nothing_to_wait_for() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
+        let victim = nranks - 1;
+        if rank == victim {
+            // Beat a while first, then stop; the parent kills this process later.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            // SAFETY: raise(3) with a signal number; stops this process.
+            unsafe { libc::raise(libc::SIGSTOP) };
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+        let count = 1 << 14;
+        let buf = comm.device().alloc(count * 4).expect("alloc");
+        let stream = comm.device().stream_create().expect("stream");
+        let t0 = std::time::Instant::now();
+        // The receive's first use of the connection to rank 2 sets it up, inside the call: the
+        // error may come from the call itself (the set-up gives up once rank 2 is known gone).
+        let issued = if rank == 1 {
+            // SAFETY: `buf` holds `count` floats and outlives the receive (the comm is aborted
+            // and its stream drained before `buf` drops).
+            unsafe { comm.recv_raw(buf.ptr(), count, DataType::Float32, victim, stream) }
+        } else {
+            Ok(())
+        };
+        let limit = std::time::Duration::from_secs(60);
+        let err = loop {
+            if let Err(e) = issued.clone().and(comm.get_async_error()) {
+                break Some((e, t0.elapsed()));
+            }
+            if t0.elapsed() > limit {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let t1 = std::time::Instant::now();
+        comm.abort();
+        let _ = comm.device().stream_sync(stream);
+        drop(buf);
+        comm.destroy().ok();
+        eprintln!("rank {rank}: abort and destroy took {:?}", t1.elapsed());
+        let (err, after) =
+            err.unwrap_or_else(|| panic!("rank {rank}: no async error after {limit:?}"));
+        eprintln!("rank {rank}: error {after:?} after the wait began: {err}");
+        assert_eq!(err.code, nccl::NcclResult::RemoteError, "{err}");
+        assert!(
+            err.message
+                .contains(&format!("rank {victim} has not responded for")),
+            "{err}"
+        );
+        return;
+    }
+    common::procs::run_nodes_with_victim(
+        "stopped_peer_is_reported_when_its_watcher_has_nothing_to_wait_for",
+        3,
+        1,
+        &[LOOPBACK, ("NCCL_RS_PEER_HANG_TIMEOUT_MS", "2000")],
+        2,
+    );
+}
+
 /// CPU time (clock ticks) of this process's proxy threads so far, from /proc.
 fn proxy_ticks() -> u64 {
     let mut ticks = 0;

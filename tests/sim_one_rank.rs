@@ -133,3 +133,16 @@ fn a_captured_one_rank_copy_is_one_graph_node() {
 fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
+
+/// `ncclCommInitAll`'s ranks are all in this process, so its bootstrap listens on loopback
+/// whatever interface the default choice (`NCCL_SOCKET_IFNAME` is unset in this binary) would
+/// pick; tests built on it never use the machine's own address.
+#[test]
+fn init_all_bootstraps_on_loopback() {
+    let ranks = one_rank();
+    let addrs = ranks.comms[0].bootstrap_addresses();
+    assert!(!addrs.is_empty());
+    for a in addrs {
+        assert!(a.ip().is_loopback(), "a bootstrap address of init_all: {a}");
+    }
+}

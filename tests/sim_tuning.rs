@@ -10,6 +10,7 @@ use nccl::{Backend, Comm, NcclResult, ReduceOp};
 use nccl_device::types::DataType;
 
 fn sim() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo"); // bootstrap on loopback only
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
 }
 

@@ -297,6 +297,7 @@ fn send_recv_over_chunks_rooted_calls_and_registration() {
 
 #[test]
 fn a_typed_group_of_non_blocking_communicators_is_not_an_error() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo"); // bootstrap on loopback only
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     let id = nccl::get_unique_id().unwrap();
     let cfg = nccl::Config::blocking(false);

@@ -186,7 +186,17 @@ pub fn get_unique_id() -> Result<UniqueId> {
 /// made inside the library (communicator split, ...), where the fixed NCCL_COMM_ID address
 /// would clash with the bootstrap that is already using it.
 pub fn new_root_id() -> Result<UniqueId> {
-    let ip = socket::choose_address();
+    new_root_id_on(socket::choose_address())
+}
+
+/// As [`new_root_id`], with the root on the loopback address: for communicators whose ranks
+/// are all in this process (`ncclCommInitAll`), whose bootstrap need not leave the host, nor
+/// depend on an interface being up.
+pub(crate) fn new_local_root_id() -> Result<UniqueId> {
+    new_root_id_on(socket::loopback_address())
+}
+
+fn new_root_id_on(ip: std::net::IpAddr) -> Result<UniqueId> {
     let listener = socket::listen(SocketAddr::new(ip, 0), false)
         .map_err(|e| Error::system(format!("bootstrap root: cannot listen on {ip}: {e}")))?;
     let root = socket::local_addr(&listener)

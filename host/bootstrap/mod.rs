@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 
 pub use abort::AbortFlag;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
+pub(crate) use id::{new_local_root_id, random_nonce};
 
 use crate::error::{Error, Result};
 pub(crate) use p2p::Fault;
@@ -535,6 +536,11 @@ impl Bootstrap {
         }));
     }
 
+    /// Why `peer` is known to be gone (it died, aborted, or was reported hung), if it is.
+    pub(crate) fn gone(&self, peer: usize) -> Option<String> {
+        self.shared.gone(peer)
+    }
+
     /// Another layer (the network transport) found `peer` failed: it is recorded as gone, as if
     /// its bootstrap connection had ended, and every other rank is told (once). The watcher is
     /// not called: the layer that saw it reports its own, more precise error.
@@ -563,6 +569,12 @@ impl Bootstrap {
     /// so an application thread that is merely slow (or blocked in a collective) never trips it.
     /// A predecessor is watched only once its first heartbeat came (it watches too); a
     /// pause of this rank's own thread (this process stopped) restarts the count.
+    ///
+    /// Only the successor watches, and it may have nothing outstanding while another rank
+    /// waits on the silent one (a receive from it, or a group the successor is not in). So a
+    /// successor that is not busy reports the silence too, after `2 × after`: any rank waiting
+    /// on a stopped rank learns of it within twice the bound, and a stopped rank is a fault
+    /// after `2 × after` even where nobody waits.
     pub(crate) fn watch_hangs(
         self: &Arc<Self>,
         after: Duration,
@@ -595,7 +607,10 @@ impl Bootstrap {
                     }
                 }
                 if let Some(silent) = bs.shared.silent_for(prev) {
-                    if silent >= after && bs.shared.gone(prev).is_none() && busy() {
+                    if silent >= after
+                        && bs.shared.gone(prev).is_none()
+                        && (silent >= after * 2 || busy())
+                    {
                         bs.shared.hung(
                             prev,
                             format!(

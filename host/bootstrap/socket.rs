@@ -160,6 +160,16 @@ pub(crate) fn choose_address() -> IpAddr {
     }
 }
 
+/// The loopback address of the family `NCCL_SOCKET_FAMILY` asks for (IPv4 unless it asks for
+/// IPv6): where a bootstrap among ranks of one process listens.
+pub(crate) fn loopback_address() -> IpAddr {
+    if family_wanted() == Some(false) {
+        IpAddr::V6(Ipv6Addr::LOCALHOST)
+    } else {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    }
+}
+
 /// The local address the kernel would use to reach `target` (a UDP connect sends nothing), so
 /// that a rank listens on the interface that faces the root. Falls back to `choose_address`.
 pub(crate) fn local_ip_toward(target: IpAddr) -> IpAddr {

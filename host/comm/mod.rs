@@ -911,7 +911,9 @@ impl Comm {
         if devices.is_empty() {
             return Err(Error::invalid_argument("ncclCommInitAll with no devices"));
         }
-        let id = crate::bootstrap::get_unique_id()?;
+        // Every rank is in this process: the bootstrap stays on loopback (not the interface
+        // NCCL_SOCKET_IFNAME or the default picks, nor NCCL_COMM_ID's fixed address).
+        let id = crate::bootstrap::new_local_root_id()?;
         let n = devices.len();
         let opened: Vec<Device> = devices
             .iter()
@@ -957,6 +959,12 @@ impl Comm {
     /// The device this communicator's rank runs on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+    crate::internal! {
+        /// The bootstrap addresses of every rank, as this rank knows them.
+        fn bootstrap_addresses(&self) -> Vec<std::net::SocketAddr> {
+            self.bootstrap.peer_addresses()
+        }
     }
     crate::internal! {
         /// The step counters of the send/recv connections to (`send`) or from `peer`, one per

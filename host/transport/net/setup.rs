@@ -182,6 +182,20 @@ pub(crate) fn connect(
         if let Some(a) = abort {
             a.check()?;
         }
+        // A peer known gone (dead, aborted, reported hung) will never connect.
+        for (w, _) in wants
+            .iter()
+            .zip(&halves)
+            .filter(|(_, h)| matches!(h, Half::Listening(_) | Half::Connecting(_)))
+        {
+            if let Some(why) = bootstrap.gone(w.peer) {
+                return Err(Error::remote(format!(
+                    "network connection with rank {} ({:?}) not established: the peer is \
+                     gone: {why}",
+                    w.peer, w.dir
+                )));
+            }
+        }
         if Instant::now() > deadline {
             let who: Vec<String> = wants
                 .iter()

@@ -31,9 +31,20 @@ use crate::transport::net::{Connecting, Listener, RecvComm, SendComm};
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
-/// A number no other listener or connection of this process has (process id and a counter).
+/// The most sockets a listener holds while their hellos are awaited; the rest wait in the
+/// kernel's backlog until a hello arrives or a deadline drops one (a flood of silent
+/// connections then costs a bounded number of descriptors). A real connection brings at most
+/// 65 sockets (a control socket and `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS` ≤ 64).
+pub(super) const MAX_PENDING: usize = 128;
+
+/// A number no other listener of this process has (the process id and a counter), masked with
+/// a secret drawn once per process: the tag travels only in the handle, through the bootstrap,
+/// so a stranger who knows the process id cannot greet a listener as one of its connections.
 pub(super) fn next_tag() -> u64 {
-    (u64::from(std::process::id()) << 32) | (SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff)
+    static SECRET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let secret = *SECRET.get_or_init(crate::bootstrap::random_nonce);
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
+    ((u64::from(std::process::id()) << 32) | serial) ^ secret
 }
 
 fn next_conn_id() -> ConnId {
@@ -124,9 +135,12 @@ impl SocketListener {
         self.addr
     }
 
-    /// Takes every connection waiting in the backlog.
+    /// Takes the connections waiting in the backlog, up to [`MAX_PENDING`] awaiting hellos.
     fn take_new(&mut self) -> Result<()> {
         loop {
+            if self.pending.len() >= MAX_PENDING {
+                return Ok(());
+            }
             match self.sock.accept() {
                 Ok((s, from)) => {
                     let Some(peer) = from.as_socket() else {

@@ -577,6 +577,61 @@ fn listener_ignores_strangers_and_gives_up_on_incomplete_connections() {
     drop((stranger, half));
 }
 
+/// A flood of silent connections to a listener holds at most `MAX_PENDING` of its descriptors
+/// (the rest wait in the kernel's backlog; it used to take them all), and a real connection
+/// still gets through once the handshake deadline has dropped the silent ones ahead of it.
+#[test]
+fn a_flood_of_silent_connections_holds_few_descriptors() {
+    let net = SocketNet::with_options(SocketOptions {
+        handshake_timeout: Duration::from_millis(300),
+        ..opts(1, 2, Family::V4)
+    })
+    .unwrap();
+    let (handle, mut listener) = net.listen(0).unwrap();
+    let info = wire::decode_handle(&handle).unwrap();
+    let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let flood_size = 400;
+    let before = fds();
+    let flood: Vec<_> = (0..flood_size)
+        .map(|_| TcpStream::connect(info.addr).unwrap())
+        .collect();
+    for _ in 0..20 {
+        assert!(listener.accept().unwrap().is_none(), "nobody greeted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // This process holds the flood's own sockets too; the listener may add MAX_PENDING. (Other
+    // tests open and close sockets meanwhile: a wide margin, far below twice the flood.)
+    let during = fds();
+    assert!(
+        during <= before + flood_size + handshake::MAX_PENDING + 100,
+        "{flood_size} silent connections: descriptors {before} -> {during}"
+    );
+    let start = Instant::now();
+    let mut c = net.connect(0, &handle).unwrap();
+    let mut sender = None;
+    let _receiver = wait("the real connection behind the flood", || {
+        if sender.is_none() {
+            sender = c.poll().unwrap();
+        }
+        listener.accept().unwrap()
+    });
+    eprintln!(
+        "a connection behind {flood_size} silent ones: accepted in {:?}, descriptors {before} -> \
+         {during} during the flood",
+        start.elapsed()
+    );
+    drop(flood);
+}
+
+/// A listener's tag is not the process id and a counter in the clear (a stranger who knows
+/// the pid could then greet the listener as one of its connections and fail its set-up).
+#[test]
+fn listener_tags_do_not_show_the_process_id() {
+    let (a, b) = (handshake::next_tag(), handshake::next_tag());
+    assert_ne!(a >> 32, u64::from(std::process::id()), "{a:#x}");
+    assert_ne!(a, b);
+}
+
 #[test]
 fn connect_to_nobody_fails_in_time() {
     let net = lo_net(1, 1);
