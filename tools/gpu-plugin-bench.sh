@@ -10,7 +10,7 @@
 # ratio to sockets (the target: within 10% at >= 64 MiB).
 #
 # Build here:  NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle --no-bench -- --bench nccl_bench
-#              (or with the tests: -- --test gpu_net_plugin --bench nccl_bench)
+#              (or with the tests: -- --features internals --test gpu_net_plugin --bench nccl_bench)
 # Run there:   tools/gpu-plugin-bench.sh [bench [ROUNDS]]   (from the repository root, .gpu carried)
 #              tools/gpu-plugin-bench.sh tests [TEST...]    the GPU tests of tests/gpu_net_plugin.rs
 #              (all three by default, each with its own time limit), with the same MPS set-up
