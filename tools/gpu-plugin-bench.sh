@@ -97,7 +97,7 @@ trap 'stop_mps; archive' EXIT
 if [ "$mode" = tests ]; then
   shift
   status=0
-  for t in ${*:-cuda_pointer_plugin_on_gpu_flushes_simple_only cuda_pointer_plugin_on_gpu_groups_receives host_memory_plugin_on_gpu}; do
+  for t in ${*:-cuda_pointer_plugin_on_gpu_flushes_simple_steps_only cuda_pointer_plugin_on_gpu_groups_receives host_memory_plugin_on_gpu}; do
     t0=$SECONDS
     # The test finds the plugin's source here; a cold host JIT-compiles our PTX first.
     NCCL_RS_TEST_SHOW_RANKS=1 NCCL_RS_SOURCE_DIR="$root" NCCL_RS_TEST_PROC_LIMIT_S="${NCCL_RS_TEST_PROC_LIMIT_S:-400}" \
