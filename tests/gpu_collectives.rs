@@ -432,7 +432,7 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
         ] {
             let all: u64 = comms
                 .iter()
-                .flat_map(|c| expected_direct(c, coll, |_| true, count, true))
+                .flat_map(|c| expected_direct(c, coll, |_| true, count, false, true))
                 .sum();
             assert!(
                 all > 0,
@@ -444,7 +444,8 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
                     seed += 1;
                     let got = coll_round(comms, coll, who, count, in_place, seed);
                     for (c, g) in comms.iter().zip(&got) {
-                        let want = expected_direct(c, coll, |r| who.registers(r), count, true);
+                        let want =
+                            expected_direct(c, coll, |r| who.registers(r), count, in_place, true);
                         assert_eq!(
                             g,
                             &want,

@@ -353,13 +353,16 @@ pub fn coll_round(
 /// ranks `registered` names registered their outputs and zero-copy is `on`: on a channel whose
 /// slice fills a Simple step at least, the steps whose data comes from the ring predecessor
 /// finished (all of AllGather's, AllReduce's all-gather half, every step but the root's of
-/// Broadcast) when this rank and its predecessor there both registered; else none. None either
-/// where the tuner does not run the call as a Simple ring.
+/// Broadcast), and out of place (not `in_place`) AllReduce's reduce-scatter steps too, whose
+/// partial sums the predecessor writes into our output, when this rank and its predecessor
+/// there both registered; else none. None either where the tuner does not run the call as a
+/// Simple ring. AllReduce's element type is any of 4 bytes.
 pub fn expected_direct(
     c: &Comm,
     coll: Coll,
     registered: impl Fn(usize) -> bool,
     count: usize,
+    in_place: bool,
     on: bool,
 ) -> Vec<u64> {
     let (n, r) = (c.count(), c.rank());
@@ -410,9 +413,110 @@ pub fn expected_direct(
                         off += (e - off).min(k * n);
                         pieces += 1;
                     }
-                    (n as u64 - 1) * pieces
+                    // Both halves when out of place, the all-gather half alone in place.
+                    let halves = if in_place { 1 } else { 2 };
+                    halves * (n as u64 - 1) * pieces
                 }
             }
+        })
+        .collect()
+}
+
+/// One AllReduce of `count` elements of `T` (`dt`) with `op` over the communicators of this
+/// process, in one group: random inputs (per rank and seed), in place or not, into an output
+/// poisoned inside and for 256 bytes either side, which ranks that `who` names registered
+/// whole. Checks every rank's result against the host reference (exact for integers, the
+/// reduction depth's tolerance for floats) and the bytes around the output, and returns per
+/// communicator how many ring steps of each channel went direct during the call.
+pub fn reduce_round<T: nccl_device::types::Elem>(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    use super::{compare, from_bytes, input, reference, to_bytes};
+    let n = comms[0].count();
+    let esize = std::mem::size_of::<T>();
+    let out_bytes = count * esize;
+    let total = LEAD + out_bytes + LEAD;
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(count, op, seed, r)).collect();
+    let want = reference(&inputs, op, dt);
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let inp = if in_place {
+            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
+            None
+        } else {
+            let b = c.device().alloc(out_bytes).unwrap();
+            b.write(0, to_bytes(&inputs[r])).unwrap();
+            Some(b)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffer outlives its registration (deregistered below).
+            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
+        }
+        outs.push(out);
+        ins.push(inp);
+    }
+    let before: Vec<Vec<u64>> = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (i, c) in lent.iter().enumerate() {
+        let recv = outs[i].ptr() + LEAD as u64;
+        let send = ins[i].as_ref().map_or(recv, |b| b.ptr());
+        // SAFETY: the buffers hold `count` elements and live until the sync below.
+        unsafe {
+            c.all_reduce_raw(send, recv, count, dt, op, streams[i])
+                .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
+        let mut got = vec![0u8; total];
+        outs[i].read(0, &mut got).unwrap();
+        let what = format!(
+            "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {in_place}: \
+             rank {r}"
+        );
+        assert!(
+            got[..LEAD]
+                .iter()
+                .chain(&got[LEAD + out_bytes..])
+                .all(|&b| b == 0xA5),
+            "{what} has bytes written outside its output"
+        );
+        let vals: Vec<T> = from_bytes(&got[LEAD..LEAD + out_bytes]);
+        if let Err(e) = compare(&vals, &want, &what) {
+            panic!("{e}");
+        }
+    }
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .zip(before)
+        .map(|(c, b)| {
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(b).map(|(a, b)| a - b).collect()
         })
         .collect()
 }
