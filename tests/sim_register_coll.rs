@@ -486,3 +486,119 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
         }
     }
 }
+
+/// ReduceScatter on registered outputs: out of place, the last hop of each block (the partial
+/// sum a rank sends its successor of the successor's own block) lands in the successor's
+/// output, which adds its input there; in place, or where an end did not register, every hop
+/// takes the FIFO. Every reduction on a float and an integer type, odd counts, random data,
+/// poisoned bytes around and the in-place input's other blocks left alone.
+#[test]
+fn registered_reduce_scatter_last_hop_goes_direct() {
+    use common::register::reduce_scatter_round;
+    use nccl::DataType;
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 5000 * n as u64;
+        let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
+            seed += 1;
+            let op = common::typed_op(op, dt);
+            let got = match dt {
+                DataType::Float32 => {
+                    reduce_scatter_round::<f32>(&comms, dt, op, who, count, in_place, seed)
+                }
+                _ => reduce_scatter_round::<i32>(&comms, dt, op, who, count, in_place, seed),
+            };
+            for (c, g) in comms.iter().zip(&got) {
+                let want = expected_direct(
+                    c,
+                    Coll::ReduceScatter,
+                    |r| who.registers(r),
+                    count,
+                    in_place,
+                    true,
+                );
+                assert_eq!(
+                    g,
+                    &want,
+                    "ReduceScatter {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in \
+                     place {in_place}: rank {}'s direct steps per channel",
+                    c.rank()
+                );
+            }
+            got
+        };
+        for dt in [DataType::Float32, DataType::Int32] {
+            for op in common::ALL_OPS {
+                let got = round(dt, op, Who::All, 20_001, false);
+                assert!(
+                    got.iter().flatten().sum::<u64>() > 0,
+                    "{n} ranks: no direct step"
+                );
+                let got = round(dt, op, Who::All, 20_001, true);
+                assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks, in place");
+            }
+        }
+        for who in [Who::Even, Who::None] {
+            round(DataType::Int32, nccl::ReduceOp::Sum, who, 20_001, false);
+            round(DataType::Float32, nccl::ReduceOp::Avg, who, 9_003, false);
+        }
+        round(DataType::Int32, nccl::ReduceOp::Sum, Who::All, 1_003, false);
+    }
+}
+
+/// Reduce on registered buffers: out of place, the chain's last rank writes each piece's
+/// partial sum into the root's output, which adds its input there; in place, or where either
+/// end did not register, the hop takes the FIFO. Every reduction on a float and an integer
+/// type, odd counts; the other ranks' output buffers stay untouched.
+#[test]
+fn registered_reduce_last_hop_goes_direct() {
+    use common::register::reduce_root_round;
+    use nccl::DataType;
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 7000 * n as u64;
+        let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
+            seed += 1;
+            let op = common::typed_op(op, dt);
+            let got = match dt {
+                DataType::Float32 => {
+                    reduce_root_round::<f32>(&comms, dt, op, who, count, in_place, seed)
+                }
+                _ => reduce_root_round::<i32>(&comms, dt, op, who, count, in_place, seed),
+            };
+            for (c, g) in comms.iter().zip(&got) {
+                let want =
+                    expected_direct(c, Coll::Reduce, |r| who.registers(r), count, in_place, true);
+                assert_eq!(
+                    g,
+                    &want,
+                    "Reduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
+                     {in_place}: rank {}'s direct steps per channel",
+                    c.rank()
+                );
+            }
+            got
+        };
+        for dt in [DataType::Float32, DataType::Int32] {
+            for op in common::ALL_OPS {
+                let got = round(dt, op, Who::All, 10_001, false);
+                assert!(
+                    got.iter().flatten().sum::<u64>() > 0,
+                    "{n} ranks: no direct step"
+                );
+                let got = round(dt, op, Who::All, 10_001, true);
+                assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks, in place");
+            }
+        }
+        for who in [Who::Even, Who::None] {
+            round(DataType::Int32, nccl::ReduceOp::Sum, who, 10_001, false);
+        }
+        round(
+            DataType::Float32,
+            nccl::ReduceOp::Avg,
+            Who::All,
+            1_003,
+            false,
+        );
+    }
+}
