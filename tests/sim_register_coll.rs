@@ -484,6 +484,26 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
             round(dt, op, Who::All, 1_003, false);
             round(dt, op, Who::All, 9 * 4096 * n + 5, false);
         }
+        // Odd ranks in place, even ones not, in one call: each connection's reduce-scatter
+        // half goes direct exactly where its receiver runs out of place.
+        let count = 20_001;
+        let odd = |r: usize| r % 2 == 1;
+        let got = common::register::reduce_round_each::<f32>(
+            &comms,
+            DataType::Float32,
+            common::typed_op(
+                nccl::ReduceOp::PreMulSum { scalar_bits: 0 },
+                DataType::Float32,
+            ),
+            Who::All,
+            count,
+            &odd,
+            9 * n as u64,
+        );
+        for (c, g) in comms.iter().zip(&got) {
+            let want = expected_direct(c, Coll::AllReduce, |_| true, count, odd(c.rank()), true);
+            assert_eq!(g, &want, "{n} ranks, odd ranks in place: rank {}", c.rank());
+        }
     }
 }
 

@@ -455,6 +455,20 @@ pub fn reduce_round<T: nccl_device::types::Elem>(
     in_place: bool,
     seed: u64,
 ) -> Vec<Vec<u64>> {
+    reduce_round_each::<T>(comms, dt, op, who, count, &|_| in_place, seed)
+}
+
+/// [`reduce_round`] where `in_place(rank)` says which ranks run in place (the others out of
+/// place, in the same call).
+pub fn reduce_round_each<T: nccl_device::types::Elem>(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: &dyn Fn(usize) -> bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
     use super::{compare, from_bytes, input, reference, to_bytes};
     let n = comms[0].count();
     let esize = std::mem::size_of::<T>();
@@ -471,7 +485,7 @@ pub fn reduce_round<T: nccl_device::types::Elem>(
         let r = c.rank();
         let out = c.device().alloc(total).unwrap();
         out.write(0, &vec![0xA5; total]).unwrap();
-        let inp = if in_place {
+        let inp = if in_place(r) {
             out.write(LEAD, to_bytes(&inputs[r])).unwrap();
             None
         } else {
@@ -508,8 +522,9 @@ pub fn reduce_round<T: nccl_device::types::Elem>(
         let mut got = vec![0u8; total];
         outs[i].read(0, &mut got).unwrap();
         let what = format!(
-            "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {in_place}: \
-             rank {r}"
+            "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {}: \
+             rank {r}",
+            in_place(r)
         );
         assert!(
             got[..LEAD]
