@@ -197,6 +197,16 @@ fn switch_off_keeps_the_fifo() {
             let got = coll_round(&comms, coll, Who::All, count, false, 60);
             assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
         }
+        // The reductions' direct hops too (out of place, everyone registered).
+        use common::register::{reduce_root_round, reduce_round, reduce_scatter_round};
+        let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::Sum);
+        for got in [
+            reduce_round::<i32>(&comms, dt, op, Who::All, 20_001, false, 61),
+            reduce_scatter_round::<i32>(&comms, dt, op, Who::All, 20_001, false, 62),
+            reduce_root_round::<i32>(&comms, dt, op, Who::All, 10_001, false, 63),
+        ] {
+            assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
+        }
     }
 }
 
