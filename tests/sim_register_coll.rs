@@ -328,6 +328,38 @@ fn registered_ring_collectives_across_processes() {
                 );
             }
         }
+        // ReduceScatter and Reduce on outputs registered afresh each round: the records may
+        // or may not reach the predecessor's process before its launch (an offer it cannot
+        // map yet is declined), so each channel went direct on its whole slice or not at all;
+        // the results are checked either way.
+        use common::register::{reduce_root_round, reduce_scatter_round};
+        let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::Sum);
+        for k in 0..4u64 {
+            let in_place = k % 2 == 1;
+            for (coll, got, count) in [
+                (
+                    Coll::ReduceScatter,
+                    reduce_scatter_round::<i32>(&comms, dt, op, Who::All, 20_001, in_place, 90 + k),
+                    20_001,
+                ),
+                (
+                    Coll::Reduce,
+                    reduce_root_round::<i32>(&comms, dt, op, Who::All, 10_001, in_place, 95 + k),
+                    10_001,
+                ),
+            ] {
+                let want = expected_direct(&comms[0], coll, |_| true, count, in_place, true);
+                for (g, w) in got[0].iter().zip(&want) {
+                    assert!(
+                        *g == 0 || g == w,
+                        "rank {rank}: {} (in place {in_place}) took {:?} direct steps, at most \
+                         {want:?}",
+                        coll.name(),
+                        got[0]
+                    );
+                }
+            }
+        }
         return;
     }
     for n in [2usize, 3] {
