@@ -294,7 +294,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_LOCAL_REGISTER",
         default: "1",
-        doc: "0: registered buffers (ncclCommRegister) are recorded but send/recv and the ring collectives (AllGather, Broadcast, AllReduce's all-gather) still copy through the FIFOs",
+        doc: "0: registered buffers (ncclCommRegister) are recorded but send/recv and the ring collectives (AllGather, Broadcast, AllReduce, ReduceScatter, Reduce) still copy through the FIFOs",
     },
     Param {
         name: "NCCL_GRAPH_REGISTER",

@@ -410,9 +410,11 @@ fn first_use_inside_blocking_captures_on_1_2_and_4_gpus() {
 
 /// Registered ring collectives on 2 (and 4) GPUs in one process: AllGather, Broadcast and
 /// AllReduce between registered output buffers write what each rank passes on straight into its
-/// successor's output (per-channel counts of those steps), where both ends of a connection
-/// registered and the tuner runs a Simple ring, with the results of the FIFO path (random data,
-/// poisoned outputs, bytes around them untouched); mixed registration falls back to the FIFO.
+/// successor's output (per-channel counts of those steps; AllReduce's partial sums too, out of
+/// place), and ReduceScatter and Reduce their last hop (out of place), where both ends of a
+/// connection registered and the tuner runs a Simple ring, with the results of the FIFO path
+/// (random data, poisoned outputs, bytes around them untouched); mixed registration falls back
+/// to the FIFO.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn registered_ring_collectives_on_2_and_4_gpus() {
@@ -432,7 +434,7 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
         ] {
             let all: u64 = comms
                 .iter()
-                .flat_map(|c| expected_direct(c, coll, |_| true, count, true))
+                .flat_map(|c| expected_direct(c, coll, |_| true, count, false, true))
                 .sum();
             assert!(
                 all > 0,
@@ -444,7 +446,8 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
                     seed += 1;
                     let got = coll_round(comms, coll, who, count, in_place, seed);
                     for (c, g) in comms.iter().zip(&got) {
-                        let want = expected_direct(c, coll, |r| who.registers(r), count, true);
+                        let want =
+                            expected_direct(c, coll, |r| who.registers(r), count, in_place, true);
                         assert_eq!(
                             g,
                             &want,
@@ -453,6 +456,66 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
                             coll.name(),
                             c.rank()
                         );
+                    }
+                }
+            }
+        }
+        // The reductions' last hop: float sums and integer averages, counts whose 32 channels'
+        // slices fill a step (1 MiB for ReduceScatter, 512 KiB for Reduce), odd.
+        use common::register::{reduce_root_round, reduce_scatter_round};
+        use nccl::{DataType, ReduceOp};
+        for (coll, count) in [
+            (Coll::ReduceScatter, (9 << 20) + 3),
+            (Coll::Reduce, (5 << 20) + 1),
+        ] {
+            for who in [Who::All, Who::Even, Who::None] {
+                for in_place in [false, true] {
+                    for (dt, op) in [
+                        (DataType::Float32, ReduceOp::Sum),
+                        (DataType::Int32, ReduceOp::Avg),
+                    ] {
+                        seed += 1;
+                        let got = match (coll, dt) {
+                            (Coll::ReduceScatter, DataType::Float32) => {
+                                reduce_scatter_round::<f32>(
+                                    comms, dt, op, who, count, in_place, seed,
+                                )
+                            }
+                            (Coll::ReduceScatter, _) => reduce_scatter_round::<i32>(
+                                comms, dt, op, who, count, in_place, seed,
+                            ),
+                            (_, DataType::Float32) => {
+                                reduce_root_round::<f32>(comms, dt, op, who, count, in_place, seed)
+                            }
+                            _ => {
+                                reduce_root_round::<i32>(comms, dt, op, who, count, in_place, seed)
+                            }
+                        };
+                        for (c, g) in comms.iter().zip(&got) {
+                            let want = expected_direct(
+                                c,
+                                coll,
+                                |r| who.registers(r),
+                                count,
+                                in_place,
+                                true,
+                            );
+                            assert_eq!(
+                                g,
+                                &want,
+                                "{} on {n} GPUs, {who:?}, count {count}, in place {in_place}: \
+                                 rank {}'s direct steps per channel",
+                                coll.name(),
+                                c.rank()
+                            );
+                        }
+                        if who == Who::All && !in_place {
+                            assert!(
+                                got.iter().flatten().sum::<u64>() > 0,
+                                "{} on {n} GPUs took no direct step",
+                                coll.name()
+                            );
+                        }
                     }
                 }
             }

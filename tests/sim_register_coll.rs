@@ -55,7 +55,7 @@ fn check_round(
 ) {
     let got = coll_round(comms, coll, who, count, in_place, seed);
     for (c, g) in comms.iter().zip(&got) {
-        let want = expected_direct(c, coll, |r| who.registers(r), count, on);
+        let want = expected_direct(c, coll, |r| who.registers(r), count, in_place, on);
         assert_eq!(
             g,
             &want,
@@ -197,6 +197,16 @@ fn switch_off_keeps_the_fifo() {
             let got = coll_round(&comms, coll, Who::All, count, false, 60);
             assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
         }
+        // The reductions' direct hops too (out of place, everyone registered).
+        use common::register::{reduce_root_round, reduce_round, reduce_scatter_round};
+        let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::Sum);
+        for got in [
+            reduce_round::<i32>(&comms, dt, op, Who::All, 20_001, false, 61),
+            reduce_scatter_round::<i32>(&comms, dt, op, Who::All, 20_001, false, 62),
+            reduce_root_round::<i32>(&comms, dt, op, Who::All, 10_001, false, 63),
+        ] {
+            assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks: {got:?}");
+        }
     }
 }
 
@@ -270,7 +280,7 @@ fn captured_all_gather_goes_direct_without_registration() {
                 .zip(&before[r])
                 .map(|(a, b)| a - b)
                 .collect();
-            let want = expected_direct(c, Coll::AllGather, |_| true, count, true);
+            let want = expected_direct(c, Coll::AllGather, |_| true, count, false, true);
             assert_eq!(steps, want, "replay {replay}: rank {r}'s direct steps");
         }
     }
@@ -300,19 +310,55 @@ fn registered_ring_collectives_across_processes() {
         // The same output registered once for every round: its record reaches the
         // predecessor's process before that process's launches after the first rounds, and the
         // last round of each collective goes direct on every channel that fills a step.
+        // The last two rounds: out of place, then in place (AllReduce's reduce-scatter half
+        // goes direct only out of place).
         for coll in COLLS {
             let count = counts(coll)[1];
-            let mut last = Vec::new();
-            for k in 0..6u64 {
-                last = registered_once(&comms[0], coll, count, k % 2 == 1, 80 + k);
+            let rounds: Vec<_> = (0..6u64)
+                .map(|k| registered_once(&comms[0], coll, count, k % 2 == 1, 80 + k))
+                .collect();
+            for (k, got) in rounds.iter().enumerate().skip(4) {
+                let in_place = k % 2 == 1;
+                let want = expected_direct(&comms[0], coll, |_| true, count, in_place, true);
+                assert_eq!(
+                    got,
+                    &want,
+                    "rank {rank}: registered {} (in place {in_place}) did not go direct",
+                    coll.name()
+                );
             }
-            let want = expected_direct(&comms[0], coll, |_| true, count, true);
-            assert_eq!(
-                last,
-                want,
-                "rank {rank}: registered {} did not go direct",
-                coll.name()
-            );
+        }
+        // ReduceScatter and Reduce on outputs registered afresh each round: the records may
+        // or may not reach the predecessor's process before its launch (an offer it cannot
+        // map yet is declined), so each channel went direct on its whole slice or not at all;
+        // the results are checked either way.
+        use common::register::{reduce_root_round, reduce_scatter_round};
+        let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::Sum);
+        for k in 0..4u64 {
+            let in_place = k % 2 == 1;
+            for (coll, got, count) in [
+                (
+                    Coll::ReduceScatter,
+                    reduce_scatter_round::<i32>(&comms, dt, op, Who::All, 20_001, in_place, 90 + k),
+                    20_001,
+                ),
+                (
+                    Coll::Reduce,
+                    reduce_root_round::<i32>(&comms, dt, op, Who::All, 10_001, in_place, 95 + k),
+                    10_001,
+                ),
+            ] {
+                let want = expected_direct(&comms[0], coll, |_| true, count, in_place, true);
+                for (g, w) in got[0].iter().zip(&want) {
+                    assert!(
+                        *g == 0 || g == w,
+                        "rank {rank}: {} (in place {in_place}) took {:?} direct steps, at most \
+                         {want:?}",
+                        coll.name(),
+                        got[0]
+                    );
+                }
+            }
         }
         return;
     }
@@ -398,4 +444,223 @@ fn registered_once(c: &Comm, coll: Coll, count: usize, in_place: bool, seed: u64
     );
     let now = c.ring_direct_steps().unwrap();
     now.iter().zip(before).map(|(a, b)| a - b).collect()
+}
+
+/// AllReduce's reduce-scatter half on registered outputs: out of place, each rank writes its
+/// partial sums straight into its successor's output, which reduces them from there (in place
+/// they keep the FIFO: a partial would land on an input not yet added). Every reduction (Avg
+/// and PreMulSum apply once) on a float and an integer type, odd counts, random data, outputs
+/// poisoned inside and around; the direct steps per channel show which half went direct: both
+/// halves out of place, the all-gather half alone in place, none where an end did not register.
+#[test]
+fn registered_all_reduce_reduce_scatter_half_goes_direct() {
+    use common::register::reduce_round;
+    use nccl::DataType;
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 1000 * n as u64;
+        let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
+            seed += 1;
+            let op = common::typed_op(op, dt);
+            let got = match dt {
+                DataType::Float32 => {
+                    reduce_round::<f32>(&comms, dt, op, who, count, in_place, seed)
+                }
+                _ => reduce_round::<i32>(&comms, dt, op, who, count, in_place, seed),
+            };
+            for (c, g) in comms.iter().zip(&got) {
+                let want = expected_direct(
+                    c,
+                    Coll::AllReduce,
+                    |r| who.registers(r),
+                    count,
+                    in_place,
+                    true,
+                );
+                assert_eq!(
+                    g,
+                    &want,
+                    "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
+                     {in_place}: rank {}'s direct steps per channel",
+                    c.rank()
+                );
+            }
+            got
+        };
+        // Every reduction on both types, everyone registered, in and out of place.
+        for dt in [DataType::Float32, DataType::Int32] {
+            for op in common::ALL_OPS {
+                for in_place in [false, true] {
+                    let got = round(dt, op, Who::All, 20_001, in_place);
+                    let (all, ag) = (got.iter().flatten().sum::<u64>(), {
+                        // What the all-gather half alone takes.
+                        comms
+                            .iter()
+                            .flat_map(|c| {
+                                expected_direct(c, Coll::AllReduce, |_| true, 20_001, true, true)
+                            })
+                            .sum::<u64>()
+                    });
+                    assert!(ag > 0, "{n} ranks: no direct step at all");
+                    if !in_place {
+                        assert_eq!(all, 2 * ag, "{n} ranks: the reduce-scatter half copied");
+                    }
+                }
+            }
+        }
+        // Mixed and no registration, a short count (no handshake) and a count over several
+        // pieces, on a few reductions.
+        for (dt, op) in [
+            (DataType::Int32, nccl::ReduceOp::Sum),
+            (DataType::Float32, nccl::ReduceOp::Avg),
+            (
+                DataType::Int32,
+                nccl::ReduceOp::PreMulSum { scalar_bits: 0 },
+            ),
+        ] {
+            for who in [Who::Even, Who::None] {
+                for in_place in [false, true] {
+                    round(dt, op, who, 20_001, in_place);
+                }
+            }
+            round(dt, op, Who::All, 1_003, false);
+            round(dt, op, Who::All, 9 * 4096 * n + 5, false);
+        }
+        // Odd ranks in place, even ones not, in one call: each connection's reduce-scatter
+        // half goes direct exactly where its receiver runs out of place.
+        let count = 20_001;
+        let odd = |r: usize| r % 2 == 1;
+        let got = common::register::reduce_round_each::<f32>(
+            &comms,
+            DataType::Float32,
+            common::typed_op(
+                nccl::ReduceOp::PreMulSum { scalar_bits: 0 },
+                DataType::Float32,
+            ),
+            Who::All,
+            count,
+            &odd,
+            9 * n as u64,
+        );
+        for (c, g) in comms.iter().zip(&got) {
+            let want = expected_direct(c, Coll::AllReduce, |_| true, count, odd(c.rank()), true);
+            assert_eq!(g, &want, "{n} ranks, odd ranks in place: rank {}", c.rank());
+        }
+    }
+}
+
+/// ReduceScatter on registered outputs: out of place, the last hop of each block (the partial
+/// sum a rank sends its successor of the successor's own block) lands in the successor's
+/// output, which adds its input there; in place, or where an end did not register, every hop
+/// takes the FIFO. Every reduction on a float and an integer type, odd counts, random data,
+/// poisoned bytes around and the in-place input's other blocks left alone.
+#[test]
+fn registered_reduce_scatter_last_hop_goes_direct() {
+    use common::register::reduce_scatter_round;
+    use nccl::DataType;
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 5000 * n as u64;
+        let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
+            seed += 1;
+            let op = common::typed_op(op, dt);
+            let got = match dt {
+                DataType::Float32 => {
+                    reduce_scatter_round::<f32>(&comms, dt, op, who, count, in_place, seed)
+                }
+                _ => reduce_scatter_round::<i32>(&comms, dt, op, who, count, in_place, seed),
+            };
+            for (c, g) in comms.iter().zip(&got) {
+                let want = expected_direct(
+                    c,
+                    Coll::ReduceScatter,
+                    |r| who.registers(r),
+                    count,
+                    in_place,
+                    true,
+                );
+                assert_eq!(
+                    g,
+                    &want,
+                    "ReduceScatter {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in \
+                     place {in_place}: rank {}'s direct steps per channel",
+                    c.rank()
+                );
+            }
+            got
+        };
+        for dt in [DataType::Float32, DataType::Int32] {
+            for op in common::ALL_OPS {
+                let got = round(dt, op, Who::All, 20_001, false);
+                assert!(
+                    got.iter().flatten().sum::<u64>() > 0,
+                    "{n} ranks: no direct step"
+                );
+                let got = round(dt, op, Who::All, 20_001, true);
+                assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks, in place");
+            }
+        }
+        for who in [Who::Even, Who::None] {
+            round(DataType::Int32, nccl::ReduceOp::Sum, who, 20_001, false);
+            round(DataType::Float32, nccl::ReduceOp::Avg, who, 9_003, false);
+        }
+        round(DataType::Int32, nccl::ReduceOp::Sum, Who::All, 1_003, false);
+    }
+}
+
+/// Reduce on registered buffers: out of place, the chain's last rank writes each piece's
+/// partial sum into the root's output, which adds its input there; in place, or where either
+/// end did not register, the hop takes the FIFO. Every reduction on a float and an integer
+/// type, odd counts; the other ranks' output buffers stay untouched.
+#[test]
+fn registered_reduce_last_hop_goes_direct() {
+    use common::register::reduce_root_round;
+    use nccl::DataType;
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms(n, true);
+        let mut seed = 7000 * n as u64;
+        let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
+            seed += 1;
+            let op = common::typed_op(op, dt);
+            let got = match dt {
+                DataType::Float32 => {
+                    reduce_root_round::<f32>(&comms, dt, op, who, count, in_place, seed)
+                }
+                _ => reduce_root_round::<i32>(&comms, dt, op, who, count, in_place, seed),
+            };
+            for (c, g) in comms.iter().zip(&got) {
+                let want =
+                    expected_direct(c, Coll::Reduce, |r| who.registers(r), count, in_place, true);
+                assert_eq!(
+                    g,
+                    &want,
+                    "Reduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
+                     {in_place}: rank {}'s direct steps per channel",
+                    c.rank()
+                );
+            }
+            got
+        };
+        for dt in [DataType::Float32, DataType::Int32] {
+            for op in common::ALL_OPS {
+                let got = round(dt, op, Who::All, 10_001, false);
+                assert!(
+                    got.iter().flatten().sum::<u64>() > 0,
+                    "{n} ranks: no direct step"
+                );
+                let got = round(dt, op, Who::All, 10_001, true);
+                assert!(got.iter().flatten().all(|&s| s == 0), "{n} ranks, in place");
+            }
+        }
+        for who in [Who::Even, Who::None] {
+            round(DataType::Int32, nccl::ReduceOp::Sum, who, 10_001, false);
+        }
+        round(
+            DataType::Float32,
+            nccl::ReduceOp::Avg,
+            Who::All,
+            1_003,
+            false,
+        );
+    }
 }

@@ -400,6 +400,15 @@ pub const DIRECT_DST: usize = 24;
 /// a buffer is its address at [`DIRECT_WORD`], then (release) the tag; an answer is the tag word
 /// alone, `tag << 1 | direct`.
 pub const RING_DECLINED: u64 = 1 << 63;
+/// In a ring offer's tag word (beside the tag): the offering rank also takes partial sums in its
+/// output buffer (AllReduce's reduce-scatter half; see `coll::all_reduce::ring`). Set only by a
+/// rank whose input and output do not overlap: a partial sum written there in place would land
+/// on an input the rank has not added yet.
+pub const RING_PARTIALS: u64 = 1 << 62;
+/// In the sender's head line, beside [`DIRECT_DST`] and written only by the sender: thread 0's
+/// decision to write partial sums into the successor's output (1) or not (0), read back by the
+/// CTA's other threads after a barrier.
+pub const DIRECT_PARTIALS: usize = 32;
 
 /// One registered buffer of a peer process as this process maps it.
 #[repr(C)]
@@ -465,6 +474,7 @@ const _: () = {
     assert!(core::mem::size_of::<P2pArgs>() == 16 + 48 * MAX_P2P_ITEMS);
     assert!(core::mem::size_of::<RegTable>() == 24 * (REG_TABLE_ENTRIES + 1));
     assert!(DIRECT_DST + 8 <= CTRL_LINE);
+    assert!(DIRECT_PARTIALS + 8 <= CTRL_LINE && DIRECT_PARTIALS != DIRECT_DST);
     assert!(core::mem::size_of::<ConnSend>() == 64);
     assert!(core::mem::size_of::<ConnRecv>() == 64);
     assert!(core::mem::size_of::<ChannelDev>() == 168);

@@ -338,13 +338,17 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         // One CTA per NVLS channel region.
         grid = grid.min(nvls.nchannels as u32).max(1);
     }
-    let ring_direct = matches!(c.coll, Coll::AllGather | Coll::AllReduce | Coll::Broadcast);
-    if args.algo == ALGO_RING && proto == PROTO_SIMPLE && ring_direct {
+    if args.algo == ALGO_RING && proto == PROTO_SIMPLE {
         // Every rank sets the handshake alike (collective, algorithm, protocol); only this
-        // rank's registration of its output decides whether it offers and takes offers.
+        // rank's registration of its output decides whether it offers and takes offers (a
+        // Reduce's other ranks have no output: their input's).
         args.flags |= FLAG_RING_DIRECT;
         let captured = || comm.device.stream_capturing(c.stream);
-        if comm.registered.coll_zero_copy(c.recv, recv_bytes, captured)? {
+        let (buff, len) = match c.coll {
+            Coll::Reduce if !me_root => (c.send, send_bytes),
+            _ => (c.recv, recv_bytes),
+        };
+        if comm.registered.coll_zero_copy(buff, len, captured)? {
             args.flags |= FLAG_RING_REGISTERED;
             // The successors' registration tables, up to date (their records drained).
             for &peer in &comm.ring_tables {

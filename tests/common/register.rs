@@ -195,7 +195,7 @@ pub fn ag_block(r: usize, bytes: usize, seed: u64) -> Vec<u8> {
 /// rank 1 (rank 0 with one rank).
 pub fn elem_bytes(coll: Coll) -> usize {
     match coll {
-        Coll::AllReduce => 4,
+        Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce => 4,
         _ => 1,
     }
 }
@@ -353,13 +353,16 @@ pub fn coll_round(
 /// ranks `registered` names registered their outputs and zero-copy is `on`: on a channel whose
 /// slice fills a Simple step at least, the steps whose data comes from the ring predecessor
 /// finished (all of AllGather's, AllReduce's all-gather half, every step but the root's of
-/// Broadcast) when this rank and its predecessor there both registered; else none. None either
-/// where the tuner does not run the call as a Simple ring.
+/// Broadcast), and out of place (not `in_place`) AllReduce's reduce-scatter steps too, whose
+/// partial sums the predecessor writes into our output, when this rank and its predecessor
+/// there both registered; else none. None either where the tuner does not run the call as a
+/// Simple ring. AllReduce's element type is any of 4 bytes.
 pub fn expected_direct(
     c: &Comm,
     coll: Coll,
     registered: impl Fn(usize) -> bool,
     count: usize,
+    in_place: bool,
     on: bool,
 ) -> Vec<u64> {
     let (n, r) = (c.count(), c.rank());
@@ -368,9 +371,15 @@ pub fn expected_direct(
         Coll::AllGather => n * count,
         _ => count * esize,
     };
+    let nbytes = match coll {
+        Coll::ReduceScatter => n * count * esize,
+        _ => nbytes,
+    };
     let tcoll = match coll {
         Coll::AllGather => nccl::Coll::AllGather,
         Coll::Broadcast => nccl::Coll::Broadcast,
+        Coll::ReduceScatter => nccl::Coll::ReduceScatter,
+        Coll::Reduce => nccl::Coll::Reduce,
         _ => nccl::Coll::AllReduce,
     };
     let choice = c.tuning(tcoll, nbytes).unwrap();
@@ -389,18 +398,30 @@ pub fn expected_direct(
             let pos = ring.iter().position(|&x| x == r).unwrap();
             let prev = ring[(pos + n - 1) % n];
             let (s, e) = match coll {
-                Coll::AllReduce => nccl_device::coll::channel_range::<i32>(count, ch, nch),
+                Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce => {
+                    nccl_device::coll::channel_range::<i32>(count, ch, nch)
+                }
                 _ => nccl_device::coll::channel_range::<u8>(count, ch, nch),
             };
-            let root = coll == Coll::Broadcast && r == root_of(n);
+            // Broadcast's root receives nothing; a Reduce's root alone receives in place (the
+            // last hop), out of place only.
+            let root = r == root_of(n);
+            let takes = match coll {
+                Coll::Broadcast => !root,
+                Coll::Reduce => root && !in_place,
+                _ => true,
+            };
             let direct =
-                ch < nch && e - s >= chunk && on && registered(r) && registered(prev) && !root;
+                ch < nch && e - s >= chunk && on && registered(r) && registered(prev) && takes;
             if !direct {
                 return 0;
             }
             match coll {
                 Coll::AllGather => (n as u64 - 1) * (e - s).div_ceil(chunk) as u64,
                 Coll::Broadcast => (e - s).div_ceil(chunk) as u64,
+                // The last hop of each chunk, out of place only.
+                Coll::ReduceScatter if in_place => 0,
+                Coll::ReduceScatter | Coll::Reduce => (e - s).div_ceil(chunk) as u64,
                 _ => {
                     // A piece per loop of the ring kernel, n - 1 direct steps each.
                     let (mut off, mut pieces) = (s, 0);
@@ -410,9 +431,354 @@ pub fn expected_direct(
                         off += (e - off).min(k * n);
                         pieces += 1;
                     }
-                    (n as u64 - 1) * pieces
+                    // Both halves when out of place, the all-gather half alone in place.
+                    let halves = if in_place { 1 } else { 2 };
+                    halves * (n as u64 - 1) * pieces
                 }
             }
+        })
+        .collect()
+}
+
+/// One AllReduce of `count` elements of `T` (`dt`) with `op` over the communicators of this
+/// process, in one group: random inputs (per rank and seed), in place or not, into an output
+/// poisoned inside and for 256 bytes either side, which ranks that `who` names registered
+/// whole. Checks every rank's result against the host reference (exact for integers, the
+/// reduction depth's tolerance for floats) and the bytes around the output, and returns per
+/// communicator how many ring steps of each channel went direct during the call.
+pub fn reduce_round<T: nccl_device::types::Elem>(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    reduce_round_each::<T>(comms, dt, op, who, count, &|_| in_place, seed)
+}
+
+/// [`reduce_round`] where `in_place(rank)` says which ranks run in place (the others out of
+/// place, in the same call).
+pub fn reduce_round_each<T: nccl_device::types::Elem>(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: &dyn Fn(usize) -> bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    use super::{compare, from_bytes, input, reference, to_bytes};
+    let n = comms[0].count();
+    let esize = std::mem::size_of::<T>();
+    let out_bytes = count * esize;
+    let total = LEAD + out_bytes + LEAD;
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(count, op, seed, r)).collect();
+    let want = reference(&inputs, op, dt);
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let inp = if in_place(r) {
+            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
+            None
+        } else {
+            let b = c.device().alloc(out_bytes).unwrap();
+            b.write(0, to_bytes(&inputs[r])).unwrap();
+            Some(b)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffer outlives its registration (deregistered below).
+            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
+        }
+        outs.push(out);
+        ins.push(inp);
+    }
+    let before: Vec<Vec<u64>> = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (i, c) in lent.iter().enumerate() {
+        let recv = outs[i].ptr() + LEAD as u64;
+        let send = ins[i].as_ref().map_or(recv, |b| b.ptr());
+        // SAFETY: the buffers hold `count` elements and live until the sync below.
+        unsafe {
+            c.all_reduce_raw(send, recv, count, dt, op, streams[i])
+                .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
+        let mut got = vec![0u8; total];
+        outs[i].read(0, &mut got).unwrap();
+        let what = format!(
+            "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {}: \
+             rank {r}",
+            in_place(r)
+        );
+        assert!(
+            got[..LEAD]
+                .iter()
+                .chain(&got[LEAD + out_bytes..])
+                .all(|&b| b == 0xA5),
+            "{what} has bytes written outside its output"
+        );
+        let vals: Vec<T> = from_bytes(&got[LEAD..LEAD + out_bytes]);
+        if let Err(e) = compare(&vals, &want, &what) {
+            panic!("{e}");
+        }
+    }
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .zip(before)
+        .map(|(c, b)| {
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(b).map(|(a, b)| a - b).collect()
+        })
+        .collect()
+}
+
+/// One ReduceScatter of `count` elements per rank of `T` (`dt`) with `op` over the
+/// communicators of this process, in one group: random inputs of `n * count` elements, in
+/// place (the output is the rank's block of the input) or not, in allocations poisoned around
+/// (256 bytes either side) that ranks `who` names registered whole. Checks each rank's block
+/// against the host reference, that nothing else changed (the other blocks of an in-place
+/// input, the bytes around), and returns per communicator the direct steps of each channel.
+pub fn reduce_scatter_round<T: nccl_device::types::Elem>(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    use super::{compare, from_bytes, input, reference, to_bytes};
+    let n = comms[0].count();
+    let esize = std::mem::size_of::<T>();
+    let block = count * esize;
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(n * count, op, seed, r)).collect();
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    // Per rank: the output's allocation and where the output starts in it, and a separate
+    // input (out of place).
+    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let total = if in_place { n * block } else { block } + 2 * LEAD;
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let (inp, at) = if in_place {
+            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
+            (None, LEAD + r * block)
+        } else {
+            let b = c.device().alloc(n * block).unwrap();
+            b.write(0, to_bytes(&inputs[r])).unwrap();
+            (Some(b), LEAD)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffer outlives its registration (deregistered below).
+            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
+        }
+        outs.push((out, at, total));
+        ins.push(inp);
+    }
+    let before: Vec<Vec<u64>> = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (i, c) in lent.iter().enumerate() {
+        let recv = outs[i].0.ptr() + outs[i].1 as u64;
+        let send = ins[i]
+            .as_ref()
+            .map_or(outs[i].0.ptr() + LEAD as u64, |b| b.ptr());
+        // SAFETY: the buffers hold these counts and live until the sync below.
+        unsafe {
+            c.reduce_scatter_raw(send, recv, count, dt, op, streams[i])
+                .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
+        let (_, at, total) = outs[i];
+        let mut got = vec![0u8; total];
+        outs[i].0.read(0, &mut got).unwrap();
+        let what = format!(
+            "ReduceScatter {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
+             {in_place}: rank {r}"
+        );
+        // Everything but our block: poison around, our input's other blocks in place.
+        let mut rest = got.clone();
+        let mut want_rest = vec![0xA5; total];
+        if in_place {
+            want_rest[LEAD..LEAD + n * block].copy_from_slice(to_bytes(&inputs[r]));
+        }
+        rest[at..at + block].fill(0);
+        want_rest[at..at + block].fill(0);
+        assert!(
+            rest == want_rest,
+            "{what} has bytes changed outside its output"
+        );
+        let slices: Vec<Vec<T>> = inputs
+            .iter()
+            .map(|v| v[r * count..(r + 1) * count].to_vec())
+            .collect();
+        let want = reference(&slices, op, dt);
+        let vals: Vec<T> = from_bytes(&got[at..at + block]);
+        if let Err(e) = compare(&vals, &want, &what) {
+            panic!("{e}");
+        }
+    }
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .zip(before)
+        .map(|(c, b)| {
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(b).map(|(a, b)| a - b).collect()
+        })
+        .collect()
+}
+
+/// One Reduce to rank [`root_of`] of `count` elements of `T` (`dt`) with `op` over the
+/// communicators of this process, in one group: random inputs, in place (every rank's input
+/// in its output buffer) or not, outputs poisoned inside and around; ranks `who` names
+/// registered their input and output allocations whole. Checks the root's result, that every
+/// other rank's output buffer is as it was and the bytes around every output, and returns per
+/// communicator the direct steps of each channel.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_root_round<T: nccl_device::types::Elem>(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    use super::{compare, from_bytes, input, reference, to_bytes};
+    let n = comms[0].count();
+    let root = root_of(n);
+    let bytes = count * std::mem::size_of::<T>();
+    let total = LEAD + bytes + LEAD;
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(count, op, seed, r)).collect();
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let inp = if in_place {
+            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
+            None
+        } else {
+            let b = c.device().alloc(bytes).unwrap();
+            b.write(0, to_bytes(&inputs[r])).unwrap();
+            Some(b)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffers outlive their registrations (deregistered below).
+            unsafe {
+                regs.push((i, c.register_raw(out.ptr(), total).unwrap()));
+                if let Some(b) = &inp {
+                    regs.push((i, c.register_raw(b.ptr(), bytes).unwrap()));
+                }
+            }
+        }
+        outs.push(out);
+        ins.push(inp);
+    }
+    let before: Vec<Vec<u64>> = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    let lent = lend(comms);
+    nccl::group_start();
+    for (i, c) in lent.iter().enumerate() {
+        let recv = outs[i].ptr() + LEAD as u64;
+        let send = ins[i].as_ref().map_or(recv, |b| b.ptr());
+        // SAFETY: the buffers hold `count` elements and live until the sync below.
+        unsafe {
+            c.reduce_raw(send, recv, count, dt, op, root, streams[i])
+                .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    let want = reference(&inputs, op, dt);
+    for (i, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[i]).unwrap();
+        let r = c.rank();
+        let mut got = vec![0u8; total];
+        outs[i].read(0, &mut got).unwrap();
+        let what = format!(
+            "Reduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {in_place}: \
+             rank {r}"
+        );
+        if r == root {
+            assert!(
+                got[..LEAD]
+                    .iter()
+                    .chain(&got[LEAD + bytes..])
+                    .all(|&b| b == 0xA5),
+                "{what} has bytes written outside its output"
+            );
+            let vals: Vec<T> = from_bytes(&got[LEAD..LEAD + bytes]);
+            if let Err(e) = compare(&vals, &want, &what) {
+                panic!("{e}");
+            }
+        } else {
+            let mut was = vec![0xA5; total];
+            if in_place {
+                was[LEAD..LEAD + bytes].copy_from_slice(to_bytes(&inputs[r]));
+            }
+            assert!(
+                got == was,
+                "{what}: a rank but the root had its output buffer changed"
+            );
+        }
+    }
+    for (i, h) in regs {
+        comms[i].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+    comms
+        .iter()
+        .zip(before)
+        .map(|(c, b)| {
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(b).map(|(a, b)| a - b).collect()
         })
         .collect()
 }

@@ -28,7 +28,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     // Registered output buffers: the predecessor may write our blocks in place, and we may
     // write into the successor's (see `Kernel::ring_direct`).
     let bytes = nranks * count * core::mem::size_of::<T>();
-    let direct = k.ring_direct(&mut prims, bytes, true, true);
+    let direct = k.ring_direct(&mut prims, bytes, true, true, false);
     let at = |block: usize, off: usize| direct.send_at::<T>(block * count + off);
     let mut direct_steps = 0;
     let mut off = k.start;

@@ -33,14 +33,50 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut prims = k.prims();
     let max_chunk = k.max_chunk();
     let none = Move::<T>::none();
-    // Registered output buffers: the all-gather half writes each finished chunk straight into
-    // the successor's output, which passes it on from there (see `Kernel::ring_direct`). The
-    // reduce-scatter half always goes through the FIFO (its partial sums belong to no buffer).
-    // In place, the writes land where the successor's input was: every rank has added its
-    // input of a chunk before that chunk is finished.
+    // Registered output buffers (see `Kernel::ring_direct`): the all-gather half writes each
+    // finished chunk straight into the successor's output, which passes it on from there. In
+    // place, those writes land where the successor's input was: every rank has added its input
+    // of a chunk before that chunk is finished.
+    //
+    // Out of place, the reduce-scatter half goes direct too: the partial sum of chunk c lands
+    // in the successor's *output* at chunk c's place, and the successor reads it from there,
+    // adds its input and writes the next partial into its own successor's output. Why that
+    // place is free, and who writes it when (a rank at ring position p; the predecessor writes
+    // our output, the successor reads it back, nobody else touches it):
+    // - We receive partials of every chunk but p-1 (whose first partial is our input), each
+    //   once per piece, each at its own place: pieces and chunks do not overlap.
+    // - The final value of chunk c != p reaches our output[c] later, in the all-gather half,
+    //   from the predecessor too. It exists only once every rank added its input to chunk c,
+    //   we included: our read of the partial in output[c] precedes our publish of that step
+    //   (barrier, then the release of the successor's tail), which precedes, through the
+    //   ring's chain of acquires and releases, the step in which the predecessor writes the
+    //   final value. So the partial is read before it is overwritten.
+    // - Chunk p's last partial lands in output[p], which we then overwrite with the final
+    //   value ourselves in the same pass (each element read, then written, by one thread).
+    //   Our successor never receives a partial of chunk p (its first send is its input of p),
+    //   so the final value we write into its output[p] lands on a free place.
+    // - Before our handshake offer the predecessor writes nothing: the offer comes after our
+    //   launch, hence after every earlier use of our output in our stream order.
+    // In place (input and output overlap), a partial of chunk c would overwrite our input of
+    // chunk c before we added it (the predecessor may run up to a FIFO ahead of us), so such a
+    // rank does not offer room for partials and its reduce-scatter half keeps the FIFO.
+    // The waits and publishes stay those of FIFO steps either way, so both counters advance
+    // as before.
     let bytes = k.args.count as usize * core::mem::size_of::<T>();
-    let direct = k.ring_direct(&mut prims, bytes, true, true);
+    let (sb, rb) = (k.args.sendbuff, k.args.recvbuff);
+    let apart = sb + bytes as u64 <= rb || rb + bytes as u64 <= sb;
+    let direct = k.ring_direct(&mut prims, bytes, true, true, apart);
     let dst = |s: usize| direct.send_at::<T>(s);
+    let to = |s: usize| direct.partial_at::<T>(s);
+    // A partial sum that arrived: in our output already (direct), or in the FIFO (the step
+    // fills in the slot).
+    let partial = |s: usize| {
+        if direct.recv_partials {
+            output.add(s) as *const T
+        } else {
+            core::ptr::null()
+        }
+    };
     // A finished chunk that arrived: in our output already (direct), or in the FIFO.
     let arrived = |s: usize| {
         if direct.recv {
@@ -69,7 +105,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
 
         // Reduce-scatter: send our part of chunk ring_ix-1, then add ours to what arrives.
         let (s, n) = span(at(1));
-        prims.step(
+        prims.step_to(
             &op,
             false,
             true,
@@ -78,18 +114,23 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
                 ..none
             },
             n,
+            false,
+            to(s),
         );
         for j in 2..nranks {
             let (s, n) = span(at(j));
-            prims.step(
+            prims.step_to(
                 &op,
                 true,
                 true,
                 Move {
+                    recv: partial(s),
                     input: input.add(s),
                     ..none
                 },
                 n,
+                direct.recv_partials,
+                to(s),
             );
         }
         // Our chunk is now complete: store it and start it around the ring.
@@ -99,13 +140,14 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             true,
             true,
             Move {
+                recv: partial(s),
                 input: input.add(s),
                 output: output.add(s),
                 post: true,
                 ..none
             },
             n,
-            false,
+            direct.recv_partials,
             dst(s),
         );
         // All-gather: forward each finished chunk.
@@ -124,6 +166,9 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             core::ptr::null_mut(),
         );
         if direct.recv {
+            direct_steps += nranks as u64 - 1;
+        }
+        if direct.recv_partials {
             direct_steps += nranks as u64 - 1;
         }
         off += piece;

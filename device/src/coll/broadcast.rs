@@ -26,7 +26,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     // output, which passes them on from there (see `Kernel::ring_direct`). The chain's
     // connection from its last rank back to the root carries nothing and takes no handshake.
     let bytes = k.args.count as usize * core::mem::size_of::<T>();
-    let direct = k.ring_direct(&mut prims, bytes, d != 0, d < nranks - 1);
+    let direct = k.ring_direct(&mut prims, bytes, d != 0, d < nranks - 1, false);
     let dst = |s: usize| direct.send_at::<T>(s);
     let mut direct_steps = 0;
     let mut off = k.start;

@@ -151,6 +151,8 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     /// whether the collective takes steps on the receive/send connection (both ends of a
     /// connection know it): one that takes none keeps its counters, and a handshake there would
     /// leave words the next operation's handshake, with the same tag, would take for its own.
+    /// `partials`: our output may also take the predecessor's partial sums (AllReduce out of
+    /// place, see [`RingDirect::recv_partials`]).
     #[inline(always)]
     pub unsafe fn ring_direct(
         &self,
@@ -158,6 +160,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
         bytes: usize,
         recv_used: bool,
         send_used: bool,
+        partials: bool,
     ) -> RingDirect {
         if P != PROTO_SIMPLE
             || self.args.flags & FLAG_RING_DIRECT == 0
@@ -175,7 +178,14 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
             return RingDirect::FIFO;
         }
         let registered = self.args.flags & FLAG_RING_REGISTERED != 0;
-        prims.ring_handshake(recv_on, reach, registered, self.args.recvbuff, bytes as u64)
+        prims.ring_handshake(
+            recv_on,
+            reach,
+            registered,
+            self.args.recvbuff,
+            bytes as u64,
+            partials && recv_on,
+        )
     }
 
     /// Counts `steps` ring steps received straight into our output ([`ChannelDev::direct_steps`]).

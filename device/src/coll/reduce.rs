@@ -1,5 +1,9 @@
 //! Reduce. Ring: a chain that starts one hop after the root and ends at it; every rank adds its
 //! input to what arrives and passes it on, the root stores the result.
+//!
+//! Between a root whose output is registered, out of place, and a registered last rank of the
+//! chain, the last hop goes straight into the root's output (see [`ring`]); the hops before it
+//! have no output to land in and take the FIFO.
 
 use super::Kernel;
 use crate::ops::RedOp;
@@ -19,6 +23,21 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut prims = k.prims();
     let chunk = k.max_chunk();
     let none = Move::<T>::none();
+    // Registered buffers (see `Kernel::ring_direct`): only the chain's last connection, into
+    // the root, takes the handshake (both of its ends know it from `d`). Out of place, the
+    // last rank writes each piece's partial sum at its place in the root's output, and the
+    // root adds its input to it there. Who writes where: the root's output[off..off + n] is
+    // written by the last rank once (the piece at `off`), then read and overwritten with the
+    // result by the root (each element read, then written, by one thread); nobody else
+    // touches it, and the last rank writes nothing before the root's offer (after its launch,
+    // so after every earlier use of its output in stream order). In place the write would
+    // overwrite the root's input before it is added: such a root offers no room
+    // ([`crate::abi::RING_PARTIALS`]) and the hop takes the FIFO.
+    let bytes = k.args.count as usize * core::mem::size_of::<T>();
+    let (sb, rb) = (k.args.sendbuff, k.args.recvbuff);
+    let apart = sb + bytes as u64 <= rb || rb + bytes as u64 <= sb;
+    let direct = k.ring_direct(&mut prims, bytes, d == 0, d == nranks - 1, d == 0 && apart);
+    let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {
         let n = core::cmp::min(chunk, k.end - off);
@@ -26,22 +45,35 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             input: input.add(off),
             ..none
         };
+        let to = direct.partial_at::<T>(off);
         match d {
-            0 => prims.step(
-                &op,
-                true,
-                false,
-                Move {
-                    output: output.add(off),
-                    post: true,
-                    ..mv
-                },
-                n,
-            ),
-            1 => prims.step(&op, false, true, mv, n),
-            _ => prims.step(&op, true, true, mv, n),
+            0 => {
+                let landed = if direct.recv_partials {
+                    direct_steps += 1;
+                    output.add(off) as *const T
+                } else {
+                    core::ptr::null()
+                };
+                prims.step_to(
+                    &op,
+                    true,
+                    false,
+                    Move {
+                        recv: landed,
+                        output: output.add(off),
+                        post: true,
+                        ..mv
+                    },
+                    n,
+                    direct.recv_partials,
+                    core::ptr::null_mut(),
+                )
+            }
+            1 => prims.step_to(&op, false, true, mv, n, false, to),
+            _ => prims.step_to(&op, true, true, mv, n, false, to),
         }
         off += n;
     }
+    k.count_direct(direct_steps);
     prims.finish();
 }

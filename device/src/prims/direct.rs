@@ -15,8 +15,8 @@
 use super::copy::Move;
 use super::simple::Simple;
 use crate::abi::{
-    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF, DIRECT_SAME_SPACE, DIRECT_TAG,
-    DIRECT_WORD, RING_DECLINED,
+    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF, DIRECT_PARTIALS, DIRECT_SAME_SPACE,
+    DIRECT_TAG, DIRECT_WORD, RING_DECLINED, RING_PARTIALS,
 };
 use crate::arch;
 use crate::ops::Sum;
@@ -120,6 +120,11 @@ pub struct RingDirect {
     /// Where the successor's output buffer starts in our address space (0: what we send it
     /// goes through its FIFO).
     pub send_to: u64,
+    /// The predecessor also writes partial sums into our output (AllReduce's reduce-scatter
+    /// half): we offered them room ([`RING_PARTIALS`]) and it went direct.
+    pub recv_partials: bool,
+    /// We write partial sums into the successor's output at `send_to` (it offered them room).
+    pub send_partials: bool,
 }
 
 impl RingDirect {
@@ -127,7 +132,20 @@ impl RingDirect {
     pub const FIFO: RingDirect = RingDirect {
         recv: false,
         send_to: 0,
+        recv_partials: false,
+        send_partials: false,
     };
+
+    /// Where element `at` of the successor's output lies when partial sums go there, null
+    /// when they go through its FIFO.
+    #[inline(always)]
+    pub fn partial_at<T>(&self, at: usize) -> *mut T {
+        if self.send_partials {
+            self.send_at(at)
+        } else {
+            core::ptr::null_mut()
+        }
+    }
 
     /// Where element `at` of the successor's output lies, null when what we send it goes
     /// through its FIFO.
@@ -145,7 +163,9 @@ impl Simple {
     /// connections at once, before the collective's first step: as a receiver (when `recv_on`)
     /// we offer our output buffer `offer` to the predecessor, as a sender (when `reach` is not
     /// [`DIRECT_OFF`]) we take the successor's offer of a `bytes`-long buffer if we can reach
-    /// it, and answer. A connection goes direct only when both of its ends registered. A rank
+    /// it, and answer. With `partials`, our offer also gives the predecessor room for partial
+    /// sums in our output ([`RING_PARTIALS`]: AllReduce's reduce-scatter half, out of place);
+    /// the sender takes it along with the buffer. A connection goes direct only when both of its ends registered. A rank
     /// that did not register (`registered` false) declines and answers "FIFO" with one plain
     /// store each, from thread 0, and goes on at once (no fence, no barrier, no wait); a
     /// registered one waits for its successor's offer and its predecessor's answer. Every offer
@@ -166,6 +186,7 @@ impl Simple {
         registered: bool,
         offer: u64,
         bytes: u64,
+        partials: bool,
     ) -> RingDirect {
         let (rc, sc) = (self.recv, self.send);
         let send_on = reach != DIRECT_OFF;
@@ -187,11 +208,12 @@ impl Simple {
             if recv_on {
                 let line = (*rc).head;
                 arch::st_volatile(word(line, DIRECT_WORD), offer);
-                arch::st_release_sys(word(line, DIRECT_TAG), rtag);
+                let room = if partials { RING_PARTIALS } else { 0 };
+                arch::st_release_sys(word(line, DIRECT_TAG), rtag | room);
             }
             if send_on {
                 let line = (*sc).head;
-                let tag_of = |v: u64| v & !RING_DECLINED;
+                let tag_of = |v: u64| v & !(RING_DECLINED | RING_PARTIALS);
                 self.wait(|| tag_of(arch::ld_acquire_sys(word(line, DIRECT_TAG))) >= stag);
                 // Only an offer of this collective counts (an abort leaves an older tag).
                 let v = arch::ld_volatile(word(line, DIRECT_TAG));
@@ -204,6 +226,8 @@ impl Simple {
                     }
                 }
                 arch::st_volatile(word(line, DIRECT_DST), dst);
+                let room = dst != 0 && v & RING_PARTIALS != 0;
+                arch::st_volatile(word(line, DIRECT_PARTIALS), room as u64);
                 arch::st_volatile(word((*sc).tail, DIRECT_TAG), stag << 1 | (dst != 0) as u64);
             }
             if recv_on {
@@ -212,10 +236,15 @@ impl Simple {
             }
         }
         self.sync();
-        let send_to = if send_on {
-            arch::ld_volatile(word((*sc).head, DIRECT_DST))
+        let (send_to, send_partials) = if send_on {
+            let line = (*sc).head;
+            let dst = arch::ld_volatile(word(line, DIRECT_DST));
+            (
+                dst,
+                dst != 0 && arch::ld_volatile(word(line, DIRECT_PARTIALS)) == 1,
+            )
         } else {
-            0
+            (0, false)
         };
         // Every thread reads the answer after thread 0's acquire; one that gave up (abort)
         // leaves an old tag, which reads as "FIFO".
@@ -223,7 +252,12 @@ impl Simple {
             let v = arch::ld_volatile(word((*rc).tail, DIRECT_TAG));
             v >> 1 >= rtag && v & 1 == 1
         };
-        RingDirect { recv, send_to }
+        RingDirect {
+            recv,
+            send_to,
+            recv_partials: recv && partials,
+            send_partials,
+        }
     }
 }
 
