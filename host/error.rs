@@ -90,6 +90,15 @@ impl Error {
             source: None,
         }
     }
+    /// An error the library caused on purpose where it arises (a request withdrawn at
+    /// teardown): neither logged nor kept as the last error.
+    pub(crate) fn quiet(code: NcclResult, what: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: what.into(),
+            source: None,
+        }
+    }
     /// An `InProgress` answer: not a failure, so neither logged nor kept as the last error.
     pub(crate) fn in_progress(what: impl Into<String>) -> Error {
         Error {

@@ -168,8 +168,11 @@ if [ "$mode" = ofi ]; then
   { ldd --version | head -1; LD_LIBRARY_PATH="$ofi/lib" ldd "$ofi/libnccl-net-ofi.so"; } \
     >"$out/ofi-ldd.txt" 2>&1
   grep -E 'not found|GLIBC' "$out/ofi-ldd.txt"
-  run 1 ofi LD_LIBRARY_PATH="$ofi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FI_PROVIDER=tcp \
-    FI_TCP_IFACE=lo NCCL_NET_PLUGIN="$ofi/libnccl-net-ofi.so"
+  # OFI_PROVIDER: libfabric's FI_PROVIDER (default tcp; "all" leaves the choice to libfabric).
+  prov="${OFI_PROVIDER:-tcp}"
+  [ "$prov" = all ] && prov=""
+  run 1 ofi LD_LIBRARY_PATH="$ofi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ${prov:+FI_PROVIDER="$prov"} \
+    FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo FI_LOG_LEVEL=warn NCCL_NET_PLUGIN="$ofi/libnccl-net-ofi.so"
   grep -hE 'NET/OFI|NET/Plugin|WARN' "$out/logs-ofi-1"/rank-*.log 2>/dev/null | sort | uniq -c | head -30
   run 1 socket NCCL_NET_PLUGIN=none
   summary

@@ -106,6 +106,9 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
     }
 }
 
+/// A network device's bandwidth (GB/s) where it says none: 10 Gb/s.
+const DEFAULT_NET_GBS: f64 = 1.25;
+
 /// What the tuner knows of the network across nodes.
 #[derive(Clone, Copy, Debug)]
 pub struct NetModel {
@@ -124,9 +127,16 @@ impl NetModel {
     pub(super) fn of(net: &dyn Net, nnodes: usize, nchannels: usize) -> NetModel {
         let nics = net.ndevs().clamp(1, nchannels.max(1));
         let props: Vec<_> = (0..nics).filter_map(|d| net.properties(d).ok()).collect();
+        // A device that gives no speed (0: aws-ofi-nccl's "default values for NIC properties")
+        // counts as 10 Gb/s, the socket network's default: a speed of 0 would leave the tuner
+        // no algorithm at all.
+        let gbs = |mbps: u32| match mbps {
+            0 => DEFAULT_NET_GBS,
+            m => f64::from(m) / 8000.0,
+        };
         let bw_gbs = match props.is_empty() {
-            true => 1.25, // 10 Gb/s, the socket network's default
-            false => props.iter().map(|p| f64::from(p.speed_mbps) / 8000.0).sum(),
+            true => DEFAULT_NET_GBS,
+            false => props.iter().map(|p| gbs(p.speed_mbps)).sum(),
         };
         let lat_us = props
             .iter()
@@ -215,4 +225,47 @@ fn search_in(system: System, shape: &Shape) -> Result<(System, Graphs)> {
     gparams.min_channels = 0;
     let graphs = graph::search_ranks(&system, &ranks, &gparams)?;
     Ok((system, graphs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::net::{Connecting, Handle, Listener, Properties};
+
+    /// A network that only describes its devices.
+    struct Described(Vec<Properties>);
+
+    impl Net for Described {
+        fn name(&self) -> &str {
+            "Described"
+        }
+        fn ndevs(&self) -> usize {
+            self.0.len()
+        }
+        fn properties(&self, dev: usize) -> Result<Properties> {
+            Ok(self.0[dev].clone())
+        }
+        fn listen(&self, _dev: usize) -> Result<(Handle, Box<dyn Listener>)> {
+            Err(crate::error::Error::internal("not a real network"))
+        }
+        fn connect(&self, _dev: usize, _handle: &Handle) -> Result<Box<dyn Connecting>> {
+            Err(crate::error::Error::internal("not a real network"))
+        }
+    }
+
+    #[test]
+    fn a_device_without_a_speed_counts_as_ten_gigabits() {
+        // aws-ofi-nccl over libfabric's net provider gives speed 0 ("default values for NIC
+        // properties"): a zero bandwidth left AllReduce no algorithm (one H100, 2 nodes).
+        let dev = |speed_mbps, latency_us| Properties {
+            speed_mbps,
+            latency_us,
+            ..Properties::default()
+        };
+        let m = NetModel::of(&Described(vec![dev(0, 0.0)]), 2, 8);
+        assert_eq!(m.bw_gbs, DEFAULT_NET_GBS);
+        let m = NetModel::of(&Described(vec![dev(100_000, 2.5), dev(0, f32::NAN)]), 2, 8);
+        assert_eq!(m.bw_gbs, 12.5 + DEFAULT_NET_GBS);
+        assert_eq!(m.lat_us, 2.5);
+    }
 }

@@ -1129,6 +1129,24 @@ impl Comm {
                 mr.0
             )));
         }
+        // Receives posted into the region whose message has not begun are withdrawn: a proxy
+        // keeps receives posted ahead, and deregisters its FIFO when its connection closes.
+        {
+            let mut q = lock(&self.shared.queues);
+            q.posted.retain(|m| {
+                if m.mr != mr.0 {
+                    return true;
+                }
+                let _ = m.result.set(Err(Error::quiet(
+                    crate::error::NcclResult::InvalidUsage,
+                    format!(
+                        "NET/Socket: receive withdrawn: region {} deregistered",
+                        mr.0
+                    ),
+                )));
+                false
+            });
+        }
         let busy = self
             .reqs
             .values()

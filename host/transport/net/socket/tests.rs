@@ -1065,3 +1065,36 @@ fn acknowledged_data_is_not_taken_for_a_silent_host() {
         None
     );
 }
+
+#[test]
+fn deregistering_withdraws_receives_that_have_not_begun() {
+    // A proxy keeps receives posted ahead into its FIFO and deregisters the FIFO when the
+    // connection closes: that is no misuse, and it must not leave an error behind (it used to
+    // fail with "still used by 8 requests" and log a warning at every communicator's end).
+    let net = lo_net(1, 1);
+    let (mut s, mut r) = pair(&net);
+    let mut a = vec![7u8; 64];
+    let mut b = vec![0u8; 8 * 64];
+    let smr = reg_send(s.as_mut(), &mut a);
+    let rmr = reg_recv(r.as_mut(), &mut b);
+    let reqs: Vec<Request> = (0..8)
+        .map(|k| {
+            let buf = RecvBuf {
+                offset: k * 64,
+                ..recv_buf(rmr, 64)
+            };
+            r.irecv(&[buf]).unwrap().unwrap()
+        })
+        .collect();
+    // The first one completes; the other seven were never matched.
+    let sq = s.isend(smr, 0, a.len(), 0).unwrap().unwrap();
+    assert_eq!(wait_send(s.as_mut(), sq).unwrap(), 64);
+    assert_eq!(wait_recv(r.as_mut(), reqs[0]).unwrap(), vec![64]);
+    assert_eq!(&b[..64], &a[..]);
+    r.dereg_mr(rmr)
+        .expect("deregistering withdraws the posted receives");
+    // A withdrawn request answers as such, not as pending.
+    let e = r.test(reqs[1]).unwrap_err();
+    assert!(e.message.contains("withdrawn"), "{e}");
+    s.dereg_mr(smr).expect("the send completed");
+}
