@@ -333,20 +333,7 @@ pub fn coll_round(
             panic!("{what}: output byte {k} is wrong");
         }
     }
-    for (i, h) in regs {
-        comms[i].deregister(h).unwrap();
-    }
-    for (c, s) in comms.iter().zip(streams) {
-        c.device().stream_destroy(s).unwrap();
-    }
-    comms
-        .iter()
-        .zip(before)
-        .map(|(c, b)| {
-            let now = c.ring_direct_steps().unwrap();
-            now.iter().zip(b).map(|(a, b)| a - b).collect()
-        })
-        .collect()
+    end_round(comms, regs, streams, before)
 }
 
 /// Direct steps per channel that [`coll_round`] of `coll` with `count` takes at `c` when the
@@ -538,20 +525,7 @@ pub fn reduce_round_each<T: nccl_device::types::Elem>(
             panic!("{e}");
         }
     }
-    for (i, h) in regs {
-        comms[i].deregister(h).unwrap();
-    }
-    for (c, s) in comms.iter().zip(streams) {
-        c.device().stream_destroy(s).unwrap();
-    }
-    comms
-        .iter()
-        .zip(before)
-        .map(|(c, b)| {
-            let now = c.ring_direct_steps().unwrap();
-            now.iter().zip(b).map(|(a, b)| a - b).collect()
-        })
-        .collect()
+    end_round(comms, regs, streams, before)
 }
 
 /// One ReduceScatter of `count` elements per rank of `T` (`dt`) with `op` over the
@@ -651,20 +625,7 @@ pub fn reduce_scatter_round<T: nccl_device::types::Elem>(
             panic!("{e}");
         }
     }
-    for (i, h) in regs {
-        comms[i].deregister(h).unwrap();
-    }
-    for (c, s) in comms.iter().zip(streams) {
-        c.device().stream_destroy(s).unwrap();
-    }
-    comms
-        .iter()
-        .zip(before)
-        .map(|(c, b)| {
-            let now = c.ring_direct_steps().unwrap();
-            now.iter().zip(b).map(|(a, b)| a - b).collect()
-        })
-        .collect()
+    end_round(comms, regs, streams, before)
 }
 
 /// One Reduce to rank [`root_of`] of `count` elements of `T` (`dt`) with `op` over the
@@ -767,6 +728,17 @@ pub fn reduce_root_round<T: nccl_device::types::Elem>(
             );
         }
     }
+    end_round(comms, regs, streams, before)
+}
+
+/// A round's end: its registrations released, its streams destroyed, and each rank's steps
+/// received in place per channel since `before`.
+fn end_round(
+    comms: &[Comm],
+    regs: Vec<(usize, nccl::RegHandle)>,
+    streams: Vec<nccl::StreamHandle>,
+    before: Vec<Vec<u64>>,
+) -> Vec<Vec<u64>> {
     for (i, h) in regs {
         comms[i].deregister(h).unwrap();
     }
