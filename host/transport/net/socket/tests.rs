@@ -484,9 +484,8 @@ fn requests_are_checked() {
     // SAFETY: never used: the kind is refused before anything is recorded.
     let cuda = unsafe { s.reg_mr(a.as_mut_ptr(), a.len(), PTR_CUDA) };
     assert_eq!(bad(cuda.unwrap_err()), NcclResult::InvalidArgument);
-    // A region in use by a receive in flight cannot go.
+    // (Deregistering withdraws receives that have not begun: its own test below.)
     let rq = r.irecv(&[recv_buf(rmr, 100)]).unwrap().unwrap();
-    assert_eq!(bad(r.dereg_mr(rmr).unwrap_err()), NcclResult::InvalidUsage);
     // Requests beyond the limit wait.
     let mut held = Vec::new();
     while let Some(q) = r.irecv(&[recv_buf(rmr, 100)]).unwrap() {
