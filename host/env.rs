@@ -337,6 +337,11 @@ pub const PARAMS: &[Param] = &[
         doc: "1: an LL receiver over the network polls its lines' flags where its FIFO is in host memory (as NCCL); 0: it waits for the proxy's tail first, as LL128 and Simple do",
     },
     Param {
+        name: "NCCL_RS_PROXY_TIMELINE",
+        default: "",
+        doc: "lab tool: a file prefix; each process records its network launches and steps (monotonic ns) and writes them to PREFIX.<pid> when its proxy stops (docs/latency.md)",
+    },
+    Param {
         name: "NCCL_NET_SHARED_COMMS",
         default: "1",
         doc: "1: the send/recv connections between two ranks on one network device share one network comm where the network groups receives (maxRecvs > 1), each connection's messages tagged, its awaited steps posted together in one irecv; 0: a comm per connection",

@@ -16,6 +16,7 @@ pub use crate::comm::order;
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
+use crate::proxy::timeline::{self, Mark};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_REGISTERED,
@@ -378,10 +379,14 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     let order = comm.order.clone();
     let net = comm.net.clone();
     group::ordered(Box::new(move || {
-        if let Some(n) = &net {
-            n.proxy.kick(); // the kernel will need the network: wake the proxy
-        }
-        order.launch(stream, || device.launch(kernel, grid, block, stream, &args))
+        let Some(n) = &net else {
+            return order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
+        };
+        n.proxy.kick(); // the kernel will need the network: wake the proxy
+        timeline::mark(Mark::Launch, 0, 0);
+        let r = order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
+        timeline::mark(Mark::Launched, 0, 0);
+        r
     }))
 }
 

@@ -16,6 +16,7 @@
 use super::group;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
+use crate::proxy::timeline::{self, Mark};
 use crate::transport::links::{Dir, Links};
 use nccl_device::abi::{
     P2pArgs, P2pItem, P2pKind, DIRECT_DECLINE, DIRECT_OFF, MAX_P2P_ITEMS, NCCL_STEPS,
@@ -336,10 +337,13 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     let k = device.kernel("nccl_p2p", "nccl_p2p")?;
     let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
     links.kick_proxy();
-    batch[0].order.launch_joined(main, others, || {
+    timeline::mark(Mark::Launch, 0, 0);
+    let r = batch[0].order.launch_joined(main, others, || {
         all.iter()
             .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
-    })
+    });
+    timeline::mark(Mark::Launched, 0, 0);
+    r
 }
 
 /// The zero-copy handshake of one part (`len` bytes at `off`) of `op` ([`P2pItem::direct`]),

@@ -1,6 +1,7 @@
 //! One proxied connection: its host-mapped memory (counters, slot sizes, FIFO) and its network
 //! endpoint, and the step machine that moves slots between them.
 
+use super::timeline::{self, Mark};
 use crate::cuda::{DevBuffer, DevPtr, Device, HostMem};
 use crate::error::{Error, Result};
 use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
@@ -123,6 +124,8 @@ pub(crate) struct NetConn {
     /// on every pass, an idle one only when its kernel waits or the proxy's rotation comes
     /// to it ([`Poll`]).
     last_active: Option<Instant>,
+    /// The last awaited-step word put on the timeline ([`super::timeline`]).
+    marked_awaited: u64,
 }
 
 /// How hard a pass of the proxy looks at a connection.
@@ -331,6 +334,7 @@ impl NetConn {
             stall_reported: false,
             seen_head: 0,
             last_active: None,
+            marked_awaited: 0,
         }
     }
 
@@ -429,6 +433,7 @@ impl NetConn {
                             slot_words(mem, self.layout, self.posted)
                         );
                     }
+                    timeline::mark(Mark::SendPosted, self.peer_rank, self.posted);
                     self.inflight.push_back(req);
                     self.posted += 1;
                     moved = true;
@@ -436,9 +441,13 @@ impl NetConn {
                 None => break,
             }
         }
+        let done_before = self.done;
         moved |= retire(&mut self.inflight, &mut self.done, |r| {
             Ok(comm.test(r)?.is_some())
         })?;
+        for step in done_before..self.done {
+            timeline::mark(Mark::SendDone, self.peer_rank, step);
+        }
         if moved {
             // The slot may be refilled: hand it back to the kernel.
             counter(mem, ConnLayout::HEAD)?.store(self.done, Ordering::Release);
@@ -539,6 +548,11 @@ impl NetConn {
                         .is_some_and(|t| now.saturating_duration_since(t) < RECV_ACTIVE)
             }
         };
+        if awaited > self.marked_awaited {
+            // The kernel's word for a new step: when it started waiting, for the timeline.
+            self.marked_awaited = awaited;
+            timeline::mark(Mark::Awaited, self.peer_rank, awaited - 1);
+        }
         if !test {
             return Ok(moved);
         }
@@ -599,6 +613,7 @@ impl NetConn {
             }
             self.inflight.pop_front();
             self.front = Front::Receiving;
+            timeline::mark(Mark::RecvLanded, self.peer_rank, self.done);
             self.done += 1;
             moved = true;
         }

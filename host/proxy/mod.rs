@@ -17,6 +17,7 @@
 
 mod conn;
 pub(crate) mod shared;
+pub(crate) mod timeline;
 
 use conn::Poll;
 pub(crate) use conn::{ConnLayout, FifoPlace, NetConn, Side};
@@ -245,6 +246,7 @@ impl Drop for Proxy {
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
+        timeline::flush();
     }
 }
 
