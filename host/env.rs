@@ -257,6 +257,11 @@ pub const PARAMS: &[Param] = &[
         doc: "connections per peer (CTAs of one send/recv) on GPUs; 0: 64 / nranks, up to 16",
     },
     Param {
+        name: "NCCL_RS_RING_EXCHANGE",
+        default: "1",
+        doc: "1: a two-rank ring AllReduce on LL exchanges (each rank sends its whole input and adds the peer's: one hop where the ring takes two); 0: the ring's reduce-scatter and all-gather. Rank 0's value holds for every rank",
+    },
+    Param {
         name: "NCCL_RS_SIMPLE_PUBLISHER",
         default: "0",
         doc: "1: a Simple step's last warp publishes it while the other warps move the next step (NCCL's design; unmeasured over NVLink, so off)",

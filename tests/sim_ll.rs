@@ -45,3 +45,49 @@ fn a_late_rank_never_loses_data() {
     common::use_forced_protocol(FORCED);
     common::late_rank_all_reduce(16);
 }
+
+/// Two ranks exchange (`FLAG_RING_EXCHANGE`): a piece costs one step on each ring connection,
+/// where the ring's reduce-scatter and all-gather take two, and the sums are right (random
+/// data, poisoned outputs, every reduction on a float and an integer type).
+#[test]
+fn two_ranks_exchange_in_one_step_per_piece() {
+    let ranks = sim_comms(2);
+    let choice = ranks.comms[0]
+        .tuning(nccl::Coll::AllReduce, 4096)
+        .expect("a choice");
+    assert_eq!(choice.algo, nccl::tune::Algo::Ring, "{choice:?}");
+    let steps = |r: &Ranks| -> Vec<Vec<u64>> {
+        r.comms
+            .iter()
+            .map(|c| c.ring_send_steps().expect("steps"))
+            .collect()
+    };
+    let ops = [
+        nccl::ReduceOp::Sum,
+        nccl::ReduceOp::Prod,
+        nccl::ReduceOp::Max,
+        nccl::ReduceOp::Min,
+        nccl::ReduceOp::Avg,
+    ];
+    let mut seed = 900;
+    for dt in [nccl::DataType::Float32, nccl::DataType::Int32] {
+        for op in ops {
+            // 1000 elements fill less than one LL step on each channel the call uses.
+            for (count, in_place) in [(1, false), (1000, true), (1000, false)] {
+                let before = steps(&ranks);
+                seed += 1;
+                let op = common::typed_op(op, dt);
+                common::check_all_reduce(&ranks, count, dt, op, in_place, seed, Drive::OneThread)
+                    .unwrap_or_else(|e| panic!("{dt:?} {op:?} count {count}: {e}"));
+                let after = steps(&ranks);
+                for (r, (a, b)) in after.iter().zip(&before).enumerate() {
+                    let delta: Vec<u64> = a.iter().zip(b).map(|(a, b)| a - b).collect();
+                    assert!(
+                        delta.iter().all(|&d| d <= 1) && delta.contains(&1),
+                        "rank {r}, {dt:?} count {count}: ring steps per channel {delta:?}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -102,6 +102,10 @@ pub struct ConnSend {
     /// every protocol (`fifo`, `ll_fifo` and `ll128_fifo` are one region then), so that the
     /// receiving proxy can place a step before it knows which protocol carried it.
     pub proxy_stride: u64,
+    /// The last `head` a kernel read (heads only grow), kept across launches like `step`: a
+    /// sender reads `head` again only when this value leaves it no free slot, which saves a
+    /// round trip to wherever `head` lives (host memory for a proxied connection) on most steps.
+    pub head_seen: u64,
 }
 
 /// The receiving side of one connection: the peer writes into our FIFO.
@@ -130,6 +134,9 @@ pub struct ConnRecv {
     /// the receiving proxy learns which protocol a landed step carries (a GPU-memory FIFO
     /// flushes Simple steps only: LL and LL128 lines carry their own flags).
     pub proxy_proto: u64,
+    /// The last `tail` a kernel read (tails only grow), kept across launches like `step`: a
+    /// Simple receiver reads `tail` again only when this value does not cover its step.
+    pub tail_seen: u64,
 }
 
 /// Set in a proxied receive side's `proxy_stride` (whose bytes are a multiple of 128) where its
@@ -149,7 +156,7 @@ pub const fn stride_bytes(proxy_stride: u64) -> u64 {
 
 impl ConnSend {
     /// The fields in layout order, as the host writes them into device memory.
-    pub fn words(&self) -> [u64; 8] {
+    pub fn words(&self) -> [u64; 9] {
         [
             self.fifo,
             self.tail,
@@ -159,13 +166,14 @@ impl ConnSend {
             self.ll128_fifo,
             self.proxy_sizes,
             self.proxy_stride,
+            self.head_seen,
         ]
     }
 }
 
 impl ConnRecv {
     /// The fields in layout order, as the host writes them into device memory.
-    pub fn words(&self) -> [u64; 8] {
+    pub fn words(&self) -> [u64; 9] {
         [
             self.fifo,
             self.tail,
@@ -175,6 +183,7 @@ impl ConnRecv {
             self.ll128_fifo,
             self.proxy_stride,
             self.proxy_proto,
+            self.tail_seen,
         ]
     }
 }
@@ -295,6 +304,12 @@ pub const FLAG_SIMPLE_PUBLISHER: u32 = 1;
 /// whose slice of a block fills a step at least. Set alike on every rank, from facts every rank
 /// knows (collective, protocol, algorithm), never from registration.
 pub const FLAG_RING_DIRECT: u32 = 2;
+/// [`CollArgs::flags`]: a two-rank ring AllReduce exchanges instead: each rank sends its whole
+/// input to the other and adds what arrives to its own, one network hop per piece where the
+/// ring's reduce-scatter and all-gather take two in a row. Both ranks compute `a + b` of the same
+/// two values, and every reduction NCCL offers is commutative, so their results are equal bit
+/// for bit. Set alike on both ranks (from the rank count, collective and protocol).
+pub const FLAG_RING_EXCHANGE: u32 = 8;
 /// [`CollArgs::flags`]: this rank's output buffer is registered (or captured with graph
 /// registration): it offers it to its predecessor and takes its successor's offer. A rank
 /// without it answers the handshake at once, without waiting, and both sides copy.
@@ -475,9 +490,9 @@ const _: () = {
     assert!(core::mem::size_of::<RegTable>() == 24 * (REG_TABLE_ENTRIES + 1));
     assert!(DIRECT_DST + 8 <= CTRL_LINE);
     assert!(DIRECT_PARTIALS + 8 <= CTRL_LINE && DIRECT_PARTIALS != DIRECT_DST);
-    assert!(core::mem::size_of::<ConnSend>() == 64);
-    assert!(core::mem::size_of::<ConnRecv>() == 64);
-    assert!(core::mem::size_of::<ChannelDev>() == 168);
+    assert!(core::mem::size_of::<ConnSend>() == 72);
+    assert!(core::mem::size_of::<ConnRecv>() == 72);
+    assert!(core::mem::size_of::<ChannelDev>() == 184);
     assert!(core::mem::size_of::<DevComm>() == 48);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
     assert!(core::mem::size_of::<CollArgs>() == 104);

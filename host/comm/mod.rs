@@ -167,15 +167,16 @@ impl Shape {
                 "NCCL_RS_SLICE_STEPS={slice_steps}: use 1, 2 or 4 (0: by collective)"
             )));
         }
-        let kernel_flags = match env("NCCL_RS_SIMPLE_PUBLISHER") {
-            0 => 0,
-            1 => nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
-            v => {
-                return Err(Error::invalid_argument(format!(
-                    "NCCL_RS_SIMPLE_PUBLISHER={v}: use 0 or 1"
-                )))
-            }
+        let switch = |name: &str, flag: u32| match env(name) {
+            0 => Ok(0),
+            1 => Ok(flag),
+            v => Err(Error::invalid_argument(format!("{name}={v}: use 0 or 1"))),
         };
+        // Both travel with rank 0's shape, so every rank agrees on them.
+        let kernel_flags = switch(
+            "NCCL_RS_SIMPLE_PUBLISHER",
+            nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
+        )? | switch("NCCL_RS_RING_EXCHANGE", nccl_device::abi::FLAG_RING_EXCHANGE)?;
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
@@ -224,7 +225,8 @@ impl Shape {
         if ![0, 1, 2, 4].contains(&self.slice_steps) {
             return bad("slice_steps", self.slice_steps.into());
         }
-        if self.kernel_flags & !nccl_device::abi::FLAG_SIMPLE_PUBLISHER != 0 {
+        use nccl_device::abi::{FLAG_RING_EXCHANGE, FLAG_SIMPLE_PUBLISHER};
+        if self.kernel_flags & !(FLAG_SIMPLE_PUBLISHER | FLAG_RING_EXCHANGE) != 0 {
             return bad("kernel_flags", self.kernel_flags.into());
         }
         Ok(())
@@ -640,6 +642,7 @@ impl Comm {
         )
         .map_err(|e| e.context("NVLS setup"))?;
         tuner.set_nvls(nvls.is_some());
+        tuner.set_ring_exchange(shape.kernel_flags & nccl_device::abi::FLAG_RING_EXCHANGE != 0);
 
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).
@@ -984,6 +987,22 @@ impl Comm {
             let mut raw = vec![0u8; nch * size];
             self.dev_comm.read(head, &mut raw)?;
             let at = std::mem::offset_of!(ChannelDev, direct_steps);
+            Ok(raw
+                .chunks_exact(size)
+                .map(|ch| u64::from_le_bytes(ch[at..at + 8].try_into().unwrap_or_default()))
+                .collect())
+        }
+    }
+    crate::internal! {
+        /// Per channel, the step counter of the ring's send connection as the kernels left it.
+        fn ring_send_steps(&self) -> Result<Vec<u64>> {
+            let nch = self.shape.nchannels as usize;
+            let size = std::mem::size_of::<ChannelDev>();
+            let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+            let mut raw = vec![0u8; nch * size];
+            self.dev_comm.read(head, &mut raw)?;
+            let at = std::mem::offset_of!(ChannelDev, send)
+                + std::mem::offset_of!(nccl_device::abi::ConnSend, step);
             Ok(raw
                 .chunks_exact(size)
                 .map(|ch| u64::from_le_bytes(ch[at..at + 8].try_into().unwrap_or_default()))

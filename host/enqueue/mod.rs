@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_REGISTERED,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED,
     LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
@@ -299,7 +299,8 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             _ => shape.slot_bytes * slices,
         } / dt.size() as u32,
         slice_steps: slices,
-        flags: shape.kernel_flags,
+        // The exchange is this launch's to choose (below).
+        flags: shape.kernel_flags & !FLAG_RING_EXCHANGE,
         coll: c.coll as u32,
         root: c.root as u32,
         proto,
@@ -338,6 +339,14 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         args.proto = PROTO_SIMPLE;
         // One CTA per NVLS channel region.
         grid = grid.min(nvls.nchannels as u32).max(1);
+    }
+    if args.algo == ALGO_RING
+        && proto == PROTO_LL
+        && n == 2
+        && c.coll == Coll::AllReduce
+        && shape.kernel_flags & FLAG_RING_EXCHANGE != 0
+    {
+        args.flags |= FLAG_RING_EXCHANGE;
     }
     if args.algo == ALGO_RING && proto == PROTO_SIMPLE {
         // Every rank sets the handshake alike (collective, algorithm, protocol); only this

@@ -443,6 +443,8 @@ pub struct Tuner {
     /// NVLS is set up (the communicator's multicast object exists: the user set
     /// NCCL_NVLS_ENABLE to 1 and every rank's GPU supports multicast).
     nvls: bool,
+    /// A two-rank ring AllReduce on LL exchanges in one pass (`FLAG_RING_EXCHANGE`).
+    ring_exchange: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -477,11 +479,17 @@ impl Tuner {
             intra_type: graphs.intra_type,
             ll128_ok,
             nvls: false,
+            ring_exchange: false,
             params: params.clone(),
             plugin,
         };
         t.log();
         t
+    }
+
+    /// Whether two-rank ring AllReduces on LL exchange (the communicator's agreed flags).
+    pub(crate) fn set_ring_exchange(&mut self, on: bool) {
+        self.ring_exchange = on;
     }
 
     /// Offers NVLS (AllReduce, ReduceScatter, AllGather) once the communicator set it up.
@@ -581,8 +589,9 @@ impl Tuner {
                 let net_steps = if self.nnodes > 1 { nnodes } else { 0.0 };
                 let pass = intra_steps * intra + net_steps * net;
                 let per = pass * (self.nranks as f64 - 1.0) / self.nranks as f64;
+                let exchange = self.ring_exchange && self.nranks == 2 && proto == Proto::Ll;
                 base + match coll {
-                    Coll::AllReduce => 2.0 * per,
+                    Coll::AllReduce if !exchange => 2.0 * per,
                     _ => per,
                 }
             }

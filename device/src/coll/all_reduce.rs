@@ -5,7 +5,7 @@
 //! is the double binary tree the host wired ([`dbt`]).
 
 use super::{align_up, div_ceil, Kernel};
-use crate::abi::{ConnRecv, ConnSend, TreeDev, TREE_MAX_CHILDREN};
+use crate::abi::{ConnRecv, ConnSend, TreeDev, FLAG_RING_EXCHANGE, TREE_MAX_CHILDREN};
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::{Move, FAN};
 use crate::prims::{Simple, SimpleFan};
@@ -33,6 +33,34 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut prims = k.prims();
     let max_chunk = k.max_chunk();
     let none = Move::<T>::none();
+    if nranks == 2 && k.args.flags & FLAG_RING_EXCHANGE != 0 {
+        // Two ranks (FLAG_RING_EXCHANGE): send our input, add the peer's to it.
+        let (mut off, end) = (k.start, k.end);
+        while off < end {
+            let n = core::cmp::min(end - off, max_chunk);
+            let mine = input.add(off);
+            prims.step(
+                &op,
+                false,
+                true,
+                Move {
+                    input: mine,
+                    ..none
+                },
+                n,
+            );
+            let mv = Move {
+                input: mine,
+                output: output.add(off),
+                post: true,
+                ..none
+            };
+            prims.step(&op, true, false, mv, n);
+            off += n;
+        }
+        prims.finish();
+        return;
+    }
     // Registered output buffers (see `Kernel::ring_direct`): the all-gather half writes each
     // finished chunk straight into the successor's output, which passes it on from there. In
     // place, those writes land where the successor's input was: every rank has added its input

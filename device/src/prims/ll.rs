@@ -102,7 +102,7 @@ impl Simple {
             }
             i += self.nthreads;
         }
-        self.packet_end(recv, send, nlines * 16);
+        self.packet_end(recv, send, nlines * 16, true);
     }
 }
 

@@ -157,7 +157,7 @@ impl Simple {
             }
             first += nwarps * lines_per_warp;
         }
-        self.packet_end(recv, send, nlines_padded * LL128_LINE_BYTES as usize);
+        self.packet_end(recv, send, nlines_padded * LL128_LINE_BYTES as usize, false);
     }
 }
 

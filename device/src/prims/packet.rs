@@ -56,11 +56,19 @@ impl Simple {
                 self.wait(|| arch::ld_acquire_sys(tail) >= need);
             }
         }
-        if send && self.tid == 0 {
+        // The slot is free once the peer consumed the step NCCL_STEPS before it; the head
+        // read last time may already say so (no trip to the counter then).
+        let need = (self.send_step + 1).saturating_sub(NCCL_STEPS as u64);
+        if send && self.tid == 0 && self.head_seen < need {
             // A plain (volatile) load: the slot's writes depend on it by control, and no data
             // is read through it.
-            let (head, step) = ((*sc).head as *const u64, self.send_step);
-            self.wait(|| arch::ld_volatile(head) + (NCCL_STEPS as u64) > step);
+            let head = (*sc).head as *const u64;
+            let mut seen = self.head_seen;
+            self.wait(|| {
+                seen = arch::ld_volatile(head);
+                seen >= need
+            });
+            self.head_seen = seen;
         }
         if send || proxied {
             self.sync();
@@ -102,7 +110,14 @@ impl Simple {
     /// Ends a step: once every thread has read its lines, the receive slot goes back to the
     /// sender; both step counters move on.
     #[inline(always)]
-    pub(super) unsafe fn packet_end(&mut self, recv: bool, send: bool, sent_bytes: usize) {
+    /// `polled`: the step's lines were LL ones, read by their flags alone.
+    pub(super) unsafe fn packet_end(
+        &mut self,
+        recv: bool,
+        send: bool,
+        sent_bytes: usize,
+        polled: bool,
+    ) {
         let sizes = if send {
             (*self.send).proxy_sizes as *mut u64
         } else {
@@ -122,7 +137,8 @@ impl Simple {
             self.sync();
             if self.tid == 0 {
                 let head = (*self.recv).head as *mut u64;
-                if (*self.recv).proxy_stride != 0 {
+                let stride = (*self.recv).proxy_stride;
+                if stride != 0 && !(polled && stride & STRIDE_LL_POLL != 0) {
                     // A proxy reads this head from host memory and then lets the network
                     // overwrite the slot: a system-scope release, as Simple's, orders every
                     // load of the slot before it. Its wait is small beside the network
@@ -130,10 +146,12 @@ impl Simple {
                     arch::st_release_sys(head, self.recv_step + 1);
                 } else {
                     // A plain (volatile) store, no system-scope release: every line of the
-                    // slot was loaded and used before the barrier, and a release here would
-                    // first wait for this thread's stores to the next peer to land (a round
-                    // trip over the link on every step). The data's order is carried by the
-                    // lines' flags.
+                    // slot was loaded and used before the barrier (its flags compared, its
+                    // data reduced or stored), so no load of it is still in flight, and a
+                    // release here would first wait for this thread's stores to the next peer
+                    // to land (a round trip over the link, or PCIe, on every step). The data's
+                    // order is carried by the lines' flags: so for LL lines a proxy polls
+                    // (`STRIDE_LL_POLL`) too.
                     arch::st_volatile(head, self.recv_step + 1);
                 }
             }

@@ -53,7 +53,7 @@ pub struct Simple {
     /// The last tail and head values thread 0 acquired: counters only grow, so a value that
     /// already covers a step spares the poll (and its round trip) for that step.
     tail_seen: u64,
-    head_seen: u64,
+    pub(super) head_seen: u64,
     /// The receive steps below this were announced to a proxy at once
     /// ([`Simple::promise_recv`]): their steps need no word of their own.
     promised: u64,
@@ -155,8 +155,8 @@ impl Simple {
             slice: 1,
             inline: false,
             publisher: false,
-            tail_seen: 0,
-            head_seen: 0,
+            tail_seen: if recv.is_null() { 0 } else { (*recv).tail_seen },
+            head_seen: if send.is_null() { 0 } else { (*send).head_seen },
             promised: 0,
         }
     }
@@ -467,9 +467,11 @@ impl Simple {
         if self.tid == 0 {
             if !self.send.is_null() {
                 (*self.send).step = self.send_step;
+                (*self.send).head_seen = self.head_seen;
             }
             if !self.recv.is_null() {
                 (*self.recv).step = self.recv_step;
+                (*self.recv).tail_seen = self.tail_seen;
             }
         }
     }

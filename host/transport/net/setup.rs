@@ -321,6 +321,7 @@ fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
         tail: at(ConnLayout::TAIL),
         head: at(ConnLayout::HEAD),
         step: 0,
+        head_seen: 0,
         ll_fifo: fifo,
         ll128_fifo: fifo,
         proxy_sizes: at(ConnLayout::SIZES),
@@ -331,6 +332,7 @@ fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
         tail: at(ConnLayout::TAIL),
         head: at(ConnLayout::HEAD),
         step: 0,
+        tail_seen: 0,
         ll_fifo: fifo,
         ll128_fifo: fifo,
         // A FIFO in host memory receives LL lines in order ([`STRIDE_LL_POLL`]); one in GPU
