@@ -19,7 +19,9 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
   -g, --ngpus N             GPUs to use (ranks 0..N-1 on devices 0..N-1) [all visible];
                             with NCCL_RS_SHARED_GPUS=1, ranks (any number) on devices r % visible
   -w, --warmup_iters N      untimed iterations before each measurement [5; 1 on the simulator]
-  -n, --iters N             timed iterations; the median is reported [20; 5 on the simulator]
+  -n, --iters N             timed iterations [20; 5 on the simulator]
+      --stat mean|median    a call's time: the timed loop / iterations on the slowest GPU, as
+                            nccl-tests; or the median iteration, each the slowest GPU's [mean]
   -d, --datatype NAME       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
                             f8e4m3 f8e5m2, or all; a comma-separated list works too [float]
   -o, --op NAME             sum prod max min avg premulsum, or all; a list works too [sum]
@@ -42,6 +44,18 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
                             SLURM_* or RANK/WORLD_SIZE instead, and NCCL_COMM_ID=host:port
                             names the bootstrap root (the baseline's is port + 1)
   -h, --help                this text";
+
+/// How a call's time comes from the timed iterations (`--stat`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// The timed loop's length / iterations on the slowest GPU (nccl-tests' time): what a
+    /// stream of back-to-back calls costs per call.
+    Mean,
+    /// The median over the iterations of each iteration's slowest GPU. Where ranks take turns
+    /// waiting (one rank's call is short while its peer's is long, and the other way round the
+    /// next time), every iteration's slowest is a long one, so this reads above the mean.
+    Median,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -124,6 +138,8 @@ pub struct Args {
     pub mode: Mode,
     /// `-G N`: iterations captured per CUDA graph (0: launched directly).
     pub graph: usize,
+    /// `--stat`: how a call's time is taken from the timed iterations.
+    pub stat: Stat,
     /// `-R 1`: the buffers are registered with each communicator.
     pub register: bool,
     pub baseline: Option<PathBuf>,
@@ -245,6 +261,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         check: true,
         mode: Mode::Thread,
         graph: 0,
+        stat: Stat::Mean,
         register: false,
         baseline: None,
         backend: None,
@@ -309,6 +326,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "check",
             "mode",
             "cudagraph",
+            "stat",
             "local_register",
             "collective",
             "root",
@@ -358,6 +376,13 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                 }
             }
             "cudagraph" => a.graph = parse_number(&value, "--cudagraph")?,
+            "stat" => {
+                a.stat = match value.trim() {
+                    "mean" => Stat::Mean,
+                    "median" => Stat::Median,
+                    v => return Err(format!("--stat: '{v}' (use mean or median)")),
+                }
+            }
             "local_register" => {
                 a.register = match value.trim() {
                     "0" => false,

@@ -20,7 +20,8 @@
 //! a failed probe re-runs this executable with `--backend sim`.
 //!
 //! Timing: an event per iteration boundary on every GPU's stream; an iteration's time is the
-//! longest of the GPUs' times; the reported time is the median over the timed iterations.
+//! longest of the GPUs' times; the reported time is the timed loop's length / iterations on
+//! the slowest GPU, as nccl-tests reports it (`--stat median`: the median iteration).
 //! Checking (`-c 1`): fresh data before the first call of every size, outputs poisoned, the
 //! result compared with a host reference computed with the device crate's own arithmetic
 //! (exact for integers, a tolerance from the reduction depth for floats).
@@ -84,6 +85,8 @@ struct Settings {
     iters: usize,
     /// Iterations per CUDA graph (`-G`; 0: direct launches).
     graph: usize,
+    /// How a call's time is taken from the timed iterations (`--stat`).
+    stat: args::Stat,
 }
 
 /// Errors a run ends with: bad arguments (exit 2) or a failure (exit 1).
@@ -226,6 +229,7 @@ fn bench(
         warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
         iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
         graph: args.graph,
+        stat: args.stat,
     };
     if args.root >= world && args.colls.iter().any(|c| c.has_root()) {
         return Err(Fail::Usage(format!(
@@ -245,6 +249,14 @@ fn bench(
     println!(
         "# nThread {nthread} nGpus {ngpu_per_thread} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
         s.min_bytes, s.max_bytes, args.step_factor, s.warmup, s.iters, args.check as u8
+    );
+    println!(
+        "# time: {}",
+        match s.stat {
+            args::Stat::Mean => "the timed loop / iterations, on the slowest GPU (nccl-tests)",
+            args::Stat::Median =>
+                "the median iteration, each iteration's slowest GPU (--stat median)",
+        }
     );
     if s.graph > 0 {
         println!(

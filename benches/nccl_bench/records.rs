@@ -5,7 +5,7 @@
 //! line so that each line stands alone. JSON: `{"meta": {...}, "rows": [{...}, ...]}`, the
 //! run's fields once in `meta`. A value that does not apply is an empty CSV field and a JSON
 //! `null` (NCCL's figures without `--baseline`, `wrong` without `-c 1`). Bandwidths are GB/s
-//! (10^9 bytes per second), times microseconds (the median over the timed iterations); `ratio`
+//! (10^9 bytes per second), times microseconds (per call, as `--stat` says); `ratio`
 //! is our busbw over NCCL's (above 1: nccl-rs is faster). Both files are rewritten after every
 //! collective's table, so a run that fails keeps the tables it finished.
 

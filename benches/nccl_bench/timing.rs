@@ -1,7 +1,8 @@
-//! Timing: warm-up, an event per iteration boundary on every GPU's stream, an iteration's time
-//! as the slowest GPU's, the median; the rendezvous of the per-GPU threads.
+//! Timing: warm-up, an event per iteration boundary on every GPU's stream, a call's time as the
+//! timed loop's length / iterations on the slowest GPU (nccl-tests' time; `--stat median`: the
+//! median of the iterations, each the slowest GPU's); the rendezvous of the per-GPU threads.
 
-use crate::args::Mode;
+use crate::args::{Mode, Stat};
 use crate::collective::Call;
 use crate::data::CheckData;
 use crate::output::Measure;
@@ -79,29 +80,24 @@ impl Rendezvous {
 }
 
 impl Bench {
-    /// `warmup` untimed calls, then `iters` timed ones: each timed iteration's longest time
-    /// over the GPUs, in ms. Every stream is idle on return.
+    /// `warmup` untimed calls, then `iters` timed ones: each GPU of this process's timed
+    /// iterations, in ms. Every stream is idle on return.
     pub fn run(
         &self,
         lib: Lib,
         call: &Call,
         warmup: usize,
         iters: usize,
-    ) -> Result<Vec<f64>, String> {
-        let per_rank: Vec<Vec<f64>> = match self.mode {
-            Mode::Thread => self.run_one_thread(lib, call, warmup, iters)?,
-            Mode::Threads => self.run_threads(lib, call, warmup, iters)?,
-        };
-        let mut longest: Vec<f64> = (0..iters)
-            .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
-            .collect();
-        self.agree(&mut longest, nccl::ReduceOp::Max)?;
-        Ok(longest)
+    ) -> Result<Vec<Vec<f64>>, String> {
+        match self.mode {
+            Mode::Thread => self.run_one_thread(lib, call, warmup, iters),
+            Mode::Threads => self.run_threads(lib, call, warmup, iters),
+        }
     }
 
     /// `-G n`: captures `n` iterations in a graph per GPU (one thread issuing, as without
-    /// graphs), replays it `warmup` times untimed and `iters` times timed; each replay's longest
-    /// time over the GPUs / `n`, in ms.
+    /// graphs), replays it `warmup` times untimed and `iters` times timed; each GPU's replay
+    /// times / `n`, in ms.
     pub fn run_graph(
         &self,
         lib: Lib,
@@ -109,7 +105,7 @@ impl Bench {
         warmup: usize,
         iters: usize,
         n: usize,
-    ) -> Result<Vec<f64>, String> {
+    ) -> Result<Vec<Vec<f64>>, String> {
         let e = |what: &str, r: &Rank, err: nccl::Error| {
             format!("{what} on device {}: {err}", r.comm.cu_device())
         };
@@ -156,21 +152,23 @@ impl Bench {
                     .map_err(|x| e("event record", r, x))?;
             }
         }
-        let mut longest = vec![0.0f64; iters];
+        let mut per_rank = Vec::with_capacity(self.ranks.len());
         for r in &self.ranks {
             r.events[iters]
                 .synchronize()
                 .map_err(|x| e("event sync", r, x))?;
-            for (i, t) in longest.iter_mut().enumerate() {
-                let ms = r.events[i]
-                    .elapsed_ms(&r.events[i + 1])
-                    .map_err(|x| e("event elapsed time", r, x))?;
-                *t = t.max(f64::from(ms) / n as f64);
-            }
+            let times = (0..iters)
+                .map(|i| {
+                    r.events[i]
+                        .elapsed_ms(&r.events[i + 1])
+                        .map(|ms| f64::from(ms) / n as f64)
+                        .map_err(|x| e("event elapsed time", r, x))
+                })
+                .collect::<Result<Vec<f64>, String>>()?;
+            per_rank.push(times);
         }
         drop(graphs);
-        self.agree(&mut longest, nccl::ReduceOp::Max)?;
-        Ok(longest)
+        Ok(per_rank)
     }
 
     fn run_one_thread(
@@ -315,6 +313,32 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// The time of one call, in ms, from every GPU's timed iterations (`per_rank`, this
+    /// process's) and the other processes' ([`Bench::agree`]).
+    fn statistic(&self, per_rank: &[Vec<f64>], stat: Stat) -> Result<f64, String> {
+        match stat {
+            Stat::Mean => {
+                // nccl-tests' time: the timed loop's length / iterations, the slowest GPU's.
+                let mut t = [per_rank
+                    .iter()
+                    .map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64)
+                    .fold(0.0, f64::max)];
+                self.agree(&mut t, nccl::ReduceOp::Max)?;
+                Ok(t[0])
+            }
+            Stat::Median => {
+                let iters = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+                let mut longest: Vec<f64> = (0..iters)
+                    .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
+                    .collect();
+                self.agree(&mut longest, nccl::ReduceOp::Max)?;
+                Ok(median(&mut longest))
+            }
+        }
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -345,11 +369,11 @@ pub fn measure(
         }
         None => None,
     };
-    let mut times = match s.graph {
+    let per_rank = match s.graph {
         0 => b.run(lib, call, s.warmup, s.iters)?,
         n => b.run_graph(lib, call, s.warmup, s.iters, n)?,
     };
-    let time_us = median(&mut times) * 1e3;
+    let time_us = b.statistic(&per_rank, s.stat)? * 1e3;
     let algbw = if time_us > 0.0 {
         call.counts.size_bytes as f64 / 1e3 / time_us
     } else {
