@@ -2,7 +2,8 @@
 """Reads the files NCCL_RS_PROXY_TIMELINE=PREFIX wrote (PREFIX.<pid>, one per rank process) and
 says where a small collective across nodes spends its time, in microseconds (median, p10, p90):
 
-  period   one launch to the next in a process (back to back: the time per call)
+  issue    one launch call to the next on the host (the host runs ahead of the GPU)
+  call     the GPU's time per call: windows of 50 calls (first posted send to first posted send)
   hop      a send posted by one process's proxy -> the same step landed at its peer's proxy
   turn     a step landed -> the next send this process posted, within one call
   restart  the last step of a call landed -> the first send of the next call
@@ -59,7 +60,13 @@ def main():
         awaited = {(peer, step): ns for ns, m, peer, step in ev if m == "Awaited"}
         nl = len([x for x in launches if x >= t0])
         per_call = max(1, round(len(landed) / max(1, nl)))
-        period = [b - a for a, b in zip(launches[skip:], launches[skip + 1 :])]
+        per_send = max(1, round(len(sends) / max(1, nl)))
+        issue = [b - a for a, b in zip(launches[skip:], launches[skip + 1 :])]
+        # Steady state: the mean over windows of 50 calls, each window's mean (a window that
+        # holds a pause, such as the switch from out-of-place to in-place, falls in the tail).
+        st = [ns for ns, _, _ in sends][::per_send]
+        w = 50
+        call = [(st[k + w] - st[k]) / w for k in range(0, len(st) - w, w // 2)]
         hops, turns, restarts, waits = [], [], [], []
         # Hops: this process's landed step s from peer q was sent by the process whose send to
         # us has the same step number; the files do not name ranks, so take the other process
@@ -79,7 +86,8 @@ def main():
             dt = sends[si][0] - ns
             (restarts if step % per_call == per_call - 1 else turns).append(dt)
         print(f"process {pid}: {nl} launches, {per_call} receive steps per call")
-        print(f"  period  {stats(period)}")
+        print(f"  issue   {stats(issue)}")
+        print(f"  call    {stats(call)}")
         print(f"  hop     {stats(hops)}")
         print(f"  turn    {stats(turns)}")
         print(f"  restart {stats(restarts)}")

@@ -859,6 +859,18 @@ mod tests {
         let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
         assert!((ring(&slow) - ring(&fast) - 150.0).abs() < 1e-6);
         assert!((tree(&slow) - tree(&fast) - 100.0).abs() < 1e-6);
+        // 2 x 1 with the two-rank exchange (the communicators' default): Ring/LL crosses the
+        // network once (19-20 us at 8 B, 26 us at 4 KiB, where Ring/Simple took 46-50 us;
+        // results/h100-nodes2-exchange.txt), so LL holds to 4 KiB.
+        let mut t = across_nodes(2, 1, 0.0);
+        let before = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
+        t.set_ring_exchange(true);
+        let after = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
+        assert!((before - after - NET_HOP_US[Proto::Ll as usize]).abs() < 1e-6);
+        for bytes in [8, 4096] {
+            let c = t.choose(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((c.algo, c.proto), (Algo::Ring, Proto::Ll), "{bytes}");
+        }
     }
 
     #[test]
