@@ -353,7 +353,7 @@ fn forced_algorithms_and_protocols_in_one_process() {
             std::env::remove_var("NCCL_PROTO");
             std::env::remove_var("NCCL_RS_SIMPLE_PUBLISHER");
             assert_eq!(
-                ranks.comms[0].shape().kernel_flags,
+                ranks.comms[0].shape().kernel_flags & nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
                 publisher.parse().unwrap()
             );
             let want = match proto {

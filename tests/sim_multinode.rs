@@ -545,3 +545,50 @@ fn rank_seed() -> usize {
     std::env::var("DBT_TEST_NODES").map_or(0, |v| v.parse().unwrap_or(0))
         + std::env::var("DBT_TEST_PER_NODE").map_or(0, |v| v.parse().unwrap_or(0))
 }
+
+/// `NCCL_RS_PROXY_TIMELINE` (the latency lab's record, `tools/proxy-timeline.py`): each rank
+/// process of 2 nodes writes its launches and network steps, and a two-rank AllReduce
+/// (the exchange) costs one network step each way per call.
+#[test]
+fn proxy_timeline_records_each_step() {
+    const CALLS: usize = 4;
+    if let Some(ranks) = child_comm() {
+        for k in 0..CALLS {
+            common::check_all_reduce(
+                &ranks,
+                2,
+                DataType::Float32,
+                ReduceOp::Sum,
+                k % 2 == 1,
+                70 + k as u64,
+                Drive::OneThread,
+            )
+            .unwrap();
+        }
+        return; // dropping the communicator stops the proxy, which writes the file
+    }
+    let dir = std::env::temp_dir().join(format!("nccl-rs-timeline-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("tl");
+    let prefix_s = prefix.to_str().unwrap().to_string();
+    let env = [LOOPBACK, ("NCCL_RS_PROXY_TIMELINE", prefix_s.as_str())];
+    common::procs::run_nodes("proxy_timeline_records_each_step", 2, 1, &env);
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let count = |mark: &str| {
+            text.lines()
+                .filter(|l| l.split_whitespace().nth(1) == Some(mark))
+                .count()
+        };
+        assert_eq!(count("Launch"), CALLS, "{}:\n{text}", f.display());
+        assert_eq!(count("SendPosted"), CALLS, "{}:\n{text}", f.display());
+        assert_eq!(count("SendDone"), CALLS, "{}:\n{text}", f.display());
+        assert_eq!(count("RecvLanded"), CALLS, "{}:\n{text}", f.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
