@@ -981,33 +981,29 @@ impl Comm {
         /// Per channel, the ring steps whose data the predecessor wrote straight into this
         /// rank's output buffer (zero-copy ring collectives), counted by the kernels since init.
         fn ring_direct_steps(&self) -> Result<Vec<u64>> {
-            let nch = self.shape.nchannels as usize;
-            let size = std::mem::size_of::<ChannelDev>();
-            let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
-            let mut raw = vec![0u8; nch * size];
-            self.dev_comm.read(head, &mut raw)?;
-            let at = std::mem::offset_of!(ChannelDev, direct_steps);
-            Ok(raw
-                .chunks_exact(size)
-                .map(|ch| u64::from_le_bytes(ch[at..at + 8].try_into().unwrap_or_default()))
-                .collect())
+            self.channel_words(std::mem::offset_of!(ChannelDev, direct_steps))
         }
     }
     crate::internal! {
         /// Per channel, the step counter of the ring's send connection as the kernels left it.
         fn ring_send_steps(&self) -> Result<Vec<u64>> {
-            let nch = self.shape.nchannels as usize;
-            let size = std::mem::size_of::<ChannelDev>();
-            let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
-            let mut raw = vec![0u8; nch * size];
-            self.dev_comm.read(head, &mut raw)?;
-            let at = std::mem::offset_of!(ChannelDev, send)
-                + std::mem::offset_of!(nccl_device::abi::ConnSend, step);
-            Ok(raw
-                .chunks_exact(size)
-                .map(|ch| u64::from_le_bytes(ch[at..at + 8].try_into().unwrap_or_default()))
-                .collect())
+            self.channel_words(
+                std::mem::offset_of!(ChannelDev, send)
+                    + std::mem::offset_of!(nccl_device::abi::ConnSend, step),
+            )
         }
+    }
+    /// Per channel, the u64 at byte `at` of its `ChannelDev` in device memory.
+    fn channel_words(&self, at: usize) -> Result<Vec<u64>> {
+        let nch = self.shape.nchannels as usize;
+        let size = std::mem::size_of::<ChannelDev>();
+        let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+        let mut raw = vec![0u8; nch * size];
+        self.dev_comm.read(head, &mut raw)?;
+        Ok(raw
+            .chunks_exact(size)
+            .map(|ch| u64::from_le_bytes(ch[at..at + 8].try_into().unwrap_or_default()))
+            .collect())
     }
     crate::internal! {
         /// The launch shape every rank agreed on at creation.
