@@ -11,6 +11,8 @@ use crate::topo::PathType;
 const FACTS_LEN: usize = 4 * 4 + 8 * 2 + 2 + 8;
 /// Where [`Tuner::facts`] holds the plugin's identity (0: none).
 const PLUGIN_AT: usize = 34;
+/// More local GPUs or channels than any rank reports (NCCL has at most 64 channels).
+const MAX_PEER_COUNT: usize = 4096;
 
 /// A tuner plugin's identity across ranks: a hash of the name it reports (FNV-1a), never 0.
 fn plugin_id(name: &str) -> u64 {
@@ -57,13 +59,30 @@ impl Tuner {
         let u32_at = |i: usize| u32::from_le_bytes(first[i..i + 4].try_into().unwrap()) as usize;
         let f64_at = |i: usize| f64::from_le_bytes(first[i..i + 8].try_into().unwrap());
         let intra_type = *PathType::ALL.get(first[32] as usize).ok_or_else(bad)?;
+        let (nranks, nnodes, nlocal, nchannels) = (u32_at(0), u32_at(4), u32_at(8), u32_at(12));
+        let (bw_intra, bw_inter) = (f64_at(16), f64_at(24));
+        // Rank 0's values drive arithmetic (ranks less nodes, shares of channels): a value no
+        // rank could have sent is refused rather than used.
+        let sane = nranks == self.nranks
+            && (1..=nranks).contains(&nnodes)
+            && (1..=MAX_PEER_COUNT).contains(&nlocal)
+            && (1..=MAX_PEER_COUNT).contains(&nchannels)
+            && [bw_intra, bw_inter].iter().all(|b| b.is_finite() && *b >= 0.0);
+        if !sane {
+            return Err(Error::remote(format!(
+                "rank 0's tuner inputs are out of range: {nranks} ranks (this communicator has {}), \
+                 {nnodes} nodes, {nlocal} local GPUs, {nchannels} channels, bandwidths {bw_intra} \
+                 and {bw_inter} GB/s",
+                self.nranks
+            )));
+        }
         let mine = self.facts();
-        self.nranks = u32_at(0);
-        self.nnodes = u32_at(4);
-        self.nlocal = u32_at(8);
-        self.nchannels = u32_at(12);
-        self.bw_intra = f64_at(16);
-        self.bw_inter = f64_at(24);
+        self.nranks = nranks;
+        self.nnodes = nnodes;
+        self.nlocal = nlocal;
+        self.nchannels = nchannels;
+        self.bw_intra = bw_intra;
+        self.bw_inter = bw_inter;
         self.intra_type = intra_type;
         self.ll128_ok = first[33] != 0;
         if !plugin_agreed(all) {
@@ -139,5 +158,43 @@ mod tests {
         let mut t = tuner(2, 8);
         assert!(t.agree(&[vec![1, 2, 3]]).is_err());
         assert!(t.agree(&[]).is_err());
+    }
+
+    /// Rank 0's numbers are range-checked before use: more nodes than ranks once made the
+    /// latency model subtract past zero (a panic in debug builds), and a rank count that is not
+    /// this communicator's, no channel, or a bandwidth that is no number are refused too.
+    #[test]
+    fn out_of_range_facts_from_rank_0_are_refused() {
+        let good = tuner(2, 8).facts();
+        let set_u32 = |at: usize, v: u32| {
+            let mut f = good.clone();
+            f[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            f
+        };
+        let set_f64 = |at: usize, v: f64| {
+            let mut f = good.clone();
+            f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            f
+        };
+        for bad in [
+            set_u32(0, 3),
+            set_u32(4, 0),
+            set_u32(4, 3),
+            set_u32(8, 0),
+            set_u32(12, 0),
+            set_u32(12, u32::MAX),
+            set_f64(16, f64::NAN),
+            set_f64(24, -1.0),
+            set_f64(24, f64::INFINITY),
+        ] {
+            let mut t = tuner(2, 8);
+            let before = t.facts();
+            let e = t.agree(&[bad.clone(), good.clone()]).unwrap_err();
+            assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{bad:?}");
+            assert!(e.message.contains("rank 0's tuner inputs"), "{}", e.message);
+            assert_eq!(t.facts(), before, "nothing adopted");
+        }
+        let mut t = tuner(2, 8);
+        assert!(t.agree(&[good.clone(), good.clone()]).is_ok());
     }
 }
