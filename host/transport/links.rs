@@ -446,7 +446,7 @@ impl Links {
                     .bootstrap
                     .recv(peer, TAG_RECV_BLOCK)
                     .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
-                ShmMem::open(&self.device, &record)
+                ShmMem::open(&self.device, &record, self.shm_layout().total())
                     .map_err(|e| e.context(format!("rank {peer}'s shared memory")))?
             }
         };

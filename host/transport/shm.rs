@@ -194,8 +194,10 @@ impl ShmMem {
         Ok((ShmMem { reg, _seg: seg }, record))
     }
 
-    /// Opens and maps into `device` the segment a peer's `record` names.
-    pub fn open(device: &Device, record: &[u8]) -> Result<ShmMem> {
+    /// Opens and maps into `device` the segment a peer's `record` names, which must hold the
+    /// `needed` bytes the connections laid out in it take (the kernels address them from our
+    /// layout, not from the record).
+    pub fn open(device: &Device, record: &[u8], needed: usize) -> Result<ShmMem> {
         if record.len() < 9 {
             return Err(Error::remote(format!(
                 "malformed shm connection record ({} bytes)",
@@ -207,6 +209,11 @@ impl ShmMem {
         let bytes = u64::from_le_bytes(b) as usize;
         let name = std::str::from_utf8(&record[8..])
             .map_err(|_| Error::remote("malformed shm segment name"))?;
+        if bytes < needed {
+            return Err(Error::remote(format!(
+                "shared memory segment {name} is {bytes} bytes; its connections need {needed}"
+            )));
+        }
         let seg = Segment::open(name, bytes)?;
         // SAFETY: as in `create`.
         let reg = unsafe { device.host_register(seg.host, bytes) }
@@ -297,7 +304,7 @@ impl ShmRing {
             let record = bootstrap
                 .recv(next, TAG_SHM_RING)
                 .map_err(|e| e.context(format!("shm connection to rank {next}")))?;
-            let mem = ShmMem::open(device, &record)
+            let mem = ShmMem::open(device, &record, l.total())
                 .map_err(|e| e.context(format!("rank {next}'s shared memory")))?;
             let base = mem.ptr();
             for (i, &c) in chs.iter().enumerate() {
@@ -378,6 +385,24 @@ impl LinkLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's record naming a segment smaller than the connections laid out in it is
+    /// refused: the kernels would address past its end.
+    #[test]
+    fn a_segment_smaller_than_its_connections_is_refused() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let page = page_size();
+        let (_mem, record) = ShmMem::create(&dev, 1, 0, page).expect("segment");
+        let e = match ShmMem::open(&dev, &record, page + 1) {
+            Err(e) => e,
+            Ok(_) => panic!("a {page}-byte segment opened for {} bytes", page + 1),
+        };
+        assert_eq!(e.code, crate::error::NcclResult::RemoteError);
+        assert!(e.message.contains("need"), "{}", e.message);
+        // The same record opens for what it holds.
+        ShmMem::open(&dev, &record, page).expect("open");
+    }
 
     #[test]
     fn channels_group_by_neighbour() {
