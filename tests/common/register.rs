@@ -333,7 +333,13 @@ pub fn coll_round(
             panic!("{what}: output byte {k} is wrong");
         }
     }
-    end_round(comms, regs, streams, before)
+    let round = Round {
+        bufs: Vec::new(),
+        streams,
+        regs,
+        before,
+    };
+    end_round(comms, round)
 }
 
 /// Direct steps per channel that [`coll_round`] of `coll` with `count` takes at `c` when the
@@ -456,76 +462,32 @@ pub fn reduce_round_each<T: nccl_device::types::Elem>(
     in_place: &dyn Fn(usize) -> bool,
     seed: u64,
 ) -> Vec<Vec<u64>> {
-    use super::{compare, from_bytes, input, reference, to_bytes};
+    use super::{input, reference, to_bytes};
     let n = comms[0].count();
-    let esize = std::mem::size_of::<T>();
-    let out_bytes = count * esize;
-    let total = LEAD + out_bytes + LEAD;
+    let out_bytes = count * std::mem::size_of::<T>();
     let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(count, op, seed, r)).collect();
     let want = reference(&inputs, op, dt);
-    let streams: Vec<_> = comms
-        .iter()
-        .map(|c| c.device().stream_create().unwrap())
-        .collect();
-    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, c) in comms.iter().enumerate() {
+    let round = begin_round(comms, who, false, |r| Plan {
+        input: to_bytes(&inputs[r]).to_vec(),
+        in_place: in_place(r),
+        out_bytes,
+        in_place_at: 0,
+    });
+    // SAFETY (the call): the buffers hold `count` elements and live until the round ends.
+    launch_round(comms, &round, |c, send, recv, s| unsafe {
+        c.all_reduce_raw(send, recv, count, dt, op, s)
+    });
+    for (c, b) in comms.iter().zip(&round.bufs) {
         let r = c.rank();
-        let out = c.device().alloc(total).unwrap();
-        out.write(0, &vec![0xA5; total]).unwrap();
-        let inp = if in_place(r) {
-            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
-            None
-        } else {
-            let b = c.device().alloc(out_bytes).unwrap();
-            b.write(0, to_bytes(&inputs[r])).unwrap();
-            Some(b)
-        };
-        if who.registers(r) {
-            // SAFETY: the buffer outlives its registration (deregistered below).
-            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
-        }
-        outs.push(out);
-        ins.push(inp);
-    }
-    let before: Vec<Vec<u64>> = comms
-        .iter()
-        .map(|c| c.ring_direct_steps().unwrap())
-        .collect();
-    let lent = lend(comms);
-    nccl::group_start();
-    for (i, c) in lent.iter().enumerate() {
-        let recv = outs[i].ptr() + LEAD as u64;
-        let send = ins[i].as_ref().map_or(recv, |b| b.ptr());
-        // SAFETY: the buffers hold `count` elements and live until the sync below.
-        unsafe {
-            c.all_reduce_raw(send, recv, count, dt, op, streams[i])
-                .unwrap();
-        }
-    }
-    nccl::group_end().unwrap();
-    for (i, c) in comms.iter().enumerate() {
-        c.device().stream_sync(streams[i]).unwrap();
-        let r = c.rank();
-        let mut got = vec![0u8; total];
-        outs[i].read(0, &mut got).unwrap();
+        let got = b.contents();
         let what = format!(
             "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {}: \
              rank {r}",
             in_place(r)
         );
-        assert!(
-            got[..LEAD]
-                .iter()
-                .chain(&got[LEAD + out_bytes..])
-                .all(|&b| b == 0xA5),
-            "{what} has bytes written outside its output"
-        );
-        let vals: Vec<T> = from_bytes(&got[LEAD..LEAD + out_bytes]);
-        if let Err(e) = compare(&vals, &want, &what) {
-            panic!("{e}");
-        }
+        check_output(&got, out_bytes, &want, &what);
     }
-    end_round(comms, regs, streams, before)
+    end_round(comms, round)
 }
 
 /// One ReduceScatter of `count` elements per rank of `T` (`dt`) with `op` over the
@@ -545,60 +507,22 @@ pub fn reduce_scatter_round<T: nccl_device::types::Elem>(
 ) -> Vec<Vec<u64>> {
     use super::{compare, from_bytes, input, reference, to_bytes};
     let n = comms[0].count();
-    let esize = std::mem::size_of::<T>();
-    let block = count * esize;
+    let block = count * std::mem::size_of::<T>();
     let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(n * count, op, seed, r)).collect();
-    let streams: Vec<_> = comms
-        .iter()
-        .map(|c| c.device().stream_create().unwrap())
-        .collect();
-    // Per rank: the output's allocation and where the output starts in it, and a separate
-    // input (out of place).
-    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, c) in comms.iter().enumerate() {
+    let round = begin_round(comms, who, false, |r| Plan {
+        input: to_bytes(&inputs[r]).to_vec(),
+        in_place,
+        out_bytes: block,
+        in_place_at: r * block,
+    });
+    // SAFETY (the call): the buffers hold these counts and live until the round ends.
+    launch_round(comms, &round, |c, send, recv, s| unsafe {
+        c.reduce_scatter_raw(send, recv, count, dt, op, s)
+    });
+    for (c, b) in comms.iter().zip(&round.bufs) {
         let r = c.rank();
-        let total = if in_place { n * block } else { block } + 2 * LEAD;
-        let out = c.device().alloc(total).unwrap();
-        out.write(0, &vec![0xA5; total]).unwrap();
-        let (inp, at) = if in_place {
-            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
-            (None, LEAD + r * block)
-        } else {
-            let b = c.device().alloc(n * block).unwrap();
-            b.write(0, to_bytes(&inputs[r])).unwrap();
-            (Some(b), LEAD)
-        };
-        if who.registers(r) {
-            // SAFETY: the buffer outlives its registration (deregistered below).
-            regs.push((i, unsafe { c.register_raw(out.ptr(), total).unwrap() }));
-        }
-        outs.push((out, at, total));
-        ins.push(inp);
-    }
-    let before: Vec<Vec<u64>> = comms
-        .iter()
-        .map(|c| c.ring_direct_steps().unwrap())
-        .collect();
-    let lent = lend(comms);
-    nccl::group_start();
-    for (i, c) in lent.iter().enumerate() {
-        let recv = outs[i].0.ptr() + outs[i].1 as u64;
-        let send = ins[i]
-            .as_ref()
-            .map_or(outs[i].0.ptr() + LEAD as u64, |b| b.ptr());
-        // SAFETY: the buffers hold these counts and live until the sync below.
-        unsafe {
-            c.reduce_scatter_raw(send, recv, count, dt, op, streams[i])
-                .unwrap();
-        }
-    }
-    nccl::group_end().unwrap();
-    for (i, c) in comms.iter().enumerate() {
-        c.device().stream_sync(streams[i]).unwrap();
-        let r = c.rank();
-        let (_, at, total) = outs[i];
-        let mut got = vec![0u8; total];
-        outs[i].0.read(0, &mut got).unwrap();
+        let (at, total) = (b.at, b.total);
+        let got = b.contents();
         let what = format!(
             "ReduceScatter {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
              {in_place}: rank {r}"
@@ -625,7 +549,7 @@ pub fn reduce_scatter_round<T: nccl_device::types::Elem>(
             panic!("{e}");
         }
     }
-    end_round(comms, regs, streams, before)
+    end_round(comms, round)
 }
 
 /// One Reduce to rank [`root_of`] of `count` elements of `T` (`dt`) with `op` over the
@@ -644,81 +568,33 @@ pub fn reduce_root_round<T: nccl_device::types::Elem>(
     in_place: bool,
     seed: u64,
 ) -> Vec<Vec<u64>> {
-    use super::{compare, from_bytes, input, reference, to_bytes};
+    use super::{input, reference, to_bytes};
     let n = comms[0].count();
     let root = root_of(n);
     let bytes = count * std::mem::size_of::<T>();
-    let total = LEAD + bytes + LEAD;
     let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(count, op, seed, r)).collect();
-    let streams: Vec<_> = comms
-        .iter()
-        .map(|c| c.device().stream_create().unwrap())
-        .collect();
-    let (mut outs, mut ins, mut regs) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, c) in comms.iter().enumerate() {
-        let r = c.rank();
-        let out = c.device().alloc(total).unwrap();
-        out.write(0, &vec![0xA5; total]).unwrap();
-        let inp = if in_place {
-            out.write(LEAD, to_bytes(&inputs[r])).unwrap();
-            None
-        } else {
-            let b = c.device().alloc(bytes).unwrap();
-            b.write(0, to_bytes(&inputs[r])).unwrap();
-            Some(b)
-        };
-        if who.registers(r) {
-            // SAFETY: the buffers outlive their registrations (deregistered below).
-            unsafe {
-                regs.push((i, c.register_raw(out.ptr(), total).unwrap()));
-                if let Some(b) = &inp {
-                    regs.push((i, c.register_raw(b.ptr(), bytes).unwrap()));
-                }
-            }
-        }
-        outs.push(out);
-        ins.push(inp);
-    }
-    let before: Vec<Vec<u64>> = comms
-        .iter()
-        .map(|c| c.ring_direct_steps().unwrap())
-        .collect();
-    let lent = lend(comms);
-    nccl::group_start();
-    for (i, c) in lent.iter().enumerate() {
-        let recv = outs[i].ptr() + LEAD as u64;
-        let send = ins[i].as_ref().map_or(recv, |b| b.ptr());
-        // SAFETY: the buffers hold `count` elements and live until the sync below.
-        unsafe {
-            c.reduce_raw(send, recv, count, dt, op, root, streams[i])
-                .unwrap();
-        }
-    }
-    nccl::group_end().unwrap();
+    let round = begin_round(comms, who, true, |r| Plan {
+        input: to_bytes(&inputs[r]).to_vec(),
+        in_place,
+        out_bytes: bytes,
+        in_place_at: 0,
+    });
+    // SAFETY (the call): the buffers hold `count` elements and live until the round ends.
+    launch_round(comms, &round, |c, send, recv, s| unsafe {
+        c.reduce_raw(send, recv, count, dt, op, root, s)
+    });
     let want = reference(&inputs, op, dt);
-    for (i, c) in comms.iter().enumerate() {
-        c.device().stream_sync(streams[i]).unwrap();
+    for (c, b) in comms.iter().zip(&round.bufs) {
         let r = c.rank();
-        let mut got = vec![0u8; total];
-        outs[i].read(0, &mut got).unwrap();
+        let got = b.contents();
         let what = format!(
             "Reduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place {in_place}: \
              rank {r}"
         );
         if r == root {
-            assert!(
-                got[..LEAD]
-                    .iter()
-                    .chain(&got[LEAD + bytes..])
-                    .all(|&b| b == 0xA5),
-                "{what} has bytes written outside its output"
-            );
-            let vals: Vec<T> = from_bytes(&got[LEAD..LEAD + bytes]);
-            if let Err(e) = compare(&vals, &want, &what) {
-                panic!("{e}");
-            }
+            check_output(&got, bytes, &want, &what);
         } else {
-            let mut was = vec![0xA5; total];
+            let mut was = vec![0xA5; b.total];
             if in_place {
                 was[LEAD..LEAD + bytes].copy_from_slice(to_bytes(&inputs[r]));
             }
@@ -728,26 +604,163 @@ pub fn reduce_root_round<T: nccl_device::types::Elem>(
             );
         }
     }
-    end_round(comms, regs, streams, before)
+    end_round(comms, round)
+}
+
+/// Checks an output of `bytes` at [`LEAD`] of `got` (its allocation) against `want`, and that
+/// the poison around it is whole.
+fn check_output<T: nccl_device::types::Elem>(
+    got: &[u8],
+    bytes: usize,
+    want: &[(T, f64)],
+    what: &str,
+) {
+    assert!(
+        got[..LEAD]
+            .iter()
+            .chain(&got[LEAD + bytes..])
+            .all(|&b| b == 0xA5),
+        "{what} has bytes written outside its output"
+    );
+    let vals: Vec<T> = super::from_bytes(&got[LEAD..LEAD + bytes]);
+    if let Err(e) = super::compare(&vals, want, what) {
+        panic!("{e}");
+    }
+}
+
+/// How [`begin_round`] lays out one rank's buffers.
+struct Plan {
+    /// The rank's input.
+    input: Vec<u8>,
+    /// In place: the input sits at [`LEAD`] of the output's allocation, the output
+    /// `in_place_at` bytes into it; out of place, the output sits at [`LEAD`] and the input in
+    /// an allocation of its own.
+    in_place: bool,
+    out_bytes: usize,
+    in_place_at: usize,
+}
+
+/// One rank's buffers in a round: the allocation holding its output (poisoned with 0xA5,
+/// [`LEAD`] bytes at least either side), where the output starts in it and its size, and a
+/// separate input (out of place).
+struct RankBufs {
+    out: nccl::DevBuffer,
+    at: usize,
+    total: usize,
+    input: Option<nccl::DevBuffer>,
+}
+
+impl RankBufs {
+    /// The output's whole allocation as it is now.
+    fn contents(&self) -> Vec<u8> {
+        let mut got = vec![0u8; self.total];
+        self.out.read(0, &mut got).unwrap();
+        got
+    }
+}
+
+/// A reduction round under way: every rank's buffers, streams and registrations, and each
+/// rank's direct steps per channel before it.
+struct Round {
+    bufs: Vec<RankBufs>,
+    streams: Vec<nccl::StreamHandle>,
+    regs: Vec<(usize, nccl::RegHandle)>,
+    before: Vec<Vec<u64>>,
+}
+
+/// Allocates and fills every rank's buffers as `plan(rank)` says; ranks `who` names register
+/// their output's allocation whole (and their separate input where `register_input`).
+fn begin_round(
+    comms: &[Comm],
+    who: Who,
+    register_input: bool,
+    plan: impl Fn(usize) -> Plan,
+) -> Round {
+    let (mut bufs, mut regs) = (Vec::new(), Vec::new());
+    for (i, c) in comms.iter().enumerate() {
+        let r = c.rank();
+        let p = plan(r);
+        let (total, at) = match p.in_place {
+            true => (p.input.len() + 2 * LEAD, LEAD + p.in_place_at),
+            false => (p.out_bytes + 2 * LEAD, LEAD),
+        };
+        let out = c.device().alloc(total).unwrap();
+        out.write(0, &vec![0xA5; total]).unwrap();
+        let input = if p.in_place {
+            out.write(LEAD, &p.input).unwrap();
+            None
+        } else {
+            let b = c.device().alloc(p.input.len()).unwrap();
+            b.write(0, &p.input).unwrap();
+            Some(b)
+        };
+        if who.registers(r) {
+            // SAFETY: the buffers outlive their registrations (released in `end_round`).
+            unsafe {
+                regs.push((i, c.register_raw(out.ptr(), total).unwrap()));
+                if let Some(b) = input.as_ref().filter(|_| register_input) {
+                    regs.push((i, c.register_raw(b.ptr(), p.input.len()).unwrap()));
+                }
+            }
+        }
+        bufs.push(RankBufs {
+            out,
+            at,
+            total,
+            input,
+        });
+    }
+    let streams = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let before = comms
+        .iter()
+        .map(|c| c.ring_direct_steps().unwrap())
+        .collect();
+    Round {
+        bufs,
+        streams,
+        regs,
+        before,
+    }
+}
+
+/// Issues `call(comm, send, recv, stream)` on every rank in one group (send: the separate input,
+/// or the input in place at [`LEAD`]; recv: the output) and waits for every stream.
+fn launch_round(
+    comms: &[Comm],
+    round: &Round,
+    call: impl Fn(&Comm, nccl::DevPtr, nccl::DevPtr, nccl::StreamHandle) -> nccl::Result<()>,
+) {
+    let lent = lend(comms);
+    nccl::group_start();
+    for ((c, b), &s) in lent.iter().zip(&round.bufs).zip(&round.streams) {
+        let recv = b.out.ptr() + b.at as u64;
+        let send = b
+            .input
+            .as_ref()
+            .map_or(b.out.ptr() + LEAD as u64, |i| i.ptr());
+        call(c, send, recv, s).unwrap();
+    }
+    nccl::group_end().unwrap();
+    for (c, &s) in comms.iter().zip(&round.streams) {
+        c.device().stream_sync(s).unwrap();
+    }
 }
 
 /// A round's end: its registrations released, its streams destroyed, and each rank's steps
-/// received in place per channel since `before`.
-fn end_round(
-    comms: &[Comm],
-    regs: Vec<(usize, nccl::RegHandle)>,
-    streams: Vec<nccl::StreamHandle>,
-    before: Vec<Vec<u64>>,
-) -> Vec<Vec<u64>> {
-    for (i, h) in regs {
+/// received in place per channel since the round began.
+fn end_round(comms: &[Comm], round: Round) -> Vec<Vec<u64>> {
+    for (i, h) in round.regs {
         comms[i].deregister(h).unwrap();
     }
-    for (c, s) in comms.iter().zip(streams) {
+    for (c, s) in comms.iter().zip(round.streams) {
         c.device().stream_destroy(s).unwrap();
     }
     comms
         .iter()
-        .zip(before)
+        .zip(round.before)
         .map(|(c, b)| {
             let now = c.ring_direct_steps().unwrap();
             now.iter().zip(b).map(|(a, b)| a - b).collect()
