@@ -262,6 +262,11 @@ pub const PARAMS: &[Param] = &[
         doc: "1: a two-rank ring AllReduce on LL exchanges (each rank sends its whole input and adds the peer's: one hop where the ring takes two); 0: the ring's reduce-scatter and all-gather. Rank 0's value holds for every rank",
     },
     Param {
+        name: "NCCL_RS_TREE_EXCHANGE",
+        default: "1",
+        doc: "1: the tree AllReduce across two nodes exchanges at the top (each node's head sends its node's sum to the other head: one network hop where up and down take two) and may use LL; 0: NCCL's double binary tree, Simple only. Rank 0's value holds for every rank",
+    },
+    Param {
         name: "NCCL_RS_SIMPLE_PUBLISHER",
         default: "0",
         doc: "1: a Simple step's last warp publishes it while the other warps move the next step (NCCL's design; unmeasured over NVLink, so off)",

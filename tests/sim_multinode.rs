@@ -457,9 +457,11 @@ fn double_binary_tree_all_reduce_across_nodes() {
     for (nodes, per_node) in [(3, 1), (4, 1), (5, 1), (2, 2), (3, 2), (4, 2)] {
         let per = per_node.to_string();
         let shape = format!("{nodes}");
+        // NCCL's double binary tree: in 2x2 too, where the exchange would replace it.
         let env = [
             LOOPBACK,
             ("NCCL_ALGO", "allreduce:tree"),
+            ("NCCL_RS_TREE_EXCHANGE", "0"),
             ("DBT_TEST_PER_NODE", per.as_str()),
             ("DBT_TEST_NODES", shape.as_str()),
         ];
@@ -480,6 +482,109 @@ fn double_binary_tree_all_reduce_across_nodes() {
     ];
     common::procs::run_nodes("double_binary_tree_all_reduce_across_nodes", 3, 2, &env);
     check_tree_log();
+}
+
+/// The tree across two nodes exchanges at the top (`FLAG_TREE_EXCHANGE`): the two node heads
+/// trade their nodes' sums, chains inside the nodes. The tuner offers it with LL (8 bytes) and
+/// Simple (1 GiB), which only the exchange allows on a tree; forced to each protocol in turn,
+/// AllReduce is right for random data, poisoned outputs, in and out of place, one element to
+/// many chunks per channel, and operators with `pre` (PreMulSum, float Avg: a head reads its
+/// node's sum back from its output without a second `pre`) or `post` (integer Avg). Every
+/// rank's result is the same bit for bit (each head adds the same two sums, in either order).
+#[test]
+fn two_node_tree_exchanges_at_the_top() {
+    if let Some(ranks) = child_comm() {
+        use nccl::{Algo, Coll, Proto};
+        let c = &ranks.comms[0];
+        let forced = std::env::var("NCCL_PROTO").ok();
+        let want = |bytes: usize| match forced.as_deref() {
+            Some("LL") => Proto::Ll,
+            Some(_) => Proto::Simple,
+            None if bytes < 4096 => Proto::Ll,
+            None => Proto::Simple,
+        };
+        for bytes in [8, 1 << 30] {
+            let t = c.tuning(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((t.algo, t.proto), (Algo::Tree, want(bytes)), "{bytes} B");
+        }
+        let rank = c.rank();
+        for (i, count) in [1usize, 37, 4099, 70_001].into_iter().enumerate() {
+            for (j, (dt, op)) in [
+                (DataType::Float32, ReduceOp::Sum),
+                (DataType::Float32, ReduceOp::PreMulSum { scalar_bits: 0 }),
+                (DataType::Int32, ReduceOp::Avg),
+                (DataType::Float64, ReduceOp::Avg),
+                (DataType::Int64, ReduceOp::Prod),
+                (DataType::Bfloat16, ReduceOp::Max),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let op = common::typed_op(op, dt);
+                let in_place = (i + j) % 2 == 1;
+                common::check_all_reduce(
+                    &ranks,
+                    count,
+                    dt,
+                    op,
+                    in_place,
+                    60 + (i * 6 + j) as u64,
+                    Drive::OneThread,
+                )
+                .unwrap_or_else(|e| panic!("rank {rank}: {dt:?} {op:?} count {count}: {e}"));
+            }
+        }
+        for (count, op) in [
+            (70_001, ReduceOp::Sum),
+            (4099, ReduceOp::PreMulSum { scalar_bits: 0 }),
+        ] {
+            results_agree_bitwise(&ranks, count, common::typed_op(op, DataType::Float32));
+        }
+        return;
+    }
+    for per_node in [1, 2, 3] {
+        for proto in ["LL", "Simple", ""] {
+            let mut env = vec![LOOPBACK, ("NCCL_ALGO", "allreduce:tree")];
+            if !proto.is_empty() {
+                env.push(("NCCL_PROTO", proto));
+            }
+            if proto.is_empty() && per_node != 2 {
+                continue; // the tuner's own choice: once
+            }
+            common::procs::run_nodes("two_node_tree_exchanges_at_the_top", 2, per_node, &env);
+        }
+    }
+}
+
+/// One f32 AllReduce of random values, its result gathered to every rank: every rank's copy is
+/// the same bit for bit.
+fn results_agree_bitwise(ranks: &Ranks, count: usize, op: ReduceOp) {
+    let (c, s) = (&ranks.comms[0], ranks.streams[0]);
+    let (rank, n, dev) = (c.rank(), c.count(), c.device());
+    let x = common::input::<f32>(count, op, 99, rank);
+    let send = dev.alloc(count * 4).unwrap();
+    send.write(0, common::to_bytes(&x)).unwrap();
+    let out = dev.alloc(count * 4).unwrap();
+    out.write(0, &vec![0xA5u8; count * 4]).unwrap();
+    let all = dev.alloc(n * count * 4).unwrap();
+    all.write(0, &vec![0x5Au8; n * count * 4]).unwrap();
+    // SAFETY: device buffers of the sizes the calls name, alive until the stream is synced.
+    unsafe {
+        c.all_reduce_raw(send.ptr(), out.ptr(), count, DataType::Float32, op, s)
+            .unwrap();
+        c.all_gather_raw(out.ptr(), all.ptr(), count, DataType::Float32, s)
+            .unwrap();
+    }
+    dev.stream_sync(s).unwrap();
+    let mut got = vec![0u8; n * count * 4];
+    all.read(0, &mut got).unwrap();
+    let mine = &got[rank * count * 4..(rank + 1) * count * 4];
+    for (r, theirs) in got.chunks(count * 4).enumerate() {
+        assert!(
+            theirs == mine,
+            "rank {r}'s {op:?} result differs from rank {rank}'s"
+        );
+    }
 }
 
 /// 3x1 again with NCCL_DEBUG=INFO into a file per rank: every rank's `Trees` line is the

@@ -285,7 +285,10 @@ pub struct CollArgs {
 pub struct TreeDev {
     /// Children in use: `up_recv[..nchildren]` and `down_send[..nchildren]`.
     pub nchildren: u32,
-    pub _pad: u32,
+    /// Where a tree spans exactly two nodes and this CTA is a node's head: which peer is the
+    /// other node's head ([`TREE_REMOTE_PARENT`], or child `i` as `i + 1`); 0 elsewhere. The
+    /// two heads then exchange their nodes' sums ([`FLAG_TREE_EXCHANGE`]).
+    pub remote: u32,
     /// `*mut ConnSend` towards the parent (0 at the root): partial sums go up.
     pub up_send: u64,
     /// `*mut ConnRecv` from the parent (0 at the root): the results come down.
@@ -310,6 +313,15 @@ pub const FLAG_RING_DIRECT: u32 = 2;
 /// two values, and every reduction NCCL offers is commutative, so their results are equal bit
 /// for bit. Set alike on both ranks (from the rank count, collective and protocol).
 pub const FLAG_RING_EXCHANGE: u32 = 8;
+/// [`TreeDev::remote`]: the other node's head is this CTA's parent.
+pub const TREE_REMOTE_PARENT: u32 = u32::MAX;
+/// [`CollArgs::flags`]: the tree AllReduce across two nodes exchanges at the top: each node's
+/// head sends its node's sum ([`TreeDev::remote`]) to the other head and adds the other's to
+/// it, one network hop where going up to the root and back down takes two. Inside a node the
+/// tree stays a chain (up, then down), so every CTA has one peer each way and a step of any
+/// protocol serves it: LL too. As for [`FLAG_RING_EXCHANGE`], both heads compute `a + b` of the
+/// same two sums, equal bit for bit. Set alike on every rank (from rank 0's shape).
+pub const FLAG_TREE_EXCHANGE: u32 = 16;
 /// [`CollArgs::flags`]: this rank's output buffer is registered (or captured with graph
 /// registration): it offers it to its predecessor and takes its successor's offer. A rank
 /// without it answers the handshake at once, without waiting, and both sides copy.

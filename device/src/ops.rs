@@ -82,6 +82,27 @@ simple_op!(Prod, Prod, mul);
 simple_op!(Max, Max, greater);
 simple_op!(Min, Min, lesser);
 
+/// `O` for values that already went through its `pre` (a partial sum kept in the output and
+/// read back as an input): the same reduction and `post`, no second `pre`.
+#[derive(Clone, Copy)]
+pub struct Reduced<O>(pub O);
+impl<T: Elem, O: RedOp<T>> RedOp<T> for Reduced<O> {
+    const KIND: RedOpKind = O::KIND;
+    const HAS_POST: bool = O::HAS_POST;
+    #[inline(always)]
+    fn new(arg: u64) -> Self {
+        Reduced(O::new(arg))
+    }
+    #[inline(always)]
+    fn reduce(&self, a: T, b: T) -> T {
+        self.0.reduce(a, b)
+    }
+    #[inline(always)]
+    fn post(&self, a: T) -> T {
+        self.0.post(a)
+    }
+}
+
 /// Sum after multiplying each rank's input by a scalar (bits of T in the argument).
 #[derive(Clone, Copy)]
 pub struct PreMulSum<T>(T);

@@ -172,11 +172,12 @@ impl Shape {
             1 => Ok(flag),
             v => Err(Error::invalid_argument(format!("{name}={v}: use 0 or 1"))),
         };
-        // Both travel with rank 0's shape, so every rank agrees on them.
+        // They travel with rank 0's shape, so every rank agrees on them.
         let kernel_flags = switch(
             "NCCL_RS_SIMPLE_PUBLISHER",
             nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
-        )? | switch("NCCL_RS_RING_EXCHANGE", nccl_device::abi::FLAG_RING_EXCHANGE)?;
+        )? | switch("NCCL_RS_RING_EXCHANGE", nccl_device::abi::FLAG_RING_EXCHANGE)?
+            | switch("NCCL_RS_TREE_EXCHANGE", nccl_device::abi::FLAG_TREE_EXCHANGE)?;
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
@@ -225,8 +226,9 @@ impl Shape {
         if ![0, 1, 2, 4].contains(&self.slice_steps) {
             return bad("slice_steps", self.slice_steps.into());
         }
-        use nccl_device::abi::{FLAG_RING_EXCHANGE, FLAG_SIMPLE_PUBLISHER};
-        if self.kernel_flags & !(FLAG_SIMPLE_PUBLISHER | FLAG_RING_EXCHANGE) != 0 {
+        use nccl_device::abi::{FLAG_RING_EXCHANGE, FLAG_SIMPLE_PUBLISHER, FLAG_TREE_EXCHANGE};
+        let known = FLAG_SIMPLE_PUBLISHER | FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE;
+        if self.kernel_flags & !known != 0 {
             return bad("kernel_flags", self.kernel_flags.into());
         }
         Ok(())
@@ -614,8 +616,16 @@ impl Comm {
                 true => {
                     let trees = crate::graph::dbt_channels(&nodes_of, nch);
                     let np = net_path.as_deref();
-                    let made = tree::connect_dbt(rank, &device, &trees, &addrs, np, |c| {
-                        make_links.clone()(1, tree_slot).keyed(c as u32)
+                    // Across two nodes the chains' steps may be LL (the exchange at the
+                    // top, `tree::exchanges`): their links inside the node get LL FIFOs.
+                    let two = nodes_of.len() == 2;
+                    let made = tree::connect_dbt(rank, &device, &trees, &nodes_of, &addrs, np, |c| {
+                        let l = make_links.clone()(1, tree_slot).keyed(c as u32);
+                        if two {
+                            l.with_ll()
+                        } else {
+                            l
+                        }
                     });
                     Some(made.map_err(|e| e.context("tree connections"))?)
                 }
@@ -643,6 +653,7 @@ impl Comm {
         .map_err(|e| e.context("NVLS setup"))?;
         tuner.set_nvls(nvls.is_some());
         tuner.set_ring_exchange(shape.kernel_flags & nccl_device::abi::FLAG_RING_EXCHANGE != 0);
+        tuner.set_tree_exchange(dbt.as_ref().is_some_and(|d| d.exchanges(&shape)));
 
         let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
         // DevComm, the channels, then each distinct ring as ranks (channels share them).

@@ -15,7 +15,7 @@ use crate::graph::{Place, Transport, Tree};
 use crate::transport::links::{Dir, Links};
 use crate::transport::net::setup::NetPath;
 use crate::transport::p2p::PeerAddr;
-use nccl_device::abi::{TreeDev, TREE_MAX_CHILDREN};
+use nccl_device::abi::{TreeDev, FLAG_TREE_EXCHANGE, TREE_MAX_CHILDREN, TREE_REMOTE_PARENT};
 
 /// The trees across nodes, as this rank's CTAs run them.
 pub(crate) struct Dbt {
@@ -27,6 +27,8 @@ pub(crate) struct Dbt {
     pub slot_bytes: usize,
     /// Per channel, this rank's parent and children.
     pub places: Vec<Place>,
+    /// The trees span exactly two nodes: their heads can exchange ([`TreeDev::remote`]).
+    pub two_nodes: bool,
     /// Per channel, the connections.
     _links: Vec<Links>,
 }
@@ -67,11 +69,14 @@ pub(crate) fn connect_dbt(
     rank: usize,
     device: &Device,
     trees: &[Tree],
+    nodes: &[Vec<usize>],
     addrs: &[PeerAddr],
     net: Option<&NetPath>,
     make_links: impl Fn(usize) -> Links,
 ) -> Result<Dbt> {
     crate::graph::log_trees(rank, trees);
+    let two_nodes = nodes.len() == 2;
+    let node_of = |r: usize| nodes.iter().position(|n| n.contains(&r));
     let mut links = Vec::with_capacity(trees.len());
     let mut devs = Vec::with_capacity(trees.len());
     let mut places = Vec::with_capacity(trees.len());
@@ -110,6 +115,19 @@ pub(crate) fn connect_dbt(
             td.up_recv[i] = l.conn(d, Dir::Recv, 0)?;
             td.down_send[i] = l.conn(d, Dir::Send, 0)?;
         }
+        if two_nodes {
+            // A node's head: the peer on the other node (a chain inside each node, so at most
+            // one such peer).
+            let away = |r: usize| node_of(r) != node_of(rank);
+            td.remote = match me.up {
+                Some(p) if away(p) => TREE_REMOTE_PARENT,
+                _ => me
+                    .down
+                    .iter()
+                    .position(|&d| away(d))
+                    .map_or(0, |i| i as u32 + 1),
+            };
+        }
         if log::log_enabled!(log::Level::Info) {
             let dev = |r: usize| match r == rank {
                 true => device.ordinal,
@@ -145,6 +163,15 @@ pub(crate) fn connect_dbt(
         ctas: trees.len(),
         slot_bytes,
         places,
+        two_nodes,
         _links: links,
     })
+}
+
+impl Dbt {
+    /// Whether AllReduces on these trees exchange at the top ([`FLAG_TREE_EXCHANGE`]): two
+    /// nodes, and rank 0's shape asks for it (NCCL_RS_TREE_EXCHANGE).
+    pub(crate) fn exchanges(&self, shape: &super::Shape) -> bool {
+        self.two_nodes && shape.kernel_flags & FLAG_TREE_EXCHANGE != 0
+    }
 }

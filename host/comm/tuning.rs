@@ -23,6 +23,8 @@ pub const BUILT: &[(Algo, Proto)] = &[
     (Algo::Ring, Proto::Ll),
     (Algo::Ring, Proto::Ll128),
     (Algo::Tree, Proto::Simple),
+    // Only across two nodes, where the tree exchanges at the top (`Tuner::set_tree_exchange`).
+    (Algo::Tree, Proto::Ll),
     // Offered only where the communicator set NVLS up (`Tuner::set_nvls`).
     (Algo::Nvls, Proto::Simple),
 ];

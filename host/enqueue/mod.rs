@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
     LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
@@ -299,8 +299,8 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             _ => shape.slot_bytes * slices,
         } / dt.size() as u32,
         slice_steps: slices,
-        // The exchange is this launch's to choose (below).
-        flags: shape.kernel_flags & !FLAG_RING_EXCHANGE,
+        // The exchanges are this launch's to choose (below).
+        flags: shape.kernel_flags & !(FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE),
         coll: c.coll as u32,
         root: c.root as u32,
         proto,
@@ -314,7 +314,15 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         let (slot, ctas) = match &comm.dbt {
             Some(d) => {
                 args.tree = d.array.ptr;
+                if d.exchanges(&shape) {
+                    args.flags |= FLAG_TREE_EXCHANGE;
+                }
                 (d.slot_bytes as u32, d.ctas)
+            }
+            None if proto == PROTO_LL => {
+                return Err(Error::internal(
+                    "the tuner chose an LL tree inside one node, whose links have no LL FIFOs",
+                ));
             }
             None => {
                 let tree = comm.tree_up.as_ref().ok_or_else(|| {
@@ -324,9 +332,18 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
                 (tree.slot_bytes as u32, tree.ctas)
             }
         };
+        if proto == PROTO_LL && args.flags & FLAG_TREE_EXCHANGE == 0 {
+            return Err(Error::internal(
+                "the tuner chose an LL tree without the two-node exchange (its fans step Simple)",
+            ));
+        }
         args.algo = ALGO_TREE;
         args.tree_slot_bytes = slot;
-        args.chunk_elems = slot.min(shape.slot_bytes) / dt.size() as u32;
+        // An LL step's lines (twice its payload) fill at most a slot.
+        args.chunk_elems = match proto {
+            PROTO_LL => (slot / 2).min(LL_STEP_BYTES),
+            _ => slot.min(shape.slot_bytes),
+        } / dt.size() as u32;
         args.slice_steps = 1;
         // One CTA per tree connection.
         grid = grid.min(ctas as u32);

@@ -15,7 +15,7 @@ use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
 use crate::transport::net::setup::{self, NetPath, Want};
-use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
+use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, LL_SLOT_BYTES, NCCL_STEPS};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -78,6 +78,8 @@ pub struct Links {
     /// The network key of connection 0 (connection `c` is `key_base + c`): it picks the NIC
     /// (`key % ndevs`) and tags the handles ([`Links::keyed`]).
     key_base: u32,
+    /// Connections inside the node also get an LL FIFO ([`Links::with_ll`]).
+    ll: bool,
 }
 
 impl Links {
@@ -102,7 +104,16 @@ impl Links {
             exported: Mutex::new(Default::default()),
             net,
             key_base: 0,
+            ll: false,
         }
+    }
+
+    /// Gives every connection made from here on inside the node an LL FIFO of its own
+    /// (`NCCL_STEPS` slots of `LL_SLOT_BYTES`, zeroed), beside the Simple one: the tree's
+    /// links, whose steps may be LL. (Network connections carry every protocol in one FIFO.)
+    pub(crate) fn with_ll(mut self) -> Links {
+        self.ll = true;
+        self
     }
 
     /// Numbers this set's network connections from `base`: sets of links made one per
@@ -249,6 +260,14 @@ impl Links {
         NCCL_STEPS as usize * self.slot_bytes
     }
 
+    /// Bytes of one connection's LL FIFO (0 without [`Links::with_ll`]).
+    fn ll_bytes(&self) -> usize {
+        match self.ll {
+            true => NCCL_STEPS as usize * LL_SLOT_BYTES as usize,
+            false => 0,
+        }
+    }
+
     /// The device address of connection `c` to/from `peer` (connected before).
     pub fn conn(&self, peer: usize, dir: Dir, c: usize) -> Result<DevPtr> {
         let sides = self
@@ -332,7 +351,7 @@ impl Links {
             let (bytes, tag) = match dir {
                 // Tail lines, then the FIFOs.
                 Dir::Recv => (
-                    self.nconns * (CTRL_LINE + self.fifo_bytes()),
+                    self.nconns * (CTRL_LINE + self.fifo_bytes() + self.ll_bytes()),
                     TAG_RECV_BLOCK,
                 ),
                 // Head lines.
@@ -433,6 +452,7 @@ impl Links {
         LinkLayout {
             nconns: self.nconns,
             fifo_bytes: self.fifo_bytes(),
+            ll_bytes: self.ll_bytes(),
         }
     }
 
@@ -504,6 +524,14 @@ impl Links {
             let fifo = |base: DevPtr, c: usize| {
                 base + (self.nconns * CTRL_LINE + c * self.fifo_bytes()) as u64
             };
+            // After the Simple FIFOs (none without `with_ll`: 0 tells the kernels so).
+            let ll_fifo = |base: DevPtr, c: usize| match self.ll {
+                true => {
+                    let simple = self.nconns * (CTRL_LINE + self.fifo_bytes());
+                    base + (simple + c * self.ll_bytes()) as u64
+                }
+                false => 0,
+            };
             let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
             for c in 0..self.nconns {
                 let words = match dir {
@@ -514,7 +542,7 @@ impl Links {
                             head: ctrl(own.ptr, c),
                             step: 0,
                             head_seen: 0,
-                            ll_fifo: 0,
+                            ll_fifo: ll_fifo(theirs, c),
                             ll128_fifo: 0,
                             proxy_sizes: 0,
                             proxy_stride: 0,
@@ -528,7 +556,7 @@ impl Links {
                             head: ctrl(theirs, c),
                             step: 0,
                             tail_seen: 0,
-                            ll_fifo: 0,
+                            ll_fifo: ll_fifo(own.ptr, c),
                             ll128_fifo: 0,
                             proxy_stride: 0,
                             proxy_proto: 0,

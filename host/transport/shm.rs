@@ -340,16 +340,22 @@ impl ShmRing {
 }
 
 /// Where the parts of a send/recv link's segment lie: `nconns` tail lines, `nconns` head
-/// lines, then `nconns` FIFOs of `fifo_bytes` (Simple only, as p2p links).
+/// lines, `nconns` Simple FIFOs of `fifo_bytes`, then `nconns` LL FIFOs of `ll_bytes` (none
+/// when 0, as for send/recv links; the tree's have them).
 #[derive(Clone, Copy, Debug)]
 pub struct LinkLayout {
     pub nconns: usize,
     pub fifo_bytes: usize,
+    pub ll_bytes: usize,
 }
 
 impl LinkLayout {
     pub fn total(&self) -> usize {
-        self.nconns * (2 * CTRL_LINE + self.fifo_bytes)
+        self.nconns * (2 * CTRL_LINE + self.fifo_bytes + self.ll_bytes)
+    }
+    fn ll_fifo(&self, c: usize) -> Option<u64> {
+        let simple = self.nconns * (2 * CTRL_LINE + self.fifo_bytes);
+        (self.ll_bytes > 0).then(|| (simple + c * self.ll_bytes) as u64)
     }
     fn tail(&self, c: usize) -> u64 {
         (c * CTRL_LINE) as u64
@@ -367,6 +373,7 @@ impl LinkLayout {
             fifo: base + self.fifo(c),
             tail: base + self.tail(c),
             head: base + self.head(c),
+            ll_fifo: self.ll_fifo(c).map_or(0, |o| base + o),
             ..ConnSend::default()
         }
     }
@@ -377,6 +384,7 @@ impl LinkLayout {
             fifo: base + self.fifo(c),
             tail: base + self.tail(c),
             head: base + self.head(c),
+            ll_fifo: self.ll_fifo(c).map_or(0, |o| base + o),
             ..ConnRecv::default()
         }
     }
@@ -423,15 +431,26 @@ mod tests {
         let l = LinkLayout {
             nconns: 3,
             fifo_bytes: 8 << 12,
+            ll_bytes: 0,
         };
         let s = l.send(0x1000, 2);
         let r = l.recv(0x1000, 2);
         assert_eq!((s.fifo, s.tail, s.head), (r.fifo, r.tail, r.head));
+        assert_eq!((s.ll_fifo, r.ll_fifo), (0, 0));
         let mut lines: Vec<u64> = (0..3).flat_map(|c| [l.tail(c), l.head(c)]).collect();
         lines.sort();
         assert!(lines.windows(2).all(|w| w[1] - w[0] >= CTRL_LINE as u64));
         assert_eq!(l.fifo(0), 6 * CTRL_LINE as u64);
         assert_eq!(l.fifo(2) as usize + (8 << 12), l.total());
+        // With LL FIFOs: after every Simple FIFO, one per connection, up to the end.
+        let ll = LinkLayout {
+            ll_bytes: 1 << 12,
+            ..l
+        };
+        let (s, r) = (ll.send(0x1000, 2), ll.recv(0x1000, 2));
+        assert_eq!(s.ll_fifo, r.ll_fifo);
+        assert_eq!(s.ll_fifo - 0x1000, l.total() as u64 + 2 * (1 << 12));
+        assert_eq!(s.ll_fifo as usize - 0x1000 + (1 << 12), ll.total());
     }
 
     #[test]

@@ -445,6 +445,9 @@ pub struct Tuner {
     nvls: bool,
     /// A two-rank ring AllReduce on LL exchanges in one pass (`FLAG_RING_EXCHANGE`).
     ring_exchange: bool,
+    /// The tree across two nodes exchanges at the top (`FLAG_TREE_EXCHANGE`): one network
+    /// hop, chains inside the nodes, and LL steps possible.
+    tree_exchange: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -480,6 +483,7 @@ impl Tuner {
             ll128_ok,
             nvls: false,
             ring_exchange: false,
+            tree_exchange: false,
             params: params.clone(),
             plugin,
         };
@@ -490,6 +494,12 @@ impl Tuner {
     /// Whether two-rank ring AllReduces on LL exchange (the communicator's agreed flags).
     pub(crate) fn set_ring_exchange(&mut self, on: bool) {
         self.ring_exchange = on;
+    }
+
+    /// Whether the tree AllReduce across two nodes exchanges at the top (the communicator's
+    /// agreed flags and trees); only then is the tree offered with LL.
+    pub(crate) fn set_tree_exchange(&mut self, on: bool) {
+        self.tree_exchange = on;
     }
 
     /// Offers NVLS (AllReduce, ReduceScatter, AllGather) once the communicator set it up.
@@ -518,7 +528,11 @@ impl Tuner {
             }
             _ => false, // CollNet, NVLS tree, PAT: not built
         };
+        // LL trees: only the two-node exchange's chains (one peer each way); fans and the
+        // chain inside one node step Simple.
+        let ll_tree = algo != Algo::Tree || proto != Proto::Ll || self.tree_exchange;
         supported
+            && ll_tree
             && self.params.built[algo as usize][proto as usize]
             && (proto != Proto::Ll128 || self.ll128_ok)
             && self.params.algo.allows(coll, algo as usize)
@@ -583,7 +597,12 @@ impl Tuner {
                 // Up and down the chain inside a node and the double binary tree's hops
                 // across nodes (about log2 of the node count: `graph::dbt_depth`).
                 let depth = crate::graph::dbt_depth(self.nnodes) as f64;
-                base + 2.0 * ((self.nlocal as f64 - 1.0) * intra + depth * net)
+                // With the exchange the two heads trade sums: one network hop in all.
+                let net_hops = match self.tree_exchange {
+                    true => 1.0,
+                    false => 2.0 * depth,
+                };
+                base + 2.0 * (self.nlocal as f64 - 1.0) * intra + net_hops * net
             }
             _ => {
                 let net_steps = if self.nnodes > 1 { nnodes } else { 0.0 };
@@ -871,6 +890,26 @@ mod tests {
             let c = t.choose(Coll::AllReduce, bytes).unwrap();
             assert_eq!((c.algo, c.proto), (Algo::Ring, Proto::Ll), "{bytes}");
         }
+    }
+
+    #[test]
+    fn a_two_node_tree_that_exchanges_crosses_the_network_once() {
+        let mut t = across_nodes(2, 2, 0.0);
+        t.params.built[Algo::Tree as usize][Proto::Ll as usize] = true;
+        // Without the exchange a tree's fans step Simple only: no LL tree.
+        assert!(t.estimate(Coll::AllReduce, Algo::Tree, Proto::Ll, 8).is_none());
+        let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
+        let before = tree(&t);
+        t.set_tree_exchange(true);
+        // Up to the root and back down crossed 2 x depth network hops; the heads' trade, one.
+        let depth = crate::graph::dbt_depth(2) as f64;
+        let saved = (2.0 * depth - 1.0) * NET_HOP_US[Proto::Simple as usize];
+        assert!((before - tree(&t) - saved).abs() < 1e-6);
+        // LL is offered and wins small calls (Ring/LL crosses the network three times in 2x2).
+        let c = t.choose(Coll::AllReduce, 8).unwrap();
+        assert_eq!((c.algo, c.proto), (Algo::Tree, Proto::Ll));
+        let c = t.choose(Coll::AllReduce, 64 << 20).unwrap();
+        assert_ne!(c.proto, Proto::Ll, "{c:?}");
     }
 
     #[test]

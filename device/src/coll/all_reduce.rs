@@ -5,8 +5,11 @@
 //! is the double binary tree the host wired ([`dbt`]).
 
 use super::{align_up, div_ceil, Kernel};
-use crate::abi::{ConnRecv, ConnSend, TreeDev, FLAG_RING_EXCHANGE, TREE_MAX_CHILDREN};
-use crate::ops::{pack_elems, RedOp};
+use crate::abi::{
+    ConnRecv, ConnSend, TreeDev, FLAG_RING_EXCHANGE, FLAG_TREE_EXCHANGE, PROTO_SIMPLE,
+    TREE_MAX_CHILDREN, TREE_REMOTE_PARENT,
+};
+use crate::ops::{pack_elems, RedOp, Reduced};
 use crate::prims::copy::{Move, FAN};
 use crate::prims::{Simple, SimpleFan};
 use crate::types::Elem;
@@ -231,6 +234,11 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     if k.args.tree != 0 {
         return dbt(k);
     }
+    if P != PROTO_SIMPLE {
+        // The chain's up links have Simple FIFOs only; the host launches LL trees across
+        // two nodes alone (`dbt_exchange`).
+        crate::arch::trap();
+    }
     let pos = k.ring_ix();
     let (root, leaf) = (pos == 0, pos == nranks - 1);
     let cta = crate::arch::block_idx() as usize;
@@ -341,6 +349,14 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
     let (input, output) = (k.input, k.output);
     let cta = crate::arch::block_idx() as usize;
     let t: TreeDev = *(k.args.tree as *const TreeDev).add(cta);
+    if k.args.flags & FLAG_TREE_EXCHANGE != 0 {
+        return dbt_exchange(k, &t);
+    }
+    if P != PROTO_SIMPLE {
+        // Several children take the fan's Simple steps (the host asks LL only with the
+        // exchange).
+        crate::arch::trap();
+    }
     let nc = core::cmp::min(t.nchildren as usize, TREE_MAX_CHILDREN);
     let root = t.up_send == 0;
     if root && nc == 0 {
@@ -414,6 +430,131 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         down.finish();
     }
 }
+
+/// The tree AllReduce across two nodes with [`FLAG_TREE_EXCHANGE`]: inside each node a chain
+/// down from its head (up: each rank adds its input to what its child sent and passes the sum
+/// to its parent; down: each stores what its parent sent and passes it on, the two directions
+/// in two thread groups as in [`tree`]); at the top, the two heads trade their nodes' sums over
+/// the network and each adds the other's to its own. Every CTA has at most one peer each way,
+/// so the steps are plain [`Simple`] ones in the launch's protocol `P` (Simple or LL).
+///
+/// A head keeps its node's sum in its output between its two steps of a chunk: the first
+/// (child's sum plus input) sends it to the other head and stores it, the second reads it back
+/// beside what the other head sent, stores the result and passes it down. It reads back a
+/// value already through the operator's `pre` ([`Reduced`]). The first steps run
+/// [`EXCHANGE_AHEAD`] chunks before the second, so the network carries more than one chunk at
+/// a time each way.
+///
+/// # Safety
+/// As [`dbt`]; the host set `t.remote` on both heads of a two-node tree, and the flag on every
+/// rank alike.
+unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>, t: &TreeDev) {
+    let (input, output) = (k.input, k.output);
+    let a = &k.args;
+    let slot = a.tree_slot_bytes;
+    let pe = pack_elems::<T>();
+    let chunk = core::cmp::max(
+        pe,
+        core::cmp::min(
+            a.chunk_elems as usize,
+            slot as usize / core::mem::size_of::<T>(),
+        ) / pe
+            * pe,
+    );
+    let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
+    let (start, end) = (k.start, k.end);
+    let span = |c: usize| {
+        let s = start + c * chunk;
+        (s, core::cmp::min(chunk, end - s))
+    };
+    let nchunks = div_ceil(end - start, chunk);
+    let nc = core::cmp::min(t.nchildren as usize, TREE_MAX_CHILDREN);
+    // The other node's head (heads only), and the one child inside our node (if any).
+    let (remote_send, remote_recv, local) = match t.remote {
+        0 => (0, 0, (0..nc).next()),
+        TREE_REMOTE_PARENT => (t.up_send, t.down_recv, (0..nc).next()),
+        r => {
+            let i = r as usize - 1;
+            (t.down_send[i], t.up_recv[i], (0..nc).find(|&c| c != i))
+        }
+    };
+    let child_recv = local.map_or(0, |i| t.up_recv[i]) as *mut ConnRecv;
+    let child_send = local.map_or(0, |i| t.down_send[i]) as *mut ConnSend;
+    let has_child = local.is_some();
+    let none = Move::<T>::none();
+    let prims = |send: u64, recv: *mut ConnRecv| {
+        Simple::between(send as *mut ConnSend, slot, recv, slot)
+            .with_proto(P)
+            .with_abort(abort)
+            .with_flags(flags)
+    };
+    if t.remote != 0 {
+        let mut up = prims(remote_send, child_recv);
+        let mut down = prims(child_send as u64, remote_recv as *mut ConnRecv);
+        let summed = Reduced(op);
+        for c in 0..nchunks + EXCHANGE_AHEAD {
+            if c < nchunks {
+                // Our node's sum: to the other head, and kept in our output.
+                let (s, n) = span(c);
+                let mv = Move {
+                    input: input.add(s),
+                    output: output.add(s),
+                    ..none
+                };
+                up.step(&op, has_child, true, mv, n);
+            }
+            if c >= EXCHANGE_AHEAD {
+                // The other node's sum plus ours: the result, stored and passed down.
+                let (s, n) = span(c - EXCHANGE_AHEAD);
+                let mv = Move {
+                    input: output.add(s),
+                    output: output.add(s),
+                    post: true,
+                    ..none
+                };
+                down.step(&summed, true, has_child, mv, n);
+            }
+        }
+        up.finish();
+        down.finish();
+        return;
+    }
+    let nthreads = crate::arch::block_dim() as usize;
+    let half = nthreads / 2;
+    if (crate::arch::thread_idx() as usize) < half {
+        // Up: our input plus our child's sum, to our parent.
+        let mut up = prims(t.up_send, child_recv).group(0, half, BAR_UP);
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            let mv = Move {
+                input: input.add(s),
+                ..none
+            };
+            up.step(&op, has_child, true, mv, n);
+        }
+        up.finish();
+    } else {
+        // Down: the result from our parent into our output and on to our child.
+        let mut down = prims(child_send as u64, t.down_recv as *mut ConnRecv).group(
+            half,
+            nthreads - half,
+            BAR_DOWN,
+        );
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            let mv = Move {
+                output: output.add(s),
+                ..none
+            };
+            down.step(&op, true, has_child, mv, n);
+        }
+        down.finish();
+    }
+}
+
+/// Chunks a head's first steps run ahead of its second ([`dbt_exchange`]): fewer than the
+/// FIFO's `NCCL_STEPS` slots, so the other head always has room for them.
+const EXCHANGE_AHEAD: usize = 2;
 
 /// `p` alone among [`FAN`] connections.
 #[inline(always)]

@@ -28,9 +28,11 @@ use crate::types::Elem;
 pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
     // One body per protocol, as NCCL's kernels: a body holding all three protocols' steps at
     // every step of every collective spilled registers that each protocol alone does not
-    // need (ptxas at 128 registers). The tree moves its data with Simple whatever was asked.
+    // need (ptxas at 128 registers). The tree moves its data with LL where asked (the host
+    // asks only where every CTA's tree has one peer each way), else with Simple.
     match args.proto {
         _ if args.algo == ALGO_NVLS => nvls::run::<T, O>(args),
+        PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, PROTO_LL>(args),
         _ if args.algo == ALGO_TREE => run_with::<T, O, PROTO_SIMPLE>(args),
         PROTO_LL => run_with::<T, O, PROTO_LL>(args),
         PROTO_LL128 => run_with::<T, O, PROTO_LL128>(args),
@@ -43,7 +45,7 @@ pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
 unsafe fn run_with<T: Elem, O: RedOp<T>, const P: u32>(args: &CollArgs) {
     let mut k = Kernel::<T, O, P>::new(args);
     match Coll::from_raw(args.coll) {
-        Some(Coll::AllReduce) if args.algo == ALGO_TREE && P == PROTO_SIMPLE => {
+        Some(Coll::AllReduce) if args.algo == ALGO_TREE && P != PROTO_LL128 => {
             all_reduce::tree(&mut k)
         }
         Some(Coll::AllReduce) => all_reduce::ring(&mut k),
