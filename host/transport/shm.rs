@@ -447,6 +447,15 @@ mod tests {
         // Someone else's object, of the size the record claims.
         let foreign = format!("/peervalues-foreign-{}", std::process::id());
         let c = CString::new(foreign.clone()).expect("name");
+        /// Unlinks the test's object however the test ends.
+        struct Unlink(std::ffi::CString);
+        impl Drop for Unlink {
+            fn drop(&mut self) {
+                // SAFETY: unlinking the test's own name.
+                unsafe { libc::shm_unlink(self.0.as_ptr()) };
+            }
+        }
+        let _unlink = Unlink(c.clone());
         // SAFETY: plain system calls on a name of this test; results checked.
         unsafe {
             let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
@@ -479,11 +488,8 @@ mod tests {
         // SAFETY: as above.
         let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
         assert!(fd >= 0, "the foreign object was removed");
-        // SAFETY: our descriptor and name.
-        unsafe {
-            libc::close(fd);
-            libc::shm_unlink(c.as_ptr());
-        }
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
         // The real record still opens.
         ShmMem::open(&dev, &good, page).expect("open");
     }
