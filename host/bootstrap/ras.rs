@@ -1,7 +1,7 @@
 //! The bootstrap's part of RAS: answering other ranks' queries with this rank's health record,
 //! and gathering every rank's record for a report.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,15 +11,46 @@ use super::Bootstrap;
 use crate::ras::Record;
 use crate::ras::report::Answer;
 
+/// Most answers to one rank's RAS queries in flight at once (a thread each). A rank asks on
+/// behalf of its process's RAS clients, at most `ras::server`'s 4 at a time; queries past
+/// this are dropped (the asker reports this rank as not answering) rather than each taking
+/// a thread.
+pub(crate) const MAX_RAS_ANSWERS_PER_PEER: usize = 8;
+
+/// One answer in flight to a rank, counted until it drops.
+struct InFlight(Arc<Vec<AtomicUsize>>, usize);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0[self.1].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Bootstrap {
     /// From now on, a RAS query from another rank is answered with `record()` (encoded), from a
-    /// thread of its own so that the reader goes on reading.
+    /// thread of its own so that the reader goes on reading; at most
+    /// [`MAX_RAS_ANSWERS_PER_PEER`] at a time for one asking rank.
     pub(crate) fn serve_ras(self: &Arc<Self>, record: impl Fn() -> Vec<u8> + Send + Sync + 'static) {
         let this = Arc::downgrade(self);
         let record = Arc::new(record);
+        let busy: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..self.nranks()).map(|_| AtomicUsize::new(0)).collect());
         self.shared.set_ras_responder(Arc::new(move |from, query| {
+            let Some(n) = busy.get(from) else {
+                return;
+            };
+            if n.fetch_add(1, Ordering::SeqCst) >= MAX_RAS_ANSWERS_PER_PEER {
+                n.fetch_sub(1, Ordering::SeqCst);
+                log::debug!(
+                    "RAS: query {query} of rank {from} dropped: {MAX_RAS_ANSWERS_PER_PEER} \
+                     answers to it already in flight"
+                );
+                return;
+            }
+            let held = InFlight(busy.clone(), from);
             let (this, record) = (this.clone(), record.clone());
             let spawned = socket::spawn("nccl-ras-answer", move || {
+                let _held = held;
                 if let Some(bs) = this.upgrade() {
                     if let Err(e) = bs.send_on(from, Channel::RasReply, query, &record()) {
                         log::debug!("RAS: answering rank {from}: {e}");
@@ -69,5 +100,62 @@ impl Bootstrap {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::get_unique_id;
+    use std::time::Instant;
+
+    /// A rank flooding another with RAS queries gets at most MAX_RAS_ANSWERS_PER_PEER answers
+    /// in flight (a thread each), not one per query; once the flood drains, a query is answered.
+    #[test]
+    fn a_flood_of_ras_queries_holds_few_answer_threads() {
+        let id = get_unique_id().expect("id");
+        let t = Duration::from_secs(10);
+        let ranks: Vec<Arc<Bootstrap>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let id = &id;
+                    s.spawn(move || Bootstrap::init(id, r, 2, t))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| Arc::new(h.join().expect("rank thread").expect("init")))
+                .collect()
+        });
+        let now = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (n, m) = (now.clone(), most.clone());
+        ranks[0].serve_ras(move || {
+            let k = n.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(k, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(200));
+            n.fetch_sub(1, Ordering::SeqCst);
+            b"rank=0\n".to_vec()
+        });
+        for q in 0..200 {
+            ranks[1].send_on(0, Channel::Ras, q, &[]).expect("query");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let end = Instant::now() + Duration::from_secs(10);
+        while now.load(Ordering::SeqCst) > 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let most = most.load(Ordering::SeqCst);
+        println!("200 queries: at most {most} answers in flight");
+        assert!(
+            (1..=MAX_RAS_ANSWERS_PER_PEER).contains(&most),
+            "{most} answers in flight at once"
+        );
+        // The flood is over: the next query is answered.
+        ranks[1].send_on(0, Channel::Ras, 1000, &[]).expect("query");
+        let got = ranks[1]
+            .shared
+            .take(0, Channel::RasReply, 1000, socket::deadline_after(t))
+            .expect("an answer after the flood");
+        assert_eq!(got, b"rank=0\n");
     }
 }

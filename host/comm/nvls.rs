@@ -57,6 +57,56 @@ fn may(rank: usize, device: &Device, peers: &[PeerInfo], all_p2p: bool) -> Resul
     Ok(ok)
 }
 
+/// How rank 0 laid its multicast object out; every rank's kernels address the object by their
+/// own layout, so every rank's must be rank 0's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RootLayout {
+    nchannels: usize,
+    /// Bytes of one scratch half of a channel's region.
+    half: usize,
+    /// Bytes of the object.
+    bytes: usize,
+}
+
+/// Rank 0's record: its multicast handle and its layout.
+fn encode_root(handle: &[u8; 64], l: &RootLayout) -> Vec<u8> {
+    let mut v = handle.to_vec();
+    for w in [l.nchannels, l.half, l.bytes] {
+        v.extend_from_slice(&(w as u64).to_le_bytes());
+    }
+    v
+}
+
+/// Rank 0's handle from its record, if its layout is `ours` (`ncclRemoteError` otherwise,
+/// before anything is imported: a smaller object would be written past its end, another
+/// layout would have the ranks' kernels meet at different offsets).
+fn decode_root(b: &[u8], ours: &RootLayout) -> Result<[u8; 64]> {
+    if b.len() != 64 + 3 * 8 {
+        return Err(Error::remote(format!(
+            "NVLS: rank 0 sent a malformed multicast record ({} bytes)",
+            b.len()
+        )));
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[64 + 8 * i..72 + 8 * i]);
+        u64::from_le_bytes(w)
+    };
+    let theirs = [word(0), word(1), word(2)];
+    let want = [ours.nchannels, ours.half, ours.bytes].map(|w| w as u64);
+    if theirs != want {
+        return Err(Error::remote(format!(
+            "NVLS: rank 0's multicast object has {} channels, {}-byte halves and {} bytes; this \
+             rank's layout is {} channels, {}-byte halves, {} bytes (NCCL_NVLS_NCHANNELS and \
+             NCCL_NVLS_CHUNKSIZE must agree on every rank)",
+            theirs[0], theirs[1], theirs[2], want[0], want[1], want[2]
+        )));
+    }
+    let mut handle = [0u8; 64];
+    handle.copy_from_slice(&b[..64]);
+    Ok(handle)
+}
+
 /// Sets NVLS up where every rank may (None elsewhere), for up to `max_channels` channels.
 /// Every rank of the communicator calls it at init.
 pub(crate) fn setup(
@@ -90,11 +140,17 @@ pub(crate) fn setup(
         }
         _ => (None, [0u8; 64]),
     };
-    let handles = bootstrap.allgather(&handle)?;
-    let root: [u8; 64] = handles
-        .first()
-        .and_then(|h| h.as_slice().try_into().ok())
-        .ok_or_else(|| Error::internal("NVLS: rank 0 sent no multicast handle"))?;
+    let layout = RootLayout {
+        nchannels,
+        half,
+        bytes,
+    };
+    let mine = match rank {
+        0 => encode_root(&handle, &layout),
+        _ => Vec::new(),
+    };
+    let records = bootstrap.allgather(&mine)?;
+    let root = decode_root(records.first().map(Vec::as_slice).unwrap_or_default(), &layout)?;
     let mut mc = match mc.take() {
         Some(m) => m,
         None => device.multicast_import(&root)?,
@@ -130,4 +186,46 @@ pub(crate) fn setup(
         nchannels,
         _mc: mc,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::NcclResult;
+
+    /// Rank 0's multicast record is taken only with this rank's layout: a smaller object, a
+    /// huge one, another channel count or half size, or a malformed record is ncclRemoteError.
+    #[test]
+    fn rank_0s_multicast_layout_must_be_ours() {
+        let ours = RootLayout {
+            nchannels: 2,
+            half: 4096,
+            bytes: 2 << 20,
+        };
+        let handle = [7u8; 64];
+        assert_eq!(decode_root(&encode_root(&handle, &ours), &ours).unwrap(), handle);
+        for bad in [
+            RootLayout {
+                bytes: 1 << 20,
+                ..ours
+            },
+            RootLayout {
+                bytes: usize::MAX,
+                ..ours
+            },
+            RootLayout {
+                nchannels: 1,
+                ..ours
+            },
+            RootLayout { half: 2048, ..ours },
+        ] {
+            let e = decode_root(&encode_root(&handle, &bad), &ours).expect_err("refused");
+            assert_eq!(e.code, NcclResult::RemoteError, "{e}");
+            assert!(e.message.contains("rank 0's multicast object"), "{e}");
+        }
+        for short in [&[][..], &handle[..], &encode_root(&handle, &ours)[..80]] {
+            let e = decode_root(short, &ours).expect_err("malformed");
+            assert_eq!(e.code, NcclResult::RemoteError, "{e}");
+        }
+    }
 }

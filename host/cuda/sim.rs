@@ -431,6 +431,25 @@ pub(crate) fn pid_namespace() -> u64 {
     })
 }
 
+/// Whether `name` has the form `alloc` gives a region: `/ncclrs-<pid>@<pid namespace>-<nonce
+/// in hex>-<n>`.
+fn is_region_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = name.strip_prefix("/ncclrs-") else {
+        return false;
+    };
+    let Some((pid, rest)) = rest.split_once('@') else {
+        return false;
+    };
+    let mut parts = rest.split('-');
+    let (ns, nonce, n) = (parts.next(), parts.next(), parts.next());
+    digits(pid)
+        && ns.is_some_and(digits)
+        && nonce.is_some_and(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_hexdigit()))
+        && n.is_some_and(digits)
+        && parts.next().is_none()
+}
+
 /// A per-process number in every region name, so that names differ from those a process
 /// with a recycled pid left behind.
 fn process_nonce() -> u32 {
@@ -673,6 +692,13 @@ impl Device {
         let end = h[12..].iter().position(|&b| b == 0).map_or(64, |i| 12 + i);
         let name = std::str::from_utf8(&h[12..end])
             .map_err(|_| Error::invalid_argument("malformed simulator IPC handle"))?;
+        // The name comes from a peer: only a region `alloc` names is mapped, not any shared
+        // memory object this process may open.
+        if !is_region_name(name) {
+            return Err(Error::invalid_argument(format!(
+                "simulator IPC handle names {name:?}, not a simulated device allocation"
+            )));
+        }
         let (p, size) = map_shm(name, bytes, false)?
             .ok_or_else(|| Error::internal("shm_open without O_CREAT reported a taken name"))?;
         // The size comes from a peer: the region must really hold it, or accesses past the
@@ -1233,6 +1259,53 @@ mod tests {
         assert!(e.message.contains("claims 1073741824 bytes"), "{e}");
         h[4..12].copy_from_slice(&4096u64.to_le_bytes());
         let q = dev.open_ipc(&h).expect("the true size");
+        dev.close_ipc(q).expect("close");
+        dev.free(p).expect("free");
+    }
+
+    /// A handle naming a shared memory object that is no simulated allocation (another
+    /// program's, or an SHM transport segment) is refused before it is mapped.
+    #[test]
+    fn an_ipc_handle_naming_another_object_is_refused() {
+        let dev = Device::open(0).expect("simulated device");
+        let foreign = format!("/peervalues-sim-foreign-{}", std::process::id());
+        let c = std::ffi::CString::new(foreign.clone()).expect("name");
+        /// Unlinks the test's object however the test ends.
+        struct Unlink(std::ffi::CString);
+        impl Drop for Unlink {
+            fn drop(&mut self) {
+                // SAFETY: unlinking the test's own name.
+                unsafe { libc::shm_unlink(self.0.as_ptr()) };
+            }
+        }
+        let _unlink = Unlink(c.clone());
+        // SAFETY: plain system calls on a name of this test; results checked.
+        unsafe {
+            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
+            assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::ftruncate(fd, 4096), 0);
+            libc::close(fd);
+        }
+        let p = dev.alloc(4096).expect("alloc");
+        let good = dev.ipc_handle(p).expect("handle");
+        let good_name = {
+            let end = good[12..].iter().position(|&b| b == 0).map_or(64, |i| 12 + i);
+            String::from_utf8(good[12..end].to_vec()).expect("utf-8")
+        };
+        for name in [
+            foreign.as_str(),
+            "/ncclrs-1@2-shm-3-0to1",
+            &format!("{good_name}-x"),
+            &format!("{good_name}/x"),
+        ] {
+            let mut h = good;
+            h[12..].fill(0);
+            h[12..12 + name.len()].copy_from_slice(name.as_bytes());
+            let e = dev.open_ipc(&h).expect_err("a foreign object");
+            assert_eq!(e.code, crate::error::NcclResult::InvalidArgument, "{e}");
+            assert!(e.message.contains("not a simulated device allocation"), "{e}");
+        }
+        let q = dev.open_ipc(&good).expect("a true handle");
         dev.close_ipc(q).expect("close");
         dev.free(p).expect("free");
     }

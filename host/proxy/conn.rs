@@ -581,7 +581,18 @@ impl NetConn {
                             slot_words(mem, self.layout, self.done)
                         );
                     }
-                    Some(sizes.first().copied().unwrap_or(0))
+                    // The network says how many bytes the peer sent into the slot (at most
+                    // the `stride` posted); more is a peer or network gone wrong, and the
+                    // size would be used as the step's flush length.
+                    let got = sizes.first().copied().unwrap_or(0);
+                    if got > self.layout.stride {
+                        return Err(Error::remote(format!(
+                            "recv from rank {} ({}): step {} landed as {got} bytes in a {}-byte \
+                             slot",
+                            self.peer_rank, self.peer, self.done, self.layout.stride
+                        )));
+                    }
+                    Some(got)
                 }
             };
             if let Some(bytes) = bytes.filter(|&b| self.flush && b > 0) {
@@ -766,6 +777,59 @@ mod tests {
             .store(proxy_proto_word(1, PROTO_LL), Ordering::Relaxed);
         c.progress(Poll::IfActive(later)).expect("progress");
         assert_eq!(count(), 4);
+    }
+
+    /// A receive endpoint whose receives complete at once with `size` bytes.
+    struct SizedRecv {
+        size: usize,
+        next: u64,
+    }
+
+    impl RecvComm for SizedRecv {
+        unsafe fn reg_mr(&mut self, _ptr: *mut u8, _len: usize, _kind: u32) -> Result<Mr> {
+            Ok(Mr(1))
+        }
+        fn dereg_mr(&mut self, _mr: Mr) -> Result<()> {
+            Ok(())
+        }
+        fn irecv(&mut self, _bufs: &[RecvBuf]) -> Result<Option<Request>> {
+            self.next += 1;
+            Ok(Some(Request(self.next)))
+        }
+        fn test(&mut self, _req: Request) -> Result<Option<Vec<usize>>> {
+            Ok(Some(vec![self.size]))
+        }
+    }
+
+    /// A step the network reports landed with more bytes than the slot posted for it is
+    /// ncclRemoteError naming the peer; one that fits lands.
+    #[test]
+    fn a_step_landing_larger_than_its_slot_is_refused() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let layout = ConnLayout { stride: 4096 };
+        for (size, ok) in [(4096, true), (4097, false), (usize::MAX, false)] {
+            let side = Side::Recv(Box::new(SizedRecv { size, next: 0 }));
+            let mut c = NetConn::new(side, &dev, layout, FifoPlace::Host, 5, "test".into())
+                .expect("connection");
+            assert!(c.post().expect("post"));
+            match c.progress(Poll::Always) {
+                Ok(_) => {
+                    assert!(ok, "a {size}-byte step landed in a 4096-byte slot");
+                    assert!(c.done > 0);
+                }
+                Err(e) => {
+                    assert!(!ok, "{e}");
+                    assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+                    assert!(
+                        e.message.contains("rank 5")
+                            && e.message.contains(&format!("{size} bytes")),
+                        "{e}"
+                    );
+                    assert_eq!(c.done, 0, "nothing landed");
+                }
+            }
+        }
     }
 
     #[test]

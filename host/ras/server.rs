@@ -106,17 +106,126 @@ fn answer(s: TcpStream) -> std::io::Result<()> {
     w.flush()
 }
 
+/// Longest answer a client takes (a verbose report is a line or two per rank).
+pub(crate) const MAX_ANSWER: usize = 16 << 20;
+
 /// Asks the RAS thread at `addr` for the job's state (the client side; `ncclras` uses it).
+/// Whatever answers is a stranger until proven otherwise: an answer longer than
+/// [`MAX_ANSWER`], one still coming after `timeout`, or one that is not UTF-8 is an error.
 pub fn query(addr: SocketAddr, verbose: bool, timeout: Duration) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind};
+    let deadline = std::time::Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    // The server waits up to its own timeout per rank; ours bounds the whole answer.
-    s.set_read_timeout(Some(timeout))?;
     s.write_all(if verbose {
         b"VERBOSE STATUS\n"
     } else {
         b"STATUS\n"
     })?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
+    // The server waits up to its own timeout per rank; ours bounds the whole answer.
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the answer was not complete within {:.1} s ({} bytes so far)",
+                    timeout.as_secs_f64(),
+                    out.len()
+                ),
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
+        let n = match s.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            break;
+        }
+        if out.len() + n > MAX_ANSWER {
+            return Err(Error::new(
+                ErrorKind::InvalidData,
+                format!("the answer exceeds {MAX_ANSWER} bytes: not a RAS report"),
+            ));
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8(out)
+        .map_err(|_| Error::new(ErrorKind::InvalidData, "the answer is not UTF-8 text"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// A loopback listener that reads the query line and answers with `send` (the test's
+    /// stranger posing as a RAS thread).
+    fn stranger(send: impl FnOnce(&mut TcpStream) + Send + 'static) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = l.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut line = String::new();
+                let _ = BufReader::new(&s).read_line(&mut line);
+                send(&mut s);
+            }
+        });
+        addr
+    }
+
+    /// The client bounds what it takes: an answer past MAX_ANSWER, one that trickles past the
+    /// timeout and one that is not text are errors, not a growing buffer or a wait for ever.
+    #[test]
+    fn the_client_bounds_what_a_server_sends() {
+        // A megabyte more than the cap (an endless stream would be the same to the client):
+        // refused once past the cap; before, read whole, however long.
+        let addr = stranger(|s| {
+            let block = vec![b'A'; 1 << 20];
+            for _ in 0..MAX_ANSWER / block.len() + 1 {
+                if s.write_all(&block).is_err() {
+                    return;
+                }
+            }
+        });
+        let e = query(addr, false, Duration::from_secs(20)).expect_err("oversized answer");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        // A byte every 50 ms: ends at the whole answer's timeout (each read alone would
+        // never time out).
+        let addr = stranger(|s| {
+            for _ in 0..400 {
+                if s.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let r = query(addr, false, Duration::from_millis(500));
+            let _ = tx.send((r, t.elapsed()));
+        });
+        let (r, took) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the query ended (a trickling answer held it for 10 s)");
+        let e = r.expect_err("trickling answer");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        println!("trickling answer refused after {took:?}");
+        // Not text.
+        let addr = stranger(|s| {
+            let _ = s.write_all(&[0xff, 0xfe, 0x00]);
+        });
+        let e = query(addr, false, Duration::from_secs(5)).expect_err("binary answer");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        // A true report under the cap is taken whole.
+        let addr = stranger(|s| {
+            let _ = s.write_all(b"OK: every rank issued and finished 3 operations\n");
+        });
+        let text = query(addr, false, Duration::from_secs(5)).expect("an answer");
+        assert!(text.starts_with("OK:"), "{text}");
+    }
 }

@@ -519,7 +519,14 @@ impl Links {
                 .bootstrap
                 .recv(peer, tag)
                 .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
-            let (theirs, mapping) = import(&self.device, &self.peers[peer], &record)?;
+            // What the peer's side holds: tail lines and FIFOs (its receive block, for our
+            // send), or head lines (its send block, for our receive); as `start` sizes ours.
+            let needed = match dir {
+                Dir::Send => self.nconns * (CTRL_LINE + self.fifo_bytes()),
+                Dir::Recv => self.nconns * CTRL_LINE,
+            };
+            let (theirs, mapping) = import(&self.device, &self.peers[peer], &record, needed)
+                .map_err(|e| e.context(format!("rank {peer}'s connection")))?;
             let ctrl = |base: DevPtr, c: usize| base + (c * CTRL_LINE) as u64;
             let fifo = |base: DevPtr, c: usize| {
                 base + (self.nconns * CTRL_LINE + c * self.fifo_bytes()) as u64

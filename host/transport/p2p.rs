@@ -87,11 +87,14 @@ pub fn export(device: &Device, buf: &DevBuffer) -> Result<Vec<u8>> {
 }
 
 /// Makes a peer's exported block addressable from `device`: peer access in this process, an
-/// IPC mapping (returned, to be kept alive) across processes.
+/// IPC mapping (returned, to be kept alive) across processes. The block must hold the `needed`
+/// bytes our layout addresses in it (the kernels address it from our layout, not from the
+/// record): a shorter one is `ncclRemoteError` and nothing is kept mapped.
 pub fn import(
     device: &Device,
     peer: &PeerAddr,
     record: &[u8],
+    needed: usize,
 ) -> Result<(DevPtr, Option<IpcMapping>)> {
     if record.len() != EXPORT_BYTES {
         return Err(Error::remote(format!(
@@ -112,12 +115,39 @@ pub fn import(
         }
         let mut a = [0u8; 8];
         a.copy_from_slice(&record[64..72]);
-        return Ok((u64::from_le_bytes(a), None));
+        let p = u64::from_le_bytes(a);
+        // In this process the address must be device memory we know, holding the block.
+        match device.pointer_extent(p, needed)? {
+            Some((_, held)) => check_block(p, held, needed)?,
+            None => {
+                return Err(Error::remote(format!(
+                    "p2p connection record names {p:#x}, which is no device memory of this \
+                     process"
+                )))
+            }
+        }
+        return Ok((p, None));
     }
     let mut handle = [0u8; 64];
     handle.copy_from_slice(&record[..64]);
     let m = device.open_ipc(&handle)?;
+    // What the mapping holds; where the backend cannot tell, nothing is refused (as for
+    // buffers of unknown extent). A refused mapping is closed as `m` drops.
+    if let Some((_, held)) = device.pointer_extent(m.ptr, needed)? {
+        check_block(m.ptr, held, needed)?;
+    }
     Ok((m.ptr, Some(m)))
+}
+
+/// A peer's block at `p` holding `held` bytes, where our layout addresses `needed`.
+fn check_block(p: DevPtr, held: usize, needed: usize) -> Result<()> {
+    if held < needed {
+        return Err(Error::remote(format!(
+            "p2p connection record: the block at {p:#x} holds {held} bytes, its connections \
+             need {needed}"
+        )));
+    }
+    Ok(())
 }
 
 /// The memory of a communicator's p2p connections: our block and the peers' blocks mapped.
@@ -165,7 +195,7 @@ impl P2p {
                 .get(r)
                 .filter(|_| r < peers.len())
                 .ok_or_else(|| Error::remote(format!("no p2p connection record from rank {r}")))?;
-            let (p, m) = import(device, &peers[r], e)
+            let (p, m) = import(device, &peers[r], e, layout.total())
                 .map_err(|err| err.context(format!("rank {r}'s buffers")))?;
             mappings.extend(m);
             mapped[r] = Some(p);
@@ -224,6 +254,50 @@ impl P2p {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's record whose block is smaller than the connections our layout puts in it is
+    /// refused, across processes (an IPC handle) and in this process (an address); so is an
+    /// address that is no device memory.
+    #[test]
+    fn a_block_smaller_than_its_connections_is_refused() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let block = dev.alloc(4096).expect("alloc");
+        let record = export(&dev, &block).expect("export");
+        for same_process in [false, true] {
+            let peer = PeerAddr {
+                device: 0,
+                same_process,
+                transport: crate::graph::Transport::P2p,
+            };
+            for needed in [4097, 1 << 30] {
+                let e = match import(&dev, &peer, &record, needed) {
+                    Err(e) => e,
+                    Ok(_) => panic!("a 4096-byte block imported for {needed} bytes"),
+                };
+                assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+                assert!(
+                    e.message.contains(&format!("holds 4096 bytes, its connections need {needed}")),
+                    "{e}"
+                );
+            }
+            let (p, m) = import(&dev, &peer, &record, 4096).expect("what it holds");
+            assert_eq!(p == block.ptr, same_process);
+            drop(m);
+        }
+        let mut forged = record.clone();
+        forged[64..].copy_from_slice(&0x10u64.to_le_bytes());
+        let peer = PeerAddr {
+            device: 0,
+            same_process: true,
+            transport: crate::graph::Transport::P2p,
+        };
+        let e = match import(&dev, &peer, &forged, 8) {
+            Err(e) => e,
+            Ok(_) => panic!("an address that is no device memory was taken"),
+        };
+        assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+    }
 
     #[test]
     fn layout_keeps_counters_in_their_own_lines() {

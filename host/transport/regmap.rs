@@ -96,12 +96,22 @@ pub struct PeerRegs {
     used: usize,
     /// Registration id → entry index.
     by_id: HashMap<u64, usize>,
-    /// The peer's allocation base → our mapping of it and how many entries use it.
-    mappings: HashMap<DevPtr, (IpcMapping, usize)>,
+    /// The peer's allocation base → our mapping of it, the bytes it holds and how many
+    /// entries use it.
+    mappings: HashMap<DevPtr, Mapped>,
     /// Entry index → the peer's allocation base it maps.
     entry_base: HashMap<usize, DevPtr>,
     /// The table filled up (said once).
     full_said: bool,
+}
+
+/// One of a peer's allocations as we map it.
+struct Mapped {
+    map: IpcMapping,
+    /// Bytes mapped from `map.ptr` (`usize::MAX` where the backend cannot tell).
+    bytes: usize,
+    /// Entries using it.
+    refs: usize,
 }
 
 const ENTRIES_AT: usize = std::mem::offset_of!(RegTable, entries);
@@ -143,26 +153,38 @@ impl PeerRegs {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Applies one record from `peer`: maps and enters a registration, or withdraws one.
-    pub fn apply(&mut self, device: &Device, peer: usize, id: u64, rec: Option<Record>) {
+    /// Applies one record from `peer`: maps and enters a registration, or withdraws one. A
+    /// registration whose range leaves the allocation its handle maps, or that reuses a live
+    /// id, is `ncclRemoteError` and enters nothing (the kernels would write where the range
+    /// says). A withdrawal of an id not in the table is nothing: its registration may have been
+    /// declined (table full, no mapping).
+    pub fn apply(&mut self, device: &Device, peer: usize, id: u64, rec: Option<Record>) -> Result<()> {
         match rec {
             None => {
                 let Some(i) = self.by_id.remove(&id) else {
-                    return;
+                    return Ok(());
                 };
                 // An empty range: no offer matches it again.
                 self.write_entry(i, RegEntry::default());
                 let base = self.entry_base.remove(&i);
                 if let Some(base) = base {
-                    if let Some((_, refs)) = self.mappings.get_mut(&base) {
-                        *refs -= 1;
-                        if *refs == 0 {
+                    if let Some(m) = self.mappings.get_mut(&base) {
+                        m.refs -= 1;
+                        if m.refs == 0 {
                             self.mappings.remove(&base);
                         }
                     }
                 }
+                Ok(())
             }
             Some(r) => {
+                if self.by_id.contains_key(&id) {
+                    return Err(Error::remote(format!(
+                        "rank {peer} registered buffer id {id} again ({:#x}..{:#x}) without \
+                         withdrawing it",
+                        r.start, r.end
+                    )));
+                }
                 if self.used == REG_TABLE_ENTRIES {
                     if !self.full_said {
                         log::warn!(
@@ -171,18 +193,26 @@ impl PeerRegs {
                         );
                         self.full_said = true;
                     }
-                    return;
+                    return Ok(());
                 }
-                let local = match self.mappings.get_mut(&r.base) {
-                    Some((m, refs)) => {
-                        *refs += 1;
-                        m.ptr
-                    }
-                    None => match device.open_ipc(&r.handle) {
-                        Ok(m) => {
-                            let p = m.ptr;
-                            self.mappings.insert(r.base, (m, 1));
-                            p
+                // `decode` made sure that base <= start < end.
+                let need = r.end - r.base;
+                let fresh = if self.mappings.contains_key(&r.base) {
+                    None
+                } else {
+                    match device.open_ipc(&r.handle) {
+                        Ok(map) => {
+                            // What the driver (or the simulator) says the mapping holds;
+                            // unknown: not refused, as buffers of unknown extent are not.
+                            let bytes = match device.pointer_extent(map.ptr, need as usize)? {
+                                Some((_, b)) => b,
+                                None => usize::MAX,
+                            };
+                            Some(Mapped {
+                                map,
+                                bytes,
+                                refs: 0,
+                            })
                         }
                         Err(e) => {
                             log::info!(
@@ -190,10 +220,31 @@ impl PeerRegs {
                                  messages into it take copies",
                                 r.start
                             );
-                            return;
+                            return Ok(());
                         }
-                    },
+                    }
                 };
+                let held = match (&fresh, self.mappings.get(&r.base)) {
+                    (Some(m), _) | (None, Some(m)) => m.bytes,
+                    (None, None) => return Err(Error::internal("registration mapping lost")),
+                };
+                if need > held as u64 {
+                    // A fresh mapping drops here, unused.
+                    return Err(Error::remote(format!(
+                        "rank {peer} registered {:#x}..{:#x} in an allocation at {:#x}: {need} \
+                         bytes from its base, but the allocation its handle maps holds {held}",
+                        r.start, r.end, r.base
+                    )));
+                }
+                let m = match fresh {
+                    Some(m) => self.mappings.entry(r.base).or_insert(m),
+                    None => self
+                        .mappings
+                        .get_mut(&r.base)
+                        .ok_or_else(|| Error::internal("registration mapping lost"))?,
+                };
+                m.refs += 1;
+                let local = m.map.ptr;
                 let i = self.used;
                 self.write_entry(
                     i,
@@ -207,6 +258,7 @@ impl PeerRegs {
                 self.by_id.insert(id, i);
                 self.entry_base.insert(i, r.base);
                 self.write_count(self.used);
+                Ok(())
             }
         }
     }
@@ -220,10 +272,8 @@ pub fn drain(
     regs: &mut PeerRegs,
 ) -> Result<()> {
     while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
-        match decode(&m) {
-            Ok((id, rec)) => regs.apply(device, peer, id, rec),
-            Err(e) => log::warn!("rank {peer}: {e}"),
-        }
+        let (id, rec) = decode(&m).map_err(|e| e.context(format!("rank {peer}")))?;
+        regs.apply(device, peer, id, rec)?;
     }
     Ok(())
 }
@@ -249,6 +299,72 @@ mod tests {
         let mut odd = encode(7, Some(&r));
         odd[0] = 5;
         assert!(decode(&odd).is_err());
+    }
+
+    /// The table's published entry count, as the kernels read it.
+    fn count(regs: &PeerRegs) -> u64 {
+        let p = regs.table.host_ptr(0).expect("the count word");
+        // SAFETY: the table's first word, written only by this thread.
+        unsafe { std::ptr::read_volatile(p as *const u64) }
+    }
+
+    /// A peer's registration whose range leaves the allocation its handle maps, or that
+    /// reuses a live id, is ncclRemoteError and enters nothing; a withdrawal of an unknown id
+    /// changes nothing.
+    #[test]
+    fn registrations_past_their_allocation_or_repeated_are_refused() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let buf = dev.alloc(4096).expect("alloc");
+        let (base, handle) = dev.ipc_export(buf.ptr + 256).expect("export");
+        assert_eq!(base, buf.ptr);
+        let mut regs = PeerRegs::new(&dev).expect("table");
+        let rec = |id: u64, start: u64, end: u64| Record {
+            id,
+            start,
+            end,
+            base,
+            handle,
+        };
+        let remote = |e: Error| {
+            assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+            assert!(e.message.contains("rank 3"), "{e}");
+            e.message
+        };
+        // A range past the 4096 bytes the handle maps (1 GiB, then one byte too many).
+        for end in [base + (1 << 30), base + 4097] {
+            let e = regs
+                .apply(&dev, 3, 1, Some(rec(1, base + 256, end)))
+                .expect_err("a range past its allocation");
+            assert!(remote(e).contains("holds 4096"));
+            assert_eq!((regs.used, count(&regs)), (0, 0), "nothing entered");
+            assert!(regs.mappings.is_empty(), "the mapping was not kept");
+        }
+        // What the allocation holds enters.
+        regs.apply(&dev, 3, 1, Some(rec(1, base + 256, base + 4096)))
+            .expect("inside its allocation");
+        assert_eq!((regs.used, count(&regs)), (1, 1));
+        // The same id again, even with a good range: refused, the first entry kept.
+        let e = regs
+            .apply(&dev, 3, 1, Some(rec(1, base, base + 16)))
+            .expect_err("a live id again");
+        assert!(remote(e).contains("id 1 again"));
+        assert_eq!((regs.used, count(&regs)), (1, 1));
+        // Another id in the same (already mapped) allocation, past its end: refused.
+        let e = regs
+            .apply(&dev, 3, 2, Some(rec(2, base + 4000, base + 8192)))
+            .expect_err("past the mapped allocation");
+        assert!(remote(e).contains("holds 4096"));
+        assert_eq!(regs.mappings.get(&base).map(|m| m.refs), Some(1));
+        // Withdrawing an id never entered changes nothing; withdrawing id 1 frees the mapping.
+        regs.apply(&dev, 3, 77, None).expect("unknown withdrawal");
+        assert_eq!(regs.by_id.len(), 1);
+        regs.apply(&dev, 3, 1, None).expect("withdrawal");
+        assert!(regs.by_id.is_empty() && regs.mappings.is_empty());
+        // A withdrawn id may be registered again.
+        regs.apply(&dev, 3, 1, Some(rec(1, base, base + 64)))
+            .expect("id 1 after its withdrawal");
+        drop(regs);
     }
 
     #[test]

@@ -209,6 +209,13 @@ impl ShmMem {
         let bytes = u64::from_le_bytes(b) as usize;
         let name = std::str::from_utf8(&record[8..])
             .map_err(|_| Error::remote("malformed shm segment name"))?;
+        // The name is opened and then unlinked: only a name of the form `create` gives may be,
+        // or a peer could have us map, and remove, any shared memory object we can open.
+        if !is_segment_name(name) {
+            return Err(Error::remote(format!(
+                "shm connection record names {name:?}, not a segment of this transport"
+            )));
+        }
         if bytes < needed {
             return Err(Error::remote(format!(
                 "shared memory segment {name} is {bytes} bytes; its connections need {needed}"
@@ -220,6 +227,32 @@ impl ShmMem {
             .map_err(|e| e.context(format!("registering shared memory {name}")))?;
         Ok(ShmMem { reg, _seg: seg })
     }
+}
+
+/// The prefix of every segment name `ShmMem::create` gives.
+const NAME_PREFIX: &str = "/ncclrs-";
+
+/// Whether `name` has the form of a segment name [`ShmMem::create`] gives:
+/// `/ncclrs-<pid>@<pid namespace>-shm-<n>-<from>to<to>`, one leading slash, no other, short
+/// enough for a file name.
+fn is_segment_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(NAME_PREFIX) else {
+        return false;
+    };
+    let Some((owner, conn)) = rest.split_once("-shm-") else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let owner_ok = owner
+        .split_once('@')
+        .is_some_and(|(pid, ns)| digits(pid) && digits(ns));
+    let conn_ok = conn.split_once('-').is_some_and(|(n, pair)| {
+        digits(n)
+            && pair
+                .split_once("to")
+                .is_some_and(|(from, to)| digits(from) && digits(to))
+    });
+    name.len() < 255 && owner_ok && conn_ok
 }
 
 fn page_size() -> usize {
@@ -410,6 +443,63 @@ mod tests {
         assert!(e.message.contains("need"), "{}", e.message);
         // The same record opens for what it holds.
         ShmMem::open(&dev, &record, page).expect("open");
+    }
+
+    /// A peer's record naming a shared memory object that is no segment of this transport is
+    /// refused before anything opens it: the opener would map it and unlink its name.
+    #[test]
+    fn a_record_naming_another_object_is_refused() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let page = page_size();
+        // Someone else's object, of the size the record claims.
+        let foreign = format!("/peervalues-foreign-{}", std::process::id());
+        let c = CString::new(foreign.clone()).expect("name");
+        /// Unlinks the test's object however the test ends.
+        struct Unlink(std::ffi::CString);
+        impl Drop for Unlink {
+            fn drop(&mut self) {
+                // SAFETY: unlinking the test's own name.
+                unsafe { libc::shm_unlink(self.0.as_ptr()) };
+            }
+        }
+        let _unlink = Unlink(c.clone());
+        // SAFETY: plain system calls on a name of this test; results checked.
+        unsafe {
+            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
+            assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::ftruncate(fd, page as libc::off_t), 0);
+            libc::close(fd);
+        }
+        let record_for = |name: &str| {
+            let mut r = (page as u64).to_le_bytes().to_vec();
+            r.extend_from_slice(name.as_bytes());
+            r
+        };
+        let (_mem, good) = ShmMem::create(&dev, 1, 0, page).expect("segment");
+        let good_name = std::str::from_utf8(&good[8..]).expect("utf-8").to_string();
+        for name in [
+            foreign.clone(),
+            format!("{good_name}/../x"),
+            good_name.replace("-shm-", "-"),
+            format!("/ncclrs-{}@1-shm-x-0to1", std::process::id()),
+            "/".to_string(),
+        ] {
+            let e = match ShmMem::open(&dev, &record_for(&name), page) {
+                Err(e) => e,
+                Ok(_) => panic!("a record naming {name:?} was opened"),
+            };
+            assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+            assert!(e.message.contains("not a segment"), "{e}");
+        }
+        // The foreign object is still there (an opener unlinks what it opened).
+        // SAFETY: as above.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
+        assert!(fd >= 0, "the foreign object was removed");
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        // The real record still opens.
+        ShmMem::open(&dev, &good, page).expect("open");
     }
 
     #[test]

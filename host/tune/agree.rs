@@ -51,11 +51,22 @@ impl Tuner {
     /// two plugins choosing differently, would make ranks launch different kernels. Returns
     /// whether anything here changed.
     pub fn agree(&mut self, all: &[Vec<u8>]) -> Result<bool> {
-        let bad = || Error::internal("tuner facts of another rank are malformed");
-        let first = all.first().ok_or_else(bad)?;
-        if all.iter().any(|f| f.len() != FACTS_LEN) {
-            return Err(bad());
+        let first = all
+            .first()
+            .ok_or_else(|| Error::internal("tuner facts: the allgather returned nothing"))?;
+        // Every rank's facts are read below (the plugin's identity): each must be whole.
+        if let Some((r, f)) = all.iter().enumerate().find(|(_, f)| f.len() != FACTS_LEN) {
+            return Err(Error::remote(format!(
+                "rank {r} sent malformed tuner facts ({} bytes, {FACTS_LEN} expected)",
+                f.len()
+            )));
         }
+        let bad = || {
+            Error::remote(format!(
+                "rank 0's tuner inputs are out of range: path type {}",
+                first[32]
+            ))
+        };
         let u32_at = |i: usize| u32::from_le_bytes(first[i..i + 4].try_into().unwrap()) as usize;
         let f64_at = |i: usize| f64::from_le_bytes(first[i..i + 8].try_into().unwrap());
         let intra_type = *PathType::ALL.get(first[32] as usize).ok_or_else(bad)?;
@@ -196,5 +207,30 @@ mod tests {
         }
         let mut t = tuner(2, 8);
         assert!(t.agree(&[good.clone(), good.clone()]).is_ok());
+    }
+
+    /// Malformed facts from any rank, and a path type no rank could send, are ncclRemoteError
+    /// naming the rank (they were InternalError, as if this library had failed).
+    #[test]
+    fn malformed_facts_are_a_remote_error_naming_the_rank() {
+        let good = tuner(2, 8).facts();
+        for (all, who) in [
+            (vec![good.clone(), good[..10].to_vec()], "rank 1 sent malformed"),
+            (vec![Vec::new(), good.clone()], "rank 0 sent malformed"),
+            (
+                vec![good.clone(), [good.clone(), vec![0]].concat()],
+                "rank 1 sent malformed",
+            ),
+        ] {
+            let mut t = tuner(2, 8);
+            let e = t.agree(&all).unwrap_err();
+            assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+            assert!(e.message.contains(who), "{e}");
+        }
+        let mut path = good.clone();
+        path[32] = 200;
+        let e = tuner(2, 8).agree(&[path, good.clone()]).unwrap_err();
+        assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
+        assert!(e.message.contains("path type 200"), "{e}");
     }
 }
