@@ -110,6 +110,10 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
 
 /// A network device's bandwidth (GB/s) where it says none: 10 Gb/s.
 const DEFAULT_NET_GBS: f64 = 1.25;
+/// The loopback interface's (GB/s): between two rank processes on one H100 the socket network
+/// over `lo` carried 9.4-10.5 GB/s busbw (AllReduce, AllGather, 64 MiB-1 GiB;
+/// results/h100-nodes2-final.txt), 8 times the 10 Gb/s default sysfs leaves it.
+const LOOPBACK_GBS: f64 = 10.0;
 
 /// What the tuner knows of the network across nodes.
 #[derive(Clone, Copy, Debug)]
@@ -132,13 +136,16 @@ impl NetModel {
         // A device that gives no speed (0: aws-ofi-nccl's "default values for NIC properties")
         // counts as 10 Gb/s, the socket network's default: a speed of 0 would leave the tuner
         // no algorithm at all.
-        let gbs = |mbps: u32| match mbps {
+        let gbs = |name: &str, mbps: u32| match mbps {
             0 => DEFAULT_NET_GBS,
+            // Loopback has no wire and sysfs gives it no speed: count what the socket network
+            // moved there, not a NIC's default.
+            crate::transport::net::socket::DEFAULT_SPEED_MBPS if name == "lo" => LOOPBACK_GBS,
             m => f64::from(m) / 8000.0,
         };
         let bw_gbs = match props.is_empty() {
             true => DEFAULT_NET_GBS,
-            false => props.iter().map(|p| gbs(p.speed_mbps)).sum(),
+            false => props.iter().map(|p| gbs(&p.name, p.speed_mbps)).sum(),
         };
         let lat_us = props
             .iter()

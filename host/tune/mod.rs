@@ -401,22 +401,26 @@ fn min_bytes_per_channel(p: Proto) -> usize {
     }
 }
 
-/// LL busbw (GB/s) one channel reaches across nodes: measured on one H100 as 2 nodes over the
-/// socket network (AllReduce 128 KiB to 2 MiB: 0.37 to 0.39 GB/s on one channel, where Simple
-/// reached 3 GB/s), which puts LL's end near 16 KiB, where the same run measured it.
-const LL_NET_CHANNEL_BW: f64 = 0.38;
+/// LL busbw (GB/s) a call reaches across nodes, whatever its channels: on one H100 as 2 nodes
+/// over the socket network a two-rank AllReduce on LL moved 16 KiB in 12.8 us beyond its
+/// latency on one channel, and 64-256 KiB at 0.7-0.9 GB/s on 2 to 8 (each LL step waits for
+/// the proxies before its slot turns); results/h100-nodes2-tuner-exchange.txt.
+const LL_NET_BW: f64 = 1.25;
 
 /// A step across the network (µs) by protocol (LL, LL128, Simple), beyond the network's own
 /// `latency` property: the sending kernel's publish, both proxies' passes and system calls,
 /// the receiving kernel's look. LL's receiver polls its lines; the others wait for the
-/// proxy's tail, one more round trip. Fitted to one H100 as 2 and 2x2 nodes over sockets
-/// (AllReduce forced Ring/LL, Ring/Simple and Tree at 8 B to 4 KiB,
-/// results/h100-nodes2-latency-forced.txt): Ring/LL 40-46 us on 2 nodes (two network steps),
-/// Tree 48-52.
-const NET_HOP_US: [f64; NUM_PROTOS] = [9.0, 12.0, 12.0];
-/// What a call across nodes pays besides its steps, whatever the protocol (the launch, the
-/// proxies' first passes): about 28 us in the same runs. It replaces a smaller protocol base.
-const NET_BASE_US: f64 = 28.0;
+/// proxy's tail, one more round trip. Fitted to one H100 as 2 nodes over sockets, mean times
+/// of forced choices at 16 B-1 KiB (results/h100-nodes2-tuner-exchange.txt): Ring/LL with the
+/// exchange (one network step) 19.7 us, Tree/Simple with the exchange (one) 27.9, Ring/Simple
+/// (two in a row) 41.5.
+const NET_HOP_US: [f64; NUM_PROTOS] = [5.5, 13.6, 13.6];
+/// What a call across nodes pays besides its steps, whatever the algorithm and protocol (the
+/// launch, the proxies' first passes), in the same fit. It replaces the protocol bases.
+const NET_BASE_US: f64 = 14.0;
+/// What an LL tree across nodes pays beyond the ring's calls of as many network steps: the
+/// same runs measured the two-node tree's exchange on LL at 24.7 us against the ring's 19.7.
+const TREE_NET_LL_EXTRA_US: f64 = 5.0;
 
 /// Simple (and LL128) busbw (GB/s) one channel reaches across nodes: the same lab moved a
 /// 32 KiB AllReduce on one channel in about 16 us beyond its latency (Ring/Simple 61-64 us
@@ -562,7 +566,7 @@ impl Tuner {
         if self.nnodes > 1 && proto == Proto::Ll {
             // LL over the network: half the payload per packet, and each 16 KiB step waits for
             // the proxies (send, network, receive) before its slot turns.
-            bw = (bw * 0.5).min(LL_NET_CHANNEL_BW * self.nchannels.max(1) as f64);
+            bw = (bw * 0.5).min(LL_NET_BW);
         }
         if coll != Coll::AllReduce && algo == Algo::Tree {
             bw = 0.0;
@@ -581,7 +585,7 @@ impl Tuner {
         let intra = hop_lat(self.intra_type, proto);
         let net = NET_HOP_US[proto as usize] + self.net_lat;
         let base = match self.nnodes > 1 {
-            true => base_lat(algo, proto).max(NET_BASE_US),
+            true => NET_BASE_US,
             false => base_lat(algo, proto),
         };
         match algo {
@@ -602,7 +606,11 @@ impl Tuner {
                     true => 1.0,
                     false => 2.0 * depth,
                 };
-                base + 2.0 * (self.nlocal as f64 - 1.0) * intra + net_hops * net
+                let extra = match (self.nnodes > 1, proto) {
+                    (true, Proto::Ll) => TREE_NET_LL_EXTRA_US,
+                    _ => 0.0,
+                };
+                base + 2.0 * (self.nlocal as f64 - 1.0) * intra + net_hops * net + extra
             }
             _ => {
                 let net_steps = if self.nnodes > 1 { nnodes } else { 0.0 };
@@ -649,11 +657,11 @@ impl Tuner {
             // Across nodes a channel is bound by its proxies' steps, not by a share of the
             // wire: one channel alone may fill it.
             true => {
-                let per_channel = match proto {
-                    Proto::Ll => LL_NET_CHANNEL_BW,
-                    _ => NET_CHANNEL_BW,
+                let reach = match proto {
+                    Proto::Ll => LL_NET_BW,
+                    _ => NET_CHANNEL_BW * nch as f64,
                 };
-                (per_channel * nch as f64).min(all)
+                reach.min(all)
             }
             false => all * nch as f64 / self.nchannels.max(1) as f64,
         };
@@ -818,8 +826,13 @@ mod tests {
     use crate::topo::synthetic;
 
     /// A tuner for `nnodes` nodes of `nlocal` NVSwitch GPUs joined by a 10 Gb/s network of
-    /// `lat_us` latency, 8 channels, the kernels this crate builds.
+    /// `lat_us` latency, 8 channels, the kernels the communicators build.
     fn across_nodes(nnodes: usize, nlocal: usize, lat_us: f64) -> Tuner {
+        across(nnodes, nlocal, lat_us, 1.25)
+    }
+
+    /// [`across_nodes`] with a network of `gbs` GB/s.
+    fn across(nnodes: usize, nlocal: usize, lat_us: f64, gbs: f64) -> Tuner {
         let system = System::from_xml_node(synthetic::nvswitch_node(nlocal, 90)).unwrap();
         let nranks = nnodes * nlocal;
         let graphs = Graphs {
@@ -833,9 +846,9 @@ mod tests {
             }],
             rings: vec![(0..nranks).collect(); 8],
             trees: Vec::new(),
-            speed: 1.25,
+            speed: gbs,
             bw_intra: 160.0,
-            bw_inter: 1.25,
+            bw_inter: gbs,
             lat_inter: lat_us,
             intra_type: PathType::Nvl,
             net_type: PathType::Net,
@@ -846,6 +859,7 @@ mod tests {
             (Algo::Ring, Proto::Simple),
             (Algo::Ring, Proto::Ll),
             (Algo::Tree, Proto::Simple),
+            (Algo::Tree, Proto::Ll),
         ] {
             built[a as usize][p as usize] = true;
         }
@@ -858,44 +872,51 @@ mod tests {
 
     #[test]
     fn calls_across_nodes_follow_the_measured_choices() {
-        // 2 x 2: the ring crosses the network 3 times for an AllReduce, the tree twice; Tree
-        // matched or beat Ring/LL from 64 bytes (63-71 us against 64-75 at 64 B-4 KiB) and won
-        // clearly from 32 KiB (results/h100-nodes2-latency-forced.txt).
-        let t = across_nodes(2, 2, 0.0);
-        for bytes in [64, 512, 4096, 32 << 10, 256 << 10] {
-            assert_eq!(t.choose(Coll::AllReduce, bytes).unwrap().algo, Algo::Tree, "{bytes}");
-        }
-        // 2 x 1: both cross twice, and the ring's LL starts sooner: Ring/LL at 8-512 bytes
-        // (40-46 us, Tree 48-52), Ring/Simple from 32 KiB (61-64 us, LL 94-100).
-        let t = across_nodes(2, 1, 0.0);
-        for (bytes, proto) in [(8, Proto::Ll), (512, Proto::Ll), (32 << 10, Proto::Simple)] {
+        // 2 x 1 over loopback (10 GB/s) with both exchanges, as the communicators set them:
+        // the best forced choice of results/h100-nodes2-tuner-exchange.txt at each size (mean
+        // of 3 rounds): Ring/LL to 16 KiB (19.7-32.5 us), Tree/Simple at 256 KiB and 1 MiB (105
+        // and 200 us against the ring's 167 and 306), Ring/Simple from 4 MiB (557 us against 647).
+        let mut t = across(2, 1, 0.0, 10.0);
+        t.set_ring_exchange(true);
+        t.set_tree_exchange(true);
+        for (bytes, algo, proto) in [
+            (16, Algo::Ring, Proto::Ll),
+            (4096, Algo::Ring, Proto::Ll),
+            (16 << 10, Algo::Ring, Proto::Ll),
+            (256 << 10, Algo::Tree, Proto::Simple),
+            (1 << 20, Algo::Tree, Proto::Simple),
+            (4 << 20, Algo::Ring, Proto::Simple),
+            (64 << 20, Algo::Ring, Proto::Simple),
+        ] {
             let c = t.choose(Coll::AllReduce, bytes).unwrap();
-            assert_eq!((c.algo, c.proto), (Algo::Ring, proto), "{bytes}");
+            assert_eq!((c.algo, c.proto), (algo, proto), "2x1, {bytes} B");
         }
-        // The network's own latency is paid on each of its steps.
+        // 2 x 2, same runs: the tree's exchange on LL to 4 KiB (32-40 us; Ring/LL 50-60,
+        // Tree/Simple 42-45), Tree/Simple at 256 KiB (95-105 us; Tree/LL 162-170).
+        let mut t = across(2, 2, 0.0, 10.0);
+        t.set_tree_exchange(true);
+        for (bytes, proto) in [(8, Proto::Ll), (4096, Proto::Ll), (256 << 10, Proto::Simple)] {
+            let c = t.choose(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((c.algo, c.proto), (Algo::Tree, proto), "2x2, {bytes} B");
+        }
+        // The network's own latency is paid on each of its steps: three of the ring's in 2 x 2,
+        // two of NCCL's tree (up to the root and back down), one of the exchange.
         let (slow, fast) = (across_nodes(2, 2, 50.0), across_nodes(2, 2, 0.0));
         let ring = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
         let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
         assert!((ring(&slow) - ring(&fast) - 150.0).abs() < 1e-6);
         assert!((tree(&slow) - tree(&fast) - 100.0).abs() < 1e-6);
-        // 2 x 1 with the two-rank exchange (the communicators' default): Ring/LL crosses the
-        // network once (19-20 us at 8 B, 26 us at 4 KiB, where Ring/Simple took 46-50 us;
-        // results/h100-nodes2-exchange.txt), so LL holds to 4 KiB.
+        // 2 x 1 with the two-rank ring exchange: Ring/LL crosses the network once.
         let mut t = across_nodes(2, 1, 0.0);
         let before = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
         t.set_ring_exchange(true);
         let after = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
         assert!((before - after - NET_HOP_US[Proto::Ll as usize]).abs() < 1e-6);
-        for bytes in [8, 4096] {
-            let c = t.choose(Coll::AllReduce, bytes).unwrap();
-            assert_eq!((c.algo, c.proto), (Algo::Ring, Proto::Ll), "{bytes}");
-        }
     }
 
     #[test]
     fn a_two_node_tree_that_exchanges_crosses_the_network_once() {
         let mut t = across_nodes(2, 2, 0.0);
-        t.params.built[Algo::Tree as usize][Proto::Ll as usize] = true;
         // Without the exchange a tree's fans step Simple only: no LL tree.
         assert!(t.estimate(Coll::AllReduce, Algo::Tree, Proto::Ll, 8).is_none());
         let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
