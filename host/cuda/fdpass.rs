@@ -399,6 +399,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     fn memfd(bytes: usize, fill: u8) -> OwnedFd {
         // SAFETY: a fresh descriptor, owned at once; the file is written through it.
@@ -442,5 +443,18 @@ mod tests {
         let bogus = Ticket { key: u64::MAX, ..t };
         assert!(via_socket(&bogus).is_err());
     }
-    use std::os::fd::AsFd;
+
+    /// The fallback: `pidfd_getfd` on our own process (always allowed) takes the offered
+    /// descriptor by its number.
+    #[test]
+    fn pidfd_getfd_takes_a_descriptor_by_number() {
+        let o = offer(memfd(100, 1));
+        let fd = via_pidfd(&o.ticket()).expect("pidfd_getfd on ourselves");
+        assert_eq!(file_size(fd.as_fd()).unwrap(), 100);
+        let other_ns = Ticket {
+            pid_ns: pid_namespace() ^ 1,
+            ..o.ticket()
+        };
+        assert!(via_pidfd(&other_ns).is_err());
+    }
 }

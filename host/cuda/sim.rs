@@ -1367,4 +1367,35 @@ mod tests {
         dev.close_ipc(q).expect("close");
         dev.free(p).expect("free");
     }
+
+    /// A VMM allocation has no IPC handle (as with `cuIpcGetMemHandle`), but its descriptor
+    /// maps the same memory elsewhere; an import claiming more than the memory is refused,
+    /// and other memory has no descriptor.
+    #[test]
+    fn vmm_memory_is_shared_by_its_descriptor_only() {
+        use std::os::fd::AsFd;
+        let dev = Device::open(0).expect("simulated device");
+        let (p, size) = dev.alloc_vmm(1000).expect("alloc_vmm");
+        assert_eq!(size, SIM_VMM_GRANULARITY);
+        assert!(dev.ipc_handle(p).is_err());
+        dev.copy_htod(p + 100, &[1, 2, 3]).unwrap();
+        let (base, bytes, fd, _) = dev.vmm_export(p + 100).expect("export");
+        assert_eq!((base, bytes), (p, size));
+        assert!(dev.vmm_import(fd.as_fd(), size + 1).is_err());
+        let before = vmm_imports();
+        let (q, _) = dev.vmm_import(fd.as_fd(), size).expect("import");
+        assert_eq!(vmm_imports(), before + 1);
+        assert_ne!(q, p);
+        let mut got = [0u8; 3];
+        dev.copy_dtoh(&mut got, q + 100).unwrap();
+        assert_eq!(got, [1, 2, 3]);
+        dev.copy_htod(q + 5, &[9]).unwrap();
+        dev.copy_dtoh(&mut got[..1], p + 5).unwrap();
+        assert_eq!(got[0], 9);
+        dev.vmm_unmap(q, size, 0).expect("unmap");
+        dev.free(p).expect("free");
+        let plain = dev.alloc(64).expect("alloc");
+        assert!(dev.vmm_export(plain).is_err());
+        dev.free(plain).expect("free");
+    }
 }
