@@ -266,109 +266,14 @@ fn captured_send_recv_go_direct_without_registration() {
 /// bytes after them checked, in every round of both runs.
 #[test]
 fn registered_vmm_buffers_across_processes() {
-    use common::register::{coll_data, expected_direct};
-    use nccl_device::abi::Coll;
     if let Some((rank, nranks, id)) = common::procs::child() {
         nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
         let on = std::env::var("NCCL_RS_VMM_IPC").as_deref() != Ok("0");
-        const ROOM: usize = 1 << 20;
-        // ncclMemAlloc's memory: sends and AllReduce inputs, receives, AllReduce outputs.
-        let bufs: Vec<nccl::DevBuffer> = (0..3)
-            .map(|_| c.device().alloc_vmm(ROOM).expect("alloc_vmm"))
-            .collect();
-        let regs: Vec<_> = bufs
-            .iter()
-            // SAFETY: the buffers outlive their registrations (deregistered below).
-            .map(|b| unsafe { c.register_raw(b.ptr(), ROOM) }.expect("register"))
-            .collect();
-        let (s, rb, out) = (&bufs[0], &bufs[1], &bufs[2]);
-        let (n, r) = (c.count(), c.rank());
-        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-        let stream = c.device().stream_create().unwrap();
-        let (mut p2p_steps, mut ring_steps) = (0u64, Vec::new());
-        for k in 0..6u64 {
-            // Send/recv: a message of several FIFOs per connection, random bytes, a poisoned
-            // receive buffer whose bytes past the message must stay.
-            let base = 3 * FIFO + 64 * k as usize;
-            let mut rng = common::Rng::new(600 + k * 1000 + r as u64);
-            let mine: Vec<u8> = (0..ring_bytes(r, base)).map(|_| rng.next() as u8).collect();
-            s.write(0, &mine).unwrap();
-            let len = ring_bytes(prev, base);
-            rb.write(0, &vec![0x5A; len + 512]).unwrap();
-            let before = common::register::send_steps(&c);
-            nccl::group_start();
-            // SAFETY: both buffers hold ROOM bytes, more than either message.
-            unsafe {
-                c.send_raw(s.ptr(), mine.len(), nccl::DataType::Uint8, next, stream)
-                    .unwrap();
-                c.recv_raw(rb.ptr(), len, nccl::DataType::Uint8, prev, stream)
-                    .unwrap();
-            }
-            nccl::group_end().unwrap();
-            c.device().stream_sync(stream).unwrap();
-            p2p_steps = common::register::send_steps(&c) - before;
-            let mut rng = common::Rng::new(600 + k * 1000 + prev as u64);
-            let want: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-            let mut got = vec![0u8; len + 512];
-            rb.read(0, &mut got).unwrap();
-            assert!(
-                got[..len] == want[..],
-                "rank {r}, round {k}: wrong bytes from {prev}"
-            );
-            assert!(
-                got[len..].iter().all(|&b| b == 0x5A),
-                "rank {r}, round {k}: bytes written past the message"
-            );
-            // AllReduce (int32 sum) out of place into the registered output, poisoned.
-            let count = 20_001;
-            let (inp, want) = coll_data(Coll::AllReduce, n, r, count, 700 + k);
-            s.write(0, &inp).unwrap();
-            out.write(0, &vec![0xA5; want.len() + 512]).unwrap();
-            let before = c.ring_direct_steps().unwrap();
-            // SAFETY: both buffers hold ROOM bytes, more than the call's.
-            unsafe {
-                c.all_reduce_raw(
-                    s.ptr(),
-                    out.ptr(),
-                    count,
-                    nccl::DataType::Int32,
-                    nccl::ReduceOp::Sum,
-                    stream,
-                )
-                .unwrap();
-            }
-            c.device().stream_sync(stream).unwrap();
-            let now = c.ring_direct_steps().unwrap();
-            ring_steps = now.iter().zip(&before).map(|(a, b)| a - b).collect();
-            let mut got = vec![0u8; want.len() + 512];
-            out.read(0, &mut got).unwrap();
-            assert!(
-                got[..want.len()] == want[..],
-                "rank {r}, round {k}: wrong AllReduce"
-            );
-            assert!(
-                got[want.len()..].iter().all(|&b| b == 0xA5),
-                "rank {r}, round {k}: AllReduce wrote past its output"
-            );
-        }
-        let slot = c.shape().p2p_slot_bytes as usize;
-        let conns = c.p2p_steps(next, true).unwrap().map_or(1, |v| v.len());
-        let bytes = ring_bytes(r, 3 * FIFO + 64 * 5);
-        let want_p2p = expected_steps(bytes, conns, slot, on);
-        assert_eq!(
-            p2p_steps, want_p2p,
-            "rank {rank} (NCCL_RS_VMM_IPC on: {on}): send steps of the last round"
-        );
-        let want_ring = expected_direct(&c, Coll::AllReduce, |_| on, 20_001, false, true);
-        assert_eq!(
-            ring_steps, want_ring,
-            "rank {rank} (NCCL_RS_VMM_IPC on: {on}): AllReduce direct steps per channel"
-        );
+        common::register::vmm_rounds(&c, 3 * FIFO, 20_001, on);
         let imports = nccl::cuda::sim::vmm_imports();
         if on {
-            assert!(ring_steps.iter().sum::<u64>() > 0, "{ring_steps:?}");
             assert!(imports > 0, "rank {rank}: no peer VMM allocation mapped");
         } else {
             assert_eq!(
@@ -376,10 +281,6 @@ fn registered_vmm_buffers_across_processes() {
                 "rank {rank}: mapped a VMM allocation with the path off"
             );
         }
-        for h in regs {
-            c.deregister(h).unwrap();
-        }
-        c.device().stream_destroy(stream).unwrap();
         return;
     }
     for on in ["1", "0"] {
