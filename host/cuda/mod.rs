@@ -279,30 +279,38 @@ impl Device {
         /// (`cuMemAlloc`) by its IPC handle; one of CUDA's virtual memory API (`ncclMemAlloc`,
         /// `cuMemCreate` with a POSIX descriptor handle), which has no IPC handle, by its
         /// exported descriptor, put on offer to peer processes ([`fdpass`]) until the export
-        /// drops. `vmm` false: the IPC handle only.
+        /// drops. `vmm` false: the IPC handle only (none for VMM memory).
         fn reg_export(&self, p: DevPtr, vmm: bool) -> Result<RegExport> {
+            // The virtual memory API's first: whether cuIpcGetMemHandle refuses its memory is
+            // not what this relies on (cuMemRetainAllocationHandle refuses any other memory).
+            let vmm_err = if vmm {
+                match dispatch!(self.vmm_export(p)) {
+                    Ok((base, bytes, fd, handle)) => {
+                        return Ok(RegExport::Vmm(VmmExport {
+                            dev: self.clone(),
+                            base,
+                            bytes,
+                            handle,
+                            offer: Some(fdpass::offer(fd)),
+                        }))
+                    }
+                    Err(e) => Some(e),
+                }
+            } else {
+                None
+            };
             let base = dispatch!(self.allocation_base(p))?.ok_or_else(|| {
                 Error::invalid_argument(format!("{p:#x} is not device memory of this process"))
             })?;
-            let ipc_err = match dispatch!(self.ipc_handle(base)) {
-                Ok(handle) => return Ok(RegExport::Ipc { base, handle }),
-                Err(e) => e,
-            };
-            if !vmm {
-                return Err(ipc_err);
+            match dispatch!(self.ipc_handle(base)) {
+                Ok(handle) => Ok(RegExport::Ipc { base, handle }),
+                Err(e) => Err(match vmm_err {
+                    Some(v) => Error::invalid_argument(format!(
+                        "neither an IPC handle ({e}) nor a VMM descriptor ({v})"
+                    )),
+                    None => e,
+                }),
             }
-            let (base, bytes, fd, handle) = dispatch!(self.vmm_export(p)).map_err(|e| {
-                Error::invalid_argument(format!(
-                    "neither an IPC handle ({ipc_err}) nor a VMM descriptor ({e})"
-                ))
-            })?;
-            Ok(RegExport::Vmm(VmmExport {
-                dev: self.clone(),
-                base,
-                bytes,
-                handle,
-                offer: Some(fdpass::offer(fd)),
-            }))
         }
     }
     crate::internal! {

@@ -265,7 +265,7 @@ impl Device {
                 },
                 "cuMemGetAllocationGranularity",
             )?;
-            if gran == 0 || bytes == 0 || bytes % gran != 0 {
+            if gran == 0 || bytes == 0 || !bytes.is_multiple_of(gran) {
                 return Err(Error::invalid_argument(format!(
                     "a peer's VMM mapping of {bytes} bytes is no multiple of the granularity                      {gran}"
                 )));
