@@ -271,7 +271,10 @@ fn registered_vmm_buffers_across_processes() {
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
         let on = std::env::var("NCCL_RS_VMM_IPC").as_deref() != Ok("0");
+        nccl::init_logging(); // NCCL_DEBUG for the rank processes
         common::register::vmm_rounds(&c, 3 * FIFO, 20_001, on);
+        // Mapped or declined, nothing was an error (ncclGetLastError stays empty).
+        assert_eq!(nccl::error::last_error(), "", "rank {rank}");
         let imports = nccl::cuda::sim::vmm_imports();
         if on {
             assert!(imports > 0, "rank {rank}: no peer VMM allocation mapped");

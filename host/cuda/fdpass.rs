@@ -83,6 +83,12 @@ impl Ticket {
     }
 }
 
+/// A failure that only declines a peer's VMM buffer (its caller says why at INFO): neither
+/// logged at WARN nor kept as the last error.
+fn quiet(what: String) -> Error {
+    Error::quiet(crate::error::NcclResult::SystemError, what)
+}
+
 /// The inode of this process's pid namespace (0 where /proc does not say).
 pub fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -129,20 +135,20 @@ fn start_listener() -> Result<u32> {
     // with their socket, so only a live one): take the next counter.
     for counter in 0..64u32 {
         let addr = SocketAddr::from_abstract_name(socket_name(pid, ns, counter).as_bytes())
-            .map_err(|e| Error::system(format!("abstract socket name: {e}")))?;
+            .map_err(|e| quiet(format!("abstract socket name: {e}")))?;
         match UnixListener::bind_addr(&addr) {
             Ok(l) => {
                 std::thread::Builder::new()
                     .name("nccl-fdpass".into())
                     .spawn(move || serve(l))
-                    .map_err(|e| Error::system(format!("starting the descriptor thread: {e}")))?;
+                    .map_err(|e| quiet(format!("starting the descriptor thread: {e}")))?;
                 return Ok(counter);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
-            Err(e) => return Err(Error::system(format!("binding the descriptor socket: {e}"))),
+            Err(e) => return Err(quiet(format!("binding the descriptor socket: {e}"))),
         }
     }
-    Err(Error::system(format!(
+    Err(quiet(format!(
         "binding the descriptor socket: every name taken ({last:?})"
     )))
 }
@@ -321,10 +327,8 @@ pub fn take(t: &Ticket) -> Result<OwnedFd> {
         let table = table();
         let fd = table
             .get(&t.key)
-            .ok_or_else(|| Error::invalid_argument("the descriptor is no longer on offer"))?;
-        return fd
-            .try_clone()
-            .map_err(|e| Error::system(format!("dup: {e}")));
+            .ok_or_else(|| quiet("the descriptor is no longer on offer".into()))?;
+        return fd.try_clone().map_err(|e| quiet(format!("dup: {e}")));
     }
     let socket = if !SOCKET_PATH.load(Ordering::Relaxed) {
         Err("switched off".to_string())
@@ -338,7 +342,7 @@ pub fn take(t: &Ticket) -> Result<OwnedFd> {
         Err(e) => e,
     };
     via_pidfd(t).map_err(|e| {
-        Error::system(format!(
+        quiet(format!(
             "taking descriptor {} of process {}: over its socket: {socket_err}; with \
              pidfd_getfd: {e}",
             t.fd, t.pid
@@ -388,7 +392,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live descriptor and an out-parameter.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(Error::system(format!(
+        return Err(quiet(format!(
             "fstat: {}",
             std::io::Error::last_os_error()
         )));

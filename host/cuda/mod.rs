@@ -281,36 +281,35 @@ impl Device {
         /// exported descriptor, put on offer to peer processes ([`fdpass`]) until the export
         /// drops. `vmm` false: the IPC handle only (none for VMM memory).
         fn reg_export(&self, p: DevPtr, vmm: bool) -> Result<RegExport> {
-            // The virtual memory API's first: whether cuIpcGetMemHandle refuses its memory is
-            // not what this relies on (cuMemRetainAllocationHandle refuses any other memory).
-            let vmm_err = if vmm {
-                match dispatch!(self.vmm_export(p)) {
-                    Ok((base, bytes, fd, handle)) => {
-                        return Ok(RegExport::Vmm(VmmExport {
-                            dev: self.clone(),
-                            base,
-                            bytes,
-                            handle,
-                            offer: Some(fdpass::offer(fd)),
-                        }))
-                    }
-                    Err(e) => Some(e),
+            // The virtual memory API's first (cuMemRetainAllocationHandle tells its memory
+            // from any other, quietly): no failing cuIpcGetMemHandle is logged for it.
+            match dispatch!(self.vmm_export(p))? {
+                Some((base, bytes, fd, handle)) => {
+                    let export = VmmExport {
+                        dev: self.clone(),
+                        base,
+                        bytes,
+                        handle,
+                        offer: vmm.then(|| fdpass::offer(fd)),
+                    };
+                    return if vmm {
+                        Ok(RegExport::Vmm(export))
+                    } else {
+                        Err(Error::quiet(
+                            crate::error::NcclResult::InvalidUsage,
+                            "a VMM allocation, and NCCL_RS_VMM_IPC=0",
+                        ))
+                    };
                 }
-            } else {
-                None
-            };
+                None => {}
+            }
             let base = dispatch!(self.allocation_base(p))?.ok_or_else(|| {
                 Error::invalid_argument(format!("{p:#x} is not device memory of this process"))
             })?;
-            match dispatch!(self.ipc_handle(base)) {
-                Ok(handle) => Ok(RegExport::Ipc { base, handle }),
-                Err(e) => Err(match vmm_err {
-                    Some(v) => Error::invalid_argument(format!(
-                        "neither an IPC handle ({e}) nor a VMM descriptor ({v})"
-                    )),
-                    None => e,
-                }),
-            }
+            Ok(RegExport::Ipc {
+                base,
+                handle: dispatch!(self.ipc_handle(base))?,
+            })
         }
     }
     crate::internal! {

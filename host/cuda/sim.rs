@@ -636,25 +636,26 @@ impl Device {
 
     /// The VMM allocation holding `p` ([`Device::alloc_vmm`]): its base, size and a new
     /// descriptor of its memory, as the driver backend exports one (no allocation handle to
-    /// retain here: 0). An error for any other memory, as `cuMemRetainAllocationHandle` gives.
-    pub fn vmm_export(&self, p: DevPtr) -> Result<(DevPtr, usize, std::os::fd::OwnedFd, u64)> {
+    /// retain here: 0). None for any other memory (as `cuMemRetainAllocationHandle` refuses
+    /// it).
+    pub fn vmm_export(
+        &self,
+        p: DevPtr,
+    ) -> Result<Option<(DevPtr, usize, std::os::fd::OwnedFd, u64)>> {
         let regions = lock(regions());
-        match regions.range(..=p).next_back() {
-            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => {
-                let fd = r.vmm_fd.as_ref().ok_or_else(|| {
-                    Error::invalid_argument(format!(
-                        "{p:#x} is not memory of the virtual memory API (no shareable handle)"
-                    ))
-                })?;
-                let dup = fd
-                    .try_clone()
-                    .map_err(|e| Error::system(format!("dup of a VMM descriptor: {e}")))?;
-                Ok((base, r.bytes, dup, 0))
-            }
-            _ => Err(Error::invalid_argument(format!(
-                "{p:#x} is not simulated device memory"
-            ))),
-        }
+        let Some((&base, r)) = regions.range(..=p).next_back() else {
+            return Ok(None);
+        };
+        let Some(fd) = r.vmm_fd.as_ref().filter(|_| p < base + r.bytes as u64) else {
+            return Ok(None);
+        };
+        let dup = fd.try_clone().map_err(|e| {
+            Error::quiet(
+                crate::error::NcclResult::SystemError,
+                format!("dup of a VMM descriptor: {e}"),
+            )
+        })?;
+        Ok(Some((base, r.bytes, dup, 0)))
     }
 
     pub fn vmm_export_release(&self, _handle: u64) -> Result<()> {
@@ -666,9 +667,10 @@ impl Device {
         use std::os::fd::AsRawFd;
         let size = super::fdpass::file_size(fd)? as usize;
         if bytes == 0 || bytes > size {
-            return Err(Error::invalid_argument(format!(
-                "a peer's VMM descriptor holds {size} bytes, its record claims {bytes}"
-            )));
+            return Err(Error::quiet(
+                crate::error::NcclResult::InvalidArgument,
+                format!("a peer's VMM descriptor holds {size} bytes, its record claims {bytes}"),
+            ));
         }
         // SAFETY: a live descriptor of at least `bytes` (checked above).
         let p = unsafe { map_fd(fd.as_raw_fd(), bytes)? };
@@ -1379,7 +1381,7 @@ mod tests {
         assert_eq!(size, SIM_VMM_GRANULARITY);
         assert!(dev.ipc_handle(p).is_err());
         dev.copy_htod(p + 100, &[1, 2, 3]).unwrap();
-        let (base, bytes, fd, _) = dev.vmm_export(p + 100).expect("export");
+        let (base, bytes, fd, _) = dev.vmm_export(p + 100).expect("export").expect("VMM");
         assert_eq!((base, bytes), (p, size));
         assert!(dev.vmm_import(fd.as_fd(), size + 1).is_err());
         let before = vmm_imports();
@@ -1395,7 +1397,7 @@ mod tests {
         dev.vmm_unmap(q, size, 0).expect("unmap");
         dev.free(p).expect("free");
         let plain = dev.alloc(64).expect("alloc");
-        assert!(dev.vmm_export(plain).is_err());
+        assert!(dev.vmm_export(plain).expect("no error").is_none());
         dev.free(plain).expect("free");
     }
 }

@@ -17,6 +17,7 @@ use crate::graph::Transport;
 use crate::transport::net::setup::{self, NetPath, Want};
 use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, NCCL_STEPS};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 const TAG_RECV_BLOCK: u32 = 0x7032_7001;
@@ -79,6 +80,8 @@ pub struct Links {
     /// NCCL_RS_VMM_IPC: registered VMM buffers are exported to, and mapped from, peer
     /// processes by their descriptors.
     vmm_ipc: bool,
+    /// A registration could not be exported (said once).
+    unexported_said: AtomicBool,
     /// The network key of connection 0 (connection `c` is `key_base + c`): it picks the NIC
     /// (`key % ndevs`) and tags the handles ([`Links::keyed`]).
     key_base: u32,
@@ -105,6 +108,7 @@ impl Links {
             regs: Mutex::new(HashMap::new()),
             exported: Mutex::new(Default::default()),
             vmm_ipc: crate::env::int("NCCL_RS_VMM_IPC") != 0,
+            unexported_said: AtomicBool::new(false),
             net,
             key_base: 0,
         }
@@ -218,10 +222,13 @@ impl Links {
                 (x.base, regmap::Via::VmmFd, h, end, Some(x))
             }
             Err(e) => {
-                log::info!(
-                    "registered buffer {buff:#x} cannot be mapped by other processes ({e}): \
-                     peers there send into it through the FIFO"
-                );
+                // Said once: every registration of the kind would repeat it.
+                if !self.unexported_said.swap(true, Ordering::Relaxed) {
+                    log::info!(
+                        "registered buffer {buff:#x} cannot be mapped by other processes ({e}): \
+                         peers there send into it through the FIFO (said once)"
+                    );
+                }
                 return Ok(());
             }
         };

@@ -857,9 +857,40 @@ pub fn vmm_rounds(c: &Comm, p2p_base: usize, count: usize, on: bool) {
             "rank {r}, round {k}: AllReduce wrote past its output"
         );
     }
+    // Withdrawn (the peers unmap them before their next launch), then one more AllReduce on
+    // the same, now unregistered, buffers: the copy path, and no rank leaves before every
+    // withdrawal was sent (a send to a rank that has exited waits out its retries).
     for h in regs {
         c.deregister(h).unwrap();
     }
+    let (inp, want) = coll_data(Coll::AllReduce, n, r, 1001, 799);
+    s.write(0, &inp).unwrap();
+    out.write(0, &vec![0xA5; want.len()]).unwrap();
+    let before = c.ring_direct_steps().unwrap();
+    // SAFETY: both buffers hold `room` bytes, more than the call's.
+    unsafe {
+        c.all_reduce_raw(
+            s.ptr(),
+            out.ptr(),
+            1001,
+            DataType::Int32,
+            nccl::ReduceOp::Sum,
+            stream,
+        )
+        .unwrap();
+    }
+    c.device().stream_sync(stream).unwrap();
+    assert_eq!(
+        c.ring_direct_steps().unwrap(),
+        before,
+        "rank {r}: direct after withdrawal"
+    );
+    let mut got = vec![0u8; want.len()];
+    out.read(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "rank {r}: wrong AllReduce after the withdrawal"
+    );
     c.device().stream_destroy(stream).unwrap();
     let slot = c.shape().p2p_slot_bytes as usize;
     let conns = c.p2p_steps(next, true).unwrap().map_or(1, |v| v.len());

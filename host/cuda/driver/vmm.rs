@@ -4,7 +4,7 @@
 //! its own, with read-write access for this device and every device that can reach it, and
 //! zeroed like every allocation of ours.
 
-use super::{access_desc, check, extent_cache, sys, Device};
+use super::{access_desc, check, check_quiet, extent_cache, sys, Device};
 use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -190,34 +190,42 @@ const FD_HANDLE: sys::CUmemAllocationHandleType =
 impl Device {
     /// The mapping of CUDA's virtual memory API holding `p` (`cuMemGetAddressRange`: its base
     /// and size), its allocation handle retained (`cuMemRetainAllocationHandle`, released by
-    /// [`Device::vmm_export_release`]) and exported as a POSIX descriptor. An error for
-    /// memory of `cuMemAlloc`, and for an allocation created without a descriptor handle.
-    pub fn vmm_export(&self, p: DevPtr) -> Result<(DevPtr, usize, OwnedFd, u64)> {
+    /// [`Device::vmm_export_release`]) and exported as a POSIX descriptor. None (quietly) for
+    /// other memory, which `cuMemRetainAllocationHandle` refuses; a quiet error for an
+    /// allocation created without a descriptor handle (a registration only loses zero-copy).
+    pub fn vmm_export(&self, p: DevPtr) -> Result<Option<(DevPtr, usize, OwnedFd, u64)>> {
         self.make_current()?;
         let (mut base, mut size) = (0, 0);
         // SAFETY: out-parameters.
-        check(
-            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) },
-            "cuMemGetAddressRange",
-        )?;
+        if unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) }
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return Ok(None);
+        }
         let mut handle = 0;
         // SAFETY: out-parameter; `base` is an address the driver just reported mapped.
-        check(
-            unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut c_void) },
-            "cuMemRetainAllocationHandle",
-        )?;
+        if unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut c_void) }
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return Ok(None);
+        }
         let mut fd: i32 = -1;
         // SAFETY: a POSIX descriptor handle is written as an int.
         let r = unsafe {
-            sys::cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut c_void, handle, FD_HANDLE, 0)
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                handle,
+                FD_HANDLE,
+                0,
+            )
         };
-        if let Err(e) = check(r, "cuMemExportToShareableHandle") {
+        if let Err(e) = check_quiet(r, "cuMemExportToShareableHandle") {
             // SAFETY: balances the retain above.
             unsafe { sys::cuMemRelease(handle) };
             return Err(e);
         }
         // SAFETY: a fresh descriptor the driver made for us.
-        Ok((base, size, unsafe { OwnedFd::from_raw_fd(fd) }, handle))
+        Ok(Some((base, size, unsafe { OwnedFd::from_raw_fd(fd) }, handle)))
     }
 
     /// Lets go of an allocation handle [`Device::vmm_export`] retained.
@@ -235,7 +243,7 @@ impl Device {
         let mut handle = 0;
         // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer; the
         // driver takes its own reference (the descriptor stays the caller's).
-        check(
+        check_quiet(
             unsafe {
                 sys::cuMemImportFromShareableHandle(
                     &mut handle,
@@ -248,14 +256,14 @@ impl Device {
         let mapped = (|| {
             // SAFETY: a plain C structure filled by the driver from a live handle.
             let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-            check(
+            check_quiet(
                 // SAFETY: out-parameter and the handle imported above.
                 unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) },
                 "cuMemGetAllocationPropertiesFromHandle",
             )?;
             let mut gran = 0usize;
             // SAFETY: out-parameter; prop is the allocation's own.
-            check(
+            check_quiet(
                 unsafe {
                     sys::cuMemGetAllocationGranularity(
                         &mut gran,
@@ -266,9 +274,10 @@ impl Device {
                 "cuMemGetAllocationGranularity",
             )?;
             if gran == 0 || bytes == 0 || !bytes.is_multiple_of(gran) {
-                return Err(Error::invalid_argument(format!(
-                    "a peer's VMM mapping of {bytes} bytes is no multiple of the granularity                      {gran}"
-                )));
+                return Err(Error::quiet(
+                    crate::error::NcclResult::InvalidArgument,
+                    format!("a peer's VMM mapping of {bytes} bytes is no multiple of {gran}"),
+                ));
             }
             self.map_handle(handle, bytes, gran, &[access_desc(self.ordinal)])
         })();
