@@ -283,25 +283,22 @@ impl Device {
         fn reg_export(&self, p: DevPtr, vmm: bool) -> Result<RegExport> {
             // The virtual memory API's first (cuMemRetainAllocationHandle tells its memory
             // from any other, quietly): no failing cuIpcGetMemHandle is logged for it.
-            match dispatch!(self.vmm_export(p))? {
-                Some((base, bytes, fd, handle)) => {
-                    let export = VmmExport {
-                        dev: self.clone(),
-                        base,
-                        bytes,
-                        handle,
-                        offer: vmm.then(|| fdpass::offer(fd)),
-                    };
-                    return if vmm {
-                        Ok(RegExport::Vmm(export))
-                    } else {
-                        Err(Error::quiet(
-                            crate::error::NcclResult::InvalidUsage,
-                            "a VMM allocation, and NCCL_RS_VMM_IPC=0",
-                        ))
-                    };
-                }
-                None => {}
+            if let Some((base, bytes, fd, handle)) = dispatch!(self.vmm_export(p))? {
+                let export = VmmExport {
+                    dev: self.clone(),
+                    base,
+                    bytes,
+                    handle,
+                    offer: vmm.then(|| fdpass::offer(fd)),
+                };
+                return if vmm {
+                    Ok(RegExport::Vmm(export))
+                } else {
+                    Err(Error::quiet(
+                        crate::error::NcclResult::InvalidUsage,
+                        "a VMM allocation, and NCCL_RS_VMM_IPC=0",
+                    ))
+                };
             }
             let base = dispatch!(self.allocation_base(p))?.ok_or_else(|| {
                 Error::invalid_argument(format!("{p:#x} is not device memory of this process"))
