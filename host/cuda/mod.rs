@@ -283,30 +283,41 @@ impl Device {
         fn reg_export(&self, p: DevPtr, vmm: bool) -> Result<RegExport> {
             // The virtual memory API's first (cuMemRetainAllocationHandle tells its memory
             // from any other, quietly): no failing cuIpcGetMemHandle is logged for it.
-            if let Some((base, bytes, fd, handle)) = dispatch!(self.vmm_export(p))? {
-                let export = VmmExport {
-                    dev: self.clone(),
-                    base,
-                    bytes,
-                    handle,
-                    offer: vmm.then(|| fdpass::offer(fd)),
-                };
-                return if vmm {
-                    Ok(RegExport::Vmm(export))
-                } else {
-                    Err(Error::quiet(
-                        crate::error::NcclResult::InvalidUsage,
-                        "a VMM allocation, and NCCL_RS_VMM_IPC=0",
-                    ))
-                };
-            }
+            let vmm_err = match dispatch!(self.vmm_export(p)) {
+                Ok(Some((base, bytes, fd, handle))) => {
+                    let export = VmmExport {
+                        dev: self.clone(),
+                        base,
+                        bytes,
+                        handle,
+                        offer: vmm.then(|| fdpass::offer(fd)),
+                    };
+                    return if vmm {
+                        Ok(RegExport::Vmm(export))
+                    } else {
+                        Err(Error::quiet(
+                            crate::error::NcclResult::InvalidUsage,
+                            "a VMM allocation, and NCCL_RS_VMM_IPC=0",
+                        ))
+                    };
+                }
+                Ok(None) => None,
+                // VMM memory without a descriptor handle: the IPC handle is tried all the same.
+                Err(e) => Some(e),
+            };
             let base = dispatch!(self.allocation_base(p))?.ok_or_else(|| {
                 Error::invalid_argument(format!("{p:#x} is not device memory of this process"))
             })?;
-            Ok(RegExport::Ipc {
-                base,
-                handle: dispatch!(self.ipc_handle(base))?,
-            })
+            match dispatch!(self.ipc_handle(base)) {
+                Ok(handle) => Ok(RegExport::Ipc { base, handle }),
+                Err(e) => Err(match vmm_err {
+                    Some(v) => Error::quiet(
+                        e.code,
+                        format!("neither a VMM descriptor ({v}) nor an IPC handle ({e})"),
+                    ),
+                    None => e,
+                }),
+            }
         }
     }
     crate::internal! {

@@ -195,6 +195,19 @@ impl Device {
     /// allocation created without a descriptor handle (a registration only loses zero-copy).
     pub fn vmm_export(&self, p: DevPtr) -> Result<Option<(DevPtr, usize, OwnedFd, u64)>> {
         self.make_current()?;
+        // cuMemAlloc's memory says so itself: it takes the IPC handle.
+        let mut legacy: i32 = 0;
+        // SAFETY: out-parameter of the attribute's size (an int).
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut legacy as *mut i32 as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                p,
+            )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS && legacy != 0 {
+            return Ok(None);
+        }
         let (mut base, mut size) = (0, 0);
         // SAFETY: out-parameters.
         if unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) }
