@@ -547,3 +547,41 @@ fn registered_send_recv_on_2_and_4_gpus() {
         }
     }
 }
+
+/// Registered buffers of CUDA's virtual memory API (`ncclMemAlloc`: `cuMemCreate` with a
+/// POSIX descriptor handle) between ranks that are processes, 2 of them: such memory has no
+/// `cuIpcGetMemHandle` handle, so a peer maps it from the allocation's descriptor (passed over
+/// the owner's Unix socket with SCM_RIGHTS, imported with `cuMemImportFromShareableHandle`).
+/// Send/recv into the successor's registered buffer and a Simple ring AllReduce into
+/// registered outputs go direct (exact direct step counts of the last of several rounds, and
+/// some direct AllReduce steps); with `NCCL_RS_VMM_IPC=0` the same calls copy through the
+/// FIFOs. Random data, poisoned outputs and the bytes after them checked in every round.
+/// On a host with one GPU: `NCCL_RS_SHARED_GPUS=1` with the MPS daemon running (both ranks on
+/// GPU 0; their kernels must run at once).
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn registered_vmm_buffers_across_processes_on_gpus() {
+    // 2 connections per peer, 64 KiB slots: a message of three FIFOs per connection goes
+    // direct; an AllReduce of 48 MiB fills a Simple step on every channel.
+    const SLOT: usize = 64 << 10;
+    if let Some(ranks) = child_rank() {
+        let on = std::env::var("NCCL_RS_VMM_IPC").as_deref() != Ok("0");
+        common::register::vmm_rounds(&ranks.comms[0], 3 * 8 * SLOT * 2, 12 << 20, on);
+        return;
+    }
+    for on in ["1", "0"] {
+        common::procs::run(
+            "registered_vmm_buffers_across_processes_on_gpus",
+            2,
+            &[
+                ("NCCL_P2P_NVL_CHUNKSIZE", "65536"),
+                ("NCCL_RS_P2P_CONNS", "2"),
+                ("NCCL_PROTO", "Simple"),
+                ("NCCL_ALGO", "Ring"),
+                ("NCCL_LOCAL_REGISTER", "1"),
+                ("NCCL_NVLS_ENABLE", "0"),
+                ("NCCL_RS_VMM_IPC", on),
+            ],
+        );
+    }
+}

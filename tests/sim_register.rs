@@ -254,3 +254,50 @@ fn captured_send_recv_go_direct_without_registration() {
         c.device().stream_destroy(s).unwrap();
     }
 }
+
+/// Registered buffers of CUDA's virtual memory API (`ncclMemAlloc`), ranks as processes: such
+/// memory has no IPC handle (the simulator refuses one, as `cuIpcGetMemHandle` does), so its
+/// record carries a ticket for the allocation's descriptor, which the peer takes (over the
+/// owner's Unix socket) and maps. Send/recv into the successor's registered VMM buffer and a
+/// ring AllReduce (Simple) into registered VMM outputs then go direct once the records are in:
+/// the last of several rounds on buffers registered once counts direct steps, and this
+/// process mapped a peer's VMM allocation. With `NCCL_RS_VMM_IPC=0` the same calls copy
+/// through the FIFOs (no direct step, nothing mapped). Random data, poisoned outputs and the
+/// bytes after them checked, in every round of both runs.
+#[test]
+fn registered_vmm_buffers_across_processes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
+        let on = std::env::var("NCCL_RS_VMM_IPC").as_deref() != Ok("0");
+        nccl::init_logging(); // NCCL_DEBUG for the rank processes
+        common::register::vmm_rounds(&c, 3 * FIFO, 20_001, on);
+        // Mapped or declined, nothing was an error (ncclGetLastError stays empty).
+        assert_eq!(nccl::error::last_error(), "", "rank {rank}");
+        let imports = nccl::cuda::sim::vmm_imports();
+        if on {
+            assert!(imports > 0, "rank {rank}: no peer VMM allocation mapped");
+        } else {
+            assert_eq!(
+                imports, 0,
+                "rank {rank}: mapped a VMM allocation with the path off"
+            );
+        }
+        return;
+    }
+    for on in ["1", "0"] {
+        common::procs::run(
+            "registered_vmm_buffers_across_processes",
+            2,
+            &[
+                ("NCCL_P2P_NVL_CHUNKSIZE", "4096"),
+                ("NCCL_RS_SIM_P2P_CONNS", "2"),
+                ("NCCL_PROTO", "Simple"),
+                ("NCCL_ALGO", "Ring"),
+                ("NCCL_LOCAL_REGISTER", "1"),
+                ("NCCL_RS_VMM_IPC", on),
+            ],
+        );
+    }
+}

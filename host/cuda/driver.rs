@@ -36,6 +36,19 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
     )))
 }
 
+/// As [`check`], for a failure that only declines an optional path (a peer's VMM buffer
+/// that cannot be mapped): neither logged at WARN nor kept as the last error; the caller says
+/// why at INFO.
+pub fn check_quiet(r: sys::CUresult, what: &str) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    Err(Error::quiet(
+        crate::error::NcclResult::UnhandledCudaError,
+        format!("{what} failed: {r:?}"),
+    ))
+}
+
 /// Waits for everything issued on `s` (a raw stream of the current context).
 fn stream_wait(s: sys::CUstream) -> Result<()> {
     // SAFETY: s is a live stream of the current context, or the legacy stream.

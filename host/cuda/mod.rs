@@ -101,6 +101,7 @@ mod graph;
 pub use graph::Graph;
 pub(crate) mod multicast;
 pub(crate) use multicast::Multicast;
+crate::internal_mods!(fdpass);
 
 /// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.
 #[derive(Clone)]
@@ -274,14 +275,62 @@ impl Device {
         }
     }
     crate::internal! {
-        /// The base of the allocation holding `p` and an IPC handle of that allocation, for
-        /// another process to map. Memory of CUDA's virtual memory API has no such handle
-        /// (an error).
-        fn ipc_export(&self, p: DevPtr) -> Result<(DevPtr, [u8; 64])> {
+        /// How another process can map the allocation holding `p`: a legacy allocation
+        /// (`cuMemAlloc`) by its IPC handle; one of CUDA's virtual memory API (`ncclMemAlloc`,
+        /// `cuMemCreate` with a POSIX descriptor handle), which has no IPC handle, by its
+        /// exported descriptor, put on offer to peer processes ([`fdpass`]) until the export
+        /// drops. `vmm` false: the IPC handle only (none for VMM memory).
+        fn reg_export(&self, p: DevPtr, vmm: bool) -> Result<RegExport> {
+            // The virtual memory API's first (cuMemRetainAllocationHandle tells its memory
+            // from any other, quietly): no failing cuIpcGetMemHandle is logged for it.
+            let vmm_err = match dispatch!(self.vmm_export(p)) {
+                Ok(Some((base, bytes, fd, handle))) => {
+                    let export = VmmExport {
+                        dev: self.clone(),
+                        base,
+                        bytes,
+                        handle,
+                        offer: vmm.then(|| fdpass::offer(fd)),
+                    };
+                    return if vmm {
+                        Ok(RegExport::Vmm(export))
+                    } else {
+                        Err(Error::quiet(
+                            crate::error::NcclResult::InvalidUsage,
+                            "a VMM allocation, and NCCL_RS_VMM_IPC=0",
+                        ))
+                    };
+                }
+                Ok(None) => None,
+                // VMM memory without a descriptor handle: the IPC handle is tried all the same.
+                Err(e) => Some(e),
+            };
             let base = dispatch!(self.allocation_base(p))?.ok_or_else(|| {
                 Error::invalid_argument(format!("{p:#x} is not device memory of this process"))
             })?;
-            Ok((base, dispatch!(self.ipc_handle(base))?))
+            match dispatch!(self.ipc_handle(base)) {
+                Ok(handle) => Ok(RegExport::Ipc { base, handle }),
+                Err(e) => Err(match vmm_err {
+                    Some(v) => Error::quiet(
+                        e.code,
+                        format!("neither a VMM descriptor ({v}) nor an IPC handle ({e})"),
+                    ),
+                    None => e,
+                }),
+            }
+        }
+    }
+    crate::internal! {
+        /// Maps `bytes` of a peer process's VMM allocation, whose shareable descriptor `fd`
+        /// is (taken with [`fdpass::take`]); unmapped when the mapping drops.
+        fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>, bytes: usize) -> Result<VmmMapping> {
+            let (ptr, handle) = dispatch!(self.vmm_import(fd, bytes))?;
+            Ok(VmmMapping {
+                dev: self.clone(),
+                ptr,
+                bytes,
+                handle,
+            })
         }
     }
     crate::internal! {
@@ -670,6 +719,79 @@ impl Drop for IpcMapping {
         let d = &self.dev;
         if let Err(e) = dispatch!(d.close_ipc(self.ptr)) {
             log::warn!("closing a peer mapping: {e}");
+        }
+    }
+}
+
+crate::internal! {
+    /// What [`Device::reg_export`] made of an allocation.
+    enum RegExport {
+        /// A legacy allocation: its base and IPC handle.
+        Ipc { base: DevPtr, handle: [u8; 64] },
+        /// An allocation of the virtual memory API, its descriptor on offer.
+        Vmm(VmmExport),
+    }
+}
+
+crate::internal! {
+    /// A VMM allocation exported for peer processes: the allocation handle retained
+    /// (`cuMemRetainAllocationHandle`) and its POSIX descriptor on offer; both let go on drop.
+    struct VmmExport {
+        dev: Device,
+        /// The mapping's base and size, in this process.
+        pub base: DevPtr,
+        pub bytes: usize,
+        /// The retained allocation handle (0 on the simulator).
+        handle: u64,
+        offer: Option<fdpass::Offer>,
+    }
+}
+
+impl VmmExport {
+    /// What a peer needs to take the descriptor.
+    pub fn ticket(&self) -> Option<fdpass::Ticket> {
+        self.offer.as_ref().map(|o| o.ticket())
+    }
+}
+
+impl std::fmt::Debug for VmmExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "VmmExport({:#x}, {} bytes, {:?})",
+            self.base, self.bytes, self.offer
+        )
+    }
+}
+
+impl Drop for VmmExport {
+    fn drop(&mut self) {
+        // The descriptor off the table (and closed) first: no peer takes it after this.
+        self.offer.take();
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.vmm_export_release(self.handle)) {
+            log::warn!("releasing an exported VMM allocation: {e}");
+        }
+    }
+}
+
+crate::internal! {
+    /// A peer process's VMM allocation mapped into ours (reserved, mapped, readable and
+    /// writable by this device); unmapped and released on drop.
+    struct VmmMapping {
+        dev: Device,
+        /// The mapped address in this process.
+        pub ptr: DevPtr,
+        bytes: usize,
+        handle: u64,
+    }
+}
+
+impl Drop for VmmMapping {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        if let Err(e) = dispatch!(d.vmm_unmap(self.ptr, self.bytes, self.handle)) {
+            log::warn!("unmapping a peer's VMM allocation: {e}");
         }
     }
 }

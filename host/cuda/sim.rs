@@ -31,8 +31,12 @@ pub fn current_ordinal() -> i32 {
 struct Region {
     bytes: usize,
     ordinal: i32,
-    /// The shared-memory name, for allocations we own (None for mappings of a peer's).
+    /// The shared-memory name, for allocations we own (None for mappings of a peer's and
+    /// for VMM allocations).
     name: Option<String>,
+    /// A VMM allocation's memfd, its shareable handle (as `cuMemCreate` with a POSIX
+    /// descriptor handle type gives one); None for every other region.
+    vmm_fd: Option<std::os::fd::OwnedFd>,
 }
 
 fn regions() -> &'static Mutex<BTreeMap<u64, Region>> {
@@ -104,6 +108,31 @@ fn map_shm(name: &str, bytes: usize, create: bool) -> Result<Option<(u64, usize)
         }
         Ok(Some((p as u64, size)))
     }
+}
+
+/// Maps `bytes` of the file behind `fd` shared, readable and writable.
+///
+/// # Safety
+/// `fd` is a live descriptor of a file of at least `bytes`.
+unsafe fn map_fd(fd: i32, bytes: usize) -> Result<u64> {
+    // SAFETY: as the caller promises; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::system(format!(
+            "mmap of {bytes} bytes: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(p as u64)
 }
 
 /// Kernels the simulator knows, by PTX entry-point name, with their parameter type.
@@ -354,6 +383,14 @@ pub fn nvls_launches() -> u64 {
     NVLS_LAUNCHES.load(Ordering::Relaxed)
 }
 
+static VMM_IMPORTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many peer processes' VMM allocations this process mapped from their descriptors so far
+/// (tests check that registered `ncclMemAlloc` buffers took that path).
+pub fn vmm_imports() -> u64 {
+    VMM_IMPORTS.load(Ordering::Relaxed)
+}
+
 /// The allocation granularity the simulator's `alloc_vmm` rounds to (the driver's
 /// recommended one on current GPUs).
 pub const SIM_VMM_GRANULARITY: usize = 2 << 20;
@@ -541,7 +578,7 @@ impl Device {
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         let used: usize = lock(regions())
             .values()
-            .filter(|r| r.ordinal == self.ordinal && r.name.is_some())
+            .filter(|r| r.ordinal == self.ordinal && (r.name.is_some() || r.vmm_fd.is_some()))
             .map(|r| r.bytes)
             .sum();
         let total = 16usize << 30;
@@ -572,16 +609,105 @@ impl Device {
                 bytes,
                 ordinal: self.ordinal,
                 name: Some(name),
+                vmm_fd: None,
             },
         );
         Ok(p)
     }
 
-    /// `alloc` rounded up to [`SIM_VMM_GRANULARITY`], as the driver's virtual memory API
-    /// rounds: (address, size).
+    /// Memory as the driver's virtual memory API gives it (`ncclMemAlloc`): rounded up to
+    /// [`SIM_VMM_GRANULARITY`], and shareable only through its descriptor (a memfd, kept with
+    /// the region), like `cuMemCreate` with a POSIX descriptor handle: `ipc_handle` refuses it
+    /// as `cuIpcGetMemHandle` does. (address, size).
     pub fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let size = bytes.max(1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY;
-        Ok((self.alloc(size)?, size))
+        // SAFETY: plain system calls; the descriptor is owned at once and every result checked.
+        let (fd, p) = unsafe {
+            let raw = libc::memfd_create(c"ncclrs-vmm".as_ptr(), libc::MFD_CLOEXEC);
+            if raw < 0 {
+                return Err(Error::system(format!(
+                    "memfd_create: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            let fd = OwnedFd::from_raw_fd(raw);
+            if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
+                return Err(Error::system(format!(
+                    "ftruncate(memfd, {size}): {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            let p = map_fd(fd.as_raw_fd(), size)?;
+            (fd, p)
+        };
+        lock(regions()).insert(
+            p,
+            Region {
+                bytes: size,
+                ordinal: self.ordinal,
+                name: None,
+                vmm_fd: Some(fd),
+            },
+        );
+        Ok((p, size))
+    }
+
+    /// The VMM allocation holding `p` ([`Device::alloc_vmm`]): its base, size and a new
+    /// descriptor of its memory, as the driver backend exports one (no allocation handle to
+    /// retain here: 0). None for any other memory (as `cuMemRetainAllocationHandle` refuses
+    /// it).
+    pub fn vmm_export(
+        &self,
+        p: DevPtr,
+    ) -> Result<Option<(DevPtr, usize, std::os::fd::OwnedFd, u64)>> {
+        let regions = lock(regions());
+        let Some((&base, r)) = regions.range(..=p).next_back() else {
+            return Ok(None);
+        };
+        let Some(fd) = r.vmm_fd.as_ref().filter(|_| p < base + r.bytes as u64) else {
+            return Ok(None);
+        };
+        let dup = fd.try_clone().map_err(|e| {
+            Error::quiet(
+                crate::error::NcclResult::SystemError,
+                format!("dup of a VMM descriptor: {e}"),
+            )
+        })?;
+        Ok(Some((base, r.bytes, dup, 0)))
+    }
+
+    pub fn vmm_export_release(&self, _handle: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Maps `bytes` of a peer's VMM allocation from its descriptor (which must hold them).
+    pub fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)> {
+        use std::os::fd::AsRawFd;
+        let size = super::fdpass::file_size(fd)? as usize;
+        if bytes == 0 || bytes > size {
+            return Err(Error::quiet(
+                crate::error::NcclResult::InvalidArgument,
+                format!("a peer's VMM descriptor holds {size} bytes, its record claims {bytes}"),
+            ));
+        }
+        // SAFETY: a live descriptor of at least `bytes` (checked above).
+        let p = unsafe { map_fd(fd.as_raw_fd(), bytes)? };
+        lock(regions()).insert(
+            p,
+            Region {
+                bytes,
+                ordinal: self.ordinal,
+                name: None,
+                vmm_fd: None,
+            },
+        );
+        VMM_IMPORTS.fetch_add(1, Ordering::Relaxed);
+        Ok((p, 0))
+    }
+
+    pub fn vmm_unmap(&self, p: DevPtr, _bytes: usize, _handle: u64) -> Result<()> {
+        self.unmap(p)
     }
 
     fn unmap(&self, p: DevPtr) -> Result<()> {
@@ -674,6 +800,12 @@ impl Device {
         let r = regions.get(&p).ok_or_else(|| {
             Error::invalid_argument("IPC handle of a pointer that is no allocation base")
         })?;
+        if r.vmm_fd.is_some() {
+            // As cuIpcGetMemHandle: memory of the virtual memory API has no IPC handle.
+            return Err(Error::invalid_argument(
+                "IPC handle of memory of the virtual memory API",
+            ));
+        }
         let name = r
             .name
             .as_ref()
@@ -716,6 +848,7 @@ impl Device {
                 bytes,
                 ordinal,
                 name: None,
+                vmm_fd: None,
             },
         );
         Ok(p)
@@ -1308,5 +1441,36 @@ mod tests {
         let q = dev.open_ipc(&good).expect("a true handle");
         dev.close_ipc(q).expect("close");
         dev.free(p).expect("free");
+    }
+
+    /// A VMM allocation has no IPC handle (as with `cuIpcGetMemHandle`), but its descriptor
+    /// maps the same memory elsewhere; an import claiming more than the memory is refused,
+    /// and other memory has no descriptor.
+    #[test]
+    fn vmm_memory_is_shared_by_its_descriptor_only() {
+        use std::os::fd::AsFd;
+        let dev = Device::open(0).expect("simulated device");
+        let (p, size) = dev.alloc_vmm(1000).expect("alloc_vmm");
+        assert_eq!(size, SIM_VMM_GRANULARITY);
+        assert!(dev.ipc_handle(p).is_err());
+        dev.copy_htod(p + 100, &[1, 2, 3]).unwrap();
+        let (base, bytes, fd, _) = dev.vmm_export(p + 100).expect("export").expect("VMM");
+        assert_eq!((base, bytes), (p, size));
+        assert!(dev.vmm_import(fd.as_fd(), size + 1).is_err());
+        let before = vmm_imports();
+        let (q, _) = dev.vmm_import(fd.as_fd(), size).expect("import");
+        assert_eq!(vmm_imports(), before + 1);
+        assert_ne!(q, p);
+        let mut got = [0u8; 3];
+        dev.copy_dtoh(&mut got, q + 100).unwrap();
+        assert_eq!(got, [1, 2, 3]);
+        dev.copy_htod(q + 5, &[9]).unwrap();
+        dev.copy_dtoh(&mut got[..1], p + 5).unwrap();
+        assert_eq!(got[0], 9);
+        dev.vmm_unmap(q, size, 0).expect("unmap");
+        dev.free(p).expect("free");
+        let plain = dev.alloc(64).expect("alloc");
+        assert!(dev.vmm_export(plain).expect("no error").is_none());
+        dev.free(plain).expect("free");
     }
 }

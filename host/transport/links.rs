@@ -11,12 +11,13 @@ use super::p2p::{export, import, PeerAddr};
 use super::regmap::{self, PeerRegs};
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
+use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, VmmExport};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
 use crate::transport::net::setup::{self, NetPath, Want};
 use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, LL_SLOT_BYTES, NCCL_STEPS};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 const TAG_RECV_BLOCK: u32 = 0x7032_7001;
@@ -73,8 +74,14 @@ pub struct Links {
     net: Option<Arc<NetPath>>,
     /// Peer processes' registered buffers as we map them, by peer (see `regmap`).
     regs: Mutex<HashMap<usize, PeerRegs>>,
-    /// Our registrations whose records went to the peers of [`Links::reg_peers`].
-    exported: Mutex<std::collections::HashSet<u64>>,
+    /// Our registrations whose records went to the peers of [`Links::reg_peers`], with the
+    /// export of a VMM buffer's allocation (its descriptor on offer) while they live.
+    exported: Mutex<HashMap<u64, Option<VmmExport>>>,
+    /// NCCL_RS_VMM_IPC: registered VMM buffers are exported to, and mapped from, peer
+    /// processes by their descriptors.
+    vmm_ipc: bool,
+    /// A registration could not be exported (said once).
+    unexported_said: AtomicBool,
     /// The network key of connection 0 (connection `c` is `key_base + c`): it picks the NIC
     /// (`key % ndevs`) and tags the handles ([`Links::keyed`]).
     key_base: u32,
@@ -102,6 +109,8 @@ impl Links {
             sides: Mutex::new(HashMap::new()),
             regs: Mutex::new(HashMap::new()),
             exported: Mutex::new(Default::default()),
+            vmm_ipc: crate::env::int("NCCL_RS_VMM_IPC") != 0,
+            unexported_said: AtomicBool::new(false),
             net,
             key_base: 0,
             ll: false,
@@ -183,7 +192,7 @@ impl Links {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
         };
-        regmap::drain(&self.bootstrap, &self.device, peer, r)?;
+        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc)?;
         Ok(Some(r.device_ptr()))
     }
 
@@ -200,39 +209,57 @@ impl Links {
             .collect()
     }
 
-    /// Sends registration `id` (`bytes` at `buff`) to the peers that may map it. A buffer
-    /// without an IPC handle (CUDA's virtual memory API) is not sent: messages into it from
-    /// other processes take copies.
+    /// Sends registration `id` (`bytes` at `buff`) to the peers that may map it: with the IPC
+    /// handle of its allocation, or for an allocation of CUDA's virtual memory API a ticket for
+    /// its exported descriptor, kept on offer until the registration is withdrawn (or these
+    /// links drop). A VMM buffer spanning several mappings is sent as far as its first mapping
+    /// holds it. A buffer that can be neither (or a VMM one with NCCL_RS_VMM_IPC=0) is not
+    /// sent: messages into it from other processes take copies.
     pub fn export_registration(&self, id: u64, buff: DevPtr, bytes: usize) -> Result<()> {
         let peers = self.reg_peers();
         if peers.is_empty() {
             return Ok(());
         }
-        let (base, handle) = match self.device.ipc_export(buff) {
-            Ok(x) => x,
+        let (base, via, handle, end, keep) = match self.device.reg_export(buff, self.vmm_ipc) {
+            Ok(RegExport::Ipc { base, handle }) => {
+                (base, regmap::Via::Ipc, handle, buff + bytes as u64, None)
+            }
+            Ok(RegExport::Vmm(x)) => {
+                let Some(ticket) = x.ticket() else {
+                    return Ok(());
+                };
+                let end = (buff + bytes as u64).min(x.base + x.bytes as u64);
+                let h = regmap::vmm_handle(&ticket, x.bytes);
+                (x.base, regmap::Via::VmmFd, h, end, Some(x))
+            }
             Err(e) => {
-                log::info!(
-                    "registered buffer {buff:#x} has no IPC handle ({e}): peers in other \
-                     processes send into it through the FIFO"
-                );
+                // Said once: every registration of the kind would repeat it.
+                if !self.unexported_said.swap(true, Ordering::Relaxed) {
+                    log::info!(
+                        "registered buffer {buff:#x} cannot be mapped by other processes ({e}): \
+                         peers there send into it through the FIFO (said once)"
+                    );
+                }
                 return Ok(());
             }
         };
         let rec = regmap::Record {
             id,
             start: buff,
-            end: buff + bytes as u64,
+            end,
             base,
+            via,
             handle,
         };
         let msg = regmap::encode(id, Some(&rec));
-        for p in peers {
-            self.bootstrap.send(p, regmap::TAG_REG, &msg)?;
-        }
+        // On offer before any peer can ask.
         self.exported
             .lock()
             .map_err(|_| Error::internal("registration table poisoned"))?
-            .insert(id);
+            .insert(id, keep);
+        for p in peers {
+            self.bootstrap.send(p, regmap::TAG_REG, &msg)?;
+        }
         Ok(())
     }
 
@@ -243,7 +270,8 @@ impl Links {
             .lock()
             .map_err(|_| Error::internal("registration table poisoned"))?
             .remove(&id);
-        if sent {
+        // A VMM export (if any) stays on offer until the withdrawals are out.
+        if let Some(_export) = sent {
             let msg = regmap::encode(id, None);
             for p in self.reg_peers() {
                 self.bootstrap.send(p, regmap::TAG_REG, &msg)?;

@@ -1,15 +1,22 @@
 //! Registered buffers across processes of a node. When a rank registers a buffer
 //! (`ncclCommRegister`), it sends every peer in another process of its node that it reaches
-//! through p2p a record of the buffer (its range, the base of its allocation and an IPC handle
-//! of that allocation); deregistering sends a withdrawal. A sender maps a peer's registered
-//! buffers as their records arrive (drained before each launch, without waiting) and keeps
-//! them in a table the kernels read ([`RegTable`]), through which it translates the addresses
-//! the peer offers for zero-copy (`prims::direct`). A record that has not arrived yet, or a
-//! buffer that cannot be mapped (CUDA's virtual memory API has no IPC handle), only means that
-//! the peer's offer is declined and the message takes the FIFO.
+//! through p2p a record of the buffer: its range, the base of its allocation, and how to map
+//! that allocation — an IPC handle for memory of `cuMemAlloc`; for memory of CUDA's virtual
+//! memory API (`ncclMemAlloc`, `cuMemCreate` with a POSIX descriptor handle), which has no IPC
+//! handle, a ticket for the allocation's exported descriptor (`cuda::fdpass`: the owner keeps
+//! it on offer while the registration lives; the peer takes it over a Unix socket with
+//! `SCM_RIGHTS`, else `pidfd_getfd`, imports it with `cuMemImportFromShareableHandle` and maps
+//! it). Deregistering sends a withdrawal. A sender maps a peer's registered buffers as their
+//! records arrive (drained before each launch, without waiting on the peer) and keeps them in a
+//! table the kernels read ([`RegTable`]), through which it translates the addresses the peer
+//! offers for zero-copy (`prims::direct`). A record that has not arrived yet, or a buffer that
+//! cannot be mapped (no IPC handle nor descriptor, a descriptor that cannot be taken or
+//! imported, `NCCL_RS_VMM_IPC=0`), only means that the peer's offer is declined and the message
+//! takes the FIFO.
 
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{DevPtr, Device, HostMem, IpcMapping};
+use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
+use crate::cuda::{DevPtr, Device, HostMem, IpcMapping, VmmMapping};
 use crate::error::{Error, Result};
 use nccl_device::abi::{RegEntry, RegTable, REG_TABLE_ENTRIES};
 use std::collections::HashMap;
@@ -19,6 +26,7 @@ pub const TAG_REG: u32 = 0x7265_6701;
 
 const ADD: u64 = 1;
 const WITHDRAW: u64 = 2;
+const ADD_VMM: u64 = 3;
 const RECORD_BYTES: usize = 5 * 8 + 64;
 
 /// One registration as its owner describes it to a peer.
@@ -29,9 +37,41 @@ pub struct Record {
     /// The registered range, in the owner's address space.
     pub start: DevPtr,
     pub end: DevPtr,
-    /// The base of the allocation holding it, and the allocation's IPC handle.
+    /// The base of the allocation holding it, and how to map that allocation.
     pub base: DevPtr,
+    pub via: Via,
+    /// [`Via::Ipc`]: the allocation's IPC handle; [`Via::VmmFd`]: [`vmm_handle`]'s bytes.
     pub handle: [u8; 64],
+}
+
+/// How a peer maps the allocation of a [`Record`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `cuIpcOpenMemHandle` on the handle.
+    Ipc,
+    /// The descriptor of a VMM allocation, taken and imported.
+    VmmFd,
+}
+
+/// The handle of a [`Via::VmmFd`] record: the descriptor's ticket, then the size of the
+/// mapping at the record's base (what the peer maps).
+pub fn vmm_handle(ticket: &Ticket, bytes: usize) -> [u8; 64] {
+    let mut h = [0u8; 64];
+    h[..TICKET_BYTES].copy_from_slice(&ticket.encode());
+    h[TICKET_BYTES..TICKET_BYTES + 8].copy_from_slice(&(bytes as u64).to_le_bytes());
+    h
+}
+
+/// The ticket and mapping size in a [`Via::VmmFd`] record's handle.
+pub fn parse_vmm_handle(h: &[u8; 64]) -> (Ticket, usize) {
+    let mut t = [0u8; TICKET_BYTES];
+    t.copy_from_slice(&h[..TICKET_BYTES]);
+    let bytes = u64::from_le_bytes(
+        h[TICKET_BYTES..TICKET_BYTES + 8]
+            .try_into()
+            .unwrap_or_default(),
+    );
+    (Ticket::decode(&t), bytes as usize)
 }
 
 /// A registration record (`Some`) or a withdrawal of registration `id`, as bytes.
@@ -42,9 +82,14 @@ pub fn encode(id: u64, add: Option<&Record>) -> Vec<u8> {
         start: 0,
         end: 0,
         base: 0,
+        via: Via::Ipc,
         handle: [0; 64],
     });
-    let kind = if add.is_some() { ADD } else { WITHDRAW };
+    let kind = match add.map(|r| r.via) {
+        None => WITHDRAW,
+        Some(Via::Ipc) => ADD,
+        Some(Via::VmmFd) => ADD_VMM,
+    };
     for w in [kind, id, r.start, r.end, r.base] {
         b.extend_from_slice(&w.to_le_bytes());
     }
@@ -64,7 +109,7 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
     let (kind, id) = (w(0), w(1));
     match kind {
         WITHDRAW => Ok((id, None)),
-        ADD => {
+        ADD | ADD_VMM => {
             let (start, end, base) = (w(2), w(3), w(4));
             if start < base || end <= start {
                 return Err(Error::remote(format!(
@@ -73,6 +118,16 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
             }
             let mut handle = [0u8; 64];
             handle.copy_from_slice(&b[40..]);
+            let via = if kind == ADD { Via::Ipc } else { Via::VmmFd };
+            if via == Via::VmmFd {
+                let (_, bytes) = parse_vmm_handle(&handle);
+                if base.checked_add(bytes as u64).is_none_or(|e| e < end) {
+                    return Err(Error::remote(format!(
+                        "registration record with range {start:#x}..{end:#x} past its VMM \
+                         mapping of {bytes} bytes at {base:#x}"
+                    )));
+                }
+            }
             Ok((
                 id,
                 Some(Record {
@@ -80,6 +135,7 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
                     start,
                     end,
                     base,
+                    via,
                     handle,
                 }),
             ))
@@ -103,11 +159,37 @@ pub struct PeerRegs {
     entry_base: HashMap<usize, DevPtr>,
     /// The table filled up (said once).
     full_said: bool,
+    /// A VMM buffer of the peer's could not be mapped (said once).
+    vmm_said: bool,
+}
+
+/// Our mapping of a peer's allocation.
+enum PeerMapping {
+    Ipc(IpcMapping),
+    Vmm(VmmMapping),
+}
+
+impl PeerMapping {
+    fn ptr(&self) -> DevPtr {
+        match self {
+            PeerMapping::Ipc(m) => m.ptr,
+            PeerMapping::Vmm(m) => m.ptr,
+        }
+    }
+}
+
+/// Takes the descriptor a [`Via::VmmFd`] handle names and maps the allocation behind it.
+fn map_vmm(device: &Device, handle: &[u8; 64]) -> Result<VmmMapping> {
+    let (ticket, bytes) = parse_vmm_handle(handle);
+    let fd = fdpass::take(&ticket)?;
+    use std::os::fd::AsFd;
+    // The descriptor only carries the import: the mapping holds the memory from here on.
+    device.vmm_import(fd.as_fd(), bytes)
 }
 
 /// One of a peer's allocations as we map it.
 struct Mapped {
-    map: IpcMapping,
+    map: PeerMapping,
     /// Bytes mapped from `map.ptr` (`usize::MAX` where the backend cannot tell).
     bytes: usize,
     /// Entries using it.
@@ -125,6 +207,7 @@ impl PeerRegs {
             mappings: HashMap::new(),
             entry_base: HashMap::new(),
             full_said: false,
+            vmm_said: false,
         })
     }
 
@@ -157,8 +240,16 @@ impl PeerRegs {
     /// registration whose range leaves the allocation its handle maps, or that reuses a live
     /// id, is `ncclRemoteError` and enters nothing (the kernels would write where the range
     /// says). A withdrawal of an id not in the table is nothing: its registration may have been
-    /// declined (table full, no mapping).
-    pub fn apply(&mut self, device: &Device, peer: usize, id: u64, rec: Option<Record>) -> Result<()> {
+    /// declined (table full, no mapping). `vmm` false (NCCL_RS_VMM_IPC=0): records of VMM
+    /// buffers are not mapped.
+    pub fn apply(
+        &mut self,
+        device: &Device,
+        peer: usize,
+        id: u64,
+        rec: Option<Record>,
+        vmm: bool,
+    ) -> Result<()> {
         match rec {
             None => {
                 let Some(i) = self.by_id.remove(&id) else {
@@ -200,11 +291,18 @@ impl PeerRegs {
                 let fresh = if self.mappings.contains_key(&r.base) {
                     None
                 } else {
-                    match device.open_ipc(&r.handle) {
+                    let mapped = match r.via {
+                        Via::Ipc => device.open_ipc(&r.handle).map(PeerMapping::Ipc),
+                        Via::VmmFd if !vmm => Err(Error::invalid_usage(
+                            "NCCL_RS_VMM_IPC=0 keeps peers' VMM buffers unmapped",
+                        )),
+                        Via::VmmFd => map_vmm(device, &r.handle).map(PeerMapping::Vmm),
+                    };
+                    match mapped {
                         Ok(map) => {
                             // What the driver (or the simulator) says the mapping holds;
                             // unknown: not refused, as buffers of unknown extent are not.
-                            let bytes = match device.pointer_extent(map.ptr, need as usize)? {
+                            let bytes = match device.pointer_extent(map.ptr(), need as usize)? {
                                 Some((_, b)) => b,
                                 None => usize::MAX,
                             };
@@ -215,11 +313,15 @@ impl PeerRegs {
                             })
                         }
                         Err(e) => {
-                            log::info!(
-                                "cannot map rank {peer}'s registered buffer {:#x} ({e}): \
-                                 messages into it take copies",
-                                r.start
-                            );
+                            // A VMM failure repeats for every buffer: said once per peer.
+                            if r.via == Via::Ipc || !self.vmm_said {
+                                self.vmm_said |= r.via == Via::VmmFd;
+                                log::info!(
+                                    "cannot map rank {peer}'s registered buffer {:#x} ({e}): \
+                                     messages into it take copies",
+                                    r.start
+                                );
+                            }
                             return Ok(());
                         }
                     }
@@ -244,7 +346,7 @@ impl PeerRegs {
                         .ok_or_else(|| Error::internal("registration mapping lost"))?,
                 };
                 m.refs += 1;
-                let local = m.map.ptr;
+                let local = m.map.ptr();
                 let i = self.used;
                 self.write_entry(
                     i,
@@ -264,16 +366,27 @@ impl PeerRegs {
     }
 }
 
-/// Drains the records `peer` has sent so far into `regs`.
+/// Drains the records `peer` has sent so far into `regs` (`vmm`: see [`PeerRegs::apply`]). A
+/// registration withdrawn in the same batch is not mapped at all: its descriptor may already
+/// be gone.
 pub fn drain(
     bootstrap: &Bootstrap,
     device: &Device,
     peer: usize,
     regs: &mut PeerRegs,
+    vmm: bool,
 ) -> Result<()> {
+    let mut batch = Vec::new();
     while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
-        let (id, rec) = decode(&m).map_err(|e| e.context(format!("rank {peer}")))?;
-        regs.apply(device, peer, id, rec)?;
+        let r = decode(&m).map_err(|e| e.context(format!("rank {peer}")))?;
+        batch.push(r);
+    }
+    for (i, (id, rec)) in batch.iter().enumerate() {
+        let withdrawn = || batch[i + 1..].iter().any(|(w, r)| w == id && r.is_none());
+        if rec.is_some() && withdrawn() {
+            continue;
+        }
+        regs.apply(device, peer, *id, *rec, vmm)?;
     }
     Ok(())
 }
@@ -289,9 +402,30 @@ mod tests {
             start: 0x1100,
             end: 0x2000,
             base: 0x1000,
+            via: Via::Ipc,
             handle: [3; 64],
         };
         assert_eq!(decode(&encode(7, Some(&r))).unwrap(), (7, Some(r)));
+        // A VMM record: its handle's mapping must hold the range.
+        let t = Ticket {
+            pid: 5,
+            pid_ns: 6,
+            sock: 0,
+            key: 8,
+            fd: 9,
+        };
+        let v = Record {
+            via: Via::VmmFd,
+            handle: vmm_handle(&t, 0x1000),
+            ..r
+        };
+        assert_eq!(decode(&encode(7, Some(&v))).unwrap(), (7, Some(v)));
+        assert_eq!(parse_vmm_handle(&v.handle), (t, 0x1000));
+        let short = Record {
+            handle: vmm_handle(&t, 0xfff),
+            ..v
+        };
+        assert!(decode(&encode(7, Some(&short))).is_err());
         assert_eq!(decode(&encode(9, None)).unwrap(), (9, None));
         assert!(decode(&[0; 10]).is_err());
         let bad = Record { start: 0x900, ..r };

@@ -767,3 +767,148 @@ fn end_round(comms: &[Comm], round: Round) -> Vec<Vec<u64>> {
         })
         .collect()
 }
+
+/// Rounds on registered buffers of CUDA's virtual memory API (`ncclMemAlloc`), for a rank that
+/// is a process of its own (its peers run the same rounds): three such buffers, registered
+/// once; each of 6 rounds sends `ring_bytes(rank, p2p_base + 64 k)` random bytes to the
+/// successor and receives the predecessor's into a poisoned buffer, then runs an AllReduce
+/// (int32 sum, out of place) of `count` random elements into a poisoned output; results and
+/// the bytes after them are checked in every round. The last round's send steps and
+/// AllReduce direct steps per channel must be those of the direct path when `on`, else of the
+/// FIFO (the records are in by then: every round needs every rank's launches).
+pub fn vmm_rounds(c: &Comm, p2p_base: usize, count: usize, on: bool) {
+    let (n, r) = (c.count(), c.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let room = (p2p_base + 64 * 6 + 4 * 37 * n + 1024).max(count * 4 + 1024);
+    // ncclMemAlloc's memory: sends and AllReduce inputs, receives, AllReduce outputs.
+    let bufs: Vec<nccl::DevBuffer> = (0..3)
+        .map(|_| c.device().alloc_vmm(room).expect("alloc_vmm"))
+        .collect();
+    let regs: Vec<_> = bufs
+        .iter()
+        // SAFETY: the buffers outlive their registrations (deregistered below).
+        .map(|b| unsafe { c.register_raw(b.ptr(), room) }.expect("register"))
+        .collect();
+    let (s, rb, out) = (&bufs[0], &bufs[1], &bufs[2]);
+    let stream = c.device().stream_create().unwrap();
+    let (mut p2p_steps, mut ring_steps) = (0u64, Vec::new());
+    const ROUNDS: u64 = 6;
+    for k in 0..ROUNDS {
+        // Send/recv: a message of several FIFOs per connection, random bytes, a poisoned
+        // receive buffer whose bytes past the message must stay.
+        let base = p2p_base + 64 * k as usize;
+        let mut rng = Rng::new(600 + k * 1000 + r as u64);
+        let mine: Vec<u8> = (0..ring_bytes(r, base)).map(|_| rng.next() as u8).collect();
+        s.write(0, &mine).unwrap();
+        let len = ring_bytes(prev, base);
+        rb.write(0, &vec![0x5A; len + 512]).unwrap();
+        let before = send_steps(c);
+        nccl::group_start();
+        // SAFETY: both buffers hold `room` bytes, more than either message.
+        unsafe {
+            c.send_raw(s.ptr(), mine.len(), DataType::Uint8, next, stream)
+                .unwrap();
+            c.recv_raw(rb.ptr(), len, DataType::Uint8, prev, stream)
+                .unwrap();
+        }
+        nccl::group_end().unwrap();
+        c.device().stream_sync(stream).unwrap();
+        p2p_steps = send_steps(c) - before;
+        let mut rng = Rng::new(600 + k * 1000 + prev as u64);
+        let want: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let mut got = vec![0u8; len + 512];
+        rb.read(0, &mut got).unwrap();
+        assert!(
+            got[..len] == want[..],
+            "rank {r}, round {k}: wrong bytes from {prev}"
+        );
+        assert!(
+            got[len..].iter().all(|&b| b == 0x5A),
+            "rank {r}, round {k}: bytes written past the message"
+        );
+        // AllReduce (int32 sum) out of place into the registered output, poisoned.
+        let (inp, want) = coll_data(Coll::AllReduce, n, r, count, 700 + k);
+        s.write(0, &inp).unwrap();
+        out.write(0, &vec![0xA5; want.len() + 512]).unwrap();
+        let before = c.ring_direct_steps().unwrap();
+        // SAFETY: both buffers hold `room` bytes, more than the call's.
+        unsafe {
+            c.all_reduce_raw(
+                s.ptr(),
+                out.ptr(),
+                count,
+                DataType::Int32,
+                nccl::ReduceOp::Sum,
+                stream,
+            )
+            .unwrap();
+        }
+        c.device().stream_sync(stream).unwrap();
+        let now = c.ring_direct_steps().unwrap();
+        ring_steps = now.iter().zip(&before).map(|(a, b)| a - b).collect();
+        let mut got = vec![0u8; want.len() + 512];
+        out.read(0, &mut got).unwrap();
+        assert!(
+            got[..want.len()] == want[..],
+            "rank {r}, round {k}: wrong AllReduce"
+        );
+        assert!(
+            got[want.len()..].iter().all(|&b| b == 0xA5),
+            "rank {r}, round {k}: AllReduce wrote past its output"
+        );
+    }
+    // Withdrawn (the peers unmap them before their next launch), then one more AllReduce on
+    // the same, now unregistered, buffers: the copy path, and no rank leaves before every
+    // withdrawal was sent (a send to a rank that has exited waits out its retries).
+    for h in regs {
+        c.deregister(h).unwrap();
+    }
+    let (inp, want) = coll_data(Coll::AllReduce, n, r, 1001, 799);
+    s.write(0, &inp).unwrap();
+    out.write(0, &vec![0xA5; want.len()]).unwrap();
+    let before = c.ring_direct_steps().unwrap();
+    // SAFETY: both buffers hold `room` bytes, more than the call's.
+    unsafe {
+        c.all_reduce_raw(
+            s.ptr(),
+            out.ptr(),
+            1001,
+            DataType::Int32,
+            nccl::ReduceOp::Sum,
+            stream,
+        )
+        .unwrap();
+    }
+    c.device().stream_sync(stream).unwrap();
+    assert_eq!(
+        c.ring_direct_steps().unwrap(),
+        before,
+        "rank {r}: direct after withdrawal"
+    );
+    let mut got = vec![0u8; want.len()];
+    out.read(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "rank {r}: wrong AllReduce after the withdrawal"
+    );
+    c.device().stream_destroy(stream).unwrap();
+    let slot = c.shape().p2p_slot_bytes as usize;
+    let conns = c.p2p_steps(next, true).unwrap().map_or(1, |v| v.len());
+    let bytes = ring_bytes(r, p2p_base + 64 * (ROUNDS as usize - 1));
+    assert_eq!(
+        p2p_steps,
+        expected_steps(bytes, conns, slot, on),
+        "rank {r} (VMM path on: {on}): send steps of the last round"
+    );
+    let want_ring = expected_direct(c, Coll::AllReduce, |_| on, count, false, true);
+    assert_eq!(
+        ring_steps, want_ring,
+        "rank {r} (VMM path on: {on}): AllReduce direct steps per channel"
+    );
+    if on {
+        assert!(
+            ring_steps.iter().sum::<u64>() > 0,
+            "rank {r}: the AllReduce took no direct step ({ring_steps:?})"
+        );
+    }
+}

@@ -4,10 +4,12 @@
 //! its own, with read-write access for this device and every device that can reach it, and
 //! zeroed like every allocation of ours.
 
-use super::{access_desc, check, extent_cache, sys, Device};
+use super::{access_desc, check, check_quiet, extent_cache, sys, Device};
 use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::ffi::c_void;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// One mapping made by [`Device::alloc_vmm`].
@@ -176,6 +178,143 @@ impl Device {
             check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
         }
         Ok(true)
+    }
+}
+
+// ---- Registered VMM buffers across processes (`regmap`): the owner exports the allocation
+// behind a registered buffer as a POSIX descriptor, a peer process imports it and maps it.
+
+const FD_HANDLE: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+impl Device {
+    /// The mapping of CUDA's virtual memory API holding `p` (`cuMemGetAddressRange`: its base
+    /// and size), its allocation handle retained (`cuMemRetainAllocationHandle`, released by
+    /// [`Device::vmm_export_release`]) and exported as a POSIX descriptor. None (quietly) for
+    /// other memory, which `cuMemRetainAllocationHandle` refuses; a quiet error for an
+    /// allocation created without a descriptor handle (a registration only loses zero-copy).
+    pub fn vmm_export(&self, p: DevPtr) -> Result<Option<(DevPtr, usize, OwnedFd, u64)>> {
+        self.make_current()?;
+        // cuMemAlloc's memory says so itself: it takes the IPC handle.
+        let mut legacy: i32 = 0;
+        // SAFETY: out-parameter of the attribute's size (an int).
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut legacy as *mut i32 as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                p,
+            )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS && legacy != 0 {
+            return Ok(None);
+        }
+        let (mut base, mut size) = (0, 0);
+        // SAFETY: out-parameters.
+        if unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) }
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return Ok(None);
+        }
+        let mut handle = 0;
+        // SAFETY: out-parameter; `base` is an address the driver just reported mapped.
+        if unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut c_void) }
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return Ok(None);
+        }
+        let mut fd: i32 = -1;
+        // SAFETY: a POSIX descriptor handle is written as an int.
+        let r = unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                handle,
+                FD_HANDLE,
+                0,
+            )
+        };
+        if let Err(e) = check_quiet(r, "cuMemExportToShareableHandle") {
+            // SAFETY: balances the retain above.
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e);
+        }
+        // SAFETY: a fresh descriptor the driver made for us.
+        Ok(Some((base, size, unsafe { OwnedFd::from_raw_fd(fd) }, handle)))
+    }
+
+    /// Lets go of an allocation handle [`Device::vmm_export`] retained.
+    pub fn vmm_export_release(&self, handle: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: a handle retained once by vmm_export and released once (its export's drop).
+        check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
+    }
+
+    /// Imports a peer's allocation from its descriptor and maps `bytes` of it (from offset
+    /// 0) at an address range of our own, readable and writable by this device: (address,
+    /// imported handle). Undone by [`Device::vmm_unmap`].
+    pub fn vmm_import(&self, fd: BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)> {
+        self.make_current()?;
+        let mut handle = 0;
+        // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer; the
+        // driver takes its own reference (the descriptor stays the caller's).
+        check_quiet(
+            unsafe {
+                sys::cuMemImportFromShareableHandle(
+                    &mut handle,
+                    fd.as_raw_fd() as isize as *mut c_void,
+                    FD_HANDLE,
+                )
+            },
+            "cuMemImportFromShareableHandle",
+        )?;
+        let mapped = (|| {
+            // SAFETY: a plain C structure filled by the driver from a live handle.
+            let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+            check_quiet(
+                // SAFETY: out-parameter and the handle imported above.
+                unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) },
+                "cuMemGetAllocationPropertiesFromHandle",
+            )?;
+            let mut gran = 0usize;
+            // SAFETY: out-parameter; prop is the allocation's own.
+            check_quiet(
+                unsafe {
+                    sys::cuMemGetAllocationGranularity(
+                        &mut gran,
+                        &prop,
+                        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                    )
+                },
+                "cuMemGetAllocationGranularity",
+            )?;
+            if gran == 0 || bytes == 0 || !bytes.is_multiple_of(gran) {
+                return Err(Error::quiet(
+                    crate::error::NcclResult::InvalidArgument,
+                    format!("a peer's VMM mapping of {bytes} bytes is no multiple of {gran}"),
+                ));
+            }
+            self.map_handle(handle, bytes, gran, &[access_desc(self.ordinal)])
+        })();
+        match mapped {
+            Ok(ptr) => Ok((ptr, handle)),
+            Err(e) => {
+                // SAFETY: the handle imported above, mapped nowhere.
+                unsafe { sys::cuMemRelease(handle) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Unmaps and releases what [`Device::vmm_import`] made.
+    pub fn vmm_unmap(&self, ptr: DevPtr, bytes: usize, handle: u64) -> Result<()> {
+        self.make_current()?;
+        extent_cache::forget(ptr);
+        // SAFETY: a mapping of `bytes` made by vmm_import and undone once (its drop); the
+        // kernels that used it were ordered before (the registration was withdrawn).
+        unsafe {
+            check(sys::cuMemUnmap(ptr, bytes), "cuMemUnmap")?;
+            check(sys::cuMemAddressFree(ptr, bytes), "cuMemAddressFree")?;
+            check(sys::cuMemRelease(handle), "cuMemRelease")
+        }
     }
 }
 

@@ -1,0 +1,464 @@
+//! Moving a file descriptor from the process that holds it to a peer process of the node: how
+//! a registered buffer of CUDA's virtual memory API (whose shareable handle is a POSIX file
+//! descriptor, and which has no `cuIpcGetMemHandle` handle) reaches the peers that map it. The
+//! simulator's VMM allocations are memfd regions passed the same way.
+//!
+//! The owner puts a descriptor on [`offer`]: it goes into a process-wide table under a key
+//! (a per-process serial number, never reused) until the [`Offer`] drops. The first offer
+//! starts a listener on an abstract Unix socket named from the owner's pid, pid namespace and a
+//! per-process counter (taken past names in use) and a thread that answers requests on it: a
+//! peer connects, sends the key, and receives the descriptor as `SCM_RIGHTS` ancillary data
+//! (or a refusal when the key is not offered now). The [`Ticket`] a peer needs (pid, namespace,
+//! socket counter, key, and the descriptor's number in the owner) travels in the registration
+//! record over the bootstrap.
+//!
+//! Why a socket first: `pidfd_getfd` needs ptrace permission over the owner, which Yama's
+//! `ptrace_scope=1` (the default of many distributions) refuses between sibling processes such
+//! as the ranks a launcher starts; `SCM_RIGHTS` needs only that both can reach the socket. The
+//! listener answers only processes of its own user (`SO_PEERCRED`), and only keys on offer, so
+//! a descriptor is never sent after its registration was withdrawn (a number the owner reused
+//! for another file cannot be asked for by mistake). Abstract sockets belong to a network
+//! namespace: ranks in different network namespaces of one host cannot meet there, and then
+//! [`take`] falls back to `pidfd_getfd` (which works where ptrace is allowed: same pid
+//! namespace, permissive Yama, or a privileged rank). That fallback names the descriptor by
+//! number, so a withdrawal that crosses the request could hand over a reused number's file:
+//! the peer's import checks the size it maps against what the record claims, and the socket
+//! path (the usual one) has no such window.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+/// How long a request may take at either end before it is given up (the listener answers at
+/// once; this only bounds a peer that stopped).
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// No listener could be started: only the `pidfd_getfd` fallback remains.
+const NO_SOCKET: u32 = u32::MAX;
+
+/// The bytes of an encoded [`Ticket`].
+pub const TICKET_BYTES: usize = 32;
+
+/// What a peer needs to take an offered descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// The owner's pid and pid namespace (the inode of its `/proc/self/ns/pid`).
+    pub pid: u32,
+    pub pid_ns: u64,
+    /// The counter in the owner's socket name ([`NO_SOCKET`] when it has none).
+    pub sock: u32,
+    /// The offer's key in the owner's table.
+    pub key: u64,
+    /// The descriptor's number in the owner (the `pidfd_getfd` fallback's).
+    pub fd: i32,
+}
+
+impl Ticket {
+    pub fn encode(&self) -> [u8; TICKET_BYTES] {
+        let mut b = [0u8; TICKET_BYTES];
+        b[0..4].copy_from_slice(&self.pid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.fd.to_le_bytes());
+        b[8..16].copy_from_slice(&self.pid_ns.to_le_bytes());
+        b[16..24].copy_from_slice(&self.key.to_le_bytes());
+        b[24..28].copy_from_slice(&self.sock.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; TICKET_BYTES]) -> Ticket {
+        let w4 = |a: usize| u32::from_le_bytes([b[a], b[a + 1], b[a + 2], b[a + 3]]);
+        let w8 = |a: usize| u64::from_le_bytes(b[a..a + 8].try_into().unwrap_or_default());
+        Ticket {
+            pid: w4(0),
+            fd: w4(4) as i32,
+            pid_ns: w8(8),
+            key: w8(16),
+            sock: w4(24),
+        }
+    }
+}
+
+/// A failure that only declines a peer's VMM buffer (its caller says why at INFO): neither
+/// logged at WARN nor kept as the last error.
+fn quiet(what: String) -> Error {
+    Error::quiet(crate::error::NcclResult::SystemError, what)
+}
+
+/// The inode of this process's pid namespace (0 where /proc does not say).
+pub fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    static NS: OnceLock<u64> = OnceLock::new();
+    *NS.get_or_init(|| {
+        std::fs::metadata("/proc/self/ns/pid")
+            .map(|m| m.ino())
+            .unwrap_or(0)
+    })
+}
+
+/// The descriptors on offer, by key.
+fn table() -> MutexGuard<'static, HashMap<u64, OwnedFd>> {
+    static T: OnceLock<Mutex<HashMap<u64, OwnedFd>>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn socket_name(pid: u32, pid_ns: u64, counter: u32) -> String {
+    format!("ncclrs-fd-{pid}@{pid_ns}-{counter}")
+}
+
+/// The counter of this process's listener, started on first use ([`NO_SOCKET`] if none could
+/// be bound; said once at INFO).
+fn listener() -> u32 {
+    static SOCK: OnceLock<u32> = OnceLock::new();
+    *SOCK.get_or_init(|| match start_listener() {
+        Ok(c) => c,
+        Err(e) => {
+            log::info!(
+                "no descriptor socket for registered VMM buffers ({e}): peers take them with \
+                 pidfd_getfd where they may"
+            );
+            NO_SOCKET
+        }
+    })
+}
+
+fn start_listener() -> Result<u32> {
+    let (pid, ns) = (std::process::id(), pid_namespace());
+    let mut last = None;
+    // A name still bound by a process that had our pid in another life (abstract names go
+    // with their socket, so only a live one): take the next counter.
+    for counter in 0..64u32 {
+        let addr = SocketAddr::from_abstract_name(socket_name(pid, ns, counter).as_bytes())
+            .map_err(|e| quiet(format!("abstract socket name: {e}")))?;
+        match UnixListener::bind_addr(&addr) {
+            Ok(l) => {
+                std::thread::Builder::new()
+                    .name("nccl-fdpass".into())
+                    .spawn(move || serve(l))
+                    .map_err(|e| quiet(format!("starting the descriptor thread: {e}")))?;
+                return Ok(counter);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(quiet(format!("binding the descriptor socket: {e}"))),
+        }
+    }
+    Err(quiet(format!(
+        "binding the descriptor socket: every name taken ({last:?})"
+    )))
+}
+
+/// The listener's thread: answers one request per connection, for the life of the process.
+fn serve(l: UnixListener) {
+    for conn in l.incoming() {
+        let Ok(mut s) = conn else { continue };
+        if let Err(e) = answer(&mut s) {
+            log::debug!("descriptor request: {e}");
+        }
+    }
+}
+
+/// The uid of the process at the other end of `s`.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    // SAFETY: a plain C structure for which zeroes are valid, filled by getsockopt.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: out-parameters of the size given.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+fn answer(s: &mut UnixStream) -> std::io::Result<()> {
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if peer_uid(s) != Some(me) {
+        return s.write_all(&[0]);
+    }
+    let mut key = [0u8; 8];
+    s.read_exact(&mut key)?;
+    // Held while sending: the descriptor cannot be closed under the send.
+    let t = table();
+    match t.get(&u64::from_le_bytes(key)) {
+        Some(fd) => send_fd(s, fd.as_raw_fd()),
+        None => s.write_all(&[0]),
+    }
+}
+
+/// Sends one byte (1) with `fd` attached.
+fn send_fd(s: &UnixStream, fd: RawFd) -> std::io::Result<()> {
+    let mut byte = [1u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // Room for one descriptor's control message, aligned for cmsghdr.
+    let mut ctrl = [0u64; 8];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    debug_assert!(space <= std::mem::size_of_val(&ctrl));
+    // SAFETY: a plain C structure for which zeroes are valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: msg points at a control buffer of `space` bytes (checked above), so the first
+    // header and its data lie inside it; sendmsg reads iov and ctrl, which outlive the call.
+    let r = unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+        libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if r == 1 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Receives the answer to a request: the descriptor, or why not.
+fn recv_fd(s: &UnixStream) -> std::result::Result<OwnedFd, String> {
+    let mut byte = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let mut ctrl = [0u64; 8];
+    // SAFETY: a plain C structure for which zeroes are valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&ctrl) as _;
+    // SAFETY: iov and ctrl outlive the call and are as long as msg says.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(format!("recvmsg: {}", std::io::Error::last_os_error()));
+    }
+    let mut got: Option<OwnedFd> = None;
+    // SAFETY: the kernel filled msg_controllen bytes of ctrl; CMSG_FIRSTHDR/NXTHDR stay inside
+    // them, and each SCM_RIGHTS message's data holds descriptors now ours (each one owned once).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                    // Any beyond the first are closed as they drop.
+                    got.get_or_insert(fd);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err("the descriptor's control message was truncated".into());
+    }
+    match (n, byte[0], got) {
+        (1, 1, Some(fd)) => Ok(fd),
+        (0, _, _) => Err("the owner closed the connection".into()),
+        (_, 0, _) => Err("the owner refused (not on offer, or another user)".into()),
+        _ => Err("an answer without a descriptor".into()),
+    }
+}
+
+/// A descriptor on offer; withdrawn (and closed) when dropped.
+#[derive(Debug)]
+pub struct Offer {
+    ticket: Ticket,
+}
+
+/// Puts `fd` on offer to peer processes.
+pub fn offer(fd: OwnedFd) -> Offer {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let key = NEXT.fetch_add(1, Ordering::Relaxed);
+    let sock = listener();
+    let ticket = Ticket {
+        pid: std::process::id(),
+        pid_ns: pid_namespace(),
+        sock,
+        key,
+        fd: fd.as_raw_fd(),
+    };
+    table().insert(key, fd);
+    Offer { ticket }
+}
+
+impl Offer {
+    pub fn ticket(&self) -> Ticket {
+        self.ticket
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        table().remove(&self.ticket.key);
+    }
+}
+
+/// Test hook: how requests are answered (a peer takes descriptors by `pidfd_getfd` only when
+/// false).
+static SOCKET_PATH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Takes the descriptor `t` describes into this process: from our own table when we are the
+/// owner, else over the owner's socket, else with `pidfd_getfd`.
+pub fn take(t: &Ticket) -> Result<OwnedFd> {
+    if t.pid == std::process::id() && t.pid_ns == pid_namespace() {
+        let table = table();
+        let fd = table
+            .get(&t.key)
+            .ok_or_else(|| quiet("the descriptor is no longer on offer".into()))?;
+        return fd.try_clone().map_err(|e| quiet(format!("dup: {e}")));
+    }
+    let socket = if !SOCKET_PATH.load(Ordering::Relaxed) {
+        Err("switched off".to_string())
+    } else if t.sock == NO_SOCKET {
+        Err("the owner has no descriptor socket".to_string())
+    } else {
+        via_socket(t)
+    };
+    let socket_err = match socket {
+        Ok(fd) => return Ok(fd),
+        Err(e) => e,
+    };
+    via_pidfd(t).map_err(|e| {
+        quiet(format!(
+            "taking descriptor {} of process {}: over its socket: {socket_err}; with \
+             pidfd_getfd: {e}",
+            t.fd, t.pid
+        ))
+    })
+}
+
+fn via_socket(t: &Ticket) -> std::result::Result<OwnedFd, String> {
+    let addr = SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.sock).as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut s = UnixStream::connect_addr(&addr).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(IO_TIMEOUT))
+        .and_then(|_| s.set_write_timeout(Some(IO_TIMEOUT)))
+        .and_then(|_| s.write_all(&t.key.to_le_bytes()))
+        .map_err(|e| format!("request: {e}"))?;
+    recv_fd(&s)
+}
+
+fn via_pidfd(t: &Ticket) -> std::result::Result<OwnedFd, String> {
+    if t.pid_ns != pid_namespace() {
+        return Err("the owner is in another pid namespace".into());
+    }
+    // SAFETY: plain system calls; the pidfd is closed here and the descriptor returned owned.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, t.pid as libc::pid_t, 0) as i32;
+        if pidfd < 0 {
+            return Err(format!("pidfd_open: {}", std::io::Error::last_os_error()));
+        }
+        let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, t.fd, 0) as i32;
+        let err = std::io::Error::last_os_error();
+        libc::close(pidfd);
+        if fd < 0 {
+            return Err(format!("pidfd_getfd: {err}"));
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Test hook (internals): false makes [`take`] skip the socket and use `pidfd_getfd` alone.
+pub fn set_socket_path(on: bool) {
+    SOCKET_PATH.store(on, Ordering::Relaxed);
+}
+
+/// The size of the file behind `fd` (a memfd's length; CUDA's descriptors report 0).
+pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
+    // SAFETY: a plain C structure for which zeroes are valid, filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live descriptor and an out-parameter.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(quiet(format!(
+            "fstat: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(st.st_size as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn memfd(bytes: usize, fill: u8) -> OwnedFd {
+        // SAFETY: a fresh descriptor, owned at once; the file is written through it.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"fdpass-test".as_ptr(), 0)) };
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&vec![fill; bytes]).unwrap();
+        f.into()
+    }
+
+    #[test]
+    fn tickets_round_trip() {
+        let t = Ticket {
+            pid: 77,
+            pid_ns: 0x1234_5678_9abc,
+            sock: 3,
+            key: 99,
+            fd: 17,
+        };
+        assert_eq!(Ticket::decode(&t.encode()), t);
+    }
+
+    #[test]
+    fn a_descriptor_goes_over_the_socket_and_not_after_its_withdrawal() {
+        let o = offer(memfd(4096, 7));
+        let t = o.ticket();
+        assert_ne!(t.sock, NO_SOCKET);
+        // Over the socket as a peer process would (take() short-cuts our own pid).
+        let fd = via_socket(&t).expect("over the socket");
+        assert_eq!(file_size(fd.as_fd()).unwrap(), 4096);
+        let mut f = std::fs::File::from(fd);
+        let mut b = [0u8; 3];
+        use std::io::{Seek, SeekFrom};
+        f.seek(SeekFrom::Start(100)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        assert_eq!(b, [7; 3]);
+        assert!(take(&t).is_ok());
+        drop(o);
+        let e = via_socket(&t).expect_err("withdrawn");
+        assert!(e.contains("refused"), "{e}");
+        assert!(take(&t).is_err());
+        let bogus = Ticket { key: u64::MAX, ..t };
+        assert!(via_socket(&bogus).is_err());
+    }
+
+    /// The fallback: `pidfd_getfd` on our own process (always allowed) takes the offered
+    /// descriptor by its number.
+    #[test]
+    fn pidfd_getfd_takes_a_descriptor_by_number() {
+        let o = offer(memfd(100, 1));
+        let fd = via_pidfd(&o.ticket()).expect("pidfd_getfd on ourselves");
+        assert_eq!(file_size(fd.as_fd()).unwrap(), 100);
+        let other_ns = Ticket {
+            pid_ns: pid_namespace() ^ 1,
+            ..o.ticket()
+        };
+        assert!(via_pidfd(&other_ns).is_err());
+    }
+}
