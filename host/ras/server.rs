@@ -140,6 +140,8 @@ pub fn query(addr: SocketAddr, verbose: bool, timeout: Duration) -> std::io::Res
         let n = match s.read(&mut chunk) {
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // The read's own timeout (Linux says WouldBlock): the deadline above decides.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(e) => return Err(e),
         };
         if n == 0 {

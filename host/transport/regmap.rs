@@ -450,7 +450,10 @@ mod tests {
         let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
         let dev = Device::open(0).expect("device 0");
         let buf = dev.alloc(4096).expect("alloc");
-        let (base, handle) = dev.ipc_export(buf.ptr + 256).expect("export");
+        let (base, handle) = match dev.reg_export(buf.ptr + 256, false).expect("export") {
+            crate::cuda::RegExport::Ipc { base, handle } => (base, handle),
+            _ => panic!("a device allocation exports an IPC handle"),
+        };
         assert_eq!(base, buf.ptr);
         let mut regs = PeerRegs::new(&dev).expect("table");
         let rec = |id: u64, start: u64, end: u64| Record {
@@ -458,6 +461,7 @@ mod tests {
             start,
             end,
             base,
+            via: Via::Ipc,
             handle,
         };
         let remote = |e: Error| {
@@ -468,35 +472,35 @@ mod tests {
         // A range past the 4096 bytes the handle maps (1 GiB, then one byte too many).
         for end in [base + (1 << 30), base + 4097] {
             let e = regs
-                .apply(&dev, 3, 1, Some(rec(1, base + 256, end)))
+                .apply(&dev, 3, 1, Some(rec(1, base + 256, end)), true)
                 .expect_err("a range past its allocation");
             assert!(remote(e).contains("holds 4096"));
             assert_eq!((regs.used, count(&regs)), (0, 0), "nothing entered");
             assert!(regs.mappings.is_empty(), "the mapping was not kept");
         }
         // What the allocation holds enters.
-        regs.apply(&dev, 3, 1, Some(rec(1, base + 256, base + 4096)))
+        regs.apply(&dev, 3, 1, Some(rec(1, base + 256, base + 4096)), true)
             .expect("inside its allocation");
         assert_eq!((regs.used, count(&regs)), (1, 1));
         // The same id again, even with a good range: refused, the first entry kept.
         let e = regs
-            .apply(&dev, 3, 1, Some(rec(1, base, base + 16)))
+            .apply(&dev, 3, 1, Some(rec(1, base, base + 16)), true)
             .expect_err("a live id again");
         assert!(remote(e).contains("id 1 again"));
         assert_eq!((regs.used, count(&regs)), (1, 1));
         // Another id in the same (already mapped) allocation, past its end: refused.
         let e = regs
-            .apply(&dev, 3, 2, Some(rec(2, base + 4000, base + 8192)))
+            .apply(&dev, 3, 2, Some(rec(2, base + 4000, base + 8192)), true)
             .expect_err("past the mapped allocation");
         assert!(remote(e).contains("holds 4096"));
         assert_eq!(regs.mappings.get(&base).map(|m| m.refs), Some(1));
         // Withdrawing an id never entered changes nothing; withdrawing id 1 frees the mapping.
-        regs.apply(&dev, 3, 77, None).expect("unknown withdrawal");
+        regs.apply(&dev, 3, 77, None, true).expect("unknown withdrawal");
         assert_eq!(regs.by_id.len(), 1);
-        regs.apply(&dev, 3, 1, None).expect("withdrawal");
+        regs.apply(&dev, 3, 1, None, true).expect("withdrawal");
         assert!(regs.by_id.is_empty() && regs.mappings.is_empty());
         // A withdrawn id may be registered again.
-        regs.apply(&dev, 3, 1, Some(rec(1, base, base + 64)))
+        regs.apply(&dev, 3, 1, Some(rec(1, base, base + 64)), true)
             .expect("id 1 after its withdrawal");
         drop(regs);
     }
