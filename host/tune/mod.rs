@@ -545,8 +545,11 @@ impl Tuner {
 
     /// Bus bandwidth GB/s of (algo, proto) with all channels busy.
     fn bw(&self, coll: Coll, algo: Algo, proto: Proto) -> f64 {
-        let ring = if self.nnodes > 1 {
+        let ring = if self.nnodes > 1 && self.nlocal > 1 {
             self.bw_intra.min(self.bw_inter)
+        } else if self.nnodes > 1 {
+            // One rank per node: every ring step crosses the network.
+            self.bw_inter
         } else {
             self.bw_intra
         };
@@ -554,8 +557,11 @@ impl Tuner {
             Algo::Tree => {
                 // Tree algbw, turned into busbw so both compare on bus bytes.
                 let n = self.nranks as f64;
-                let alg = if self.nnodes > 1 {
+                let alg = if self.nnodes > 1 && self.nlocal > 1 {
                     (self.bw_intra * TREE_INTRA_EFF).min(self.bw_inter * TREE_INTER_EFF)
+                } else if self.nnodes > 1 {
+                    // One rank per node: no chain inside the nodes to slow the tree.
+                    self.bw_inter * TREE_INTER_EFF
                 } else {
                     self.bw_intra * TREE_INTRA_EFF
                 };
@@ -847,7 +853,9 @@ mod tests {
             rings: vec![(0..nranks).collect(); 8],
             trees: Vec::new(),
             speed: gbs,
-            bw_intra: 160.0,
+            // A node of one GPU: its search finds no link inside it, and what it reports must
+            // not bound the tree (which has no chain there).
+            bw_intra: if nlocal == 1 { 5.0 } else { 160.0 },
             bw_inter: gbs,
             lat_inter: lat_us,
             intra_type: PathType::Nvl,
