@@ -363,17 +363,8 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         k.local_copy(input.add(k.start), output.add(k.start), k.end - k.start);
         return;
     }
-    let a = &k.args;
-    let slot = a.tree_slot_bytes;
-    let pe = pack_elems::<T>();
-    let chunk = core::cmp::max(
-        pe,
-        core::cmp::min(
-            a.chunk_elems as usize,
-            slot as usize / core::mem::size_of::<T>(),
-        ) / pe
-            * pe,
-    );
+    let slot = k.args.tree_slot_bytes;
+    let chunk = tree_chunk::<T>(k.args.chunk_elems, slot);
     let (op, abort) = (k.op, k.abort_flag);
     let (start, end) = (k.start, k.end);
     let span = |c: usize| {
@@ -450,17 +441,8 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
 /// rank alike.
 unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>, t: &TreeDev) {
     let (input, output) = (k.input, k.output);
-    let a = &k.args;
-    let slot = a.tree_slot_bytes;
-    let pe = pack_elems::<T>();
-    let chunk = core::cmp::max(
-        pe,
-        core::cmp::min(
-            a.chunk_elems as usize,
-            slot as usize / core::mem::size_of::<T>(),
-        ) / pe
-            * pe,
-    );
+    let slot = k.args.tree_slot_bytes;
+    let chunk = tree_chunk::<T>(k.args.chunk_elems, slot);
     let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
     let (start, end) = (k.start, k.end);
     let span = |c: usize| {
@@ -550,6 +532,18 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
         }
         down.finish();
     }
+}
+
+/// Elements per step of a tree across nodes: the host's chunk, within one of its FIFO slots
+/// (`slot` bytes), in whole packs.
+#[inline(always)]
+fn tree_chunk<T>(chunk_elems: u32, slot: u32) -> usize {
+    let pe = pack_elems::<T>();
+    let fits = core::cmp::min(
+        chunk_elems as usize,
+        slot as usize / core::mem::size_of::<T>(),
+    );
+    core::cmp::max(pe, fits / pe * pe)
 }
 
 /// Chunks a head's first steps run ahead of its second ([`dbt_exchange`]): fewer than the
