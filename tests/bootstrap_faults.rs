@@ -68,7 +68,21 @@ fn unused_roots_end() {
     std::env::set_var("NCCL_BOOTSTRAP_TIMEOUT_MS", "1000");
     // Devices and their stream threads live as long as the process: open them first.
     let dev = nccl::Device::open(0).expect("simulated device");
-    let (threads0, fds0) = (count("/proc/self/task"), count("/proc/self/fd"));
+    // Threads of the tests before this one may still be ending: start from counts that held
+    // still for 300 ms (at most 10 s), or the 50 roots' threads could hide among those ending.
+    let now = || (count("/proc/self/task"), count("/proc/self/fd"));
+    let (threads0, fds0) = {
+        let (mut last, t) = (now(), Instant::now());
+        while t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(300));
+            let n = now();
+            if n == last {
+                break;
+            }
+            last = n;
+        }
+        last
+    };
     let mut ids = Vec::new();
     for i in 0..50 {
         let id = nccl::get_unique_id().expect("unique id");
