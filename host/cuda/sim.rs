@@ -1401,24 +1401,7 @@ mod tests {
     #[test]
     fn an_ipc_handle_naming_another_object_is_refused() {
         let dev = Device::open(0).expect("simulated device");
-        let foreign = format!("/peervalues-sim-foreign-{}", std::process::id());
-        let c = std::ffi::CString::new(foreign.clone()).expect("name");
-        /// Unlinks the test's object however the test ends.
-        struct Unlink(std::ffi::CString);
-        impl Drop for Unlink {
-            fn drop(&mut self) {
-                // SAFETY: unlinking the test's own name.
-                unsafe { libc::shm_unlink(self.0.as_ptr()) };
-            }
-        }
-        let _unlink = Unlink(c.clone());
-        // SAFETY: plain system calls on a name of this test; results checked.
-        unsafe {
-            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
-            assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
-            assert_eq!(libc::ftruncate(fd, 4096), 0);
-            libc::close(fd);
-        }
+        let foreign = crate::transport::shm::ForeignObject::create("peervalues-sim-foreign", 4096);
         let p = dev.alloc(4096).expect("alloc");
         let good = dev.ipc_handle(p).expect("handle");
         let good_name = {
@@ -1426,7 +1409,7 @@ mod tests {
             String::from_utf8(good[12..end].to_vec()).expect("utf-8")
         };
         for name in [
-            foreign.as_str(),
+            foreign.name.as_str(),
             "/ncclrs-1@2-shm-3-0to1",
             &format!("{good_name}-x"),
             &format!("{good_name}/x"),

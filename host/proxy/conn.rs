@@ -720,13 +720,15 @@ mod tests {
     use nccl_device::abi::{proxy_proto_word, PROTO_LL};
     use std::sync::atomic::AtomicUsize;
 
-    /// A receive endpoint whose receives never complete, counting how often it is tested.
-    struct CountingRecv {
+    /// A receive endpoint counting how often it is tested, whose receives never complete
+    /// (`lands` None) or complete at once with `lands` bytes.
+    struct FakeRecv {
         tests: Arc<AtomicUsize>,
+        lands: Option<usize>,
         next: u64,
     }
 
-    impl RecvComm for CountingRecv {
+    impl RecvComm for FakeRecv {
         unsafe fn reg_mr(&mut self, _ptr: *mut u8, _len: usize, _kind: u32) -> Result<Mr> {
             Ok(Mr(1))
         }
@@ -739,7 +741,7 @@ mod tests {
         }
         fn test(&mut self, _req: Request) -> Result<Option<Vec<usize>>> {
             self.tests.fetch_add(1, Ordering::Relaxed);
-            Ok(None)
+            Ok(self.lands.map(|n| vec![n]))
         }
     }
 
@@ -748,8 +750,9 @@ mod tests {
         let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
         let dev = Device::open(0).expect("device 0");
         let tests = Arc::new(AtomicUsize::new(0));
-        let side = Side::Recv(Box::new(CountingRecv {
+        let side = Side::Recv(Box::new(FakeRecv {
             tests: tests.clone(),
+            lands: None,
             next: 0,
         }));
         let layout = ConnLayout { stride: 4096 };
@@ -779,28 +782,6 @@ mod tests {
         assert_eq!(count(), 4);
     }
 
-    /// A receive endpoint whose receives complete at once with `size` bytes.
-    struct SizedRecv {
-        size: usize,
-        next: u64,
-    }
-
-    impl RecvComm for SizedRecv {
-        unsafe fn reg_mr(&mut self, _ptr: *mut u8, _len: usize, _kind: u32) -> Result<Mr> {
-            Ok(Mr(1))
-        }
-        fn dereg_mr(&mut self, _mr: Mr) -> Result<()> {
-            Ok(())
-        }
-        fn irecv(&mut self, _bufs: &[RecvBuf]) -> Result<Option<Request>> {
-            self.next += 1;
-            Ok(Some(Request(self.next)))
-        }
-        fn test(&mut self, _req: Request) -> Result<Option<Vec<usize>>> {
-            Ok(Some(vec![self.size]))
-        }
-    }
-
     /// A step the network reports landed with more bytes than the slot posted for it is
     /// ncclRemoteError naming the peer; one that fits lands.
     #[test]
@@ -809,7 +790,11 @@ mod tests {
         let dev = Device::open(0).expect("device 0");
         let layout = ConnLayout { stride: 4096 };
         for (size, ok) in [(4096, true), (4097, false), (usize::MAX, false)] {
-            let side = Side::Recv(Box::new(SizedRecv { size, next: 0 }));
+            let side = Side::Recv(Box::new(FakeRecv {
+                tests: Default::default(),
+                lands: Some(size),
+                next: 0,
+            }));
             let mut c = NetConn::new(side, &dev, layout, FifoPlace::Host, 5, "test".into())
                 .expect("connection");
             assert!(c.post().expect("post"));

@@ -423,6 +423,51 @@ impl LinkLayout {
     }
 }
 
+/// For tests: a POSIX shared memory object that belongs to nobody in the library (another
+/// program's, as far as the library can tell), removed when dropped.
+#[cfg(test)]
+pub(crate) struct ForeignObject {
+    pub name: String,
+    c: CString,
+}
+
+#[cfg(test)]
+impl ForeignObject {
+    /// `/<tag>-<pid>`, of `bytes` bytes.
+    pub fn create(tag: &str, bytes: usize) -> ForeignObject {
+        let name = format!("/{tag}-{}", std::process::id());
+        let c = CString::new(name.clone()).expect("name");
+        // SAFETY: plain system calls on a name of the test's; results checked.
+        unsafe {
+            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
+            assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::ftruncate(fd, bytes as libc::off_t), 0);
+            libc::close(fd);
+        }
+        ForeignObject { name, c }
+    }
+
+    /// Whether the object is still there.
+    pub fn exists(&self) -> bool {
+        // SAFETY: a plain open of the test's name; the descriptor is closed at once.
+        unsafe {
+            let fd = libc::shm_open(self.c.as_ptr(), libc::O_RDWR, 0);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            fd >= 0
+        }
+    }
+}
+
+#[cfg(test)]
+impl Drop for ForeignObject {
+    fn drop(&mut self) {
+        // SAFETY: unlinking the test's own name.
+        unsafe { libc::shm_unlink(self.c.as_ptr()) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,24 +498,7 @@ mod tests {
         let dev = Device::open(0).expect("device 0");
         let page = page_size();
         // Someone else's object, of the size the record claims.
-        let foreign = format!("/peervalues-foreign-{}", std::process::id());
-        let c = CString::new(foreign.clone()).expect("name");
-        /// Unlinks the test's object however the test ends.
-        struct Unlink(std::ffi::CString);
-        impl Drop for Unlink {
-            fn drop(&mut self) {
-                // SAFETY: unlinking the test's own name.
-                unsafe { libc::shm_unlink(self.0.as_ptr()) };
-            }
-        }
-        let _unlink = Unlink(c.clone());
-        // SAFETY: plain system calls on a name of this test; results checked.
-        unsafe {
-            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
-            assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
-            assert_eq!(libc::ftruncate(fd, page as libc::off_t), 0);
-            libc::close(fd);
-        }
+        let foreign = ForeignObject::create("peervalues-foreign", page);
         let record_for = |name: &str| {
             let mut r = (page as u64).to_le_bytes().to_vec();
             r.extend_from_slice(name.as_bytes());
@@ -479,7 +507,7 @@ mod tests {
         let (_mem, good) = ShmMem::create(&dev, 1, 0, page).expect("segment");
         let good_name = std::str::from_utf8(&good[8..]).expect("utf-8").to_string();
         for name in [
-            foreign.clone(),
+            foreign.name.clone(),
             format!("{good_name}/../x"),
             good_name.replace("-shm-", "-"),
             format!("/ncclrs-{}@1-shm-x-0to1", std::process::id()),
@@ -493,11 +521,7 @@ mod tests {
             assert!(e.message.contains("not a segment"), "{e}");
         }
         // The foreign object is still there (an opener unlinks what it opened).
-        // SAFETY: as above.
-        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
-        assert!(fd >= 0, "the foreign object was removed");
-        // SAFETY: our descriptor.
-        unsafe { libc::close(fd) };
+        assert!(foreign.exists(), "the foreign object was removed");
         // The real record still opens.
         ShmMem::open(&dev, &good, page).expect("open");
     }
