@@ -585,3 +585,30 @@ fn registered_vmm_buffers_across_processes_on_gpus() {
         );
     }
 }
+
+/// Issue 23 on GPUs: a rank process killed (SIGKILL) while every rank's AllReduces run, 2 and
+/// 2x2 ranks as 2 nodes (with NCCL_RS_SHARED_GPUS=1 they may share one GPU; start MPS first).
+/// Every survivor's async error names the dead rank within the bound, its stuck kernels end on
+/// abort, and abort, the stream and destroy all return.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn killed_peer_mid_collective_on_gpus() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::init_logging();
+        let dev = nccl::Device::open(devices(nranks)[rank]).expect("open the GPU");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
+        // 100 AllReduces of 64 MiB: about a second of work over loopback sockets.
+        let limit = std::time::Duration::from_secs(30);
+        common::faults::killed_mid_collective(comm, nranks - 1, 16 << 20, 100, limit);
+        return;
+    }
+    for (nodes, per_node) in [(2, 1), (2, 2)] {
+        common::procs::run_nodes_with_victim(
+            "killed_peer_mid_collective_on_gpus",
+            nodes,
+            per_node,
+            &[("NCCL_SOCKET_IFNAME", "lo")],
+            nodes * per_node - 1,
+        );
+    }
+}

@@ -74,60 +74,9 @@ fn killed_peer_mid_collective_raises_async_errors() {
         nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
-        let victim = nranks - 1;
-        let count = 1 << 20;
-        let buf = comm.device().alloc(count * 4).expect("alloc");
-        let stream = comm.device().stream_create().expect("stream");
         // Everyone starts a large AllReduce; the victim dies once its kernel runs.
-        unsafe {
-            comm.all_reduce_raw(
-                buf.ptr(),
-                buf.ptr(),
-                count,
-                DataType::Float32,
-                ReduceOp::Sum,
-                stream,
-            )
-        }
-        .expect("issue the AllReduce");
-        if rank == victim {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            // SAFETY: kill(2) on our own pid.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        }
-        let t0 = std::time::Instant::now();
         let limit = std::time::Duration::from_secs(30);
-        let err = loop {
-            if let Err(e) = comm.get_async_error() {
-                break e;
-            }
-            assert!(
-                t0.elapsed() < limit,
-                "rank {rank}: no async error after {limit:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        eprintln!("rank {rank}: async error after {:?}: {err}", t0.elapsed());
-        let t1 = std::time::Instant::now();
-        comm.abort();
-        eprintln!("rank {rank}: abort returned after {:?}", t1.elapsed());
-        // The aborted kernel ends; only then may its buffer go (and only then may a failed
-        // check below unwind: a panic that drops the buffer under the kernel would end the
-        // process in a SIGSEGV that hides the failure).
-        let _ = comm.device().stream_sync(stream);
-        eprintln!("rank {rank}: stream drained after {:?}", t1.elapsed());
-        drop(buf);
-        comm.destroy().ok();
-        eprintln!("rank {rank}: abort and destroy took {:?}", t1.elapsed());
-        assert!(
-            matches!(
-                err.code,
-                nccl::NcclResult::RemoteError | nccl::NcclResult::SystemError
-            ),
-            "{err}"
-        );
-        // The message names the dead rank.
-        assert!(err.message.contains(&format!("rank {victim}")), "{err}");
+        common::faults::killed_mid_collective(comm, nranks - 1, 1 << 20, 1, limit);
         return;
     }
     // 2x1 and 3x1: every survivor has a network connection to the victim. 2x2 and 1x3: some

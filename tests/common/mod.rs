@@ -7,6 +7,7 @@ use nccl::{Comm, DataType, ReduceOp, StreamHandle};
 use nccl_device::abi::Coll;
 use nccl_device::types::Elem;
 
+pub mod faults;
 pub mod graphs;
 pub mod netns;
 pub mod register;
