@@ -5,7 +5,8 @@ use super::ifaces::{self, Family};
 use super::wire;
 use super::*;
 use crate::error::NcclResult;
-use crate::transport::net::{RecvBuf, PTR_CUDA};
+use crate::transport::net::{RecvBuf, Request, PTR_CUDA};
+use std::collections::VecDeque;
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1096,4 +1097,115 @@ fn deregistering_withdraws_receives_that_have_not_begun() {
     let e = r.test(reqs[1]).unwrap_err();
     assert!(e.message.contains("withdrawn"), "{e}");
     s.dereg_mr(smr).expect("the send completed");
+}
+
+/// The proxy's traffic without a GPU (a lab tool for the cross-node bandwidth): `conns`
+/// connections each way between two sides, each a FIFO of 8 slots of 512 KiB, every slot sent
+/// again as soon as its send completes and received again as soon as it lands (an infinitely
+/// fast kernel); one thread per side drives all of its sends and receives, as a proxy does.
+/// Prints GB/s per direction. Run with `cargo test --workspace --all-features --lib
+/// fifo_streams -- --ignored --nocapture` (NCCL_RS_LAB_CONNS=1,2,4,8; NCCL_RS_LAB_SECS).
+#[test]
+#[ignore]
+fn fifo_streams() {
+    const SLOTS: usize = 8;
+    const SLOT: usize = 512 << 10;
+    let list = std::env::var("NCCL_RS_LAB_CONNS").unwrap_or_else(|_| "1,2,4,8".into());
+    let secs: f64 = std::env::var("NCCL_RS_LAB_SECS").map_or(2.0, |s| s.parse().unwrap());
+    for conns in list.split(',').map(|c| c.trim().parse::<usize>().unwrap()) {
+        let net = lo_net(1, 1);
+        // Side k sends on sends[k] and receives on recvs[k]; a connection's two ends are
+        // sends[k][i] and recvs[1 - k][i].
+        let mut ends: Vec<(Vec<Box<dyn SendComm>>, Vec<Box<dyn RecvComm>>)> =
+            vec![(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+        for k in 0..2 {
+            for _ in 0..conns {
+                let (s, r) = pair(&net);
+                ends[k].0.push(s);
+                ends[1 - k].1.push(r);
+            }
+        }
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let moved: Vec<u64> = std::thread::scope(|sc| {
+            let stop = &stop;
+            let sides: Vec<_> = ends
+                .into_iter()
+                .map(|(mut sends, mut recvs)| {
+                    sc.spawn(move || {
+                        let mut sbufs: Vec<Vec<u8>> =
+                            (0..conns).map(|_| vec![7u8; SLOTS * SLOT]).collect();
+                        let mut rbufs: Vec<Vec<u8>> =
+                            (0..conns).map(|_| vec![0u8; SLOTS * SLOT]).collect();
+                        let smr: Vec<Mr> = sends
+                            .iter_mut()
+                            .zip(&mut sbufs)
+                            .map(|(s, b)| reg_send(s.as_mut(), b))
+                            .collect();
+                        let rmr: Vec<Mr> = recvs
+                            .iter_mut()
+                            .zip(&mut rbufs)
+                            .map(|(r, b)| reg_recv(r.as_mut(), b))
+                            .collect();
+                        // In flight per connection, oldest first: (slot, request).
+                        let mut sq: Vec<VecDeque<(usize, Request)>> = vec![VecDeque::new(); conns];
+                        let mut rq: Vec<VecDeque<(usize, Request)>> = vec![VecDeque::new(); conns];
+                        let (mut snext, mut rnext) = (vec![0usize; conns], vec![0usize; conns]);
+                        let mut got = 0u64;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            for i in 0..conns {
+                                while sq[i].len() < SLOTS {
+                                    let slot = snext[i] % SLOTS;
+                                    let Some(q) =
+                                        sends[i].isend(smr[i], slot * SLOT, SLOT, 0).unwrap()
+                                    else {
+                                        break;
+                                    };
+                                    sq[i].push_back((slot, q));
+                                    snext[i] += 1;
+                                }
+                                while rq[i].len() < SLOTS {
+                                    let slot = rnext[i] % SLOTS;
+                                    let buf = RecvBuf {
+                                        mr: rmr[i],
+                                        offset: slot * SLOT,
+                                        max_len: SLOT,
+                                        tag: 0,
+                                    };
+                                    let Some(q) = recvs[i].irecv(&[buf]).unwrap() else {
+                                        break;
+                                    };
+                                    rq[i].push_back((slot, q));
+                                    rnext[i] += 1;
+                                }
+                                while let Some(&(_, q)) = sq[i].front() {
+                                    if sends[i].test(q).unwrap().is_none() {
+                                        break;
+                                    }
+                                    sq[i].pop_front();
+                                }
+                                while let Some(&(_, q)) = rq[i].front() {
+                                    let Some(n) = recvs[i].test(q).unwrap() else { break };
+                                    got += n[0] as u64;
+                                    rq[i].pop_front();
+                                }
+                            }
+                            std::thread::yield_now();
+                        }
+                        // The comms go first (their threads joined), then the buffers they
+                        // move bytes of, after both sides stopped (no errors to see).
+                        (got, sends, recvs, sbufs, rbufs)
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let done: Vec<_> = sides.into_iter().map(|h| h.join().unwrap()).collect();
+            done.into_iter().map(|(g, ..)| g).collect()
+        });
+        println!(
+            "socket net loopback, {conns} connection(s) each way, 8 x 512 KiB FIFOs, one \
+             driving thread per side: {:.2} GB/s per direction",
+            moved.iter().sum::<u64>() as f64 / 2.0 / secs / 1e9
+        );
+    }
 }
