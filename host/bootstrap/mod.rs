@@ -37,6 +37,7 @@
 
 mod abort;
 mod id;
+mod keys;
 mod p2p;
 mod ras;
 mod root;
@@ -84,7 +85,8 @@ const NOTICE_GRACE: Duration = Duration::from_secs(1);
 /// One rank's end of the bootstrap network. Send + Sync: any thread may call any method.
 pub struct Bootstrap {
     shared: Arc<Shared>,
-    /// Every rank's listen address and key, by rank.
+    /// Every rank's listen address and the key of its pair with this rank, by rank (this
+    /// rank's own entry: key 0).
     peers: Vec<Member>,
     /// One lazily opened connection per peer; the lock keeps frames to one peer in order.
     out: Vec<Mutex<Option<Outgoing>>>,
@@ -190,10 +192,10 @@ impl Bootstrap {
             addr: socket::local_addr(&listener).map_err(|e| {
                 Error::system(format!("bootstrap rank {rank}: no local address: {e}"))
             })?,
-            key: id::random_nonce(),
+            key: 0,
         };
         // The first id's nonce names the whole bootstrap: every rank knows it.
-        let shared = Shared::start(rank, nranks, f0.nonce, me.key, listener)?;
+        let shared = Shared::start(rank, nranks, f0.nonce, listener)?;
         let closer = shared.clone();
         let hook = abort.hook(move || closer.close("aborted"));
         // From here on, dropping `bs` on an error path closes what was opened.
@@ -213,9 +215,9 @@ impl Bootstrap {
         );
         stagger(plan.size(block), local, abort)?;
         let peers = if nids == 1 {
-            exchange_with_root(f0.root, f0.nonce, rank, nranks, me, deadline, abort)?
+            exchange_with_root(f0.root, f0.nonce, rank, nranks, me.addr, deadline, abort)?
         } else {
-            bs.merge_tables(&fields, &plan, me, deadline, abort)?
+            bs.merge_tables(&fields, &plan, me.addr, deadline, abort)?
         };
         if peers.len() != nranks || peers[rank] != me {
             return Err(Error::remote(format!(
@@ -223,7 +225,13 @@ impl Bootstrap {
                 me.addr
             )));
         }
-        bs.shared.learn(peers.iter().map(|m| m.key).enumerate());
+        bs.shared.learn(
+            peers
+                .iter()
+                .enumerate()
+                .filter(|&(r, _)| r != rank)
+                .map(|(r, m)| (r, m.key)),
+        );
         bs.peers = peers;
         if nranks > 1 {
             // The ring connection now, so that a broken peer shows at init and the first
@@ -246,13 +254,19 @@ impl Bootstrap {
     /// The address table of a bootstrap with several roots. Each block's root serves its block
     /// as an ordinary bootstrap; the root of id 0 also serves the leaders (first ranks) of the
     /// other blocks, as extra ranks after block 0's. So rank 0 learns every leader, and every
-    /// leader rank 0. Leaders send rank 0 their block's table; rank 0 sends the whole table to
-    /// block 0 and to the leaders, and each leader forwards it to its block.
+    /// leader rank 0. Leaders send rank 0 their block's addresses; rank 0 sends the whole
+    /// address table to block 0 and to the leaders, and each leader forwards it to its block.
+    ///
+    /// Keys: a pair in one block has its key from that block's root, a pair of root 0's ranks
+    /// (block 0 and the leaders) from root 0; these keys never leave the two ranks. Any other
+    /// pair (two blocks, not both served by root 0) derives its key from the secret of its two
+    /// blocks, which rank 0 draws and sends with the table: block b gets the secrets of every
+    /// pair (b, c), through its leader.
     fn merge_tables(
         &mut self,
         fields: &[id::IdFields],
         plan: &RootPlan,
-        me: Member,
+        me: SocketAddr,
         deadline: Instant,
         abort: &AbortFlag,
     ) -> Result<Vec<Member>> {
@@ -265,68 +279,100 @@ impl Bootstrap {
         let local = rank - start;
         let n0 = plan.size(0);
         let guests = nids - 1;
+        // Root 0's ranks: block 0, then the leader of every other block.
+        let root0_rank = |i: usize| if i < n0 { i } else { plan.start(i - n0 + 1) };
         let f = fields[block];
         let own_n = if block == 0 { n0 + guests } else { size };
+        // known[r]: rank r's address and the key of our pair came from a root.
+        let mut known = vec![false; nranks];
         let table = exchange_with_root(f.root, f.nonce, local, own_n, me, deadline, abort)?;
-        self.peers[start..start + size].copy_from_slice(&table[..size]);
-        let leaders_from = |peers: &mut [Member], t: &[Member]| {
-            for j in 1..nids {
-                peers[plan.start(j)] = t[n0 + j - 1];
-            }
-            peers[..n0].copy_from_slice(&t[..n0]);
-        };
-        if block == 0 {
-            leaders_from(&mut self.peers, &table);
-        } else if local == 0 {
+        for (i, m) in table.iter().enumerate() {
+            let r = if block == 0 { root0_rank(i) } else { start + i };
+            self.peers[r] = *m;
+            known[r] = true;
+        }
+        if block != 0 && local == 0 {
             let f0 = fields[0];
             let guest = n0 + block - 1;
             let t0 =
                 exchange_with_root(f0.root, f0.nonce, guest, n0 + guests, me, deadline, abort)?;
-            leaders_from(&mut self.peers, &t0);
+            for (i, m) in t0.iter().enumerate() {
+                let r = root0_rank(i);
+                if r != rank {
+                    self.peers[r] = *m;
+                    known[r] = true;
+                }
+            }
         }
-        // The keys known so far (this block, rank 0's block and the leaders): greetings from
-        // those ranks are checked against them while the tables are merged.
-        let known = |peers: &[Member]| {
-            let leaders = (1..nids).map(|j| plan.start(j));
-            (start..start + size)
-                .chain(0..n0)
-                .chain(leaders)
-                .map(|r| (r, peers[r].key))
-                .collect::<Vec<_>>()
-        };
-        if block == 0 || local == 0 {
-            self.shared.learn(known(&self.peers));
-        } else {
-            self.shared
-                .learn((start..start + size).map(|r| (r, self.peers[r].key)));
-        }
-        let take = |from: usize, tag: u32, count: usize| -> Result<Vec<Member>> {
+        // Greetings from these ranks are checked while the tables are merged.
+        self.shared.learn(
+            (0..nranks)
+                .filter(|&r| known[r] && r != rank)
+                .map(|r| (r, self.peers[r].key)),
+        );
+        let take = |from: usize, tag: u32, naddrs: usize, nsecrets: usize| {
             let b = self.shared.take(from, Channel::Setup, tag, deadline)?;
-            wire::decode_members(&b, count)
+            wire::decode_setup(&b, naddrs, nsecrets)
         };
-        if rank == 0 {
-            let mut full = self.peers.clone();
+        let (addrs, row) = if rank == 0 {
+            let mut addrs: Vec<SocketAddr> = self.peers.iter().map(|m| m.addr).collect();
             for j in 1..nids {
-                let t = take(plan.start(j), TAG_BLOCK, plan.size(j))?;
-                full[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
+                let (t, _) = take(plan.start(j), TAG_BLOCK, plan.size(j), 0)?;
+                addrs[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
             }
-            let msg = wire::encode_members(&full);
-            for r in (1..n0).chain((1..nids).map(|j| plan.start(j))) {
-                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
+            let s0 = keys::Secret::draw()?;
+            let row_of = |b: usize| -> Vec<[u64; 2]> {
+                (0..nids)
+                    .map(|c| keys::block_pair_secret(s0, b, c).0)
+                    .collect()
+            };
+            let base = wire::encode_setup(&addrs, &[]);
+            let with_row = |b: usize| [base.as_slice(), &wire::encode_setup(&[], &row_of(b))].concat();
+            let msg0 = with_row(0);
+            for r in 1..n0 {
+                self.send_on(r, Channel::Setup, TAG_FULL, &msg0)?;
             }
-            Ok(full)
+            for j in 1..nids {
+                self.send_on(plan.start(j), Channel::Setup, TAG_FULL, &with_row(j))?;
+            }
+            (addrs, row_of(0))
         } else if local == 0 {
-            let mine = wire::encode_members(&self.peers[start..start + size]);
-            self.send_on(0, Channel::Setup, TAG_BLOCK, &mine)?;
-            let full = take(0, TAG_FULL, nranks)?;
-            let msg = wire::encode_members(&full);
+            let mine: Vec<SocketAddr> = self.peers[start..start + size]
+                .iter()
+                .map(|m| m.addr)
+                .collect();
+            self.send_on(0, Channel::Setup, TAG_BLOCK, &wire::encode_setup(&mine, &[]))?;
+            let b = self.shared.take(0, Channel::Setup, TAG_FULL, deadline)?;
+            let full = wire::decode_setup(&b, nranks, nids)?;
             for r in start + 1..start + size {
-                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
+                self.send_on(r, Channel::Setup, TAG_FULL, &b)?;
             }
-            Ok(full)
+            full
         } else {
-            take(start, TAG_FULL, nranks)
+            take(start, TAG_FULL, nranks, nids)?
+        };
+        let mut derived = Vec::with_capacity(nranks);
+        for r in 0..nranks {
+            if known[r] {
+                // What a root said wins, and the relayed table must agree with it.
+                if addrs[r] != self.peers[r].addr {
+                    return Err(Error::remote(format!(
+                        "bootstrap rank {rank}: the merged table puts rank {r} at {}, its root \
+                         at {}",
+                        addrs[r], self.peers[r].addr
+                    )));
+                }
+                continue;
+            }
+            let key = keys::pair_key(keys::Secret(row[plan.block_of(r)]), rank, r);
+            self.peers[r] = Member {
+                addr: addrs[r],
+                key,
+            };
+            derived.push((r, key));
         }
+        self.shared.learn(derived);
+        Ok(self.peers.clone())
     }
 
     pub fn rank(&self) -> usize {
@@ -712,7 +758,7 @@ fn exchange_with_root(
     nonce: u64,
     rank: usize,
     nranks: usize,
-    me: Member,
+    me: SocketAddr,
     deadline: Instant,
     abort: &AbortFlag,
 ) -> Result<Vec<Member>> {
@@ -735,7 +781,7 @@ fn exchange_with_root(
         rank: rank as u32,
         nranks: nranks as u32,
         timeout_ms: socket::millis(deadline.saturating_duration_since(Instant::now())),
-        me,
+        addr: me,
     };
     let late = deadline + ROOT_GRACE;
     socket::write_frame(&stream, &wire::encode_hello(&hello), late).map_err(|e| {

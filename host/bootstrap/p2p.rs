@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
+use super::keys::same_key;
 use super::socket;
 use super::wire::{self, Channel, Connect, Msg};
 use crate::error::{Error, Result};
@@ -80,10 +81,9 @@ pub(crate) struct Shared {
     pub rank: usize,
     pub nranks: usize,
     pub nonce: u64,
-    /// This rank's key: its greetings carry it.
-    pub key: u64,
-    /// Every rank's key, as the tables made it known (None: not yet); a greeting must carry
-    /// the key of the rank it claims to be.
+    /// The key of this rank's pair with every rank, as the tables made it known (None: not
+    /// yet). A greeting from rank j must carry the key of the pair (j, this rank), which only
+    /// j, this rank and the root hold; this rank greets j with the same key.
     keys: Mutex<Vec<Option<u64>>>,
     learned: Condvar,
     /// Connections accepted but not yet through their greeting.
@@ -112,7 +112,6 @@ impl Shared {
         rank: usize,
         nranks: usize,
         nonce: u64,
-        key: u64,
         listener: Socket,
     ) -> Result<Arc<Shared>> {
         let accepting = listener
@@ -122,7 +121,6 @@ impl Shared {
             rank,
             nranks,
             nonce,
-            key,
             keys: Mutex::new(vec![None; nranks]),
             learned: Condvar::new(),
             handshakes: socket::Gate::new(socket::MAX_HANDSHAKES),
@@ -146,7 +144,8 @@ impl Shared {
         Ok(shared)
     }
 
-    /// Records the keys of these ranks (from a table the root or rank 0 sent).
+    /// Records the keys of this rank's pairs with these ranks (from a root's table, or derived
+    /// from a secret rank 0 sent).
     pub(crate) fn learn(&self, members: impl IntoIterator<Item = (usize, u64)>) {
         let mut keys = lock(&self.keys);
         for (r, k) in members {
@@ -158,7 +157,19 @@ impl Shared {
         self.learned.notify_all();
     }
 
-    /// The key of `rank`, waiting for a table to make it known until `deadline`.
+    /// The key of the pair (`rank`, this rank) if it is known now.
+    fn key_now(&self, rank: usize) -> Option<u64> {
+        lock(&self.keys).get(rank).copied().flatten()
+    }
+
+    /// Every pairwise key this rank holds, by rank (tests: what a member knows).
+    #[cfg(test)]
+    pub(crate) fn known_keys(&self) -> Vec<Option<u64>> {
+        lock(&self.keys).clone()
+    }
+
+    /// The key of the pair (`rank`, this rank), waiting for a table to make it known until
+    /// `deadline`.
     fn key_of(&self, rank: usize, deadline: Instant) -> Option<u64> {
         let mut keys = lock(&self.keys);
         loop {
@@ -538,6 +549,11 @@ impl Outgoing {
                 "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
             ))
         })?;
+        let Some(key) = shared.key_now(peer) else {
+            return Err(Error::internal(format!(
+                "bootstrap rank {rank}: no key for the pair with rank {peer} yet"
+            )));
+        };
         let Some(id) = shared.register(&stream) else {
             return Err(shared
                 .check_open()
@@ -548,7 +564,7 @@ impl Outgoing {
             nonce: shared.nonce,
             from: rank as u32,
             nranks: shared.nranks as u32,
-            key: shared.key,
+            key,
         });
         let out = Outgoing {
             stream,
@@ -622,8 +638,9 @@ fn accept_loop(shared: Arc<Shared>, listener: Socket) {
 }
 
 /// Checks the `Connect` greeting of an incoming connection: this bootstrap's nonce, a rank in
-/// range, and that rank's own key (so a process that knows only the unique id cannot pass as
-/// a rank). The sender's rank if all holds.
+/// range, and the key of the pair (that rank, this one), compared in constant time: a process
+/// that knows only the unique id cannot pass as a rank, nor can another member, which holds
+/// the keys of its own pairs only. The sender's rank if all holds.
 fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Result<usize, String> {
     let deadline = socket::deadline_after(socket::handshake_wait());
     let body =
@@ -638,11 +655,13 @@ fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Result<usize, S
         return Err(format!("a greeting as rank {from}, which cannot call us"));
     }
     match shared.key_of(from, deadline) {
-        Some(k) if k == c.key => Ok(from),
+        Some(k) if same_key(k, c.key) => Ok(from),
         Some(_) => Err(format!(
-            "a greeting as rank {from} without that rank's key (not rank {from})"
+            "a greeting as rank {from} without the key of our pair (not rank {from})"
         )),
-        None => Err(format!("a greeting as rank {from}, whose key is not known yet")),
+        None => Err(format!(
+            "a greeting as rank {from}, the key of whose pair with us is not known yet"
+        )),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The bootstrap root: a detached thread that waits for every rank's hello, then sends each
-//! rank the table of all ranks' listen addresses and exits. If a rank's timeout expires before
+//! rank the table of all ranks' listen addresses, with the keys of that rank's pairs
+//! (`keys::pair_key` under a secret the root drew at its start, which never leaves it), and
+//! exits. If a rank's timeout expires before
 //! all arrived, it tells every rank that did arrive how many came, and exits.
 //!
 //! A root that no rank reaches within `NCCL_BOOTSTRAP_TIMEOUT_MS` of its start (an id that is
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
+use super::keys::{self, Secret};
 use super::socket;
 use super::wire::{self, Hello, Member, Msg};
 use crate::error::{Error, NcclResult, Result};
@@ -33,12 +36,14 @@ struct Arrival {
 pub(crate) fn spawn(listener: Socket, addr: SocketAddr, nonce: u64) -> Result<()> {
     // How long the root waits for its first rank.
     let idle = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
-    socket::spawn("nccl-bs-root", move || run(listener, addr, nonce, idle))
+    // Drawn now, known to this thread only: every pair's key comes from it.
+    let secret = Secret::draw()?;
+    socket::spawn("nccl-bs-root", move || run(listener, addr, nonce, secret, idle))
         .map(|_| ())
         .map_err(|e| Error::system(format!("bootstrap root: cannot start its thread: {e}")))
 }
 
-fn run(listener: Socket, addr: SocketAddr, nonce: u64, idle: Duration) {
+fn run(listener: Socket, addr: SocketAddr, nonce: u64, secret: Secret, idle: Duration) {
     let (tx, rx) = mpsc::channel::<Arrival>();
     let stop = Arc::new(AtomicBool::new(false));
     let accepting = match listener.try_clone() {
@@ -55,7 +60,7 @@ fn run(listener: Socket, addr: SocketAddr, nonce: u64, idle: Duration) {
         log::warn!("bootstrap root {addr}: cannot start the accept thread: {e}");
         return;
     }
-    gather(&rx, addr, nonce, idle);
+    gather(&rx, addr, nonce, secret, idle);
     stop.store(true, Ordering::SeqCst);
     // Wakes the accept thread out of accept() (Linux returns EINVAL there) and frees the port.
     let _ = listener.shutdown(std::net::Shutdown::Both);
@@ -166,12 +171,18 @@ fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello>
 
 struct Joined {
     stream: TcpStream,
-    member: Member,
+    addr: SocketAddr,
 }
 
 /// Waits for all ranks, answers them. Returns when the bootstrap completed or failed, or when
 /// no rank arrived within `idle`.
-fn gather(rx: &mpsc::Receiver<Arrival>, addr: SocketAddr, nonce: u64, idle: Duration) {
+fn gather(
+    rx: &mpsc::Receiver<Arrival>,
+    addr: SocketAddr,
+    nonce: u64,
+    secret: Secret,
+    idle: Duration,
+) {
     let mut joined: Vec<Option<Joined>> = Vec::new();
     let mut count = 0usize;
     // The earliest moment at which some arrived rank gives up, and that rank.
@@ -270,22 +281,33 @@ fn gather(rx: &mpsc::Receiver<Arrival>, addr: SocketAddr, nonce: u64, idle: Dura
         }
         joined[rank] = Some(Joined {
             stream: a.stream,
-            member: a.hello.me,
+            addr: a.hello.addr,
         });
         count += 1;
         if count == joined.len() {
             break;
         }
     }
-    let table: Vec<Member> = joined.iter().flatten().map(|j| j.member).collect();
+    let addrs: Vec<SocketAddr> = joined.iter().flatten().map(|j| j.addr).collect();
     log::info!(
-        "bootstrap root {addr}: all {} ranks arrived; sending the address table",
-        table.len()
+        "bootstrap root {addr}: all {} ranks arrived; sending the address tables",
+        addrs.len()
     );
-    let frame = wire::encode_table(nonce, &table);
     let deadline = socket::deadline_after(ANSWER_WAIT);
+    // One table per rank, made when it is sent: rank i's lists the keys of its pairs only.
+    let mut table: Vec<Member> = Vec::with_capacity(addrs.len());
     for (rank, j) in joined.iter().enumerate() {
         if let Some(j) = j {
+            table.clear();
+            table.extend(addrs.iter().enumerate().map(|(peer, &a)| Member {
+                addr: a,
+                key: if peer == rank {
+                    0
+                } else {
+                    keys::pair_key(secret, rank, peer)
+                },
+            }));
+            let frame = wire::encode_table(nonce, &table);
             if let Err(e) = socket::write_frame(&j.stream, &frame, deadline) {
                 // That rank will fail on its own; the others can still go on.
                 log::warn!("bootstrap root {addr}: cannot send the table to rank {rank}: {e}");

@@ -290,10 +290,7 @@ fn root_survives_garbage() {
             rank,
             nranks,
             timeout_ms: 1000,
-            me: wire::Member {
-                addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
-                key: 1,
-            },
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
         })
     };
     let good = hello(nonce, 0, 3);
@@ -584,6 +581,116 @@ fn a_forged_rank_cannot_send_in_its_name() {
     assert_eq!(ranks[0].recv(1, 9).expect("the real one"), b"real");
 }
 
+/// Greets the rank listening at `target` as rank `from` of `nranks` with `key`, and sends a
+/// message in its name (user tag 9).
+fn greet_as(target: SocketAddr, nonce: u64, nranks: usize, from: usize, key: u64) -> TcpStream {
+    let mut s = TcpStream::connect(target).expect("connect");
+    let hello = wire::encode_connect(&wire::Connect {
+        nonce,
+        from: from as u32,
+        nranks: nranks as u32,
+        key,
+    });
+    s.write_all(&hello).expect("greet");
+    let data = wire::encode_data(Channel::User, 9, b"forged").expect("frame");
+    let _ = s.write_all(&data);
+    s
+}
+
+/// Whether the rank dropped this connection (end of stream or reset within 10 s).
+fn dropped(mut s: TcpStream) -> bool {
+    s.set_read_timeout(Some(T)).expect("timeout");
+    let mut b = [0u8; 16];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// Every key `member` holds: the table of its pairs, as the bootstrap keeps it.
+fn keys_held_by(member: &Bootstrap) -> Vec<u64> {
+    let mut held: Vec<u64> = member.peers.iter().map(|m| m.key).collect();
+    held.extend(member.shared.known_keys().into_iter().flatten());
+    held.sort_unstable();
+    held.dedup();
+    held
+}
+
+/// A member, with its own legitimate keys, cannot pass as another member: rank 2 greets rank
+/// 0 as rank 1 with every key it holds, and rank 0 drops each of those connections; nothing
+/// reaches rank 0's mailbox in rank 1's name, while rank 2 itself and the real rank 1 still
+/// get through.
+#[test]
+fn a_member_cannot_greet_as_another_member() {
+    let id = get_unique_id().expect("id");
+    let nonce = id.fields().expect("fields").nonce;
+    let ranks: Vec<Bootstrap> = with_ranks(&id, 3, |bs| bs)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    let target = ranks[0].peer_addresses()[0];
+    let held = keys_held_by(&ranks[2]);
+    assert!(held.len() >= 2, "rank 2 holds {held:?}");
+    for &k in &held {
+        let s = greet_as(target, nonce, 3, 1, k);
+        assert!(dropped(s), "rank 0 kept a greeting as rank 1 with rank 2's key {k:#x}");
+    }
+    ranks[0].set_op_timeout(Duration::from_millis(500));
+    let e = ranks[0].recv(1, 9).expect_err("the forged message must not arrive");
+    assert!(e.message.contains("timed out"), "{e}");
+    // The pairs' keys differ: what rank 0 expects from rank 1 is nothing rank 2 holds.
+    let k01 = ranks[0].peers[1].key;
+    assert_eq!(k01, ranks[1].peers[0].key);
+    assert!(!held.contains(&k01));
+    ranks[2].send(0, 9, b"two").expect("send");
+    assert_eq!(ranks[0].recv(2, 9).expect("rank 2 as itself"), b"two");
+    ranks[1].send(0, 9, b"real").expect("send");
+    assert_eq!(ranks[0].recv(1, 9).expect("the real one"), b"real");
+}
+
+/// The same with several roots: a pair in one block (keys from that block's root) and a pair
+/// of root 0's ranks (block 0 and the blocks' first ranks, keys from root 0) cannot be forged
+/// by a third member with every key it holds.
+#[test]
+fn with_several_roots_a_member_cannot_greet_as_another_in_its_block() {
+    // 6 ranks, 2 ids: blocks {0, 1, 2} and {3, 4, 5}; root 0 also serves rank 3.
+    let ids = [get_unique_id().expect("id"), get_unique_id().expect("id")];
+    let nonce = ids[0].fields().expect("fields").nonce;
+    let ids = &ids;
+    let ranks: Vec<Bootstrap> = thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|r| s.spawn(move || Bootstrap::init_scalable(ids, r, 6, T, &AbortFlag::new())))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("join").expect("init"))
+            .collect()
+    });
+    // (forger, target, claimed): in block 1; root 0's pair (0, 3) forged by 2 and by 5.
+    for (forger, target, claimed) in [(5, 4, 3), (4, 5, 3), (2, 0, 3), (5, 0, 3), (2, 3, 0)] {
+        let addr = ranks[target].peer_addresses()[target];
+        for k in keys_held_by(&ranks[forger]) {
+            let s = greet_as(addr, nonce, 6, claimed, k);
+            assert!(
+                dropped(s),
+                "rank {target} kept a greeting as rank {claimed} with rank {forger}'s key"
+            );
+        }
+        ranks[target].set_op_timeout(Duration::from_millis(300));
+        let e = ranks[target].recv(claimed, 9).expect_err("forged");
+        assert!(e.message.contains("timed out"), "{e}");
+    }
+    // Every pair still talks, across the blocks too.
+    for (a, b) in [(5, 4), (3, 0), (5, 1), (2, 4)] {
+        ranks[a].send(b, 9, &[a as u8]).expect("send");
+        ranks[b].set_op_timeout(T);
+        assert_eq!(ranks[b].recv(a, 9).expect("recv"), vec![a as u8]);
+    }
+}
+
 /// A peer that sends faster than the rank takes: its reader stops at the budget (TCP then holds
 /// the sender back), and every message still arrives, in order, once taken.
 #[test]
@@ -621,10 +728,7 @@ fn fuzz_decoder() {
         rank: 1,
         nranks: 4,
         timeout_ms: 10,
-        me: wire::Member {
-            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1234)),
-            key: 77,
-        },
+        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1234)),
     });
     let members: Vec<wire::Member> = (0..5)
         .map(|i| wire::Member {
@@ -775,21 +879,24 @@ fn abort_stops_a_waiting_init() {
 }
 
 #[test]
-fn member_lists_round_trip() {
+fn setup_messages_round_trip() {
     let a = vec![
-        wire::Member {
-            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
-            key: u64::MAX,
-        },
-        wire::Member {
-            addr: SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
-            key: 3,
-        },
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
+        SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
     ];
-    let b = wire::encode_members(&a);
-    assert_eq!(wire::decode_members(&b, 2).expect("decode"), a);
-    assert!(wire::decode_members(&b, 3).is_err());
-    assert!(wire::decode_members(&b[1..], 2).is_err());
+    let s = vec![[u64::MAX, 1], [3, 4], [0, 0]];
+    let b = wire::encode_setup(&a, &s);
+    assert_eq!(wire::decode_setup(&b, 2, 3).expect("decode"), (a.clone(), s));
+    // Any other count, a cut or an extra byte: malformed, never a panic.
+    assert!(wire::decode_setup(&b, 3, 3).is_err());
+    assert!(wire::decode_setup(&b, 2, 2).is_err());
+    assert!(wire::decode_setup(&b, 1, 4).is_err());
+    assert!(wire::decode_setup(&b[1..], 2, 3).is_err());
+    assert!(wire::decode_setup(&[b.as_slice(), &[0]].concat(), 2, 3).is_err());
+    assert!(wire::decode_setup(&b, usize::MAX, usize::MAX).is_err());
+    assert!(wire::decode_setup(&b, usize::MAX / 16, 0).is_err());
+    let only = wire::encode_setup(&a, &[]);
+    assert_eq!(wire::decode_setup(&only, 2, 0).expect("decode").0, a);
 }
 
 #[test]

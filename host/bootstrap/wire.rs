@@ -10,7 +10,7 @@ use crate::error::{Error, NcclResult, Result};
 /// "nccl-rs\0": the first field of every control message and of the unique id.
 pub(crate) const MAGIC: u64 = 0x6e63_636c_2d72_7300;
 /// Bumped whenever a message layout changes, so that two builds never misread each other.
-pub(crate) const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 4;
 /// Most ranks one bootstrap accepts (keeps the root's address table a sane size).
 pub(crate) const MAX_RANKS: usize = 1 << 20;
 /// Largest body accepted on a connection before it proved to be one of ours (hello, connect).
@@ -94,14 +94,14 @@ pub(crate) struct Hello {
     pub nranks: u32,
     /// How long this rank is still willing to wait for the others.
     pub timeout_ms: u64,
-    /// Where this rank's own listener accepts peers, and the key it will greet them with.
-    pub me: Member,
+    /// Where this rank's own listener accepts peers.
+    pub addr: SocketAddr,
 }
 
-/// A rank as the others know it: where it listens, and the key its greetings carry. The key
-/// (64 random bits the rank drew) travels only from the rank to the root and from the root to
-/// the members, never in the unique id, so knowing the id (its nonce) is not enough to pass
-/// as a rank.
+/// A rank as one other rank knows it: where it listens, and the key of the pair (that rank,
+/// this one) that greetings between the two carry (`bootstrap::keys`). The root sends each
+/// rank its own table: the keys there are that rank's pairs only (0 in its own entry), and
+/// travel only from the root to that rank, never in the unique id nor to another member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Member {
     pub addr: SocketAddr,
@@ -114,14 +114,15 @@ pub(crate) struct Connect {
     pub nonce: u64,
     pub from: u32,
     pub nranks: u32,
-    /// The sender's own key, as the table lists it.
+    /// The key of the pair (sender, receiver), as the root gave it to both.
     pub key: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Msg<'a> {
     Hello(Hello),
-    /// Root to every rank once all arrived: every rank's listen address, by rank.
+    /// Root to each rank once all arrived: every rank's listen address, by rank, with the key
+    /// of its pair with the receiving rank.
     Table {
         nonce: u64,
         members: Vec<Member>,
@@ -204,23 +205,41 @@ fn put_member(out: &mut Vec<u8>, m: &Member) {
     out.extend_from_slice(&m.key.to_le_bytes());
 }
 
-/// A list of members, `MEMBER_BYTES` each (the payload of set-up messages).
-pub(crate) fn encode_members(members: &[Member]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(members.len() * MEMBER_BYTES);
-    for m in members {
-        put_member(&mut v, m);
+/// Bytes of one 128-bit secret in a set-up message.
+pub(crate) const SECRET_BYTES: usize = 16;
+
+/// A set-up message (bootstraps with several roots): addresses, `ADDR_BYTES` each, then
+/// 128-bit secrets (two little-endian `u64`s each). No pairwise key ever travels in one.
+pub(crate) fn encode_setup(addrs: &[SocketAddr], secrets: &[[u64; 2]]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES + secrets.len() * SECRET_BYTES);
+    for a in addrs {
+        put_addr(&mut v, a);
+    }
+    for s in secrets {
+        v.extend_from_slice(&s[0].to_le_bytes());
+        v.extend_from_slice(&s[1].to_le_bytes());
     }
     v
 }
 
-/// Decodes exactly `count` members; anything else is a malformed message.
-pub(crate) fn decode_members(b: &[u8], count: usize) -> Result<Vec<Member>> {
-    if count > MAX_RANKS || b.len() != count.saturating_mul(MEMBER_BYTES) {
-        return Err(malformed("member list size does not match its count"));
+/// Decodes a set-up message of exactly `naddrs` addresses and `nsecrets` secrets; any other
+/// size is a malformed message.
+pub(crate) type Setup = (Vec<SocketAddr>, Vec<[u64; 2]>);
+pub(crate) fn decode_setup(b: &[u8], naddrs: usize, nsecrets: usize) -> Result<Setup> {
+    let want = naddrs
+        .checked_mul(ADDR_BYTES)
+        .zip(nsecrets.checked_mul(SECRET_BYTES))
+        .and_then(|(a, s)| a.checked_add(s));
+    if naddrs > MAX_RANKS || nsecrets > MAX_RANKS || want != Some(b.len()) {
+        return Err(malformed("set-up message size does not match its counts"));
     }
-    b.chunks_exact(MEMBER_BYTES)
-        .map(|c| Rd(c).member())
-        .collect()
+    let mut r = Rd(b);
+    let addrs = (0..naddrs).map(|_| r.addr()).collect::<Result<Vec<_>>>()?;
+    let secrets = (0..nsecrets)
+        .map(|_| Ok([r.u64()?, r.u64()?]))
+        .collect::<Result<Vec<_>>>()?;
+    r.end()?;
+    Ok((addrs, secrets))
 }
 
 /// Reads an address written by `put_addr`; port 0 or an unknown family is an error.
@@ -307,12 +326,12 @@ pub(crate) fn answer_body_max(nranks: usize) -> usize {
 }
 
 pub(crate) fn encode_hello(h: &Hello) -> Vec<u8> {
-    let mut f = Frame::control(T_HELLO, 24 + MEMBER_BYTES);
+    let mut f = Frame::control(T_HELLO, 24 + ADDR_BYTES);
     f.u64(h.nonce);
     f.u32(h.rank);
     f.u32(h.nranks);
     f.u64(h.timeout_ms);
-    f.member(&h.me);
+    put_addr(&mut f.0, &h.addr);
     f.finish()
 }
 
@@ -325,8 +344,8 @@ pub(crate) fn encode_connect(c: &Connect) -> Vec<u8> {
     f.finish()
 }
 
-/// The member table; `members.len()` must not exceed `MAX_RANKS` (the root only builds tables
-/// from validated hellos).
+/// The member table for one rank (its pairs' keys); `members.len()` must not exceed
+/// `MAX_RANKS` (the root only builds tables from validated hellos).
 pub(crate) fn encode_table(nonce: u64, members: &[Member]) -> Vec<u8> {
     let mut f = Frame::control(T_TABLE, 12 + members.len() * MEMBER_BYTES);
     f.u64(nonce);
@@ -410,7 +429,7 @@ pub(crate) fn decode(body: &[u8]) -> Result<Msg<'_>> {
             rank: r.u32()?,
             nranks: r.u32()?,
             timeout_ms: r.u64()?,
-            me: r.member()?,
+            addr: r.addr()?,
         }),
         T_CONNECT => Msg::Connect(Connect {
             nonce: r.u64()?,

@@ -153,7 +153,7 @@ pub(crate) fn setup(
     let root = decode_root(records.first().map(Vec::as_slice).unwrap_or_default(), &layout)?;
     let mut mc = match mc.take() {
         Some(m) => m,
-        None => device.multicast_import(&root)?,
+        None => device.multicast_import(&root, bytes)?,
     };
     mc.add_device()?;
     // Every member is added before anyone binds.

@@ -1045,8 +1045,47 @@ pub struct Multicast {
     uc: sys::CUdeviceptr,
     /// The multicast object mapped at `mc`.
     mc: sys::CUdeviceptr,
-    /// The file descriptor it was exported as (the creator), closed on drop.
-    fd: i32,
+    /// The descriptor it was exported as, on offer to the other ranks (the creator only):
+    /// withdrawn and closed on drop.
+    offer: Option<super::fdpass::Offer>,
+}
+
+/// Bytes of a multicast handle: the creator's offer ([`super::fdpass::Ticket`]), then the
+/// object's size; the rest is zero.
+const MC_HANDLE_SIZE_AT: usize = super::fdpass::TICKET_BYTES;
+
+/// The handle of a multicast object of `bytes` whose descriptor is on offer as `t`.
+fn mc_handle(t: &super::fdpass::Ticket, bytes: usize) -> [u8; 64] {
+    let mut h = [0u8; 64];
+    h[..MC_HANDLE_SIZE_AT].copy_from_slice(&t.encode());
+    h[MC_HANDLE_SIZE_AT..MC_HANDLE_SIZE_AT + 8].copy_from_slice(&(bytes as u64).to_le_bytes());
+    h
+}
+
+/// The size a multicast handle claims.
+fn mc_handle_size(h: &[u8; 64]) -> usize {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[MC_HANDLE_SIZE_AT..MC_HANDLE_SIZE_AT + 8]);
+    usize::try_from(u64::from_le_bytes(b)).unwrap_or(usize::MAX)
+}
+
+/// The descriptor of the multicast object a peer's handle names, and the size the handle
+/// claims. Taken from the creator's offer only ([`super::fdpass::take_offered`]: its own table,
+/// or its descriptor socket, which answers processes of its user for keys it offers): the
+/// handle's pid and descriptor number are never used with `pidfd_getfd`, so a member cannot
+/// make a peer take a descriptor of another process.
+fn mc_descriptor(h: &[u8; 64]) -> Result<(std::os::fd::OwnedFd, usize)> {
+    let mut t = [0u8; super::fdpass::TICKET_BYTES];
+    t.copy_from_slice(&h[..MC_HANDLE_SIZE_AT]);
+    let t = super::fdpass::Ticket::decode(&t);
+    let bytes = mc_handle_size(h);
+    let fd = super::fdpass::take_offered(&t).map_err(|e| {
+        Error::system(format!(
+            "NVLS: taking rank 0's multicast object (process {}): {}",
+            t.pid, e.message
+        ))
+    })?;
+    Ok((fd, bytes))
 }
 
 impl Device {
@@ -1105,8 +1144,9 @@ impl Device {
         Ok(g.max(a).max(1))
     }
 
-    /// cuMulticastCreate for `ndev` devices, exported as a file descriptor; the handle other
-    /// ranks import is (our pid, that descriptor).
+    /// cuMulticastCreate for `ndev` devices, exported as a file descriptor and put on offer
+    /// ([`super::fdpass::offer`]); the handle other ranks import is that offer's ticket and
+    /// the size.
     pub fn multicast_create(&self, ndev: usize, bytes: usize) -> Result<(Multicast, [u8; 64])> {
         self.make_current()?;
         let prop = Self::mc_prop(ndev, bytes);
@@ -1122,7 +1162,7 @@ impl Device {
             mem: None,
             uc: 0,
             mc: 0,
-            fd: -1,
+            offer: None,
         };
         let mut fd: i32 = -1;
         // SAFETY: a POSIX file descriptor handle is written as an int.
@@ -1137,56 +1177,42 @@ impl Device {
             },
             "cuMemExportToShareableHandle(multicast)",
         )?;
-        mc.fd = fd;
-        let mut h = [0u8; 64];
-        h[..4].copy_from_slice(&std::process::id().to_le_bytes());
-        h[4..8].copy_from_slice(&fd.to_le_bytes());
-        h[8..16].copy_from_slice(&(bytes as u64).to_le_bytes());
+        if fd < 0 {
+            return Err(Error::cuda(format!(
+                "cuMemExportToShareableHandle(multicast) gave descriptor {fd}"
+            )));
+        }
+        // SAFETY: the driver just gave us this descriptor; it is ours to own and close.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let offer = super::fdpass::offer(fd);
+        let h = mc_handle(&offer.ticket(), bytes);
+        mc.offer = Some(offer);
         Ok((mc, h))
     }
 
     /// Imports the multicast object another rank created ([`Device::multicast_create`]'s
-    /// handle): its descriptor taken over with pidfd_getfd (same process: duplicated).
-    pub fn multicast_import(&self, h: &[u8; 64]) -> Result<Multicast> {
-        self.make_current()?;
-        let word = |a: usize| u32::from_le_bytes([h[a], h[a + 1], h[a + 2], h[a + 3]]);
-        let (pid, theirs) = (word(0), word(4) as i32);
-        let bytes = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default()) as usize;
-        // SAFETY: plain system calls; every result is checked and the descriptors we open are
-        // closed below.
-        let fd = unsafe {
-            if pid == std::process::id() {
-                libc::dup(theirs)
-            } else {
-                let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) as i32;
-                if pidfd < 0 {
-                    return Err(Error::system(format!(
-                        "pidfd_open({pid}) for the NVLS multicast handle: {}",
-                        std::io::Error::last_os_error()
-                    )));
-                }
-                let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, theirs, 0) as i32;
-                libc::close(pidfd);
-                fd
-            }
-        };
-        if fd < 0 {
-            return Err(Error::system(format!(
-                "taking the NVLS multicast descriptor of process {pid}: {}",
-                std::io::Error::last_os_error()
+    /// handle), of `bytes` (what this rank's layout says; the handle must say the same): its
+    /// descriptor taken from that rank's offer ([`mc_descriptor`]).
+    pub fn multicast_import(&self, h: &[u8; 64], bytes: usize) -> Result<Multicast> {
+        let claimed = mc_handle_size(h);
+        if claimed != bytes {
+            return Err(Error::remote(format!(
+                "NVLS: rank 0's multicast handle says {claimed} bytes, its layout {bytes}"
             )));
         }
+        self.make_current()?;
+        let (fd, bytes) = mc_descriptor(h)?;
         let mut handle = 0;
         // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer.
         let r = unsafe {
             sys::cuMemImportFromShareableHandle(
                 &mut handle,
-                fd as isize as *mut c_void,
+                std::os::fd::AsRawFd::as_raw_fd(&fd) as isize as *mut c_void,
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             )
         };
-        // SAFETY: our own descriptor; the driver holds its own reference after the import.
-        unsafe { libc::close(fd) };
+        // The driver holds its own reference after the import.
+        drop(fd);
         check(r, "cuMemImportFromShareableHandle(multicast)")?;
         Ok(Multicast {
             handle,
@@ -1194,7 +1220,7 @@ impl Device {
             mem: None,
             uc: 0,
             mc: 0,
-            fd: -1,
+            offer: None,
         })
     }
 
@@ -1290,10 +1316,53 @@ impl Device {
                 sys::cuMemRelease(mc.handle);
                 mc.handle = 0;
             }
-            if mc.fd >= 0 {
-                libc::close(mc.fd);
-                mc.fd = -1;
-            }
         }
+        // Withdrawn from offer, and closed.
+        mc.offer = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+
+    fn memfd(bytes: usize) -> OwnedFd {
+        // SAFETY: a fresh descriptor, owned at once; the file is written through it.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"mc-test".as_ptr(), 0)) };
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&vec![1u8; bytes]).unwrap();
+        f.into()
+    }
+
+    /// The multicast handle carries the creator's offer and the size; a peer takes the
+    /// descriptor from the offer only. A handle naming another process's descriptor by pid
+    /// and number (what the handle held before, for `pidfd_getfd`) gives nothing, and a
+    /// withdrawn offer gives nothing. No CUDA is called.
+    #[test]
+    fn a_multicast_handle_is_taken_from_its_offer_only() {
+        let o = super::super::fdpass::offer(memfd(4096));
+        let h = mc_handle(&o.ticket(), 4096);
+        assert_eq!(mc_handle_size(&h), 4096);
+        let (fd, bytes) = mc_descriptor(&h).expect("our own offer");
+        assert_eq!(bytes, 4096);
+        assert_eq!(super::super::fdpass::file_size(fd.as_fd()).unwrap(), 4096);
+        // The old layout: (pid, descriptor number, size), here our parent's standard input.
+        // SAFETY: getppid cannot fail.
+        let parent = unsafe { libc::getppid() } as u32;
+        let mut old = [0u8; 64];
+        old[..4].copy_from_slice(&parent.to_le_bytes());
+        old[8..16].copy_from_slice(&4096u64.to_le_bytes());
+        let e = mc_descriptor(&old).expect_err("no pidfd_getfd on a peer's pid");
+        assert!(e.message.contains("NVLS"), "{e}");
+        let forged = super::super::fdpass::Ticket {
+            pid: parent,
+            fd: 0,
+            ..o.ticket()
+        };
+        assert!(mc_descriptor(&mc_handle(&forged, 4096)).is_err());
+        drop(o);
+        assert!(mc_descriptor(&h).is_err(), "withdrawn");
     }
 }

@@ -165,6 +165,12 @@ fn serve(l: UnixListener) {
 
 /// The uid of the process at the other end of `s`.
 fn peer_uid(s: &UnixStream) -> Option<u32> {
+    peer_cred(s).map(|(_, uid)| uid)
+}
+
+/// The (pid, uid) of the process at the other end of `s`: for a connection to a listener, the
+/// process that made the listener (its pid as seen from our pid namespace, 0 if not seen).
+fn peer_cred(s: &UnixStream) -> Option<(u32, u32)> {
     // SAFETY: a plain C structure for which zeroes are valid, filled by getsockopt.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -178,7 +184,7 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.uid)
+    (r == 0).then_some((cred.pid as u32, cred.uid))
 }
 
 fn answer(s: &mut UnixStream) -> std::io::Result<()> {
@@ -350,10 +356,53 @@ pub fn take(t: &Ticket) -> Result<OwnedFd> {
     })
 }
 
+/// Takes the descriptor `t` describes from our own table (we are the owner) or over the
+/// owner's socket, and never with `pidfd_getfd`: the ticket's pid and descriptor number are not
+/// used to reach into any process. For a descriptor a peer names and that must come from
+/// its offer or not at all (NVLS's multicast object, `driver::multicast_import`).
+pub fn take_offered(t: &Ticket) -> Result<OwnedFd> {
+    if t.pid == std::process::id() && t.pid_ns == pid_namespace() {
+        let table = table();
+        let fd = table
+            .get(&t.key)
+            .ok_or_else(|| Error::system("the descriptor is no longer on offer"))?;
+        return fd
+            .try_clone()
+            .map_err(|e| Error::system(format!("dup: {e}")));
+    }
+    if t.sock == NO_SOCKET {
+        return Err(Error::system(format!(
+            "process {} has no descriptor socket to take its offer from",
+            t.pid
+        )));
+    }
+    via_socket(t).map_err(|e| {
+        Error::system(format!(
+            "taking offer {} of process {} over its descriptor socket: {e}",
+            t.key, t.pid
+        ))
+    })
+}
+
 fn via_socket(t: &Ticket) -> std::result::Result<OwnedFd, String> {
     let addr = SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.sock).as_bytes())
         .map_err(|e| e.to_string())?;
     let mut s = UnixStream::connect_addr(&addr).map_err(|e| format!("connect: {e}"))?;
+    // Anyone in the network namespace may bind the name first. The listener must be our
+    // user's, and the ticket's process itself where our pid namespaces are the same (across
+    // pid namespaces the kernel shows no pid to compare).
+    let (pid, uid) = peer_cred(&s).ok_or("no credentials of the socket's owner")?;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if uid != me {
+        return Err(format!("the socket belongs to uid {uid}, not ours ({me})"));
+    }
+    if t.pid_ns == pid_namespace() && pid != t.pid {
+        return Err(format!(
+            "the socket is held by process {pid}, not by the owner {}",
+            t.pid
+        ));
+    }
     s.set_read_timeout(Some(IO_TIMEOUT))
         .and_then(|_| s.set_write_timeout(Some(IO_TIMEOUT)))
         .and_then(|_| s.write_all(&t.key.to_le_bytes()))
@@ -446,6 +495,62 @@ mod tests {
         assert!(take(&t).is_err());
         let bogus = Ticket { key: u64::MAX, ..t };
         assert!(via_socket(&bogus).is_err());
+    }
+
+    /// A socket of the owner's name bound by another process (here: ours, for a ticket of
+    /// another pid) is not believed: nothing is taken from it, whatever it sends.
+    #[test]
+    fn a_squatted_socket_name_is_refused() {
+        let o = offer(memfd(64, 3));
+        let t = Ticket {
+            // A pid that is not ours (pid_max is at most 2^22).
+            pid: (1 << 22) + 17,
+            sock: 0,
+            ..o.ticket()
+        };
+        let addr =
+            SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.sock).as_bytes())
+                .unwrap();
+        let l = UnixListener::bind_addr(&addr).expect("squat the name");
+        let fd = o.ticket().fd;
+        let squatter = std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut key = [0u8; 8];
+                let _ = s.read_exact(&mut key);
+                let _ = send_fd(&s, fd);
+            }
+        });
+        let e = via_socket(&t).expect_err("a squatter's descriptor");
+        assert!(e.contains("not by the owner"), "{e}");
+        let e = take_offered(&t).expect_err("a squatter's descriptor");
+        assert!(e.message.contains("not by the owner"), "{e}");
+        drop(squatter);
+    }
+
+    /// `take_offered` never falls back to `pidfd_getfd`: a ticket naming another process (our
+    /// parent) and a descriptor number, without a socket, gives nothing, though
+    /// `pidfd_getfd` on it may be allowed here.
+    #[test]
+    fn take_offered_never_uses_pidfd_getfd() {
+        // SAFETY: getppid cannot fail.
+        let parent = unsafe { libc::getppid() } as u32;
+        for sock in [NO_SOCKET, 63] {
+            let t = Ticket {
+                pid: parent,
+                pid_ns: pid_namespace(),
+                sock,
+                key: 1,
+                fd: 0,
+            };
+            assert!(take_offered(&t).is_err(), "socket {sock}");
+        }
+        // Our own offers come from the table, and only while on offer.
+        let o = offer(memfd(32, 5));
+        let t = o.ticket();
+        let fd = take_offered(&t).expect("our own offer");
+        assert_eq!(file_size(fd.as_fd()).unwrap(), 32);
+        drop(o);
+        assert!(take_offered(&t).is_err());
     }
 
     /// The fallback: `pidfd_getfd` on our own process (always allowed) takes the offered

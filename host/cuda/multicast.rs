@@ -91,12 +91,13 @@ impl Device {
         ))
     }
 
-    /// Imports the multicast object another rank created.
-    pub(crate) fn multicast_import(&self, h: &[u8; 64]) -> Result<Multicast> {
+    /// Imports the multicast object another rank created, of `bytes` (this rank's layout:
+    /// an object of another size is refused).
+    pub(crate) fn multicast_import(&self, h: &[u8; 64], bytes: usize) -> Result<Multicast> {
         check_allowed("importing a multicast object")?;
         let imp = match &*self.imp {
-            Imp::Cuda(d) => McImp::Cuda(d.multicast_import(h)?),
-            Imp::Sim(d) => McImp::Sim(d.multicast_import(h)?),
+            Imp::Cuda(d) => McImp::Cuda(d.multicast_import(h, bytes)?),
+            Imp::Sim(d) => McImp::Sim(d.multicast_import(h, bytes)?),
         };
         Ok(Multicast {
             dev: self.clone(),
@@ -171,7 +172,9 @@ mod tests {
         let e = dev.multicast_create(2, 2 << 20).expect_err("refused");
         assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
         assert!(e.message.contains("NCCL_NVLS_ENABLE"), "{e}");
-        let e = dev.multicast_import(&[0u8; 64]).expect_err("refused");
+        let e = dev
+            .multicast_import(&[0u8; 64], 2 << 20)
+            .expect_err("refused");
         assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
     }
 }

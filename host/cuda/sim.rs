@@ -1266,7 +1266,7 @@ impl Device {
         ))
     }
 
-    pub fn multicast_import(&self, h: &[u8; 64]) -> Result<Multicast> {
+    pub fn multicast_import(&self, h: &[u8; 64], bytes: usize) -> Result<Multicast> {
         let pid = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
         if pid != std::process::id() {
             return Err(Error::invalid_usage(
@@ -1278,6 +1278,12 @@ impl Device {
         let o = objs
             .get_mut(&id)
             .ok_or_else(|| Error::invalid_argument("unknown simulated multicast handle"))?;
+        if o.bytes != bytes {
+            return Err(Error::remote(format!(
+                "NVLS: the multicast object has {} bytes, this rank's layout {bytes}",
+                o.bytes
+            )));
+        }
         o.refs += 1;
         Ok(Multicast {
             id,
