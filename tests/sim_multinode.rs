@@ -76,7 +76,7 @@ fn killed_peer_mid_collective_raises_async_errors() {
         let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
         // Everyone starts a large AllReduce; the victim dies once its kernel runs.
         let limit = std::time::Duration::from_secs(30);
-        common::faults::killed_mid_collective(comm, nranks - 1, 1 << 20, 1, limit);
+        common::faults::killed_mid_collective(comm, nranks - 1, 1 << 20, 8, limit);
         return;
     }
     // 2x1 and 3x1: every survivor has a network connection to the victim. 2x2 and 1x3: some

@@ -4,10 +4,10 @@
 use nccl::{Comm, DataType, ReduceOp};
 use std::time::{Duration, Instant};
 
-/// Issues `reps` in-place AllReduces of `count` floats on `comm` (enough work to outlast the
-/// victim's 200 ms); rank `victim` then SIGKILLs itself. A survivor asserts that its async error (ncclRemoteError or ncclSystemError, naming
-/// the victim) comes within `limit`, then aborts, drains its stream and destroys, and says on
-/// stderr how long each took.
+/// After one AllReduce of `count` floats that every rank finishes, issues `reps` more (enough
+/// work to outlast the victim's 200 ms); rank `victim` then SIGKILLs itself. A survivor asserts
+/// that its async error (ncclRemoteError or ncclSystemError, naming the victim) comes within
+/// `limit`, then aborts, drains its stream and destroys, and says on stderr how long each took.
 pub fn killed_mid_collective(
     comm: Comm,
     victim: usize,
@@ -18,7 +18,10 @@ pub fn killed_mid_collective(
     let rank = comm.rank();
     let buf = comm.device().alloc(count * 4).expect("alloc");
     let stream = comm.device().stream_create().expect("stream");
-    for _ in 0..reps {
+    // One call every rank finishes first: the kernels are loaded (the driver's JIT on a cold
+    // GPU host takes longer than the victim's 200 ms) and every connection is up, so the
+    // victim dies inside the calls below, not during another rank's module load.
+    let all_reduce = || {
         // SAFETY: `buf` holds `count` floats and outlives the kernels (the stream is drained
         // below before it is dropped).
         unsafe {
@@ -31,7 +34,14 @@ pub fn killed_mid_collective(
                 stream,
             )
         }
-        .expect("issue the AllReduce");
+        .expect("issue the AllReduce")
+    };
+    all_reduce();
+    comm.device()
+        .stream_sync(stream)
+        .expect("the first AllReduce");
+    for _ in 0..reps {
+        all_reduce();
     }
     if rank == victim {
         std::thread::sleep(Duration::from_millis(200));
