@@ -337,9 +337,16 @@ fn double_binary_tree_all_reduce_across_nodes() {
     if let Some(ranks) = child_comm() {
         use nccl::{Algo, Coll, Proto};
         let c = &ranks.comms[0];
+        // Forced LL (NCCL_PROTO=LL): the tree's one-peer LL steps at every size.
+        let ll = std::env::var("NCCL_PROTO").is_ok_and(|p| p == "LL");
         for bytes in [8, 1 << 30] {
             let t = c.tuning(Coll::AllReduce, bytes).unwrap();
-            assert_eq!((t.algo, t.proto), (Algo::Tree, Proto::Simple), "{bytes} B");
+            assert_eq!(t.algo, Algo::Tree, "{bytes} B");
+            if ll {
+                assert_eq!(t.proto, Proto::Ll, "{bytes} B");
+            } else if bytes > 8 {
+                assert_eq!(t.proto, Proto::Simple, "{bytes} B");
+            }
         }
         let per_node: usize = std::env::var("DBT_TEST_PER_NODE").unwrap().parse().unwrap();
         let (rank, nranks) = (c.rank(), c.count());
@@ -410,6 +417,26 @@ fn double_binary_tree_all_reduce_across_nodes() {
         let env = [
             LOOPBACK,
             ("NCCL_ALGO", "allreduce:tree"),
+            ("NCCL_RS_TREE_EXCHANGE", "0"),
+            ("DBT_TEST_PER_NODE", per.as_str()),
+            ("DBT_TEST_NODES", shape.as_str()),
+        ];
+        common::procs::run_nodes(
+            "double_binary_tree_all_reduce_across_nodes",
+            nodes,
+            per_node,
+            &env,
+        );
+    }
+    // LL: one peer per step (a head with three children takes three steps up and three
+    // down a chunk), on every shape with a fan, and in 2x2 without the exchange.
+    for (nodes, per_node) in [(3, 1), (4, 1), (2, 2), (3, 2), (4, 2)] {
+        let per = per_node.to_string();
+        let shape = format!("{nodes}");
+        let env = [
+            LOOPBACK,
+            ("NCCL_ALGO", "allreduce:tree"),
+            ("NCCL_PROTO", "LL"),
             ("NCCL_RS_TREE_EXCHANGE", "0"),
             ("DBT_TEST_PER_NODE", per.as_str()),
             ("DBT_TEST_NODES", shape.as_str()),

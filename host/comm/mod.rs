@@ -616,17 +616,10 @@ impl Comm {
                 true => {
                     let trees = crate::graph::dbt_channels(&nodes_of, nch);
                     let np = net_path.as_deref();
-                    // With the exchange at the top (two nodes, `Dbt::exchanges`) the chains'
-                    // steps may be LL: their links inside the node get LL FIFOs.
-                    let ll = nodes_of.len() == 2
-                        && shape.kernel_flags & nccl_device::abi::FLAG_TREE_EXCHANGE != 0;
+                    // The tree's steps may be LL (one peer per step): its links inside the
+                    // node get LL FIFOs (network connections carry every protocol).
                     let made = tree::connect_dbt(rank, &device, &trees, &nodes_of, &addrs, np, |c| {
-                        let l = make_links.clone()(1, tree_slot).keyed(c as u32);
-                        if ll {
-                            l.with_ll()
-                        } else {
-                            l
-                        }
+                        make_links.clone()(1, tree_slot).keyed(c as u32).with_ll()
                     });
                     Some(made.map_err(|e| e.context("tree connections"))?)
                 }

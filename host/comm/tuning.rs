@@ -23,7 +23,7 @@ pub const BUILT: &[(Algo, Proto)] = &[
     (Algo::Ring, Proto::Ll),
     (Algo::Ring, Proto::Ll128),
     (Algo::Tree, Proto::Simple),
-    // Only across two nodes, where the tree exchanges at the top (`Tuner::set_tree_exchange`).
+    // Only across nodes (the double binary tree; the chain inside one node steps Simple).
     (Algo::Tree, Proto::Ll),
     // Offered only where the communicator set NVLS up (`Tuner::set_nvls`).
     (Algo::Nvls, Proto::Simple),

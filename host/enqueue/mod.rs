@@ -332,11 +332,6 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
                 (tree.slot_bytes as u32, tree.ctas)
             }
         };
-        if proto == PROTO_LL && args.flags & FLAG_TREE_EXCHANGE == 0 {
-            return Err(Error::internal(
-                "the tuner chose an LL tree without the two-node exchange (its fans step Simple)",
-            ));
-        }
         args.algo = ALGO_TREE;
         args.tree_slot_bytes = slot;
         // An LL step's lines (twice its payload) fill at most a slot.

@@ -532,9 +532,9 @@ impl Tuner {
             }
             _ => false, // CollNet, NVLS tree, PAT: not built
         };
-        // LL trees: only the two-node exchange's chains (one peer each way); fans and the
-        // chain inside one node step Simple.
-        let ll_tree = algo != Algo::Tree || proto != Proto::Ll || self.tree_exchange;
+        // LL trees: across nodes (the double binary tree, whose links all carry LL); the chain
+        // inside one node has Simple FIFOs on its way up.
+        let ll_tree = algo != Algo::Tree || proto != Proto::Ll || self.nnodes > 1;
         supported
             && ll_tree
             && self.params.built[algo as usize][proto as usize]
@@ -925,15 +925,19 @@ mod tests {
     #[test]
     fn a_two_node_tree_that_exchanges_crosses_the_network_once() {
         let mut t = across_nodes(2, 2, 0.0);
-        // Without the exchange a tree's fans step Simple only: no LL tree.
-        assert!(t.estimate(Coll::AllReduce, Algo::Tree, Proto::Ll, 8).is_none());
-        let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
-        let before = tree(&t);
+        let tree = |t: &Tuner, p: Proto| t.estimate(Coll::AllReduce, Algo::Tree, p, 8).unwrap();
+        // Without the exchange the tree runs LL too (one peer per step on its fans).
+        let before = [tree(&t, Proto::Ll), tree(&t, Proto::Simple)];
         t.set_tree_exchange(true);
         // Up to the root and back down crossed 2 x depth network hops; the heads' trade, one.
         let depth = crate::graph::dbt_depth(2) as f64;
-        let saved = (2.0 * depth - 1.0) * NET_HOP_US[Proto::Simple as usize];
-        assert!((before - tree(&t) - saved).abs() < 1e-6);
+        for (b, p) in before.into_iter().zip([Proto::Ll, Proto::Simple]) {
+            let saved = (2.0 * depth - 1.0) * NET_HOP_US[p as usize];
+            assert!((b - tree(&t, p) - saved).abs() < 1e-6, "{p:?}");
+        }
+        // Inside one node the chain's way up has Simple FIFOs only: no LL tree there.
+        let one = across_nodes(1, 4, 0.0);
+        assert!(one.estimate(Coll::AllReduce, Algo::Tree, Proto::Ll, 8).is_none());
         // LL is offered and wins small calls (Ring/LL crosses the network three times in 2x2).
         let c = t.choose(Coll::AllReduce, 8).unwrap();
         assert_eq!((c.algo, c.proto), (Algo::Tree, Proto::Ll));

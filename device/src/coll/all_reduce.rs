@@ -353,9 +353,8 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         return dbt_exchange(k, &t);
     }
     if P != PROTO_SIMPLE {
-        // Several children take the fan's Simple steps (the host asks LL only with the
-        // exchange).
-        crate::arch::trap();
+        // The fan's steps are Simple ones: other protocols take one peer per step.
+        return dbt_steps(k, &t);
     }
     let nc = core::cmp::min(t.nchildren as usize, TREE_MAX_CHILDREN);
     let root = t.up_send == 0;
@@ -531,6 +530,158 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
             down.step(&op, true, has_child, mv, n);
         }
         down.finish();
+    }
+}
+
+/// [`dbt`] in a protocol other than Simple (LL): the same tree, with one peer per step, so
+/// that the launch's protocol serves every step ([`Simple`] prims in protocol `P`). A rank
+/// with `c` children takes `c` steps up a chunk and `c` down where the fan takes one of each.
+/// Up, the children's sums are added one per step, the partial sum kept in our output between
+/// two steps and read back through [`Reduced`] (its `pre` already applied); the last step
+/// sends the sum to the parent (the root applies `post` there and stores the result). Down,
+/// the parent's result lands in our output and goes on to the first child in one step, then
+/// from our output to each other child.
+///
+/// The output is free for the partial sums: a chunk's final value reaches it only after our
+/// last up step of that chunk sent the sum (through the parent's release and our acquire of
+/// its step), and in place the first up step reads each input element before the same thread
+/// writes it. Each step reads back only what the group's previous step wrote, after that
+/// step's closing barrier (every receiving step ends in one) or the sending step's opening one.
+///
+/// # Safety
+/// As [`dbt`]; the tree's connections inside the node have FIFOs of protocol `P`
+/// (`Links::with_ll` on the host), network connections carry every protocol.
+unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>, t: &TreeDev) {
+    let (input, output) = (k.input, k.output);
+    let nc = core::cmp::min(t.nchildren as usize, TREE_MAX_CHILDREN);
+    let root = t.up_send == 0;
+    if root && nc == 0 {
+        k.local_copy(input.add(k.start), output.add(k.start), k.end - k.start);
+        return;
+    }
+    let slot = k.args.tree_slot_bytes;
+    let chunk = tree_chunk::<T>(k.args.chunk_elems, slot);
+    let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
+    let (start, end) = (k.start, k.end);
+    let span = |c: usize| {
+        let s = start + c * chunk;
+        (s, core::cmp::min(chunk, end - s))
+    };
+    let nchunks = div_ceil(end - start, chunk);
+    let none = Move::<T>::none();
+    let summed = Reduced(op);
+    let null_send = core::ptr::null_mut::<ConnSend>();
+    let null_recv = core::ptr::null_mut::<ConnRecv>();
+    let child_recv = |i: usize| t.up_recv[i] as *mut ConnRecv;
+    let child_send = |i: usize| t.down_send[i] as *mut ConnSend;
+    let prims = |send: *mut ConnSend, recv: *mut ConnRecv| {
+        Simple::between(send, slot, recv, slot)
+            .with_proto(P)
+            .with_abort(abort)
+            .with_flags(flags)
+    };
+    // Up step `i` receives child `i`'s sum; the last one sends to `last_to` (the parent, or
+    // for the root its first child, with the result).
+    let ups = |last_to: *mut ConnSend| -> [Simple; TREE_MAX_CHILDREN] {
+        core::array::from_fn(|i| match i + 1 == nc {
+            true => prims(last_to, child_recv(i)),
+            false if i < nc => prims(null_send, child_recv(i)),
+            false => prims(null_send, null_recv),
+        })
+    };
+    // Down: child `j` >= 1 gets the result from our output.
+    let fans = || -> [Simple; TREE_MAX_CHILDREN] {
+        core::array::from_fn(|j| match j >= 1 && j < nc {
+            true => prims(child_send(j), null_recv),
+            false => prims(null_send, null_recv),
+        })
+    };
+    // Child `i`'s sum added to our input (first) or to the partial sum in our output.
+    let add_child = |p: &mut Simple, i: usize, s: usize, n: usize, send: bool, last: bool| {
+        let keep = !send || root;
+        let mv = Move {
+            input: if i == 0 { input.add(s) } else { output.add(s) },
+            output: if keep {
+                output.add(s)
+            } else {
+                core::ptr::null_mut()
+            },
+            post: root && last,
+            ..none
+        };
+        if i == 0 {
+            p.step(&op, true, send, mv, n);
+        } else {
+            p.step(&summed, true, send, mv, n);
+        }
+    };
+    let pass_on = |p: &mut Simple, s: usize, n: usize| {
+        let mv = Move {
+            input: output.add(s),
+            ..none
+        };
+        p.step(&summed, false, true, mv, n);
+    };
+    if root {
+        let mut up = ups(child_send(0));
+        let mut down = fans();
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            for (i, p) in up.iter_mut().enumerate().take(nc) {
+                add_child(p, i, s, n, i + 1 == nc, i + 1 == nc);
+            }
+            for p in down.iter_mut().take(nc).skip(1) {
+                pass_on(p, s, n);
+            }
+        }
+        up.into_iter().for_each(|p| p.finish());
+        down.into_iter().for_each(|p| p.finish());
+        return;
+    }
+    let nthreads = crate::arch::block_dim() as usize;
+    let half = nthreads / 2;
+    let parent_send = t.up_send as *mut ConnSend;
+    if (crate::arch::thread_idx() as usize) < half {
+        if nc == 0 {
+            // A leaf sends its input.
+            let mut up = prims(parent_send, null_recv).group(0, half, BAR_UP);
+            for c in 0..nchunks {
+                let (s, n) = span(c);
+                let mv = Move {
+                    input: input.add(s),
+                    ..none
+                };
+                up.step(&op, false, true, mv, n);
+            }
+            up.finish();
+            return;
+        }
+        let mut up = ups(parent_send).map(|p| p.group(0, half, BAR_UP));
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            for (i, p) in up.iter_mut().enumerate().take(nc) {
+                add_child(p, i, s, n, i + 1 == nc, false);
+            }
+        }
+        up.into_iter().for_each(|p| p.finish());
+    } else {
+        let first = if nc > 0 { child_send(0) } else { null_send };
+        let group = |p: Simple| p.group(half, nthreads - half, BAR_DOWN);
+        let mut down = group(prims(first, t.down_recv as *mut ConnRecv));
+        let mut rest = fans().map(group);
+        for c in 0..nchunks {
+            let (s, n) = span(c);
+            let mv = Move {
+                output: output.add(s),
+                ..none
+            };
+            down.step(&op, true, nc > 0, mv, n);
+            for p in rest.iter_mut().take(nc).skip(1) {
+                pass_on(p, s, n);
+            }
+        }
+        down.finish();
+        rest.into_iter().for_each(|p| p.finish());
     }
 }
 
