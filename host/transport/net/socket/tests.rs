@@ -1099,6 +1099,9 @@ fn deregistering_withdraws_receives_that_have_not_begun() {
     s.dereg_mr(smr).expect("the send completed");
 }
 
+/// One side's ends of the lab's connections: the sending ones, the receiving ones.
+type SideEnds = (Vec<Box<dyn SendComm>>, Vec<Box<dyn RecvComm>>);
+
 /// The proxy's traffic without a GPU (a lab tool for the cross-node bandwidth): `conns`
 /// connections each way between two sides, each a FIFO of 8 slots of 512 KiB, every slot sent
 /// again as soon as its send completes and received again as soon as it lands (an infinitely
@@ -1116,8 +1119,7 @@ fn fifo_streams() {
         let net = lo_net(1, 1);
         // Side k sends on sends[k] and receives on recvs[k]; a connection's two ends are
         // sends[k][i] and recvs[1 - k][i].
-        let mut ends: Vec<(Vec<Box<dyn SendComm>>, Vec<Box<dyn RecvComm>>)> =
-            vec![(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+        let mut ends: Vec<SideEnds> = vec![(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
         for k in 0..2 {
             for _ in 0..conns {
                 let (s, r) = pair(&net);
