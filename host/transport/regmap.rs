@@ -410,6 +410,7 @@ mod tests {
         let t = Ticket {
             pid: 5,
             pid_ns: 6,
+            start: 10,
             sock: 0,
             key: 8,
             fd: 9,
