@@ -18,7 +18,10 @@
 //! owner is of its pid namespace and no process has its pid, or the one that has it started at
 //! another time (the pid was reused), [`take`] fails without asking the socket or the pid. The
 //! connect to the owner's socket (which waits while a listener's backlog is full) and each
-//! request are bounded by a few seconds; a socket nobody listens on refuses at once.
+//! request are bounded by a few seconds; a socket nobody listens on refuses at once. (A child
+//! the owner forks without exec keeps the listener's socket open, as every close-on-exec
+//! descriptor: a request that reaches it after the owner's listener stopped waits out that
+//! bound and fails, which only declines the buffer.)
 //!
 //! Why a socket first: `pidfd_getfd` needs ptrace permission over the owner, which Yama's
 //! `ptrace_scope=1` (the default of many distributions) refuses between sibling processes such
