@@ -76,6 +76,9 @@ pub fn op_timeout_from_env(init_timeout: Duration) -> Duration {
         None => init_timeout.max(DEFAULT_OP_TIMEOUT),
     }
 }
+/// The longest [`Bootstrap::send_unless_gone`] waits for a new connection to open.
+pub const NOTICE_CONNECT: Duration = Duration::from_secs(5);
+
 /// Extra time a rank gives the root to deliver its verdict after the rank's own timeout (the
 /// root counts from the hello's arrival, slightly later than the rank started counting).
 const ROOT_GRACE: Duration = Duration::from_secs(1);
@@ -416,16 +419,41 @@ impl Bootstrap {
     }
 
     fn send_on(&self, peer: usize, channel: Channel, tag: u32, data: &[u8]) -> Result<()> {
+        self.send_inner(peer, channel, tag, data, false).map(|_| ())
+    }
+
+    /// Sends one frame; `notice`: a message a gone peer no longer needs, not sent (false) to a
+    /// peer that said goodbye or is known gone, whose listener refuses a connection, or whose
+    /// connection is found closed by the write, each answered at once.
+    fn send_inner(
+        &self,
+        peer: usize,
+        channel: Channel,
+        tag: u32,
+        data: &[u8],
+        notice: bool,
+    ) -> Result<bool> {
         self.shared.check_open()?;
         if peer == self.rank() {
             self.shared.deliver(peer, channel, tag, data.to_vec());
-            return Ok(());
+            return Ok(true);
+        }
+        if notice && self.shared.left_or_gone(peer) {
+            return Ok(false);
         }
         let frame = wire::encode_data(channel, tag, data)?;
         let timeout = self.op_timeout();
         let mut slot = lock(&self.out[peer]);
         let conn = match &mut *slot {
             Some(c) => c,
+            empty if notice => {
+                let deadline = socket::deadline_after(timeout.min(NOTICE_CONNECT));
+                let addr = self.peers[peer].addr;
+                match Outgoing::open_to_live(&self.shared, peer, addr, deadline)? {
+                    Some(c) => empty.insert(c),
+                    None => return Ok(false),
+                }
+            }
             empty => empty.insert(Outgoing::open(
                 &self.shared,
                 peer,
@@ -438,6 +466,15 @@ impl Bootstrap {
                 c.discard(&self.shared);
             }
             self.shared.check_open()?;
+            let closed = matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+            );
+            if notice && closed {
+                return Ok(false);
+            }
             let what = if socket::is_timeout(&e) {
                 format!("timed out after {} ms", timeout.as_millis())
             } else {
@@ -448,7 +485,7 @@ impl Bootstrap {
                 self.rank()
             )));
         }
-        Ok(())
+        Ok(true)
     }
 
     fn recv_on(&self, peer: usize, channel: Channel, tag: u32) -> Result<Vec<u8>> {
@@ -460,6 +497,18 @@ impl Bootstrap {
     pub fn send(&self, peer: usize, tag: u32, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
         self.send_on(peer, Channel::User, tag, data)
+    }
+
+    /// Sends `data` to `peer` as [`Bootstrap::send`] does, unless the peer is gone: then
+    /// nothing is sent and the answer (false) comes at once, without the connect retries of
+    /// `send` (a peer that said goodbye or is known gone; one whose listener refuses a
+    /// connection, which after init means its process exited or dropped its bootstrap; one
+    /// whose connection the write finds closed). For notices that only a live peer needs, such
+    /// as the withdrawal of a registered buffer. A new connection is given at most
+    /// [`NOTICE_CONNECT`] (a host that answers nothing).
+    pub fn send_unless_gone(&self, peer: usize, tag: u32, data: &[u8]) -> Result<bool> {
+        self.check_peer(peer)?;
+        self.send_inner(peer, Channel::User, tag, data, true)
     }
 
     /// The next message `peer` sent with `tag`.

@@ -516,6 +516,12 @@ impl Shared {
     pub(crate) fn gone(&self, rank: usize) -> Option<String> {
         lock(&self.mailbox).dead.get(&rank).cloned()
     }
+
+    /// Whether `rank` said goodbye or is known to be gone.
+    pub(crate) fn left_or_gone(&self, rank: usize) -> bool {
+        let mb = lock(&self.mailbox);
+        mb.left.contains(&rank) || mb.dead.contains_key(&rank)
+    }
 }
 
 /// Default of `NCCL_RS_BOOTSTRAP_QUEUE_BYTES`: 1 GiB waiting per peer (a frame may be 256 MiB).
@@ -543,12 +549,45 @@ impl Outgoing {
         addr: SocketAddr,
         deadline: Instant,
     ) -> Result<Outgoing> {
+        Self::open_inner(shared, peer, addr, deadline, false)?
+            .ok_or_else(|| Error::internal("bootstrap: a refused connect counted as final"))
+    }
+
+    /// As [`Outgoing::open`] to a peer whose listener was up (after init): None, at once,
+    /// when the connection is refused (nothing listens there now: the peer is gone).
+    pub(crate) fn open_to_live(
+        shared: &Shared,
+        peer: usize,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<Option<Outgoing>> {
+        Self::open_inner(shared, peer, addr, deadline, true)
+    }
+
+    fn open_inner(
+        shared: &Shared,
+        peer: usize,
+        addr: SocketAddr,
+        deadline: Instant,
+        live: bool,
+    ) -> Result<Option<Outgoing>> {
         let rank = shared.rank;
-        let stream = socket::connect(addr, deadline, || shared.is_closed()).map_err(|e| {
-            Error::remote(format!(
-                "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
-            ))
-        })?;
+        let give_up = || shared.is_closed();
+        let connected = match live {
+            true => socket::connect_to_live(addr, deadline, give_up),
+            false => socket::connect(addr, deadline, give_up),
+        };
+        let stream = match connected {
+            Ok(s) => s,
+            Err(e) if live && e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Ok(None)
+            }
+            Err(e) => {
+                return Err(Error::remote(format!(
+                    "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
+                )))
+            }
+        };
         let Some(key) = shared.key_now(peer) else {
             return Err(Error::internal(format!(
                 "bootstrap rank {rank}: no key for the pair with rank {peer} yet"
@@ -577,7 +616,7 @@ impl Outgoing {
                 "bootstrap rank {rank}: cannot greet rank {peer} at {addr}: {e}"
             )));
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Writes one frame. On error the connection is unusable: the caller must `discard` it.

@@ -242,6 +242,27 @@ pub(crate) fn connect(
     deadline: Instant,
     give_up: impl Fn() -> bool,
 ) -> io::Result<TcpStream> {
+    connect_inner(addr, deadline, give_up, false)
+}
+
+/// As [`connect`], to a listener that was up before (a peer's, after init): a refusal means
+/// nothing listens there any more (its process exited or dropped its bootstrap), and is
+/// returned at once ([`io::ErrorKind::ConnectionRefused`]) instead of retried. Linux drops a
+/// SYN when a live listener's backlog is full; it never answers one with a reset.
+pub(crate) fn connect_to_live(
+    addr: SocketAddr,
+    deadline: Instant,
+    give_up: impl Fn() -> bool,
+) -> io::Result<TcpStream> {
+    connect_inner(addr, deadline, give_up, true)
+}
+
+fn connect_inner(
+    addr: SocketAddr,
+    deadline: Instant,
+    give_up: impl Fn() -> bool,
+    refusal_is_final: bool,
+) -> io::Result<TcpStream> {
     // One attempt waits at most this long, so that `give_up` is looked at now and then even
     // when SYNs go unanswered.
     const ATTEMPT: Duration = Duration::from_secs(1);
@@ -263,6 +284,9 @@ pub(crate) fn connect(
                 s.set_nodelay(true)?;
                 bound_silence(&s)?;
                 return Ok(s);
+            }
+            Err(e) if refusal_is_final && e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err(e);
             }
             Err(e) => {
                 failures += 1;

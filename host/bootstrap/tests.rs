@@ -925,3 +925,48 @@ fn one_hundred_twenty_eight_ranks_with_one_and_four_roots() {
         assert!(took < Duration::from_secs(5), "took {took:?}");
     }
 }
+
+/// Notices to a peer that is gone (`send_unless_gone`) are answered at once: false for a peer
+/// that said goodbye, for one whose connection the write finds closed, and for one never
+/// connected to whose listener refuses; never the minute of connect retries `send` gives a
+/// listener that may still be coming up. A live peer gets its notice. Timed only as a hang
+/// guard (the retries took ~56 s).
+#[test]
+fn notices_to_a_gone_peer_are_answered_at_once() {
+    let id = get_unique_id().expect("id");
+    let mut ranks: Vec<Bootstrap> = with_ranks(&id, 4, |bs| bs)
+        .into_iter()
+        .map(|r| r.expect("init"))
+        .collect();
+    let d = ranks.pop().expect("rank 3");
+    let c = ranks.pop().expect("rank 2");
+    let b = ranks.pop().expect("rank 1");
+    let a = ranks.pop().expect("rank 0");
+    // A live peer: delivered (over a connection opened for it).
+    assert!(d.send_unless_gone(2, 9, b"hello").expect("to a live peer"));
+    assert_eq!(c.recv(3, 9).expect("delivered"), b"hello");
+    // Init's ring connections: 0->1, 1->2, 2->3, 3->0. Rank 2 leaves: it says goodbye to
+    // rank 3 only; rank 1 still holds a connection to it, rank 0 none.
+    drop(c);
+    let t0 = Instant::now();
+    while !d.shared.left_or_gone(2) {
+        assert!(t0.elapsed() < T, "rank 2's goodbye never came");
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!d.send_unless_gone(2, 9, b"w").expect("after a goodbye"));
+    assert!(!a.send_unless_gone(2, 9, b"w").expect("refused"));
+    for _ in 0..3 {
+        // The first write may still pass (the peer's reset comes after it); then the write
+        // fails, then the connect is refused.
+        let _ = b.send_unless_gone(2, 9, b"w").expect("on a closed connection");
+    }
+    assert!(!b.send_unless_gone(2, 9, b"w").expect("gone"));
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "notices to a gone peer took {:?}",
+        t0.elapsed()
+    );
+    // The live ones still hear each other.
+    assert!(a.send_unless_gone(3, 9, b"still").expect("to a live peer"));
+    assert_eq!(d.recv(0, 9).expect("delivered"), b"still");
+}

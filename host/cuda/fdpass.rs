@@ -4,13 +4,24 @@
 //! simulator's VMM allocations are memfd regions passed the same way.
 //!
 //! The owner puts a descriptor on [`offer`]: it goes into a process-wide table under a key
-//! (a per-process serial number, never reused) until the [`Offer`] drops. The first offer
-//! starts a listener on an abstract Unix socket named from the owner's pid, pid namespace and a
-//! per-process counter (taken past names in use) and a thread that answers requests on it: a
-//! peer connects, sends the key, and receives the descriptor as `SCM_RIGHTS` ancillary data
-//! (or a refusal when the key is not offered now). The [`Ticket`] a peer needs (pid, namespace,
-//! socket counter, key, and the descriptor's number in the owner) travels in the registration
-//! record over the bootstrap.
+//! (a per-process serial number, never reused) until the [`Offer`] drops. An offer made while
+//! nothing else is on offer starts a listener on an abstract Unix socket named from the owner's
+//! pid, pid namespace, start time and a per-process counter (taken past names in use) and a
+//! thread that answers requests on it: a peer connects, sends the key, and receives the
+//! descriptor as `SCM_RIGHTS` ancillary data (or a refusal when the key is not offered now).
+//! The withdrawal of the last offer stops that thread (woken by an eventfd, joined) and closes
+//! the listener, so a process keeps no thread nor socket once its registrations are gone. The
+//! [`Ticket`] a peer needs (pid, namespace, start time, socket counter, key, and the
+//! descriptor's number in the owner) travels in the registration record over the bootstrap.
+//!
+//! A peer that asks for a descriptor of an owner that has exited is answered at once: when the
+//! owner is of its pid namespace and no process has its pid, or the one that has it started at
+//! another time (the pid was reused), [`take`] fails without asking the socket or the pid. The
+//! connect to the owner's socket (which waits while a listener's backlog is full) and each
+//! request are bounded by a few seconds; a socket nobody listens on refuses at once. (A child
+//! the owner forks without exec keeps the listener's socket open, as every close-on-exec
+//! descriptor: a request that reaches it after the owner's listener stopped waits out that
+//! bound and fails, which only declines the buffer.)
 //!
 //! Why a socket first: `pidfd_getfd` needs ptrace permission over the owner, which Yama's
 //! `ptrace_scope=1` (the default of many distributions) refuses between sibling processes such
@@ -31,19 +42,23 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-/// How long a request may take at either end before it is given up (the listener answers at
-/// once; this only bounds a peer that stopped).
+/// How long a request may take at either end before it is given up: the connect (a listener
+/// whose backlog is full), the key, the answer. The listener answers at once; this only bounds
+/// a peer or an owner that stopped.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The owner's listener answered that the key is not on offer (or that we are another user).
+const REFUSED: &str = "the owner refused (not on offer, or another user)";
 
 /// No listener could be started: only the `pidfd_getfd` fallback remains.
 const NO_SOCKET: u32 = u32::MAX;
 
 /// The bytes of an encoded [`Ticket`].
-pub const TICKET_BYTES: usize = 32;
+pub const TICKET_BYTES: usize = 40;
 
 /// What a peer needs to take an offered descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +66,10 @@ pub struct Ticket {
     /// The owner's pid and pid namespace (the inode of its `/proc/self/ns/pid`).
     pub pid: u32,
     pub pid_ns: u64,
+    /// When the owner started (clock ticks after boot, `/proc/<pid>/stat`'s 22nd field; 0
+    /// where /proc does not say): with the pid, names the owner process, never a later one
+    /// that was given its pid.
+    pub start: u64,
     /// The counter in the owner's socket name ([`NO_SOCKET`] when it has none).
     pub sock: u32,
     /// The offer's key in the owner's table.
@@ -67,6 +86,7 @@ impl Ticket {
         b[8..16].copy_from_slice(&self.pid_ns.to_le_bytes());
         b[16..24].copy_from_slice(&self.key.to_le_bytes());
         b[24..28].copy_from_slice(&self.sock.to_le_bytes());
+        b[32..40].copy_from_slice(&self.start.to_le_bytes());
         b
     }
 
@@ -79,6 +99,7 @@ impl Ticket {
             pid_ns: w8(8),
             key: w8(16),
             sock: w4(24),
+            start: w8(32),
         }
     }
 }
@@ -100,65 +121,168 @@ pub fn pid_namespace() -> u64 {
     })
 }
 
-/// The descriptors on offer, by key.
-fn table() -> MutexGuard<'static, HashMap<u64, OwnedFd>> {
-    static T: OnceLock<Mutex<HashMap<u64, OwnedFd>>> = OnceLock::new();
-    T.get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+/// When process `pid` (of our pid namespace) started, in clock ticks after boot; None when
+/// there is no such process.
+fn start_time(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything: count from the
+    // last ')'. Field 22 is the 20th after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-fn socket_name(pid: u32, pid_ns: u64, counter: u32) -> String {
-    format!("ncclrs-fd-{pid}@{pid_ns}-{counter}")
+/// This process's [`start_time`] (0 where /proc does not say).
+fn own_start() -> u64 {
+    static START: OnceLock<u64> = OnceLock::new();
+    *START.get_or_init(|| start_time("self").unwrap_or(0))
 }
 
-/// The counter of this process's listener, started on first use ([`NO_SOCKET`] if none could
-/// be bound; said once at INFO).
-fn listener() -> u32 {
-    static SOCK: OnceLock<u32> = OnceLock::new();
-    *SOCK.get_or_init(|| match start_listener() {
-        Ok(c) => c,
-        Err(e) => {
-            log::info!(
-                "no descriptor socket for registered VMM buffers ({e}): peers take them with \
-                 pidfd_getfd where they may"
-            );
-            NO_SOCKET
-        }
+/// Whether the owner `t` names is known to have exited: its pid is in our namespace and no
+/// process has it, or the one that has it started at another time than the owner did.
+fn owner_gone(t: &Ticket) -> bool {
+    if t.pid_ns != pid_namespace() || t.pid_ns == 0 {
+        return false;
+    }
+    match start_time(&t.pid.to_string()) {
+        None => std::path::Path::new("/proc/self/stat").exists(),
+        Some(s) => t.start != 0 && s != t.start,
+    }
+}
+
+/// The descriptors on offer, by key, and the listener that answers for them while any is.
+struct State {
+    offers: HashMap<u64, OwnedFd>,
+    server: Option<Server>,
+    /// A listener could not be started (said once at INFO).
+    no_socket_said: bool,
+}
+
+fn state() -> MutexGuard<'static, State> {
+    static T: OnceLock<Mutex<State>> = OnceLock::new();
+    T.get_or_init(|| {
+        Mutex::new(State {
+            offers: HashMap::new(),
+            server: None,
+            no_socket_said: false,
+        })
     })
+    .lock()
+    .unwrap_or_else(|p| p.into_inner())
 }
 
-fn start_listener() -> Result<u32> {
-    let (pid, ns) = (std::process::id(), pid_namespace());
-    let mut last = None;
-    // A name still bound by a process that had our pid in another life (abstract names go
-    // with their socket, so only a live one): take the next counter.
-    for counter in 0..64u32 {
-        let addr = SocketAddr::from_abstract_name(socket_name(pid, ns, counter).as_bytes())
-            .map_err(|e| quiet(format!("abstract socket name: {e}")))?;
-        match UnixListener::bind_addr(&addr) {
-            Ok(l) => {
-                std::thread::Builder::new()
-                    .name("nccl-fdpass".into())
-                    .spawn(move || serve(l))
-                    .map_err(|e| quiet(format!("starting the descriptor thread: {e}")))?;
-                return Ok(counter);
+fn socket_name(pid: u32, pid_ns: u64, start: u64, counter: u32) -> String {
+    format!("ncclrs-fd-{pid}@{pid_ns}.{start}-{counter}")
+}
+
+/// The listener of this process and its thread: started with the first offer, stopped when
+/// the last offer is withdrawn (so a process keeps no thread nor socket for registrations it
+/// no longer has).
+struct Server {
+    counter: u32,
+    /// Written to stop the thread (an eventfd).
+    stop: OwnedFd,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    fn start() -> Result<Server> {
+        let (pid, ns) = (std::process::id(), pid_namespace());
+        let mut last = None;
+        // A name still bound: a process that had our pid in another life, or our previous
+        // listener still stopping. Abstract names go with their socket: take the next counter.
+        for counter in 0..64u32 {
+            let name = socket_name(pid, ns, own_start(), counter);
+            let addr = SocketAddr::from_abstract_name(name.as_bytes())
+                .map_err(|e| quiet(format!("abstract socket name: {e}")))?;
+            match UnixListener::bind_addr(&addr) {
+                Ok(l) => {
+                    l.set_nonblocking(true)
+                        .map_err(|e| quiet(format!("descriptor socket: {e}")))?;
+                    // SAFETY: a plain system call; the descriptor is owned at once if valid.
+                    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+                    if raw < 0 {
+                        return Err(quiet(format!(
+                            "eventfd: {}",
+                            std::io::Error::last_os_error()
+                        )));
+                    }
+                    // SAFETY: a fresh descriptor of ours.
+                    let stop = unsafe { OwnedFd::from_raw_fd(raw) };
+                    let wake = stop
+                        .try_clone()
+                        .map_err(|e| quiet(format!("dup of an eventfd: {e}")))?;
+                    let thread = std::thread::Builder::new()
+                        .name("nccl-fdpass".into())
+                        .spawn(move || serve(l, wake))
+                        .map_err(|e| quiet(format!("starting the descriptor thread: {e}")))?;
+                    return Ok(Server {
+                        counter,
+                        stop,
+                        thread,
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+                Err(e) => return Err(quiet(format!("binding the descriptor socket: {e}"))),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
-            Err(e) => return Err(quiet(format!("binding the descriptor socket: {e}"))),
+        }
+        Err(quiet(format!(
+            "binding the descriptor socket: every name taken ({last:?})"
+        )))
+    }
+
+    /// Stops the thread and waits for it (it ends within one request's [`IO_TIMEOUT`]); the
+    /// listener closes with it. Called without the state's lock, which the thread takes.
+    fn stop(self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd.
+        let _ = unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
+        if self.thread.join().is_err() {
+            log::debug!("the descriptor thread panicked");
         }
     }
-    Err(quiet(format!(
-        "binding the descriptor socket: every name taken ({last:?})"
-    )))
 }
 
-/// The listener's thread: answers one request per connection, for the life of the process.
-fn serve(l: UnixListener) {
-    for conn in l.incoming() {
-        let Ok(mut s) = conn else { continue };
-        if let Err(e) = answer(&mut s) {
-            log::debug!("descriptor request: {e}");
+/// Threads this process runs to answer descriptor requests now (0 or 1; tests check that
+/// none outlives the offers).
+pub fn listener_threads() -> usize {
+    usize::from(state().server.is_some())
+}
+
+/// The listener's thread: answers one request per connection until told to stop.
+fn serve(l: UnixListener, stop: OwnedFd) {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two pollfd structures of ours, as many as passed.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            log::debug!("descriptor socket poll: {}", std::io::Error::last_os_error());
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        match l.accept() {
+            Ok((mut s, _)) => {
+                if let Err(e) = answer(&mut s) {
+                    log::debug!("descriptor request: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => log::debug!("descriptor socket accept: {e}"),
         }
     }
 }
@@ -188,6 +312,7 @@ fn peer_cred(s: &UnixStream) -> Option<(u32, u32)> {
 }
 
 fn answer(s: &mut UnixStream) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     // SAFETY: geteuid cannot fail.
@@ -198,8 +323,8 @@ fn answer(s: &mut UnixStream) -> std::io::Result<()> {
     let mut key = [0u8; 8];
     s.read_exact(&mut key)?;
     // Held while sending: the descriptor cannot be closed under the send.
-    let t = table();
-    match t.get(&u64::from_le_bytes(key)) {
+    let st = state();
+    match st.offers.get(&u64::from_le_bytes(key)) {
         Some(fd) => send_fd(s, fd.as_raw_fd()),
         None => s.write_all(&[0]),
     }
@@ -283,7 +408,7 @@ fn recv_fd(s: &UnixStream) -> std::result::Result<OwnedFd, String> {
     match (n, byte[0], got) {
         (1, 1, Some(fd)) => Ok(fd),
         (0, _, _) => Err("the owner closed the connection".into()),
-        (_, 0, _) => Err("the owner refused (not on offer, or another user)".into()),
+        (_, 0, _) => Err(REFUSED.into()),
         _ => Err("an answer without a descriptor".into()),
     }
 }
@@ -294,19 +419,33 @@ pub struct Offer {
     ticket: Ticket,
 }
 
-/// Puts `fd` on offer to peer processes.
+/// Puts `fd` on offer to peer processes (starting the listener if none runs).
 pub fn offer(fd: OwnedFd) -> Offer {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let key = NEXT.fetch_add(1, Ordering::Relaxed);
-    let sock = listener();
+    let mut st = state();
+    if st.server.is_none() {
+        match Server::start() {
+            Ok(s) => st.server = Some(s),
+            Err(e) if !st.no_socket_said => {
+                st.no_socket_said = true;
+                log::info!(
+                    "no descriptor socket for registered VMM buffers ({e}): peers take them \
+                     with pidfd_getfd where they may"
+                );
+            }
+            Err(_) => {}
+        }
+    }
     let ticket = Ticket {
         pid: std::process::id(),
         pid_ns: pid_namespace(),
-        sock,
+        start: own_start(),
+        sock: st.server.as_ref().map_or(NO_SOCKET, |s| s.counter),
         key,
         fd: fd.as_raw_fd(),
     };
-    table().insert(key, fd);
+    st.offers.insert(key, fd);
     Offer { ticket }
 }
 
@@ -318,23 +457,44 @@ impl Offer {
 
 impl Drop for Offer {
     fn drop(&mut self) {
-        table().remove(&self.ticket.key);
+        let stopping = {
+            let mut st = state();
+            st.offers.remove(&self.ticket.key);
+            if st.offers.is_empty() {
+                st.server.take()
+            } else {
+                None
+            }
+        };
+        // The last offer gone: the listener with it (outside the lock its thread takes).
+        if let Some(s) = stopping {
+            s.stop();
+        }
     }
 }
 
 /// Test hook: how requests are answered (a peer takes descriptors by `pidfd_getfd` only when
 /// false).
-static SOCKET_PATH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static SOCKET_PATH: AtomicBool = AtomicBool::new(true);
 
 /// Takes the descriptor `t` describes into this process: from our own table when we are the
 /// owner, else over the owner's socket, else with `pidfd_getfd`.
 pub fn take(t: &Ticket) -> Result<OwnedFd> {
     if t.pid == std::process::id() && t.pid_ns == pid_namespace() {
-        let table = table();
-        let fd = table
+        let st = state();
+        let fd = st
+            .offers
             .get(&t.key)
             .ok_or_else(|| quiet("the descriptor is no longer on offer".into()))?;
         return fd.try_clone().map_err(|e| quiet(format!("dup: {e}")));
+    }
+    // An owner that exited took its descriptors with it: said at once, without asking its
+    // socket (nothing listens) or its pid (which another process may have now).
+    if owner_gone(t) {
+        return Err(quiet(format!(
+            "the owner of descriptor {} (process {}) has exited",
+            t.fd, t.pid
+        )));
     }
     let socket = if !SOCKET_PATH.load(Ordering::Relaxed) {
         Err("switched off".to_string())
@@ -345,6 +505,14 @@ pub fn take(t: &Ticket) -> Result<OwnedFd> {
     };
     let socket_err = match socket {
         Ok(fd) => return Ok(fd),
+        // The owner said no: its descriptor's number may belong to another file by now, so
+        // pidfd_getfd is not asked for it.
+        Err(e) if e == REFUSED => {
+            return Err(quiet(format!(
+                "taking descriptor {} of process {}: {e}",
+                t.fd, t.pid
+            )))
+        }
         Err(e) => e,
     };
     via_pidfd(t).map_err(|e| {
@@ -362,8 +530,9 @@ pub fn take(t: &Ticket) -> Result<OwnedFd> {
 /// its offer or not at all (NVLS's multicast object, `driver::multicast_import`).
 pub fn take_offered(t: &Ticket) -> Result<OwnedFd> {
     if t.pid == std::process::id() && t.pid_ns == pid_namespace() {
-        let table = table();
-        let fd = table
+        let st = state();
+        let fd = st
+            .offers
             .get(&t.key)
             .ok_or_else(|| Error::system("the descriptor is no longer on offer"))?;
         return fd
@@ -385,9 +554,8 @@ pub fn take_offered(t: &Ticket) -> Result<OwnedFd> {
 }
 
 fn via_socket(t: &Ticket) -> std::result::Result<OwnedFd, String> {
-    let addr = SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.sock).as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut s = UnixStream::connect_addr(&addr).map_err(|e| format!("connect: {e}"))?;
+    let name = socket_name(t.pid, t.pid_ns, t.start, t.sock);
+    let mut s = connect_abstract(&name, IO_TIMEOUT)?;
     // Anyone in the network namespace may bind the name first. The listener must be our
     // user's, and the ticket's process itself where our pid namespaces are the same (across
     // pid namespaces the kernel shows no pid to compare).
@@ -410,6 +578,22 @@ fn via_socket(t: &Ticket) -> std::result::Result<OwnedFd, String> {
     recv_fd(&s)
 }
 
+/// Connects to the abstract Unix socket `name`, waiting at most `timeout` (a listener whose
+/// backlog is full makes a connect wait; one that is gone refuses at once).
+fn connect_abstract(name: &str, timeout: Duration) -> std::result::Result<UnixStream, String> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    use std::os::unix::ffi::OsStrExt;
+    let mut path = vec![0u8];
+    path.extend_from_slice(name.as_bytes());
+    let addr = SockAddr::unix(std::ffi::OsStr::from_bytes(&path)).map_err(|e| e.to_string())?;
+    let s = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(|e| format!("socket: {e}"))?;
+    // A Unix socket's connect waits at most its send timeout.
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| format!("SO_SNDTIMEO: {e}"))?;
+    s.connect(&addr).map_err(|e| format!("connect: {e}"))?;
+    Ok(UnixStream::from(OwnedFd::from(s)))
+}
+
 fn via_pidfd(t: &Ticket) -> std::result::Result<OwnedFd, String> {
     if t.pid_ns != pid_namespace() {
         return Err("the owner is in another pid namespace".into());
@@ -419,6 +603,12 @@ fn via_pidfd(t: &Ticket) -> std::result::Result<OwnedFd, String> {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, t.pid as libc::pid_t, 0) as i32;
         if pidfd < 0 {
             return Err(format!("pidfd_open: {}", std::io::Error::last_os_error()));
+        }
+        // The pid may have passed to another process before the pidfd was opened: the one
+        // that has it after (the pidfd's, or a later one) must have started when the owner did.
+        if owner_gone(t) {
+            libc::close(pidfd);
+            return Err(format!("process {} is no longer the owner", t.pid));
         }
         let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, t.fd, 0) as i32;
         let err = std::io::Error::last_os_error();
@@ -467,6 +657,7 @@ mod tests {
         let t = Ticket {
             pid: 77,
             pid_ns: 0x1234_5678_9abc,
+            start: 0xfeed_f00d_1234,
             sock: 3,
             key: 99,
             fd: 17,
@@ -474,8 +665,29 @@ mod tests {
         assert_eq!(Ticket::decode(&t.encode()), t);
     }
 
+    /// The tests that offer descriptors run one at a time: one of them counts the listener.
+    fn one_at_a_time() -> MutexGuard<'static, ()> {
+        static L: Mutex<()> = Mutex::new(());
+        L.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Threads of this process named as the listener's.
+    fn listener_tasks() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .map(|r| {
+                r.flatten()
+                    .filter(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|n| n.trim() == "nccl-fdpass")
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
     #[test]
     fn a_descriptor_goes_over_the_socket_and_not_after_its_withdrawal() {
+        let _one = one_at_a_time();
         let o = offer(memfd(4096, 7));
         let t = o.ticket();
         assert_ne!(t.sock, NO_SOCKET);
@@ -490,11 +702,18 @@ mod tests {
         assert_eq!(b, [7; 3]);
         assert!(take(&t).is_ok());
         drop(o);
-        let e = via_socket(&t).expect_err("withdrawn");
-        assert!(e.contains("refused"), "{e}");
+        // Nothing on offer: the listener is gone (the connect is refused; a test forking
+        // meanwhile may keep the socket a moment longer, then it resets).
+        via_socket(&t).expect_err("withdrawn");
         assert!(take(&t).is_err());
-        let bogus = Ticket { key: u64::MAX, ..t };
-        assert!(via_socket(&bogus).is_err());
+        // A key not on offer while the listener runs: refused, and no pidfd_getfd after.
+        let other = offer(memfd(16, 1));
+        let bogus = Ticket {
+            key: u64::MAX,
+            ..other.ticket()
+        };
+        assert_eq!(via_socket(&bogus).expect_err("not on offer"), REFUSED);
+        drop(other);
     }
 
     /// A socket of the owner's name bound by another process (here: ours, for a ticket of
@@ -509,7 +728,7 @@ mod tests {
             ..o.ticket()
         };
         let addr =
-            SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.sock).as_bytes())
+            SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.start, t.sock).as_bytes())
                 .unwrap();
         let l = UnixListener::bind_addr(&addr).expect("squat the name");
         let fd = o.ticket().fd;
@@ -538,6 +757,7 @@ mod tests {
             let t = Ticket {
                 pid: parent,
                 pid_ns: pid_namespace(),
+                start: 0,
                 sock,
                 key: 1,
                 fd: 0,
@@ -557,6 +777,7 @@ mod tests {
     /// descriptor by its number.
     #[test]
     fn pidfd_getfd_takes_a_descriptor_by_number() {
+        let _one = one_at_a_time();
         let o = offer(memfd(100, 1));
         let fd = via_pidfd(&o.ticket()).expect("pidfd_getfd on ourselves");
         assert_eq!(file_size(fd.as_fd()).unwrap(), 100);
@@ -565,5 +786,110 @@ mod tests {
             ..o.ticket()
         };
         assert!(via_pidfd(&other_ns).is_err());
+    }
+
+    /// A ticket whose owner has exited is answered at once, with an error that says so: the
+    /// socket is not asked, nor the pid (another process may have it by now). A pid held by a
+    /// process that started at another time than the ticket says is no owner either. An owner
+    /// that is alive but does not listen is answered at once too (its socket refuses). Timed
+    /// only as a hang guard.
+    #[test]
+    fn an_exited_owner_is_answered_at_once() {
+        // Not while another test checks that a stopped listener refuses: a child between its
+        // fork and its exec holds our descriptors, the listener's among them, a moment longer.
+        let _one = one_at_a_time();
+        let t0 = std::time::Instant::now();
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("start a child");
+        let pid = child.id();
+        child.wait().expect("the child's exit");
+        let gone = Ticket {
+            pid,
+            pid_ns: pid_namespace(),
+            start: 1,
+            sock: 0,
+            key: 1,
+            fd: 3,
+        };
+        let e = take(&gone).expect_err("an exited owner");
+        assert!(e.message.contains("exited"), "{e}");
+        // Our own pid, with another start time: as if our pid were reused.
+        let me = Ticket {
+            pid: std::process::id(),
+            start: own_start(),
+            ..gone
+        };
+        assert!(own_start() != 0 && !owner_gone(&me));
+        let impostor = Ticket {
+            start: own_start() + 1,
+            ..me
+        };
+        assert!(owner_gone(&impostor));
+        assert!(via_pidfd(&impostor).is_err());
+        // A live process without a listener: refused, then pidfd_getfd fails (another
+        // process's descriptor 3 that it does not have, or ptrace refused).
+        let mut live = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("start a child");
+        let lpid = live.id();
+        let t = Ticket {
+            pid: lpid,
+            start: start_time(&lpid.to_string()).expect("the child's start"),
+            sock: 7,
+            fd: 1000,
+            ..gone
+        };
+        assert!(!owner_gone(&t));
+        let e = take(&t).expect_err("nothing listens there");
+        assert!(e.message.contains("refused"), "{e}");
+        let _ = live.kill();
+        let _ = live.wait();
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    }
+
+    /// The listener runs while a descriptor is on offer and ends with the last offer (its
+    /// thread joined, its name free); 100 cycles of offering, taking over the socket and
+    /// withdrawing leave no listener thread behind.
+    #[test]
+    fn the_listener_ends_with_the_last_offer() {
+        let _one = one_at_a_time();
+        assert_eq!((listener_threads(), listener_tasks()), (0, 0));
+        let a = offer(memfd(64, 1));
+        let b = offer(memfd(64, 2));
+        assert_eq!(a.ticket().sock, b.ticket().sock, "one listener for both");
+        // A new thread names itself once it runs: give it a moment.
+        let t0 = std::time::Instant::now();
+        while listener_tasks() == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!((listener_threads(), listener_tasks()), (1, 1));
+        let tb = b.ticket();
+        drop(a);
+        assert_eq!(listener_threads(), 1, "b is still on offer");
+        assert!(via_socket(&tb).is_ok());
+        drop(b);
+        assert_eq!(listener_threads(), 0);
+        // A joined thread's task may linger a moment in /proc.
+        let t0 = std::time::Instant::now();
+        while listener_tasks() > 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(listener_tasks(), 0);
+        via_socket(&tb).expect_err("no listener");
+        for k in 0..100u8 {
+            let o = offer(memfd(32, k));
+            let fd = via_socket(&o.ticket()).expect("over the socket");
+            assert_eq!(file_size(fd.as_fd()).unwrap(), 32);
+            drop(fd);
+            drop(o);
+            assert_eq!(listener_threads(), 0, "cycle {k}");
+        }
+        let t0 = std::time::Instant::now();
+        while listener_tasks() > 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(listener_tasks(), 0, "a listener thread outlived 100 cycles");
     }
 }

@@ -207,6 +207,28 @@ impl Device {
             bytes,
         })
     }
+    crate::internal! {
+        #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+        /// Simulator only: VMM allocations side by side, each piece of `sizes` its own
+        /// allocation (and descriptor) and the next starting where it ends, as
+        /// `cuMemAddressReserve` with one `cuMemCreate` + `cuMemMap` per piece makes them; each
+        /// buffer frees its piece. A buffer may be registered across them.
+        fn alloc_vmm_adjacent(&self, sizes: &[usize]) -> Result<Vec<DevBuffer>> {
+            let Imp::Sim(d) = &*self.imp else {
+                return Err(Error::invalid_usage(
+                    "adjacent VMM allocations are made on the simulator only",
+                ));
+            };
+            Ok(d.alloc_vmm_adjacent(sizes)?
+                .into_iter()
+                .map(|(ptr, bytes)| DevBuffer {
+                    dev: self.clone(),
+                    ptr,
+                    bytes,
+                })
+                .collect())
+        }
+    }
     pub(crate) fn copy_htod(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         dispatch!(self.copy_htod(dst, src))
     }
@@ -318,6 +340,21 @@ impl Device {
                     None => e,
                 }),
             }
+        }
+    }
+    crate::internal! {
+        /// The VMM allocation holding `p` exported as [`Device::reg_export`] exports one (its
+        /// descriptor on offer until the export drops); None, quietly, where `p` is no memory
+        /// of the virtual memory API with a descriptor handle. For the allocations after the
+        /// first of a buffer that spans several.
+        fn vmm_export_at(&self, p: DevPtr) -> Result<Option<VmmExport>> {
+            Ok(dispatch!(self.vmm_export(p))?.map(|(base, bytes, fd, handle)| VmmExport {
+                dev: self.clone(),
+                base,
+                bytes,
+                handle,
+                offer: Some(fdpass::offer(fd)),
+            }))
         }
     }
     crate::internal! {

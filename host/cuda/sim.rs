@@ -653,6 +653,100 @@ impl Device {
         Ok((p, size))
     }
 
+    /// VMM allocations side by side in one address range, as `cuMemAddressReserve` and one
+    /// `cuMemCreate` + `cuMemMap` per piece make them (PyTorch's expandable segments): each
+    /// piece of `sizes` (rounded up to [`SIM_VMM_GRANULARITY`]) its own memfd and region, the
+    /// next starting where the previous ends. (address, size) of each; each is freed alone.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub fn alloc_vmm_adjacent(&self, sizes: &[usize]) -> Result<Vec<(DevPtr, usize)>> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let rounded: Vec<usize> = sizes
+            .iter()
+            .map(|b| b.max(&1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY)
+            .collect();
+        let total: usize = rounded.iter().sum();
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let mut fds = Vec::new();
+        for &size in &rounded {
+            // SAFETY: plain system calls; the descriptor is owned at once, results checked.
+            let fd = unsafe {
+                let raw = libc::memfd_create(c"ncclrs-vmm".as_ptr(), libc::MFD_CLOEXEC);
+                if raw < 0 {
+                    return Err(Error::system(format!(
+                        "memfd_create: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                OwnedFd::from_raw_fd(raw)
+            };
+            // SAFETY: a live descriptor of ours.
+            if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
+                return Err(Error::system(format!(
+                    "ftruncate(memfd, {size}): {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            fds.push(fd);
+        }
+        // SAFETY: reserves address space only (no access, no memory); checked.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(Error::system(format!(
+                "reserving {total} bytes: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let mut out = Vec::new();
+        let mut p = at as u64;
+        for (fd, &size) in fds.into_iter().zip(&rounded) {
+            // SAFETY: replaces `size` bytes of the reservation made above (inside it: the
+            // sizes add up to its length) with the memfd's pages.
+            let q = unsafe {
+                libc::mmap(
+                    p as *mut libc::c_void,
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if q == libc::MAP_FAILED {
+                let e = std::io::Error::last_os_error();
+                // SAFETY: what is left of our reservation (the pieces mapped so far are
+                // regions, freed by their owners; the rest goes here).
+                unsafe { libc::munmap(p as *mut libc::c_void, total - (p - at as u64) as usize) };
+                for (r, _) in out {
+                    let _ = self.unmap(r);
+                }
+                return Err(Error::system(format!("mapping a VMM piece: {e}")));
+            }
+            lock(regions()).insert(
+                p,
+                Region {
+                    bytes: size,
+                    ordinal: self.ordinal,
+                    name: None,
+                    vmm_fd: Some(fd),
+                },
+            );
+            out.push((p, size));
+            p += size as u64;
+        }
+        Ok(out)
+    }
+
     /// The VMM allocation holding `p` ([`Device::alloc_vmm`]): its base, size and a new
     /// descriptor of its memory, as the driver backend exports one (no allocation handle to
     /// retain here: 0). None for any other memory (as `cuMemRetainAllocationHandle` refuses
@@ -749,10 +843,11 @@ impl Device {
         self.unmap(host as DevPtr)
     }
 
+    /// Whether `len` bytes at `p` are simulated device memory (of one region, or of VMM
+    /// allocations side by side, as [`Device::pointer_extent`] counts them).
     fn check_range(&self, p: DevPtr, len: usize) -> Result<()> {
-        let regions = lock(regions());
-        match regions.range(..=p).next_back() {
-            Some((&base, r)) if p + len as u64 <= base + r.bytes as u64 => Ok(()),
+        match self.pointer_extent(p, len)? {
+            Some((_, avail)) if len <= avail => Ok(()),
             _ => Err(Error::cuda(format!(
                 "memcpy on {len} bytes at {p:#x}: not simulated device memory"
             ))),
@@ -774,16 +869,30 @@ impl Device {
     }
 
     /// The device of the region holding `p` and the bytes from `p` to the region's end, or
-    /// None when `p` is in no region (`_need` serves the driver backend).
-    pub fn pointer_extent(&self, p: DevPtr, _need: usize) -> Result<Option<(i32, usize)>> {
+    /// None when `p` is in no region. As the driver backend: a VMM allocation followed by VMM
+    /// allocations that start where it ends (of the same device) counts as far as `need`
+    /// bytes require.
+    pub fn pointer_extent(&self, p: DevPtr, need: usize) -> Result<Option<(i32, usize)>> {
         let regions = lock(regions());
-        Ok(match regions.range(..=p).next_back() {
-            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => Some((
-                r.ordinal,
-                (base + r.bytes as u64).saturating_sub(p) as usize,
-            )),
-            _ => None,
-        })
+        let Some((&base, r)) = regions.range(..=p).next_back() else {
+            return Ok(None);
+        };
+        if p >= base + r.bytes.max(1) as u64 {
+            return Ok(None);
+        }
+        let mut end = base + r.bytes as u64;
+        let want = p.saturating_add(need as u64);
+        if r.vmm_fd.is_some() {
+            while end < want {
+                match regions.get(&end) {
+                    Some(n) if n.vmm_fd.is_some() && n.ordinal == r.ordinal && n.bytes > 0 => {
+                        end += n.bytes as u64
+                    }
+                    _ => break,
+                }
+            }
+        }
+        Ok(Some((r.ordinal, (end - p) as usize)))
     }
 
     /// The base of the region holding `p`, None if `p` is not simulated device memory.

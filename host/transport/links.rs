@@ -61,6 +61,15 @@ pub struct Started {
     owned: Vec<Own>,
 }
 
+/// Most allocations of one registered buffer sent to peers ([`Links::export_registration`]).
+pub const MAX_REG_PIECES: usize = 64;
+
+/// The id on the wire of record `piece` of registration `id` (a registration sends one record
+/// per allocation it spans).
+fn piece_id(id: u64, piece: usize) -> u64 {
+    id << 8 | piece as u64
+}
+
 pub struct Links {
     rank: usize,
     device: Device,
@@ -74,9 +83,10 @@ pub struct Links {
     net: Option<Arc<NetPath>>,
     /// Peer processes' registered buffers as we map them, by peer (see `regmap`).
     regs: Mutex<HashMap<usize, PeerRegs>>,
-    /// Our registrations whose records went to the peers of [`Links::reg_peers`], with the
-    /// export of a VMM buffer's allocation (its descriptor on offer) while they live.
-    exported: Mutex<HashMap<u64, Option<VmmExport>>>,
+    /// Our registrations whose records went to the peers of [`Links::reg_peers`]: how many
+    /// records (one per allocation the buffer spans), with the exports of a VMM buffer's
+    /// allocations (their descriptors on offer) while they live.
+    exported: Mutex<HashMap<u64, (u64, Vec<VmmExport>)>>,
     /// NCCL_RS_VMM_IPC: registered VMM buffers are exported to, and mapped from, peer
     /// processes by their descriptors.
     vmm_ipc: bool,
@@ -212,25 +222,66 @@ impl Links {
     /// Sends registration `id` (`bytes` at `buff`) to the peers that may map it: with the IPC
     /// handle of its allocation, or for an allocation of CUDA's virtual memory API a ticket for
     /// its exported descriptor, kept on offer until the registration is withdrawn (or these
-    /// links drop). A VMM buffer spanning several mappings is sent as far as its first mapping
-    /// holds it. A buffer that can be neither (or a VMM one with NCCL_RS_VMM_IPC=0) is not
-    /// sent: messages into it from other processes take copies.
+    /// links drop). A VMM buffer spanning several allocations side by side (a range mapped
+    /// from several physical allocations, as PyTorch's expandable segments are) goes as one
+    /// record per allocation, each its part of the buffer with its own descriptor: the peer
+    /// maps each allocation apart, and a message that lies inside one of them goes direct,
+    /// one that straddles two takes the FIFO (no peer mapping covers it). At most
+    /// [`MAX_REG_PIECES`] allocations: the rest of a longer buffer is not sent (copies). A
+    /// buffer that can be neither (or a VMM one with NCCL_RS_VMM_IPC=0) is not sent:
+    /// messages into it from other processes take copies.
     pub fn export_registration(&self, id: u64, buff: DevPtr, bytes: usize) -> Result<()> {
         let peers = self.reg_peers();
         if peers.is_empty() {
             return Ok(());
         }
-        let (base, via, handle, end, keep) = match self.device.reg_export(buff, self.vmm_ipc) {
+        let end = buff + bytes as u64;
+        let (records, keep) = match self.device.reg_export(buff, self.vmm_ipc) {
             Ok(RegExport::Ipc { base, handle }) => {
-                (base, regmap::Via::Ipc, handle, buff + bytes as u64, None)
+                let rec = regmap::Record {
+                    id: piece_id(id, 0),
+                    start: buff,
+                    end,
+                    base,
+                    via: regmap::Via::Ipc,
+                    handle,
+                };
+                (vec![rec], Vec::new())
             }
             Ok(RegExport::Vmm(x)) => {
-                let Some(ticket) = x.ticket() else {
+                let mut pieces = vec![x];
+                while pieces.len() < MAX_REG_PIECES {
+                    let next = pieces
+                        .last()
+                        .map_or(end, |x| x.base.saturating_add(x.bytes as u64));
+                    if next >= end {
+                        break;
+                    }
+                    match self.device.vmm_export_at(next) {
+                        Ok(Some(y)) if y.base == next && y.bytes > 0 => pieces.push(y),
+                        _ => break,
+                    }
+                }
+                let mut records = Vec::new();
+                for (i, x) in pieces.iter().enumerate() {
+                    let Some(ticket) = x.ticket() else {
+                        break;
+                    };
+                    let x_end = x.base + x.bytes as u64;
+                    records.push(regmap::Record {
+                        id: piece_id(id, i),
+                        start: buff.max(x.base),
+                        end: end.min(x_end),
+                        base: x.base,
+                        via: regmap::Via::VmmFd,
+                        handle: regmap::vmm_handle(&ticket, x.bytes),
+                    });
+                }
+                if records.is_empty() {
                     return Ok(());
-                };
-                let end = (buff + bytes as u64).min(x.base + x.bytes as u64);
-                let h = regmap::vmm_handle(&ticket, x.bytes);
-                (x.base, regmap::Via::VmmFd, h, end, Some(x))
+                }
+                pieces.truncate(records.len());
+                (records, pieces)
             }
             Err(e) => {
                 // Said once: every registration of the kind would repeat it.
@@ -243,41 +294,59 @@ impl Links {
                 return Ok(());
             }
         };
-        let rec = regmap::Record {
-            id,
-            start: buff,
-            end,
-            base,
-            via,
-            handle,
-        };
-        let msg = regmap::encode(id, Some(&rec));
         // On offer before any peer can ask.
         self.exported
             .lock()
             .map_err(|_| Error::internal("registration table poisoned"))?
-            .insert(id, keep);
-        for p in peers {
-            self.bootstrap.send(p, regmap::TAG_REG, &msg)?;
+            .insert(id, (records.len() as u64, keep));
+        let mut first = None;
+        for rec in &records {
+            let msg = regmap::encode(rec.id, Some(rec));
+            if let Err(e) = self.tell_peers(&peers, &msg) {
+                first.get_or_insert(e);
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
-    /// Withdraws registration `id` from the peers it was sent to.
+    /// Withdraws registration `id` (each of its records) from the peers it was sent to.
     pub fn withdraw_registration(&self, id: u64) -> Result<()> {
         let sent = self
             .exported
             .lock()
             .map_err(|_| Error::internal("registration table poisoned"))?
             .remove(&id);
-        // A VMM export (if any) stays on offer until the withdrawals are out.
-        if let Some(_export) = sent {
-            let msg = regmap::encode(id, None);
-            for p in self.reg_peers() {
-                self.bootstrap.send(p, regmap::TAG_REG, &msg)?;
+        // VMM exports (if any) stay on offer until the withdrawals are out.
+        if let Some((records, _exports)) = sent {
+            let peers = self.reg_peers();
+            let mut first = None;
+            for i in 0..records as usize {
+                let msg = regmap::encode(piece_id(id, i), None);
+                if let Err(e) = self.tell_peers(&peers, &msg) {
+                    first.get_or_insert(e);
+                }
             }
+            return first.map_or(Ok(()), Err);
         }
         Ok(())
+    }
+
+    /// Sends a registration record or withdrawal to each of `peers` that is still there: a
+    /// peer gone (its process exited) is skipped at once, without the bootstrap's connect
+    /// retries, and one failure does not keep the others from hearing. The first failure is
+    /// returned after every peer was tried.
+    fn tell_peers(&self, peers: &[usize], msg: &[u8]) -> Result<()> {
+        let mut first = None;
+        for &p in peers {
+            match self.bootstrap.send_unless_gone(p, regmap::TAG_REG, msg) {
+                Ok(true) => {}
+                Ok(false) => log::debug!("registration record for rank {p}: rank {p} is gone"),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     pub fn device(&self) -> &Device {

@@ -410,6 +410,7 @@ mod tests {
         let t = Ticket {
             pid: 5,
             pid_ns: 6,
+            start: 10,
             sock: 0,
             key: 8,
             fd: 9,
@@ -503,6 +504,44 @@ mod tests {
         regs.apply(&dev, 3, 1, Some(rec(1, base, base + 64)), true)
             .expect("id 1 after its withdrawal");
         drop(regs);
+    }
+
+    /// A peer's VMM record whose owner process has exited is declined at once (its offers
+    /// then take copies): no error, nothing entered, nothing mapped. Timed only as a hang
+    /// guard.
+    #[test]
+    fn a_vmm_record_of_an_exited_owner_is_declined_at_once() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("start a child");
+        let pid = child.id();
+        child.wait().expect("the child's exit");
+        let t = Ticket {
+            pid,
+            pid_ns: fdpass::pid_namespace(),
+            start: 1,
+            sock: 0,
+            key: 1,
+            fd: 3,
+        };
+        let rec = Record {
+            id: 1,
+            start: 0x20_0000,
+            end: 0x40_0000,
+            base: 0x20_0000,
+            via: Via::VmmFd,
+            handle: vmm_handle(&t, 0x20_0000),
+        };
+        let mut regs = PeerRegs::new(&dev).expect("table");
+        let t0 = std::time::Instant::now();
+        regs.apply(&dev, 1, 1, Some(rec), true)
+            .expect("declined, not an error");
+        assert_eq!((regs.used, count(&regs)), (0, 0));
+        assert!(regs.mappings.is_empty());
+        let took = t0.elapsed();
+        assert!(took < std::time::Duration::from_secs(30), "{took:?}");
     }
 
     #[test]
