@@ -272,12 +272,8 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     );
     let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
     let none = Move::<T>::none();
-    let (start, end) = (k.start, k.end);
-    let span = |c: usize| {
-        let s = start + c * chunk;
-        (s, core::cmp::min(chunk, end - s))
-    };
-    let nchunks = div_ceil(end - start, chunk);
+    let chunks = Chunks::new(k.start, k.end, chunk);
+    let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
     if root {
         let mut p = Simple::between(down_send, down_slot, up_recv, up_slot)
             .with_abort(abort)
@@ -365,12 +361,8 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
     let slot = k.args.tree_slot_bytes;
     let chunk = tree_chunk::<T>(k.args.chunk_elems, slot);
     let (op, abort) = (k.op, k.abort_flag);
-    let (start, end) = (k.start, k.end);
-    let span = |c: usize| {
-        let s = start + c * chunk;
-        (s, core::cmp::min(chunk, end - s))
-    };
-    let nchunks = div_ceil(end - start, chunk);
+    let chunks = Chunks::new(k.start, k.end, chunk);
+    let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
     let null_send = core::ptr::null_mut::<ConnSend>();
     let null_recv = core::ptr::null_mut::<ConnRecv>();
     // The children's connections (null past the last child), the parent's alone.
@@ -443,12 +435,8 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
     let slot = k.args.tree_slot_bytes;
     let chunk = tree_chunk::<T>(k.args.chunk_elems, slot);
     let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
-    let (start, end) = (k.start, k.end);
-    let span = |c: usize| {
-        let s = start + c * chunk;
-        (s, core::cmp::min(chunk, end - s))
-    };
-    let nchunks = div_ceil(end - start, chunk);
+    let chunks = Chunks::new(k.start, k.end, chunk);
+    let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
     let nc = core::cmp::min(t.nchildren as usize, TREE_MAX_CHILDREN);
     // The other node's head (heads only), and the one child inside our node (if any).
     let (remote_send, remote_recv, local) = match t.remote {
@@ -562,12 +550,8 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
     let slot = k.args.tree_slot_bytes;
     let chunk = tree_chunk::<T>(k.args.chunk_elems, slot);
     let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
-    let (start, end) = (k.start, k.end);
-    let span = |c: usize| {
-        let s = start + c * chunk;
-        (s, core::cmp::min(chunk, end - s))
-    };
-    let nchunks = div_ceil(end - start, chunk);
+    let chunks = Chunks::new(k.start, k.end, chunk);
+    let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
     let none = Move::<T>::none();
     let summed = Reduced(op);
     let null_send = core::ptr::null_mut::<ConnSend>();
@@ -682,6 +666,33 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
         }
         down.finish();
         rest.into_iter().for_each(|p| p.finish());
+    }
+}
+
+/// A CTA's elements `start..end` cut into chunks of `chunk`, the last one short.
+#[derive(Clone, Copy)]
+struct Chunks {
+    start: usize,
+    end: usize,
+    chunk: usize,
+}
+
+impl Chunks {
+    #[inline(always)]
+    fn new(start: usize, end: usize, chunk: usize) -> Chunks {
+        Chunks { start, end, chunk }
+    }
+
+    #[inline(always)]
+    fn count(&self) -> usize {
+        div_ceil(self.end - self.start, self.chunk)
+    }
+
+    /// Chunk `c`'s first element and length.
+    #[inline(always)]
+    fn span(&self, c: usize) -> (usize, usize) {
+        let s = self.start + c * self.chunk;
+        (s, core::cmp::min(self.chunk, self.end - s))
     }
 }
 
