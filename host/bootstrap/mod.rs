@@ -102,6 +102,10 @@ pub struct Bootstrap {
     notices: (Mutex<usize>, Condvar),
     /// Closes this bootstrap when the init's abort flag is set.
     _abort_hook: abort::HookGuard,
+    /// The block-pair secrets this rank received at a several-root init (tests ask what a
+    /// member could derive keys from).
+    #[cfg(test)]
+    setup_secrets: Mutex<Vec<keys::Secret>>,
 }
 
 const _: () = {
@@ -210,6 +214,8 @@ impl Bootstrap {
             op_timeout_ms: AtomicU64::new(socket::millis(op_timeout_from_env(timeout))),
             notices: (Mutex::new(0), Condvar::new()),
             _abort_hook: hook,
+            #[cfg(test)]
+            setup_secrets: Mutex::new(Vec::new()),
         };
         log::debug!(
             "bootstrap rank {rank}/{nranks}: listening on {}, root at {} ({nids} roots)",
@@ -262,9 +268,10 @@ impl Bootstrap {
     ///
     /// Keys: a pair in one block has its key from that block's root, a pair of root 0's ranks
     /// (block 0 and the leaders) from root 0; these keys never leave the two ranks. Any other
-    /// pair (two blocks, not both served by root 0) derives its key from the secret of its two
-    /// blocks, which rank 0 draws and sends with the table: block b gets the secrets of every
-    /// pair (b, c), through its leader.
+    /// pair (two blocks, not both served by root 0) has a key derived from the secret of its
+    /// two blocks, which rank 0 draws: rank 0 keys block 0's members and sends each leader its
+    /// block's secrets, with which the leader keys its members. A member gets the keys of its
+    /// own pairs only, so no member can derive another's; rank 0 and the leaders can.
     fn merge_tables(
         &mut self,
         fields: &[id::IdFields],
@@ -313,32 +320,34 @@ impl Bootstrap {
                 .filter(|&r| known[r] && r != rank)
                 .map(|r| (r, self.peers[r].key)),
         );
-        let take = |from: usize, tag: u32, naddrs: usize, nsecrets: usize| {
-            let b = self.shared.take(from, Channel::Setup, tag, deadline)?;
-            wire::decode_setup(&b, naddrs, nsecrets)
+        // The key of each of `r`'s pairs, by rank, from the secrets of its block's pairs.
+        let keys_of = |r: usize, row: &[keys::Secret]| -> Vec<u64> {
+            (0..nranks)
+                .map(|x| keys::pair_key(row[plan.block_of(x)], r, x))
+                .collect()
         };
-        let (addrs, row) = if rank == 0 {
+        let (addrs, mine) = if rank == 0 {
             let mut addrs: Vec<SocketAddr> = self.peers.iter().map(|m| m.addr).collect();
             for j in 1..nids {
-                let (t, _) = take(plan.start(j), TAG_BLOCK, plan.size(j), 0)?;
+                let b = self.shared.take(plan.start(j), Channel::Setup, TAG_BLOCK, deadline)?;
+                let (t, _) = wire::decode_setup(&b, plan.size(j), 0)?;
                 addrs[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
             }
             let s0 = keys::Secret::draw()?;
-            let row_of = |b: usize| -> Vec<[u64; 2]> {
-                (0..nids)
-                    .map(|c| keys::block_pair_secret(s0, b, c).0)
-                    .collect()
+            let row_of = |b: usize| -> Vec<keys::Secret> {
+                (0..nids).map(|c| keys::block_pair_secret(s0, b, c)).collect()
             };
-            let base = wire::encode_setup(&addrs, &[]);
-            let with_row = |b: usize| [base.as_slice(), &wire::encode_setup(&[], &row_of(b))].concat();
-            let msg0 = with_row(0);
+            // Block 0's members get their own keys; a leader gets its block's secrets, to key
+            // its members the same way.
+            let row0 = row_of(0);
             for r in 1..n0 {
-                self.send_on(r, Channel::Setup, TAG_FULL, &msg0)?;
+                self.send_on(r, Channel::Setup, TAG_FULL, &wire::encode_setup(&addrs, &keys_of(r, &row0)))?;
             }
             for j in 1..nids {
-                self.send_on(plan.start(j), Channel::Setup, TAG_FULL, &with_row(j))?;
+                let words: Vec<u64> = row_of(j).iter().flat_map(|s| s.0).collect();
+                self.send_on(plan.start(j), Channel::Setup, TAG_FULL, &wire::encode_setup(&addrs, &words))?;
             }
-            (addrs, row_of(0))
+            (addrs, keys_of(0, &row0))
         } else if local == 0 {
             let mine: Vec<SocketAddr> = self.peers[start..start + size]
                 .iter()
@@ -346,13 +355,18 @@ impl Bootstrap {
                 .collect();
             self.send_on(0, Channel::Setup, TAG_BLOCK, &wire::encode_setup(&mine, &[]))?;
             let b = self.shared.take(0, Channel::Setup, TAG_FULL, deadline)?;
-            let full = wire::decode_setup(&b, nranks, nids)?;
+            let (addrs, words) = wire::decode_setup(&b, nranks, 2 * nids)?;
+            let row: Vec<keys::Secret> =
+                words.chunks_exact(2).map(|w| keys::Secret([w[0], w[1]])).collect();
             for r in start + 1..start + size {
-                self.send_on(r, Channel::Setup, TAG_FULL, &b)?;
+                self.send_on(r, Channel::Setup, TAG_FULL, &wire::encode_setup(&addrs, &keys_of(r, &row)))?;
             }
-            full
+            #[cfg(test)]
+            lock(&self.setup_secrets).extend_from_slice(&row);
+            (addrs, keys_of(rank, &row))
         } else {
-            take(start, TAG_FULL, nranks, nids)?
+            let b = self.shared.take(start, Channel::Setup, TAG_FULL, deadline)?;
+            wire::decode_setup(&b, nranks, nranks)?
         };
         let mut derived = Vec::with_capacity(nranks);
         for r in 0..nranks {
@@ -367,7 +381,7 @@ impl Bootstrap {
                 }
                 continue;
             }
-            let key = keys::pair_key(keys::Secret(row[plan.block_of(r)]), rank, r);
+            let key = mine[r];
             self.peers[r] = Member {
                 addr: addrs[r],
                 key,

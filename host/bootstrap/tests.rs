@@ -691,6 +691,59 @@ fn with_several_roots_a_member_cannot_greet_as_another_in_its_block() {
     }
 }
 
+/// With three roots, a pair across two blocks neither of which is block 0's (and a pair of a
+/// block 0 member and another block's member) has its key from a block-pair secret. A member
+/// that is not its block's leader gets only the keys of its own pairs, so with everything it
+/// was sent (its keys, and any secret it received) it cannot greet across blocks as another
+/// member. (Leaders receive their block's secrets: they, and rank 0, are trusted relays.)
+#[test]
+fn with_several_roots_a_member_cannot_greet_across_blocks_as_another() {
+    // 9 ranks, 3 ids: blocks {0, 1, 2}, {3, 4, 5}, {6, 7, 8}; leaders 0, 3, 6.
+    let ids = [
+        get_unique_id().expect("id"),
+        get_unique_id().expect("id"),
+        get_unique_id().expect("id"),
+    ];
+    let nonce = ids[0].fields().expect("fields").nonce;
+    let ids = &ids;
+    let ranks: Vec<Bootstrap> = thread::scope(|s| {
+        let hs: Vec<_> = (0..9)
+            .map(|r| s.spawn(move || Bootstrap::init_scalable(ids, r, 9, T, &AbortFlag::new())))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("join").expect("init"))
+            .collect()
+    });
+    // (forger, target, claimed)
+    for (forger, target, claimed) in [(5, 7, 4), (8, 4, 7), (1, 4, 2), (4, 2, 1), (2, 7, 1)] {
+        let received = lock(&ranks[forger].setup_secrets).clone();
+        let mut tries = keys_held_by(&ranks[forger]);
+        tries.extend(received.iter().map(|&s| keys::pair_key(s, claimed, target)));
+        let addr = ranks[target].peer_addresses()[target];
+        for k in tries {
+            let s = greet_as(addr, nonce, 9, claimed, k);
+            assert!(
+                dropped(s),
+                "rank {target} kept a greeting as rank {claimed} from rank {forger}"
+            );
+        }
+        ranks[target].set_op_timeout(Duration::from_millis(300));
+        let e = ranks[target].recv(claimed, 9).expect_err("forged");
+        assert!(e.message.contains("timed out"), "{e}");
+    }
+    // Only the leaders other than rank 0 were sent secrets.
+    for (r, bs) in ranks.iter().enumerate() {
+        let n = lock(&bs.setup_secrets).len();
+        assert_eq!(n, if r == 3 || r == 6 { 3 } else { 0 }, "rank {r}");
+    }
+    // Every pair still talks, across every pair of blocks.
+    for (a, b) in [(4, 7), (7, 4), (2, 4), (8, 1), (5, 6), (0, 8)] {
+        ranks[a].send(b, 9, &[a as u8]).expect("send");
+        ranks[b].set_op_timeout(T);
+        assert_eq!(ranks[b].recv(a, 9).expect("recv"), vec![a as u8]);
+    }
+}
+
 /// A peer that sends faster than the rank takes: its reader stops at the budget (TCP then holds
 /// the sender back), and every message still arrives, in order, once taken.
 #[test]
@@ -884,15 +937,15 @@ fn setup_messages_round_trip() {
         SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
         SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
     ];
-    let s = vec![[u64::MAX, 1], [3, 4], [0, 0]];
+    let s = vec![u64::MAX, 1, 3, 4, 0, 0];
     let b = wire::encode_setup(&a, &s);
-    assert_eq!(wire::decode_setup(&b, 2, 3).expect("decode"), (a.clone(), s));
+    assert_eq!(wire::decode_setup(&b, 2, 6).expect("decode"), (a.clone(), s));
     // Any other count, a cut or an extra byte: malformed, never a panic.
-    assert!(wire::decode_setup(&b, 3, 3).is_err());
-    assert!(wire::decode_setup(&b, 2, 2).is_err());
-    assert!(wire::decode_setup(&b, 1, 4).is_err());
-    assert!(wire::decode_setup(&b[1..], 2, 3).is_err());
-    assert!(wire::decode_setup(&[b.as_slice(), &[0]].concat(), 2, 3).is_err());
+    assert!(wire::decode_setup(&b, 3, 6).is_err());
+    assert!(wire::decode_setup(&b, 2, 5).is_err());
+    assert!(wire::decode_setup(&b, 1, 8).is_err());
+    assert!(wire::decode_setup(&b[1..], 2, 6).is_err());
+    assert!(wire::decode_setup(&[b.as_slice(), &[0]].concat(), 2, 6).is_err());
     assert!(wire::decode_setup(&b, usize::MAX, usize::MAX).is_err());
     assert!(wire::decode_setup(&b, usize::MAX / 16, 0).is_err());
     let only = wire::encode_setup(&a, &[]);

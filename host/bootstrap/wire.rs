@@ -205,41 +205,39 @@ fn put_member(out: &mut Vec<u8>, m: &Member) {
     out.extend_from_slice(&m.key.to_le_bytes());
 }
 
-/// Bytes of one 128-bit secret in a set-up message.
-pub(crate) const SECRET_BYTES: usize = 16;
+/// Bytes of one word (a key, or half a 128-bit secret) in a set-up message.
+pub(crate) const WORD_BYTES: usize = 8;
 
 /// A set-up message (bootstraps with several roots): addresses, `ADDR_BYTES` each, then
-/// 128-bit secrets (two little-endian `u64`s each). No pairwise key ever travels in one.
-pub(crate) fn encode_setup(addrs: &[SocketAddr], secrets: &[[u64; 2]]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES + secrets.len() * SECRET_BYTES);
+/// little-endian `u64` words: to a block's leader, the 128-bit secrets of its block pairs (two
+/// words each); to any other rank, the key of each of its pairs, by rank.
+pub(crate) fn encode_setup(addrs: &[SocketAddr], words: &[u64]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES + words.len() * WORD_BYTES);
     for a in addrs {
         put_addr(&mut v, a);
     }
-    for s in secrets {
-        v.extend_from_slice(&s[0].to_le_bytes());
-        v.extend_from_slice(&s[1].to_le_bytes());
+    for w in words {
+        v.extend_from_slice(&w.to_le_bytes());
     }
     v
 }
 
-/// Decodes a set-up message of exactly `naddrs` addresses and `nsecrets` secrets; any other
-/// size is a malformed message.
-pub(crate) type Setup = (Vec<SocketAddr>, Vec<[u64; 2]>);
-pub(crate) fn decode_setup(b: &[u8], naddrs: usize, nsecrets: usize) -> Result<Setup> {
+/// Decodes a set-up message of exactly `naddrs` addresses and `nwords` words; any other size
+/// is a malformed message.
+pub(crate) type Setup = (Vec<SocketAddr>, Vec<u64>);
+pub(crate) fn decode_setup(b: &[u8], naddrs: usize, nwords: usize) -> Result<Setup> {
     let want = naddrs
         .checked_mul(ADDR_BYTES)
-        .zip(nsecrets.checked_mul(SECRET_BYTES))
-        .and_then(|(a, s)| a.checked_add(s));
-    if naddrs > MAX_RANKS || nsecrets > MAX_RANKS || want != Some(b.len()) {
+        .zip(nwords.checked_mul(WORD_BYTES))
+        .and_then(|(a, w)| a.checked_add(w));
+    if naddrs > MAX_RANKS || nwords > 2 * MAX_RANKS || want != Some(b.len()) {
         return Err(malformed("set-up message size does not match its counts"));
     }
     let mut r = Rd(b);
     let addrs = (0..naddrs).map(|_| r.addr()).collect::<Result<Vec<_>>>()?;
-    let secrets = (0..nsecrets)
-        .map(|_| Ok([r.u64()?, r.u64()?]))
-        .collect::<Result<Vec<_>>>()?;
+    let words = (0..nwords).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
     r.end()?;
-    Ok((addrs, secrets))
+    Ok((addrs, words))
 }
 
 /// Reads an address written by `put_addr`; port 0 or an unknown family is an error.
