@@ -9,6 +9,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 tool=$1 bin=$2 test=$3 limit=$4
 shift 4
 export NCCL_NVLS_ENABLE=0 NCCL_RS_SHARED_GPUS=1 CUDA_CACHE_MAXSIZE=4294967296
+# The driver JIT cache benches/gpu-session.sh keeps and packs (a cold one costs minutes).
+export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-/tmp/nccl-rs-jit}"
 dir="${SAN_DIR:-${OUT:-/tmp}}"; mkdir -p "$dir"
 log="$dir/$tool-$test${SAN_TAG:+-$SAN_TAG}.txt"
 {

@@ -652,43 +652,68 @@ fn a_member_cannot_greet_as_another_member() {
     assert_eq!(ranks[0].recv(1, 9).expect("the real one"), b"real");
 }
 
+/// `nranks` ranks of a bootstrap with `nids` roots, each initialised on its own thread, and
+/// the nonce of the first id (the one every greeting carries).
+fn scalable_ranks(nids: usize, nranks: usize) -> (Vec<Bootstrap>, u64) {
+    let ids: Vec<UniqueId> = (0..nids).map(|_| get_unique_id().expect("id")).collect();
+    let nonce = ids[0].fields().expect("fields").nonce;
+    let ids = &ids;
+    let ranks = thread::scope(|s| {
+        let hs: Vec<_> = (0..nranks)
+            .map(|r| {
+                s.spawn(move || Bootstrap::init_scalable(ids, r, nranks, T, &AbortFlag::new()))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("join").expect("init"))
+            .collect()
+    });
+    (ranks, nonce)
+}
+
+/// Rank `forger` greets `target` as rank `claimed` with each key of `tries`: `target` drops
+/// every one of those connections, and nothing reaches it in `claimed`'s name.
+fn assert_forgeries_dropped(
+    ranks: &[Bootstrap],
+    nonce: u64,
+    (forger, target, claimed): (usize, usize, usize),
+    tries: &[u64],
+) {
+    let addr = ranks[target].peer_addresses()[target];
+    for &k in tries {
+        let s = greet_as(addr, nonce, ranks.len(), claimed, k);
+        assert!(
+            dropped(s),
+            "rank {target} kept a greeting as rank {claimed} from rank {forger}"
+        );
+    }
+    ranks[target].set_op_timeout(Duration::from_millis(300));
+    let e = ranks[target].recv(claimed, 9).expect_err("forged");
+    assert!(e.message.contains("timed out"), "{e}");
+}
+
+/// For each (a, b), a message from rank a reaches rank b.
+fn assert_pairs_talk(ranks: &[Bootstrap], pairs: &[(usize, usize)]) {
+    for &(a, b) in pairs {
+        ranks[a].send(b, 9, &[a as u8]).expect("send");
+        ranks[b].set_op_timeout(T);
+        assert_eq!(ranks[b].recv(a, 9).expect("recv"), vec![a as u8]);
+    }
+}
+
 /// The same with several roots: a pair in one block (keys from that block's root) and a pair
 /// of root 0's ranks (block 0 and the blocks' first ranks, keys from root 0) cannot be forged
 /// by a third member with every key it holds.
 #[test]
 fn with_several_roots_a_member_cannot_greet_as_another_in_its_block() {
     // 6 ranks, 2 ids: blocks {0, 1, 2} and {3, 4, 5}; root 0 also serves rank 3.
-    let ids = [get_unique_id().expect("id"), get_unique_id().expect("id")];
-    let nonce = ids[0].fields().expect("fields").nonce;
-    let ids = &ids;
-    let ranks: Vec<Bootstrap> = thread::scope(|s| {
-        let hs: Vec<_> = (0..6)
-            .map(|r| s.spawn(move || Bootstrap::init_scalable(ids, r, 6, T, &AbortFlag::new())))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("join").expect("init"))
-            .collect()
-    });
+    let (ranks, nonce) = scalable_ranks(2, 6);
     // (forger, target, claimed): in block 1; root 0's pair (0, 3) forged by 2 and by 5.
-    for (forger, target, claimed) in [(5, 4, 3), (4, 5, 3), (2, 0, 3), (5, 0, 3), (2, 3, 0)] {
-        let addr = ranks[target].peer_addresses()[target];
-        for k in keys_held_by(&ranks[forger]) {
-            let s = greet_as(addr, nonce, 6, claimed, k);
-            assert!(
-                dropped(s),
-                "rank {target} kept a greeting as rank {claimed} with rank {forger}'s key"
-            );
-        }
-        ranks[target].set_op_timeout(Duration::from_millis(300));
-        let e = ranks[target].recv(claimed, 9).expect_err("forged");
-        assert!(e.message.contains("timed out"), "{e}");
+    for case in [(5, 4, 3), (4, 5, 3), (2, 0, 3), (5, 0, 3), (2, 3, 0)] {
+        assert_forgeries_dropped(&ranks, nonce, case, &keys_held_by(&ranks[case.0]));
     }
     // Every pair still talks, across the blocks too.
-    for (a, b) in [(5, 4), (3, 0), (5, 1), (2, 4)] {
-        ranks[a].send(b, 9, &[a as u8]).expect("send");
-        ranks[b].set_op_timeout(T);
-        assert_eq!(ranks[b].recv(a, 9).expect("recv"), vec![a as u8]);
-    }
+    assert_pairs_talk(&ranks, &[(5, 4), (3, 0), (5, 1), (2, 4)]);
 }
 
 /// With three roots, a pair across two blocks neither of which is block 0's (and a pair of a
@@ -699,37 +724,14 @@ fn with_several_roots_a_member_cannot_greet_as_another_in_its_block() {
 #[test]
 fn with_several_roots_a_member_cannot_greet_across_blocks_as_another() {
     // 9 ranks, 3 ids: blocks {0, 1, 2}, {3, 4, 5}, {6, 7, 8}; leaders 0, 3, 6.
-    let ids = [
-        get_unique_id().expect("id"),
-        get_unique_id().expect("id"),
-        get_unique_id().expect("id"),
-    ];
-    let nonce = ids[0].fields().expect("fields").nonce;
-    let ids = &ids;
-    let ranks: Vec<Bootstrap> = thread::scope(|s| {
-        let hs: Vec<_> = (0..9)
-            .map(|r| s.spawn(move || Bootstrap::init_scalable(ids, r, 9, T, &AbortFlag::new())))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("join").expect("init"))
-            .collect()
-    });
+    let (ranks, nonce) = scalable_ranks(3, 9);
     // (forger, target, claimed)
-    for (forger, target, claimed) in [(5, 7, 4), (8, 4, 7), (1, 4, 2), (4, 2, 1), (2, 7, 1)] {
+    for case @ (forger, target, claimed) in [(5, 7, 4), (8, 4, 7), (1, 4, 2), (4, 2, 1), (2, 7, 1)]
+    {
         let received = lock(&ranks[forger].setup_secrets).clone();
         let mut tries = keys_held_by(&ranks[forger]);
         tries.extend(received.iter().map(|&s| keys::pair_key(s, claimed, target)));
-        let addr = ranks[target].peer_addresses()[target];
-        for k in tries {
-            let s = greet_as(addr, nonce, 9, claimed, k);
-            assert!(
-                dropped(s),
-                "rank {target} kept a greeting as rank {claimed} from rank {forger}"
-            );
-        }
-        ranks[target].set_op_timeout(Duration::from_millis(300));
-        let e = ranks[target].recv(claimed, 9).expect_err("forged");
-        assert!(e.message.contains("timed out"), "{e}");
+        assert_forgeries_dropped(&ranks, nonce, case, &tries);
     }
     // Only the leaders other than rank 0 were sent secrets.
     for (r, bs) in ranks.iter().enumerate() {
@@ -737,11 +739,7 @@ fn with_several_roots_a_member_cannot_greet_across_blocks_as_another() {
         assert_eq!(n, if r == 3 || r == 6 { 3 } else { 0 }, "rank {r}");
     }
     // Every pair still talks, across every pair of blocks.
-    for (a, b) in [(4, 7), (7, 4), (2, 4), (8, 1), (5, 6), (0, 8)] {
-        ranks[a].send(b, 9, &[a as u8]).expect("send");
-        ranks[b].set_op_timeout(T);
-        assert_eq!(ranks[b].recv(a, 9).expect("recv"), vec![a as u8]);
-    }
+    assert_pairs_talk(&ranks, &[(4, 7), (7, 4), (2, 4), (8, 1), (5, 6), (0, 8)]);
 }
 
 /// A peer that sends faster than the rank takes: its reader stops at the budget (TCP then holds
