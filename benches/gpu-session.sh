@@ -1,9 +1,10 @@
 #!/bin/bash
 # One device call's worth of GPU work, from a bundle built here with
 #   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
-# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab|torch] [TEST...]`
+# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab|nodes|torch] [TEST...]`
 # with `.gpu` carried (`both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
-# sharing one GPU, for hosts of one; `torch`: PyTorch's torch.distributed on our libnccl.so.2,
+# sharing one GPU, for hosts of one; `nodes`: 2 rank processes as 2 nodes on one GPU under MPS
+# beside NCCL's socket transport, 64 MiB-1 GiB (issue 20's table); `torch`: PyTorch's torch.distributed on our libnccl.so.2,
 # which `NCCL_RS_PTX_ARCHS=sm_90 cargo build --release --features capi --lib` builds and
 # `.gpu-capi/libnccl.so.2` carries: cp target/release/libnccl.so .gpu-capi/libnccl.so.2; its
 # parts: `torch checks`, `torch nonblocking`, `torch dead-peer`).
@@ -84,6 +85,22 @@ if [ "$what" = lab ]; then
     NCCL_PROTO=$p NCCL_MAX_NCHANNELS=1 step 150 "lab-$p-1ch.txt" "$bench" -g 2 -C all_reduce,broadcast -b 64K -e 16M -f 4
   done
   unset NCCL_RS_SHARED_GPUS
+fi
+if [ "$what" = nodes ]; then
+  # Ours at default sockets (the mean, as nccl-tests, and the median iteration: a gap between
+  # them means a few slow iterations), then both libraries at 4 threads x 4 sockets, NCCL's best
+  # setting there. MPS lets the two processes share the GPU at once.
+  export NCCL_RS_SHARED_GPUS=1 NCCL_SOCKET_IFNAME=lo CUDA_VISIBLE_DEVICES=0
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+  table=(--nodes 2 -C all_reduce,all_gather,reduce_scatter,sendrecv -b 64M -e 1G -f 2 -w 2 -n 10)
+  for stat in mean median; do
+    step 150 "nodes2-ours-$stat.txt" "$bench" "${table[@]}" --stat $stat
+  done
+  NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 step 300 nodes2-both-4x4.txt "$bench" "${table[@]}" --baseline "$nccl"
+  echo quit | nvidia-cuda-mps-control
+  unset NCCL_RS_SHARED_GPUS NCCL_SOCKET_IFNAME CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 if [ "$what" = torch ]; then
   python=/opt/torch/.venv/bin/python
