@@ -341,11 +341,13 @@ impl Bootstrap {
             // its members the same way.
             let row0 = row_of(0);
             for r in 1..n0 {
-                self.send_on(r, Channel::Setup, TAG_FULL, &wire::encode_setup(&addrs, &keys_of(r, &row0)))?;
+                let msg = wire::encode_setup(&addrs, &keys_of(r, &row0));
+                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
             }
             for j in 1..nids {
                 let words: Vec<u64> = row_of(j).iter().flat_map(|s| s.0).collect();
-                self.send_on(plan.start(j), Channel::Setup, TAG_FULL, &wire::encode_setup(&addrs, &words))?;
+                let msg = wire::encode_setup(&addrs, &words);
+                self.send_on(plan.start(j), Channel::Setup, TAG_FULL, &msg)?;
             }
             (addrs, keys_of(0, &row0))
         } else if local == 0 {
@@ -359,7 +361,8 @@ impl Bootstrap {
             let row: Vec<keys::Secret> =
                 words.chunks_exact(2).map(|w| keys::Secret([w[0], w[1]])).collect();
             for r in start + 1..start + size {
-                self.send_on(r, Channel::Setup, TAG_FULL, &wire::encode_setup(&addrs, &keys_of(r, &row)))?;
+                let msg = wire::encode_setup(&addrs, &keys_of(r, &row));
+                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
             }
             #[cfg(test)]
             lock(&self.setup_secrets).extend_from_slice(&row);
