@@ -393,7 +393,7 @@ fn vanished_host_under_a_sender_across_namespaces() {
 const HANG_TIMEOUT_MS: u64 = 2000;
 
 /// The case the vanished-host test cannot run: keepalive off, and the link cut while nothing
-/// is in flight (rank 0's send waits for rank 1 to post its receive, which never comes). No
+/// is in flight (rank 0's receive waits for a message rank 1 never sends). No
 /// socket holds unacknowledged data and none probes, so TCP alone never tells; the opt-in
 /// heartbeats (`NCCL_RS_PEER_HANG_TIMEOUT_MS`) do: rank 0 stops hearing rank 1's and gets an
 /// async error naming it within the bound, and abort returns. Rank 1 (cut off) sees its link
@@ -412,25 +412,26 @@ fn quiet_link_cut_without_keepalive_is_seen_by_heartbeats() {
                 .map(|s| s.trim() == "down")
                 .unwrap_or(false)
         };
-        // One message from rank 0 to rank 1 sets their connection up; then rank 0 sends a
-        // second, which waits for a receive that rank 1 never posts.
-        // SAFETY: `buf` holds `count` floats and outlives every send and receive (the comm is
-        // aborted and its kernels end before `buf` drops).
-        unsafe {
-            if rank == 0 {
-                comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream)
-            } else {
-                comm.recv_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+        // One message each way sets their connections up; then rank 0 posts a receive that
+        // rank 1 never matches. (A send would not do: one that fits the receiver's FIFOs and
+        // socket buffers completes without a receiver, as it did once under load.)
+        for from in [0, 1] {
+            // SAFETY: `buf` holds `count` floats and outlives every send and receive (the comm
+            // is aborted and its kernels end before `buf` drops).
+            unsafe {
+                if rank == from {
+                    comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+                } else {
+                    comm.recv_raw(buf.ptr(), count, DataType::Float32, peer, stream)
+                }
             }
+            .expect("issue a set-up message");
+            comm.device().stream_sync(stream).expect("a set-up message");
         }
-        .expect("issue the first message");
-        comm.device()
-            .stream_sync(stream)
-            .expect("the first message");
         if rank == 0 {
             // SAFETY: as above.
-            unsafe { comm.send_raw(buf.ptr(), count, DataType::Float32, peer, stream) }
-                .expect("issue the second send");
+            unsafe { comm.recv_raw(buf.ptr(), count, DataType::Float32, peer, stream) }
+                .expect("issue the receive");
         }
         // A few heartbeats go both ways before the link is cut (rank 1 never posts a receive).
         std::thread::sleep(Duration::from_millis(HANG_TIMEOUT_MS));
@@ -446,7 +447,7 @@ fn quiet_link_cut_without_keepalive_is_seen_by_heartbeats() {
             if rank == 0 {
                 assert!(
                     !comm.device().stream_query(stream).unwrap_or(false),
-                    "rank 0: the send completed without a receiver"
+                    "rank 0: the receive completed without a sender"
                 );
             }
             assert!(
