@@ -357,6 +357,11 @@ pub const PARAMS: &[Param] = &[
         doc: "lab tool: a file prefix; each process records its network launches and steps (monotonic ns) and writes them to PREFIX.<pid> when its proxy stops (docs/latency.md)",
     },
     Param {
+        name: "NCCL_RS_KERNEL_STAMPS",
+        default: "",
+        doc: "lab tool: a file prefix; every collective launch stamps its CTA 0's entry and exit (the GPU's ns timer), written to PREFIX.<pid>.<rank> when the communicator goes (tools/proxy-timeline.py --kernels)",
+    },
+    Param {
         name: "NCCL_NET_SHARED_COMMS",
         default: "1",
         doc: "1: the send/recv connections between two ranks on one network device share one network comm where the network groups receives (maxRecvs > 1), each connection's messages tagged, its awaited steps posted together in one irecv; 0: a comm per connection",

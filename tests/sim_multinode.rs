@@ -621,11 +621,12 @@ fn rank_seed() -> usize {
         + std::env::var("DBT_TEST_PER_NODE").map_or(0, |v| v.parse().unwrap_or(0))
 }
 
-/// `NCCL_RS_PROXY_TIMELINE` (the latency lab's record, `tools/proxy-timeline.py`): each rank
-/// process of 2 nodes writes its launches and network steps, and a two-rank AllReduce
-/// (the exchange) costs one network step each way per call.
+/// The latency lab's records: `NCCL_RS_PROXY_TIMELINE` (`tools/proxy-timeline.py`): each rank
+/// process of 2 nodes writes its launches and network steps, and a two-rank AllReduce (the
+/// exchange) costs one network step each way per call; `NCCL_RS_KERNEL_STAMPS`: each rank
+/// writes one line per collective launch, its CTA 0's entry and exit in order.
 #[test]
-fn proxy_timeline_records_each_step() {
+fn proxy_timeline_and_kernel_stamps_record_each_call() {
     const CALLS: usize = 4;
     if let Some(ranks) = child_comm() {
         for k in 0..CALLS {
@@ -648,16 +649,31 @@ fn proxy_timeline_records_each_step() {
     }
     let dir = std::env::temp_dir().join(format!("nccl-rs-timeline-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let prefix = dir.join("tl");
-    let prefix_s = prefix.to_str().unwrap().to_string();
-    let env = [LOOPBACK, ("NCCL_RS_PROXY_TIMELINE", prefix_s.as_str())];
-    common::procs::run_nodes("proxy_timeline_records_each_step", 2, 1, &env);
-    let files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(files.len(), 2, "{files:?}");
-    for f in &files {
+    let prefix_s = dir.join("tl").to_str().unwrap().to_string();
+    let stamps_s = dir.join("kernels").to_str().unwrap().to_string();
+    let env = [
+        LOOPBACK,
+        ("NCCL_RS_PROXY_TIMELINE", prefix_s.as_str()),
+        ("NCCL_RS_KERNEL_STAMPS", stamps_s.as_str()),
+    ];
+    common::procs::run_nodes(
+        "proxy_timeline_and_kernel_stamps_record_each_call",
+        2,
+        1,
+        &env,
+    );
+    let files = |stem: &str| -> Vec<_> {
+        let mut v: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(stem))
+            .collect();
+        v.sort();
+        v
+    };
+    let timelines = files("tl.");
+    assert_eq!(timelines.len(), 2, "{timelines:?}");
+    for f in &timelines {
         let text = std::fs::read_to_string(f).unwrap();
         let count = |mark: &str| {
             text.lines()
@@ -668,6 +684,28 @@ fn proxy_timeline_records_each_step() {
         assert_eq!(count("SendPosted"), CALLS, "{}:\n{text}", f.display());
         assert_eq!(count("SendDone"), CALLS, "{}:\n{text}", f.display());
         assert_eq!(count("RecvLanded"), CALLS, "{}:\n{text}", f.display());
+    }
+    // One file per rank (`kernels.<pid>.<rank>`), a line per launch: launch, entry, exit.
+    let stamps = files("kernels.");
+    assert_eq!(stamps.len(), 2, "{stamps:?}");
+    for f in &stamps {
+        let text = std::fs::read_to_string(f).unwrap();
+        let rows: Vec<Vec<u64>> = text
+            .lines()
+            .map(|l| l.split_whitespace().map(|w| w.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), CALLS, "{}:\n{text}", f.display());
+        for (n, r) in rows.iter().enumerate() {
+            assert_eq!(r[0], n as u64, "{}:\n{text}", f.display());
+            assert!(r[1] <= r[2], "exit before entry: {}:\n{text}", f.display());
+            if n > 0 {
+                assert!(
+                    rows[n - 1][2] <= r[1],
+                    "overlapping launches: {}:\n{text}",
+                    f.display()
+                );
+            }
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,6 +11,19 @@ says where a small collective across nodes spends its time, in microseconds (med
 
 Usage: proxy-timeline.py PREFIX [--skip N]   (N: leading launches per process to ignore, warm-up)
 Steps per call are inferred per process as receive steps / launches.
+
+With --offsets (for more than two processes, e.g. a tree over 4 nodes, where a hop's sender is
+not obvious): which process is which rank is worked out from the files (a process's sends to
+rank p land in rank p's process with its own rank as the peer, step for step), and for runs of
+one network step per connection per call (tiny messages) each step number is one call. For each
+call, time 0 is the first send posted anywhere; the tool prints, rank by rank, the median (p10,
+p90) offset of each kind of event with each peer, in order: the critical path reads off it
+(a leaf's send, its parent's landing and send, ..., the root's turn, the way down).
+
+With --kernels STAMPS (the files NCCL_RS_KERNEL_STAMPS=STAMPS wrote, STAMPS.<pid>.<rank>): per
+rank, the kernel's own time (CTA 0's entry to exit, the GPU's timer), the gap from one launch's
+exit to the next one's entry, and the period (entry to entry), median (p10-p90), after --skip N
+launches.
 """
 import glob
 import statistics
@@ -94,5 +107,73 @@ def main():
         print(f"  wait    {stats(waits)}")
 
 
+def ranks_of(procs):
+    """pid -> rank: the assignment under which the most posted sends (peer, step) are matched by
+    a landing (our rank, step) in the peer's process."""
+    import itertools
+
+    pids = sorted(procs)
+    sends = {pid: {(peer, step) for _, m, peer, step in procs[pid] if m == "SendPosted"} for pid in pids}
+    lands = {pid: {(peer, step) for _, m, peer, step in procs[pid] if m == "RecvLanded"} for pid in pids}
+    best, best_score = None, -1
+    for perm in itertools.permutations(range(len(pids))):
+        rank = dict(zip(pids, perm))
+        by_rank = {r: pid for pid, r in rank.items()}
+        score = 0
+        for pid in pids:
+            for peer, step in sends[pid]:
+                q = by_rank.get(peer)
+                if q is not None and (rank[pid], step) in lands[q]:
+                    score += 1
+        if score > best_score:
+            best, best_score = rank, score
+    return best
+
+
+def offsets(procs, skip):
+    rank = ranks_of(procs)
+    # Step numbers common to every connection's record, after the warm-up.
+    steps = sorted({step for ev in procs.values() for _, m, _, step in ev if m == "SendPosted"})
+    steps = steps[skip:]
+    t0 = {}
+    for ev in procs.values():
+        for ns, m, _, step in ev:
+            if m == "SendPosted" and step in steps:
+                t0[step] = min(t0.get(step, ns), ns)
+    print(f"ranks by pid: {dict(sorted(rank.items(), key=lambda kv: kv[1]))}; calls: {len(t0)}")
+    print("offset from the call's first posted send, us: median (p10-p90) n")
+    for pid in sorted(procs, key=lambda p: rank[p]):
+        rows = {}
+        for ns, m, peer, step in procs[pid]:
+            if m in ("SendPosted", "RecvLanded", "Awaited", "SendDone") and step in t0:
+                rows.setdefault((m, peer), []).append(ns - t0[step])
+        order = sorted(rows, key=lambda k: statistics.median(rows[k]))
+        print(f"rank {rank[pid]} (pid {pid}):")
+        for m, peer in order:
+            arrow = "->" if m.startswith("Send") else "<-"
+            print(f"  {m:10s} {arrow} rank {peer}: {stats(rows[(m, peer)])}")
+
+
+def kernels(prefix, skip):
+    for f in sorted(glob.glob(prefix + ".*"), key=lambda p: int(p.rsplit(".", 1)[1])):
+        rows = [tuple(int(x) for x in l.split()) for l in open(f) if l.strip()]
+        rows = sorted(rows)[skip:]
+        own = [x - e for _, e, x in rows]
+        gap = [b[1] - a[2] for a, b in zip(rows, rows[1:]) if b[0] == a[0] + 1]
+        period = [b[1] - a[1] for a, b in zip(rows, rows[1:]) if b[0] == a[0] + 1]
+        print(f"rank {f.rsplit('.', 1)[1]} ({len(rows)} launches):")
+        print(f"  kernel  {stats(own)}")
+        print(f"  gap     {stats(gap)}")
+        print(f"  period  {stats(period)}")
+
+
 if __name__ == "__main__":
-    main()
+    if "--kernels" in sys.argv:
+        sk = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 20
+        kernels(sys.argv[sys.argv.index("--kernels") + 1], sk)
+    elif "--offsets" in sys.argv:
+        pre = sys.argv[1]
+        sk = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 20
+        offsets({f.rsplit(".", 1)[1]: load(f) for f in sorted(glob.glob(pre + ".*"))}, sk)
+    else:
+        main()

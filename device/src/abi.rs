@@ -233,7 +233,26 @@ pub struct DevComm {
     pub nvls: u64,
     /// Channels that have an [`NvlsChannel`] (an NVLS launch's grid is at most this).
     pub nvls_nchannels: u32,
-    pub _pad: u32,
+    /// Collective launches stamped so far ([`FLAG_LAB_STAMPS`]); the kernels count it.
+    pub lab_count: u32,
+    /// The kernel-stamps lab (NCCL_RS_KERNEL_STAMPS): [`LAB_STAMPS`] slots of [`LabStamp`] in
+    /// host memory mapped for the device; 0 where it is off.
+    pub lab_stamps: u64,
+}
+
+/// [`DevComm::lab_stamps`]: slots in the ring of stamps (launch `n` takes slot `n % LAB_STAMPS`).
+pub const LAB_STAMPS: u32 = 4096;
+
+/// One collective launch as its CTA 0 saw it, in the GPU's `%globaltimer` nanoseconds: thread 0
+/// stamps `entry` first thing and `exit` after the CTA's last barrier, then `index` (launch
+/// number + 1, so 0 means an unused slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LabStamp {
+    pub index: u64,
+    pub entry: u64,
+    pub exit: u64,
+    pub _pad: u64,
 }
 
 /// The arguments of one collective launch, passed by value as the kernel's only parameter.
@@ -326,6 +345,9 @@ pub const FLAG_TREE_EXCHANGE: u32 = 16;
 /// registration): it offers it to its predecessor and takes its successor's offer. A rank
 /// without it answers the handshake at once, without waiting, and both sides copy.
 pub const FLAG_RING_REGISTERED: u32 = 4;
+/// [`CollArgs::flags`]: stamp this launch's entry and exit in [`DevComm::lab_stamps`] (the
+/// kernel-stamps lab; off unless NCCL_RS_KERNEL_STAMPS is set).
+pub const FLAG_LAB_STAMPS: u32 = 32;
 
 /// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
 #[repr(u32)]
@@ -505,7 +527,8 @@ const _: () = {
     assert!(core::mem::size_of::<ConnSend>() == 72);
     assert!(core::mem::size_of::<ConnRecv>() == 72);
     assert!(core::mem::size_of::<ChannelDev>() == 184);
-    assert!(core::mem::size_of::<DevComm>() == 48);
+    assert!(core::mem::size_of::<DevComm>() == 56);
+    assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
     assert!(core::mem::size_of::<CollArgs>() == 104);
     assert!(core::mem::size_of::<TreeDev>() == 24 + 16 * TREE_MAX_CHILDREN);

@@ -23,6 +23,7 @@ pub mod register;
 pub mod rings;
 mod shared;
 mod split;
+mod stamps;
 mod transports;
 mod tree;
 pub mod tuning;
@@ -299,6 +300,8 @@ pub struct Comm {
     pub(crate) split_turns: Arc<turns::Turns>,
     /// This communicator's health, for RAS queries (see [`crate::ras`]).
     pub(crate) ras: Arc<crate::ras::Entry>,
+    /// The kernel-stamps lab's memory, where NCCL_RS_KERNEL_STAMPS is set (see [`stamps`]).
+    pub(crate) stamps: Option<stamps::KernelStamps>,
     /// Where the connection memory goes when this rank drops while other ranks of the
     /// communicator in this process may still write into it (see [`keepalive`]).
     keep: Arc<keepalive::Keep>,
@@ -722,6 +725,7 @@ impl Comm {
                 }
             }
         }
+        let stamps = stamps::KernelStamps::from_env(&device, rank)?;
         let dc = DevComm {
             rank: rank as u32,
             nranks: nranks as u32,
@@ -731,7 +735,8 @@ impl Comm {
             abort_flag: kernel_abort.ptr,
             nvls: nvls.as_ref().map_or(0, |n| n.chans.ptr),
             nvls_nchannels: nvls.as_ref().map_or(0, |n| n.nchannels as u32),
-            _pad: 0,
+            lab_count: 0,
+            lab_stamps: stamps.as_ref().map_or(0, |s| s.device_ptr()),
         };
         dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
         dev_comm.write(head, as_bytes(&channels))?;
@@ -812,6 +817,7 @@ impl Comm {
             kernel_abort,
             split_turns: Arc::default(),
             ras,
+            stamps,
             keep,
             _one_thread: NotSync::default(),
         })

@@ -81,6 +81,7 @@ fn fields_are_thread_safe(c: &Comm) {
         net,
         split_turns,
         ras,
+        stamps,
         keep,
         _one_thread: _,
     } = c;
@@ -112,5 +113,6 @@ fn fields_are_thread_safe(c: &Comm) {
     both(net);
     both(split_turns);
     both(ras);
+    both(stamps);
     both(keep);
 }

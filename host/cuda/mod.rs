@@ -645,6 +645,16 @@ impl HostMem {
         // SAFETY: offset is inside our allocation.
         (offset < self.bytes).then(|| unsafe { self.host.add(offset) })
     }
+
+    /// The u64 at byte `offset` as the device last wrote it (None past the end or unaligned).
+    pub fn load_u64(&self, offset: usize) -> Option<u64> {
+        let p = self
+            .host_ptr(offset)
+            .filter(|_| offset + 8 <= self.bytes && offset.is_multiple_of(8))?;
+        // SAFETY: p is an aligned u64 inside our live allocation; a volatile load, since the
+        // device writes it.
+        Some(unsafe { std::ptr::read_volatile(p as *const u64) })
+    }
 }
 
 impl Drop for HostMem {

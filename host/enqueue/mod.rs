@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
     LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
@@ -377,6 +377,9 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
                 comm.links.direct_reach(peer)?;
             }
         }
+    }
+    if comm.stamps.is_some() {
+        args.flags |= FLAG_LAB_STAMPS;
     }
     let kernel = comm.kernel("coll", dt, op.kind())?;
     let mut block = shape.nthreads;

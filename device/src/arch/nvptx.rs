@@ -27,6 +27,16 @@ pub fn grid_dim() -> u32 {
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
 
+/// The GPU's global nanosecond timer (`%globaltimer`; it ticks in steps of up to a
+/// microsecond on some GPUs). For the kernel-stamps lab only.
+#[inline(always)]
+pub fn globaltimer() -> u64 {
+    let t: u64;
+    // SAFETY: reading a special register has no side effects.
+    unsafe { asm!("mov.u64 {}, %globaltimer;", out(reg64) t, options(nostack)) };
+    t
+}
+
 /// `__syncthreads()`: every thread of the CTA waits here.
 ///
 /// `barrier.sync` without `.aligned` (PTX 6.0, sm_70): threads may reach it from divergent

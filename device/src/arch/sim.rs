@@ -124,6 +124,17 @@ pub fn grid_dim() -> u32 {
     with_ctx(|c| c.gdim)
 }
 
+/// Nanoseconds of the host's monotonic clock (the simulator's `%globaltimer`).
+pub fn globaltimer() -> u64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+        + 1
+}
+
 pub fn sync_threads() {
     with_ctx(|c| c.cta.barriers[0].wait(c.bdim))
 }

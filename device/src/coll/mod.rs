@@ -11,8 +11,9 @@ pub mod reduce_scatter;
 pub mod send_recv;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, ALGO_NVLS, ALGO_TREE, DIRECT_OFF, FLAG_RING_DIRECT,
-    FLAG_RING_REGISTERED, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_NVLS, ALGO_TREE, DIRECT_OFF,
+    FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED, LAB_STAMPS, LL128_STEP_BYTES,
+    LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
@@ -26,6 +27,48 @@ use crate::types::Elem;
 /// `args` describes buffers and a communicator wired by the host; every rank of the
 /// communicator launches the same collective with the same count and grid.
 pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+    let lab = lab_enter(args);
+    run_body::<T, O>(args);
+    lab_exit(args, lab);
+}
+
+/// The kernel-stamps lab ([`FLAG_LAB_STAMPS`]): CTA 0's thread 0 takes the next launch number
+/// and stamps the entry; returns the slot to stamp the exit in (null: not this thread, or off).
+#[inline(always)]
+unsafe fn lab_enter(args: &CollArgs) -> *mut LabStamp {
+    if args.flags & FLAG_LAB_STAMPS == 0 || arch::block_idx() != 0 || arch::thread_idx() != 0 {
+        return core::ptr::null_mut();
+    }
+    let now = arch::globaltimer();
+    let dc = args.comm as *mut DevComm;
+    if (*dc).lab_stamps == 0 {
+        return core::ptr::null_mut();
+    }
+    let n = (*dc).lab_count;
+    (*dc).lab_count = n.wrapping_add(1);
+    let slot = ((*dc).lab_stamps as *mut LabStamp).add((n % LAB_STAMPS) as usize);
+    (*slot).index = 0;
+    (*slot).entry = now;
+    (*slot)._pad = n as u64;
+    slot
+}
+
+/// Stamps the exit once every thread of CTA 0 is done, then the slot's index.
+#[inline(always)]
+unsafe fn lab_exit(args: &CollArgs, slot: *mut LabStamp) {
+    // Every thread of CTA 0 meets at the barrier alike: the flag is the same for all of them.
+    if args.flags & FLAG_LAB_STAMPS == 0 || arch::block_idx() != 0 {
+        return;
+    }
+    arch::sync_threads();
+    if !slot.is_null() {
+        (*slot).exit = arch::globaltimer();
+        arch::st_volatile(&mut (*slot).index, (*slot)._pad + 1);
+    }
+}
+
+/// [`run`] without the lab's stamps.
+unsafe fn run_body<T: Elem, O: RedOp<T>>(args: &CollArgs) {
     // One body per protocol, as NCCL's kernels: a body holding all three protocols' steps at
     // every step of every collective spilled registers that each protocol alone does not
     // need (ptxas at 128 registers). The tree moves its data with LL where asked (the host
