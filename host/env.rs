@@ -359,7 +359,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_RS_KERNEL_STAMPS",
         default: "",
-        doc: "lab tool: a file prefix; every collective launch stamps its CTA 0's entry and exit (the GPU's ns timer), written to PREFIX.<pid>.<rank> when the communicator goes (tools/proxy-timeline.py --kernels)",
+        doc: "lab tool: a file prefix; every collective launch stamps its CTA 0's entry and exit (the GPU's ns timer), written to PREFIX.<pid>-<k>.<rank> (k: the process's communicators in creation order) when the communicator goes (tools/proxy-timeline.py --kernels)",
     },
     Param {
         name: "NCCL_NET_SHARED_COMMS",

@@ -685,7 +685,7 @@ fn proxy_timeline_and_kernel_stamps_record_each_call() {
         assert_eq!(count("SendDone"), CALLS, "{}:\n{text}", f.display());
         assert_eq!(count("RecvLanded"), CALLS, "{}:\n{text}", f.display());
     }
-    // One file per rank (`kernels.<pid>.<rank>`), a line per launch: launch, entry, exit.
+    // One file per rank (`kernels.<pid>-0.<rank>`), a line per launch: launch, entry, exit.
     let stamps = files("kernels.");
     assert_eq!(stamps.len(), 2, "{stamps:?}");
     for f in &stamps {

@@ -20,7 +20,7 @@ call, time 0 is the first send posted anywhere; the tool prints, rank by rank, t
 p90) offset of each kind of event with each peer, in order: the critical path reads off it
 (a leaf's send, its parent's landing and send, ..., the root's turn, the way down).
 
-With --kernels STAMPS (the files NCCL_RS_KERNEL_STAMPS=STAMPS wrote, STAMPS.<pid>.<rank>): per
+With --kernels STAMPS (the files NCCL_RS_KERNEL_STAMPS=STAMPS wrote, STAMPS.<pid>-<k>.<rank>): per
 rank, the kernel's own time (CTA 0's entry to exit, the GPU's timer), the gap from one launch's
 exit to the next one's entry, and the period (entry to entry), median (p10-p90), after --skip N
 launches.

@@ -1,7 +1,9 @@
 //! The kernel-stamps lab (`NCCL_RS_KERNEL_STAMPS=PREFIX`): every collective launch of a
 //! communicator stamps its CTA 0's entry and exit in the GPU's nanosecond timer
 //! ([`LabStamp`], written by the kernel into pinned host memory), and when the communicator
-//! goes the stamps are written to `PREFIX.<pid>.<rank>`, one line per launch:
+//! goes the stamps are written to `PREFIX.<pid>-<k>.<rank>` (`k`: the process's communicators
+//! numbered in creation order, so a split's child does not overwrite its parent's file), one
+//! line per launch:
 //! `launch entry_ns exit_ns`. Beside `NCCL_RS_PROXY_TIMELINE` it tells a kernel's own time from
 //! the gaps between kernels (`tools/proxy-timeline.py --kernels PREFIX`). Off by default: then
 //! no memory is taken and no launch carries the flag. The ring keeps the last [`LAB_STAMPS`]
@@ -11,6 +13,7 @@ use crate::cuda::{DevPtr, Device, HostMem};
 use crate::error::Result;
 use nccl_device::abi::{LabStamp, LAB_STAMPS};
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) struct KernelStamps {
     mem: HostMem,
@@ -25,7 +28,9 @@ impl KernelStamps {
             return Ok(None);
         };
         let mem = device.alloc_host_mem(LAB_STAMPS as usize * std::mem::size_of::<LabStamp>())?;
-        let path = format!("{prefix}.{}.{rank}", std::process::id());
+        static COMMS: AtomicUsize = AtomicUsize::new(0);
+        let k = COMMS.fetch_add(1, Ordering::Relaxed);
+        let path = format!("{prefix}.{}-{k}.{rank}", std::process::id());
         Ok(Some(KernelStamps { mem, path }))
     }
 

@@ -49,7 +49,7 @@ unsafe fn lab_enter(args: &CollArgs) -> *mut LabStamp {
     let slot = ((*dc).lab_stamps as *mut LabStamp).add((n % LAB_STAMPS) as usize);
     (*slot).index = 0;
     (*slot).entry = now;
-    (*slot)._pad = n as u64;
+    (*slot).launch = n as u64;
     slot
 }
 
@@ -63,7 +63,7 @@ unsafe fn lab_exit(args: &CollArgs, slot: *mut LabStamp) {
     arch::sync_threads();
     if !slot.is_null() {
         (*slot).exit = arch::globaltimer();
-        arch::st_volatile(&mut (*slot).index, (*slot)._pad + 1);
+        arch::st_volatile(&mut (*slot).index, (*slot).launch + 1);
     }
 }
 
