@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device call's worth of GPU work, from a bundle built here with
 #   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
-# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab|nodes|torch] [TEST...]`
-# with `.gpu` carried (`both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
+# and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab|nodes|torch|unpack] [TEST...]`
+# with `.gpu` carried (`unpack`: only unpack the programs and the JIT cache, for a lab script or
+# tools/san.sh to run next; `both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
 # sharing one GPU, for hosts of one; `nodes`: 2 rank processes as 2 nodes on one GPU under MPS
 # beside NCCL's socket transport, 64 MiB-1 GiB (issue 20's table); `torch`: PyTorch's torch.distributed on our libnccl.so.2,
 # which `NCCL_RS_PTX_ARCHS=sm_90 cargo build --release --features capi --lib` builds and
@@ -33,6 +34,7 @@ for f in "$bundle"/bin/*.xz; do
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     "$f" "${f%.xz}" && chmod +x "${f%.xz}"
 done
+[ "${1:-}" = unpack ] && exit 0
 nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
 bench="$bundle/bin/bench-nccl_bench"
 tests="$bundle/bin/test-gpu_collectives"

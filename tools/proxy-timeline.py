@@ -113,6 +113,8 @@ def ranks_of(procs):
     import itertools
 
     pids = sorted(procs)
+    if len(pids) > 8:
+        sys.exit(f"--offsets tries every assignment of ranks: {len(pids)} processes are too many")
     sends = {pid: {(peer, step) for _, m, peer, step in procs[pid] if m == "SendPosted"} for pid in pids}
     lands = {pid: {(peer, step) for _, m, peer, step in procs[pid] if m == "RecvLanded"} for pid in pids}
     best, best_score = None, -1

@@ -244,16 +244,16 @@ pub struct DevComm {
 pub const LAB_STAMPS: u32 = 4096;
 
 /// One collective launch as its CTA 0 saw it, in the GPU's `%globaltimer` nanoseconds: thread 0
-/// stamps `launch` and `entry` first thing and `exit` after the CTA's last barrier, then
-/// `index` (launch + 1: 0 means a slot not stamped, or one whose exit is not yet written).
+/// stamps `entry` first thing and `exit` after the CTA's last barrier, then `index` (the
+/// launch's number on its communicator + 1: 0 means a slot not stamped, or one whose exit is
+/// not yet written).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LabStamp {
     pub index: u64,
     pub entry: u64,
     pub exit: u64,
-    /// The launch's number on its communicator.
-    pub launch: u64,
+    pub _pad: u64,
 }
 
 /// The arguments of one collective launch, passed by value as the kernel's only parameter.

@@ -33,29 +33,31 @@ pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
 }
 
 /// The kernel-stamps lab ([`FLAG_LAB_STAMPS`]): CTA 0's thread 0 takes the next launch number
-/// and stamps the entry; returns the slot to stamp the exit in (null: not this thread, or off).
+/// and stamps the entry; returns the slot to stamp the exit in (null: not this thread, or off)
+/// and the launch number, kept in a register (reading it back from host memory at the exit
+/// would cost a round trip inside the time measured).
 #[inline(always)]
-unsafe fn lab_enter(args: &CollArgs) -> *mut LabStamp {
+unsafe fn lab_enter(args: &CollArgs) -> (*mut LabStamp, u32) {
+    let off = (core::ptr::null_mut(), 0);
     if args.flags & FLAG_LAB_STAMPS == 0 || arch::block_idx() != 0 || arch::thread_idx() != 0 {
-        return core::ptr::null_mut();
+        return off;
     }
     let now = arch::globaltimer();
     let dc = args.comm as *mut DevComm;
     if (*dc).lab_stamps == 0 {
-        return core::ptr::null_mut();
+        return off;
     }
     let n = (*dc).lab_count;
     (*dc).lab_count = n.wrapping_add(1);
     let slot = ((*dc).lab_stamps as *mut LabStamp).add((n % LAB_STAMPS) as usize);
     (*slot).index = 0;
     (*slot).entry = now;
-    (*slot).launch = n as u64;
-    slot
+    (slot, n)
 }
 
 /// Stamps the exit once every thread of CTA 0 is done, then the slot's index.
 #[inline(always)]
-unsafe fn lab_exit(args: &CollArgs, slot: *mut LabStamp) {
+unsafe fn lab_exit(args: &CollArgs, (slot, n): (*mut LabStamp, u32)) {
     // Every thread of CTA 0 meets at the barrier alike: the flag is the same for all of them.
     if args.flags & FLAG_LAB_STAMPS == 0 || arch::block_idx() != 0 {
         return;
@@ -63,7 +65,7 @@ unsafe fn lab_exit(args: &CollArgs, slot: *mut LabStamp) {
     arch::sync_threads();
     if !slot.is_null() {
         (*slot).exit = arch::globaltimer();
-        arch::st_volatile(&mut (*slot).index, (*slot).launch + 1);
+        arch::st_volatile(&mut (*slot).index, n as u64 + 1);
     }
 }
 
