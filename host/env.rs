@@ -267,6 +267,11 @@ pub const PARAMS: &[Param] = &[
         doc: "1: the tree AllReduce across two nodes exchanges at the top (each node's head sends its node's sum to the other head: one network hop where up and down take two) and may use LL; 0: NCCL's double binary tree, Simple only. Rank 0's value holds for every rank",
     },
     Param {
+        name: "NCCL_RS_REGISTERED_CTAS",
+        default: "-1",
+        doc: "CTAs a ring AllReduce, AllGather or Broadcast on one node runs on when every rank registered its output (the kernels agree on it around the ring); -1: half the channels; 0: as many as unregistered calls",
+    },
+    Param {
         name: "NCCL_RS_SIMPLE_PUBLISHER",
         default: "0",
         doc: "1: a Simple step's last warp publishes it while the other warps move the next step (NCCL's design; unmeasured over NVLink, so off)",

@@ -17,8 +17,24 @@ use std::sync::Mutex;
 static ENV: Mutex<()> = Mutex::new(());
 
 /// Simple steps (the zero-copy path's protocol), the simulator's 2 channels and 64 KiB buffer:
-/// 8 KiB slots, 16 KiB steps (two slots). `local_register`: NCCL_LOCAL_REGISTER.
+/// 8 KiB slots, 16 KiB steps (two slots). `local_register`: NCCL_LOCAL_REGISTER. Registered
+/// calls run on one CTA of the two where every rank registered (NCCL_RS_REGISTERED_CTAS's
+/// default, half the channels; `expected_direct` counts with it).
 fn sim_comms(n: usize, local_register: bool) -> Vec<Comm> {
+    sim_comms_with(n, local_register, &[])
+}
+
+/// [`sim_comms`] with 4 channels, registered calls on `fewer` CTAs.
+fn sim_comms_fewer(n: usize, fewer: usize) -> Vec<Comm> {
+    let fewer = fewer.to_string();
+    let extra = [
+        ("NCCL_RS_REGISTERED_CTAS", fewer.as_str()),
+        ("NCCL_MIN_NCHANNELS", "4"),
+    ];
+    sim_comms_with(n, true, &extra)
+}
+
+fn sim_comms_with(n: usize, local_register: bool, extra: &[(&str, &str)]) -> Vec<Comm> {
     let _turn = ENV.lock().unwrap_or_else(|p| p.into_inner());
     std::env::set_var("NCCL_PROTO", "Simple");
     std::env::set_var("NCCL_ALGO", "Ring");
@@ -26,6 +42,11 @@ fn sim_comms(n: usize, local_register: bool) -> Vec<Comm> {
         "NCCL_LOCAL_REGISTER",
         if local_register { "1" } else { "0" },
     );
+    std::env::remove_var("NCCL_MIN_NCHANNELS");
+    std::env::remove_var("NCCL_RS_REGISTERED_CTAS");
+    for (k, v) in extra {
+        std::env::set_var(k, v);
+    }
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).expect("init_all on the simulator")
 }
@@ -457,7 +478,8 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
     use common::register::reduce_round;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
-        let comms = sim_comms(n, true);
+        // Every channel runs (the comparison of the halves below needs the same channels).
+        let comms = sim_comms_with(n, true, &[("NCCL_RS_REGISTERED_CTAS", "0")]);
         let mut seed = 1000 * n as u64;
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
@@ -662,5 +684,70 @@ fn registered_reduce_last_hop_goes_direct() {
             1_003,
             false,
         );
+    }
+}
+
+/// Registered calls on fewer CTAs (issue 24, NCCL_RS_REGISTERED_CTAS): where every rank
+/// registered its output, the kernels agree on it around each channel's ring and only the first
+/// channels run the collective (the others take no step at either end); where one rank did not
+/// (or an AllReduce is in place, whose reduce-scatter half copies), every channel runs. The
+/// results are checked either way (random data, poisoned outputs: `coll_round`).
+#[test]
+fn registered_calls_run_on_fewer_ctas_only_when_every_rank_registered() {
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms_fewer(n, 2);
+        let mut seed = 1000;
+        for coll in COLLS {
+            // Each channel's slice fills a step or more, on 3 or 4 channels.
+            let count = 4 * counts(coll)[1];
+            for who in [Who::All, Who::Even, Who::None] {
+                for in_place in [false, true] {
+                    seed += 1;
+                    let sends = |c: &Comm| c.ring_send_steps().unwrap();
+                    let before: Vec<Vec<u64>> = comms.iter().map(sends).collect();
+                    let direct = coll_round(&comms, coll, who, count, in_place, seed);
+                    // Per channel, the steps every rank sent (Broadcast's last rank sends none).
+                    let mut steps = [0u64; 4];
+                    for (c, b) in comms.iter().zip(&before) {
+                        for (ch, (now, was)) in sends(c).iter().zip(b).enumerate() {
+                            steps[ch] += now - was;
+                        }
+                    }
+                    let went_direct: u64 = direct.iter().flatten().sum();
+                    let fewer = who == Who::All && !(coll == Coll::AllReduce && in_place);
+                    let what = format!(
+                        "{} on {n} ranks, {who:?}, in place {in_place}: steps per channel {steps:?}, direct {direct:?}",
+                        coll.name()
+                    );
+                    // The tuner's channels for this call: fewer than 3 would not tell.
+                    let tcoll = match coll {
+                        Coll::AllGather => nccl::Coll::AllGather,
+                        Coll::Broadcast => nccl::Coll::Broadcast,
+                        _ => nccl::Coll::AllReduce,
+                    };
+                    let nbytes = match coll {
+                        Coll::AllGather => n * count,
+                        _ => count * common::register::elem_bytes(coll),
+                    };
+                    let grid = comms[0].tuning(tcoll, nbytes).unwrap().nchannels;
+                    assert!(grid >= 3, "{what}: the tuner runs {grid} channels");
+                    assert!(steps[0] > 0 && steps[1] > 0, "{what}");
+                    if fewer {
+                        assert_eq!(steps[2..].iter().sum::<u64>(), 0, "{what}");
+                        assert!(went_direct > 0, "{what}");
+                    } else {
+                        assert!(steps[2] > 0, "{what}");
+                    }
+                    for (c, d) in comms.iter().zip(&direct) {
+                        let registered = |r| who.registers(r);
+                        let want = expected_direct(c, coll, registered, count, in_place, true);
+                        assert_eq!(d, &want, "{what}: rank {}", c.rank());
+                    }
+                    if who == Who::None {
+                        assert_eq!(went_direct, 0, "{what}");
+                    }
+                }
+            }
+        }
     }
 }

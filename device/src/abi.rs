@@ -213,6 +213,10 @@ pub struct ChannelDev {
     /// Ring steps whose data the predecessor wrote straight into our output buffer
     /// (zero-copy) instead of the FIFO; kept across launches (a statistic the tests read).
     pub direct_steps: u64,
+    /// The ring agreement on fewer CTAs ([`CollArgs::reg_ctas`]) on this channel: how many this
+    /// CTA took part in (the next one's tag is that plus one), shifted left by one, with the
+    /// last one's outcome in bit 0. Written by the CTA's thread 0 only.
+    pub agree: u64,
 }
 
 /// What a kernel needs of its communicator; lives in device memory, one per rank.
@@ -296,6 +300,14 @@ pub struct CollArgs {
     /// `c` for CTA `c` (its FIFO slots are `tree_slot_bytes`). 0: the tree is the chain in
     /// ring order over `tree_up_send`/`tree_up_recv` and the ring's connections.
     pub tree: u64,
+    /// Registered calls on fewer CTAs: when non-zero and below the grid, every CTA of a ring
+    /// collective with [`FLAG_RING_DIRECT`] first agrees with the ranks around its ring whether
+    /// every rank's output is registered and reaches its successor over p2p
+    /// (`Simple::ring_agree`); if so, only CTAs `0..reg_ctas` run the collective, over the
+    /// slices `reg_ctas` channels make, and the others exit. Set alike on every rank, from
+    /// facts every rank knows (collective, size, the communicator's transports).
+    pub reg_ctas: u32,
+    pub _pad: u32,
 }
 
 /// One CTA's place in a tree across nodes (see [`CollArgs::tree`]): device addresses of the
@@ -459,6 +471,12 @@ pub const RING_PARTIALS: u64 = 1 << 62;
 /// decision to write partial sums into the successor's output (1) or not (0), read back by the
 /// CTA's other threads after a barrier.
 pub const DIRECT_PARTIALS: usize = 32;
+/// The ring agreement (`Simple::ring_agree`): in the receiver's tail line, the sender's word
+/// `tag << 32 | known << 1 | ok` (the sender knows for `known` ranks ending with itself that
+/// all are `ok`; a 0 `ok` is final); in the sender's head line, the receiver's
+/// acknowledgement, the last tag it finished reading (the sender's next agreement writes only
+/// after it, so no word is overwritten before its reader took it).
+pub const AGREE_WORD: usize = 40;
 
 /// One registered buffer of a peer process as this process maps it.
 #[repr(C)]
@@ -525,13 +543,14 @@ const _: () = {
     assert!(core::mem::size_of::<RegTable>() == 24 * (REG_TABLE_ENTRIES + 1));
     assert!(DIRECT_DST + 8 <= CTRL_LINE);
     assert!(DIRECT_PARTIALS + 8 <= CTRL_LINE && DIRECT_PARTIALS != DIRECT_DST);
+    assert!(AGREE_WORD + 8 <= CTRL_LINE && AGREE_WORD > DIRECT_PARTIALS);
     assert!(core::mem::size_of::<ConnSend>() == 72);
     assert!(core::mem::size_of::<ConnRecv>() == 72);
-    assert!(core::mem::size_of::<ChannelDev>() == 184);
+    assert!(core::mem::size_of::<ChannelDev>() == 192);
     assert!(core::mem::size_of::<DevComm>() == 56);
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
-    assert!(core::mem::size_of::<CollArgs>() == 104);
+    assert!(core::mem::size_of::<CollArgs>() == 112);
     assert!(core::mem::size_of::<TreeDev>() == 24 + 16 * TREE_MAX_CHILDREN);
     assert!(core::mem::align_of::<TreeDev>() == 8);
     assert!(core::mem::align_of::<CollArgs>() == 8);

@@ -81,6 +81,10 @@ pub struct Shape {
     /// once per node, on connections of its own (`NET_CHANNELS`; NCCL's search over one NIC
     /// per node gives two). NCCL_MIN_NCHANNELS raises it and NCCL_MAX_NCHANNELS caps it.
     pub net_nchannels: u32,
+    /// CTAs a ring AllReduce, AllGather or Broadcast runs on when every rank's output is
+    /// registered (zero-copy over p2p): [`nccl_device::abi::CollArgs::reg_ctas`]; 0: as many
+    /// as unregistered (NCCL_RS_REGISTERED_CTAS).
+    pub reg_ctas: u32,
 }
 
 /// Channels across nodes on GPUs unless NCCL_MIN/MAX_NCHANNELS say otherwise (see
@@ -179,6 +183,15 @@ impl Shape {
             nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
         )? | switch("NCCL_RS_RING_EXCHANGE", nccl_device::abi::FLAG_RING_EXCHANGE)?
             | switch("NCCL_RS_TREE_EXCHANGE", nccl_device::abi::FLAG_TREE_EXCHANGE)?;
+        let reg_ctas = match env("NCCL_RS_REGISTERED_CTAS") {
+            -1 => (n / 2).max(1),
+            v if (0..=MAX_CHANNELS as i64).contains(&v) => v as u32,
+            v => {
+                return Err(Error::invalid_argument(format!(
+                    "NCCL_RS_REGISTERED_CTAS={v}: use 0 (as unregistered calls) to {MAX_CHANNELS}, or -1 (half the channels)"
+                )))
+            }
+        };
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
@@ -190,6 +203,7 @@ impl Shape {
             slice_steps: slice_steps as u32,
             kernel_flags,
             net_nchannels,
+            reg_ctas,
         })
     }
 
@@ -226,6 +240,9 @@ impl Shape {
         }
         if ![0, 1, 2, 4].contains(&self.slice_steps) {
             return bad("slice_steps", self.slice_steps.into());
+        }
+        if self.reg_ctas > MAX_CHANNELS as u32 {
+            return bad("reg_ctas", self.reg_ctas.into());
         }
         use nccl_device::abi::{FLAG_RING_EXCHANGE, FLAG_SIMPLE_PUBLISHER, FLAG_TREE_EXCHANGE};
         let known = FLAG_SIMPLE_PUBLISHER | FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE;
@@ -481,6 +498,11 @@ impl Comm {
         let own_row = transports::own_row(rank, &device, &peers, &system)?;
         let transports = transports::Transports::agree(&bootstrap, &own_row)?;
         let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
+        if transports.any(Transport::Net) || transports.any(Transport::Shm) {
+            // The kernels' agreement on fewer CTAs runs over p2p counter lines only: every
+            // ring connection must be one (this matrix is every rank's).
+            shape.reg_ctas = 0;
+        }
         if transports.any(Transport::Net) {
             // Across nodes (or with p2p and SHM off on one).
             shape.nchannels = shape.net_nchannels;
@@ -1338,6 +1360,7 @@ mod tests {
             slice_steps: 0,
             kernel_flags: 0,
             net_nchannels: 2,
+            reg_ctas: 0,
         };
         let by_coll = |s: &Shape| Coll::ALL.map(|c| s.slice_steps_for(c));
         // AllReduce, Broadcast, Reduce, AllGather, ReduceScatter.

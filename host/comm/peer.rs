@@ -16,7 +16,7 @@ pub struct PeerInfo {
     pub shape: Shape,
 }
 
-const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4 + 4;
+const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4 + 4 + 4;
 
 /// Tells hosts apart: the hostname and the boot id (containers on one machine share the boot id
 /// but may not share memory, so the hostname counts too).
@@ -80,6 +80,7 @@ impl PeerInfo {
         v.extend_from_slice(&self.shape.slice_steps.to_le_bytes());
         v.extend_from_slice(&self.shape.kernel_flags.to_le_bytes());
         v.extend_from_slice(&self.shape.net_nchannels.to_le_bytes());
+        v.extend_from_slice(&self.shape.reg_ctas.to_le_bytes());
         v
     }
 
@@ -108,6 +109,7 @@ impl PeerInfo {
                 slice_steps: u32_at(89),
                 kernel_flags: u32_at(93),
                 net_nchannels: u32_at(97),
+                reg_ctas: u32_at(101),
             },
             bus_id: String::from_utf8_lossy(&bus[..end]).into_owned(),
         })
@@ -176,6 +178,7 @@ mod tests {
             |s: &mut Shape| s.p2p_slot_bytes = 100,
             |s: &mut Shape| s.slice_steps = 3,
             |s: &mut Shape| s.kernel_flags = 0x8000_0000,
+            |s: &mut Shape| s.reg_ctas = 1 << 20,
         ] {
             let mut p = good.clone();
             bad(&mut p.shape);
@@ -202,6 +205,7 @@ mod tests {
                 slice_steps: 2,
                 kernel_flags: 1,
                 net_nchannels: 2,
+                reg_ctas: 1,
             },
         }
     }

@@ -13,7 +13,7 @@ mod patterns;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use crate::comm::order;
 
-use crate::comm::Comm;
+use crate::comm::{Comm, Shape};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
@@ -370,6 +370,8 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             Coll::Reduce if !me_root => (c.send, send_bytes),
             _ => (c.recv, recv_bytes),
         };
+        let chunk_bytes = args.chunk_elems as usize * dt.size();
+        args.reg_ctas = fewer_ctas(&shape, c.coll, count * dt.size(), grid, chunk_bytes);
         if comm.registered.coll_zero_copy(buff, len, captured)? {
             args.flags |= FLAG_RING_REGISTERED;
             // The successors' registration tables, up to date (their records drained).
@@ -414,9 +416,56 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     }))
 }
 
+/// [`CollArgs::reg_ctas`] for a ring collective on Simple steps: the shape's registered CTAs
+/// where fewer than the `grid` and where every hop of `coll` can go direct (AllReduce,
+/// AllGather, Broadcast: ReduceScatter and Reduce copy all but their last hop through the
+/// FIFOs, which fewer CTAs would slow down), and only when each of the grid's channels gets a
+/// step's `chunk_bytes` of the `block_bytes` (else no channel takes the zero-copy handshake).
+/// From facts every rank shares, so every rank asks alike; whether it happens the kernels
+/// agree (every rank registered).
+fn fewer_ctas(shape: &Shape, coll: Coll, block_bytes: usize, grid: u32, chunk_bytes: usize) -> u32 {
+    let direct_all_the_way = matches!(coll, Coll::AllReduce | Coll::AllGather | Coll::Broadcast);
+    let fewer = shape.reg_ctas;
+    if !direct_all_the_way || fewer == 0 || fewer >= grid {
+        return 0;
+    }
+    match block_bytes / grid as usize >= chunk_bytes.max(1) {
+        true => fewer,
+        false => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fewer_ctas_only_for_large_direct_collectives() {
+        let mut shape = Shape {
+            nchannels: 32,
+            nthreads: 512,
+            slot_bytes: 1 << 19,
+            algo_mask: 0,
+            proto_mask: 0,
+            p2p_conns: 0,
+            p2p_slot_bytes: 1 << 19,
+            slice_steps: 0,
+            kernel_flags: 0,
+            net_nchannels: 8,
+            reg_ctas: 8,
+        };
+        let mib = 1 << 20;
+        assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 64 * mib, 32, mib), 8);
+        assert_eq!(fewer_ctas(&shape, Coll::AllGather, 64 * mib, 32, mib), 8);
+        assert_eq!(fewer_ctas(&shape, Coll::Broadcast, 64 * mib, 32, mib), 8);
+        // Hops through the FIFOs, a grid no larger, slices under a step, or switched off.
+        assert_eq!(fewer_ctas(&shape, Coll::ReduceScatter, 64 * mib, 32, mib), 0);
+        assert_eq!(fewer_ctas(&shape, Coll::Reduce, 64 * mib, 32, mib), 0);
+        assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 64 * mib, 8, mib), 0);
+        assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 16 * mib, 32, mib), 0);
+        shape.reg_ctas = 0;
+        assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 64 * mib, 32, mib), 0);
+    }
 
     #[test]
     fn raw_ops_map_to_builtins() {

@@ -381,9 +381,26 @@ pub fn expected_direct(
         // Only Simple rings take the path.
         return vec![0; shape.nchannels as usize];
     }
-    let nch = (choice.nchannels as u32).clamp(1, shape.nchannels) as usize;
+    let mut nch = (choice.nchannels as u32).clamp(1, shape.nchannels) as usize;
     // Elements per step.
     let chunk = (shape.slot_bytes * shape.slice_steps_for(coll)) as usize / esize;
+    // Registered calls on fewer CTAs (`enqueue::fewer_ctas`, `Kernel::fewer_ctas`): where every
+    // rank registered, every hop can go direct, and each channel's slice fills a step.
+    let fewer = shape.reg_ctas as usize;
+    let every_hop = match coll {
+        Coll::AllReduce => !in_place,
+        Coll::AllGather | Coll::Broadcast => true,
+        _ => false,
+    };
+    if on
+        && every_hop
+        && (0..n).all(&registered)
+        && fewer > 0
+        && fewer < nch
+        && count / nch >= chunk
+    {
+        nch = fewer;
+    }
     let rings = c.channel_rings().unwrap();
     (0..shape.nchannels as usize)
         .map(|ch| {

@@ -11,9 +11,9 @@ pub mod reduce_scatter;
 pub mod send_recv;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_NVLS, ALGO_TREE, DIRECT_OFF,
-    FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED, LAB_STAMPS, LL128_STEP_BYTES,
-    LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_NVLS, ALGO_TREE, DIRECT_DECLINE,
+    DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED, LAB_STAMPS,
+    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
@@ -200,15 +200,19 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     /// leave words the next operation's handshake, with the same tag, would take for its own.
     /// `partials`: our output may also take the predecessor's partial sums (AllReduce out of
     /// place, see [`RingDirect::recv_partials`]).
+    ///
+    /// With [`CollArgs::reg_ctas`] below the grid, the ring agreement comes first
+    /// ([`Kernel::fewer_ctas`]): it may leave this CTA nothing to do, or a larger slice.
     #[inline(always)]
     pub unsafe fn ring_direct(
-        &self,
+        &mut self,
         prims: &mut Simple,
         bytes: usize,
         recv_used: bool,
         send_used: bool,
         partials: bool,
     ) -> RingDirect {
+        self.fewer_ctas(prims, partials);
         if P != PROTO_SIMPLE
             || self.args.flags & FLAG_RING_DIRECT == 0
             || self.end - self.start < self.max_chunk()
@@ -233,6 +237,41 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
             bytes as u64,
             partials && recv_on,
         )
+    }
+
+    /// Registered calls on fewer CTAs ([`CollArgs::reg_ctas`]): when the launch asks, agrees
+    /// around this channel's ring ([`Simple::ring_agree`]) whether every rank registered its
+    /// output and reaches its successor on each of the first `reg_ctas` channels (AllReduce
+    /// also: its output may take partial sums, `partials`, else its reduce-scatter half would
+    /// copy on fewer CTAs). If all did, CTAs from `reg_ctas` on get an empty slice (they take
+    /// no step, at neither end of their connections) and the others the slices of `reg_ctas`
+    /// channels. Every CTA of every rank runs the agreement and gets the same answer.
+    #[inline(always)]
+    unsafe fn fewer_ctas(&mut self, prims: &mut Simple, partials: bool) {
+        let (fewer, grid) = (self.args.reg_ctas as usize, arch::grid_dim() as usize);
+        if P != PROTO_SIMPLE || self.args.flags & FLAG_RING_DIRECT == 0 || fewer == 0 {
+            return;
+        }
+        if fewer >= grid || self.nranks < 2 {
+            return;
+        }
+        let cta = arch::block_idx() as usize;
+        let first = self.ch.sub(cta);
+        let reach = |c: usize| {
+            let ch = &*first.add(c);
+            ch.recv_direct != 0 && ch.send_reach != DIRECT_OFF && ch.send_reach != DIRECT_DECLINE
+        };
+        let mine = self.args.flags & FLAG_RING_REGISTERED != 0
+            && (partials || Coll::from_raw(self.args.coll) != Some(Coll::AllReduce))
+            && (0..fewer).all(reach);
+        if !prims.ring_agree(self.ch, mine, self.nranks) {
+            return;
+        }
+        let count = self.args.count as usize;
+        (self.start, self.end) = match cta < fewer {
+            true => channel_range::<T>(count, cta, fewer),
+            false => (count, count),
+        };
     }
 
     /// Counts `steps` ring steps received straight into our output ([`ChannelDev::direct_steps`]).

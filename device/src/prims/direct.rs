@@ -15,8 +15,8 @@
 use super::copy::Move;
 use super::simple::Simple;
 use crate::abi::{
-    RegEntry, RegTable, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF, DIRECT_PARTIALS, DIRECT_SAME_SPACE,
-    DIRECT_TAG, DIRECT_WORD, RING_DECLINED, RING_PARTIALS,
+    ChannelDev, RegEntry, RegTable, AGREE_WORD, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF,
+    DIRECT_PARTIALS, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD, RING_DECLINED, RING_PARTIALS,
 };
 use crate::arch;
 use crate::ops::Sum;
@@ -258,6 +258,62 @@ impl Simple {
             recv_partials: recv && partials,
             send_partials,
         }
+    }
+}
+
+impl Simple {
+    /// The ring agreement behind registered calls on fewer CTAs ([`crate::abi::CollArgs::reg_ctas`]):
+    /// an AND of every rank's `mine` around this channel's ring of `nranks`, through the
+    /// [`AGREE_WORD`]s of its two connections. Each rank posts to its successor how many ranks,
+    /// ending with itself, it knows to be all `ok` (n - 1 hops when all are): a rank whose
+    /// `mine` is false posts a final "no" and goes on at once, and a "no" is passed on as soon
+    /// as it arrives. Every CTA of every rank that takes part gets the same answer, so they all
+    /// cut the data the same way. The tag (this channel's agreements so far, plus one) is the
+    /// same at both ends of each connection: both take part in the same launches. Returns
+    /// false after an abort.
+    ///
+    /// # Safety
+    /// Every thread of the group calls it alike; `ch` is this CTA's channel, whose ring
+    /// connections are p2p ones (counter lines both ends share), and every rank of the ring
+    /// runs it in the same launch.
+    #[inline(always)]
+    pub unsafe fn ring_agree(&mut self, ch: *mut ChannelDev, mine: bool, nranks: usize) -> bool {
+        let (rc, sc) = (self.recv, self.send);
+        let state = core::ptr::addr_of_mut!((*ch).agree);
+        if self.tid == 0 {
+            let tag = (arch::ld_volatile(state) >> 1) + 1;
+            let (post_at, acked) = (word((*sc).tail, AGREE_WORD), word((*sc).head, AGREE_WORD));
+            let (read_at, ack) = (word((*rc).tail, AGREE_WORD), word((*rc).head, AGREE_WORD));
+            let n = nranks as u64;
+            const KNOWN: u64 = 0x7fff_ffff;
+            // Our successor has read our words of the last agreement.
+            self.wait(|| arch::ld_acquire_sys(acked) >= tag - 1);
+            let post = |known: u64, ok: bool| {
+                arch::st_release_sys(post_at, tag << 32 | (known & KNOWN) << 1 | ok as u64);
+            };
+            let (mut ok, mut known) = (mine, if mine { 1 } else { n });
+            post(known, ok);
+            while ok && known < n {
+                let need = known;
+                self.wait(|| {
+                    let v = arch::ld_acquire_sys(read_at);
+                    v >> 32 == tag && (v & 1 == 0 || (v >> 1 & KNOWN) >= need)
+                });
+                let v = arch::ld_volatile(read_at);
+                // An abort leaves an older tag: no agreement.
+                ok = v >> 32 == tag && v & 1 == 1;
+                known = match ok {
+                    true => core::cmp::min(n, (v >> 1 & KNOWN) + 1),
+                    false => n,
+                };
+                post(known, ok);
+            }
+            // Done reading our predecessor's words of this agreement.
+            arch::st_release_sys(ack, tag);
+            arch::st_volatile(state, tag << 1 | ok as u64);
+        }
+        self.sync();
+        arch::ld_volatile(state) & 1 == 1
     }
 }
 
