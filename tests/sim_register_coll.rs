@@ -18,10 +18,11 @@ static ENV: Mutex<()> = Mutex::new(());
 
 /// Simple steps (the zero-copy path's protocol), the simulator's 2 channels and 64 KiB buffer:
 /// 8 KiB slots, 16 KiB steps (two slots). `local_register`: NCCL_LOCAL_REGISTER. Registered
-/// calls run on one CTA of the two where every rank registered (NCCL_RS_REGISTERED_CTAS's
-/// default, half the channels; `expected_direct` counts with it).
+/// calls run on one CTA of the two where every rank registered (NCCL_RS_REGISTERED_CTAS=1, not
+/// the default, so that every test here also runs the kernels' agreement; `expected_direct`
+/// counts with it).
 fn sim_comms(n: usize, local_register: bool) -> Vec<Comm> {
-    sim_comms_with(n, local_register, &[])
+    sim_comms_with(n, local_register, &[("NCCL_RS_REGISTERED_CTAS", "1")])
 }
 
 /// [`sim_comms`] with 4 channels, registered calls on `fewer` CTAs.
@@ -393,6 +394,8 @@ fn registered_ring_collectives_across_processes() {
                 ("NCCL_PROTO", "Simple"),
                 ("NCCL_ALGO", "Ring"),
                 ("NCCL_LOCAL_REGISTER", "1"),
+                // Registered calls on fewer CTAs: the agreement across processes too.
+                ("NCCL_RS_REGISTERED_CTAS", "1"),
             ],
         );
     }

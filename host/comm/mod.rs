@@ -82,8 +82,8 @@ pub struct Shape {
     /// per node gives two). NCCL_MIN_NCHANNELS raises it and NCCL_MAX_NCHANNELS caps it.
     pub net_nchannels: u32,
     /// CTAs a ring AllReduce, AllGather or Broadcast runs on when every rank's output is
-    /// registered (zero-copy over p2p): [`nccl_device::abi::CollArgs::reg_ctas`]; 0: as many
-    /// as unregistered (NCCL_RS_REGISTERED_CTAS).
+    /// registered (zero-copy over p2p): [`nccl_device::abi::CollArgs::reg_ctas`]; 0 (the
+    /// default): as many as unregistered (NCCL_RS_REGISTERED_CTAS).
     pub reg_ctas: u32,
 }
 
@@ -183,15 +183,17 @@ impl Shape {
             nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
         )? | switch("NCCL_RS_RING_EXCHANGE", nccl_device::abi::FLAG_RING_EXCHANGE)?
             | switch("NCCL_RS_TREE_EXCHANGE", nccl_device::abi::FLAG_TREE_EXCHANGE)?;
-        let reg_ctas = match env("NCCL_RS_REGISTERED_CTAS") {
-            -1 => (n / 2).max(1),
-            v if (0..=MAX_CHANNELS as i64).contains(&v) => v as u32,
-            v => {
-                return Err(Error::invalid_argument(format!(
-                    "NCCL_RS_REGISTERED_CTAS={v}: use 0 (as unregistered calls) to {MAX_CHANNELS}, or -1 (half the channels)"
-                )))
-            }
-        };
+        // Off by default: on 4 H100s a registered call's busbw fell with its CTAs (64 MiB
+        // AllReduce 301 GB/s on 32, 267 on 16; 256 MiB AllGather 328 on 32, 209 on 8, 30 on 1;
+        // results/h100x4-registered-fewer-ctas.txt): a CTA's loads and stores over NVLink move
+        // about what its FIFO copies did.
+        let reg_ctas = env("NCCL_RS_REGISTERED_CTAS");
+        if !(0..=MAX_CHANNELS as i64).contains(&reg_ctas) {
+            return Err(Error::invalid_argument(format!(
+                "NCCL_RS_REGISTERED_CTAS={reg_ctas}: use 0 (as many as unregistered calls) to {MAX_CHANNELS}"
+            )));
+        }
+        let reg_ctas = reg_ctas as u32;
         Ok(Shape {
             nchannels: n,
             nthreads: nthreads as u32,
