@@ -472,7 +472,7 @@ pub const RING_PARTIALS: u64 = 1 << 62;
 /// CTA's other threads after a barrier.
 pub const DIRECT_PARTIALS: usize = 32;
 /// The ring agreement (`Simple::ring_agree`): in the receiver's tail line, the sender's word
-/// `tag << 32 | known << 1 | ok` (the sender knows for `known` ranks ending with itself that
+/// `tag << 32 | known << 1 | ok` (the tag's low 32 bits; the sender knows for `known` ranks ending with itself that
 /// all are `ok`; a 0 `ok` is final); in the sender's head line, the receiver's
 /// acknowledgement, the last tag it finished reading (the sender's next agreement writes only
 /// after it, so no word is overwritten before its reader took it).

@@ -286,10 +286,12 @@ impl Simple {
             let (read_at, ack) = (word((*rc).tail, AGREE_WORD), word((*rc).head, AGREE_WORD));
             let n = nranks as u64;
             const KNOWN: u64 = 0x7fff_ffff;
+            // The word holds the tag's low 32 bits (the ack word holds all of it).
+            let word_tag = tag & 0xffff_ffff;
             // Our successor has read our words of the last agreement.
             self.wait(|| arch::ld_acquire_sys(acked) >= tag - 1);
             let post = |known: u64, ok: bool| {
-                arch::st_release_sys(post_at, tag << 32 | (known & KNOWN) << 1 | ok as u64);
+                arch::st_release_sys(post_at, word_tag << 32 | (known & KNOWN) << 1 | ok as u64);
             };
             let (mut ok, mut known) = (mine, if mine { 1 } else { n });
             post(known, ok);
@@ -297,11 +299,11 @@ impl Simple {
                 let need = known;
                 self.wait(|| {
                     let v = arch::ld_acquire_sys(read_at);
-                    v >> 32 == tag && (v & 1 == 0 || (v >> 1 & KNOWN) >= need)
+                    v >> 32 == word_tag && (v & 1 == 0 || (v >> 1 & KNOWN) >= need)
                 });
                 let v = arch::ld_volatile(read_at);
                 // An abort leaves an older tag: no agreement.
-                ok = v >> 32 == tag && v & 1 == 1;
+                ok = v >> 32 == word_tag && v & 1 == 1;
                 known = match ok {
                     true => core::cmp::min(n, (v >> 1 & KNOWN) + 1),
                     false => n,
