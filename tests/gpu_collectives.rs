@@ -523,6 +523,71 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
     }
 }
 
+/// The one-node tree AllReduce (forced: NCCL_ALGO=allreduce:tree, Simple) on registered
+/// outputs on 2 (and 4) GPUs in one process: the way down writes finished chunks straight into
+/// the child's output, out of place the way up writes partial sums into the parent's; each
+/// channel's direct steps match the model and the results those of the FIFO path (random
+/// data, poisoned outputs); mixed registration falls back to the FIFO.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn registered_tree_all_reduce_on_2_and_4_gpus() {
+    use common::register::{expected_direct, reduce_round, Who};
+    use nccl::{DataType, ReduceOp};
+    use nccl_device::abi::Coll;
+    for n in counts(&[2, 4]) {
+        std::env::set_var("NCCL_ALGO", "allreduce:tree");
+        std::env::set_var("NCCL_PROTO", "Simple");
+        let ranks = gpus(n);
+        std::env::remove_var("NCCL_ALGO");
+        std::env::remove_var("NCCL_PROTO");
+        let comms = &ranks.comms;
+        let mut seed = 300;
+        // Slices of 32 channels over a step, one odd; and one under a step (no handshake).
+        for count in [(12 << 20) + 5, 3 << 20, 4099] {
+            for who in [Who::All, Who::Even, Who::None] {
+                for in_place in [false, true] {
+                    for (dt, op) in [
+                        (DataType::Float32, ReduceOp::Sum),
+                        (DataType::Int32, ReduceOp::Avg),
+                    ] {
+                        seed += 1;
+                        let got = match dt {
+                            DataType::Float32 => {
+                                reduce_round::<f32>(comms, dt, op, who, count, in_place, seed)
+                            }
+                            _ => reduce_round::<i32>(comms, dt, op, who, count, in_place, seed),
+                        };
+                        for (c, g) in comms.iter().zip(&got) {
+                            let registered = |r| who.registers(r);
+                            let want = expected_direct(
+                                c,
+                                Coll::AllReduce,
+                                registered,
+                                count,
+                                in_place,
+                                true,
+                            );
+                            assert_eq!(
+                                g,
+                                &want,
+                                "tree AllReduce on {n} GPUs, {who:?}, count {count}, in place \
+                                 {in_place}: rank {}'s direct steps per channel",
+                                c.rank()
+                            );
+                        }
+                        if who == Who::All && count > 1 << 20 {
+                            assert!(
+                                got.iter().flatten().sum::<u64>() > 0,
+                                "tree AllReduce on {n} GPUs took no direct step"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Registered send/recv on 2 (and 4) GPUs in one process: a ring of messages over one FIFO per
 /// connection goes direct (the sender writes into the receiver's buffer) exactly where both ends
 /// registered, with the bytes of the FIFO path (random data, poisoned receive buffers, bytes

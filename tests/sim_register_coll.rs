@@ -754,3 +754,73 @@ fn registered_calls_run_on_fewer_ctas_only_when_every_rank_registered() {
         }
     }
 }
+
+/// The one-node tree (NCCL_ALGO=Tree: each channel's chain in ring order) on registered
+/// outputs: the way down writes each finished chunk straight into the child's output, which
+/// passes it on from there; out of place the way up writes each partial sum into the parent's
+/// output, which adds its input to it there. Every reduction on both types, 2 to 8 ranks,
+/// all / every other / no rank registered, in and out of place, slices over and under a step:
+/// results checked (random data, poisoned outputs) and each channel's direct steps equal the
+/// model (`expected_direct`), so a path taken where it should not be, or not taken where it
+/// should, fails.
+#[test]
+fn registered_tree_all_reduce_goes_direct_both_ways() {
+    use common::register::reduce_round;
+    use nccl::DataType;
+    for n in [2usize, 3, 4, 8] {
+        let comms = sim_comms_with(n, true, &[("NCCL_ALGO", "Tree")]);
+        let tree = comms[0].tuning(nccl::Coll::AllReduce, 4 * 20_001).unwrap();
+        assert_eq!(tree.algo, nccl::Algo::Tree, "{n} ranks: the tuner's choice");
+        assert!(comms[0].tree_chain().is_some(), "{n} ranks: no chain");
+        let mut seed = 7000 * n as u64;
+        let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
+            seed += 1;
+            let op = common::typed_op(op, dt);
+            let got = match dt {
+                DataType::Float32 => {
+                    reduce_round::<f32>(&comms, dt, op, who, count, in_place, seed)
+                }
+                _ => reduce_round::<i32>(&comms, dt, op, who, count, in_place, seed),
+            };
+            for (c, g) in comms.iter().zip(&got) {
+                let registered = |r| who.registers(r);
+                let want = expected_direct(c, Coll::AllReduce, registered, count, in_place, true);
+                assert_eq!(
+                    g,
+                    &want,
+                    "tree AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in \
+                     place {in_place}: rank {}'s direct steps per channel",
+                    c.rank()
+                );
+            }
+            got.iter().flatten().sum::<u64>()
+        };
+        for who in [Who::All, Who::Even, Who::None] {
+            for count in counts(Coll::AllReduce) {
+                for in_place in [false, true] {
+                    round(DataType::Int32, nccl::ReduceOp::Sum, who, count, in_place);
+                }
+            }
+        }
+        // Both ways direct out of place, the way down alone in place.
+        let (both, down) = (
+            round(
+                DataType::Int32,
+                nccl::ReduceOp::Sum,
+                Who::All,
+                20_001,
+                false,
+            ),
+            round(DataType::Int32, nccl::ReduceOp::Sum, Who::All, 20_001, true),
+        );
+        assert!(
+            down > 0 && both > down,
+            "{n} ranks: {both} / {down} direct steps"
+        );
+        for dt in [DataType::Float32, DataType::Int32] {
+            for op in common::ALL_OPS {
+                round(dt, op, Who::All, 9_000, false);
+            }
+        }
+    }
+}

@@ -217,6 +217,10 @@ pub struct ChannelDev {
     /// CTA took part in (the next one's tag is that plus one), shifted left by one, with the
     /// last one's outcome in bit 0. Written by the CTA's thread 0 only.
     pub agree: u64,
+    /// How a send to the predecessor (`ring_prev`) reaches a buffer it offers, with
+    /// [`ChannelDev::send_reach`]'s values: the one-node tree's way up (its chain runs against
+    /// the ring) writes partial sums into its parent's registered output with it.
+    pub prev_reach: u64,
 }
 
 /// What a kernel needs of its communicator; lives in device memory, one per rank.
@@ -337,7 +341,9 @@ pub const FLAG_SIMPLE_PUBLISHER: u32 = 1;
 /// [`CollArgs::flags`]: the ring's p2p connections ([`ChannelDev::recv_direct`],
 /// [`ChannelDev::send_reach`]) start this collective with the zero-copy handshake, on channels
 /// whose slice of a block fills a step at least. Set alike on every rank, from facts every rank
-/// knows (collective, protocol, algorithm), never from registration.
+/// knows (collective, protocol, algorithm), never from registration. On the one-node tree
+/// (a chain in ring order) its way down takes the ring's handshake and its way up, on the
+/// tree's up links, the send/recv one ([`ChannelDev::prev_reach`]).
 pub const FLAG_RING_DIRECT: u32 = 2;
 /// [`CollArgs::flags`]: a two-rank ring AllReduce exchanges instead: each rank sends its whole
 /// input to the other and adds what arrives to its own, one network hop per piece where the
@@ -356,7 +362,8 @@ pub const TREE_REMOTE_PARENT: u32 = u32::MAX;
 pub const FLAG_TREE_EXCHANGE: u32 = 16;
 /// [`CollArgs::flags`]: this rank's output buffer is registered (or captured with graph
 /// registration): it offers it to its predecessor and takes its successor's offer. A rank
-/// without it answers the handshake at once, without waiting, and both sides copy.
+/// without it declines at once and answers "FIFO" once its successor's offer is there, and
+/// both sides copy.
 pub const FLAG_RING_REGISTERED: u32 = 4;
 /// [`CollArgs::flags`]: stamp this launch's entry and exit in [`DevComm::lab_stamps`] (the
 /// kernel-stamps lab; off unless NCCL_RS_KERNEL_STAMPS is set).
@@ -546,7 +553,7 @@ const _: () = {
     assert!(AGREE_WORD + 8 <= CTRL_LINE && AGREE_WORD > DIRECT_PARTIALS);
     assert!(core::mem::size_of::<ConnSend>() == 72);
     assert!(core::mem::size_of::<ConnRecv>() == 72);
-    assert!(core::mem::size_of::<ChannelDev>() == 192);
+    assert!(core::mem::size_of::<ChannelDev>() == 200);
     assert!(core::mem::size_of::<DevComm>() == 56);
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);

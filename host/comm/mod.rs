@@ -308,8 +308,9 @@ pub struct Comm {
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
     pub(crate) registered: register::Registrations,
-    /// Ring successors in other processes whose registration tables ring sends read
-    /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
+    /// Ring neighbours in other processes whose registration tables zero-copy sends read
+    /// (successors: [`ChannelDev::send_reach`]; predecessors where the one-node tree runs:
+    /// [`ChannelDev::prev_reach`]): brought up to date before a launch that may use them.
     pub(crate) ring_tables: Vec<usize>,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
@@ -693,25 +694,32 @@ impl Comm {
         let p2p_peer =
             |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
         let mut ring_tables: Vec<usize> = Vec::new();
+        // How a send to ring neighbour `peer` reaches the buffers it offers.
+        let mut reach_of = |peer: usize| match p2p_peer(peer) {
+            false => nccl_device::abi::DIRECT_OFF,
+            true => match links.direct_reach(peer) {
+                Ok(Some(reach)) => {
+                    if !addrs[peer].same_process && !ring_tables.contains(&peer) {
+                        ring_tables.push(peer);
+                    }
+                    reach
+                }
+                // Still the handshake (the peer expects it), never direct.
+                Ok(None) => nccl_device::abi::DIRECT_DECLINE,
+                Err(e) => {
+                    log::warn!("rank {rank}: rank {peer}'s registered buffers: {e}");
+                    nccl_device::abi::DIRECT_DECLINE
+                }
+            },
+        };
         for (c, ch) in channels.iter_mut().enumerate() {
             let (prev, next) = ring_peers[c];
             ch.recv_direct = p2p_peer(prev) as u32;
-            ch.send_reach = match p2p_peer(next) {
+            ch.send_reach = reach_of(next);
+            // The one-node tree's way up runs against the ring (a chain on one node only).
+            ch.prev_reach = match tree_up.is_some() && dbt.is_none() {
+                true => reach_of(prev),
                 false => nccl_device::abi::DIRECT_OFF,
-                true => match links.direct_reach(next) {
-                    Ok(Some(reach)) => {
-                        if !addrs[next].same_process && !ring_tables.contains(&next) {
-                            ring_tables.push(next);
-                        }
-                        reach
-                    }
-                    // Still the handshake (the successor expects it), never direct.
-                    Ok(None) => nccl_device::abi::DIRECT_DECLINE,
-                    Err(e) => {
-                        log::warn!("rank {rank}: rank {next}'s registered buffers: {e}");
-                        nccl_device::abi::DIRECT_DECLINE
-                    }
-                },
             };
             ch.ring_index = rings.position(c, rank) as u32;
             ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
@@ -1017,6 +1025,16 @@ impl Comm {
         /// rank's output buffer (zero-copy ring collectives), counted by the kernels since init.
         fn ring_direct_steps(&self) -> Result<Vec<u64>> {
             self.channel_words(std::mem::offset_of!(ChannelDev, direct_steps))
+        }
+    }
+    crate::internal! {
+        /// The one-node tree's chain (None across nodes, or where the tree is filtered out):
+        /// how many CTAs it serves and the bytes of its up links' FIFO slots.
+        fn tree_chain(&self) -> Option<(usize, usize)> {
+            match &self.dbt {
+                Some(_) => None,
+                None => self.tree_up.as_ref().map(|t| (t.ctas, t.slot_bytes)),
+            }
         }
     }
     crate::internal! {

@@ -360,7 +360,10 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     {
         args.flags |= FLAG_RING_EXCHANGE;
     }
-    if args.algo == ALGO_RING && proto == PROTO_SIMPLE {
+    // The one-node tree (a chain in ring order) takes the handshakes too; across nodes the
+    // double binary tree copies.
+    let chain = args.algo == ALGO_TREE && args.tree == 0;
+    if (args.algo == ALGO_RING || chain) && proto == PROTO_SIMPLE {
         // Every rank sets the handshake alike (collective, algorithm, protocol); only this
         // rank's registration of its output decides whether it offers and takes offers (a
         // Reduce's other ranks have no output: their input's).
@@ -371,10 +374,12 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             _ => (c.recv, recv_bytes),
         };
         let chunk_bytes = args.chunk_elems as usize * dt.size();
-        args.reg_ctas = fewer_ctas(&shape, c.coll, count * dt.size(), grid, chunk_bytes);
+        if !chain {
+            args.reg_ctas = fewer_ctas(&shape, c.coll, count * dt.size(), grid, chunk_bytes);
+        }
         if comm.registered.coll_zero_copy(buff, len, captured)? {
             args.flags |= FLAG_RING_REGISTERED;
-            // The successors' registration tables, up to date (their records drained).
+            // The ring neighbours' registration tables, up to date (their records drained).
             for &peer in &comm.ring_tables {
                 comm.links.direct_reach(peer)?;
             }

@@ -377,6 +377,12 @@ pub fn expected_direct(
     };
     let choice = c.tuning(tcoll, nbytes).unwrap();
     let shape = c.shape();
+    if (choice.algo, choice.proto, coll) == (nccl::Algo::Tree, nccl::Proto::Simple, Coll::AllReduce)
+    {
+        if let Some(chain) = c.tree_chain() {
+            return expected_tree_direct(c, choice, chain, &registered, count, in_place, on);
+        }
+    }
     if (choice.algo, choice.proto) != (nccl::Algo::Ring, nccl::Proto::Simple) {
         // Only Simple rings take the path.
         return vec![0; shape.nchannels as usize];
@@ -446,6 +452,44 @@ pub fn expected_direct(
                     halves * (n as u64 - 1) * pieces
                 }
             }
+        })
+        .collect()
+}
+
+/// [`expected_direct`] for an AllReduce the tuner runs as the one-node tree: each channel's
+/// chain in ring order, rooted at ring position 0 (`chain`: the tree's CTAs and its up links'
+/// slot bytes). On a channel whose slice fills a step, every step of the way down lands
+/// straight in our output when we and our parent (the ring predecessor) registered, and out
+/// of place every step of the way up (our child's partial sums) when we and our child (the
+/// successor) registered; a step per chunk each way.
+fn expected_tree_direct(
+    c: &Comm,
+    choice: nccl::TuningChoice,
+    (ctas, up_slot): (usize, usize),
+    registered: &impl Fn(usize) -> bool,
+    count: usize,
+    in_place: bool,
+    on: bool,
+) -> Vec<u64> {
+    let (n, r, shape) = (c.count(), c.rank(), c.shape());
+    let nch = (choice.nchannels as u32).clamp(1, shape.nchannels) as usize;
+    let nch = nch.min(ctas);
+    // The kernel's chunk: the smaller slot, whole 16-byte packs of int32.
+    let chunk = up_slot.min(shape.slot_bytes as usize) / 16 * 4;
+    let rings = c.channel_rings().unwrap();
+    (0..shape.nchannels as usize)
+        .map(|ch| {
+            let (s, e) = nccl_device::coll::channel_range::<i32>(count, ch, nch);
+            if !on || ch >= nch || e - s < chunk || !registered(r) {
+                return 0;
+            }
+            let ring = &rings[ch];
+            let pos = ring.iter().position(|&x| x == r).unwrap();
+            let (prev, next) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
+            let chunks = (e - s).div_ceil(chunk) as u64;
+            let down = pos != 0 && registered(prev);
+            let up = pos != n - 1 && !in_place && registered(next);
+            chunks * (down as u64 + up as u64)
         })
         .collect()
 }

@@ -6,12 +6,12 @@
 
 use super::{align_up, div_ceil, Kernel};
 use crate::abi::{
-    ConnRecv, ConnSend, TreeDev, FLAG_RING_EXCHANGE, FLAG_TREE_EXCHANGE, PROTO_SIMPLE,
-    TREE_MAX_CHILDREN, TREE_REMOTE_PARENT,
+    ConnRecv, ConnSend, TreeDev, DIRECT_DECLINE, DIRECT_OFF, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE,
+    FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE, PROTO_SIMPLE, TREE_MAX_CHILDREN, TREE_REMOTE_PARENT,
 };
 use crate::ops::{pack_elems, RedOp, Reduced};
 use crate::prims::copy::{Move, FAN};
-use crate::prims::{Simple, SimpleFan};
+use crate::prims::{RingDirect, Simple, SimpleFan};
 use crate::types::Elem;
 
 /// The chunk (elements per ring step) for a piece of `remaining` elements.
@@ -208,6 +208,14 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     prims.finish();
 }
 
+/// Whether the one-node tree starts with the zero-copy handshakes: the launch asks
+/// ([`FLAG_RING_DIRECT`], Simple steps) and this channel's slice fills a step of `chunk`
+/// elements. Every rank decides alike from the call, so both ends of each connection meet.
+#[inline(always)]
+fn tree_direct_on<T, O, const P: u32>(k: &Kernel<T, O, P>, chunk: usize) -> bool {
+    P == PROTO_SIMPLE && k.args.flags & FLAG_RING_DIRECT != 0 && k.end - k.start >= chunk
+}
+
 /// Named barriers of the tree's two thread groups.
 const BAR_UP: u32 = 1;
 const BAR_DOWN: u32 = 2;
@@ -274,39 +282,73 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let none = Move::<T>::none();
     let chunks = Chunks::new(k.start, k.end, chunk);
     let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
+    // Registered outputs (FLAG_RING_DIRECT; see `tree_direct`): a child's partial sums land
+    // in its parent's output, the finished chunks in the child's.
+    let zero_copy = tree_direct_on(k, chunk);
+    let (ch_down_reach, ch_up_reach) = (ch.send_reach, ch.prev_reach);
+    let (recv_down_on, recv_up_on) = (ch.recv_direct != 0, ch.send_reach != DIRECT_OFF);
+    let registered = flags & FLAG_RING_REGISTERED != 0;
+    let (recvbuff, bytes) = (a.recvbuff, a.count as usize * core::mem::size_of::<T>());
+    // Partial sums may land only in an output apart from the input (else on inputs not yet
+    // added; the ring's reasoning in `ring`).
+    let apart = a.sendbuff + bytes as u64 <= recvbuff || recvbuff + bytes as u64 <= a.sendbuff;
+    let up_offer = if apart { recvbuff } else { DIRECT_DECLINE };
+    let bytes = bytes as u64;
+    // Where data already in our output sits (direct), else null: the step reads the FIFO.
+    let mine = |on: bool, s: usize| match on {
+        true => output.add(s) as *const T,
+        false => core::ptr::null(),
+    };
     if root {
         let mut p = Simple::between(down_send, down_slot, up_recv, up_slot)
             .with_abort(abort)
             .with_flags(flags);
+        let (mut down, mut up) = (RingDirect::FIFO, RingDirect::FIFO);
+        if zero_copy {
+            down = p.ring_handshake(false, ch_down_reach, registered, recvbuff, bytes, false);
+            up = p.tree_up_handshake(recv_up_on, DIRECT_OFF, registered, up_offer, bytes);
+        }
         for c in 0..nchunks {
             let (s, n) = span(c);
             let mv = Move {
+                recv: mine(up.recv, s),
                 input: input.add(s),
                 output: output.add(s),
                 post: true,
                 ..none
             };
-            p.step(&op, true, true, mv, n);
+            p.step_to(&op, true, true, mv, n, up.recv, down.send_at(s));
         }
+        k.count_direct(if up.recv { nchunks as u64 } else { 0 });
         p.finish();
         return;
     }
     let nthreads = crate::arch::block_dim() as usize;
     let half = nthreads / 2;
-    if (crate::arch::thread_idx() as usize) < half {
+    let tid = crate::arch::thread_idx() as usize;
+    // Steps our group received straight into our output (counted by its first thread).
+    let direct_steps;
+    if tid < half {
         // Up: add our input to what the ranks below sent (the leaf sends its input alone).
         let mut up = Simple::on(up_send, up_recv, up_slot)
             .with_abort(abort)
             .with_flags(flags)
             .group(0, half, BAR_UP);
+        let mut to = RingDirect::FIFO;
+        if zero_copy {
+            let recv_on = !leaf && recv_up_on;
+            to = up.tree_up_handshake(recv_on, ch_up_reach, registered, up_offer, bytes);
+        }
         for c in 0..nchunks {
             let (s, n) = span(c);
             let mv = Move {
+                recv: mine(to.recv, s),
                 input: input.add(s),
                 ..none
             };
-            up.step(&op, !leaf, true, mv, n);
+            up.step_to(&op, !leaf, true, mv, n, to.recv, to.send_at(s));
         }
+        direct_steps = if to.recv { nchunks as u64 } else { 0 };
         up.finish();
     } else {
         // Down: store the finished chunks and pass them on.
@@ -314,15 +356,37 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             .with_abort(abort)
             .with_flags(flags)
             .group(half, nthreads - half, BAR_DOWN);
+        let mut from = RingDirect::FIFO;
+        if zero_copy {
+            let reach = if leaf { DIRECT_OFF } else { ch_down_reach };
+            from = down.ring_handshake(recv_down_on, reach, registered, recvbuff, bytes, false);
+        }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                output: output.add(s),
-                ..none
+            // Arrived in our output already (direct): pass it on from there; else store it.
+            let mv = match from.recv {
+                true => Move {
+                    recv: output.add(s),
+                    ..none
+                },
+                false => Move {
+                    output: output.add(s),
+                    ..none
+                },
             };
-            down.step(&op, true, !leaf, mv, n);
+            down.step_to(&op, true, !leaf, mv, n, from.recv, from.send_at(s));
         }
+        direct_steps = if from.recv { nchunks as u64 } else { 0 };
         down.finish();
+    }
+    if zero_copy {
+        // The groups add to the channel's count one after the other (a plain add each).
+        for first in [0, half] {
+            crate::arch::sync_threads();
+            if tid == first && direct_steps > 0 {
+                (*k.ch).direct_steps += direct_steps;
+            }
+        }
     }
 }
 

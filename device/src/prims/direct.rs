@@ -167,8 +167,9 @@ impl Simple {
     /// sums in our output ([`RING_PARTIALS`]: AllReduce's reduce-scatter half, out of place);
     /// the sender takes it along with the buffer. A connection goes direct only when both of its ends registered. A rank
     /// that did not register (`registered` false) declines and answers "FIFO" with one plain
-    /// store each, from thread 0, and goes on at once (no fence, no barrier, no wait); a
-    /// registered one waits for its successor's offer and its predecessor's answer. Every offer
+    /// store each, from thread 0 (no fence, no barrier), waiting only for its successor's
+    /// offer before it answers; a registered one waits for its successor's offer and its
+    /// predecessor's answer. Every offer
     /// is posted before any wait, so the ring cannot wait on itself. The handshake takes no
     /// step: the collective's steps then run with their counters as through the FIFO
     /// ([`Simple::step_to`]). Words: see [`RING_DECLINED`].
@@ -193,12 +194,19 @@ impl Simple {
         // The connection's step plus one, the same at both ends (a connection's counters are
         // equal at both ends between operations).
         let (rtag, stag) = (self.recv_step + 1, self.send_step + 1);
+        let tag_of = |v: u64| v & !(RING_DECLINED | RING_PARTIALS);
         if !registered {
             if self.tid == 0 {
                 if recv_on {
                     arch::st_volatile(word((*rc).head, DIRECT_TAG), rtag | RING_DECLINED);
                 }
                 if send_on {
+                    // Not before the successor's offer of this collective: until then its
+                    // thread 0 may still be about to read our answer of the last one (a
+                    // sender that went direct in a collective whose steps fill no FIFO, as a
+                    // Broadcast's, can be here first), and would take this "FIFO" for it.
+                    let line = (*sc).head;
+                    self.wait(|| tag_of(arch::ld_acquire_sys(word(line, DIRECT_TAG))) >= stag);
                     arch::st_volatile(word((*sc).tail, DIRECT_TAG), stag << 1);
                 }
             }
@@ -213,7 +221,6 @@ impl Simple {
             }
             if send_on {
                 let line = (*sc).head;
-                let tag_of = |v: u64| v & !(RING_DECLINED | RING_PARTIALS);
                 self.wait(|| tag_of(arch::ld_acquire_sys(word(line, DIRECT_TAG))) >= stag);
                 // Only an offer of this collective counts (an abort leaves an older tag).
                 let v = arch::ld_volatile(word(line, DIRECT_TAG));
@@ -257,6 +264,83 @@ impl Simple {
             send_to,
             recv_partials: recv && partials,
             send_partials,
+        }
+    }
+}
+
+impl Simple {
+    /// The zero-copy handshake of the one-node tree's way up (the chain against the ring
+    /// order), on this primitive's connections, before the first step: as a receiver (when
+    /// `recv_on`) we offer our output `offer` to the child for its partial sums (or decline:
+    /// not `registered`, or `offer` is [`DIRECT_DECLINE`]); as a sender (when `reach` is not
+    /// [`DIRECT_OFF`]) we take the parent's offer of a `bytes`-long buffer if we registered and
+    /// can reach it, and answer. The words are send/recv's ([`Simple::direct_recv`]): the up
+    /// links may be the send/recv connections, whose next message reads them that way. The
+    /// sender always waits for the offer before it answers (so an answer never lands before
+    /// the receiver read the last one), a receiver that declined does not wait for the
+    /// answer. No step is taken. Returns `recv` (the child writes into our output) and
+    /// `send_to` (the parent's output, 0: its FIFO).
+    ///
+    /// # Safety
+    /// As [`Simple::ring_handshake`]; both ends of each connection run it for the same
+    /// collective, with `recv_on` at one end equal to `reach != DIRECT_OFF` at the other, and
+    /// take a step on it at least.
+    #[inline(always)]
+    pub unsafe fn tree_up_handshake(
+        &mut self,
+        recv_on: bool,
+        reach: u64,
+        registered: bool,
+        offer: u64,
+        bytes: u64,
+    ) -> RingDirect {
+        let (rc, sc) = (self.recv, self.send);
+        let send_on = reach != DIRECT_OFF;
+        let (rtag, stag) = (self.recv_step + 1, self.send_step + 1);
+        let offering = registered && offer != DIRECT_DECLINE;
+        if self.tid == 0 {
+            if recv_on {
+                let line = (*rc).head;
+                let o = if offering { offer } else { DIRECT_DECLINE };
+                arch::st_volatile(word(line, DIRECT_WORD), o);
+                arch::st_release_sys(word(line, DIRECT_TAG), rtag);
+            }
+            if send_on {
+                let line = (*sc).head;
+                self.wait(|| arch::ld_acquire_sys(word(line, DIRECT_TAG)) >= stag);
+                // Only an offer of this collective counts (an abort leaves an older tag).
+                let offered = arch::ld_volatile(word(line, DIRECT_TAG)) >= stag;
+                let o = arch::ld_volatile(word(line, DIRECT_WORD));
+                let dst = match offered && registered && o != 0 && o != DIRECT_DECLINE {
+                    true => reach_offer(reach, o, bytes),
+                    false => 0,
+                };
+                arch::st_volatile(word(line, DIRECT_DST), dst);
+                let answer = (*sc).tail;
+                arch::st_volatile(word(answer, DIRECT_WORD), (dst != 0) as u64);
+                arch::st_release_sys(word(answer, DIRECT_TAG), stag);
+            }
+            if recv_on && offering {
+                let line = (*rc).tail;
+                self.wait(|| arch::ld_acquire_sys(word(line, DIRECT_TAG)) >= rtag);
+            }
+        }
+        self.sync();
+        let send_to = match send_on {
+            true => arch::ld_volatile(word((*sc).head, DIRECT_DST)),
+            false => 0,
+        };
+        // After thread 0's acquire; one that gave up (abort) leaves an old tag: the FIFO.
+        let recv = recv_on && offering && {
+            let line = (*rc).tail;
+            arch::ld_volatile(word(line, DIRECT_TAG)) >= rtag
+                && arch::ld_volatile(word(line, DIRECT_WORD)) == 1
+        };
+        RingDirect {
+            recv,
+            send_to,
+            recv_partials: recv,
+            send_partials: send_to != 0,
         }
     }
 }
