@@ -542,8 +542,9 @@ fn registered_tree_all_reduce_on_2_and_4_gpus() {
         std::env::remove_var("NCCL_PROTO");
         let comms = &ranks.comms;
         let mut seed = 300;
-        // Slices of 32 channels over a step, one odd; and one under a step (no handshake).
-        for count in [(12 << 20) + 5, 3 << 20, 4099] {
+        // Slices of 32 channels over a step (the chain's 128 KiB chunks), one odd; and one
+        // under a step (no handshake).
+        for count in [(4 << 20) + 5, 2 << 20, 4099] {
             for who in [Who::All, Who::Even, Who::None] {
                 for in_place in [false, true] {
                     for (dt, op) in [
@@ -575,7 +576,7 @@ fn registered_tree_all_reduce_on_2_and_4_gpus() {
                                 c.rank()
                             );
                         }
-                        if who == Who::All && count > 1 << 20 {
+                        if who == Who::All && count >= 2 << 20 {
                             assert!(
                                 got.iter().flatten().sum::<u64>() > 0,
                                 "tree AllReduce on {n} GPUs took no direct step"
