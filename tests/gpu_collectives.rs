@@ -541,6 +541,12 @@ fn registered_tree_all_reduce_on_2_and_4_gpus() {
         std::env::remove_var("NCCL_ALGO");
         std::env::remove_var("NCCL_PROTO");
         let comms = &ranks.comms;
+        let choice = comms[0].tuning(nccl::Coll::AllReduce, 4 << 20).unwrap();
+        assert_eq!(choice.algo, nccl::Algo::Tree, "{n} GPUs: the forced choice");
+        assert!(
+            comms[0].tree_chain().is_some(),
+            "{n} GPUs: no one-node chain"
+        );
         let mut seed = 300;
         // Slices of 32 channels over a step (the chain's 128 KiB chunks), one odd; and one
         // under a step (no handshake).
