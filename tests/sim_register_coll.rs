@@ -824,3 +824,97 @@ fn registered_tree_all_reduce_goes_direct_both_ways() {
         }
     }
 }
+
+/// A ring sender that did not register answers "FIFO" only once its successor's offer of the
+/// same call is there. Here the Broadcast's root goes direct in call k (every rank registered)
+/// and finishes it at once (its steps fill no FIFO), while its successor still waits for its
+/// own successor, not launched yet; the root's call k+1, on unregistered buffers, then runs
+/// before that successor reads the root's answer of call k. Had the root answered k+1 at once,
+/// its "FIFO" would be read for call k, whose data is in the output already: the successor
+/// would pass on stale FIFO slots instead (wrong bytes at both other ranks).
+#[test]
+fn unregistered_sender_answers_after_the_offer() {
+    use nccl::DataType;
+    let comms = sim_comms_with(3, true, &[("NCCL_RS_REGISTERED_CTAS", "0")]);
+    let rings = comms[0].channel_rings().unwrap();
+    assert!(rings.iter().all(|r| r == &rings[0]), "one ring: {rings:?}");
+    let (root, mid, last) = (rings[0][0], rings[0][1], rings[0][2]);
+    // Two 8 KiB slots' worth per channel: two direct steps each, no wait for a free slot.
+    let count = 32 * 1024;
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let data = |call: u8, r: usize| -> Vec<u8> {
+        (0..count)
+            .map(|i| (i as u8).wrapping_mul(31) ^ call ^ (r as u8) << 4)
+            .collect()
+    };
+    // Per call and rank, a buffer (in place: the root's holds its data, the others' poison).
+    let bufs: Vec<Vec<_>> = (0..2u8)
+        .map(|call| {
+            comms
+                .iter()
+                .map(|c| {
+                    let b = c.device().alloc(count).unwrap();
+                    let fill = match c.rank() == root {
+                        true => data(call, root),
+                        false => vec![0xA5; count],
+                    };
+                    b.write(0, &fill).unwrap();
+                    b
+                })
+                .collect()
+        })
+        .collect();
+    // Call 0's buffers registered on every rank; call 1's only off the root.
+    let mut regs = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        for call in 0..2 {
+            if call == 0 || r != root {
+                // SAFETY: each buffer outlives its registration (deregistered below).
+                regs.push((r, unsafe {
+                    c.register_raw(bufs[call][r].ptr(), count).unwrap()
+                }));
+            }
+        }
+    }
+    let launch = |call: usize, r: usize| {
+        let p = bufs[call][r].ptr();
+        nccl::group_start();
+        // SAFETY: in place on `count` bytes that live until the syncs below.
+        unsafe {
+            comms[r]
+                .broadcast_raw(p, p, count, DataType::Uint8, root, streams[r])
+                .unwrap();
+        }
+        nccl::group_end().unwrap();
+    };
+    launch(0, root);
+    launch(0, mid);
+    launch(1, root);
+    // The root's call 1 has all the time it needs to answer before `last` joins.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    launch(0, last);
+    launch(1, mid);
+    launch(1, last);
+    for (r, c) in comms.iter().enumerate() {
+        c.device().stream_sync(streams[r]).unwrap();
+    }
+    for (call, per_rank) in bufs.iter().enumerate() {
+        for (r, b) in per_rank.iter().enumerate() {
+            let mut got = vec![0u8; count];
+            b.read(0, &mut got).unwrap();
+            assert!(
+                got == data(call as u8, root),
+                "call {call}: rank {r}'s bytes"
+            );
+        }
+    }
+    for (r, h) in regs {
+        comms[r].deregister(h).unwrap();
+    }
+    for (c, s) in comms.iter().zip(streams) {
+        c.device().stream_destroy(s).unwrap();
+    }
+}
