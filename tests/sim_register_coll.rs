@@ -870,11 +870,11 @@ fn unregistered_sender_answers_after_the_offer() {
     // Call 0's buffers registered on every rank; call 1's only off the root.
     let mut regs = Vec::new();
     for (r, c) in comms.iter().enumerate() {
-        for call in 0..2 {
+        for (call, per_rank) in bufs.iter().enumerate() {
             if call == 0 || r != root {
                 // SAFETY: each buffer outlives its registration (deregistered below).
                 regs.push((r, unsafe {
-                    c.register_raw(bufs[call][r].ptr(), count).unwrap()
+                    c.register_raw(per_rank[r].ptr(), count).unwrap()
                 }));
             }
         }
