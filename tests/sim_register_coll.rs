@@ -478,7 +478,7 @@ fn registered_once(c: &Comm, coll: Coll, count: usize, in_place: bool, seed: u64
 /// halves out of place, the all-gather half alone in place, none where an end did not register.
 #[test]
 fn registered_all_reduce_reduce_scatter_half_goes_direct() {
-    use common::register::reduce_round;
+    use common::register::reduce_round_as_modelled;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
         // Every channel runs (the comparison of the halves below needs the same channels).
@@ -487,30 +487,7 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
             let op = common::typed_op(op, dt);
-            let got = match dt {
-                DataType::Float32 => {
-                    reduce_round::<f32>(&comms, dt, op, who, count, in_place, seed)
-                }
-                _ => reduce_round::<i32>(&comms, dt, op, who, count, in_place, seed),
-            };
-            for (c, g) in comms.iter().zip(&got) {
-                let want = expected_direct(
-                    c,
-                    Coll::AllReduce,
-                    |r| who.registers(r),
-                    count,
-                    in_place,
-                    true,
-                );
-                assert_eq!(
-                    g,
-                    &want,
-                    "AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
-                     {in_place}: rank {}'s direct steps per channel",
-                    c.rank()
-                );
-            }
-            got
+            reduce_round_as_modelled(&comms, dt, op, who, count, in_place, seed)
         };
         // Every reduction on both types, everyone registered, in and out of place.
         for dt in [DataType::Float32, DataType::Int32] {
@@ -765,7 +742,7 @@ fn registered_calls_run_on_fewer_ctas_only_when_every_rank_registered() {
 /// should, fails.
 #[test]
 fn registered_tree_all_reduce_goes_direct_both_ways() {
-    use common::register::reduce_round;
+    use common::register::reduce_round_as_modelled;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
         let comms = sim_comms_with(n, true, &[("NCCL_ALGO", "Tree")]);
@@ -776,23 +753,7 @@ fn registered_tree_all_reduce_goes_direct_both_ways() {
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
             let op = common::typed_op(op, dt);
-            let got = match dt {
-                DataType::Float32 => {
-                    reduce_round::<f32>(&comms, dt, op, who, count, in_place, seed)
-                }
-                _ => reduce_round::<i32>(&comms, dt, op, who, count, in_place, seed),
-            };
-            for (c, g) in comms.iter().zip(&got) {
-                let registered = |r| who.registers(r);
-                let want = expected_direct(c, Coll::AllReduce, registered, count, in_place, true);
-                assert_eq!(
-                    g,
-                    &want,
-                    "tree AllReduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in \
-                     place {in_place}: rank {}'s direct steps per channel",
-                    c.rank()
-                );
-            }
+            let got = reduce_round_as_modelled(&comms, dt, op, who, count, in_place, seed);
             got.iter().flatten().sum::<u64>()
         };
         for who in [Who::All, Who::Even, Who::None] {

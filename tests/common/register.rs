@@ -494,6 +494,43 @@ fn expected_tree_direct(
         .collect()
 }
 
+/// [`reduce_round`] of `dt` (Float32, else as Int32) whose direct steps must match the model:
+/// each rank's, per channel, equal [`expected_direct`]'s for an AllReduce (`what` heads the
+/// message of a mismatch). Returns them.
+pub fn reduce_round_as_modelled(
+    comms: &[Comm],
+    dt: DataType,
+    op: nccl::ReduceOp,
+    who: Who,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Vec<Vec<u64>> {
+    let got = match dt {
+        DataType::Float32 => reduce_round::<f32>(comms, dt, op, who, count, in_place, seed),
+        _ => reduce_round::<i32>(comms, dt, op, who, count, in_place, seed),
+    };
+    for (c, g) in comms.iter().zip(&got) {
+        let want = expected_direct(
+            c,
+            Coll::AllReduce,
+            |r| who.registers(r),
+            count,
+            in_place,
+            true,
+        );
+        assert_eq!(
+            g,
+            &want,
+            "AllReduce {dt:?} {op:?} on {} ranks, {who:?}, count {count}, in place {in_place}: \
+             rank {}'s direct steps per channel",
+            comms.len(),
+            c.rank()
+        );
+    }
+    got
+}
+
 /// One AllReduce of `count` elements of `T` (`dt`) with `op` over the communicators of this
 /// process, in one group: random inputs (per rank and seed), in place or not, into an output
 /// poisoned inside and for 256 bytes either side, which ranks that `who` names registered
