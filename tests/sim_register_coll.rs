@@ -401,6 +401,55 @@ fn registered_ring_collectives_across_processes() {
     }
 }
 
+/// The one-node tree AllReduce with ranks as processes: a child's way up translates its
+/// parent's (the ring predecessor's) offer through that rank's registration records
+/// ([`nccl_device::abi::ChannelDev::prev_reach`]), the way down its child's as the ring does.
+/// With the output registered once, the last two rounds (out of place: both ways; in place: the
+/// way down) go direct on every channel that fills a step; every round's result is checked.
+#[test]
+fn registered_tree_all_reduce_across_processes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
+        let count = counts(Coll::AllReduce)[1];
+        let choice = comm.tuning(nccl::Coll::AllReduce, 4 * count).unwrap();
+        assert_eq!(
+            choice.algo,
+            nccl::Algo::Tree,
+            "rank {rank}: the forced tree"
+        );
+        let rounds: Vec<_> = (0..6u64)
+            .map(|k| registered_once(&comm, Coll::AllReduce, count, k % 2 == 1, 180 + k))
+            .collect();
+        let mut modelled = 0;
+        for (k, got) in rounds.iter().enumerate().skip(4) {
+            let in_place = k % 2 == 1;
+            let want = expected_direct(&comm, Coll::AllReduce, |_| true, count, in_place, true);
+            modelled += want.iter().sum::<u64>();
+            assert_eq!(
+                got, &want,
+                "rank {rank}: the registered tree (in place {in_place}) did not go direct"
+            );
+        }
+        // (In place the root has none: it receives nothing on the way down.)
+        assert!(modelled > 0, "rank {rank}: the model says no direct step");
+        return;
+    }
+    for n in [2usize, 3] {
+        common::procs::run(
+            "registered_tree_all_reduce_across_processes",
+            n,
+            &[
+                ("NCCL_PROTO", "Simple"),
+                ("NCCL_ALGO", "Tree"),
+                ("NCCL_LOCAL_REGISTER", "1"),
+                ("NCCL_RS_REGISTERED_CTAS", "0"),
+            ],
+        );
+    }
+}
+
 /// A collective (as [`coll_round`] runs it) into an output registered once for the whole process
 /// (so the peers' records are in after the first rounds): checks the result and returns the
 /// direct steps per channel.

@@ -282,7 +282,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let none = Move::<T>::none();
     let chunks = Chunks::new(k.start, k.end, chunk);
     let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
-    // Registered outputs (FLAG_RING_DIRECT; see `tree_direct`): a child's partial sums land
+    // Registered outputs (FLAG_RING_DIRECT; see `tree_direct_on`): a child's partial sums land
     // in its parent's output, the finished chunks in the child's.
     let zero_copy = tree_direct_on(k, chunk);
     let (ch_down_reach, ch_up_reach) = (ch.send_reach, ch.prev_reach);
