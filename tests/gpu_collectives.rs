@@ -462,7 +462,7 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
         }
         // The reductions' last hop: float sums and integer averages, counts whose 32 channels'
         // slices fill a step (1 MiB for ReduceScatter, 512 KiB for Reduce), odd.
-        use common::register::{reduce_root_round, reduce_scatter_round};
+        use common::register::reduction_round_as_modelled;
         use nccl::{DataType, ReduceOp};
         for (coll, count) in [
             (Coll::ReduceScatter, (9 << 20) + 3),
@@ -475,40 +475,9 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
                         (DataType::Int32, ReduceOp::Avg),
                     ] {
                         seed += 1;
-                        let got = match (coll, dt) {
-                            (Coll::ReduceScatter, DataType::Float32) => {
-                                reduce_scatter_round::<f32>(
-                                    comms, dt, op, who, count, in_place, seed,
-                                )
-                            }
-                            (Coll::ReduceScatter, _) => reduce_scatter_round::<i32>(
-                                comms, dt, op, who, count, in_place, seed,
-                            ),
-                            (_, DataType::Float32) => {
-                                reduce_root_round::<f32>(comms, dt, op, who, count, in_place, seed)
-                            }
-                            _ => {
-                                reduce_root_round::<i32>(comms, dt, op, who, count, in_place, seed)
-                            }
-                        };
-                        for (c, g) in comms.iter().zip(&got) {
-                            let want = expected_direct(
-                                c,
-                                coll,
-                                |r| who.registers(r),
-                                count,
-                                in_place,
-                                true,
-                            );
-                            assert_eq!(
-                                g,
-                                &want,
-                                "{} on {n} GPUs, {who:?}, count {count}, in place {in_place}: \
-                                 rank {}'s direct steps per channel",
-                                coll.name(),
-                                c.rank()
-                            );
-                        }
+                        let got = reduction_round_as_modelled(
+                            comms, coll, dt, op, who, count, in_place, seed,
+                        );
                         if who == Who::All && !in_place {
                             assert!(
                                 got.iter().flatten().sum::<u64>() > 0,
@@ -531,8 +500,9 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn registered_tree_all_reduce_on_2_and_4_gpus() {
-    use common::register::{reduce_round_as_modelled, Who};
+    use common::register::{reduction_round_as_modelled, Who};
     use nccl::{DataType, ReduceOp};
+    use nccl_device::abi::Coll;
     for n in counts(&[2, 4]) {
         std::env::set_var("NCCL_ALGO", "allreduce:tree");
         std::env::set_var("NCCL_PROTO", "Simple");
@@ -557,8 +527,16 @@ fn registered_tree_all_reduce_on_2_and_4_gpus() {
                         (DataType::Int32, ReduceOp::Avg),
                     ] {
                         seed += 1;
-                        let got =
-                            reduce_round_as_modelled(comms, dt, op, who, count, in_place, seed);
+                        let got = reduction_round_as_modelled(
+                            comms,
+                            Coll::AllReduce,
+                            dt,
+                            op,
+                            who,
+                            count,
+                            in_place,
+                            seed,
+                        );
                         if who == Who::All && count >= 2 << 20 {
                             assert!(
                                 got.iter().flatten().sum::<u64>() > 0,

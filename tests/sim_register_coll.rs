@@ -527,7 +527,7 @@ fn registered_once(c: &Comm, coll: Coll, count: usize, in_place: bool, seed: u64
 /// halves out of place, the all-gather half alone in place, none where an end did not register.
 #[test]
 fn registered_all_reduce_reduce_scatter_half_goes_direct() {
-    use common::register::reduce_round_as_modelled;
+    use common::register::reduction_round_as_modelled;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
         // Every channel runs (the comparison of the halves below needs the same channels).
@@ -536,7 +536,7 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
             let op = common::typed_op(op, dt);
-            reduce_round_as_modelled(&comms, dt, op, who, count, in_place, seed)
+            reduction_round_as_modelled(&comms, Coll::AllReduce, dt, op, who, count, in_place, seed)
         };
         // Every reduction on both types, everyone registered, in and out of place.
         for dt in [DataType::Float32, DataType::Int32] {
@@ -607,7 +607,7 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
 /// poisoned bytes around and the in-place input's other blocks left alone.
 #[test]
 fn registered_reduce_scatter_last_hop_goes_direct() {
-    use common::register::reduce_scatter_round;
+    use common::register::reduction_round_as_modelled;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
         let comms = sim_comms(n, true);
@@ -615,30 +615,16 @@ fn registered_reduce_scatter_last_hop_goes_direct() {
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
             let op = common::typed_op(op, dt);
-            let got = match dt {
-                DataType::Float32 => {
-                    reduce_scatter_round::<f32>(&comms, dt, op, who, count, in_place, seed)
-                }
-                _ => reduce_scatter_round::<i32>(&comms, dt, op, who, count, in_place, seed),
-            };
-            for (c, g) in comms.iter().zip(&got) {
-                let want = expected_direct(
-                    c,
-                    Coll::ReduceScatter,
-                    |r| who.registers(r),
-                    count,
-                    in_place,
-                    true,
-                );
-                assert_eq!(
-                    g,
-                    &want,
-                    "ReduceScatter {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in \
-                     place {in_place}: rank {}'s direct steps per channel",
-                    c.rank()
-                );
-            }
-            got
+            reduction_round_as_modelled(
+                &comms,
+                Coll::ReduceScatter,
+                dt,
+                op,
+                who,
+                count,
+                in_place,
+                seed,
+            )
         };
         for dt in [DataType::Float32, DataType::Int32] {
             for op in common::ALL_OPS {
@@ -665,7 +651,7 @@ fn registered_reduce_scatter_last_hop_goes_direct() {
 /// type, odd counts; the other ranks' output buffers stay untouched.
 #[test]
 fn registered_reduce_last_hop_goes_direct() {
-    use common::register::reduce_root_round;
+    use common::register::reduction_round_as_modelled;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
         let comms = sim_comms(n, true);
@@ -673,24 +659,7 @@ fn registered_reduce_last_hop_goes_direct() {
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
             let op = common::typed_op(op, dt);
-            let got = match dt {
-                DataType::Float32 => {
-                    reduce_root_round::<f32>(&comms, dt, op, who, count, in_place, seed)
-                }
-                _ => reduce_root_round::<i32>(&comms, dt, op, who, count, in_place, seed),
-            };
-            for (c, g) in comms.iter().zip(&got) {
-                let want =
-                    expected_direct(c, Coll::Reduce, |r| who.registers(r), count, in_place, true);
-                assert_eq!(
-                    g,
-                    &want,
-                    "Reduce {dt:?} {op:?} on {n} ranks, {who:?}, count {count}, in place \
-                     {in_place}: rank {}'s direct steps per channel",
-                    c.rank()
-                );
-            }
-            got
+            reduction_round_as_modelled(&comms, Coll::Reduce, dt, op, who, count, in_place, seed)
         };
         for dt in [DataType::Float32, DataType::Int32] {
             for op in common::ALL_OPS {
@@ -791,7 +760,7 @@ fn registered_calls_run_on_fewer_ctas_only_when_every_rank_registered() {
 /// should, fails.
 #[test]
 fn registered_tree_all_reduce_goes_direct_both_ways() {
-    use common::register::reduce_round_as_modelled;
+    use common::register::reduction_round_as_modelled;
     use nccl::DataType;
     for n in [2usize, 3, 4, 8] {
         let comms = sim_comms_with(n, true, &[("NCCL_ALGO", "Tree")]);
@@ -802,7 +771,16 @@ fn registered_tree_all_reduce_goes_direct_both_ways() {
         let mut round = |dt: DataType, op: nccl::ReduceOp, who: Who, count: usize, in_place| {
             seed += 1;
             let op = common::typed_op(op, dt);
-            let got = reduce_round_as_modelled(&comms, dt, op, who, count, in_place, seed);
+            let got = reduction_round_as_modelled(
+                &comms,
+                Coll::AllReduce,
+                dt,
+                op,
+                who,
+                count,
+                in_place,
+                seed,
+            );
             got.iter().flatten().sum::<u64>()
         };
         for who in [Who::All, Who::Even, Who::None] {

@@ -494,11 +494,14 @@ fn expected_tree_direct(
         .collect()
 }
 
-/// [`reduce_round`] of `dt` (Float32, else as Int32) whose direct steps must match the model:
-/// each rank's, per channel, equal [`expected_direct`]'s for an AllReduce (`what` heads the
-/// message of a mismatch). Returns them.
-pub fn reduce_round_as_modelled(
+/// One round of a reduction `coll` (AllReduce: [`reduce_round`], ReduceScatter:
+/// [`reduce_scatter_round`], Reduce: [`reduce_root_round`]) on `dt` (Float32, else as Int32)
+/// whose direct steps must match the model: each rank's, per channel, equal
+/// [`expected_direct`]'s. Returns them.
+#[allow(clippy::too_many_arguments)]
+pub fn reduction_round_as_modelled(
     comms: &[Comm],
+    coll: Coll,
     dt: DataType,
     op: nccl::ReduceOp,
     who: Who,
@@ -506,24 +509,29 @@ pub fn reduce_round_as_modelled(
     in_place: bool,
     seed: u64,
 ) -> Vec<Vec<u64>> {
-    let got = match dt {
-        DataType::Float32 => reduce_round::<f32>(comms, dt, op, who, count, in_place, seed),
-        _ => reduce_round::<i32>(comms, dt, op, who, count, in_place, seed),
+    let f32s = dt == DataType::Float32;
+    let got = match (coll, f32s) {
+        (Coll::ReduceScatter, true) => {
+            reduce_scatter_round::<f32>(comms, dt, op, who, count, in_place, seed)
+        }
+        (Coll::ReduceScatter, false) => {
+            reduce_scatter_round::<i32>(comms, dt, op, who, count, in_place, seed)
+        }
+        (Coll::Reduce, true) => reduce_root_round::<f32>(comms, dt, op, who, count, in_place, seed),
+        (Coll::Reduce, false) => {
+            reduce_root_round::<i32>(comms, dt, op, who, count, in_place, seed)
+        }
+        (_, true) => reduce_round::<f32>(comms, dt, op, who, count, in_place, seed),
+        (_, false) => reduce_round::<i32>(comms, dt, op, who, count, in_place, seed),
     };
     for (c, g) in comms.iter().zip(&got) {
-        let want = expected_direct(
-            c,
-            Coll::AllReduce,
-            |r| who.registers(r),
-            count,
-            in_place,
-            true,
-        );
+        let want = expected_direct(c, coll, |r| who.registers(r), count, in_place, true);
         assert_eq!(
             g,
             &want,
-            "AllReduce {dt:?} {op:?} on {} ranks, {who:?}, count {count}, in place {in_place}: \
-             rank {}'s direct steps per channel",
+            "{} {dt:?} {op:?} on {} ranks, {who:?}, count {count}, in place {in_place}: rank \
+             {}'s direct steps per channel",
+            coll.name(),
             comms.len(),
             c.rank()
         );
