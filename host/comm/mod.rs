@@ -308,10 +308,12 @@ pub struct Comm {
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
     pub(crate) registered: register::Registrations,
-    /// Ring neighbours in other processes whose registration tables zero-copy sends read
-    /// (successors: [`ChannelDev::send_reach`]; predecessors where the one-node tree runs:
-    /// [`ChannelDev::prev_reach`]): brought up to date before a launch that may use them.
+    /// Ring successors in other processes whose registration tables ring sends read
+    /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
     pub(crate) ring_tables: Vec<usize>,
+    /// Ring predecessors in other processes whose registration tables the one-node tree's way
+    /// up reads ([`ChannelDev::prev_reach`]): brought up to date before a tree launch only.
+    pub(crate) tree_tables: Vec<usize>,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
     /// The network side of a communicator spanning several nodes (None on one node).
@@ -693,14 +695,15 @@ impl Comm {
         // reaches its successor's registered buffers as send/recv does (`Links::direct_reach`).
         let p2p_peer =
             |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
-        let mut ring_tables: Vec<usize> = Vec::new();
-        // How a send to ring neighbour `peer` reaches the buffers it offers.
-        let mut reach_of = |peer: usize| match p2p_peer(peer) {
+        let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
+        // How a send to ring neighbour `peer` reaches the buffers it offers (a peer in another
+        // process joins `tables`).
+        let reach_of = |peer: usize, tables: &mut Vec<usize>| match p2p_peer(peer) {
             false => nccl_device::abi::DIRECT_OFF,
             true => match links.direct_reach(peer) {
                 Ok(Some(reach)) => {
-                    if !addrs[peer].same_process && !ring_tables.contains(&peer) {
-                        ring_tables.push(peer);
+                    if !addrs[peer].same_process && !tables.contains(&peer) {
+                        tables.push(peer);
                     }
                     reach
                 }
@@ -715,10 +718,11 @@ impl Comm {
         for (c, ch) in channels.iter_mut().enumerate() {
             let (prev, next) = ring_peers[c];
             ch.recv_direct = p2p_peer(prev) as u32;
-            ch.send_reach = reach_of(next);
-            // The one-node tree's way up runs against the ring (a chain on one node only).
-            ch.prev_reach = match tree_up.is_some() && dbt.is_none() {
-                true => reach_of(prev),
+            ch.send_reach = reach_of(next, &mut ring_tables);
+            // The one-node tree's way up runs against the ring (`tree_up`: the chain, on one
+            // node only).
+            ch.prev_reach = match tree_up.is_some() {
+                true => reach_of(prev, &mut tree_tables),
                 false => nccl_device::abi::DIRECT_OFF,
             };
             ch.ring_index = rings.position(c, rank) as u32;
@@ -842,6 +846,7 @@ impl Comm {
             async_error,
             net: net_path,
             ring_tables,
+            tree_tables,
             registered: register::Registrations::new(
                 crate::env::int("NCCL_LOCAL_REGISTER") != 0,
                 crate::env::int("NCCL_GRAPH_REGISTER") != 0,
@@ -1031,10 +1036,7 @@ impl Comm {
         /// The one-node tree's chain (None across nodes, or where the tree is filtered out):
         /// how many CTAs it serves and the bytes of its up links' FIFO slots.
         fn tree_chain(&self) -> Option<(usize, usize)> {
-            match &self.dbt {
-                Some(_) => None,
-                None => self.tree_up.as_ref().map(|t| (t.ctas, t.slot_bytes)),
-            }
+            self.tree_up.as_ref().map(|t| (t.ctas, t.slot_bytes))
         }
     }
     crate::internal! {

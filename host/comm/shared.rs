@@ -77,6 +77,7 @@ fn fields_are_thread_safe(c: &Comm) {
         async_error,
         registered,
         ring_tables,
+        tree_tables,
         kernel_abort,
         net,
         split_turns,
@@ -109,6 +110,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(async_error);
     both(registered);
     both(ring_tables);
+    both(tree_tables);
     both(kernel_abort);
     both(net);
     both(split_turns);

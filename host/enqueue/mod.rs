@@ -379,8 +379,10 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         }
         if comm.registered.coll_zero_copy(buff, len, captured)? {
             args.flags |= FLAG_RING_REGISTERED;
-            // The ring neighbours' registration tables, up to date (their records drained).
-            for &peer in &comm.ring_tables {
+            // The successors' registration tables (the chain's predecessors' too), up to
+            // date (their records drained).
+            let preds: &[usize] = if chain { &comm.tree_tables } else { &[] };
+            for &peer in comm.ring_tables.iter().chain(preds) {
                 comm.links.direct_reach(peer)?;
             }
         }
