@@ -614,6 +614,39 @@ fn registered_vmm_buffers_across_processes_on_gpus() {
 }
 
 /// Issue 23 on GPUs: a rank process killed (SIGKILL) while every rank's AllReduces run, 2 and
+/// The double binary tree across nodes on registered outputs, on GPUs: ranks as processes
+/// grouped into nodes by `NCCL_HOSTID` (sockets over loopback between nodes, p2p inside), every
+/// shape of [`common::register::TREE_ACROSS_NODES`] (NCCL_RS_TEST_SHAPES=`NxR,...` keeps those
+/// of the named sizes): the links inside a node go direct both ways where both ends
+/// registered, each channel's direct steps as modelled, every result the sum. With
+/// NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS daemon first).
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn registered_tree_across_nodes_on_gpus() {
+    if let Some(ranks) = child_rank() {
+        common::register::registered_tree_across_nodes(&ranks.comms[0]);
+        return;
+    }
+    let only = std::env::var("NCCL_RS_TEST_SHAPES").ok();
+    for shape in common::register::TREE_ACROSS_NODES {
+        let name = format!("{}x{}", shape.nodes, shape.per_node);
+        if only
+            .as_ref()
+            .is_some_and(|l| !l.split(',').any(|s| s.trim() == name))
+        {
+            continue;
+        }
+        let env = shape.env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        common::procs::run_nodes(
+            "registered_tree_across_nodes_on_gpus",
+            shape.nodes,
+            shape.per_node,
+            &env,
+        );
+    }
+}
+
 /// 2x2 ranks as 2 nodes (with NCCL_RS_SHARED_GPUS=1 they may share one GPU; start MPS first).
 /// Every survivor's async error names the dead rank within the bound, its stuck kernels end on
 /// abort, and abort, the stream and destroy all return.

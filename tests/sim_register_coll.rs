@@ -906,3 +906,30 @@ fn unregistered_sender_answers_after_the_offer() {
         c.device().stream_destroy(s).unwrap();
     }
 }
+
+/// The double binary tree across nodes (ranks as processes, nodes by `NCCL_HOSTID`, sockets over
+/// loopback between them) on registered outputs: on the links inside a node (its chain, through
+/// p2p), a child's partial sums land in its parent's output (out of place) and the parent's
+/// results in the child's, through the tree links' handshake; the links between nodes copy
+/// through the network. [`common::register::TREE_ACROSS_NODES`] names the shapes, and
+/// [`common::register::registered_tree_across_nodes`] what each rank checks.
+#[test]
+fn registered_tree_across_nodes_goes_direct_inside_nodes() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let comm = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
+        common::register::registered_tree_across_nodes(&comm);
+        return;
+    }
+    for shape in common::register::TREE_ACROSS_NODES {
+        let env = shape.env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        common::procs::run_nodes(
+            "registered_tree_across_nodes_goes_direct_inside_nodes",
+            shape.nodes,
+            shape.per_node,
+            &env,
+        );
+    }
+}

@@ -333,6 +333,14 @@ pub struct TreeDev {
     pub up_recv: [u64; TREE_MAX_CHILDREN],
     /// Per child, `*mut ConnSend`: the results, passed on.
     pub down_send: [u64; TREE_MAX_CHILDREN],
+    /// Zero-copy on the links inside the node ([`FLAG_RING_DIRECT`] on a Simple launch): how
+    /// we reach the parent's registered output (as [`ChannelDev::send_reach`]; [`DIRECT_OFF`]
+    /// where the parent is not a p2p peer of our node, or there is none). Not OFF also means
+    /// the link from the parent takes the handshake: we offer our output for its results.
+    pub parent_reach: u64,
+    /// The same per child: how we reach its output with the results; not OFF also means its
+    /// partial sums may land in our output.
+    pub child_reach: [u64; TREE_MAX_CHILDREN],
 }
 
 /// [`CollArgs::flags`], [`P2pArgs::flags`]: a Simple step's last warp publishes it while the
@@ -558,7 +566,7 @@ const _: () = {
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
     assert!(core::mem::size_of::<CollArgs>() == 112);
-    assert!(core::mem::size_of::<TreeDev>() == 24 + 16 * TREE_MAX_CHILDREN);
+    assert!(core::mem::size_of::<TreeDev>() == 32 + 24 * TREE_MAX_CHILDREN);
     assert!(core::mem::align_of::<TreeDev>() == 8);
     assert!(core::mem::align_of::<CollArgs>() == 8);
 };

@@ -311,8 +311,10 @@ pub struct Comm {
     /// Ring successors in other processes whose registration tables ring sends read
     /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
     pub(crate) ring_tables: Vec<usize>,
-    /// Ring predecessors in other processes whose registration tables the one-node tree's way
-    /// up reads ([`ChannelDev::prev_reach`]): brought up to date before a tree launch only.
+    /// Tree neighbours in other processes whose registration tables tree launches read: the
+    /// one-node tree's ring predecessors (its way up, [`ChannelDev::prev_reach`]), the double
+    /// binary tree's parents and children inside the node (`TreeDev::parent_reach`,
+    /// `child_reach`). Brought up to date before a tree launch only.
     pub(crate) tree_tables: Vec<usize>,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
@@ -636,6 +638,32 @@ impl Comm {
             move |n, slot| Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
         };
         let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
+        // Zero-copy ring and tree collectives: their connections to peers of this node through
+        // p2p take the handshake (both ends judge a pair alike from the agreed transport), and
+        // a send reaches the peer's registered buffers as send/recv does
+        // (`Links::direct_reach`).
+        let p2p_peer =
+            |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
+        let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
+        // How a send to ring or tree neighbour `peer` reaches the buffers it offers (a peer in
+        // another process joins `tables`, whose records a registered launch drains first).
+        let reach_of = |peer: usize, tables: &mut Vec<usize>| match p2p_peer(peer) {
+            false => nccl_device::abi::DIRECT_OFF,
+            true => match links.direct_reach(peer) {
+                Ok(Some(reach)) => {
+                    if !addrs[peer].same_process && !tables.contains(&peer) {
+                        tables.push(peer);
+                    }
+                    reach
+                }
+                // Still the handshake (the peer expects it), never direct.
+                Ok(None) => nccl_device::abi::DIRECT_DECLINE,
+                Err(e) => {
+                    log::warn!("rank {rank}: rank {peer}'s registered buffers: {e}");
+                    nccl_device::abi::DIRECT_DECLINE
+                }
+            },
+        };
         // On one node the tree is the chain in ring order; across nodes NCCL's double binary
         // tree, each channel on links of its own with the same slots.
         let (tree_up, dbt) = if nodes_of.len() > 1 {
@@ -648,7 +676,8 @@ impl Comm {
                     let np = net_path.as_deref();
                     // The tree's steps may be LL (one peer per step): its links inside the
                     // node get LL FIFOs (network connections carry every protocol).
-                    let made = tree::connect_dbt(rank, &device, &trees, &nodes_of, &addrs, np, |c| {
+                    let mut reach = |peer: usize| reach_of(peer, &mut tree_tables);
+                    let made = tree::connect_dbt(rank, &device, &trees, &nodes_of, &addrs, np, &mut reach, |c| {
                         make_links.clone()(1, tree_slot).keyed(c as u32).with_ll()
                     });
                     Some(made.map_err(|e| e.context("tree connections"))?)
@@ -690,31 +719,6 @@ impl Comm {
             .collect();
         let dev_comm = device.alloc(ring_at + ring_words.len() * 4)?;
         let mut channels = vec![ChannelDev::default(); nch];
-        // Zero-copy ring collectives: ring connections to peers of this node through p2p take
-        // the handshake (both ends judge a pair alike from the agreed transport), and a send
-        // reaches its successor's registered buffers as send/recv does (`Links::direct_reach`).
-        let p2p_peer =
-            |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
-        let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
-        // How a send to ring neighbour `peer` reaches the buffers it offers (a peer in another
-        // process joins `tables`).
-        let reach_of = |peer: usize, tables: &mut Vec<usize>| match p2p_peer(peer) {
-            false => nccl_device::abi::DIRECT_OFF,
-            true => match links.direct_reach(peer) {
-                Ok(Some(reach)) => {
-                    if !addrs[peer].same_process && !tables.contains(&peer) {
-                        tables.push(peer);
-                    }
-                    reach
-                }
-                // Still the handshake (the peer expects it), never direct.
-                Ok(None) => nccl_device::abi::DIRECT_DECLINE,
-                Err(e) => {
-                    log::warn!("rank {rank}: rank {peer}'s registered buffers: {e}");
-                    nccl_device::abi::DIRECT_DECLINE
-                }
-            },
-        };
         for (c, ch) in channels.iter_mut().enumerate() {
             let (prev, next) = ring_peers[c];
             ch.recv_direct = p2p_peer(prev) as u32;
@@ -1037,6 +1041,13 @@ impl Comm {
         /// how many CTAs it serves and the bytes of its up links' FIFO slots.
         fn tree_chain(&self) -> Option<(usize, usize)> {
             self.tree_up.as_ref().map(|t| (t.ctas, t.slot_bytes))
+        }
+    }
+    crate::internal! {
+        /// The double binary tree across nodes (None on one node, or where the tree is
+        /// filtered out): how many CTAs it serves and the bytes of its links' FIFO slots.
+        fn dbt_geometry(&self) -> Option<(usize, usize)> {
+            self.dbt.as_ref().map(|d| (d.ctas, d.slot_bytes))
         }
     }
     crate::internal! {

@@ -63,8 +63,10 @@ fn path_name(
 }
 
 /// Connects this rank's place in every channel's tree (`trees[c]` for channel `c`), each
-/// channel on links from `make_links(c)`, and writes the CTAs' [`TreeDev`] array. Logs the
-/// trees and every connection at NCCL_DEBUG=INFO.
+/// channel on links from `make_links(c)`, and writes the CTAs' [`TreeDev`] array, with how
+/// each parent and child is reached for zero-copy (`reach(peer)`: `DIRECT_OFF` for a peer
+/// outside the node or not through p2p). Logs the trees and every connection at
+/// NCCL_DEBUG=INFO.
 pub(crate) fn connect_dbt(
     rank: usize,
     device: &Device,
@@ -72,6 +74,7 @@ pub(crate) fn connect_dbt(
     nodes: &[Vec<usize>],
     addrs: &[PeerAddr],
     net: Option<&NetPath>,
+    reach: &mut dyn FnMut(usize) -> u64,
     make_links: impl Fn(usize) -> Links,
 ) -> Result<Dbt> {
     crate::graph::log_trees(rank, trees);
@@ -110,10 +113,12 @@ pub(crate) fn connect_dbt(
         if let Some(p) = me.up {
             td.up_send = l.conn(p, Dir::Send, 0)?;
             td.down_recv = l.conn(p, Dir::Recv, 0)?;
+            td.parent_reach = reach(p);
         }
         for (i, &d) in me.down.iter().enumerate() {
             td.up_recv[i] = l.conn(d, Dir::Recv, 0)?;
             td.down_send[i] = l.conn(d, Dir::Send, 0)?;
+            td.child_reach[i] = reach(d);
         }
         if two_nodes {
             // A node's head: the peer on the other node (a chain inside each node, so at most

@@ -360,10 +360,10 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     {
         args.flags |= FLAG_RING_EXCHANGE;
     }
-    // The one-node tree (a chain in ring order) takes the handshakes too; across nodes the
-    // double binary tree copies.
-    let chain = args.algo == ALGO_TREE && args.tree == 0;
-    if (args.algo == ALGO_RING || chain) && proto == PROTO_SIMPLE {
+    // The trees take the handshakes too: the one-node tree (a chain in ring order), and across
+    // nodes the links of the double binary tree inside each node (its chains).
+    let tree = args.algo == ALGO_TREE;
+    if (args.algo == ALGO_RING || tree) && proto == PROTO_SIMPLE {
         // Every rank sets the handshake alike (collective, algorithm, protocol); only this
         // rank's registration of its output decides whether it offers and takes offers (a
         // Reduce's other ranks have no output: their input's).
@@ -374,14 +374,14 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             _ => (c.recv, recv_bytes),
         };
         let chunk_bytes = args.chunk_elems as usize * dt.size();
-        if !chain {
+        if !tree {
             args.reg_ctas = fewer_ctas(&shape, c.coll, count * dt.size(), grid, chunk_bytes);
         }
         if comm.registered.coll_zero_copy(buff, len, captured)? {
             args.flags |= FLAG_RING_REGISTERED;
-            // The successors' registration tables (the chain's predecessors' too), up to
-            // date (their records drained).
-            let preds: &[usize] = if chain { &comm.tree_tables } else { &[] };
+            // The successors' registration tables (a tree's neighbours' too), up to date
+            // (their records drained).
+            let preds: &[usize] = if tree { &comm.tree_tables } else { &[] };
             for &peer in comm.ring_tables.iter().chain(preds) {
                 comm.links.direct_reach(peer)?;
             }

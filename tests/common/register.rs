@@ -1018,3 +1018,186 @@ pub fn vmm_rounds(c: &Comm, p2p_base: usize, count: usize, on: bool) {
         );
     }
 }
+
+/// A shape of [`registered_tree_across_nodes`]'s runs: nodes, ranks per node, whether the two
+/// nodes' heads exchange at the top (`NCCL_RS_TREE_EXCHANGE`), and whether the last rank leaves
+/// its output unregistered.
+pub struct TreeShape {
+    pub nodes: usize,
+    pub per_node: usize,
+    pub exchange: bool,
+    pub mixed: bool,
+}
+
+/// Two nodes with the heads' exchange (chains of 2 and 3: a middle rank goes direct both ways)
+/// and without it (the fan: a head takes its chain child's partial sums from its output beside
+/// its child nodes' FIFOs), three nodes (a root with three children); the last two with one rank
+/// unregistered.
+pub const TREE_ACROSS_NODES: [TreeShape; 6] = [
+    TreeShape {
+        nodes: 2,
+        per_node: 2,
+        exchange: true,
+        mixed: false,
+    },
+    TreeShape {
+        nodes: 2,
+        per_node: 3,
+        exchange: true,
+        mixed: false,
+    },
+    TreeShape {
+        nodes: 2,
+        per_node: 2,
+        exchange: false,
+        mixed: false,
+    },
+    TreeShape {
+        nodes: 3,
+        per_node: 2,
+        exchange: false,
+        mixed: false,
+    },
+    TreeShape {
+        nodes: 2,
+        per_node: 3,
+        exchange: true,
+        mixed: true,
+    },
+    TreeShape {
+        nodes: 3,
+        per_node: 2,
+        exchange: false,
+        mixed: true,
+    },
+];
+
+impl TreeShape {
+    /// The rank processes' environment (loopback sockets, the forced Simple tree, local
+    /// registration on).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("NCCL_SOCKET_IFNAME", "lo".to_string()),
+            ("NCCL_PROTO", "Simple".into()),
+            ("NCCL_ALGO", "allreduce:tree".into()),
+            ("NCCL_LOCAL_REGISTER", "1".into()),
+            ("NCCL_RS_TREE_EXCHANGE", (self.exchange as u8).to_string()),
+            ("DBT_TEST_PER_NODE", self.per_node.to_string()),
+        ];
+        if self.mixed {
+            env.push(("DBT_TEST_MIXED", "1".into()));
+        }
+        env
+    }
+}
+
+/// One rank's part of a [`TreeShape`] run (ranks grouped into nodes in order,
+/// `DBT_TEST_PER_NODE` each; with `DBT_TEST_MIXED` the last rank does not register): six int32
+/// AllReduces on the tree, out of place and in place by turns, random data, the output
+/// poisoned past its end; every result must be the sum, and in the last two rounds (the
+/// peers' registration records are in by then) each channel's direct steps must match the
+/// model: a step per chunk from the parent where it is in our node and both ends registered,
+/// and out of place one from the child in our node likewise.
+pub fn registered_tree_across_nodes(comm: &Comm) {
+    let (rank, nranks) = (comm.rank(), comm.count());
+    let per: usize = std::env::var("DBT_TEST_PER_NODE").unwrap().parse().unwrap();
+    let mixed = std::env::var_os("DBT_TEST_MIXED").is_some();
+    let registers = |r: usize| !mixed || r != nranks - 1;
+    let (ctas, slot) = comm.dbt_geometry().expect("a tree across nodes");
+    let places = comm.tree_places().unwrap().expect("a tree across nodes");
+    let shape = comm.shape();
+    // The kernel's chunk: within a slot of the tree's links, whole 16-byte packs of int32.
+    let chunk = (slot.min(shape.slot_bytes as usize) / 4).min(slot / 4) / 4 * 4;
+    // Two and a half chunks per CTA (a short one at the end), odd.
+    let count = ctas * chunk * 5 / 2 + 1;
+    let choice = comm.tuning(nccl::Coll::AllReduce, 4 * count).unwrap();
+    assert_eq!(
+        (choice.algo, choice.proto),
+        (nccl::Algo::Tree, nccl::Proto::Simple),
+        "rank {rank}: the forced tree"
+    );
+    let nch = ((choice.nchannels as u32).clamp(1, shape.nchannels) as usize).min(ctas);
+    let node = |x: usize| x / per;
+    let model = |in_place: bool| -> Vec<u64> {
+        (0..shape.nchannels as usize)
+            .map(|ch| {
+                let (s, e) = nccl_device::coll::channel_range::<i32>(count, ch, nch);
+                if ch >= nch || e - s < chunk || !registers(rank) {
+                    return 0;
+                }
+                let (up, down) = &places[ch];
+                let near = |p: usize| node(p) == node(rank) && registers(p);
+                let from_parent = up.is_some_and(near);
+                let from_child = !in_place && down.iter().any(|&d| near(d));
+                (e - s).div_ceil(chunk) as u64 * (from_parent as u64 + from_child as u64)
+            })
+            .collect()
+    };
+    // The output and 4 KiB past it (poisoned).
+    let room = 4 * count + 4096;
+    let inp = comm.device().alloc(room).unwrap();
+    let out = comm.device().alloc(room).unwrap();
+    // SAFETY: the buffer outlives its registration (withdrawn at the end).
+    let reg = registers(rank).then(|| unsafe { comm.register_raw(out.ptr(), room) }.unwrap());
+    let mut modelled = 0;
+    for k in 0..6u64 {
+        let in_place = k % 2 == 1;
+        let (mine, want) = coll_data(Coll::AllReduce, nranks, rank, count, 300 + k);
+        out.write(0, &vec![0xA5; room]).unwrap();
+        let send = match in_place {
+            true => {
+                out.write(0, &mine).unwrap();
+                out.ptr()
+            }
+            false => {
+                inp.write(0, &mine).unwrap();
+                inp.ptr()
+            }
+        };
+        let before = comm.ring_direct_steps().unwrap();
+        let stream = comm.device().stream_create().unwrap();
+        // SAFETY: both buffers hold the call's bytes and live past the sync below.
+        unsafe {
+            comm.all_reduce_raw(
+                send,
+                out.ptr(),
+                count,
+                nccl::DataType::Int32,
+                nccl::ReduceOp::Sum,
+                stream,
+            )
+        }
+        .unwrap();
+        comm.device().stream_sync(stream).unwrap();
+        comm.device().stream_destroy(stream).unwrap();
+        let mut got = vec![0u8; room];
+        out.read(0, &mut got).unwrap();
+        assert!(
+            got[..want.len()] == want,
+            "rank {rank}: round {k}: wrong sum"
+        );
+        assert!(
+            got[want.len()..].iter().all(|&b| b == 0xA5),
+            "rank {rank}: round {k}: bytes past the output written"
+        );
+        let now = comm.ring_direct_steps().unwrap();
+        let direct: Vec<u64> = now.iter().zip(before).map(|(a, b)| a - b).collect();
+        // The peers' registration records are in after the first rounds.
+        if k >= 4 {
+            let want = model(in_place);
+            modelled += want.iter().sum::<u64>();
+            assert_eq!(
+                direct, want,
+                "rank {rank}: round {k} (in place {in_place}): direct steps per channel \
+             (places {places:?})"
+            );
+        }
+    }
+    if !mixed {
+        assert!(modelled > 0, "rank {rank}: the model says no direct step");
+    }
+    // Our last call is done: no peer writes into our output any more.
+    if let Some(h) = reg {
+        comm.deregister(h).unwrap();
+    }
+}

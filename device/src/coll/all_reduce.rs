@@ -287,13 +287,8 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let zero_copy = tree_direct_on(k, chunk);
     let (ch_down_reach, ch_up_reach) = (ch.send_reach, ch.prev_reach);
     let (recv_down_on, recv_up_on) = (ch.recv_direct != 0, ch.send_reach != DIRECT_OFF);
-    let registered = flags & FLAG_RING_REGISTERED != 0;
-    let (recvbuff, bytes) = (a.recvbuff, a.count as usize * core::mem::size_of::<T>());
-    // Partial sums may land only in an output apart from the input (else on inputs not yet
-    // added; the ring's reasoning in `ring`).
-    let apart = a.sendbuff + bytes as u64 <= recvbuff || recvbuff + bytes as u64 <= a.sendbuff;
-    let up_offer = if apart { recvbuff } else { DIRECT_DECLINE };
-    let bytes = bytes as u64;
+    let o = TreeOffers::of(k);
+    let (registered, recvbuff, up_offer, bytes) = (o.registered, o.down, o.up, o.bytes);
     // Where data already in our output sits (direct), else null: the step reads the FIFO.
     let mine = |on: bool, s: usize| match on {
         true => output.add(s) as *const T,
@@ -306,7 +301,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         let (mut down, mut up) = (RingDirect::FIFO, RingDirect::FIFO);
         if zero_copy {
             down = p.ring_handshake(false, ch_down_reach, registered, recvbuff, bytes, false);
-            up = p.tree_up_handshake(recv_up_on, DIRECT_OFF, registered, up_offer, bytes);
+            up = p.tree_handshake(recv_up_on, DIRECT_OFF, registered, up_offer, bytes);
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
@@ -337,7 +332,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         let mut to = RingDirect::FIFO;
         if zero_copy {
             let recv_on = !leaf && recv_up_on;
-            to = up.tree_up_handshake(recv_on, ch_up_reach, registered, up_offer, bytes);
+            to = up.tree_handshake(recv_on, ch_up_reach, registered, up_offer, bytes);
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
@@ -380,12 +375,47 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         down.finish();
     }
     if zero_copy {
-        // The groups add to the channel's count one after the other (a plain add each).
-        for first in [0, half] {
-            crate::arch::sync_threads();
-            if tid == first && direct_steps > 0 {
-                (*k.ch).direct_steps += direct_steps;
-            }
+        count_direct_by_halves(k, half, direct_steps);
+    }
+}
+
+/// Adds the direct steps of a CTA split in two groups to the channel's count, the groups one
+/// after the other (a plain add each): `steps` is the calling thread's group's, counted by its
+/// first thread. Every thread of the CTA calls it.
+#[inline(always)]
+unsafe fn count_direct_by_halves<T, O, const P: u32>(k: &Kernel<T, O, P>, half: usize, steps: u64) {
+    let tid = crate::arch::thread_idx() as usize;
+    for first in [0, half] {
+        crate::arch::sync_threads();
+        if tid == first && steps > 0 {
+            (*k.ch).direct_steps += steps;
+        }
+    }
+}
+
+/// What a tree AllReduce's zero-copy handshakes offer and take ([`FLAG_RING_DIRECT`] launches):
+/// whether this rank's output is registered ([`FLAG_RING_REGISTERED`]), the offer of our
+/// output to a child's partial sums (`up`: only where the output lies apart from the input,
+/// else a partial sum would land on an input not yet added, as in [`ring`]) and to the
+/// parent's results (`down`: always), and the buffers' length.
+struct TreeOffers {
+    registered: bool,
+    up: u64,
+    down: u64,
+    bytes: u64,
+}
+
+impl TreeOffers {
+    #[inline(always)]
+    fn of<T, O, const P: u32>(k: &Kernel<T, O, P>) -> TreeOffers {
+        let a = &k.args;
+        let (recvbuff, bytes) = (a.recvbuff, a.count * core::mem::size_of::<T>() as u64);
+        let apart = a.sendbuff + bytes <= recvbuff || recvbuff + bytes <= a.sendbuff;
+        TreeOffers {
+            registered: a.flags & FLAG_RING_REGISTERED != 0,
+            up: if apart { recvbuff } else { DIRECT_DECLINE },
+            down: recvbuff,
+            bytes,
         }
     }
 }
@@ -439,28 +469,50 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         false => null_send,
     });
     let null = core::ptr::null_mut::<T>();
+    // Registered outputs (see `tree_direct_on`): on the links inside our node (p2p, the
+    // chain's), a child's partial sums land in our output and the results in the child's.
+    let zero_copy = tree_direct_on(k, chunk);
+    let o = TreeOffers::of(k);
+    let child_reach: [u64; FAN] = core::array::from_fn(|i| match i < nc {
+        true => t.child_reach[i],
+        false => DIRECT_OFF,
+    });
+    let from_children = child_reach.map(|r| r != DIRECT_OFF);
     if root {
         // One step per chunk: the children's sums and our input in, the result out to our
         // output and back down to every child.
         let mut p = SimpleFan::new(children_recv, children_send, slot).with_abort(abort);
+        let mut direct = 0;
+        if zero_copy {
+            direct = p.tree_handshake(from_children, child_reach, o.registered, o.up, o.bytes);
+        }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            p.step(&op, input.add(s), output.add(s), true, n);
+            p.step(&op, input.add(s), output.add(s), true, s, n);
         }
+        k.count_direct(direct * nchunks as u64);
         p.finish();
         return;
     }
     let nthreads = crate::arch::block_dim() as usize;
     let half = nthreads / 2;
+    let direct;
     if (crate::arch::thread_idx() as usize) < half {
         // Up: our input plus every child's partial sum, to the parent (a leaf sends its input).
         let parent = only(t.up_send as *mut ConnSend);
         let mut up = SimpleFan::new(children_recv, parent, slot)
             .with_abort(abort)
             .group(0, half, BAR_UP);
+        direct = match zero_copy {
+            true => {
+                let to_parent = only_reach(t.parent_reach);
+                up.tree_handshake(from_children, to_parent, o.registered, o.up, o.bytes)
+            }
+            false => 0,
+        };
         for c in 0..nchunks {
             let (s, n) = span(c);
-            up.step(&op, input.add(s), null, false, n);
+            up.step(&op, input.add(s), null, false, s, n);
         }
         up.finish();
     } else {
@@ -469,11 +521,23 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         let mut down = SimpleFan::new(parent, children_send, slot)
             .with_abort(abort)
             .group(half, nthreads - half, BAR_DOWN);
+        direct = match zero_copy {
+            true => {
+                let from_parent = only_reach(t.parent_reach).map(|r| r != DIRECT_OFF);
+                down.tree_handshake(from_parent, child_reach, o.registered, o.down, o.bytes)
+            }
+            false => 0,
+        };
         for c in 0..nchunks {
             let (s, n) = span(c);
-            down.step(&op, core::ptr::null(), output.add(s), false, n);
+            // Landed in our output already (direct): the step reads it there, to pass on.
+            let out = if direct > 0 { null } else { output.add(s) };
+            down.step(&op, core::ptr::null(), out, false, s, n);
         }
         down.finish();
+    }
+    if zero_copy {
+        count_direct_by_halves(k, half, direct * nchunks as u64);
     }
 }
 
@@ -521,20 +585,46 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
             .with_abort(abort)
             .with_flags(flags)
     };
+    // Registered outputs (see `tree_direct_on`; Simple only): on the chain's links inside our
+    // node, our child's partial sums land in our output and the results in the child's. The
+    // heads' exchange goes through the network, never direct.
+    let zero_copy = tree_direct_on(k, chunk);
+    let o = TreeOffers::of(k);
+    let child_reach = local.map_or(DIRECT_OFF, |i| t.child_reach[i]);
+    let from_child = child_reach != DIRECT_OFF;
+    // Where data already in our output sits (direct), else null: the step reads the FIFO.
+    let mine = |on: bool, s: usize| match on {
+        true => output.add(s) as *const T,
+        false => core::ptr::null(),
+    };
     if t.remote != 0 {
         let mut up = prims(remote_send, child_recv);
         let mut down = prims(child_send as u64, remote_recv as *mut ConnRecv);
+        let (mut from, mut to) = (RingDirect::FIFO, RingDirect::FIFO);
+        if zero_copy {
+            from = up.tree_handshake(from_child, DIRECT_OFF, o.registered, o.up, o.bytes);
+            to = down.tree_handshake(false, child_reach, o.registered, o.down, o.bytes);
+        }
         let summed = Reduced(op);
         for c in 0..nchunks + EXCHANGE_AHEAD {
             if c < nchunks {
                 // Our node's sum: to the other head, and kept in our output.
                 let (s, n) = span(c);
                 let mv = Move {
+                    recv: mine(from.recv, s),
                     input: input.add(s),
                     output: output.add(s),
                     ..none
                 };
-                up.step(&op, has_child, true, mv, n);
+                up.step_to(
+                    &op,
+                    has_child,
+                    true,
+                    mv,
+                    n,
+                    from.recv,
+                    core::ptr::null_mut(),
+                );
             }
             if c >= EXCHANGE_AHEAD {
                 // The other node's sum plus ours: the result, stored and passed down.
@@ -545,26 +635,34 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
                     post: true,
                     ..none
                 };
-                down.step(&summed, true, has_child, mv, n);
+                down.step_to(&summed, true, has_child, mv, n, false, to.send_at(s));
             }
         }
+        k.count_direct(if from.recv { nchunks as u64 } else { 0 });
         up.finish();
         down.finish();
         return;
     }
     let nthreads = crate::arch::block_dim() as usize;
     let half = nthreads / 2;
+    let direct;
     if (crate::arch::thread_idx() as usize) < half {
         // Up: our input plus our child's sum, to our parent.
         let mut up = prims(t.up_send, child_recv).group(0, half, BAR_UP);
+        let mut to = RingDirect::FIFO;
+        if zero_copy {
+            to = up.tree_handshake(from_child, t.parent_reach, o.registered, o.up, o.bytes);
+        }
         for c in 0..nchunks {
             let (s, n) = span(c);
             let mv = Move {
+                recv: mine(to.recv, s),
                 input: input.add(s),
                 ..none
             };
-            up.step(&op, has_child, true, mv, n);
+            up.step_to(&op, has_child, true, mv, n, to.recv, to.send_at(s));
         }
+        direct = to.recv;
         up.finish();
     } else {
         // Down: the result from our parent into our output and on to our child.
@@ -573,15 +671,31 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
             nthreads - half,
             BAR_DOWN,
         );
+        let mut from = RingDirect::FIFO;
+        if zero_copy {
+            let from_parent = t.parent_reach != DIRECT_OFF;
+            from = down.tree_handshake(from_parent, child_reach, o.registered, o.down, o.bytes);
+        }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                output: output.add(s),
-                ..none
+            // Arrived in our output already (direct): pass it on from there; else store it.
+            let mv = match from.recv {
+                true => Move {
+                    recv: output.add(s),
+                    ..none
+                },
+                false => Move {
+                    output: output.add(s),
+                    ..none
+                },
             };
-            down.step(&op, true, has_child, mv, n);
+            down.step_to(&op, true, has_child, mv, n, from.recv, from.send_at(s));
         }
+        direct = from.recv;
         down.finish();
+    }
+    if zero_copy {
+        count_direct_by_halves(k, half, if direct { nchunks as u64 } else { 0 });
     }
 }
 
@@ -775,6 +889,12 @@ fn tree_chunk<T>(chunk_elems: u32, slot: u32) -> usize {
 /// Chunks a head's first steps run ahead of its second ([`dbt_exchange`]): fewer than the
 /// FIFO's `NCCL_STEPS` slots, so the other head always has room for them.
 const EXCHANGE_AHEAD: usize = 2;
+
+/// `reach` for the first of [`FAN`] connections, the others off.
+#[inline(always)]
+fn only_reach(reach: u64) -> [u64; FAN] {
+    core::array::from_fn(|i| if i == 0 { reach } else { DIRECT_OFF })
+}
 
 /// `p` alone among [`FAN`] connections.
 #[inline(always)]

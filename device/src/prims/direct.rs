@@ -15,8 +15,9 @@
 use super::copy::Move;
 use super::simple::Simple;
 use crate::abi::{
-    ChannelDev, RegEntry, RegTable, AGREE_WORD, DIRECT_DECLINE, DIRECT_DST, DIRECT_OFF,
-    DIRECT_PARTIALS, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD, RING_DECLINED, RING_PARTIALS,
+    ChannelDev, ConnRecv, ConnSend, RegEntry, RegTable, AGREE_WORD, DIRECT_DECLINE, DIRECT_DST,
+    DIRECT_OFF, DIRECT_PARTIALS, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD, RING_DECLINED,
+    RING_PARTIALS,
 };
 use crate::arch;
 use crate::ops::Sum;
@@ -269,24 +270,24 @@ impl Simple {
 }
 
 impl Simple {
-    /// The zero-copy handshake of the one-node tree's way up (the chain against the ring
-    /// order), on this primitive's connections, before the first step: as a receiver (when
-    /// `recv_on`) we offer our output `offer` to the child for its partial sums (or decline:
-    /// not `registered`, or `offer` is [`DIRECT_DECLINE`]); as a sender (when `reach` is not
-    /// [`DIRECT_OFF`]) we take the parent's offer of a `bytes`-long buffer if we registered and
-    /// can reach it, and answer. The words are send/recv's ([`Simple::direct_recv`]): the up
-    /// links may be the send/recv connections, whose next message reads them that way. The
-    /// sender always waits for the offer before it answers (so an answer never lands before
-    /// the receiver read the last one), a receiver that declined does not wait for the
-    /// answer. No step is taken. Returns `recv` (the child writes into our output) and
-    /// `send_to` (the parent's output, 0: its FIFO).
+    /// The zero-copy handshake of a tree's links, on this primitive's connections, before the
+    /// first step: as a receiver (when `recv_on`) we offer our output `offer` to the peer
+    /// below or above (a child's partial sums on the way up, the parent's results on the way
+    /// down), or decline (not `registered`, or `offer` is [`DIRECT_DECLINE`]); as a sender
+    /// (when `reach` is not [`DIRECT_OFF`]) we take the peer's offer of a `bytes`-long buffer
+    /// if we registered and can reach it, and answer. The words are send/recv's
+    /// ([`Simple::direct_recv`]): the one-node tree's up links may be the send/recv
+    /// connections, whose next message reads them that way. The sender always waits for the
+    /// offer before it answers (so an answer never lands before the receiver read the last
+    /// one), a receiver that declined does not wait for the answer. No step is taken. Returns
+    /// `recv` (the peer writes into our output) and `send_to` (the peer's output, 0: its FIFO).
     ///
     /// # Safety
     /// As [`Simple::ring_handshake`]; both ends of each connection run it for the same
     /// collective, with `recv_on` at one end equal to `reach != DIRECT_OFF` at the other, and
     /// take a step on it at least.
     #[inline(always)]
-    pub unsafe fn tree_up_handshake(
+    pub unsafe fn tree_handshake(
         &mut self,
         recv_on: bool,
         reach: u64,
@@ -300,42 +301,24 @@ impl Simple {
         let offering = registered && offer != DIRECT_DECLINE;
         if self.tid == 0 {
             if recv_on {
-                let line = (*rc).head;
-                let o = if offering { offer } else { DIRECT_DECLINE };
-                arch::st_volatile(word(line, DIRECT_WORD), o);
-                arch::st_release_sys(word(line, DIRECT_TAG), rtag);
+                link_offer(rc, rtag, if offering { offer } else { DIRECT_DECLINE });
             }
             if send_on {
-                let line = (*sc).head;
-                self.wait(|| arch::ld_acquire_sys(word(line, DIRECT_TAG)) >= stag);
-                // Only an offer of this collective counts (an abort leaves an older tag).
-                let offered = arch::ld_volatile(word(line, DIRECT_TAG)) >= stag;
-                let o = arch::ld_volatile(word(line, DIRECT_WORD));
-                let dst = match offered && registered && o != 0 && o != DIRECT_DECLINE {
-                    true => reach_offer(reach, o, bytes),
-                    false => 0,
-                };
-                arch::st_volatile(word(line, DIRECT_DST), dst);
-                let answer = (*sc).tail;
-                arch::st_volatile(word(answer, DIRECT_WORD), (dst != 0) as u64);
-                arch::st_release_sys(word(answer, DIRECT_TAG), stag);
+                let line = offer_tag(sc);
+                self.wait(|| arch::ld_acquire_sys(line) >= stag);
+                link_answer(sc, stag, reach, registered, bytes);
             }
             if recv_on && offering {
-                let line = (*rc).tail;
-                self.wait(|| arch::ld_acquire_sys(word(line, DIRECT_TAG)) >= rtag);
+                let line = answer_tag(rc);
+                self.wait(|| arch::ld_acquire_sys(line) >= rtag);
             }
         }
         self.sync();
         let send_to = match send_on {
-            true => arch::ld_volatile(word((*sc).head, DIRECT_DST)),
+            true => link_destination(sc),
             false => 0,
         };
-        // After thread 0's acquire; one that gave up (abort) leaves an old tag: the FIFO.
-        let recv = recv_on && offering && {
-            let line = (*rc).tail;
-            arch::ld_volatile(word(line, DIRECT_TAG)) >= rtag
-                && arch::ld_volatile(word(line, DIRECT_WORD)) == 1
-        };
+        let recv = recv_on && offering && link_direct(rc, rtag);
         RingDirect {
             recv,
             send_to,
@@ -343,6 +326,72 @@ impl Simple {
             send_partials: send_to != 0,
         }
     }
+}
+
+// The steps of a tree link's handshake ([`Simple::tree_handshake`], and the fan's in
+// `SimpleFan::tree_handshake`), one connection at a time, with send/recv's words. Thread 0
+// runs them; the caller waits between them with its own abort rule.
+
+/// The receiving end: offers `offer` (our output, or [`DIRECT_DECLINE`]) for the message
+/// tagged `tag`.
+#[inline(always)]
+pub(super) unsafe fn link_offer(rc: *mut ConnRecv, tag: u64, offer: u64) {
+    let line = (*rc).head;
+    arch::st_volatile(word(line, DIRECT_WORD), offer);
+    arch::st_release_sys(word(line, DIRECT_TAG), tag);
+}
+
+/// The word the sending end waits on until it reaches `tag`: the receiver's offer is there.
+#[inline(always)]
+pub(super) unsafe fn offer_tag(sc: *mut ConnSend) -> *const u64 {
+    word((*sc).head, DIRECT_TAG)
+}
+
+/// The sending end, once [`offer_tag`] reached `tag` (or the wait gave up on an abort): takes
+/// the offer if it is of this message, we `registered`, and `reach` translates a `bytes`-long
+/// buffer at it; keeps the destination (0: the FIFO) for [`link_destination`] and answers.
+#[inline(always)]
+pub(super) unsafe fn link_answer(
+    sc: *mut ConnSend,
+    tag: u64,
+    reach: u64,
+    registered: bool,
+    bytes: u64,
+) {
+    let line = (*sc).head;
+    // Only an offer of this message counts (an abort leaves an older tag).
+    let offered = arch::ld_volatile(word(line, DIRECT_TAG)) >= tag;
+    let o = arch::ld_volatile(word(line, DIRECT_WORD));
+    let dst = match offered && registered && o != 0 && o != DIRECT_DECLINE {
+        true => reach_offer(reach, o, bytes),
+        false => 0,
+    };
+    arch::st_volatile(word(line, DIRECT_DST), dst);
+    let answer = (*sc).tail;
+    arch::st_volatile(word(answer, DIRECT_WORD), (dst != 0) as u64);
+    arch::st_release_sys(word(answer, DIRECT_TAG), tag);
+}
+
+/// What [`link_answer`] decided, for every thread after a barrier behind thread 0's answer.
+#[inline(always)]
+pub(super) unsafe fn link_destination(sc: *mut ConnSend) -> u64 {
+    arch::ld_volatile(word((*sc).head, DIRECT_DST))
+}
+
+/// The word the receiving end waits on until it reaches `tag`: the sender answered.
+#[inline(always)]
+pub(super) unsafe fn answer_tag(rc: *mut ConnRecv) -> *const u64 {
+    word((*rc).tail, DIRECT_TAG)
+}
+
+/// Whether the sender answered `tag` with "direct" (read by every thread after a barrier
+/// behind thread 0's wait on [`answer_tag`]; a thread 0 that gave up on an abort leaves an old
+/// tag: the FIFO).
+#[inline(always)]
+pub(super) unsafe fn link_direct(rc: *mut ConnRecv, tag: u64) -> bool {
+    let line = (*rc).tail;
+    arch::ld_volatile(word(line, DIRECT_TAG)) >= tag
+        && arch::ld_volatile(word(line, DIRECT_WORD)) == 1
 }
 
 impl Simple {

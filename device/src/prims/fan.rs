@@ -15,10 +15,15 @@
 //! Simple only, one FIFO slot per step (no slices), and every thread moves data: the publishing
 //! warp of `FLAG_SIMPLE_PUBLISHER` ([`super::simple`]) is not used here.
 
-use crate::abi::{stride_bytes, ConnRecv, ConnSend, NCCL_STEPS, PROTO_SIMPLE};
+use crate::abi::{
+    stride_bytes, ConnRecv, ConnSend, DIRECT_DECLINE, DIRECT_OFF, NCCL_STEPS, PROTO_SIMPLE,
+};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::{Fan, FAN};
+use crate::prims::direct::{
+    answer_tag, link_answer, link_destination, link_direct, link_offer, offer_tag,
+};
 use crate::prims::simple::announce_recv;
 use crate::types::Elem;
 
@@ -45,6 +50,10 @@ pub struct SimpleFan {
     abort: *const u64,
     /// This thread saw the abort flag: it waits no more, so the kernel runs to its end.
     aborted: bool,
+    /// Zero-copy ([`SimpleFan::tree_handshake`]), per connection: where the peer writes into
+    /// our output (its start; 0: the FIFO), and where we write into the peer's.
+    recv_here: [u64; FAN],
+    send_to: [u64; FAN],
 }
 
 impl SimpleFan {
@@ -73,6 +82,8 @@ impl SimpleFan {
             bar: 0,
             abort: core::ptr::null(),
             aborted: false,
+            recv_here: [0; FAN],
+            send_to: [0; FAN],
         };
         for i in 0..FAN {
             if let Some(c) = recv[i].as_ref() {
@@ -136,6 +147,67 @@ impl SimpleFan {
         }
     }
 
+    /// The zero-copy handshake of a tree's links ([`super::Simple::tree_handshake`]'s, over several
+    /// connections at once), before the first step: on every receive connection `i` with
+    /// `recv_on[i]` we offer our output `offer` (or decline: not `registered`, or `offer` is
+    /// [`DIRECT_DECLINE`]); on every send connection `i` whose `send_reach[i]` is not
+    /// [`DIRECT_OFF`] we take the peer's offer of a `bytes`-long buffer if we registered and can
+    /// reach it. Every offer is posted before any wait, every answer after the offer it
+    /// answers, so no wait depends on itself. The steps then read a direct receive from our
+    /// output and write a direct send into the peer's, at the step's place (`at`), with the
+    /// counters as through the FIFO. Returns how many receive connections went direct.
+    ///
+    /// # Safety
+    /// Every thread of the group calls it alike; both ends of each connection run it for the
+    /// same collective, with `recv_on` at one end equal to `send_reach != DIRECT_OFF` at the
+    /// other (p2p connections only), and take a step on it at least.
+    #[inline(always)]
+    pub unsafe fn tree_handshake(
+        &mut self,
+        recv_on: [bool; FAN],
+        send_reach: [u64; FAN],
+        registered: bool,
+        offer: u64,
+        bytes: u64,
+    ) -> u64 {
+        let offering = registered && offer != DIRECT_DECLINE;
+        let recv_on: [bool; FAN] = core::array::from_fn(|i| recv_on[i] && !self.recv[i].is_null());
+        let send_on: [bool; FAN] =
+            core::array::from_fn(|i| send_reach[i] != DIRECT_OFF && !self.send[i].is_null());
+        if self.tid == 0 {
+            for i in 0..FAN {
+                if recv_on[i] {
+                    let o = if offering { offer } else { DIRECT_DECLINE };
+                    link_offer(self.recv[i], self.recv_step[i] + 1, o);
+                }
+            }
+            for i in 0..FAN {
+                if send_on[i] {
+                    let tag = self.send_step[i] + 1;
+                    self.wait(offer_tag(self.send[i]), tag);
+                    link_answer(self.send[i], tag, send_reach[i], registered, bytes);
+                }
+            }
+            for i in 0..FAN {
+                if recv_on[i] && offering {
+                    self.wait(answer_tag(self.recv[i]), self.recv_step[i] + 1);
+                }
+            }
+        }
+        self.sync();
+        let mut direct = 0;
+        for i in 0..FAN {
+            if send_on[i] {
+                self.send_to[i] = link_destination(self.send[i]);
+            }
+            if recv_on[i] && offering && link_direct(self.recv[i], self.recv_step[i] + 1) {
+                self.recv_here[i] = offer;
+                direct += 1;
+            }
+        }
+        direct
+    }
+
     #[inline(always)]
     fn slot(fifo: u64, step: u64, slot_bytes: usize) -> u64 {
         fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
@@ -144,8 +216,10 @@ impl SimpleFan {
     /// One step over every connection: waits for each receive slot and each free send slot,
     /// reduces the received slots with `input` (null: none; the operator's `pre` applies to
     /// it) into `output` (null: none) and every send slot, applying `post` when asked, and
-    /// publishes. `n` elements (at most a slot's worth). Every thread of the group calls it
-    /// with the same arguments.
+    /// publishes. `n` elements (at most a slot's worth) at element `at` of the buffers: a
+    /// connection that went direct ([`SimpleFan::tree_handshake`]) reads from our output or
+    /// writes into the peer's there instead of a slot. Every thread of the group calls it with
+    /// the same arguments.
     #[inline(always)]
     pub unsafe fn step<T: Elem, O: RedOp<T>>(
         &mut self,
@@ -153,6 +227,7 @@ impl SimpleFan {
         input: *const T,
         output: *mut T,
         post: bool,
+        at: usize,
         n: usize,
     ) {
         if self.tid == 0 {
@@ -183,12 +258,19 @@ impl SimpleFan {
             post,
             ..Fan::none()
         };
+        let size = core::mem::size_of::<T>() as u64;
         for i in 0..FAN {
             if let Some(c) = self.recv[i].as_ref() {
-                mv.recv[i] = Self::slot(c.fifo, self.recv_step[i], self.recv_slot_bytes[i]) as _;
+                mv.recv[i] = match self.recv_here[i] {
+                    0 => Self::slot(c.fifo, self.recv_step[i], self.recv_slot_bytes[i]),
+                    here => here + at as u64 * size,
+                } as _;
             }
             if let Some(c) = self.send[i].as_ref() {
-                mv.send[i] = Self::slot(c.fifo, self.send_step[i], self.send_slot_bytes[i]) as _;
+                mv.send[i] = match self.send_to[i] {
+                    0 => Self::slot(c.fifo, self.send_step[i], self.send_slot_bytes[i]),
+                    to => to + at as u64 * size,
+                } as _;
             }
         }
         mv.run_then_meet(
