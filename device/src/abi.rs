@@ -351,7 +351,9 @@ pub const FLAG_SIMPLE_PUBLISHER: u32 = 1;
 /// whose slice of a block fills a step at least. Set alike on every rank, from facts every rank
 /// knows (collective, protocol, algorithm), never from registration. On the one-node tree
 /// (a chain in ring order) its way down takes the ring's handshake and its way up, on the
-/// tree's up links, the send/recv one ([`ChannelDev::prev_reach`]).
+/// tree's up links, the send/recv one ([`ChannelDev::prev_reach`]); on the double binary tree
+/// across nodes, its links inside a node take the send/recv one both ways
+/// ([`TreeDev::parent_reach`], [`TreeDev::child_reach`]).
 pub const FLAG_RING_DIRECT: u32 = 2;
 /// [`CollArgs::flags`]: a two-rank ring AllReduce exchanges instead: each rank sends its whole
 /// input to the other and adds what arrives to its own, one network hop per piece where the

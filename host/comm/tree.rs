@@ -67,6 +67,7 @@ fn path_name(
 /// each parent and child is reached for zero-copy (`reach(peer)`: `DIRECT_OFF` for a peer
 /// outside the node or not through p2p). Logs the trees and every connection at
 /// NCCL_DEBUG=INFO.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn connect_dbt(
     rank: usize,
     device: &Device,

@@ -175,23 +175,17 @@ impl SimpleFan {
         let send_on: [bool; FAN] =
             core::array::from_fn(|i| send_reach[i] != DIRECT_OFF && !self.send[i].is_null());
         if self.tid == 0 {
-            for i in 0..FAN {
-                if recv_on[i] {
-                    let o = if offering { offer } else { DIRECT_DECLINE };
-                    link_offer(self.recv[i], self.recv_step[i] + 1, o);
-                }
+            let o = if offering { offer } else { DIRECT_DECLINE };
+            for (i, _) in recv_on.iter().enumerate().filter(|(_, &on)| on) {
+                link_offer(self.recv[i], self.recv_step[i] + 1, o);
             }
-            for i in 0..FAN {
-                if send_on[i] {
-                    let tag = self.send_step[i] + 1;
-                    self.wait(offer_tag(self.send[i]), tag);
-                    link_answer(self.send[i], tag, send_reach[i], registered, bytes);
-                }
+            for (i, _) in send_on.iter().enumerate().filter(|(_, &on)| on) {
+                let tag = self.send_step[i] + 1;
+                self.wait(offer_tag(self.send[i]), tag);
+                link_answer(self.send[i], tag, send_reach[i], registered, bytes);
             }
-            for i in 0..FAN {
-                if recv_on[i] && offering {
-                    self.wait(answer_tag(self.recv[i]), self.recv_step[i] + 1);
-                }
+            for (i, _) in recv_on.iter().enumerate().filter(|(_, &on)| on && offering) {
+                self.wait(answer_tag(self.recv[i]), self.recv_step[i] + 1);
             }
         }
         self.sync();
