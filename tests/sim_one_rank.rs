@@ -146,3 +146,71 @@ fn init_all_bootstraps_on_loopback() {
         assert!(a.ip().is_loopback(), "a bootstrap address of init_all: {a}");
     }
 }
+
+/// A send to ourselves matched by a receive in one group is a copy cut into CTAs (one per
+/// 256 KiB, up to the room a launch keeps for it): every byte lands once at its place, at an
+/// odd offset, with random data and poison either side, from nothing to more pieces than fit
+/// (the last ones then larger); twice in one group, the copies pair in order.
+#[test]
+fn one_rank_send_to_self_copies_every_byte() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = one_rank();
+    let c = &ranks.comms[0];
+    let s = c.device().stream_create().unwrap();
+    let mut rng = common::Rng::new(77);
+    const EDGE: usize = 259; // odd: the pieces' bases are not aligned either
+    for bytes in [
+        0usize,
+        1,
+        17,
+        256 << 10,
+        (256 << 10) + 1,
+        (5 << 20) + 3,
+        (9 << 20) + 5,
+    ] {
+        let data: Vec<Vec<u8>> = (0..2)
+            .map(|_| (0..bytes).map(|_| rng.next() as u8).collect())
+            .collect();
+        let srcs: Vec<_> = data
+            .iter()
+            .map(|d| {
+                let b = c.device().alloc(bytes.max(1)).unwrap();
+                b.write(0, d).unwrap();
+                b
+            })
+            .collect();
+        let dsts: Vec<_> = (0..2)
+            .map(|_| {
+                let b = c.device().alloc(bytes + 2 * EDGE).unwrap();
+                b.write(0, &vec![0xA5; bytes + 2 * EDGE]).unwrap();
+                b
+            })
+            .collect();
+        nccl::group_start();
+        for k in 0..2 {
+            // SAFETY: both buffers hold `bytes` bytes at these places until the sync below.
+            unsafe {
+                c.send_raw(srcs[k].ptr(), bytes, DataType::Uint8, 0, s)
+                    .unwrap();
+                c.recv_raw(dsts[k].ptr() + EDGE as u64, bytes, DataType::Uint8, 0, s)
+                    .unwrap();
+            }
+        }
+        nccl::group_end().unwrap();
+        c.device().stream_sync(s).unwrap();
+        for k in 0..2 {
+            let mut got = vec![0u8; bytes + 2 * EDGE];
+            dsts[k].read(0, &mut got).unwrap();
+            assert!(
+                got[EDGE..EDGE + bytes] == data[k][..],
+                "{bytes} B, copy {k}: wrong bytes"
+            );
+            let around = got[..EDGE].iter().chain(&got[EDGE + bytes..]);
+            assert!(
+                around.into_iter().all(|&b| b == 0xA5),
+                "{bytes} B, copy {k}: poison overwritten"
+            );
+        }
+    }
+    c.device().stream_destroy(s).unwrap();
+}

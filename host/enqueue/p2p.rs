@@ -134,8 +134,23 @@ pub fn part(bytes: usize, n: usize, c: usize, min: usize) -> (usize, usize) {
 pub enum Work {
     /// A send or receive over the peer's connections (`nconns` CTAs).
     Conn(usize),
-    /// A send to ourselves and the receive it matches (one CTA).
-    Copy { send: usize, recv: usize },
+    /// A send to ourselves and the receive it matches, cut into `pieces` CTAs.
+    Copy {
+        send: usize,
+        recv: usize,
+        pieces: usize,
+    },
+}
+
+/// Least bytes a CTA of a copy to ourselves moves: one CTA copies about 49 GB/s on an H200,
+/// so a 1 GiB send to self on one took 22 ms against NCCL's 0.57 (results/h200-onerank-s12.txt);
+/// pieces of this size keep a small copy on one CTA.
+const SELF_COPY_PIECE: usize = 256 << 10;
+
+/// CTAs a copy to ourselves of `bytes` takes: at most the `2 * nconns` a distance of a launch
+/// has room for (a send and a receive of `nconns` each; distance 0 uses no connection).
+fn self_copy_pieces(bytes: usize, nconns: usize) -> usize {
+    bytes.div_ceil(SELF_COPY_PIECE).clamp(1, 2 * nconns)
 }
 
 /// Where a launch sits in the sequence every rank follows: (round, chunk).
@@ -203,10 +218,12 @@ pub fn plan(
             )));
         }
         // Distance 0: the first chunk of round k.
-        launches
-            .entry((k, 0))
-            .or_default()
-            .push(Work::Copy { send: s, recv: r });
+        let pieces = self_copy_pieces(ops[s].2, nconns);
+        launches.entry((k, 0)).or_default().push(Work::Copy {
+            send: s,
+            recv: r,
+            pieces,
+        });
     }
     Ok(launches.into_iter().collect())
 }
@@ -217,7 +234,7 @@ pub fn items(works: &[Work], nconns: usize) -> usize {
         .iter()
         .map(|w| match w {
             Work::Conn(_) => nconns,
-            Work::Copy { .. } => 1,
+            Work::Copy { pieces, .. } => *pieces,
         })
         .sum()
 }
@@ -305,18 +322,27 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                         )?;
                     }
                 }
-                Work::Copy { send, recv } => push(
-                    &mut args,
-                    P2pItem {
-                        conn: 0,
-                        buff: batch[recv].buff,
-                        src: batch[send].buff,
-                        bytes: batch[send].bytes as u64,
-                        kind: P2pKind::Copy as u32,
-                        slot_bytes: 0,
-                        direct: DIRECT_OFF,
-                    },
-                )?,
+                Work::Copy { send, recv, pieces } => {
+                    let bytes = batch[send].bytes;
+                    for c in 0..pieces {
+                        let (off, len) = part(bytes, pieces, c, 0);
+                        if len == 0 && c > 0 {
+                            continue;
+                        }
+                        push(
+                            &mut args,
+                            P2pItem {
+                                conn: 0,
+                                buff: batch[recv].buff + off as u64,
+                                src: batch[send].buff + off as u64,
+                                bytes: len as u64,
+                                kind: P2pKind::Copy as u32,
+                                slot_bytes: 0,
+                                direct: DIRECT_OFF,
+                            },
+                        )?;
+                    }
+                }
             }
         }
         if args.nitems > 0 {
@@ -492,8 +518,9 @@ mod tests {
                                 *k += 1;
                                 key_of.insert((r, p, d, nth), *key);
                             }
-                            Work::Copy { send, recv } => {
+                            Work::Copy { send, recv, pieces } => {
                                 assert_eq!(ops[send].2, ops[recv].2);
+                                assert_eq!(pieces, self_copy_pieces(ops[send].2, nconns));
                                 placed[send] += 1;
                                 placed[recv] += 1;
                             }

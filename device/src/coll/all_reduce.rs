@@ -358,17 +358,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            // Arrived in our output already (direct): pass it on from there; else store it.
-            let mv = match from.recv {
-                true => Move {
-                    recv: output.add(s),
-                    ..none
-                },
-                false => Move {
-                    output: output.add(s),
-                    ..none
-                },
-            };
+            let mv = way_down(from.recv, output.add(s));
             down.step_to(&op, true, !leaf, mv, n, from.recv, from.send_at(s));
         }
         direct_steps = if from.recv { nchunks as u64 } else { 0 };
@@ -376,6 +366,22 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     }
     if zero_copy {
         count_direct_by_halves(k, half, direct_steps);
+    }
+}
+
+/// A step of a tree's way down at `at` in our output: what landed there already (`landed`,
+/// direct) is passed on from there; else what comes through the FIFO is stored there.
+#[inline(always)]
+fn way_down<T: Elem>(landed: bool, at: *mut T) -> Move<T> {
+    match landed {
+        true => Move {
+            recv: at,
+            ..Move::none()
+        },
+        false => Move {
+            output: at,
+            ..Move::none()
+        },
     }
 }
 
@@ -678,17 +684,7 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            // Arrived in our output already (direct): pass it on from there; else store it.
-            let mv = match from.recv {
-                true => Move {
-                    recv: output.add(s),
-                    ..none
-                },
-                false => Move {
-                    output: output.add(s),
-                    ..none
-                },
-            };
+            let mv = way_down(from.recv, output.add(s));
             down.step_to(&op, true, has_child, mv, n, from.recv, from.send_at(s));
         }
         direct = from.recv;
