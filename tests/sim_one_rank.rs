@@ -148,7 +148,7 @@ fn init_all_bootstraps_on_loopback() {
 }
 
 /// A send to ourselves matched by a receive in one group is a copy cut into CTAs (one per
-/// 256 KiB, up to the room a launch keeps for it): every byte lands once at its place, at an
+/// 32 KiB, up to the room its launch has): every byte lands once at its place, at an
 /// odd offset, with random data and poison either side, from nothing to more pieces than fit
 /// (the last ones then larger); twice in one group, the copies pair in order.
 #[test]

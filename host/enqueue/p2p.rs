@@ -143,10 +143,11 @@ pub enum Work {
 }
 
 /// Least bytes a CTA of a copy to ourselves moves: one CTA copies about 49 GB/s on an H200,
-/// so a 1 GiB send to self on one took 22 ms against NCCL's 0.57, on 32 CTAs 0.85
-/// (results/h200-onerank-s12.txt, h200-self-copy-s12.txt); pieces of this size keep a small
-/// copy on one CTA.
-const SELF_COPY_PIECE: usize = 256 << 10;
+/// so a 1 GiB send to self on one took 22 ms against NCCL's 0.57, on 32 CTAs 0.85, on 64
+/// 0.61 (results/h200-onerank-s12.txt, h200-self-copy-s12.txt, h200-self-copy-64-s12.txt);
+/// with 256 KiB pieces, 256 KiB-2 MiB copies in graphs took 7.7 µs against NCCL's 5.5.
+/// Pieces of this size keep a small copy on one CTA.
+const SELF_COPY_PIECE: usize = 32 << 10;
 
 /// CTAs a copy to ourselves of `bytes` takes in a launch with `room` work items left: at
 /// least the `2 * nconns` distance 0 keeps (it uses no connection), more where the launch has
