@@ -3,6 +3,16 @@
 //! message naming the buffer and both sizes).
 
 use nccl::{Backend, Comm, DeviceBuffer, NcclResult, Op, Stream};
+use std::sync::{RwLock, RwLockReadGuard};
+
+/// A buffer's host copies wait for its whole device, which CUDA (and the simulator) refuse
+/// while any stream of the device captures a graph: the test that captures runs alone, the
+/// others side by side.
+static CAPTURES: RwLock<()> = RwLock::new(());
+
+fn no_capture_meanwhile() -> RwLockReadGuard<'static, ()> {
+    CAPTURES.read().unwrap_or_else(|p| p.into_inner())
+}
 
 fn ranks(n: usize) -> (Vec<Comm>, Vec<Stream>) {
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
@@ -24,6 +34,7 @@ fn refused(r: nccl::Result<()>, words: &[&str]) {
 
 #[test]
 fn typed_collectives_in_a_group() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(2);
     let n = 1000;
     let sends: Vec<DeviceBuffer<f32>> = comms
@@ -68,6 +79,7 @@ fn typed_collectives_in_a_group() {
 
 #[test]
 fn in_place_views_and_half_types() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(2);
     // bf16 in place AllReduce on a view of the middle of the buffer.
     let mut bufs: Vec<DeviceBuffer<half::bf16>> = comms
@@ -103,6 +115,7 @@ fn in_place_views_and_half_types() {
 
 #[test]
 fn every_too_short_buffer_is_refused_with_its_sizes() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(2);
     let (c, s) = (&comms[0], &streams[0]);
     let d = c.device();
@@ -174,6 +187,7 @@ fn eight_mut(d: &nccl::Device) -> DeviceBuffer<f32> {
 
 #[test]
 fn typed_calls_refuse_raw_groups_and_a_failed_group_drops_its_calls() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(2);
     let mut b = DeviceBuffer::<i32>::zeroed(comms[0].device(), 4).unwrap();
     nccl::group_start();
@@ -198,6 +212,7 @@ fn typed_calls_refuse_raw_groups_and_a_failed_group_drops_its_calls() {
 
 #[test]
 fn captured_graph_replays_and_keeps_its_borrows() {
+    let _alone = CAPTURES.write().unwrap_or_else(|p| p.into_inner());
     let (comms, streams) = ranks(1);
     let (c, s) = (&comms[0], &streams[0]);
     let send = DeviceBuffer::from_slice(c.device(), &[3u64, 4]).unwrap();
@@ -218,6 +233,7 @@ fn captured_graph_replays_and_keeps_its_borrows() {
 
 #[test]
 fn send_recv_over_chunks_rooted_calls_and_registration() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(3);
     let n = 3;
     let block = 5;
@@ -297,6 +313,7 @@ fn send_recv_over_chunks_rooted_calls_and_registration() {
 
 #[test]
 fn a_typed_group_of_non_blocking_communicators_is_not_an_error() {
+    let _turn = no_capture_meanwhile();
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo"); // bootstrap on loopback only
     nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
     let id = nccl::get_unique_id().unwrap();
@@ -341,6 +358,7 @@ fn a_typed_group_of_non_blocking_communicators_is_not_an_error() {
 /// them time it; a stream made to wait on one orders its later work after it.
 #[test]
 fn events_order_and_time_stream_work() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(2);
     let n = 4096;
     let mut bufs: Vec<DeviceBuffer<f32>> = comms
@@ -401,6 +419,7 @@ fn events_order_and_time_stream_work() {
 /// right; a too-short one is still refused by its length, not by its (rounded) allocation.
 #[test]
 fn mem_alloc_buffers_carry_collectives() {
+    let _turn = no_capture_meanwhile();
     let (comms, streams) = ranks(2);
     let n = 3001;
     let mut bufs: Vec<DeviceBuffer<i32>> = comms

@@ -188,6 +188,11 @@ scoped_calls!(Capture);
 /// # Ok(()) }
 /// ```
 ///
+/// While a capture is open, a [`DeviceBuffer`](crate::DeviceBuffer)'s host copies on the same
+/// device fail with `ncclUnhandledCudaError` (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), from
+/// any thread: they wait for the whole device first, which CUDA refuses during a capture.
+/// Programs that capture on one thread and copy on another take turns.
+///
 /// A buffer cannot be dropped (or read, or used by another call) while a graph that may still
 /// be launched holds it:
 ///
