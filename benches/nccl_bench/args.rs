@@ -32,6 +32,10 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
   -R, --local_register 0|1  1: register every rank's send and receive buffers with
                             ncclCommRegister (both libraries) before measuring [0]
       --baseline PATH       NVIDIA libnccl.so.2 to run side by side (CUDA backend only)
+      --baseline-env K=V    set K=V for the baseline alone (repeat for several): only
+                            NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD, which nccl-rs
+                            reads once, at its init, before the baseline's starts; NVIDIA
+                            NCCL's best socket setting beside nccl-rs's default in one run
       --backend cuda|sim    CUDA GPUs or the CPU simulator [cuda if a GPU is visible, else sim]
       --csv FILE            also write every measured row to FILE as CSV: one line per size
                             and placement, with the run's backend, GPU, versions, date, command
@@ -143,6 +147,8 @@ pub struct Args {
     /// `-R 1`: the buffers are registered with each communicator.
     pub register: bool,
     pub baseline: Option<PathBuf>,
+    /// `--baseline-env K=V`: set for the baseline's init (after nccl-rs's).
+    pub baseline_env: Vec<(String, String)>,
     pub backend: Option<Backend>,
     /// `--csv FILE`: the records, as CSV.
     pub csv: Option<PathBuf>,
@@ -151,6 +157,26 @@ pub struct Args {
     /// `--nodes N`: start N × `ranks_per_node` rank processes, one rank each (`launch`).
     pub nodes: Option<usize>,
     pub ranks_per_node: Option<usize>,
+}
+
+/// Settings `--baseline-env` may give the baseline: nccl-rs reads them only while its
+/// communicators are made (the socket network is made then, once per process), so setting
+/// them afterwards reaches NVIDIA NCCL alone. Variables nccl-rs reads later would reach both.
+const BASELINE_ONLY: [&str; 2] = ["NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"];
+
+/// `NAME=VALUE` of `--baseline-env`, NAME one of [`BASELINE_ONLY`].
+fn parse_baseline_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--baseline-env '{s}': use NAME=VALUE"))?;
+    let k = k.trim();
+    if !BASELINE_ONLY.contains(&k) {
+        return Err(format!(
+            "--baseline-env {k}: only {} (read by nccl-rs at its init alone)",
+            BASELINE_ONLY.join(", ")
+        ));
+    }
+    Ok((k.to_string(), v.trim().to_string()))
 }
 
 /// `8`, `64K`, `1M`, `2G`, `128MB`, `4KiB`: powers of 1024.
@@ -264,6 +290,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         stat: Stat::Mean,
         register: false,
         baseline: None,
+        baseline_env: Vec::new(),
         backend: None,
         csv: None,
         json: None,
@@ -331,6 +358,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "collective",
             "root",
             "baseline",
+            "baseline-env",
             "backend",
             "csv",
             "json",
@@ -393,6 +421,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "collective" => a.colls = parse_collectives(&value)?,
             "root" => a.root = parse_number(&value, "--root")?,
             "baseline" => a.baseline = Some(PathBuf::from(value)),
+            "baseline-env" => a.baseline_env.push(parse_baseline_env(&value)?),
             "backend" => {
                 a.backend = Some(match value.trim() {
                     "cuda" => Backend::Cuda,
@@ -426,6 +455,9 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         return Err(
             "-G: graphs are captured by one thread driving every GPU (use -t thread)".into(),
         );
+    }
+    if !a.baseline_env.is_empty() && a.baseline.is_none() {
+        return Err("--baseline-env needs --baseline".into());
     }
     if a.iters == Some(0) {
         return Err("--iters 0: time at least one iteration".into());

@@ -408,6 +408,19 @@ fn bench(
                 .collect()
         };
         let before = free(&b)?;
+        if !args.baseline_env.is_empty() {
+            // nccl-rs's communicators (and its socket network) are made: what is set now
+            // reaches the baseline alone (`args::BASELINE_ONLY`).
+            for (k, v) in &args.baseline_env {
+                std::env::set_var(k, v);
+            }
+            let set: Vec<String> = args
+                .baseline_env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            println!("# NVIDIA NCCL alone: {}", set.join(" "));
+        }
         let t0 = Instant::now();
         let comms = match &member {
             Some(m) => {

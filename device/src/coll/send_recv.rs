@@ -6,7 +6,7 @@
 use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pItem, P2pKind, DIRECT_OFF};
 use crate::arch;
 use crate::ops::Sum;
-use crate::prims::copy::Move;
+use crate::prims::copy::{copy_local, Move};
 use crate::prims::Simple;
 
 /// A launch: CTA `b` runs item `b`. Inlined into the kernel, so that nothing but the item is
@@ -32,12 +32,13 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
     let bytes = it.bytes as usize;
     let none = Move::<u8>::none();
     if it.kind == P2pKind::Copy as u32 {
-        Move {
-            input: it.src as *const u8,
-            output: it.buff as *mut u8,
-            ..none
-        }
-        .run_inline(&Sum, bytes, tid, nthreads);
+        copy_local(
+            it.src as *const u8,
+            it.buff as *mut u8,
+            bytes,
+            tid,
+            nthreads,
+        );
         return;
     }
     let send = it.kind == P2pKind::Send as u32;

@@ -257,6 +257,51 @@ impl<T: Elem> Move<T> {
     }
 }
 
+/// Packs each thread keeps in flight in [`copy_local`]: a copy inside one GPU's memory waits
+/// on HBM latency alone, so more loads in flight per SM than the FIFO steps' [`UNROLL`].
+const LOCAL_UNROLL: usize = 8;
+
+/// Copies `n` bytes from `src` to `dst` in one GPU's memory (a send to ourselves), thread
+/// `tid` of `nthreads` taking its share: whole hunks of [`LOCAL_UNROLL`] packs per lane
+/// first, the rest as [`Move::run_inline`] moves it.
+///
+/// # Safety
+/// `src` and `dst` are valid for `n` bytes and do not overlap.
+#[inline(always)]
+pub unsafe fn copy_local(src: *const u8, dst: *mut u8, n: usize, tid: usize, nthreads: usize) {
+    let mut done = 0;
+    if (src as usize | dst as usize).is_multiple_of(16) {
+        let lanes = if cfg!(target_arch = "nvptx64") {
+            WARP
+        } else {
+            WARP.min(nthreads)
+        };
+        let (warp, lane, nwarps) = (tid / lanes, tid % lanes, nthreads / lanes);
+        let hunk = LOCAL_UNROLL * lanes;
+        let nhunks = n / 16 / hunk;
+        let (from, to) = (src as *const Pack16, dst as *mut Pack16);
+        let mut h = if warp < nwarps { warp } else { nhunks };
+        while h < nhunks {
+            let at = h * hunk + lane;
+            let mut x = [Pack16::default(); LOCAL_UNROLL];
+            each_below!(LOCAL_UNROLL, u => {
+                x[u] = arch::ld_pack(from.add(at + u * lanes));
+            });
+            each_below!(LOCAL_UNROLL, u => {
+                arch::st_pack(to.add(at + u * lanes), x[u]);
+            });
+            h += nwarps;
+        }
+        done = nhunks * hunk * 16;
+    }
+    Move {
+        input: src.add(done),
+        output: dst.add(done),
+        ..Move::none()
+    }
+    .run_inline(&crate::ops::Sum, n - done, tid, nthreads);
+}
+
 /// Peers one [`Fan`] step reads from, or writes to, at most: a tree's children (the next rank
 /// of a node's chain and two child nodes, [`crate::abi::TREE_MAX_CHILDREN`]).
 pub const FAN: usize = crate::abi::TREE_MAX_CHILDREN;
