@@ -231,6 +231,31 @@ fn captured_graph_replays_and_keeps_its_borrows() {
     drop(c.device().capture_end(s.handle()));
 }
 
+/// A buffer dropped while its device cannot be waited for (a capture is open on it) keeps its
+/// memory: freeing it could pull it from under a kernel still running. Outside a capture the
+/// drop frees it.
+#[cfg(feature = "internals")]
+#[test]
+fn a_buffer_dropped_during_a_capture_is_leaked_not_freed() {
+    let _alone = CAPTURES.write().unwrap_or_else(|p| p.into_inner());
+    let (comms, streams) = ranks(1);
+    let (c, s) = (&comms[0], &streams[0]);
+    let d = c.device();
+    let kept = DeviceBuffer::<u32>::zeroed(d, 1000).unwrap();
+    let p = kept.as_raw_ptr();
+    d.capture_begin(s.handle()).unwrap();
+    drop(kept);
+    drop(d.capture_end(s.handle()));
+    assert!(
+        d.pointer_extent(p, 4000).unwrap().is_some(),
+        "the memory of a buffer dropped during a capture was freed"
+    );
+    let freed = DeviceBuffer::<u32>::zeroed(d, 1000).unwrap();
+    let p = freed.as_raw_ptr();
+    drop(freed);
+    assert_eq!(d.pointer_extent(p, 4000).unwrap(), None);
+}
+
 #[test]
 fn send_recv_over_chunks_rooted_calls_and_registration() {
     let _turn = no_capture_meanwhile();

@@ -3,17 +3,20 @@
 //!
 //! Host copies and the buffer's drop first wait for all work on its device
 //! ([`Device::synchronize`]), so the host never reads memory a kernel is still writing and
-//! memory is never freed under a running kernel.
+//! memory is never freed under a running kernel: where that wait fails (another thread
+//! captures a graph on the device), a dropped buffer's memory is leaked, not freed.
 
 use super::element::{as_bytes, as_bytes_mut, Element};
 use crate::cuda::{DevBuffer, DevPtr, Device};
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ops::{Bound, RangeBounds};
 
 /// `len` elements of `T` in device memory, freed when dropped.
 pub struct DeviceBuffer<T: Element> {
-    raw: DevBuffer,
+    /// Freed by our drop only once the device's work is known to be done.
+    raw: ManuallyDrop<DevBuffer>,
     len: usize,
     _t: PhantomData<T>,
 }
@@ -45,7 +48,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// `len` zeroed elements on `device`.
     pub fn zeroed(device: &Device, len: usize) -> Result<DeviceBuffer<T>> {
         // An empty buffer still owns an allocation, so that its address is device memory.
-        let raw = device.alloc(byte_len::<T>(len)?.max(1))?;
+        let raw = ManuallyDrop::new(device.alloc(byte_len::<T>(len)?.max(1))?);
         Ok(DeviceBuffer {
             raw,
             len,
@@ -58,7 +61,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// allocation rounded up to the granularity NCCL's user buffer registration and NVLS ask
     /// for. Such buffers are the ones to register with [`crate::Comm::register`].
     pub fn mem_alloc(device: &Device, len: usize) -> Result<DeviceBuffer<T>> {
-        let raw = device.alloc_vmm(byte_len::<T>(len)?.max(1))?;
+        let raw = ManuallyDrop::new(device.alloc_vmm(byte_len::<T>(len)?.max(1))?);
         Ok(DeviceBuffer {
             raw,
             len,
@@ -164,8 +167,15 @@ impl<T: Element> DeviceBuffer<T> {
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         // Kernels still running may use the memory: wait for them before `raw` frees it.
-        if let Err(e) = self.raw.device().synchronize() {
-            log::warn!("freeing a DeviceBuffer: waiting for its device: {e}");
+        match self.raw.device().synchronize() {
+            // SAFETY: `raw` is dropped once, here, and not used after.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.raw) },
+            Err(e) => log::warn!(
+                "dropping a DeviceBuffer: waiting for its device failed ({e}); its {} bytes \
+                 at {:#x} are leaked rather than freed under kernels that may still use them",
+                self.raw.bytes(),
+                self.raw.ptr()
+            ),
         }
     }
 }
