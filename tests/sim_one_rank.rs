@@ -149,8 +149,9 @@ fn init_all_bootstraps_on_loopback() {
 
 /// A send to ourselves matched by a receive in one group is a copy cut into CTAs (one per
 /// 32 KiB, up to the room its launch has): every byte lands once at its place, at an
-/// odd offset, with random data and poison either side, from nothing to more pieces than fit
-/// (the last ones then larger); twice in one group, the copies pair in order.
+/// aligned and at an odd offset, with random data and poison either side, from nothing to
+/// more pieces than fit (the last ones then larger); twice in one group, the copies pair in
+/// order.
 #[test]
 fn one_rank_send_to_self_copies_every_byte() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
@@ -158,16 +159,19 @@ fn one_rank_send_to_self_copies_every_byte() {
     let c = &ranks.comms[0];
     let s = c.device().stream_create().unwrap();
     let mut rng = common::Rng::new(77);
-    const EDGE: usize = 259; // odd: the pieces' bases are not aligned either
-    for bytes in [
-        0usize,
-        1,
-        17,
-        256 << 10,
-        (256 << 10) + 1,
-        (5 << 20) + 3,
-        (9 << 20) + 5,
-    ] {
+    // 256: every piece 16-byte aligned (the copy's whole-hunk loop); 259, odd: no piece is.
+    for (bytes, edge) in [256usize, 259].into_iter().flat_map(|edge| {
+        [
+            0usize,
+            1,
+            17,
+            256 << 10,
+            (256 << 10) + 1,
+            (5 << 20) + 3,
+            (9 << 20) + 5,
+        ]
+        .map(|bytes| (bytes, edge))
+    }) {
         let data: Vec<Vec<u8>> = (0..2)
             .map(|_| (0..bytes).map(|_| rng.next() as u8).collect())
             .collect();
@@ -181,8 +185,8 @@ fn one_rank_send_to_self_copies_every_byte() {
             .collect();
         let dsts: Vec<_> = (0..2)
             .map(|_| {
-                let b = c.device().alloc(bytes + 2 * EDGE).unwrap();
-                b.write(0, &vec![0xA5; bytes + 2 * EDGE]).unwrap();
+                let b = c.device().alloc(bytes + 2 * edge).unwrap();
+                b.write(0, &vec![0xA5; bytes + 2 * edge]).unwrap();
                 b
             })
             .collect();
@@ -192,20 +196,20 @@ fn one_rank_send_to_self_copies_every_byte() {
             unsafe {
                 c.send_raw(srcs[k].ptr(), bytes, DataType::Uint8, 0, s)
                     .unwrap();
-                c.recv_raw(dsts[k].ptr() + EDGE as u64, bytes, DataType::Uint8, 0, s)
+                c.recv_raw(dsts[k].ptr() + edge as u64, bytes, DataType::Uint8, 0, s)
                     .unwrap();
             }
         }
         nccl::group_end().unwrap();
         c.device().stream_sync(s).unwrap();
         for k in 0..2 {
-            let mut got = vec![0u8; bytes + 2 * EDGE];
+            let mut got = vec![0u8; bytes + 2 * edge];
             dsts[k].read(0, &mut got).unwrap();
             assert!(
-                got[EDGE..EDGE + bytes] == data[k][..],
+                got[edge..edge + bytes] == data[k][..],
                 "{bytes} B, copy {k}: wrong bytes"
             );
-            let around = got[..EDGE].iter().chain(&got[EDGE + bytes..]);
+            let around = got[..edge].iter().chain(&got[edge + bytes..]);
             assert!(
                 around.into_iter().all(|&b| b == 0xA5),
                 "{bytes} B, copy {k}: poison overwritten"
