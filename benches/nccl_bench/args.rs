@@ -36,6 +36,10 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
                             NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD, which nccl-rs
                             reads once, at its init, before the baseline's starts; NVIDIA
                             NCCL's best socket setting beside nccl-rs's default in one run
+      --idle-cpu SECONDS    after the last table, with every communicator alive, report the
+                            CPU time the libraries' own threads (nccl-rs's proxy and socket
+                            helpers, NVIDIA NCCL's) use over SECONDS of quiet [2 with a
+                            process per rank (the network's proxies run); else 0: not done]
       --backend cuda|sim    CUDA GPUs or the CPU simulator [cuda if a GPU is visible, else sim]
       --csv FILE            also write every measured row to FILE as CSV: one line per size
                             and placement, with the run's backend, GPU, versions, date, command
@@ -157,12 +161,23 @@ pub struct Args {
     /// `--nodes N`: start N × `ranks_per_node` rank processes, one rank each (`launch`).
     pub nodes: Option<usize>,
     pub ranks_per_node: Option<usize>,
+    /// `--idle-cpu S`: seconds of quiet to measure the libraries' threads over (None: the
+    /// default for the run's kind).
+    pub idle_cpu: Option<f64>,
 }
 
 /// Settings `--baseline-env` may give the baseline: nccl-rs reads them only while its
 /// communicators are made (the socket network is made then, once per process), so setting
 /// them afterwards reaches NVIDIA NCCL alone. Variables nccl-rs reads later would reach both.
 const BASELINE_ONLY: [&str; 2] = ["NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"];
+
+/// A duration in seconds, 0 to an hour.
+fn parse_seconds(s: &str, what: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{what} '{s}': seconds from 0 to 3600")),
+    }
+}
 
 /// `NAME=VALUE` of `--baseline-env`, NAME one of [`BASELINE_ONLY`].
 fn parse_baseline_env(s: &str) -> Result<(String, String), String> {
@@ -296,6 +311,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         json: None,
         nodes: None,
         ranks_per_node: None,
+        idle_cpu: None,
     };
     let mut i = 0;
     while i < argv.len() {
@@ -364,6 +380,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "json",
             "nodes",
             "ranks-per-node",
+            "idle-cpu",
         ];
         if !known.contains(&key.as_str()) {
             return Err(format!("unknown option '{arg}'"));
@@ -433,6 +450,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             "json" => a.json = Some(PathBuf::from(value)),
             "nodes" => a.nodes = Some(parse_number(&value, "--nodes")?),
             "ranks-per-node" => a.ranks_per_node = Some(parse_number(&value, "--ranks-per-node")?),
+            "idle-cpu" => a.idle_cpu = Some(parse_seconds(&value, "--idle-cpu")?),
             _ => unreachable!("every key was checked against the known list"),
         }
     }

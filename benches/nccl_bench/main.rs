@@ -35,7 +35,7 @@
 //! is launched), `data` (inputs, the host reference, the check), `launch` (one rank per
 //! process: `--nodes`, or a cluster launcher's environment), `ranks` (each GPU's
 //! communicator, stream, buffers, events), `timing` (events, medians, the rendezvous of
-//! per-GPU threads), `output` (the nccl-tests text table), `records` (CSV and JSON); this file
+//! per-GPU threads), `idle` (the libraries' threads' CPU while idle), `output` (the nccl-tests text table), `records` (CSV and JSON); this file
 //! runs them in order.
 
 mod args;
@@ -43,6 +43,7 @@ mod backend;
 mod baseline;
 mod collective;
 mod data;
+mod idle;
 mod launch;
 mod output;
 mod ranks;
@@ -61,7 +62,7 @@ use ranks::{Bench, Lib, Rank};
 use records::Records;
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use timing::measure;
 
 fn hostname() -> String {
@@ -484,6 +485,18 @@ fn bench(
         table.footer(args.check);
         records.write()?;
         all_right &= table.wrong == 0;
+    }
+    // Only runs with a process per rank have proxies by default (their peers are on other
+    // nodes); the window is short against a run of tables.
+    let idle = args
+        .idle_cpu
+        .unwrap_or(if member.is_some() { 2.0 } else { 0.0 });
+    if idle > 0.0 {
+        println!("#");
+        println!(
+            "{}",
+            idle::report(Duration::from_millis(500), Duration::from_secs_f64(idle))
+        );
     }
     b.teardown()?;
     Ok(all_right)
