@@ -354,7 +354,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_RS_NET_LL_POLL",
         default: "1",
-        doc: "1: an LL receiver over the network polls its lines' flags where its FIFO is in host memory (as NCCL); 0: it waits for the proxy's tail first, as LL128 and Simple do",
+        doc: "where a network connection's FIFO is in host memory, LL lines are read by their flags (as NCCL): 1: both ways (a receiver polls its lines; a sender publishes its step without a system-scope release and its proxy checks the lines before sending them); 2: receivers only; 0: neither (receivers wait for the proxy's tail, senders release theirs, as LL128 and Simple do)",
     },
     Param {
         name: "NCCL_RS_PROXY_TIMELINE",

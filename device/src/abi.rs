@@ -148,10 +148,23 @@ pub struct ConnRecv {
 /// for `tail`.
 pub const STRIDE_LL_POLL: u64 = 1;
 
+/// Set in a proxied send side's `proxy_stride` where its FIFO is in host memory: the proxy reads
+/// the lines of an LL step there, so the kernel publishes an LL step's size (with
+/// [`SIZE_LL_LINES`]) and `tail` with plain volatile stores, without the system-scope release
+/// that waits for every line to reach host memory first (a round trip over PCIe per step), and
+/// the proxy sends the step once every line's flags say `step + 1`, as NCCL's LL over the
+/// network does.
+pub const STRIDE_LL_SEND_POLL: u64 = 2;
+
+/// Set in a step's size word (`ConnSend::proxy_sizes`) by an LL sender on a connection with
+/// [`STRIDE_LL_SEND_POLL`]: the size and `tail` were published without a release, so the proxy
+/// checks the step's lines before it sends them.
+pub const SIZE_LL_LINES: u64 = 1 << 63;
+
 /// The bytes between two slots of a proxied connection, from its `proxy_stride` word.
 #[inline(always)]
 pub const fn stride_bytes(proxy_stride: u64) -> u64 {
-    proxy_stride & !STRIDE_LL_POLL
+    proxy_stride & !(STRIDE_LL_POLL | STRIDE_LL_SEND_POLL)
 }
 
 impl ConnSend {

@@ -5,7 +5,7 @@ use super::timeline::{self, Mark};
 use crate::cuda::{DevBuffer, DevPtr, Device, HostMem};
 use crate::error::{Error, Result};
 use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
-use nccl_device::abi::{proxy_proto_parts, CTRL_LINE, NCCL_STEPS, PROTO_SIMPLE};
+use nccl_device::abi::{proxy_proto_parts, CTRL_LINE, NCCL_STEPS, PROTO_SIMPLE, SIZE_LL_LINES};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -182,6 +182,40 @@ fn slot_words(mem: &HostMem, layout: ConnLayout, step: u64) -> [u32; 4] {
     w
 }
 
+/// What a send side's size word holds while no step the kernel published fills its slot (the
+/// proxy writes it when it takes a step, and at the start). A step published with a release
+/// never shows it; an LL step published without one ([`SIZE_LL_LINES`]) may, for a moment,
+/// when its tail reached host memory before its size.
+const SIZE_EMPTY: u64 = u64::MAX;
+
+/// Whether every 16-byte LL line of `step`'s `bytes` in a send side's host FIFO holds the
+/// step's flag in both halves (`{data, flag, data, flag}`, flag `step + 1`): the kernel
+/// published the step without waiting for its lines to reach host memory, and each half of a
+/// line lands whole (an 8-byte store). False where the FIFO is not in host memory.
+fn ll_lines_landed(mem: &HostMem, layout: ConnLayout, step: u64, bytes: usize) -> bool {
+    let at = layout.slot(step);
+    let Some(p) = mem
+        .host_ptr(at)
+        .filter(|_| bytes <= layout.stride && at + layout.stride <= mem.bytes)
+    else {
+        return false;
+    };
+    let flag = nccl_device::prims::ll::flag(step);
+    let words = p as *const u32;
+    (0..bytes / 16).all(|line| {
+        // SAFETY: the line lies inside the step's slot, inside `mem` (checked above); the GPU
+        // writes it concurrently, 8 aligned bytes at a time, and a stale read only says "not
+        // yet".
+        let (a, b) = unsafe {
+            (
+                std::ptr::read_volatile(words.add(4 * line + 1)),
+                std::ptr::read_volatile(words.add(4 * line + 3)),
+            )
+        };
+        a == flag && b == flag
+    })
+}
+
 /// Whether landed step `step` of a receive side carries Simple (flushed) rather than LL or
 /// LL128, from the word its kernel writes before it waits ([`ConnLayout::PROTO`]); where the
 /// kernel has not reached the step, `last` (the protocol it said last) decides for Simple and
@@ -304,6 +338,13 @@ impl NetConn {
         peer_rank: usize,
         peer: String,
     ) -> NetConn {
+        if matches!(side, Side::Send(_)) {
+            for k in 0..NCCL_STEPS as usize {
+                if let Ok(w) = counter(&mem, ConnLayout::SIZES + 8 * k) {
+                    w.store(SIZE_EMPTY, Ordering::Relaxed);
+                }
+            }
+        }
         let flush = gpu.as_ref().is_some_and(|(_, f)| *f);
         let gpu_fifo = gpu.map(|(b, _)| b);
         let fifo = match &gpu_fifo {
@@ -411,11 +452,20 @@ impl NetConn {
         };
         let mem = &*self.mem;
         let mut moved = false;
-        // Acquire: the slot's bytes and size were written before the kernel's release of tail.
+        // Acquire: the slot's bytes and size were written before the kernel's release of tail
+        // (an LL step's without a release: its size word says so, and its lines are checked).
         let tail = counter(mem, ConnLayout::TAIL)?.load(Ordering::Acquire);
         while self.posted < tail && self.posted < self.done + STEPS {
-            let size = counter(mem, ConnLayout::SIZES + 8 * (self.posted % STEPS) as usize)?
-                .load(Ordering::Acquire) as usize;
+            let size_word = counter(mem, ConnLayout::SIZES + 8 * (self.posted % STEPS) as usize)?;
+            let word = size_word.load(Ordering::Acquire);
+            if word == SIZE_EMPTY {
+                // Published without a release, and its size has not reached host memory yet.
+                break;
+            }
+            let size = (word & !SIZE_LL_LINES) as usize;
+            if word & SIZE_LL_LINES != 0 && !ll_lines_landed(mem, self.layout, self.posted, size) {
+                break;
+            }
             if size > self.layout.stride {
                 return Err(Error::internal(format!(
                     "the kernel published a {size}-byte step in a {}-byte slot",
@@ -434,6 +484,9 @@ impl NetConn {
                         );
                     }
                     timeline::mark(Mark::SendPosted, self.peer_rank, self.posted);
+                    // Taken: the kernel writes this slot's next size only after its head
+                    // returns, and an LL one may then land after its tail.
+                    size_word.store(SIZE_EMPTY, Ordering::Relaxed);
                     self.inflight.push_back(req);
                     self.posted += 1;
                     moved = true;
@@ -815,6 +868,95 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A send endpoint recording the (offset, bytes) of every send, which completes at once.
+    struct FakeSend {
+        sent: Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    }
+
+    impl SendComm for FakeSend {
+        unsafe fn reg_mr(&mut self, _ptr: *mut u8, _len: usize, _kind: u32) -> Result<Mr> {
+            Ok(Mr(1))
+        }
+        fn dereg_mr(&mut self, _mr: Mr) -> Result<()> {
+            Ok(())
+        }
+        fn isend(&mut self, _mr: Mr, off: usize, len: usize, _tag: u32) -> Result<Option<Request>> {
+            let mut sent = self.sent.lock().unwrap();
+            sent.push((off, len));
+            Ok(Some(Request(sent.len() as u64)))
+        }
+        fn test(&mut self, _req: Request) -> Result<Option<usize>> {
+            Ok(Some(0))
+        }
+    }
+
+    /// An LL step published without a release (`SIZE_LL_LINES`) leaves only once its size
+    /// reached host memory and every line of it holds the step's flag in both halves; a stale
+    /// line from the slot's previous step (8 steps before) holds it back. A Simple step's size
+    /// is trusted as it is.
+    #[test]
+    fn an_ll_step_published_without_a_release_waits_for_its_lines() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let layout = ConnLayout { stride: 4096 };
+        let sent: Arc<std::sync::Mutex<Vec<(usize, usize)>>> = Default::default();
+        let side = Side::Send(Box::new(FakeSend { sent: sent.clone() }));
+        let mut c = NetConn::new(side, &dev, layout, FifoPlace::Host, 3, "test".into())
+            .expect("connection");
+        let mem = c.mem.clone();
+        let word = |o: usize| counter(&mem, o).unwrap();
+        let line = |step: u64, k: usize, flags: [u32; 2]| {
+            let p = mem.host_ptr(layout.slot(step) + 16 * k).unwrap() as *mut u32;
+            // SAFETY: inside the connection's FIFO, which the test alone writes.
+            unsafe {
+                p.write_volatile(7);
+                p.add(1).write_volatile(flags[0]);
+                p.add(2).write_volatile(9);
+                p.add(3).write_volatile(flags[1]);
+            }
+        };
+        let nsent = || sent.lock().unwrap().len();
+        // Step 0, three lines: its tail landed first, then its size, then its lines one by one.
+        word(ConnLayout::TAIL).store(1, Ordering::Release);
+        c.progress(Poll::Always).expect("progress");
+        assert_eq!(nsent(), 0, "sent before its size landed");
+        word(ConnLayout::SIZES).store(48 | SIZE_LL_LINES, Ordering::Release);
+        line(0, 0, [1, 1]);
+        line(0, 1, [1, 0]);
+        line(0, 2, [1, 1]);
+        c.progress(Poll::Always).expect("progress");
+        assert_eq!(nsent(), 0, "sent with half a line missing");
+        line(0, 1, [1, 1]);
+        c.progress(Poll::Always).expect("progress");
+        assert_eq!(*sent.lock().unwrap(), vec![(0, 48)]);
+        assert_eq!(word(ConnLayout::SIZES).load(Ordering::Acquire), SIZE_EMPTY);
+        // Steps 1 to 7 as Simple ones (released: trusted), so that step 8 reuses slot 0.
+        for step in 1..8u64 {
+            let at = ConnLayout::SIZES + 8 * (step % STEPS) as usize;
+            word(at).store(64, Ordering::Release);
+            word(ConnLayout::TAIL).store(step + 1, Ordering::Release);
+            c.progress(Poll::Always).expect("progress");
+        }
+        assert_eq!(nsent(), 8, "a released Simple step held back");
+        // Step 8 in slot 0 as LL: step 0's lines (flag 1) are still there.
+        word(ConnLayout::SIZES).store(32 | SIZE_LL_LINES, Ordering::Release);
+        word(ConnLayout::TAIL).store(9, Ordering::Release);
+        c.progress(Poll::Always).expect("progress");
+        assert_eq!(nsent(), 8, "step 8 sent with step 0's lines");
+        line(8, 0, [9, 9]);
+        line(8, 1, [9, 9]);
+        c.progress(Poll::Always).expect("progress");
+        assert_eq!(sent.lock().unwrap()[8], (0, 32));
+        // Step 9's tail without its size (slot 1 was taken by step 1): nothing more leaves.
+        word(ConnLayout::TAIL).store(10, Ordering::Release);
+        c.progress(Poll::Always).expect("progress");
+        assert_eq!(
+            nsent(),
+            9,
+            "step 9 sent with the size its slot held for step 1"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::abi::{
     stride_bytes, LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS, PROTO_LL, PROTO_LL128,
-    STRIDE_LL_POLL,
+    SIZE_LL_LINES, STRIDE_LL_POLL, STRIDE_LL_SEND_POLL,
 };
 use crate::arch::{self, Pack16};
 use crate::prims::copy::Move;
@@ -110,7 +110,8 @@ impl Simple {
     /// Ends a step: once every thread has read its lines, the receive slot goes back to the
     /// sender; both step counters move on.
     #[inline(always)]
-    /// `polled`: the step's lines were LL ones, read by their flags alone.
+    /// `polled`: the step's lines were LL ones, read by their flags alone (and, on a send side
+    /// with [`STRIDE_LL_SEND_POLL`], checked by their flags before the proxy sends them).
     pub(super) unsafe fn packet_end(
         &mut self,
         recv: bool,
@@ -129,8 +130,17 @@ impl Simple {
             self.sync();
             if self.tid == 0 {
                 let at = (self.send_step % NCCL_STEPS as u64) as usize;
-                arch::st_volatile(sizes.add(at), sent_bytes as u64);
-                arch::st_release_sys((*self.send).tail as *mut u64, self.send_step + 1);
+                let tail = (*self.send).tail as *mut u64;
+                if polled && (*self.send).proxy_stride & STRIDE_LL_SEND_POLL != 0 {
+                    // The proxy checks the lines' flags in host memory before it sends them
+                    // (`STRIDE_LL_SEND_POLL`): no release, whose wait for every line to reach
+                    // host memory would cost a round trip over PCIe on each step.
+                    arch::st_volatile(sizes.add(at), sent_bytes as u64 | SIZE_LL_LINES);
+                    arch::st_volatile(tail, self.send_step + 1);
+                } else {
+                    arch::st_volatile(sizes.add(at), sent_bytes as u64);
+                    arch::st_release_sys(tail, self.send_step + 1);
+                }
             }
         }
         if recv {

@@ -12,7 +12,9 @@ use crate::cuda::Device;
 use crate::error::{Error, Result};
 use crate::proxy::{ConnLayout, FifoPlace, NetConn, Side};
 use crate::transport::links::Dir;
-use nccl_device::abi::{ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES, STRIDE_LL_POLL};
+use nccl_device::abi::{
+    ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES, STRIDE_LL_POLL, STRIDE_LL_SEND_POLL,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -316,6 +318,8 @@ fn dir_name(d: Dir) -> &'static str {
 fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
     let at = |o: usize| conn.ctrl_addr(o);
     let fifo = conn.fifo_addr();
+    // 1: LL lines are read by their flags both ways; 2: by receivers only; 0: neither.
+    let ll_poll = crate::env::int("NCCL_RS_NET_LL_POLL");
     let send = ConnSend {
         fifo,
         tail: at(ConnLayout::TAIL),
@@ -325,7 +329,13 @@ fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
         ll_fifo: fifo,
         ll128_fifo: fifo,
         proxy_sizes: at(ConnLayout::SIZES),
-        proxy_stride: l.stride as u64,
+        // A FIFO in host memory lets the proxy check an LL step's lines itself
+        // ([`STRIDE_LL_SEND_POLL`]); one in GPU memory it does not read.
+        proxy_stride: l.stride as u64
+            | match !conn.on_gpu() && ll_poll == 1 {
+                true => STRIDE_LL_SEND_POLL,
+                false => 0,
+            },
     };
     let recv = ConnRecv {
         fifo,
@@ -338,7 +348,7 @@ fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
         // A FIFO in host memory receives LL lines in order ([`STRIDE_LL_POLL`]); one in GPU
         // memory (GPU Direct RDMA) has no such promise, and its steps may need a flush.
         proxy_stride: l.stride as u64
-            | match !conn.on_gpu() && crate::env::int("NCCL_RS_NET_LL_POLL") != 0 {
+            | match !conn.on_gpu() && ll_poll != 0 {
                 true => STRIDE_LL_POLL,
                 false => 0,
             },
