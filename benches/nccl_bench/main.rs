@@ -422,6 +422,12 @@ fn bench(
                 .collect();
             println!("# NVIDIA NCCL alone: {}", set.join(" "));
         }
+        if idle_seconds(args, member.is_some()) > 0.0
+            && std::env::var_os("NCCL_SET_THREAD_NAME").is_none()
+        {
+            // NVIDIA NCCL names its threads ("NCCL ...") only when asked: `idle` counts them.
+            std::env::set_var("NCCL_SET_THREAD_NAME", "1");
+        }
         let t0 = Instant::now();
         let comms = match &member {
             Some(m) => {
@@ -486,11 +492,7 @@ fn bench(
         records.write()?;
         all_right &= table.wrong == 0;
     }
-    // Only runs with a process per rank have proxies by default (their peers are on other
-    // nodes); the window is short against a run of tables.
-    let idle = args
-        .idle_cpu
-        .unwrap_or(if member.is_some() { 2.0 } else { 0.0 });
+    let idle = idle_seconds(args, member.is_some());
     if idle > 0.0 {
         println!("#");
         println!(
@@ -500,6 +502,14 @@ fn bench(
     }
     b.teardown()?;
     Ok(all_right)
+}
+
+/// Seconds of quiet `idle` measures after the tables (`--idle-cpu`): by default only in runs
+/// with a process per rank, whose peers are on other nodes (so proxies run); the window is
+/// short against a run of tables.
+fn idle_seconds(args: &Args, process_per_rank: bool) -> f64 {
+    let default = if process_per_rank { 2.0 } else { 0.0 };
+    args.idle_cpu.unwrap_or(default)
 }
 
 /// `-R 1`: every rank's send and receive buffers registered with its communicators (ours
