@@ -65,6 +65,47 @@ fn every_protocol_and_algorithm_across_nodes() {
     common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 2, 2, &env);
 }
 
+/// LL steps (published without a release, their lines checked by the proxy before it sends
+/// them) and Simple steps (released) in turn on the same network connections, in odd runs so
+/// that every FIFO slot carries both kinds and a slot's size word goes from one kind to the
+/// other: AllGathers on 2 ranks (one step per chunk), each checked.
+#[test]
+fn ll_and_simple_steps_in_turn_across_nodes() {
+    if let Some(ranks) = child_comm() {
+        let c = &ranks.comms[0];
+        let big = 1 << 20;
+        // AllGather: one step per chunk on 2 ranks, so a small call is one LL step.
+        let coll = nccl::Coll::AllGather;
+        let simple = c.tuning(coll, 8 * big).unwrap();
+        assert_eq!(simple.proto, nccl::tune::Proto::Simple, "{simple:?}");
+        let ll = c.tuning(coll, 16).unwrap();
+        assert_eq!(ll.proto, nccl::tune::Proto::Ll, "{ll:?}");
+        for (k, (count, calls)) in [(2, 1), (big, 1), (2, 3), (big, 2), (2, 1), (big, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            for call in 0..calls {
+                let seed = (k * 10 + call) as u64;
+                common::check_collective(
+                    &ranks,
+                    nccl_device::abi::Coll::AllGather,
+                    count,
+                    DataType::Float32,
+                    ReduceOp::Sum,
+                    0,
+                    false,
+                    seed,
+                    Drive::OneThread,
+                )
+                .unwrap_or_else(|e| panic!("count {count}, call {call}: {e}"));
+            }
+        }
+        return;
+    }
+    let env = [LOOPBACK, ("NCCL_ALGO", "ring")];
+    common::procs::run_nodes("ll_and_simple_steps_in_turn_across_nodes", 2, 1, &env);
+}
+
 /// A rank killed (SIGKILL) in the middle of an AllReduce: every survivor's async error turns
 /// into an error naming the connection to the dead peer within the bound, and abort then
 /// returns. Nothing hangs.

@@ -185,7 +185,9 @@ fn slot_words(mem: &HostMem, layout: ConnLayout, step: u64) -> [u32; 4] {
 /// What a send side's size word holds while no step the kernel published fills its slot (the
 /// proxy writes it when it takes a step, and at the start). A step published with a release
 /// never shows it; an LL step published without one ([`SIZE_LL_LINES`]) may, for a moment,
-/// when its tail reached host memory before its size.
+/// when its tail reached host memory before its size. Every step below a published tail gets a
+/// size: connections through a proxy take one slot per Simple step (`slice_steps` is 1 with any
+/// network transport), so no slice's rounding skips one.
 const SIZE_EMPTY: u64 = u64::MAX;
 
 /// Whether every 16-byte LL line of `step`'s `bytes` in a send side's host FIFO holds the
