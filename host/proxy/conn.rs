@@ -465,14 +465,14 @@ impl NetConn {
                 break;
             }
             let size = (word & !SIZE_LL_LINES) as usize;
-            if word & SIZE_LL_LINES != 0 && !ll_lines_landed(mem, self.layout, self.posted, size) {
-                break;
-            }
             if size > self.layout.stride {
                 return Err(Error::internal(format!(
                     "the kernel published a {size}-byte step in a {}-byte slot",
                     self.layout.stride
                 )));
+            }
+            if word & SIZE_LL_LINES != 0 && !ll_lines_landed(mem, self.layout, self.posted, size) {
+                break;
             }
             let off = self.layout.slot(self.posted) - ConnLayout::FIFO;
             match comm.isend(self.mr, off, size, self.tag)? {
