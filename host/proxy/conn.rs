@@ -471,8 +471,13 @@ impl NetConn {
                     self.layout.stride
                 )));
             }
-            if word & SIZE_LL_LINES != 0 && !ll_lines_landed(mem, self.layout, self.posted, size) {
-                break;
+            if word & SIZE_LL_LINES != 0 {
+                if !ll_lines_landed(mem, self.layout, self.posted, size) {
+                    break;
+                }
+                // The network's reads of the lines come after the flags said they landed (on
+                // hosts that reorder loads too).
+                fence(Ordering::Acquire);
             }
             let off = self.layout.slot(self.posted) - ConnLayout::FIFO;
             match comm.isend(self.mr, off, size, self.tag)? {
