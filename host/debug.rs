@@ -259,6 +259,32 @@ crate::internal! {
     }
 }
 
+crate::internal! {
+    /// The CPU clock ticks (user + system, `/proc/self/task/*/stat`) used so far by this
+    /// process's threads whose names start with `prefix`, and how many such threads there are:
+    /// what a lab or a test reads twice around a quiet window (an idle proxy, `nccl-proxy-*`).
+    fn thread_cpu_ticks(prefix: &str) -> (u64, usize) {
+        let (mut ticks, mut threads) = (0, 0);
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return (0, 0);
+        };
+        for t in tasks.flatten() {
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The fields after the ")" closing the name: utime is field 14 of the line, stime 15.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            ticks += field(11) + field(12);
+            threads += 1;
+        }
+        (ticks, threads)
+    }
+}
+
 /// The host name up to its first dot (gethostname(2)), as NCCL prints it.
 pub(crate) fn short_hostname() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
@@ -627,6 +653,36 @@ mod tests {
             format_line(Level::Warn, 0, &nowhere, format_args!("{msg}")),
             "node7:12:34 [-1] NCCL WARN hello\n"
         );
+    }
+
+    #[test]
+    fn thread_ticks_count_the_named_threads_only() {
+        let (stop, started) = (
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            std::sync::Arc::new(std::sync::Barrier::new(3)),
+        );
+        let spawn = |name: &str| {
+            let (stop, started) = (stop.clone(), started.clone());
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    started.wait();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                })
+                .unwrap()
+        };
+        let threads = [spawn("tick-probe-a"), spawn("tick-probe-b")];
+        started.wait();
+        assert_eq!(thread_cpu_ticks("tick-probe-").1, 2);
+        assert_eq!(thread_cpu_ticks("tick-probe-a").1, 1);
+        assert_eq!(thread_cpu_ticks("no-such-thread-name").1, 0);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(thread_cpu_ticks("tick-probe-").1, 0);
     }
 
     #[test]

@@ -102,8 +102,12 @@ fn ll_and_simple_steps_in_turn_across_nodes() {
         }
         return;
     }
-    let env = [LOOPBACK, ("NCCL_ALGO", "ring")];
-    common::procs::run_nodes("ll_and_simple_steps_in_turn_across_nodes", 2, 1, &env);
+    common::procs::run_nodes(
+        "ll_and_simple_steps_in_turn_across_nodes",
+        2,
+        1,
+        &[LOOPBACK],
+    );
 }
 
 /// A rank killed (SIGKILL) in the middle of an AllReduce: every survivor's async error turns
@@ -290,23 +294,7 @@ fn stopped_peer_is_reported_when_its_watcher_has_nothing_to_wait_for() {
 
 /// CPU time (clock ticks) of this process's proxy threads so far, from /proc.
 fn proxy_ticks() -> u64 {
-    let mut ticks = 0;
-    for t in std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("nccl-proxy") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // Fields after the ")" that closes the name: state is field 3, utime 14, stime 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        ticks += f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    }
-    ticks
+    nccl::debug::thread_cpu_ticks("nccl-proxy").0
 }
 
 /// Between collectives the proxy thread sleeps: over 3 idle seconds it uses a small fraction

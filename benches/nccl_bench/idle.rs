@@ -6,47 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-/// Whose threads a name belongs to.
-#[derive(Clone, Copy, PartialEq)]
-enum Owner {
-    Ours,
-    Nccl,
-    Other,
-}
+/// Thread-name prefixes: nccl-rs's threads, NVIDIA NCCL's.
+const OWNERS: [&str; 2] = ["nccl-", "NCCL"];
 
-fn owner(name: &str) -> Owner {
-    if name.starts_with("nccl-") {
-        Owner::Ours
-    } else if name.starts_with("NCCL") {
-        Owner::Nccl
-    } else {
-        Owner::Other
-    }
-}
-
-/// Clock ticks (user + system) used so far by this process's threads, per owner (ours, NCCL's),
-/// and how many threads each has.
+/// Clock ticks used so far and thread counts of each owner's threads ([`OWNERS`]).
 fn ticks() -> [(u64, usize); 2] {
-    let mut sum = [(0u64, 0usize); 2];
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return sum;
-    };
-    for t in tasks.flatten() {
-        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let k = match owner(name.trim_end()) {
-            Owner::Ours => 0,
-            Owner::Nccl => 1,
-            Owner::Other => continue,
-        };
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // The fields after the ")" closing the name: utime is field 14 of the line, stime 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        sum[k].0 += field(11) + field(12);
-        sum[k].1 += 1;
-    }
-    sum
+    OWNERS.map(nccl::debug::thread_cpu_ticks)
 }
 
 /// Waits out the proxies' hot window (`settle`), then measures `window` of quiet and returns
