@@ -1342,6 +1342,7 @@ mod tests {
     /// withdrawn offer gives nothing. No CUDA is called.
     #[test]
     fn a_multicast_handle_is_taken_from_its_offer_only() {
+        let _one = super::super::fdpass::one_offering_test_at_a_time();
         let o = super::super::fdpass::offer(memfd(4096));
         let h = mc_handle(&o.ticket(), 4096);
         assert_eq!(mc_handle_size(&h), 4096);

@@ -639,6 +639,14 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
     Ok(st.st_size as u64)
 }
 
+/// Every unit test that offers a descriptor (here and elsewhere in the crate) runs one at a
+/// time: one of them counts the listener and asserts that none runs at its start.
+#[cfg(test)]
+pub(crate) fn one_offering_test_at_a_time() -> MutexGuard<'static, ()> {
+    static L: Mutex<()> = Mutex::new(());
+    L.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -665,10 +673,8 @@ mod tests {
         assert_eq!(Ticket::decode(&t.encode()), t);
     }
 
-    /// The tests that offer descriptors run one at a time: one of them counts the listener.
     fn one_at_a_time() -> MutexGuard<'static, ()> {
-        static L: Mutex<()> = Mutex::new(());
-        L.lock().unwrap_or_else(|p| p.into_inner())
+        super::one_offering_test_at_a_time()
     }
 
     /// Threads of this process named as the listener's.
@@ -720,6 +726,7 @@ mod tests {
     /// another pid) is not believed: nothing is taken from it, whatever it sends.
     #[test]
     fn a_squatted_socket_name_is_refused() {
+        let _one = one_at_a_time();
         let o = offer(memfd(64, 3));
         let t = Ticket {
             // A pid that is not ours (pid_max is at most 2^22).
@@ -732,18 +739,21 @@ mod tests {
                 .unwrap();
         let l = UnixListener::bind_addr(&addr).expect("squat the name");
         let fd = o.ticket().fd;
+        // Two requests come (via_socket, then take_offered): the name stays bound for both.
         let squatter = std::thread::spawn(move || {
-            if let Ok((mut s, _)) = l.accept() {
-                let mut key = [0u8; 8];
-                let _ = s.read_exact(&mut key);
-                let _ = send_fd(&s, fd);
+            for _ in 0..2 {
+                if let Ok((mut s, _)) = l.accept() {
+                    let mut key = [0u8; 8];
+                    let _ = s.read_exact(&mut key);
+                    let _ = send_fd(&s, fd);
+                }
             }
         });
         let e = via_socket(&t).expect_err("a squatter's descriptor");
         assert!(e.contains("not by the owner"), "{e}");
         let e = take_offered(&t).expect_err("a squatter's descriptor");
         assert!(e.message.contains("not by the owner"), "{e}");
-        drop(squatter);
+        squatter.join().expect("the squatter thread");
     }
 
     /// `take_offered` never falls back to `pidfd_getfd`: a ticket naming another process (our
@@ -751,6 +761,7 @@ mod tests {
     /// `pidfd_getfd` on it may be allowed here.
     #[test]
     fn take_offered_never_uses_pidfd_getfd() {
+        let _one = one_at_a_time();
         // SAFETY: getppid cannot fail.
         let parent = unsafe { libc::getppid() } as u32;
         for sock in [NO_SOCKET, 63] {
