@@ -431,6 +431,20 @@ const NET_CHANNEL_BW: f64 = 2.0;
 const TREE_INTRA_EFF: f64 = 0.47;
 /// Tree throughput over the network as a share of the NICs' (up and down overlap).
 const TREE_INTER_EFF: f64 = 0.9;
+/// The same with one rank per node (2 x 1: the two ranks trade whole buffers at the top):
+/// on one H200 as 2 nodes over sockets a forced Tree/Simple took 55-60 us more per MiB than
+/// Ring/Simple from 1 to 4 MiB (sessions 13 and 15), about 0.66 of the ring's rate.
+/// Measured on two nodes only, so used only where the tree trades at the top.
+const TREE_ONE_RANK_NET_EFF: f64 = 0.66;
+
+/// What a ring across nodes pays (µs) for each network step of each channel past the first:
+/// one proxy thread per process moves every channel's steps, so they queue behind each other
+/// (a tree that trades at the top has one step per channel and showed no such cost). Fitted
+/// to the same runs: a forced Ring/Simple on 2 x 1 paid about 0, 45 and 120 us over the
+/// model on 2, 4 and 8 channels (128 KiB-1 MiB; 2 steps per channel), which put the measured
+/// tree-to-ring crossover between 2 and 4 MiB (results/h200-nodes2-latency-tuner-idle-s15.txt,
+/// h200-nodes2-tuner-refit.txt); on 2 x 2 the ring's 8-channel calls were as far behind.
+const RING_NET_STEP_US: f64 = 8.0;
 
 /// The per-communicator tuner.
 pub struct Tuner {
@@ -561,7 +575,11 @@ impl Tuner {
                     (self.bw_intra * TREE_INTRA_EFF).min(self.bw_inter * TREE_INTER_EFF)
                 } else if self.nnodes > 1 {
                     // One rank per node: no chain inside the nodes to slow the tree.
-                    self.bw_inter * TREE_INTER_EFF
+                    self.bw_inter
+                        * match self.tree_exchange {
+                            true => TREE_ONE_RANK_NET_EFF,
+                            false => TREE_INTER_EFF,
+                        }
                 } else {
                     self.bw_intra * TREE_INTRA_EFF
                 };
@@ -675,7 +693,24 @@ impl Tuner {
             return None;
         }
         let bus = self.bus_bytes(coll, algo, bytes);
-        Some(self.latency(coll, algo, proto) + bus / (bw * 1e3))
+        Some(self.latency(coll, algo, proto) + self.ring_queue(coll, algo, proto, nch) + bus / (bw * 1e3))
+    }
+
+    /// What the ring's steps across the network wait for each other at the proxy with `nch`
+    /// channels (µs; [`RING_NET_STEP_US`]): each channel past the first adds its network steps,
+    /// 2 (n - 1) for an AllReduce (one with the two-rank LL exchange), n - 1 otherwise.
+    fn ring_queue(&self, coll: Coll, algo: Algo, proto: Proto, nch: usize) -> f64 {
+        if self.nnodes < 2 || algo != Algo::Ring || nch < 2 {
+            return 0.0;
+        }
+        let n = self.nranks as f64;
+        let exchange = self.ring_exchange && self.nranks == 2 && proto == Proto::Ll;
+        let steps = match coll {
+            Coll::AllReduce if exchange => 1.0,
+            Coll::AllReduce => 2.0 * (n - 1.0),
+            _ => n - 1.0,
+        };
+        RING_NET_STEP_US * steps * (nch - 1) as f64
     }
 
     fn nthreads_for(&self, proto: Proto, bytes: usize, nch: usize) -> u32 {
@@ -884,6 +919,10 @@ mod tests {
         // the best forced choice of results/h100-nodes2-tuner-exchange.txt at each size (mean
         // of 3 rounds): Ring/LL to 16 KiB (19.7-32.5 us), Tree/Simple at 256 KiB and 1 MiB (105
         // and 200 us against the ring's 167 and 306), Ring/Simple from 4 MiB (557 us against 647).
+        // One H200 (results/h200-nodes2-latency-tuner-idle-s15.txt, medians of 6): Tree/Simple
+        // from 32 KiB to 2 MiB (44, 86, 115, 175, 210, 347 us; the ring 55, 98, 166, 318, 291,
+        // 377), Ring/Simple at 4 MiB (563 against 678); and 16 and 64 MiB on the ring
+        // (h200-nodes2-tuner-refit.txt: 1.45 and 5.2 ms against the tree's 1.75 and 6.6).
         let mut t = across(2, 1, 0.0, 10.0);
         t.set_ring_exchange(true);
         t.set_tree_exchange(true);
@@ -891,9 +930,14 @@ mod tests {
             (16, Algo::Ring, Proto::Ll),
             (4096, Algo::Ring, Proto::Ll),
             (16 << 10, Algo::Ring, Proto::Ll),
+            (32 << 10, Algo::Tree, Proto::Simple),
+            (128 << 10, Algo::Tree, Proto::Simple),
             (256 << 10, Algo::Tree, Proto::Simple),
+            (512 << 10, Algo::Tree, Proto::Simple),
             (1 << 20, Algo::Tree, Proto::Simple),
+            (2 << 20, Algo::Tree, Proto::Simple),
             (4 << 20, Algo::Ring, Proto::Simple),
+            (16 << 20, Algo::Ring, Proto::Simple),
             (64 << 20, Algo::Ring, Proto::Simple),
         ] {
             let c = t.choose(Coll::AllReduce, bytes).unwrap();
@@ -920,6 +964,33 @@ mod tests {
         t.set_ring_exchange(true);
         let after = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
         assert!((before - after - NET_HOP_US[Proto::Ll as usize]).abs() < 1e-6);
+    }
+
+    /// The ring's steps across nodes queue at the proxy: one channel pays nothing for it, each
+    /// further one its network steps (2 (n - 1) for an AllReduce, one for the two-rank LL
+    /// exchange, n - 1 for the others); a tree and a single node never.
+    #[test]
+    fn a_ring_across_nodes_pays_for_each_channel_past_the_first() {
+        let mut t = across(2, 1, 0.0, 10.0);
+        t.set_ring_exchange(true);
+        assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 1), 0.0);
+        assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 8), 7.0 * 2.0 * RING_NET_STEP_US);
+        assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Ll, 8), 7.0 * RING_NET_STEP_US);
+        assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Tree, Proto::Simple, 8), 0.0);
+        let t = across(2, 2, 0.0, 10.0);
+        assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 3), 2.0 * 6.0 * RING_NET_STEP_US);
+        assert_eq!(t.ring_queue(Coll::AllGather, Algo::Ring, Proto::Simple, 3), 2.0 * 3.0 * RING_NET_STEP_US);
+        let one = across_nodes(1, 4, 0.0);
+        assert_eq!(one.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 8), 0.0);
+        // It is part of the estimate: 8 channels' worth on 2 x 1 at 1 MiB, 4 at 256 KiB.
+        let t = across(2, 1, 0.0, 10.0);
+        for (bytes, nch) in [(1usize << 20, 8usize), (256 << 10, 4)] {
+            let est = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Simple, bytes).unwrap();
+            let rest = t.latency(Coll::AllReduce, Algo::Ring, Proto::Simple)
+                + bytes as f64 / (2.0 * nch as f64).min(9.9) / 1e3;
+            let queue = 2.0 * (nch - 1) as f64 * RING_NET_STEP_US;
+            assert!((est - rest - queue).abs() < 1e-6, "{bytes} B: {est} {rest} {queue}");
+        }
     }
 
     #[test]
