@@ -431,10 +431,10 @@ const NET_CHANNEL_BW: f64 = 2.0;
 const TREE_INTRA_EFF: f64 = 0.47;
 /// Tree throughput over the network as a share of the NICs' (up and down overlap).
 const TREE_INTER_EFF: f64 = 0.9;
-/// The same with one rank per node (2 x 1: the two ranks trade whole buffers at the top):
-/// on one H200 as 2 nodes over sockets a forced Tree/Simple took 55-60 us more per MiB than
-/// Ring/Simple from 1 to 4 MiB (sessions 13 and 15), about 0.66 of the ring's rate.
-/// Measured on two nodes only, so used only where the tree trades at the top.
+/// The same with one rank per node (2 x 1: the two ranks trade whole buffers at the top): on
+/// one H200 as 2 nodes over sockets a forced Tree/Simple took 55-60 us more per MiB than
+/// Ring/Simple from 1 to 4 MiB (sessions 13 and 15), about 0.66 of the ring's rate. Measured
+/// on two nodes only, so used only where the tree trades at the top.
 const TREE_ONE_RANK_NET_EFF: f64 = 0.66;
 
 /// What a ring across nodes pays (µs) for each network step of each channel past the first:
@@ -575,11 +575,7 @@ impl Tuner {
                     (self.bw_intra * TREE_INTRA_EFF).min(self.bw_inter * TREE_INTER_EFF)
                 } else if self.nnodes > 1 {
                     // One rank per node: no chain inside the nodes to slow the tree.
-                    self.bw_inter
-                        * match self.tree_exchange {
-                            true => TREE_ONE_RANK_NET_EFF,
-                            false => TREE_INTER_EFF,
-                        }
+                    self.bw_inter * self.tree_net_eff()
                 } else {
                     self.bw_intra * TREE_INTRA_EFF
                 };
@@ -694,6 +690,14 @@ impl Tuner {
         }
         let bus = self.bus_bytes(coll, algo, bytes);
         Some(self.latency(coll, algo, proto) + self.ring_queue(coll, algo, proto, nch) + bus / (bw * 1e3))
+    }
+
+    /// The share of the network a tree across nodes of one rank each reaches.
+    fn tree_net_eff(&self) -> f64 {
+        match self.tree_exchange {
+            true => TREE_ONE_RANK_NET_EFF,
+            false => TREE_INTER_EFF,
+        }
     }
 
     /// What the ring's steps across the network wait for each other at the proxy with `nch`
@@ -920,9 +924,11 @@ mod tests {
         // of 3 rounds): Ring/LL to 16 KiB (19.7-32.5 us), Tree/Simple at 256 KiB and 1 MiB (105
         // and 200 us against the ring's 167 and 306), Ring/Simple from 4 MiB (557 us against 647).
         // One H200 (results/h200-nodes2-latency-tuner-idle-s15.txt, medians of 6): Tree/Simple
-        // from 32 KiB to 2 MiB (44, 86, 115, 175, 210, 347 us; the ring 55, 98, 166, 318, 291,
-        // 377), Ring/Simple at 4 MiB (563 against 678); and 16 and 64 MiB on the ring
-        // (h200-nodes2-tuner-refit.txt: 1.45 and 5.2 ms against the tree's 1.75 and 6.6).
+        // at 32 KiB and from 128 KiB to 2 MiB (44, 86, 115, 175, 210, 347 us; the ring 55, 98,
+        // 166, 318, 291, 377), Ring/Simple at 4 MiB (563 against 678); and 16 and 64 MiB on the
+        // ring (h200-nodes2-tuner-refit.txt: 1.45 and 5.2 ms against the tree's 1.75 and 6.6).
+        // Not asserted: 64 KiB, where one channel's ring beat the tree by 4-7% (68 against 73
+        // us, then 66 against 70) and the model, linear in the bytes, has the tree ahead.
         let mut t = across(2, 1, 0.0, 10.0);
         t.set_ring_exchange(true);
         t.set_tree_exchange(true);
