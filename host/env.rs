@@ -155,6 +155,15 @@ pub const PARAMS: &[Param] = &[
               TCP_USER_TIMEOUT also counts a zero window); 0: no bound",
     },
     Param {
+        name: "NCCL_RS_SOCKET_INLINE_BYTES",
+        default: "65536",
+        doc: "a socket-network sender writes messages shorter than this inline on the \
+              connection's control socket from the proxy's own thread, longer ones cut across \
+              the data sockets by the helper threads (two thread wake-ups a side, but sockets in \
+              parallel); each message's header says which, so ranks may differ (nccl-rs's own); \
+              0: every non-empty message in pieces; at most 1 GiB",
+    },
+    Param {
         name: "NCCL_RS_PEER_HANG_TIMEOUT_MS",
         default: "0",
         doc: "opt-in bound on a rank that hangs without dying (its process stopped: SIGSTOP, a \

@@ -39,6 +39,8 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Speed reported when sysfs does not know it (Mbit/s), as NCCL.
 pub const DEFAULT_SPEED_MBPS: u32 = 10_000;
+/// The largest `NCCL_RS_SOCKET_INLINE_BYTES` taken (a larger value is this one).
+pub const MAX_INLINE_BELOW: usize = 1 << 30;
 
 /// What a [`SocketNet`] is made with. `Default` is NCCL's defaults (and nccl-rs's
 /// [`DEFAULT_PEER_TIMEOUT`]) without reading the environment; [`SocketOptions::from_env`] reads
@@ -66,6 +68,10 @@ pub struct SocketOptions {
     /// leaves unacknowledged for this long (the host vanished mid-transfer) fails; None: TCP's
     /// retransmission limit alone (about 15 minutes; NCCL's behaviour).
     pub send_timeout: Option<Duration>,
+    /// `NCCL_RS_SOCKET_INLINE_BYTES`: a sender writes messages shorter than this inline on the
+    /// control socket from the caller's thread, longer ones in pieces through its helper
+    /// threads.
+    pub inline_below: usize,
 }
 
 impl Default for SocketOptions {
@@ -80,6 +86,7 @@ impl Default for SocketOptions {
             retry_sleep_ms: 100,
             peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
             send_timeout: Some(DEFAULT_PEER_TIMEOUT),
+            inline_below: wire::DEFAULT_INLINE_BELOW,
         }
     }
 }
@@ -111,6 +118,8 @@ impl SocketOptions {
                 ms if ms <= 0 => None,
                 ms => Some(Duration::from_millis(ms as u64)),
             },
+            inline_below: crate::env::int("NCCL_RS_SOCKET_INLINE_BYTES").clamp(0, MAX_INLINE_BELOW as i64)
+                as usize,
         }
     }
 }
@@ -301,7 +310,8 @@ impl Net for SocketNet {
                 sleep_ms: self.opts.retry_sleep_ms,
             },
         )?
-        .with_timeouts(self.opts.peer_timeout, self.opts.send_timeout);
+        .with_timeouts(self.opts.peer_timeout, self.opts.send_timeout)
+        .with_inline_below(self.opts.inline_below);
         Ok(Box::new(c))
     }
 }

@@ -2,9 +2,11 @@
 //! moved by `nthreads` helper threads.
 //!
 //! Framing: every message starts with a 16-byte header on the control socket (length, tag, a
-//! check word). A message shorter than [`wire::MIN_CHUNK`] follows its header inline on the
-//! control socket; a longer one is cut by [`wire::piece`] into one contiguous piece per data
-//! socket, which both ends compute from the length alone, so pieces carry no framing. Each
+//! check word that also says how the payload travels). A message shorter than the sender's
+//! inline limit (`NCCL_RS_SOCKET_INLINE_BYTES`, [`wire::DEFAULT_INLINE_BELOW`]) follows its
+//! header inline on the control socket; a longer one is cut by [`wire::piece`] into one
+//! contiguous piece per data socket, which both ends compute from the length alone, so pieces
+//! carry no framing. Each
 //! socket is a FIFO and both ends walk the messages in the same order, so messages complete in
 //! order.
 //!
@@ -97,6 +99,9 @@ pub(super) struct Conn {
     /// Sending: how long data in flight may go unacknowledged ([`unacked_for`]); None: TCP's
     /// retransmission limit alone.
     pub send_timeout: Option<Duration>,
+    /// Sending: messages shorter than this go inline on the control socket
+    /// ([`wire::sends_inline`]); a receiver reads the way from each header.
+    pub inline_below: usize,
 }
 
 /// One message: where its bytes are (or go), and its outcome.
@@ -160,11 +165,18 @@ struct Shared {
     sockets: Vec<Arc<Socket>>,
     /// Sending: the bound on unacknowledged data ([`unacked_for`]).
     send_timeout: Option<Duration>,
+    /// Sending: [`Conn::inline_below`].
+    inline_below: usize,
 }
 
 impl Shared {
     fn clock_us(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Sending: does a `len`-byte message go inline on the control socket?
+    fn sends_inline(&self, len: usize) -> bool {
+        wire::sends_inline(len, self.inline_below)
     }
 
     fn quitting(&self) -> bool {
@@ -334,7 +346,7 @@ impl Shared {
                             }
                         }
                     }
-                    let Some((len, tag)) = wire::decode_header(buf) else {
+                    let Some((len, tag, inline)) = wire::decode_header(buf) else {
                         return Err(
                             "received a corrupt message header (the stream lost its framing)"
                                 .into(),
@@ -351,7 +363,7 @@ impl Shared {
                         return Err("a header without a posted receive".into());
                     };
                     let discard = len > msg.cap;
-                    if wire::inline(len) {
+                    if inline {
                         reader.reading = Reading::Payload {
                             msg,
                             len,
@@ -788,11 +800,12 @@ impl Worker {
     }
 
     fn send_one(&mut self, w: &Work) -> std::result::Result<(), Halt> {
+        let inline = self.shared.sends_inline(w.len);
         if self.t == 0 {
             let ctrl = self.ctrl()?;
-            let hdr = wire::encode_header(w.len, w.msg.tag);
+            let hdr = wire::encode_header(w.len, w.msg.tag, inline);
             self.send_all(&ctrl, hdr.get(w.sent..).unwrap_or(&[]))?;
-            if wire::inline(w.len) && w.len > 0 {
+            if inline && w.len > 0 {
                 // The caller may have written the first bytes already.
                 let skip = w.sent.saturating_sub(HEADER_BYTES).min(w.len);
                 let mut p = self.inline_piece(ctrl, w);
@@ -801,6 +814,9 @@ impl Worker {
                 self.move_pieces(&mut [p])?;
             }
             self.shared.ctrl_queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        if inline {
+            return Ok(());
         }
         let mut pieces = self.pieces(w.msg.addr, w.len, false);
         self.move_pieces(&mut pieces)
@@ -1022,6 +1038,7 @@ impl Comm {
             dev,
             peer_timeout,
             send_timeout,
+            inline_below,
         } = conn;
         for s in std::iter::once(&ctrl).chain(&data) {
             ready(s, peer_timeout).map_err(|e| {
@@ -1060,6 +1077,7 @@ impl Comm {
             waker: Mutex::new(None),
             sockets,
             send_timeout,
+            inline_below,
         });
         let mut comm = Comm {
             send,
@@ -1274,7 +1292,7 @@ impl Comm {
         }
         let (req, msg) = self.new_msg(addr, len, tag, mr);
         let mut sent = 0;
-        if wire::inline(len) && self.shared.ctrl_queued.load(Ordering::Acquire) == 0 {
+        if self.shared.sends_inline(len) && self.shared.ctrl_queued.load(Ordering::Acquire) == 0 {
             sent = self.write_inline(addr, len, tag)?;
             if sent == HEADER_BYTES + len {
                 self.shared.finish(&msg, len, false);
@@ -1295,7 +1313,7 @@ impl Comm {
     /// The caller's fast path: writes as much of an inline message (header and payload) as the
     /// control socket takes without blocking; thread 0 is idle on it (nothing queued).
     fn write_inline(&self, addr: usize, len: usize, tag: u32) -> Result<usize> {
-        let hdr = wire::encode_header(len, tag);
+        let hdr = wire::encode_header(len, tag, true);
         // SAFETY: `addr..addr + len` lies inside a region registered with this comm (checked
         // by `isend`), which the caller of `reg_mr` keeps valid for reads until `dereg_mr`
         // (refused while this request is in flight). Only reads happen through it.
@@ -1393,7 +1411,7 @@ impl Drop for Comm {
         if self.send && self.shared.error().is_none() && self.reqs.is_empty() {
             let _ = self
                 .ctrl
-                .send_with_flags(&wire::encode_header(0, wire::CLOSE_TAG), libc::MSG_NOSIGNAL);
+                .send_with_flags(&wire::encode_header(0, wire::CLOSE_TAG, true), libc::MSG_NOSIGNAL);
         }
         self.join();
     }

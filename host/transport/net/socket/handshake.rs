@@ -309,6 +309,8 @@ impl Listener for SocketListener {
                 dev: self.dev.clone(),
                 peer_timeout: self.peer_timeout,
                 send_timeout: self.send_timeout,
+                // A receiving end: each header says how its payload travels.
+                inline_below: wire::DEFAULT_INLINE_BELOW,
             };
             log::info!(
                 "NET/Socket: accepted a connection from {} on {} ({} threads x {} sockets)",
@@ -372,6 +374,8 @@ pub struct SocketConnecting {
     /// Handed to the connection once open (`Conn::peer_timeout`, `Conn::send_timeout`).
     peer_timeout: Option<Duration>,
     send_timeout: Option<Duration>,
+    /// `Conn::inline_below`.
+    inline_below: usize,
 }
 
 fn retryable(e: &io::Error) -> bool {
@@ -422,6 +426,7 @@ impl SocketConnecting {
             retry,
             peer_timeout: None,
             send_timeout: None,
+            inline_below: wire::DEFAULT_INLINE_BELOW,
         };
         for i in 0..c.attempts.len() {
             c.advance(i)?;
@@ -435,6 +440,13 @@ impl SocketConnecting {
     pub(super) fn with_timeouts(mut self, peer: Option<Duration>, send: Option<Duration>) -> Self {
         self.peer_timeout = peer;
         self.send_timeout = send;
+        self
+    }
+
+    /// The connection writes messages shorter than `below` inline on its control socket
+    /// ([`wire::sends_inline`]; [`wire::DEFAULT_INLINE_BELOW`] unless set).
+    pub(super) fn with_inline_below(mut self, below: usize) -> Self {
+        self.inline_below = below;
         self
     }
 
@@ -553,6 +565,7 @@ impl Connecting for SocketConnecting {
                 dev: self.dev.clone(),
                 peer_timeout: self.peer_timeout,
                 send_timeout: self.send_timeout,
+                inline_below: self.inline_below,
             };
             if conn.data.len() + 1 != self.attempts.len() {
                 return Err(Error::internal(

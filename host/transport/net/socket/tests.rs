@@ -27,6 +27,7 @@ fn opts(nthreads: usize, nsocks: usize, family: Family) -> SocketOptions {
         retry_sleep_ms: 10,
         peer_timeout: Some(Duration::from_secs(10)),
         send_timeout: Some(Duration::from_secs(10)),
+        inline_below: wire::DEFAULT_INLINE_BELOW,
     }
 }
 
@@ -36,8 +37,16 @@ fn lo_net(nthreads: usize, nsocks: usize) -> SocketNet {
 
 /// Listens, connects and accepts, the two sides polled on two threads.
 fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-    let (handle, mut listener) = net.listen(0).expect("listen");
-    let mut connecting = net.connect(0, &handle).expect("connect");
+    pair_between(net, net)
+}
+
+/// [`pair`] with the sending end made by `sending` and the receiving end by `receiving`.
+fn pair_between(
+    sending: &SocketNet,
+    receiving: &SocketNet,
+) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+    let (handle, mut listener) = receiving.listen(0).expect("listen");
+    let mut connecting = sending.connect(0, &handle).expect("connect");
     let deadline = Instant::now() + WAIT;
     std::thread::scope(|s| {
         let acceptor = s.spawn(move || loop {
@@ -280,6 +289,61 @@ fn small_and_large_messages_interleave_intact() {
             assert!(
                 src[from..from + len] == dst[k * slot..k * slot + len],
                 "round {round}: message {k} ({len} bytes) arrived changed"
+            );
+        }
+    }
+}
+
+/// The sender alone decides which messages go inline (`NCCL_RS_SOCKET_INLINE_BYTES`) and says
+/// so in each header; the receiver follows the header, whatever its own setting. Messages on
+/// both sides of every limit, all posted at once, arrive intact and in order; a receiver that
+/// went by its own limit would lose the stream's framing.
+#[test]
+fn the_sender_chooses_inline_or_pieces_and_the_receiver_follows() {
+    let sizes = [
+        0usize,
+        1,
+        13,
+        4096,
+        wire::MIN_CHUNK - 1,
+        wire::MIN_CHUNK,
+        100_003,
+        256 << 10,
+        (1 << 20) + 3,
+    ];
+    for below in [0usize, 1, wire::DEFAULT_INLINE_BELOW, 256 << 10, MAX_INLINE_BELOW] {
+        let sending = SocketNet::with_options(SocketOptions {
+            inline_below: below,
+            ..opts(2, 2, Family::V4)
+        })
+        .unwrap();
+        let (mut s, mut r) = pair_between(&sending, &lo_net(2, 2));
+        let mut rng = Rng(below as u64 + 5);
+        let mut srcs: Vec<Vec<u8>> = sizes.iter().map(|&n| rng.bytes(n)).collect();
+        let mut dsts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0x5a; n + 64]).collect();
+        let recvs: Vec<_> = dsts
+            .iter_mut()
+            .map(|d| {
+                let mr = reg_recv(r.as_mut(), d);
+                r.irecv(&[recv_buf(mr, d.len())]).unwrap().expect("irecv slot")
+            })
+            .collect();
+        let sends: Vec<_> = srcs
+            .iter_mut()
+            .map(|b| {
+                let mr = reg_send(s.as_mut(), b);
+                s.isend(mr, 0, b.len(), 3).unwrap().expect("isend slot")
+            })
+            .collect();
+        for (i, req) in sends.into_iter().enumerate() {
+            assert_eq!(wait_send(s.as_mut(), req).unwrap(), sizes[i], "limit {below}");
+        }
+        for (i, req) in recvs.into_iter().enumerate() {
+            assert_eq!(wait_recv(r.as_mut(), req).unwrap(), vec![sizes[i]], "limit {below}");
+            assert!(
+                srcs[i][..] == dsts[i][..sizes[i]],
+                "limit {below}: message {i} ({} bytes) arrived changed",
+                sizes[i]
             );
         }
     }
@@ -870,11 +934,17 @@ fn wire_formats() {
     ] {
         assert!(wire::decode_hello(&wire::encode_hello(&bad)).is_err());
     }
-    let h = wire::encode_header(123_456, 9);
-    assert_eq!(wire::decode_header(&h), Some((123_456, 9)));
-    let mut h = h;
-    h[15] ^= 1;
-    assert_eq!(wire::decode_header(&h), None);
+    for inline in [false, true] {
+        let h = wire::encode_header(123_456, 9, inline);
+        assert_eq!(wire::decode_header(&h), Some((123_456, 9, inline)));
+        let mut h = h;
+        h[15] ^= 2;
+        assert_eq!(wire::decode_header(&h), None);
+    }
+    // The two check words differ in their last bit only: each flip of it is the other way.
+    let mut h = wire::encode_header(7, 1, false);
+    h[12] ^= 1;
+    assert_eq!(wire::decode_header(&h), Some((7, 1, true)));
 }
 
 #[test]
@@ -902,14 +972,17 @@ fn pieces_cover_each_message_once() {
                 next = r.end;
                 used += 1;
             }
-            if wire::inline(len) {
-                assert_eq!(used, 0);
-            } else {
-                assert_eq!(next, len, "len {len} nsocks {nsocks}");
-            }
+            // Whatever a sender's inline limit, a message it sends in pieces is covered (an
+            // empty one by no piece).
+            assert_eq!(next, len, "len {len} nsocks {nsocks}");
+            assert_eq!(used == 0, len == 0, "len {len} nsocks {nsocks}");
         }
     }
-    assert!(wire::inline(0) && wire::inline(4096) && !wire::inline(1 << 20));
+    let d = wire::DEFAULT_INLINE_BELOW;
+    assert!(wire::sends_inline(0, d) && wire::sends_inline(4096, d));
+    assert!(!wire::sends_inline(d, d) && !wire::sends_inline(1 << 20, d));
+    assert!(wire::sends_inline(0, 0) && !wire::sends_inline(1, 0));
+    assert!(wire::sends_inline(1 << 20, 2 << 20));
     // 16 sockets each carry 4 MiB of 64 MiB.
     assert_eq!(wire::piece(64 << 20, 16, 15), (60 << 20)..(64 << 20));
     assert_eq!(wire::thread_of(5, 4), 1);

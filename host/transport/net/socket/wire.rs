@@ -8,19 +8,28 @@ use std::ops::Range;
 use crate::error::{Error, Result};
 use crate::transport::net::{Handle, HANDLE_BYTES};
 
-/// Protocol version, in the handle and in every hello.
-pub const VERSION: u8 = 1;
+/// Protocol version, in the handle and in every hello (2: the header says whether its
+/// payload follows inline).
+pub const VERSION: u8 = 2;
 const HANDLE_MAGIC: [u8; 8] = *b"NCRSSOCK";
 const HELLO_MAGIC: [u8; 8] = *b"NCRSHELO";
+/// The check word of a header whose payload travels in pieces on the data sockets, and of one
+/// whose payload follows it on the control socket.
 const HEADER_CHECK: u32 = 0x4e43_4d48;
+const HEADER_CHECK_INLINE: u32 = 0x4e43_4d49;
 
 /// Most helper threads per connection, and most data sockets (NCCL's MAX_THREADS, MAX_SOCKETS).
 pub const MAX_THREADS: usize = 16;
 pub const MAX_SOCKETS: usize = 64;
 
-/// Messages shorter than this travel inline on the control socket; longer ones are cut across
-/// the data sockets in pieces of at least this many bytes (NCCL's MIN_CHUNKSIZE).
+/// A message sent in pieces is cut across the data sockets in pieces of at least this many
+/// bytes (NCCL's MIN_CHUNKSIZE).
 pub const MIN_CHUNK: usize = 64 << 10;
+
+/// By default a sender writes messages shorter than this inline on the control socket, longer
+/// ones in pieces (`NCCL_RS_SOCKET_INLINE_BYTES` moves it; each header says which way its
+/// payload goes, so the two ends need not agree on it).
+pub const DEFAULT_INLINE_BELOW: usize = MIN_CHUNK;
 
 /// The handle: where the listener is, and which listener it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,40 +185,49 @@ pub const HEADER_BYTES: usize = 16;
 /// error). Data messages never carry it.
 pub const CLOSE_TAG: u32 = u32::MAX;
 
-// Layout: len(le64) tag(le32) check(le32).
-pub fn encode_header(len: usize, tag: u32) -> [u8; HEADER_BYTES] {
+// Layout: len(le64) tag(le32) check(le32); the check word says whether the payload follows
+// inline.
+pub fn encode_header(len: usize, tag: u32, inline: bool) -> [u8; HEADER_BYTES] {
     let mut out = [0u8; HEADER_BYTES];
     out[0..8].copy_from_slice(&(len as u64).to_le_bytes());
     out[8..12].copy_from_slice(&tag.to_le_bytes());
-    out[12..16].copy_from_slice(&HEADER_CHECK.to_le_bytes());
+    let check = match inline {
+        true => HEADER_CHECK_INLINE,
+        false => HEADER_CHECK,
+    };
+    out[12..16].copy_from_slice(&check.to_le_bytes());
     out
 }
 
-/// (length, tag), or None when the bytes are not a header (the stream lost its framing).
-pub fn decode_header(b: &[u8; HEADER_BYTES]) -> Option<(usize, u32)> {
-    if u32::from_le_bytes([b[12], b[13], b[14], b[15]]) != HEADER_CHECK {
-        return None;
-    }
+/// (length, tag, inline), or None when the bytes are not a header (the stream lost its
+/// framing).
+pub fn decode_header(b: &[u8; HEADER_BYTES]) -> Option<(usize, u32, bool)> {
+    let inline = match u32::from_le_bytes([b[12], b[13], b[14], b[15]]) {
+        HEADER_CHECK_INLINE => true,
+        HEADER_CHECK => false,
+        _ => return None,
+    };
     let mut len = [0u8; 8];
     len.copy_from_slice(&b[0..8]);
     let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
     if len > isize::MAX as usize {
         return None;
     }
-    Some((len, u32::from_le_bytes([b[8], b[9], b[10], b[11]])))
+    Some((len, u32::from_le_bytes([b[8], b[9], b[10], b[11]]), inline))
 }
 
-/// Does a message of `len` bytes travel inline, right after its header on the control socket?
-pub fn inline(len: usize) -> bool {
-    len < MIN_CHUNK
+/// Does a sender whose limit is `inline_below` write a `len`-byte message inline, right after
+/// its header on the control socket? An empty one always.
+pub fn sends_inline(len: usize, inline_below: usize) -> bool {
+    len == 0 || len < inline_below
 }
 
-/// The bytes of a `len`-byte message that data socket `index` of `nsocks` carries: pieces of
-/// ceil(len / nsocks) bytes rounded up to 4 KiB and at least [`MIN_CHUNK`], in socket order, so
-/// that a message just over the threshold uses the first sockets only. Both ends compute it, so
-/// pieces need no framing of their own.
+/// The bytes of a `len`-byte message sent in pieces that data socket `index` of `nsocks`
+/// carries: pieces of ceil(len / nsocks) bytes rounded up to 4 KiB and at least [`MIN_CHUNK`],
+/// in socket order, so that a message just over the threshold uses the first sockets only.
+/// Both ends compute it, so pieces need no framing of their own.
 pub fn piece(len: usize, nsocks: usize, index: usize) -> Range<usize> {
-    if inline(len) || nsocks == 0 {
+    if nsocks == 0 {
         return 0..0;
     }
     let chunk = len
