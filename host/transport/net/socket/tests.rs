@@ -1019,46 +1019,73 @@ fn throughput_256mib() {
     }
 }
 
-/// Round trips of an 8-byte message over loopback (send, receive, answer), the callers
-/// polling `test` as the proxy does; prints the mean. Run with
-/// `cargo test --workspace --all-features --lib transport::net -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn round_trip_8b() {
-    let net = lo_net(2, 2);
-    let (mut s1, mut r2) = pair(&net);
-    let (mut s2, mut r1) = pair(&net);
-    let rounds = 20_000;
+/// Mean time (µs) of `rounds` round trips of `len`-byte messages over loopback (send,
+/// receive, answer) between two connections made by `net`, the callers polling `test` as the
+/// proxy does.
+fn round_trip_us(net: &SocketNet, len: usize, rounds: usize) -> f64 {
+    let (mut s1, mut r2) = pair(net);
+    let (mut s2, mut r1) = pair(net);
     let t0 = std::thread::scope(|sc| {
         sc.spawn(move || {
-            let mut buf = vec![0u8; 8];
+            let mut buf = vec![0u8; len];
             let rmr = reg_recv(r2.as_mut(), &mut buf);
-            let mut out = vec![1u8; 8];
+            let mut out = vec![1u8; len];
             let smr = reg_send(s2.as_mut(), &mut out);
             for _ in 0..rounds {
-                let rq = r2.irecv(&[recv_buf(rmr, 8)]).unwrap().unwrap();
+                let rq = r2.irecv(&[recv_buf(rmr, len)]).unwrap().unwrap();
                 while r2.test(rq).unwrap().is_none() {}
-                let sq = s2.isend(smr, 0, 8, 0).unwrap().unwrap();
+                let sq = s2.isend(smr, 0, len, 0).unwrap().unwrap();
                 while s2.test(sq).unwrap().is_none() {}
             }
         });
-        let mut buf = vec![0u8; 8];
+        let mut buf = vec![0u8; len];
         let rmr = reg_recv(r1.as_mut(), &mut buf);
-        let mut out = vec![2u8; 8];
+        let mut out = vec![2u8; len];
         let smr = reg_send(s1.as_mut(), &mut out);
         let t0 = Instant::now();
         for _ in 0..rounds {
-            let rq = r1.irecv(&[recv_buf(rmr, 8)]).unwrap().unwrap();
-            let sq = s1.isend(smr, 0, 8, 0).unwrap().unwrap();
+            let rq = r1.irecv(&[recv_buf(rmr, len)]).unwrap().unwrap();
+            let sq = s1.isend(smr, 0, len, 0).unwrap().unwrap();
             while s1.test(sq).unwrap().is_none() {}
             while r1.test(rq).unwrap().is_none() {}
         }
         t0
     });
+    t0.elapsed().as_secs_f64() * 1e6 / rounds as f64
+}
+
+/// Round trips of an 8-byte message over loopback; prints the mean. Run with
+/// `cargo test --workspace --all-features --lib transport::net -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn round_trip_8b() {
     println!(
         "socket net loopback: 8-byte round trip {:.1} us",
-        t0.elapsed().as_secs_f64() * 1e6 / rounds as f64
+        round_trip_us(&lo_net(2, 2), 8, 20_000)
     );
+}
+
+/// Round trips of 32 KiB-1 MiB messages with the default inline limit (pieces from 64 KiB,
+/// through the helper threads) and with every message inline on the caller's thread
+/// (`NCCL_RS_SOCKET_INLINE_BYTES`), in turn; prints the means. Run as [`round_trip_8b`].
+#[test]
+#[ignore]
+fn round_trip_inline_or_pieces() {
+    for len in [32usize << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20] {
+        let mut line = format!("socket net loopback, {len} B round trip:");
+        for round in 0..2 {
+            for below in [wire::DEFAULT_INLINE_BELOW, MAX_INLINE_BELOW] {
+                let net = SocketNet::with_options(SocketOptions {
+                    inline_below: below,
+                    ..opts(2, 2, Family::V4)
+                })
+                .unwrap();
+                let us = round_trip_us(&net, len, 2000);
+                line.push_str(&format!(" r{round} limit {below}: {us:.1} us;"));
+            }
+        }
+        println!("{line}");
+    }
 }
 
 #[test]
