@@ -126,6 +126,9 @@ pub struct NetModel {
     /// The slowest device's `latency` property (µs): what a step pays on the wire, beyond
     /// the proxies' own cost.
     pub lat_us: f64,
+    /// Messages at least this long cost a hand-off to the backend's threads
+    /// ([`Net::handoff_from`]).
+    pub handoff_from: Option<usize>,
 }
 
 impl NetModel {
@@ -156,6 +159,7 @@ impl NetModel {
             nnodes,
             bw_gbs,
             lat_us,
+            handoff_from: net.handoff_from(),
         }
     }
 }
@@ -195,6 +199,7 @@ pub fn build(
     };
     // The search saw this node; the tuner sees the whole communicator.
     let mut whole = graphs.clone();
+    let handoff_from = net.as_ref().and_then(|n| n.handoff_from);
     if let Some(net) = net {
         whole.nnodes = net.nnodes;
         whole.nranks = peers.len();
@@ -206,7 +211,9 @@ pub fn build(
         // every collective on one socket connection).
         whole.nchannels = shape.nchannels as usize;
     }
-    Ok((Tuner::new(&system, &whole, &params), graphs))
+    let mut tuner = Tuner::new(&system, &whole, &params);
+    tuner.set_net_handoff_from(handoff_from);
+    Ok((tuner, graphs))
 }
 
 /// [`local_system`], or on GPUs where that fails an NVSwitch node of the communicator's size

@@ -8,9 +8,12 @@ use crate::error::{Error, Result};
 use crate::topo::PathType;
 
 /// Bytes of [`Tuner::facts`].
-const FACTS_LEN: usize = 4 * 4 + 8 * 2 + 2 + 8;
+const FACTS_LEN: usize = 4 * 4 + 8 * 2 + 2 + 8 + 8;
 /// Where [`Tuner::facts`] holds the plugin's identity (0: none).
 const PLUGIN_AT: usize = 34;
+/// Where [`Tuner::facts`] holds the network's hand-off length ([`NO_HANDOFF`]: none).
+const HANDOFF_AT: usize = 42;
+const NO_HANDOFF: u64 = u64::MAX;
 /// More local GPUs or channels than any rank reports (NCCL has at most 64 channels).
 const MAX_PEER_COUNT: usize = 4096;
 
@@ -43,6 +46,8 @@ impl Tuner {
         v.push(self.ll128_ok as u8);
         let plugin = self.plugin.as_ref().map_or(0, |p| plugin_id(&p.name));
         v.extend_from_slice(&plugin.to_le_bytes());
+        let handoff = self.net_handoff_from.map_or(NO_HANDOFF, |b| b as u64);
+        v.extend_from_slice(&handoff.to_le_bytes());
         v
     }
 
@@ -72,6 +77,16 @@ impl Tuner {
         let intra_type = *PathType::ALL.get(first[32] as usize).ok_or_else(bad)?;
         let (nranks, nnodes, nlocal, nchannels) = (u32_at(0), u32_at(4), u32_at(8), u32_at(12));
         let (bw_intra, bw_inter) = (f64_at(16), f64_at(24));
+        let handoff = u64::from_le_bytes(first[HANDOFF_AT..HANDOFF_AT + 8].try_into().unwrap());
+        let handoff_from = match handoff {
+            NO_HANDOFF => None,
+            b if b <= crate::transport::net::socket::MAX_INLINE_BELOW as u64 => Some(b as usize),
+            b => {
+                return Err(Error::remote(format!(
+                    "rank 0's tuner inputs are out of range: a network hand-off from {b} bytes"
+                )))
+            }
+        };
         // Rank 0's values drive arithmetic (ranks less nodes, shares of channels): a value no
         // rank could have sent is refused rather than used.
         let sane = nranks == self.nranks
@@ -96,6 +111,7 @@ impl Tuner {
         self.bw_inter = bw_inter;
         self.intra_type = intra_type;
         self.ll128_ok = first[33] != 0;
+        self.net_handoff_from = handoff_from;
         if !plugin_agreed(all) {
             if let Some(p) = self.plugin.take() {
                 log::warn!(
@@ -128,7 +144,9 @@ mod tests {
 
     #[test]
     fn every_rank_takes_rank_0s_inputs() {
-        let rank0 = tuner(4, 32);
+        let mut rank0 = tuner(4, 32);
+        // The network's hand-off length too (a rank's NCCL_RS_SOCKET_INLINE_BYTES).
+        rank0.set_net_handoff_from(Some(256 << 10));
         let mut rank1 = tuner(4, 4);
         let all = vec![rank0.facts(), rank1.facts()];
         assert!(rank1.agree(&all).unwrap());
@@ -187,6 +205,11 @@ mod tests {
             f[at..at + 8].copy_from_slice(&v.to_le_bytes());
             f
         };
+        let set_u64 = |at: usize, v: u64| {
+            let mut f = good.clone();
+            f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            f
+        };
         for bad in [
             set_u32(0, 3),
             set_u32(4, 0),
@@ -197,6 +220,8 @@ mod tests {
             set_f64(16, f64::NAN),
             set_f64(24, -1.0),
             set_f64(24, f64::INFINITY),
+            set_u64(HANDOFF_AT, (1 << 30) + 1),
+            set_u64(HANDOFF_AT, u64::MAX - 1),
         ] {
             let mut t = tuner(2, 8);
             let before = t.facts();

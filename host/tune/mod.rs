@@ -446,6 +446,14 @@ const TREE_ONE_RANK_NET_EFF: f64 = 0.66;
 /// h200-nodes2-tuner-refit.txt); on 2 x 2 the ring's 8-channel calls were as far behind.
 const RING_NET_STEP_US: f64 = 8.0;
 
+/// What a network step pays (µs) when its message is long enough for the network's own threads
+/// to move it (the socket network hands messages of `NCCL_RS_SOCKET_INLINE_BYTES` and more to
+/// its helper threads: two thread wake-ups a side). Fitted to one H200 as 2 nodes over sockets
+/// (sessions 15 and 16): one channel's Tree/Simple took 26 us more from 32 to 64 KiB, where its
+/// one message crosses the limit, against 5 from 16 to 32 KiB; Ring/Simple at 1 MiB (64 KiB
+/// steps) ran 30 us behind the model without it.
+const NET_HANDOFF_US: f64 = 20.0;
+
 /// The per-communicator tuner.
 pub struct Tuner {
     nranks: usize,
@@ -463,6 +471,8 @@ pub struct Tuner {
     nvls: bool,
     /// A two-rank ring AllReduce on LL exchanges in one pass (`FLAG_RING_EXCHANGE`).
     ring_exchange: bool,
+    /// Network messages at least this long cost [`NET_HANDOFF_US`] (`Net::handoff_from`).
+    net_handoff_from: Option<usize>,
     /// The tree across two nodes exchanges at the top (`FLAG_TREE_EXCHANGE`): one network
     /// hop, chains inside the nodes, and LL steps possible.
     tree_exchange: bool,
@@ -501,6 +511,7 @@ impl Tuner {
             ll128_ok,
             nvls: false,
             ring_exchange: false,
+            net_handoff_from: None,
             tree_exchange: false,
             params: params.clone(),
             plugin,
@@ -512,6 +523,12 @@ impl Tuner {
     /// Whether two-rank ring AllReduces on LL exchange (the communicator's agreed flags).
     pub(crate) fn set_ring_exchange(&mut self, on: bool) {
         self.ring_exchange = on;
+    }
+
+    /// From which message length a network step costs the backend's hand-off (this rank's
+    /// network; [`Tuner::agree`] then takes rank 0's).
+    pub(crate) fn set_net_handoff_from(&mut self, from: Option<usize>) {
+        self.net_handoff_from = from;
     }
 
     /// Whether the tree AllReduce across two nodes exchanges at the top (the communicator's
@@ -689,7 +706,41 @@ impl Tuner {
             return None;
         }
         let bus = self.bus_bytes(coll, algo, bytes);
-        Some(self.latency(coll, algo, proto) + self.ring_queue(coll, algo, proto, nch) + bus / (bw * 1e3))
+        let steps = self.ring_queue(coll, algo, proto, nch) + self.net_handoff(coll, algo, proto, bytes, nch);
+        Some(self.latency(coll, algo, proto) + steps + bus / (bw * 1e3))
+    }
+
+    /// What the network's hand-offs add to a call of `bytes` on `nch` channels (µs;
+    /// [`NET_HANDOFF_US`]): each network step a channel takes in turn pays it when its message
+    /// reaches the network's limit. A ring step carries a rank's chunk of the channel's bytes
+    /// (2 (n - 1) steps in turn for an AllReduce, n - 1 otherwise); a tree step that exchanges
+    /// at the top the channel's bytes, once. LL steps are small and never reach it. Not counted
+    /// for the tree across more than two nodes until that model is refit on as many GPUs: its
+    /// LL/Simple split is off already (LL chosen at 32 KiB on 4 x 1, where Simple was faster:
+    /// results/h100x4-nodes2x2-4x1-s8.txt), and a cost on its Simple steps alone would move
+    /// that split further the wrong way.
+    fn net_handoff(&self, coll: Coll, algo: Algo, proto: Proto, bytes: usize, nch: usize) -> f64 {
+        let Some(from) = self.net_handoff_from else {
+            return 0.0;
+        };
+        if self.nnodes < 2 || proto == Proto::Ll {
+            return 0.0;
+        }
+        let per_channel = bytes / nch.max(1);
+        let n = self.nranks as f64;
+        let (message, steps) = match algo {
+            Algo::Tree if self.tree_exchange => (per_channel, 1.0),
+            Algo::Tree | Algo::Nvls => return 0.0,
+            _ => match coll {
+                Coll::AllReduce => (per_channel / self.nranks.max(1), 2.0 * (n - 1.0)),
+                Coll::AllGather | Coll::ReduceScatter => (per_channel / self.nranks.max(1), n - 1.0),
+                _ => (per_channel, n - 1.0),
+            },
+        };
+        match message >= from {
+            true => NET_HANDOFF_US * steps,
+            false => 0.0,
+        }
     }
 
     /// The share of the network a tree across nodes of one rank each reaches.
@@ -927,16 +978,19 @@ mod tests {
         // at 32 KiB and from 128 KiB to 2 MiB (44, 86, 115, 175, 210, 347 us; the ring 55, 98,
         // 166, 318, 291, 377), Ring/Simple at 4 MiB (563 against 678); and 16 and 64 MiB on the
         // ring (h200-nodes2-tuner-refit.txt: 1.45 and 5.2 ms against the tree's 1.75 and 6.6).
-        // Not asserted: 64 KiB, where one channel's ring beat the tree by 4-7% (68 against 73
-        // us, then 66 against 70) and the model, linear in the bytes, has the tree ahead.
+        // At 64 KiB one channel's ring beat the tree by 4-7% (68 against 73 us, then 66 against
+        // 70): the tree's one 64 KiB message goes through the socket network's helper threads,
+        // the ring's two of 32 KiB inline (the hand-off, `NET_HANDOFF_US`).
         let mut t = across(2, 1, 0.0, 10.0);
         t.set_ring_exchange(true);
         t.set_tree_exchange(true);
+        t.set_net_handoff_from(Some(64 << 10));
         for (bytes, algo, proto) in [
             (16, Algo::Ring, Proto::Ll),
             (4096, Algo::Ring, Proto::Ll),
             (16 << 10, Algo::Ring, Proto::Ll),
             (32 << 10, Algo::Tree, Proto::Simple),
+            (64 << 10, Algo::Ring, Proto::Simple),
             (128 << 10, Algo::Tree, Proto::Simple),
             (256 << 10, Algo::Tree, Proto::Simple),
             (512 << 10, Algo::Tree, Proto::Simple),
@@ -953,6 +1007,7 @@ mod tests {
         // Tree/Simple 42-45), Tree/Simple at 256 KiB (95-105 us; Tree/LL 162-170).
         let mut t = across(2, 2, 0.0, 10.0);
         t.set_tree_exchange(true);
+        t.set_net_handoff_from(Some(64 << 10));
         for (bytes, proto) in [(8, Proto::Ll), (4096, Proto::Ll), (256 << 10, Proto::Simple)] {
             let c = t.choose(Coll::AllReduce, bytes).unwrap();
             assert_eq!((c.algo, c.proto), (Algo::Tree, proto), "2x2, {bytes} B");
@@ -997,6 +1052,38 @@ mod tests {
             let queue = 2.0 * (nch - 1) as f64 * RING_NET_STEP_US;
             assert!((est - rest - queue).abs() < 1e-6, "{bytes} B: {est} {rest} {queue}");
         }
+    }
+
+    /// A network step whose message reaches the network's hand-off length pays
+    /// `NET_HANDOFF_US` for each step a channel takes in turn; below it, on LL, or on a network
+    /// without hand-offs (plugins), nothing.
+    #[test]
+    fn network_steps_past_the_inline_limit_pay_the_handoff() {
+        let mut t = across(2, 1, 0.0, 10.0);
+        t.set_tree_exchange(true);
+        let h = |t: &Tuner, a, p, bytes, nch| t.net_handoff(Coll::AllReduce, a, p, bytes, nch);
+        assert_eq!(h(&t, Algo::Tree, Proto::Simple, 64 << 10, 1), 0.0, "no hand-off known");
+        t.set_net_handoff_from(Some(64 << 10));
+        // The tree's exchange: one message of the channel's bytes.
+        assert_eq!(h(&t, Algo::Tree, Proto::Simple, 32 << 10, 1), 0.0);
+        assert_eq!(h(&t, Algo::Tree, Proto::Simple, 64 << 10, 1), NET_HANDOFF_US);
+        assert_eq!(h(&t, Algo::Tree, Proto::Simple, 256 << 10, 8), 0.0, "32 KiB a channel");
+        // The two-rank ring: two steps in turn of half the channel's bytes.
+        assert_eq!(h(&t, Algo::Ring, Proto::Simple, 64 << 10, 1), 0.0);
+        assert_eq!(h(&t, Algo::Ring, Proto::Simple, 128 << 10, 1), 2.0 * NET_HANDOFF_US);
+        assert_eq!(h(&t, Algo::Ring, Proto::Ll, 1 << 20, 1), 0.0, "LL steps are small");
+        // A larger limit (NCCL_RS_SOCKET_INLINE_BYTES) moves it.
+        t.set_net_handoff_from(Some(256 << 10));
+        assert_eq!(h(&t, Algo::Tree, Proto::Simple, 128 << 10, 1), 0.0);
+        // A tree across four nodes: not counted (its model awaits a refit on 4 GPUs).
+        let mut four = across_nodes(4, 1, 0.0);
+        four.set_net_handoff_from(Some(64 << 10));
+        assert_eq!(h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1), 0.0);
+        assert!(h(&four, Algo::Ring, Proto::Simple, 1 << 20, 1) > 0.0);
+        // One node: no network.
+        let mut one = across_nodes(1, 4, 0.0);
+        one.set_net_handoff_from(Some(64 << 10));
+        assert_eq!(h(&one, Algo::Ring, Proto::Simple, 64 << 20, 1), 0.0);
     }
 
     #[test]

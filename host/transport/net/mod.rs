@@ -102,6 +102,12 @@ pub trait Net: Send + Sync {
     fn has_dmabuf_reg(&self) -> bool {
         false
     }
+    /// Messages at least this long are handed from the caller's thread to the backend's own
+    /// threads and back (the socket network's pieces), a cost per message the tuner counts;
+    /// None: no such cost is known (plugins).
+    fn handoff_from(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A connect in progress (non-blocking, as ncclNet's connect returning a null comm).

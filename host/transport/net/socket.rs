@@ -268,6 +268,10 @@ impl Net for SocketNet {
         "Socket"
     }
 
+    fn handoff_from(&self) -> Option<usize> {
+        Some(self.opts.inline_below)
+    }
+
     fn ndevs(&self) -> usize {
         self.devs.len()
     }
