@@ -6,9 +6,8 @@
 //! inline limit (`NCCL_RS_SOCKET_INLINE_BYTES`, [`wire::DEFAULT_INLINE_BELOW`]) follows its
 //! header inline on the control socket; a longer one is cut by [`wire::piece`] into one
 //! contiguous piece per data socket, which both ends compute from the length alone, so pieces
-//! carry no framing. Each
-//! socket is a FIFO and both ends walk the messages in the same order, so messages complete in
-//! order.
+//! carry no framing. Each socket is a FIFO and both ends walk the messages in the same order, so
+//! messages complete in order.
 //!
 //! Threads: helper thread `t` owns the data sockets `i` with `i % nthreads == t`; thread 0 also
 //! owns the control socket. On the sending side `isend` hands the message to every thread;
