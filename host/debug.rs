@@ -259,30 +259,30 @@ crate::internal! {
     }
 }
 
-crate::internal! {
-    /// The CPU clock ticks (user + system, `/proc/self/task/*/stat`) used so far by this
-    /// process's threads whose names start with `prefix`, and how many such threads there are:
-    /// what a lab or a test reads twice around a quiet window (an idle proxy, `nccl-proxy-*`).
-    fn thread_cpu_ticks(prefix: &str) -> (u64, usize) {
-        let (mut ticks, mut threads) = (0, 0);
-        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return (0, 0);
-        };
-        for t in tasks.flatten() {
-            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if !name.starts_with(prefix) {
-                continue;
-            }
-            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            // The fields after the ")" closing the name: utime is field 14 of the line, stime 15.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            ticks += field(11) + field(12);
-            threads += 1;
+/// The CPU clock ticks (user + system, `/proc/self/task/*/stat`) used so far by this process's
+/// threads whose names start with `prefix`, and how many such threads there are: read it twice
+/// around a quiet window to see what the library's threads (`nccl-`: proxies, socket helpers,
+/// bootstrap) spend while idle. A tick is `sysconf(_SC_CLK_TCK)`-th of a second; (0, 0) where
+/// `/proc` cannot be read. Public for the benchmark (`nccl_bench --idle-cpu`).
+pub fn thread_cpu_ticks(prefix: &str) -> (u64, usize) {
+    let (mut ticks, mut threads) = (0, 0);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return (0, 0);
+    };
+    for t in tasks.flatten() {
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !name.starts_with(prefix) {
+            continue;
         }
-        (ticks, threads)
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The fields after the ")" closing the name: utime is field 14 of the line, stime 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        ticks += field(11) + field(12);
+        threads += 1;
     }
+    (ticks, threads)
 }
 
 /// The host name up to its first dot (gethostname(2)), as NCCL prints it.
