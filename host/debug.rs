@@ -682,6 +682,11 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+        // A joined thread's task may linger a moment in /proc: give it a bounded while.
+        let t0 = std::time::Instant::now();
+        while thread_cpu_ticks("tick-probe-").1 > 0 && t0.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         assert_eq!(thread_cpu_ticks("tick-probe-").1, 0);
     }
 

@@ -727,14 +727,15 @@ impl Tuner {
             return 0.0;
         }
         let per_channel = bytes / nch.max(1);
-        let n = self.nranks as f64;
         let (message, steps) = match algo {
             Algo::Tree if self.tree_exchange => (per_channel, 1.0),
             Algo::Tree | Algo::Nvls => return 0.0,
             _ => match coll {
-                Coll::AllReduce => (per_channel / self.nranks.max(1), 2.0 * (n - 1.0)),
-                Coll::AllGather | Coll::ReduceScatter => (per_channel / self.nranks.max(1), n - 1.0),
-                _ => (per_channel, n - 1.0),
+                Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter => (
+                    per_channel / self.nranks.max(1),
+                    self.ring_net_steps(coll, proto),
+                ),
+                _ => (per_channel, self.ring_net_steps(coll, proto)),
             },
         };
         match message >= from {
@@ -758,14 +759,19 @@ impl Tuner {
         if self.nnodes < 2 || algo != Algo::Ring || nch < 2 {
             return 0.0;
         }
+        RING_NET_STEP_US * self.ring_net_steps(coll, proto) * (nch - 1) as f64
+    }
+
+    /// The ring's steps a channel takes in turn for one call: 2 (n - 1) for an AllReduce (one
+    /// with the two-rank LL exchange), n - 1 otherwise.
+    fn ring_net_steps(&self, coll: Coll, proto: Proto) -> f64 {
         let n = self.nranks as f64;
         let exchange = self.ring_exchange && self.nranks == 2 && proto == Proto::Ll;
-        let steps = match coll {
+        match coll {
             Coll::AllReduce if exchange => 1.0,
             Coll::AllReduce => 2.0 * (n - 1.0),
             _ => n - 1.0,
-        };
-        RING_NET_STEP_US * steps * (nch - 1) as f64
+        }
     }
 
     fn nthreads_for(&self, proto: Proto, bytes: usize, nch: usize) -> u32 {
