@@ -110,10 +110,13 @@ fn local_system(rank: usize, device: &Device, peers: &[PeerInfo]) -> Result<Syst
 
 /// A network device's bandwidth (GB/s) where it says none: 10 Gb/s.
 const DEFAULT_NET_GBS: f64 = 1.25;
-/// The loopback interface's (GB/s): between two rank processes on one H100 the socket network
-/// over `lo` carried 9.4-10.5 GB/s busbw (AllReduce, AllGather, 64 MiB-1 GiB;
-/// results/h100-nodes2-final.txt), 8 times the 10 Gb/s default sysfs leaves it.
-const LOOPBACK_GBS: f64 = 10.0;
+/// The loopback interface's (GB/s), for all the nodes it joins together: nodes that talk over
+/// `lo` are rank processes of one machine, and their traffic shares its kernel's copies.
+/// Between two rank processes on one H100 the socket network over `lo` carried 9.4-10.5 GB/s
+/// busbw (AllReduce, AllGather, 64 MiB-1 GiB; results/h100-nodes2-final.txt), 8 times the
+/// 10 Gb/s default sysfs leaves it; on 4 H200s as 4 nodes a ring AllReduce of 32 MiB reached
+/// 4.7 GB/s busbw, the same 19 GB/s in all (results/h200x4-nodes-tuner-s17.txt).
+const LOOPBACK_GBS: f64 = 20.0;
 
 /// What the tuner knows of the network across nodes.
 #[derive(Clone, Copy, Debug)]
@@ -143,7 +146,9 @@ impl NetModel {
             0 => DEFAULT_NET_GBS,
             // Loopback has no wire and sysfs gives it no speed: count what the socket network
             // moved there, not a NIC's default.
-            crate::transport::net::socket::DEFAULT_SPEED_MBPS if name == "lo" => LOOPBACK_GBS,
+            crate::transport::net::socket::DEFAULT_SPEED_MBPS if name == "lo" => {
+                LOOPBACK_GBS / nnodes.max(1) as f64
+            }
             m => f64::from(m) / 8000.0,
         };
         let bw_gbs = match props.is_empty() {

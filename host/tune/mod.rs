@@ -454,6 +454,20 @@ const RING_NET_STEP_US: f64 = 8.0;
 /// steps) ran 30 us behind the model without it.
 const NET_HANDOFF_US: f64 = 20.0;
 
+/// What each network step of a call past its first pays (µs) for the GPU's turn between
+/// steps in sequence: the kernel sees the step land, adds, writes its lines and publishes them,
+/// and the proxy sees that and sends. On 4 H200s as 4 nodes x 1 over sockets (session 17,
+/// results/h200x4-nodes-tuner-s17.txt), an 8-byte AllReduce took 91.5 us on Ring/LL (six
+/// network steps in a row), 69.5 on Tree/LL and 101 on Tree/Simple (four: up two levels, down
+/// two), 44, 28 and 33 us more than the model without it: 9-11 us a step, as the proxy
+/// timeline's turn at each level of the tree (8-10 us, docs/lab-notes.md). The Simple ring's
+/// step cost ([`NET_HOP_US`]) was fitted on two steps in a row and holds its turn already.
+const NET_TURN_US: f64 = 9.5;
+
+/// The chunk (bytes) a tree's Simple steps carry at most: a FIFO slot at NCCL_BUFFSIZE's
+/// default (4 MiB over `NCCL_STEPS`).
+const TREE_SIMPLE_CHUNK: usize = 512 << 10;
+
 /// The per-communicator tuner.
 pub struct Tuner {
     nranks: usize,
@@ -647,17 +661,29 @@ impl Tuner {
                     (true, Proto::Ll) => TREE_NET_LL_EXTRA_US,
                     _ => 0.0,
                 };
-                base + 2.0 * (self.nlocal as f64 - 1.0) * intra + net_hops * net + extra
+                let turns = match self.nnodes > 1 {
+                    true => NET_TURN_US * (net_hops - 1.0),
+                    false => 0.0,
+                };
+                base + 2.0 * (self.nlocal as f64 - 1.0) * intra + net_hops * net + extra + turns
             }
             _ => {
                 let net_steps = if self.nnodes > 1 { nnodes } else { 0.0 };
                 let pass = intra_steps * intra + net_steps * net;
-                let per = pass * (self.nranks as f64 - 1.0) / self.nranks as f64;
+                let share = (self.nranks as f64 - 1.0) / self.nranks as f64;
                 let exchange = self.ring_exchange && self.nranks == 2 && proto == Proto::Ll;
-                base + match coll {
-                    Coll::AllReduce if !exchange => 2.0 * per,
-                    _ => per,
-                }
+                let passes = match coll {
+                    Coll::AllReduce if !exchange => 2.0,
+                    _ => 1.0,
+                };
+                // Simple's step cost holds its turn (see NET_TURN_US).
+                let turns = match proto {
+                    Proto::Ll if net_steps > 0.0 => {
+                        NET_TURN_US * (passes * net_steps * share - 1.0).max(0.0)
+                    }
+                    _ => 0.0,
+                };
+                base + passes * pass * share + turns
             }
         }
     }
@@ -706,19 +732,38 @@ impl Tuner {
             return None;
         }
         let bus = self.bus_bytes(coll, algo, bytes);
-        let steps = self.ring_queue(coll, algo, proto, nch) + self.net_handoff(coll, algo, proto, bytes, nch);
+        let steps = self.ring_queue(coll, algo, proto, nch)
+            + self.net_handoff(coll, algo, proto, bytes, nch)
+            + self.tree_fill(algo, proto, bytes, nch);
         Some(self.latency(coll, algo, proto) + steps + bus / (bw * 1e3))
+    }
+
+    /// What a tree across more than two nodes pays (µs) before its first chunk is through:
+    /// each level up and down passes a whole chunk on before the next level starts on it, so
+    /// the first chunk crosses the network once per level at a channel's rate, and only the
+    /// rest streams. On 4 H200s as 4 nodes x 1 (results/h200x4-nodes-tuner-s17.txt) Tree/LL
+    /// took 84 us more at 32 KiB than at 8 B (the model's bytes alone: 39) and Tree/Simple 295
+    /// more at 128 KiB on 2 channels, where one channel's Ring/Simple took 224 us in all. The
+    /// exchange across two nodes is one level (none of this).
+    fn tree_fill(&self, algo: Algo, proto: Proto, bytes: usize, nch: usize) -> f64 {
+        if algo != Algo::Tree || self.nnodes < 3 || self.tree_exchange {
+            return 0.0;
+        }
+        let levels = 2.0 * crate::graph::dbt_depth(self.nnodes) as f64;
+        let (most, rate) = match proto {
+            Proto::Ll => (nccl_device::abi::LL_STEP_BYTES as usize, LL_NET_BW),
+            _ => (TREE_SIMPLE_CHUNK, NET_CHANNEL_BW),
+        };
+        let chunk = (bytes / nch.max(1)).min(most) as f64;
+        (levels - 1.0) * chunk / (rate * 1e3)
     }
 
     /// What the network's hand-offs add to a call of `bytes` on `nch` channels (µs;
     /// [`NET_HANDOFF_US`]): each network step a channel takes in turn pays it when its message
     /// reaches the network's limit. A ring step carries a rank's chunk of the channel's bytes
-    /// (2 (n - 1) steps in turn for an AllReduce, n - 1 otherwise); a tree step that exchanges
-    /// at the top the channel's bytes, once. LL steps are small and never reach it. Not counted
-    /// for the tree across more than two nodes until that model is refit on as many GPUs: its
-    /// LL/Simple split is off already (LL chosen at 32 KiB on 4 x 1, where Simple was faster:
-    /// results/h100x4-nodes2x2-4x1-s8.txt), and a cost on its Simple steps alone would move
-    /// that split further the wrong way.
+    /// (2 (n - 1) steps in turn for an AllReduce, n - 1 otherwise); a tree step the channel's
+    /// bytes, once at the top where two nodes exchange, else once per level up and down.
+    /// LL steps are small and never reach it.
     fn net_handoff(&self, coll: Coll, algo: Algo, proto: Proto, bytes: usize, nch: usize) -> f64 {
         let Some(from) = self.net_handoff_from else {
             return 0.0;
@@ -729,7 +774,9 @@ impl Tuner {
         let per_channel = bytes / nch.max(1);
         let (message, steps) = match algo {
             Algo::Tree if self.tree_exchange => (per_channel, 1.0),
-            Algo::Tree | Algo::Nvls => return 0.0,
+            // Up the double binary tree and back down, a step per level each way.
+            Algo::Tree => (per_channel, 2.0 * crate::graph::dbt_depth(self.nnodes) as f64),
+            Algo::Nvls => return 0.0,
             _ => match coll {
                 Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter => (
                     per_channel / self.nranks.max(1),
@@ -1025,12 +1072,58 @@ mod tests {
         let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
         assert!((ring(&slow) - ring(&fast) - 150.0).abs() < 1e-6);
         assert!((tree(&slow) - tree(&fast) - 100.0).abs() < 1e-6);
-        // 2 x 1 with the two-rank ring exchange: Ring/LL crosses the network once.
+        // 2 x 1 with the two-rank ring exchange: Ring/LL crosses the network once, and no
+        // GPU turns between two steps.
         let mut t = across_nodes(2, 1, 0.0);
         let before = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
         t.set_ring_exchange(true);
         let after = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
-        assert!((before - after - NET_HOP_US[Proto::Ll as usize]).abs() < 1e-6);
+        let saved = NET_HOP_US[Proto::Ll as usize] + NET_TURN_US;
+        assert!((before - after - saved).abs() < 1e-6);
+    }
+
+    #[test]
+    fn calls_across_four_nodes_follow_the_measured_choices() {
+        // 4 x 1 on 4 H200s over loopback (its 20 GB/s shared by the 4 nodes), as the
+        // communicator sets it (no exchange past two nodes): the best forced choice of
+        // results/h200x4-nodes-tuner-s17.txt at each size (medians of 4): Tree/LL to 8 KiB
+        // (69.5 us at 8 B against Ring/LL's 91.5; 101.5 at 8 KiB against 104), Ring/Simple at
+        // 32 and 128 KiB (137 and 224 us; Tree/Simple 151 and 396, Tree/LL 154 and 478),
+        // Tree/Simple from 512 KiB (747 us against the ring's 835; 1178 against 1616 at 2 MiB;
+        // 9251 against 10821 at 32 MiB). Without the turns, the levels' fill and the shared
+        // loopback the model took the tree at every size.
+        let mut t = across(4, 1, 0.0, 5.0);
+        t.set_net_handoff_from(Some(64 << 10));
+        for (bytes, algo, proto) in [
+            (8, Algo::Tree, Proto::Ll),
+            (2048, Algo::Tree, Proto::Ll),
+            (8 << 10, Algo::Tree, Proto::Ll),
+            (32 << 10, Algo::Ring, Proto::Simple),
+            (128 << 10, Algo::Ring, Proto::Simple),
+            (512 << 10, Algo::Tree, Proto::Simple),
+            (2 << 20, Algo::Tree, Proto::Simple),
+            (32 << 20, Algo::Tree, Proto::Simple),
+        ] {
+            let c = t.choose(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((c.algo, c.proto), (algo, proto), "4x1, {bytes} B");
+        }
+        // Each network step past the first waits for a GPU's turn: six in a row for Ring/LL,
+        // four levels for the tree; Ring/Simple's step cost holds it already.
+        let lat = |a, p| t.latency(Coll::AllReduce, a, p);
+        let hop = |p: Proto| NET_HOP_US[p as usize];
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        let ring_ll = NET_BASE_US + 6.0 * hop(Proto::Ll) + 5.0 * NET_TURN_US;
+        assert!(close(lat(Algo::Ring, Proto::Ll), ring_ll));
+        let tree_ll = NET_BASE_US + 4.0 * hop(Proto::Ll) + TREE_NET_LL_EXTRA_US + 3.0 * NET_TURN_US;
+        assert!(close(lat(Algo::Tree, Proto::Ll), tree_ll));
+        let ring_simple = NET_BASE_US + 6.0 * hop(Proto::Simple);
+        assert!(close(lat(Algo::Ring, Proto::Simple), ring_simple));
+        // The fill: the first chunk crosses each level in turn (three more levels than one).
+        let fill = t.tree_fill(Algo::Tree, Proto::Simple, 64 << 10, 1);
+        assert!((fill - 3.0 * (64 << 10) as f64 / (NET_CHANNEL_BW * 1e3)).abs() < 1e-6);
+        let mut ex = across(2, 2, 0.0, 10.0);
+        ex.set_tree_exchange(true);
+        assert_eq!(ex.tree_fill(Algo::Tree, Proto::Simple, 64 << 10, 1), 0.0, "one level");
     }
 
     /// The ring's steps across nodes queue at the proxy: one channel pays nothing for it, each
@@ -1081,10 +1174,11 @@ mod tests {
         // A larger limit (NCCL_RS_SOCKET_INLINE_BYTES) moves it.
         t.set_net_handoff_from(Some(256 << 10));
         assert_eq!(h(&t, Algo::Tree, Proto::Simple, 128 << 10, 1), 0.0);
-        // A tree across four nodes: not counted (its model awaits a refit on 4 GPUs).
+        // A tree across four nodes: two levels up and two down, a step each.
         let mut four = across_nodes(4, 1, 0.0);
         four.set_net_handoff_from(Some(64 << 10));
-        assert_eq!(h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1), 0.0);
+        assert_eq!(h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1), 4.0 * NET_HANDOFF_US);
+        assert_eq!(h(&four, Algo::Tree, Proto::Simple, 256 << 10, 8), 0.0);
         assert!(h(&four, Algo::Ring, Proto::Simple, 1 << 20, 1) > 0.0);
         // One node: no network.
         let mut one = across_nodes(1, 4, 0.0);
@@ -1099,10 +1193,11 @@ mod tests {
         // Without the exchange the tree runs LL too (one peer per step on its fans).
         let before = [tree(&t, Proto::Ll), tree(&t, Proto::Simple)];
         t.set_tree_exchange(true);
-        // Up to the root and back down crossed 2 x depth network hops; the heads' trade, one.
+        // Up to the root and back down crossed 2 x depth network hops, with a GPU's turn
+        // between each two; the heads' trade, one.
         let depth = crate::graph::dbt_depth(2) as f64;
         for (b, p) in before.into_iter().zip([Proto::Ll, Proto::Simple]) {
-            let saved = (2.0 * depth - 1.0) * NET_HOP_US[p as usize];
+            let saved = (2.0 * depth - 1.0) * (NET_HOP_US[p as usize] + NET_TURN_US);
             assert!((b - tree(&t, p) - saved).abs() < 1e-6, "{p:?}");
         }
         // Inside one node the chain's way up has Simple FIFOs only: no LL tree there.
