@@ -464,9 +464,13 @@ const NET_HANDOFF_US: f64 = 20.0;
 /// step cost ([`NET_HOP_US`]) was fitted on two steps in a row and holds its turn already.
 const NET_TURN_US: f64 = 9.5;
 
-/// The chunk (bytes) a tree's Simple steps carry at most: a FIFO slot at NCCL_BUFFSIZE's
-/// default (4 MiB over `NCCL_STEPS`).
-const TREE_SIMPLE_CHUNK: usize = 512 << 10;
+/// What each level of a tree across more than two nodes pays (µs), up and down, when its
+/// messages reach the network's hand-off length: on 4 H200s as 4 nodes x 1 one channel's
+/// Tree/Simple went from 149 to 408 us between 32 and 64 KiB (results/h200x4-nodes-tuner-s17.txt,
+/// call 3), about 25 of it the bytes, the rest over its four levels; from there to 2 MiB it grew
+/// at the tree's rate alone (873 us at 2 MiB on 8 channels). Each level waits for whole
+/// messages from its children, so their hand-offs add up instead of overlapping.
+const TREE_LEVEL_HANDOFF_US: f64 = 60.0;
 
 /// The per-communicator tuner.
 pub struct Tuner {
@@ -738,24 +742,21 @@ impl Tuner {
         Some(self.latency(coll, algo, proto) + steps + bus / (bw * 1e3))
     }
 
-    /// What a tree across more than two nodes pays (µs) before its first chunk is through:
-    /// each level up and down passes a whole chunk on before the next level starts on it, so
-    /// the first chunk crosses the network once per level at a channel's rate, and only the
-    /// rest streams. On 4 H200s as 4 nodes x 1 (results/h200x4-nodes-tuner-s17.txt) Tree/LL
-    /// took 84 us more at 32 KiB than at 8 B (the model's bytes alone: 39) and Tree/Simple 295
-    /// more at 128 KiB on 2 channels, where one channel's Ring/Simple took 224 us in all. The
-    /// exchange across two nodes is one level (none of this).
+    /// What an LL tree across nodes pays (µs) before its first chunk is through: each level
+    /// up and down passes a whole LL step on before the next level starts on it, so the first
+    /// step crosses the network once per level at LL's rate, and only the rest streams. On 4
+    /// H200s as 4 nodes x 1 (results/h200x4-nodes-tuner-s17.txt) Tree/LL took 32 us more at
+    /// 8 KiB than at 8 B and 84 more at 32 KiB (the model's bytes alone: 10 and 39). The
+    /// exchange across two nodes is one level (none of this). Simple trees pay their levels in
+    /// hand-offs instead ([`TREE_LEVEL_HANDOFF_US`]): from 64 KiB a channel's tree grew at its
+    /// streaming rate.
     fn tree_fill(&self, algo: Algo, proto: Proto, bytes: usize, nch: usize) -> f64 {
-        if algo != Algo::Tree || self.nnodes < 3 || self.tree_exchange {
+        if algo != Algo::Tree || proto != Proto::Ll || self.nnodes < 2 || self.tree_exchange {
             return 0.0;
         }
         let levels = 2.0 * crate::graph::dbt_depth(self.nnodes) as f64;
-        let (most, rate) = match proto {
-            Proto::Ll => (nccl_device::abi::LL_STEP_BYTES as usize, LL_NET_BW),
-            _ => (TREE_SIMPLE_CHUNK, NET_CHANNEL_BW),
-        };
-        let chunk = (bytes / nch.max(1)).min(most) as f64;
-        (levels - 1.0) * chunk / (rate * 1e3)
+        let chunk = (bytes / nch.max(1)).min(nccl_device::abi::LL_STEP_BYTES as usize) as f64;
+        (levels - 1.0) * chunk / (LL_NET_BW * 1e3)
     }
 
     /// What the network's hand-offs add to a call of `bytes` on `nch` channels (µs;
@@ -772,21 +773,25 @@ impl Tuner {
             return 0.0;
         }
         let per_channel = bytes / nch.max(1);
-        let (message, steps) = match algo {
-            Algo::Tree if self.tree_exchange => (per_channel, 1.0),
-            // Up the double binary tree and back down, a step per level each way.
-            Algo::Tree => (per_channel, 2.0 * crate::graph::dbt_depth(self.nnodes) as f64),
+        let (message, steps, each) = match algo {
+            Algo::Tree if self.tree_exchange => (per_channel, 1.0, NET_HANDOFF_US),
+            // Up the double binary tree and back down, a level at a time each way.
+            Algo::Tree => {
+                let levels = 2.0 * crate::graph::dbt_depth(self.nnodes) as f64;
+                (per_channel, levels, TREE_LEVEL_HANDOFF_US)
+            }
             Algo::Nvls => return 0.0,
             _ => match coll {
                 Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter => (
                     per_channel / self.nranks.max(1),
                     self.ring_net_steps(coll, proto),
+                    NET_HANDOFF_US,
                 ),
-                _ => (per_channel, self.ring_net_steps(coll, proto)),
+                _ => (per_channel, self.ring_net_steps(coll, proto), NET_HANDOFF_US),
             },
         };
         match message >= from {
-            true => NET_HANDOFF_US * steps,
+            true => each * steps,
             false => 0.0,
         }
     }
@@ -1090,8 +1095,10 @@ mod tests {
         // (69.5 us at 8 B against Ring/LL's 91.5; 101.5 at 8 KiB against 104), Ring/Simple at
         // 32 and 128 KiB (137 and 224 us; Tree/Simple 151 and 396, Tree/LL 154 and 478),
         // Tree/Simple from 512 KiB (747 us against the ring's 835; 1178 against 1616 at 2 MiB;
-        // 9251 against 10821 at 32 MiB). Without the turns, the levels' fill and the shared
-        // loopback the model took the tree at every size.
+        // 9251 against 10821 at 32 MiB); in the next call also Ring/Simple at 64 and 256 KiB
+        // (169 and 424 us; Tree/Simple 408 and 460) and Tree/Simple at 1 MiB (748 against
+        // 1163). Without the turns, the levels' hand-offs and LL fill, and the shared loopback
+        // the model took the tree at every size.
         let mut t = across(4, 1, 0.0, 5.0);
         t.set_net_handoff_from(Some(64 << 10));
         for (bytes, algo, proto) in [
@@ -1099,8 +1106,11 @@ mod tests {
             (2048, Algo::Tree, Proto::Ll),
             (8 << 10, Algo::Tree, Proto::Ll),
             (32 << 10, Algo::Ring, Proto::Simple),
+            (64 << 10, Algo::Ring, Proto::Simple),
             (128 << 10, Algo::Ring, Proto::Simple),
+            (256 << 10, Algo::Ring, Proto::Simple),
             (512 << 10, Algo::Tree, Proto::Simple),
+            (1 << 20, Algo::Tree, Proto::Simple),
             (2 << 20, Algo::Tree, Proto::Simple),
             (32 << 20, Algo::Tree, Proto::Simple),
         ] {
@@ -1118,12 +1128,14 @@ mod tests {
         assert!(close(lat(Algo::Tree, Proto::Ll), tree_ll));
         let ring_simple = NET_BASE_US + 6.0 * hop(Proto::Simple);
         assert!(close(lat(Algo::Ring, Proto::Simple), ring_simple));
-        // The fill: the first chunk crosses each level in turn (three more levels than one).
-        let fill = t.tree_fill(Algo::Tree, Proto::Simple, 64 << 10, 1);
-        assert!((fill - 3.0 * (64 << 10) as f64 / (NET_CHANNEL_BW * 1e3)).abs() < 1e-6);
+        // LL's fill: the first step crosses each level in turn (three more levels than one);
+        // Simple pays its levels in hand-offs instead.
+        let fill = t.tree_fill(Algo::Tree, Proto::Ll, 8 << 10, 1);
+        assert!((fill - 3.0 * (8 << 10) as f64 / (LL_NET_BW * 1e3)).abs() < 1e-6);
+        assert_eq!(t.tree_fill(Algo::Tree, Proto::Simple, 64 << 10, 1), 0.0);
         let mut ex = across(2, 2, 0.0, 10.0);
         ex.set_tree_exchange(true);
-        assert_eq!(ex.tree_fill(Algo::Tree, Proto::Simple, 64 << 10, 1), 0.0, "one level");
+        assert_eq!(ex.tree_fill(Algo::Tree, Proto::Ll, 8 << 10, 1), 0.0, "one level");
     }
 
     /// The ring's steps across nodes queue at the proxy: one channel pays nothing for it, each
@@ -1177,7 +1189,7 @@ mod tests {
         // A tree across four nodes: two levels up and two down, a step each.
         let mut four = across_nodes(4, 1, 0.0);
         four.set_net_handoff_from(Some(64 << 10));
-        assert_eq!(h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1), 4.0 * NET_HANDOFF_US);
+        assert_eq!(h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1), 4.0 * TREE_LEVEL_HANDOFF_US);
         assert_eq!(h(&four, Algo::Tree, Proto::Simple, 256 << 10, 8), 0.0);
         assert!(h(&four, Algo::Ring, Proto::Simple, 1 << 20, 1) > 0.0);
         // One node: no network.
@@ -1189,7 +1201,9 @@ mod tests {
     #[test]
     fn a_two_node_tree_that_exchanges_crosses_the_network_once() {
         let mut t = across_nodes(2, 2, 0.0);
-        let tree = |t: &Tuner, p: Proto| t.estimate(Coll::AllReduce, Algo::Tree, p, 8).unwrap();
+        // The latencies (without the exchange the first chunk's trip through the levels adds
+        // its bytes' time too: `tree_fill`).
+        let tree = |t: &Tuner, p: Proto| t.latency(Coll::AllReduce, Algo::Tree, p);
         // Without the exchange the tree runs LL too (one peer per step on its fans).
         let before = [tree(&t, Proto::Ll), tree(&t, Proto::Simple)];
         t.set_tree_exchange(true);

@@ -11,11 +11,6 @@ use crate::types::Elem;
 /// run: results/h200x4-unroll-*), and with the hunk layout it gained nothing (AllReduce 0.93
 /// against 0.95 at 512 MiB: results/h200x4-hunks-unroll*).
 const UNROLL: usize = 4;
-/// Packs in flight per thread in a zero-copy step ([`Move::run_direct_then_meet`]): on 4 H100s a
-/// registered call with the FIFO steps' [`UNROLL`] moved about 30 GB/s of AllGather busbw per
-/// CTA (results/h100x4-registered-fewer-ctas.txt), as much as its FIFO copies, so fewer CTAs
-/// lost what zero-copy gained.
-const DIRECT_UNROLL: usize = 8;
 /// Threads of a warp.
 const WARP: usize = 32;
 
@@ -30,22 +25,6 @@ macro_rules! each_unrolled {
         $(
             if $k < UNROLL {
                 let $u: usize = $k;
-                $body
-            }
-        )*
-    };
-}
-
-/// Runs `$body` once for each `$k` in 0..`$u` (a const generic the caller checked to be at
-/// most 8), as straight-line code with constant indices (see [`each_unrolled`]).
-macro_rules! each_of {
-    ($u:expr, $k:ident => $body:block) => {{
-        each_of!(@ $u, $k $body 0 1 2 3 4 5 6 7);
-    }};
-    (@ $u:expr, $k:ident $body:block $($i:literal)*) => {
-        $(
-            if $i < $u {
-                let $k: usize = $i;
                 $body
             }
         )*
@@ -182,50 +161,15 @@ impl<T: Elem> Move<T> {
         }
     }
 
-    /// [`Move::run_then_meet`] for a zero-copy step, whose stores go straight into a peer's
-    /// buffer over NVLink: [`DIRECT_UNROLL`] packs in flight per thread instead of
-    /// [`UNROLL`], so that one CTA keeps more of the link busy (the point of running registered
-    /// calls on fewer CTAs). A body of its own, so the FIFO steps' registers stay as they were.
-    #[inline(never)]
-    pub unsafe fn run_direct_then_meet<O: RedOp<T>>(
-        self,
-        op: O,
-        n: usize,
-        tid: usize,
-        nthreads: usize,
-        bar: u32,
-        bar_threads: u32,
-    ) {
-        self.run_by::<DIRECT_UNROLL, O>(&op, n, tid, nthreads);
-        if bar == 0 {
-            arch::sync_threads();
-        } else {
-            arch::barrier_named(bar, bar_threads);
-        }
-    }
-
     /// [`Move::run`] inlined at the call site, as every step was before it had its own
     /// body. The send/recv kernel keeps that: its family is small, and with the shared body
     /// 4xH200 sendrecv at 512 MiB measured 0.65-0.66 of NCCL, against 0.80 inlined (same
     /// 8 connections per peer: results/h200x4-sendrecv-inline-8conns.txt).
     #[inline(always)]
     pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
-        self.run_by::<UNROLL, O>(op, n, tid, nthreads)
-    }
-
-    /// The mover with `U` (at most 8) packs in flight per thread in its whole hunks.
-    #[inline(always)]
-    unsafe fn run_by<const U: usize, O: RedOp<T>>(
-        &self,
-        op: &O,
-        n: usize,
-        tid: usize,
-        nthreads: usize,
-    ) {
-        const { assert!(U >= 1 && U <= 8) };
         let pe = pack_elems::<T>();
         let npacks = if self.aligned() { n / pe } else { 0 };
-        // Whole hunks first, as NCCL: a warp takes U * lanes consecutive packs, its lanes
+        // Whole hunks first, as NCCL: a warp takes UNROLL * lanes consecutive packs, its lanes
         // interleaved, so a thread's packs lie at constant distances from one address per
         // buffer (immediate offsets in the loads and stores, instead of an address register
         // per pack and buffer). On the simulator a CTA under 32 threads is one narrow warp.
@@ -235,7 +179,7 @@ impl<T: Elem> Move<T> {
             WARP.min(nthreads)
         };
         let (warp, lane, nwarps) = (tid / lanes, tid % lanes, nthreads / lanes);
-        let hunk = U * lanes;
+        let hunk = UNROLL * lanes;
         let nhunks = npacks / hunk;
         let p = |ptr: *const T, i: usize| (ptr as *const Pack16).add(i);
         // Threads past the last whole warp (the simulator's odd CTAs) only take the rest.
@@ -247,7 +191,7 @@ impl<T: Elem> Move<T> {
             // Spelled out rather than a `for`: LLVM does not always unroll that fully (with 4,
             // the uint8 body that Broadcast and AllGather run kept r and x in local memory), and
             // arrays indexed at run time live in local memory, not registers.
-            each_of!(U, u => {
+            each_unrolled!(u => {
                 if !self.recv.is_null() {
                     r[u] = arch::ld_pack(p(self.recv, at + u * lanes));
                 }
@@ -255,7 +199,7 @@ impl<T: Elem> Move<T> {
                     x[u] = arch::ld_pack(p(self.input, at + u * lanes));
                 }
             });
-            each_of!(U, u => {
+            each_unrolled!(u => {
                 let v = self.combine(op, r[u], x[u]);
                 let k = at + u * lanes;
                 if !self.output.is_null() {

@@ -426,15 +426,6 @@ impl Simple {
         if self.inline {
             mv.run_inline(op, moved, self.tid, workers);
             self.sync();
-        } else if !send_to.is_null() {
-            mv.run_direct_then_meet(
-                *op,
-                moved,
-                self.tid,
-                workers,
-                self.bar,
-                self.nthreads as u32,
-            );
         } else {
             mv.run_then_meet(
                 *op,
