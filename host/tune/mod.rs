@@ -1026,6 +1026,14 @@ mod tests {
         Tuner::new(&system, &graphs, &params)
     }
 
+    /// Asserts the tuner's AllReduce choice (algorithm, protocol) at each size.
+    fn assert_allreduce_choices(t: &Tuner, what: &str, expected: &[(usize, Algo, Proto)]) {
+        for &(bytes, algo, proto) in expected {
+            let c = t.choose(Coll::AllReduce, bytes).unwrap();
+            assert_eq!((c.algo, c.proto), (algo, proto), "{what}, {bytes} B");
+        }
+    }
+
     #[test]
     fn calls_across_nodes_follow_the_measured_choices() {
         // 2 x 1 over loopback (10 GB/s) with both exchanges, as the communicators set them:
@@ -1043,7 +1051,7 @@ mod tests {
         t.set_ring_exchange(true);
         t.set_tree_exchange(true);
         t.set_net_handoff_from(Some(64 << 10));
-        for (bytes, algo, proto) in [
+        let measured = [
             (16, Algo::Ring, Proto::Ll),
             (4096, Algo::Ring, Proto::Ll),
             (16 << 10, Algo::Ring, Proto::Ll),
@@ -1057,10 +1065,8 @@ mod tests {
             (4 << 20, Algo::Ring, Proto::Simple),
             (16 << 20, Algo::Ring, Proto::Simple),
             (64 << 20, Algo::Ring, Proto::Simple),
-        ] {
-            let c = t.choose(Coll::AllReduce, bytes).unwrap();
-            assert_eq!((c.algo, c.proto), (algo, proto), "2x1, {bytes} B");
-        }
+        ];
+        assert_allreduce_choices(&t, "2x1", &measured);
         // 2 x 2, same runs: the tree's exchange on LL to 4 KiB (32-40 us; Ring/LL 50-60,
         // Tree/Simple 42-45), Tree/Simple at 256 KiB (95-105 us; Tree/LL 162-170).
         let mut t = across(2, 2, 0.0, 10.0);
@@ -1101,7 +1107,7 @@ mod tests {
         // the model took the tree at every size.
         let mut t = across(4, 1, 0.0, 5.0);
         t.set_net_handoff_from(Some(64 << 10));
-        for (bytes, algo, proto) in [
+        let measured = [
             (8, Algo::Tree, Proto::Ll),
             (2048, Algo::Tree, Proto::Ll),
             (8 << 10, Algo::Tree, Proto::Ll),
@@ -1113,10 +1119,8 @@ mod tests {
             (1 << 20, Algo::Tree, Proto::Simple),
             (2 << 20, Algo::Tree, Proto::Simple),
             (32 << 20, Algo::Tree, Proto::Simple),
-        ] {
-            let c = t.choose(Coll::AllReduce, bytes).unwrap();
-            assert_eq!((c.algo, c.proto), (algo, proto), "4x1, {bytes} B");
-        }
+        ];
+        assert_allreduce_choices(&t, "4x1", &measured);
         // Each network step past the first waits for a GPU's turn: six in a row for Ring/LL,
         // four levels for the tree; Ring/Simple's step cost holds it already.
         let lat = |a, p| t.latency(Coll::AllReduce, a, p);
