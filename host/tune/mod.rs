@@ -464,8 +464,9 @@ const NET_HANDOFF_US: f64 = 20.0;
 /// step cost ([`NET_HOP_US`]) was fitted on two steps in a row and holds its turn already.
 const NET_TURN_US: f64 = 9.5;
 
-/// What each level of a tree across more than two nodes pays (µs), up and down, when its
-/// messages reach the network's hand-off length: on 4 H200s as 4 nodes x 1 one channel's
+/// What each level of a tree across nodes that does not exchange at the top (more than two
+/// nodes, or two with NCCL_RS_TREE_EXCHANGE=0) pays (µs), up and down, when its messages reach
+/// the network's hand-off length: on 4 H200s as 4 nodes x 1 one channel's
 /// Tree/Simple went from 149 to 408 us between 32 and 64 KiB (results/h200x4-nodes-tuner-s17.txt,
 /// call 3), about 25 of it the bytes, the rest over its four levels; from there to 2 MiB it grew
 /// at the tree's rate alone (873 us at 2 MiB on 8 channels). Each level waits for whole
