@@ -104,7 +104,7 @@ impl Tuner {
         }
         let mine = self.facts();
         self.nranks = nranks;
-        self.nnodes = nnodes;
+        self.set_nnodes(nnodes);
         self.nlocal = nlocal;
         self.nchannels = nchannels;
         self.bw_intra = bw_intra;
@@ -147,10 +147,13 @@ mod tests {
         let mut rank0 = tuner(4, 32);
         // The network's hand-off length too (a rank's NCCL_RS_SOCKET_INLINE_BYTES).
         rank0.set_net_handoff_from(Some(256 << 10));
+        // And its node count, with what follows from it (the trees' depth).
+        rank0.set_nnodes(4);
         let mut rank1 = tuner(4, 4);
         let all = vec![rank0.facts(), rank1.facts()];
         assert!(rank1.agree(&all).unwrap());
         assert_eq!(rank1.facts(), rank0.facts());
+        assert_eq!(rank1.tree_depth, crate::graph::dbt_depth(4));
         for bytes in [8usize, 1 << 20, 1 << 30] {
             let c = super::super::Coll::AllReduce;
             assert_eq!(

@@ -495,6 +495,9 @@ pub struct Tuner {
     /// The tree across two nodes exchanges at the top (`FLAG_TREE_EXCHANGE`): one network
     /// hop, chains inside the nodes, and LL steps possible.
     tree_exchange: bool,
+    /// The double binary tree's depth over the nodes (`graph::dbt_depth`), kept: the tuner
+    /// runs on every call, and the depth builds both trees.
+    tree_depth: usize,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -532,6 +535,7 @@ impl Tuner {
             ring_exchange: false,
             net_handoff_from: None,
             tree_exchange: false,
+            tree_depth: crate::graph::dbt_depth(graphs.nnodes),
             params: params.clone(),
             plugin,
         };
@@ -655,12 +659,11 @@ impl Tuner {
             }
             Algo::Tree => {
                 // Up and down the chain inside a node and the double binary tree's hops
-                // across nodes (about log2 of the node count: `graph::dbt_depth`).
-                let depth = crate::graph::dbt_depth(self.nnodes) as f64;
-                // With the exchange the two heads trade sums: one network hop in all.
+                // across nodes (about log2 of the node count); with the exchange the two
+                // heads trade sums: one network hop in all.
                 let net_hops = match self.tree_exchange {
                     true => 1.0,
-                    false => 2.0 * depth,
+                    false => self.tree_levels(),
                 };
                 let extra = match (self.nnodes > 1, proto) {
                     (true, Proto::Ll) => TREE_NET_LL_EXTRA_US,
@@ -755,7 +758,7 @@ impl Tuner {
         if algo != Algo::Tree || proto != Proto::Ll || self.nnodes < 2 || self.tree_exchange {
             return 0.0;
         }
-        let levels = 2.0 * crate::graph::dbt_depth(self.nnodes) as f64;
+        let levels = self.tree_levels();
         let chunk = (bytes / nch.max(1)).min(nccl_device::abi::LL_STEP_BYTES as usize) as f64;
         (levels - 1.0) * chunk / (LL_NET_BW * 1e3)
     }
@@ -777,10 +780,7 @@ impl Tuner {
         let (message, steps, each) = match algo {
             Algo::Tree if self.tree_exchange => (per_channel, 1.0, NET_HANDOFF_US),
             // Up the double binary tree and back down, a level at a time each way.
-            Algo::Tree => {
-                let levels = 2.0 * crate::graph::dbt_depth(self.nnodes) as f64;
-                (per_channel, levels, TREE_LEVEL_HANDOFF_US)
-            }
+            Algo::Tree => (per_channel, self.tree_levels(), TREE_LEVEL_HANDOFF_US),
             Algo::Nvls => return 0.0,
             _ => match coll {
                 Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter => (
@@ -795,6 +795,17 @@ impl Tuner {
             true => each * steps,
             false => 0.0,
         }
+    }
+
+    /// The double binary tree's levels across nodes, up and down: a network step each.
+    fn tree_levels(&self) -> f64 {
+        2.0 * self.tree_depth as f64
+    }
+
+    /// Re-derives what follows from the node count (rank 0's, on [`Tuner::agree`]).
+    fn set_nnodes(&mut self, nnodes: usize) {
+        self.nnodes = nnodes;
+        self.tree_depth = crate::graph::dbt_depth(nnodes);
     }
 
     /// The share of the network a tree across nodes of one rank each reaches.
