@@ -238,10 +238,9 @@ impl SimpleFan {
                     self.tail_seen[i] = self.wait((*self.recv[i]).tail as *const u64, need);
                 }
                 // The peer consumed up to `head`: our next slot is free once it is within
-                // NCCL_STEPS of the step. A direct send fills no slot and does not wait
-                // (`Simple::step_to`).
+                // NCCL_STEPS of the step.
                 let need = (self.send_step[i] + 1).saturating_sub(NCCL_STEPS as u64);
-                if !self.send[i].is_null() && self.send_to[i] == 0 && self.head_seen[i] < need {
+                if !self.send[i].is_null() && self.head_seen[i] < need {
                     self.head_seen[i] = self.wait((*self.send[i]).head as *const u64, need);
                 }
             }

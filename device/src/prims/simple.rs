@@ -347,15 +347,8 @@ impl Simple {
     /// only; see [`Simple::ring_handshake`]). With `recv_direct`, the peer already wrote the
     /// step's data into our buffer: no FIFO slot is read, and `mv.recv` names where the data
     /// lies (null: nothing to pass on, so nothing moves). With a non-null `send_to`, the data
-    /// goes there (the successor's buffer) instead of a FIFO slot. The counters and publishes
-    /// are a FIFO step's, so the step counts stay as they were at both ends, and a FIFO step
-    /// after direct ones still waits for every step before it to be consumed.
-    ///
-    /// A direct send does not wait for a free slot (the receiver's `head`): it fills no slot,
-    /// and every place it writes in the peer's buffer is free by the callers' data order (each
-    /// collective's comment says why). That wait had bounded a CTA by the FIFO's bytes in
-    /// flight around the ring: on 4 H200s a registered AllReduce on 4 CTAs moved 121 GB/s
-    /// busbw with 4 MiB FIFOs and 290 with 16 MiB ones (lab notes).
+    /// goes there (the successor's buffer) instead of a FIFO slot. The counters, waits and publishes are a FIFO step's, so
+    /// flow control and the step counts stay as they were at both ends.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn step_to<T: Elem, O: RedOp<T>>(
@@ -401,7 +394,7 @@ impl Simple {
             }
             // A free slot for every step of the slice: the peer consumed up to `head`.
             let need = (self.send_step + slice).saturating_sub(NCCL_STEPS as u64);
-            if send && send_to.is_null() && self.head_seen < need {
+            if send && self.head_seen < need {
                 let head = (*sc).head as *const u64;
                 let mut seen = self.head_seen;
                 self.wait(|| {
