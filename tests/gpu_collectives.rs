@@ -137,8 +137,9 @@ fn process_per_gpu() {
 
 /// Ranks as processes on 2 nodes (`NCCL_HOSTID`), so that every ring crosses the network
 /// transport and its proxy threads (loopback sockets, buffers in pinned host memory): every
-/// collective, both placements, Simple (LL and LL128 hang there today), random data, poisoned
-/// outputs. With NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS daemon first).
+/// collective, both placements, the tuner's choices (LL below its limits, Simple above), random
+/// data, poisoned outputs. With NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS
+/// daemon first): passed so on one H200, 2x1 and 2x2 (results/h200-gpu-two-nodes-test-s18.txt).
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
 fn process_per_rank_on_two_nodes() {

@@ -186,7 +186,7 @@ pub fn get_unique_id() -> Result<UniqueId> {
 /// made inside the library (communicator split, ...), where the fixed NCCL_COMM_ID address
 /// would clash with the bootstrap that is already using it.
 pub fn new_root_id() -> Result<UniqueId> {
-    new_root_id_on(socket::choose_address())
+    new_root_id_on(socket::choose_address()?)
 }
 
 /// As [`new_root_id`], with the root on the loopback address: for communicators whose ranks

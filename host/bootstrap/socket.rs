@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
+use crate::error::{Error, Result};
 
 use super::wire;
 
@@ -119,7 +120,11 @@ pub(crate) fn family_wanted() -> Option<bool> {
 /// `NCCL_SOCKET_IFNAME` (default: not loopback, not docker*, not virbr*) and
 /// `NCCL_SOCKET_FAMILY`, IPv4 before IPv6 (link-local IPv6 is skipped: it needs a scope to be
 /// reachable); else the loopback address of the family.
-pub(crate) fn choose_address() -> IpAddr {
+///
+/// An `NCCL_SOCKET_IFNAME` that matches no usable interface fails with `ncclInvalidUsage`,
+/// naming the value and the interfaces that exist (falling back to loopback would hand the
+/// other hosts a root they cannot reach, and their error would name neither).
+pub(crate) fn choose_address() -> Result<IpAddr> {
     let spec = crate::env::raw("NCCL_SOCKET_IFNAME").filter(|s| !s.trim().is_empty());
     let family = family_wanted();
     let all = interfaces();
@@ -140,23 +145,29 @@ pub(crate) fn choose_address() -> IpAddr {
         Some(v4) => usable(v4),
         None => usable(true).or_else(|| usable(false)),
     };
-    match found {
-        Some(i) => {
+    match (found, &spec) {
+        (Some(i), _) => {
             log::info!("bootstrap: using interface {} address {}", i.name, i.ip);
-            i.ip
+            Ok(i.ip)
         }
-        None => {
-            if let Some(s) = &spec {
-                log::warn!(
-                    "bootstrap: no interface matches NCCL_SOCKET_IFNAME={s}; using the loopback address"
-                );
-            }
-            if family == Some(false) {
-                IpAddr::V6(Ipv6Addr::LOCALHOST)
-            } else {
-                IpAddr::V4(Ipv4Addr::LOCALHOST)
-            }
+        (None, Some(s)) => {
+            let up: Vec<(String, IpAddr)> = all
+                .iter()
+                .filter(|i| i.up)
+                .map(|i| (i.name.clone(), i.ip))
+                .collect();
+            Err(Error::invalid_usage(format!(
+                "bootstrap: NCCL_SOCKET_IFNAME={s} matches no interface that is up with a usable \
+                 address{}; interfaces: {}",
+                match family {
+                    Some(true) => " of NCCL_SOCKET_FAMILY=AF_INET",
+                    Some(false) => " of NCCL_SOCKET_FAMILY=AF_INET6",
+                    None => "",
+                },
+                crate::transport::net::socket::describe_interfaces(&up)
+            )))
         }
+        (None, None) => Ok(loopback_address()),
     }
 }
 
@@ -185,7 +196,8 @@ pub(crate) fn local_ip_toward(target: IpAddr) -> IpAddr {
         .and_then(|u| u.local_addr());
     match probe {
         Ok(a) if !a.ip().is_unspecified() => a.ip(),
-        _ => choose_address(),
+        // A setting that matches nothing failed the id's making already.
+        _ => choose_address().unwrap_or_else(|_| loopback_address()),
     }
 }
 
@@ -592,7 +604,7 @@ mod tests {
 
     #[test]
     fn address_choice_is_usable() {
-        let ip = choose_address();
+        let ip = choose_address().expect("an address");
         assert!(!ip.is_unspecified());
         let l = listen(SocketAddr::new(ip, 0), false).expect("listen on chosen address");
         let a = local_addr(&l).expect("local addr");

@@ -181,8 +181,13 @@ impl Shape {
         let kernel_flags = switch(
             "NCCL_RS_SIMPLE_PUBLISHER",
             nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
-        )? | switch("NCCL_RS_RING_EXCHANGE", nccl_device::abi::FLAG_RING_EXCHANGE)?
-            | switch("NCCL_RS_TREE_EXCHANGE", nccl_device::abi::FLAG_TREE_EXCHANGE)?;
+        )? | switch(
+            "NCCL_RS_RING_EXCHANGE",
+            nccl_device::abi::FLAG_RING_EXCHANGE,
+        )? | switch(
+            "NCCL_RS_TREE_EXCHANGE",
+            nccl_device::abi::FLAG_TREE_EXCHANGE,
+        )?;
         // Off by default: on 4 H100s a registered call's busbw fell with its CTAs (64 MiB
         // AllReduce 301 GB/s on 32, 267 on 16; 256 MiB AllGather 328 on 32, 209 on 8, 30 on 1;
         // results/h100x4-registered-fewer-ctas.txt): a CTA's loads and stores over NVLink move
@@ -495,8 +500,15 @@ impl Comm {
         let timeout =
             Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
         let bootstrap = Arc::new(
-            Bootstrap::init_scalable(ids, rank, nranks, timeout, abort)
-                .map_err(|e| e.context("bootstrap"))?,
+            Bootstrap::init_scalable(ids, rank, nranks, timeout, abort).map_err(|e| {
+                // Most of its errors name the bootstrap already ("bootstrap rank 1: ..."):
+                // no second "bootstrap: " in front of them.
+                if e.message.starts_with("bootstrap") {
+                    e
+                } else {
+                    e.context("bootstrap")
+                }
+            })?,
         );
         let me = PeerInfo::local(rank, &device, shape)?;
         let peers = PeerInfo::exchange(&bootstrap, &me)?;
@@ -668,8 +680,8 @@ impl Comm {
         // tree, each channel on links of its own with the same slots.
         let (tree_up, dbt) = if nodes_of.len() > 1 {
             use crate::tune::{Algo, AlgoFilter, Coll};
-            let allowed = AlgoFilter::from_mask(shape.algo_mask)
-                .allows(Coll::AllReduce, Algo::Tree as usize);
+            let allowed =
+                AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
             let dbt = match allowed {
                 true => {
                     let trees = crate::graph::dbt_channels(&nodes_of, nch);
@@ -677,9 +689,16 @@ impl Comm {
                     // The tree's steps may be LL (one peer per step): its links inside the
                     // node get LL FIFOs (network connections carry every protocol).
                     let mut reach = |peer: usize| reach_of(peer, &mut tree_tables);
-                    let made = tree::connect_dbt(rank, &device, &trees, &nodes_of, &addrs, np, &mut reach, |c| {
-                        make_links.clone()(1, tree_slot).keyed(c as u32).with_ll()
-                    });
+                    let made = tree::connect_dbt(
+                        rank,
+                        &device,
+                        &trees,
+                        &nodes_of,
+                        &addrs,
+                        np,
+                        &mut reach,
+                        |c| make_links.clone()(1, tree_slot).keyed(c as u32).with_ll(),
+                    );
                     Some(made.map_err(|e| e.context("tree connections"))?)
                 }
                 false => None,

@@ -31,6 +31,7 @@ use crate::transport::net::{
 use comm::Comm;
 pub use handshake::{SocketConnecting, SocketListener};
 pub use ifaces::Family;
+pub(crate) use ifaces::describe as describe_interfaces;
 
 /// How long a connection may take to open before either side gives up.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
