@@ -937,11 +937,20 @@ fn graphs_replay_across_nodes() {
         if !inside {
             direct_times.push(direct(1000));
         }
+        // Direct calls leave the proxy its long naps; a captured launch shortens them, since
+        // the graph's replays will not wake it.
+        let nap = || c.proxy_max_nap().expect("a proxy across nodes");
+        let long_nap = nap();
         d.capture_begin(s).expect("begin the capture");
         let issued = work.issue(c, s);
         let graph = d.capture_end(s);
         issued.expect("issue into the capture");
         let graph = graph.expect("end the capture");
+        assert!(
+            nap() < long_nap,
+            "the proxy's longest nap after a capture: {:?} (before: {long_nap:?})",
+            nap()
+        );
         let mut replay_times = Vec::new();
         for it in 0..REPLAYS {
             if it % 2 == 1 {

@@ -1035,6 +1035,14 @@ impl Comm {
         &self.device
     }
     crate::internal! {
+        /// The longest nap this communicator's proxy thread takes now (None without network
+        /// connections): shorter once a launch that needs it was captured into a CUDA graph.
+        fn proxy_max_nap(&self) -> Option<std::time::Duration> {
+            self.net.as_ref().map(|n| n.proxy.max_nap())
+        }
+    }
+
+    crate::internal! {
         /// The bootstrap addresses of every rank, as this rank knows them.
         fn bootstrap_addresses(&self) -> Vec<std::net::SocketAddr> {
             self.bootstrap.peer_addresses()

@@ -413,7 +413,10 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         let Some(n) = &net else {
             return order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
         };
-        n.proxy.kick(); // the kernel will need the network: wake the proxy
+        // The kernel will need the network: wake the proxy (a captured launch's replays
+        // will not, so the proxy keeps its naps short from then on).
+        n.proxy
+            .kick_launch(device.stream_capturing(stream).unwrap_or(false));
         timeline::mark(Mark::Launch, 0, 0);
         let r = order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
         timeline::mark(Mark::Launched, 0, 0);

@@ -366,7 +366,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     let device = links.device();
     let k = device.kernel("nccl_p2p", "nccl_p2p")?;
     let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
-    links.kick_proxy();
+    links.kick_proxy(main);
     timeline::mark(Mark::Launch, 0, 0);
     let r = batch[0].order.launch_joined(main, others, || {
         all.iter()

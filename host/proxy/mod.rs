@@ -12,7 +12,8 @@
 //!
 //! The thread sleeps when nothing moves: launches kick it ([`Proxy::kick`]), the network wakes it
 //! when a transfer completes, and without either it polls at a falling rate, so an idle proxy
-//! costs next to no CPU. A connection that fails reports once through its error callback (the
+//! costs next to no CPU. A launch captured into a CUDA graph kicks it once, at capture, and
+//! never at its replays: once one was captured, an idle proxy naps at most [`REPLAY_NAP`]. A connection that fails reports once through its error callback (the
 //! communicator's async error and kernel abort flag) and is then left alone.
 
 mod conn;
@@ -45,6 +46,8 @@ struct Shared {
     conns: Mutex<Conns>,
     /// Kicks and network wake-ups since the thread last looked.
     woken: AtomicBool,
+    /// A launch that needs the thread was captured into a graph (`Proxy::kick_launch`).
+    replays: AtomicBool,
     stop: AtomicBool,
     /// Guards the sleep on `cv` against a wake-up lost between the check and the wait.
     bell: Mutex<()>,
@@ -70,6 +73,13 @@ pub(crate) struct Proxy {
 const HOT: Duration = Duration::from_millis(50);
 /// Longest sleep of an idle proxy between polls of its connections.
 const MAX_NAP: Duration = Duration::from_millis(64);
+/// Longest sleep once a launch was captured into a CUDA graph: a replay does not kick the
+/// thread, so its first step waits for the next poll. On the simulator (2 cores) a replay
+/// after 300 ms idle took 46-48 ms with the long naps (2 x 1, an 8-byte AllReduce; direct calls
+/// 0.4-2.7 ms), and `graphs_replay_across_nodes`' replays after 150 ms idle 95-176 ms (direct
+/// runs 44-58); with this cap 29-52 (direct 23-46). Each poll costs the idle thread a few
+/// microseconds of CPU.
+pub(crate) const REPLAY_NAP: Duration = Duration::from_millis(1);
 
 fn registry() -> &'static Mutex<HashMap<i32, Weak<Proxy>>> {
     static R: std::sync::OnceLock<Mutex<HashMap<i32, Weak<Proxy>>>> = std::sync::OnceLock::new();
@@ -91,6 +101,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             conns: Mutex::new(Vec::new()),
             woken: AtomicBool::new(false),
+            replays: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             bell: Mutex::new(()),
             cv: Condvar::new(),
@@ -176,6 +187,20 @@ impl Proxy {
         self.shared.ring();
     }
 
+    /// [`Proxy::kick`] for a launch that needs the thread; `captured`: the launch went into a
+    /// CUDA graph, whose replays will not kick (the thread then naps at most [`REPLAY_NAP`]).
+    pub(crate) fn kick_launch(&self, captured: bool) {
+        if captured {
+            self.shared.replays.store(true, Ordering::Relaxed);
+        }
+        self.shared.ring();
+    }
+
+    /// The longest nap the thread takes now.
+    pub(crate) fn max_nap(&self) -> Duration {
+        max_nap(&self.shared)
+    }
+
     fn waker(&self) -> crate::transport::net::Waker {
         let s = Arc::downgrade(&self.shared);
         Arc::new(move || {
@@ -222,8 +247,14 @@ impl ProxyGroup {
         }
     }
 
-    pub(crate) fn kick(&self) {
-        self.proxy.kick();
+    /// [`Proxy::kick_launch`].
+    pub(crate) fn kick_launch(&self, captured: bool) {
+        self.proxy.kick_launch(captured);
+    }
+
+    /// [`Proxy::max_nap`].
+    pub(crate) fn max_nap(&self) -> Duration {
+        self.proxy.max_nap()
     }
 }
 
@@ -247,6 +278,13 @@ impl Drop for Proxy {
             let _ = t.join();
         }
         timeline::flush();
+    }
+}
+
+fn max_nap(shared: &Shared) -> Duration {
+    match shared.replays.load(Ordering::Relaxed) {
+        true => REPLAY_NAP,
+        false => MAX_NAP,
     }
 }
 
@@ -304,7 +342,7 @@ fn run(shared: &Shared) {
         nap = if shared.woken.load(Ordering::Acquire) {
             Duration::from_micros(100)
         } else {
-            (nap * 2).min(MAX_NAP)
+            (nap * 2).min(max_nap(shared))
         };
     }
 }

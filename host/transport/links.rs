@@ -11,7 +11,7 @@ use super::p2p::{export, import, PeerAddr};
 use super::regmap::{self, PeerRegs};
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, VmmExport};
+use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, StreamHandle, VmmExport};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
 use crate::transport::net::setup::{self, NetPath, Want};
@@ -148,9 +148,11 @@ impl Links {
     }
 
     /// Wakes the proxy thread before a launch that may use network connections.
-    pub fn kick_proxy(&self) {
+    /// Wakes the proxy for a launch on `stream` that needs it (see [`crate::proxy::Proxy::kick_launch`]).
+    pub fn kick_proxy(&self, stream: StreamHandle) {
         if let Some(n) = &self.net {
-            n.proxy.kick();
+            n.proxy
+                .kick_launch(self.device.stream_capturing(stream).unwrap_or(false));
         }
     }
 
