@@ -1249,6 +1249,7 @@ fn unmatched_socket_ifname_fails_get_unique_id() {
                 id.decode().map(|(root, _)| root)
             ),
             Err(err) => {
+                assert_eq!(err.code, nccl::NcclResult::InvalidUsage, "{err}");
                 let msg = err.to_string();
                 assert!(msg.contains(NO_SUCH_IF), "the setting: {msg}");
                 assert!(

@@ -48,9 +48,10 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
       --ranks-per-node R    with NCCL_HOSTID=nccl-bench-node-k, so ranks of different nodes
                             meet through the network transport (sockets; GPUs shared under
                             NCCL_RS_SHARED_GPUS=1, with MPS) [R: 1]. Under mpirun, srun or
-                            torchrun the rank and size come from OMPI_COMM_WORLD_*, PMI_*,
-                            SLURM_* or RANK/WORLD_SIZE instead, and NCCL_COMM_ID=host:port
-                            names the bootstrap root (the baseline's is port + 1)
+                            torchrun the rank and size come from RANK/WORLD_SIZE,
+                            OMPI_COMM_WORLD_*, PMI_* or SLURM_* instead (the first set wins:
+                            torchrun's inside srun), and NCCL_COMM_ID=host:port names the
+                            bootstrap root (the baseline's is port + 1)
   -h, --help                this text";
 
 /// How a call's time comes from the timed iterations (`--stat`).

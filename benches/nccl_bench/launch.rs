@@ -9,6 +9,7 @@
 //! check counts the wrong values of every rank.
 
 use crate::baseline::{Nccl, NcclUniqueId};
+use crate::launch_env;
 use nccl::cuda::Backend;
 use nccl::UniqueId;
 use std::ffi::OsString;
@@ -66,44 +67,16 @@ fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
-/// Rank and size as the usual launchers set them, first match wins.
-fn from_launcher() -> Option<(usize, usize, &'static str)> {
-    const PAIRS: [(&str, &str, &str); 4] = [
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
-        ("PMI_RANK", "PMI_SIZE", "PMI"),
-        ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
-        ("RANK", "WORLD_SIZE", "RANK/WORLD_SIZE"),
-    ];
-    PAIRS.iter().find_map(|&(r, w, from)| {
-        let (rank, world) = (env_usize(r)?, env_usize(w)?);
-        (rank < world).then_some((rank, world, from))
-    })
-}
-
-fn local_from_launcher(rank: usize) -> usize {
-    [
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-        "LOCAL_RANK",
-    ]
-    .iter()
-    .find_map(|v| env_usize(v))
-    .unwrap_or(rank)
+/// The process environment as a [`launch_env::Lookup`].
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 /// The baseline's id under a launcher: NCCL_COMM_ID's port + 1 (ours uses the port itself,
 /// and both roots live in rank 0's process).
 fn nccl_id_from_comm_id(lib: &Nccl) -> Result<NcclUniqueId, String> {
     let ours = std::env::var("NCCL_COMM_ID").unwrap_or_default();
-    let (host, port) = ours
-        .rsplit_once(':')
-        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
-        .ok_or_else(|| format!("NCCL_COMM_ID={ours}: use host:port"))?;
-    let theirs = format!(
-        "{host}:{}",
-        port.checked_add(1).ok_or("NCCL_COMM_ID: port too high")?
-    );
+    let theirs = launch_env::next_port(&ours)?;
     // The process is still single-threaded here, before any communicator exists.
     std::env::set_var("NCCL_COMM_ID", &theirs);
     let id = lib.get_unique_id();
@@ -141,9 +114,15 @@ pub fn role(
             per_node: per_node.unwrap_or(1),
         });
     }
-    let Some((rank, world, from)) = from_launcher().filter(|&(_, w, _)| w > 1) else {
+    let Some(launched) = launch_env::launched(&env_var)?.filter(|l| l.world > 1) else {
         return Ok(Role::Single);
     };
+    let launch_env::Launched {
+        rank,
+        world,
+        local,
+        from,
+    } = launched;
     if std::env::var("NCCL_COMM_ID").map_or(true, |v| v.trim().is_empty()) {
         return Err(format!(
             "started by {from} as rank {rank} of {world}: set NCCL_COMM_ID=host:port (rank 0's \
@@ -155,7 +134,7 @@ pub fn role(
     Ok(Role::Member(Box::new(Member {
         rank,
         world,
-        local: local_from_launcher(rank),
+        local,
         id,
         nccl_id,
         from,

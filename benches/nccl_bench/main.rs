@@ -45,6 +45,7 @@ mod collective;
 mod data;
 mod idle;
 mod launch;
+mod launch_env;
 mod output;
 mod ranks;
 mod records;
