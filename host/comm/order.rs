@@ -121,6 +121,12 @@ impl StreamOrder {
         }
     }
 
+    /// Whether a launch of this communicator was ever captured into a CUDA graph (its replays
+    /// may then run at any time).
+    pub fn captured(&self) -> bool {
+        self.last.lock().map_or(true, |l| l.captured)
+    }
+
     /// Runs `launch` on `stream` after everything this communicator launched before.
     pub fn launch(&self, stream: StreamHandle, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         self.launch_joined(stream, &[], launch)

@@ -413,13 +413,14 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         let Some(n) = &net else {
             return order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
         };
-        // The kernel will need the network: wake the proxy (a captured launch's replays
-        // will not, so the proxy keeps its naps short from then on).
-        n.proxy
-            .kick_launch(device.stream_capturing(stream).unwrap_or(false));
+        n.proxy.kick(); // the kernel will need the network: wake the proxy
         timeline::mark(Mark::Launch, 0, 0);
         let r = order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
         timeline::mark(Mark::Launched, 0, 0);
+        if order.captured() {
+            // A graph's replays will not wake the proxy: it keeps its naps short from now on.
+            n.proxy.serve_replays();
+        }
         r
     }))
 }

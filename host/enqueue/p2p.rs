@@ -366,13 +366,17 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     let device = links.device();
     let k = device.kernel("nccl_p2p", "nccl_p2p")?;
     let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
-    links.kick_proxy(main);
+    links.kick_proxy();
     timeline::mark(Mark::Launch, 0, 0);
     let r = batch[0].order.launch_joined(main, others, || {
         all.iter()
             .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
     });
     timeline::mark(Mark::Launched, 0, 0);
+    if batch[0].order.captured() {
+        // A graph's replays will not wake the proxy: it keeps its naps short from now on.
+        links.proxy_serves_replays();
+    }
     r
 }
 

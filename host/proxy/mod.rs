@@ -46,7 +46,7 @@ struct Shared {
     conns: Mutex<Conns>,
     /// Kicks and network wake-ups since the thread last looked.
     woken: AtomicBool,
-    /// A launch that needs the thread was captured into a graph (`Proxy::kick_launch`).
+    /// A launch that needs the thread was captured into a graph (`Proxy::serve_replays`).
     replays: AtomicBool,
     stop: AtomicBool,
     /// Guards the sleep on `cv` against a wake-up lost between the check and the wait.
@@ -187,13 +187,10 @@ impl Proxy {
         self.shared.ring();
     }
 
-    /// [`Proxy::kick`] for a launch that needs the thread; `captured`: the launch went into a
-    /// CUDA graph, whose replays will not kick (the thread then naps at most [`REPLAY_NAP`]).
-    pub(crate) fn kick_launch(&self, captured: bool) {
-        if captured {
-            self.shared.replays.store(true, Ordering::Relaxed);
-        }
-        self.shared.ring();
+    /// A launch that needs the thread went into a CUDA graph, whose replays will not kick it:
+    /// from now on it naps at most [`REPLAY_NAP`].
+    pub(crate) fn serve_replays(&self) {
+        self.shared.replays.store(true, Ordering::Relaxed);
     }
 
     /// The longest nap the thread takes now.
@@ -247,9 +244,13 @@ impl ProxyGroup {
         }
     }
 
-    /// [`Proxy::kick_launch`].
-    pub(crate) fn kick_launch(&self, captured: bool) {
-        self.proxy.kick_launch(captured);
+    pub(crate) fn kick(&self) {
+        self.proxy.kick();
+    }
+
+    /// [`Proxy::serve_replays`].
+    pub(crate) fn serve_replays(&self) {
+        self.proxy.serve_replays();
     }
 
     /// [`Proxy::max_nap`].

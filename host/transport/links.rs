@@ -11,7 +11,7 @@ use super::p2p::{export, import, PeerAddr};
 use super::regmap::{self, PeerRegs};
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, StreamHandle, VmmExport};
+use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, VmmExport};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
 use crate::transport::net::setup::{self, NetPath, Want};
@@ -148,11 +148,17 @@ impl Links {
     }
 
     /// Wakes the proxy thread before a launch that may use network connections.
-    /// Wakes the proxy for a launch on `stream` that needs it (see [`crate::proxy::Proxy::kick_launch`]).
-    pub fn kick_proxy(&self, stream: StreamHandle) {
+    pub fn kick_proxy(&self) {
         if let Some(n) = &self.net {
-            n.proxy
-                .kick_launch(self.device.stream_capturing(stream).unwrap_or(false));
+            n.proxy.kick();
+        }
+    }
+
+    /// A launch that needs the proxy was captured into a CUDA graph (see
+    /// [`crate::proxy::Proxy::serve_replays`]).
+    pub fn proxy_serves_replays(&self) {
+        if let Some(n) = &self.net {
+            n.proxy.serve_replays();
         }
     }
 
