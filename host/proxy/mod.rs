@@ -13,8 +13,9 @@
 //! The thread sleeps when nothing moves: launches kick it ([`Proxy::kick`]), the network wakes it
 //! when a transfer completes, and without either it polls at a falling rate, so an idle proxy
 //! costs next to no CPU. A launch captured into a CUDA graph kicks it once, at capture, and
-//! never at its replays: once one was captured, an idle proxy naps at most [`REPLAY_NAP`]. A connection that fails reports once through its error callback (the
-//! communicator's async error and kernel abort flag) and is then left alone.
+//! never at its replays: once one was captured, an idle proxy naps at most [`REPLAY_NAP`]. A
+//! connection that fails reports once through its error callback (the communicator's async
+//! error and kernel abort flag) and is then left alone.
 
 mod conn;
 pub(crate) mod shared;
