@@ -328,7 +328,12 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "NCCL_GRAPH_REGISTER",
         default: "1",
-        doc: "0: send/recv and ring collectives captured in a CUDA graph copy through the FIFOs; 1: their buffers count as registered (zero-copy with peers of this process)",
+        doc: "0: send/recv and ring collectives captured in a CUDA graph copy through the FIFOs; 1: their buffers count as registered (zero-copy with peers of this process; peers in other processes of the node get the buffers' records at capture, withdrawn when the graph is destroyed)",
+    },
+    Param {
+        name: "NCCL_RS_GRAPH_REG_WAIT_MS",
+        default: "5000",
+        doc: "graph registration with ranks in other processes: how long a captured send or collective waits for the peer's records of the buffers it writes into (the peer's capture of the same operation); past it, the graph's replays copy through the FIFOs until a later launch maps them",
     },
     Param {
         name: "NCCL_P2P_LEVEL",

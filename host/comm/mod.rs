@@ -12,6 +12,7 @@
 
 mod abort_handle;
 mod config;
+pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
 mod keepalive;
 mod net;
@@ -313,6 +314,9 @@ pub struct Comm {
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
     pub(crate) registered: register::Registrations,
+    /// Buffers of captured operations registered for peers in other processes, and the marks
+    /// that tell those peers when they are in.
+    pub(crate) graph_regs: Arc<graph_reg::GraphRegs>,
     /// Ring successors in other processes whose registration tables ring sends read
     /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
     pub(crate) ring_tables: Vec<usize>,
@@ -874,6 +878,7 @@ impl Comm {
                 crate::env::int("NCCL_LOCAL_REGISTER") != 0,
                 crate::env::int("NCCL_GRAPH_REGISTER") != 0,
             ),
+            graph_regs: Arc::default(),
             kernel_abort,
             split_turns: Arc::default(),
             ras,
@@ -1188,6 +1193,7 @@ impl Comm {
         bytes: usize,
     ) -> Result<register::RegHandle> {
         self.check_usable()?;
+        self.release_graph_regs();
         let h = self.registered.register(&self.device, buff, bytes)?;
         if self.registered.zero_copy_enabled() {
             // Peers in other processes map it; a failure to tell them only costs copies.

@@ -1,10 +1,11 @@
 //! User buffer registration (`ncclCommRegister` / `ncclCommDeregister`). Registering tells the
 //! communicator a buffer will be used in its operations: a send/recv between registered
 //! buffers of ranks that map each other's memory skips the FIFO (the sender writes into the
-//! receiver's buffer; see the send/recv enqueue and the device's `prims::direct`), and so does
-//! each p2p ring connection of an AllGather between registered output buffers (the sender
-//! writes each block into its successor's output). Unregistered buffers, and registered ones
-//! whose peer did not register, take the FIFO as before.
+//! receiver's buffer; see the send/recv enqueue and the device's `prims::direct`), and so do
+//! the p2p connections of ring and tree collectives on Simple steps between registered output
+//! buffers (the sender writes into its successor's output). Unregistered buffers, and
+//! registered ones whose peer did not register, take the FIFO as before. Operations captured
+//! in a CUDA graph count as registered (NCCL_GRAPH_REGISTER; comm/graph_reg.rs).
 //! `NCCL_LOCAL_REGISTER=0` keeps the records but turns the zero-copy path off.
 
 use crate::cuda::{DevPtr, Device};
@@ -48,7 +49,7 @@ impl Registrations {
     /// Whether a send or receive of `bytes` at `buff` may take the zero-copy path: a
     /// registered buffer, or (graph registration) any buffer of a captured operation. A
     /// captured buffer needs nothing registered for peers of this process (they address it
-    /// as it is); peers in other processes have no record of it and decline its offers.
+    /// as it is); peers in other processes get its record at capture (comm/graph_reg.rs).
     pub fn p2p_zero_copy(&self, buff: DevPtr, bytes: usize, captured: bool) -> bool {
         self.zero_copy(buff, bytes) || (self.graph && captured && bytes > 0)
     }
@@ -63,6 +64,11 @@ impl Registrations {
         captured: impl FnOnce() -> Result<bool>,
     ) -> Result<bool> {
         Ok(self.zero_copy(buff, bytes) || (self.graph && bytes > 0 && captured()?))
+    }
+
+    /// NCCL_GRAPH_REGISTER: buffers of captured operations count as registered.
+    pub fn graph_enabled(&self) -> bool {
+        self.graph
     }
 
     /// NCCL_LOCAL_REGISTER: registered buffers may take the zero-copy path.

@@ -76,6 +76,7 @@ fn fields_are_thread_safe(c: &Comm) {
         finalized,
         async_error,
         registered,
+        graph_regs,
         ring_tables,
         tree_tables,
         kernel_abort,
@@ -109,6 +110,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(finalized);
     both(async_error);
     both(registered);
+    both(graph_regs);
     both(ring_tables);
     both(tree_tables);
     both(kernel_abort);

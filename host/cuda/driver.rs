@@ -1,7 +1,7 @@
 //! The real backend: the CUDA driver API through cudarc's dynamically loaded bindings. Nothing
 //! links against libcuda; a machine without a driver gets an error value, never a panic.
 
-use super::{DevPtr, DeviceProps, StreamHandle};
+use super::{DevPtr, DeviceProps, GraphRelease, StreamHandle};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -829,6 +829,93 @@ impl Device {
             "cuStreamIsCapturing",
         )?;
         Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// The id of the capture open on `s` and the graph it builds (an invalidated capture has
+    /// none).
+    fn capture_info(&self, s: StreamHandle) -> Result<Option<(u64, sys::CUgraph)>> {
+        self.make_current()?;
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let (mut id, mut graph) = (0, std::ptr::null_mut());
+        // SAFETY: s is a stream of this context (or 0); out-parameters, the optional
+        // dependency outputs left out.
+        check(
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v2(
+                    s.0 as sys::CUstream,
+                    &mut st,
+                    &mut id,
+                    &mut graph,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuStreamGetCaptureInfo",
+        )?;
+        let active = st == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        Ok((active && !graph.is_null()).then_some((id, graph)))
+    }
+
+    pub fn capture_id(&self, s: StreamHandle) -> Result<Option<u64>> {
+        Ok(self.capture_info(s)?.map(|(id, _)| id))
+    }
+
+    /// Ties `release` to the graph the capture open on `s` builds, through a user object the
+    /// graph owns: CUDA runs it once that graph and every executable graph made from it are
+    /// destroyed. Not capturing: `release` comes back.
+    pub fn on_graph_release(
+        &self,
+        s: StreamHandle,
+        release: GraphRelease,
+    ) -> Result<std::result::Result<(), GraphRelease>> {
+        let Some((_, graph)) = self.capture_info(s)? else {
+            return Ok(Err(release));
+        };
+        unsafe extern "C" fn run_release(p: *mut c_void) {
+            // SAFETY: `p` is the box made below, given to this destructor alone, once.
+            let f = unsafe { Box::from_raw(p as *mut GraphRelease) };
+            f();
+        }
+        let p = Box::into_raw(Box::new(release)) as *mut c_void;
+        let mut obj = std::ptr::null_mut();
+        // SAFETY: `p` lives until the destructor takes it; CUDA requires the no-sync flag.
+        let made = check(
+            unsafe {
+                sys::cuUserObjectCreate(
+                    &mut obj,
+                    p,
+                    Some(run_release),
+                    1,
+                    sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32,
+                )
+            },
+            "cuUserObjectCreate",
+        );
+        if let Err(e) = made {
+            // SAFETY: not given to CUDA: still ours alone.
+            let f = unsafe { Box::from_raw(p as *mut GraphRelease) };
+            drop(f);
+            return Err(e);
+        }
+        // SAFETY: graph is the open capture's; our one reference moves to it.
+        let moved = check(
+            unsafe {
+                sys::cuGraphRetainUserObject(
+                    graph,
+                    obj,
+                    1,
+                    sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32,
+                )
+            },
+            "cuGraphRetainUserObject",
+        );
+        if let Err(e) = moved {
+            // Our reference is still ours: releasing it runs `release` now.
+            // SAFETY: obj was created above with one reference.
+            unsafe { sys::cuUserObjectRelease(obj, 1) };
+            return Err(e);
+        }
+        Ok(Ok(()))
     }
 
     /// Starts capturing `s` into a graph (CUDA's default, global capture mode).

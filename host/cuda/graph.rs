@@ -5,6 +5,9 @@
 use super::{Device, Imp, StreamHandle};
 use crate::error::Result;
 
+/// What runs once a graph is gone: see [`Device::on_graph_release`].
+pub type GraphRelease = Box<dyn FnOnce() + Send>;
+
 /// An instantiated graph captured from a stream; destroyed on drop.
 pub struct Graph {
     dev: Device,
@@ -16,6 +19,24 @@ impl Device {
     /// Whether `s` is capturing into a graph now.
     pub fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
         dispatch!(self.stream_capturing(s))
+    }
+
+    /// The id of the capture open on `s` (unique in this process), None when `s` is not
+    /// capturing or its capture was invalidated.
+    pub fn capture_id(&self, s: StreamHandle) -> Result<Option<u64>> {
+        dispatch!(self.capture_id(s))
+    }
+
+    /// Ties `release` to the graph that the capture open on `s` builds: it runs once that
+    /// graph and every executable graph instantiated from it are destroyed (at once where the
+    /// capture fails), on a thread of CUDA's, so it must not call CUDA. `Ok(Err(release))`:
+    /// `s` is not capturing.
+    pub fn on_graph_release(
+        &self,
+        s: StreamHandle,
+        release: GraphRelease,
+    ) -> Result<std::result::Result<(), GraphRelease>> {
+        dispatch!(self.on_graph_release(s, release))
     }
 
     /// Starts capturing the work issued on `s` into a graph (CUDA's global capture mode).

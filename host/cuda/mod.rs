@@ -98,7 +98,7 @@ macro_rules! dispatch {
 }
 
 mod graph;
-pub use graph::Graph;
+pub use graph::{Graph, GraphRelease};
 pub(crate) mod multicast;
 pub(crate) use multicast::Multicast;
 crate::internal_mods!(fdpass);

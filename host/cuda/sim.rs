@@ -3,7 +3,7 @@
 //! running its queue in order, and a kernel launch runs the real `nccl-device` kernels, each
 //! CTA a group of host threads (`nccl_device::arch::sim`).
 
-use super::{DevPtr, DeviceProps, StreamHandle};
+use super::{DevPtr, DeviceProps, GraphRelease, StreamHandle};
 use crate::error::{Error, Result};
 use nccl_device::abi::{CollArgs, P2pArgs};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -189,6 +189,8 @@ struct Stream {
     capture: Mutex<Option<Vec<Replayable>>>,
     /// Set when legacy-stream work joined the open capture implicitly: ending it fails.
     invalidated: AtomicBool,
+    /// The open capture's id and what runs when the graph it makes is gone.
+    capture_extra: Mutex<(u64, Vec<GraphRelease>)>,
     /// The device whose stream this is.
     ordinal: i32,
     /// Ordered with the legacy stream both ways (CUDA's default stream flags).
@@ -212,6 +214,7 @@ impl Stream {
             cv: Condvar::new(),
             capture: Mutex::new(None),
             invalidated: AtomicBool::new(false),
+            capture_extra: Mutex::new((0, Vec::new())),
             ordinal,
             blocking,
         });
@@ -354,6 +357,8 @@ struct Registry {
     streams: HashMap<u64, Arc<Stream>>,
     events: HashMap<u64, Arc<Event>>,
     graphs: HashMap<u64, Arc<Vec<Replayable>>>,
+    /// What runs when each graph is destroyed.
+    graph_releases: HashMap<u64, Vec<GraphRelease>>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -363,6 +368,7 @@ fn registry() -> &'static Mutex<Registry> {
             streams: HashMap::new(),
             events: HashMap::new(),
             graphs: HashMap::new(),
+            graph_releases: HashMap::new(),
         })
     })
 }
@@ -1236,7 +1242,30 @@ impl Device {
         }
         stream.invalidated.store(false, Ordering::SeqCst);
         *c = Some(Vec::new());
+        *lock(&stream.capture_extra) = (NEXT_ID.fetch_add(1, Ordering::Relaxed), Vec::new());
         Ok(())
+    }
+
+    /// The id of the capture open on `s`.
+    pub fn capture_id(&self, s: StreamHandle) -> Result<Option<u64>> {
+        let stream = self.stream(s)?;
+        let open = stream.capturing() && !stream.invalidated.load(Ordering::SeqCst);
+        Ok(open.then(|| lock(&stream.capture_extra).0))
+    }
+
+    /// Runs `release` when the graph the capture open on `s` makes is destroyed (at once if
+    /// the capture fails). Not capturing: `release` comes back.
+    pub fn on_graph_release(
+        &self,
+        s: StreamHandle,
+        release: GraphRelease,
+    ) -> Result<std::result::Result<(), GraphRelease>> {
+        let stream = self.stream(s)?;
+        if !stream.capturing() || stream.invalidated.load(Ordering::SeqCst) {
+            return Ok(Err(release));
+        }
+        lock(&stream.capture_extra).1.push(release);
+        Ok(Ok(()))
     }
 
     /// Ends the capture; the graph is its launches, replayed in order.
@@ -1245,13 +1274,18 @@ impl Device {
         let jobs = lock(&stream.capture)
             .take()
             .ok_or_else(|| Error::invalid_usage("the stream is not capturing"))?;
+        let releases = std::mem::take(&mut lock(&stream.capture_extra).1);
         if stream.invalidated.swap(false, Ordering::SeqCst) {
+            // No graph: what was tied to it is released now (as CUDA destroys the graph).
+            releases.into_iter().for_each(|r| r());
             return Err(Error::cuda(format!(
                 "cuStreamEndCapture: {CAPTURE_INVALIDATED}"
             )));
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0x9;
-        lock(registry()).graphs.insert(id, Arc::new(jobs));
+        let mut reg = lock(registry());
+        reg.graphs.insert(id, Arc::new(jobs));
+        reg.graph_releases.insert(id, releases);
         Ok((id, id))
     }
 
@@ -1279,7 +1313,14 @@ impl Device {
     }
 
     pub fn graph_destroy(&self, graph: u64, _exec: u64) -> Result<()> {
-        lock(registry()).graphs.remove(&graph);
+        let releases = {
+            let mut reg = lock(registry());
+            reg.graphs.remove(&graph);
+            reg.graph_releases.remove(&graph)
+        };
+        // Outside the registry's lock, as CUDA runs user objects' destructors on a thread of
+        // its own.
+        releases.into_iter().flatten().for_each(|r| r());
         Ok(())
     }
 }

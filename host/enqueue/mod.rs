@@ -13,10 +13,11 @@ mod patterns;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use crate::comm::order;
 
-use crate::comm::{Comm, Shape};
+use crate::comm::{graph_reg, Comm, Shape};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
+use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{self, Algo, Choice, Proto};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
@@ -195,6 +196,7 @@ pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
 
 fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     comm.check_usable()?;
+    comm.release_graph_regs();
     let n = comm.nranks;
     if call_bytes(n, &c).is_none() {
         return Err(Error::invalid_argument(format!(
@@ -361,16 +363,33 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     // The trees take the handshakes too: the one-node tree (a chain in ring order), and across
     // nodes the links of the double binary tree inside each node (its chains).
     let tree = args.algo == ALGO_TREE;
+    // Peers whose graph-registration mark a captured launch waits for, and the mark.
+    let mut graph_wait: Option<(Vec<usize>, u64)> = None;
     if (args.algo == ALGO_RING || tree) && proto == PROTO_SIMPLE {
         // Every rank sets the handshake alike (collective, algorithm, protocol); only this
         // rank's registration of its output decides whether it offers and takes offers (a
         // Reduce's other ranks have no output: their input's).
         args.flags |= FLAG_RING_DIRECT;
-        let captured = || comm.device.stream_capturing(c.stream);
+        // Asked once where captures take marks (peers in other processes), else only when
+        // the registration does not decide alone.
+        let known = match comm.graph_marks_needed() {
+            true => Some(comm.device.stream_capturing(c.stream)?),
+            false => None,
+        };
+        let captured = || known.map_or_else(|| comm.device.stream_capturing(c.stream), Ok);
         let (buff, len) = match c.coll {
             Coll::Reduce if !me_root => (c.send, send_bytes),
             _ => (c.recv, recv_bytes),
         };
+        if known == Some(true) {
+            // Graph registration with peers in other processes (comm/graph_reg.rs): the
+            // buffer the predecessors write into, then the mark the successors wait for.
+            comm.graph_register(c.stream, buff, len);
+            let seq = comm.mark_captured_coll();
+            let preds: &[usize] = if tree { &comm.tree_tables } else { &[] };
+            let peers: Vec<usize> = comm.ring_tables.iter().chain(preds).copied().collect();
+            graph_wait = Some((peers, seq));
+        }
         let chunk_bytes = args.chunk_elems as usize * dt.size();
         if !tree {
             args.reg_ctas = fewer_ctas(&shape, c.coll, count * dt.size(), grid, chunk_bytes);
@@ -409,7 +428,14 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     let (device, stream) = (comm.device.clone(), c.stream);
     let order = comm.order.clone();
     let net = comm.net.clone();
+    let (links, graph_regs) = (comm.links.clone(), comm.graph_regs.clone());
     group::ordered(Box::new(move || {
+        // At the group's end: every mark of the group went out when its calls were made.
+        if let Some((peers, seq)) = &graph_wait {
+            for &peer in peers {
+                graph_reg::await_graph_mark(&links, &graph_regs, peer, RegMark::Coll, *seq)?;
+            }
+        }
         let Some(n) = &net else {
             return order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
         };

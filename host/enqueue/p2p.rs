@@ -17,7 +17,9 @@ use super::group;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
+use crate::comm::graph_reg::{self, GraphRegs};
 use crate::transport::links::{Dir, Links};
+use crate::transport::regmap::Mark as RegMark;
 use nccl_device::abi::{
     P2pArgs, P2pItem, P2pKind, DIRECT_DECLINE, DIRECT_OFF, MAX_P2P_ITEMS, NCCL_STEPS,
 };
@@ -40,6 +42,9 @@ pub struct P2pOp {
     pub kernel_flags: u32,
     /// The buffer is registered (and NCCL_LOCAL_REGISTER allows zero-copy).
     pub registered: bool,
+    /// A captured send to a peer in another process (graph registration): the peer's receive
+    /// mark to wait for before the launch, and where the wait is configured.
+    pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
 }
 
 /// `ncclSend` (`dir` Send) and `ncclRecv` (`dir` Recv): checks the call, then records it until
@@ -63,6 +68,7 @@ pub fn submit(
     let checked = || -> Result<P2pOp> {
         group::enter(comm)?;
         comm.check_usable()?;
+        comm.release_graph_regs();
         if peer >= comm.nranks {
             return Err(Error::invalid_argument(format!(
                 "peer {peer} is out of range (nranks {})",
@@ -91,6 +97,19 @@ pub fn submit(
                 dt,
             )?;
         }
+        let capturing = comm.device.stream_capturing(stream)?;
+        let mut graph_mark = None;
+        if capturing && comm.registered.graph_enabled() && comm.links.maps_our_buffers(peer) {
+            // Graph registration with a peer in another process (comm/graph_reg.rs): a
+            // receive registers its buffer and tells the peer; a send waits for that at launch.
+            if dir == Dir::Recv {
+                comm.graph_register(stream, buff, bytes);
+            }
+            let seq = comm.mark_captured_p2p(peer, dir == Dir::Recv);
+            if dir == Dir::Send {
+                graph_mark = Some((comm.graph_regs.clone(), seq));
+            }
+        }
         Ok(P2pOp {
             links: comm.links.clone(),
             order: comm.order.clone(),
@@ -102,11 +121,8 @@ pub fn submit(
             stream,
             abort_flag: comm.kernel_abort.ptr,
             kernel_flags: comm.shape.kernel_flags,
-            registered: comm.registered.p2p_zero_copy(
-                buff,
-                bytes,
-                comm.device.stream_capturing(stream)?,
-            ),
+            registered: comm.registered.p2p_zero_copy(buff, bytes, capturing),
+            graph_mark,
         })
     };
     match checked() {
@@ -301,6 +317,9 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                     } else {
                         0
                     };
+                    if let Some((regs, seq)) = &op.graph_mark {
+                        graph_reg::await_graph_mark(links, regs, op.peer, RegMark::Recv, *seq)?;
+                    }
                     // Once per message: it brings the peer's registration table up to date.
                     let reach = links.direct_reach(op.peer)?;
                     for c in 0..nconns {

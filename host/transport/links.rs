@@ -202,6 +202,11 @@ impl Links {
         if p.same_process {
             return Ok(Some(nccl_device::abi::DIRECT_SAME_SPACE));
         }
+        self.drained(peer, |r| Some(r.device_ptr()))
+    }
+
+    /// `peer`'s registration table with the messages it sent so far applied, for `f`.
+    fn drained<T>(&self, peer: usize, f: impl FnOnce(&PeerRegs) -> T) -> Result<T> {
         let mut regs = self
             .regs
             .lock()
@@ -211,19 +216,62 @@ impl Links {
             std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
         };
         regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc)?;
-        Ok(Some(r.device_ptr()))
+        Ok(f(r))
+    }
+
+    /// Whether `peer` maps our registered buffers (see `reg_peers`).
+    pub fn maps_our_buffers(&self, peer: usize) -> bool {
+        peer != self.rank
+            && peer < self.peers.len()
+            && !self.remote(peer)
+            && !self.peers[peer].same_process
+            && self.peers[peer].transport == Transport::P2p
+    }
+
+    /// Whether any peer maps our registered buffers.
+    pub fn has_reg_peers(&self) -> bool {
+        (0..self.peers.len()).any(|p| self.maps_our_buffers(p))
+    }
+
+    /// Sends mark `seq` of kind `mark` (see [`regmap::Mark`]) to `peer`, or with None to every
+    /// peer that maps our buffers, after the records sent before it.
+    pub fn send_mark(&self, peer: Option<usize>, mark: regmap::Mark, seq: u64) -> Result<()> {
+        let peers = match peer {
+            Some(p) => vec![p],
+            None => self.reg_peers(),
+        };
+        self.tell_peers(&peers, &regmap::encode_mark(mark, seq))
+    }
+
+    /// Drains `peer`'s registration messages until its mark of kind `mark` reaches `seq`
+    /// (true), or `wait` has passed (false: that peer's marks are late or never come, and its
+    /// offers that our table lacks are declined).
+    pub fn await_mark(
+        &self,
+        peer: usize,
+        mark: regmap::Mark,
+        seq: u64,
+        wait: std::time::Duration,
+    ) -> Result<bool> {
+        let start = std::time::Instant::now();
+        let mut nap = std::time::Duration::from_micros(10);
+        loop {
+            if self.drained(peer, |r| r.mark(mark))? >= seq {
+                return Ok(true);
+            }
+            if start.elapsed() >= wait {
+                return Ok(false);
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Peers in other processes of this node that we reach through p2p: those that map our
     /// registered buffers.
     fn reg_peers(&self) -> Vec<usize> {
         (0..self.peers.len())
-            .filter(|&p| {
-                p != self.rank
-                    && !self.remote(p)
-                    && !self.peers[p].same_process
-                    && self.peers[p].transport == Transport::P2p
-            })
+            .filter(|&p| self.maps_our_buffers(p))
             .collect()
     }
 

@@ -13,6 +13,12 @@
 //! cannot be mapped (no IPC handle nor descriptor, a descriptor that cannot be taken or
 //! imported, `NCCL_RS_VMM_IPC=0`), only means that the peer's offer is declined and the message
 //! takes the FIFO.
+//!
+//! Graph registration adds marks: a rank capturing a CUDA graph sends its records for the
+//! buffers the capture uses, then a mark counting its captured operations ([`Mark`]); a
+//! sender about to capture an operation into such a buffer drains the peer's messages until
+//! the matching mark is in (so the graph's replays find the records mapped), or a bounded wait
+//! ends (its replays then take copies until a later launch drains the records).
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
@@ -27,6 +33,7 @@ pub const TAG_REG: u32 = 0x7265_6701;
 const ADD: u64 = 1;
 const WITHDRAW: u64 = 2;
 const ADD_VMM: u64 = 3;
+const MARK: u64 = 4;
 const RECORD_BYTES: usize = 5 * 8 + 64;
 
 /// One registration as its owner describes it to a peer.
@@ -51,6 +58,39 @@ pub enum Via {
     Ipc,
     /// The descriptor of a VMM allocation, taken and imported.
     VmmFd,
+}
+
+/// Which captured operations a mark counts. Ranks capture the same collectives in the same
+/// order, and a pair's sends and receives match in order, so both ends count alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Ring and tree collectives on Simple steps captured with graph registration: sent to
+    /// every peer that maps our buffers.
+    Coll = 0,
+    /// Receives from the peer the mark goes to.
+    Recv = 1,
+}
+
+/// A mark: `seq` operations of kind `mark` captured so far.
+pub fn encode_mark(mark: Mark, seq: u64) -> Vec<u8> {
+    let mut b = vec![0u8; RECORD_BYTES];
+    b[..8].copy_from_slice(&MARK.to_le_bytes());
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&(mark as u64).to_le_bytes());
+    b
+}
+
+/// The mark in `b`, if it is one (None: a record or withdrawal, for [`decode`]).
+pub fn decode_mark(b: &[u8]) -> Result<Option<(Mark, u64)>> {
+    let w = |i: usize| b.get(8 * i..8 * i + 8).map(|x| u64::from_le_bytes(x.try_into().unwrap_or_default()));
+    if b.len() != RECORD_BYTES || w(0) != Some(MARK) {
+        return Ok(None);
+    }
+    match w(2) {
+        Some(0) => Ok(Some((Mark::Coll, w(1).unwrap_or(0)))),
+        Some(1) => Ok(Some((Mark::Recv, w(1).unwrap_or(0)))),
+        k => Err(Error::remote(format!("registration mark of kind {k:?}"))),
+    }
 }
 
 /// The handle of a [`Via::VmmFd`] record: the descriptor's ticket, then the size of the
@@ -161,6 +201,8 @@ pub struct PeerRegs {
     full_said: bool,
     /// A VMM buffer of the peer's could not be mapped (said once).
     vmm_said: bool,
+    /// The peer's latest marks, by [`Mark`].
+    marks: [u64; 2],
 }
 
 /// Our mapping of a peer's allocation.
@@ -208,7 +250,13 @@ impl PeerRegs {
             entry_base: HashMap::new(),
             full_said: false,
             vmm_said: false,
+            marks: [0; 2],
         })
+    }
+
+    /// The peer's latest mark of kind `mark` (0: none yet).
+    pub fn mark(&self, mark: Mark) -> u64 {
+        self.marks[mark as usize]
     }
 
     /// The table's device address (a [`nccl_device::abi::P2pItem::direct`] of a send).
@@ -378,8 +426,14 @@ pub fn drain(
 ) -> Result<()> {
     let mut batch = Vec::new();
     while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
-        let r = decode(&m).map_err(|e| e.context(format!("rank {peer}")))?;
-        batch.push(r);
+        let in_rank = |e: Error| e.context(format!("rank {peer}"));
+        if let Some((mark, seq)) = decode_mark(&m).map_err(in_rank)? {
+            // Marks follow the records they cover: those are in `batch`, applied below.
+            let m = &mut regs.marks[mark as usize];
+            *m = (*m).max(seq);
+            continue;
+        }
+        batch.push(decode(&m).map_err(in_rank)?);
     }
     for (i, (id, rec)) in batch.iter().enumerate() {
         let withdrawn = || batch[i + 1..].iter().any(|(w, r)| w == id && r.is_none());
@@ -434,6 +488,15 @@ mod tests {
         let mut odd = encode(7, Some(&r));
         odd[0] = 5;
         assert!(decode(&odd).is_err());
+        // Marks: told apart from records, round trip, an unknown kind refused.
+        assert_eq!(decode_mark(&encode(7, Some(&r))).unwrap(), None);
+        assert_eq!(decode_mark(&encode(9, None)).unwrap(), None);
+        for (m, seq) in [(Mark::Coll, 1), (Mark::Recv, 1 << 40)] {
+            assert_eq!(decode_mark(&encode_mark(m, seq)).unwrap(), Some((m, seq)));
+        }
+        let mut bad_mark = encode_mark(Mark::Coll, 3);
+        bad_mark[16] = 2;
+        assert!(decode_mark(&bad_mark).is_err());
     }
 
     /// The table's published entry count, as the kernels read it.
