@@ -614,6 +614,43 @@ fn registered_vmm_buffers_across_processes_on_gpus() {
     }
 }
 
+/// Graph registration across processes on GPUs (2 ranks; on one GPU with
+/// `NCCL_RS_SHARED_GPUS=1` and the MPS daemon running): a capture registers the buffers peers
+/// write into through CUDA's user objects and sends their records, the peer's capture waits
+/// for them, and every replay of a Simple ring AllGather, AllReduce and Broadcast and of a
+/// send/recv ring goes direct on buffers nobody registered (exact step counts); after the
+/// graph is destroyed (CUDA runs the user object's release) the next call copies and nothing
+/// stays registered. Random data, poisoned outputs, every round checked.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+fn captured_buffers_go_direct_across_processes_on_gpus() {
+    const SLOT: usize = 64 << 10;
+    if let Some(ranks) = child_rank() {
+        let c = &ranks.comms[0];
+        common::register::captured_p2p_rounds(c, 3 * 8 * SLOT * 2, 2, SLOT);
+        let colls = [
+            (nccl_device::abi::Coll::AllGather, 24 << 20),
+            (nccl_device::abi::Coll::AllReduce, 12 << 20),
+            (nccl_device::abi::Coll::Broadcast, 48 << 20),
+        ];
+        common::register::captured_coll_rounds(c, &colls);
+        return;
+    }
+    common::procs::run(
+        "captured_buffers_go_direct_across_processes_on_gpus",
+        2,
+        &[
+            ("NCCL_P2P_NVL_CHUNKSIZE", "65536"),
+            ("NCCL_RS_P2P_CONNS", "2"),
+            ("NCCL_PROTO", "Simple"),
+            ("NCCL_ALGO", "Ring"),
+            ("NCCL_LOCAL_REGISTER", "1"),
+            ("NCCL_GRAPH_REGISTER", "1"),
+            ("NCCL_NVLS_ENABLE", "0"),
+        ],
+    );
+}
+
 /// Issue 23 on GPUs: a rank process killed (SIGKILL) while every rank's AllReduces run, 2 and
 /// The double binary tree across nodes on registered outputs, on GPUs: ranks as processes
 /// grouped into nodes by `NCCL_HOSTID` (sockets over loopback between nodes, p2p inside), every

@@ -679,69 +679,7 @@ fn captured_send_recv_go_direct_across_processes_until_the_graph_is_gone() {
         nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
-        let (next, prev) = ((rank + 1) % nranks, (rank + nranks - 1) % nranks);
-        let base = 3 * FIFO;
-        let (out_len, in_len) = (ring_bytes(rank, base), ring_bytes(prev, base));
-        let s = c.device().alloc(out_len).unwrap();
-        let rb = c.device().alloc(in_len + 512).unwrap();
-        let stream = c.device().stream_create().unwrap();
-        let data = |from: usize, len: usize, seed: u64| -> Vec<u8> {
-            let mut rng = common::Rng::new(seed * 1000 + from as u64);
-            (0..len).map(|_| rng.next() as u8).collect()
-        };
-        let issue = || {
-            nccl::group_start();
-            // SAFETY: both buffers hold their message and outlive the graph's replays.
-            unsafe {
-                c.send_raw(s.ptr(), out_len, nccl::DataType::Uint8, next, stream)
-                    .unwrap();
-                c.recv_raw(rb.ptr(), in_len, nccl::DataType::Uint8, prev, stream)
-                    .unwrap();
-            }
-            nccl::group_end().unwrap();
-        };
-        // One round: new bytes, a poisoned buffer, the result checked; this rank's send steps.
-        let round = |launch: &dyn Fn(), seed: u64| -> u64 {
-            s.write(0, &data(rank, out_len, seed)).unwrap();
-            rb.write(0, &vec![0x5A; in_len + 512]).unwrap();
-            let before = common::register::send_steps(&c);
-            launch();
-            c.device().stream_sync(stream).unwrap();
-            let mut got = vec![0u8; in_len + 512];
-            rb.read(0, &mut got).unwrap();
-            assert!(
-                got[..in_len] == data(prev, in_len, seed),
-                "rank {rank}, seed {seed}"
-            );
-            assert!(
-                got[in_len..].iter().all(|&b| b == 0x5A),
-                "rank {rank}: past the end"
-            );
-            common::register::send_steps(&c) - before
-        };
-        let copies = expected_steps(out_len, CONNS, SLOT, false);
-        let direct = expected_steps(out_len, CONNS, SLOT, true);
-        assert_eq!(round(&issue, 1), copies, "rank {rank}: nothing registered");
-        c.device().capture_begin(stream).unwrap();
-        issue();
-        let graph = c.device().capture_end(stream).unwrap();
-        assert_eq!(
-            c.graph_registrations(),
-            1,
-            "rank {rank}: the captured receive"
-        );
-        for replay in 2..5 {
-            let got = round(&|| graph.launch(stream).unwrap(), replay);
-            assert_eq!(got, direct, "rank {rank}: replay {replay} was not direct");
-        }
-        drop(graph);
-        assert_eq!(
-            round(&issue, 9),
-            copies,
-            "rank {rank}: after the graph is gone"
-        );
-        assert_eq!(c.graph_registrations(), 0, "rank {rank}: released");
-        c.device().stream_destroy(stream).unwrap();
+        common::register::captured_p2p_rounds(&c, 3 * FIFO, CONNS, SLOT);
         return;
     }
     for n in [2usize, 3] {

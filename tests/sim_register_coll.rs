@@ -934,35 +934,6 @@ fn registered_tree_across_nodes_goes_direct_inside_nodes() {
     }
 }
 
-/// Issues `coll` as [`coll_round`] runs it (AllGather and Broadcast of bytes, AllReduce sum of
-/// int32) from `send` into `recv` on `stream`.
-fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl::StreamHandle) {
-    use common::register::root_of;
-    // SAFETY: the callers' buffers hold what the call needs and outlive its replays.
-    unsafe {
-        match coll {
-            Coll::AllGather => c.all_gather_raw(send, recv, count, nccl::DataType::Uint8, stream),
-            Coll::Broadcast => c.broadcast_raw(
-                send,
-                recv,
-                count,
-                nccl::DataType::Uint8,
-                root_of(c.count()),
-                stream,
-            ),
-            _ => c.all_reduce_raw(
-                send,
-                recv,
-                count,
-                nccl::DataType::Int32,
-                nccl::ReduceOp::Sum,
-                stream,
-            ),
-        }
-        .unwrap();
-    }
-}
-
 /// Graph registration with ranks as processes: a capture registers the output and sends its
 /// record, and the predecessor's capture waits for it (the marks of comm/graph_reg.rs), so
 /// every replay of the graph goes direct on buffers nobody registered; while the graph lives
@@ -975,64 +946,8 @@ fn captured_collectives_go_direct_across_processes_until_the_graph_is_gone() {
         nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
-        let stream = c.device().stream_create().unwrap();
-        for (k, coll) in COLLS.into_iter().enumerate() {
-            let count = counts(coll)[1];
-            let (mine, _) = common::register::coll_data(coll, nranks, rank, count, 0);
-            let (inp, out) = (
-                c.device().alloc(mine.len()).unwrap(),
-                c.device().alloc(4 * mine.len() * nranks).unwrap(),
-            );
-            // One round: new data, a poisoned output, the result checked; the direct steps.
-            let round = |launch: &dyn Fn(), seed: u64| -> Vec<u64> {
-                let (mine, want) = common::register::coll_data(coll, nranks, rank, count, seed);
-                inp.write(0, &mine).unwrap();
-                out.write(0, &vec![0xA5; want.len()]).unwrap();
-                let before = c.ring_direct_steps().unwrap();
-                launch();
-                c.device().stream_sync(stream).unwrap();
-                let mut got = vec![0u8; want.len()];
-                out.read(0, &mut got).unwrap();
-                assert!(got == want, "rank {rank}: {} (seed {seed})", coll.name());
-                let now = c.ring_direct_steps().unwrap();
-                now.iter().zip(before).map(|(a, b)| a - b).collect()
-            };
-            let eager = || issue(&c, coll, inp.ptr(), out.ptr(), count, stream);
-            let direct = expected_direct(&c, coll, |_| true, count, false, true);
-            let copies = vec![0; direct.len()];
-            // (A Broadcast's root receives nothing.)
-            let receives = coll != Coll::Broadcast || rank != common::register::root_of(nranks);
-            assert_eq!(
-                direct.iter().sum::<u64>() > 0,
-                receives,
-                "rank {rank}: the model"
-            );
-            let seed = 1000 * k as u64;
-            assert_eq!(
-                round(&eager, seed),
-                copies,
-                "rank {rank}: nothing registered yet"
-            );
-            c.device().capture_begin(stream).unwrap();
-            eager();
-            let graph = c.device().capture_end(stream).unwrap();
-            assert_eq!(
-                c.graph_registrations(),
-                1,
-                "rank {rank}: the captured output"
-            );
-            for replay in 1..4 {
-                let got = round(&|| graph.launch(stream).unwrap(), seed + replay);
-                assert_eq!(got, direct, "rank {rank}: {} replay {replay}", coll.name());
-            }
-            let got = round(&eager, seed + 10);
-            assert_eq!(got, direct, "rank {rank}: eager while the graph lives");
-            drop(graph);
-            let got = round(&eager, seed + 11);
-            assert_eq!(got, copies, "rank {rank}: eager after the graph is gone");
-            assert_eq!(c.graph_registrations(), 0, "rank {rank}: released");
-        }
-        c.device().stream_destroy(stream).unwrap();
+        let colls = COLLS.map(|coll| (coll, counts(coll)[1]));
+        common::register::captured_coll_rounds(&c, &colls);
         return;
     }
     for n in [2usize, 3] {

@@ -1201,3 +1201,169 @@ pub fn registered_tree_across_nodes(comm: &Comm) {
         comm.deregister(h).unwrap();
     }
 }
+
+/// Issues `coll` as [`coll_round`] runs it (AllGather and Broadcast of bytes, AllReduce sum of
+/// int32) from `send` into `recv` on `stream`.
+fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl::StreamHandle) {
+    // SAFETY: the callers' buffers hold what the call needs and outlive its replays.
+    unsafe {
+        match coll {
+            Coll::AllGather => c.all_gather_raw(send, recv, count, DataType::Uint8, stream),
+            Coll::Broadcast => c.broadcast_raw(
+                send,
+                recv,
+                count,
+                DataType::Uint8,
+                root_of(c.count()),
+                stream,
+            ),
+            _ => c.all_reduce_raw(
+                send,
+                recv,
+                count,
+                DataType::Int32,
+                nccl::ReduceOp::Sum,
+                stream,
+            ),
+        }
+        .unwrap();
+    }
+}
+
+/// Graph registration with ranks as processes (this process's one rank; every rank runs the
+/// same), for each (collective, count) of `colls` on fresh, unregistered buffers (Simple ring
+/// steps): an eager round copies; a capture registers the output (one live graph
+/// registration) and every replay goes direct as [`expected_direct`] models it; an eager call
+/// while the graph lives goes direct; after the graph is dropped the next call copies and
+/// nothing stays registered. New random data and a poisoned output every round.
+pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
+    let (rank, nranks) = (c.rank(), c.count());
+    let stream = c.device().stream_create().unwrap();
+    for (k, &(coll, count)) in colls.iter().enumerate() {
+        let (mine, want) = coll_data(coll, nranks, rank, count, 0);
+        let inp = c.device().alloc(mine.len()).unwrap();
+        let out = c.device().alloc(want.len()).unwrap();
+        // One round: new data, a poisoned output, the result checked; the direct steps.
+        let round = |launch: &dyn Fn(), seed: u64| -> Vec<u64> {
+            let (mine, want) = coll_data(coll, nranks, rank, count, seed);
+            inp.write(0, &mine).unwrap();
+            out.write(0, &vec![0xA5; want.len()]).unwrap();
+            let before = c.ring_direct_steps().unwrap();
+            launch();
+            c.device().stream_sync(stream).unwrap();
+            let mut got = vec![0u8; want.len()];
+            out.read(0, &mut got).unwrap();
+            assert!(got == want, "rank {rank}: {} (seed {seed})", coll.name());
+            let now = c.ring_direct_steps().unwrap();
+            now.iter().zip(before).map(|(a, b)| a - b).collect()
+        };
+        let eager = || issue(c, coll, inp.ptr(), out.ptr(), count, stream);
+        let direct = expected_direct(c, coll, |_| true, count, false, true);
+        let copies = vec![0; direct.len()];
+        // (A Broadcast's root receives nothing.)
+        let receives = coll != Coll::Broadcast || rank != root_of(nranks);
+        assert_eq!(
+            direct.iter().sum::<u64>() > 0,
+            receives,
+            "rank {rank}: the model"
+        );
+        let seed = 1000 * k as u64;
+        assert_eq!(
+            round(&eager, seed),
+            copies,
+            "rank {rank}: nothing registered yet"
+        );
+        c.device().capture_begin(stream).unwrap();
+        eager();
+        let graph = c.device().capture_end(stream).unwrap();
+        assert_eq!(
+            c.graph_registrations(),
+            1,
+            "rank {rank}: the captured output"
+        );
+        for replay in 1..4 {
+            let got = round(&|| graph.launch(stream).unwrap(), seed + replay);
+            assert_eq!(got, direct, "rank {rank}: {} replay {replay}", coll.name());
+        }
+        let got = round(&eager, seed + 10);
+        assert_eq!(got, direct, "rank {rank}: eager while the graph lives");
+        drop(graph);
+        let got = round(&eager, seed + 11);
+        assert_eq!(got, copies, "rank {rank}: eager after the graph is gone");
+        assert_eq!(c.graph_registrations(), 0, "rank {rank}: released");
+    }
+    c.device().stream_destroy(stream).unwrap();
+}
+
+/// Graph registration of send/recv with ranks as processes (this process's one rank; every
+/// rank runs the same): each rank sends [`ring_bytes`]`(rank, base)` to its successor and
+/// receives from its predecessor, over `conns` connections of `slot`-byte slots, on fresh,
+/// unregistered buffers. An eager round copies; a capture registers the receive buffer (one
+/// live graph registration) and every replay goes direct ([`expected_steps`]); after the graph
+/// is dropped the next round copies and nothing stays registered. New random bytes, a
+/// poisoned receive buffer and its tail checked every round.
+pub fn captured_p2p_rounds(c: &Comm, base: usize, conns: usize, slot: usize) {
+    let (rank, nranks) = (c.rank(), c.count());
+    let (next, prev) = ((rank + 1) % nranks, (rank + nranks - 1) % nranks);
+    let (out_len, in_len) = (ring_bytes(rank, base), ring_bytes(prev, base));
+    let s = c.device().alloc(out_len).unwrap();
+    let rb = c.device().alloc(in_len + 512).unwrap();
+    let stream = c.device().stream_create().unwrap();
+    let data = |from: usize, len: usize, seed: u64| -> Vec<u8> {
+        let mut rng = Rng::new(seed * 1000 + from as u64);
+        (0..len).map(|_| rng.next() as u8).collect()
+    };
+    let issue = || {
+        nccl::group_start();
+        // SAFETY: both buffers hold their message and outlive the graph's replays.
+        unsafe {
+            c.send_raw(s.ptr(), out_len, DataType::Uint8, next, stream)
+                .unwrap();
+            c.recv_raw(rb.ptr(), in_len, DataType::Uint8, prev, stream)
+                .unwrap();
+        }
+        nccl::group_end().unwrap();
+    };
+    // One round: new bytes, a poisoned buffer, the result checked; this rank's send steps.
+    let round = |launch: &dyn Fn(), seed: u64| -> u64 {
+        s.write(0, &data(rank, out_len, seed)).unwrap();
+        rb.write(0, &vec![0x5A; in_len + 512]).unwrap();
+        let before = send_steps(c);
+        launch();
+        c.device().stream_sync(stream).unwrap();
+        let mut got = vec![0u8; in_len + 512];
+        rb.read(0, &mut got).unwrap();
+        assert!(
+            got[..in_len] == data(prev, in_len, seed),
+            "rank {rank}, seed {seed}"
+        );
+        assert!(
+            got[in_len..].iter().all(|&b| b == 0x5A),
+            "rank {rank}: past the end"
+        );
+        send_steps(c) - before
+    };
+    let copies = expected_steps(out_len, conns, slot, false);
+    let direct = expected_steps(out_len, conns, slot, true);
+    assert_eq!(round(&issue, 1), copies, "rank {rank}: nothing registered");
+    c.device().capture_begin(stream).unwrap();
+    issue();
+    let graph = c.device().capture_end(stream).unwrap();
+    assert_eq!(
+        c.graph_registrations(),
+        1,
+        "rank {rank}: the captured receive"
+    );
+    for replay in 2..5 {
+        let got = round(&|| graph.launch(stream).unwrap(), replay);
+        assert_eq!(got, direct, "rank {rank}: replay {replay} was not direct");
+    }
+    drop(graph);
+    assert_eq!(
+        round(&issue, 9),
+        copies,
+        "rank {rank}: after the graph is gone"
+    );
+    assert_eq!(c.graph_registrations(), 0, "rank {rank}: released");
+    c.device().stream_destroy(stream).unwrap();
+}
