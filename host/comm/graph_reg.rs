@@ -2,8 +2,8 @@
 //! operation's buffers count as registered at once for peers of this process (they address
 //! them as they are). Peers in other processes need records to map them, and need them
 //! before the graph's first replay, which runs without this library:
-//! - a capture registers the buffer the peers write into (an output; a receive's buffer) and
-//!   exports its record, once per graph and buffer; the registration is tied to the graph
+//! - a capture registers the allocation holding the buffer the peers write into (an output; a
+//!   receive's buffer), as NCCL does, and exports its record, once per graph and allocation; the registration is tied to the graph
 //!   (`Device::on_graph_release`) and withdrawn once the graph is destroyed, at the
 //!   communicator's next call (CUDA's release runs on a thread of its own, which must not
 //!   call CUDA or wait on sockets, so it only queues the buffer);
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A buffer as a capture registered it: start and bytes.
+/// A buffer as a capture registered it (its allocation's where known): start and bytes.
 type Key = (DevPtr, usize);
 
 /// One graph-registered buffer: its registration and the captures (graphs) using it.
@@ -119,8 +119,13 @@ impl Comm {
         let Some(capture) = self.device.capture_id(stream)? else {
             return Ok(());
         };
+        // The whole allocation, as NCCL registers: the buffers of one allocation (PyTorch's
+        // segments hold many) share one record in each peer's table.
+        let key = self
+            .device
+            .allocation_range(buff, bytes)?
+            .unwrap_or((buff, bytes));
         let g = &self.graph_regs;
-        let key = (buff, bytes);
         let mut live = lock(&g.live);
         if live.get(&key).is_some_and(|l| l.captures.contains(&capture)) {
             return Ok(());
@@ -137,7 +142,7 @@ impl Comm {
             l.captures.insert(capture);
             return Ok(());
         }
-        let handle = self.registered.register(&self.device, buff, bytes)?;
+        let handle = self.registered.register(&self.device, key.0, key.1)?;
         live.insert(
             key,
             Live {
@@ -146,7 +151,7 @@ impl Comm {
             },
         );
         drop(live);
-        self.links.export_registration(handle, buff, bytes)
+        self.links.export_registration(handle, key.0, key.1)
     }
 
     /// Withdraws the registrations of destroyed graphs (queued by their release): at each

@@ -271,6 +271,23 @@ impl Device {
         }
     }
     crate::internal! {
+        /// The allocation holding the `bytes` at `p` (its base and bytes, adjacent mappings of
+        /// the virtual memory API followed as far as `p + bytes`), or None where the backend
+        /// cannot tell or the bytes leave it.
+        fn allocation_range(&self, p: DevPtr, bytes: usize) -> Result<Option<(DevPtr, usize)>> {
+            let Some(base) = dispatch!(self.allocation_base(p))? else {
+                return Ok(None);
+            };
+            let need = (p - base) as usize + bytes;
+            Ok(match self.pointer_extent(base, need)? {
+                Some((d, held)) if d == self.ordinal && held >= need && held != usize::MAX => {
+                    Some((base, held))
+                }
+                _ => None,
+            })
+        }
+    }
+    crate::internal! {
         /// Whether this device can map `peer`'s memory (`cuDeviceCanAccessPeer`).
         fn can_access_peer(&self, peer: &Device) -> Result<bool> {
             match (&*self.imp, &*peer.imp) {

@@ -1232,8 +1232,9 @@ fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl:
 
 /// Graph registration with ranks as processes (this process's one rank; every rank runs the
 /// same), for each (collective, count) of `colls` on fresh, unregistered buffers (Simple ring
-/// steps): an eager round copies; a capture registers the output (one live graph
-/// registration) and every replay goes direct as [`expected_direct`] models it; an eager call
+/// steps): an eager round copies; a capture of two calls into two outputs of one allocation
+/// registers that allocation once (one live graph registration) and every replay goes direct
+/// as [`expected_direct`] models it, twice; an eager call
 /// while the graph lives goes direct; after the graph is dropped the next call copies and
 /// nothing stays registered. New random data and a poisoned output every round.
 pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
@@ -1242,22 +1243,40 @@ pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
     for (k, &(coll, count)) in colls.iter().enumerate() {
         let (mine, want) = coll_data(coll, nranks, rank, count, 0);
         let inp = c.device().alloc(mine.len()).unwrap();
-        let out = c.device().alloc(want.len()).unwrap();
-        // One round: new data, a poisoned output, the result checked; the direct steps.
-        let round = |launch: &dyn Fn(), seed: u64| -> Vec<u64> {
+        // Two outputs in one allocation: the graph writes both, eager calls the first.
+        let half = want.len().next_multiple_of(256);
+        let out = c.device().alloc(2 * half).unwrap();
+        // One round: new data, poisoned outputs, the results checked (`outs` of them); the
+        // direct steps.
+        let round = |launch: &dyn Fn(), outs: usize, seed: u64| -> Vec<u64> {
             let (mine, want) = coll_data(coll, nranks, rank, count, seed);
             inp.write(0, &mine).unwrap();
-            out.write(0, &vec![0xA5; want.len()]).unwrap();
+            out.write(0, &vec![0xA5; 2 * half]).unwrap();
             let before = c.ring_direct_steps().unwrap();
             launch();
             c.device().stream_sync(stream).unwrap();
-            let mut got = vec![0u8; want.len()];
-            out.read(0, &mut got).unwrap();
-            assert!(got == want, "rank {rank}: {} (seed {seed})", coll.name());
+            for o in 0..2 {
+                let mut got = vec![0u8; want.len()];
+                out.read(o * half, &mut got).unwrap();
+                match o < outs {
+                    true => assert!(got == want, "rank {rank}: {} (seed {seed})", coll.name()),
+                    false => assert!(got.iter().all(|&b| b == 0xA5), "rank {rank}: output {o}"),
+                }
+            }
             let now = c.ring_direct_steps().unwrap();
             now.iter().zip(before).map(|(a, b)| a - b).collect()
         };
-        let eager = || issue(c, coll, inp.ptr(), out.ptr(), count, stream);
+        let call = |o: usize| {
+            issue(
+                c,
+                coll,
+                inp.ptr(),
+                out.ptr() + (o * half) as u64,
+                count,
+                stream,
+            )
+        };
+        let eager = || call(0);
         let direct = expected_direct(c, coll, |_| true, count, false, true);
         let copies = vec![0; direct.len()];
         // (A Broadcast's root receives nothing.)
@@ -1269,26 +1288,28 @@ pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
         );
         let seed = 1000 * k as u64;
         assert_eq!(
-            round(&eager, seed),
+            round(&eager, 1, seed),
             copies,
             "rank {rank}: nothing registered yet"
         );
         c.device().capture_begin(stream).unwrap();
-        eager();
+        call(0);
+        call(1);
         let graph = c.device().capture_end(stream).unwrap();
         assert_eq!(
             c.graph_registrations(),
             1,
-            "rank {rank}: the captured output"
+            "rank {rank}: the outputs' allocation, registered once"
         );
+        let twice: Vec<u64> = direct.iter().map(|d| 2 * d).collect();
         for replay in 1..4 {
-            let got = round(&|| graph.launch(stream).unwrap(), seed + replay);
-            assert_eq!(got, direct, "rank {rank}: {} replay {replay}", coll.name());
+            let got = round(&|| graph.launch(stream).unwrap(), 2, seed + replay);
+            assert_eq!(got, twice, "rank {rank}: {} replay {replay}", coll.name());
         }
-        let got = round(&eager, seed + 10);
+        let got = round(&eager, 1, seed + 10);
         assert_eq!(got, direct, "rank {rank}: eager while the graph lives");
         drop(graph);
-        let got = round(&eager, seed + 11);
+        let got = round(&eager, 1, seed + 11);
         assert_eq!(got, copies, "rank {rank}: eager after the graph is gone");
         assert_eq!(c.graph_registrations(), 0, "rank {rank}: released");
     }
