@@ -629,9 +629,10 @@ fn captured_buffers_go_direct_across_processes_on_gpus() {
         let c = &ranks.comms[0];
         common::register::captured_p2p_rounds(c, 3 * 8 * SLOT * 2, 2, SLOT);
         let colls = [
-            (nccl_device::abi::Coll::AllGather, 24 << 20),
-            (nccl_device::abi::Coll::AllReduce, 12 << 20),
-            (nccl_device::abi::Coll::Broadcast, 48 << 20),
+            // Every channel's slice fills a step (a MiB) on an H200's 32 channels.
+            (nccl_device::abi::Coll::AllGather, 64 << 20),
+            (nccl_device::abi::Coll::AllReduce, 16 << 20),
+            (nccl_device::abi::Coll::Broadcast, 64 << 20),
         ];
         common::register::captured_coll_rounds(c, &colls);
         return;

@@ -14,10 +14,10 @@
 //! every launch's peers reach the launch that completes it.
 
 use super::group;
+use crate::comm::graph_reg::{self, GraphRegs};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
-use crate::comm::graph_reg::{self, GraphRegs};
 use crate::transport::links::{Dir, Links};
 use crate::transport::regmap::Mark as RegMark;
 use nccl_device::abi::{
