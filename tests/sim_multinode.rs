@@ -39,7 +39,7 @@ fn ring_collectives_across_nodes() {
         common::every_collective(&ranks, 1);
         return;
     }
-    for (nodes, per_node) in [(2, 1), (2, 2), (3, 2)] {
+    for (nodes, per_node) in [(2, 1), (2, 2), (3, 2), (4, 2)] {
         common::procs::run_nodes(
             "ring_collectives_across_nodes",
             nodes,
@@ -60,6 +60,11 @@ fn every_protocol_and_algorithm_across_nodes() {
     for proto in ["LL", "LL128", "Simple"] {
         let env = [LOOPBACK, ("NCCL_PROTO", proto)];
         common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 2, 2, &env);
+    }
+    // The small-message protocols where rings cross three nodes (two ranks each).
+    for proto in ["LL", "LL128"] {
+        let env = [LOOPBACK, ("NCCL_PROTO", proto)];
+        common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 3, 2, &env);
     }
     let env = [LOOPBACK, ("NCCL_ALGO", "allreduce:tree")];
     common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 2, 2, &env);
@@ -341,7 +346,7 @@ fn send_recv_all_to_all_across_nodes() {
     }
     // Four connections per peer: a message smaller than 4 x 64 KiB leaves some idle across
     // nodes (enqueue::p2p::NET_MIN_PART) and uses them all inside a node.
-    for (nodes, per_node) in [(2, 1), (2, 2), (3, 1)] {
+    for (nodes, per_node) in [(2, 1), (2, 2), (3, 1), (3, 2)] {
         common::procs::run_nodes(
             "send_recv_all_to_all_across_nodes",
             nodes,

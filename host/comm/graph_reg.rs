@@ -3,7 +3,8 @@
 //! them as they are). Peers in other processes need records to map them, and need them
 //! before the graph's first replay, which runs without this library:
 //! - a capture registers the allocation holding the buffer the peers write into (an output; a
-//!   receive's buffer), as NCCL does, and exports its record, once per graph and allocation; the registration is tied to the graph
+//!   receive's buffer), as NCCL does, and exports its record, once per graph and allocation
+//!   (only the peers learn of it: calls outside the graph do not count it as registered); the registration is tied to the graph
 //!   (`Device::on_graph_release`) and withdrawn once the graph is destroyed, at the
 //!   communicator's next call (CUDA's release runs on a thread of its own, which must not
 //!   call CUDA or wait on sockets, so it only queues the buffer);
@@ -93,6 +94,13 @@ impl Comm {
         }
     }
 
+    crate::internal! {
+        /// How many of `peer`'s registrations (its users' and its graphs') this rank maps now.
+        fn mapped_registrations(&self, peer: usize) -> usize {
+            self.links.mapped_from(peer)
+        }
+    }
+
     /// Whether captured operations of this communicator need records and marks: graph
     /// registration is on and some peer in another process maps our buffers.
     pub(crate) fn graph_marks_needed(&self) -> bool {
@@ -142,7 +150,10 @@ impl Comm {
             l.captures.insert(capture);
             return Ok(());
         }
-        let handle = self.registered.register(&self.device, key.0, key.1)?;
+        // Only the peers learn of it: outside its graph the buffer is not registered (the
+        // user may free the allocation and get its addresses back in another while the graph
+        // lives, unreplayed).
+        let handle = self.registered.fresh_handle();
         live.insert(
             key,
             Live {
@@ -175,7 +186,7 @@ impl Comm {
                 live.remove(&key);
                 h
             };
-            if let Err(e) = self.deregister(handle) {
+            if let Err(e) = self.links.withdraw_registration(handle) {
                 log::warn!("releasing a destroyed graph's buffer {:#x}: {e}", key.0);
             }
         }

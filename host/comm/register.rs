@@ -122,6 +122,15 @@ impl Registrations {
         Ok(h)
     }
 
+    /// A fresh handle that records no buffer: a graph registration's, which peers in other
+    /// processes know by it (unique among this communicator's registrations) and which does
+    /// not make the buffer count as registered outside its graph.
+    pub fn fresh_handle(&self) -> RegHandle {
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.last += 1;
+        t.last
+    }
+
     /// Whether `bytes` at `buff` lie inside one registered buffer.
     pub fn covers(&self, buff: DevPtr, bytes: usize) -> bool {
         let Some(end) = buff.checked_add(bytes as u64) else {

@@ -219,6 +219,13 @@ impl Links {
         Ok(f(r))
     }
 
+    /// How many of `peer`'s registrations we map now (none drained here).
+    pub fn mapped_from(&self, peer: usize) -> usize {
+        self.regs
+            .lock()
+            .map_or(0, |r| r.get(&peer).map_or(0, PeerRegs::mapped))
+    }
+
     /// Whether `peer` maps our registered buffers (see `reg_peers`).
     pub fn maps_our_buffers(&self, peer: usize) -> bool {
         peer != self.rank

@@ -254,6 +254,11 @@ impl PeerRegs {
         })
     }
 
+    /// The peer's registrations mapped now.
+    pub fn mapped(&self) -> usize {
+        self.by_id.len()
+    }
+
     /// The peer's latest mark of kind `mark` (0: none yet).
     pub fn mark(&self, mark: Mark) -> u64 {
         self.marks[mark as usize]

@@ -1234,9 +1234,9 @@ fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl:
 /// same), for each (collective, count) of `colls` on fresh, unregistered buffers (Simple ring
 /// steps): an eager round copies; a capture of two calls into two outputs of one allocation
 /// registers that allocation once (one live graph registration) and every replay goes direct
-/// as [`expected_direct`] models it, twice; an eager call
-/// while the graph lives goes direct; after the graph is dropped the next call copies and
-/// nothing stays registered. New random data and a poisoned output every round.
+/// as [`expected_direct`] models it, twice; an eager call into the same output while the
+/// graph lives copies (a graph's registration is not the user's); after the graph is dropped
+/// the next call withdraws it (nothing stays registered). New random data and a poisoned output every round.
 pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
     let (rank, nranks) = (c.rank(), c.count());
     let stream = c.device().stream_create().unwrap();
@@ -1307,7 +1307,7 @@ pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
             assert_eq!(got, twice, "rank {rank}: {} replay {replay}", coll.name());
         }
         let got = round(&eager, 1, seed + 10);
-        assert_eq!(got, direct, "rank {rank}: eager while the graph lives");
+        assert_eq!(got, copies, "rank {rank}: eager while the graph lives");
         drop(graph);
         let got = round(&eager, 1, seed + 11);
         assert_eq!(got, copies, "rank {rank}: eager after the graph is gone");
@@ -1320,8 +1320,9 @@ pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
 /// rank runs the same): each rank sends [`ring_bytes`]`(rank, base)` to its successor and
 /// receives from its predecessor, over `conns` connections of `slot`-byte slots, on fresh,
 /// unregistered buffers. An eager round copies; a capture registers the receive buffer (one
-/// live graph registration) and every replay goes direct ([`expected_steps`]); after the graph
-/// is dropped the next round copies and nothing stays registered. New random bytes, a
+/// live graph registration, which the sender maps) and every replay goes direct
+/// ([`expected_steps`]); after the graph is dropped the next round copies, nothing stays
+/// registered and the sender unmaps it. New random bytes, a
 /// poisoned receive buffer and its tail checked every round.
 pub fn captured_p2p_rounds(c: &Comm, base: usize, conns: usize, slot: usize) {
     let (rank, nranks) = (c.rank(), c.count());
@@ -1379,12 +1380,22 @@ pub fn captured_p2p_rounds(c: &Comm, base: usize, conns: usize, slot: usize) {
         let got = round(&|| graph.launch(stream).unwrap(), replay);
         assert_eq!(got, direct, "rank {rank}: replay {replay} was not direct");
     }
-    drop(graph);
     assert_eq!(
-        round(&issue, 9),
-        copies,
-        "rank {rank}: after the graph is gone"
+        c.mapped_registrations(next),
+        1,
+        "rank {rank}: rank {next}'s buffer"
     );
+    drop(graph);
+    let gone = "after the graph is gone";
+    assert_eq!(round(&issue, 9), copies, "rank {rank}: {gone}");
     assert_eq!(c.graph_registrations(), 0, "rank {rank}: released");
+    // The successor withdrew it in the round above (at its first call), which this rank's
+    // launch of the next drains.
+    assert_eq!(round(&issue, 10), copies, "rank {rank}: {gone}");
+    assert_eq!(
+        c.mapped_registrations(next),
+        0,
+        "rank {rank}: {next}'s withdrawal"
+    );
     c.device().stream_destroy(stream).unwrap();
 }
