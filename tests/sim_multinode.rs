@@ -61,10 +61,10 @@ fn every_protocol_and_algorithm_across_nodes() {
         let env = [LOOPBACK, ("NCCL_PROTO", proto)];
         common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 2, 2, &env);
     }
-    // The small-message protocols where rings cross three nodes (two ranks each).
-    for proto in ["LL", "LL128"] {
+    // The small-message protocols where rings cross three and four nodes (two ranks each).
+    for (nodes, proto) in [(3, "LL"), (3, "LL128"), (4, "LL"), (4, "LL128")] {
         let env = [LOOPBACK, ("NCCL_PROTO", proto)];
-        common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 3, 2, &env);
+        common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", nodes, 2, &env);
     }
     let env = [LOOPBACK, ("NCCL_ALGO", "allreduce:tree")];
     common::procs::run_nodes("every_protocol_and_algorithm_across_nodes", 2, 2, &env);
@@ -987,6 +987,9 @@ fn graphs_replay_across_nodes() {
         let env = [LOOPBACK, ("GRAPH_TEST_FIRST_USE", first)];
         common::procs::run_nodes("graphs_replay_across_nodes", 2, 2, &env);
     }
+    // Three nodes: rings and trees whose every node is entered and left across the network.
+    let env = [LOOPBACK, ("GRAPH_TEST_FIRST_USE", "before")];
+    common::procs::run_nodes("graphs_replay_across_nodes", 3, 2, &env);
 }
 
 /// Runs [`Work`] once on `c` (every rank of `c` at once) on a stream of its own and checks it.
