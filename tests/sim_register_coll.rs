@@ -934,12 +934,12 @@ fn registered_tree_across_nodes_goes_direct_inside_nodes() {
     }
 }
 
-/// Graph registration with ranks as processes: a capture registers the output and sends its
-/// record, and the predecessor's capture waits for it (the marks of comm/graph_reg.rs), so
-/// every replay of the graph goes direct on buffers nobody registered; while the graph lives
-/// the buffer counts as registered (an eager call into it goes direct too), and once the graph
-/// is destroyed the next call withdraws it (an eager call copies, nothing stays registered).
-/// Random data and poisoned outputs in every replay and round.
+/// Graph registration with ranks as processes: a capture registers the output's allocation and
+/// sends its record, and the predecessor's capture waits for it (the marks of
+/// comm/graph_reg.rs), so every replay of the graph goes direct on buffers nobody registered,
+/// on rings (AllGather, AllReduce, Broadcast) and on the one-node tree (AllReduce); eager calls
+/// into it copy, and once the graph is destroyed the next call withdraws it. Random data and
+/// poisoned outputs in every replay and round (`common::register::captured_coll_rounds`).
 #[test]
 fn captured_collectives_go_direct_across_processes_until_the_graph_is_gone() {
     if let Some((rank, nranks, id)) = common::procs::child() {
@@ -947,19 +947,31 @@ fn captured_collectives_go_direct_across_processes_until_the_graph_is_gone() {
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
         let colls = COLLS.map(|coll| (coll, counts(coll)[1]));
-        common::register::captured_coll_rounds(&c, &colls);
+        match std::env::var("NCCL_ALGO").as_deref() {
+            // The one-node tree: AllReduce, its way down and (out of place) up direct.
+            Ok("Tree") => {
+                let choice = c.tuning(nccl::Coll::AllReduce, 4 * colls[1].1).unwrap();
+                assert_eq!(
+                    choice.algo,
+                    nccl::Algo::Tree,
+                    "rank {rank}: the forced tree"
+                );
+                common::register::captured_coll_rounds(&c, &colls[1..2]);
+            }
+            _ => common::register::captured_coll_rounds(&c, &colls),
+        }
         return;
     }
-    for n in [2usize, 3] {
+    for (n, algo, ctas) in [(2usize, "Ring", "1"), (3, "Ring", "1"), (3, "Tree", "0")] {
         common::procs::run(
             "captured_collectives_go_direct_across_processes_until_the_graph_is_gone",
             n,
             &[
                 ("NCCL_PROTO", "Simple"),
-                ("NCCL_ALGO", "Ring"),
+                ("NCCL_ALGO", algo),
                 ("NCCL_LOCAL_REGISTER", "1"),
                 ("NCCL_GRAPH_REGISTER", "1"),
-                ("NCCL_RS_REGISTERED_CTAS", "1"),
+                ("NCCL_RS_REGISTERED_CTAS", ctas),
             ],
         );
     }
