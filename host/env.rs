@@ -256,6 +256,11 @@ pub const PARAMS: &[Param] = &[
         doc: "NCCL_BUFFSIZE under the simulator, unless NCCL_BUFFSIZE is set",
     },
     Param {
+        name: "NCCL_RS_SIM_NO_PEER_ACCESS",
+        default: "0",
+        doc: "1: the simulator's GPUs cannot map each other's memory (cuDeviceCanAccessPeer says no), so ranks of one process on different GPUs take SHM",
+    },
+    Param {
         name: "NCCL_RS_SIM_P2P_CONNS",
         default: "1",
         doc: "connections per peer (CTAs of one send/recv or tree AllReduce) under the simulator",

@@ -212,6 +212,15 @@ fn every_collective_and_protocol_over_shm_in_one_process() {
         let env = [P2P_OFF, ("NCCL_PROTO", proto), (IN_PROCESS, n)];
         run(t, 1, 1, &env, "via SHM/direct/direct", "via P2P|via NET");
     }
+    // GPUs that cannot map each other (cuDeviceCanAccessPeer says no) take SHM with p2p on.
+    for (n, proto) in [("2", "Simple"), ("4", "LL")] {
+        let env = [
+            ("NCCL_RS_SIM_NO_PEER_ACCESS", "1"),
+            ("NCCL_PROTO", proto),
+            (IN_PROCESS, n),
+        ];
+        run(t, 1, 1, &env, "via SHM/direct/direct", "via P2P|via NET");
+    }
 }
 
 #[test]

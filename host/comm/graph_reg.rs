@@ -169,7 +169,9 @@ impl Comm {
     /// call, cheap when nothing is queued.
     pub(crate) fn release_graph_regs(&self) {
         let g = &self.graph_regs;
-        if !g.released.pending.swap(false, Ordering::Acquire) {
+        // A load first: the common case writes nothing.
+        let pending = &g.released.pending;
+        if !pending.load(Ordering::Relaxed) || !pending.swap(false, Ordering::Acquire) {
             return;
         }
         let gone = std::mem::take(&mut *lock(&g.released.queue));

@@ -292,7 +292,10 @@ impl Device {
         fn can_access_peer(&self, peer: &Device) -> Result<bool> {
             match (&*self.imp, &*peer.imp) {
                 (Imp::Cuda(a), Imp::Cuda(b)) => a.can_access_peer(b),
-                (Imp::Sim(_), Imp::Sim(_)) => Ok(true),
+                // NCCL_RS_SIM_NO_PEER_ACCESS=1: a host whose GPUs cannot map each other.
+                (Imp::Sim(_), Imp::Sim(_)) => {
+                    Ok(self.ordinal == peer.ordinal || crate::env::int("NCCL_RS_SIM_NO_PEER_ACCESS") == 0)
+                }
                 _ => Ok(false),
             }
         }

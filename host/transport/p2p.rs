@@ -107,7 +107,7 @@ pub fn import(
         if other.ordinal != device.ordinal {
             if !device.can_access_peer(&other)? {
                 return Err(Error::system(format!(
-                    "GPU {} cannot access GPU {} (no peer-to-peer path); only p2p is implemented",
+                    "GPU {} cannot access GPU {} (no peer-to-peer path): the pair should have taken SHM or the network",
                     device.ordinal, other.ordinal
                 )));
             }
