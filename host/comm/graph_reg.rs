@@ -26,8 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A buffer as a capture registered it (its allocation's where known): start and bytes.
-type Key = (DevPtr, usize);
+/// A buffer as a capture registered it (its allocation's where known): start, bytes and the
+/// allocation's id (a freed allocation's addresses may come back in another, whose peers
+/// must not write through their mapping of the old one).
+type Key = (DevPtr, usize, u64);
 
 /// One graph-registered buffer: its registration and the captures (graphs) using it.
 struct Live {
@@ -129,10 +131,11 @@ impl Comm {
         };
         // The whole allocation, as NCCL registers: the buffers of one allocation (PyTorch's
         // segments hold many) share one record in each peer's table.
-        let key = self
+        let (start, len) = self
             .device
             .allocation_range(buff, bytes)?
             .unwrap_or((buff, bytes));
+        let key = (start, len, self.device.allocation_id(buff)?.unwrap_or(0));
         let g = &self.graph_regs;
         let mut live = lock(&g.live);
         if live.get(&key).is_some_and(|l| l.captures.contains(&capture)) {

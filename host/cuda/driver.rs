@@ -520,6 +520,22 @@ impl Device {
         Ok(query_extent(p).map(|(_, base, _)| base))
     }
 
+    /// The driver's id of the allocation holding `p` (CU_POINTER_ATTRIBUTE_BUFFER_ID: unique
+    /// for the process's lifetime), None if `p` is no memory the driver knows.
+    pub fn allocation_id(&self, p: DevPtr) -> Result<Option<u64>> {
+        self.make_current()?;
+        let mut id: u64 = 0;
+        // SAFETY: out-parameter of the size the attribute defines (an unsigned long long).
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut id as *mut u64 as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                p,
+            )
+        };
+        Ok((r == sys::CUresult::CUDA_SUCCESS).then_some(id))
+    }
+
     pub fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
         self.make_current()?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };

@@ -271,6 +271,14 @@ impl Device {
         }
     }
     crate::internal! {
+        /// An id of the allocation holding `p`, unique for the process's lifetime (a freed
+        /// allocation's addresses may come back in another, never its id); None where the
+        /// backend cannot tell.
+        fn allocation_id(&self, p: DevPtr) -> Result<Option<u64>> {
+            dispatch!(self.allocation_id(p))
+        }
+    }
+    crate::internal! {
         /// The allocation holding the `bytes` at `p` (its base and bytes, adjacent mappings of
         /// the virtual memory API followed as far as `p + bytes`), or None where the backend
         /// cannot tell or the bytes leave it.

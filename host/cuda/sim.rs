@@ -30,6 +30,8 @@ pub fn current_ordinal() -> i32 {
 /// One piece of simulated device memory.
 struct Region {
     bytes: usize,
+    /// Unique among the process's regions, as CUDA's buffer ids are.
+    id: u64,
     ordinal: i32,
     /// The shared-memory name, for allocations we own (None for mappings of a peer's and
     /// for VMM allocations).
@@ -38,6 +40,9 @@ struct Region {
     /// descriptor handle type gives one); None for every other region.
     vmm_fd: Option<std::os::fd::OwnedFd>,
 }
+
+/// The next region's [`Region::id`].
+static REGION_IDS: AtomicU64 = AtomicU64::new(1);
 
 fn regions() -> &'static Mutex<BTreeMap<u64, Region>> {
     static R: OnceLock<Mutex<BTreeMap<u64, Region>>> = OnceLock::new();
@@ -613,6 +618,7 @@ impl Device {
             p,
             Region {
                 bytes,
+                id: REGION_IDS.fetch_add(1, Ordering::Relaxed),
                 ordinal: self.ordinal,
                 name: Some(name),
                 vmm_fd: None,
@@ -651,6 +657,7 @@ impl Device {
             p,
             Region {
                 bytes: size,
+                id: REGION_IDS.fetch_add(1, Ordering::Relaxed),
                 ordinal: self.ordinal,
                 name: None,
                 vmm_fd: Some(fd),
@@ -742,6 +749,7 @@ impl Device {
                 p,
                 Region {
                     bytes: size,
+                    id: REGION_IDS.fetch_add(1, Ordering::Relaxed),
                     ordinal: self.ordinal,
                     name: None,
                     vmm_fd: Some(fd),
@@ -797,6 +805,7 @@ impl Device {
             p,
             Region {
                 bytes,
+                id: REGION_IDS.fetch_add(1, Ordering::Relaxed),
                 ordinal: self.ordinal,
                 name: None,
                 vmm_fd: None,
@@ -910,6 +919,15 @@ impl Device {
         })
     }
 
+    /// The id of the region holding `p` (unique among the process's regions, never reused).
+    pub fn allocation_id(&self, p: DevPtr) -> Result<Option<u64>> {
+        let regions = lock(regions());
+        Ok(match regions.range(..=p).next_back() {
+            Some((&base, r)) if p < base + r.bytes.max(1) as u64 => Some(r.id),
+            _ => None,
+        })
+    }
+
     pub fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
         let regions = lock(regions());
         let r = regions.get(&p).ok_or_else(|| {
@@ -961,6 +979,7 @@ impl Device {
             p,
             Region {
                 bytes,
+                id: REGION_IDS.fetch_add(1, Ordering::Relaxed),
                 ordinal,
                 name: None,
                 vmm_fd: None,
