@@ -8,8 +8,8 @@
 //! `SCM_RIGHTS`, else `pidfd_getfd`, imports it with `cuMemImportFromShareableHandle` and maps
 //! it). Deregistering sends a withdrawal. A sender maps a peer's registered buffers as their
 //! records arrive (drained before each launch, without waiting on the peer) and keeps them in a
-//! table the kernels read ([`RegTable`]), through which it translates the addresses the peer
-//! offers for zero-copy (`prims::direct`). A record that has not arrived yet, or a buffer that
+//! table in device memory that the kernels read ([`RegTable`]), through which it translates the
+//! addresses the peer offers for zero-copy (`prims::direct`). A record that has not arrived yet, or a buffer that
 //! cannot be mapped (no IPC handle nor descriptor, a descriptor that cannot be taken or
 //! imported, `NCCL_RS_VMM_IPC=0`), only means that the peer's offer is declined and the message
 //! takes the FIFO.
@@ -22,7 +22,7 @@
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
-use crate::cuda::{DevPtr, Device, HostMem, IpcMapping, VmmMapping};
+use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, VmmMapping};
 use crate::error::{Error, Result};
 use nccl_device::abi::{RegEntry, RegTable, REG_TABLE_ENTRIES};
 use std::collections::HashMap;
@@ -186,8 +186,10 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
 
 /// One peer process's registered buffers as we map them.
 pub struct PeerRegs {
-    /// The table kernels read: pinned host memory mapped into the device.
-    table: HostMem,
+    /// The table kernels read, in device memory (a kernel looks an offer up in it at every
+    /// direct step: from pinned host memory that took dependent reads over PCIe), written by
+    /// synchronous copies.
+    table: DevBuffer,
     /// Entries written (never reused: a kernel may be reading any of them).
     used: usize,
     /// Registration id → entry index.
@@ -243,7 +245,11 @@ const ENTRIES_AT: usize = std::mem::offset_of!(RegTable, entries);
 impl PeerRegs {
     pub fn new(device: &Device) -> Result<PeerRegs> {
         Ok(PeerRegs {
-            table: device.alloc_host_mem(std::mem::size_of::<RegTable>())?,
+            table: {
+                let t = device.alloc(std::mem::size_of::<RegTable>())?;
+                t.write(0, &0u64.to_le_bytes())?; // no entries
+                t
+            },
             used: 0,
             by_id: HashMap::new(),
             mappings: HashMap::new(),
@@ -269,24 +275,18 @@ impl PeerRegs {
         self.table.ptr
     }
 
-    fn write_entry(&self, i: usize, e: RegEntry) {
+    fn write_entry(&self, i: usize, e: RegEntry) -> Result<()> {
         let at = ENTRIES_AT + i * std::mem::size_of::<RegEntry>();
+        let mut b = [0u8; 24];
         for (k, w) in [e.peer_start, e.peer_end, e.local].into_iter().enumerate() {
-            if let Some(p) = self.table.host_ptr(at + 8 * k) {
-                // SAFETY: inside the table (host_ptr checked the offset); kernels only read it.
-                unsafe { std::ptr::write_volatile(p as *mut u64, w) };
-            }
+            b[8 * k..8 * k + 8].copy_from_slice(&w.to_le_bytes());
         }
+        self.table.write(at, &b)
     }
 
-    fn write_count(&self, n: usize) {
-        // The entries before the count that publishes them.
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        if let Some(p) = self.table.host_ptr(0) {
-            // SAFETY: the table's first word; kernels only read it.
-            unsafe { std::ptr::write_volatile(p as *mut u64, n as u64) };
-        }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    /// Publishes `n` entries: the copies are synchronous, so the entries are in before it.
+    fn write_count(&self, n: usize) -> Result<()> {
+        self.table.write(0, &(n as u64).to_le_bytes())
     }
 
     /// Applies one record from `peer`: maps and enters a registration, or withdraws one. A
@@ -309,7 +309,7 @@ impl PeerRegs {
                     return Ok(());
                 };
                 // An empty range: no offer matches it again.
-                self.write_entry(i, RegEntry::default());
+                self.write_entry(i, RegEntry::default())?;
                 let base = self.entry_base.remove(&i);
                 if let Some(base) = base {
                     if let Some(m) = self.mappings.get_mut(&base) {
@@ -398,22 +398,27 @@ impl PeerRegs {
                         .get_mut(&r.base)
                         .ok_or_else(|| Error::internal("registration mapping lost"))?,
                 };
-                m.refs += 1;
                 let local = m.map.ptr();
                 let i = self.used;
-                self.write_entry(
-                    i,
-                    RegEntry {
-                        peer_start: r.start,
-                        peer_end: r.end,
-                        local: local + (r.start - r.base),
-                    },
-                );
+                let entry = RegEntry {
+                    peer_start: r.start,
+                    peer_end: r.end,
+                    local: local + (r.start - r.base),
+                };
+                if let Err(e) = self.write_entry(i, entry) {
+                    // Nothing entered: a mapping no entry uses goes.
+                    if self.mappings.get(&r.base).is_some_and(|m| m.refs == 0) {
+                        self.mappings.remove(&r.base);
+                    }
+                    return Err(e);
+                }
+                if let Some(m) = self.mappings.get_mut(&r.base) {
+                    m.refs += 1;
+                }
                 self.used += 1;
                 self.by_id.insert(id, i);
                 self.entry_base.insert(i, r.base);
-                self.write_count(self.used);
-                Ok(())
+                self.write_count(self.used)
             }
         }
     }
@@ -506,9 +511,9 @@ mod tests {
 
     /// The table's published entry count, as the kernels read it.
     fn count(regs: &PeerRegs) -> u64 {
-        let p = regs.table.host_ptr(0).expect("the count word");
-        // SAFETY: the table's first word, written only by this thread.
-        unsafe { std::ptr::read_volatile(p as *const u64) }
+        let mut b = [0u8; 8];
+        regs.table.read(0, &mut b).expect("the count word");
+        u64::from_le_bytes(b)
     }
 
     /// A peer's registration whose range leaves the allocation its handle maps, or that
