@@ -292,24 +292,8 @@ pub fn coll_round(
             Some(b) => b.ptr(),
             None => recv + outs[i].1 as u64,
         };
-        // SAFETY: the buffers hold these counts and live until the sync below.
-        unsafe {
-            match coll {
-                Coll::AllGather => c.all_gather_raw(send, recv, count, DataType::Uint8, streams[i]),
-                Coll::Broadcast => {
-                    c.broadcast_raw(send, recv, count, DataType::Uint8, root_of(n), streams[i])
-                }
-                _ => c.all_reduce_raw(
-                    send,
-                    recv,
-                    count,
-                    DataType::Int32,
-                    nccl::ReduceOp::Sum,
-                    streams[i],
-                ),
-            }
-            .unwrap();
-        }
+        // The buffers hold these counts and live until the sync below.
+        issue(c, coll, send, recv, count, streams[i]);
     }
     nccl::group_end().unwrap();
     for (i, c) in comms.iter().enumerate() {
@@ -1203,7 +1187,8 @@ pub fn registered_tree_across_nodes(comm: &Comm) {
 }
 
 /// Issues `coll` as [`coll_round`] runs it (AllGather and Broadcast of bytes, AllReduce sum of
-/// int32) from `send` into `recv` on `stream`.
+/// int32) from `send` into `recv` on `stream`; the buffers must hold what the call needs until
+/// it (and any graph capturing it) is done.
 fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl::StreamHandle) {
     // SAFETY: the callers' buffers hold what the call needs and outlive its replays.
     unsafe {
