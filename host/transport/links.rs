@@ -306,6 +306,7 @@ impl Links {
                     start: buff,
                     end,
                     base,
+                    alloc: self.device.allocation_id(base)?.unwrap_or(0),
                     via: regmap::Via::Ipc,
                     handle,
                 };
@@ -336,6 +337,7 @@ impl Links {
                         start: buff.max(x.base),
                         end: end.min(x_end),
                         base: x.base,
+                        alloc: self.device.allocation_id(x.base)?.unwrap_or(0),
                         via: regmap::Via::VmmFd,
                         handle: regmap::vmm_handle(&ticket, x.bytes),
                     });

@@ -34,7 +34,7 @@ const ADD: u64 = 1;
 const WITHDRAW: u64 = 2;
 const ADD_VMM: u64 = 3;
 const MARK: u64 = 4;
-const RECORD_BYTES: usize = 5 * 8 + 64;
+const RECORD_BYTES: usize = 6 * 8 + 64;
 
 /// One registration as its owner describes it to a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +46,9 @@ pub struct Record {
     pub end: DevPtr,
     /// The base of the allocation holding it, and how to map that allocation.
     pub base: DevPtr,
+    /// The owner's id of that allocation (`Device::allocation_id`; 0 where unknown): a freed
+    /// allocation's base may come back as another's, which must get a mapping of its own.
+    pub alloc: u64,
     pub via: Via,
     /// [`Via::Ipc`]: the allocation's IPC handle; [`Via::VmmFd`]: [`vmm_handle`]'s bytes.
     pub handle: [u8; 64],
@@ -122,6 +125,7 @@ pub fn encode(id: u64, add: Option<&Record>) -> Vec<u8> {
         start: 0,
         end: 0,
         base: 0,
+        alloc: 0,
         via: Via::Ipc,
         handle: [0; 64],
     });
@@ -130,7 +134,7 @@ pub fn encode(id: u64, add: Option<&Record>) -> Vec<u8> {
         Some(Via::Ipc) => ADD,
         Some(Via::VmmFd) => ADD_VMM,
     };
-    for w in [kind, id, r.start, r.end, r.base] {
+    for w in [kind, id, r.start, r.end, r.base, r.alloc] {
         b.extend_from_slice(&w.to_le_bytes());
     }
     b.extend_from_slice(&r.handle);
@@ -150,14 +154,14 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
     match kind {
         WITHDRAW => Ok((id, None)),
         ADD | ADD_VMM => {
-            let (start, end, base) = (w(2), w(3), w(4));
+            let (start, end, base, alloc) = (w(2), w(3), w(4), w(5));
             if start < base || end <= start {
                 return Err(Error::remote(format!(
                     "registration record with range {start:#x}..{end:#x} in an allocation at {base:#x}"
                 )));
             }
             let mut handle = [0u8; 64];
-            handle.copy_from_slice(&b[40..]);
+            handle.copy_from_slice(&b[48..]);
             let via = if kind == ADD { Via::Ipc } else { Via::VmmFd };
             if via == Via::VmmFd {
                 let (_, bytes) = parse_vmm_handle(&handle);
@@ -175,6 +179,7 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
                     start,
                     end,
                     base,
+                    alloc,
                     via,
                     handle,
                 }),
@@ -183,6 +188,9 @@ pub fn decode(b: &[u8]) -> Result<(u64, Option<Record>)> {
         k => Err(Error::remote(format!("registration record of kind {k}"))),
     }
 }
+
+/// A peer's allocation as we map it: its base and the peer's id of it ([`Record::alloc`]).
+type MapKey = (DevPtr, u64);
 
 /// One peer process's registered buffers as we map them.
 pub struct PeerRegs {
@@ -196,9 +204,9 @@ pub struct PeerRegs {
     by_id: HashMap<u64, usize>,
     /// The peer's allocation base → our mapping of it, the bytes it holds and how many
     /// entries use it.
-    mappings: HashMap<DevPtr, Mapped>,
+    mappings: HashMap<MapKey, Mapped>,
     /// Entry index → the peer's allocation base it maps.
-    entry_base: HashMap<usize, DevPtr>,
+    entry_base: HashMap<usize, MapKey>,
     /// The table filled up (said once).
     full_said: bool,
     /// A VMM buffer of the peer's could not be mapped (said once).
@@ -310,12 +318,11 @@ impl PeerRegs {
                 };
                 // An empty range: no offer matches it again.
                 self.write_entry(i, RegEntry::default())?;
-                let base = self.entry_base.remove(&i);
-                if let Some(base) = base {
-                    if let Some(m) = self.mappings.get_mut(&base) {
+                if let Some(key) = self.entry_base.remove(&i) {
+                    if let Some(m) = self.mappings.get_mut(&key) {
                         m.refs -= 1;
                         if m.refs == 0 {
-                            self.mappings.remove(&base);
+                            self.mappings.remove(&key);
                         }
                     }
                 }
@@ -341,7 +348,8 @@ impl PeerRegs {
                 }
                 // `decode` made sure that base <= start < end.
                 let need = r.end - r.base;
-                let fresh = if self.mappings.contains_key(&r.base) {
+                let key = (r.base, r.alloc);
+                let fresh = if self.mappings.contains_key(&key) {
                     None
                 } else {
                     let mapped = match r.via {
@@ -379,7 +387,7 @@ impl PeerRegs {
                         }
                     }
                 };
-                let held = match (&fresh, self.mappings.get(&r.base)) {
+                let held = match (&fresh, self.mappings.get(&key)) {
                     (Some(m), _) | (None, Some(m)) => m.bytes,
                     (None, None) => return Err(Error::internal("registration mapping lost")),
                 };
@@ -392,10 +400,10 @@ impl PeerRegs {
                     )));
                 }
                 let m = match fresh {
-                    Some(m) => self.mappings.entry(r.base).or_insert(m),
+                    Some(m) => self.mappings.entry(key).or_insert(m),
                     None => self
                         .mappings
-                        .get_mut(&r.base)
+                        .get_mut(&key)
                         .ok_or_else(|| Error::internal("registration mapping lost"))?,
                 };
                 let local = m.map.ptr();
@@ -407,17 +415,17 @@ impl PeerRegs {
                 };
                 if let Err(e) = self.write_entry(i, entry) {
                     // Nothing entered: a mapping no entry uses goes.
-                    if self.mappings.get(&r.base).is_some_and(|m| m.refs == 0) {
-                        self.mappings.remove(&r.base);
+                    if self.mappings.get(&key).is_some_and(|m| m.refs == 0) {
+                        self.mappings.remove(&key);
                     }
                     return Err(e);
                 }
-                if let Some(m) = self.mappings.get_mut(&r.base) {
+                if let Some(m) = self.mappings.get_mut(&key) {
                     m.refs += 1;
                 }
                 self.used += 1;
                 self.by_id.insert(id, i);
-                self.entry_base.insert(i, r.base);
+                self.entry_base.insert(i, key);
                 self.write_count(self.used)
             }
         }
@@ -466,6 +474,7 @@ mod tests {
             start: 0x1100,
             end: 0x2000,
             base: 0x1000,
+            alloc: 5,
             via: Via::Ipc,
             handle: [3; 64],
         };
@@ -535,6 +544,7 @@ mod tests {
             start,
             end,
             base,
+            alloc: 1,
             via: Via::Ipc,
             handle,
         };
@@ -567,7 +577,7 @@ mod tests {
             .apply(&dev, 3, 2, Some(rec(2, base + 4000, base + 8192)), true)
             .expect_err("past the mapped allocation");
         assert!(remote(e).contains("holds 4096"));
-        assert_eq!(regs.mappings.get(&base).map(|m| m.refs), Some(1));
+        assert_eq!(regs.mappings.get(&(base, 1)).map(|m| m.refs), Some(1));
         // Withdrawing an id never entered changes nothing; withdrawing id 1 frees the mapping.
         regs.apply(&dev, 3, 77, None, true).expect("unknown withdrawal");
         assert_eq!(regs.by_id.len(), 1);
@@ -577,6 +587,43 @@ mod tests {
         regs.apply(&dev, 3, 1, Some(rec(1, base, base + 64)), true)
             .expect("id 1 after its withdrawal");
         drop(regs);
+    }
+
+    /// Records of two allocations that the owner made at the same base (the first freed, its
+    /// addresses given to the second, while a registration of the first still lives) get a
+    /// mapping each: offers into the second never go through the mapping of the first.
+    #[test]
+    fn an_allocation_at_a_reused_base_is_mapped_apart() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let (a, b) = (dev.alloc(4096).expect("alloc"), dev.alloc(4096).expect("alloc"));
+        let export = |p: DevPtr| match dev.reg_export(p, false).expect("export") {
+            crate::cuda::RegExport::Ipc { handle, .. } => handle,
+            _ => panic!("a device allocation exports an IPC handle"),
+        };
+        // Both records claim a's base, as the owner would see it after reusing the addresses.
+        let rec = |id: u64, alloc: u64, handle: [u8; 64]| Record {
+            id,
+            start: a.ptr,
+            end: a.ptr + 4096,
+            base: a.ptr,
+            alloc,
+            via: Via::Ipc,
+            handle,
+        };
+        let mut regs = PeerRegs::new(&dev).expect("table");
+        regs.apply(&dev, 2, 1, Some(rec(1, 10, export(a.ptr))), true)
+            .expect("the first allocation");
+        regs.apply(&dev, 2, 2, Some(rec(2, 11, export(b.ptr))), true)
+            .expect("the second, at the same base");
+        assert_eq!(regs.mappings.len(), 2, "one mapping per allocation");
+        let local = |k: (DevPtr, u64)| regs.mappings.get(&k).map(|m| m.map.ptr());
+        assert_ne!(local((a.ptr, 10)), local((a.ptr, 11)));
+        // The same allocation registered again shares its mapping.
+        regs.apply(&dev, 2, 3, Some(rec(3, 11, export(b.ptr))), true)
+            .expect("the second again");
+        assert_eq!(regs.mappings.len(), 2);
+        assert_eq!(regs.mappings.get(&(a.ptr, 11)).map(|m| m.refs), Some(2));
     }
 
     /// A peer's VMM record whose owner process has exited is declined at once (its offers
@@ -604,6 +651,7 @@ mod tests {
             start: 0x20_0000,
             end: 0x40_0000,
             base: 0x20_0000,
+            alloc: 1,
             via: Via::VmmFd,
             handle: vmm_handle(&t, 0x20_0000),
         };
