@@ -4,10 +4,10 @@
 //! before the graph's first replay, which runs without this library:
 //! - a capture registers the allocation holding the buffer the peers write into (an output; a
 //!   receive's buffer), as NCCL does, and exports its record, once per graph and allocation
-//!   (only the peers learn of it: calls outside the graph do not count it as registered); the registration is tied to the graph
-//!   (`Device::on_graph_release`) and withdrawn once the graph is destroyed, at the
-//!   communicator's next call (CUDA's release runs on a thread of its own, which must not
-//!   call CUDA or wait on sockets, so it only queues the buffer);
+//!   (only the peers learn of it: calls outside the graph do not count it as registered);
+//!   the registration is tied to the graph (`Device::on_graph_release`) and withdrawn once
+//!   the graph is destroyed, at the communicator's next call (CUDA's release runs on a thread
+//!   of its own, which must not call CUDA or wait on sockets, so it only queues the buffer);
 //! - every rank counts its captured operations and sends the count as a mark after its
 //!   records (`regmap::Mark`); before launching a captured operation, a rank drains the
 //!   records of each peer it writes into until that peer's mark has caught up, for at most
