@@ -9,10 +9,10 @@
 //! it). Deregistering sends a withdrawal. A sender maps a peer's registered buffers as their
 //! records arrive (drained before each launch, without waiting on the peer) and keeps them in a
 //! table in device memory that the kernels read ([`RegTable`]), through which it translates the
-//! addresses the peer offers for zero-copy (`prims::direct`). A record that has not arrived yet, or a buffer that
-//! cannot be mapped (no IPC handle nor descriptor, a descriptor that cannot be taken or
-//! imported, `NCCL_RS_VMM_IPC=0`), only means that the peer's offer is declined and the message
-//! takes the FIFO.
+//! addresses the peer offers for zero-copy (`prims::direct`). A record that has not arrived
+//! yet, or a buffer that cannot be mapped (no IPC handle nor descriptor, a descriptor that
+//! cannot be taken or imported, `NCCL_RS_VMM_IPC=0`), only means that the peer's offer is
+//! declined and the message takes the FIFO.
 //!
 //! Graph registration adds marks: a rank capturing a CUDA graph sends its records for the
 //! buffers the capture uses, then a mark counting its captured operations ([`Mark`]); a
@@ -85,7 +85,10 @@ pub fn encode_mark(mark: Mark, seq: u64) -> Vec<u8> {
 
 /// The mark in `b`, if it is one (None: a record or withdrawal, for [`decode`]).
 pub fn decode_mark(b: &[u8]) -> Result<Option<(Mark, u64)>> {
-    let w = |i: usize| b.get(8 * i..8 * i + 8).map(|x| u64::from_le_bytes(x.try_into().unwrap_or_default()));
+    let w = |i: usize| {
+        let x = b.get(8 * i..8 * i + 8)?;
+        Some(u64::from_le_bytes(x.try_into().unwrap_or_default()))
+    };
     if b.len() != RECORD_BYTES || w(0) != Some(MARK) {
         return Ok(None);
     }

@@ -1221,7 +1221,8 @@ fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl:
 /// registers that allocation once (one live graph registration) and every replay goes direct
 /// as [`expected_direct`] models it, twice; an eager call into the same output while the
 /// graph lives copies (a graph's registration is not the user's); after the graph is dropped
-/// the next call withdraws it (nothing stays registered). New random data and a poisoned output every round.
+/// the next call withdraws it (nothing stays registered). New random data and a poisoned
+/// output every round.
 pub fn captured_coll_rounds(c: &Comm, colls: &[(Coll, usize)]) {
     let (rank, nranks) = (c.rank(), c.count());
     let stream = c.device().stream_create().unwrap();
