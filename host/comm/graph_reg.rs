@@ -78,7 +78,6 @@ impl GraphRegs {
             late: Mutex::default(),
         }
     }
-
 }
 
 impl Default for GraphRegs {
@@ -198,7 +197,7 @@ impl Comm {
     }
 
     /// Counts one captured collective that takes marks and tells the peers: the count to
-    /// wait for before launching it ([`Comm::await_graph_marks`]).
+    /// wait for before launching it ([`await_graph_mark`]).
     pub(crate) fn mark_captured_coll(&self) -> u64 {
         let seq = {
             let mut c = lock(&self.graph_regs.counts);

@@ -92,6 +92,9 @@ pub struct Links {
     vmm_ipc: bool,
     /// A registration could not be exported (said once).
     unexported_said: AtomicBool,
+    /// Some peer maps our registered buffers ([`Links::maps_our_buffers`]): fixed at
+    /// construction, asked on every ring collective.
+    any_reg_peer: bool,
     /// The network key of connection 0 (connection `c` is `key_base + c`): it picks the NIC
     /// (`key % ndevs`) and tags the handles ([`Links::keyed`]).
     key_base: u32,
@@ -109,7 +112,7 @@ impl Links {
         slot_bytes: usize,
         net: Option<Arc<NetPath>>,
     ) -> Links {
-        Links {
+        let mut links = Links {
             rank,
             device,
             bootstrap,
@@ -124,7 +127,10 @@ impl Links {
             net,
             key_base: 0,
             ll: false,
-        }
+            any_reg_peer: false,
+        };
+        links.any_reg_peer = (0..links.peers.len()).any(|p| links.maps_our_buffers(p));
+        links
     }
 
     /// Gives every connection made from here on inside the node an LL FIFO of its own
@@ -237,7 +243,7 @@ impl Links {
 
     /// Whether any peer maps our registered buffers.
     pub fn has_reg_peers(&self) -> bool {
-        (0..self.peers.len()).any(|p| self.maps_our_buffers(p))
+        self.any_reg_peer
     }
 
     /// Sends mark `seq` of kind `mark` (see [`regmap::Mark`]) to `peer`, or with None to every
