@@ -976,3 +976,34 @@ fn captured_collectives_go_direct_across_processes_until_the_graph_is_gone() {
         );
     }
 }
+
+/// Graph registration is a setting of each process: a peer whose process has it off
+/// (NCCL_GRAPH_REGISTER=0) sends no marks, so a captured launch does not wait for it (before,
+/// one NCCL_RS_GRAPH_REG_WAIT_MS wait per such peer, and a warning). Here the wait is 1 ms,
+/// which rank 1 would outlast every time: with rank 1's setting ignored, rank 0 would count
+/// it late. Every replay's results are checked on both ranks.
+#[test]
+fn a_peer_without_graph_registration_is_never_waited_for() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        if rank == 1 {
+            std::env::set_var("NCCL_GRAPH_REGISTER", "0");
+        }
+        nccl::cuda::set_backend(Backend::Sim).expect("choose the simulator");
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
+        common::register::captured_allreduce_replays(&c, 3000);
+        assert_eq!(c.graph_late_peers(), 0, "rank {rank}: a peer was waited for in vain");
+        return;
+    }
+    common::procs::run(
+        "a_peer_without_graph_registration_is_never_waited_for",
+        2,
+        &[
+            ("NCCL_PROTO", "Simple"),
+            ("NCCL_ALGO", "Ring"),
+            ("NCCL_LOCAL_REGISTER", "1"),
+            ("NCCL_GRAPH_REGISTER", "1"),
+            ("NCCL_RS_GRAPH_REG_WAIT_MS", "1"),
+        ],
+    );
+}

@@ -14,7 +14,9 @@
 //!   NCCL_RS_GRAPH_REG_WAIT_MS. Marks of all the operations of a group go out when they are
 //!   called, the waits come at the group's end, so ranks never wait on each other in a cycle.
 //!   A wait that times out (a peer that captures later, or not at all) only means the
-//!   replays take copies until a later launch drains the records.
+//!   replays take copies until a later launch drains the records. A peer whose process has
+//!   graph registration off (its `PeerInfo::graph_register`, exchanged at init) sends no
+//!   marks and is never waited for.
 
 use super::register::RegHandle;
 use super::Comm;
@@ -99,6 +101,14 @@ impl Comm {
         /// How many of `peer`'s registrations (its users' and its graphs') this rank maps now.
         fn mapped_registrations(&self, peer: usize) -> usize {
             self.links.mapped_from(peer)
+        }
+    }
+
+    crate::internal! {
+        /// Peers whose mark a captured launch waited for in vain (NCCL_RS_GRAPH_REG_WAIT_MS)
+        /// and that have not caught up since.
+        fn graph_late_peers(&self) -> usize {
+            lock(&self.graph_regs.late).len()
         }
     }
 
@@ -247,7 +257,7 @@ pub fn await_graph_mark(
         lock(&regs.late).insert(peer);
         log::warn!(
             "rank {}: rank {peer} did not tell its captured buffers within {} ms \
-             (NCCL_RS_GRAPH_REG_WAIT_MS; it captures later, or with NCCL_GRAPH_REGISTER=0): \
+             (NCCL_RS_GRAPH_REG_WAIT_MS; it captures later, or not at all): \
              this graph's messages into them take copies until a later launch maps them",
             links.rank(),
             regs.wait.as_millis()

@@ -325,6 +325,9 @@ pub struct Comm {
     /// binary tree's parents and children inside the node (`TreeDev::parent_reach`,
     /// `child_reach`). Brought up to date before a tree launch only.
     pub(crate) tree_tables: Vec<usize>,
+    /// Per rank: its captured operations send graph-registration marks (NCCL_GRAPH_REGISTER
+    /// there); a captured launch waits only for those that do.
+    pub(crate) graph_markers: Vec<bool>,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
     /// The network side of a communicator spanning several nodes (None on one node).
@@ -628,7 +631,7 @@ impl Comm {
             None
         };
         let ring_conns = match &net_path {
-            Some(np) => ring_net(rank, np, &device, &bootstrap, &ring_peers, &shape, abort)?,
+            Some(np) => ring_net(rank, np, &device, &bootstrap, &ring_peers, &shape)?,
             None => Vec::new(),
         };
         // Send/receive connections, made on first use: a few per peer (more CTAs per message
@@ -874,6 +877,7 @@ impl Comm {
             net: net_path,
             ring_tables,
             tree_tables,
+            graph_markers: peers.iter().map(|p| p.graph_register).collect(),
             registered: register::Registrations::new(
                 crate::env::int("NCCL_LOCAL_REGISTER") != 0,
                 crate::env::int("NCCL_GRAPH_REGISTER") != 0,

@@ -3,7 +3,7 @@
 
 use super::peer::PeerInfo;
 use super::Shape;
-use crate::bootstrap::{AbortFlag, Bootstrap};
+use crate::bootstrap::Bootstrap;
 use crate::cuda::{Device, HostFlag};
 use crate::error::{Error, Result};
 use crate::proxy::{OnError, ProxyGroup};
@@ -96,15 +96,15 @@ pub(super) fn net_fault_sink(sink: FaultSink, bootstrap: &Arc<Bootstrap>) -> OnE
     })
 }
 
-/// Connects every channel's ring neighbours that are on other nodes; logs each as NCCL does.
+/// Starts the connections of every channel's ring neighbours that are on other nodes (the proxy
+/// ends their handshakes); logs each as NCCL does.
 pub(super) fn ring_net(
     rank: usize,
     np: &NetPath,
     device: &Device,
-    bootstrap: &Bootstrap,
+    bootstrap: &Arc<Bootstrap>,
     ring_peers: &[(usize, usize)],
     shape: &Shape,
-    abort: &AbortFlag,
 ) -> Result<Vec<Made>> {
     let mut wants = Vec::new();
     for (c, &(prev, next)) in ring_peers.iter().enumerate() {
@@ -135,7 +135,6 @@ pub(super) fn ring_net(
         shape.slot_bytes as usize,
         TAG_NET_RING,
         np.timeout,
-        Some(abort),
         false,
     )
     .map_err(|e| e.context("ring network connections"))?;

@@ -14,9 +14,12 @@ pub struct PeerInfo {
     pub sim: bool,
     pub bus_id: String,
     pub shape: Shape,
+    /// Its captured operations register their buffers for peers in other processes and send
+    /// the marks those peers wait for (NCCL_GRAPH_REGISTER, a setting of each process).
+    pub graph_register: bool,
 }
 
-const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4 + 4 + 4;
+const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4 + 4 + 4 + 1;
 
 /// Tells hosts apart: the hostname and the boot id (containers on one machine share the boot id
 /// but may not share memory, so the hostname counts too).
@@ -52,6 +55,7 @@ impl PeerInfo {
             sim: device.is_sim(),
             bus_id: device.props()?.bus_id,
             shape,
+            graph_register: crate::env::int("NCCL_GRAPH_REGISTER") != 0,
         })
     }
 
@@ -81,6 +85,7 @@ impl PeerInfo {
         v.extend_from_slice(&self.shape.kernel_flags.to_le_bytes());
         v.extend_from_slice(&self.shape.net_nchannels.to_le_bytes());
         v.extend_from_slice(&self.shape.reg_ctas.to_le_bytes());
+        v.push(self.graph_register as u8);
         v
     }
 
@@ -112,6 +117,7 @@ impl PeerInfo {
                 reg_ctas: u32_at(101),
             },
             bus_id: String::from_utf8_lossy(&bus[..end]).into_owned(),
+            graph_register: b[105] != 0,
         })
     }
 
@@ -207,6 +213,7 @@ mod tests {
                 net_nchannels: 2,
                 reg_ctas: 1,
             },
+            graph_register: true,
         }
     }
 

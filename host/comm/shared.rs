@@ -79,6 +79,7 @@ fn fields_are_thread_safe(c: &Comm) {
         graph_regs,
         ring_tables,
         tree_tables,
+        graph_markers,
         kernel_abort,
         net,
         split_turns,
@@ -113,6 +114,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(graph_regs);
     both(ring_tables);
     both(tree_tables);
+    both(graph_markers);
     both(kernel_abort);
     both(net);
     both(split_turns);

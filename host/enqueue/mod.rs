@@ -386,8 +386,15 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             // buffer the predecessors write into, then the mark the successors wait for.
             comm.graph_register(c.stream, buff, len);
             let seq = comm.mark_captured_coll();
+            // Peers with graph registration off send no marks: they would only be waited for.
             let preds: &[usize] = if tree { &comm.tree_tables } else { &[] };
-            let peers: Vec<usize> = comm.ring_tables.iter().chain(preds).copied().collect();
+            let peers: Vec<usize> = comm
+                .ring_tables
+                .iter()
+                .chain(preds)
+                .copied()
+                .filter(|&p| comm.graph_markers[p])
+                .collect();
             graph_wait = Some((peers, seq));
         }
         let chunk_bytes = args.chunk_elems as usize * dt.size();

@@ -106,7 +106,8 @@ pub fn submit(
                 comm.graph_register(stream, buff, bytes);
             }
             let seq = comm.mark_captured_p2p(peer, dir == Dir::Recv);
-            if dir == Dir::Send {
+            // A peer with graph registration off sends no marks: it is not waited for.
+            if dir == Dir::Send && comm.graph_markers[peer] {
                 graph_mark = Some((comm.graph_regs.clone(), seq));
             }
         }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
 use nccl_device::abi::{proxy_proto_parts, CTRL_LINE, NCCL_STEPS, PROTO_SIMPLE, SIZE_LL_LINES};
 use std::collections::VecDeque;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,10 +79,9 @@ pub(crate) struct NetConn {
     side: Side,
     /// The counters and slot sizes, and the FIFO unless it is in GPU memory.
     mem: Arc<HostMem>,
-    /// The FIFO in GPU memory (GPU Direct RDMA); dropped after the endpoint that registered it.
-    gpu_fifo: Option<DevBuffer>,
-    /// The FIFO's address as the kernel and the network use it.
-    fifo: DevPtr,
+    /// The FIFO in GPU memory (GPU Direct RDMA), kept for the endpoint that registered it
+    /// (dropped after it: field order).
+    _gpu_fifo: Option<DevBuffer>,
     /// Received steps are flushed (iflush) before the kernel is told of them.
     flush: bool,
     layout: ConnLayout,
@@ -252,82 +251,160 @@ fn retire(
     Ok(any)
 }
 
-impl NetConn {
-    /// Wraps `side` with its memory, laid out as `layout`: counters in pinned host memory, the
-    /// FIFO where `place` says (GPU memory falls back to host memory, with a warning, where it
-    /// cannot be allocated or the network refuses to register it), registered with the network.
+/// A connection's memory, made before its network endpoint is up: counters and slot sizes in
+/// pinned host memory mapped into the GPU, the FIFO there too or in GPU memory
+/// ([`FifoPlace::Gpu`]). Its addresses go into the kernel's structures at once; the FIFO is
+/// registered with the network once the endpoint exists ([`NetConn::attach`]).
+pub(crate) struct ConnMem {
+    mem: Arc<HostMem>,
+    /// The FIFO in GPU memory, whether its received steps are flushed, and its dmabuf (where
+    /// the network registers through one), open until the registration.
+    gpu: Option<(DevBuffer, bool, Option<OwnedFd>)>,
+    layout: ConnLayout,
+}
+
+impl ConnMem {
+    /// The memory of a connection moving data `sending` (or receiving), laid out as `layout`,
+    /// its FIFO where `place` says (GPU memory falls back to host memory, with a warning, where
+    /// it cannot be allocated).
     pub(crate) fn new(
-        mut side: Side,
+        device: &Device,
+        layout: ConnLayout,
+        place: FifoPlace,
+        sending: bool,
+        peer: &str,
+    ) -> Result<ConnMem> {
+        let gpu = match place {
+            FifoPlace::Host => None,
+            FifoPlace::Gpu { dmabuf, flush } => {
+                match Self::gpu_fifo(device, layout.fifo_bytes(), dmabuf) {
+                    Ok((buf, fd)) => Some((buf, flush, fd)),
+                    Err(e) => {
+                        log::warn!(
+                            "network connection with {peer}: GPU memory for its FIFO failed \
+                             ({e}); using host memory"
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let bytes = match gpu {
+            Some(_) => ConnLayout::FIFO,
+            None => layout.total(),
+        };
+        let mem = Arc::new(device.alloc_host_mem(bytes)?);
+        if sending {
+            for k in 0..NCCL_STEPS as usize {
+                counter(&mem, ConnLayout::SIZES + 8 * k)?.store(SIZE_EMPTY, Ordering::Relaxed);
+            }
+        }
+        Ok(ConnMem { mem, gpu, layout })
+    }
+
+    /// A FIFO of `len` bytes in `device`'s memory, with its dmabuf where `dmabuf` and the
+    /// device gives one.
+    fn gpu_fifo(device: &Device, len: usize, dmabuf: bool) -> Result<(DevBuffer, Option<OwnedFd>)> {
+        let buf = device.alloc(len.next_multiple_of(PAGE))?;
+        let fd = if dmabuf && (buf.ptr() as usize).is_multiple_of(PAGE) {
+            device.dmabuf_fd(buf.ptr(), buf.bytes())?
+        } else {
+            None
+        };
+        Ok((buf, fd))
+    }
+
+    /// The device address of the counter at `offset` ([`ConnLayout`]'s TAIL, HEAD, SIZES).
+    pub(crate) fn ctrl_addr(&self, offset: usize) -> DevPtr {
+        self.mem.ptr + offset as u64
+    }
+
+    /// The device address of the FIFO's first slot.
+    pub(crate) fn fifo_addr(&self) -> DevPtr {
+        match &self.gpu {
+            Some((b, _, _)) => b.ptr(),
+            None => self.mem.ptr + ConnLayout::FIFO as u64,
+        }
+    }
+
+    /// Whether the FIFO is in GPU memory (GPU Direct RDMA).
+    pub(crate) fn on_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// Publishes step `step` of a send side as a Simple one of `bytes`, as its kernel would.
+    #[cfg(test)]
+    pub(crate) fn publish_simple(&self, step: u64, bytes: u64) {
+        let size = ConnLayout::SIZES + 8 * (step % STEPS) as usize;
+        counter(&self.mem, size).unwrap().store(bytes, Ordering::Release);
+        counter(&self.mem, ConnLayout::TAIL).unwrap().store(step + 1, Ordering::Release);
+    }
+
+    /// Steps the kernel has published on a send side (it may publish before the endpoint is
+    /// up: the FIFO is its own).
+    pub(crate) fn published(&self) -> u64 {
+        counter(&self.mem, ConnLayout::TAIL).map_or(0, |t| t.load(Ordering::Acquire))
+    }
+}
+
+impl NetConn {
+    /// [`ConnMem::new`] and [`NetConn::attach`] at once (a connection whose endpoint is up).
+    #[cfg(test)]
+    pub(crate) fn new(
+        side: Side,
         device: &Device,
         layout: ConnLayout,
         place: FifoPlace,
         peer_rank: usize,
         peer: String,
     ) -> Result<NetConn> {
-        let len = layout.fifo_bytes();
-        if let FifoPlace::Gpu { dmabuf, flush } = place {
-            match Self::register_gpu(&mut side, device, len, dmabuf) {
-                Ok((buf, mr)) => {
-                    let mem = Arc::new(device.alloc_host_mem(ConnLayout::FIFO)?);
-                    return Ok(NetConn::with(
-                        side,
-                        mem,
-                        Some((buf, flush)),
-                        layout,
-                        mr,
-                        peer_rank,
-                        peer,
-                    ));
-                }
-                Err(e) => log::warn!(
-                    "network connection with {peer}: GPU memory for its FIFO failed ({e}); using host memory"
-                ),
-            }
-        }
-        let mem = Arc::new(device.alloc_host_mem(layout.total())?);
-        let fifo = mem
-            .host_ptr(ConnLayout::FIFO)
-            .ok_or_else(|| Error::internal("proxied connection without a FIFO"))?;
-        // SAFETY: the FIFO lies inside `mem`, which this connection keeps alive (Arc) for as
-        // long as the endpoint that registered it (the endpoint is dropped first: field order).
-        let mr = unsafe {
-            match &mut side {
-                Side::Send(c) => c.reg_mr(fifo, len, PTR_HOST)?,
-                Side::Recv(c) => c.reg_mr(fifo, len, PTR_HOST)?,
-            }
-        };
-        Ok(NetConn::with(side, mem, None, layout, mr, peer_rank, peer))
+        let sending = matches!(side, Side::Send(_));
+        let mem = ConnMem::new(device, layout, place, sending, &peer)?;
+        NetConn::attach(side, mem, peer_rank, peer)
     }
 
-    /// A FIFO of `len` bytes in `device`'s memory, registered with the network: through a
-    /// dmabuf where `dmabuf` and the device gives one, else by address as `PTR_CUDA`.
-    fn register_gpu(
-        side: &mut Side,
-        device: &Device,
-        len: usize,
-        dmabuf: bool,
-    ) -> Result<(DevBuffer, Mr)> {
-        let buf = device.alloc(len.next_multiple_of(PAGE))?;
-        let ptr = buf.ptr() as *mut u8;
-        let fd = if dmabuf && (buf.ptr() as usize).is_multiple_of(PAGE) {
-            device.dmabuf_fd(buf.ptr(), buf.bytes())?
-        } else {
-            None
+    /// Joins the endpoint `side`, now up, to its memory: registers the FIFO with the network
+    /// (a FIFO in GPU memory through its dmabuf where it has one, else as `PTR_CUDA`; one in
+    /// host memory as `PTR_HOST`).
+    pub(crate) fn attach(
+        mut side: Side,
+        mem: ConnMem,
+        peer_rank: usize,
+        peer: String,
+    ) -> Result<NetConn> {
+        let ConnMem { mem, gpu, layout } = mem;
+        let len = layout.fifo_bytes();
+        let (ptr, kind) = match &gpu {
+            Some((buf, _, _)) => (buf.ptr() as *mut u8, PTR_CUDA),
+            None => (
+                mem.host_ptr(ConnLayout::FIFO)
+                    .ok_or_else(|| Error::internal("proxied connection without a FIFO"))?,
+                PTR_HOST,
+            ),
         };
-        // SAFETY: `buf` is `len` bytes or more of device memory this connection keeps (field
-        // order drops it after the endpoint); the network takes GPU memory (PTR_CUDA /
-        // DMABUF), which is why this placement was chosen; the dmabuf stays open for the call.
+        let fd = gpu.as_ref().and_then(|(_, _, fd)| fd.as_ref());
+        // SAFETY: the FIFO (`len` bytes at `ptr`) lies in `mem` or in the GPU buffer, both of
+        // which the connection keeps for as long as the endpoint that registers it (field order
+        // drops the endpoint first); GPU memory is registered as such (PTR_CUDA / DMABUF),
+        // which is why that placement was chosen; the dmabuf stays open for the call.
         let mr = unsafe {
-            match (side, &fd) {
-                (Side::Send(c), Some(fd)) => c.reg_mr_dmabuf(ptr, len, PTR_CUDA, 0, fd.as_fd())?,
-                (Side::Recv(c), Some(fd)) => c.reg_mr_dmabuf(ptr, len, PTR_CUDA, 0, fd.as_fd())?,
-                (Side::Send(c), None) => c.reg_mr(ptr, len, PTR_CUDA)?,
-                (Side::Recv(c), None) => c.reg_mr(ptr, len, PTR_CUDA)?,
+            match (&mut side, fd) {
+                (Side::Send(c), Some(fd)) => c.reg_mr_dmabuf(ptr, len, kind, 0, fd.as_fd()),
+                (Side::Recv(c), Some(fd)) => c.reg_mr_dmabuf(ptr, len, kind, 0, fd.as_fd()),
+                (Side::Send(c), None) => c.reg_mr(ptr, len, kind),
+                (Side::Recv(c), None) => c.reg_mr(ptr, len, kind),
             }
-        };
+        }
+        .map_err(|e| match gpu.is_some() {
+            true => e.context(format!(
+                "registering the GPU FIFO of the connection with {peer} (NCCL_NET_GDR_LEVEL=LOC \
+                 keeps FIFOs in host memory)"
+            )),
+            false => e.context(format!("registering the FIFO of the connection with {peer}")),
+        })?;
         // The dmabuf descriptor closes here: the registration holds what it needs.
-        drop(fd);
-        Ok((buf, mr))
+        let gpu = gpu.map(|(buf, flush, _)| (buf, flush));
+        Ok(NetConn::with(side, mem, gpu, layout, mr, peer_rank, peer))
     }
 
     /// `gpu`: the FIFO in GPU memory, and whether its received steps are flushed.
@@ -340,24 +417,11 @@ impl NetConn {
         peer_rank: usize,
         peer: String,
     ) -> NetConn {
-        if matches!(side, Side::Send(_)) {
-            for k in 0..NCCL_STEPS as usize {
-                if let Ok(w) = counter(&mem, ConnLayout::SIZES + 8 * k) {
-                    w.store(SIZE_EMPTY, Ordering::Relaxed);
-                }
-            }
-        }
         let flush = gpu.as_ref().is_some_and(|(_, f)| *f);
-        let gpu_fifo = gpu.map(|(b, _)| b);
-        let fifo = match &gpu_fifo {
-            Some(b) => b.ptr(),
-            None => mem.ptr + ConnLayout::FIFO as u64,
-        };
         NetConn {
             side,
             mem,
-            gpu_fifo,
-            fifo,
+            _gpu_fifo: gpu.map(|(b, _)| b),
             flush,
             layout,
             mr,
@@ -387,22 +451,6 @@ impl NetConn {
         self.tag = tag;
         self.shares_comm = shared;
         self
-    }
-
-    /// The device address of the connection's counter at `offset` ([`ConnLayout`]'s TAIL, HEAD,
-    /// SIZES).
-    pub(crate) fn ctrl_addr(&self, offset: usize) -> DevPtr {
-        self.mem.ptr + offset as u64
-    }
-
-    /// The device address of the FIFO's first slot.
-    pub(crate) fn fifo_addr(&self) -> DevPtr {
-        self.fifo
-    }
-
-    /// Whether the FIFO is in GPU memory (GPU Direct RDMA).
-    pub(crate) fn on_gpu(&self) -> bool {
-        self.gpu_fifo.is_some()
     }
 
     /// The rank at the other end.

@@ -18,11 +18,13 @@
 //! error and kernel abort flag) and is then left alone.
 
 mod conn;
+pub(crate) mod establish;
 pub(crate) mod shared;
 pub(crate) mod timeline;
 
 use conn::Poll;
-pub(crate) use conn::{ConnLayout, FifoPlace, NetConn, Side};
+pub(crate) use conn::{ConnLayout, ConnMem, FifoPlace};
+pub(crate) use establish::ProxyConn;
 
 use crate::error::Error;
 use std::collections::HashMap;
@@ -38,7 +40,7 @@ pub(crate) type OnError = Arc<dyn Fn(usize, Error) + Send + Sync>;
 /// A group of connections that belong together (one communicator's): removed together.
 pub(crate) type GroupId = u64;
 
-type Conns = Vec<(GroupId, NetConn, OnError)>;
+type Conns = Vec<(GroupId, ProxyConn, OnError)>;
 
 /// What the thread and its users share. The connections' lock is held while the thread
 /// progresses them, and progress can call the network's waker (a socket that fails wakes its
@@ -74,6 +76,8 @@ pub(crate) struct Proxy {
 const HOT: Duration = Duration::from_millis(50);
 /// Longest sleep of an idle proxy between polls of its connections.
 const MAX_NAP: Duration = Duration::from_millis(64);
+/// Longest sleep while a connection's handshake is under way (`establish`): its peer waits.
+const HANDSHAKE_NAP: Duration = Duration::from_micros(200);
 /// Longest sleep once a launch was captured into a CUDA graph: a replay does not kick the
 /// thread, so its first step waits for the next poll. On the simulator (2 cores) a replay
 /// after 300 ms idle took 46-48 ms with the long naps (2 x 1, an 8-byte AllReduce; direct calls
@@ -137,7 +141,7 @@ impl Proxy {
     }
 
     /// Hands connections to the thread.
-    pub(crate) fn add(&self, group: GroupId, conns: Vec<NetConn>, on_error: OnError) {
+    pub(crate) fn add(&self, group: GroupId, conns: Vec<ProxyConn>, on_error: OnError) {
         let waker = self.waker();
         {
             let mut all = lock(&self.shared.conns);
@@ -239,7 +243,7 @@ impl ProxyGroup {
         self.abandoned.store(true, Ordering::Relaxed);
     }
 
-    pub(crate) fn add(&self, conns: Vec<NetConn>) {
+    pub(crate) fn add(&self, conns: Vec<ProxyConn>) {
         if !conns.is_empty() {
             self.proxy.add(self.group, conns, self.on_error.clone());
         }
@@ -302,6 +306,7 @@ fn run(shared: &Shared) {
         }
         let mut moved = false;
         let mut conns = lock(&shared.conns);
+        let handshaking = conns.iter().any(|(_, c, _)| c.is_coming());
         // Receives are posted for every connection first: a network comm that several share
         // then groups their awaited steps (shared.rs) before any completes.
         for (_, c, on_error) in conns.iter_mut() {
@@ -343,6 +348,8 @@ fn run(shared: &Shared) {
             .unwrap_or_else(|p| p.into_inner());
         nap = if shared.woken.load(Ordering::Acquire) {
             Duration::from_micros(100)
+        } else if handshaking {
+            HANDSHAKE_NAP
         } else {
             (nap * 2).min(max_nap(shared))
         };

@@ -566,7 +566,6 @@ impl Links {
             self.slot_bytes,
             TAG_NET_LINK,
             np.timeout,
-            None,
             true,
         )
         .map_err(|e| e.context("send/recv network connections"))?;

@@ -1215,6 +1215,32 @@ fn issue(c: &Comm, coll: Coll, send: u64, recv: u64, count: usize, stream: nccl:
     }
 }
 
+/// A captured AllReduce of `count` Int32 replayed a few times (new random data and a poisoned
+/// output each time, results checked), whatever each rank's graph registration: a peer
+/// whose process has it off sends no marks, and is not waited for.
+pub fn captured_allreduce_replays(c: &Comm, count: usize) {
+    let (rank, nranks) = (c.rank(), c.count());
+    let stream = c.device().stream_create().unwrap();
+    let coll = Coll::AllReduce;
+    let (mine, want) = coll_data(coll, nranks, rank, count, 0);
+    let inp = c.device().alloc(mine.len()).unwrap();
+    let out = c.device().alloc(want.len()).unwrap();
+    c.device().capture_begin(stream).unwrap();
+    issue(c, coll, inp.ptr(), out.ptr(), count, stream);
+    let graph = c.device().capture_end(stream).unwrap();
+    for replay in 1..4u64 {
+        let (mine, want) = coll_data(coll, nranks, rank, count, replay);
+        inp.write(0, &mine).unwrap();
+        out.write(0, &vec![0xA5; want.len()]).unwrap();
+        graph.launch(stream).unwrap();
+        c.device().stream_sync(stream).unwrap();
+        let mut got = vec![0u8; want.len()];
+        out.read(0, &mut got).unwrap();
+        assert!(got == want, "rank {rank}: replay {replay}");
+    }
+    drop(graph);
+}
+
 /// Graph registration with ranks as processes (this process's one rank; every rank runs the
 /// same), for each (collective, count) of `colls` on fresh, unregistered buffers (Simple ring
 /// steps): an eager round copies; a capture of two calls into two outputs of one allocation

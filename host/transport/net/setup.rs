@@ -1,16 +1,17 @@
 //! Making network connections between two ranks of a communicator: the receiving side listens
-//! and sends its handle through the bootstrap, the sending side connects to it, and both poll
-//! until every connection of the batch is up. Each connection gets its counters in pinned host
-//! memory mapped into the GPU, its FIFO there too or in GPU memory where the network reads and
-//! writes it (GPU Direct RDMA, [`super::gdr`]), the structure the kernel advances, and a
-//! [`NetConn`] for the proxy thread.
+//! and sends its handle through the bootstrap, the sending side starts its connect to it, and
+//! the proxy thread ends both handshakes ([`crate::proxy::establish`]). Each connection gets its
+//! counters in pinned host memory mapped into the GPU, its FIFO there too or in GPU memory
+//! where the network reads and writes it (GPU Direct RDMA, [`super::gdr`]), the structure the
+//! kernel advances, and a [`ProxyConn`] for the proxy thread.
 
 use super::gdr::Policy;
-use super::{Connecting, Handle, Listener, Net, HANDLE_BYTES};
-use crate::bootstrap::{AbortFlag, Bootstrap};
+use super::{Handle, Net, HANDLE_BYTES};
+use crate::bootstrap::Bootstrap;
 use crate::cuda::Device;
 use crate::error::{Error, Result};
-use crate::proxy::{ConnLayout, FifoPlace, NetConn, Side};
+use crate::proxy::establish::{GoneCheck, Handshake, Pending, ShareSlot, Sharing};
+use crate::proxy::{ConnLayout, ConnMem, FifoPlace, ProxyConn};
 use crate::transport::links::Dir;
 use nccl_device::abi::{
     ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES, STRIDE_LL_POLL, STRIDE_LL_SEND_POLL,
@@ -44,9 +45,11 @@ pub(crate) struct Made {
     pub want: Want,
     pub send: ConnSend,
     pub recv: ConnRecv,
-    pub conn: NetConn,
+    pub conn: ProxyConn,
     /// The network device it uses.
     pub dev: usize,
+    /// Its FIFO is in GPU memory (GPU Direct RDMA).
+    pub on_gpu: bool,
 }
 
 impl Made {
@@ -56,7 +59,7 @@ impl Made {
         format!(
             "NET/{net}/{}{}",
             self.dev,
-            if self.conn.on_gpu() { "/GDRDMA" } else { "" }
+            if self.on_gpu { "/GDRDMA" } else { "" }
         )
     }
 }
@@ -68,15 +71,6 @@ pub(crate) fn stride(slot_bytes: usize) -> usize {
         .max(LL_SLOT_BYTES as usize)
         .max(LL128_SLOT_BYTES as usize)
         .next_multiple_of(128)
-}
-
-enum Half {
-    Listening(Box<dyn Listener>),
-    AwaitingHandle,
-    Connecting(Box<dyn Connecting>),
-    Up(Side),
-    /// Shares the network comm of another want ([`comm_owners`]).
-    Shares,
 }
 
 /// For each want, the index of the want whose network comm it uses: its own, or with `share`
@@ -103,22 +97,24 @@ fn comm_owners(
     owner
 }
 
-/// Makes every connection in `wants` with network `net`, FIFOs placed as `gdr` says;
-/// `tag_base + key` tags the handles on the bootstrap. With `share`, the connections to one
-/// peer in one direction on one device share one network comm where the device groups
-/// receives ([`comm_owners`]); each tags its messages with its key. Gives up at `timeout` or
-/// when `abort` is raised.
+/// Starts every connection in `wants` with network `net`, FIFOs placed as `gdr` says;
+/// `tag_base + key` tags the handles on the bootstrap. Only the handles are traded here
+/// (receivers listen and publish first, so no sender waits on a handle not yet sent; senders
+/// start their connect): the handshakes end on the proxy thread ([`crate::proxy::establish`]),
+/// which fails a connection not up by `timeout` from now or whose peer the bootstrap knows gone.
+/// Each connection's memory is made here, so its kernel structures are complete at once. With
+/// `share`, the connections to one peer in one direction on one device share one network comm
+/// where the device groups receives ([`comm_owners`]); each tags its messages with its key.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn connect(
     net: &dyn Net,
     gdr: &Policy,
     device: &Device,
-    bootstrap: &Bootstrap,
+    bootstrap: &Arc<Bootstrap>,
     wants: &[Want],
     slot_bytes: usize,
     tag_base: u32,
     timeout: Duration,
-    abort: Option<&AbortFlag>,
     share: bool,
 ) -> Result<Vec<Made>> {
     let ndevs = net.ndevs();
@@ -130,95 +126,38 @@ pub(crate) fn connect(
     }
     let dev_of = |w: &Want| w.key as usize % ndevs;
     let owners = comm_owners(net, wants, dev_of, share);
-    // Receivers listen and publish first, so no sender waits on a handle not yet sent.
-    let mut halves = Vec::with_capacity(wants.len());
+    let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
+    let slots: Vec<Option<ShareSlot>> = (0..wants.len())
+        .map(|i| (owners[i] == i && sharers(i) > 1).then(ShareSlot::default))
+        .collect();
+    let mut handshakes: Vec<Option<Handshake>> = Vec::with_capacity(wants.len());
     for (i, w) in wants.iter().enumerate() {
-        if owners[i] != i {
-            halves.push(Half::Shares);
-            continue;
-        }
-        halves.push(match w.dir {
-            Dir::Recv => {
+        handshakes.push(match (owners[i] == i, w.dir) {
+            (false, _) => None,
+            (true, Dir::Recv) => {
                 let (handle, l) = net.listen(dev_of(w))?;
                 bootstrap.send(w.peer, tag_base.wrapping_add(w.key), &handle)?;
-                Half::Listening(l)
+                Some(Handshake::Listening(l))
             }
-            Dir::Send => Half::AwaitingHandle,
+            (true, Dir::Send) => None,
         });
     }
-    for (w, h) in wants.iter().zip(halves.iter_mut()) {
-        if matches!(h, Half::AwaitingHandle) {
-            let got = bootstrap
-                .recv(w.peer, tag_base.wrapping_add(w.key))
-                .map_err(|e| e.context(format!("network handle from rank {}", w.peer)))?;
-            if got.len() != HANDLE_BYTES {
-                return Err(Error::remote(format!(
-                    "rank {} sent a {}-byte network handle (expected {HANDLE_BYTES})",
-                    w.peer,
-                    got.len()
-                )));
-            }
-            let mut handle: Handle = [0; HANDLE_BYTES];
-            handle.copy_from_slice(&got);
-            *h = Half::Connecting(net.connect(dev_of(w), &handle)?);
+    for (i, w) in wants.iter().enumerate() {
+        if owners[i] == i && w.dir == Dir::Send {
+            let handle = recv_handle(bootstrap, w.peer, tag_base.wrapping_add(w.key))?;
+            handshakes[i] = Some(Handshake::Connecting(net.connect(dev_of(w), &handle)?));
         }
     }
     let deadline = Instant::now() + timeout;
-    loop {
-        let mut pending = 0;
-        for h in halves.iter_mut() {
-            let next = match h {
-                Half::Listening(l) => l.accept()?.map(|c| Half::Up(Side::Recv(c))),
-                Half::Connecting(c) => c.poll()?.map(|c| Half::Up(Side::Send(c))),
-                _ => None,
-            };
-            match next {
-                Some(up) => *h = up,
-                None if !matches!(h, Half::Up(_) | Half::Shares) => pending += 1,
-                None => {}
-            }
-        }
-        if pending == 0 {
-            break;
-        }
-        if let Some(a) = abort {
-            a.check()?;
-        }
-        // A peer known gone (dead, aborted, reported hung) will never connect.
-        for (w, _) in wants
-            .iter()
-            .zip(&halves)
-            .filter(|(_, h)| matches!(h, Half::Listening(_) | Half::Connecting(_)))
-        {
-            if let Some(why) = bootstrap.gone(w.peer) {
-                return Err(Error::remote(format!(
-                    "network connection with rank {} ({:?}) not established: the peer is \
-                     gone: {why}",
-                    w.peer, w.dir
-                )));
-            }
-        }
-        if Instant::now() > deadline {
-            let who: Vec<String> = wants
-                .iter()
-                .zip(&halves)
-                .filter(|(_, h)| !matches!(h, Half::Up(_) | Half::Shares))
-                .map(|(w, _)| format!("rank {} ({:?})", w.peer, w.dir))
-                .collect();
-            return Err(Error::system(format!(
-                "network connections not established within {:.1} s: {}",
-                timeout.as_secs_f64(),
-                who.join(", ")
-            )));
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let gone: GoneCheck = {
+        let bs = Arc::downgrade(bootstrap);
+        Arc::new(move |peer| bs.upgrade().and_then(|b| b.gone(peer)))
+    };
     let layout = ConnLayout {
         stride: stride(slot_bytes),
     };
-    let sides = share_sides(net, wants, &owners, halves, dev_of)?;
     let mut made = Vec::with_capacity(wants.len());
-    for (w, (side, tag, shared)) in wants.iter().zip(sides) {
+    for (i, (w, handshake)) in wants.iter().zip(handshakes).enumerate() {
         let dev = dev_of(w);
         let g = gdr.dev(dev);
         let place = match w.dir {
@@ -232,79 +171,69 @@ pub(crate) fn connect(
             },
             _ => FifoPlace::Host,
         };
+        let (handshake, sharing) = match (&slots[i], handshake) {
+            (Some(slot), Some(h)) => (
+                h,
+                Sharing::Owner {
+                    slot: slot.clone(),
+                    max_recvs: net.properties(dev)?.max_recvs,
+                    tag: w.key,
+                },
+            ),
+            (None, Some(h)) => (h, Sharing::Alone),
+            (_, None) => match &slots[owners[i]] {
+                Some(slot) => (Handshake::Sharing(slot.clone()), Sharing::User { tag: w.key }),
+                None => return Err(Error::internal("a shared network comm has no owner")),
+            },
+        };
+        if let Sharing::Owner { max_recvs, .. } = &sharing {
+            log::info!(
+                "NET/{}: {} {} connections with rank {} share one comm (maxRecvs {max_recvs})",
+                net.name(),
+                sharers(i),
+                dir_name(w.dir),
+                w.peer
+            );
+        }
         let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
-        let conn = NetConn::new(side, device, layout, place, w.peer, peer)?.with_tag(tag, shared);
-        let (send, recv) = conn_structs(&conn, layout);
+        let mem = ConnMem::new(device, layout, place, w.dir == Dir::Send, &peer)?;
+        let (send, recv) = conn_structs(&mem, layout);
+        let on_gpu = mem.on_gpu();
         made.push(Made {
             want: *w,
             send,
             recv,
-            conn,
+            conn: ProxyConn::pending(Pending {
+                handshake,
+                sharing,
+                mem,
+                sending: w.dir == Dir::Send,
+                peer_rank: w.peer,
+                peer,
+                deadline,
+                gone: Some(gone.clone()),
+            }),
             dev,
+            on_gpu,
         });
     }
     Ok(made)
 }
 
-/// Each want's endpoint, message tag and whether it shares its comm, once every comm is up:
-/// its own comm with tag 0, or a handle on the comm it shares (every sharer, the owner too,
-/// tags with its key).
-fn share_sides(
-    net: &dyn Net,
-    wants: &[Want],
-    owners: &[usize],
-    halves: Vec<Half>,
-    dev_of: impl Fn(&Want) -> usize,
-) -> Result<Vec<(Side, u32, bool)>> {
-    use crate::proxy::shared::{Grouper, SharedRecv, SharedSend};
-    use std::sync::Mutex;
-    enum Shared {
-        Send(Arc<Mutex<Box<dyn super::SendComm>>>),
-        Recv(Arc<Mutex<Grouper>>),
+/// The network handle `peer` published under `tag`.
+fn recv_handle(bootstrap: &Bootstrap, peer: usize, tag: u32) -> Result<Handle> {
+    let got = bootstrap
+        .recv(peer, tag)
+        .map_err(|e| e.context(format!("network handle from rank {peer}")))?;
+    if got.len() != HANDLE_BYTES {
+        return Err(Error::remote(format!(
+            "rank {peer} sent a {}-byte network handle (expected {HANDLE_BYTES})",
+            got.len()
+        )));
     }
-    let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
-    let mut comms: std::collections::HashMap<usize, Shared> = Default::default();
-    let mut out: Vec<Option<(Side, u32, bool)>> = Vec::with_capacity(wants.len());
-    for (i, h) in halves.into_iter().enumerate() {
-        match h {
-            Half::Up(side) if sharers(i) > 1 => {
-                let w = &wants[i];
-                let max_recvs = net.properties(dev_of(w))?.max_recvs;
-                log::info!(
-                    "NET/{}: {} {} connections with rank {} share one comm (maxRecvs {max_recvs})",
-                    net.name(),
-                    sharers(i),
-                    dir_name(w.dir),
-                    w.peer
-                );
-                comms.insert(
-                    i,
-                    match side {
-                        Side::Send(c) => Shared::Send(Arc::new(Mutex::new(c))),
-                        Side::Recv(c) => Shared::Recv(Grouper::new(c, max_recvs)),
-                    },
-                );
-                out.push(None);
-            }
-            Half::Up(side) => out.push(Some((side, 0, false))),
-            Half::Shares => out.push(None),
-            _ => return Err(Error::internal("network connection left pending")),
-        }
-    }
-    out.into_iter()
-        .enumerate()
-        .map(|(i, s)| match s {
-            Some(s) => Ok(s),
-            None => {
-                let side = match comms.get(&owners[i]) {
-                    Some(Shared::Send(c)) => Side::Send(Box::new(SharedSend(c.clone()))),
-                    Some(Shared::Recv(g)) => Side::Recv(Box::new(SharedRecv(g.clone()))),
-                    None => return Err(Error::internal("a shared network comm went missing")),
-                };
-                Ok((side, wants[i].key, true))
-            }
-        })
-        .collect()
+    let mut handle: Handle = [0; HANDLE_BYTES];
+    handle.copy_from_slice(&got);
+    Ok(handle)
 }
 
 fn dir_name(d: Dir) -> &'static str {
@@ -315,7 +244,7 @@ fn dir_name(d: Dir) -> &'static str {
 }
 
 /// The kernel's view of a proxied connection: one FIFO for every protocol.
-fn conn_structs(conn: &NetConn, l: ConnLayout) -> (ConnSend, ConnRecv) {
+fn conn_structs(conn: &ConnMem, l: ConnLayout) -> (ConnSend, ConnRecv) {
     let at = |o: usize| conn.ctrl_addr(o);
     let fifo = conn.fifo_addr();
     // 1: LL lines are read by their flags both ways; 2: by receivers only; 0: neither.
