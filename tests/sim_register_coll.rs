@@ -992,7 +992,11 @@ fn a_peer_without_graph_registration_is_never_waited_for() {
         let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
         let c = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank in a child");
         common::register::captured_allreduce_replays(&c, 3000);
-        assert_eq!(c.graph_late_peers(), 0, "rank {rank}: a peer was waited for in vain");
+        assert_eq!(
+            c.graph_late_peers(),
+            0,
+            "rank {rank}: a peer was waited for in vain"
+        );
         return;
     }
     common::procs::run(

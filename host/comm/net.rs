@@ -52,9 +52,11 @@ pub(super) fn net_path(
     let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
     let timeout = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
     let gdr = Policy::new(&*net, system, local, device)?;
+    let nics = crate::transport::net::nics::channel_nics(&*net, system, local)?;
     Ok(Some(Arc::new(NetPath {
         remote,
         gdr,
+        nics,
         net,
         proxy: ProxyGroup::new(device.ordinal, on_error),
         timeout,
@@ -129,6 +131,7 @@ pub(super) fn ring_net(
     let made = setup::connect(
         &*np.net,
         &np.gdr,
+        &np.nics,
         device,
         bootstrap,
         &wants,

@@ -336,8 +336,12 @@ impl ConnMem {
     #[cfg(test)]
     pub(crate) fn publish_simple(&self, step: u64, bytes: u64) {
         let size = ConnLayout::SIZES + 8 * (step % STEPS) as usize;
-        counter(&self.mem, size).unwrap().store(bytes, Ordering::Release);
-        counter(&self.mem, ConnLayout::TAIL).unwrap().store(step + 1, Ordering::Release);
+        counter(&self.mem, size)
+            .unwrap()
+            .store(bytes, Ordering::Release);
+        counter(&self.mem, ConnLayout::TAIL)
+            .unwrap()
+            .store(step + 1, Ordering::Release);
     }
 
     /// Steps the kernel has published on a send side (it may publish before the endpoint is
@@ -400,7 +404,9 @@ impl NetConn {
                 "registering the GPU FIFO of the connection with {peer} (NCCL_NET_GDR_LEVEL=LOC \
                  keeps FIFOs in host memory)"
             )),
-            false => e.context(format!("registering the FIFO of the connection with {peer}")),
+            false => e.context(format!(
+                "registering the FIFO of the connection with {peer}"
+            )),
         })?;
         // The dmabuf descriptor closes here: the registration holds what it needs.
         let gpu = gpu.map(|(buf, flush, _)| (buf, flush));

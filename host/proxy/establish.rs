@@ -89,7 +89,9 @@ impl ProxyConn {
     pub(crate) fn peer_rank(&self) -> usize {
         match self {
             ProxyConn::Up(c) => c.peer_rank(),
-            ProxyConn::Coming { pending, .. } => pending.as_ref().map_or(usize::MAX, |p| p.peer_rank),
+            ProxyConn::Coming { pending, .. } => {
+                pending.as_ref().map_or(usize::MAX, |p| p.peer_rank)
+            }
         }
     }
 
@@ -112,7 +114,12 @@ impl ProxyConn {
             ProxyConn::Up(c) => c.drained(),
             ProxyConn::Coming {
                 pending, failed, ..
-            } => *failed || pending.as_ref().is_none_or(|p| !p.sending || p.mem.published() == 0),
+            } => {
+                *failed
+                    || pending
+                        .as_ref()
+                        .is_none_or(|p| !p.sending || p.mem.published() == 0)
+            }
         }
     }
 
@@ -138,7 +145,9 @@ impl ProxyConn {
         if *failed {
             return Ok(false);
         }
-        let p = pending.as_mut().expect("a pending connection keeps its state until up");
+        let p = pending
+            .as_mut()
+            .expect("a pending connection keeps its state until up");
         match p.poll() {
             Ok(None) => Ok(false),
             Ok(Some(side)) => {
@@ -176,8 +185,12 @@ impl Pending {
                         "the connection whose network comm it shares failed",
                     ))
                 }
-                Some(Some(SharedComm::Send(c))) => Some(Side::Send(Box::new(SharedSend(c.clone())))),
-                Some(Some(SharedComm::Recv(g))) => Some(Side::Recv(Box::new(SharedRecv(g.clone())))),
+                Some(Some(SharedComm::Send(c))) => {
+                    Some(Side::Send(Box::new(SharedSend(c.clone()))))
+                }
+                Some(Some(SharedComm::Recv(g))) => {
+                    Some(Side::Recv(Box::new(SharedRecv(g.clone()))))
+                }
             },
         };
         if up.is_some() {
@@ -269,7 +282,13 @@ mod tests {
         fn dereg_mr(&mut self, _mr: Mr) -> Result<()> {
             Ok(())
         }
-        fn isend(&mut self, _mr: Mr, _off: usize, len: usize, _tag: u32) -> Result<Option<Request>> {
+        fn isend(
+            &mut self,
+            _mr: Mr,
+            _off: usize,
+            len: usize,
+            _tag: u32,
+        ) -> Result<Option<Request>> {
             self.0.sent.fetch_add(len, Ordering::Relaxed);
             Ok(Some(Request(0)))
         }
@@ -315,9 +334,12 @@ mod tests {
         p.mem.publish_simple(0, 256);
         let errors = Arc::new(AtomicUsize::new(0));
         let e = errors.clone();
-        let group = ProxyGroup::new(dev.ordinal, Arc::new(move |_, _| {
-            e.fetch_add(1, Ordering::Relaxed);
-        }));
+        let group = ProxyGroup::new(
+            dev.ordinal,
+            Arc::new(move |_, _| {
+                e.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
         group.add(vec![ProxyConn::pending(p)]);
         let wait_for = |what: &str, f: &dyn Fn() -> bool| {
             let t0 = Instant::now();
@@ -326,16 +348,30 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
-        wait_for("a poll of the connect", &|| seen.pollers.lock().unwrap().len() >= 2);
-        assert_eq!(seen.sent.load(Ordering::Relaxed), 0, "sent before the connect was up");
+        wait_for("a poll of the connect", &|| {
+            seen.pollers.lock().unwrap().len() >= 2
+        });
+        assert_eq!(
+            seen.sent.load(Ordering::Relaxed),
+            0,
+            "sent before the connect was up"
+        );
         assert_eq!(seen.registered.load(Ordering::Relaxed), 0);
         seen.ready.store(true, Ordering::Release);
-        wait_for("the waiting step sent", &|| seen.sent.load(Ordering::Relaxed) == 256);
-        assert_eq!(seen.registered.load(Ordering::Relaxed), 1, "the FIFO registered once");
+        wait_for("the waiting step sent", &|| {
+            seen.sent.load(Ordering::Relaxed) == 256
+        });
+        assert_eq!(
+            seen.registered.load(Ordering::Relaxed),
+            1,
+            "the FIFO registered once"
+        );
         let pollers = seen.pollers.lock().unwrap().clone();
         let me = std::thread::current().name().unwrap_or("").to_string();
         assert!(
-            pollers.iter().all(|t| t.starts_with("nccl-proxy-") && *t != me),
+            pollers
+                .iter()
+                .all(|t| t.starts_with("nccl-proxy-") && *t != me),
             "{pollers:?}"
         );
         assert_eq!(errors.load(Ordering::Relaxed), 0);
@@ -358,7 +394,10 @@ mod tests {
         let mut c = ProxyConn::pending(late);
         assert!(!c.drained(), "a published step waits for the connection");
         let e = c.progress(Poll::Always).expect_err("past its deadline");
-        assert!(e.message.contains("deadline") && e.message.contains("rank 1"), "{e}");
+        assert!(
+            e.message.contains("deadline") && e.message.contains("rank 1"),
+            "{e}"
+        );
         assert!(c.progress(Poll::Always).is_ok(), "reported once");
         assert!(c.drained() && !c.is_coming());
 
@@ -368,7 +407,9 @@ mod tests {
             Sharing::Alone,
             &seen,
         );
-        dead.gone = Some(Arc::new(|peer| (peer == 1).then(|| "it was killed".to_string())));
+        dead.gone = Some(Arc::new(|peer| {
+            (peer == 1).then(|| "it was killed".to_string())
+        }));
         let e = ProxyConn::pending(dead)
             .progress(Poll::Always)
             .expect_err("the peer is gone");
@@ -404,12 +445,22 @@ mod tests {
         assert!(!user.progress(Poll::Always).expect("waits"));
         assert!(!owner.progress(Poll::Always).expect("connecting"));
         seen.ready.store(true, Ordering::Release);
-        assert!(owner.progress(Poll::Always).expect("up"), "the owner came up");
-        assert!(user.progress(Poll::Always).expect("up"), "the user came up with it");
+        assert!(
+            owner.progress(Poll::Always).expect("up"),
+            "the owner came up"
+        );
+        assert!(
+            user.progress(Poll::Always).expect("up"),
+            "the user came up with it"
+        );
         assert!(!user.is_coming() && !owner.is_coming());
         user.progress(Poll::Always).expect("sends");
         assert_eq!(seen.sent.load(Ordering::Relaxed), 128);
-        assert_eq!(seen.registered.load(Ordering::Relaxed), 2, "each FIFO registered");
+        assert_eq!(
+            seen.registered.load(Ordering::Relaxed),
+            2,
+            "each FIFO registered"
+        );
 
         let failed = ShareSlot::default();
         let mut bad_owner = pending(
@@ -429,7 +480,9 @@ mod tests {
             Sharing::User { tag: 1 },
             &seen,
         ));
-        assert!(ProxyConn::pending(bad_owner).progress(Poll::Always).is_err());
+        assert!(ProxyConn::pending(bad_owner)
+            .progress(Poll::Always)
+            .is_err());
         let e = user.progress(Poll::Always).expect_err("its owner failed");
         assert!(e.message.contains("shares failed"), "{e}");
     }

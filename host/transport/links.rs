@@ -560,6 +560,7 @@ impl Links {
         let made = setup::connect(
             &*np.net,
             &np.gdr,
+            &np.nics,
             &self.device,
             &self.bootstrap,
             &wants,

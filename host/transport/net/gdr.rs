@@ -137,7 +137,7 @@ fn peer_mem_loaded() -> bool {
 /// The GPU-to-device path: through the topology's NIC of the same PCI bus id (the last part of
 /// the device's `pci_path`) or name; a device the topology does not hold hangs off a CPU, as
 /// NCCL places it (PHB on a one-CPU node, else SYS: which CPU is not known).
-fn path_to(system: &System, paths: &Paths, g: usize, p: &Properties) -> PathType {
+pub(crate) fn path_to(system: &System, paths: &Paths, g: usize, p: &Properties) -> PathType {
     let busid = p
         .pci_path
         .rsplit('/')

@@ -14,6 +14,7 @@ use crate::error::Result;
 use std::sync::Arc;
 
 pub(crate) mod gdr;
+pub(crate) mod nics;
 pub(crate) mod plugin;
 pub(crate) mod setup;
 pub mod socket;

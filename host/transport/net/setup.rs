@@ -27,6 +27,8 @@ pub(crate) struct NetPath {
     pub net: Arc<dyn Net>,
     /// Where each network device's connections put their FIFOs (GPU Direct RDMA or not).
     pub gdr: Policy,
+    /// The network devices its channels take in turn ([`super::nics::channel_nics`]).
+    pub nics: Vec<usize>,
     pub proxy: crate::proxy::ProxyGroup,
     pub timeout: Duration,
 }
@@ -97,7 +99,8 @@ fn comm_owners(
     owner
 }
 
-/// Starts every connection in `wants` with network `net`, FIFOs placed as `gdr` says;
+/// Starts every connection in `wants` with network `net`, on the devices `nics` takes in turn
+/// by the wants' keys, FIFOs placed as `gdr` says;
 /// `tag_base + key` tags the handles on the bootstrap. Only the handles are traded here
 /// (receivers listen and publish first, so no sender waits on a handle not yet sent; senders
 /// start their connect): the handshakes end on the proxy thread ([`crate::proxy::establish`]),
@@ -109,6 +112,7 @@ fn comm_owners(
 pub(crate) fn connect(
     net: &dyn Net,
     gdr: &Policy,
+    nics: &[usize],
     device: &Device,
     bootstrap: &Arc<Bootstrap>,
     wants: &[Want],
@@ -117,14 +121,13 @@ pub(crate) fn connect(
     timeout: Duration,
     share: bool,
 ) -> Result<Vec<Made>> {
-    let ndevs = net.ndevs();
-    if ndevs == 0 {
+    if nics.is_empty() {
         return Err(Error::system(format!(
             "network '{}' has no devices",
             net.name()
         )));
     }
-    let dev_of = |w: &Want| w.key as usize % ndevs;
+    let dev_of = |w: &Want| nics[w.key as usize % nics.len()];
     let owners = comm_owners(net, wants, dev_of, share);
     let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
     let slots: Vec<Option<ShareSlot>> = (0..wants.len())
