@@ -506,3 +506,36 @@ fn quiet_link_cut_without_keepalive_is_seen_by_heartbeats() {
          were done {took:?} after the link went down"
     );
 }
+
+/// Nodes with two NICs each (two veth rails on bridges of their own, two subnets): the socket
+/// network takes both as devices, successive ring channels and send/recv connections leave
+/// through successive NICs, and every collective's bytes cross both rails, both ways (each
+/// interface's counters say so).
+#[test]
+fn traffic_spreads_over_two_nics_across_namespaces() {
+    if let Some((rank, nranks)) = netns::child() {
+        let ranks = Ranks::new(vec![child_comm(rank, nranks)]);
+        let before = netns::rail_bytes();
+        common::every_collective(&ranks, 11);
+        let after = netns::rail_bytes();
+        for (k, (b, a)) in before.iter().zip(&after).enumerate() {
+            let (tx, rx) = (a.0 - b.0, a.1 - b.1);
+            eprintln!("rank {rank}/{nranks}: rail {k}: {tx} bytes sent and {rx} received");
+            assert!(
+                tx > 160_000 && rx > 160_000,
+                "rank {rank}: rail {k} carried only {tx} bytes out and {rx} in"
+            );
+        }
+        assert_eq!(after.len(), 2, "two rails");
+        return;
+    }
+    let test = "traffic_spreads_over_two_nics_across_namespaces";
+    let f = match netns::Fabric::with_rails("r2", 2, 20, 2) {
+        Ok(f) => f,
+        Err(why) => {
+            eprintln!("{test}: skipped: network namespaces cannot be made here: {why}");
+            return;
+        }
+    };
+    f.run(test, 1, ROOT_PORT, &[], RUN_LIMIT);
+}

@@ -73,6 +73,8 @@ pub struct Node {
     pub ns: String,
     pub ifname: String,
     pub addr: Ipv4Addr,
+    /// Every interface of the node, one per rail (`ifname` is the first).
+    pub rails: Vec<String>,
 }
 
 /// Nodes in namespaces of their own on a bridge; deleted when dropped.
@@ -89,11 +91,17 @@ impl Fabric {
     /// `nodes` namespaces named after this process and `tag` (at most 3 characters, unique per
     /// test), on the subnet 10.213.`subnet`.0/24. Err(why) when namespaces cannot be made here.
     pub fn new(tag: &str, nodes: usize, subnet: u8) -> Result<Fabric, String> {
+        Fabric::with_rails(tag, nodes, subnet, 1)
+    }
+
+    /// As [`Fabric::new`], with `rails` interfaces per node, rail k on a bridge of its own and
+    /// the subnet 10.213.(`subnet` + k).0/24 (a node with that many NICs).
+    pub fn with_rails(tag: &str, nodes: usize, subnet: u8, rails: usize) -> Result<Fabric, String> {
         assert!(
-            tag.len() <= 3 && nodes <= 9,
+            tag.len() <= 3 && nodes <= 9 && rails <= 9,
             "interface names have 15 bytes"
         );
-        Fabric::make(tag, nodes, subnet).map_err(|e| {
+        Fabric::make(tag, nodes, subnet, rails).map_err(|e| {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
                 format!("not root (namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN): {e}")
@@ -103,7 +111,7 @@ impl Fabric {
         })
     }
 
-    fn make(tag: &str, nodes: usize, subnet: u8) -> Result<Fabric, String> {
+    fn make(tag: &str, nodes: usize, subnet: u8, rails: usize) -> Result<Fabric, String> {
         delete_stale();
         let pid = std::process::id();
         let signals = std::env::temp_dir().join(format!("{NS_PREFIX}{pid}-{tag}"));
@@ -119,35 +127,52 @@ impl Fabric {
         // From here on an error drops `f`, which deletes whatever was made.
         ip(&["netns", "add", &f.hub])?;
         f.made.push(f.hub.clone());
-        let bridge = format!("b{pid}{tag}");
-        ip(&["-n", &f.hub, "link", "add", &bridge, "type", "bridge"])?;
-        ip(&["-n", &f.hub, "link", "set", &bridge, "up"])?;
+        // One rail: the names as they always were; more: the rail's digit appended.
+        let rail = |k: usize| match rails {
+            1 => String::new(),
+            _ => k.to_string(),
+        };
+        for k in 0..rails {
+            let bridge = format!("b{pid}{tag}{}", rail(k));
+            ip(&["-n", &f.hub, "link", "add", &bridge, "type", "bridge"])?;
+            ip(&["-n", &f.hub, "link", "set", &bridge, "up"])?;
+        }
         for i in 0..nodes {
             let ns = format!("{NS_PREFIX}{pid}-{tag}-{i}");
             ip(&["netns", "add", &ns])?;
             f.made.push(ns.clone());
-            let ifname = format!("n{pid}{tag}{i}");
-            let port = format!("h{pid}{tag}{i}");
-            // The node's end is made inside the node, its peer inside the hub.
-            ip(&[
-                "-n", &ns, "link", "add", &ifname, "type", "veth", "peer", "name", &port, "netns",
-                &f.hub,
-            ])?;
-            ip(&["-n", &f.hub, "link", "set", &port, "master", &bridge])?;
-            ip(&["-n", &f.hub, "link", "set", &port, "up"])?;
-            let addr = Ipv4Addr::new(10, 213, subnet, i as u8 + 1);
-            ip(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                &ifname,
-            ])?;
-            ip(&["-n", &ns, "link", "set", &ifname, "up"])?;
+            let mut names = Vec::new();
+            for k in 0..rails {
+                let ifname = format!("n{pid}{tag}{i}{}", rail(k));
+                let port = format!("h{pid}{tag}{i}{}", rail(k));
+                let bridge = format!("b{pid}{tag}{}", rail(k));
+                // The node's end is made inside the node, its peer inside the hub.
+                ip(&[
+                    "-n", &ns, "link", "add", &ifname, "type", "veth", "peer", "name", &port,
+                    "netns", &f.hub,
+                ])?;
+                ip(&["-n", &f.hub, "link", "set", &port, "master", &bridge])?;
+                ip(&["-n", &f.hub, "link", "set", &port, "up"])?;
+                let addr = Ipv4Addr::new(10, 213, subnet + k as u8, i as u8 + 1);
+                ip(&[
+                    "-n",
+                    &ns,
+                    "addr",
+                    "add",
+                    &format!("{addr}/24"),
+                    "dev",
+                    &ifname,
+                ])?;
+                ip(&["-n", &ns, "link", "set", &ifname, "up"])?;
+                names.push(ifname);
+            }
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            f.nodes.push(Node { ns, ifname, addr });
+            f.nodes.push(Node {
+                ns,
+                ifname: names[0].clone(),
+                addr: Ipv4Addr::new(10, 213, subnet, i as u8 + 1),
+                rails: names,
+            });
         }
         Ok(f)
     }
@@ -189,9 +214,9 @@ impl Fabric {
                 .env(RANK, r.to_string())
                 .env(NRANKS, nranks.to_string())
                 .env(SIGNALS, &self.signals)
-                .env(IFNAME, &node.ifname)
+                .env(IFNAME, node.rails.join(","))
                 .env("NCCL_HOSTID", format!("netns-node-{}", r / per_node))
-                .env("NCCL_SOCKET_IFNAME", format!("={}", node.ifname))
+                .env("NCCL_SOCKET_IFNAME", format!("={}", node.rails.join(",")))
                 .env("NCCL_COMM_ID", &comm_id);
             for (k, v) in env {
                 cmd.env(k, v);
@@ -385,9 +410,20 @@ pub fn signal(name: &str, rank: usize) {
         .expect("write a signal file");
 }
 
-/// In a child: bytes sent and received so far through this node's interface.
+/// In a child: bytes sent and received so far through this node's interfaces.
 pub fn interface_bytes() -> (u64, u64) {
-    let ifname = std::env::var(IFNAME).expect("interface name");
+    rail_bytes()
+        .into_iter()
+        .fold((0, 0), |(t, r), (tx, rx)| (t + tx, r + rx))
+}
+
+/// In a child: bytes sent and received so far through each of this node's interfaces.
+pub fn rail_bytes() -> Vec<(u64, u64)> {
+    let names = std::env::var(IFNAME).expect("interface names");
+    names.split(',').map(one_interface_bytes).collect()
+}
+
+fn one_interface_bytes(ifname: &str) -> (u64, u64) {
     // Inside `ip netns exec`, /sys shows the namespace's own interfaces.
     let read = |what: &str| {
         std::fs::read_to_string(format!("/sys/class/net/{ifname}/statistics/{what}"))
