@@ -74,7 +74,7 @@ pub(crate) enum ProxyConn {
         /// Its handshake failed (reported once; then left alone).
         failed: bool,
     },
-    Up(NetConn),
+    Up(Box<NetConn>),
 }
 
 impl ProxyConn {
@@ -157,7 +157,7 @@ impl ProxyConn {
                 if let Some(w) = waker {
                     conn.set_waker(w);
                 }
-                *self = ProxyConn::Up(conn);
+                *self = ProxyConn::Up(Box::new(conn));
                 Ok(true)
             }
             Err(e) => {
