@@ -343,12 +343,6 @@ impl ConnMem {
             .unwrap()
             .store(step + 1, Ordering::Release);
     }
-
-    /// Steps the kernel has published on a send side (it may publish before the endpoint is
-    /// up: the FIFO is its own).
-    pub(crate) fn published(&self) -> u64 {
-        counter(&self.mem, ConnLayout::TAIL).map_or(0, |t| t.load(Ordering::Acquire))
-    }
 }
 
 impl NetConn {

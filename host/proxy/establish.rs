@@ -58,7 +58,6 @@ pub(crate) struct Pending {
     pub handshake: Handshake,
     pub sharing: Sharing,
     pub mem: ConnMem,
-    pub sending: bool,
     pub peer_rank: usize,
     /// How the peer is reached, for messages.
     pub peer: String,
@@ -305,7 +304,6 @@ mod tests {
             handshake,
             sharing,
             mem: ConnMem::new(dev, layout, FifoPlace::Host, true, "rank 1").expect("memory"),
-            sending: true,
             peer_rank: 1,
             peer: "rank 1 (send via fake)".into(),
             deadline: Instant::now() + Duration::from_secs(60),

@@ -210,7 +210,6 @@ pub(crate) fn connect(
                 handshake,
                 sharing,
                 mem,
-                sending: w.dir == Dir::Send,
                 peer_rank: w.peer,
                 peer,
                 deadline,
