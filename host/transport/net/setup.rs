@@ -76,15 +76,14 @@ pub(crate) fn stride(slot_bytes: usize) -> usize {
 }
 
 /// For each want, the index of the want whose network comm it uses: its own, or with `share`
-/// (send/recv links, NCCL_NET_SHARED_COMMS on) and a device that groups receives (maxRecvs
-/// above 1, so it matches tags), the first want with the same peer, direction and device. Both
-/// ends decide alike from the same network and the same wants.
-fn comm_owners(
-    net: &dyn Net,
-    wants: &[Want],
-    dev_of: impl Fn(&Want) -> usize,
-    share: bool,
-) -> Vec<usize> {
+/// (send/recv links, NCCL_NET_SHARED_COMMS on) and a network that groups receives (maxRecvs
+/// above 1, so it matches tags), the first want with the same peer, direction and class (its
+/// key modulo the network's device count). Both ends decide alike from the same wants where
+/// the network has as many devices on both nodes, whichever devices each end's GPU prefers
+/// ([`super::nics`]): a sharer uses its owner's comm, and with it its owner's device.
+fn comm_owners(net: &dyn Net, wants: &[Want], share: bool) -> Vec<usize> {
+    let ndevs = net.ndevs().max(1);
+    let dev_of = |w: &Want| w.key as usize % ndevs;
     let mut owner: Vec<usize> = (0..wants.len()).collect();
     if !share || crate::env::int("NCCL_NET_SHARED_COMMS") == 0 {
         return owner;
@@ -127,8 +126,10 @@ pub(crate) fn connect(
             net.name()
         )));
     }
-    let dev_of = |w: &Want| nics[w.key as usize % nics.len()];
-    let owners = comm_owners(net, wants, dev_of, share);
+    let owners = comm_owners(net, wants, share);
+    // A connection's device: the one its key picks among this GPU's NICs; a sharer's, its
+    // owner's (the comm's).
+    let dev_at = |i: usize| nics[wants[owners[i]].key as usize % nics.len()];
     let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
     let slots: Vec<Option<ShareSlot>> = (0..wants.len())
         .map(|i| (owners[i] == i && sharers(i) > 1).then(ShareSlot::default))
@@ -138,7 +139,7 @@ pub(crate) fn connect(
         handshakes.push(match (owners[i] == i, w.dir) {
             (false, _) => None,
             (true, Dir::Recv) => {
-                let (handle, l) = net.listen(dev_of(w))?;
+                let (handle, l) = net.listen(dev_at(i))?;
                 bootstrap.send(w.peer, tag_base.wrapping_add(w.key), &handle)?;
                 Some(Handshake::Listening(l))
             }
@@ -148,7 +149,7 @@ pub(crate) fn connect(
     for (i, w) in wants.iter().enumerate() {
         if owners[i] == i && w.dir == Dir::Send {
             let handle = recv_handle(bootstrap, w.peer, tag_base.wrapping_add(w.key))?;
-            handshakes[i] = Some(Handshake::Connecting(net.connect(dev_of(w), &handle)?));
+            handshakes[i] = Some(Handshake::Connecting(net.connect(dev_at(i), &handle)?));
         }
     }
     let deadline = Instant::now() + timeout;
@@ -161,7 +162,7 @@ pub(crate) fn connect(
     };
     let mut made = Vec::with_capacity(wants.len());
     for (i, (w, handshake)) in wants.iter().zip(handshakes).enumerate() {
-        let dev = dev_of(w);
+        let dev = dev_at(i);
         let g = gdr.dev(dev);
         let place = match w.dir {
             Dir::Send if g.send => FifoPlace::Gpu {
