@@ -297,8 +297,7 @@ mod tests {
         Device::open(0).expect("device 0")
     }
 
-    fn pending(dev: &Device, handshake: Handshake, sharing: Sharing, seen: &Arc<Seen>) -> Pending {
-        let _ = seen;
+    fn pending(dev: &Device, handshake: Handshake, sharing: Sharing) -> Pending {
         let layout = ConnLayout { stride: 4096 };
         Pending {
             handshake,
@@ -322,7 +321,6 @@ mod tests {
             &dev,
             Handshake::Connecting(Box::new(SlowConnect(seen.clone()))),
             Sharing::Alone,
-            &seen,
         );
         // The kernel publishes a step before the connection is up: its FIFO is its own.
         p.mem.publish_simple(0, 256);
@@ -381,10 +379,8 @@ mod tests {
             &dev,
             Handshake::Connecting(Box::new(SlowConnect(seen.clone()))),
             Sharing::Alone,
-            &seen,
         );
         late.deadline = Instant::now() - Duration::from_millis(1);
-        late.mem.publish_simple(0, 64);
         let mut c = ProxyConn::pending(late);
         assert!(!c.drained(), "a handshake under way is not drained");
         let e = c.progress(Poll::Always).expect_err("past its deadline");
@@ -399,7 +395,6 @@ mod tests {
             &dev,
             Handshake::Connecting(Box::new(SlowConnect(seen.clone()))),
             Sharing::Alone,
-            &seen,
         );
         dead.gone = Some(Arc::new(|peer| {
             (peer == 1).then(|| "it was killed".to_string())
@@ -426,13 +421,11 @@ mod tests {
                 max_recvs: 8,
                 tag: 3,
             },
-            &seen,
         );
         let user = pending(
             &dev,
             Handshake::Sharing(slot.clone()),
             Sharing::User { tag: 4 },
-            &seen,
         );
         user.mem.publish_simple(0, 128);
         let (mut owner, mut user) = (ProxyConn::pending(owner), ProxyConn::pending(user));
@@ -465,14 +458,12 @@ mod tests {
                 max_recvs: 8,
                 tag: 0,
             },
-            &seen,
         );
         bad_owner.deadline = Instant::now() - Duration::from_millis(1);
         let mut user = ProxyConn::pending(pending(
             &dev,
             Handshake::Sharing(failed),
             Sharing::User { tag: 1 },
-            &seen,
         ));
         assert!(ProxyConn::pending(bad_owner)
             .progress(Poll::Always)

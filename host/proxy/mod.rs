@@ -306,7 +306,6 @@ fn run(shared: &Shared) {
         }
         let mut moved = false;
         let mut conns = lock(&shared.conns);
-        let handshaking = conns.iter().any(|(_, c, _)| c.is_coming());
         // Receives are posted for every connection first: a network comm that several share
         // then groups their awaited steps (shared.rs) before any completes.
         for (_, c, on_error) in conns.iter_mut() {
@@ -319,6 +318,7 @@ fn run(shared: &Shared) {
         // After a nap every connection is tested: that pass is rare.
         let napped = now.saturating_duration_since(last_busy) >= HOT;
         turn = if turn + 1 < conns.len() { turn + 1 } else { 0 };
+        let mut handshaking = false;
         for (k, (_, c, on_error)) in conns.iter_mut().enumerate() {
             let poll = match napped || k == turn {
                 true => Poll::Always,
@@ -328,6 +328,7 @@ fn run(shared: &Shared) {
                 Ok(m) => moved |= m,
                 Err(e) => on_error(c.peer_rank(), e),
             }
+            handshaking |= c.is_coming();
         }
         drop(conns);
         if moved {
