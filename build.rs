@@ -2,11 +2,25 @@
 //! lets the library embed the text (`include_str!` of `$OUT_DIR/nccl_<arch>.ptx`). Needs no CUDA
 //! toolkit: rustc's own NVPTX backend writes the PTX, the driver compiles it at load time.
 //! A nested cargo builds in its own target directory, so the outer build's lock is never waited on.
+//! With `NCCL_RS_PTXAS=/path/to/ptxas` it also compiles every kernel to SASS for each
+//! architecture built (a module per kernel, as the loader cuts them) and embeds that too: a
+//! device of that architecture then loads kernels with no JIT (NVIDIA's NCCL ships SASS the same
+//! way); without it the driver JIT-compiles each kernel's PTX on first use (seconds each).
 
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
+
+#[path = "host/cuda/ptx_cut.rs"]
+#[allow(dead_code)]
+mod ptx_cut;
+
+/// Registers a kernel thread may use: a launch of up to `MAX_THREADS` = 512 threads
+/// (host/cuda/mod.rs) must fit the 64 K register file. The PTX loader passes the same limit to
+/// the JIT; a test checks the two agree.
+const MAX_REGISTERS: u32 = 65536 / 512;
 
 /// Architectures we ship PTX for; the loader picks the newest one not above the device's.
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
@@ -38,7 +52,10 @@ fn main() {
         .copied()
         .filter(|a| chosen.is_empty() || chosen.split(',').any(|c| c.trim() == *a))
         .collect();
+    println!("cargo:rerun-if-env-changed=NCCL_RS_PTXAS");
+    let ptxas = env::var_os("NCCL_RS_PTXAS").filter(|p| !p.is_empty());
     let mut table = String::from("/// (architecture, deflated PTX text) for every architecture built.\npub static PTX: &[(u32, &[u8])] = &[\n");
+    let mut sass = String::new();
     for arch in archs {
         let ptx = out.join(format!("nccl_{arch}.ptx"));
         if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
@@ -55,9 +72,83 @@ fn main() {
         table.push_str(&format!(
             "    ({sm}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/nccl_{arch}.ptx.deflate\"))),\n"
         ));
+        if let Some(ptxas) = ptxas.as_ref().filter(|_| !text.is_empty()) {
+            let text = String::from_utf8(text).expect("PTX is text");
+            for (name, file) in build_sass(Path::new(ptxas), &out, arch, &text) {
+                sass.push_str(&format!(
+                    "    ({sm}, \"{name}\", include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{file}\"))),\n"
+                ));
+            }
+        }
     }
     table.push_str("];\n");
+    table.push_str(&format!(
+        "/// (architecture, kernel, deflated cubin) for every kernel compiled to SASS (NCCL_RS_PTXAS).\n\
+         pub static SASS: &[(u32, &str, &[u8])] = &[\n{sass}];\n\
+         /// The register limit the SASS was compiled with.\n\
+         pub const SASS_MAX_REGISTERS: u32 = {MAX_REGISTERS};\n"
+    ));
     fs::write(out.join("ptx_table.rs"), table).expect("write ptx_table.rs");
+}
+
+/// Compiles every kernel entry point of `ptx` (one architecture's text) to SASS with `ptxas`,
+/// one module per kernel cut as the loader cuts them, on every core; returns each kernel's
+/// name and its deflated cubin's path under `out`.
+fn build_sass(ptxas: &Path, out: &Path, arch: &str, ptx: &str) -> Vec<(String, String)> {
+    let names: Vec<String> = ptx
+        .lines()
+        .filter_map(|l| l.strip_prefix(".visible .entry "))
+        .filter_map(|l| l.split('(').next())
+        .map(str::to_string)
+        .collect();
+    let dir = format!("sass-{arch}");
+    fs::create_dir_all(out.join(&dir)).expect("make the SASS directory");
+    let queue = Mutex::new(names.clone());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // The text is read once and every kernel's module cut from it.
+    let cutter = ptx_cut::Cutter::new(ptx);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let Some(name) = queue.lock().expect("SASS queue").pop() else {
+                    return;
+                };
+                let base = out.join(&dir).join(&name);
+                let (src, cubin) = (base.with_extension("ptx"), base.with_extension("cubin"));
+                fs::write(&src, cutter.module(&name)).expect("write a kernel's PTX");
+                let run = Command::new(ptxas)
+                    .arg(format!("-arch={arch}"))
+                    .arg(format!("-maxrregcount={MAX_REGISTERS}"))
+                    .arg("-o")
+                    .arg(&cubin)
+                    .arg(&src)
+                    .output()
+                    .unwrap_or_else(|e| {
+                        panic!("nccl-rs build.rs: NCCL_RS_PTXAS={}: {e}", ptxas.display())
+                    });
+                if !run.status.success() {
+                    panic!(
+                        "nccl-rs build.rs: ptxas failed on {name} ({arch}): {}",
+                        String::from_utf8_lossy(&run.stderr)
+                    );
+                }
+                let bytes = fs::read(&cubin).expect("read a cubin");
+                fs::write(
+                    base.with_extension("cubin.deflate"),
+                    miniz_oxide::deflate::compress_to_vec(&bytes, 6),
+                )
+                .expect("write a deflated cubin");
+                let _ = (fs::remove_file(&src), fs::remove_file(&cubin));
+            });
+        }
+    });
+    names
+        .into_iter()
+        .map(|n| {
+            let file = format!("{dir}/{n}.cubin.deflate");
+            (n, file)
+        })
+        .collect()
 }
 
 /// Whether the compiler building this crate is a nightly (or a local development build).

@@ -11,7 +11,8 @@
 # parts: `torch checks`, `torch nonblocking`, `torch dead-peer`).
 # Every step has its own time limit, so one stuck step cannot eat the call. The logs come back
 # as one archive, $OUT/gpu-session.tgz (the device tool returns at most 8 files).
-# The first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
+# A bundle built with NCCL_RS_PTXAS (docs/gpu-hosts.md) carries SASS and needs none of the JIT
+# below. Otherwise the first run on a fresh machine JIT-compiles the PTX (a process per GPU does it again): the
 # tests took about 8 minutes on 4xH200, the benchmarks about 3, so give each its own call
 # (a call may run 10 minutes). The driver's JIT cache makes the next call warm: it lives in
 # /tmp/nccl-rs-jit (kept while the machine stays warm between calls), and a packed copy comes

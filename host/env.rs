@@ -326,6 +326,11 @@ pub const PARAMS: &[Param] = &[
         doc: "0: registered buffers (ncclCommRegister) are recorded but send/recv and the ring collectives (AllGather, Broadcast, AllReduce, ReduceScatter, Reduce) still copy through the FIFOs",
     },
     Param {
+        name: "NCCL_RS_SASS",
+        default: "1",
+        doc: "0: kernels are JIT-compiled from their PTX even where the build embedded SASS for the device (NCCL_RS_PTXAS at build time)",
+    },
+    Param {
         name: "NCCL_RS_VMM_IPC",
         default: "1",
         doc: "0: registered buffers of CUDA's virtual memory API (ncclMemAlloc) are not exported to, nor mapped from, ranks in other processes by their POSIX descriptors (passed over a Unix socket, else pidfd_getfd), so messages between such ranks into them copy through the FIFOs",

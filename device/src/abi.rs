@@ -392,7 +392,7 @@ pub const FLAG_RING_REGISTERED: u32 = 4;
 /// kernel-stamps lab; off unless NCCL_RS_KERNEL_STAMPS is set).
 pub const FLAG_LAB_STAMPS: u32 = 32;
 
-/// The collectives one kernel entry point runs, chosen by `CollArgs::coll`.
+/// The collectives, as `CollArgs::coll` names them (each has its own kernel entry points).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Coll {
@@ -424,6 +424,23 @@ impl Coll {
             Coll::AllGather => "AllGather",
             Coll::ReduceScatter => "ReduceScatter",
         }
+    }
+
+    /// The collective's part of its kernels' entry-point names ([`crate::for_each_kernel`]):
+    /// `nccl_<symbol>` for the copies, `nccl_<symbol>_<type>_<reduction>` for the others.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter => "reduce_scatter",
+        }
+    }
+
+    /// Whether the collective only moves bytes (one uint8 kernel with no reduction serves it).
+    pub fn copies(self) -> bool {
+        matches!(self, Coll::Broadcast | Coll::AllGather)
     }
 }
 

@@ -1,26 +1,20 @@
-//! The PTX entry points: one kernel per (element type, reduction), each a thin call into the
-//! generic collective code, which picks the collective from its arguments.
+//! The PTX entry points: one kernel per (collective, element type, reduction), each a thin call
+//! into the generic collective code (see [`crate::for_each_kernel`]).
 
 use crate::abi::{CollArgs, P2pArgs};
 
 macro_rules! coll_kernel {
-    ($tn:ident, $t:ty, $on:ident, $op:ty) => {
-        paste_kernel!(nccl_coll_, $tn, $on, $t, $op);
-    };
-}
-
-macro_rules! paste_kernel {
-    ($prefix:ident, $tn:ident, $on:ident, $t:ty, $op:ty) => {
+    ($name:expr, $t:ty, $op:ty, $coll:expr) => {
         const _: () = {
-            #[export_name = concat!(stringify!($prefix), stringify!($tn), "_", stringify!($on))]
+            #[export_name = $name]
             pub unsafe extern "ptx-kernel" fn kernel(args: CollArgs) {
-                crate::coll::run::<$t, $op>(&args)
+                crate::coll::run::<$t, $op, { $coll as u32 }>(&args)
             }
         };
     };
 }
 
-crate::for_each_type_op!(coll_kernel);
+crate::for_each_kernel!(coll_kernel);
 
 /// Sends and receives of a group (one CTA per work item).
 #[no_mangle]

@@ -43,7 +43,7 @@ use crate::transport::links::{Dir, Links};
 use crate::transport::net::setup::NetPath;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
 use crate::transport::shm::ShmRing;
-use nccl_device::abi::{ChannelDev, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
+use nccl_device::abi::{ChannelDev, Coll, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
 use net::{fault_sink, net_fault_sink, net_path, nodes, ring_net};
@@ -300,7 +300,7 @@ pub struct Comm {
     _p2p: Option<P2p>,
     /// The ring's connections through host shared memory (neighbours p2p does not reach).
     _shm: Option<ShmRing>,
-    kernels: Mutex<HashMap<(&'static str, DataType, RedOpKind), Kernel>>,
+    kernels: Mutex<HashMap<(Coll, DataType, RedOpKind), Kernel>>,
     /// Set by `abort` (shared with [`AbortHandle`]s).
     aborted: Arc<AtomicBool>,
     /// Device memory this communicator took at init (bytes), for reports.
@@ -1347,8 +1347,10 @@ impl Comm {
         self.aborted.load(Ordering::Acquire)
     }
 
-    /// The kernel of `coll` for this type and op, loaded once per communicator.
-    pub(crate) fn kernel(&self, coll: &'static str, dt: DataType, op: RedOpKind) -> Result<Kernel> {
+    /// The kernel of `coll` for this type and op (the copies have one kernel, as uint8),
+    /// loaded once per communicator. Each kernel is a module of its own: a first call
+    /// JIT-compiles only what it runs.
+    pub(crate) fn kernel(&self, coll: Coll, dt: DataType, op: RedOpKind) -> Result<Kernel> {
         let key = (coll, dt, op);
         if let Some(k) = self
             .kernels
@@ -1358,10 +1360,11 @@ impl Comm {
         {
             return Ok(*k);
         }
-        let family = format!("nccl_{coll}_{}_", dt.name());
-        let k = self
-            .device
-            .kernel(&format!("{family}{}", op.name()), &family)?;
+        let name = match coll.copies() {
+            true => format!("nccl_{}", coll.symbol()),
+            false => format!("nccl_{}_{}_{}", coll.symbol(), dt.name(), op.name()),
+        };
+        let k = self.device.kernel(&name)?;
         self.kernels
             .lock()
             .map_err(|_| Error::internal("kernel cache poisoned"))?

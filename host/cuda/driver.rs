@@ -577,9 +577,10 @@ impl Device {
         )
     }
 
-    /// The kernel `name`; its family's module (`family` is a name prefix) is JIT-compiled on
-    /// first use and kept.
-    pub fn function(&self, name: &str, family: &str) -> Result<usize> {
+    /// The kernel `name`; its module (every kernel has its own) is loaded on first use and
+    /// kept: the build's SASS for this device where it has some, else the PTX, JIT-compiled
+    /// by the driver.
+    pub fn function(&self, name: &str) -> Result<usize> {
         if let Some(f) = self
             .functions
             .lock()
@@ -594,44 +595,28 @@ impl Device {
                 .modules
                 .lock()
                 .map_err(|_| Error::internal("module cache poisoned"))?;
-            match modules.get(family) {
+            match modules.get(name) {
                 Some(m) => m.0,
                 None => {
-                    let ptx = super::ptx::for_arch(self.sm).ok_or_else(|| {
-                        Error::invalid_usage(format!(
-                            "no PTX for sm_{} in this build (built for sm_80 and sm_90)",
-                            self.sm
-                        ))
-                    })?;
-                    let text = super::ptx::family(ptx, family);
-                    let c = std::ffi::CString::new(text)
-                        .map_err(|_| Error::internal("PTX holds a NUL byte"))?;
                     let t0 = Instant::now();
-                    let mut m = std::ptr::null_mut();
                     // A kernel's first use may come inside a capture.
                     let _relaxed = RelaxedCapture::enter();
-                    // Every launch of up to MAX_THREADS threads must fit the register file.
-                    let mut opts = [sys::CUjit_option::CU_JIT_MAX_REGISTERS];
-                    let mut vals = [(65536 / super::MAX_THREADS) as usize as *mut c_void];
-                    // SAFETY: c is NUL-terminated PTX text; one option with its value.
-                    check(
-                        unsafe {
-                            sys::cuModuleLoadDataEx(
-                                &mut m,
-                                c.as_ptr() as *const c_void,
-                                1,
-                                opts.as_mut_ptr(),
-                                vals.as_mut_ptr(),
-                            )
+                    let (m, code) = match super::ptx::sass(self.sm, name) {
+                        Some(cubin) => match self.load_module(&cubin, check_quiet) {
+                            Ok(m) => (m, "SASS"),
+                            Err(e) => {
+                                log::info!("cuda: the SASS of {name} did not load ({e}); JIT-compiling its PTX");
+                                (self.load_ptx(name)?, "PTX, JIT-compiled")
+                            }
                         },
-                        "cuModuleLoadDataEx",
-                    )?;
+                        None => (self.load_ptx(name)?, "PTX, JIT-compiled"),
+                    };
                     log::info!(
-                        "cuda: loaded kernel module {family}* on device {} in {:.1} ms",
+                        "cuda: loaded kernel module {name} ({code}) on device {} in {:.1} ms",
                         self.ordinal,
                         t0.elapsed().as_secs_f64() * 1e3
                     );
-                    modules.insert(family.to_string(), Raw(m));
+                    modules.insert(name.to_string(), Raw(m));
                     m
                 }
             }
@@ -649,6 +634,50 @@ impl Device {
             .map_err(|_| Error::internal("kernel cache poisoned"))?
             .insert(name.to_string(), Raw(f));
         Ok(f as usize)
+    }
+
+    /// The module of kernel `name` cut from this device's PTX, JIT-compiled.
+    fn load_ptx(&self, name: &str) -> Result<sys::CUmodule> {
+        let ptx = super::ptx::for_arch(self.sm).ok_or_else(|| {
+            Error::invalid_usage(format!(
+                "no PTX for sm_{} in this build (built for sm_80 and sm_90)",
+                self.sm
+            ))
+        })?;
+        let text = super::ptx::family(ptx, name);
+        let c = std::ffi::CString::new(text)
+            .map_err(|_| Error::internal("PTX holds a NUL byte"))?;
+        self.load_module(c.as_bytes_with_nul(), check)
+    }
+
+    /// Loads a module image: a cubin, or NUL-terminated PTX (JIT-compiled); `check` judges
+    /// the result (quiet where a failure only declines the SASS, for the PTX to follow).
+    fn load_module(
+        &self,
+        image: &[u8],
+        check: fn(sys::CUresult, &str) -> Result<()>,
+    ) -> Result<sys::CUmodule> {
+        let mut m = std::ptr::null_mut();
+        // Every launch of up to MAX_THREADS threads must fit the register file: the JIT's
+        // limit is the one the build gave ptxas for the SASS (a test checks it is
+        // 65536 / MAX_THREADS).
+        let mut opts = [sys::CUjit_option::CU_JIT_MAX_REGISTERS];
+        let mut vals = [crate::ptx::SASS_MAX_REGISTERS as usize as *mut c_void];
+        // SAFETY: image is a whole cubin or NUL-terminated PTX text, alive for the call; one
+        // option with its value.
+        check(
+            unsafe {
+                sys::cuModuleLoadDataEx(
+                    &mut m,
+                    image.as_ptr() as *const c_void,
+                    1,
+                    opts.as_mut_ptr(),
+                    vals.as_mut_ptr(),
+                )
+            },
+            "cuModuleLoadDataEx",
+        )?;
+        Ok(m)
     }
 
     /// Launches `func` with one by-value parameter `arg` of `arg_bytes` bytes.

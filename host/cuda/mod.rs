@@ -98,6 +98,7 @@ macro_rules! dispatch {
 }
 
 mod graph;
+mod ptx_cut;
 pub use graph::{Graph, GraphRelease};
 pub(crate) mod multicast;
 pub(crate) use multicast::Multicast;
@@ -409,9 +410,9 @@ impl Device {
         }
     }
     crate::internal! {
-        /// The kernel `name` of the module family `family` (a name prefix), loaded lazily.
-        fn kernel(&self, name: &str, family: &str) -> Result<Kernel> {
-            Ok(Kernel(dispatch!(self.function(name, family))?))
+        /// The kernel `name` (a module of its own), loaded lazily.
+        fn kernel(&self, name: &str) -> Result<Kernel> {
+            Ok(Kernel(dispatch!(self.function(name))?))
         }
     }
     crate::internal! {

@@ -1,6 +1,9 @@
-//! PTX text handling: pick the text for a device's architecture and cut out one family of
-//! kernels, so that loading a module JIT-compiles only the kernels that are about to run.
+//! The kernels' code as the library embeds it: PTX text for a device's architecture, cut into
+//! one module per kernel (`ptx_cut.rs`, which the build shares) so that loading a module
+//! JIT-compiles only the kernel about to run; and, where the build made it (`NCCL_RS_PTXAS`),
+//! each kernel's SASS, which loads with no JIT at all.
 
+pub use super::ptx_cut::family;
 use std::sync::OnceLock;
 
 /// The embedded PTX for the newest architecture not above `sm` (e.g. 90 for sm_90), inflated
@@ -24,119 +27,24 @@ pub fn for_arch(sm: u32) -> Option<&'static str> {
         .map(|(_, text)| text.as_str())
 }
 
-/// A module holding the header and shared items of `ptx`, the entry points whose name starts
-/// with `prefix`, and only the functions those entries call (directly or through each other):
-/// the driver compiles every function a module holds, visible ones included, so the others
-/// would only cost JIT time. Items end at the first `}` in column 0 (definitions) or at the
-/// first line ending in `;` before a `{` (declarations).
-pub fn family(ptx: &str, prefix: &str) -> String {
-    let lines: Vec<&str> = ptx.lines().collect();
-    let items = items(&lines);
-    // Which line belongs to which item.
-    let mut owner = vec![None; lines.len()];
-    for (k, it) in items.iter().enumerate() {
-        owner[it.lines.clone()].fill(Some(k));
+/// The SASS (cubin) of kernel `name` that runs on a device of architecture `sm` (e.g. 90):
+/// the build's newest of the same major version not above it (a cubin runs on later minor
+/// versions of its major only). None where the build made none (`NCCL_RS_PTXAS` unset), or
+/// with `NCCL_RS_SASS=0`, which makes every kernel JIT from PTX.
+pub fn sass(sm: u32, name: &str) -> Option<Vec<u8>> {
+    if crate::env::int("NCCL_RS_SASS") == 0 {
+        return None;
     }
-    let mut keep: Vec<bool> = items
+    let (_, _, packed) = crate::ptx::SASS
         .iter()
-        .map(|it| it.entry && it.name.starts_with(prefix))
-        .collect();
-    // Functions reachable from the kept entries, by name.
-    let by_name: std::collections::HashMap<&str, Vec<usize>> = items
-        .iter()
-        .enumerate()
-        .filter(|(_, it)| !it.entry)
-        .fold(Default::default(), |mut m, (k, it)| {
-            m.entry(it.name).or_default().push(k);
-            m
-        });
-    let mut todo: Vec<usize> = (0..items.len()).filter(|&k| keep[k]).collect();
-    while let Some(k) = todo.pop() {
-        for line in &lines[items[k].lines.clone()] {
-            for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$')) {
-                for &f in by_name.get(word).into_iter().flatten() {
-                    if !keep[f] {
-                        keep[f] = true;
-                        todo.push(f);
-                    }
-                }
-            }
-        }
-    }
-    let mut out = String::with_capacity(ptx.len() / 8);
-    for (i, line) in lines.iter().enumerate() {
-        let kept = match owner[i] {
-            Some(k) => keep[k],
-            None => !line.starts_with("\t// .globl"),
-        };
-        if kept {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// An entry point or function of a PTX text: a definition or a declaration.
-struct Item<'a> {
-    name: &'a str,
-    entry: bool,
-    lines: std::ops::Range<usize>,
-}
-
-/// The entries and functions of `lines`, in order.
-fn items<'a>(lines: &[&'a str]) -> Vec<Item<'a>> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        let head = [
-            ".visible .entry ",
-            ".entry ",
-            ".visible .func ",
-            ".func ",
-            ".weak .func ",
-        ]
-        .iter()
-        .find_map(|k| line.strip_prefix(k).map(|rest| (k.contains("entry"), rest)));
-        let Some((entry, rest)) = head else {
-            i += 1;
-            continue;
-        };
-        // `.func (.param .b64 ret) name(`: the name follows the return parameters.
-        let rest = match rest.strip_prefix('(') {
-            Some(r) => r
-                .split_once(')')
-                .map_or("", |(_, after)| after.trim_start()),
-            None => rest,
-        };
-        let name = rest
-            .split(|c: char| c == '(' || c == ';' || c.is_whitespace())
-            .next()
-            .unwrap_or("");
-        let start = i;
-        let mut body = false;
-        while i < lines.len() {
-            let l = lines[i];
-            i += 1;
-            if l.starts_with('{') {
-                body = true;
-            }
-            if (body && l == "}") || (!body && l.trim_end().ends_with(';')) {
-                break;
-            }
-        }
-        out.push(Item {
-            name,
-            entry,
-            lines: start..i,
-        });
-    }
-    out
+        .filter(|(arch, n, _)| *n == name && arch / 10 == sm / 10 && *arch <= sm)
+        .max_by_key(|(arch, _, _)| *arch)?;
+    miniz_oxide::inflate::decompress_to_vec(packed).ok()
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::ptx_cut::items;
     use super::*;
 
     const SAMPLE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n\n.global .align 1 .b8 s[1] = {1};\n\t// .globl\tnccl_a_x\n.visible .entry nccl_a_x(\n\t.param .u64 p\n)\n{\n\tret;\n}\n\t// .globl\tnccl_b_y\n.visible .entry nccl_b_y(\n)\n{\n\tret;\n}\n.func f()\n{\n\tret;\n}\n";
@@ -181,7 +89,7 @@ mod tests {
             eprintln!("PTX not embedded (NCCL_RS_SKIP_PTX): nothing to check");
             return;
         };
-        let m = family(ptx, "nccl_coll_float_");
+        let m = family(ptx, "nccl_all_reduce_float_");
         let lines: Vec<&str> = m.lines().collect();
         let defined: Vec<&str> = items(&lines)
             .iter()
@@ -205,21 +113,71 @@ mod tests {
     }
 
     #[test]
+    fn sass_has_the_register_limit_of_the_jit() {
+        assert_eq!(
+            crate::ptx::SASS_MAX_REGISTERS,
+            65536 / crate::cuda::MAX_THREADS
+        );
+    }
+
+    #[test]
+    fn embedded_sass_is_one_cubin_per_kernel() {
+        let Some(ptx) = for_arch(90).filter(|_| !crate::ptx::SASS.is_empty()) else {
+            eprintln!("no SASS embedded (built without NCCL_RS_PTXAS): nothing to check");
+            return;
+        };
+        let entries: Vec<&str> = ptx
+            .lines()
+            .filter_map(|l| l.strip_prefix(".visible .entry "))
+            .filter_map(|l| l.split('(').next())
+            .collect();
+        for name in &entries {
+            let cubin = sass(90, name).unwrap_or_else(|| panic!("no SASS for {name}"));
+            // An ELF image for CUDA: magic, 64-bit, and the entry's name in its symbols.
+            assert_eq!(&cubin[..5], b"\x7fELF\x02", "{name}");
+            let sym = format!(".text.{name}\0");
+            assert!(
+                cubin.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                "{name}: its cubin holds no {sym:?}"
+            );
+        }
+        assert_eq!(sass(90, "no_such_kernel"), None);
+        assert_eq!(sass(80, entries[0]).is_some(), crate::ptx::SASS.iter().any(|s| s.0 == 80));
+        assert_eq!(sass(100, entries[0]), None, "another major version runs no sm_90 cubin");
+    }
+
+    #[test]
     fn embedded_ptx_has_every_kernel() {
         let Some(ptx) = for_arch(90) else {
             eprintln!("PTX not embedded (NCCL_RS_SKIP_PTX): nothing to check");
             return;
         };
         assert!(ptx.contains(".target sm_90"));
-        for dt in nccl_device::types::DataType::ALL {
-            for op in nccl_device::ops::RedOpKind::ALL {
-                let name = format!(".visible .entry nccl_coll_{}_{}(", dt.name(), op.name());
+        use nccl_device::abi::Coll;
+        for coll in Coll::ALL {
+            if coll.copies() {
+                let name = format!(".visible .entry nccl_{}(", coll.symbol());
                 assert!(ptx.contains(&name), "{name} missing");
+                continue;
+            }
+            for dt in nccl_device::types::DataType::ALL {
+                for op in nccl_device::ops::RedOpKind::ALL {
+                    let name = format!(
+                        ".visible .entry nccl_{}_{}_{}(",
+                        coll.symbol(),
+                        dt.name(),
+                        op.name()
+                    );
+                    assert!(ptx.contains(&name), "{name} missing");
+                }
             }
         }
+        // An sm_86 device takes the sm_80 text where the build made one
+        // (NCCL_RS_PTX_ARCHS=sm_90 builds none).
+        let sm80 = crate::ptx::PTX.iter().any(|(arch, _)| *arch == 80);
         assert_eq!(
             for_arch(86).map(|t| t.contains(".target sm_80")),
-            Some(true)
+            sm80.then_some(true)
         );
         assert_eq!(for_arch(70), None);
     }

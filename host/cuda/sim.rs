@@ -153,15 +153,14 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
         let mut fns: Vec<Entry> = Vec::new();
         let mut names = HashMap::new();
         macro_rules! add {
-            ($tn:ident, $t:ty, $on:ident, $op:ty) => {
-                names.insert(
-                    concat!("nccl_coll_", stringify!($tn), "_", stringify!($on)).to_string(),
-                    fns.len(),
-                );
-                fns.push(Entry::Coll(nccl_device::coll::run::<$t, $op>));
+            ($name:expr, $t:ty, $op:ty, $coll:expr) => {
+                names.insert($name.to_string(), fns.len());
+                fns.push(Entry::Coll(
+                    nccl_device::coll::run::<$t, $op, { $coll as u32 }>,
+                ));
             };
         }
-        nccl_device::for_each_type_op!(add);
+        nccl_device::for_each_kernel!(add);
         names.insert("nccl_p2p".to_string(), fns.len());
         fns.push(Entry::P2p(nccl_device::coll::send_recv::launch));
         (fns, names)
@@ -992,7 +991,7 @@ impl Device {
         self.unmap(p)
     }
 
-    pub fn function(&self, name: &str, _family: &str) -> Result<usize> {
+    pub fn function(&self, name: &str) -> Result<usize> {
         kernel_table()
             .1
             .get(name)

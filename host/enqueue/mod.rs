@@ -229,8 +229,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         check_buffer(comm, "recvbuff", c.recv, recv_bytes, c.dt)?;
     }
     // Copies move bytes: one kernel serves every type.
-    let copy = matches!(c.coll, Coll::Broadcast | Coll::AllGather);
-    let (dt, op, count) = if copy {
+    let (dt, op, count) = if c.coll.copies() {
         (DataType::Uint8, ReduceOp::Sum, bytes)
     } else {
         (c.dt, c.op, c.count)
@@ -414,7 +413,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     if comm.stamps.is_some() {
         args.flags |= FLAG_LAB_STAMPS;
     }
-    let kernel = comm.kernel("coll", dt, op.kind())?;
+    let kernel = comm.kernel(c.coll, dt, op.kind())?;
     let mut block = shape.nthreads;
     if args.algo == ALGO_TREE {
         // The tree splits its CTAs in two halves that meet at named barriers: whole warps on

@@ -384,7 +384,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     }
     let (main, others) = (streams[0], &streams[1..]);
     let device = links.device();
-    let k = device.kernel("nccl_p2p", "nccl_p2p")?;
+    let k = device.kernel("nccl_p2p")?;
     let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
     links.kick_proxy();
     timeline::mark(Mark::Launch, 0, 0);

@@ -401,6 +401,17 @@ fn min_bytes_per_channel(p: Proto) -> usize {
     }
 }
 
+/// Across nodes, Simple and LL128 calls run on at most this many channels until each has
+/// [`NET_BYTES_PER_CHANNEL`]: one proxy thread carries every channel's network steps, and many
+/// small ones cost it more than they gain. On one H200 as 2 nodes, 3 rounds
+/// (results/h200-nodes2-mid-channels-s21.txt), 512 KiB took 95-115 us on 2 or 4 channels and 160-183 on 8
+/// (ReduceScatter, AllGather; AllReduce's tree 119-136 on 4, 158-178 on 8), 1 MiB 112-138 on
+/// 4 and 153-172 on 8; from 2 MiB 8 channels ran as fast as 4 or faster.
+const NET_MID_CHANNELS: usize = 4;
+
+/// Bytes of a call each channel past [`NET_MID_CHANNELS`] needs across nodes.
+const NET_BYTES_PER_CHANNEL: usize = 256 << 10;
+
 /// LL busbw (GB/s) a call reaches across nodes, whatever its channels: on one H100 as 2 nodes
 /// over the socket network a two-rank AllReduce on LL moved 16 KiB in 12.8 us beyond its
 /// latency on one channel, and 64-256 KiB at 0.7-0.9 GB/s on 2 to 8 (each LL step waits for
@@ -706,11 +717,23 @@ impl Tuner {
         }
     }
 
-    /// Channels worth using for `bytes` with `proto`.
+    /// Channels worth using for `bytes` with `proto`, as the model counts them.
     fn channels_for(&self, proto: Proto, bytes: usize) -> usize {
         bytes
             .div_ceil(min_bytes_per_channel(proto))
             .clamp(1, self.nchannels.max(1))
+    }
+
+    /// Channels a call of `bytes` with `proto` runs on: the model's, except that across nodes
+    /// mid-sized Simple and LL128 calls keep to [`NET_MID_CHANNELS`]. The model's estimates
+    /// keep its own count, which its ring/tree fits were made with (4 x 1's choices included,
+    /// where this cap is not measured).
+    fn launch_channels(&self, proto: Proto, bytes: usize) -> usize {
+        let n = self.channels_for(proto, bytes);
+        match self.nnodes > 1 && proto != Proto::Ll {
+            true => n.min(NET_MID_CHANNELS.max(bytes / NET_BYTES_PER_CHANNEL)).max(1),
+            false => n,
+        }
     }
 
     /// The model's time (µs) for one (collective, algorithm, protocol) and size, with the
@@ -867,7 +890,7 @@ impl Tuner {
         match self.choose_from(coll, bytes, allow_nvls) {
             Err(_) if !allow_nvls && self.nvls && allows_nvls(&self.params.algo) => {
                 let proto = Proto::Simple;
-                let nchannels = self.channels_for(proto, bytes);
+                let nchannels = self.launch_channels(proto, bytes);
                 Ok(Choice {
                     algo: Algo::Ring,
                     proto,
@@ -929,7 +952,7 @@ impl Tuner {
                 }
             )));
         };
-        let nchannels = nch_override.unwrap_or_else(|| self.channels_for(proto, bytes));
+        let nchannels = nch_override.unwrap_or_else(|| self.launch_channels(proto, bytes));
         let est = self.estimate(coll, algo, proto, bytes).unwrap_or(0.0);
         Ok(Choice {
             algo,
@@ -1044,6 +1067,23 @@ mod tests {
             let c = t.choose(Coll::AllReduce, bytes).unwrap();
             assert_eq!((c.algo, c.proto), (algo, proto), "{what}, {bytes} B");
         }
+    }
+
+    #[test]
+    fn mid_sized_calls_across_nodes_keep_to_four_channels() {
+        let t = across_nodes(2, 1, 25.0);
+        // Simple: 64 KiB a channel up to 4, then 256 KiB a channel (measured on one H200).
+        for (bytes, expected) in [(128 << 10, 2), (512 << 10, 4), (1 << 20, 4), (2 << 20, 8)] {
+            assert_eq!(t.launch_channels(Proto::Simple, bytes), expected, "{bytes} B");
+        }
+        // The model keeps counting 8 (its ring/tree fits were made so).
+        assert_eq!(t.channels_for(Proto::Simple, 512 << 10), 8);
+        let rs = t.choose(Coll::ReduceScatter, 512 << 10).unwrap();
+        assert_eq!((rs.proto, rs.nchannels), (Proto::Simple, 4));
+        // LL keeps its own rule; inside one node nothing changes.
+        assert_eq!(t.launch_channels(Proto::Ll, 128 << 10), 8);
+        let one_node = across_nodes(1, 8, 25.0);
+        assert_eq!(one_node.launch_channels(Proto::Simple, 512 << 10), 8);
     }
 
     #[test]

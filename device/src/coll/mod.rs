@@ -1,6 +1,7 @@
 //! Collectives, one file each, generic over element type and reduction. One kernel entry point
-//! per (type, reduction) runs whichever collective `CollArgs::coll` names; copies (Broadcast,
-//! AllGather) run as bytes through the uint8 entry point.
+//! per (collective, type, reduction): a first call JIT-compiles only the code it runs (one
+//! entry holding every collective took the driver 15-20 s to compile on first load). Copies
+//! (Broadcast, AllGather) move bytes: one entry each, uint8 with no reduction.
 
 pub mod all_gather;
 pub mod all_reduce;
@@ -21,14 +22,15 @@ use crate::prims::copy::Move;
 use crate::prims::{RingDirect, Simple};
 use crate::types::Elem;
 
-/// Runs the collective `args.coll` as CTA `block_idx` (one channel).
+/// Runs collective `C` (a [`Coll`] as `u32`, which `args.coll` names too) as CTA `block_idx`
+/// (one channel).
 ///
 /// # Safety
 /// `args` describes buffers and a communicator wired by the host; every rank of the
 /// communicator launches the same collective with the same count and grid.
-pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     let lab = lab_enter(args);
-    run_body::<T, O>(args);
+    run_body::<T, O, C>(args);
     lab_exit(args, lab);
 }
 
@@ -70,26 +72,26 @@ unsafe fn lab_exit(args: &CollArgs, (slot, n): (*mut LabStamp, u32)) {
 }
 
 /// [`run`] without the lab's stamps.
-unsafe fn run_body<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+unsafe fn run_body<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     // One body per protocol, as NCCL's kernels: a body holding all three protocols' steps at
     // every step of every collective spilled registers that each protocol alone does not
     // need (ptxas at 128 registers). The tree moves its data with LL where asked (the host
     // asks only where every CTA's tree has one peer each way), else with Simple.
     match args.proto {
-        _ if args.algo == ALGO_NVLS => nvls::run::<T, O>(args),
-        PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, PROTO_LL>(args),
-        _ if args.algo == ALGO_TREE => run_with::<T, O, PROTO_SIMPLE>(args),
-        PROTO_LL => run_with::<T, O, PROTO_LL>(args),
-        PROTO_LL128 => run_with::<T, O, PROTO_LL128>(args),
-        _ => run_with::<T, O, PROTO_SIMPLE>(args),
+        _ if args.algo == ALGO_NVLS => nvls::run::<T, O, C>(args),
+        PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_LL>(args),
+        _ if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_SIMPLE>(args),
+        PROTO_LL => run_with::<T, O, C, PROTO_LL>(args),
+        PROTO_LL128 => run_with::<T, O, C, PROTO_LL128>(args),
+        _ => run_with::<T, O, C, PROTO_SIMPLE>(args),
     }
 }
 
 /// [`run`] with protocol `P` (`PROTO_*`).
 #[inline(never)]
-unsafe fn run_with<T: Elem, O: RedOp<T>, const P: u32>(args: &CollArgs) {
+unsafe fn run_with<T: Elem, O: RedOp<T>, const C: u32, const P: u32>(args: &CollArgs) {
     let mut k = Kernel::<T, O, P>::new(args);
-    match Coll::from_raw(args.coll) {
+    match Coll::from_raw(C) {
         Some(Coll::AllReduce) if args.algo == ALGO_TREE && P != PROTO_LL128 => {
             all_reduce::tree(&mut k)
         }
@@ -328,25 +330,42 @@ pub(crate) const fn align_up(a: usize, b: usize) -> usize {
     a.div_ceil(b) * b
 }
 
-/// Calls `$m!(type_name, RustType, op_name, OpType)` once per (element type, reduction) pair:
-/// the matrix of kernels both the PTX entry points and the simulator's dispatch are made from.
+/// Calls `$m!("entry_name", RustType, OpType, Coll::X)` once per kernel entry point: the
+/// reducing collectives once per (element type, reduction), the copies once (as uint8). Both
+/// the PTX entry points and the simulator's dispatch are made from it; the host names the same
+/// entries with [`Coll::symbol`].
 #[macro_export]
-macro_rules! for_each_type_op {
+macro_rules! for_each_kernel {
     ($m:ident) => {
-        $crate::for_each_type_op!(@types $m,
+        $m!("nccl_broadcast", u8, $crate::ops::Sum, $crate::abi::Coll::Broadcast);
+        $m!("nccl_all_gather", u8, $crate::ops::Sum, $crate::abi::Coll::AllGather);
+        $crate::for_each_kernel!(@types $m,
             int8 i8, uint8 u8, int32 i32, uint32 u32, int64 i64, uint64 u64,
             half $crate::types::F16, float f32, double f64, bfloat16 $crate::types::Bf16,
             f8e4m3 $crate::types::F8E4M3, f8e5m2 $crate::types::F8E5M2);
     };
     (@types $m:ident, $($tn:ident $t:ty),*) => {
         $(
-            $m!($tn, $t, sum, $crate::ops::Sum);
-            $m!($tn, $t, prod, $crate::ops::Prod);
-            $m!($tn, $t, max, $crate::ops::Max);
-            $m!($tn, $t, min, $crate::ops::Min);
-            $m!($tn, $t, avg, $crate::ops::Avg<$t>);
-            $m!($tn, $t, premulsum, $crate::ops::PreMulSum<$t>);
+            $crate::for_each_kernel!(@ops $m, $tn, $t, all_reduce, AllReduce);
+            $crate::for_each_kernel!(@ops $m, $tn, $t, reduce, Reduce);
+            $crate::for_each_kernel!(@ops $m, $tn, $t, reduce_scatter, ReduceScatter);
         )*
+    };
+    (@ops $m:ident, $tn:ident, $t:ty, $cn:ident, $c:ident) => {
+        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, sum, $crate::ops::Sum);
+        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, prod, $crate::ops::Prod);
+        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, max, $crate::ops::Max);
+        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, min, $crate::ops::Min);
+        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, avg, $crate::ops::Avg<$t>);
+        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, premulsum, $crate::ops::PreMulSum<$t>);
+    };
+    (@one $m:ident, $tn:ident, $t:ty, $cn:ident, $c:ident, $on:ident, $op:ty) => {
+        $m!(
+            concat!("nccl_", stringify!($cn), "_", stringify!($tn), "_", stringify!($on)),
+            $t,
+            $op,
+            $crate::abi::Coll::$c
+        );
     };
 }
 

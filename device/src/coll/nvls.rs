@@ -52,7 +52,7 @@ struct Nvls<T, O> {
     _t: core::marker::PhantomData<T>,
 }
 
-/// Runs NVLS collective `args.coll` as CTA `block_idx` (one NVLS channel).
+/// Runs NVLS collective `C` (as [`super::run`]) as CTA `block_idx` (one NVLS channel).
 ///
 /// # Safety
 /// As [`super::run`]; the host set up NVLS (`DevComm::nvls`) and launched at most
@@ -62,9 +62,9 @@ struct Nvls<T, O> {
 /// Not inlined, as the protocols' bodies (`super::run_with`): the entry point then holds no
 /// NVLS registers on its ring and tree paths.
 #[inline(never)]
-pub unsafe fn run<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     let comm = &*(args.comm as *const DevComm);
-    let coll = Coll::from_raw(args.coll);
+    let coll = Coll::from_raw(C);
     let reduces = matches!(coll, Some(Coll::AllReduce | Coll::ReduceScatter));
     let mc_op = match arch::multimem_op(T::DTYPE, O::KIND) {
         Some(op) => op,
