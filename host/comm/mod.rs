@@ -654,7 +654,13 @@ impl Comm {
         let make_links = {
             let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
             let net = net_path.clone();
-            move |n, slot| Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
+            let order = Arc::downgrade(&order);
+            let idle: crate::transport::links::WorkProbe =
+                Arc::new(move || order.upgrade().and_then(|o| o.finished()));
+            move |n, slot| {
+                Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
+                    .with_work_probe(idle.clone())
+            }
         };
         let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
         // Zero-copy ring and tree collectives: their connections to peers of this node through

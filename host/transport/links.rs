@@ -100,7 +100,13 @@ pub struct Links {
     key_base: u32,
     /// Connections inside the node also get an LL FIFO ([`Links::with_ll`]).
     ll: bool,
+    /// Whether every kernel the communicator launched so far has finished (None: cannot
+    /// tell): a peer's withdrawn buffer is unmapped only then ([`Links::with_work_probe`]).
+    work_done: Option<WorkProbe>,
 }
+
+/// See [`Links::with_work_probe`].
+pub(crate) type WorkProbe = Arc<dyn Fn() -> Option<bool> + Send + Sync>;
 
 impl Links {
     pub(crate) fn new(
@@ -128,6 +134,7 @@ impl Links {
             key_base: 0,
             ll: false,
             any_reg_peer: false,
+            work_done: None,
         };
         links.any_reg_peer = (0..links.peers.len()).any(|p| links.maps_our_buffers(p));
         links
@@ -138,6 +145,15 @@ impl Links {
     /// links, whose steps may be LL. (Network connections carry every protocol in one FIFO.)
     pub(crate) fn with_ll(mut self) -> Links {
         self.ll = true;
+        self
+    }
+
+    /// Tells these links whether the communicator's launched kernels have all finished. A
+    /// peer's withdrawn registration stays mapped until then, since a kernel launched before
+    /// the withdrawal may still write through the mapping; without a probe, until the links
+    /// go (after the communicator waited for its kernels).
+    pub(crate) fn with_work_probe(mut self, probe: WorkProbe) -> Links {
+        self.work_done = Some(probe);
         self
     }
 
@@ -221,7 +237,8 @@ impl Links {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
         };
-        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc)?;
+        let idle = self.work_done.as_ref().and_then(|p| p()) == Some(true);
+        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc, idle)?;
         Ok(f(r))
     }
 

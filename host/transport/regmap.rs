@@ -216,6 +216,11 @@ pub struct PeerRegs {
     vmm_said: bool,
     /// The peer's latest marks, by [`Mark`].
     marks: [u64; 2],
+    /// Mappings whose last entry was withdrawn: a kernel launched before the withdrawal may
+    /// still be writing through them, so they are undone only once the work launched so far is
+    /// known to have finished ([`drain`]'s `idle`), or with the table. A record of the same
+    /// allocation before then takes its mapping back (the driver maps an IPC handle once).
+    retired: HashMap<MapKey, Mapped>,
 }
 
 /// Our mapping of a peer's allocation.
@@ -268,7 +273,23 @@ impl PeerRegs {
             full_said: false,
             vmm_said: false,
             marks: [0; 2],
+            retired: HashMap::new(),
         })
+    }
+
+    /// Retires the mapping of `key` if no entry uses it.
+    fn retire_unused(&mut self, key: MapKey) {
+        if self.mappings.get(&key).is_some_and(|m| m.refs == 0) {
+            if let Some(m) = self.mappings.remove(&key) {
+                self.retired.insert(key, m);
+            }
+        }
+    }
+
+    /// Undoes the mappings of withdrawn registrations: every kernel that could write through
+    /// them has finished.
+    fn release_retired(&mut self) {
+        self.retired.clear();
     }
 
     /// The peer's registrations mapped now.
@@ -324,10 +345,8 @@ impl PeerRegs {
                 if let Some(key) = self.entry_base.remove(&i) {
                     if let Some(m) = self.mappings.get_mut(&key) {
                         m.refs -= 1;
-                        if m.refs == 0 {
-                            self.mappings.remove(&key);
-                        }
                     }
+                    self.retire_unused(key);
                 }
                 Ok(())
             }
@@ -352,6 +371,9 @@ impl PeerRegs {
                 // `decode` made sure that base <= start < end.
                 let need = r.end - r.base;
                 let key = (r.base, r.alloc);
+                if let Some(m) = self.retired.remove(&key) {
+                    self.mappings.insert(key, m);
+                }
                 let fresh = if self.mappings.contains_key(&key) {
                     None
                 } else {
@@ -395,7 +417,8 @@ impl PeerRegs {
                     (None, None) => return Err(Error::internal("registration mapping lost")),
                 };
                 if need > held as u64 {
-                    // A fresh mapping drops here, unused.
+                    // A fresh mapping drops here, unused; a taken-back one is retired again.
+                    self.retire_unused(key);
                     return Err(Error::remote(format!(
                         "rank {peer} registered {:#x}..{:#x} in an allocation at {:#x}: {need} \
                          bytes from its base, but the allocation its handle maps holds {held}",
@@ -417,10 +440,7 @@ impl PeerRegs {
                     local: local + (r.start - r.base),
                 };
                 if let Err(e) = self.write_entry(i, entry) {
-                    // Nothing entered: a mapping no entry uses goes.
-                    if self.mappings.get(&key).is_some_and(|m| m.refs == 0) {
-                        self.mappings.remove(&key);
-                    }
+                    self.retire_unused(key);
                     return Err(e);
                 }
                 if let Some(m) = self.mappings.get_mut(&key) {
@@ -437,13 +457,15 @@ impl PeerRegs {
 
 /// Drains the records `peer` has sent so far into `regs` (`vmm`: see [`PeerRegs::apply`]). A
 /// registration withdrawn in the same batch is not mapped at all: its descriptor may already
-/// be gone.
+/// be gone. `idle`: whether every kernel launched so far is known to have finished (asked
+/// before the batch is applied); only then are withdrawn mappings undone.
 pub fn drain(
     bootstrap: &Bootstrap,
     device: &Device,
     peer: usize,
     regs: &mut PeerRegs,
     vmm: bool,
+    idle: bool,
 ) -> Result<()> {
     let mut batch = Vec::new();
     while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
@@ -462,6 +484,9 @@ pub fn drain(
             continue;
         }
         regs.apply(device, peer, *id, *rec, vmm)?;
+    }
+    if idle {
+        regs.release_retired();
     }
     Ok(())
 }
@@ -590,6 +615,45 @@ mod tests {
         regs.apply(&dev, 3, 1, Some(rec(1, base, base + 64)), true)
             .expect("id 1 after its withdrawal");
         drop(regs);
+    }
+
+    /// A withdrawn registration stays mapped until the kernels launched before it are known
+    /// to have finished (one may still be writing through it), a record of the same
+    /// allocation meanwhile takes that mapping back, and the release undoes it.
+    #[test]
+    fn a_withdrawn_mapping_outlives_the_kernels_launched_before() {
+        let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
+        let dev = Device::open(0).expect("device 0");
+        let buf = dev.alloc(4096).expect("alloc");
+        let handle = match dev.reg_export(buf.ptr, false).expect("export") {
+            crate::cuda::RegExport::Ipc { handle, .. } => handle,
+            _ => panic!("a device allocation exports an IPC handle"),
+        };
+        let rec = |id: u64| Record {
+            id,
+            start: buf.ptr,
+            end: buf.ptr + 4096,
+            base: buf.ptr,
+            alloc: 1,
+            via: Via::Ipc,
+            handle,
+        };
+        let key = (buf.ptr, 1);
+        let mapped = |p: DevPtr| dev.pointer_extent(p, 1).expect("extent").is_some();
+        let mut regs = PeerRegs::new(&dev).expect("table");
+        regs.apply(&dev, 1, 1, Some(rec(1)), true).expect("record");
+        let local = regs.mappings.get(&key).map(|m| m.map.ptr()).expect("mapped");
+        regs.apply(&dev, 1, 1, None, true).expect("withdrawal");
+        assert!(regs.mappings.is_empty() && regs.by_id.is_empty(), "withdrawn");
+        assert!(mapped(local), "still mapped for the kernels launched before");
+        regs.apply(&dev, 1, 2, Some(rec(2)), true)
+            .expect("the same allocation again");
+        assert!(regs.retired.is_empty(), "the mapping was taken back");
+        assert_eq!(regs.mappings.get(&key).map(|m| m.map.ptr()), Some(local));
+        regs.apply(&dev, 1, 2, None, true).expect("withdrawal");
+        assert!(mapped(local));
+        regs.release_retired();
+        assert!(!mapped(local), "released once the kernels finished");
     }
 
     /// Records of two allocations that the owner made at the same base (the first freed, its
