@@ -56,14 +56,23 @@ fn main() {
     let ptxas = env::var_os("NCCL_RS_PTXAS").filter(|p| !p.is_empty());
     let mut table = String::from("/// (architecture, deflated PTX text) for every architecture built.\npub static PTX: &[(u32, &[u8])] = &[\n");
     let mut sass = String::new();
-    for arch in archs {
-        let ptx = out.join(format!("nccl_{arch}.ptx"));
-        if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
-            // For machines that only run the simulator and cannot build for nvptx.
-            fs::write(&ptx, "").expect("write empty PTX");
-        } else {
-            build_ptx(&manifest, &out, arch, &ptx, nightly);
+    let ptx_of = |arch: &str| out.join(format!("nccl_{arch}.ptx"));
+    if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
+        // For machines that only run the simulator and cannot build for nvptx.
+        for arch in &archs {
+            fs::write(ptx_of(arch), "").expect("write empty PTX");
         }
+    } else {
+        // One rustc per architecture, each on one codegen unit (minutes): side by side.
+        std::thread::scope(|s| {
+            for arch in &archs {
+                let (manifest, out, ptx) = (&manifest, &out, ptx_of(arch));
+                s.spawn(move || build_ptx(manifest, out, arch, &ptx, nightly));
+            }
+        });
+    }
+    for arch in archs {
+        let ptx = ptx_of(arch);
         let sm: u32 = arch.trim_start_matches("sm_").parse().expect("sm_NN");
         let text = fs::read(&ptx).expect("read PTX");
         let packed = out.join(format!("nccl_{arch}.ptx.deflate"));

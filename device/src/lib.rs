@@ -20,6 +20,8 @@ pub mod types;
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod sim_kernels;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

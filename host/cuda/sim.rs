@@ -152,17 +152,13 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
     T.get_or_init(|| {
         let mut fns: Vec<Entry> = Vec::new();
         let mut names = HashMap::new();
-        macro_rules! add {
-            ($name:expr, $t:ty, $op:ty, $coll:expr) => {
-                names.insert($name.to_string(), fns.len());
-                fns.push(Entry::Coll(
-                    nccl_device::coll::run::<$t, $op, { $coll as u32 }>,
-                ));
-            };
-        }
-        nccl_device::for_each_kernel!(add);
-        names.insert("nccl_p2p".to_string(), fns.len());
-        fns.push(Entry::P2p(nccl_device::coll::send_recv::launch));
+        nccl_device::sim_kernels::each_coll_kernel(&mut |name, f| {
+            names.insert(name.to_string(), fns.len());
+            fns.push(Entry::Coll(f));
+        });
+        let (p2p, f) = nccl_device::sim_kernels::P2P_KERNEL;
+        names.insert(p2p.to_string(), fns.len());
+        fns.push(Entry::P2p(f));
         (fns, names)
     })
 }

@@ -1,0 +1,25 @@
+//! The kernels as the CPU simulator calls them, by PTX entry-point name (the same list as
+//! `kernels.rs`, [`crate::for_each_kernel`]). They are instantiated here, in this crate's own
+//! build for the host: a crate that only names them through these functions does not compile
+//! every kernel again (the host crate's build, and its test build, each did).
+
+use crate::abi::{CollArgs, P2pArgs};
+
+/// One CTA's share of a collective kernel's launch.
+pub type CollKernel = unsafe fn(&CollArgs);
+
+/// One CTA's share of a send/receive launch.
+pub type P2pKernel = unsafe fn(&P2pArgs);
+
+/// Calls `add(entry point, kernel)` for every collective kernel.
+pub fn each_coll_kernel(add: &mut dyn FnMut(&'static str, CollKernel)) {
+    macro_rules! one {
+        ($name:expr, $t:ty, $op:ty, $coll:expr) => {
+            add($name, crate::coll::run::<$t, $op, { $coll as u32 }>);
+        };
+    }
+    crate::for_each_kernel!(one);
+}
+
+/// The send/receive kernel's entry point and body.
+pub const P2P_KERNEL: (&str, P2pKernel) = ("nccl_p2p", crate::coll::send_recv::launch);
