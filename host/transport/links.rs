@@ -237,8 +237,8 @@ impl Links {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
         };
-        let idle = self.work_done.as_ref().and_then(|p| p()) == Some(true);
-        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc, idle)?;
+        let idle = || self.work_done.as_ref().and_then(|p| p()) == Some(true);
+        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc, &idle)?;
         Ok(f(r))
     }
 

@@ -457,15 +457,16 @@ impl PeerRegs {
 
 /// Drains the records `peer` has sent so far into `regs` (`vmm`: see [`PeerRegs::apply`]). A
 /// registration withdrawn in the same batch is not mapped at all: its descriptor may already
-/// be gone. `idle`: whether every kernel launched so far is known to have finished (asked
-/// before the batch is applied); only then are withdrawn mappings undone.
+/// be gone. `idle`: whether every kernel launched so far is known to have finished, asked only
+/// while withdrawn mappings wait (after the batch: a kernel that starts later reads the table
+/// with their entries cleared); only then are they undone.
 pub fn drain(
     bootstrap: &Bootstrap,
     device: &Device,
     peer: usize,
     regs: &mut PeerRegs,
     vmm: bool,
-    idle: bool,
+    idle: &dyn Fn() -> bool,
 ) -> Result<()> {
     let mut batch = Vec::new();
     while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
@@ -485,7 +486,7 @@ pub fn drain(
         }
         regs.apply(device, peer, *id, *rec, vmm)?;
     }
-    if idle {
+    if !regs.retired.is_empty() && idle() {
         regs.release_retired();
     }
     Ok(())
