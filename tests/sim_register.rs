@@ -694,3 +694,73 @@ fn captured_send_recv_go_direct_across_processes_until_the_graph_is_gone() {
         );
     }
 }
+
+/// What a peer's withdrawn mapping waits for before it is undone (`Comm::launch_fence`): a
+/// fence made while a kernel waits for its peer does not pass until that kernel has ended.
+#[test]
+fn a_launch_fence_waits_for_the_kernels_launched_before() {
+    use nccl::DataType;
+    use std::time::{Duration, Instant};
+    let comms = sim_comms(2, &[]);
+    assert!(
+        comms[0].launch_fence().unwrap().is_none(),
+        "nothing launched, nothing to wait for"
+    );
+    const BYTES: usize = 4096;
+    let bufs: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().alloc(2 * BYTES).unwrap())
+        .collect();
+    let streams: Vec<_> = comms
+        .iter()
+        .map(|c| c.device().stream_create().unwrap())
+        .collect();
+    let sync = || {
+        for (c, s) in comms.iter().zip(&streams) {
+            c.device().stream_sync(*s).unwrap();
+        }
+    };
+    // Both ways once, in one group, so the connections are made.
+    nccl::group_start();
+    for (r, c) in comms.iter().enumerate() {
+        let (p, b) = (1 - r, bufs[r].ptr());
+        // SAFETY: each buffer holds 2 * BYTES; synchronized below.
+        unsafe {
+            c.send_raw(b, BYTES, DataType::Uint8, p, streams[r])
+                .unwrap();
+            c.recv_raw(b + BYTES as u64, BYTES, DataType::Uint8, p, streams[r])
+                .unwrap();
+        }
+    }
+    nccl::group_end().unwrap();
+    sync();
+    // Rank 0's receive waits for a message rank 1 has not sent.
+    // SAFETY: as above.
+    unsafe {
+        comms[0]
+            .recv_raw(bufs[0].ptr(), BYTES, DataType::Uint8, 1, streams[0])
+            .unwrap();
+    }
+    let fence = comms[0].launch_fence().unwrap().expect("a launch to fence");
+    std::thread::sleep(Duration::from_millis(200));
+    // Asked now, asserted once the receive can end (a failed assertion must not leave the
+    // kernel waiting for the communicators' drop).
+    let early = fence.passed();
+    // SAFETY: as above.
+    unsafe {
+        comms[1]
+            .send_raw(bufs[1].ptr(), BYTES, DataType::Uint8, 0, streams[1])
+            .unwrap();
+    }
+    sync();
+    assert!(!early, "passed while the receive still waited");
+    // The fence's own stream follows the kernel's end: a bound, not a timing.
+    let t0 = Instant::now();
+    while !fence.passed() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never passed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (c, s) in comms.iter().zip(&streams) {
+        c.device().stream_destroy(*s).unwrap();
+    }
+}

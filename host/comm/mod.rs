@@ -654,12 +654,13 @@ impl Comm {
         let make_links = {
             let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
             let net = net_path.clone();
+            // A communicator being dropped has waited for its kernels: nothing to fence.
             let order = Arc::downgrade(&order);
-            let idle: crate::transport::links::WorkProbe =
-                Arc::new(move || order.upgrade().and_then(|o| o.finished()));
+            let fences: crate::transport::links::Fences =
+                Arc::new(move || order.upgrade().map_or(Ok(None), |o| o.fence()));
             move |n, slot| {
                 Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
-                    .with_work_probe(idle.clone())
+                    .with_fences(fences.clone())
             }
         };
         let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
@@ -1054,6 +1055,14 @@ impl Comm {
         /// connections): shorter once a launch that needs it was captured into a CUDA graph.
         fn proxy_max_nap(&self) -> Option<std::time::Duration> {
             self.net.as_ref().map(|n| n.proxy.max_nap())
+        }
+    }
+
+    crate::internal! {
+        /// A fence behind every kernel this communicator launched so far (what a peer's
+        /// withdrawn mapping waits for); None when it launched none.
+        fn launch_fence(&self) -> Result<Option<order::Fence>> {
+            self.order.fence()
         }
     }
 

@@ -101,6 +101,28 @@ struct Last {
     done: Option<u64>,
     /// A launch was captured: a replay may record `done` on any stream at any time.
     captured: bool,
+    /// A stream of our own for [`StreamOrder::fence`] (made on first use).
+    fences: Option<StreamHandle>,
+}
+
+/// An event that completes once every kernel the communicator had launched when it was made
+/// has finished ([`StreamOrder::fence`]).
+pub struct Fence {
+    device: Device,
+    event: u64,
+}
+
+impl Fence {
+    /// Whether those kernels have all finished (an error counts as not yet).
+    pub fn passed(&self) -> bool {
+        self.device.event_query(self.event).unwrap_or(false)
+    }
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        let _ = self.device.event_destroy(self.event);
+    }
 }
 
 /// Keeps one communicator's launches in issue order across the streams it is given.
@@ -192,6 +214,30 @@ impl StreamOrder {
         }
     }
 
+    /// A fence behind everything launched so far (graph replays as far as they were launched),
+    /// or None when nothing was ever launched. It waits on a stream of the order's own for
+    /// the latest launch's event, so no user stream is touched after its call.
+    pub fn fence(&self) -> Result<Option<Fence>> {
+        let mut last = self
+            .last
+            .lock()
+            .map_err(|_| Error::internal("launch order poisoned"))?;
+        let Some(done) = last.done else {
+            return Ok(None);
+        };
+        let s = match last.fences {
+            Some(s) => s,
+            None => *last.fences.insert(self.device.stream_create()?),
+        };
+        self.device.stream_wait_event(s, done)?;
+        let fence = Fence {
+            device: self.device.clone(),
+            event: self.device.event_create_untimed()?,
+        };
+        self.device.event_record(fence.event, s)?;
+        Ok(Some(fence))
+    }
+
     /// Waits until everything launched so far has finished (a non-blocking group still being
     /// issued in the background included).
     pub fn wait_idle(&self) -> Result<()> {
@@ -213,6 +259,10 @@ impl Drop for StreamOrder {
             if let Some(e) = last.done {
                 let _ = self.device.event_sync(e);
                 let _ = self.device.event_destroy(e);
+            }
+            // Fences recorded on it may outlive it: an event outlives its stream.
+            if let Some(s) = last.fences {
+                let _ = self.device.stream_destroy(s);
             }
         }
     }

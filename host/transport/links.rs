@@ -9,6 +9,7 @@
 
 use super::p2p::{export, import, PeerAddr};
 use super::regmap::{self, PeerRegs};
+use crate::comm::order::Fence;
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, VmmExport};
@@ -100,13 +101,13 @@ pub struct Links {
     key_base: u32,
     /// Connections inside the node also get an LL FIFO ([`Links::with_ll`]).
     ll: bool,
-    /// Whether every kernel the communicator launched so far has finished (None: cannot
-    /// tell): a peer's withdrawn buffer is unmapped only then ([`Links::with_work_probe`]).
-    work_done: Option<WorkProbe>,
+    /// Makes a fence behind the communicator's launched kernels: a peer's withdrawn buffer is
+    /// unmapped once it has passed ([`Links::with_fences`]).
+    fences: Option<Fences>,
 }
 
-/// See [`Links::with_work_probe`].
-pub(crate) type WorkProbe = Arc<dyn Fn() -> Option<bool> + Send + Sync>;
+/// See [`Links::with_fences`].
+pub(crate) type Fences = Arc<dyn Fn() -> Result<Option<Fence>> + Send + Sync>;
 
 impl Links {
     pub(crate) fn new(
@@ -134,7 +135,7 @@ impl Links {
             key_base: 0,
             ll: false,
             any_reg_peer: false,
-            work_done: None,
+            fences: None,
         };
         links.any_reg_peer = (0..links.peers.len()).any(|p| links.maps_our_buffers(p));
         links
@@ -148,12 +149,12 @@ impl Links {
         self
     }
 
-    /// Tells these links whether the communicator's launched kernels have all finished. A
-    /// peer's withdrawn registration stays mapped until then, since a kernel launched before
-    /// the withdrawal may still write through the mapping; without a probe, until the links
-    /// go (after the communicator waited for its kernels).
-    pub(crate) fn with_work_probe(mut self, probe: WorkProbe) -> Links {
-        self.work_done = Some(probe);
+    /// Gives these links the communicator's fences (`StreamOrder::fence`). A peer's withdrawn
+    /// registration stays mapped until a fence made after the withdrawal has passed, since a
+    /// kernel launched before it may still write through the mapping; without fences, until
+    /// the links go (after the communicator waited for its kernels).
+    pub(crate) fn with_fences(mut self, fences: Fences) -> Links {
+        self.fences = Some(fences);
         self
     }
 
@@ -237,9 +238,16 @@ impl Links {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
         };
-        let idle = || self.work_done.as_ref().and_then(|p| p()) == Some(true);
-        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc, &idle)?;
-        Ok(f(r))
+        let fence = self.fences.as_deref().map(|f| f as regmap::FenceProbe);
+        regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc, fence)?;
+        let out = f(r);
+        // Other peers' withdrawn mappings go as their fences pass, drained or not.
+        if let Some(fence) = fence {
+            for (_, other) in regs.iter_mut().filter(|(&p, r)| p != peer && r.has_retired()) {
+                other.settle(fence);
+            }
+        }
+        Ok(out)
     }
 
     /// How many of `peer`'s registrations we map now (none drained here).

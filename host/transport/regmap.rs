@@ -22,10 +22,12 @@
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
+use crate::comm::order::Fence;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, VmmMapping};
 use crate::error::{Error, Result};
 use nccl_device::abi::{RegEntry, RegTable, REG_TABLE_ENTRIES};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The bootstrap tag of registration records.
 pub const TAG_REG: u32 = 0x7265_6701;
@@ -216,11 +218,12 @@ pub struct PeerRegs {
     vmm_said: bool,
     /// The peer's latest marks, by [`Mark`].
     marks: [u64; 2],
-    /// Mappings whose last entry was withdrawn: a kernel launched before the withdrawal may
-    /// still be writing through them, so they are undone only once the work launched so far is
-    /// known to have finished ([`drain`]'s `idle`), or with the table. A record of the same
-    /// allocation before then takes its mapping back (the driver maps an IPC handle once).
-    retired: HashMap<MapKey, Mapped>,
+    /// Mappings no entry uses any more (their last one withdrawn): a kernel launched before
+    /// the withdrawal may still be writing through them, so each is undone once a fence behind
+    /// the kernels launched until then has passed ([`PeerRegs::settle`]), or with the table. A
+    /// record with the same IPC handle of the same allocation before then takes its mapping
+    /// back (the driver maps an IPC handle once).
+    retired: Vec<Retired>,
 }
 
 /// Our mapping of a peer's allocation.
@@ -247,6 +250,18 @@ fn map_vmm(device: &Device, handle: &[u8; 64]) -> Result<VmmMapping> {
     device.vmm_import(fd.as_fd(), bytes)
 }
 
+/// A mapping no entry uses, until the kernels that could use it have finished.
+struct Retired {
+    key: MapKey,
+    mapped: Mapped,
+    /// Behind the kernels launched before it retired (None: not fenced yet).
+    fence: Option<Arc<Fence>>,
+}
+
+/// Makes a fence behind every kernel the communicator launched so far (None: it launched
+/// none); see [`crate::comm::order::StreamOrder::fence`].
+pub type FenceProbe<'a> = &'a dyn Fn() -> Result<Option<Fence>>;
+
 /// One of a peer's allocations as we map it.
 struct Mapped {
     map: PeerMapping,
@@ -254,6 +269,8 @@ struct Mapped {
     bytes: usize,
     /// Entries using it.
     refs: usize,
+    /// The handle of the record it was mapped from.
+    handle: [u8; 64],
 }
 
 const ENTRIES_AT: usize = std::mem::offset_of!(RegTable, entries);
@@ -273,7 +290,7 @@ impl PeerRegs {
             full_said: false,
             vmm_said: false,
             marks: [0; 2],
-            retired: HashMap::new(),
+            retired: Vec::new(),
         })
     }
 
@@ -281,15 +298,38 @@ impl PeerRegs {
     fn retire_unused(&mut self, key: MapKey) {
         if self.mappings.get(&key).is_some_and(|m| m.refs == 0) {
             if let Some(m) = self.mappings.remove(&key) {
-                self.retired.insert(key, m);
+                self.retired.push(Retired {
+                    key,
+                    mapped: m,
+                    fence: None,
+                });
             }
         }
     }
 
-    /// Undoes the mappings of withdrawn registrations: every kernel that could write through
-    /// them has finished.
-    fn release_retired(&mut self) {
-        self.retired.clear();
+    /// Puts the mappings retired since the last call behind a fence on the kernels launched
+    /// so far (undone at once where nothing was launched), and undoes those whose fence has
+    /// passed. A fence that cannot be made is tried again next time.
+    pub fn settle(&mut self, fence: FenceProbe) {
+        if self.retired.iter().any(|r| r.fence.is_none()) {
+            match fence() {
+                Ok(None) => self.retired.retain(|r| r.fence.is_some()),
+                Ok(Some(f)) => {
+                    let f = Arc::new(f);
+                    for r in self.retired.iter_mut().filter(|r| r.fence.is_none()) {
+                        r.fence = Some(f.clone());
+                    }
+                }
+                Err(e) => log::debug!("withdrawn peer mappings wait for a fence: {e}"),
+            }
+        }
+        self.retired
+            .retain(|r| !r.fence.as_ref().is_some_and(|f| f.passed()));
+    }
+
+    /// Whether mappings wait to be undone.
+    pub fn has_retired(&self) -> bool {
+        !self.retired.is_empty()
     }
 
     /// The peer's registrations mapped now.
@@ -371,8 +411,16 @@ impl PeerRegs {
                 // `decode` made sure that base <= start < end.
                 let need = r.end - r.base;
                 let key = (r.base, r.alloc);
-                if let Some(m) = self.retired.remove(&key) {
-                    self.mappings.insert(key, m);
+                // Only an allocation known by its id, through the very handle it was mapped
+                // with: a key of id 0 may name a new allocation at a freed one's base.
+                let again = |x: &Retired| {
+                    x.key == key && r.alloc != 0 && r.via == Via::Ipc && x.mapped.handle == r.handle
+                };
+                if !self.mappings.contains_key(&key) {
+                    if let Some(i) = self.retired.iter().position(again) {
+                        let x = self.retired.swap_remove(i);
+                        self.mappings.insert(key, x.mapped);
+                    }
                 }
                 let fresh = if self.mappings.contains_key(&key) {
                     None
@@ -396,6 +444,7 @@ impl PeerRegs {
                                 map,
                                 bytes,
                                 refs: 0,
+                                handle: r.handle,
                             })
                         }
                         Err(e) => {
@@ -457,16 +506,16 @@ impl PeerRegs {
 
 /// Drains the records `peer` has sent so far into `regs` (`vmm`: see [`PeerRegs::apply`]). A
 /// registration withdrawn in the same batch is not mapped at all: its descriptor may already
-/// be gone. `idle`: whether every kernel launched so far is known to have finished, asked only
-/// while withdrawn mappings wait (after the batch: a kernel that starts later reads the table
-/// with their entries cleared); only then are they undone.
+/// be gone. `fence` (None: keep withdrawn mappings until the table goes) fences the mappings
+/// the batch retired ([`PeerRegs::settle`]); after the batch, as a kernel that starts later
+/// reads the table with their entries cleared.
 pub fn drain(
     bootstrap: &Bootstrap,
     device: &Device,
     peer: usize,
     regs: &mut PeerRegs,
     vmm: bool,
-    idle: &dyn Fn() -> bool,
+    fence: Option<FenceProbe>,
 ) -> Result<()> {
     let mut batch = Vec::new();
     while let Some(m) = bootstrap.try_recv(peer, TAG_REG)? {
@@ -486,8 +535,8 @@ pub fn drain(
         }
         regs.apply(device, peer, *id, *rec, vmm)?;
     }
-    if !regs.retired.is_empty() && idle() {
-        regs.release_retired();
+    if let Some(fence) = fence {
+        regs.settle(fence);
     }
     Ok(())
 }
@@ -653,8 +702,29 @@ mod tests {
         assert_eq!(regs.mappings.get(&key).map(|m| m.map.ptr()), Some(local));
         regs.apply(&dev, 1, 2, None, true).expect("withdrawal");
         assert!(mapped(local));
-        regs.release_retired();
-        assert!(!mapped(local), "released once the kernels finished");
+        // A fence that has not passed keeps it; with nothing launched it goes at once.
+        regs.settle(&|| Err(Error::internal("no fence now")));
+        assert!(mapped(local) && regs.has_retired(), "kept while no fence was made");
+        regs.settle(&|| Ok(None));
+        assert!(!mapped(local), "undone: no kernel could be using it");
+        // A record naming the same allocation through another handle is mapped afresh,
+        // never through a retired mapping (the key alone may name a new allocation).
+        let other = dev.alloc(4096).expect("alloc");
+        let other_handle = match dev.reg_export(other.ptr, false).expect("export") {
+            crate::cuda::RegExport::Ipc { handle, .. } => handle,
+            _ => panic!("a device allocation exports an IPC handle"),
+        };
+        regs.apply(&dev, 1, 3, Some(rec(3)), true).expect("record");
+        let third = regs.mappings.get(&key).map(|m| m.map.ptr()).expect("mapped");
+        regs.apply(&dev, 1, 3, None, true).expect("withdrawal");
+        let moved = Record {
+            handle: other_handle,
+            ..rec(4)
+        };
+        regs.apply(&dev, 1, 4, Some(moved), true).expect("another handle");
+        let fourth = regs.mappings.get(&key).map(|m| m.map.ptr()).expect("mapped");
+        assert_ne!(third, fourth, "a fresh mapping");
+        assert!(regs.has_retired() && mapped(third), "the old one still waits");
     }
 
     /// Records of two allocations that the owner made at the same base (the first freed, its
