@@ -65,9 +65,21 @@ fn main() {
     } else {
         // One rustc per architecture, each on one codegen unit (minutes): side by side.
         std::thread::scope(|s| {
-            for arch in &archs {
-                let (manifest, out, ptx) = (&manifest, &out, ptx_of(arch));
-                s.spawn(move || build_ptx(manifest, out, arch, &ptx, nightly));
+            let builds: Vec<_> = archs
+                .iter()
+                .map(|arch| {
+                    let (manifest, out, ptx) = (&manifest, &out, ptx_of(arch));
+                    (
+                        arch,
+                        s.spawn(move || build_ptx(manifest, out, arch, &ptx, nightly)),
+                    )
+                })
+                .collect();
+            for (arch, build) in builds {
+                if build.join().is_err() {
+                    // Both builds print to the same stderr: say which one failed.
+                    panic!("nccl-rs build.rs: the PTX build for {arch} failed (its messages are above)");
+                }
             }
         });
     }

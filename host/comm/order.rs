@@ -195,10 +195,13 @@ impl StreamOrder {
         if last.captured || last.stream.is_some_and(|p| p != main) {
             self.device.stream_wait_event(main, done)?;
         }
-        join(&self.device, main, others, launch)?;
+        // A launch that failed part-way (a group of several kernels) may have issued some:
+        // the event is recorded after them all the same, so that what waits for it (a later
+        // launch, a fence, destroy) waits for them too.
+        let launched = join(&self.device, main, others, launch);
         self.device.event_record(done, main)?;
         last.stream = Some(main);
-        Ok(())
+        launched
     }
 
     /// Whether everything launched so far has finished, without waiting (None: cannot tell,
