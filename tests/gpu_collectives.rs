@@ -445,7 +445,9 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
             for who in [Who::All, Who::Even, Who::None] {
                 for in_place in [false, true] {
                     seed += 1;
+                    let t = std::time::Instant::now();
                     let got = coll_round(comms, coll, who, count, in_place, seed);
+                    round_took(n, coll.name(), who, in_place, t);
                     for (c, g) in comms.iter().zip(&got) {
                         let want =
                             expected_direct(c, coll, |r| who.registers(r), count, in_place, true);
@@ -476,9 +478,11 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
                         (DataType::Int32, ReduceOp::Avg),
                     ] {
                         seed += 1;
+                        let t = std::time::Instant::now();
                         let got = reduction_round_as_modelled(
                             comms, coll, dt, op, who, count, in_place, seed,
                         );
+                        round_took(n, coll.name(), who, in_place, t);
                         if who == Who::All && !in_place {
                             assert!(
                                 got.iter().flatten().sum::<u64>() > 0,
@@ -491,6 +495,20 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
             }
         }
     }
+}
+
+/// Says on stderr how long one round of a long GPU test took (seen with `--nocapture`).
+fn round_took(
+    n: usize,
+    what: &str,
+    who: common::register::Who,
+    in_place: bool,
+    t: std::time::Instant,
+) {
+    eprintln!(
+        "{n} ranks, {what}, {who:?}, in place {in_place}: {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// The one-node tree AllReduce (forced: NCCL_ALGO=allreduce:tree, Simple) on registered

@@ -21,6 +21,7 @@
 
 use crate::cuda::{Device, StreamHandle};
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// The background issue of a non-blocking group, as one communicator sees it.
@@ -37,6 +38,9 @@ enum BgState {
 /// Whether a non-blocking group is issuing a communicator's work on a background thread.
 pub struct Background {
     state: Mutex<BgState>,
+    /// Whether `state` is Idle, written under its lock: every call asks, and the common answer
+    /// then takes no lock.
+    idle: AtomicBool,
     done: Condvar,
 }
 
@@ -44,6 +48,7 @@ impl Default for Background {
     fn default() -> Self {
         Background {
             state: Mutex::new(BgState::Idle),
+            idle: AtomicBool::new(true),
             done: Condvar::new(),
         }
     }
@@ -56,22 +61,30 @@ impl Background {
 
     /// A non-blocking group starts issuing the communicator's work in the background.
     pub(crate) fn begin(&self) {
-        *self.lock() = BgState::Running;
+        let mut b = self.lock();
+        *b = BgState::Running;
+        self.idle.store(false, Ordering::Release);
     }
 
     /// The background group finished issuing, with `r`. An error stays the communicator's
     /// state, as NCCL keeps a group's failure as the communicator's async error.
     pub(crate) fn end(&self, r: &Result<()>) {
-        *self.lock() = match r {
+        let mut b = self.lock();
+        *b = match r {
             Ok(()) => BgState::Idle,
             Err(e) => BgState::Failed(e.clone()),
         };
+        self.idle.store(r.is_ok(), Ordering::Release);
+        drop(b);
         self.done.notify_all();
     }
 
     /// Ok when no background group runs or failed; `InProgress` while one runs; else the
     /// error it ended with.
     pub fn state(&self) -> Result<()> {
+        if self.idle.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &*self.lock() {
             BgState::Idle => Ok(()),
             BgState::Running => Err(Error::in_progress(
@@ -212,7 +225,12 @@ impl StreamOrder {
             return None;
         }
         match last.done {
-            Some(e) => self.device.event_query(e).ok(),
+            // Asked from other threads (RAS, the hang watch), perhaps while the user's
+            // stream captures in CUDA's global mode, which a query would invalidate.
+            Some(e) => {
+                let _relaxed = self.device.relaxed_capture();
+                self.device.event_query(e).ok()
+            }
             None => Some(true),
         }
     }

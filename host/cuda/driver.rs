@@ -1024,10 +1024,10 @@ impl Device {
 /// While it lives, this thread's potentially unsafe calls (module loads, allocations, graph
 /// instantiation) are allowed although a stream capture in CUDA's global mode is open, as NCCL
 /// does for its own lazy setup; the thread's previous mode comes back on drop.
-struct RelaxedCapture(sys::CUstreamCaptureMode);
+pub(crate) struct RelaxedCapture(sys::CUstreamCaptureMode);
 
 impl RelaxedCapture {
-    fn enter() -> RelaxedCapture {
+    pub(crate) fn enter() -> RelaxedCapture {
         let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: exchanges this thread's capture mode; in-out parameter.
         unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
@@ -1112,9 +1112,20 @@ fn walks_mappings(p: DevPtr) -> bool {
 mod extent_cache {
     use super::DevPtr;
     use std::collections::BTreeMap;
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Mutex, OnceLock};
 
     pub const MAX: usize = 4096;
+
+    /// Bumped whenever an entry leaves the map: a thread's last hit is good while it holds.
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+    std::thread_local! {
+        /// The calling thread's last hit: (generation, base, end, ordinal). A call checks the
+        /// same buffers again and again; this spares it the map's lock.
+        static LAST: Cell<(u64, DevPtr, DevPtr, i32)> = const { Cell::new((u64::MAX, 0, 0, 0)) };
+    }
 
     fn map() -> std::sync::MutexGuard<'static, BTreeMap<DevPtr, (DevPtr, i32)>> {
         static M: OnceLock<Mutex<BTreeMap<DevPtr, (DevPtr, i32)>>> = OnceLock::new();
@@ -1125,8 +1136,17 @@ mod extent_cache {
 
     /// The (ordinal, end) of the cached extent holding `p`.
     pub fn lookup(p: DevPtr) -> Option<(i32, DevPtr)> {
+        let (gen, base, end, ordinal) = LAST.get();
+        if gen == GENERATION.load(Ordering::Acquire) && base <= p && p < end {
+            return Some((ordinal, end));
+        }
+        // Read before the map: an entry dropped after this read bumps it past what LAST keeps.
+        let gen = GENERATION.load(Ordering::Acquire);
         match map().range(..=p).next_back() {
-            Some((_, &(end, ordinal))) if p < end => Some((ordinal, end)),
+            Some((&base, &(end, ordinal))) if p < end => {
+                LAST.set((gen, base, end, ordinal));
+                Some((ordinal, end))
+            }
             _ => None,
         }
     }
@@ -1135,8 +1155,11 @@ mod extent_cache {
         let mut m = map();
         if m.len() >= MAX {
             m.clear();
+            GENERATION.fetch_add(1, Ordering::AcqRel);
         }
-        m.insert(base, (end, ordinal));
+        if m.insert(base, (end, ordinal)).is_some() {
+            GENERATION.fetch_add(1, Ordering::AcqRel); // a thread may hold the old extent
+        }
     }
 
     /// Drops every entry holding `p` (an allocation about to be freed).
@@ -1147,8 +1170,33 @@ mod extent_cache {
             .filter(|(_, &(end, _))| p < end)
             .map(|(&b, _)| b)
             .collect();
+        if !stale.is_empty() {
+            GENERATION.fetch_add(1, Ordering::AcqRel);
+        }
         for b in stale {
             m.remove(&b);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_threads_last_hit_goes_with_the_entry() {
+            // Addresses no test allocates (the map is the process's).
+            let (base, end) = (0x7700_0000_0000, 0x7700_0010_0000);
+            insert(base, end, 3);
+            assert_eq!(lookup(base + 8), Some((3, end)));
+            assert_eq!(lookup(base + 16), Some((3, end)), "from the thread's last hit");
+            // Another thread frees it: this thread's hit must not survive.
+            std::thread::spawn(move || forget(base + 4)).join().unwrap();
+            assert_eq!(lookup(base + 8), None);
+            insert(base, base + 0x1000, 1);
+            assert_eq!(lookup(base + 8), Some((1, base + 0x1000)));
+            std::thread::spawn(move || insert(base, end, 2)).join().unwrap();
+            assert_eq!(lookup(base + 8), Some((2, end)), "replaced in another thread");
+            forget(base);
         }
     }
 }

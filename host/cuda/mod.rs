@@ -710,6 +710,28 @@ impl Device {
     }
 }
 
+/// While it lives, the calling thread's potentially unsafe driver calls (querying an event,
+/// closing or unmapping a peer's memory) are allowed although a stream capture in CUDA's
+/// global mode is open in the process, which those calls would otherwise invalidate; the
+/// thread's previous mode comes back on drop ([`Device::relaxed_capture`]).
+#[allow(dead_code)] // held for its drop
+pub(crate) enum CaptureRelaxed {
+    Cuda(driver::RelaxedCapture),
+    Sim(sim::RelaxedCapture),
+}
+
+impl Device {
+    /// Relaxes the calling thread's stream-capture mode for what the returned guard spans
+    /// (CUDA's `cuThreadExchangeStreamCaptureMode`, as NCCL does for its own work during a
+    /// capture).
+    pub(crate) fn relaxed_capture(&self) -> CaptureRelaxed {
+        match &*self.imp {
+            Imp::Cuda(_) => CaptureRelaxed::Cuda(driver::RelaxedCapture::enter()),
+            Imp::Sim(_) => CaptureRelaxed::Sim(sim::RelaxedCapture::enter()),
+        }
+    }
+}
+
 crate::internal! {
     /// Host memory of the caller's (a shared memory segment) pinned and mapped into a device:
     /// kernels address it through `ptr`. Unregistered on drop, which must come before the memory

@@ -27,6 +27,40 @@ pub fn current_ordinal() -> i32 {
     CURRENT.with(|c| c.get())
 }
 
+std::thread_local! {
+    /// Whether this thread's capture mode is relaxed (CUDA's default is global).
+    static RELAXED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The simulator's `cuThreadExchangeStreamCaptureMode(RELAXED)`, undone on drop.
+pub(crate) struct RelaxedCapture(bool);
+
+impl RelaxedCapture {
+    pub(crate) fn enter() -> RelaxedCapture {
+        RelaxedCapture(RELAXED.with(|r| r.replace(true)))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        RELAXED.with(|r| r.set(self.0));
+    }
+}
+
+/// Invalidates the open captures of the streams `which` picks; whether there were any.
+fn invalidate_captures(which: impl Fn(&Stream) -> bool) -> bool {
+    let capturing: Vec<Arc<Stream>> = lock(registry())
+        .streams
+        .values()
+        .filter(|st| st.capturing() && which(st))
+        .cloned()
+        .collect();
+    for st in &capturing {
+        st.invalidated.store(true, Ordering::SeqCst);
+    }
+    !capturing.is_empty()
+}
+
 /// One piece of simulated device memory.
 struct Region {
     bytes: usize,
@@ -544,19 +578,21 @@ impl Device {
     /// using it while one of them captures would join that capture implicitly. That is
     /// refused, and the capture is invalidated.
     fn legacy_usable(&self) -> Result<()> {
-        let capturing: Vec<Arc<Stream>> = lock(registry())
-            .streams
-            .values()
-            .filter(|st| st.ordinal == self.ordinal && st.blocking && st.capturing())
-            .cloned()
-            .collect();
-        if capturing.is_empty() {
-            return Ok(());
+        match invalidate_captures(|st| st.ordinal == self.ordinal && st.blocking) {
+            false => Ok(()),
+            true => Err(Error::cuda(CAPTURE_IMPLICIT)),
         }
-        for st in capturing {
-            st.invalidated.store(true, Ordering::SeqCst);
+    }
+
+    /// As CUDA's global capture mode (the mode every capture here is begun in): a potentially
+    /// unsafe call from a thread whose mode is not relaxed while a stream captures fails and
+    /// invalidates the capture. Modelled for the calls the library makes at any time (an event
+    /// query); CUDA counts more (allocation, freeing, synchronization).
+    fn unsafe_in_global_capture(&self, what: &str) -> Result<()> {
+        match !RELAXED.with(|r| r.get()) && invalidate_captures(|_| true) {
+            false => Ok(()),
+            true => Err(Error::cuda(format!("{what}: {CAPTURE_UNSUPPORTED}"))),
         }
-        Err(Error::cuda(CAPTURE_IMPLICIT))
     }
 
     fn event(&self, e: u64) -> Result<Arc<Event>> {
@@ -1205,6 +1241,7 @@ impl Device {
     }
 
     pub fn event_query(&self, e: u64) -> Result<bool> {
+        self.unsafe_in_global_capture("event query")?;
         let ev = self.event(e)?;
         let st = lock(&ev.state);
         Ok(st.done >= st.issued)

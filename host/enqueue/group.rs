@@ -55,11 +55,11 @@ pub fn start() {
 }
 
 /// Runs `job` now, or at the end of the calling thread's group.
-pub fn ordered(job: Job) -> Result<()> {
+pub fn ordered(job: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
     if depth() == 0 {
-        return job();
+        return job(); // boxed only when the group keeps it
     }
-    GROUP.with(|g| g.borrow_mut().ordered.push(job));
+    GROUP.with(|g| g.borrow_mut().ordered.push(Box::new(job)));
     Ok(())
 }
 
@@ -266,10 +266,10 @@ mod tests {
         start();
         start();
         let m = n.clone();
-        ordered(Box::new(move || {
+        ordered(move || {
             m.fetch_add(1, Ordering::SeqCst);
             Ok(())
-        }))
+        })
         .unwrap();
         end().unwrap();
         assert_eq!(n.load(Ordering::SeqCst), 0, "inner end runs nothing");
@@ -298,7 +298,7 @@ mod tests {
     fn the_first_error_comes_back_at_the_end() {
         start();
         let _ = record_error(Error::invalid_argument("bad count"));
-        ordered(Box::new(|| Ok(()))).unwrap();
+        ordered(|| Ok(())).unwrap();
         let e = end().unwrap_err();
         assert!(e.message.contains("bad count"));
         assert_eq!(depth(), 0);

@@ -165,6 +165,25 @@ pub(crate) fn check_buffer(
     }
 }
 
+/// A one-rank call that scales nothing: its result is its input (Avg divides by one), so
+/// nothing runs in place and the copy engine moves it out of place, as NCCL does; no kernel, no
+/// FIFO, no tuner (`bytes`: the rank's block, which is the whole buffer for one rank).
+fn one_rank(comm: &Comm, c: &CollCall, bytes: usize) -> Result<()> {
+    comm.tuner.leaves_some(tune_coll(c.coll))?;
+    if c.send == c.recv {
+        return Ok(()); // on one H200, ~1.0 µs of host time a call against the kernel's 5.5
+    }
+    // The copy shares nothing with the communicator's other work, so it takes no place in the
+    // communicator's launch order: the user's stream orders it with the user's own work. That
+    // order's event wait and record would cost a call about 1.5 µs of host time (two capture
+    // checks and an event record, by results/h200-driver-call-costs.txt), and in a capture
+    // three graph nodes instead of one (twice the replay time of NCCL's one memcpy node on an
+    // H100).
+    let (device, stream) = (comm.device.clone(), c.stream);
+    let (dst, src) = (c.recv, c.send);
+    group::ordered(move || device.copy_dtod_async(dst, src, bytes, stream))
+}
+
 /// One collective call as the API received it.
 #[derive(Clone, Copy, Debug)]
 pub struct CollCall {
@@ -225,8 +244,17 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     if c.coll != Coll::Broadcast || me_root {
         check_buffer(comm, "sendbuff", c.send, send_bytes, c.dt)?;
     }
-    if c.coll != Coll::Reduce || me_root {
+    // In place with equal extents the second check would repeat the first.
+    let checked_as_send = c.recv == c.send && recv_bytes == send_bytes;
+    if (c.coll != Coll::Reduce || me_root) && !checked_as_send {
         check_buffer(comm, "recvbuff", c.recv, recv_bytes, c.dt)?;
+    }
+    let scaled = matches!(
+        c.op,
+        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
+    );
+    if n == 1 && !scaled {
+        return one_rank(comm, &c, bytes);
     }
     // Copies move bytes: one kernel serves every type.
     let (dt, op, count) = if c.coll.copies() {
@@ -248,32 +276,6 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     };
     let shape = comm.shape;
     let choice = choose(comm, &c)?;
-    // One rank in place, nothing scaled: the result is already there, so nothing is launched
-    // (as NCCL; on one H200, 1.0 µs of host time a call against the kernel's 5.5). Filters
-    // that leave no algorithm still fail the call above.
-    let scaled = matches!(
-        c.op,
-        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
-    );
-    if n == 1 && c.send == c.recv && !scaled {
-        return Ok(());
-    }
-    if n == 1 && !scaled {
-        // One rank out of place: the result is the input (Avg divides by one), so the copy
-        // engine moves it, as NCCL does; no kernel, no FIFO.
-        // The copy shares nothing with the communicator's other work (no FIFO, no kernel),
-        // so it takes no place in the communicator's launch order: the user's stream orders
-        // it with the user's own work. That order's event wait and record would cost a call
-        // about 1.5 µs of host time (two capture checks and an event record, by the driver
-        // call costs in results/h200-driver-call-costs.txt), and in a capture
-        // three graph nodes instead of one (twice the replay time of NCCL's one memcpy node
-        // on an H100).
-        let (device, stream) = (comm.device.clone(), c.stream);
-        let (dst, src) = (c.recv, c.send);
-        return group::ordered(Box::new(move || {
-            device.copy_dtod_async(dst, src, bytes, stream)
-        }));
-    }
     let proto = match choice.proto {
         Proto::Simple => PROTO_SIMPLE,
         Proto::Ll => PROTO_LL,

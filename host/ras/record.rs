@@ -1,12 +1,33 @@
 //! One rank's health: what it keeps as operations are issued, and the record it sends when a
 //! RAS query asks (text lines `key=value`, every number parsed and range-checked on arrival).
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Operations remembered by sequence number, to name the one a late rank has not issued.
 const RECENT: usize = 64;
+
+/// The operations a rank issues, by the code its recent slots keep.
+const OPS: [&str; 7] = [
+    "AllReduce",
+    "Broadcast",
+    "Reduce",
+    "AllGather",
+    "ReduceScatter",
+    "Send",
+    "Recv",
+];
+
+/// The monotonic clock at the kernel's tick (a few ns to read, against ~40 for the precise
+/// one on a VM), in ns: an issue marks its time on every call, and a report wants ms.
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: an out-parameter of the right type; CLOCK_MONOTONIC_COARSE exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// A communicator's health as this rank sees it.
 pub(crate) struct Health {
@@ -15,19 +36,17 @@ pub(crate) struct Health {
     pub(crate) nranks: usize,
     pub(crate) device: i32,
     pub(crate) name: Option<String>,
-    state: Mutex<State>,
+    /// Operations issued so far.
+    issued: AtomicU64,
+    /// Slot `seq % RECENT` holds `seq << 8 | code` (code: an index of [`OPS`], 255 unknown) of
+    /// the last `RECENT` operations: issuing takes no lock (it runs on every call).
+    recent: [AtomicU64; RECENT],
+    /// [`coarse_now_ns`] at the last issue, plus one (0: none yet).
+    last_ns: AtomicU64,
     /// Whether everything issued has finished (None: cannot tell).
     idle: Box<dyn Fn() -> Option<bool> + Send + Sync>,
     /// The communicator's async error, if one was raised.
     error: Box<dyn Fn() -> Option<String> + Send + Sync>,
-}
-
-#[derive(Default)]
-struct State {
-    issued: u64,
-    /// (sequence number from 1, operation), the last `RECENT`.
-    recent: VecDeque<(u64, &'static str)>,
-    last: Option<Instant>,
 }
 
 impl Health {
@@ -46,39 +65,46 @@ impl Health {
             nranks,
             device,
             name,
-            state: Mutex::new(State::default()),
+            issued: AtomicU64::new(0),
+            recent: std::array::from_fn(|_| AtomicU64::new(0)),
+            last_ns: AtomicU64::new(0),
             idle: Box::new(idle),
             error: Box::new(error),
         }
     }
 
     /// One more operation (a collective, a send or a receive) issued by the application.
-    pub(crate) fn issued(&self, op: &'static str) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.issued += 1;
-        let seq = s.issued;
-        if s.recent.len() == RECENT {
-            s.recent.pop_front();
-        }
-        s.recent.push_back((seq, op));
-        s.last = Some(Instant::now());
+    pub(crate) fn issued(&self, op: &str) {
+        let code = OPS.iter().position(|&o| o == op).unwrap_or(255) as u64;
+        let seq = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
+        self.recent[seq as usize % RECENT].store(seq << 8 | code, Ordering::Relaxed);
+        self.last_ns.store(coarse_now_ns() + 1, Ordering::Relaxed);
     }
 
     /// What this rank reports now.
     pub(crate) fn record(&self) -> Record {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let issued = self.issued.load(Ordering::Relaxed);
+        // Slots of the last RECENT sequence numbers; one overwritten meanwhile is left out.
+        let mut recent: Vec<(u64, String)> = self
+            .recent
+            .iter()
+            .map(|slot| slot.load(Ordering::Relaxed))
+            .filter(|&v| v >> 8 != 0 && v >> 8 <= issued && issued - (v >> 8) < RECENT as u64)
+            .map(|v| {
+                let op = OPS.get((v & 0xff) as usize).copied().unwrap_or("?");
+                (v >> 8, op.to_string())
+            })
+            .collect();
+        recent.sort_unstable_by_key(|&(q, _)| q);
+        let last = self.last_ns.load(Ordering::Relaxed);
         Record {
             rank: self.rank,
             pid: std::process::id(),
             host: host_name(),
             device: self.device,
-            issued: s.issued,
-            recent: s
-                .recent
-                .iter()
-                .map(|&(q, op)| (q, op.to_string()))
-                .collect(),
-            idle_ms: s.last.map(|t| t.elapsed().as_millis() as u64),
+            issued,
+            recent,
+            idle_ms: (last != 0).then(|| coarse_now_ns().saturating_sub(last - 1) / 1_000_000),
             done: (self.idle)(),
             error: (self.error)(),
         }
@@ -207,5 +233,24 @@ mod tests {
         assert_eq!(Record::decode(b"rank=1\nissued=x\n", 4), None);
         assert_eq!(Record::decode(b"rank=1\nwho=me\n", 4), None);
         assert_eq!(Record::decode(&[0xff, 0xfe], 4), None);
+    }
+
+    #[test]
+    fn the_last_operations_are_kept_in_order() {
+        let h = Health::new(7, 0, 2, 0, None, || None, || None);
+        assert_eq!(h.record().idle_ms, None, "nothing issued yet");
+        for i in 0..RECENT as u64 + 5 {
+            h.issued(if i % 2 == 0 { "Send" } else { "ReduceScatter" });
+        }
+        h.issued("Frobnicate");
+        let r = h.record();
+        assert_eq!(r.issued, RECENT as u64 + 6);
+        let seqs: Vec<u64> = r.recent.iter().map(|&(q, _)| q).collect();
+        assert_eq!(seqs, (7..=RECENT as u64 + 6).collect::<Vec<_>>());
+        assert_eq!(r.op(7), Some("Send"), "seq 7 is the 7th issue, i = 6");
+        assert_eq!(r.op(8), Some("ReduceScatter"));
+        assert_eq!(r.op(RECENT as u64 + 6), Some("?"));
+        assert_eq!(r.op(6), None, "fell out of the window");
+        assert!(r.idle_ms.is_some_and(|ms| ms < 60_000));
     }
 }

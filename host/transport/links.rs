@@ -239,6 +239,9 @@ impl Links {
             std::collections::hash_map::Entry::Vacant(v) => v.insert(PeerRegs::new(&self.device)?),
         };
         let fence = self.fences.as_deref().map(|f| f as regmap::FenceProbe);
+        // Drains run at launches, which may be captured: mapping, fencing, querying and
+        // unmapping are calls a capture in CUDA's global mode forbids a thread's default mode.
+        let _relaxed = self.device.relaxed_capture();
         regmap::drain(&self.bootstrap, &self.device, peer, r, self.vmm_ipc, fence)?;
         let out = f(r);
         // Other peers' withdrawn mappings go as their fences pass, drained or not.

@@ -903,6 +903,31 @@ impl Tuner {
         }
     }
 
+    /// Ok when NCCL_ALGO / NCCL_PROTO leave some algorithm and protocol for `coll`. A one-rank
+    /// call runs none of them and, as NCCL's, asks no model or plugin; it still refuses filters
+    /// that would refuse every other call.
+    pub fn leaves_some(&self, coll: Coll) -> Result<()> {
+        let any = Algo::ALL
+            .into_iter()
+            .any(|a| Proto::ALL.into_iter().any(|p| self.enabled(coll, a, p)));
+        match any {
+            true => Ok(()),
+            false => Err(self.nothing_left(coll)),
+        }
+    }
+
+    fn nothing_left(&self, coll: Coll) -> Error {
+        Error::invalid_usage(format!(
+            "no algorithm/protocol left for {} (NCCL_ALGO/NCCL_PROTO exclude all that apply{})",
+            coll.as_str(),
+            if self.ll128_ok {
+                ""
+            } else {
+                "; LL128 is off here: it needs NVLink between every pair of GPUs, sm_70 or newer"
+            }
+        ))
+    }
+
     fn choose_from(&self, coll: Coll, bytes: usize, allow_nvls: bool) -> Result<Choice> {
         let mut table = [[-1.0f32; NUM_PROTOS]; NUM_ALGOS];
         for a in Algo::ALL {
@@ -942,15 +967,7 @@ impl Tuner {
         };
         let best = pick(true).or_else(|| pick(false));
         let Some((algo, proto, _)) = best else {
-            return Err(Error::invalid_usage(format!(
-                "no algorithm/protocol left for {} (NCCL_ALGO/NCCL_PROTO exclude all that apply{})",
-                coll.as_str(),
-                if self.ll128_ok {
-                    ""
-                } else {
-                    "; LL128 is off here: it needs NVLink between every pair of GPUs, sm_70 or newer"
-                }
-            )));
+            return Err(self.nothing_left(coll));
         };
         let nchannels = nch_override.unwrap_or_else(|| self.launch_channels(proto, bytes));
         let est = self.estimate(coll, algo, proto, bytes).unwrap_or(0.0);
