@@ -99,6 +99,8 @@ pub fn ring_round(comms: &[Comm], who: Who, base: usize, seed: u64) -> Vec<u64> 
         }
     }
     nccl::group_end().unwrap();
+    // What every rank must end with (the same for all: made once, not per rank).
+    let want = coll_data(coll, n, 0, count, seed).1;
     for (i, c) in comms.iter().enumerate() {
         c.device().stream_sync(streams[i]).unwrap();
         let r = c.rank();
@@ -296,6 +298,8 @@ pub fn coll_round(
         issue(c, coll, send, recv, count, streams[i]);
     }
     nccl::group_end().unwrap();
+    // What every rank must end with (the same for all: made once, not per rank).
+    let want = coll_data(coll, n, 0, count, seed).1;
     for (i, c) in comms.iter().enumerate() {
         c.device().stream_sync(streams[i]).unwrap();
         let r = c.rank();
@@ -312,7 +316,6 @@ pub fn coll_round(
                 .all(|&b| b == 0xA5),
             "{what} has bytes written outside its output"
         );
-        let (_, want) = coll_data(coll, n, r, count, seed);
         if let Some(k) = (0..out_bytes).find(|&k| got[LEAD + k] != want[k]) {
             panic!("{what}: output byte {k} is wrong");
         }
