@@ -201,6 +201,16 @@ fn buffer_extents() {
         8192,
         4096,
     );
+    // Off the root, in place (ncclBcast): the one buffer is the receive buffer, and checked.
+    short(
+        unsafe { c.broadcast_raw(small.ptr(), small.ptr(), 2048, f32, 1, s) },
+        "recvbuff",
+        8192,
+        4096,
+    );
+    let e = unsafe { c.broadcast_raw(0, 0, 16, f32, 1, s) }.expect_err("a null buffer");
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    assert!(e.message.contains("recvbuff is a null pointer"), "{e}");
     short(
         unsafe { c.reduce_raw(big.ptr(), small.ptr(), 2048, f32, sum, 0, s) },
         "recvbuff",

@@ -128,6 +128,9 @@ pub struct Fence {
 impl Fence {
     /// Whether those kernels have all finished (an error counts as not yet).
     pub fn passed(&self) -> bool {
+        // Asked at drains, perhaps while a capture in CUDA's global mode is open, which a
+        // query from a thread in that mode would invalidate.
+        let _relaxed = self.device.relaxed_capture();
         self.device.event_query(self.event).unwrap_or(false)
     }
 }

@@ -1157,9 +1157,10 @@ mod extent_cache {
             m.clear();
             GENERATION.fetch_add(1, Ordering::AcqRel);
         }
-        if m.insert(base, (end, ordinal)).is_some() {
-            GENERATION.fetch_add(1, Ordering::AcqRel); // a thread may hold the old extent
-        }
+        m.insert(base, (end, ordinal));
+        // A thread may hold the old extent of this base, or an outer stale one that the new
+        // entry, narrower, would now answer for.
+        GENERATION.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Drops every entry holding `p` (an allocation about to be freed).

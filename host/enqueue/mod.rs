@@ -241,11 +241,13 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         Coll::ReduceScatter => (bytes * n, bytes),
         _ => (bytes, bytes),
     };
-    if c.coll != Coll::Broadcast || me_root {
+    let send_checked = c.coll != Coll::Broadcast || me_root;
+    if send_checked {
         check_buffer(comm, "sendbuff", c.send, send_bytes, c.dt)?;
     }
-    // In place with equal extents the second check would repeat the first.
-    let checked_as_send = c.recv == c.send && recv_bytes == send_bytes;
+    // In place with equal extents a second check would repeat the first (where it ran: a
+    // Broadcast's non-root ranks check only their receive buffer).
+    let checked_as_send = send_checked && c.recv == c.send && recv_bytes == send_bytes;
     if (c.coll != Coll::Reduce || me_root) && !checked_as_send {
         check_buffer(comm, "recvbuff", c.recv, recv_bytes, c.dt)?;
     }

@@ -99,8 +99,6 @@ pub fn ring_round(comms: &[Comm], who: Who, base: usize, seed: u64) -> Vec<u64> 
         }
     }
     nccl::group_end().unwrap();
-    // What every rank must end with (the same for all: made once, not per rank).
-    let want = coll_data(coll, n, 0, count, seed).1;
     for (i, c) in comms.iter().enumerate() {
         c.device().stream_sync(streams[i]).unwrap();
         let r = c.rank();
