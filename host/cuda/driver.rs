@@ -1118,7 +1118,7 @@ mod extent_cache {
 
     pub const MAX: usize = 4096;
 
-    /// Bumped whenever an entry leaves the map: a thread's last hit is good while it holds.
+    /// Bumped whenever the map changes: a thread's last hit is good while it holds.
     static GENERATION: AtomicU64 = AtomicU64::new(0);
 
     std::thread_local! {
