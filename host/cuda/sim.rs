@@ -588,7 +588,7 @@ impl Device {
     /// unsafe call from a thread whose mode is not relaxed while a stream captures fails and
     /// invalidates the capture. Modelled for the calls the library makes at any time (an event
     /// query); CUDA counts more (allocation, freeing, synchronization).
-    fn unsafe_in_global_capture(&self, what: &str) -> Result<()> {
+    fn unsafe_in_global_capture(what: &str) -> Result<()> {
         match !RELAXED.with(|r| r.get()) && invalidate_captures(|_| true) {
             false => Ok(()),
             true => Err(Error::cuda(format!("{what}: {CAPTURE_UNSUPPORTED}"))),
@@ -1241,7 +1241,7 @@ impl Device {
     }
 
     pub fn event_query(&self, e: u64) -> Result<bool> {
-        self.unsafe_in_global_capture("event query")?;
+        Self::unsafe_in_global_capture("event query")?;
         let ev = self.event(e)?;
         let st = lock(&ev.state);
         Ok(st.done >= st.issued)

@@ -41,20 +41,21 @@ fn log() -> Option<&'static Mutex<Vec<Event>>> {
     .as_ref()
 }
 
-fn now_ns() -> u64 {
+/// `clock` (a Linux clock id) in ns.
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Records `mark` for the connection with `peer` at `step` (0 where neither applies).
 pub(crate) fn mark(mark: Mark, peer: usize, step: u64) {
     let Some(log) = log() else { return };
-    let ns = now_ns();
+    let ns = clock_ns(libc::CLOCK_MONOTONIC);
     if let Ok(mut v) = log.lock() {
         // A bounded record: the first million events (a lab run is short).
         if v.len() < 1 << 20 {

@@ -20,13 +20,7 @@ const OPS: [&str; 7] = [
 /// The monotonic clock at the kernel's tick (a few ns to read, against ~40 for the precise
 /// one on a VM), in ns: an issue marks its time on every call, and a report wants ms.
 fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: an out-parameter of the right type; CLOCK_MONOTONIC_COARSE exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::proxy::timeline::clock_ns(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// A communicator's health as this rank sees it.

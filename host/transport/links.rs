@@ -9,9 +9,9 @@
 
 use super::p2p::{export, import, PeerAddr};
 use super::regmap::{self, PeerRegs};
-use crate::comm::order::Fence;
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
+use crate::comm::order::Fence;
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, VmmExport};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
