@@ -17,6 +17,10 @@ use std::sync::Mutex;
 #[allow(dead_code)]
 mod ptx_cut;
 
+#[path = "device/src/kernel_set/filter.rs"]
+#[allow(dead_code)]
+mod kernel_filter;
+
 /// Registers a kernel thread may use: a launch of up to `MAX_THREADS` = 512 threads
 /// (host/cuda/mod.rs) must fit the 64 K register file. The PTX loader passes the same limit to
 /// the JIT; a test checks the two agree.
@@ -32,6 +36,10 @@ fn main() {
     println!("cargo:rerun-if-changed=device/src");
     println!("cargo:rerun-if-changed=device/Cargo.toml");
     println!("cargo:rerun-if-env-changed=NCCL_RS_SKIP_PTX");
+    // The kernel filter (device/src/kernel_set/filter.rs): the device crate's own build script
+    // reads it in the PTX build as in the simulator's.
+    println!("cargo:rerun-if-env-changed=NCCL_RS_KERNELS");
+    kernel_cfgs();
     // C-variadic functions (the net plugins' logger) need a nightly compiler; a crate built on
     // stable gets the fallback in transport/net/plugin/log.rs.
     println!("cargo::rustc-check-cfg=cfg(nccl_rs_variadic)");
@@ -95,9 +103,17 @@ fn main() {
         ));
         if let Some(ptxas) = ptxas.as_ref().filter(|_| !text.is_empty()) {
             let text = String::from_utf8(text).expect("PTX is text");
-            for (name, file) in build_sass(Path::new(ptxas), &out, arch, &text) {
+            // Cached beside the shared PTX, by the text and the ptxas that compiles it.
+            let key = fnv1a(&[
+                text.as_bytes(),
+                ptxas.as_encoded_bytes(),
+                &MAX_REGISTERS.to_le_bytes(),
+            ]);
+            let dir = shared_ptx_dir(&out).join(format!("sass-{arch}-{key:016x}"));
+            for (name, file) in build_sass(Path::new(ptxas), &dir, arch, &text) {
+                let file = file.to_str().expect("a UTF-8 target directory");
                 sass.push_str(&format!(
-                    "    ({sm}, \"{name}\", include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{file}\"))),\n"
+                    "    ({sm}, \"{name}\", include_bytes!({file:?})),\n"
                 ));
             }
         }
@@ -112,18 +128,53 @@ fn main() {
     fs::write(out.join("ptx_table.rs"), table).expect("write ptx_table.rs");
 }
 
+/// `cfg(nccl_rs_kernel = "<entry>")` for every kernel this build holds (all of them unless
+/// `NCCL_RS_KERNELS` keeps fewer; the device crate's build script refuses a filter with unknown
+/// names), so that a test needing a left-out kernel is ignored with its reason:
+/// `#[cfg_attr(not(nccl_rs_kernel = "nccl_p2p"), ignore = "...")]`.
+fn kernel_cfgs() {
+    let spec = env::var("NCCL_RS_KERNELS").unwrap_or_default();
+    let every: Vec<String> = kernel_filter::kept("")
+        .into_iter()
+        .map(|(name, _)| format!("{name:?}"))
+        .collect();
+    println!(
+        "cargo::rustc-check-cfg=cfg(nccl_rs_kernel, values({}))",
+        every.join(", ")
+    );
+    for (name, _) in kernel_filter::kept(spec.trim()) {
+        println!("cargo:rustc-cfg=nccl_rs_kernel={name:?}");
+    }
+}
+
+/// FNV-1a over the parts, for cache keys (the same on every run of the same inputs).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in part.iter().chain(&[0xff]) {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
 /// Compiles every kernel entry point of `ptx` (one architecture's text) to SASS with `ptxas`,
-/// one module per kernel cut as the loader cuts them, on every core; returns each kernel's
-/// name and its deflated cubin's path under `out`.
-fn build_sass(ptxas: &Path, out: &Path, arch: &str, ptx: &str) -> Vec<(String, String)> {
+/// one module per kernel cut as the loader cuts them, on every core, into `dir` (kept: a
+/// second build of the same text finds them there); returns each kernel's name and its
+/// deflated cubin's path.
+fn build_sass(ptxas: &Path, dir: &Path, arch: &str, ptx: &str) -> Vec<(String, PathBuf)> {
     let names: Vec<String> = ptx
         .lines()
         .filter_map(|l| l.strip_prefix(".visible .entry "))
         .filter_map(|l| l.split('(').next())
         .map(str::to_string)
         .collect();
-    let dir = format!("sass-{arch}");
-    fs::create_dir_all(out.join(&dir)).expect("make the SASS directory");
+    let cubin_of = |n: &str| dir.join(format!("{n}.cubin.deflate"));
+    let done = dir.join("complete");
+    if done.exists() {
+        return names.iter().map(|n| (n.clone(), cubin_of(n))).collect();
+    }
+    fs::create_dir_all(dir).expect("make the SASS directory");
     let queue = Mutex::new(names.clone());
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     // The text is read once and every kernel's module cut from it.
@@ -134,7 +185,7 @@ fn build_sass(ptxas: &Path, out: &Path, arch: &str, ptx: &str) -> Vec<(String, S
                 let Some(name) = queue.lock().expect("SASS queue").pop() else {
                     return;
                 };
-                let base = out.join(&dir).join(&name);
+                let base = dir.join(&name);
                 let (src, cubin) = (base.with_extension("ptx"), base.with_extension("cubin"));
                 fs::write(&src, cutter.module(&name)).expect("write a kernel's PTX");
                 let run = Command::new(ptxas)
@@ -163,13 +214,8 @@ fn build_sass(ptxas: &Path, out: &Path, arch: &str, ptx: &str) -> Vec<(String, S
             });
         }
     });
-    names
-        .into_iter()
-        .map(|n| {
-            let file = format!("{dir}/{n}.cubin.deflate");
-            (n, file)
-        })
-        .collect()
+    fs::write(&done, "").expect("mark the SASS complete");
+    names.iter().map(|n| (n.clone(), cubin_of(n))).collect()
 }
 
 /// Whether the compiler building this crate is a nightly (or a local development build).
@@ -205,9 +251,27 @@ fn has_multimem(arch: &str) -> bool {
         .is_ok_and(|sm| sm >= 90)
 }
 
+/// Where the PTX builds keep their target directories: beside the outer build's profiles
+/// (`<target>/nccl-ptx`), so that every profile and feature set of the workspace shares one
+/// build of each architecture's PTX (the nested cargo finds it fresh when the device sources
+/// did not change, and its lock orders two outer builds that reach it at once). `out` is
+/// `<target>[/<triple>]/<profile>/build/<package>-<hash>/out`.
+fn shared_ptx_dir(out: &Path) -> PathBuf {
+    let target = out
+        .ancestors()
+        .nth(4)
+        .filter(|_| out.ancestors().nth(2).and_then(|b| b.file_name()) == Some("build".as_ref()));
+    match target {
+        Some(t) => t.join("nccl-ptx"),
+        // An unexpected layout: a build of our own, as before.
+        None => out.join("nccl-ptx"),
+    }
+}
+
 fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path, nightly: bool) {
-    // One target directory per architecture: the PTX is picked up by name from it.
-    let target_dir = out.join(format!("nvptx-{arch}"));
+    // One target directory per architecture, shared by every outer build: the PTX is picked
+    // up by name from it.
+    let target_dir = shared_ptx_dir(out).join(format!("nvptx-{arch}"));
     let mut cmd = if nightly {
         Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
     } else {

@@ -162,7 +162,7 @@ pub const STRIDE_LL_SEND_POLL: u64 = 2;
 pub const SIZE_LL_LINES: u64 = 1 << 63;
 
 /// The bytes between two slots of a proxied connection, from its `proxy_stride` word.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub const fn stride_bytes(proxy_stride: u64) -> u64 {
     proxy_stride & !(STRIDE_LL_POLL | STRIDE_LL_SEND_POLL)
 }
@@ -426,7 +426,7 @@ impl Coll {
         }
     }
 
-    /// The collective's part of its kernels' entry-point names ([`crate::for_each_kernel`]):
+    /// The collective's part of its kernels' entry-point names (`for_each_kernel!` ([`crate::kernel_set`])):
     /// `nccl_<symbol>` for the copies, `nccl_<symbol>_<type>_<reduction>` for the others.
     pub fn symbol(self) -> &'static str {
         match self {

@@ -13,6 +13,10 @@ extern crate std;
 
 pub mod abi;
 pub mod arch;
+// First: its `for_each_kernel!` (the kernels this build holds) is for the modules below.
+#[macro_use]
+pub mod kernel_set;
+
 pub mod coll;
 pub mod ops;
 pub mod prims;

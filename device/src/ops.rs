@@ -46,11 +46,11 @@ pub trait RedOp<T: Elem>: Copy + Send + Sync {
     const KIND: RedOpKind;
     fn new(arg: u64) -> Self;
     fn reduce(&self, a: T, b: T) -> T;
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn pre(&self, a: T) -> T {
         a
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn post(&self, a: T) -> T {
         a
     }
@@ -65,11 +65,11 @@ macro_rules! simple_op {
         pub struct $name;
         impl<T: Elem> RedOp<T> for $name {
             const KIND: RedOpKind = RedOpKind::$kind;
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn new(_: u64) -> Self {
                 $name
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn reduce(&self, a: T, b: T) -> T {
                 a.$f(b)
             }
@@ -89,15 +89,15 @@ pub struct Reduced<O>(pub O);
 impl<T: Elem, O: RedOp<T>> RedOp<T> for Reduced<O> {
     const KIND: RedOpKind = O::KIND;
     const HAS_POST: bool = O::HAS_POST;
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn new(arg: u64) -> Self {
         Reduced(O::new(arg))
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn reduce(&self, a: T, b: T) -> T {
         self.0.reduce(a, b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn post(&self, a: T) -> T {
         self.0.post(a)
     }
@@ -109,15 +109,15 @@ pub struct PreMulSum<T>(T);
 impl<T: Elem> RedOp<T> for PreMulSum<T> {
     const KIND: RedOpKind = RedOpKind::PreMulSum;
     const HAS_PRE: bool = true;
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn new(arg: u64) -> Self {
         PreMulSum(T::from_bits(arg))
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn reduce(&self, a: T, b: T) -> T {
         a.add(b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn pre(&self, a: T) -> T {
         a.mul(self.0)
     }
@@ -134,7 +134,7 @@ impl<T: Elem> RedOp<T> for Avg<T> {
     const KIND: RedOpKind = RedOpKind::Avg;
     const HAS_PRE: bool = T::IS_FLOAT;
     const HAS_POST: bool = !T::IS_FLOAT;
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn new(arg: u64) -> Self {
         let n = (arg as u32).max(1);
         Avg {
@@ -142,11 +142,11 @@ impl<T: Elem> RedOp<T> for Avg<T> {
             inv: T::from_f64(1.0 / n as f64),
         }
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn reduce(&self, a: T, b: T) -> T {
         a.add(b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn pre(&self, a: T) -> T {
         if T::IS_FLOAT {
             a.mul(self.inv)
@@ -154,7 +154,7 @@ impl<T: Elem> RedOp<T> for Avg<T> {
             a
         }
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn post(&self, a: T) -> T {
         if T::IS_FLOAT {
             a
@@ -165,13 +165,13 @@ impl<T: Elem> RedOp<T> for Avg<T> {
 }
 
 /// Elements of T in one 16-byte pack.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub const fn pack_elems<T>() -> usize {
     16 / core::mem::size_of::<T>()
 }
 
 /// Applies `f` lane by lane to the elements of two packs.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn map2<T: Elem>(a: Pack16, b: Pack16, f: impl Fn(T, T) -> T) -> Pack16 {
     let mut out = Pack16::default();
     let pa = &a as *const Pack16 as *const T;
@@ -185,7 +185,7 @@ pub fn map2<T: Elem>(a: Pack16, b: Pack16, f: impl Fn(T, T) -> T) -> Pack16 {
 }
 
 /// Applies `f` lane by lane to the elements of one pack.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn map1<T: Elem>(a: Pack16, f: impl Fn(T) -> T) -> Pack16 {
     map2::<T>(a, a, |x, _| f(x))
 }

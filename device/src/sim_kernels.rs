@@ -1,5 +1,5 @@
 //! The kernels as the CPU simulator calls them, by PTX entry-point name (the same list as
-//! `kernels.rs`, [`crate::for_each_kernel`]). They are instantiated here, in this crate's own
+//! `kernels.rs`, `for_each_kernel!` ([`crate::kernel_set`]), which holds what `NCCL_RS_KERNELS` kept). They are instantiated here, in this crate's own
 //! build for the host: a crate that only names them through these functions does not compile
 //! every kernel again (the host crate's build, and its test build, each did).
 
@@ -18,8 +18,12 @@ pub fn each_coll_kernel(add: &mut dyn FnMut(&'static str, CollKernel)) {
             add($name, crate::coll::run::<$t, $op, { $coll as u32 }>);
         };
     }
-    crate::for_each_kernel!(one);
+    for_each_kernel!(one);
 }
 
-/// The send/receive kernel's entry point and body.
-pub const P2P_KERNEL: (&str, P2pKernel) = ("nccl_p2p", crate::coll::send_recv::launch);
+/// The send/receive kernel's entry point and body, unless `NCCL_RS_KERNELS` left it out.
+#[cfg(nccl_rs_p2p_kernel)]
+pub const P2P_KERNEL: Option<(&str, P2pKernel)> =
+    Some((crate::kernel_set::P2P_ENTRY, crate::coll::send_recv::launch));
+#[cfg(not(nccl_rs_p2p_kernel))]
+pub const P2P_KERNEL: Option<(&str, P2pKernel)> = None;

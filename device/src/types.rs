@@ -103,39 +103,39 @@ macro_rules! int_elem {
         impl Elem for $t {
             const DTYPE: DataType = DataType::$d;
             const IS_FLOAT: bool = false;
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn add(self, b: Self) -> Self {
                 self.wrapping_add(b)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn mul(self, b: Self) -> Self {
                 self.wrapping_mul(b)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn lesser(self, b: Self) -> Self {
                 core::cmp::min(self, b)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn greater(self, b: Self) -> Self {
                 core::cmp::max(self, b)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn div_count(self, n: u32) -> Self {
                 self.wrapping_div(n as $t)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn from_f64(v: f64) -> Self {
                 v as $t
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn to_f64(self) -> f64 {
                 self as f64
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn from_bits(bits: u64) -> Self {
                 bits as $u as $t
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn to_bits(self) -> u64 {
                 self as $u as u64
             }
@@ -153,39 +153,39 @@ int_elem!(u64, Uint64, u64);
 impl Elem for f32 {
     const DTYPE: DataType = DataType::Float32;
     const IS_FLOAT: bool = true;
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn add(self, b: Self) -> Self {
         self + b
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn mul(self, b: Self) -> Self {
         self * b
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn lesser(self, b: Self) -> Self {
         f32::min(self, b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn greater(self, b: Self) -> Self {
         f32::max(self, b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn div_count(self, n: u32) -> Self {
         self / n as f32
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn from_f64(v: f64) -> Self {
         v as f32
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn to_f64(self) -> f64 {
         self as f64
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn from_bits(bits: u64) -> Self {
         f32::from_bits(bits as u32)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn to_bits(self) -> u64 {
         f32::to_bits(self) as u64
     }
@@ -194,39 +194,39 @@ impl Elem for f32 {
 impl Elem for f64 {
     const DTYPE: DataType = DataType::Float64;
     const IS_FLOAT: bool = true;
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn add(self, b: Self) -> Self {
         self + b
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn mul(self, b: Self) -> Self {
         self * b
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn lesser(self, b: Self) -> Self {
         f64::min(self, b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn greater(self, b: Self) -> Self {
         f64::max(self, b)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn div_count(self, n: u32) -> Self {
         self / n as f64
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn from_f64(v: f64) -> Self {
         v
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn to_f64(self) -> f64 {
         self
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn from_bits(bits: u64) -> Self {
         f64::from_bits(bits)
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn to_bits(self) -> u64 {
         f64::to_bits(self)
     }
@@ -262,17 +262,17 @@ const E5M2: Mini = Mini {
     saturate: true,
 };
 
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn pow2(k: i32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
 }
 
 impl Mini {
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn bias(self) -> i32 {
         (1 << (self.e - 1)) - 1
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn max_field(self) -> u32 {
         if self.ieee {
             (((1 << self.e) - 2) << self.m) | ((1 << self.m) - 1)
@@ -280,7 +280,7 @@ impl Mini {
             (((1 << self.e) - 1) << self.m) | ((1 << self.m) - 2)
         }
     }
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn nan(self) -> u32 {
         if self.ieee {
             (((1 << self.e) - 1) << self.m) | (1 << (self.m - 1))
@@ -289,7 +289,7 @@ impl Mini {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn decode(self, v: u32) -> f32 {
         let sign = if v >> (self.e + self.m) & 1 != 0 {
             -1.0f32
@@ -317,7 +317,7 @@ impl Mini {
         sign * mag
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn encode(self, x: f32) -> u32 {
         let sign = (x.to_bits() >> 31) << (self.e + self.m);
         if x.is_nan() {
@@ -375,12 +375,12 @@ macro_rules! small_float {
         pub struct $name(pub $bits);
 
         impl $name {
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             pub fn to_f32(self) -> f32 {
                 let f: fn($bits) -> f32 = $to;
                 f(self.0)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             pub fn from_f32(x: f32) -> Self {
                 let f: fn(f32) -> $bits = $from;
                 $name(f(x))
@@ -390,39 +390,39 @@ macro_rules! small_float {
         impl Elem for $name {
             const DTYPE: DataType = DataType::$d;
             const IS_FLOAT: bool = true;
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn add(self, b: Self) -> Self {
                 Self::from_f32(self.to_f32() + b.to_f32())
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn mul(self, b: Self) -> Self {
                 Self::from_f32(self.to_f32() * b.to_f32())
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn lesser(self, b: Self) -> Self {
                 Self::from_f32(f32::min(self.to_f32(), b.to_f32()))
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn greater(self, b: Self) -> Self {
                 Self::from_f32(f32::max(self.to_f32(), b.to_f32()))
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn div_count(self, n: u32) -> Self {
                 Self::from_f32(self.to_f32() / n as f32)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn from_f64(v: f64) -> Self {
                 Self::from_f32(v as f32)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn to_f64(self) -> f64 {
                 self.to_f32() as f64
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn from_bits(bits: u64) -> Self {
                 $name(bits as $bits)
             }
-            #[inline(always)]
+            #[cfg_attr(target_arch = "nvptx64", inline(always))]
             fn to_bits(self) -> u64 {
                 self.0 as u64
             }
@@ -459,7 +459,7 @@ small_float!(
     |x| E5M2.encode(x) as u8
 );
 
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn bf16_from_f32(x: f32) -> u16 {
     let b = x.to_bits();
     if x.is_nan() {

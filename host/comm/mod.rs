@@ -1375,16 +1375,21 @@ impl Comm {
         {
             return Ok(*k);
         }
-        let name = match coll.copies() {
-            true => format!("nccl_{}", coll.symbol()),
-            false => format!("nccl_{}_{}_{}", coll.symbol(), dt.name(), op.name()),
-        };
-        let k = self.device.kernel(&name)?;
+        let k = self.device.kernel(&kernel_name(coll, dt, op))?;
         self.kernels
             .lock()
             .map_err(|_| Error::internal("kernel cache poisoned"))?
             .insert(key, k);
         Ok(k)
+    }
+}
+
+/// The entry point of `coll`'s kernel for `dt` and `op` (the copies have one kernel, as
+/// uint8): `nccl_<symbol>`, or `nccl_<symbol>_<type>_<reduction>`.
+pub(crate) fn kernel_name(coll: Coll, dt: DataType, op: RedOpKind) -> String {
+    match coll.copies() {
+        true => format!("nccl_{}", coll.symbol()),
+        false => format!("nccl_{}_{}_{}", coll.symbol(), dt.name(), op.name()),
     }
 }
 

@@ -190,9 +190,10 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
             names.insert(name.to_string(), fns.len());
             fns.push(Entry::Coll(f));
         });
-        let (p2p, f) = nccl_device::sim_kernels::P2P_KERNEL;
-        names.insert(p2p.to_string(), fns.len());
-        fns.push(Entry::P2p(f));
+        if let Some((p2p, f)) = nccl_device::sim_kernels::P2P_KERNEL {
+            names.insert(p2p.to_string(), fns.len());
+            fns.push(Entry::P2p(f));
+        }
         (fns, names)
     })
 }

@@ -184,6 +184,16 @@ fn one_rank(comm: &Comm, c: &CollCall, bytes: usize) -> Result<()> {
     group::ordered(move || device.copy_dtod_async(dst, src, bytes, stream))
 }
 
+/// The error of a call whose kernel `name` this build left out (`NCCL_RS_KERNELS` at build
+/// time: the kernel researcher's filter).
+pub(crate) fn left_out(name: &str) -> Error {
+    Error::invalid_usage(format!(
+        "kernel {name} is not in this build: it was built with NCCL_RS_KERNELS={:?}, which leaves \
+         it out (add it to the list, or build without the variable)",
+        nccl_device::kernel_set::FILTER.unwrap_or("")
+    ))
+}
+
 /// One collective call as the API received it.
 #[derive(Clone, Copy, Debug)]
 pub struct CollCall {
@@ -231,6 +241,9 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             "root {} is out of range (nranks {n})",
             c.root
         )));
+    }
+    if !nccl_device::kernel_set::built_coll(c.coll, c.dt, c.op.kind()) {
+        return Err(left_out(&crate::comm::kernel_name(c.coll, c.dt, c.op.kind())));
     }
     if c.count == 0 {
         return Ok(());

@@ -68,6 +68,9 @@ pub fn submit(
     let checked = || -> Result<P2pOp> {
         group::enter(comm)?;
         comm.check_usable()?;
+        if !nccl_device::kernel_set::built(nccl_device::kernel_set::P2P_ENTRY) {
+            return Err(super::left_out(nccl_device::kernel_set::P2P_ENTRY));
+        }
         comm.release_graph_regs();
         if peer >= comm.nranks {
             return Err(Error::invalid_argument(format!(
@@ -384,7 +387,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     }
     let (main, others) = (streams[0], &streams[1..]);
     let device = links.device();
-    let k = device.kernel("nccl_p2p")?;
+    let k = device.kernel(nccl_device::kernel_set::P2P_ENTRY)?;
     let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
     links.kick_proxy();
     timeline::mark(Mark::Launch, 0, 0);

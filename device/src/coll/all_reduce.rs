@@ -15,7 +15,7 @@ use crate::prims::{RingDirect, Simple, SimpleFan};
 use crate::types::Elem;
 
 /// The chunk (elements per ring step) for a piece of `remaining` elements.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn piece_chunk<T>(remaining: usize, nranks: usize, max_chunk: usize) -> usize {
     core::cmp::min(
         max_chunk,
@@ -211,7 +211,7 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
 /// Whether the one-node tree starts with the zero-copy handshakes: the launch asks
 /// ([`FLAG_RING_DIRECT`], Simple steps) and this channel's slice fills a step of `chunk`
 /// elements. Every rank decides alike from the call, so both ends of each connection meet.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn tree_direct_on<T, O, const P: u32>(k: &Kernel<T, O, P>, chunk: usize) -> bool {
     P == PROTO_SIMPLE && k.args.flags & FLAG_RING_DIRECT != 0 && k.end - k.start >= chunk
 }
@@ -371,7 +371,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
 
 /// A step of a tree's way down at `at` in our output: what landed there already (`landed`,
 /// direct) is passed on from there; else what comes through the FIFO is stored there.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn way_down<T: Elem>(landed: bool, at: *mut T) -> Move<T> {
     match landed {
         true => Move {
@@ -388,7 +388,7 @@ fn way_down<T: Elem>(landed: bool, at: *mut T) -> Move<T> {
 /// Adds the direct steps of a CTA split in two groups to the channel's count, the groups one
 /// after the other (a plain add each): `steps` is the calling thread's group's, counted by its
 /// first thread. Every thread of the CTA calls it.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn count_direct_by_halves<T, O, const P: u32>(k: &Kernel<T, O, P>, half: usize, steps: u64) {
     let tid = crate::arch::thread_idx() as usize;
     for first in [0, half] {
@@ -412,7 +412,7 @@ struct TreeOffers {
 }
 
 impl TreeOffers {
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn of<T, O, const P: u32>(k: &Kernel<T, O, P>) -> TreeOffers {
         let a = &k.args;
         let (recvbuff, bytes) = (a.recvbuff, a.count * core::mem::size_of::<T>() as u64);
@@ -852,18 +852,18 @@ struct Chunks {
 }
 
 impl Chunks {
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn new(start: usize, end: usize, chunk: usize) -> Chunks {
         Chunks { start, end, chunk }
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn count(&self) -> usize {
         div_ceil(self.end - self.start, self.chunk)
     }
 
     /// Chunk `c`'s first element and length.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn span(&self, c: usize) -> (usize, usize) {
         let s = self.start + c * self.chunk;
         (s, core::cmp::min(self.chunk, self.end - s))
@@ -872,7 +872,7 @@ impl Chunks {
 
 /// Elements per step of a tree across nodes: the host's chunk, within one of its FIFO slots
 /// (`slot` bytes), in whole packs.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn tree_chunk<T>(chunk_elems: u32, slot: u32) -> usize {
     let pe = pack_elems::<T>();
     let fits = core::cmp::min(
@@ -887,13 +887,13 @@ fn tree_chunk<T>(chunk_elems: u32, slot: u32) -> usize {
 const EXCHANGE_AHEAD: usize = 2;
 
 /// `reach` for the first of [`FAN`] connections, the others off.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn only_reach(reach: u64) -> [u64; FAN] {
     core::array::from_fn(|i| if i == 0 { reach } else { DIRECT_OFF })
 }
 
 /// `p` alone among [`FAN`] connections.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn only<C>(p: *mut C) -> [*mut C; FAN] {
     let mut a = [core::ptr::null_mut(); FAN];
     a[0] = p;

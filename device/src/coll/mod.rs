@@ -38,7 +38,7 @@ pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
 /// and stamps the entry; returns the slot to stamp the exit in (null: not this thread, or off)
 /// and the launch number, kept in a register (reading it back from host memory at the exit
 /// would cost a round trip inside the time measured).
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn lab_enter(args: &CollArgs) -> (*mut LabStamp, u32) {
     let off = (core::ptr::null_mut(), 0);
     if args.flags & FLAG_LAB_STAMPS == 0 || arch::block_idx() != 0 || arch::thread_idx() != 0 {
@@ -58,7 +58,7 @@ unsafe fn lab_enter(args: &CollArgs) -> (*mut LabStamp, u32) {
 }
 
 /// Stamps the exit once every thread of CTA 0 is done, then the slot's index.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn lab_exit(args: &CollArgs, (slot, n): (*mut LabStamp, u32)) {
     // Every thread of CTA 0 meets at the barrier alike: the flag is the same for all of them.
     if args.flags & FLAG_LAB_STAMPS == 0 || arch::block_idx() != 0 {
@@ -146,20 +146,20 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     }
 
     /// Our position in the ring.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn ring_ix(&self) -> usize {
         (*self.ch).ring_index as usize
     }
 
     /// The rank `k` positions upstream of us (`k` = 0 is us).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn rank_upstream(&self, k: usize) -> usize {
         let pos = (self.ring_ix() + self.nranks - k % self.nranks) % self.nranks;
         *((*self.ch).ring_ranks as *const u32).add(pos) as usize
     }
 
     /// How many hops downstream of `rank` we are.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn distance_from(&self, rank: usize) -> usize {
         let ranks = (*self.ch).ring_ranks as *const u32;
         let mut pos = 0;
@@ -170,7 +170,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     }
 
     /// The primitives on this channel's ring connections, with the launch's protocol.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn prims(&self) -> Simple {
         Simple::new(self.ch, self.slot_bytes)
             .with_proto(P)
@@ -181,7 +181,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
 
     /// Elements per step: the host's chunk, never more than a FIFO slot's payload with the
     /// launch's protocol.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn max_chunk(&self) -> usize {
         let bytes = match P {
             PROTO_LL => LL_STEP_BYTES,
@@ -205,7 +205,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     ///
     /// With [`CollArgs::reg_ctas`] below the grid, the ring agreement comes first
     /// ([`Kernel::fewer_ctas`]): it may leave this CTA nothing to do, or a larger slice.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn ring_direct(
         &mut self,
         prims: &mut Simple,
@@ -248,7 +248,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     /// copy on fewer CTAs). If all did, CTAs from `reg_ctas` on get an empty slice (they take
     /// no step, at neither end of their connections) and the others the slices of `reg_ctas`
     /// channels. Every CTA of every rank runs the agreement and gets the same answer.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn fewer_ctas(&mut self, prims: &mut Simple, partials: bool) {
         let (fewer, grid) = (self.args.reg_ctas as usize, arch::grid_dim() as usize);
         if P != PROTO_SIMPLE || self.args.flags & FLAG_RING_DIRECT == 0 || fewer == 0 {
@@ -277,7 +277,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     }
 
     /// Counts `steps` ring steps received straight into our output ([`ChannelDev::direct_steps`]).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn count_direct(&self, steps: u64) {
         if self.tid == 0 && steps > 0 {
             (*self.ch).direct_steps += steps;
@@ -285,7 +285,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     }
 
     /// A single rank: the result is the input, reduced with itself alone.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn local_copy(&self, input: *const T, output: *mut T, n: usize) {
         let mv = Move {
             input,
@@ -298,7 +298,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
 }
 
 /// The reduction's scalar as raw bits: from device memory when the host gave its address.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn scalar_bits<T>(args: &CollArgs) -> u64 {
     if args.redop_arg_ptr == 0 {
         return args.redop_arg;
@@ -313,60 +313,21 @@ unsafe fn scalar_bits<T>(args: &CollArgs) -> u64 {
 }
 
 /// The range of elements channel `ch` of `nch` owns.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn channel_range<T>(count: usize, ch: usize, nch: usize) -> (usize, usize) {
     let per = align_up(div_ceil(count, nch), pack_elems::<T>());
     let start = core::cmp::min(ch * per, count);
     (start, core::cmp::min(start + per, count))
 }
 
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(crate) const fn div_ceil(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(crate) const fn align_up(a: usize, b: usize) -> usize {
     a.div_ceil(b) * b
-}
-
-/// Calls `$m!("entry_name", RustType, OpType, Coll::X)` once per kernel entry point: the
-/// reducing collectives once per (element type, reduction), the copies once (as uint8). Both
-/// the PTX entry points and the simulator's dispatch are made from it; the host names the same
-/// entries with [`Coll::symbol`].
-#[macro_export]
-macro_rules! for_each_kernel {
-    ($m:ident) => {
-        $m!("nccl_broadcast", u8, $crate::ops::Sum, $crate::abi::Coll::Broadcast);
-        $m!("nccl_all_gather", u8, $crate::ops::Sum, $crate::abi::Coll::AllGather);
-        $crate::for_each_kernel!(@types $m,
-            int8 i8, uint8 u8, int32 i32, uint32 u32, int64 i64, uint64 u64,
-            half $crate::types::F16, float f32, double f64, bfloat16 $crate::types::Bf16,
-            f8e4m3 $crate::types::F8E4M3, f8e5m2 $crate::types::F8E5M2);
-    };
-    (@types $m:ident, $($tn:ident $t:ty),*) => {
-        $(
-            $crate::for_each_kernel!(@ops $m, $tn, $t, all_reduce, AllReduce);
-            $crate::for_each_kernel!(@ops $m, $tn, $t, reduce, Reduce);
-            $crate::for_each_kernel!(@ops $m, $tn, $t, reduce_scatter, ReduceScatter);
-        )*
-    };
-    (@ops $m:ident, $tn:ident, $t:ty, $cn:ident, $c:ident) => {
-        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, sum, $crate::ops::Sum);
-        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, prod, $crate::ops::Prod);
-        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, max, $crate::ops::Max);
-        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, min, $crate::ops::Min);
-        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, avg, $crate::ops::Avg<$t>);
-        $crate::for_each_kernel!(@one $m, $tn, $t, $cn, $c, premulsum, $crate::ops::PreMulSum<$t>);
-    };
-    (@one $m:ident, $tn:ident, $t:ty, $cn:ident, $c:ident, $on:ident, $op:ty) => {
-        $m!(
-            concat!("nccl_", stringify!($cn), "_", stringify!($tn), "_", stringify!($on)),
-            $t,
-            $op,
-            $crate::abi::Coll::$c
-        );
-    };
 }
 
 #[cfg(test)]

@@ -110,20 +110,20 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
     const SZ: usize = core::mem::size_of::<T>();
 
     /// Elements one half holds.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn cap(&self) -> usize {
         self.half_bytes / Self::SZ
     }
 
     /// (unicast, multicast) addresses of the current piece's half.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn half(&self) -> (u64, u64) {
         let at = NVLS_CTRL_BYTES + (self.pieces % 2) * self.half_bytes as u64;
         (self.uc + at, self.mc + at)
     }
 
     /// Every rank of the channel arrives before any goes on (see the module's comment).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn barrier(&mut self) {
         arch::sync_threads();
         self.barriers += 1;
@@ -147,7 +147,7 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
     }
 
     /// Saves the counters the next launch on this channel starts from.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn finish(&self) {
         if self.tid == 0 {
             (*self.ch).barriers = self.barriers;
@@ -157,7 +157,7 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
 
     /// `n` (1..=pack) elements at `src` as a pack (the rest zero), with the reduction's `pre`
     /// step when `pre`.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn pack_in(&self, src: *const T, n: usize, pre: bool) -> Pack16 {
         let v = if n == pack_elems::<T>() && (src as usize).is_multiple_of(16) {
             arch::ld_pack(src as *const Pack16)
@@ -176,7 +176,7 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
     }
 
     /// The first `n` elements of `v` to `dst`.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn pack_out(&self, dst: *mut T, v: Pack16, n: usize) {
         if n == pack_elems::<T>() && (dst as usize).is_multiple_of(16) {
             arch::st_pack(dst as *mut Pack16, v);
@@ -189,7 +189,7 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
     }
 
     /// The reduction of every rank's pack at multicast address `mc`, `post` applied.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn reduce_pack(&self, mc_op: McOp, mc: u64) -> Pack16 {
         let v = arch::multimem_ld_reduce::<T>(mc_op, mc as *const Pack16);
         match O::HAS_POST {

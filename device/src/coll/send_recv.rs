@@ -14,7 +14,7 @@ use crate::prims::Simple;
 ///
 /// # Safety
 /// As [`run`], for every item.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub unsafe fn launch(args: &P2pArgs) {
     let b = arch::block_idx() as usize;
     if b < args.nitems as usize {

@@ -63,7 +63,7 @@ pub struct Move<T> {
 
 impl<T: Elem> Move<T> {
     /// Nothing to read or write yet: fill in what a step uses with struct update syntax.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn none() -> Move<T> {
         Move {
             recv: core::ptr::null(),
@@ -74,14 +74,14 @@ impl<T: Elem> Move<T> {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn aligned(&self) -> bool {
         let bits =
             self.recv as usize | self.input as usize | self.output as usize | self.send as usize;
         bits.is_multiple_of(16)
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(crate) fn combine<O: RedOp<T>>(&self, op: &O, r: Pack16, x: Pack16) -> Pack16 {
         let mut v = if self.input.is_null() {
             r
@@ -103,7 +103,7 @@ impl<T: Elem> Move<T> {
         v
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn combine_one<O: RedOp<T>>(&self, op: &O, r: T, x: T) -> T {
         let mut v = if self.input.is_null() {
             r
@@ -165,7 +165,7 @@ impl<T: Elem> Move<T> {
     /// body. The send/recv kernel keeps that: its family is small, and with the shared body
     /// 4xH200 sendrecv at 512 MiB measured 0.65-0.66 of NCCL, against 0.80 inlined (same
     /// 8 connections per peer: results/h200x4-sendrecv-inline-8conns.txt).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
         let pe = pack_elems::<T>();
         let npacks = if self.aligned() { n / pe } else { 0 };
@@ -267,7 +267,7 @@ const LOCAL_UNROLL: usize = 8;
 ///
 /// # Safety
 /// `src` and `dst` are valid for `n` bytes and do not overlap.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub unsafe fn copy_local(src: *const u8, dst: *mut u8, n: usize, tid: usize, nthreads: usize) {
     let mut done = 0;
     if (src as usize | dst as usize).is_multiple_of(16) {
@@ -325,7 +325,7 @@ pub struct Fan<T> {
 
 impl<T: Elem> Fan<T> {
     /// Nothing to read or write yet: fill in what a step uses with struct update syntax.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn none() -> Fan<T> {
         Fan {
             recv: [core::ptr::null(); FAN],
@@ -336,7 +336,7 @@ impl<T: Elem> Fan<T> {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn aligned(&self) -> bool {
         let mut bits = self.input as usize | self.output as usize;
         each_below!(FAN, k => {
@@ -375,7 +375,7 @@ impl<T: Elem> Fan<T> {
     // `have` is set after the last peer too, where nothing reads it: the unrolled body is the
     // same for every peer.
     #[allow(unused_assignments)]
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn run_inline<O: RedOp<T>>(&self, op: &O, n: usize, tid: usize, nthreads: usize) {
         let pe = pack_elems::<T>();
         let npacks = if self.aligned() { n / pe } else { 0 };

@@ -23,7 +23,7 @@ use crate::arch;
 use crate::ops::Sum;
 
 /// Where a word of a counter line lies.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn word(line: u64, offset: usize) -> *mut u64 {
     (line + offset as u64) as *mut u64
 }
@@ -37,7 +37,7 @@ impl Simple {
     /// # Safety
     /// Every thread of the group calls it alike; the connection is a direct (p2p) one whose
     /// peer runs [`Simple::direct_send`] for the same message.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn direct_recv(&mut self, offer: u64) -> bool {
         let rc = self.recv;
         let tag = self.recv_step + 1;
@@ -68,7 +68,7 @@ impl Simple {
     /// # Safety
     /// As [`Simple::direct_recv`], on the send connection; `src` holds `bytes` bytes, and a
     /// `reach` that is a table points at a [`RegTable`] in device memory.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn direct_send(&mut self, reach: u64, src: *const u8, bytes: usize) -> bool {
         let sc = self.send;
         let tag = self.send_step + 1;
@@ -139,7 +139,7 @@ impl RingDirect {
 
     /// Where element `at` of the successor's output lies when partial sums go there, null
     /// when they go through its FIFO.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn partial_at<T>(&self, at: usize) -> *mut T {
         if self.send_partials {
             self.send_at(at)
@@ -150,7 +150,7 @@ impl RingDirect {
 
     /// Where element `at` of the successor's output lies, null when what we send it goes
     /// through its FIFO.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn send_at<T>(&self, at: usize) -> *mut T {
         match self.send_to {
             0 => core::ptr::null_mut(),
@@ -180,7 +180,7 @@ impl Simple {
     /// host; the peers run it for the same collective with the same `recv_on`/`reach != OFF` on
     /// each shared connection, each of which then takes a step at least; a `reach` that is a
     /// table points at a [`RegTable`].
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn ring_handshake(
         &mut self,
         recv_on: bool,
@@ -286,7 +286,7 @@ impl Simple {
     /// As [`Simple::ring_handshake`]; both ends of each connection run it for the same
     /// collective, with `recv_on` at one end equal to `reach != DIRECT_OFF` at the other, and
     /// take a step on it at least.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn tree_handshake(
         &mut self,
         recv_on: bool,
@@ -334,7 +334,7 @@ impl Simple {
 
 /// The receiving end: offers `offer` (our output, or [`DIRECT_DECLINE`]) for the message
 /// tagged `tag`.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn link_offer(rc: *mut ConnRecv, tag: u64, offer: u64) {
     let line = (*rc).head;
     arch::st_volatile(word(line, DIRECT_WORD), offer);
@@ -342,7 +342,7 @@ pub(super) unsafe fn link_offer(rc: *mut ConnRecv, tag: u64, offer: u64) {
 }
 
 /// The word the sending end waits on until it reaches `tag`: the receiver's offer is there.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn offer_tag(sc: *mut ConnSend) -> *const u64 {
     word((*sc).head, DIRECT_TAG)
 }
@@ -350,7 +350,7 @@ pub(super) unsafe fn offer_tag(sc: *mut ConnSend) -> *const u64 {
 /// The sending end, once [`offer_tag`] reached `tag` (or the wait gave up on an abort): takes
 /// the offer if it is of this message, we `registered`, and `reach` translates a `bytes`-long
 /// buffer at it; keeps the destination (0: the FIFO) for [`link_destination`] and answers.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn link_answer(
     sc: *mut ConnSend,
     tag: u64,
@@ -373,13 +373,13 @@ pub(super) unsafe fn link_answer(
 }
 
 /// What [`link_answer`] decided, for every thread after a barrier behind thread 0's answer.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn link_destination(sc: *mut ConnSend) -> u64 {
     arch::ld_volatile(word((*sc).head, DIRECT_DST))
 }
 
 /// The word the receiving end waits on until it reaches `tag`: the sender answered.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn answer_tag(rc: *mut ConnRecv) -> *const u64 {
     word((*rc).tail, DIRECT_TAG)
 }
@@ -387,7 +387,7 @@ pub(super) unsafe fn answer_tag(rc: *mut ConnRecv) -> *const u64 {
 /// Whether the sender answered `tag` with "direct" (read by every thread after a barrier
 /// behind thread 0's wait on [`answer_tag`]; a thread 0 that gave up on an abort leaves an old
 /// tag: the FIFO).
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn link_direct(rc: *mut ConnRecv, tag: u64) -> bool {
     let line = (*rc).tail;
     arch::ld_volatile(word(line, DIRECT_TAG)) >= tag
@@ -409,7 +409,7 @@ impl Simple {
     /// Every thread of the group calls it alike; `ch` is this CTA's channel, whose ring
     /// connections are p2p ones (counter lines both ends share), and every rank of the ring
     /// runs it in the same launch.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn ring_agree(&mut self, ch: *mut ChannelDev, mine: bool, nranks: usize) -> bool {
         let (rc, sc) = (self.recv, self.send);
         let state = core::ptr::addr_of_mut!((*ch).agree);
@@ -453,7 +453,7 @@ impl Simple {
 }
 
 /// Where the receiver's offered `addr` (`bytes` long) lies for us, or 0 if we cannot reach it.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn reach_offer(reach: u64, addr: u64, bytes: u64) -> u64 {
     match reach {
         DIRECT_DECLINE | 0 => 0,

@@ -62,7 +62,7 @@ impl SimpleFan {
     ///
     /// # Safety
     /// Non-null pointers point at connections in device memory, wired by the host.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn new(
         recv: [*mut ConnRecv; FAN],
         send: [*mut ConnSend; FAN],
@@ -104,7 +104,7 @@ impl SimpleFan {
 
     /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
     /// barrier `bar` (1..=7; on GPUs `count` is whole warps), as [`super::Simple::group`].
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn group(mut self, first: usize, count: usize, bar: u32) -> SimpleFan {
         self.tid = arch::thread_idx() as usize - first;
         self.nthreads = count;
@@ -113,13 +113,13 @@ impl SimpleFan {
     }
 
     /// Gives up waiting once the u64 at `flag` (host-mapped; null: never) is non-zero.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn with_abort(mut self, flag: u64) -> SimpleFan {
         self.abort = flag as *const u64;
         self
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn sync(&self) {
         if self.bar == 0 {
             arch::sync_threads();
@@ -130,7 +130,7 @@ impl SimpleFan {
 
     /// Spins until the u64 at `counter` reaches `need` (acquire, system scope), or until the
     /// abort flag is raised; returns the last value read.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn wait(&mut self, counter: *const u64, need: u64) -> u64 {
         let mut spins = 0u32;
         loop {
@@ -161,7 +161,7 @@ impl SimpleFan {
     /// Every thread of the group calls it alike; both ends of each connection run it for the
     /// same collective, with `recv_on` at one end equal to `send_reach != DIRECT_OFF` at the
     /// other (p2p connections only), and take a step on it at least.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn tree_handshake(
         &mut self,
         recv_on: [bool; FAN],
@@ -202,7 +202,7 @@ impl SimpleFan {
         direct
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn slot(fifo: u64, step: u64, slot_bytes: usize) -> u64 {
         fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
     }
@@ -214,7 +214,7 @@ impl SimpleFan {
     /// connection that went direct ([`SimpleFan::tree_handshake`]) reads from our output or
     /// writes into the peer's there instead of a slot. Every thread of the group calls it with
     /// the same arguments.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn step<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,
@@ -300,7 +300,7 @@ impl SimpleFan {
     }
 
     /// Saves the step counters for the next launch on these connections.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn finish(self) {
         if self.tid == 0 {
             for i in 0..FAN {

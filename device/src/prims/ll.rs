@@ -14,14 +14,14 @@ use crate::prims::simple::Simple;
 use crate::types::Elem;
 
 /// The flag of step `step`'s lines.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn flag(step: u64) -> u32 {
     (step + 1) as u32
 }
 
 /// Up to 8 bytes at `p` (`avail` of them exist) into the low half of a pack, zero-padded; a
 /// short or unaligned line is read byte by byte so nothing past the buffer is touched.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn load8(p: *const u8, avail: usize) -> Pack16 {
     let mut v = Pack16::default();
     if avail >= 8 && (p as usize).is_multiple_of(4) {
@@ -40,7 +40,7 @@ pub(super) unsafe fn load8(p: *const u8, avail: usize) -> Pack16 {
 }
 
 /// The low 8 bytes of `v` to `p`, of which only `avail` exist.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn store8(p: *mut u8, avail: usize, v: Pack16) {
     if avail >= 8 && (p as usize).is_multiple_of(4) {
         let w = p as *mut u32;
@@ -59,7 +59,7 @@ pub(super) unsafe fn store8(p: *mut u8, avail: usize, v: Pack16) {
 impl Simple {
     /// One LL step; the arguments are [`Simple::step`]'s. `n` elements must fit one LL slot
     /// (`LL_SLOT_BYTES / 2` payload bytes).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) unsafe fn step_ll<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,

@@ -22,14 +22,14 @@ const LANES_PER_LINE: usize = 8;
 const FLAG_PART: usize = LANES_PER_LINE - 1;
 
 /// The flag of step `step`'s lines.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn flag(step: u64) -> u64 {
     step + 1
 }
 
 /// Up to 16 bytes at `p` (`avail` of them exist), zero-padded: one 16-byte load where `p` is
 /// aligned for it (bypassing L1, as Simple's loads), else two halves ([`load8`]).
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn load16(p: *const u8, avail: usize) -> Pack16 {
     if avail >= 16 && (p as usize).is_multiple_of(16) {
         return arch::ld_pack(p as *const Pack16);
@@ -44,7 +44,7 @@ unsafe fn load16(p: *const u8, avail: usize) -> Pack16 {
 }
 
 /// The first `avail` (at most 16) bytes of `v` to `p`, as [`load16`] reads them.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 unsafe fn store16(p: *mut u8, avail: usize, v: Pack16) {
     if avail >= 16 && (p as usize).is_multiple_of(16) {
         return arch::st_pack(p as *mut Pack16, v);
@@ -59,7 +59,7 @@ impl Simple {
     /// One LL128 step; the arguments are [`Simple::step`]'s. `n` elements must fit one LL128
     /// slot's payload, and the CTA must be whole warps (on the simulator, a CTA of fewer than
     /// 32 threads, a multiple of 8, is one narrow warp).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) unsafe fn step_ll128<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,

@@ -22,7 +22,7 @@ impl Simple {
     /// slots in `fifo` (null where that direction takes no part), and points `mv`'s `recv` and
     /// `send` at them: only marks for [`Move::combine`], since the lines are read and written
     /// by the protocol itself.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) unsafe fn packet_begin<T>(
         &mut self,
         fifo: Fifo,
@@ -109,7 +109,7 @@ impl Simple {
 
     /// Ends a step: once every thread has read its lines, the receive slot goes back to the
     /// sender; both step counters move on.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     /// `polled`: the step's lines were LL ones, read by their flags alone (and, on a send side
     /// with [`STRIDE_LL_SEND_POLL`], checked by their flags before the proxy sends them).
     pub(super) unsafe fn packet_end(

@@ -66,7 +66,7 @@ pub struct Simple {
 ///
 /// # Safety
 /// `rc` points at a connection wired by the host.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(super) unsafe fn announce_recv(rc: *const ConnRecv, end: u64, proto: u32) {
     let at = (*rc).proxy_proto as *mut u64;
     if !at.is_null() {
@@ -78,7 +78,7 @@ pub(super) unsafe fn announce_recv(rc: *const ConnRecv, end: u64, proto: u32) {
 
 /// The FIFO slots a Simple step fills when asked for `steps`: the largest power of two not
 /// above it (so it divides NCCL_STEPS), from 1 to half the FIFO.
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub fn slice_steps(steps: u32) -> u32 {
     1 << steps.clamp(1, NCCL_STEPS / 2).ilog2()
 }
@@ -89,7 +89,7 @@ const POSTERS: usize = if cfg!(target_arch = "nvptx64") { 32 } else { 1 };
 
 /// The named barrier where the workers of a group meet apart from its publisher: group `bar`'s
 /// plus 8 (groups use 1..=7; the whole CTA's, 0, uses 15).
-#[inline(always)]
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
 fn worker_barrier(bar: u32) -> u32 {
     if bar == 0 {
         15
@@ -107,7 +107,7 @@ impl Simple {
     ///
     /// # Safety
     /// `ch` points at this CTA's channel in device memory, wired by the host.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn new(ch: *mut ChannelDev, slot_bytes: u32) -> Simple {
         Simple::on(&mut (*ch).send, &mut (*ch).recv, slot_bytes)
     }
@@ -116,7 +116,7 @@ impl Simple {
     ///
     /// # Safety
     /// Non-null pointers point at connections in device memory, wired by the host.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn on(send: *mut ConnSend, recv: *mut ConnRecv, slot_bytes: u32) -> Simple {
         Simple::between(send, slot_bytes, recv, slot_bytes)
     }
@@ -125,7 +125,7 @@ impl Simple {
     ///
     /// # Safety
     /// As [`Simple::on`].
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn between(
         send: *mut ConnSend,
         send_slot_bytes: u32,
@@ -164,7 +164,7 @@ impl Simple {
     /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
     /// barrier `bar` (1..=7, each group its own, and `bar` + 8 is its workers'; on GPUs `count`
     /// is whole warps): two groups then move two streams of steps at once.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn group(mut self, first: usize, count: usize, bar: u32) -> Simple {
         self.tid = arch::thread_idx() as usize - first;
         self.nthreads = count;
@@ -173,7 +173,7 @@ impl Simple {
     }
 
     /// Every thread of the group meets here.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) fn sync(&self) {
         if self.bar == 0 {
             arch::sync_threads();
@@ -183,7 +183,7 @@ impl Simple {
     }
 
     /// Takes the launch's `FLAG_*` bits ([`crate::abi::CollArgs::flags`]).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn with_flags(mut self, flags: u32) -> Simple {
         self.publisher = flags & FLAG_SIMPLE_PUBLISHER != 0;
         self
@@ -194,7 +194,7 @@ impl Simple {
     /// release after loads alone is short) and the group has three warps or more; else all
     /// (then thread 0 also publishes). Every thread of the group decides alike for each step.
     /// Only Simple steps ask (LL and LL128 steps meet and publish their own way).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn workers(&self, send: bool) -> usize {
         if self.publisher && send && self.nthreads >= 3 * POSTERS {
             self.nthreads - POSTERS
@@ -204,7 +204,7 @@ impl Simple {
     }
 
     /// The workers meet here, without the publisher ([`Simple::workers`] threads).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn sync_workers(&self, workers: usize) {
         if workers == self.nthreads {
             self.sync();
@@ -215,7 +215,7 @@ impl Simple {
 
     /// Publishes a finished step: its data to the next rank (tail), its slot back to the
     /// previous one (head).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn publish(&self, recv: bool, send: bool, bytes: usize) {
         if send {
             let sizes = (*self.send).proxy_sizes as *mut u64;
@@ -237,7 +237,7 @@ impl Simple {
     }
 
     /// Moves both step counters past a finished step.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn advance(&mut self, recv: bool, send: bool) {
         if send {
             self.send_step += self.slice;
@@ -248,14 +248,14 @@ impl Simple {
     }
 
     /// Gives up waiting once the u64 at `flag` (host-mapped; null: never) is non-zero.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn with_abort(mut self, flag: u64) -> Simple {
         self.abort = flag as *const u64;
         self
     }
 
     /// Spins until `ready()`, or until the abort flag is raised (then never waits again).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) unsafe fn wait(&mut self, mut ready: impl FnMut() -> bool) {
         let mut spins = 0u32;
         while !self.aborted && !ready() {
@@ -270,7 +270,7 @@ impl Simple {
 
     /// Carries the following steps with protocol `proto` (`PROTO_*`). Every thread of the CTA
     /// makes the same choice; the connections must have the protocol's FIFOs.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn with_proto(mut self, proto: u32) -> Simple {
         self.proto = proto;
         self
@@ -283,7 +283,7 @@ impl Simple {
     /// to a multiple of `steps` (the counters are equal at both ends, so they stay equal, and a
     /// step never straddles the end of the FIFO). Call it after [`Simple::with_proto`]; LL and
     /// LL128 steps ignore it.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn with_slice(mut self, steps: u32) -> Simple {
         let steps = slice_steps(steps) as u64;
         if self.proto == PROTO_SIMPLE && steps > 1 {
@@ -297,7 +297,7 @@ impl Simple {
     /// Moves each step's data with code inlined here instead of a call to the one body per
     /// (type, reduction): for kernels with few call sites (send/recv), where the shared body
     /// measured slower ([`Move::run_inline`]).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn with_inline_moves(mut self) -> Simple {
         self.inline = true;
         self
@@ -305,7 +305,7 @@ impl Simple {
 
     /// Like [`Simple::wait`], for the lanes `mask` of a warp polling together: `ready` is this
     /// lane's view, and they go on once every lane is ready (or the abort flag was seen).
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) unsafe fn warp_wait(&mut self, mask: u32, mut ready: impl FnMut() -> bool) {
         let mut spins = 0u32;
         loop {
@@ -323,7 +323,7 @@ impl Simple {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn slot(fifo: u64, step: u64, slot_bytes: usize) -> u64 {
         fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
     }
@@ -331,7 +331,7 @@ impl Simple {
     /// One step: waits for the receive slot and a free send slot, moves the data, publishes.
     /// Every thread of the CTA calls it with the same arguments; `recv`/`send` say which
     /// connections take part, `mv` carries only the user-buffer pointers.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn step<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,
@@ -349,7 +349,7 @@ impl Simple {
     /// lies (null: nothing to pass on, so nothing moves). With a non-null `send_to`, the data
     /// goes there (the successor's buffer) instead of a FIFO slot. The counters, waits and publishes are a FIFO step's, so
     /// flow control and the step counts stay as they were at both ends.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn step_to<T: Elem, O: RedOp<T>>(
         &mut self,
@@ -449,7 +449,7 @@ impl Simple {
     ///
     /// # Safety
     /// As [`Simple::on`].
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn promise_recv(&mut self, steps: u64) {
         if self.recv.is_null() || self.proto != PROTO_SIMPLE {
             return;
@@ -462,7 +462,7 @@ impl Simple {
     }
 
     /// Saves the step counters for the next launch on this channel.
-    #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn finish(self) {
         if self.tid == 0 {
             if !self.send.is_null() {
