@@ -9,7 +9,9 @@ use std::ffi::{c_int, OsString};
 use std::path::PathBuf;
 
 pub const USAGE: &str = "\
-usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options])
+usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options]; with no
+                                 options at all, as `cargo test` runs it, a quick checked run
+                                 of every collective on 2 simulated GPUs)
   -C, --collective NAME     all_reduce broadcast reduce all_gather reduce_scatter, or all
                             (one table each); a comma-separated list works too [all_reduce]
   -r, --root N              root rank of broadcast and reduce [0]

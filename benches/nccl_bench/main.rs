@@ -103,10 +103,42 @@ impl From<String> for Fail {
     }
 }
 
+/// The arguments of a run with none (as `cargo test` runs the target).
+const SMOKE_ARGS: [&str; 18] = [
+    "--backend",
+    "sim",
+    "-g",
+    "2",
+    "-C",
+    "all",
+    "-b",
+    "8",
+    "-e",
+    "256K",
+    "-f",
+    "32",
+    "-c",
+    "1",
+    "-n",
+    "2",
+    "-w",
+    "1",
+];
+
 fn main() -> ExitCode {
     // NCCL_DEBUG and friends, as nccl-tests users expect (a library never installs it itself).
     nccl::init_logging();
-    let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if argv.is_empty() {
+        // `cargo test` runs the bench target (`test = true` in Cargo.toml) with no arguments,
+        // and `cargo bench` always passes `--bench`: a quick checked run of every collective
+        // on the simulator, so that the test suite builds and runs the main job's code.
+        println!(
+            "nccl_bench: no arguments (cargo test): {}",
+            SMOKE_ARGS.join(" ")
+        );
+        argv = SMOKE_ARGS.iter().map(OsString::from).collect();
+    }
     let args = match parse_args(&argv) {
         Ok(Some(a)) => a,
         Ok(None) => {
