@@ -70,7 +70,7 @@ pub struct Ticket {
     /// where /proc does not say): with the pid, names the owner process, never a later one
     /// that was given its pid.
     pub start: u64,
-    /// The counter in the owner's socket name ([`NO_SOCKET`] when it has none).
+    /// The counter in the owner's socket name (`NO_SOCKET` when it has none).
     pub sock: u32,
     /// The offer's key in the owner's table.
     pub key: u64,

@@ -111,7 +111,7 @@ pub(crate) const MAX_ANSWER: usize = 16 << 20;
 
 /// Asks the RAS thread at `addr` for the job's state (the client side; `ncclras` uses it).
 /// Whatever answers is a stranger until proven otherwise: an answer longer than
-/// [`MAX_ANSWER`], one still coming after `timeout`, or one that is not UTF-8 is an error.
+/// `MAX_ANSWER`, one still coming after `timeout`, or one that is not UTF-8 is an error.
 pub fn query(addr: SocketAddr, verbose: bool, timeout: Duration) -> std::io::Result<String> {
     use std::io::{Error, ErrorKind};
     let deadline = std::time::Instant::now() + timeout;

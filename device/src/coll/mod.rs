@@ -204,7 +204,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     /// place, see [`RingDirect::recv_partials`]).
     ///
     /// With [`CollArgs::reg_ctas`] below the grid, the ring agreement comes first
-    /// ([`Kernel::fewer_ctas`]): it may leave this CTA nothing to do, or a larger slice.
+    /// (`Kernel::fewer_ctas`): it may leave this CTA nothing to do, or a larger slice.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn ring_direct(
         &mut self,

@@ -262,7 +262,7 @@ impl<T: Elem> Move<T> {
 const LOCAL_UNROLL: usize = 8;
 
 /// Copies `n` bytes from `src` to `dst` in one GPU's memory (a send to ourselves), thread
-/// `tid` of `nthreads` taking its share: whole hunks of [`LOCAL_UNROLL`] packs per lane
+/// `tid` of `nthreads` taking its share: whole hunks of `LOCAL_UNROLL` packs per lane
 /// first, the rest as [`Move::run_inline`] moves it.
 ///
 /// # Safety
