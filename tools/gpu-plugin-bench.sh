@@ -10,9 +10,9 @@
 # ratio to sockets (the target: within 10% at >= 64 MiB).
 #
 # Build here:  NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle --no-bench -- --bench nccl_bench
-#              (or with the tests: -- --features internals --test gpu_net_plugin --bench nccl_bench)
+#              (or with the tests: -- --features internals --test gpu --bench nccl_bench)
 # Run there:   tools/gpu-plugin-bench.sh [bench [ROUNDS]]   (from the repository root, .gpu carried)
-#              tools/gpu-plugin-bench.sh tests [TEST...]    the GPU tests of tests/gpu_net_plugin.rs
+#              tools/gpu-plugin-bench.sh tests [TEST...]    the GPU tests of tests/gpu/net_plugin.rs
 #              (all three by default, each with its own time limit), with the same MPS set-up
 #              tools/gpu-plugin-bench.sh ofi    nccl_bench through aws-ofi-nccl (libfabric's tcp
 #              provider on lo) from .gpu-ofi/ (carried too; see .gpu-ofi/README.txt), then the
@@ -44,10 +44,10 @@ export CUDA_CACHE_MAXSIZE=4294967296 # our PTX, JIT-compiled once for every rank
 
 archive() { tar -czf "$base/plugin-bench.tgz" -C "$base" plugin-bench 2>/dev/null; }
 
-tests="$root/.gpu/bin/test-gpu_net_plugin"
+tests="$root/.gpu/bin/test-gpu"
 case "$mode" in
   bench) [ -x "$bench" ] || { echo "no $bench: build the bundle first (see the top of $0)"; exit 2; } ;;
-  tests) [ -x "$tests" ] || { echo "no $tests: bundle it (-- --test gpu_net_plugin)"; exit 2; } ;;
+  tests) [ -x "$tests" ] || { echo "no $tests: bundle it (-- --test gpu)"; exit 2; } ;;
   ofi) [ -x "$bench" ] && [ -f "$root/.gpu-ofi/libnccl-net-ofi.so" ] ||
     { echo "ofi needs $bench and .gpu-ofi/libnccl-net-ofi.so (carried)"; exit 2; } ;;
   *) echo "usage: $0 [bench [ROUNDS] | tests [TEST...] | ofi]"; exit 2 ;;
@@ -102,7 +102,7 @@ if [ "$mode" = tests ]; then
     # The test finds the plugin's source here; a cold host JIT-compiles our PTX first.
     NCCL_RS_TEST_SHOW_RANKS=1 NCCL_RS_SOURCE_DIR="$root" NCCL_RS_TEST_PROC_LIMIT_S="${NCCL_RS_TEST_PROC_LIMIT_S:-400}" \
       timeout "${TEST_LIMIT_S:-450}" "$tests" --include-ignored --exact --nocapture \
-      --test-threads=1 "$t" >"$out/test-$t.log" 2>&1
+      --test-threads=1 "net_plugin::$t" >"$out/test-$t.log" 2>&1
     rc=$?
     echo "test $t: rc=$rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (time limit)')"
     grep -E '^test result|panicked|plugin counters' "$out/test-$t.log" | head -12

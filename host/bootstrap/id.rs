@@ -189,11 +189,14 @@ pub fn new_root_id() -> Result<UniqueId> {
     new_root_id_on(socket::choose_address()?)
 }
 
-/// As [`new_root_id`], with the root on the loopback address: for communicators whose ranks
-/// are all in this process (`ncclCommInitAll`), whose bootstrap need not leave the host, nor
-/// depend on an interface being up.
-pub(crate) fn new_local_root_id() -> Result<UniqueId> {
-    new_root_id_on(socket::loopback_address())
+crate::internal! {
+    /// As [`new_root_id`], with the root on the loopback address: for communicators whose ranks
+    /// are all in this process (`ncclCommInitAll`), whose bootstrap need not leave the host, nor
+    /// depend on an interface being up. (Public with `internals`: the tests' ids, which must
+    /// never lead to the machine's own interfaces.)
+    fn new_local_root_id() -> Result<UniqueId> {
+        new_root_id_on(socket::loopback_address())
+    }
 }
 
 fn new_root_id_on(ip: std::net::IpAddr) -> Result<UniqueId> {

@@ -54,7 +54,11 @@ use std::time::{Duration, Instant};
 
 pub use abort::AbortFlag;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
-pub(crate) use id::{new_local_root_id, random_nonce};
+#[cfg(feature = "internals")]
+pub use id::new_local_root_id;
+#[cfg(not(feature = "internals"))]
+pub(crate) use id::new_local_root_id;
+pub(crate) use id::random_nonce;
 
 use crate::error::{Error, Result};
 pub(crate) use p2p::Fault;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::socket;
 use super::wire::Channel;
 use super::Bootstrap;
-use crate::ras::Record;
 use crate::ras::report::Answer;
+use crate::ras::Record;
 
 /// Most answers to one rank's RAS queries in flight at once (a thread each). A rank asks on
 /// behalf of its process's RAS clients, at most `ras::server`'s 4 at a time; queries past
@@ -30,7 +30,10 @@ impl Bootstrap {
     /// From now on, a RAS query from another rank is answered with `record()` (encoded), from a
     /// thread of its own so that the reader goes on reading; at most
     /// [`MAX_RAS_ANSWERS_PER_PEER`] at a time for one asking rank.
-    pub(crate) fn serve_ras(self: &Arc<Self>, record: impl Fn() -> Vec<u8> + Send + Sync + 'static) {
+    pub(crate) fn serve_ras(
+        self: &Arc<Self>,
+        record: impl Fn() -> Vec<u8> + Send + Sync + 'static,
+    ) {
         let this = Arc::downgrade(self);
         let record = Arc::new(record);
         let busy: Arc<Vec<AtomicUsize>> =
@@ -106,15 +109,20 @@ impl Bootstrap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::get_unique_id;
+    use crate::bootstrap::new_local_root_id;
+    use std::sync::{Condvar, Mutex};
     use std::time::Instant;
 
     /// A rank flooding another with RAS queries gets at most MAX_RAS_ANSWERS_PER_PEER answers
-    /// in flight (a thread each), not one per query; once the flood drains, a query is answered.
+    /// in flight (a thread each), not one per query; once the flood drains, a query is
+    /// answered. The answers wait at a gate the test opens, so the limit is reached and held;
+    /// every wait is on its event, under a bound that only turns a hang into a failure. The
+    /// bootstrap is on loopback.
     #[test]
     fn a_flood_of_ras_queries_holds_few_answer_threads() {
-        let id = get_unique_id().expect("id");
+        let id = new_local_root_id().expect("id");
         let t = Duration::from_secs(10);
+        let bound = Duration::from_secs(60);
         let ranks: Vec<Arc<Bootstrap>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2)
                 .map(|r| {
@@ -128,34 +136,49 @@ mod tests {
         });
         let now = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
-        let (n, m) = (now.clone(), most.clone());
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (n, m, g) = (now.clone(), most.clone(), gate.clone());
         ranks[0].serve_ras(move || {
             let k = n.fetch_add(1, Ordering::SeqCst) + 1;
             m.fetch_max(k, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(200));
+            let (open, cv) = &*g;
+            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            while !*o {
+                o = cv.wait(o).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(o);
             n.fetch_sub(1, Ordering::SeqCst);
             b"rank=0\n".to_vec()
         });
         for q in 0..200 {
             ranks[1].send_on(0, Channel::Ras, q, &[]).expect("query");
         }
-        std::thread::sleep(Duration::from_millis(300));
-        let end = Instant::now() + Duration::from_secs(10);
-        while now.load(Ordering::SeqCst) > 0 && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
+        // Every slot taken (the gate holds the answers); the rest of the flood is dropped.
+        let t0 = Instant::now();
+        while now.load(Ordering::SeqCst) < MAX_RAS_ANSWERS_PER_PEER {
+            assert!(t0.elapsed() < bound, "the answers never took every slot");
+            std::thread::sleep(Duration::from_millis(5));
         }
-        let most = most.load(Ordering::SeqCst);
-        println!("200 queries: at most {most} answers in flight");
-        assert!(
-            (1..=MAX_RAS_ANSWERS_PER_PEER).contains(&most),
-            "{most} answers in flight at once"
-        );
-        // The flood is over: the next query is answered.
-        ranks[1].send_on(0, Channel::Ras, 1000, &[]).expect("query");
-        let got = ranks[1]
-            .shared
-            .take(0, Channel::RasReply, 1000, socket::deadline_after(t))
-            .expect("an answer after the flood");
+        let held = most.load(Ordering::SeqCst);
+        println!("200 queries: at most {held} answers in flight");
+        assert_eq!(held, MAX_RAS_ANSWERS_PER_PEER, "answers in flight at once");
+        let (open, cv) = &*gate;
+        *open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_all();
+        // The flood is over: a query is answered (one that came while the last of the flood
+        // still held the slots is dropped, as the flood's were: the next one is asked).
+        let t0 = Instant::now();
+        let mut q = 1000;
+        let got = loop {
+            assert!(t0.elapsed() < bound, "no query answered after the flood");
+            ranks[1].send_on(0, Channel::Ras, q, &[]).expect("query");
+            let deadline = socket::deadline_after(Duration::from_secs(1));
+            if let Ok(got) = ranks[1].shared.take(0, Channel::RasReply, q, deadline) {
+                break got;
+            }
+            q += 1;
+        };
         assert_eq!(got, b"rank=0\n");
+        assert!(most.load(Ordering::SeqCst) <= MAX_RAS_ANSWERS_PER_PEER);
     }
 }

@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
 use crate::error::{Error, Result};
+use socket2::{Domain, Protocol, Socket, Type};
 
 use super::wire;
 
@@ -553,7 +553,7 @@ pub(crate) fn spawn(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -602,16 +602,145 @@ mod tests {
         );
     }
 
+    const NO_NETNS: &str = "network namespaces cannot be made here";
+
+    /// A network namespace of this test's own (`ip netns`), deleted when dropped: the address
+    /// choice is tested on interfaces the test made, never on the machine's own.
+    struct Netns(String);
+
+    impl Netns {
+        /// `nccl-rs-unit-<pid>-<tag>` with loopback up, or why it cannot be made here.
+        fn new(tag: &str) -> std::result::Result<Netns, String> {
+            let ns = Netns(format!("nccl-rs-unit-{}-{tag}", std::process::id()));
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &ns.0])
+                .output();
+            ns.ip_top(&["netns", "add", &ns.0])?;
+            ns.ip(&["link", "set", "lo", "up"])?;
+            Ok(ns)
+        }
+
+        fn ip_top(&self, args: &[&str]) -> std::result::Result<(), String> {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("cannot run ip: {e}"))?;
+            match out.status.success() {
+                true => Ok(()),
+                false => Err(format!(
+                    "`ip {}`: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+            }
+        }
+
+        /// `ip -n <ns> args`.
+        fn ip(&self, args: &[&str]) -> std::result::Result<(), String> {
+            let mut all = vec!["-n", &self.0];
+            all.extend_from_slice(args);
+            self.ip_top(&all)
+        }
+
+        /// Runs `f` on a thread that entered the namespace (setns: that thread only).
+        fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+            use std::os::fd::AsRawFd;
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let fd = std::fs::File::open(format!("/var/run/netns/{}", self.0))
+                        .expect("the namespace's handle");
+                    // SAFETY: setns(2) on a valid descriptor, for the calling thread.
+                    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+                    assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
+                    f()
+                })
+                .join()
+                .expect("the namespace's thread")
+            })
+        }
+    }
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = self.ip_top(&["netns", "del", &self.0]);
+        }
+    }
+
+    /// A check this process skips, visibly: a line on stderr now (libtest does not capture a
+    /// direct write) and, when the process exits, how many checks each reason skipped. For the
+    /// crate's unit tests (here: namespaces that cannot be made; PTX not embedded).
+    pub(crate) fn skipped(reason: &str, what: &str) {
+        use std::collections::BTreeMap;
+        static COUNTS: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        extern "C" fn totals() {
+            let counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+            for (reason, n) in counts.iter() {
+                let _ = writeln!(
+                    io::stderr(),
+                    "nccl-rs unit tests: {n} checks skipped: {reason}"
+                );
+            }
+        }
+        // SAFETY: registers a plain `extern "C"` function with no arguments, once.
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(totals);
+        });
+        *COUNTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason.to_string())
+            .or_default() += 1;
+        let _ = writeln!(
+            io::stderr(),
+            "nccl-rs unit tests: skipped check ({reason}): {what}"
+        );
+    }
+
+    /// In a namespace of the test's own with one interface besides loopback, the choice is that
+    /// interface's address, a listener binds it, and a target on loopback is reached from
+    /// loopback; with loopback alone the choice falls back to it.
     #[test]
     fn address_choice_is_usable() {
-        let ip = choose_address().expect("an address");
-        assert!(!ip.is_unspecified());
-        let l = listen(SocketAddr::new(ip, 0), false).expect("listen on chosen address");
-        let a = local_addr(&l).expect("local addr");
-        assert_eq!(a.ip(), ip);
-        assert_eq!(
-            local_ip_toward(Ipv4Addr::LOCALHOST.into()),
-            IpAddr::from(Ipv4Addr::LOCALHOST)
-        );
+        let made = Netns::new("ac").and_then(|ns| {
+            ns.ip(&[
+                "link", "add", "nrs0", "type", "veth", "peer", "name", "nrs1",
+            ])?;
+            ns.ip(&["addr", "add", "10.213.250.1/24", "dev", "nrs0"])?;
+            ns.ip(&["link", "set", "nrs0", "up"])?;
+            ns.ip(&["link", "set", "nrs1", "up"])?;
+            Ok(ns)
+        });
+        let ns = match made {
+            Ok(ns) => ns,
+            Err(why) => return skipped(NO_NETNS, &format!("address_choice_is_usable: {why}")),
+        };
+        ns.run(|| {
+            let ip = choose_address().expect("an address");
+            assert_eq!(ip, IpAddr::from(Ipv4Addr::new(10, 213, 250, 1)));
+            let l = listen(SocketAddr::new(ip, 0), false).expect("listen on chosen address");
+            let a = local_addr(&l).expect("local addr");
+            assert_eq!(a.ip(), ip);
+            assert_eq!(
+                local_ip_toward(Ipv4Addr::LOCALHOST.into()),
+                IpAddr::from(Ipv4Addr::LOCALHOST)
+            );
+        });
+        drop(ns);
+        let only_lo = match Netns::new("lo") {
+            Ok(ns) => ns,
+            Err(why) => return skipped(NO_NETNS, &format!("address_choice_is_usable: {why}")),
+        };
+        only_lo.run(|| {
+            // (Unless NCCL_SOCKET_FAMILY asks for IPv6.)
+            if family_wanted() != Some(false) {
+                let ip = choose_address().expect("an address");
+                assert_eq!(
+                    ip,
+                    IpAddr::from(Ipv4Addr::LOCALHOST),
+                    "the loopback fallback"
+                );
+            }
+        });
     }
 }

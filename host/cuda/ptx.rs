@@ -46,6 +46,10 @@ pub fn sass(sm: u32, name: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::super::ptx_cut::items;
     use super::*;
+    // Checks of what the build did not embed are skipped visibly (stderr, and a count at exit).
+    use crate::bootstrap::socket::tests::skipped;
+
+    const NO_PTX: &str = "PTX not embedded (built with NCCL_RS_SKIP_PTX)";
 
     const SAMPLE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n\n.global .align 1 .b8 s[1] = {1};\n\t// .globl\tnccl_a_x\n.visible .entry nccl_a_x(\n\t.param .u64 p\n)\n{\n\tret;\n}\n\t// .globl\tnccl_b_y\n.visible .entry nccl_b_y(\n)\n{\n\tret;\n}\n.func f()\n{\n\tret;\n}\n";
 
@@ -86,8 +90,7 @@ mod tests {
     #[test]
     fn embedded_family_defines_every_function_it_calls() {
         let Some(ptx) = for_arch(90) else {
-            eprintln!("PTX not embedded (NCCL_RS_SKIP_PTX): nothing to check");
-            return;
+            return skipped(NO_PTX, "embedded_family_defines_every_function_it_calls");
         };
         let m = family(ptx, "nccl_all_reduce_float_");
         let lines: Vec<&str> = m.lines().collect();
@@ -100,7 +103,10 @@ mod tests {
             .iter()
             .filter(|n| n.starts_with("nccl_all_reduce_float_"))
             .count();
-        assert_eq!(defined.iter().filter(|n| n.starts_with("nccl_")).count(), built);
+        assert_eq!(
+            defined.iter().filter(|n| n.starts_with("nccl_")).count(),
+            built
+        );
         for line in &lines {
             if let Some(call) = line.trim_start().strip_prefix("call.uni ") {
                 let target = call.rsplit_once("), ").map_or(call, |(_, t)| t);
@@ -127,8 +133,10 @@ mod tests {
     #[test]
     fn embedded_sass_is_one_cubin_per_kernel() {
         let Some(ptx) = for_arch(90).filter(|_| !crate::ptx::SASS.is_empty()) else {
-            eprintln!("no SASS embedded (built without NCCL_RS_PTXAS): nothing to check");
-            return;
+            return skipped(
+                "no SASS embedded (built without NCCL_RS_PTXAS)",
+                "embedded_sass_is_one_cubin_per_kernel",
+            );
         };
         let entries: Vec<&str> = ptx
             .lines()
@@ -146,15 +154,21 @@ mod tests {
             );
         }
         assert_eq!(sass(90, "no_such_kernel"), None);
-        assert_eq!(sass(80, entries[0]).is_some(), crate::ptx::SASS.iter().any(|s| s.0 == 80));
-        assert_eq!(sass(100, entries[0]), None, "another major version runs no sm_90 cubin");
+        assert_eq!(
+            sass(80, entries[0]).is_some(),
+            crate::ptx::SASS.iter().any(|s| s.0 == 80)
+        );
+        assert_eq!(
+            sass(100, entries[0]),
+            None,
+            "another major version runs no sm_90 cubin"
+        );
     }
 
     #[test]
     fn embedded_ptx_has_every_kernel() {
         let Some(ptx) = for_arch(90) else {
-            eprintln!("PTX not embedded (NCCL_RS_SKIP_PTX): nothing to check");
-            return;
+            return skipped(NO_PTX, "embedded_ptx_has_every_kernel");
         };
         assert!(ptx.contains(".target sm_90"));
         // Every kernel the build holds (all of them unless NCCL_RS_KERNELS: the device

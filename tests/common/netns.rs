@@ -13,12 +13,12 @@
 //! dropping (SIGKILL) are deleted by the next run.
 //!
 //! Where namespaces cannot be made (not root, no `ip`, no permission), [`Fabric::new`] says
-//! why, and the test prints that and returns: skipped with the reason.
+//! why, and [`fabric_or_skip`] records the test as skipped with the reason (visibly).
 
+use super::{procs, skip};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Every namespace a fabric makes starts with this, then `<pid>-`.
@@ -183,87 +183,44 @@ impl Fabric {
         ip(&["-n", &n.ns, "link", "set", &n.ifname, "down"])
     }
 
-    /// Starts `nodes.len()` × `per_node` copies of this test binary running `test_name`, rank r
-    /// on node r / `per_node`, in that node's namespace: `NCCL_HOSTID` names the node,
+    /// Starts `nodes.len()` × `per_node` copies of this test binary running the calling test,
+    /// rank r on node r / `per_node`, in that node's namespace: `NCCL_HOSTID` names the node,
     /// `NCCL_SOCKET_IFNAME` its interface (exactly), and `NCCL_COMM_ID` puts the bootstrap root
     /// at node 0's address, `port` (rank 0 starts it there). `env` is added for every rank.
-    pub fn start(
-        &self,
-        test_name: &str,
-        per_node: usize,
-        port: u16,
-        env: &[(&str, &str)],
-    ) -> Running {
+    pub fn start(&self, per_node: usize, port: u16, env: &[(&str, &str)]) -> Running {
+        let test = procs::current_test();
         let nranks = self.nodes.len() * per_node;
-        let exe = std::env::current_exe().expect("test binary path");
         let comm_id = format!("{}:{port}", self.nodes[0].addr);
-        let started = Instant::now();
-        let mut children = Vec::new();
-        for r in 0..nranks {
-            let node = &self.nodes[r / per_node];
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &node.ns])
-                .arg(&exe)
-                .args([
-                    test_name,
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(RANK, r.to_string())
-                .env(NRANKS, nranks.to_string())
-                .env(SIGNALS, &self.signals)
-                .env(IFNAME, node.rails.join(","))
-                .env("NCCL_HOSTID", format!("netns-node-{}", r / per_node))
-                .env("NCCL_SOCKET_IFNAME", format!("={}", node.rails.join(",")))
-                .env("NCCL_COMM_ID", &comm_id);
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-            let mut c = cmd.spawn().expect("start a rank process");
-            let mut so = c.stdout.take().expect("piped stdout");
-            let mut se = c.stderr.take().expect("piped stderr");
-            // Both pipes drained on threads of their own, so that neither fills up.
-            let err = std::thread::spawn(move || {
-                use std::io::Read;
-                let mut text = String::new();
-                let _ = se.read_to_string(&mut text);
-                text
-            });
-            let out = std::thread::spawn(move || {
-                use std::io::Read;
-                let mut text = String::new();
-                let _ = so.read_to_string(&mut text);
-                text + &err.join().unwrap_or_default()
-            });
-            children.push(Rank {
-                child: c,
-                output: Some(out),
-                status: None,
-            });
-        }
+        let cmds = (0..nranks)
+            .map(|r| {
+                let node = &self.nodes[r / per_node];
+                let mut cmd =
+                    procs::wrapped_test_command(&["ip", "netns", "exec", &node.ns], &test);
+                cmd.env(RANK, r.to_string())
+                    .env(NRANKS, nranks.to_string())
+                    .env(SIGNALS, &self.signals)
+                    .env(IFNAME, node.rails.join(","))
+                    .env("NCCL_HOSTID", format!("netns-node-{}", r / per_node))
+                    .env("NCCL_SOCKET_IFNAME", format!("={}", node.rails.join(",")))
+                    .env("NCCL_COMM_ID", &comm_id);
+                for (k, v) in env {
+                    cmd.env(k, v);
+                }
+                (format!("rank {r}"), cmd)
+            })
+            .collect();
         Running {
-            ranks: children,
+            procs: procs::Supervisor::start(cmds),
             signals: self.signals.clone(),
-            started,
         }
     }
 
     /// Runs the ranks as [`Fabric::start`] does and fails the test (with every rank's output)
-    /// unless each of them passed within `limit`.
-    pub fn run(
-        &self,
-        test_name: &str,
-        per_node: usize,
-        port: u16,
-        env: &[(&str, &str)],
-        limit: Duration,
-    ) {
-        let mut running = self.start(test_name, per_node, port, env);
-        running.wait(limit, &[]);
-        running.check(&[]);
+    /// unless each of them passed within the supervisor's generous bound.
+    pub fn run(&self, per_node: usize, port: u16, env: &[(&str, &str)]) {
+        let mut running = self.start(per_node, port, env);
+        running.procs.wait(procs::limit(), &[]);
+        running.procs.check(&[]);
     }
 }
 
@@ -279,22 +236,16 @@ impl Drop for Fabric {
     }
 }
 
-struct Rank {
-    child: Child,
-    output: Option<JoinHandle<String>>,
-    status: Option<ExitStatus>,
-}
-
-/// Rank processes started by [`Fabric::start`]; killed if still running when dropped.
+/// Rank processes started by [`Fabric::start`], under the one supervisor (killed if still
+/// running when dropped).
 pub struct Running {
-    ranks: Vec<Rank>,
+    pub procs: procs::Supervisor,
     signals: PathBuf,
-    pub started: Instant,
 }
 
 impl Running {
-    /// Waits until every rank in `ranks` left the signal `name` (see [`signal`]), or until
-    /// `limit`; false on timeout or when a rank exited first.
+    /// Waits until every rank in `ranks` left the signal `name` (see [`signal`]); false when a
+    /// rank exited first, or after `limit` (a generous bound: a hang).
     pub fn wait_signal(&mut self, name: &str, ranks: &[usize], limit: Duration) -> bool {
         let t0 = Instant::now();
         loop {
@@ -304,94 +255,10 @@ impl Running {
             {
                 return true;
             }
-            if t0.elapsed() > limit || self.poll() < self.ranks.len() {
+            if t0.elapsed() > limit || self.procs.poll() < self.procs.procs.len() {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Looks at every rank; how many still run.
-    fn poll(&mut self) -> usize {
-        let mut running = 0;
-        for r in &mut self.ranks {
-            if r.status.is_none() {
-                match r.child.try_wait() {
-                    Ok(Some(s)) => r.status = Some(s),
-                    _ => running += 1,
-                }
-            }
-        }
-        running
-    }
-
-    /// Waits until every rank exited, or kills the rest after `limit` (counted from now); how
-    /// long it took. A rank that fails (outside `exempt`: ranks expected to die) makes the
-    /// others be killed as well, since they may wait on it forever.
-    pub fn wait(&mut self, limit: Duration, exempt: &[usize]) -> Duration {
-        let t0 = Instant::now();
-        loop {
-            let running = self.poll();
-            if running == 0 {
-                return t0.elapsed();
-            }
-            let failed = self
-                .ranks
-                .iter()
-                .enumerate()
-                .any(|(i, r)| !exempt.contains(&i) && r.status.is_some_and(|s| !s.success()));
-            if failed || t0.elapsed() > limit {
-                self.kill();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        for r in &mut self.ranks {
-            if r.status.is_none() {
-                let _ = r.child.kill();
-            }
-        }
-    }
-
-    /// Once every rank exited: fails the test with the output of each rank (outside
-    /// `exempt`) that did not pass.
-    pub fn check(&mut self, exempt: &[usize]) {
-        let mut failed = Vec::new();
-        for (i, r) in self.ranks.iter_mut().enumerate() {
-            let text = r
-                .output
-                .take()
-                .and_then(|t| t.join().ok())
-                .unwrap_or_default();
-            if exempt.contains(&i) {
-                continue;
-            }
-            let ok = r.status.is_some_and(|s| s.success());
-            // A child that ran no test (wrong name) must not count as a pass.
-            if !ok || !text.contains("1 passed") {
-                failed.push(format!("rank {i} ({:?}):\n{text}", r.status));
-            } else {
-                // What the ranks measured, for the test's own output.
-                for l in text.lines().filter(|l| l.starts_with("rank ")) {
-                    eprintln!("{l}");
-                }
-            }
-        }
-        assert!(
-            failed.is_empty(),
-            "rank processes failed:\n{}",
-            failed.join("\n")
-        );
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.kill();
-        for r in &mut self.ranks {
-            let _ = r.child.wait();
         }
     }
 }
@@ -434,13 +301,16 @@ fn one_interface_bytes(ifname: &str) -> (u64, u64) {
     (read("tx_bytes"), read("rx_bytes"))
 }
 
-/// Makes the fabric for a test, or prints why it cannot and returns None (the test is then
-/// skipped).
-pub fn fabric_or_skip(test: &str, tag: &str, nodes: usize, subnet: u8) -> Option<Fabric> {
+/// Makes the fabric for the calling test, or records why it cannot (a visible skip: a line on
+/// stderr and the count at exit) and returns None.
+pub fn fabric_or_skip(tag: &str, nodes: usize, subnet: u8) -> Option<Fabric> {
     match Fabric::new(tag, nodes, subnet) {
         Ok(f) => Some(f),
         Err(why) => {
-            eprintln!("{test}: skipped: network namespaces cannot be made here: {why}");
+            skip::record(
+                "network namespaces cannot be made here",
+                &format!("{}: {why}", procs::current_test()),
+            );
             None
         }
     }

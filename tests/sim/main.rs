@@ -1,0 +1,40 @@
+//! The CPU simulator suite: the real device kernels on host threads, one module per subject.
+//! `cargo test --test sim all_reduce` runs the AllReduce tests, `cargo test --test sim ll::`
+//! the LL protocol's, and so on (libtest filters by `module::test` name).
+//!
+//! Tests that need an environment of their own (a forced protocol, more simulated GPUs, ...)
+//! run alone in a child process started with it (`common::procs::isolated`); nothing here
+//! changes the environment of this process.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod all_reduce;
+mod cleanup;
+mod flow_control;
+mod graphs;
+mod groups;
+mod ll;
+mod ll128;
+mod multinode;
+mod multinode_faults;
+mod multinode_work;
+mod net_plugin;
+mod net_plugin_gdr;
+mod nvls;
+mod one_rank;
+mod p2p_large;
+mod p2p_patterns;
+mod publisher;
+mod register;
+mod register_coll;
+mod register_coll_procs;
+mod register_coll_reduce;
+mod register_vmm;
+mod rings;
+mod send_recv;
+mod shared_gpu;
+mod shm;
+mod slices;
+mod tree;
+mod tuning;
