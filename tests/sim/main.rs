@@ -14,6 +14,7 @@ mod cleanup;
 mod flow_control;
 mod graphs;
 mod groups;
+mod kernel_filter;
 mod ll;
 mod ll128;
 mod multinode;
