@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call's worth of GPU work, from a bundle built here with
-#   NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle -- --test gpu_collectives --bench nccl_bench
+#   NCCL_RS_PTX_ARCHS=sm_90 the GPU bundle (docs/gpu-hosts.md) -- --test gpu --bench nccl_bench
 # and run on the GPU host as `benches/gpu-session.sh [tests|bench|all|both|lab|nodes|torch|unpack] [TEST...]`
 # with `.gpu` carried (`unpack`: only unpack the programs and the JIT cache, for a lab script or
 # tools/san.sh to run next; `both`: the named tests, then the benchmarks; `lab`: our kernels with ranks
@@ -38,7 +38,7 @@ done
 [ "${1:-}" = unpack ] && exit 0
 nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
 bench="$bundle/bin/bench-nccl_bench"
-tests="$bundle/bin/test-gpu_collectives"
+tests="$bundle/bin/test-gpu"
 what="${1:-all}"
 only="${*:2}" # tests: run only these (all when empty)
 
@@ -55,7 +55,7 @@ step() { # step LIMIT_S LOG COMMAND...: runs COMMAND with a limit, says how it e
 
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = both ]; then
   nvidia-smi topo -m >"$out/topo.txt" 2>&1
-  for t in ${only:-$("$tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p')}; do
+  for t in ${only:-$("$tests" --list --include-ignored 2>/dev/null | sed -n 's/^\(collectives::.*\): test$/\1/p')}; do
     # The forced-protocol test runs 8 cases of a process per GPU: 200 s did not finish it warm.
     limit=${TEST_LIMIT_S:-$([ "$t" = forced_algorithms_and_protocols ] && echo 420 || echo 300)}
     step "$limit" "test-$t.log" "$tests" --include-ignored --exact --nocapture --test-threads=1 "$t"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # A/B of two builds' kernels in the kernel lab (ranks sharing one GPU, no NVLink crossed), on a
 # GPU host: the same benchmarks from bundle A and bundle B, alternated round by round so that
-# drift on the host falls on both. Bundles come from ../shared/tools/gpu-bundle --dir DIR; carry
+# drift on the host falls on both. Bundles come from the GPU bundle (docs/gpu-hosts.md) --dir DIR; carry
 # both. Compare A with B only, never with NCCL (it refuses shared GPUs).
 #   benches/lab-ab.sh A_DIR B_DIR [ROUNDS]      environment: PROTOS (Simple), CHANNELS ("1 32"),
 #                                               COLLS (broadcast,all_reduce,reduce), MAXB (256M),

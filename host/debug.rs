@@ -2,7 +2,7 @@
 //! format, over the `log` facade.
 //!
 //! The library emits every message through `log` and never installs a logger by itself
-//! (DESIGN rule 6b): a Rust program keeps whatever logger it has, or calls [`crate::init_logging`]
+//! (rule 6 of docs/architecture.md): a Rust program keeps whatever logger it has, or calls [`crate::init_logging`]
 //! to get NCCL's. The C ABI (feature `capi`) installs it on its first entry, because C, C++ and
 //! Python programs expect `NCCL_DEBUG` to work as with NVIDIA's library.
 //!

@@ -1,4 +1,4 @@
-//! Every NCCL_* parameter in one table (DESIGN rule 6): name, default, meaning. Values come from
+//! Every NCCL_* parameter in one table (rule 6 of docs/architecture.md): name, default, meaning. Values come from
 //! the environment, else from `NCCL_CONF_FILE` (or `~/.nccl.conf`, then `/etc/nccl.conf`) lines
 //! `NAME=value`; they are read when a communicator is created and logged at NCCL_DEBUG=INFO.
 

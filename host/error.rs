@@ -1,4 +1,4 @@
-//! The one error type of the runtime (DESIGN rule 4): each variant is one `ncclResult_t`, and
+//! The one error type of the runtime (rule 4 of docs/architecture.md): each variant is one `ncclResult_t`, and
 //! every error carries the message that `ncclGetLastError` returns.
 
 use std::fmt;

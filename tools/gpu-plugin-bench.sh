@@ -9,7 +9,7 @@
 # alternated by round, sizes 64 MiB .. 1 GiB; then a summary of busbw per size and the plugin's
 # ratio to sockets (the target: within 10% at >= 64 MiB).
 #
-# Build here:  NCCL_RS_PTX_ARCHS=sm_90 ../shared/tools/gpu-bundle --no-bench -- --bench nccl_bench
+# Build here:  NCCL_RS_PTX_ARCHS=sm_90 the GPU bundle (docs/gpu-hosts.md) --no-bench -- --bench nccl_bench
 #              (or with the tests: -- --features internals --test gpu --bench nccl_bench)
 # Run there:   tools/gpu-plugin-bench.sh [bench [ROUNDS]]   (from the repository root, .gpu carried)
 #              tools/gpu-plugin-bench.sh tests [TEST...]    the GPU tests of tests/gpu/net_plugin.rs

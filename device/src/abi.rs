@@ -1,4 +1,4 @@
-//! Structures that host and device both read (DESIGN rule 1): defined once here, compiled on
+//! Structures that host and device both read (rule 1 of docs/architecture.md): defined once here, compiled on
 //! both sides. All pointers are device addresses stored as `u64` so the layout is identical on
 //! the host (64-bit) and on the GPU; size assertions pin the layout.
 

@@ -1,4 +1,4 @@
-//! The only module that talks to a GPU (DESIGN rule 3). Two backends behind one API: the CUDA
+//! The only module that talks to a GPU (rule 3 of docs/architecture.md). Two backends behind one API: the CUDA
 //! driver (`driver`) and the CPU simulator (`sim`), which runs the same device kernels on host
 //! threads. The backend is chosen explicitly — `NCCL_RS_BACKEND=cuda|sim` or [`set_backend`]
 //! before first use — and never swapped in silently when a GPU is missing.

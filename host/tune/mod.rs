@@ -20,7 +20,7 @@
 //! - latency = the (algorithm, protocol) base plus one hop latency per step, by link kind.
 //!
 //! The constants are calibrated on NVIDIA NCCL on the 4×H200 host with one protocol forced
-//! (`../shared/baselines/README.md`): LL ≈ 152 GB/s busbw and 9 µs, LL128 ≈ 330 GB/s and 22 µs,
+//! (the team's baseline runs of NCCL 2.28.9, 2026-11): LL ≈ 152 GB/s busbw and 9 µs, LL128 ≈ 330 GB/s and 22 µs,
 //! Simple ≈ 358 GB/s and 35 µs (4 ranks, AllReduce); Tree ≈ 0.47 of Ring on one node.
 
 mod agree;

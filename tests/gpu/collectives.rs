@@ -1,5 +1,5 @@
 //! AllReduce on real GPUs. Ignored where there is no GPU (run them on the GPU host through
-//! ../shared/tools/gpu-bundle, which passes --include-ignored); there, too few GPUs is a failure,
+//! the GPU bundle (docs/gpu-hosts.md), which passes --include-ignored); there, too few GPUs is a failure,
 //! not a pass.
 
 // Every collective through the same harness as the simulator suite.
@@ -9,7 +9,8 @@ use crate::common::{self, check_all_reduce, Drive, Ranks, ALL_OPS};
 use nccl::tune::Proto;
 use nccl::{Backend, Comm, DataType, ReduceOp};
 
-const WHY: &str = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)";
+const WHY: &str =
+    "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)";
 
 fn gpus(n: usize) -> Ranks {
     Ranks::new(Comm::init_all(&devices(n)).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
@@ -82,19 +83,19 @@ fn matrix(n: usize) {
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn every_type_op_count_on_2_gpus() {
     matrix(2);
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn every_type_op_count_on_4_gpus() {
     matrix(4);
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn thread_per_gpu_and_large_buffers() {
     for n in counts(&[2, 4]) {
         let ranks = gpus(n);
@@ -120,7 +121,7 @@ fn thread_per_gpu_and_large_buffers() {
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn process_per_gpu() {
     if let Some(ranks) = child_rank() {
         for dt in DataType::ALL {
@@ -145,7 +146,7 @@ fn process_per_gpu() {
 /// data, poisoned outputs. With NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS
 /// daemon first): passed so on one H200, 2x1 and 2x2 (results/h200-gpu-two-nodes-test-s18.txt).
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn process_per_rank_on_two_nodes() {
     if let Some(ranks) = child_rank() {
         let n = ranks.comms[0].count();
@@ -202,7 +203,7 @@ fn process_per_rank_on_two_nodes() {
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn bad_buffers_are_rejected() {
     let devs = devices(2);
     let ranks = gpus(2);
@@ -263,7 +264,7 @@ fn bad_buffers_are_rejected() {
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn every_collective_on_2_and_4_gpus() {
     for n in counts(&[2, 4]) {
         let drive = if n == 2 {
@@ -276,7 +277,7 @@ fn every_collective_on_2_and_4_gpus() {
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn send_recv_all_to_all_on_2_and_4_gpus() {
     for n in counts(&[2, 4]) {
         let drive = if n == 2 {
@@ -295,7 +296,7 @@ fn send_recv_all_to_all_on_2_and_4_gpus() {
 /// a process per GPU: the tree AllReduce, LL, LL128, Simple everywhere, and Simple steps with a
 /// publishing warp (NCCL_RS_SIMPLE_PUBLISHER=1).
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn forced_algorithms_and_protocols() {
     if let Some(ranks) = child_rank() {
         common::collective_matrix(&ranks, &[1, 4099, (1 << 20) + 3], Drive::OneThread);
@@ -334,7 +335,7 @@ fn forced_algorithms_and_protocols() {
 /// through the tree AllReduce, LL, LL128 and Simple; with a publishing warp, the tree and the
 /// ring with Simple, and send/recv.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn forced_algorithms_and_protocols_in_one_process() {
     // NCCL_RS_TEST_FORCED=LL128 runs only that protocol's case, =publisher the publisher's.
     // Each case is a child process started with its parameters (rank 0's at init rule the
@@ -423,7 +424,7 @@ fn forced_algorithms_and_protocols_in_one_process() {
 /// replayed 100 times with new inputs, direct calls on other streams in between; then replays
 /// and direct calls in flight together, ordered by the communicator alone.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn graphs_replayed_100_times_on_2_and_4_gpus() {
     for n in counts(&[2, 4]) {
         common::graphs::capture_and_replay(&gpus(n), 100, FirstUse::BeforeCapture)
@@ -439,7 +440,7 @@ fn graphs_replayed_100_times_on_2_and_4_gpus() {
 /// then replay 20 times. One GPU covers allocations, copies and module loads; 2 and 4 add
 /// connections.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn first_use_inside_blocking_captures_on_1_2_and_4_gpus() {
     for n in counts(&[1, 2, 4]) {
         let comms = Comm::init_all(&devices(n)).unwrap_or_else(|e| panic!("init_all on {n}: {e}"));
@@ -456,7 +457,7 @@ fn first_use_inside_blocking_captures_on_1_2_and_4_gpus() {
 /// (random data, poisoned outputs, bytes around them untouched); mixed registration falls back
 /// to the FIFO.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn registered_ring_collectives_on_2_and_4_gpus() {
     use common::register::{coll_round, expected_direct, Who};
     use nccl_device::abi::Coll;
@@ -556,7 +557,7 @@ fn round_took(
 /// channel's direct steps match the model and the results those of the FIFO path (random
 /// data, poisoned outputs); mixed registration falls back to the FIFO.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn registered_tree_all_reduce_on_2_and_4_gpus() {
     use common::register::{reduction_round_as_modelled, Who};
     use nccl::{DataType, ReduceOp};
@@ -613,7 +614,7 @@ fn registered_tree_all_reduce_on_2_and_4_gpus() {
 /// registered, with the bytes of the FIFO path (random data, poisoned receive buffers, bytes
 /// around them untouched); mixed registration falls back to the FIFO.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn registered_send_recv_on_2_and_4_gpus() {
     use common::register::{check_steps, ring_round, Who};
     for n in counts(&[2, 4]) {
@@ -644,7 +645,7 @@ fn registered_send_recv_on_2_and_4_gpus() {
 /// On a host with one GPU: `NCCL_RS_SHARED_GPUS=1` with the MPS daemon running (both ranks on
 /// GPU 0; their kernels must run at once).
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn registered_vmm_buffers_across_processes_on_gpus() {
     // 2 connections per peer, 64 KiB slots: a message of three FIFOs per connection goes
     // direct; an AllReduce of 48 MiB fills a Simple step on every channel.
@@ -678,7 +679,7 @@ fn registered_vmm_buffers_across_processes_on_gpus() {
 /// graph is destroyed (CUDA runs the user object's release) the next call copies and nothing
 /// stays registered. Random data, poisoned outputs, every round checked.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn captured_buffers_go_direct_across_processes_on_gpus() {
     const SLOT: usize = 64 << 10;
     if let Some(ranks) = child_rank() {
@@ -715,7 +716,7 @@ fn captured_buffers_go_direct_across_processes_on_gpus() {
 /// registered, each channel's direct steps as modelled, every result the sum. With
 /// NCCL_RS_SHARED_GPUS=1 the ranks may share one GPU (start the MPS daemon first).
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn registered_tree_across_nodes_on_gpus() {
     if let Some(ranks) = child_rank() {
         common::register::registered_tree_across_nodes(&ranks.comms[0]);
@@ -740,7 +741,7 @@ fn registered_tree_across_nodes_on_gpus() {
 /// Every survivor's async error names the dead rank within the bound, its stuck kernels end on
 /// abort, and abort, the stream and destroy all return.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn killed_peer_mid_collective_on_gpus() {
     if let Some((rank, nranks, id)) = common::procs::child() {
         nccl::init_logging();

@@ -174,7 +174,7 @@ fn rank_body(comm: Comm, n: usize, meet: &Barrier) {
 }
 
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn cudarc_nccl_calls_on_cudarc_memory() {
     let gpus = CudaContext::device_count().expect("CUDA") as usize;
     let shared = std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1");

@@ -6,7 +6,7 @@ use nccl::{Backend, Comm, DataType, NcclResult, ReduceOp};
 use std::time::Instant;
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs an NVIDIA GPU: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn gpu_buffer_extents() {
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
     let comms = Comm::init_all(&[0]).expect("a one-rank communicator on GPU 0");
@@ -79,7 +79,7 @@ fn gpu_buffer_extents() {
 /// granularity, zeroed; a buffer in it is checked against the mapping's extent, and a
 /// collective on it runs; freeing it unmaps it (the same address then is no device memory).
 #[test]
-#[ignore = "needs an NVIDIA GPU: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs an NVIDIA GPU: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn gpu_mem_alloc_is_a_vmm_mapping() {
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
     let comms = Comm::init_all(&[0]).expect("a one-rank communicator on GPU 0");

@@ -2,7 +2,7 @@
 //! TCP over 127.0.0.1), compiled here with `cc`, carries the traffic between 2 rank processes
 //! that are 2 nodes (`NCCL_HOSTID` each) on one GPU (`NCCL_RS_SHARED_GPUS=1`, start the MPS
 //! daemon first) or on two. Ignored where there is no GPU (run them on the GPU host through
-//! ../shared/tools/gpu-bundle, which passes --include-ignored).
+//! the GPU bundle (docs/gpu-hosts.md), which passes --include-ignored).
 //!
 //! - The CUDA flavour (`-DCUDA_PTR -DDMABUF`) takes CUDA pointers for real: it loads the CUDA
 //!   driver and copies device memory through it (cuMemcpy*Async on a stream of its own), and
@@ -318,7 +318,7 @@ fn run(so: &Path, name: &str, more: &[(&str, &str)]) {
 /// flushes forced: ring collectives with LL, LL128 and Simple forced; FIFOs in GPU memory
 /// copied through the driver, only Simple steps flushed.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn cuda_pointer_plugin_on_gpu_flushes_simple_steps_only() {
     if child(21) {
         return;
@@ -348,7 +348,7 @@ fn cuda_pointer_plugin_on_gpu_flushes_simple_steps_only() {
 /// The CUDA flavour with maxRecvs 4: 4 send/recv connections to the peer share one comm per
 /// direction, receives are grouped; the tuner's own choices; kernels on blocking streams.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn cuda_pointer_plugin_on_gpu_groups_receives() {
     if child(22) {
         return;
@@ -379,7 +379,7 @@ fn cuda_pointer_plugin_on_gpu_groups_receives() {
 /// grouped ones: FIFOs in host memory, nothing registered as GPU memory, no flush, no copy
 /// through the driver.
 #[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host (../shared/tools/gpu-bundle)"]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn host_memory_plugin_on_gpu() {
     if child(23) {
         return;

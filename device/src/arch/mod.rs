@@ -1,4 +1,4 @@
-//! The hardware facade (DESIGN rule 2): the only code that touches the machine. Kernels call
+//! The hardware facade (rule 2 of docs/architecture.md): the only code that touches the machine. Kernels call
 //! these functions and nothing else of the hardware, so the same kernels run on the GPU
 //! (`nvptx`) and on host threads (`sim`).
 
