@@ -325,6 +325,10 @@ pub struct CollArgs {
     /// facts every rank knows (collective, size, the communicator's transports).
     pub reg_ctas: u32,
     pub _pad: u32,
+    /// Names the allocation this rank's offered output lies in (its
+    /// [`RegEntry::alloc`] in the tables of peers in other processes; see [`DIRECT_KEY`]),
+    /// where [`FLAG_RING_REGISTERED`] is set.
+    pub offer_key: u64,
 }
 
 /// One CTA's place in a tree across nodes (see [`CollArgs::tree`]): device addresses of the
@@ -478,6 +482,9 @@ pub struct P2pItem {
     /// ([`DIRECT_DECLINE`], [`DIRECT_SAME_SPACE`], or a `*const RegTable` in device memory).
     /// Both ends of a message set it alike (off, or on with their own value), so both meet.
     pub direct: u64,
+    /// A Recv item that offers its buffer: the key of the allocation it lies in
+    /// ([`DIRECT_KEY`]).
+    pub offer_key: u64,
 }
 
 /// [`P2pItem::direct`]: no handshake; the message goes through the FIFO.
@@ -524,6 +531,13 @@ pub const DIRECT_PARTIALS: usize = 32;
 /// acknowledgement, the last tag it finished reading (the sender's next agreement writes only
 /// after it, so no word is overwritten before its reader took it).
 pub const AGREE_WORD: usize = 40;
+/// In the sender's head line, beside the offer's address and written before its tag: the key
+/// of the allocation the offered buffer lies in ([`CollArgs::offer_key`],
+/// [`P2pItem::offer_key`]: the owner's id of the allocation). The sender translates the offer
+/// only through a [`RegEntry`] of that allocation: a peer that freed a registered buffer and
+/// offers a new one at the same address before its records reach us (they travel apart from
+/// the handshake) would otherwise be written through our mapping of the freed one.
+pub const DIRECT_KEY: usize = 48;
 
 /// One registered buffer of a peer process as this process maps it.
 #[repr(C)]
@@ -534,6 +548,9 @@ pub struct RegEntry {
     pub peer_end: u64,
     /// Where `peer_start` lies in ours.
     pub local: u64,
+    /// The peer's id of the allocation the range lies in (0 where it cannot tell): an offer
+    /// is translated only by an entry of the allocation it names ([`DIRECT_KEY`]).
+    pub alloc: u64,
 }
 
 /// Most entries a [`RegTable`] holds.
@@ -551,12 +568,13 @@ pub struct RegTable {
 }
 
 impl RegTable {
-    /// Where `bytes` at the peer's `addr` lie in our address space, if one entry covers them.
-    pub fn translate(entries: &[RegEntry], addr: u64, bytes: u64) -> Option<u64> {
+    /// Where `bytes` at the peer's `addr`, in its allocation `alloc`, lie in our address
+    /// space, if one entry of that allocation covers them.
+    pub fn translate(entries: &[RegEntry], addr: u64, bytes: u64, alloc: u64) -> Option<u64> {
         let end = addr.checked_add(bytes)?;
         entries
             .iter()
-            .find(|e| e.peer_start <= addr && end <= e.peer_end)
+            .find(|e| e.alloc == alloc && e.peer_start <= addr && end <= e.peer_end)
             .map(|e| e.local + (addr - e.peer_start))
     }
 }
@@ -585,19 +603,20 @@ impl Default for P2pArgs {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<P2pItem>() == 48);
-    assert!(core::mem::size_of::<P2pArgs>() == 16 + 48 * MAX_P2P_ITEMS);
-    assert!(core::mem::size_of::<RegTable>() == 24 * (REG_TABLE_ENTRIES + 1));
+    assert!(core::mem::size_of::<P2pItem>() == 56);
+    assert!(core::mem::size_of::<P2pArgs>() == 16 + 56 * MAX_P2P_ITEMS);
+    assert!(core::mem::size_of::<RegTable>() == 24 + 32 * REG_TABLE_ENTRIES);
     assert!(DIRECT_DST + 8 <= CTRL_LINE);
     assert!(DIRECT_PARTIALS + 8 <= CTRL_LINE && DIRECT_PARTIALS != DIRECT_DST);
     assert!(AGREE_WORD + 8 <= CTRL_LINE && AGREE_WORD > DIRECT_PARTIALS);
+    assert!(DIRECT_KEY + 8 <= CTRL_LINE && DIRECT_KEY > AGREE_WORD);
     assert!(core::mem::size_of::<ConnSend>() == 72);
     assert!(core::mem::size_of::<ConnRecv>() == 72);
     assert!(core::mem::size_of::<ChannelDev>() == 200);
     assert!(core::mem::size_of::<DevComm>() == 56);
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
-    assert!(core::mem::size_of::<CollArgs>() == 112);
+    assert!(core::mem::size_of::<CollArgs>() == 120);
     assert!(core::mem::size_of::<TreeDev>() == 32 + 24 * TREE_MAX_CHILDREN);
     assert!(core::mem::align_of::<TreeDev>() == 8);
     assert!(core::mem::align_of::<CollArgs>() == 8);

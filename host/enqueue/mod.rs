@@ -419,6 +419,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         }
         if comm.registered.coll_zero_copy(buff, len, captured)? {
             args.flags |= FLAG_RING_REGISTERED;
+            args.offer_key = comm.links.offer_key(args.recvbuff)?;
             // The successors' registration tables (a tree's neighbours' too), up to date
             // (their records drained).
             let preds: &[usize] = if tree { &comm.tree_tables } else { &[] };

@@ -42,6 +42,8 @@ pub struct P2pOp {
     pub kernel_flags: u32,
     /// The buffer is registered (and NCCL_LOCAL_REGISTER allows zero-copy).
     pub registered: bool,
+    /// A registered receive's [`P2pItem::offer_key`].
+    pub offer_key: u64,
     /// A captured send to a peer in another process (graph registration): the peer's receive
     /// mark to wait for before the launch, and where the wait is configured.
     pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
@@ -114,6 +116,11 @@ pub fn submit(
                 graph_mark = Some((comm.graph_regs.clone(), seq));
             }
         }
+        let registered = comm.registered.p2p_zero_copy(buff, bytes, capturing);
+        let offer_key = match registered && dir == Dir::Recv {
+            true => comm.links.offer_key(buff)?,
+            false => 0,
+        };
         Ok(P2pOp {
             links: comm.links.clone(),
             order: comm.order.clone(),
@@ -125,7 +132,8 @@ pub fn submit(
             stream,
             abort_flag: comm.kernel_abort.ptr,
             kernel_flags: comm.shape.kernel_flags,
-            registered: comm.registered.p2p_zero_copy(buff, bytes, capturing),
+            registered,
+            offer_key,
             graph_mark,
         })
     };
@@ -345,6 +353,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                                 },
                                 slot_bytes: links.slot_bytes as u32,
                                 direct: direct(links, reach, op, off, len),
+                                offer_key: op.offer_key,
                             },
                         )?;
                     }
@@ -366,6 +375,7 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                                 kind: P2pKind::Copy as u32,
                                 slot_bytes: 0,
                                 direct: DIRECT_OFF,
+                                offer_key: 0,
                             },
                         )?;
                     }

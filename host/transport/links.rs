@@ -269,6 +269,17 @@ impl Links {
             && self.peers[peer].transport == Transport::P2p
     }
 
+    /// The key our offers of a registered buffer at `buff` carry (`abi::DIRECT_KEY`): our id of
+    /// the allocation it lies in, as our records name it (0 where the backend cannot tell, or
+    /// when no peer in another process maps our buffers: peers of our process take offers as
+    /// they are).
+    pub fn offer_key(&self, buff: DevPtr) -> Result<u64> {
+        if !self.any_reg_peer {
+            return Ok(0);
+        }
+        Ok(self.device.allocation_id(buff)?.unwrap_or(0))
+    }
+
     /// Whether any peer maps our registered buffers.
     pub fn has_reg_peers(&self) -> bool {
         self.any_reg_peer

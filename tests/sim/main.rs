@@ -31,6 +31,7 @@ mod register;
 mod register_coll;
 mod register_coll_procs;
 mod register_coll_reduce;
+mod register_reuse;
 mod register_vmm;
 mod rings;
 mod send_recv;

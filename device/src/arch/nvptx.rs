@@ -229,11 +229,12 @@ pub fn trap() -> ! {
     unsafe { asm!("trap;", options(nostack, noreturn)) }
 }
 
-// The six words p2p_param_item reads: four u64 fields, then kind (low half) and slot_bytes,
-// then direct.
+// The seven words p2p_param_item reads: four u64 fields, then kind (low half) and slot_bytes,
+// then direct and offer_key.
 const _: () = assert!(
-    core::mem::size_of::<P2pItem>() == 48
+    core::mem::size_of::<P2pItem>() == 56
         && core::mem::offset_of!(P2pItem, direct) == 40
+        && core::mem::offset_of!(P2pItem, offer_key) == 48
         && core::mem::offset_of!(P2pItem, bytes) == 24
         && core::mem::offset_of!(P2pItem, kind) == 32
         && core::mem::offset_of!(P2pItem, slot_bytes) == 36
@@ -268,6 +269,7 @@ pub unsafe fn p2p_param_item(_args: &P2pArgs, i: usize) -> P2pItem {
         kind: last as u32,
         slot_bytes: (last >> 32) as u32,
         direct: word(5),
+        offer_key: word(6),
     }
 }
 

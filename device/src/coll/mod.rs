@@ -19,7 +19,7 @@ use crate::abi::{
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
-use crate::prims::{RingDirect, Simple};
+use crate::prims::{Offer, RingDirect, Simple};
 use crate::types::Elem;
 
 /// Runs collective `C` (a [`Coll`] as `u32`, which `args.coll` names too) as CTA `block_idx`
@@ -235,7 +235,10 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
             recv_on,
             reach,
             registered,
-            self.args.recvbuff,
+            Offer {
+                addr: self.args.recvbuff,
+                key: self.args.offer_key,
+            },
             bytes as u64,
             partials && recv_on,
         )

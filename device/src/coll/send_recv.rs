@@ -7,7 +7,7 @@ use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pItem, P2pKind, DIRECT_OFF};
 use crate::arch;
 use crate::ops::Sum;
 use crate::prims::copy::{copy_local, Move};
-use crate::prims::Simple;
+use crate::prims::{Offer, Simple};
 
 /// A launch: CTA `b` runs item `b`. Inlined into the kernel, so that nothing but the item is
 /// read from `args` (see [`arch::p2p_param_item`]).
@@ -62,7 +62,10 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
         let done = if send {
             prims.direct_send(it.direct, it.buff as *const u8, bytes)
         } else {
-            prims.direct_recv(it.direct)
+            prims.direct_recv(Offer {
+                addr: it.direct,
+                key: it.offer_key,
+            })
         };
         if done {
             prims.finish();

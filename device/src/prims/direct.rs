@@ -16,11 +16,44 @@ use super::copy::Move;
 use super::simple::Simple;
 use crate::abi::{
     ChannelDev, ConnRecv, ConnSend, RegEntry, RegTable, AGREE_WORD, DIRECT_DECLINE, DIRECT_DST,
-    DIRECT_OFF, DIRECT_PARTIALS, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD, RING_DECLINED,
-    RING_PARTIALS,
+    DIRECT_KEY, DIRECT_OFF, DIRECT_PARTIALS, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD,
+    RING_DECLINED, RING_PARTIALS,
 };
 use crate::arch;
 use crate::ops::Sum;
+
+/// What a receiver offers its sender: the address of its buffer (in its own address space, or
+/// [`DIRECT_DECLINE`]) and the key of the allocation it lies in ([`DIRECT_KEY`]).
+#[derive(Clone, Copy)]
+pub struct Offer {
+    pub addr: u64,
+    pub key: u64,
+}
+
+impl Offer {
+    /// Nothing on offer: the message takes the FIFO.
+    pub const DECLINE: Offer = Offer {
+        addr: DIRECT_DECLINE,
+        key: 0,
+    };
+}
+
+/// Writes `offer` into the offer line `line` and then (release) `tag` at [`DIRECT_TAG`].
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+unsafe fn post_offer(line: u64, offer: Offer, tag: u64) {
+    arch::st_volatile(word(line, DIRECT_WORD), offer.addr);
+    arch::st_volatile(word(line, DIRECT_KEY), offer.key);
+    arch::st_release_sys(word(line, DIRECT_TAG), tag);
+}
+
+/// The offer in the offer line `line` (read after the acquire of its tag).
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+unsafe fn read_offer(line: u64) -> Offer {
+    Offer {
+        addr: arch::ld_volatile(word(line, DIRECT_WORD)),
+        key: arch::ld_volatile(word(line, DIRECT_KEY)),
+    }
+}
 
 /// Where a word of a counter line lies.
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
@@ -30,7 +63,7 @@ fn word(line: u64, offset: usize) -> *mut u64 {
 
 impl Simple {
     /// The receiving end's side of the handshake over this primitive's receive connection:
-    /// offers `offer` (an address in the sender's view, or [`DIRECT_DECLINE`]) and waits for
+    /// offers `offer` (our buffer, or [`Offer::DECLINE`]) and waits for
     /// the sender's answer. Returns true when the sender put the data into the offered buffer
     /// (the message is then done, its step taken); false when it comes through the FIFO.
     ///
@@ -38,13 +71,12 @@ impl Simple {
     /// Every thread of the group calls it alike; the connection is a direct (p2p) one whose
     /// peer runs [`Simple::direct_send`] for the same message.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn direct_recv(&mut self, offer: u64) -> bool {
+    pub unsafe fn direct_recv(&mut self, offer: Offer) -> bool {
         let rc = self.recv;
         let tag = self.recv_step + 1;
         let (offer_line, answer_line) = ((*rc).head, (*rc).tail);
         if self.tid == 0 {
-            arch::st_volatile(word(offer_line, DIRECT_WORD), offer);
-            arch::st_release_sys(word(offer_line, DIRECT_TAG), tag);
+            post_offer(offer_line, offer, tag);
             self.wait(|| arch::ld_acquire_sys(word(answer_line, DIRECT_TAG)) >= tag);
         }
         self.sync();
@@ -78,8 +110,8 @@ impl Simple {
             // Only an offer of this message counts (a thread 0 that gave up on an abort sees
             // an older tag and takes the FIFO).
             let offered = arch::ld_volatile(word(offer_line, DIRECT_TAG)) >= tag;
-            let offer = arch::ld_volatile(word(offer_line, DIRECT_WORD));
-            let dst = if offered && offer != DIRECT_DECLINE && offer != 0 {
+            let offer = read_offer(offer_line);
+            let dst = if offered {
                 reach_offer(reach, offer, bytes as u64)
             } else {
                 0
@@ -162,7 +194,7 @@ impl RingDirect {
 impl Simple {
     /// The zero-copy handshake of a ring collective, on both of this channel's ring
     /// connections at once, before the collective's first step: as a receiver (when `recv_on`)
-    /// we offer our output buffer `offer` to the predecessor, as a sender (when `reach` is not
+    /// we offer our output buffer (`offer`) to the predecessor, as a sender (when `reach` is not
     /// [`DIRECT_OFF`]) we take the successor's offer of a `bytes`-long buffer if we can reach
     /// it, and answer. With `partials`, our offer also gives the predecessor room for partial
     /// sums in our output ([`RING_PARTIALS`]: AllReduce's reduce-scatter half, out of place);
@@ -186,7 +218,7 @@ impl Simple {
         recv_on: bool,
         reach: u64,
         registered: bool,
-        offer: u64,
+        offer: Offer,
         bytes: u64,
         partials: bool,
     ) -> RingDirect {
@@ -215,10 +247,8 @@ impl Simple {
         }
         if self.tid == 0 {
             if recv_on {
-                let line = (*rc).head;
-                arch::st_volatile(word(line, DIRECT_WORD), offer);
                 let room = if partials { RING_PARTIALS } else { 0 };
-                arch::st_release_sys(word(line, DIRECT_TAG), rtag | room);
+                post_offer((*rc).head, offer, rtag | room);
             }
             if send_on {
                 let line = (*sc).head;
@@ -226,13 +256,10 @@ impl Simple {
                 // Only an offer of this collective counts (an abort leaves an older tag).
                 let v = arch::ld_volatile(word(line, DIRECT_TAG));
                 let offered = tag_of(v) >= stag && v & RING_DECLINED == 0;
-                let mut dst = 0;
-                if offered && reach != DIRECT_DECLINE {
-                    let o = arch::ld_volatile(word(line, DIRECT_WORD));
-                    if o != 0 && o != DIRECT_DECLINE {
-                        dst = reach_offer(reach, o, bytes);
-                    }
-                }
+                let dst = match offered {
+                    true => reach_offer(reach, read_offer(line), bytes),
+                    false => 0,
+                };
                 arch::st_volatile(word(line, DIRECT_DST), dst);
                 let room = dst != 0 && v & RING_PARTIALS != 0;
                 arch::st_volatile(word(line, DIRECT_PARTIALS), room as u64);
@@ -271,9 +298,9 @@ impl Simple {
 
 impl Simple {
     /// The zero-copy handshake of a tree's links, on this primitive's connections, before the
-    /// first step: as a receiver (when `recv_on`) we offer our output `offer` to the peer
+    /// first step: as a receiver (when `recv_on`) we offer our output (`offer`) to the peer
     /// below or above (a child's partial sums on the way up, the parent's results on the way
-    /// down), or decline (not `registered`, or `offer` is [`DIRECT_DECLINE`]); as a sender
+    /// down), or decline (not `registered`, or `offer` is [`Offer::DECLINE`]); as a sender
     /// (when `reach` is not [`DIRECT_OFF`]) we take the peer's offer of a `bytes`-long buffer
     /// if we registered and can reach it, and answer. The words are send/recv's
     /// ([`Simple::direct_recv`]): the one-node tree's up links may be the send/recv
@@ -292,16 +319,16 @@ impl Simple {
         recv_on: bool,
         reach: u64,
         registered: bool,
-        offer: u64,
+        offer: Offer,
         bytes: u64,
     ) -> RingDirect {
         let (rc, sc) = (self.recv, self.send);
         let send_on = reach != DIRECT_OFF;
         let (rtag, stag) = (self.recv_step + 1, self.send_step + 1);
-        let offering = registered && offer != DIRECT_DECLINE;
+        let offering = registered && offer.addr != DIRECT_DECLINE;
         if self.tid == 0 {
             if recv_on {
-                link_offer(rc, rtag, if offering { offer } else { DIRECT_DECLINE });
+                link_offer(rc, rtag, if offering { offer } else { Offer::DECLINE });
             }
             if send_on {
                 let line = offer_tag(sc);
@@ -332,13 +359,11 @@ impl Simple {
 // `SimpleFan::tree_handshake`), one connection at a time, with send/recv's words. Thread 0
 // runs them; the caller waits between them with its own abort rule.
 
-/// The receiving end: offers `offer` (our output, or [`DIRECT_DECLINE`]) for the message
+/// The receiving end: offers `offer` (our output, or [`Offer::DECLINE`]) for the message
 /// tagged `tag`.
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
-pub(super) unsafe fn link_offer(rc: *mut ConnRecv, tag: u64, offer: u64) {
-    let line = (*rc).head;
-    arch::st_volatile(word(line, DIRECT_WORD), offer);
-    arch::st_release_sys(word(line, DIRECT_TAG), tag);
+pub(super) unsafe fn link_offer(rc: *mut ConnRecv, tag: u64, offer: Offer) {
+    post_offer((*rc).head, offer, tag);
 }
 
 /// The word the sending end waits on until it reaches `tag`: the receiver's offer is there.
@@ -361,9 +386,8 @@ pub(super) unsafe fn link_answer(
     let line = (*sc).head;
     // Only an offer of this message counts (an abort leaves an older tag).
     let offered = arch::ld_volatile(word(line, DIRECT_TAG)) >= tag;
-    let o = arch::ld_volatile(word(line, DIRECT_WORD));
-    let dst = match offered && registered && o != 0 && o != DIRECT_DECLINE {
-        true => reach_offer(reach, o, bytes),
+    let dst = match offered && registered {
+        true => reach_offer(reach, read_offer(line), bytes),
         false => 0,
     };
     arch::st_volatile(word(line, DIRECT_DST), dst);
@@ -452,19 +476,23 @@ impl Simple {
     }
 }
 
-/// Where the receiver's offered `addr` (`bytes` long) lies for us, or 0 if we cannot reach it.
+/// Where the receiver's `offer` of a `bytes`-long buffer lies for us, or 0 if it offers
+/// nothing or we cannot reach it (through `reach`, an entry of the allocation it names).
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
-unsafe fn reach_offer(reach: u64, addr: u64, bytes: u64) -> u64 {
+unsafe fn reach_offer(reach: u64, offer: Offer, bytes: u64) -> u64 {
+    if offer.addr == 0 || offer.addr == DIRECT_DECLINE {
+        return 0;
+    }
     match reach {
         DIRECT_DECLINE | 0 => 0,
-        DIRECT_SAME_SPACE => addr,
+        DIRECT_SAME_SPACE => offer.addr,
         table => {
             let t = table as *const RegTable;
             let count = arch::ld_acquire_sys(core::ptr::addr_of!((*t).count));
             let n = core::cmp::min(count as usize, crate::abi::REG_TABLE_ENTRIES);
             let entries: &[RegEntry] =
                 core::slice::from_raw_parts(core::ptr::addr_of!((*t).entries).cast(), n);
-            RegTable::translate(entries, addr, bytes).unwrap_or(0)
+            RegTable::translate(entries, offer.addr, bytes, offer.key).unwrap_or(0)
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::{Fan, FAN};
 use crate::prims::direct::{
-    answer_tag, link_answer, link_destination, link_direct, link_offer, offer_tag,
+    answer_tag, link_answer, link_destination, link_direct, link_offer, offer_tag, Offer,
 };
 use crate::prims::simple::announce_recv;
 use crate::types::Elem;
@@ -149,7 +149,7 @@ impl SimpleFan {
 
     /// The zero-copy handshake of a tree's links ([`super::Simple::tree_handshake`]'s, over several
     /// connections at once), before the first step: on every receive connection `i` with
-    /// `recv_on[i]` we offer our output `offer` (or decline: not `registered`, or `offer` is
+    /// `recv_on[i]` we offer our output (`offer`; or decline: not `registered`, or `offer` is
     /// [`DIRECT_DECLINE`]); on every send connection `i` whose `send_reach[i]` is not
     /// [`DIRECT_OFF`] we take the peer's offer of a `bytes`-long buffer if we registered and can
     /// reach it. Every offer is posted before any wait, every answer after the offer it
@@ -167,15 +167,15 @@ impl SimpleFan {
         recv_on: [bool; FAN],
         send_reach: [u64; FAN],
         registered: bool,
-        offer: u64,
+        offer: Offer,
         bytes: u64,
     ) -> u64 {
-        let offering = registered && offer != DIRECT_DECLINE;
+        let offering = registered && offer.addr != DIRECT_DECLINE;
         let recv_on: [bool; FAN] = core::array::from_fn(|i| recv_on[i] && !self.recv[i].is_null());
         let send_on: [bool; FAN] =
             core::array::from_fn(|i| send_reach[i] != DIRECT_OFF && !self.send[i].is_null());
         if self.tid == 0 {
-            let o = if offering { offer } else { DIRECT_DECLINE };
+            let o = if offering { offer } else { Offer::DECLINE };
             for (i, _) in recv_on.iter().enumerate().filter(|(_, &on)| on) {
                 link_offer(self.recv[i], self.recv_step[i] + 1, o);
             }
@@ -195,7 +195,7 @@ impl SimpleFan {
                 self.send_to[i] = link_destination(self.send[i]);
             }
             if recv_on[i] && offering && link_direct(self.recv[i], self.recv_step[i] + 1) {
-                self.recv_here[i] = offer;
+                self.recv_here[i] = offer.addr;
                 direct += 1;
             }
         }

@@ -9,6 +9,6 @@ pub mod ll128;
 mod packet;
 pub mod simple;
 
-pub use direct::RingDirect;
+pub use direct::{Offer, RingDirect};
 pub use fan::SimpleFan;
 pub use simple::Simple;
