@@ -344,9 +344,9 @@ struct Settings {
 fn settings() -> &'static Settings {
     static S: OnceLock<Settings> = OnceLock::new();
     S.get_or_init(|| Settings {
-        level: Level::parse(crate::env::raw("NCCL_DEBUG").as_deref()),
-        mask: parse_subsys(crate::env::raw("NCCL_DEBUG_SUBSYS").as_deref()),
-        file: crate::env::raw("NCCL_DEBUG_FILE"),
+        level: Level::parse(crate::env::DEBUG.raw().as_deref()),
+        mask: parse_subsys(crate::env::DEBUG_SUBSYS.raw().as_deref()),
+        file: crate::env::DEBUG_FILE.raw(),
     })
 }
 

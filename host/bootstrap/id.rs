@@ -174,7 +174,7 @@ pub(crate) fn id_from_comm_id(value: &str) -> Result<UniqueId> {
 /// `NCCL_COMM_ID=ip:port` set, the id encodes that address instead and the root is started by
 /// the rank 0 that calls `Bootstrap::init`.
 pub fn get_unique_id() -> Result<UniqueId> {
-    if let Some(v) = crate::env::raw("NCCL_COMM_ID") {
+    if let Some(v) = crate::env::COMM_ID.raw() {
         if !v.trim().is_empty() {
             return id_from_comm_id(&v);
         }

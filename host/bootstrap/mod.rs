@@ -73,9 +73,9 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
 /// no such variable: its bootstrap waits without a deadline), else the larger of
 /// [`DEFAULT_OP_TIMEOUT`] and the init timeout.
 pub fn op_timeout_from_env(init_timeout: Duration) -> Duration {
-    match crate::env::raw("NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS") {
+    match crate::env::RS_BOOTSTRAP_OP_TIMEOUT_MS.raw() {
         Some(_) => {
-            Duration::from_millis(crate::env::int("NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS").max(1) as u64)
+            Duration::from_millis(crate::env::RS_BOOTSTRAP_OP_TIMEOUT_MS.int().max(1) as u64)
         }
         None => init_timeout.max(DEFAULT_OP_TIMEOUT),
     }
@@ -932,8 +932,8 @@ impl RootPlan {
 /// waits `local / rate` seconds before its hello, so the root sees at most `rate` hellos per
 /// second.
 fn stagger(block_size: usize, local: usize, abort: &AbortFlag) -> Result<()> {
-    let threshold = crate::env::int("NCCL_UID_STAGGER_THRESHOLD").max(0) as usize;
-    let rate = crate::env::int("NCCL_UID_STAGGER_RATE");
+    let threshold = crate::env::UID_STAGGER_THRESHOLD.int().max(0) as usize;
+    let rate = crate::env::UID_STAGGER_RATE.int();
     if block_size <= threshold || rate <= 0 || local == 0 {
         return Ok(());
     }

@@ -528,8 +528,8 @@ impl Shared {
 const QUEUE_BUDGET: usize = 1 << 30;
 
 fn queue_budget_from_env() -> usize {
-    match crate::env::raw("NCCL_RS_BOOTSTRAP_QUEUE_BYTES") {
-        Some(_) => crate::env::int("NCCL_RS_BOOTSTRAP_QUEUE_BYTES").max(0) as usize,
+    match crate::env::RS_BOOTSTRAP_QUEUE_BYTES.raw() {
+        Some(_) => crate::env::RS_BOOTSTRAP_QUEUE_BYTES.int().max(0) as usize,
         None => QUEUE_BUDGET,
     }
 }

@@ -35,7 +35,7 @@ struct Arrival {
 /// Starts the root on `listener` (bound to `addr`) for the bootstrap identified by `nonce`.
 pub(crate) fn spawn(listener: Socket, addr: SocketAddr, nonce: u64) -> Result<()> {
     // How long the root waits for its first rank.
-    let idle = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+    let idle = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
     // Drawn now, known to this thread only: every pair's key comes from it.
     let secret = Secret::draw()?;
     socket::spawn("nccl-bs-root", move || run(listener, addr, nonce, secret, idle))

@@ -106,7 +106,7 @@ pub(crate) fn interfaces() -> Vec<Iface> {
 /// Which address family `NCCL_SOCKET_FAMILY` asks for: Some(true) IPv4 only, Some(false)
 /// IPv6 only, None either (IPv4 first).
 pub(crate) fn family_wanted() -> Option<bool> {
-    match crate::env::raw("NCCL_SOCKET_FAMILY")?.trim() {
+    match crate::env::SOCKET_FAMILY.raw()?.trim() {
         "AF_INET" | "af_inet" | "4" | "inet" => Some(true),
         "AF_INET6" | "af_inet6" | "6" | "inet6" => Some(false),
         other => {
@@ -125,7 +125,7 @@ pub(crate) fn family_wanted() -> Option<bool> {
 /// naming the value and the interfaces that exist (falling back to loopback would hand the
 /// other hosts a root they cannot reach, and their error would name neither).
 pub(crate) fn choose_address() -> Result<IpAddr> {
-    let spec = crate::env::raw("NCCL_SOCKET_IFNAME").filter(|s| !s.trim().is_empty());
+    let spec = crate::env::SOCKET_IFNAME.raw().filter(|s| !s.trim().is_empty());
     let family = family_wanted();
     let all = interfaces();
     let usable = |want_v4: bool| {
@@ -233,8 +233,8 @@ pub(crate) struct Retry {
 impl Retry {
     pub(crate) fn from_env() -> Retry {
         Retry {
-            count: crate::env::int("NCCL_SOCKET_RETRY_CNT").clamp(0, u32::MAX as i64) as u32,
-            sleep_ms: crate::env::int("NCCL_SOCKET_RETRY_SLEEP_MSEC").max(0) as u64,
+            count: crate::env::SOCKET_RETRY_CNT.int().clamp(0, u32::MAX as i64) as u32,
+            sleep_ms: crate::env::SOCKET_RETRY_SLEEP_MSEC.int().max(0) as u64,
         }
     }
 
@@ -319,13 +319,13 @@ fn connect_inner(
 /// data): how long a connection's peer host may be silent before the connection fails; None:
 /// no bound (0).
 pub(crate) fn silence_bounds() -> (Option<Duration>, Option<Duration>) {
-    let bound = |name| match crate::env::int(name) {
+    let bound = |p: crate::env::Param| match p.int() {
         ms if ms <= 0 => None,
         ms => Some(Duration::from_millis(ms as u64)),
     };
     (
-        bound("NCCL_RS_SOCKET_TIMEOUT_MS"),
-        bound("NCCL_RS_SOCKET_SEND_TIMEOUT_MS"),
+        bound(crate::env::RS_SOCKET_TIMEOUT_MS),
+        bound(crate::env::RS_SOCKET_SEND_TIMEOUT_MS),
     )
 }
 
@@ -487,8 +487,8 @@ const HANDSHAKE_WAIT_MS: i64 = 5000;
 /// How long an accepted connection may take to send its hello or greeting (a rank sends it
 /// right after connecting): `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`, 5 s by default.
 pub(crate) fn handshake_wait() -> Duration {
-    let ms = match crate::env::raw("NCCL_RS_BOOTSTRAP_HANDSHAKE_MS") {
-        Some(_) => crate::env::int("NCCL_RS_BOOTSTRAP_HANDSHAKE_MS"),
+    let ms = match crate::env::RS_BOOTSTRAP_HANDSHAKE_MS.raw() {
+        Some(_) => crate::env::RS_BOOTSTRAP_HANDSHAKE_MS.int(),
         None => HANDSHAKE_WAIT_MS,
     };
     Duration::from_millis(ms.max(1) as u64)

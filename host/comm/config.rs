@@ -57,8 +57,8 @@ pub struct ResolvedConfig {
     pub collnet_enable: bool,
 }
 
-fn env_bool(name: &str) -> bool {
-    crate::env::int(name) != 0
+fn env_bool(p: crate::env::Param) -> bool {
+    p.int() != 0
 }
 
 impl Config {
@@ -74,15 +74,15 @@ impl Config {
     /// else the parameter table. Out-of-range values are errors, as in NCCL; a maximum above
     /// what this build supports is lowered with a warning, a minimum above the maximum too.
     pub fn resolve(&self, inherit: Option<&ResolvedConfig>) -> Result<ResolvedConfig> {
-        let env = crate::env::int;
+        let env = |p: crate::env::Param| p.int();
         let blocking = self
             .blocking
             .or(inherit.map(|p| p.blocking))
-            .unwrap_or_else(|| env_bool("NCCL_COMM_BLOCKING"));
+            .unwrap_or_else(|| env_bool(crate::env::COMM_BLOCKING));
         let cga = self
             .cga_cluster_size
             .or(inherit.map(|p| p.cga_cluster_size))
-            .unwrap_or_else(|| env("NCCL_CGA_CLUSTER_SIZE").clamp(0, 8) as i32);
+            .unwrap_or_else(|| env(crate::env::CGA_CLUSTER_SIZE).clamp(0, 8) as i32);
         if !(0..=8).contains(&cga) {
             return Err(Error::invalid_argument(format!(
                 "cgaClusterSize {cga} is out of range (0 to 8)"
@@ -93,12 +93,12 @@ impl Config {
             .min_ctas
             .map(i64::from)
             .or(inherit.map(|p| p.min_ctas as i64))
-            .unwrap_or_else(|| env("NCCL_MIN_CTAS"));
+            .unwrap_or_else(|| env(crate::env::MIN_CTAS));
         let max = self
             .max_ctas
             .map(i64::from)
             .or(inherit.map(|p| p.max_ctas as i64))
-            .unwrap_or_else(|| env("NCCL_MAX_CTAS"));
+            .unwrap_or_else(|| env(crate::env::MAX_CTAS));
         if min < 1 {
             return Err(Error::invalid_argument(format!(
                 "minCTAs {min} is out of range (at least 1)"
@@ -125,11 +125,11 @@ impl Config {
             .net_name
             .clone()
             .or_else(|| inherit.and_then(|p| p.net_name.clone()))
-            .or_else(|| crate::env::raw("NCCL_NET"));
+            .or_else(|| crate::env::NET.raw());
         let split_share = self
             .split_share
             .or(inherit.map(|p| p.split_share))
-            .unwrap_or_else(|| env_bool("NCCL_COMM_SPLIT_SHARE_RESOURCES"));
+            .unwrap_or_else(|| env_bool(crate::env::COMM_SPLIT_SHARE_RESOURCES));
         Ok(ResolvedConfig {
             blocking,
             cga_cluster_size: cga,

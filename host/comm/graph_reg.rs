@@ -71,7 +71,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl GraphRegs {
     pub fn new() -> GraphRegs {
-        let ms = crate::env::int("NCCL_RS_GRAPH_REG_WAIT_MS").max(0) as u64;
+        let ms = crate::env::RS_GRAPH_REG_WAIT_MS.int().max(0) as u64;
         GraphRegs {
             live: Mutex::default(),
             released: Arc::default(),

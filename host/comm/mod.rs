@@ -100,12 +100,13 @@ impl Shape {
     /// From this process's parameters for `device`, the channels bounded by the config's
     /// minCTAs / maxCTAs.
     fn from_env(device: &Device, config: &ResolvedConfig) -> Result<Shape> {
-        let env = crate::env::int;
+        use crate::env::{self as e, Param};
+        let env = |p: Param| p.int();
         let sim = device.is_sim();
-        let buff = match crate::env::raw("NCCL_BUFFSIZE") {
-            Some(_) => env("NCCL_BUFFSIZE"),
-            None if sim => env("NCCL_RS_SIM_BUFFSIZE"),
-            None => env("NCCL_BUFFSIZE"),
+        let buff = match crate::env::BUFFSIZE.raw() {
+            Some(_) => env(e::BUFFSIZE),
+            None if sim => env(e::RS_SIM_BUFFSIZE),
+            None => env(e::BUFFSIZE),
         };
         if !(8 * 1024..=(1 << 30)).contains(&buff) {
             return Err(Error::invalid_argument(format!(
@@ -114,9 +115,9 @@ impl Shape {
         }
         let slot = (buff as u32 / nccl_device::abi::NCCL_STEPS) & !127;
         let nthreads = if sim {
-            env("NCCL_RS_SIM_NTHREADS")
+            env(e::RS_SIM_NTHREADS)
         } else {
-            env("NCCL_NTHREADS")
+            env(e::NTHREADS)
         };
         let most = crate::cuda::MAX_THREADS as i64;
         if !(1..=most).contains(&nthreads) || (!sim && nthreads % 32 != 0) {
@@ -126,7 +127,7 @@ impl Shape {
         }
         // 32 channels: measured 333 GB/s at 2 GiB on 4xH200 against 286 with 16 (NCCL: 362).
         let auto = if sim { 2 } else { 32 };
-        let (min, max) = (env("NCCL_MIN_NCHANNELS"), env("NCCL_MAX_NCHANNELS"));
+        let (min, max) = (env(e::MIN_NCHANNELS), env(e::MAX_NCHANNELS));
         let mut n = auto;
         if max > 0 {
             n = n.min(max);
@@ -144,20 +145,21 @@ impl Shape {
         let net_nchannels = config.bound_channels(net_n.clamp(1, MAX_CHANNELS as i64) as u32);
         let (algo_mask, proto_mask) = tuning::filter_masks()?;
         let (conns_var, conns_max) = match sim {
-            true => ("NCCL_RS_SIM_P2P_CONNS", 8),
-            false => ("NCCL_RS_P2P_CONNS", MAX_P2P_ITEMS as i64 / 4),
+            true => (e::RS_SIM_P2P_CONNS, 8),
+            false => (e::RS_P2P_CONNS, MAX_P2P_ITEMS as i64 / 4),
         };
         let p2p_conns = env(conns_var);
         if !(0..=conns_max).contains(&p2p_conns) {
             return Err(Error::invalid_argument(format!(
-                "{conns_var}={p2p_conns}: use 1 to {conns_max} (0: 64 / nranks, up to 16)"
+                "{}={p2p_conns}: use 1 to {conns_max} (0: 64 / nranks, up to 16)",
+                conns_var.name
             )));
         }
         // NCCL_P2P_NVL_CHUNKSIZE as in NCCL, 512 KiB on GPUs by default: 2xH200 sendrecv at
         // 512 MiB moved 261 GB/s with 128 KiB slots, 312 with 256 KiB, 323 with 512 KiB
         // (NCCL: 353; results/h200x2-sendrecv-*). The simulator's: a quarter of its ring slot.
-        let p2p_slot = match crate::env::raw("NCCL_P2P_NVL_CHUNKSIZE") {
-            Some(_) => env("NCCL_P2P_NVL_CHUNKSIZE"),
+        let p2p_slot = match crate::env::P2P_NVL_CHUNKSIZE.raw() {
+            Some(_) => env(e::P2P_NVL_CHUNKSIZE),
             None if sim => (slot as i64 / 4).max(4096),
             None => 512 * 1024,
         };
@@ -167,33 +169,33 @@ impl Shape {
             )));
         }
         // A slice must divide the FIFO's NCCL_STEPS = 8 slots and leave room for a second.
-        let slice_steps = env("NCCL_RS_SLICE_STEPS");
+        let slice_steps = env(e::RS_SLICE_STEPS);
         if ![0, 1, 2, 4].contains(&slice_steps) {
             return Err(Error::invalid_argument(format!(
                 "NCCL_RS_SLICE_STEPS={slice_steps}: use 1, 2 or 4 (0: by collective)"
             )));
         }
-        let switch = |name: &str, flag: u32| match env(name) {
+        let switch = |p: Param, flag: u32| match env(p) {
             0 => Ok(0),
             1 => Ok(flag),
-            v => Err(Error::invalid_argument(format!("{name}={v}: use 0 or 1"))),
+            v => Err(Error::invalid_argument(format!("{}={v}: use 0 or 1", p.name))),
         };
         // They travel with rank 0's shape, so every rank agrees on them.
         let kernel_flags = switch(
-            "NCCL_RS_SIMPLE_PUBLISHER",
+            e::RS_SIMPLE_PUBLISHER,
             nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
         )? | switch(
-            "NCCL_RS_RING_EXCHANGE",
+            e::RS_RING_EXCHANGE,
             nccl_device::abi::FLAG_RING_EXCHANGE,
         )? | switch(
-            "NCCL_RS_TREE_EXCHANGE",
+            e::RS_TREE_EXCHANGE,
             nccl_device::abi::FLAG_TREE_EXCHANGE,
         )?;
         // Off by default: on 4 H100s a registered call's busbw fell with its CTAs (64 MiB
         // AllReduce 301 GB/s on 32, 267 on 16; 256 MiB AllGather 328 on 32, 209 on 8, 30 on 1;
         // results/h100x4-registered-fewer-ctas.txt): a CTA's loads and stores over NVLink move
         // about what its FIFO copies did.
-        let reg_ctas = env("NCCL_RS_REGISTERED_CTAS");
+        let reg_ctas = env(e::RS_REGISTERED_CTAS);
         if !(0..=MAX_CHANNELS as i64).contains(&reg_ctas) {
             return Err(Error::invalid_argument(format!(
                 "NCCL_RS_REGISTERED_CTAS={reg_ctas}: use 0 (as many as unregistered calls) to {MAX_CHANNELS}"
@@ -505,7 +507,7 @@ impl Comm {
         device.make_current()?;
         let shape = Shape::from_env(&device, &config)?;
         let timeout =
-            Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+            Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
         let bootstrap = Arc::new(
             Bootstrap::init_scalable(ids, rank, nranks, timeout, abort).map_err(|e| {
                 // Most of its errors name the bootstrap already ("bootstrap rank 1: ..."):
@@ -849,7 +851,7 @@ impl Comm {
         };
         // Opt-in: a peer whose process stopped (alive to TCP, silent to us) becomes a fault
         // when an operation waits on it (NCCL has no such bound).
-        let hang_ms = crate::env::int("NCCL_RS_PEER_HANG_TIMEOUT_MS");
+        let hang_ms = crate::env::RS_PEER_HANG_TIMEOUT_MS.int();
         if hang_ms > 0 {
             let order = Arc::downgrade(&order);
             bootstrap.watch_hangs(Duration::from_millis(hang_ms as u64), move || {
@@ -886,8 +888,8 @@ impl Comm {
             tree_tables,
             graph_markers: peers.iter().map(|p| p.graph_register).collect(),
             registered: register::Registrations::new(
-                crate::env::int("NCCL_LOCAL_REGISTER") != 0,
-                crate::env::int("NCCL_GRAPH_REGISTER") != 0,
+                crate::env::LOCAL_REGISTER.int() != 0,
+                crate::env::GRAPH_REGISTER.int() != 0,
             ),
             graph_regs: Arc::default(),
             kernel_abort,

@@ -50,7 +50,7 @@ pub(super) fn net_path(
         return Ok(None);
     }
     let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
-    let timeout = Duration::from_millis(crate::env::int("NCCL_BOOTSTRAP_TIMEOUT_MS").max(1) as u64);
+    let timeout = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
     let gdr = Policy::new(&*net, system, local, device)?;
     let nics = crate::transport::net::nics::channel_nics(&*net, system, local)?;
     Ok(Some(Arc::new(NetPath {

@@ -123,10 +123,10 @@ pub(crate) fn setup(
         return Ok(None);
     }
     let nranks = peers.len();
-    let nchannels = (crate::env::int("NCCL_NVLS_NCHANNELS").max(1) as usize)
+    let nchannels = (crate::env::NVLS_NCHANNELS.int().max(1) as usize)
         .min(max_channels.max(1));
     // Each half holds at least one 16-byte pack per rank.
-    let half = (crate::env::int("NCCL_NVLS_CHUNKSIZE").max(0) as usize)
+    let half = (crate::env::NVLS_CHUNKSIZE.int().max(0) as usize)
         .max(16 * nranks)
         .next_multiple_of(16);
     let region = NVLS_CTRL_BYTES as usize + 2 * half;

@@ -26,7 +26,7 @@ const BYTES: usize = 4 + 4 + 8 + 4 + 1 + 12 + 16 + 8 + 32 + 4 + 4 + 4 + 4 + 1;
 /// `NCCL_HOSTID`, when set, replaces both (as in NCCL): processes with different values are
 /// different nodes, even on one machine.
 fn host_hash() -> u64 {
-    let mut s = match crate::env::raw("NCCL_HOSTID").filter(|v| !v.is_empty()) {
+    let mut s = match crate::env::HOSTID.raw().filter(|v| !v.is_empty()) {
         Some(id) => return fnv1a(&format!("hostid:{id}")),
         None => std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
     };
@@ -55,7 +55,7 @@ impl PeerInfo {
             sim: device.is_sim(),
             bus_id: device.props()?.bus_id,
             shape,
-            graph_register: crate::env::int("NCCL_GRAPH_REGISTER") != 0,
+            graph_register: crate::env::GRAPH_REGISTER.int() != 0,
         })
     }
 
@@ -134,7 +134,7 @@ impl PeerInfo {
         }
         // The kernel lab: ranks on this host may share a GPU when asked (in one process they
         // reach each other's memory directly, across processes through CUDA IPC).
-        let shared_ok = crate::env::int("NCCL_RS_SHARED_GPUS") == 1;
+        let shared_ok = crate::env::RS_SHARED_GPUS.int() == 1;
         for p in &peers {
             if p.sim != me.sim {
                 return Err(Error::invalid_usage(format!(

@@ -144,7 +144,7 @@ pub fn parse(text: &str, nranks: usize) -> Result<Option<Vec<Vec<usize>>>> {
 /// Rank 0's proposal: NCCL_RINGS, else the graph's rings (rank order where those are not
 /// rings over every rank).
 fn propose(nranks: usize, graphs: &Graphs, nodes: &[Vec<usize>]) -> Result<Vec<Vec<usize>>> {
-    if let Some(text) = crate::env::raw("NCCL_RINGS") {
+    if let Some(text) = crate::env::RINGS.raw() {
         if let Some(rings) = parse(&text, nranks)? {
             log::info!("NCCL_RINGS: {} ring(s) from the environment", rings.len());
             return Ok(rings);

@@ -198,7 +198,7 @@ pub fn build(
         proto: ProtoFilter::from_mask(shape.proto_mask),
         nthreads: Some(shape.nthreads),
         max_threads: shape.nthreads,
-        plugin: crate::env::raw("NCCL_TUNER_PLUGIN"),
+        plugin: crate::env::TUNER_PLUGIN.raw(),
         built: built(),
         auto_max_bytes: AUTO_MAX_BYTES,
     };

@@ -61,8 +61,8 @@ pub fn set_backend(b: Backend) -> Result<()> {
 /// The backend in use: the one set, else `NCCL_RS_BACKEND` (cuda by default).
 pub fn backend() -> Backend {
     if BACKEND.load(Ordering::SeqCst) == 0 {
-        let b = match std::env::var("NCCL_RS_BACKEND").as_deref() {
-            Ok("sim") | Ok("SIM") | Ok("simulator") => Backend::Sim,
+        let b = match crate::env::RS_BACKEND.raw().as_deref() {
+            Some("sim") | Some("SIM") | Some("simulator") => Backend::Sim,
             _ => Backend::Cuda,
         };
         let _ = set_backend(b);
@@ -303,7 +303,7 @@ impl Device {
                 (Imp::Cuda(a), Imp::Cuda(b)) => a.can_access_peer(b),
                 // NCCL_RS_SIM_NO_PEER_ACCESS=1: a host whose GPUs cannot map each other.
                 (Imp::Sim(_), Imp::Sim(_)) => {
-                    Ok(self.ordinal == peer.ordinal || crate::env::int("NCCL_RS_SIM_NO_PEER_ACCESS") == 0)
+                    Ok(self.ordinal == peer.ordinal || crate::env::RS_SIM_NO_PEER_ACCESS.int() == 0)
                 }
                 _ => Ok(false),
             }

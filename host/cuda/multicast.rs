@@ -33,9 +33,9 @@ impl std::fmt::Debug for Multicast {
 /// that no test sets the variable that turns multicast on for real GPUs (the CUDA backend
 /// never reads the simulator's switch).
 pub(crate) fn allowed_by_env() -> bool {
-    user_allows(crate::env::raw("NCCL_NVLS_ENABLE").as_deref())
+    user_allows(crate::env::NVLS_ENABLE.raw().as_deref())
         || (crate::cuda::backend() == crate::cuda::Backend::Sim
-            && crate::env::int("NCCL_RS_SIM_NVLS") == 1)
+            && crate::env::RS_SIM_NVLS.int() == 1)
 }
 
 /// NCCL's rule for NCCL_NVLS_ENABLE's value `v`: on only when it is exactly "1".

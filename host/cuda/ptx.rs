@@ -32,7 +32,7 @@ pub fn for_arch(sm: u32) -> Option<&'static str> {
 /// versions of its major only). None where the build made none (`NCCL_RS_PTXAS` unset), or
 /// with `NCCL_RS_SASS=0`, which makes every kernel JIT from PTX.
 pub fn sass(sm: u32, name: &str) -> Option<Vec<u8>> {
-    if crate::env::int("NCCL_RS_SASS") == 0 {
+    if crate::env::RS_SASS.int() == 0 {
         return None;
     }
     let (_, _, packed) = crate::ptx::SASS

@@ -13,10 +13,7 @@ use std::time::Instant;
 
 /// Simulated GPUs in the process: `NCCL_RS_SIM_DEVICES`, 8 by default.
 pub fn device_count() -> usize {
-    std::env::var("NCCL_RS_SIM_DEVICES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8)
+    crate::env::RS_SIM_DEVICES.int().max(0) as usize
 }
 
 std::thread_local! {

@@ -448,9 +448,9 @@ fn push(args: &mut P2pArgs, it: P2pItem) -> Result<()> {
 /// Threads per p2p CTA: the simulator's small CTAs, else a full one.
 fn links_threads(links: &Links) -> u32 {
     if links.device().is_sim() {
-        crate::env::int("NCCL_RS_SIM_NTHREADS").clamp(1, 64) as u32
+        crate::env::RS_SIM_NTHREADS.int().clamp(1, 64) as u32
     } else {
-        crate::env::int("NCCL_NTHREADS").clamp(32, crate::cuda::MAX_THREADS as i64) as u32
+        crate::env::NTHREADS.int().clamp(32, crate::cuda::MAX_THREADS as i64) as u32
     }
 }
 

@@ -64,25 +64,24 @@ impl Default for Params {
 impl Params {
     /// From the parameters table (environment, then NCCL_CONF_FILE). Bad values are errors.
     pub fn from_env() -> Result<Params> {
-        let env = crate::env::int;
-        let level = |name: &str| -> Result<Option<PathType>> {
-            crate::env::raw(name)
-                .map(|v| PathType::parse_level(name, &v))
-                .transpose()
+        use crate::env::{self as e, Param};
+        let env = |p: Param| p.int();
+        let level = |p: Param| -> Result<Option<PathType>> {
+            p.raw().map(|v| PathType::parse_level(p.name, &v)).transpose()
         };
-        let cross_nic = env("NCCL_CROSS_NIC");
+        let cross_nic = env(e::CROSS_NIC);
         if !(0..=2).contains(&cross_nic) {
             return Err(Error::invalid_argument(format!(
                 "NCCL_CROSS_NIC={cross_nic}: use 0, 1 or 2"
             )));
         }
         Ok(Params {
-            p2p_disable: env("NCCL_P2P_DISABLE") != 0,
-            p2p_level: level("NCCL_P2P_LEVEL")?,
-            shm_disable: env("NCCL_SHM_DISABLE") != 0,
-            net_gdr_level: level("NCCL_NET_GDR_LEVEL")?,
-            min_channels: env("NCCL_MIN_NCHANNELS").max(0) as usize,
-            max_channels: env("NCCL_MAX_NCHANNELS").max(0) as usize,
+            p2p_disable: env(e::P2P_DISABLE) != 0,
+            p2p_level: level(e::P2P_LEVEL)?,
+            shm_disable: env(e::SHM_DISABLE) != 0,
+            net_gdr_level: level(e::NET_GDR_LEVEL)?,
+            min_channels: env(e::MIN_NCHANNELS).max(0) as usize,
+            max_channels: env(e::MAX_NCHANNELS).max(0) as usize,
             cross_nic: cross_nic as u8,
         })
     }

@@ -147,7 +147,7 @@ const RECV_ACTIVE: Duration = Duration::from_millis(10);
 /// A send side whose published steps make no progress for this long logs a warning with its
 /// counters (NCCL_RS_PROXY_STALL_WARN_S).
 fn stall_warn_after() -> Duration {
-    Duration::from_secs(crate::env::int("NCCL_RS_PROXY_STALL_WARN_S").clamp(1, 86_400) as u64)
+    Duration::from_secs(crate::env::RS_PROXY_STALL_WARN_S.int().clamp(1, 86_400) as u64)
 }
 
 fn counter(mem: &HostMem, offset: usize) -> Result<&AtomicU64> {

@@ -34,7 +34,8 @@ struct Event {
 fn log() -> Option<&'static Mutex<Vec<Event>>> {
     static LOG: OnceLock<Option<Mutex<Vec<Event>>>> = OnceLock::new();
     LOG.get_or_init(|| {
-        crate::env::raw("NCCL_RS_PROXY_TIMELINE")
+        crate::env::RS_PROXY_TIMELINE
+            .raw()
             .filter(|p| !p.is_empty())
             .map(|_| Mutex::new(Vec::with_capacity(1 << 16)))
     })
@@ -71,7 +72,7 @@ pub(crate) fn mark(mark: Mark, peer: usize, step: u64) {
 
 /// Writes what was recorded to `PREFIX.<pid>` (appending) and forgets it.
 pub(crate) fn flush() {
-    let (Some(log), Some(prefix)) = (log(), crate::env::raw("NCCL_RS_PROXY_TIMELINE")) else {
+    let (Some(log), Some(prefix)) = (log(), crate::env::RS_PROXY_TIMELINE.raw()) else {
         return;
     };
     let events = match log.lock() {

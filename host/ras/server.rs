@@ -28,10 +28,12 @@ pub fn listening_on() -> Option<SocketAddr> {
 /// Starts the RAS thread, once per process, unless `NCCL_RAS_ENABLE=0`.
 pub(crate) fn start_once() {
     bound().get_or_init(|| {
-        if crate::env::int("NCCL_RAS_ENABLE") == 0 {
+        if crate::env::RAS_ENABLE.int() == 0 {
             return None;
         }
-        let spec = crate::env::raw("NCCL_RAS_ADDR").unwrap_or_else(|| DEFAULT_ADDR.into());
+        let spec = crate::env::RAS_ADDR
+            .raw()
+            .unwrap_or_else(|| DEFAULT_ADDR.into());
         let listener = match spec
             .to_socket_addrs()
             .ok()
@@ -72,7 +74,7 @@ pub(crate) fn start_once() {
 
 /// Each rank's wait in a query: 5 s × `NCCL_RAS_TIMEOUT_FACTOR`.
 fn rank_timeout() -> Duration {
-    BASE_TIMEOUT * crate::env::int("NCCL_RAS_TIMEOUT_FACTOR").clamp(1, 1000) as u32
+    BASE_TIMEOUT * crate::env::RAS_TIMEOUT_FACTOR.int().clamp(1, 1000) as u32
 }
 
 fn serve_client(s: TcpStream, busy: &Arc<AtomicUsize>) {

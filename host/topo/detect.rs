@@ -369,7 +369,7 @@ impl System {
 
     /// [`System::detect`] with sysfs under another root.
     pub fn detect_in(probe: &dyn GpuProbe, sysfs: &Sysfs) -> Result<System> {
-        let xml = match crate::env::raw("NCCL_TOPO_FILE") {
+        let xml = match crate::env::TOPO_FILE.raw() {
             Some(path) => {
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| Error::invalid_argument(format!("NCCL_TOPO_FILE={path}: {e}")))?;
@@ -404,7 +404,7 @@ impl System {
             None => detect_xml(probe, sysfs)?,
         };
         let system = System::from_xml_node(xml)?;
-        if let Some(path) = crate::env::raw("NCCL_TOPO_DUMP_FILE") {
+        if let Some(path) = crate::env::TOPO_DUMP_FILE.raw() {
             std::fs::write(&path, system.to_xml())
                 .map_err(|e| Error::system(format!("NCCL_TOPO_DUMP_FILE={path}: {e}")))?;
             log::info!("Topology dumped to {path}");

@@ -129,7 +129,7 @@ impl Links {
             sides: Mutex::new(HashMap::new()),
             regs: Mutex::new(HashMap::new()),
             exported: Mutex::new(Default::default()),
-            vmm_ipc: crate::env::int("NCCL_RS_VMM_IPC") != 0,
+            vmm_ipc: crate::env::RS_VMM_IPC.int() != 0,
             unexported_said: AtomicBool::new(false),
             net,
             key_base: 0,

@@ -320,14 +320,14 @@ impl TuneParams {
     /// From NCCL_ALGO, NCCL_PROTO, NCCL_NTHREADS, NCCL_TUNER_PLUGIN. Bad values are errors.
     pub fn from_env() -> Result<TuneParams> {
         let mut p = TuneParams::default();
-        if let Some(v) = crate::env::raw("NCCL_ALGO") {
+        if let Some(v) = crate::env::ALGO.raw() {
             p.algo = AlgoFilter::parse("NCCL_ALGO", &v)?;
         }
-        if let Some(v) = crate::env::raw("NCCL_PROTO") {
+        if let Some(v) = crate::env::PROTO.raw() {
             p.proto = ProtoFilter::parse("NCCL_PROTO", &v)?;
         }
-        if crate::env::raw("NCCL_NTHREADS").is_some() {
-            let n = crate::env::int("NCCL_NTHREADS");
+        if crate::env::NTHREADS.raw().is_some() {
+            let n = crate::env::NTHREADS.int();
             if !(64..=p.max_threads as i64).contains(&n) || n % 32 != 0 {
                 return Err(Error::invalid_argument(format!(
                     "NCCL_NTHREADS={n}: use a multiple of 32 from 64 to {}",
@@ -336,7 +336,7 @@ impl TuneParams {
             }
             p.nthreads = Some(n as u32);
         }
-        p.plugin = crate::env::raw("NCCL_TUNER_PLUGIN");
+        p.plugin = crate::env::TUNER_PLUGIN.raw();
         Ok(p)
     }
 }

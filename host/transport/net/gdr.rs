@@ -64,15 +64,15 @@ pub(crate) struct Knobs {
 
 impl Knobs {
     pub(crate) fn from_env() -> crate::error::Result<Knobs> {
-        let level = crate::env::raw("NCCL_NET_GDR_LEVEL")
+        let level = crate::env::NET_GDR_LEVEL.raw()
             .map(|v| PathType::parse_level("NCCL_NET_GDR_LEVEL", &v))
             .transpose()?
             .unwrap_or(PathType::Pxb);
         Ok(Knobs {
             level,
-            read: crate::env::raw("NCCL_NET_GDR_READ").map(|_| crate::env::int("NCCL_NET_GDR_READ") != 0),
-            force_flush: crate::env::int("NCCL_NET_FORCE_FLUSH") != 0,
-            dmabuf_enable: crate::env::int("NCCL_DMABUF_ENABLE") != 0,
+            read: crate::env::NET_GDR_READ.raw().map(|_| crate::env::NET_GDR_READ.int() != 0),
+            force_flush: crate::env::NET_FORCE_FLUSH.int() != 0,
+            dmabuf_enable: crate::env::DMABUF_ENABLE.int() != 0,
         })
     }
 }

@@ -85,7 +85,7 @@ fn comm_owners(net: &dyn Net, wants: &[Want], share: bool) -> Vec<usize> {
     let ndevs = net.ndevs().max(1);
     let dev_of = |w: &Want| w.key as usize % ndevs;
     let mut owner: Vec<usize> = (0..wants.len()).collect();
-    if !share || crate::env::int("NCCL_NET_SHARED_COMMS") == 0 {
+    if !share || crate::env::NET_SHARED_COMMS.int() == 0 {
         return owner;
     }
     let mut first = std::collections::HashMap::new();
@@ -251,7 +251,7 @@ fn conn_structs(conn: &ConnMem, l: ConnLayout) -> (ConnSend, ConnRecv) {
     let at = |o: usize| conn.ctrl_addr(o);
     let fifo = conn.fifo_addr();
     // 1: LL lines are read by their flags both ways; 2: by receivers only; 0: neither.
-    let ll_poll = crate::env::int("NCCL_RS_NET_LL_POLL");
+    let ll_poll = crate::env::RS_NET_LL_POLL.int();
     let send = ConnSend {
         fifo,
         tail: at(ConnLayout::TAIL),

@@ -95,7 +95,7 @@ impl Default for SocketOptions {
 impl SocketOptions {
     /// The options the NCCL_* parameters (environment, then NCCL_CONF_FILE) ask for.
     pub fn from_env() -> Self {
-        let family = crate::env::raw("NCCL_SOCKET_FAMILY").and_then(|v| {
+        let family = crate::env::SOCKET_FAMILY.raw().and_then(|v| {
             let f = Family::parse(&v);
             if f.is_none() {
                 log::warn!("NCCL_SOCKET_FAMILY={v} is neither AF_INET nor AF_INET6; ignored");
@@ -104,22 +104,22 @@ impl SocketOptions {
         });
         let retry = Retry::from_env();
         SocketOptions {
-            ifname: crate::env::raw("NCCL_SOCKET_IFNAME"),
+            ifname: crate::env::SOCKET_IFNAME.raw(),
             family,
-            nthreads: crate::env::int("NCCL_SOCKET_NTHREADS").max(0) as usize,
-            nsocks_per_thread: crate::env::int("NCCL_NSOCKS_PERTHREAD").max(0) as usize,
+            nthreads: crate::env::SOCKET_NTHREADS.int().max(0) as usize,
+            nsocks_per_thread: crate::env::NSOCKS_PERTHREAD.int().max(0) as usize,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             retry_count: retry.count,
             retry_sleep_ms: retry.sleep_ms,
-            peer_timeout: match crate::env::int("NCCL_RS_SOCKET_TIMEOUT_MS") {
+            peer_timeout: match crate::env::RS_SOCKET_TIMEOUT_MS.int() {
                 ms if ms <= 0 => None,
                 ms => Some(Duration::from_millis(ms as u64)),
             },
-            send_timeout: match crate::env::int("NCCL_RS_SOCKET_SEND_TIMEOUT_MS") {
+            send_timeout: match crate::env::RS_SOCKET_SEND_TIMEOUT_MS.int() {
                 ms if ms <= 0 => None,
                 ms => Some(Duration::from_millis(ms as u64)),
             },
-            inline_below: crate::env::int("NCCL_RS_SOCKET_INLINE_BYTES").clamp(0, MAX_INLINE_BELOW as i64)
+            inline_below: crate::env::RS_SOCKET_INLINE_BYTES.int().clamp(0, MAX_INLINE_BELOW as i64)
                 as usize,
         }
     }

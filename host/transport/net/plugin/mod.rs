@@ -150,7 +150,7 @@ pub(crate) fn ptr_names(bits: u32) -> String {
 fn plugins() -> &'static [Plugin] {
     static PLUGINS: OnceLock<Vec<Plugin>> = OnceLock::new();
     PLUGINS.get_or_init(|| {
-        let env = crate::env::raw("NCCL_NET_PLUGIN");
+        let env = crate::env::NET_PLUGIN.raw();
         if let Some(v) = &env {
             ::log::info!(target: crate::debug::INIT, "NET/Plugin: NCCL_NET_PLUGIN set to {v}");
         }
@@ -180,7 +180,7 @@ fn plugins() -> &'static [Plugin] {
                 target: crate::debug::INIT,
                             "NET/Plugin: {} also exports ncclCollNetPlugin_v{v} ({n}); nccl-rs runs no CollNet algorithm{}",
                             lib.path,
-                            if crate::env::int("NCCL_COLLNET_ENABLE") != 0 {
+                            if crate::env::COLLNET_ENABLE.int() != 0 {
                                 ", so NCCL_COLLNET_ENABLE=1 has no effect"
                             } else {
                                 ""
