@@ -1,0 +1,539 @@
+//! Creating a rank's communicator ([`Comm::create`]): bootstrap over the unique ids, peer facts,
+//! the transport agreement, rings and their connections (p2p, SHM, the network), the trees and
+//! NVLS, then the device structures.
+
+use super::*;
+
+/// Connects the tree's up direction (the reverse of each tree CTA's ring, as send/recv links)
+/// when the filters allow the tree: every rank does it at init, so no collective waits on a
+/// handshake. There is a tree CTA per channel: CTA `c` runs the chain of channel `c`'s ring,
+/// rooted at its position 0; it sends up to its predecessor there and receives from its
+/// successor.
+///
+/// When every channel has the same ring and the send/recv links have a connection per channel
+/// and `slot_bytes`-byte slots, the up links are those to the two neighbours, shared with
+/// ncclSend/ncclRecv. Otherwise they are links of the tree's own (`own(n)` makes links of `n`
+/// connections per peer; with one link per CTA, 4xH200 ran the tree on 4 CTAs at 0.16 of
+/// NCCL's busbw); where the channels' rings differ, CTA `c` takes connection `c` of its own
+/// peer, gathered into one array per direction. Every rank decides alike (the rings are rank
+/// 0's), so both ends of every link take the same path.
+fn connect_tree(
+    rank: usize,
+    links: &Links,
+    shape: &Shape,
+    rings: &Rings,
+    slot_bytes: usize,
+    own: impl FnOnce(usize) -> Links,
+) -> Result<Option<TreeUp>> {
+    use crate::transport::links::Dir;
+    use crate::tune::{Algo, AlgoFilter, Coll};
+    let nranks = rings.nranks();
+    let allowed =
+        AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
+    if nranks == 1 || !allowed {
+        return Ok(None);
+    }
+    let ctas = (shape.nchannels as usize).max(1);
+    // Per CTA: (predecessor to send up to, successor to receive from).
+    let ups: Vec<(Option<usize>, Option<usize>)> = (0..ctas)
+        .map(|c| {
+            let pos = rings.position(c, rank);
+            let (prev, next) = rings.peers(c, rank);
+            (
+                (pos > 0).then_some(prev),
+                (pos + 1 < nranks).then_some(next),
+            )
+        })
+        .collect();
+    let picks = |ups: &[(Option<usize>, Option<usize>)]| {
+        let send: Vec<_> = ups.iter().map(|u| u.0.map(|p| (p, Dir::Send))).collect();
+        let recv: Vec<_> = ups.iter().map(|u| u.1.map(|p| (p, Dir::Recv))).collect();
+        (send, recv)
+    };
+    let connect = |links: &Links, needs: Vec<(usize, Dir)>| -> Result<()> {
+        let started = links.start(&needs)?;
+        links
+            .finish(started)
+            .map_err(|e| e.context("tree connections"))
+    };
+    // Connection 0 of the neighbours' links: an array of a connection per CTA.
+    let first_conns = |links: &Links| -> Result<(u64, u64)> {
+        let (send, recv) = picks(&ups[..1]);
+        connect(links, send.iter().chain(&recv).flatten().copied().collect())?;
+        let conn = |pick: Option<(usize, Dir)>| match pick {
+            Some((peer, dir)) => links.conn(peer, dir, 0),
+            None => Ok(0),
+        };
+        Ok((conn(send[0])?, conn(recv[0])?))
+    };
+    let one_ring = (0..ctas).all(|c| rings.index_of(c) == rings.index_of(0));
+    if one_ring && links.nconns >= ctas && links.slot_bytes == slot_bytes {
+        return Ok(Some(TreeUp {
+            arrays: first_conns(links)?,
+            ctas,
+            slot_bytes: links.slot_bytes,
+            _own: None,
+        }));
+    }
+    let tree_links = own(ctas);
+    let slot_bytes = tree_links.slot_bytes;
+    if one_ring {
+        let arrays = first_conns(&tree_links)?;
+        return Ok(Some(TreeUp {
+            arrays,
+            ctas,
+            slot_bytes,
+            _own: Some((tree_links, None)),
+        }));
+    }
+    let (send, recv) = picks(&ups);
+    connect(
+        &tree_links,
+        send.iter().chain(&recv).flatten().copied().collect(),
+    )?;
+    let send_arr = tree_links.gather(&send)?;
+    let recv_arr = tree_links.gather(&recv)?;
+    Ok(Some(TreeUp {
+        arrays: (send_arr.ptr, recv_arr.ptr),
+        ctas,
+        slot_bytes,
+        _own: Some((tree_links, Some((send_arr, recv_arr)))),
+    }))
+}
+
+pub(super) fn check_args(nranks: usize, rank: usize, ids: &[UniqueId]) -> Result<()> {
+    if nranks == 0 {
+        return Err(Error::invalid_argument("nranks is 0"));
+    }
+    if rank >= nranks {
+        return Err(Error::invalid_argument(format!(
+            "rank {rank} is out of range (nranks {nranks})"
+        )));
+    }
+    if ids.is_empty() {
+        return Err(Error::invalid_argument("no unique id given"));
+    }
+    if ids.len() > nranks {
+        return Err(Error::invalid_argument(format!(
+            "{} unique ids for {nranks} ranks: at most one id per rank",
+            ids.len()
+        )));
+    }
+    for id in ids {
+        id.decode()?;
+    }
+    Ok(())
+}
+
+impl Comm {
+    /// Creates this rank's communicator: bootstrap over `ids` (one root each), peer facts,
+    /// transport, device structures. Every wait stops early when `abort` is set.
+    pub(crate) fn create(
+        device: Device,
+        nranks: usize,
+        ids: &[UniqueId],
+        rank: usize,
+        config: ResolvedConfig,
+        abort: &AbortFlag,
+    ) -> Result<Comm> {
+        crate::debug::init();
+        check_args(nranks, rank, ids)?;
+        let t0 = Instant::now();
+        crate::env::log_params();
+        device.make_current()?;
+        let shape = Shape::from_env(&device, &config)?;
+        let timeout =
+            Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
+        let bootstrap = Arc::new(
+            Bootstrap::init_scalable(ids, rank, nranks, timeout, abort).map_err(|e| {
+                // Most of its errors name the bootstrap already ("bootstrap rank 1: ..."):
+                // no second "bootstrap: " in front of them.
+                if e.message.starts_with("bootstrap") {
+                    e
+                } else {
+                    e.context("bootstrap")
+                }
+            })?,
+        );
+        let me = PeerInfo::local(rank, &device, shape)?;
+        let peers = PeerInfo::exchange(&bootstrap, &me)?;
+        // P2P, SHM or NET for every pair, alike on every rank.
+        let system = tuning::node_system(rank, &device, &peers)?;
+        let own_row = transports::own_row(rank, &device, &peers, &system)?;
+        let transports = transports::Transports::agree(&bootstrap, &own_row)?;
+        let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
+        if transports.any(Transport::Net) || transports.any(Transport::Shm) {
+            // The kernels' agreement on fewer CTAs runs over p2p counter lines only: every
+            // ring connection must be one (this matrix is every rank's).
+            shape.reg_ctas = 0;
+        }
+        if transports.any(Transport::Net) {
+            // Across nodes (or with p2p and SHM off on one).
+            shape.nchannels = shape.net_nchannels;
+        }
+        if transports.any(Transport::Shm) {
+            // Host memory carries these rings: as across nodes, the channels NCCL's search
+            // finds over such paths (two), not NVLink's 32 sets of pinned FIFOs.
+            shape.nchannels = shape.net_nchannels;
+        }
+        // A peer gone (seen by the bootstrap, by us or another rank) and the network's errors
+        // become the communicator's async error and stop the kernels.
+        let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
+        let kernel_abort = Arc::new(device.alloc_host_flag()?);
+        let on_fault = fault_sink(rank, &async_error, &kernel_abort);
+        bootstrap.watch({
+            let f = on_fault.clone();
+            move |e| f(e)
+        });
+        let choice = net::Choice {
+            name: config.net_name.as_deref(),
+            comm_id: net::comm_id(&ids[0].internal),
+            traffic_class: config.traffic_class,
+        };
+        // This GPU's position among its node's (the node's topology numbers them so).
+        let local = peers
+            .iter()
+            .filter(|p| p.host_hash == peers[rank].host_hash && p.rank < peers[rank].rank)
+            .count();
+        let on_net_error = net_fault_sink(on_fault, &bootstrap);
+        let net_path = net_path(
+            transports.remote(rank),
+            &device,
+            &choice,
+            on_net_error,
+            &system,
+            local,
+        )?;
+        // Across nodes the tuner models the network: the node count and the NICs' speed.
+        let nodes_of = nodes(&peers);
+        let net_model = net_path
+            .as_ref()
+            .filter(|_| nodes_of.len() > 1)
+            .map(|np| tuning::NetModel::of(&*np.net, nodes_of.len(), shape.nchannels as usize));
+        let (mut tuner, graphs) = tuning::build(rank, &device, system, &peers, &shape, net_model)
+            .map_err(|e| e.context("tuning"))?;
+        if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
+            log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
+            tuner.log();
+        }
+        // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
+        let rings = rings::agree(&bootstrap, &graphs, &nodes_of, shape.nchannels as usize)
+            .map_err(|e| e.context("rings"))?;
+        let nch = shape.nchannels as usize;
+        let ring_peers: Vec<(usize, usize)> = (0..nch).map(|c| rings.peers(c, rank)).collect();
+        let (free_before, _) = device.mem_info()?;
+        let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
+        let addrs: Vec<PeerAddr> = peers
+            .iter()
+            .map(|p| PeerAddr {
+                device: p.device,
+                same_process: p.same_process(&me),
+                transport: transports.between(rank, p.rank as usize),
+            })
+            .collect();
+        let remote = |r: usize| net_path.as_ref().is_some_and(|n| n.remote[r]);
+        if transports.any(Transport::Net) {
+            // A proxy sends a step slot by slot, each slot spaced by the connection's stride:
+            // one slot per Simple step (every rank knows every pair's transport, so all agree).
+            shape.slice_steps = 1;
+        }
+        // Before the connection exchange, so every member in this process joins before any
+        // can leave.
+        let keep = keepalive::join(net::comm_id(&ids[0].internal));
+        let p2p = if nranks > 1 {
+            Some(P2p::setup(
+                &device,
+                &bootstrap,
+                &addrs,
+                &ring_peers,
+                &|r: usize| remote(r) || transports.between(rank, r) == Transport::Shm,
+                layout,
+            )?)
+        } else {
+            None
+        };
+        // Ring neighbours on this node that p2p does not reach meet in host shared memory.
+        let is_shm = |r: usize| r != rank && transports.between(rank, r) == Transport::Shm;
+        let devices: Vec<i32> = peers.iter().map(|p| p.device).collect();
+        let shm = if (0..nranks).any(is_shm) {
+            let slot = shape.slot_bytes as usize;
+            Some(ShmRing::setup(
+                &device,
+                &bootstrap,
+                &ring_peers,
+                &is_shm,
+                slot,
+                &devices,
+            )?)
+        } else {
+            None
+        };
+        let ring_conns = match &net_path {
+            Some(np) => ring_net(rank, np, &device, &bootstrap, &ring_peers, &shape)?,
+            None => Vec::new(),
+        };
+        // Send/receive connections, made on first use: a few per peer (more CTAs per message
+        // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
+        let order = Arc::new(order::StreamOrder::new(device.clone()));
+        // 64 CTAs' worth spread over the peers, at most 16 per peer: a launch then covers
+        // half the distances (MAX_P2P_ITEMS / 2 CTAs per direction), so an all-to-all takes
+        // two launches. With 4 per peer, 2xH200 sendrecv moved 90 GB/s against NCCL's 354 at
+        // 512 MiB (each CTA ~22 GB/s); on 4xH200 at 512 MiB, 8 per peer (32 / nranks) moved
+        // 279 GB/s and 16 per peer 317-322 (NCCL: 350; results/h200x4-sendrecv-*conns*).
+        let nconns = match shape.p2p_conns {
+            0 => (MAX_P2P_ITEMS / nranks).clamp(1, MAX_P2P_ITEMS / 4),
+            n => n as usize,
+        };
+        // The tree's up links step with a quarter of the ring's slot (its halves pipeline
+        // through them); they are the send/recv links only where those have that slot.
+        let tree_slot = (shape.slot_bytes as usize / 4).max(4096);
+        // Makes links like the communicator's, with `n` connections per peer and `slot`-byte
+        // FIFO slots.
+        let make_links = {
+            let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
+            let net = net_path.clone();
+            // A communicator being dropped has waited for its kernels: nothing to fence.
+            let order = Arc::downgrade(&order);
+            let fences: crate::transport::links::Fences =
+                Arc::new(move || order.upgrade().map_or(Ok(None), |o| o.fence()));
+            move |n, slot| {
+                Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
+                    .with_fences(fences.clone())
+            }
+        };
+        let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
+        // Zero-copy ring and tree collectives: their connections to peers of this node through
+        // p2p take the handshake (both ends judge a pair alike from the agreed transport), and
+        // a send reaches the peer's registered buffers as send/recv does
+        // (`Links::direct_reach`).
+        let p2p_peer =
+            |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
+        let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
+        // How a send to ring or tree neighbour `peer` reaches the buffers it offers (a peer in
+        // another process joins `tables`, whose records a registered launch drains first).
+        let reach_of = |peer: usize, tables: &mut Vec<usize>| match p2p_peer(peer) {
+            false => nccl_device::abi::DIRECT_OFF,
+            true => match links.direct_reach(peer) {
+                Ok(Some(reach)) => {
+                    if !addrs[peer].same_process && !tables.contains(&peer) {
+                        tables.push(peer);
+                    }
+                    reach
+                }
+                // Still the handshake (the peer expects it), never direct.
+                Ok(None) => nccl_device::abi::DIRECT_DECLINE,
+                Err(e) => {
+                    log::warn!("rank {rank}: rank {peer}'s registered buffers: {e}");
+                    nccl_device::abi::DIRECT_DECLINE
+                }
+            },
+        };
+        // On one node the tree is the chain in ring order; across nodes NCCL's double binary
+        // tree, each channel on links of its own with the same slots.
+        let (tree_up, dbt) = if nodes_of.len() > 1 {
+            use crate::tune::{Algo, AlgoFilter, Coll};
+            let allowed =
+                AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
+            let dbt = match allowed {
+                true => {
+                    let trees = crate::graph::dbt_channels(&nodes_of, nch);
+                    let np = net_path.as_deref();
+                    // The tree's steps may be LL (one peer per step): its links inside the
+                    // node get LL FIFOs (network connections carry every protocol).
+                    let mut reach = |peer: usize| reach_of(peer, &mut tree_tables);
+                    let made = tree::connect_dbt(
+                        rank,
+                        &device,
+                        &trees,
+                        &nodes_of,
+                        &addrs,
+                        np,
+                        &mut reach,
+                        |c| make_links.clone()(1, tree_slot).keyed(c as u32).with_ll(),
+                    );
+                    Some(made.map_err(|e| e.context("tree connections"))?)
+                }
+                false => None,
+            };
+            (None, dbt)
+        } else {
+            let up = connect_tree(rank, &links, &shape, &rings, tree_slot, |n| {
+                make_links(n, tree_slot)
+            })?;
+            (up, None)
+        };
+
+        // NVLS: only where the user set NCCL_NVLS_ENABLE to 1 on every rank (see nvls.rs), after every rank
+        // agreed on the tuner (all of them decide alike here).
+        let all_p2p = !transports.any(Transport::Net) && !transports.any(Transport::Shm);
+        let nvls = nvls::setup(
+            rank,
+            &device,
+            &bootstrap,
+            &peers,
+            all_p2p,
+            shape.nchannels as usize,
+        )
+        .map_err(|e| e.context("NVLS setup"))?;
+        tuner.set_nvls(nvls.is_some());
+        tuner.set_ring_exchange(shape.kernel_flags & nccl_device::abi::FLAG_RING_EXCHANGE != 0);
+        tuner.set_tree_exchange(dbt.as_ref().is_some_and(|d| d.exchanges(&shape)));
+
+        let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+        // DevComm, the channels, then each distinct ring as ranks (channels share them).
+        let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
+        let ring_words: Vec<u32> = rings
+            .distinct()
+            .iter()
+            .flatten()
+            .map(|&r| r as u32)
+            .collect();
+        let dev_comm = device.alloc(ring_at + ring_words.len() * 4)?;
+        let mut channels = vec![ChannelDev::default(); nch];
+        for (c, ch) in channels.iter_mut().enumerate() {
+            let (prev, next) = ring_peers[c];
+            ch.recv_direct = p2p_peer(prev) as u32;
+            ch.send_reach = reach_of(next, &mut ring_tables);
+            // The one-node tree's way up runs against the ring (`tree_up`: the chain, on one
+            // node only).
+            ch.prev_reach = match tree_up.is_some() {
+                true => reach_of(prev, &mut tree_tables),
+                false => nccl_device::abi::DIRECT_OFF,
+            };
+            ch.ring_index = rings.position(c, rank) as u32;
+            ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
+            ch.ring_prev = prev as u32;
+            ch.ring_next = next as u32;
+            if let Some(p) = &p2p {
+                let (send, recv) = p.conns(c);
+                ch.send = send.unwrap_or_default();
+                ch.recv = recv.unwrap_or_default();
+                if send.is_some() && next != rank {
+                    log::info!(
+                        "Channel {c:02}/0 : {rank}[{}] -> {next}[{}] via P2P/{}",
+                        device.ordinal,
+                        peers[next].device,
+                        if addrs[next].same_process {
+                            "direct pointer"
+                        } else {
+                            "IPC"
+                        }
+                    );
+                }
+            }
+            if let Some((send, recv)) = shm.as_ref().map(|s| s.conns(c)) {
+                if let Some(s) = send {
+                    ch.send = s;
+                }
+                if let Some(r) = recv {
+                    ch.recv = r;
+                }
+            }
+            for m in ring_conns.iter().filter(|m| m.want.key as usize == c) {
+                match m.want.dir {
+                    Dir::Send => ch.send = m.send,
+                    Dir::Recv => ch.recv = m.recv,
+                }
+            }
+        }
+        let stamps = stamps::KernelStamps::from_env(&device, rank)?;
+        let dc = DevComm {
+            rank: rank as u32,
+            nranks: nranks as u32,
+            nchannels: shape.nchannels,
+            slot_bytes: shape.slot_bytes,
+            channels: dev_comm.ptr + head as u64,
+            abort_flag: kernel_abort.ptr,
+            nvls: nvls.as_ref().map_or(0, |n| n.chans.ptr),
+            nvls_nchannels: nvls.as_ref().map_or(0, |n| n.nchannels as u32),
+            lab_count: 0,
+            lab_stamps: stamps.as_ref().map_or(0, |s| s.device_ptr()),
+        };
+        dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
+        dev_comm.write(head, as_bytes(&channels))?;
+        dev_comm.write(ring_at, as_bytes(&ring_words))?;
+        if let Some(np) = &net_path {
+            np.proxy
+                .add(ring_conns.into_iter().map(|m| m.conn).collect());
+        }
+        bootstrap.barrier()?;
+        let (free_after, _) = device.mem_info()?;
+        abort.check()?;
+        log::info!(
+            "comm {}rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, init {:.1} ms",
+            config.comm_name.as_deref().map(|n| format!("{n} ")).unwrap_or_default(),
+            device.ordinal,
+            if device.is_sim() { "simulator" } else { "cuda" },
+            shape.nchannels,
+            shape.nthreads,
+            shape.slot_bytes / 1024,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        let ras = {
+            let (order, slot) = (Arc::downgrade(&order), async_error.clone());
+            let health = crate::ras::Health::new(
+                net::comm_id(&ids[0].internal),
+                rank,
+                nranks,
+                device.ordinal,
+                config.comm_name.clone(),
+                move || order.upgrade().and_then(|o| o.finished()),
+                move || {
+                    let e = slot.lock().unwrap_or_else(|p| p.into_inner());
+                    e.as_ref().map(|e| e.to_string())
+                },
+            );
+            crate::ras::register(Arc::new(health), &bootstrap)
+        };
+        // Opt-in: a peer whose process stopped (alive to TCP, silent to us) becomes a fault
+        // when an operation waits on it (NCCL has no such bound).
+        let hang_ms = crate::env::RS_PEER_HANG_TIMEOUT_MS.int();
+        if hang_ms > 0 {
+            let order = Arc::downgrade(&order);
+            bootstrap.watch_hangs(Duration::from_millis(hang_ms as u64), move || {
+                // Outstanding: not known to be finished (None: a launch in progress, or a
+                // captured graph, whose work cannot be seen).
+                order.upgrade().is_some_and(|o| o.finished() != Some(true))
+            });
+        }
+        Ok(Comm {
+            rank,
+            nranks,
+            device,
+            shape,
+            tuner,
+            bootstrap,
+            links,
+            tree_up,
+            dbt,
+            nvls,
+            rings,
+            order,
+            dev_comm,
+            _p2p: p2p,
+            _shm: shm,
+            kernels: Mutex::new(HashMap::new()),
+            aborted: Arc::new(AtomicBool::new(false)),
+            init_bytes: free_before.saturating_sub(free_after),
+            config,
+            abort_flag: abort.clone(),
+            finalized: AtomicBool::new(false),
+            async_error,
+            net: net_path,
+            ring_tables,
+            tree_tables,
+            graph_markers: peers.iter().map(|p| p.graph_register).collect(),
+            registered: register::Registrations::new(
+                crate::env::LOCAL_REGISTER.int() != 0,
+                crate::env::GRAPH_REGISTER.int() != 0,
+            ),
+            graph_regs: Arc::default(),
+            kernel_abort,
+            split_turns: Arc::default(),
+            ras,
+            stamps,
+            keep,
+            _one_thread: NotSync::default(),
+        })
+    }
+}
