@@ -396,24 +396,27 @@ pub const FLAG_RING_REGISTERED: u32 = 4;
 /// kernel-stamps lab; off unless NCCL_RS_KERNEL_STAMPS is set).
 pub const FLAG_LAB_STAMPS: u32 = 32;
 
-/// The collectives, as `CollArgs::coll` names them (each has its own kernel entry points).
+/// The collectives, with NCCL's `ncclFunc_t` values: the one definition the kernels
+/// (`CollArgs::coll`; each has its own entry points), the tuner and the public API
+/// (`nccl::Coll`) share.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Coll {
-    AllReduce = 0,
-    Broadcast = 1,
-    Reduce = 2,
-    AllGather = 3,
-    ReduceScatter = 4,
+    Broadcast = 0,
+    Reduce = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    AllReduce = 4,
 }
 
 impl Coll {
+    /// Every collective, in NCCL's order (its `ncclFunc_t` values, which are the variants').
     pub const ALL: [Coll; 5] = [
-        Coll::AllReduce,
         Coll::Broadcast,
         Coll::Reduce,
         Coll::AllGather,
         Coll::ReduceScatter,
+        Coll::AllReduce,
     ];
 
     pub fn from_raw(v: u32) -> Option<Coll> {

@@ -244,8 +244,8 @@ mod tests {
             reg_ctas: 0,
         };
         let by_coll = |s: &Shape| Coll::ALL.map(|c| s.slice_steps_for(c));
-        // AllReduce, Broadcast, Reduce, AllGather, ReduceScatter.
-        assert_eq!(by_coll(&s), [2, 1, 1, 2, 2]);
+        // Broadcast, Reduce, AllGather, ReduceScatter, AllReduce.
+        assert_eq!(by_coll(&s), [1, 1, 2, 2, 2]);
         s.slice_steps = 4;
         assert_eq!(by_coll(&s), [4; 5]);
     }

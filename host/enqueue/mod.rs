@@ -18,7 +18,7 @@ use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
 use crate::transport::regmap::Mark as RegMark;
-use crate::tune::{self, Algo, Choice, Proto};
+use crate::tune::{Algo, Choice, Proto};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
     LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
@@ -80,17 +80,6 @@ impl ReduceOp {
     }
 }
 
-/// The tuner's name for a device collective.
-pub fn tune_coll(c: Coll) -> tune::Coll {
-    match c {
-        Coll::AllReduce => tune::Coll::AllReduce,
-        Coll::Broadcast => tune::Coll::Broadcast,
-        Coll::Reduce => tune::Coll::Reduce,
-        Coll::AllGather => tune::Coll::AllGather,
-        Coll::ReduceScatter => tune::Coll::ReduceScatter,
-    }
-}
-
 /// NCCL's `nBytes` of a call: one rank's buffer of AllReduce, Broadcast and Reduce, the whole
 /// output of AllGather and input of ReduceScatter. `None` when it overflows.
 fn call_bytes(nranks: usize, c: &CollCall) -> Option<usize> {
@@ -119,7 +108,7 @@ pub fn choose(comm: &Comm, call: &CollCall) -> Result<Choice> {
             Coll::AllGather => true,
             _ => nccl_device::arch::multimem_op(call.dt, call.op.kind()).is_some(),
         };
-    comm.tuner.choose_with(tune_coll(call.coll), bytes, nvls_ok)
+    comm.tuner.choose_with(call.coll, bytes, nvls_ok)
 }
 
 /// The model's time for `call` in µs (0 for an empty call), for ncclGroupSimulateEnd.
@@ -169,7 +158,7 @@ pub(crate) fn check_buffer(
 /// nothing runs in place and the copy engine moves it out of place, as NCCL does; no kernel, no
 /// FIFO, no tuner (`bytes`: the rank's block, which is the whole buffer for one rank).
 fn one_rank(comm: &Comm, c: &CollCall, bytes: usize) -> Result<()> {
-    comm.tuner.leaves_some(tune_coll(c.coll))?;
+    comm.tuner.leaves_some(c.coll)?;
     if c.send == c.recv {
         return Ok(()); // on one H200, ~1.0 µs of host time a call against the kernel's 5.5
     }
