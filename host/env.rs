@@ -317,7 +317,11 @@ mod tests {
         let mut names: Vec<_> = PARAMS.iter().map(|p| p.name).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), PARAMS.len(), "a parameter is in the table twice");
+        assert_eq!(
+            names.len(),
+            PARAMS.len(),
+            "a parameter is in the table twice"
+        );
         assert_eq!(BUFFSIZE.name, "NCCL_BUFFSIZE");
     }
 }

@@ -60,20 +60,9 @@
 // Internals that only this crate's tests call are dead code without the `internals` feature.
 #![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
-/// Declares modules that are internals: `pub(crate)`, and `pub` (unstable, undocumented) only
-/// with the `internals` feature, for this crate's own tests.
-macro_rules! internal_mods {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[cfg(feature = "internals")]
-            #[doc(hidden)]
-            pub mod $name;
-            #[cfg(not(feature = "internals"))]
-            pub(crate) mod $name;
-        )*
-    };
-}
-pub(crate) use internal_mods;
+// Modules that are internals are `pub(crate)`, and `pub` (unstable, undocumented) only with
+// the `internals` feature, for this crate's own tests. Each is declared twice under `cfg`,
+// not through a macro, so that rustfmt (which does not look inside macro calls) reaches them.
 
 /// Declares one item (a function or method, a type, a constant) that is an internal: written
 /// `internal! { /// docs \n fn name(..) { .. } }`, it is `pub(crate)`, and `pub` (hidden from the
@@ -108,7 +97,48 @@ pub mod error;
 pub(crate) mod proxy;
 pub mod ras;
 
-internal_mods!(bootstrap, comm, enqueue, env, graph, topo, transport, tune);
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod bootstrap;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod bootstrap;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod comm;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod comm;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod enqueue;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod enqueue;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod env;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod env;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod graph;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod graph;
+#[cfg(test)]
+mod layering;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod topo;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod topo;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod transport;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod transport;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod tune;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod tune;
 
 #[cfg(feature = "cudarc")]
 pub use api::cudarc_nccl;

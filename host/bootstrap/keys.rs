@@ -155,7 +155,15 @@ mod tests {
     fn siphash_matches_std_siphash_2_4_for_every_length() {
         use std::hash::Hasher;
         let msg: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
-        for (n, k) in [(0usize, 1u64), (7, 2), (8, 3), (9, 4), (16, 5), (63, 6), (100, 7)] {
+        for (n, k) in [
+            (0usize, 1u64),
+            (7, 2),
+            (8, 3),
+            (9, 4),
+            (16, 5),
+            (63, 6),
+            (100, 7),
+        ] {
             let key = Secret([k.wrapping_mul(0x9e37_79b9_7f4a_7c15), !k]);
             for len in 0..=n {
                 // std's deprecated SipHasher is SipHash-2-4; `write` takes the raw bytes.
@@ -182,6 +190,9 @@ mod tests {
             }
         }
         assert!(same_key(5, 5) && !same_key(5, 4) && !same_key(1 << 63, 0));
-        assert_ne!(Secret::draw().expect("urandom"), Secret::draw().expect("urandom"));
+        assert_ne!(
+            Secret::draw().expect("urandom"),
+            Secret::draw().expect("urandom")
+        );
     }
 }

@@ -53,12 +53,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use abort::AbortFlag;
-pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 #[cfg(feature = "internals")]
 pub use id::new_local_root_id;
 #[cfg(not(feature = "internals"))]
 pub(crate) use id::new_local_root_id;
 pub(crate) use id::random_nonce;
+pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 
 use crate::error::{Error, Result};
 pub(crate) use p2p::Fault;
@@ -333,13 +333,17 @@ impl Bootstrap {
         let (addrs, mine) = if rank == 0 {
             let mut addrs: Vec<SocketAddr> = self.peers.iter().map(|m| m.addr).collect();
             for j in 1..nids {
-                let b = self.shared.take(plan.start(j), Channel::Setup, TAG_BLOCK, deadline)?;
+                let b = self
+                    .shared
+                    .take(plan.start(j), Channel::Setup, TAG_BLOCK, deadline)?;
                 let (t, _) = wire::decode_setup(&b, plan.size(j), 0)?;
                 addrs[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
             }
             let s0 = keys::Secret::draw()?;
             let row_of = |b: usize| -> Vec<keys::Secret> {
-                (0..nids).map(|c| keys::block_pair_secret(s0, b, c)).collect()
+                (0..nids)
+                    .map(|c| keys::block_pair_secret(s0, b, c))
+                    .collect()
             };
             // Block 0's members get their own keys; a leader gets its block's secrets, to key
             // its members the same way.
@@ -359,11 +363,18 @@ impl Bootstrap {
                 .iter()
                 .map(|m| m.addr)
                 .collect();
-            self.send_on(0, Channel::Setup, TAG_BLOCK, &wire::encode_setup(&mine, &[]))?;
+            self.send_on(
+                0,
+                Channel::Setup,
+                TAG_BLOCK,
+                &wire::encode_setup(&mine, &[]),
+            )?;
             let b = self.shared.take(0, Channel::Setup, TAG_FULL, deadline)?;
             let (addrs, words) = wire::decode_setup(&b, nranks, 2 * nids)?;
-            let row: Vec<keys::Secret> =
-                words.chunks_exact(2).map(|w| keys::Secret([w[0], w[1]])).collect();
+            let row: Vec<keys::Secret> = words
+                .chunks_exact(2)
+                .map(|w| keys::Secret([w[0], w[1]]))
+                .collect();
             for r in start + 1..start + size {
                 let msg = wire::encode_setup(&addrs, &keys_of(r, &row));
                 self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
@@ -372,7 +383,9 @@ impl Bootstrap {
             lock(&self.setup_secrets).extend_from_slice(&row);
             (addrs, keys_of(rank, &row))
         } else {
-            let b = self.shared.take(start, Channel::Setup, TAG_FULL, deadline)?;
+            let b = self
+                .shared
+                .take(start, Channel::Setup, TAG_FULL, deadline)?;
             wire::decode_setup(&b, nranks, nranks)?
         };
         let mut derived = Vec::with_capacity(nranks);
@@ -613,7 +626,10 @@ impl Bootstrap {
                 log::debug!("rank {}: {} fault notices unsent at abort", self.rank(), *n);
                 return;
             }
-            n = done.wait_timeout(n, left).unwrap_or_else(|p| p.into_inner()).0;
+            n = done
+                .wait_timeout(n, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -742,9 +758,10 @@ impl Bootstrap {
                 // Short naps, so that a closed bootstrap ends this thread soon.
                 let wake = Instant::now() + period;
                 while Instant::now() < wake {
-                    std::thread::sleep(wake.saturating_duration_since(Instant::now()).min(
-                        Duration::from_millis(50),
-                    ));
+                    std::thread::sleep(
+                        wake.saturating_duration_since(Instant::now())
+                            .min(Duration::from_millis(50)),
+                    );
                     if this.strong_count() == 0 || shared.is_closed() {
                         return;
                     }

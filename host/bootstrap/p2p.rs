@@ -144,8 +144,7 @@ impl Shared {
         Ok(shared)
     }
 
-    /// Records the keys of this rank's pairs with these ranks (from a root's table, or derived
-    /// from a secret rank 0 sent).
+    /// Records the keys of this rank's pairs with these ranks (a root's table, or rank 0's secret).
     pub(crate) fn learn(&self, members: impl IntoIterator<Item = (usize, u64)>) {
         let mut keys = lock(&self.keys);
         for (r, k) in members {
@@ -168,8 +167,7 @@ impl Shared {
         lock(&self.keys).clone()
     }
 
-    /// The key of the pair (`rank`, this rank), waiting for a table to make it known until
-    /// `deadline`.
+    /// The key of the pair (`rank`, this rank), waiting until `deadline` for a table with it.
     fn key_of(&self, rank: usize, deadline: Instant) -> Option<u64> {
         let mut keys = lock(&self.keys);
         loop {
@@ -579,9 +577,7 @@ impl Outgoing {
         };
         let stream = match connected {
             Ok(s) => s,
-            Err(e) if live && e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Ok(None)
-            }
+            Err(e) if live && e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
             Err(e) => {
                 return Err(Error::remote(format!(
                     "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
@@ -660,9 +656,9 @@ fn accept_loop(shared: Arc<Shared>, listener: Socket) {
                     return;
                 };
                 let s = shared.clone();
-                if let Err(e) = socket::spawn("nccl-bs-recv", move || {
-                    read_peer(&s, stream, id, permit)
-                }) {
+                if let Err(e) =
+                    socket::spawn("nccl-bs-recv", move || read_peer(&s, stream, id, permit))
+                {
                     log::warn!("bootstrap rank {}: cannot start a reader: {e}", shared.rank);
                     shared.unregister(id);
                 }

@@ -38,9 +38,11 @@ pub(crate) fn spawn(listener: Socket, addr: SocketAddr, nonce: u64) -> Result<()
     let idle = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
     // Drawn now, known to this thread only: every pair's key comes from it.
     let secret = Secret::draw()?;
-    socket::spawn("nccl-bs-root", move || run(listener, addr, nonce, secret, idle))
-        .map(|_| ())
-        .map_err(|e| Error::system(format!("bootstrap root: cannot start its thread: {e}")))
+    socket::spawn("nccl-bs-root", move || {
+        run(listener, addr, nonce, secret, idle)
+    })
+    .map(|_| ())
+    .map_err(|e| Error::system(format!("bootstrap root: cannot start its thread: {e}")))
 }
 
 fn run(listener: Socket, addr: SocketAddr, nonce: u64, secret: Secret, idle: Duration) {

@@ -125,7 +125,9 @@ pub(crate) fn family_wanted() -> Option<bool> {
 /// naming the value and the interfaces that exist (falling back to loopback would hand the
 /// other hosts a root they cannot reach, and their error would name neither).
 pub(crate) fn choose_address() -> Result<IpAddr> {
-    let spec = crate::env::SOCKET_IFNAME.raw().filter(|s| !s.trim().is_empty());
+    let spec = crate::env::SOCKET_IFNAME
+        .raw()
+        .filter(|s| !s.trim().is_empty());
     let family = family_wanted();
     let all = interfaces();
     let usable = |want_v4: bool| {

@@ -142,8 +142,7 @@ impl Comm {
         crate::env::log_params();
         device.make_current()?;
         let shape = Shape::from_env(&device, &config)?;
-        let timeout =
-            Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
+        let timeout = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
         let bootstrap = Arc::new(
             Bootstrap::init_scalable(ids, rank, nranks, timeout, abort).map_err(|e| {
                 // Most of its errors name the bootstrap already ("bootstrap rank 1: ..."):

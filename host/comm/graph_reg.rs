@@ -147,7 +147,10 @@ impl Comm {
         let key = (start, len, self.device.allocation_id(buff)?.unwrap_or(0));
         let g = &self.graph_regs;
         let mut live = lock(&g.live);
-        if live.get(&key).is_some_and(|l| l.captures.contains(&capture)) {
+        if live
+            .get(&key)
+            .is_some_and(|l| l.captures.contains(&capture))
+        {
             return Ok(());
         }
         let released = g.released.clone();
@@ -231,7 +234,10 @@ impl Comm {
         };
         if recv {
             if let Err(e) = self.links.send_mark(Some(peer), Mark::Recv, seq) {
-                log::warn!("rank {}: graph registration mark to rank {peer}: {e}", self.rank);
+                log::warn!(
+                    "rank {}: graph registration mark to rank {peer}: {e}",
+                    self.rank
+                );
             }
         }
         seq

@@ -13,9 +13,9 @@
 mod abort_handle;
 mod config;
 mod create;
-mod inspect;
 pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
+mod inspect;
 mod keepalive;
 mod net;
 pub(crate) mod nvls;
@@ -59,7 +59,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use shape::Shape;
-
 
 /// One rank's communicator.
 pub struct Comm {
@@ -153,7 +152,6 @@ pub(crate) struct TreeUp {
     pub slot_bytes: usize,
     _own: Option<(Links, Option<(DevBuffer, DevBuffer)>)>,
 }
-
 
 impl Comm {
     /// `ncclCommInitRank` on `device`: every rank calls it with the same id and count.

@@ -52,7 +52,10 @@ fn may(rank: usize, device: &Device, peers: &[PeerInfo], all_p2p: bool) -> Resul
     }
     let ok = device.multicast_supported()?;
     if !ok {
-        log::info!("NVLS off: device {} has no multicast support", device.ordinal);
+        log::info!(
+            "NVLS off: device {} has no multicast support",
+            device.ordinal
+        );
     }
     Ok(ok)
 }
@@ -123,8 +126,7 @@ pub(crate) fn setup(
         return Ok(None);
     }
     let nranks = peers.len();
-    let nchannels = (crate::env::NVLS_NCHANNELS.int().max(1) as usize)
-        .min(max_channels.max(1));
+    let nchannels = (crate::env::NVLS_NCHANNELS.int().max(1) as usize).min(max_channels.max(1));
     // Each half holds at least one 16-byte pack per rank.
     let half = (crate::env::NVLS_CHUNKSIZE.int().max(0) as usize)
         .max(16 * nranks)
@@ -150,7 +152,10 @@ pub(crate) fn setup(
         _ => Vec::new(),
     };
     let records = bootstrap.allgather(&mine)?;
-    let root = decode_root(records.first().map(Vec::as_slice).unwrap_or_default(), &layout)?;
+    let root = decode_root(
+        records.first().map(Vec::as_slice).unwrap_or_default(),
+        &layout,
+    )?;
     let mut mc = match mc.take() {
         Some(m) => m,
         None => device.multicast_import(&root, bytes)?,
@@ -203,7 +208,10 @@ mod tests {
             bytes: 2 << 20,
         };
         let handle = [7u8; 64];
-        assert_eq!(decode_root(&encode_root(&handle, &ours), &ours).unwrap(), handle);
+        assert_eq!(
+            decode_root(&encode_root(&handle, &ours), &ours).unwrap(),
+            handle
+        );
         for bad in [
             RootLayout {
                 bytes: 1 << 20,

@@ -126,19 +126,17 @@ impl Shape {
         let switch = |p: Param, flag: u32| match env(p) {
             0 => Ok(0),
             1 => Ok(flag),
-            v => Err(Error::invalid_argument(format!("{}={v}: use 0 or 1", p.name))),
+            v => Err(Error::invalid_argument(format!(
+                "{}={v}: use 0 or 1",
+                p.name
+            ))),
         };
         // They travel with rank 0's shape, so every rank agrees on them.
         let kernel_flags = switch(
             e::RS_SIMPLE_PUBLISHER,
             nccl_device::abi::FLAG_SIMPLE_PUBLISHER,
-        )? | switch(
-            e::RS_RING_EXCHANGE,
-            nccl_device::abi::FLAG_RING_EXCHANGE,
-        )? | switch(
-            e::RS_TREE_EXCHANGE,
-            nccl_device::abi::FLAG_TREE_EXCHANGE,
-        )?;
+        )? | switch(e::RS_RING_EXCHANGE, nccl_device::abi::FLAG_RING_EXCHANGE)?
+            | switch(e::RS_TREE_EXCHANGE, nccl_device::abi::FLAG_TREE_EXCHANGE)?;
         // Off by default: on 4 H100s a registered call's busbw fell with its CTAs (64 MiB
         // AllReduce 301 GB/s on 32, 267 on 16; 256 MiB AllGather 328 on 32, 209 on 8, 30 on 1;
         // results/h100x4-registered-fewer-ctas.txt): a CTA's loads and stores over NVLink move
@@ -250,4 +248,3 @@ mod tests {
         assert_eq!(by_coll(&s), [4; 5]);
     }
 }
-

@@ -23,8 +23,7 @@ pub(crate) struct KernelStamps {
 impl KernelStamps {
     /// The stamps' memory for rank `rank` on `device`, where the lab is on.
     pub(crate) fn from_env(device: &Device, rank: usize) -> Result<Option<KernelStamps>> {
-        let Some(prefix) = crate::env::RS_KERNEL_STAMPS.raw().filter(|p| !p.is_empty())
-        else {
+        let Some(prefix) = crate::env::RS_KERNEL_STAMPS.raw().filter(|p| !p.is_empty()) else {
             return Ok(None);
         };
         let mem = device.alloc_host_mem(LAB_STAMPS as usize * std::mem::size_of::<LabStamp>())?;

@@ -86,9 +86,10 @@ pub(crate) fn connect_dbt(
     let mut places = Vec::with_capacity(trees.len());
     let mut slot_bytes = 0;
     for (c, t) in trees.iter().enumerate() {
-        let me = t.nodes.get(rank).ok_or_else(|| {
-            Error::internal(format!("tree {c} has no place for rank {rank}"))
-        })?;
+        let me = t
+            .nodes
+            .get(rank)
+            .ok_or_else(|| Error::internal(format!("tree {c} has no place for rank {rank}")))?;
         if me.down.len() > TREE_MAX_CHILDREN {
             return Err(Error::internal(format!(
                 "tree {c}: rank {rank} has {} children (at most {TREE_MAX_CHILDREN})",

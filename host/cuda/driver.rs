@@ -645,8 +645,8 @@ impl Device {
             ))
         })?;
         let text = super::ptx::family(ptx, name);
-        let c = std::ffi::CString::new(text)
-            .map_err(|_| Error::internal("PTX holds a NUL byte"))?;
+        let c =
+            std::ffi::CString::new(text).map_err(|_| Error::internal("PTX holds a NUL byte"))?;
         self.load_module(c.as_bytes_with_nul(), check)
     }
 
@@ -1111,8 +1111,8 @@ fn walks_mappings(p: DevPtr) -> bool {
 /// [`extent_cache::MAX`] entries it starts over.
 mod extent_cache {
     use super::DevPtr;
-    use std::collections::BTreeMap;
     use std::cell::Cell;
+    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Mutex, OnceLock};
 
@@ -1189,14 +1189,24 @@ mod extent_cache {
             let (base, end) = (0x7700_0000_0000, 0x7700_0010_0000);
             insert(base, end, 3);
             assert_eq!(lookup(base + 8), Some((3, end)));
-            assert_eq!(lookup(base + 16), Some((3, end)), "from the thread's last hit");
+            assert_eq!(
+                lookup(base + 16),
+                Some((3, end)),
+                "from the thread's last hit"
+            );
             // Another thread frees it: this thread's hit must not survive.
             std::thread::spawn(move || forget(base + 4)).join().unwrap();
             assert_eq!(lookup(base + 8), None);
             insert(base, base + 0x1000, 1);
             assert_eq!(lookup(base + 8), Some((1, base + 0x1000)));
-            std::thread::spawn(move || insert(base, end, 2)).join().unwrap();
-            assert_eq!(lookup(base + 8), Some((2, end)), "replaced in another thread");
+            std::thread::spawn(move || insert(base, end, 2))
+                .join()
+                .unwrap();
+            assert_eq!(
+                lookup(base + 8),
+                Some((2, end)),
+                "replaced in another thread"
+            );
             forget(base);
         }
     }

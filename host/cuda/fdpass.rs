@@ -269,7 +269,10 @@ fn serve(l: UnixListener, stop: OwnedFd) {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            log::debug!("descriptor socket poll: {}", std::io::Error::last_os_error());
+            log::debug!(
+                "descriptor socket poll: {}",
+                std::io::Error::last_os_error()
+            );
             return;
         }
         if fds[1].revents != 0 {
@@ -631,10 +634,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live descriptor and an out-parameter.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(quiet(format!(
-            "fstat: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(quiet(format!("fstat: {}", std::io::Error::last_os_error())));
     }
     Ok(st.st_size as u64)
 }
@@ -734,9 +734,10 @@ mod tests {
             sock: 0,
             ..o.ticket()
         };
-        let addr =
-            SocketAddr::from_abstract_name(socket_name(t.pid, t.pid_ns, t.start, t.sock).as_bytes())
-                .unwrap();
+        let addr = SocketAddr::from_abstract_name(
+            socket_name(t.pid, t.pid_ns, t.start, t.sock).as_bytes(),
+        )
+        .unwrap();
         let l = UnixListener::bind_addr(&addr).expect("squat the name");
         let fd = o.ticket().fd;
         // Two requests come (via_socket, then take_offered): the name stays bound for both.

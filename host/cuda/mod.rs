@@ -3,7 +3,21 @@
 //! threads. The backend is chosen explicitly — `NCCL_RS_BACKEND=cuda|sim` or [`set_backend`]
 //! before first use — and never swapped in silently when a GPU is missing.
 
-crate::internal_mods!(driver, ptx, sim);
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod driver;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod driver;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod ptx;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod ptx;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod sim;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod sim;
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -102,7 +116,11 @@ mod ptx_cut;
 pub use graph::{Graph, GraphRelease};
 pub(crate) mod multicast;
 pub(crate) use multicast::Multicast;
-crate::internal_mods!(fdpass);
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod fdpass;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod fdpass;
 
 /// One GPU (or one simulated GPU). Cheap to clone; opened once per ordinal per process.
 #[derive(Clone)]

@@ -819,7 +819,11 @@ impl Device {
     }
 
     /// Maps `bytes` of a peer's VMM allocation from its descriptor (which must hold them).
-    pub fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)> {
+    pub fn vmm_import(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        bytes: usize,
+    ) -> Result<(DevPtr, u64)> {
         use std::os::fd::AsRawFd;
         let size = super::fdpass::file_size(fd)? as usize;
         if bytes == 0 || bytes > size {
@@ -1610,7 +1614,10 @@ mod tests {
         let p = dev.alloc(4096).expect("alloc");
         let good = dev.ipc_handle(p).expect("handle");
         let good_name = {
-            let end = good[12..].iter().position(|&b| b == 0).map_or(64, |i| 12 + i);
+            let end = good[12..]
+                .iter()
+                .position(|&b| b == 0)
+                .map_or(64, |i| 12 + i);
             String::from_utf8(good[12..end].to_vec()).expect("utf-8")
         };
         for name in [
@@ -1624,7 +1631,10 @@ mod tests {
             h[12..12 + name.len()].copy_from_slice(name.as_bytes());
             let e = dev.open_ipc(&h).expect_err("a foreign object");
             assert_eq!(e.code, crate::error::NcclResult::InvalidArgument, "{e}");
-            assert!(e.message.contains("not a simulated device allocation"), "{e}");
+            assert!(
+                e.message.contains("not a simulated device allocation"),
+                "{e}"
+            );
         }
         let q = dev.open_ipc(&good).expect("a true handle");
         dev.close_ipc(q).expect("close");

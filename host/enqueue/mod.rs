@@ -2,8 +2,6 @@
 //! chunks, and launches on the user's stream (at once, or when the thread's group ends).
 
 pub mod group;
-#[cfg(test)]
-mod layering;
 pub mod p2p;
 mod patterns;
 
@@ -20,8 +18,9 @@ use crate::proxy::timeline::{self, Mark};
 use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{Algo, Choice, Proto};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
-    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT,
+    FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES,
+    PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -232,7 +231,11 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         )));
     }
     if !nccl_device::kernel_set::built_coll(c.coll, c.dt, c.op.kind()) {
-        return Err(left_out(&crate::comm::kernel_name(c.coll, c.dt, c.op.kind())));
+        return Err(left_out(&crate::comm::kernel_name(
+            c.coll,
+            c.dt,
+            c.op.kind(),
+        )));
     }
     if c.count == 0 {
         return Ok(());
@@ -507,7 +510,10 @@ mod tests {
         assert_eq!(fewer_ctas(&shape, Coll::AllGather, 64 * mib, 32, mib), 8);
         assert_eq!(fewer_ctas(&shape, Coll::Broadcast, 64 * mib, 32, mib), 8);
         // Hops through the FIFOs, a grid no larger, slices under a step, or switched off.
-        assert_eq!(fewer_ctas(&shape, Coll::ReduceScatter, 64 * mib, 32, mib), 0);
+        assert_eq!(
+            fewer_ctas(&shape, Coll::ReduceScatter, 64 * mib, 32, mib),
+            0
+        );
         assert_eq!(fewer_ctas(&shape, Coll::Reduce, 64 * mib, 32, mib), 0);
         assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 64 * mib, 8, mib), 0);
         assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 16 * mib, 32, mib), 0);

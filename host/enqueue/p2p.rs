@@ -450,7 +450,9 @@ fn links_threads(links: &Links) -> u32 {
     if links.device().is_sim() {
         crate::env::RS_SIM_NTHREADS.int().clamp(1, 64) as u32
     } else {
-        crate::env::NTHREADS.int().clamp(32, crate::cuda::MAX_THREADS as i64) as u32
+        crate::env::NTHREADS
+            .int()
+            .clamp(32, crate::cuda::MAX_THREADS as i64) as u32
     }
 }
 

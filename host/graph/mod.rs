@@ -67,7 +67,9 @@ impl Params {
         use crate::env::{self as e, Param};
         let env = |p: Param| p.int();
         let level = |p: Param| -> Result<Option<PathType>> {
-            p.raw().map(|v| PathType::parse_level(p.name, &v)).transpose()
+            p.raw()
+                .map(|v| PathType::parse_level(p.name, &v))
+                .transpose()
         };
         let cross_nic = env(e::CROSS_NIC);
         if !(0..=2).contains(&cross_nic) {
@@ -396,9 +398,7 @@ pub fn btree_parent(n: usize, i: usize) -> Option<usize> {
 /// most one of the two trees, so each node's links carry about the same load in both, and
 /// each tree is about log2(n) deep.
 pub fn double_btree(n: usize) -> [Vec<Option<usize>>; 2] {
-    let t0: Vec<Option<usize>> = (1..=n)
-        .map(|l| btree_parent(n, l).map(|u| u - 1))
-        .collect();
+    let t0: Vec<Option<usize>> = (1..=n).map(|l| btree_parent(n, l).map(|u| u - 1)).collect();
     // Position p of tree 0 holds node map(p) in tree 1.
     let map = |p: usize| {
         if n.is_multiple_of(2) {
@@ -857,7 +857,11 @@ mod tests {
                 );
             }
             // About log2(n) deep: never deeper than the chain of doublings.
-            assert!(dbt_depth(n) <= n.ilog2() as usize, "n={n}: {}", dbt_depth(n));
+            assert!(
+                dbt_depth(n) <= n.ilog2() as usize,
+                "n={n}: {}",
+                dbt_depth(n)
+            );
         }
         assert_eq!([1, 2, 3, 4, 5, 8, 9].map(dbt_depth), [0, 1, 1, 2, 2, 3, 3]);
         // Two nodes: each is the other's root.

@@ -246,7 +246,10 @@ impl Links {
         let out = f(r);
         // Other peers' withdrawn mappings go as their fences pass, drained or not.
         if let Some(fence) = fence {
-            for (_, other) in regs.iter_mut().filter(|(&p, r)| p != peer && r.has_retired()) {
+            for (_, other) in regs
+                .iter_mut()
+                .filter(|(&p, r)| p != peer && r.has_retired())
+            {
                 other.settle(fence);
             }
         }

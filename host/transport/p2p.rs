@@ -277,7 +277,8 @@ mod tests {
                 };
                 assert_eq!(e.code, crate::error::NcclResult::RemoteError, "{e}");
                 assert!(
-                    e.message.contains(&format!("holds 4096 bytes, its connections need {needed}")),
+                    e.message
+                        .contains(&format!("holds 4096 bytes, its connections need {needed}")),
                     "{e}"
                 );
             }

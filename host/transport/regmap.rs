@@ -24,8 +24,8 @@
 //! ends (its replays then take copies until a later launch drains the records).
 
 use crate::bootstrap::Bootstrap;
-use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
 use crate::comm::order::Fence;
+use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, VmmMapping};
 use crate::error::{Error, Result};
 use nccl_device::abi::{RegEntry, RegTable, REG_TABLE_ENTRIES};
@@ -353,7 +353,10 @@ impl PeerRegs {
     fn write_entry(&self, i: usize, e: RegEntry) -> Result<()> {
         let at = ENTRIES_AT + i * std::mem::size_of::<RegEntry>();
         let mut b = [0u8; std::mem::size_of::<RegEntry>()];
-        for (k, w) in [e.peer_start, e.peer_end, e.local, e.alloc].into_iter().enumerate() {
+        for (k, w) in [e.peer_start, e.peer_end, e.local, e.alloc]
+            .into_iter()
+            .enumerate()
+        {
             b[8 * k..8 * k + 8].copy_from_slice(&w.to_le_bytes());
         }
         self.table.write(at, &b)

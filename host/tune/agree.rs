@@ -93,7 +93,9 @@ impl Tuner {
             && (1..=nranks).contains(&nnodes)
             && (1..=MAX_PEER_COUNT).contains(&nlocal)
             && (1..=MAX_PEER_COUNT).contains(&nchannels)
-            && [bw_intra, bw_inter].iter().all(|b| b.is_finite() && *b >= 0.0);
+            && [bw_intra, bw_inter]
+                .iter()
+                .all(|b| b.is_finite() && *b >= 0.0);
         if !sane {
             return Err(Error::remote(format!(
                 "rank 0's tuner inputs are out of range: {nranks} ranks (this communicator has {}), \
@@ -243,7 +245,10 @@ mod tests {
     fn malformed_facts_are_a_remote_error_naming_the_rank() {
         let good = tuner(2, 8).facts();
         for (all, who) in [
-            (vec![good.clone(), good[..10].to_vec()], "rank 1 sent malformed"),
+            (
+                vec![good.clone(), good[..10].to_vec()],
+                "rank 1 sent malformed",
+            ),
             (vec![Vec::new(), good.clone()], "rank 0 sent malformed"),
             (
                 vec![good.clone(), [good.clone(), vec![0]].concat()],

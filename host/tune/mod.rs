@@ -364,7 +364,9 @@ impl Tuner {
     fn launch_channels(&self, proto: Proto, bytes: usize) -> usize {
         let n = self.channels_for(proto, bytes);
         match self.nnodes > 1 && proto != Proto::Ll {
-            true => n.min(NET_MID_CHANNELS.max(bytes / NET_BYTES_PER_CHANNEL)).max(1),
+            true => n
+                .min(NET_MID_CHANNELS.max(bytes / NET_BYTES_PER_CHANNEL))
+                .max(1),
             false => n,
         }
     }
@@ -444,7 +446,11 @@ impl Tuner {
                     self.ring_net_steps(coll, proto),
                     NET_HANDOFF_US,
                 ),
-                _ => (per_channel, self.ring_net_steps(coll, proto), NET_HANDOFF_US),
+                _ => (
+                    per_channel,
+                    self.ring_net_steps(coll, proto),
+                    NET_HANDOFF_US,
+                ),
             },
         };
         match message >= from {

@@ -64,7 +64,11 @@ fn mid_sized_calls_across_nodes_keep_to_four_channels() {
     let t = across_nodes(2, 1, 25.0);
     // Simple: 64 KiB a channel up to 4, then 256 KiB a channel (measured on one H200).
     for (bytes, expected) in [(128 << 10, 2), (512 << 10, 4), (1 << 20, 4), (2 << 20, 8)] {
-        assert_eq!(t.launch_channels(Proto::Simple, bytes), expected, "{bytes} B");
+        assert_eq!(
+            t.launch_channels(Proto::Simple, bytes),
+            expected,
+            "{bytes} B"
+        );
     }
     // The model keeps counting 8 (its ring/tree fits were made so).
     assert_eq!(t.channels_for(Proto::Simple, 512 << 10), 8);
@@ -114,23 +118,37 @@ fn calls_across_nodes_follow_the_measured_choices() {
     let mut t = across(2, 2, 0.0, 10.0);
     t.set_tree_exchange(true);
     t.set_net_handoff_from(Some(64 << 10));
-    for (bytes, proto) in [(8, Proto::Ll), (4096, Proto::Ll), (256 << 10, Proto::Simple)] {
+    for (bytes, proto) in [
+        (8, Proto::Ll),
+        (4096, Proto::Ll),
+        (256 << 10, Proto::Simple),
+    ] {
         let c = t.choose(Coll::AllReduce, bytes).unwrap();
         assert_eq!((c.algo, c.proto), (Algo::Tree, proto), "2x2, {bytes} B");
     }
     // The network's own latency is paid on each of its steps: three of the ring's in 2 x 2,
     // two of NCCL's tree (up to the root and back down), one of the exchange.
     let (slow, fast) = (across_nodes(2, 2, 50.0), across_nodes(2, 2, 0.0));
-    let ring = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
-    let tree = |t: &Tuner| t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8).unwrap();
+    let ring = |t: &Tuner| {
+        t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8)
+            .unwrap()
+    };
+    let tree = |t: &Tuner| {
+        t.estimate(Coll::AllReduce, Algo::Tree, Proto::Simple, 8)
+            .unwrap()
+    };
     assert!((ring(&slow) - ring(&fast) - 150.0).abs() < 1e-6);
     assert!((tree(&slow) - tree(&fast) - 100.0).abs() < 1e-6);
     // 2 x 1 with the two-rank ring exchange: Ring/LL crosses the network once, and no
     // GPU turns between two steps.
     let mut t = across_nodes(2, 1, 0.0);
-    let before = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
+    let before = t
+        .estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8)
+        .unwrap();
     t.set_ring_exchange(true);
-    let after = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8).unwrap();
+    let after = t
+        .estimate(Coll::AllReduce, Algo::Ring, Proto::Ll, 8)
+        .unwrap();
     let saved = NET_HOP_US[Proto::Ll as usize] + NET_TURN_US;
     assert!((before - after - saved).abs() < 1e-6);
 }
@@ -181,7 +199,11 @@ fn calls_across_four_nodes_follow_the_measured_choices() {
     assert_eq!(t.tree_fill(Algo::Tree, Proto::Simple, 64 << 10, 1), 0.0);
     let mut ex = across(2, 2, 0.0, 10.0);
     ex.set_tree_exchange(true);
-    assert_eq!(ex.tree_fill(Algo::Tree, Proto::Ll, 8 << 10, 1), 0.0, "one level");
+    assert_eq!(
+        ex.tree_fill(Algo::Tree, Proto::Ll, 8 << 10, 1),
+        0.0,
+        "one level"
+    );
 }
 
 /// The ring's steps across nodes queue at the proxy: one channel pays nothing for it, each
@@ -191,23 +213,49 @@ fn calls_across_four_nodes_follow_the_measured_choices() {
 fn a_ring_across_nodes_pays_for_each_channel_past_the_first() {
     let mut t = across(2, 1, 0.0, 10.0);
     t.set_ring_exchange(true);
-    assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 1), 0.0);
-    assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 8), 7.0 * 2.0 * RING_NET_STEP_US);
-    assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Ll, 8), 7.0 * RING_NET_STEP_US);
-    assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Tree, Proto::Simple, 8), 0.0);
+    assert_eq!(
+        t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 1),
+        0.0
+    );
+    assert_eq!(
+        t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 8),
+        7.0 * 2.0 * RING_NET_STEP_US
+    );
+    assert_eq!(
+        t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Ll, 8),
+        7.0 * RING_NET_STEP_US
+    );
+    assert_eq!(
+        t.ring_queue(Coll::AllReduce, Algo::Tree, Proto::Simple, 8),
+        0.0
+    );
     let t = across(2, 2, 0.0, 10.0);
-    assert_eq!(t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 3), 2.0 * 6.0 * RING_NET_STEP_US);
-    assert_eq!(t.ring_queue(Coll::AllGather, Algo::Ring, Proto::Simple, 3), 2.0 * 3.0 * RING_NET_STEP_US);
+    assert_eq!(
+        t.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 3),
+        2.0 * 6.0 * RING_NET_STEP_US
+    );
+    assert_eq!(
+        t.ring_queue(Coll::AllGather, Algo::Ring, Proto::Simple, 3),
+        2.0 * 3.0 * RING_NET_STEP_US
+    );
     let one = across_nodes(1, 4, 0.0);
-    assert_eq!(one.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 8), 0.0);
+    assert_eq!(
+        one.ring_queue(Coll::AllReduce, Algo::Ring, Proto::Simple, 8),
+        0.0
+    );
     // It is part of the estimate: 8 channels' worth on 2 x 1 at 1 MiB, 4 at 256 KiB.
     let t = across(2, 1, 0.0, 10.0);
     for (bytes, nch) in [(1usize << 20, 8usize), (256 << 10, 4)] {
-        let est = t.estimate(Coll::AllReduce, Algo::Ring, Proto::Simple, bytes).unwrap();
+        let est = t
+            .estimate(Coll::AllReduce, Algo::Ring, Proto::Simple, bytes)
+            .unwrap();
         let rest = t.latency(Coll::AllReduce, Algo::Ring, Proto::Simple)
             + bytes as f64 / (2.0 * nch as f64).min(9.9) / 1e3;
         let queue = 2.0 * (nch - 1) as f64 * RING_NET_STEP_US;
-        assert!((est - rest - queue).abs() < 1e-6, "{bytes} B: {est} {rest} {queue}");
+        assert!(
+            (est - rest - queue).abs() < 1e-6,
+            "{bytes} B: {est} {rest} {queue}"
+        );
     }
 }
 
@@ -219,23 +267,44 @@ fn network_steps_past_the_inline_limit_pay_the_handoff() {
     let mut t = across(2, 1, 0.0, 10.0);
     t.set_tree_exchange(true);
     let h = |t: &Tuner, a, p, bytes, nch| t.net_handoff(Coll::AllReduce, a, p, bytes, nch);
-    assert_eq!(h(&t, Algo::Tree, Proto::Simple, 64 << 10, 1), 0.0, "no hand-off known");
+    assert_eq!(
+        h(&t, Algo::Tree, Proto::Simple, 64 << 10, 1),
+        0.0,
+        "no hand-off known"
+    );
     t.set_net_handoff_from(Some(64 << 10));
     // The tree's exchange: one message of the channel's bytes.
     assert_eq!(h(&t, Algo::Tree, Proto::Simple, 32 << 10, 1), 0.0);
-    assert_eq!(h(&t, Algo::Tree, Proto::Simple, 64 << 10, 1), NET_HANDOFF_US);
-    assert_eq!(h(&t, Algo::Tree, Proto::Simple, 256 << 10, 8), 0.0, "32 KiB a channel");
+    assert_eq!(
+        h(&t, Algo::Tree, Proto::Simple, 64 << 10, 1),
+        NET_HANDOFF_US
+    );
+    assert_eq!(
+        h(&t, Algo::Tree, Proto::Simple, 256 << 10, 8),
+        0.0,
+        "32 KiB a channel"
+    );
     // The two-rank ring: two steps in turn of half the channel's bytes.
     assert_eq!(h(&t, Algo::Ring, Proto::Simple, 64 << 10, 1), 0.0);
-    assert_eq!(h(&t, Algo::Ring, Proto::Simple, 128 << 10, 1), 2.0 * NET_HANDOFF_US);
-    assert_eq!(h(&t, Algo::Ring, Proto::Ll, 1 << 20, 1), 0.0, "LL steps are small");
+    assert_eq!(
+        h(&t, Algo::Ring, Proto::Simple, 128 << 10, 1),
+        2.0 * NET_HANDOFF_US
+    );
+    assert_eq!(
+        h(&t, Algo::Ring, Proto::Ll, 1 << 20, 1),
+        0.0,
+        "LL steps are small"
+    );
     // A larger limit (NCCL_RS_SOCKET_INLINE_BYTES) moves it.
     t.set_net_handoff_from(Some(256 << 10));
     assert_eq!(h(&t, Algo::Tree, Proto::Simple, 128 << 10, 1), 0.0);
     // A tree across four nodes: two levels up and two down, a step each.
     let mut four = across_nodes(4, 1, 0.0);
     four.set_net_handoff_from(Some(64 << 10));
-    assert_eq!(h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1), 4.0 * TREE_LEVEL_HANDOFF_US);
+    assert_eq!(
+        h(&four, Algo::Tree, Proto::Simple, 1 << 20, 1),
+        4.0 * TREE_LEVEL_HANDOFF_US
+    );
     assert_eq!(h(&four, Algo::Tree, Proto::Simple, 256 << 10, 8), 0.0);
     assert!(h(&four, Algo::Ring, Proto::Simple, 1 << 20, 1) > 0.0);
     // One node: no network.
@@ -262,7 +331,9 @@ fn a_two_node_tree_that_exchanges_crosses_the_network_once() {
     }
     // Inside one node the chain's way up has Simple FIFOs only: no LL tree there.
     let one = across_nodes(1, 4, 0.0);
-    assert!(one.estimate(Coll::AllReduce, Algo::Tree, Proto::Ll, 8).is_none());
+    assert!(one
+        .estimate(Coll::AllReduce, Algo::Tree, Proto::Ll, 8)
+        .is_none());
     // LL is offered and wins small calls (Ring/LL crosses the network three times in 2x2).
     let c = t.choose(Coll::AllReduce, 8).unwrap();
     assert_eq!((c.algo, c.proto), (Algo::Tree, Proto::Ll));

@@ -64,7 +64,9 @@ impl Device {
             },
             "cuMemGetAllocationGranularity",
         )?;
-        if crate::cuda::multicast::allowed_by_env() && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0 {
+        if crate::cuda::multicast::allowed_by_env()
+            && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0
+        {
             // SAFETY: a plain C structure, zero where not set.
             let mut mc: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
             mc.numDevices = super::device_count()? as u32;
@@ -238,7 +240,12 @@ impl Device {
             return Err(e);
         }
         // SAFETY: a fresh descriptor the driver made for us.
-        Ok(Some((base, size, unsafe { OwnedFd::from_raw_fd(fd) }, handle)))
+        Ok(Some((
+            base,
+            size,
+            unsafe { OwnedFd::from_raw_fd(fd) },
+            handle,
+        )))
     }
 
     /// Lets go of an allocation handle [`Device::vmm_export`] retained.

@@ -64,13 +64,16 @@ pub(crate) struct Knobs {
 
 impl Knobs {
     pub(crate) fn from_env() -> crate::error::Result<Knobs> {
-        let level = crate::env::NET_GDR_LEVEL.raw()
+        let level = crate::env::NET_GDR_LEVEL
+            .raw()
             .map(|v| PathType::parse_level("NCCL_NET_GDR_LEVEL", &v))
             .transpose()?
             .unwrap_or(PathType::Pxb);
         Ok(Knobs {
             level,
-            read: crate::env::NET_GDR_READ.raw().map(|_| crate::env::NET_GDR_READ.int() != 0),
+            read: crate::env::NET_GDR_READ
+                .raw()
+                .map(|_| crate::env::NET_GDR_READ.int() != 0),
             force_flush: crate::env::NET_FORCE_FLUSH.int() != 0,
             dmabuf_enable: crate::env::DMABUF_ENABLE.int() != 0,
         })
@@ -79,10 +82,8 @@ impl Knobs {
 
 /// The placement for one device, and a sentence saying why.
 pub(crate) fn decide(f: &Facts, k: &Knobs) -> (DevGdr, String) {
-    let dmabuf = k.dmabuf_enable
-        && f.ptr_support & PTR_DMABUF != 0
-        && f.net_dmabuf_reg
-        && f.driver_dmabuf;
+    let dmabuf =
+        k.dmabuf_enable && f.ptr_support & PTR_DMABUF != 0 && f.net_dmabuf_reg && f.driver_dmabuf;
     let by_address = f.ptr_support & PTR_CUDA != 0 && f.driver_peer_mem;
     let off = |why: String| (DevGdr::default(), format!("GPU Direct RDMA off: {why}"));
     if f.ptr_support & (PTR_CUDA | PTR_DMABUF) == 0 {
@@ -152,7 +153,8 @@ pub(crate) fn path_to(system: &System, paths: &Paths, g: usize, p: &Properties) 
             .map(|l| system.nodes[l.to].id.clone())
     };
     let found = system.nets.iter().position(|n| {
-        (!busid.is_empty() && nic_busid(n).is_some_and(|b| crate::topo::normalize_busid(&b) == busid))
+        (!busid.is_empty()
+            && nic_busid(n).is_some_and(|b| crate::topo::normalize_busid(&b) == busid))
             || (!p.name.is_empty() && n.name == p.name)
     });
     if let Some(n) = found {
@@ -294,31 +296,110 @@ mod tests {
         );
         // Ampere and earlier flush; so does forceFlush or NCCL_NET_FORCE_FLUSH.
         assert!(decide(&Facts { sm: 80, ..facts() }, &knobs()).0.flush);
-        assert!(decide(&Facts { force_flush_prop: true, ..facts() }, &knobs()).0.flush);
-        assert!(decide(&facts(), &Knobs { force_flush: true, ..knobs() }).0.flush);
+        assert!(
+            decide(
+                &Facts {
+                    force_flush_prop: true,
+                    ..facts()
+                },
+                &knobs()
+            )
+            .0
+            .flush
+        );
+        assert!(
+            decide(
+                &facts(),
+                &Knobs {
+                    force_flush: true,
+                    ..knobs()
+                }
+            )
+            .0
+            .flush
+        );
     }
 
     #[test]
     fn host_pointers_distance_or_no_driver_keep_host_memory() {
         let off = |f: Facts, k: Knobs| decide(&f, &k).0 == DevGdr::default();
-        assert!(off(Facts { ptr_support: PTR_HOST, ..facts() }, knobs()));
-        assert!(off(Facts { path: PathType::Phb, ..facts() }, knobs()));
-        assert!(off(facts(), Knobs { level: PathType::Loc, ..knobs() }));
-        assert!(off(Facts { gpu_gdr: false, ..facts() }, knobs()));
-        assert!(off(Facts { driver_peer_mem: false, ..facts() }, knobs()));
-        assert!(!off(Facts { path: PathType::Sys, ..facts() }, Knobs { level: PathType::Sys, ..knobs() }));
+        assert!(off(
+            Facts {
+                ptr_support: PTR_HOST,
+                ..facts()
+            },
+            knobs()
+        ));
+        assert!(off(
+            Facts {
+                path: PathType::Phb,
+                ..facts()
+            },
+            knobs()
+        ));
+        assert!(off(
+            facts(),
+            Knobs {
+                level: PathType::Loc,
+                ..knobs()
+            }
+        ));
+        assert!(off(
+            Facts {
+                gpu_gdr: false,
+                ..facts()
+            },
+            knobs()
+        ));
+        assert!(off(
+            Facts {
+                driver_peer_mem: false,
+                ..facts()
+            },
+            knobs()
+        ));
+        assert!(!off(
+            Facts {
+                path: PathType::Sys,
+                ..facts()
+            },
+            Knobs {
+                level: PathType::Sys,
+                ..knobs()
+            }
+        ));
     }
 
     #[test]
     fn gdr_read_follows_its_parameter_and_the_gpu() {
-        assert!(!decide(&facts(), &Knobs { read: Some(false), ..knobs() }).0.send);
+        assert!(
+            !decide(
+                &facts(),
+                &Knobs {
+                    read: Some(false),
+                    ..knobs()
+                }
+            )
+            .0
+            .send
+        );
         let volta_pcie = Facts {
             sm: 70,
             nvlink_or_alone: false,
             ..facts()
         };
         assert!(!decide(&volta_pcie, &knobs()).0.send);
-        assert!(decide(&volta_pcie, &Knobs { read: Some(true), ..knobs() }).0.send);
+        assert!(
+            decide(
+                &volta_pcie,
+                &Knobs {
+                    read: Some(true),
+                    ..knobs()
+                }
+            )
+            .0
+            .send
+        );
     }
 
     #[test]
@@ -332,7 +413,27 @@ mod tests {
         };
         let (g, _) = decide(&f, &knobs());
         assert!(g.recv && g.dmabuf);
-        assert!(!decide(&f, &Knobs { dmabuf_enable: false, ..knobs() }).0.recv);
-        assert!(!decide(&Facts { driver_dmabuf: false, ..f }, &knobs()).0.recv);
+        assert!(
+            !decide(
+                &f,
+                &Knobs {
+                    dmabuf_enable: false,
+                    ..knobs()
+                }
+            )
+            .0
+            .recv
+        );
+        assert!(
+            !decide(
+                &Facts {
+                    driver_dmabuf: false,
+                    ..f
+                },
+                &knobs()
+            )
+            .0
+            .recv
+        );
     }
 }

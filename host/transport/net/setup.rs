@@ -186,7 +186,10 @@ pub(crate) fn connect(
             ),
             (None, Some(h)) => (h, Sharing::Alone),
             (_, None) => match &slots[owners[i]] {
-                Some(slot) => (Handshake::Sharing(slot.clone()), Sharing::User { tag: w.key }),
+                Some(slot) => (
+                    Handshake::Sharing(slot.clone()),
+                    Sharing::User { tag: w.key },
+                ),
                 None => return Err(Error::internal("a shared network comm has no owner")),
             },
         };

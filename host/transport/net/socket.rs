@@ -30,8 +30,8 @@ use crate::transport::net::{
 };
 use comm::Comm;
 pub use handshake::{SocketConnecting, SocketListener};
-pub use ifaces::Family;
 pub(crate) use ifaces::describe as describe_interfaces;
+pub use ifaces::Family;
 
 /// How long a connection may take to open before either side gives up.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -119,8 +119,9 @@ impl SocketOptions {
                 ms if ms <= 0 => None,
                 ms => Some(Duration::from_millis(ms as u64)),
             },
-            inline_below: crate::env::RS_SOCKET_INLINE_BYTES.int().clamp(0, MAX_INLINE_BELOW as i64)
-                as usize,
+            inline_below: crate::env::RS_SOCKET_INLINE_BYTES
+                .int()
+                .clamp(0, MAX_INLINE_BELOW as i64) as usize,
         }
     }
 }

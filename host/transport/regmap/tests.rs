@@ -114,7 +114,8 @@ fn registrations_past_their_allocation_or_repeated_are_refused() {
     assert!(remote(e).contains("holds 4096"));
     assert_eq!(regs.mappings.get(&(base, 1)).map(|m| m.refs), Some(1));
     // Withdrawing an id never entered changes nothing; withdrawing id 1 frees the mapping.
-    regs.apply(&dev, 3, 77, None, true).expect("unknown withdrawal");
+    regs.apply(&dev, 3, 77, None, true)
+        .expect("unknown withdrawal");
     assert_eq!(regs.by_id.len(), 1);
     regs.apply(&dev, 3, 1, None, true).expect("withdrawal");
     assert!(regs.by_id.is_empty() && regs.mappings.is_empty());
@@ -149,10 +150,20 @@ fn a_withdrawn_mapping_outlives_the_kernels_launched_before() {
     let mapped = |p: DevPtr| dev.pointer_extent(p, 1).expect("extent").is_some();
     let mut regs = PeerRegs::new(&dev).expect("table");
     regs.apply(&dev, 1, 1, Some(rec(1)), true).expect("record");
-    let local = regs.mappings.get(&key).map(|m| m.map.ptr()).expect("mapped");
+    let local = regs
+        .mappings
+        .get(&key)
+        .map(|m| m.map.ptr())
+        .expect("mapped");
     regs.apply(&dev, 1, 1, None, true).expect("withdrawal");
-    assert!(regs.mappings.is_empty() && regs.by_id.is_empty(), "withdrawn");
-    assert!(mapped(local), "still mapped for the kernels launched before");
+    assert!(
+        regs.mappings.is_empty() && regs.by_id.is_empty(),
+        "withdrawn"
+    );
+    assert!(
+        mapped(local),
+        "still mapped for the kernels launched before"
+    );
     regs.apply(&dev, 1, 2, Some(rec(2)), true)
         .expect("the same allocation again");
     assert!(regs.retired.is_empty(), "the mapping was taken back");
@@ -161,7 +172,10 @@ fn a_withdrawn_mapping_outlives_the_kernels_launched_before() {
     assert!(mapped(local));
     // A fence that has not passed keeps it; with nothing launched it goes at once.
     regs.settle(&|| Err(Error::internal("no fence now")));
-    assert!(mapped(local) && regs.has_retired(), "kept while no fence was made");
+    assert!(
+        mapped(local) && regs.has_retired(),
+        "kept while no fence was made"
+    );
     regs.settle(&|| Ok(None));
     assert!(!mapped(local), "undone: no kernel could be using it");
     // A record naming the same allocation through another handle is mapped afresh,
@@ -172,16 +186,28 @@ fn a_withdrawn_mapping_outlives_the_kernels_launched_before() {
         _ => panic!("a device allocation exports an IPC handle"),
     };
     regs.apply(&dev, 1, 3, Some(rec(3)), true).expect("record");
-    let third = regs.mappings.get(&key).map(|m| m.map.ptr()).expect("mapped");
+    let third = regs
+        .mappings
+        .get(&key)
+        .map(|m| m.map.ptr())
+        .expect("mapped");
     regs.apply(&dev, 1, 3, None, true).expect("withdrawal");
     let moved = Record {
         handle: other_handle,
         ..rec(4)
     };
-    regs.apply(&dev, 1, 4, Some(moved), true).expect("another handle");
-    let fourth = regs.mappings.get(&key).map(|m| m.map.ptr()).expect("mapped");
+    regs.apply(&dev, 1, 4, Some(moved), true)
+        .expect("another handle");
+    let fourth = regs
+        .mappings
+        .get(&key)
+        .map(|m| m.map.ptr())
+        .expect("mapped");
     assert_ne!(third, fourth, "a fresh mapping");
-    assert!(regs.has_retired() && mapped(third), "the old one still waits");
+    assert!(
+        regs.has_retired() && mapped(third),
+        "the old one still waits"
+    );
 }
 
 /// Records of two allocations that the owner made at the same base (the first freed, its
@@ -191,7 +217,10 @@ fn a_withdrawn_mapping_outlives_the_kernels_launched_before() {
 fn an_allocation_at_a_reused_base_is_mapped_apart() {
     let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
     let dev = Device::open(0).expect("device 0");
-    let (a, b) = (dev.alloc(4096).expect("alloc"), dev.alloc(4096).expect("alloc"));
+    let (a, b) = (
+        dev.alloc(4096).expect("alloc"),
+        dev.alloc(4096).expect("alloc"),
+    );
     let export = |p: DevPtr| match dev.reg_export(p, false).expect("export") {
         crate::cuda::RegExport::Ipc { handle, .. } => handle,
         _ => panic!("a device allocation exports an IPC handle"),
@@ -273,7 +302,10 @@ fn offers_translate_only_inside_an_entry_of_their_allocation() {
     assert_eq!(RegTable::translate(&e, 0x1f00, 0x101, 7), None);
     assert_eq!(RegTable::translate(&e, 0xf00, 0x10, 7), None);
     assert_eq!(RegTable::translate(&e, u64::MAX - 4, 0x10, 7), None);
-    assert_eq!(RegTable::translate(&[RegEntry::default()], 0x10, 0x10, 0), None);
+    assert_eq!(
+        RegTable::translate(&[RegEntry::default()], 0x10, 0x10, 0),
+        None
+    );
     // The same range in another allocation (a freed buffer's address reused): not ours to
     // write.
     assert_eq!(RegTable::translate(&e, 0x1100, 0x100, 8), None);

@@ -158,7 +158,8 @@ impl Api {
         let mut ctx: P = null_mut();
         let mut config = config;
         // SAFETY: `ctx` and `config` are live for the call; the callbacks for the process.
-        let rc = unsafe { need!(self, t, init)(&mut ctx, comm_id, &mut config, logger_fn(), profiler) };
+        let rc =
+            unsafe { need!(self, t, init)(&mut ctx, comm_id, &mut config, logger_fn(), profiler) };
         self.check("init", rc)?;
         Ok(ctx)
     }

@@ -69,8 +69,7 @@ unsafe extern "C" fn logger_named(
 /// [`logger_named`] as the variadic logger type the plugin calls.
 #[cfg(not(nccl_rs_variadic))]
 pub(super) fn logger_fn() -> super::abi::Logger {
-    let f: unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char) =
-        logger_named;
+    let f: unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char) = logger_named;
     // SAFETY: see logger_named: the named arguments are passed alike to a variadic and a
     // non-variadic callee on the targets this library builds for.
     unsafe { std::mem::transmute(f) }

@@ -311,7 +311,13 @@ fn the_sender_chooses_inline_or_pieces_and_the_receiver_follows() {
         256 << 10,
         (1 << 20) + 3,
     ];
-    for below in [0usize, 1, wire::DEFAULT_INLINE_BELOW, 256 << 10, MAX_INLINE_BELOW] {
+    for below in [
+        0usize,
+        1,
+        wire::DEFAULT_INLINE_BELOW,
+        256 << 10,
+        MAX_INLINE_BELOW,
+    ] {
         let sending = SocketNet::with_options(SocketOptions {
             inline_below: below,
             ..opts(2, 2, Family::V4)
@@ -325,7 +331,9 @@ fn the_sender_chooses_inline_or_pieces_and_the_receiver_follows() {
             .iter_mut()
             .map(|d| {
                 let mr = reg_recv(r.as_mut(), d);
-                r.irecv(&[recv_buf(mr, d.len())]).unwrap().expect("irecv slot")
+                r.irecv(&[recv_buf(mr, d.len())])
+                    .unwrap()
+                    .expect("irecv slot")
             })
             .collect();
         let sends: Vec<_> = srcs
@@ -336,10 +344,18 @@ fn the_sender_chooses_inline_or_pieces_and_the_receiver_follows() {
             })
             .collect();
         for (i, req) in sends.into_iter().enumerate() {
-            assert_eq!(wait_send(s.as_mut(), req).unwrap(), sizes[i], "limit {below}");
+            assert_eq!(
+                wait_send(s.as_mut(), req).unwrap(),
+                sizes[i],
+                "limit {below}"
+            );
         }
         for (i, req) in recvs.into_iter().enumerate() {
-            assert_eq!(wait_recv(r.as_mut(), req).unwrap(), vec![sizes[i]], "limit {below}");
+            assert_eq!(
+                wait_recv(r.as_mut(), req).unwrap(),
+                vec![sizes[i]],
+                "limit {below}"
+            );
             assert!(
                 srcs[i][..] == dsts[i][..sizes[i]],
                 "limit {below}: message {i} ({} bytes) arrived changed",
@@ -1286,7 +1302,9 @@ fn fifo_streams() {
                                     sq[i].pop_front();
                                 }
                                 while let Some(&(_, q)) = rq[i].front() {
-                                    let Some(n) = recvs[i].test(q).unwrap() else { break };
+                                    let Some(n) = recvs[i].test(q).unwrap() else {
+                                        break;
+                                    };
                                     got += n[0] as u64;
                                     rq[i].pop_front();
                                 }

@@ -60,9 +60,9 @@ mod worker;
 
 use queue::*;
 use reader::*;
-use worker::*;
 #[cfg(test)]
 pub(super) use worker::unacked_for;
+use worker::*;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -541,9 +541,10 @@ impl Drop for Comm {
         // end quietly instead of failing (best effort: never when broken or with requests in
         // flight, whose bytes the header would cut into).
         if self.send && self.shared.error().is_none() && self.reqs.is_empty() {
-            let _ = self
-                .ctrl
-                .send_with_flags(&wire::encode_header(0, wire::CLOSE_TAG, true), libc::MSG_NOSIGNAL);
+            let _ = self.ctrl.send_with_flags(
+                &wire::encode_header(0, wire::CLOSE_TAG, true),
+                libc::MSG_NOSIGNAL,
+            );
         }
         self.join();
     }

@@ -44,7 +44,11 @@ impl Stash {
 
     /// Like [`read_now`], served from the stash first; a read for fewer bytes than the stash
     /// holds refills it, a larger one goes straight into `dst`.
-    pub(super) fn read(&mut self, s: &Socket, dst: &mut [MaybeUninit<u8>]) -> io::Result<Option<usize>> {
+    pub(super) fn read(
+        &mut self,
+        s: &Socket,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> io::Result<Option<usize>> {
         if dst.is_empty() {
             return Ok(Some(0));
         }
@@ -73,7 +77,10 @@ impl Stash {
             (self.start, self.end) = (0, n);
         }
         let n = dst.len().min(self.end - self.start);
-        for (d, b) in dst[..n].iter_mut().zip(&self.buf[self.start..self.start + n]) {
+        for (d, b) in dst[..n]
+            .iter_mut()
+            .zip(&self.buf[self.start..self.start + n])
+        {
             d.write(*b);
         }
         self.start += n;

@@ -199,8 +199,7 @@ impl Worker {
     /// Sending with a send timeout: whether it is time (every [`IO_TICK`]) to look at the
     /// acknowledgements of the sockets that take no bytes ([`Worker::acked`]).
     pub(super) fn acks_due(&mut self) -> bool {
-        if !self.send || self.shared.send_timeout.is_none() || self.acks_seen.elapsed() < IO_TICK
-        {
+        if !self.send || self.shared.send_timeout.is_none() || self.acks_seen.elapsed() < IO_TICK {
             return false;
         }
         self.acks_seen = Instant::now();
@@ -209,7 +208,11 @@ impl Worker {
 
     /// Sending, while `sock` takes no bytes: fails the connection when its data in flight went
     /// unacknowledged for the send timeout ([`unacked_for`]).
-    pub(super) fn acked(&self, sock: &Socket, what: impl FnOnce() -> String) -> std::result::Result<(), Halt> {
+    pub(super) fn acked(
+        &self,
+        sock: &Socket,
+        what: impl FnOnce() -> String,
+    ) -> std::result::Result<(), Halt> {
         let Some(t) = self.shared.send_timeout else {
             return Ok(());
         };
@@ -231,7 +234,11 @@ impl Worker {
     }
 
     /// Writes all of `bytes` (a header) on `sock`.
-    pub(super) fn send_all(&mut self, sock: &Socket, bytes: &[u8]) -> std::result::Result<(), Halt> {
+    pub(super) fn send_all(
+        &mut self,
+        sock: &Socket,
+        bytes: &[u8],
+    ) -> std::result::Result<(), Halt> {
         let mut done = 0;
         while done < bytes.len() {
             match sock.send_with_flags(&bytes[done..], libc::MSG_NOSIGNAL) {
