@@ -20,7 +20,7 @@ pub struct Param {
 macro_rules! params {
     ($($id:ident = $default:literal, $doc:literal;)*) => {
         $(
-            #[doc = $doc]
+            #[doc = concat!("`NCCL_", stringify!($id), "`: see its `doc` (and [`PARAMS`]).")]
             pub const $id: Param = Param {
                 name: concat!("NCCL_", stringify!($id)),
                 default: $default,

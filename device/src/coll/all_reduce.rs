@@ -15,7 +15,7 @@ use crate::ops::{pack_elems, RedOp, Reduced};
 use crate::prims::copy::{Move, FAN};
 use crate::prims::{Offer, RingDirect, Simple, SimpleFan};
 use crate::types::Elem;
-use dbt::dbt;
+pub use dbt::dbt;
 
 /// The chunk (elements per ring step) for a piece of `remaining` elements.
 #[cfg_attr(target_arch = "nvptx64", inline(always))]

@@ -7,7 +7,7 @@ use super::*;
 /// ([`crate::abi::CollArgs::tree`]: one of the double binary tree's two, a chain inside each
 /// node), with a parent (none at the root) and up to [`TREE_MAX_CHILDREN`] children. Up: add
 /// every child's partial sum to our input and send the sum to the parent; down: store what
-/// the parent sends and pass it to every child. As in [`tree`], the root does both in one
+/// the parent sends and pass it to every child. As in [`super::tree`], the root does both in one
 /// group and every other rank splits its CTA so that both directions stream at once.
 ///
 /// Each direction is one step per chunk over all of its peers ([`SimpleFan`]): the way up
@@ -16,7 +16,7 @@ use super::*;
 /// root reduces its children's slots with its input and writes its output and their slots.
 ///
 /// # Safety
-/// See [`super::run`]; `args.tree` holds a [`TreeDev`] for every CTA whose connections have
+/// See [`crate::coll::run`]; `args.tree` holds a [`TreeDev`] for every CTA whose connections have
 /// FIFO slots of `args.tree_slot_bytes`, and the CTA has an even number of threads.
 pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
     let (input, output) = (k.input, k.output);
@@ -127,7 +127,7 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
 /// The tree AllReduce across two nodes with [`FLAG_TREE_EXCHANGE`]: inside each node a chain
 /// down from its head (up: each rank adds its input to what its child sent and passes the sum
 /// to its parent; down: each stores what its parent sent and passes it on, the two directions
-/// in two thread groups as in [`tree`]); at the top, the two heads trade their nodes' sums over
+/// in two thread groups as in [`super::tree`]); at the top, the two heads trade their nodes' sums over
 /// the network and each adds the other's to its own. Every CTA has at most one peer each way,
 /// so the steps are plain [`Simple`] ones in the launch's protocol `P` (Simple or LL).
 ///
