@@ -273,14 +273,13 @@ impl Links {
     }
 
     /// The key our offers of a registered buffer at `buff` carry (`abi::DIRECT_KEY`): our id of
-    /// the allocation it lies in, as our records name it (0 where the backend cannot tell, or
-    /// when no peer in another process maps our buffers: peers of our process take offers as
-    /// they are).
+    /// its allocation, as our records name it; 0 where the backend cannot tell, or when no peer
+    /// in another process maps our buffers (peers of our process take offers as they are).
     pub fn offer_key(&self, buff: DevPtr) -> Result<u64> {
-        if !self.any_reg_peer {
-            return Ok(0);
+        match self.any_reg_peer {
+            true => Ok(self.device.allocation_id(buff)?.unwrap_or(0)),
+            false => Ok(0),
         }
-        Ok(self.device.allocation_id(buff)?.unwrap_or(0))
     }
 
     /// Whether any peer maps our registered buffers.
@@ -322,8 +321,7 @@ impl Links {
         }
     }
 
-    /// Peers in other processes of this node that we reach through p2p: those that map our
-    /// registered buffers.
+    /// Peers in other processes of this node reached through p2p: they map our registrations.
     fn reg_peers(&self) -> Vec<usize> {
         (0..self.peers.len())
             .filter(|&p| self.maps_our_buffers(p))
