@@ -26,8 +26,31 @@ mod kernel_filter;
 /// the JIT; a test checks the two agree.
 const MAX_REGISTERS: u32 = 65536 / 512;
 
-/// Architectures we ship PTX for; the loader picks the newest one not above the device's.
-const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+#[path = "host/cuda/ptx_archs.rs"]
+#[allow(dead_code)]
+mod ptx_archs;
+
+/// What `nvidia-smi` says of this machine's GPUs; an NVIDIA device node without it (or an
+/// `nvidia-smi` too old for the query) counts as GPUs of unknown architecture.
+fn visible_gpus() -> ptx_archs::Visible {
+    use ptx_archs::Visible;
+    let listed = Command::new("nvidia-smi")
+        .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(ptx_archs::parse_compute_cap)
+                .collect::<Vec<u32>>()
+        });
+    match listed {
+        Some(gpus) if !gpus.is_empty() => Visible::Gpus(gpus),
+        _ if Path::new("/dev/nvidia0").exists() => Visible::Unknown,
+        _ => Visible::NoGpu,
+    }
+}
 
 fn main() {
     let manifest =
@@ -52,46 +75,54 @@ fn main() {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
     }
 
-    // NCCL_RS_PTX_ARCHS=sm_90 (a comma list) builds fewer architectures, for smaller bundles.
+    // Which architectures (host/cuda/ptx_archs.rs has the rules): NCCL_RS_PTX_ARCHS when set,
+    // else the GPUs this machine shows, none where it shows none.
     println!("cargo:rerun-if-env-changed=NCCL_RS_PTX_ARCHS");
-    let chosen = env::var("NCCL_RS_PTX_ARCHS").unwrap_or_default();
-    let archs: Vec<&str> = ARCHS
-        .iter()
-        .copied()
-        .filter(|a| chosen.is_empty() || chosen.split(',').any(|c| c.trim() == *a))
-        .collect();
+    let requested = env::var("NCCL_RS_PTX_ARCHS").unwrap_or_default();
+    let (archs, why) = if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
+        // For machines that only run the simulator and cannot build for nvptx.
+        (Vec::new(), "NCCL_RS_SKIP_PTX".to_string())
+    } else {
+        let visible = if requested.trim().is_empty() {
+            visible_gpus()
+        } else {
+            ptx_archs::Visible::Unknown
+        };
+        ptx_archs::choose(&requested, &visible).unwrap_or_else(|e| panic!("nccl-rs build.rs: {e}"))
+    };
+    if archs.is_empty() {
+        println!(
+            "cargo:warning=nccl-rs: kernels built for the simulator only ({why}); \
+             NCCL_RS_PTX_ARCHS=all (or sm_80, sm_90) builds their PTX for GPUs"
+        );
+    }
     println!("cargo:rerun-if-env-changed=NCCL_RS_PTXAS");
     let ptxas = env::var_os("NCCL_RS_PTXAS").filter(|p| !p.is_empty());
     let mut table = String::from("/// (architecture, deflated PTX text) for every architecture built.\npub static PTX: &[(u32, &[u8])] = &[\n");
     let mut sass = String::new();
     let ptx_of = |arch: &str| out.join(format!("nccl_{arch}.ptx"));
-    if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
-        // For machines that only run the simulator and cannot build for nvptx.
-        for arch in &archs {
-            fs::write(ptx_of(arch), "").expect("write empty PTX");
-        }
-    } else {
-        // One rustc per architecture, each on one codegen unit (minutes): side by side.
-        std::thread::scope(|s| {
-            let builds: Vec<_> = archs
-                .iter()
-                .map(|arch| {
-                    let (manifest, out, ptx) = (&manifest, &out, ptx_of(arch));
-                    (
-                        arch,
-                        s.spawn(move || build_ptx(manifest, out, arch, &ptx, nightly)),
-                    )
-                })
-                .collect();
-            for (arch, build) in builds {
-                if build.join().is_err() {
-                    // Both builds print to the same stderr: say which one failed.
-                    panic!("nccl-rs build.rs: the PTX build for {arch} failed (its messages are above)");
-                }
+    // One rustc per architecture, each on one codegen unit (minutes): side by side.
+    std::thread::scope(|s| {
+        let builds: Vec<_> = archs
+            .iter()
+            .map(|arch| {
+                let (manifest, out, ptx) = (&manifest, &out, ptx_of(arch));
+                (
+                    arch,
+                    s.spawn(move || build_ptx(manifest, out, arch, &ptx, nightly)),
+                )
+            })
+            .collect();
+        for (arch, build) in builds {
+            if build.join().is_err() {
+                // Both builds print to the same stderr: say which one failed.
+                panic!(
+                    "nccl-rs build.rs: the PTX build for {arch} failed (its messages are above)"
+                );
             }
-        });
-    }
-    for arch in archs {
+        }
+    });
+    for &arch in &archs {
         let ptx = ptx_of(arch);
         let sm: u32 = arch.trim_start_matches("sm_").parse().expect("sm_NN");
         let text = fs::read(&ptx).expect("read PTX");
@@ -119,6 +150,16 @@ fn main() {
         }
     }
     table.push_str("];\n");
+    let built = if archs.is_empty() {
+        "none".to_string()
+    } else {
+        archs.join(", ")
+    };
+    table.push_str(&format!(
+        "/// The architectures built, and why those (host/cuda/ptx_archs.rs).\n\
+         pub const PTX_CHOICE: &str = {:?};\n",
+        format!("{built}: {why}")
+    ));
     table.push_str(&format!(
         "/// (architecture, kernel, deflated cubin) for every kernel compiled to SASS (NCCL_RS_PTXAS).\n\
          pub static SASS: &[(u32, &str, &[u8])] = &[\n{sass}];\n\

@@ -6,13 +6,15 @@
 #
 #   tools/loop-times.sh [REPO]     (REPO: a path or URL to clone, default this checkout)
 #
-# Knobs: KEEP=1 keeps the temporary folder; STEPS="bench capi ci filtered full host" picks steps;
+# Knobs: KEEP=1 keeps the temporary folder; STEPS="bench capi ci filtered full host bench-all"
+# picks steps (bench-all: the main job with both architectures' PTX, as on a machine whose GPUs
+# are elsewhere; the others build what the machine itself can run);
 # AREA (sim) and TESTS (all_reduce) name the simulator tests of the collective edited.
 set -euo pipefail
 repo="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 area="${AREA:-sim}"
 tests="${TESTS:-all_reduce}"
-steps="${STEPS:-bench capi ci filtered full host}"
+steps="${STEPS:-bench capi ci filtered full host bench-all}"
 tmp="$(mktemp -d /tmp/nccl-rs-loop.XXXXXX)"
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$tmp"' EXIT
 table=()
@@ -86,11 +88,19 @@ for s in $steps; do
         unset NCCL_RS_KERNELS
         ;;
     full)
+        # Both architectures' PTX, asked for: a machine without a GPU builds none by default.
         cd "$tmp/ci"
+        export NCCL_RS_PTX_ARCHS=all
         cargo test --all-features --test "$area" --no-run >/dev/null 2>&1 || true
         touch_kernel
-        step "kernel edit, every kernel and both PTX: rebuild + run '$area $tests'" \
+        step "kernel edit, every kernel and both PTX (NCCL_RS_PTX_ARCHS=all): rebuild + run '$area $tests'" \
             cargo test --all-features --test "$area" -- "$tests"
+        unset NCCL_RS_PTX_ARCHS
+        ;;
+    bench-all)
+        clone bench-all
+        step "main job with both PTX (NCCL_RS_PTX_ARCHS=all), build + run, clean clone" \
+            env NCCL_RS_PTX_ARCHS=all cargo bench --bench nccl_bench
         ;;
     host)
         cd "$tmp/ci"

@@ -141,6 +141,7 @@ impl Comm {
         let t0 = Instant::now();
         crate::env::log_params();
         device.make_current()?;
+        device.check_kernels()?;
         let shape = Shape::from_env(&device, &config)?;
         let timeout = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
         let bootstrap = Arc::new(

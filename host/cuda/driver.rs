@@ -138,6 +138,11 @@ impl Device {
         Ok(d)
     }
 
+    /// The compute capability as one number (90 for 9.0).
+    pub fn sm(&self) -> u32 {
+        self.sm
+    }
+
     /// The device of the calling thread's current context, as `cudaGetDevice` would say.
     pub fn current_ordinal() -> Result<i32> {
         init()?;
@@ -638,12 +643,14 @@ impl Device {
 
     /// The module of kernel `name` cut from this device's PTX, JIT-compiled.
     fn load_ptx(&self, name: &str) -> Result<sys::CUmodule> {
-        let ptx = super::ptx::for_arch(self.sm).ok_or_else(|| {
-            Error::invalid_usage(format!(
-                "no PTX for sm_{} in this build (built for sm_80 and sm_90)",
+        let Some(ptx) = super::ptx::for_arch(self.sm) else {
+            super::ptx::check_built_for(self.sm)?;
+            // SASS is compiled from the PTX the build embeds, so this cannot be.
+            return Err(Error::internal(format!(
+                "kernel {name}: SASS for sm_{} but no PTX",
                 self.sm
-            ))
-        })?;
+            )));
+        };
         let text = super::ptx::family(ptx, name);
         let c =
             std::ffi::CString::new(text).map_err(|_| Error::internal("PTX holds a NUL byte"))?;

@@ -112,6 +112,10 @@ macro_rules! dispatch {
 }
 
 mod graph;
+// The build script makes the choice (build.rs includes this file); the library asks it only
+// what to tell a device the build holds no kernels for.
+#[cfg_attr(not(test), allow(dead_code))]
+mod ptx_archs;
 mod ptx_cut;
 pub use graph::{Graph, GraphRelease};
 pub(crate) mod multicast;
@@ -177,6 +181,15 @@ impl Device {
     /// Whether it is a simulated device.
     pub fn is_sim(&self) -> bool {
         matches!(*self.imp, Imp::Sim(_))
+    }
+
+    /// Whether this build holds kernels this device can run (the simulator runs every kernel
+    /// built); the error names what the build holds and how to build for it.
+    pub fn check_kernels(&self) -> Result<()> {
+        match &*self.imp {
+            Imp::Cuda(d) => ptx::check_built_for(d.sm()),
+            Imp::Sim(_) => Ok(()),
+        }
     }
 
     /// Makes this device current for the calling thread (`cudaSetDevice`).

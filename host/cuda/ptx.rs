@@ -27,6 +27,30 @@ pub fn for_arch(sm: u32) -> Option<&'static str> {
         .map(|(_, text)| text.as_str())
 }
 
+/// Whether this build holds kernels a device of architecture `sm` can run (PTX, or SASS of
+/// its major version); the error says what the build holds and how to build for it.
+pub fn check_built_for(sm: u32) -> crate::Result<()> {
+    let sass = crate::ptx::SASS
+        .iter()
+        .any(|(arch, _, _)| arch / 10 == sm / 10 && *arch <= sm);
+    if for_arch(sm).is_some() || sass {
+        return Ok(());
+    }
+    let wanted = super::ptx_archs::newest_not_above(sm);
+    Err(crate::Error::invalid_usage(format!(
+        "this build of nccl-rs holds no GPU kernels for sm_{sm} (it holds PTX for {}); {}",
+        crate::ptx::PTX_CHOICE,
+        match wanted {
+            Some(arch) =>
+                format!("build it with NCCL_RS_PTX_ARCHS={arch} (or all) to run on this GPU"),
+            None => format!(
+                "the kernels build for {} and newer",
+                super::ptx_archs::ARCHS[0]
+            ),
+        }
+    )))
+}
+
 /// The SASS (cubin) of kernel `name` that runs on a device of architecture `sm` (e.g. 90):
 /// the build's newest of the same major version not above it (a cubin runs on later minor
 /// versions of its major only). None where the build made none (`NCCL_RS_PTXAS` unset), or
@@ -49,7 +73,7 @@ mod tests {
     // Checks of what the build did not embed are skipped visibly (stderr, and a count at exit).
     use crate::bootstrap::socket::tests::skipped;
 
-    const NO_PTX: &str = "PTX not embedded (built with NCCL_RS_SKIP_PTX)";
+    const NO_PTX: &str = "no PTX for sm_90 in this build (host/cuda/ptx_archs.rs)";
 
     const SAMPLE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n\n.global .align 1 .b8 s[1] = {1};\n\t// .globl\tnccl_a_x\n.visible .entry nccl_a_x(\n\t.param .u64 p\n)\n{\n\tret;\n}\n\t// .globl\tnccl_b_y\n.visible .entry nccl_b_y(\n)\n{\n\tret;\n}\n.func f()\n{\n\tret;\n}\n";
 
@@ -114,8 +138,14 @@ mod tests {
                 assert!(defined.contains(&target), "{target} is called, not defined");
             }
         }
+        // AllReduce on floats is 6 of the 219 kernels; a filtered build keeps fewer others.
+        let share = if nccl_device::kernel_set::FILTER.is_none() {
+            4
+        } else {
+            1
+        };
         assert!(
-            m.len() < ptx.len() / 4,
+            m.len() < ptx.len() / share,
             "{} of {} bytes",
             m.len(),
             ptx.len()
@@ -163,6 +193,25 @@ mod tests {
             None,
             "another major version runs no sm_90 cubin"
         );
+    }
+
+    #[test]
+    fn a_device_the_build_holds_no_kernels_for_is_refused_by_name() {
+        let old = check_built_for(70).unwrap_err().to_string();
+        assert!(
+            old.contains("sm_70") && old.contains("sm_80 and newer"),
+            "{old}"
+        );
+        match for_arch(90) {
+            Some(_) => check_built_for(90).unwrap(),
+            None => {
+                let e = check_built_for(90).unwrap_err().to_string();
+                assert!(
+                    e.contains("NCCL_RS_PTX_ARCHS=sm_90") && e.contains(crate::ptx::PTX_CHOICE),
+                    "{e}"
+                );
+            }
+        }
     }
 
     #[test]
