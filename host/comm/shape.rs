@@ -12,9 +12,9 @@ pub struct Shape {
     pub nthreads: u32,
     /// Bytes of one FIFO slot (a step) of the Simple protocol.
     pub slot_bytes: u32,
-    /// NCCL_ALGO and NCCL_PROTO as [`crate::tune::Filter`] masks.
+    /// NCCL_ALGO as an [`crate::tune::AlgoFilter`] mask.
     pub algo_mask: u64,
-    /// NCCL_PROTO as a [`crate::tune::Filter`] mask.
+    /// NCCL_PROTO as a [`crate::tune::ProtoFilter`] mask.
     pub proto_mask: u64,
     /// Connections per peer of send/recv and of the tree's up links (CTAs per message); 0:
     /// from the communicator's size.

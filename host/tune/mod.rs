@@ -7,7 +7,7 @@
 //!   [`Tuner::choose`]`(coll, bytes)` per call → [`Choice`] { algo, proto, nchannels, nthreads,
 //!   est_time_us }. `bytes` is the size of one rank's buffer: the send buffer of AllReduce,
 //!   Broadcast and Reduce, the output of AllGather, the input of ReduceScatter (NCCL's `nBytes`).
-//! - [`AlgoFilter::parse`] / [`ProtoFilter::parse`]: NCCL's syntax: `ring,tree`, `^tree`,
+//! - `AlgoFilter::parse` / `ProtoFilter::parse` (`filter.rs`): NCCL's syntax: `ring,tree`, `^tree`,
 //!   `allreduce:tree,ring;broadcast:ring` (names in any case; an unknown name or collective is an
 //!   invalid-argument error).
 //!
@@ -29,7 +29,7 @@ mod model;
 pub mod plugin;
 mod vocab;
 
-pub use filter::{AlgoFilter, Filter, ProtoFilter};
+pub use filter::{AlgoFilter, ProtoFilter};
 use model::*;
 pub use vocab::{Algo, Proto, NUM_ALGOS, NUM_PROTOS};
 

@@ -49,14 +49,6 @@ impl McObject {
 }
 
 impl Device {
-    pub fn multicast_supported(&self) -> Result<bool> {
-        Ok(true)
-    }
-
-    pub fn multicast_granularity(&self, _ndev: usize, _bytes: usize) -> Result<usize> {
-        Ok(MC_GRANULARITY)
-    }
-
     pub fn multicast_create(&self, ndev: usize, bytes: usize) -> Result<(Multicast, [u8; 64])> {
         if ndev == 0 || bytes == 0 || !bytes.is_multiple_of(MC_GRANULARITY) {
             return Err(Error::invalid_argument(format!(

@@ -4,7 +4,7 @@
 //! its own, with read-write access for this device and every device that can reach it, and
 //! zeroed like every allocation of ours.
 
-use super::{access_desc, check, check_quiet, extent_cache, sys, Device};
+use super::*;
 use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -89,9 +89,98 @@ impl Device {
         Ok(gran.max(1))
     }
 
+    /// Read-write access for this device and every device that can access it.
+    fn vmm_access(&self) -> Result<Vec<sys::CUmemAccessDesc>> {
+        let mut access = vec![access_desc(self.ordinal)];
+        for o in 0..super::device_count()? as i32 {
+            if o == self.ordinal {
+                continue;
+            }
+            let (mut peer, mut can) = (0, 0);
+            // SAFETY: out-parameters; o is a visible ordinal.
+            let ok = unsafe {
+                sys::cuDeviceGet(&mut peer, o) == sys::CUresult::CUDA_SUCCESS
+                    && sys::cuDeviceCanAccessPeer(&mut can, peer, self.dev)
+                        == sys::CUresult::CUDA_SUCCESS
+            };
+            if ok && can != 0 {
+                access.push(access_desc(o));
+            }
+        }
+        Ok(access)
+    }
+
+    /// Frees `p` if [`Device::alloc_vmm`] made it: whether it did.
+    pub(super) fn free_vmm(&self, p: DevPtr) -> Result<bool> {
+        let Some(m) = mappings().remove(&p) else {
+            return Ok(false);
+        };
+        self.make_current()?;
+        extent_cache::forget(p);
+        // SAFETY: p is a live mapping of m.size bytes of m.handle, made by alloc_vmm and
+        // freed once (it was just removed from the table).
+        unsafe {
+            check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")?;
+            check(sys::cuMemAddressFree(p, m.size), "cuMemAddressFree")?;
+            check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
+        }
+        Ok(true)
+    }
+}
+
+// ---- Registered VMM buffers across processes (`regmap`): the owner exports the allocation
+// behind a registered buffer as a POSIX descriptor, a peer process imports it and maps it.
+
+const FD_HANDLE: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+impl Device {}
+
+impl Sharing for Device {
+    fn ipc_handle(&self, p: DevPtr) -> Result<[u8; 64]> {
+        self.make_current()?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: p is the base of an allocation of ours.
+        check(
+            unsafe { sys::cuIpcGetMemHandle(&mut h, p) },
+            "cuIpcGetMemHandle",
+        )?;
+        Ok(h.reserved.map(|c| c as u8))
+    }
+
+    fn open_ipc(&self, handle: &[u8; 64]) -> Result<DevPtr> {
+        self.make_current()?;
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut p = 0;
+        // SAFETY: out-parameter; the handle came from a peer's cuIpcGetMemHandle.
+        check(
+            unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut p,
+                    h,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            },
+            "cuIpcOpenMemHandle",
+        )?;
+        Ok(p)
+    }
+
+    fn close_ipc(&self, p: DevPtr) -> Result<()> {
+        self.make_current()?;
+        extent_cache::forget(p);
+        // SAFETY: p came from open_ipc and is closed once.
+        check(
+            unsafe { sys::cuIpcCloseMemHandle(p) },
+            "cuIpcCloseMemHandle",
+        )
+    }
+
     /// `bytes` of device memory (at least 1) through the virtual memory API, rounded up to
     /// the granularity: (address, mapped size). Freed by [`Device::free`].
-    pub fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+    fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
         use sys::CUdevice_attribute::*;
         self.make_current()?;
         if self.attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? == 0 {
@@ -144,58 +233,12 @@ impl Device {
         Ok((ptr, size))
     }
 
-    /// Read-write access for this device and every device that can access it.
-    fn vmm_access(&self) -> Result<Vec<sys::CUmemAccessDesc>> {
-        let mut access = vec![access_desc(self.ordinal)];
-        for o in 0..super::device_count()? as i32 {
-            if o == self.ordinal {
-                continue;
-            }
-            let (mut peer, mut can) = (0, 0);
-            // SAFETY: out-parameters; o is a visible ordinal.
-            let ok = unsafe {
-                sys::cuDeviceGet(&mut peer, o) == sys::CUresult::CUDA_SUCCESS
-                    && sys::cuDeviceCanAccessPeer(&mut can, peer, self.dev)
-                        == sys::CUresult::CUDA_SUCCESS
-            };
-            if ok && can != 0 {
-                access.push(access_desc(o));
-            }
-        }
-        Ok(access)
-    }
-
-    /// Frees `p` if [`Device::alloc_vmm`] made it: whether it did.
-    pub(super) fn free_vmm(&self, p: DevPtr) -> Result<bool> {
-        let Some(m) = mappings().remove(&p) else {
-            return Ok(false);
-        };
-        self.make_current()?;
-        extent_cache::forget(p);
-        // SAFETY: p is a live mapping of m.size bytes of m.handle, made by alloc_vmm and
-        // freed once (it was just removed from the table).
-        unsafe {
-            check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")?;
-            check(sys::cuMemAddressFree(p, m.size), "cuMemAddressFree")?;
-            check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
-        }
-        Ok(true)
-    }
-}
-
-// ---- Registered VMM buffers across processes (`regmap`): the owner exports the allocation
-// behind a registered buffer as a POSIX descriptor, a peer process imports it and maps it.
-
-const FD_HANDLE: sys::CUmemAllocationHandleType =
-    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-
-impl Device {
     /// The mapping of CUDA's virtual memory API holding `p` (`cuMemGetAddressRange`: its base
     /// and size), its allocation handle retained (`cuMemRetainAllocationHandle`, released by
     /// [`Device::vmm_export_release`]) and exported as a POSIX descriptor. None (quietly) for
     /// other memory, which `cuMemRetainAllocationHandle` refuses; a quiet error for an
     /// allocation created without a descriptor handle (a registration only loses zero-copy).
-    pub fn vmm_export(&self, p: DevPtr) -> Result<Option<(DevPtr, usize, OwnedFd, u64)>> {
+    fn vmm_export(&self, p: DevPtr) -> Result<Option<(DevPtr, usize, OwnedFd, u64)>> {
         self.make_current()?;
         // cuMemAlloc's memory says so itself: it takes the IPC handle.
         let mut legacy: i32 = 0;
@@ -249,7 +292,7 @@ impl Device {
     }
 
     /// Lets go of an allocation handle [`Device::vmm_export`] retained.
-    pub fn vmm_export_release(&self, handle: u64) -> Result<()> {
+    fn vmm_export_release(&self, handle: u64) -> Result<()> {
         self.make_current()?;
         // SAFETY: a handle retained once by vmm_export and released once (its export's drop).
         check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
@@ -258,7 +301,7 @@ impl Device {
     /// Imports a peer's allocation from its descriptor and maps `bytes` of it (from offset
     /// 0) at an address range of our own, readable and writable by this device: (address,
     /// imported handle). Undone by [`Device::vmm_unmap`].
-    pub fn vmm_import(&self, fd: BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)> {
+    fn vmm_import(&self, fd: BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)> {
         self.make_current()?;
         let mut handle = 0;
         // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer; the
@@ -312,7 +355,7 @@ impl Device {
     }
 
     /// Unmaps and releases what [`Device::vmm_import`] made.
-    pub fn vmm_unmap(&self, ptr: DevPtr, bytes: usize, handle: u64) -> Result<()> {
+    fn vmm_unmap(&self, ptr: DevPtr, bytes: usize, handle: u64) -> Result<()> {
         self.make_current()?;
         extent_cache::forget(ptr);
         // SAFETY: a mapping of `bytes` made by vmm_import and undone once (its drop); the

@@ -1,0 +1,145 @@
+//! The kernels: a module per kernel from the embedded SASS or PTX, and launches.
+
+use super::*;
+
+impl Kernels for Device {
+    /// The kernel `name`; its module (every kernel has its own) is loaded on first use and
+    /// kept: the build's SASS for this device where it has some, else the PTX, JIT-compiled
+    /// by the driver.
+    fn function(&self, name: &str) -> Result<usize> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .get(name)
+        {
+            return Ok(f.0 as usize);
+        }
+        self.make_current()?;
+        let module = {
+            let mut modules = self
+                .modules
+                .lock()
+                .map_err(|_| Error::internal("module cache poisoned"))?;
+            match modules.get(name) {
+                Some(m) => m.0,
+                None => {
+                    let t0 = Instant::now();
+                    // A kernel's first use may come inside a capture.
+                    let _relaxed = RelaxedCapture::enter();
+                    let (m, code) = match crate::cuda::ptx::sass(self.sm, name) {
+                        Some(cubin) => match self.load_module(&cubin, check_quiet) {
+                            Ok(m) => (m, "SASS"),
+                            Err(e) => {
+                                log::info!("cuda: the SASS of {name} did not load ({e}); JIT-compiling its PTX");
+                                (self.load_ptx(name)?, "PTX, JIT-compiled")
+                            }
+                        },
+                        None => (self.load_ptx(name)?, "PTX, JIT-compiled"),
+                    };
+                    log::info!(
+                        "cuda: loaded kernel module {name} ({code}) on device {} in {:.1} ms",
+                        self.ordinal,
+                        t0.elapsed().as_secs_f64() * 1e3
+                    );
+                    modules.insert(name.to_string(), Raw(m));
+                    m
+                }
+            }
+        };
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| Error::internal("kernel name holds a NUL byte"))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: out-parameter; module is loaded.
+        check(
+            unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) },
+            &format!("cuModuleGetFunction({name})"),
+        )?;
+        self.functions
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .insert(name.to_string(), Raw(f));
+        Ok(f as usize)
+    }
+
+    /// Launches `func` with one by-value parameter `arg` of `arg_bytes` bytes.
+    fn launch(
+        &self,
+        func: usize,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        arg: *const u8,
+        _arg_bytes: usize,
+    ) -> Result<()> {
+        self.make_current()?;
+        let mut params = [arg as *mut c_void];
+        // SAFETY: func is a kernel of this context taking one parameter, which `arg` points at.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    func as sys::CUfunction,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream.0 as sys::CUstream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+    }
+}
+
+impl Device {
+    /// The module of kernel `name` cut from this device's PTX, JIT-compiled.
+    fn load_ptx(&self, name: &str) -> Result<sys::CUmodule> {
+        let Some(ptx) = crate::cuda::ptx::for_arch(self.sm) else {
+            crate::cuda::ptx::check_built_for(self.sm)?;
+            // SASS is compiled from the PTX the build embeds, so this cannot be.
+            return Err(Error::internal(format!(
+                "kernel {name}: SASS for sm_{} but no PTX",
+                self.sm
+            )));
+        };
+        let text = crate::cuda::ptx::family(ptx, name);
+        let c =
+            std::ffi::CString::new(text).map_err(|_| Error::internal("PTX holds a NUL byte"))?;
+        self.load_module(c.as_bytes_with_nul(), check)
+    }
+
+    /// Loads a module image: a cubin, or NUL-terminated PTX (JIT-compiled); `check` judges
+    /// the result (quiet where a failure only declines the SASS, for the PTX to follow).
+    fn load_module(
+        &self,
+        image: &[u8],
+        check: fn(sys::CUresult, &str) -> Result<()>,
+    ) -> Result<sys::CUmodule> {
+        let mut m = std::ptr::null_mut();
+        // Every launch of up to MAX_THREADS threads must fit the register file: the JIT's
+        // limit is the one the build gave ptxas for the SASS (a test checks it is
+        // 65536 / MAX_THREADS).
+        let mut opts = [sys::CUjit_option::CU_JIT_MAX_REGISTERS];
+        let mut vals = [crate::ptx::SASS_MAX_REGISTERS as usize as *mut c_void];
+        // SAFETY: image is a whole cubin or NUL-terminated PTX text, alive for the call; one
+        // option with its value.
+        check(
+            unsafe {
+                sys::cuModuleLoadDataEx(
+                    &mut m,
+                    image.as_ptr() as *const c_void,
+                    1,
+                    opts.as_mut_ptr(),
+                    vals.as_mut_ptr(),
+                )
+            },
+            "cuModuleLoadDataEx",
+        )?;
+        Ok(m)
+    }
+}
