@@ -69,6 +69,12 @@ macro_rules! export {
     };
 }
 
+// After the macro: these files export entry points through it.
+mod colls;
+mod memory;
+pub use colls::*;
+pub use memory::*;
+
 /// The handle `comm` names: null, destroyed and garbage pointers are ncclInvalidArgument
 /// (looked up among the live handles, never dereferenced).
 fn handle(comm: NcclComm) -> Result<Arc<CommHandle>> {
@@ -436,13 +442,6 @@ export! {
     }
 }
 
-fn dtype(v: c_int) -> Result<DataType> {
-    u32::try_from(v)
-        .ok()
-        .and_then(DataType::from_raw)
-        .ok_or_else(|| Error::invalid_argument(format!("datatype {v} is not an ncclDataType_t")))
-}
-
 /// The communicator of a collective and its stream.
 fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(crate::comm::Shared, StreamHandle)> {
     let c = handle(comm)?.ready()?;
@@ -453,260 +452,11 @@ fn dev(p: *const c_void) -> u64 {
     p as usize as u64
 }
 
-export! {
-    /// `ncclAllReduce`.
-    fn ncclAllReduce / pncclAllReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        op: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let op = redop::resolve(comm, op, dt)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.all_reduce_raw(dev(sendbuff), dev(recvbuff), count, dt, op, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclBroadcast`.
-    fn ncclBroadcast / pncclBroadcast(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        root: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let root = count_of("root", root)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.broadcast_raw(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclBcast`: the legacy in-place Broadcast (`buff` is the root's input and every rank's
-    /// output).
-    fn ncclBcast / pncclBcast(
-        buff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        root: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        Ok(ncclBroadcast(buff, buff, count, datatype, root, comm, stream))
-    }
-}
-
-export! {
-    /// `ncclSend`.
-    fn ncclSend / pncclSend(
-        sendbuff: *const c_void,
-        count: usize,
-        datatype: c_int,
-        peer: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let peer = count_of("peer", peer)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.send_raw(dev(sendbuff), count, dt, peer, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclRecv`.
-    fn ncclRecv / pncclRecv(
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        peer: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let peer = count_of("peer", peer)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.recv_raw(dev(recvbuff), count, dt, peer, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclReduce`.
-    fn ncclReduce / pncclReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        op: c_int,
-        root: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let op = redop::resolve(comm, op, dt)?;
-        let root = count_of("root", root)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.reduce_raw(dev(sendbuff), dev(recvbuff), count, dt, op, root, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclAllGather`.
-    fn ncclAllGather / pncclAllGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.all_gather_raw(dev(sendbuff), dev(recvbuff), sendcount, dt, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclAlltoAll` (NCCL 2.28): block `j` of `sendbuff` to rank `j`, rank `i`'s block to
-    /// block `i` of `recvbuff`; `count` elements per block. Not in place.
-    fn ncclAlltoAll / pncclAlltoAll(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.all_to_all_raw(dev(sendbuff), dev(recvbuff), count, dt, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclGather` (NCCL 2.28): every rank's `count` elements to block `i` of `recvbuff` on
-    /// `root`.
-    fn ncclGather / pncclGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        root: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let root = count_of("root", root)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.gather_raw(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclScatter` (NCCL 2.28): block `i` of `sendbuff` on `root` to rank `i`'s `recvbuff`.
-    fn ncclScatter / pncclScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: c_int,
-        root: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let root = count_of("root", root)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.scatter_raw(dev(sendbuff), dev(recvbuff), count, dt, root, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclReduceScatter`.
-    fn ncclReduceScatter / pncclReduceScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: c_int,
-        op: c_int,
-        comm: NcclComm,
-        stream: CudaStream,
-    ) {
-        let dt = dtype(datatype)?;
-        let op = redop::resolve(comm, op, dt)?;
-        let (c, s) = coll_comm(comm, stream)?;
-        // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
-        c.reduce_scatter_raw(dev(sendbuff), dev(recvbuff), recvcount, dt, op, s)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-/// Buffers from `ncclMemAlloc`, by address.
-fn allocations() -> &'static Mutex<HashMap<u64, DevBuffer>> {
-    static ALLOCS: OnceLock<Mutex<HashMap<u64, DevBuffer>>> = OnceLock::new();
-    ALLOCS.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-export! {
-    /// `ncclMemAlloc`: device memory on the current device, through the CUDA virtual memory
-    /// API (shareable by POSIX file descriptor, rounded to the allocation granularity).
-    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
-        let out = ptr.as_mut().ok_or_else(|| null("ptr"))?;
-        let buf = Device::current()?.alloc_vmm(size)?;
-        *out = buf.ptr() as usize as *mut c_void;
-        allocations()
-            .lock()
-            .map_err(|_| Error::internal("allocation table poisoned"))?
-            .insert(buf.ptr(), buf);
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclMemFree`.
-    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
-        if ptr.is_null() {
-            return Err(null("ptr"));
-        }
-        let buf = allocations()
-            .lock()
-            .map_err(|_| Error::internal("allocation table poisoned"))?
-            .remove(&dev(ptr));
-        match buf {
-            Some(b) => {
-                drop(b);
-                Ok(NcclResult::Success)
-            }
-            None => Err(Error::invalid_argument(format!(
-                "{ptr:p} was not allocated by ncclMemAlloc"
-            ))),
-        }
-    }
+fn dtype(v: c_int) -> Result<DataType> {
+    u32::try_from(v)
+        .ok()
+        .and_then(DataType::from_raw)
+        .ok_or_else(|| Error::invalid_argument(format!("datatype {v} is not an ncclDataType_t")))
 }
 
 export! {
@@ -795,66 +545,6 @@ pub extern "C" fn ncclGetLastError(_comm: NcclComm) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn pncclGetLastError(comm: NcclComm) -> *const c_char {
     ncclGetLastError(comm)
-}
-
-export! {
-    /// `ncclCommRegister`: checks and records the buffer (zero-copy paths do not use it yet).
-    fn ncclCommRegister / pncclCommRegister(
-        comm: NcclComm,
-        buff: *mut c_void,
-        size: usize,
-        handle_out: *mut *mut c_void,
-    ) {
-        let out = handle_out.as_mut().ok_or_else(|| null("handle"))?;
-        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
-        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclCommDeregister`.
-    fn ncclCommDeregister / pncclCommDeregister(comm: NcclComm, reg: *mut c_void) {
-        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        c.deregister(reg as usize as u64)?;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclCommWindowRegister` (NCCL 2.27): registers `buff` as a window of this
-    /// communicator. Recorded as `ncclCommRegister` records a buffer; collectives on it run
-    /// as on any buffer (no symmetric kernels here). `winFlags`: NCCL_WIN_DEFAULT (0) or
-    /// NCCL_WIN_COLL_SYMMETRIC (1).
-    fn ncclCommWindowRegister / pncclCommWindowRegister(
-        comm: NcclComm,
-        buff: *mut c_void,
-        size: usize,
-        win: *mut *mut c_void,
-        win_flags: c_int,
-    ) {
-        let out = win.as_mut().ok_or_else(|| null("win"))?;
-        if !(0..=1).contains(&win_flags) {
-            return Err(Error::invalid_argument(format!(
-                "ncclCommWindowRegister: winFlags {win_flags:#x} are neither NCCL_WIN_DEFAULT (0) \
-                 nor NCCL_WIN_COLL_SYMMETRIC (1)"
-            )));
-        }
-        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
-        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
-        Ok(NcclResult::Success)
-    }
-}
-
-export! {
-    /// `ncclCommWindowDeregister` (NCCL 2.27).
-    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: NcclComm, win: *mut c_void) {
-        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        c.deregister(win as usize as u64)?;
-        Ok(NcclResult::Success)
-    }
 }
 
 /// The device API (NCCL 2.28's `ncclDevComm`, for kernels that communicate themselves) is

@@ -3,6 +3,8 @@
 //! NVLS, then the device structures.
 
 use super::*;
+use crate::topo::System;
+use crate::transport::net::setup::Made;
 
 /// Connects the tree's up direction (the reverse of each tree CTA's ring, as send/recv links)
 /// when the filters allow the tree: every rank does it at init, so no collective waits on a
@@ -127,7 +129,8 @@ pub(super) fn check_args(nranks: usize, rank: usize, ids: &[UniqueId]) -> Result
 
 impl Comm {
     /// Creates this rank's communicator: bootstrap over `ids` (one root each), peer facts,
-    /// transport, device structures. Every wait stops early when `abort` is set.
+    /// transport, device structures. Every wait stops early when `abort` is set. The stages
+    /// run in this order on every rank; each is a function below.
     pub(crate) fn create(
         device: Device,
         nranks: usize,
@@ -140,374 +143,112 @@ impl Comm {
         check_args(nranks, rank, ids)?;
         let t0 = Instant::now();
         crate::env::log_params();
-        device.make_current()?;
-        device.check_kernels()?;
-        let shape = Shape::from_env(&device, &config)?;
-        let timeout = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
-        let bootstrap = Arc::new(
-            Bootstrap::init_scalable(ids, rank, nranks, timeout, abort).map_err(|e| {
-                // Most of its errors name the bootstrap already ("bootstrap rank 1: ..."):
-                // no second "bootstrap: " in front of them.
-                if e.message.starts_with("bootstrap") {
-                    e
-                } else {
-                    e.context("bootstrap")
-                }
-            })?,
-        );
-        let me = PeerInfo::local(rank, &device, shape)?;
-        let peers = PeerInfo::exchange(&bootstrap, &me)?;
-        // P2P, SHM or NET for every pair, alike on every rank.
-        let system = tuning::node_system(rank, &device, &peers)?;
-        let own_row = transports::own_row(rank, &device, &peers, &system)?;
-        let transports = transports::Transports::agree(&bootstrap, &own_row)?;
-        let mut shape = peers[0].shape; // rank 0's parameters rule, so every rank launches alike
-        if transports.any(Transport::Net) || transports.any(Transport::Shm) {
-            // The kernels' agreement on fewer CTAs runs over p2p counter lines only: every
-            // ring connection must be one (this matrix is every rank's).
-            shape.reg_ctas = 0;
-        }
-        if transports.any(Transport::Net) {
-            // Across nodes (or with p2p and SHM off on one).
-            shape.nchannels = shape.net_nchannels;
-        }
-        if transports.any(Transport::Shm) {
-            // Host memory carries these rings: as across nodes, the channels NCCL's search
-            // finds over such paths (two), not NVLink's 32 sets of pinned FIFOs.
-            shape.nchannels = shape.net_nchannels;
-        }
-        // A peer gone (seen by the bootstrap, by us or another rank) and the network's errors
-        // become the communicator's async error and stop the kernels.
-        let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
-        let kernel_abort = Arc::new(device.alloc_host_flag()?);
-        let on_fault = fault_sink(rank, &async_error, &kernel_abort);
-        bootstrap.watch({
-            let f = on_fault.clone();
-            move |e| f(e)
-        });
-        let choice = net::Choice {
-            name: config.net_name.as_deref(),
-            comm_id: net::comm_id(&ids[0].internal),
-            traffic_class: config.traffic_class,
-        };
-        // This GPU's position among its node's (the node's topology numbers them so).
-        let local = peers
-            .iter()
-            .filter(|p| p.host_hash == peers[rank].host_hash && p.rank < peers[rank].rank)
-            .count();
-        let on_net_error = net_fault_sink(on_fault, &bootstrap);
-        let net_path = net_path(
-            transports.remote(rank),
-            &device,
-            &choice,
-            on_net_error,
-            &system,
-            local,
-        )?;
-        // Across nodes the tuner models the network: the node count and the NICs' speed.
-        let nodes_of = nodes(&peers);
-        let net_model = net_path
-            .as_ref()
-            .filter(|_| nodes_of.len() > 1)
-            .map(|np| tuning::NetModel::of(&*np.net, nodes_of.len(), shape.nchannels as usize));
-        let (mut tuner, graphs) = tuning::build(rank, &device, system, &peers, &shape, net_model)
-            .map_err(|e| e.context("tuning"))?;
-        if tuner.agree(&bootstrap.allgather(&tuner.facts())?)? {
-            log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
-            tuner.log();
-        }
-        // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
-        let rings = rings::agree(&bootstrap, &graphs, &nodes_of, shape.nchannels as usize)
-            .map_err(|e| e.context("rings"))?;
-        let nch = shape.nchannels as usize;
-        let ring_peers: Vec<(usize, usize)> = (0..nch).map(|c| rings.peers(c, rank)).collect();
-        let (free_before, _) = device.mem_info()?;
-        let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
-        let addrs: Vec<PeerAddr> = peers
+        let comm_id = net::comm_id(&ids[0].internal);
+        let j = join(device, nranks, ids, rank, &config, abort)?;
+        let (system, transports, shape) = agree_transports(&j)?;
+        let faults = watch_faults(&j)?;
+        let mut plan = plan_topology(&j, system, &transports, shape, &config, comm_id, &faults)?;
+        let (free_before, _) = j.device.mem_info()?;
+        let addrs: Vec<PeerAddr> = j
+            .peers
             .iter()
             .map(|p| PeerAddr {
                 device: p.device,
-                same_process: p.same_process(&me),
+                same_process: p.same_process(&j.me),
                 transport: transports.between(rank, p.rank as usize),
             })
             .collect();
-        let remote = |r: usize| net_path.as_ref().is_some_and(|n| n.remote[r]);
-        if transports.any(Transport::Net) {
-            // A proxy sends a step slot by slot, each slot spaced by the connection's stride:
-            // one slot per Simple step (every rank knows every pair's transport, so all agree).
-            shape.slice_steps = 1;
-        }
         // Before the connection exchange, so every member in this process joins before any
         // can leave.
-        let keep = keepalive::join(net::comm_id(&ids[0].internal));
-        let p2p = if nranks > 1 {
-            Some(P2p::setup(
-                &device,
-                &bootstrap,
-                &addrs,
-                &ring_peers,
-                &|r: usize| remote(r) || transports.between(rank, r) == Transport::Shm,
-                layout,
-            )?)
-        } else {
-            None
+        let keep = keepalive::join(comm_id);
+        let rings_made = connect_rings(&j, &plan, &transports, &addrs)?;
+        let order = Arc::new(order::StreamOrder::new(j.device.clone()));
+        let maker = LinkMaker::new(&j, &addrs, plan.net_path.clone(), &order);
+        let links = Arc::new(maker.make(
+            p2p_conns(&plan.shape, nranks),
+            plan.shape.p2p_slot_bytes as usize,
+        ));
+        let reach = DirectReach {
+            rank,
+            links: &links,
+            addrs: &addrs,
+            transports: &transports,
+            net_path: plan.net_path.as_deref(),
         };
-        // Ring neighbours on this node that p2p does not reach meet in host shared memory.
-        let is_shm = |r: usize| r != rank && transports.between(rank, r) == Transport::Shm;
-        let devices: Vec<i32> = peers.iter().map(|p| p.device).collect();
-        let shm = if (0..nranks).any(is_shm) {
-            let slot = shape.slot_bytes as usize;
-            Some(ShmRing::setup(
-                &device,
-                &bootstrap,
-                &ring_peers,
-                &is_shm,
-                slot,
-                &devices,
-            )?)
-        } else {
-            None
-        };
-        let ring_conns = match &net_path {
-            Some(np) => ring_net(rank, np, &device, &bootstrap, &ring_peers, &shape)?,
-            None => Vec::new(),
-        };
-        // Send/receive connections, made on first use: a few per peer (more CTAs per message
-        // on GPUs), with FIFO slots of NCCL_P2P_NVL_CHUNKSIZE.
-        let order = Arc::new(order::StreamOrder::new(device.clone()));
-        // 64 CTAs' worth spread over the peers, at most 16 per peer: a launch then covers
-        // half the distances (MAX_P2P_ITEMS / 2 CTAs per direction), so an all-to-all takes
-        // two launches. With 4 per peer, 2xH200 sendrecv moved 90 GB/s against NCCL's 354 at
-        // 512 MiB (each CTA ~22 GB/s); on 4xH200 at 512 MiB, 8 per peer (32 / nranks) moved
-        // 279 GB/s and 16 per peer 317-322 (NCCL: 350; results/h200x4-sendrecv-*conns*).
-        let nconns = match shape.p2p_conns {
-            0 => (MAX_P2P_ITEMS / nranks).clamp(1, MAX_P2P_ITEMS / 4),
-            n => n as usize,
-        };
-        // The tree's up links step with a quarter of the ring's slot (its halves pipeline
-        // through them); they are the send/recv links only where those have that slot.
-        let tree_slot = (shape.slot_bytes as usize / 4).max(4096);
-        // Makes links like the communicator's, with `n` connections per peer and `slot`-byte
-        // FIFO slots.
-        let make_links = {
-            let (device, bootstrap, addrs) = (device.clone(), bootstrap.clone(), addrs.clone());
-            let net = net_path.clone();
-            // A communicator being dropped has waited for its kernels: nothing to fence.
-            let order = Arc::downgrade(&order);
-            let fences: crate::transport::links::Fences =
-                Arc::new(move || order.upgrade().map_or(Ok(None), |o| o.fence()));
-            move |n, slot| {
-                Links::new(rank, device, bootstrap, addrs, n, slot, net.clone())
-                    .with_fences(fences.clone())
-            }
-        };
-        let links = Arc::new(make_links.clone()(nconns, shape.p2p_slot_bytes as usize));
-        // Zero-copy ring and tree collectives: their connections to peers of this node through
-        // p2p take the handshake (both ends judge a pair alike from the agreed transport), and
-        // a send reaches the peer's registered buffers as send/recv does
-        // (`Links::direct_reach`).
-        let p2p_peer =
-            |r: usize| r != rank && !remote(r) && transports.between(rank, r) == Transport::P2p;
         let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
-        // How a send to ring or tree neighbour `peer` reaches the buffers it offers (a peer in
-        // another process joins `tables`, whose records a registered launch drains first).
-        let reach_of = |peer: usize, tables: &mut Vec<usize>| match p2p_peer(peer) {
-            false => nccl_device::abi::DIRECT_OFF,
-            true => match links.direct_reach(peer) {
-                Ok(Some(reach)) => {
-                    if !addrs[peer].same_process && !tables.contains(&peer) {
-                        tables.push(peer);
-                    }
-                    reach
-                }
-                // Still the handshake (the peer expects it), never direct.
-                Ok(None) => nccl_device::abi::DIRECT_DECLINE,
-                Err(e) => {
-                    log::warn!("rank {rank}: rank {peer}'s registered buffers: {e}");
-                    nccl_device::abi::DIRECT_DECLINE
-                }
-            },
-        };
-        // On one node the tree is the chain in ring order; across nodes NCCL's double binary
-        // tree, each channel on links of its own with the same slots.
-        let (tree_up, dbt) = if nodes_of.len() > 1 {
-            use crate::tune::{Algo, AlgoFilter, Coll};
-            let allowed =
-                AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
-            let dbt = match allowed {
-                true => {
-                    let trees = crate::graph::dbt_channels(&nodes_of, nch);
-                    let np = net_path.as_deref();
-                    // The tree's steps may be LL (one peer per step): its links inside the
-                    // node get LL FIFOs (network connections carry every protocol).
-                    let mut reach = |peer: usize| reach_of(peer, &mut tree_tables);
-                    let made = tree::connect_dbt(
-                        rank,
-                        &device,
-                        &trees,
-                        &nodes_of,
-                        &addrs,
-                        np,
-                        &mut reach,
-                        |c| make_links.clone()(1, tree_slot).keyed(c as u32).with_ll(),
-                    );
-                    Some(made.map_err(|e| e.context("tree connections"))?)
-                }
-                false => None,
-            };
-            (None, dbt)
-        } else {
-            let up = connect_tree(rank, &links, &shape, &rings, tree_slot, |n| {
-                make_links(n, tree_slot)
-            })?;
-            (up, None)
-        };
+        let (tree_up, dbt) = connect_trees(&j, &plan, &links, &maker, &reach, &mut tree_tables)?;
 
-        // NVLS: only where the user set NCCL_NVLS_ENABLE to 1 on every rank (see nvls.rs), after every rank
-        // agreed on the tuner (all of them decide alike here).
+        // NVLS: only where the user set NCCL_NVLS_ENABLE to 1 on every rank (see nvls.rs),
+        // after every rank agreed on the tuner (all of them decide alike here).
         let all_p2p = !transports.any(Transport::Net) && !transports.any(Transport::Shm);
         let nvls = nvls::setup(
             rank,
-            &device,
-            &bootstrap,
-            &peers,
+            &j.device,
+            &j.bootstrap,
+            &j.peers,
             all_p2p,
-            shape.nchannels as usize,
+            plan.shape.nchannels as usize,
         )
         .map_err(|e| e.context("NVLS setup"))?;
-        tuner.set_nvls(nvls.is_some());
-        tuner.set_ring_exchange(shape.kernel_flags & nccl_device::abi::FLAG_RING_EXCHANGE != 0);
-        tuner.set_tree_exchange(dbt.as_ref().is_some_and(|d| d.exchanges(&shape)));
+        plan.tuner.set_nvls(nvls.is_some());
+        let shape = plan.shape;
+        plan.tuner
+            .set_ring_exchange(shape.kernel_flags & nccl_device::abi::FLAG_RING_EXCHANGE != 0);
+        plan.tuner
+            .set_tree_exchange(dbt.as_ref().is_some_and(|d| d.exchanges(&shape)));
 
-        let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
-        // DevComm, the channels, then each distinct ring as ranks (channels share them).
-        let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
-        let ring_words: Vec<u32> = rings
-            .distinct()
-            .iter()
-            .flatten()
-            .map(|&r| r as u32)
-            .collect();
-        let dev_comm = device.alloc(ring_at + ring_words.len() * 4)?;
-        let mut channels = vec![ChannelDev::default(); nch];
-        for (c, ch) in channels.iter_mut().enumerate() {
-            let (prev, next) = ring_peers[c];
-            ch.recv_direct = p2p_peer(prev) as u32;
-            ch.send_reach = reach_of(next, &mut ring_tables);
-            // The one-node tree's way up runs against the ring (`tree_up`: the chain, on one
-            // node only).
-            ch.prev_reach = match tree_up.is_some() {
-                true => reach_of(prev, &mut tree_tables),
-                false => nccl_device::abi::DIRECT_OFF,
-            };
-            ch.ring_index = rings.position(c, rank) as u32;
-            ch.ring_ranks = dev_comm.ptr + (ring_at + rings.index_of(c) * nranks * 4) as u64;
-            ch.ring_prev = prev as u32;
-            ch.ring_next = next as u32;
-            if let Some(p) = &p2p {
-                let (send, recv) = p.conns(c);
-                ch.send = send.unwrap_or_default();
-                ch.recv = recv.unwrap_or_default();
-                if send.is_some() && next != rank {
-                    log::info!(
-                        "Channel {c:02}/0 : {rank}[{}] -> {next}[{}] via P2P/{}",
-                        device.ordinal,
-                        peers[next].device,
-                        if addrs[next].same_process {
-                            "direct pointer"
-                        } else {
-                            "IPC"
-                        }
-                    );
-                }
-            }
-            if let Some((send, recv)) = shm.as_ref().map(|s| s.conns(c)) {
-                if let Some(s) = send {
-                    ch.send = s;
-                }
-                if let Some(r) = recv {
-                    ch.recv = r;
-                }
-            }
-            for m in ring_conns.iter().filter(|m| m.want.key as usize == c) {
-                match m.want.dir {
-                    Dir::Send => ch.send = m.send,
-                    Dir::Recv => ch.recv = m.recv,
-                }
-            }
+        let kernel_abort = faults.kernel_abort.clone();
+        let stamps = stamps::KernelStamps::from_env(&j.device, rank)?;
+        let dev_comm = upload(Upload {
+            j: &j,
+            shape: &shape,
+            rings: &plan.rings,
+            made: &rings_made,
+            reach: &reach,
+            ring_tables: &mut ring_tables,
+            tree_tables: &mut tree_tables,
+            tree_up: tree_up.is_some(),
+            kernel_abort: &kernel_abort,
+            nvls: nvls.as_ref(),
+            stamps: stamps.as_ref(),
+        })?;
+        let RingsMade { p2p, shm, net } = rings_made;
+        if let Some(np) = &plan.net_path {
+            np.proxy.add(net.into_iter().map(|m| m.conn).collect());
         }
-        let stamps = stamps::KernelStamps::from_env(&device, rank)?;
-        let dc = DevComm {
-            rank: rank as u32,
-            nranks: nranks as u32,
-            nchannels: shape.nchannels,
-            slot_bytes: shape.slot_bytes,
-            channels: dev_comm.ptr + head as u64,
-            abort_flag: kernel_abort.ptr,
-            nvls: nvls.as_ref().map_or(0, |n| n.chans.ptr),
-            nvls_nchannels: nvls.as_ref().map_or(0, |n| n.nchannels as u32),
-            lab_count: 0,
-            lab_stamps: stamps.as_ref().map_or(0, |s| s.device_ptr()),
-        };
-        dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
-        dev_comm.write(head, as_bytes(&channels))?;
-        dev_comm.write(ring_at, as_bytes(&ring_words))?;
-        if let Some(np) = &net_path {
-            np.proxy
-                .add(ring_conns.into_iter().map(|m| m.conn).collect());
-        }
-        bootstrap.barrier()?;
-        let (free_after, _) = device.mem_info()?;
+        j.bootstrap.barrier()?;
+        let (free_after, _) = j.device.mem_info()?;
         abort.check()?;
         log::info!(
             "comm {}rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, init {:.1} ms",
             config.comm_name.as_deref().map(|n| format!("{n} ")).unwrap_or_default(),
-            device.ordinal,
-            if device.is_sim() { "simulator" } else { "cuda" },
+            j.device.ordinal,
+            if j.device.is_sim() { "simulator" } else { "cuda" },
             shape.nchannels,
             shape.nthreads,
             shape.slot_bytes / 1024,
             t0.elapsed().as_secs_f64() * 1e3
         );
-        let ras = {
-            let (order, slot) = (Arc::downgrade(&order), async_error.clone());
-            let health = crate::ras::Health::new(
-                net::comm_id(&ids[0].internal),
-                rank,
-                nranks,
-                device.ordinal,
-                config.comm_name.clone(),
-                move || order.upgrade().and_then(|o| o.finished()),
-                move || {
-                    let e = slot.lock().unwrap_or_else(|p| p.into_inner());
-                    e.as_ref().map(|e| e.to_string())
-                },
-            );
-            crate::ras::register(Arc::new(health), &bootstrap)
-        };
-        // Opt-in: a peer whose process stopped (alive to TCP, silent to us) becomes a fault
-        // when an operation waits on it (NCCL has no such bound).
-        let hang_ms = crate::env::RS_PEER_HANG_TIMEOUT_MS.int();
-        if hang_ms > 0 {
-            let order = Arc::downgrade(&order);
-            bootstrap.watch_hangs(Duration::from_millis(hang_ms as u64), move || {
-                // Outstanding: not known to be finished (None: a launch in progress, or a
-                // captured graph, whose work cannot be seen).
-                order.upgrade().is_some_and(|o| o.finished() != Some(true))
-            });
-        }
+        let ras = register_health(&j, &config, comm_id, &order, &faults);
+        watch_hangs(&j, &order);
+        let Joined {
+            device,
+            bootstrap,
+            peers,
+            ..
+        } = j;
         Ok(Comm {
             rank,
             nranks,
             device,
             shape,
-            tuner,
+            tuner: plan.tuner,
             bootstrap,
             links,
             tree_up,
             dbt,
             nvls,
-            rings,
+            rings: plan.rings,
             order,
             dev_comm,
             _p2p: p2p,
@@ -518,8 +259,8 @@ impl Comm {
             config,
             abort_flag: abort.clone(),
             finalized: AtomicBool::new(false),
-            async_error,
-            net: net_path,
+            async_error: faults.async_error,
+            net: plan.net_path,
             ring_tables,
             tree_tables,
             graph_markers: peers.iter().map(|p| p.graph_register).collect(),
@@ -535,5 +276,511 @@ impl Comm {
             keep,
             _one_thread: NotSync::default(),
         })
+    }
+}
+
+/// What every stage after the bootstrap reads: this rank, its device, the bootstrap and every
+/// rank's facts.
+struct Joined {
+    rank: usize,
+    nranks: usize,
+    device: Device,
+    bootstrap: Arc<Bootstrap>,
+    me: PeerInfo,
+    peers: Vec<PeerInfo>,
+}
+
+/// Stage 1: this rank's device, its bootstrap over `ids`, and every rank's facts.
+fn join(
+    device: Device,
+    nranks: usize,
+    ids: &[UniqueId],
+    rank: usize,
+    config: &ResolvedConfig,
+    abort: &AbortFlag,
+) -> Result<Joined> {
+    device.make_current()?;
+    device.check_kernels()?;
+    let shape = Shape::from_env(&device, config)?;
+    let timeout = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
+    let bootstrap = Arc::new(
+        Bootstrap::init_scalable(ids, rank, nranks, timeout, abort).map_err(|e| {
+            // Most of its errors name the bootstrap already ("bootstrap rank 1: ..."): no
+            // second "bootstrap: " in front of them.
+            if e.message.starts_with("bootstrap") {
+                e
+            } else {
+                e.context("bootstrap")
+            }
+        })?,
+    );
+    let me = PeerInfo::local(rank, &device, shape)?;
+    let peers = PeerInfo::exchange(&bootstrap, &me)?;
+    Ok(Joined {
+        rank,
+        nranks,
+        device,
+        bootstrap,
+        me,
+        peers,
+    })
+}
+
+/// Stage 2: P2P, SHM or NET for every pair, alike on every rank, and the launch shape they
+/// allow (rank 0's parameters rule, so every rank launches alike). Also gives the node's
+/// topology, which the tuner takes next.
+fn agree_transports(j: &Joined) -> Result<(System, transports::Transports, Shape)> {
+    let system = tuning::node_system(j.rank, &j.device, &j.peers)?;
+    let own_row = transports::own_row(j.rank, &j.device, &j.peers, &system)?;
+    let transports = transports::Transports::agree(&j.bootstrap, &own_row)?;
+    let mut shape = j.peers[0].shape;
+    if transports.any(Transport::Net) || transports.any(Transport::Shm) {
+        // The kernels' agreement on fewer CTAs runs over p2p counter lines only: every ring
+        // connection must be one (this matrix is every rank's).
+        shape.reg_ctas = 0;
+    }
+    if transports.any(Transport::Net) {
+        // Across nodes (or with p2p and SHM off on one).
+        shape.nchannels = shape.net_nchannels;
+        // A proxy sends a step slot by slot, each slot spaced by the connection's stride: one
+        // slot per Simple step (every rank knows every pair's transport, so all agree).
+        shape.slice_steps = 1;
+    }
+    if transports.any(Transport::Shm) {
+        // Host memory carries these rings: as across nodes, the channels NCCL's search finds
+        // over such paths (two), not NVLink's 32 sets of pinned FIFOs.
+        shape.nchannels = shape.net_nchannels;
+    }
+    Ok((system, transports, shape))
+}
+
+/// Where faults go: a peer gone (seen by the bootstrap, by us or another rank) and the
+/// network's errors become the communicator's async error and stop the kernels.
+struct Faults {
+    async_error: Arc<Mutex<Option<Error>>>,
+    kernel_abort: Arc<crate::cuda::HostFlag>,
+    sink: net::FaultSink,
+}
+
+/// Stage 3: the fault plumbing, watching the bootstrap from now on.
+fn watch_faults(j: &Joined) -> Result<Faults> {
+    let async_error: Arc<Mutex<Option<Error>>> = Arc::default();
+    let kernel_abort = Arc::new(j.device.alloc_host_flag()?);
+    let sink = fault_sink(j.rank, &async_error, &kernel_abort);
+    j.bootstrap.watch({
+        let f = sink.clone();
+        move |e| f(e)
+    });
+    Ok(Faults {
+        async_error,
+        kernel_abort,
+        sink,
+    })
+}
+
+/// What the topology stage decided, alike on every rank.
+struct Plan {
+    shape: Shape,
+    /// The network side, across nodes.
+    net_path: Option<Arc<NetPath>>,
+    /// Every node's ranks.
+    nodes: Vec<Vec<usize>>,
+    tuner: crate::tune::Tuner,
+    rings: Rings,
+}
+
+/// Stage 4: the network path, the tuner and the rings.
+fn plan_topology(
+    j: &Joined,
+    system: System,
+    transports: &transports::Transports,
+    shape: Shape,
+    config: &ResolvedConfig,
+    comm_id: u64,
+    faults: &Faults,
+) -> Result<Plan> {
+    let choice = net::Choice {
+        name: config.net_name.as_deref(),
+        comm_id,
+        traffic_class: config.traffic_class,
+    };
+    let rank = j.rank;
+    // This GPU's position among its node's (the node's topology numbers them so).
+    let local = j
+        .peers
+        .iter()
+        .filter(|p| p.host_hash == j.peers[rank].host_hash && p.rank < j.peers[rank].rank)
+        .count();
+    let on_net_error = net_fault_sink(faults.sink.clone(), &j.bootstrap);
+    let net_path = net_path(
+        transports.remote(rank),
+        &j.device,
+        &choice,
+        on_net_error,
+        &system,
+        local,
+    )?;
+    // Across nodes the tuner models the network: the node count and the NICs' speed.
+    let nodes_of = nodes(&j.peers);
+    let net_model = net_path
+        .as_ref()
+        .filter(|_| nodes_of.len() > 1)
+        .map(|np| tuning::NetModel::of(&*np.net, nodes_of.len(), shape.nchannels as usize));
+    let (mut tuner, graphs) = tuning::build(rank, &j.device, system, &j.peers, &shape, net_model)
+        .map_err(|e| e.context("tuning"))?;
+    if tuner.agree(&j.bootstrap.allgather(&tuner.facts())?)? {
+        log::warn!("rank {rank}: topology or tuning differs from rank 0's; using rank 0's");
+        tuner.log();
+    }
+    // Channel c runs on rank 0's ring c (NCCL_RINGS, else the search's), repeated cyclically.
+    let rings = rings::agree(&j.bootstrap, &graphs, &nodes_of, shape.nchannels as usize)
+        .map_err(|e| e.context("rings"))?;
+    Ok(Plan {
+        shape,
+        net_path,
+        nodes: nodes_of,
+        tuner,
+        rings,
+    })
+}
+
+/// Every channel's ring neighbours of this rank: (previous, next).
+fn ring_peers(j: &Joined, plan: &Plan) -> Vec<(usize, usize)> {
+    (0..plan.shape.nchannels as usize)
+        .map(|c| plan.rings.peers(c, j.rank))
+        .collect()
+}
+
+/// The rings' connections, by transport.
+struct RingsMade {
+    p2p: Option<P2p>,
+    /// Through host shared memory (neighbours p2p does not reach).
+    shm: Option<ShmRing>,
+    /// Through the network (neighbours on other nodes).
+    net: Vec<Made>,
+}
+
+/// Stage 5: the rings' connections to both neighbours of every channel.
+fn connect_rings(
+    j: &Joined,
+    plan: &Plan,
+    transports: &transports::Transports,
+    addrs: &[PeerAddr],
+) -> Result<RingsMade> {
+    let (rank, nranks, shape) = (j.rank, j.nranks, &plan.shape);
+    let ring_peers = ring_peers(j, plan);
+    let remote = |r: usize| plan.net_path.as_ref().is_some_and(|n| n.remote[r]);
+    let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
+    let p2p = if nranks > 1 {
+        Some(P2p::setup(
+            &j.device,
+            &j.bootstrap,
+            addrs,
+            &ring_peers,
+            &|r: usize| remote(r) || transports.between(rank, r) == Transport::Shm,
+            layout,
+        )?)
+    } else {
+        None
+    };
+    // Ring neighbours on this node that p2p does not reach meet in host shared memory.
+    let is_shm = |r: usize| r != rank && transports.between(rank, r) == Transport::Shm;
+    let devices: Vec<i32> = j.peers.iter().map(|p| p.device).collect();
+    let shm = if (0..nranks).any(is_shm) {
+        let slot = shape.slot_bytes as usize;
+        Some(ShmRing::setup(
+            &j.device,
+            &j.bootstrap,
+            &ring_peers,
+            &is_shm,
+            slot,
+            &devices,
+        )?)
+    } else {
+        None
+    };
+    let net = match &plan.net_path {
+        Some(np) => ring_net(rank, np, &j.device, &j.bootstrap, &ring_peers, shape)?,
+        None => Vec::new(),
+    };
+    Ok(RingsMade { p2p, shm, net })
+}
+
+/// Send/receive connections per peer: 64 CTAs' worth spread over the peers, at most 16 per
+/// peer, unless NCCL_RS_P2P_CONNS sets it (`Shape::p2p_conns`).
+/// A launch then covers half the distances (MAX_P2P_ITEMS / 2 CTAs per direction), so an
+/// all-to-all takes two launches. With 4 per peer, 2xH200 sendrecv moved 90 GB/s against
+/// NCCL's 354 at 512 MiB (each CTA ~22 GB/s); on 4xH200 at 512 MiB, 8 per peer (32 / nranks)
+/// moved 279 GB/s and 16 per peer 317-322 (NCCL: 350; results/h200x4-sendrecv-*conns*).
+fn p2p_conns(shape: &Shape, nranks: usize) -> usize {
+    match shape.p2p_conns {
+        0 => (MAX_P2P_ITEMS / nranks).clamp(1, MAX_P2P_ITEMS / 4),
+        n => n as usize,
+    }
+}
+
+/// Makes links like the communicator's (send/receive connections made on first use), with
+/// `n` connections per peer and `slot`-byte FIFO slots: the send/recv links, and the trees'.
+struct LinkMaker {
+    rank: usize,
+    device: Device,
+    bootstrap: Arc<Bootstrap>,
+    addrs: Vec<PeerAddr>,
+    net: Option<Arc<NetPath>>,
+    fences: crate::transport::links::Fences,
+}
+
+impl LinkMaker {
+    fn new(
+        j: &Joined,
+        addrs: &[PeerAddr],
+        net: Option<Arc<NetPath>>,
+        order: &Arc<order::StreamOrder>,
+    ) -> LinkMaker {
+        // A communicator being dropped has waited for its kernels: nothing to fence.
+        let order = Arc::downgrade(order);
+        LinkMaker {
+            rank: j.rank,
+            device: j.device.clone(),
+            bootstrap: j.bootstrap.clone(),
+            addrs: addrs.to_vec(),
+            net,
+            fences: Arc::new(move || order.upgrade().map_or(Ok(None), |o| o.fence())),
+        }
+    }
+
+    fn make(&self, n: usize, slot: usize) -> Links {
+        Links::new(
+            self.rank,
+            self.device.clone(),
+            self.bootstrap.clone(),
+            self.addrs.clone(),
+            n,
+            slot,
+            self.net.clone(),
+        )
+        .with_fences(self.fences.clone())
+    }
+}
+
+/// How a send to a ring or tree neighbour reaches the buffers it offers (zero-copy ring and
+/// tree collectives): connections to peers of this node through p2p take the handshake (both
+/// ends judge a pair alike from the agreed transport), and a send reaches the peer's
+/// registered buffers as send/recv does (`Links::direct_reach`).
+struct DirectReach<'a> {
+    rank: usize,
+    links: &'a Links,
+    addrs: &'a [PeerAddr],
+    transports: &'a transports::Transports,
+    net_path: Option<&'a NetPath>,
+}
+
+impl DirectReach<'_> {
+    /// Whether `r` is another rank of this node joined by p2p.
+    fn p2p_peer(&self, r: usize) -> bool {
+        r != self.rank
+            && !self.net_path.is_some_and(|n| n.remote[r])
+            && self.transports.between(self.rank, r) == Transport::P2p
+    }
+
+    /// The reach word of a send to `peer`; a peer in another process joins `tables`, whose
+    /// records a registered launch drains first.
+    fn of(&self, peer: usize, tables: &mut Vec<usize>) -> u64 {
+        if !self.p2p_peer(peer) {
+            return nccl_device::abi::DIRECT_OFF;
+        }
+        match self.links.direct_reach(peer) {
+            Ok(Some(reach)) => {
+                if !self.addrs[peer].same_process && !tables.contains(&peer) {
+                    tables.push(peer);
+                }
+                reach
+            }
+            // Still the handshake (the peer expects it), never direct.
+            Ok(None) => nccl_device::abi::DIRECT_DECLINE,
+            Err(e) => {
+                log::warn!("rank {}: rank {peer}'s registered buffers: {e}", self.rank);
+                nccl_device::abi::DIRECT_DECLINE
+            }
+        }
+    }
+}
+
+/// Stage 6: the trees. On one node the tree is the chain in ring order; across nodes NCCL's
+/// double binary tree, each channel on links of its own with the same slots. The tree's up
+/// links step with a quarter of the ring's slot (its halves pipeline through them); they are
+/// the send/recv links only where those have that slot.
+fn connect_trees(
+    j: &Joined,
+    plan: &Plan,
+    links: &Links,
+    maker: &LinkMaker,
+    reach: &DirectReach,
+    tree_tables: &mut Vec<usize>,
+) -> Result<(Option<TreeUp>, Option<tree::Dbt>)> {
+    use crate::tune::{Algo, AlgoFilter, Coll};
+    let shape = &plan.shape;
+    let tree_slot = (shape.slot_bytes as usize / 4).max(4096);
+    if plan.nodes.len() <= 1 {
+        let up = connect_tree(j.rank, links, shape, &plan.rings, tree_slot, |n| {
+            maker.make(n, tree_slot)
+        })?;
+        return Ok((up, None));
+    }
+    let allowed =
+        AlgoFilter::from_mask(shape.algo_mask).allows(Coll::AllReduce, Algo::Tree as usize);
+    if !allowed {
+        return Ok((None, None));
+    }
+    let trees = crate::graph::dbt_channels(&plan.nodes, shape.nchannels as usize);
+    // The tree's steps may be LL (one peer per step): its links inside the node get LL FIFOs
+    // (network connections carry every protocol).
+    let mut reach_of = |peer: usize| reach.of(peer, tree_tables);
+    let made = tree::connect_dbt(
+        j.rank,
+        &j.device,
+        &trees,
+        &plan.nodes,
+        reach.addrs,
+        plan.net_path.as_deref(),
+        &mut reach_of,
+        |c| maker.make(1, tree_slot).keyed(c as u32).with_ll(),
+    );
+    Ok((None, Some(made.map_err(|e| e.context("tree connections"))?)))
+}
+
+/// What the device structures are made of.
+struct Upload<'a> {
+    j: &'a Joined,
+    shape: &'a Shape,
+    rings: &'a Rings,
+    made: &'a RingsMade,
+    reach: &'a DirectReach<'a>,
+    ring_tables: &'a mut Vec<usize>,
+    tree_tables: &'a mut Vec<usize>,
+    /// The one-node tree is connected (its way up runs against the ring).
+    tree_up: bool,
+    kernel_abort: &'a crate::cuda::HostFlag,
+    nvls: Option<&'a nvls::Nvls>,
+    stamps: Option<&'a stamps::KernelStamps>,
+}
+
+/// Stage 7: the device structures: `DevComm`, the channels, then each distinct ring as ranks
+/// (channels share them), in one device allocation.
+fn upload(u: Upload) -> Result<DevBuffer> {
+    let (j, shape) = (u.j, u.shape);
+    let (rank, nranks) = (j.rank, j.nranks);
+    let nch = shape.nchannels as usize;
+    let head = std::mem::size_of::<DevComm>().next_multiple_of(16);
+    let ring_at = head + nch * std::mem::size_of::<ChannelDev>();
+    let ring_words: Vec<u32> = u
+        .rings
+        .distinct()
+        .iter()
+        .flatten()
+        .map(|&r| r as u32)
+        .collect();
+    let dev_comm = j.device.alloc(ring_at + ring_words.len() * 4)?;
+    let mut channels = vec![ChannelDev::default(); nch];
+    for (c, ch) in channels.iter_mut().enumerate() {
+        let (prev, next) = u.rings.peers(c, rank);
+        ch.recv_direct = u.reach.p2p_peer(prev) as u32;
+        ch.send_reach = u.reach.of(next, u.ring_tables);
+        // The one-node tree's way up runs against the ring (`tree_up`: the chain, on one
+        // node only).
+        ch.prev_reach = match u.tree_up {
+            true => u.reach.of(prev, u.tree_tables),
+            false => nccl_device::abi::DIRECT_OFF,
+        };
+        ch.ring_index = u.rings.position(c, rank) as u32;
+        ch.ring_ranks = dev_comm.ptr + (ring_at + u.rings.index_of(c) * nranks * 4) as u64;
+        ch.ring_prev = prev as u32;
+        ch.ring_next = next as u32;
+        if let Some(p) = &u.made.p2p {
+            let (send, recv) = p.conns(c);
+            ch.send = send.unwrap_or_default();
+            ch.recv = recv.unwrap_or_default();
+            if send.is_some() && next != rank {
+                log::info!(
+                    "Channel {c:02}/0 : {rank}[{}] -> {next}[{}] via P2P/{}",
+                    j.device.ordinal,
+                    j.peers[next].device,
+                    if u.reach.addrs[next].same_process {
+                        "direct pointer"
+                    } else {
+                        "IPC"
+                    }
+                );
+            }
+        }
+        if let Some((send, recv)) = u.made.shm.as_ref().map(|s| s.conns(c)) {
+            if let Some(s) = send {
+                ch.send = s;
+            }
+            if let Some(r) = recv {
+                ch.recv = r;
+            }
+        }
+        for m in u.made.net.iter().filter(|m| m.want.key as usize == c) {
+            match m.want.dir {
+                Dir::Send => ch.send = m.send,
+                Dir::Recv => ch.recv = m.recv,
+            }
+        }
+    }
+    let dc = DevComm {
+        rank: rank as u32,
+        nranks: nranks as u32,
+        nchannels: shape.nchannels,
+        slot_bytes: shape.slot_bytes,
+        channels: dev_comm.ptr + head as u64,
+        abort_flag: u.kernel_abort.ptr,
+        nvls: u.nvls.map_or(0, |n| n.chans.ptr),
+        nvls_nchannels: u.nvls.map_or(0, |n| n.nchannels as u32),
+        lab_count: 0,
+        lab_stamps: u.stamps.map_or(0, |s| s.device_ptr()),
+    };
+    dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
+    dev_comm.write(head, as_bytes(&channels))?;
+    dev_comm.write(ring_at, as_bytes(&ring_words))?;
+    Ok(dev_comm)
+}
+
+/// This communicator's health, for RAS queries.
+fn register_health(
+    j: &Joined,
+    config: &ResolvedConfig,
+    comm_id: u64,
+    order: &Arc<order::StreamOrder>,
+    faults: &Faults,
+) -> Arc<crate::ras::Entry> {
+    let (order, slot) = (Arc::downgrade(order), faults.async_error.clone());
+    let health = crate::ras::Health::new(
+        comm_id,
+        j.rank,
+        j.nranks,
+        j.device.ordinal,
+        config.comm_name.clone(),
+        move || order.upgrade().and_then(|o| o.finished()),
+        move || {
+            let e = slot.lock().unwrap_or_else(|p| p.into_inner());
+            e.as_ref().map(|e| e.to_string())
+        },
+    );
+    crate::ras::register(Arc::new(health), &j.bootstrap)
+}
+
+/// Opt-in (NCCL_RS_PEER_HANG_TIMEOUT_MS): a peer whose process stopped (alive to TCP, silent
+/// to us) becomes a fault when an operation waits on it (NCCL has no such bound).
+fn watch_hangs(j: &Joined, order: &Arc<order::StreamOrder>) {
+    let hang_ms = crate::env::RS_PEER_HANG_TIMEOUT_MS.int();
+    if hang_ms > 0 {
+        let order = Arc::downgrade(order);
+        j.bootstrap
+            .watch_hangs(Duration::from_millis(hang_ms as u64), move || {
+                // Outstanding: not known to be finished (None: a launch in progress, or a
+                // captured graph, whose work cannot be seen).
+                order.upgrade().is_some_and(|o| o.finished() != Some(true))
+            });
     }
 }

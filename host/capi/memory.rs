@@ -1,0 +1,106 @@
+//! Memory in the C ABI: `ncclMemAlloc` / `ncclMemFree`, and buffer and window registration.
+
+use super::*;
+
+/// Buffers from `ncclMemAlloc`, by address.
+fn allocations() -> &'static Mutex<HashMap<u64, DevBuffer>> {
+    static ALLOCS: OnceLock<Mutex<HashMap<u64, DevBuffer>>> = OnceLock::new();
+    ALLOCS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+export! {
+    /// `ncclMemAlloc`: device memory on the current device, through the CUDA virtual memory
+    /// API (shareable by POSIX file descriptor, rounded to the allocation granularity).
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
+        let out = ptr.as_mut().ok_or_else(|| null("ptr"))?;
+        let buf = Device::current()?.alloc_vmm(size)?;
+        *out = buf.ptr() as usize as *mut c_void;
+        allocations()
+            .lock()
+            .map_err(|_| Error::internal("allocation table poisoned"))?
+            .insert(buf.ptr(), buf);
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclMemFree`.
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
+        if ptr.is_null() {
+            return Err(null("ptr"));
+        }
+        let buf = allocations()
+            .lock()
+            .map_err(|_| Error::internal("allocation table poisoned"))?
+            .remove(&dev(ptr));
+        match buf {
+            Some(b) => {
+                drop(b);
+                Ok(NcclResult::Success)
+            }
+            None => Err(Error::invalid_argument(format!(
+                "{ptr:p} was not allocated by ncclMemAlloc"
+            ))),
+        }
+    }
+}
+
+export! {
+    /// `ncclCommRegister`: checks and records the buffer (zero-copy paths do not use it yet).
+    fn ncclCommRegister / pncclCommRegister(
+        comm: NcclComm,
+        buff: *mut c_void,
+        size: usize,
+        handle_out: *mut *mut c_void,
+    ) {
+        let out = handle_out.as_mut().ok_or_else(|| null("handle"))?;
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommDeregister`.
+    fn ncclCommDeregister / pncclCommDeregister(comm: NcclComm, reg: *mut c_void) {
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        c.deregister(reg as usize as u64)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommWindowRegister` (NCCL 2.27): registers `buff` as a window of this
+    /// communicator. Recorded as `ncclCommRegister` records a buffer; collectives on it run
+    /// as on any buffer (no symmetric kernels here). `winFlags`: NCCL_WIN_DEFAULT (0) or
+    /// NCCL_WIN_COLL_SYMMETRIC (1).
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: NcclComm,
+        buff: *mut c_void,
+        size: usize,
+        win: *mut *mut c_void,
+        win_flags: c_int,
+    ) {
+        let out = win.as_mut().ok_or_else(|| null("win"))?;
+        if !(0..=1).contains(&win_flags) {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommWindowRegister: winFlags {win_flags:#x} are neither NCCL_WIN_DEFAULT (0) \
+                 nor NCCL_WIN_COLL_SYMMETRIC (1)"
+            )));
+        }
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommWindowDeregister` (NCCL 2.27).
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: NcclComm, win: *mut c_void) {
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        c.deregister(win as usize as u64)?;
+        Ok(NcclResult::Success)
+    }
+}
