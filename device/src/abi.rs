@@ -22,10 +22,102 @@ pub const LL128_LINE_BYTES: u32 = 128;
 pub const LL128_LINE_PAYLOAD: u32 = 120;
 /// Payload bytes one LL128 step carries at most.
 pub const LL128_STEP_BYTES: u32 = LL128_SLOT_BYTES / LL128_LINE_BYTES * LL128_LINE_PAYLOAD;
-/// The protocols a collective launch may use (`CollArgs::proto`).
-pub const PROTO_SIMPLE: u32 = 0;
-pub const PROTO_LL: u32 = 1;
-pub const PROTO_LL128: u32 = 2;
+/// Algorithms, with NCCL's values (its tuner plugins index their cost tables by them): the one
+/// definition the kernels (`CollArgs::algo`, through the `ALGO_*` constants), the tuner and the
+/// public API (`nccl::Algo`) share.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Algo {
+    /// Tree (double binary tree across nodes, chain within).
+    Tree = 0,
+    /// Ring.
+    Ring = 1,
+    /// CollNet direct (not available here).
+    CollNetDirect = 2,
+    /// CollNet chain (not available here).
+    CollNetChain = 3,
+    /// NVLink SHARP (not available here).
+    Nvls = 4,
+    /// NVLink SHARP with a tree (not available here).
+    NvlsTree = 5,
+    /// PAT (not available here).
+    Pat = 6,
+}
+
+/// How many algorithms there are.
+pub const NUM_ALGOS: usize = 7;
+
+impl Algo {
+    /// Every algorithm, in NCCL's order.
+    pub const ALL: [Algo; NUM_ALGOS] = [
+        Algo::Tree,
+        Algo::Ring,
+        Algo::CollNetDirect,
+        Algo::CollNetChain,
+        Algo::Nvls,
+        Algo::NvlsTree,
+        Algo::Pat,
+    ];
+    /// Its name as NCCL writes it (`NCCL_ALGO`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algo::Tree => "Tree",
+            Algo::Ring => "Ring",
+            Algo::CollNetDirect => "CollNetDirect",
+            Algo::CollNetChain => "CollNetChain",
+            Algo::Nvls => "NVLS",
+            Algo::NvlsTree => "NVLSTree",
+            Algo::Pat => "PAT",
+        }
+    }
+}
+
+impl core::fmt::Display for Algo {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Protocols, with NCCL's values (its tuner plugins index their cost tables by them): the one
+/// definition the kernels (`CollArgs::proto`, through the `PROTO_*` constants), the tuner and the
+/// public API (`nccl::Proto`) share.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    /// LL: 8-byte stores with flags.
+    Ll = 0,
+    /// LL128: 128-byte lines with a flag.
+    Ll128 = 1,
+    /// Simple: data, fence, counter.
+    Simple = 2,
+}
+
+/// How many protocols there are.
+pub const NUM_PROTOS: usize = 3;
+
+impl Proto {
+    /// Every protocol, in NCCL's order.
+    pub const ALL: [Proto; NUM_PROTOS] = [Proto::Ll, Proto::Ll128, Proto::Simple];
+    /// Its name as NCCL writes it (`NCCL_PROTO`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Ll => "LL",
+            Proto::Ll128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+}
+
+impl core::fmt::Display for Proto {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The protocols as `CollArgs::proto` holds them and the kernels take them (a const parameter).
+pub const PROTO_LL: u32 = Proto::Ll as u32;
+pub const PROTO_LL128: u32 = Proto::Ll128 as u32;
+pub const PROTO_SIMPLE: u32 = Proto::Simple as u32;
 
 /// What a receiving kernel writes to [`ConnRecv::proxy_proto`] before it waits for the steps
 /// of a proxied connection up to (not including) `end`: those it is about to read carry
@@ -40,14 +132,14 @@ pub const fn proxy_proto_parts(word: u64) -> (u64, u32) {
     (word >> 2, (word & 3) as u32)
 }
 
-/// The algorithms a collective launch may use (`CollArgs::algo`).
-pub const ALGO_RING: u32 = 0;
+/// The algorithms a collective launch may use, as `CollArgs::algo` holds them ([`Algo`]).
+pub const ALGO_RING: u32 = Algo::Ring as u32;
 /// AllReduce as a tree: on one node a chain in ring order (reduce towards ring position 0, then
 /// broadcast back); across nodes the double binary tree of [`CollArgs::tree`].
-pub const ALGO_TREE: u32 = 1;
+pub const ALGO_TREE: u32 = Algo::Tree as u32;
 /// NVLink SHARP: the switch reduces (`multimem.ld_reduce`) and multicasts (`multimem.st`)
 /// through a multicast-bound scratch buffer ([`NvlsChannel`]).
-pub const ALGO_NVLS: u32 = 2;
+pub const ALGO_NVLS: u32 = Algo::Nvls as u32;
 
 /// Bytes at the start of every NVLS channel region that hold its barrier counter (its own
 /// 128-byte line; the data halves follow).
@@ -295,9 +387,9 @@ pub struct CollArgs {
     pub coll: u32,
     /// The root rank of Broadcast and Reduce.
     pub root: u32,
-    /// The protocol: [`PROTO_SIMPLE`] or [`PROTO_LL`].
+    /// The protocol ([`Proto`] as u32).
     pub proto: u32,
-    /// The algorithm: [`ALGO_RING`] or [`ALGO_TREE`].
+    /// The algorithm ([`Algo`] as u32): [`ALGO_RING`], [`ALGO_TREE`] or [`ALGO_NVLS`].
     pub algo: u32,
     /// Bytes of one FIFO slot of the tree's up connections.
     pub tree_slot_bytes: u32,

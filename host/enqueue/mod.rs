@@ -16,7 +16,7 @@ use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
 use crate::transport::regmap::Mark as RegMark;
-use crate::tune::{Algo, Choice, Proto};
+use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT,
     FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES,
@@ -283,11 +283,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     };
     let shape = comm.shape;
     let choice = choose(comm, &c)?;
-    let proto = match choice.proto {
-        Proto::Simple => PROTO_SIMPLE,
-        Proto::Ll => PROTO_LL,
-        Proto::Ll128 => PROTO_LL128,
-    };
+    let proto = choice.proto as u32;
     // FIFO slots one Simple ring step fills (the other protocols fill one of their own).
     let slices = match proto {
         PROTO_SIMPLE => shape.slice_steps_for(c.coll),

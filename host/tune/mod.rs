@@ -27,11 +27,10 @@ mod agree;
 mod filter;
 mod model;
 pub mod plugin;
-mod vocab;
 
 pub use filter::{AlgoFilter, ProtoFilter};
 use model::*;
-pub use vocab::{Algo, Proto, NUM_ALGOS, NUM_PROTOS};
+pub use nccl_device::abi::{Algo, Proto, NUM_ALGOS, NUM_PROTOS};
 
 use crate::error::{Error, Result};
 use crate::graph::Graphs;
