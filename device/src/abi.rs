@@ -72,6 +72,8 @@ impl Algo {
     }
 }
 
+// Host only: the formatting machinery would be an undefined function in the PTX.
+#[cfg(not(target_arch = "nvptx64"))]
 impl core::fmt::Display for Algo {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(self.as_str())
@@ -108,6 +110,7 @@ impl Proto {
     }
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
 impl core::fmt::Display for Proto {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(self.as_str())
