@@ -434,9 +434,11 @@ fn dead_peer_abort_and_op_timeout() {
     within("an aborted receive", BOUND, || {
         thread::scope(|s| {
             let waiter = s.spawn(|| b.recv(0, 1));
-            // A moment for the receiver to be waiting (no synchronisation: an abort before
-            // the receive fails it the same way).
-            thread::sleep(Duration::from_millis(50));
+            // Once the receiver waits (the bound turns a hang into a failure).
+            let waiting = b
+                .shared
+                .wait_until(Instant::now() + BOUND, |_, takers| takers > 0);
+            assert!(waiting, "the receive never waited");
             b.abort(false);
             let e = waiter.join().expect("join").expect_err("aborted");
             assert!(e.message.contains("aborted"), "{}", e.message);

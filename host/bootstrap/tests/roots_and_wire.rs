@@ -19,14 +19,12 @@ fn a_peer_holds_at_most_its_budget_in_the_mailbox() {
                 ranks[1].send(0, i, &msg).expect("send");
             }
         });
-        // Until the sender filled the budget (a bound turns a hang into a failure), then a
-        // window for a reader that did not stop to overshoot it.
-        let t0 = Instant::now();
-        while ranks[0].shared.queued_from(1) < 1 << 20 {
-            assert!(t0.elapsed() < BOUND, "the sender never filled the budget");
-            thread::sleep(Duration::from_millis(5));
-        }
-        thread::sleep(Duration::from_millis(100));
+        // Until rank 1's reader pauses for room (the bound turns a hang into a failure): from
+        // then on it reads nothing more until some is taken, so what waits now is all it let in.
+        let paused = ranks[0]
+            .shared
+            .wait_until(Instant::now() + BOUND, |paused, _| paused.contains(&1));
+        assert!(paused, "the reader never paused for room");
         let waiting = ranks[0].shared.queued_from(1);
         // The budget and one frame past it, not the 16 MiB sent.
         assert!(
