@@ -214,8 +214,68 @@ pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
 fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     comm.check_usable()?;
     comm.release_graph_regs();
+    let Some(sizes) = check_call(comm, &c)? else {
+        return Ok(());
+    };
+    let scaled = matches!(
+        c.op,
+        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
+    );
+    if comm.nranks == 1 && !scaled {
+        return one_rank(comm, &c, sizes.bytes);
+    }
+    let mut plan = collective_args(comm, &c, sizes.bytes)?;
+    let graph_wait = direct_handshake(comm, &c, &sizes, &mut plan)?;
+    let Planned {
+        mut args,
+        grid,
+        dt,
+        op,
+        proto,
+        ..
+    } = plan;
+    if comm.stamps.is_some() {
+        args.flags |= FLAG_LAB_STAMPS;
+    }
+    let kernel = comm.kernel(c.coll, dt, op.kind())?;
+    let block = block_size(comm, &args, proto);
+    let (device, stream) = (comm.device.clone(), c.stream);
+    let order = comm.order.clone();
+    let net = comm.net.clone();
+    let (links, graph_regs) = (comm.links.clone(), comm.graph_regs.clone());
+    group::ordered(Box::new(move || {
+        // At the group's end: every mark of the group went out when its calls were made.
+        if let Some((peers, seq)) = &graph_wait {
+            for &peer in peers {
+                graph_reg::await_graph_mark(&links, &graph_regs, peer, RegMark::Coll, *seq)?;
+            }
+        }
+        let Some(n) = &net else {
+            return order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
+        };
+        n.proxy.kick(); // the kernel will need the network: wake the proxy
+        timeline::mark(Mark::Launch, 0, 0);
+        let r = order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
+        timeline::mark(Mark::Launched, 0, 0);
+        if order.captured() {
+            // A graph's replays will not wake the proxy: it keeps its naps short from now on.
+            n.proxy.serve_replays();
+        }
+        r
+    }))
+}
+
+/// A checked call's sizes: one rank's block, and the bytes of its send and receive buffers.
+struct Sizes {
+    bytes: usize,
+    send_bytes: usize,
+    recv_bytes: usize,
+}
+
+/// Checks a collective's arguments and buffers; None when it moves nothing (count 0).
+fn check_call(comm: &Comm, c: &CollCall) -> Result<Option<Sizes>> {
     let n = comm.nranks;
-    if call_bytes(n, &c).is_none() {
+    if call_bytes(n, c).is_none() {
         return Err(Error::invalid_argument(format!(
             "count {} of {} overflows the byte size",
             c.count,
@@ -238,7 +298,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         )));
     }
     if c.count == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let me_root = c.root == comm.rank;
     let (send_bytes, recv_bytes) = match c.coll {
@@ -256,14 +316,29 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     if (c.coll != Coll::Reduce || me_root) && !checked_as_send {
         check_buffer(comm, "recvbuff", c.recv, recv_bytes, c.dt)?;
     }
-    let scaled = matches!(
-        c.op,
-        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
-    );
-    if n == 1 && !scaled {
-        return one_rank(comm, &c, bytes);
-    }
-    // Copies move bytes: one kernel serves every type.
+    Ok(Some(Sizes {
+        bytes,
+        send_bytes,
+        recv_bytes,
+    }))
+}
+
+/// What one launch runs: its arguments, its grid, the element type and reduction of its kernel
+/// (copies move bytes: one kernel serves every type) and the protocol the tuner chose (NVLS
+/// runs it as Simple in `args`).
+struct Planned {
+    args: CollArgs,
+    grid: u32,
+    dt: DataType,
+    op: ReduceOp,
+    count: usize,
+    proto: u32,
+}
+
+/// The launch's arguments and grid for the tuner's choice: the algorithm's connections and
+/// slots, the reduction's scalar, the exchanges this launch may take.
+fn collective_args(comm: &Comm, c: &CollCall, bytes: usize) -> Result<Planned> {
+    let n = comm.nranks;
     let (dt, op, count) = if c.coll.copies() {
         (DataType::Uint8, ReduceOp::Sum, bytes)
     } else {
@@ -282,7 +357,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
         _ => 0,
     };
     let shape = comm.shape;
-    let choice = choose(comm, &c)?;
+    let choice = choose(comm, c)?;
     let proto = choice.proto as u32;
     // FIFO slots one Simple ring step fills (the other protocols fill one of their own).
     let slices = match proto {
@@ -364,6 +439,30 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     {
         args.flags |= FLAG_RING_EXCHANGE;
     }
+    Ok(Planned {
+        args,
+        grid,
+        dt,
+        op,
+        count,
+        proto,
+    })
+}
+
+/// The zero-copy handshake of a ring or tree launch on Simple steps (registered buffers, the
+/// agreement on fewer CTAs), and in a capture the graph registration with peers in other
+/// processes: the peers whose mark the launch waits for, and the mark.
+fn direct_handshake(
+    comm: &Comm,
+    c: &CollCall,
+    sizes: &Sizes,
+    plan: &mut Planned,
+) -> Result<Option<(Vec<usize>, u64)>> {
+    let (send_bytes, recv_bytes) = (sizes.send_bytes, sizes.recv_bytes);
+    let me_root = c.root == comm.rank;
+    let shape = comm.shape;
+    let (proto, grid, dt, count) = (plan.proto, plan.grid, plan.dt, plan.count);
+    let args = &mut plan.args;
     // The trees take the handshakes too: the one-node tree (a chain in ring order), and across
     // nodes the links of the double binary tree inside each node (its chains).
     let tree = args.algo == ALGO_TREE;
@@ -416,10 +515,12 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             }
         }
     }
-    if comm.stamps.is_some() {
-        args.flags |= FLAG_LAB_STAMPS;
-    }
-    let kernel = comm.kernel(c.coll, dt, op.kind())?;
+    Ok(graph_wait)
+}
+
+/// Threads per CTA for the launch: the tree's halves and LL128's lines take whole groups.
+fn block_size(comm: &Comm, args: &CollArgs, proto: u32) -> u32 {
+    let shape = comm.shape;
     let mut block = shape.nthreads;
     if args.algo == ALGO_TREE {
         // The tree splits its CTAs in two halves that meet at named barriers: whole warps on
@@ -437,30 +538,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
             _ => block.next_multiple_of(32),
         };
     }
-    let (device, stream) = (comm.device.clone(), c.stream);
-    let order = comm.order.clone();
-    let net = comm.net.clone();
-    let (links, graph_regs) = (comm.links.clone(), comm.graph_regs.clone());
-    group::ordered(Box::new(move || {
-        // At the group's end: every mark of the group went out when its calls were made.
-        if let Some((peers, seq)) = &graph_wait {
-            for &peer in peers {
-                graph_reg::await_graph_mark(&links, &graph_regs, peer, RegMark::Coll, *seq)?;
-            }
-        }
-        let Some(n) = &net else {
-            return order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
-        };
-        n.proxy.kick(); // the kernel will need the network: wake the proxy
-        timeline::mark(Mark::Launch, 0, 0);
-        let r = order.launch(stream, || device.launch(kernel, grid, block, stream, &args));
-        timeline::mark(Mark::Launched, 0, 0);
-        if order.captured() {
-            // A graph's replays will not wake the proxy: it keeps its naps short from now on.
-            n.proxy.serve_replays();
-        }
-        r
-    }))
+    block
 }
 
 /// [`CollArgs::reg_ctas`] for a ring collective on Simple steps: the shape's registered CTAs
