@@ -415,7 +415,7 @@ pub struct CollArgs {
     /// Registered calls on fewer CTAs: when non-zero and below the grid, every CTA of a ring
     /// collective with [`FLAG_RING_DIRECT`] first agrees with the ranks around its ring whether
     /// every rank's output is registered and reaches its successor over p2p
-    /// (`Simple::ring_agree`); if so, only CTAs `0..reg_ctas` run the collective, over the
+    /// (`Prims::ring_agree`); if so, only CTAs `0..reg_ctas` run the collective, over the
     /// slices `reg_ctas` channels make, and the others exit. Set alike on every rank, from
     /// facts every rank knows (collective, size, the communicator's transports).
     pub reg_ctas: u32,
@@ -623,7 +623,7 @@ pub const RING_PARTIALS: u64 = 1 << 62;
 /// decision to write partial sums into the successor's output (1) or not (0), read back by the
 /// CTA's other threads after a barrier.
 pub const DIRECT_PARTIALS: usize = 32;
-/// The ring agreement (`Simple::ring_agree`): in the receiver's tail line, the sender's word
+/// The ring agreement (`Prims::ring_agree`): in the receiver's tail line, the sender's word
 /// `tag << 32 | known << 1 | ok` (the tag's low 32 bits; the sender knows for `known` ranks ending with itself that
 /// all are `ok`; a 0 `ok` is final); in the sender's head line, the receiver's
 /// acknowledgement, the last tag it finished reading (the sender's next agreement writes only

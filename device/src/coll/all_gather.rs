@@ -5,7 +5,7 @@
 
 use super::Kernel;
 use crate::ops::RedOp;
-use crate::prims::copy::Move;
+use crate::prims::{Dst, Src};
 use crate::types::Elem;
 
 /// # Safety
@@ -24,12 +24,11 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let op = k.op;
     let mut prims = k.prims();
     let chunk = k.max_chunk();
-    let none = Move::<T>::none();
     // Registered output buffers: the predecessor may write our blocks in place, and we may
     // write into the successor's (see `Kernel::ring_direct`).
     let bytes = nranks * count * core::mem::size_of::<T>();
     let direct = k.ring_direct(&mut prims, bytes, true, true, false);
-    let at = |block: usize, off: usize| direct.send_at::<T>(block * count + off);
+    let at = |block: usize, off: usize| Dst::peer_or_fifo(direct.send_at::<T>(block * count + off));
     let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {
@@ -39,41 +38,17 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         } else {
             own.add(off)
         };
-        prims.step_to(
-            &op,
-            false,
-            true,
-            Move {
-                input: input.add(off),
-                output: out,
-                ..none
-            },
-            n,
-            false,
-            at(me, off),
-        );
+        prims.copy_send(&op, input.add(off), out, n, at(me, off));
         for j in 1..nranks {
             let from = k.rank_upstream(j);
             let place = output.add(from * count + off);
-            let send = j < nranks - 1;
             // A direct receive finds the block in place: it is passed on from there.
-            let mv = if direct.recv {
-                Move {
-                    recv: place,
-                    ..none
-                }
+            let src = Src::landed_if(direct.recv, place);
+            if j < nranks - 1 {
+                prims.recv_copy_send(&op, place, n, src, at(from, off));
             } else {
-                Move {
-                    output: place,
-                    ..none
-                }
-            };
-            let to = if send {
-                at(from, off)
-            } else {
-                core::ptr::null_mut()
-            };
-            prims.step_to(&op, true, send, mv, n, direct.recv, to);
+                prims.recv(&op, place, n, src);
+            }
         }
         if direct.recv {
             direct_steps += nranks as u64 - 1;

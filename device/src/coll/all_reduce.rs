@@ -12,8 +12,8 @@ use crate::abi::{
     FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE, PROTO_SIMPLE, TREE_MAX_CHILDREN, TREE_REMOTE_PARENT,
 };
 use crate::ops::{pack_elems, RedOp, Reduced};
-use crate::prims::copy::{Move, FAN};
-use crate::prims::{Offer, RingDirect, Simple, SimpleFan};
+use crate::prims::copy::FAN;
+use crate::prims::{Dst, Offer, Prims, RingDirect, SimpleFan, Src};
 use crate::types::Elem;
 pub use dbt::dbt;
 
@@ -38,30 +38,14 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let op = k.op;
     let mut prims = k.prims();
     let max_chunk = k.max_chunk();
-    let none = Move::<T>::none();
     if nranks == 2 && k.args.flags & FLAG_RING_EXCHANGE != 0 {
         // Two ranks (FLAG_RING_EXCHANGE): send our input, add the peer's to it.
         let (mut off, end) = (k.start, k.end);
         while off < end {
             let n = core::cmp::min(end - off, max_chunk);
             let mine = input.add(off);
-            prims.step(
-                &op,
-                false,
-                true,
-                Move {
-                    input: mine,
-                    ..none
-                },
-                n,
-            );
-            let mv = Move {
-                input: mine,
-                output: output.add(off),
-                post: true,
-                ..none
-            };
-            prims.step(&op, true, false, mv, n);
+            prims.send(&op, mine, n, Dst::Fifo);
+            prims.recv_reduce_copy(&op, mine, output.add(off), n, Src::Fifo);
             off += n;
         }
         prims.finish();
@@ -100,31 +84,12 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let (sb, rb) = (k.args.sendbuff, k.args.recvbuff);
     let apart = sb + bytes as u64 <= rb || rb + bytes as u64 <= sb;
     let direct = k.ring_direct(&mut prims, bytes, true, true, apart);
-    let dst = |s: usize| direct.send_at::<T>(s);
-    let to = |s: usize| direct.partial_at::<T>(s);
-    // A partial sum that arrived: in our output already (direct), or in the FIFO (the step
-    // fills in the slot).
-    let partial = |s: usize| {
-        if direct.recv_partials {
-            output.add(s) as *const T
-        } else {
-            core::ptr::null()
-        }
-    };
-    // A finished chunk that arrived: in our output already (direct), or in the FIFO.
-    let arrived = |s: usize| {
-        if direct.recv {
-            Move {
-                recv: output.add(s),
-                ..none
-            }
-        } else {
-            Move {
-                output: output.add(s),
-                ..none
-            }
-        }
-    };
+    let dst = |s: usize| Dst::peer_or_fifo(direct.send_at::<T>(s));
+    let to = |s: usize| Dst::peer_or_fifo(direct.partial_at::<T>(s));
+    // A partial sum that arrives: in our output already (direct), or in the FIFO.
+    let partial = |s: usize| Src::landed_if(direct.recv_partials, output.add(s));
+    // A finished chunk that arrives: in our output already (direct), or in the FIFO.
+    let arrived = |s: usize| Src::landed_if(direct.recv, output.add(s));
     let mut direct_steps = 0;
     let (mut off, end) = (k.start, k.end);
     while off < end {
@@ -139,66 +104,21 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
 
         // Reduce-scatter: send our part of chunk ring_ix-1, then add ours to what arrives.
         let (s, n) = span(at(1));
-        prims.step_to(
-            &op,
-            false,
-            true,
-            Move {
-                input: input.add(s),
-                ..none
-            },
-            n,
-            false,
-            to(s),
-        );
+        prims.send(&op, input.add(s), n, to(s));
         for j in 2..nranks {
             let (s, n) = span(at(j));
-            prims.step_to(
-                &op,
-                true,
-                true,
-                Move {
-                    recv: partial(s),
-                    input: input.add(s),
-                    ..none
-                },
-                n,
-                direct.recv_partials,
-                to(s),
-            );
+            prims.recv_reduce_send(&op, input.add(s), n, partial(s), to(s));
         }
         // Our chunk is now complete: store it and start it around the ring.
         let (s, n) = span(ring_ix);
-        prims.step_to(
-            &op,
-            true,
-            true,
-            Move {
-                recv: partial(s),
-                input: input.add(s),
-                output: output.add(s),
-                post: true,
-                ..none
-            },
-            n,
-            direct.recv_partials,
-            dst(s),
-        );
+        prims.recv_reduce_copy_send(&op, input.add(s), output.add(s), n, partial(s), dst(s));
         // All-gather: forward each finished chunk.
         for j in 1..nranks - 1 {
             let (s, n) = span(at(j));
-            prims.step_to(&op, true, true, arrived(s), n, direct.recv, dst(s));
+            prims.recv_copy_send(&op, output.add(s), n, arrived(s), dst(s));
         }
         let (s, n) = span((ring_ix + 1) % nranks);
-        prims.step_to(
-            &op,
-            true,
-            false,
-            arrived(s),
-            n,
-            direct.recv,
-            core::ptr::null_mut(),
-        );
+        prims.recv(&op, output.add(s), n, arrived(s));
         if direct.recv {
             direct_steps += nranks as u64 - 1;
         }
@@ -282,7 +202,6 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         core::cmp::min(a.chunk_elems as usize, slot) / pack_elems::<T>() * pack_elems::<T>(),
     );
     let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
-    let none = Move::<T>::none();
     let chunks = Chunks::new(k.start, k.end, chunk);
     let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
     // Registered outputs (FLAG_RING_DIRECT; see `tree_direct_on`): a child's partial sums land
@@ -292,13 +211,10 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let (recv_down_on, recv_up_on) = (ch.recv_direct != 0, ch.send_reach != DIRECT_OFF);
     let o = TreeOffers::of(k);
     let (registered, down_offer, up_offer, bytes) = (o.registered, o.down, o.up, o.bytes);
-    // Where data already in our output sits (direct), else null: the step reads the FIFO.
-    let mine = |on: bool, s: usize| match on {
-        true => output.add(s) as *const T,
-        false => core::ptr::null(),
-    };
+    // What arrives: in our output already (direct), or in the FIFO.
+    let mine = |on: bool, s: usize| Src::landed_if(on, output.add(s));
     if root {
-        let mut p = Simple::between(down_send, down_slot, up_recv, up_slot)
+        let mut p = Prims::between(down_send, down_slot, up_recv, up_slot)
             .with_abort(abort)
             .with_flags(flags);
         let (mut down, mut up) = (RingDirect::FIFO, RingDirect::FIFO);
@@ -308,14 +224,8 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                recv: mine(up.recv, s),
-                input: input.add(s),
-                output: output.add(s),
-                post: true,
-                ..none
-            };
-            p.step_to(&op, true, true, mv, n, up.recv, down.send_at(s));
+            let (from, to) = (mine(up.recv, s), Dst::peer_or_fifo(down.send_at(s)));
+            p.recv_reduce_copy_send(&op, input.add(s), output.add(s), n, from, to);
         }
         k.count_direct(if up.recv { nchunks as u64 } else { 0 });
         p.finish();
@@ -328,7 +238,7 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let direct_steps;
     if tid < half {
         // Up: add our input to what the ranks below sent (the leaf sends its input alone).
-        let mut up = Simple::on(up_send, up_recv, up_slot)
+        let mut up = Prims::on(up_send, up_recv, up_slot)
             .with_abort(abort)
             .with_flags(flags)
             .group(0, half, BAR_UP);
@@ -339,18 +249,18 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                recv: mine(to.recv, s),
-                input: input.add(s),
-                ..none
-            };
-            up.step_to(&op, !leaf, true, mv, n, to.recv, to.send_at(s));
+            let dst = Dst::peer_or_fifo(to.send_at(s));
+            if leaf {
+                up.send(&op, input.add(s), n, dst);
+            } else {
+                up.recv_reduce_send(&op, input.add(s), n, mine(to.recv, s), dst);
+            }
         }
         direct_steps = if to.recv { nchunks as u64 } else { 0 };
         up.finish();
     } else {
         // Down: store the finished chunks and pass them on.
-        let mut down = Simple::on(down_send, down_recv, down_slot)
+        let mut down = Prims::on(down_send, down_recv, down_slot)
             .with_abort(abort)
             .with_flags(flags)
             .group(half, nthreads - half, BAR_DOWN);
@@ -361,30 +271,19 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = way_down(from.recv, output.add(s));
-            down.step_to(&op, true, !leaf, mv, n, from.recv, from.send_at(s));
+            let src = Src::landed_if(from.recv, output.add(s));
+            if leaf {
+                down.recv(&op, output.add(s), n, src);
+            } else {
+                let dst = Dst::peer_or_fifo(from.send_at(s));
+                down.recv_copy_send(&op, output.add(s), n, src, dst);
+            }
         }
         direct_steps = if from.recv { nchunks as u64 } else { 0 };
         down.finish();
     }
     if zero_copy {
         count_direct_by_halves(k, half, direct_steps);
-    }
-}
-
-/// A step of a tree's way down at `at` in our output: what landed there already (`landed`,
-/// direct) is passed on from there; else what comes through the FIFO is stored there.
-#[cfg_attr(target_arch = "nvptx64", inline(always))]
-fn way_down<T: Elem>(landed: bool, at: *mut T) -> Move<T> {
-    match landed {
-        true => Move {
-            recv: at,
-            ..Move::none()
-        },
-        false => Move {
-            output: at,
-            ..Move::none()
-        },
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::Kernel;
 use crate::ops::RedOp;
-use crate::prims::copy::Move;
+use crate::prims::{Dst, Src};
 use crate::types::Elem;
 
 /// # Safety
@@ -21,13 +21,12 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let op = k.op;
     let mut prims = k.prims();
     let chunk = k.max_chunk();
-    let none = Move::<T>::none();
     // Registered output buffers: each rank writes the chunks straight into its successor's
     // output, which passes them on from there (see `Kernel::ring_direct`). The chain's
     // connection from its last rank back to the root carries nothing and takes no handshake.
     let bytes = k.args.count as usize * core::mem::size_of::<T>();
     let direct = k.ring_direct(&mut prims, bytes, d != 0, d < nranks - 1, false);
-    let dst = |s: usize| direct.send_at::<T>(s);
+    let dst = |s: usize| Dst::peer_or_fifo(direct.send_at::<T>(s));
     let mut direct_steps = 0;
     let mut off = k.start;
     while off < k.end {
@@ -38,40 +37,18 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
             } else {
                 output.add(off)
             };
-            prims.step_to(
-                &op,
-                false,
-                true,
-                Move {
-                    input: input.add(off),
-                    output: out,
-                    ..none
-                },
-                n,
-                false,
-                dst(off),
-            );
+            prims.copy_send(&op, input.add(off), out, n, dst(off));
         } else {
-            let send = d < nranks - 1;
-            // A direct receive finds the chunk in place: it is passed on from there.
-            let mv = if direct.recv {
+            if direct.recv {
                 direct_steps += 1;
-                Move {
-                    recv: output.add(off),
-                    ..none
-                }
+            }
+            // A direct receive finds the chunk in place: it is passed on from there.
+            let src = Src::landed_if(direct.recv, output.add(off));
+            if d < nranks - 1 {
+                prims.recv_copy_send(&op, output.add(off), n, src, dst(off));
             } else {
-                Move {
-                    output: output.add(off),
-                    ..none
-                }
-            };
-            let to = if send {
-                dst(off)
-            } else {
-                core::ptr::null_mut()
-            };
-            prims.step_to(&op, true, send, mv, n, direct.recv, to);
+                prims.recv(&op, output.add(off), n, src);
+            }
         }
         off += n;
     }

@@ -19,7 +19,7 @@ use crate::abi::{
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
 use crate::prims::copy::Move;
-use crate::prims::{Offer, RingDirect, Simple};
+use crate::prims::{Offer, Prims, RingDirect};
 use crate::types::Elem;
 
 /// Runs collective `C` (a [`Coll`] as `u32`, which `args.coll` names too) as CTA `block_idx`
@@ -171,8 +171,8 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
 
     /// The primitives on this channel's ring connections, with the launch's protocol.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn prims(&self) -> Simple {
-        Simple::new(self.ch, self.slot_bytes)
+    pub unsafe fn prims(&self) -> Prims {
+        Prims::new(self.ch, self.slot_bytes)
             .with_proto(P)
             .with_slice(self.args.slice_steps)
             .with_abort(self.abort_flag)
@@ -186,14 +186,14 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
         let bytes = match P {
             PROTO_LL => LL_STEP_BYTES,
             PROTO_LL128 => LL128_STEP_BYTES,
-            _ => self.slot_bytes * crate::prims::simple::slice_steps(self.args.slice_steps),
+            _ => self.slot_bytes * crate::prims::slice_steps(self.args.slice_steps),
         };
         let slot = bytes as usize / core::mem::size_of::<T>();
         core::cmp::min(self.args.chunk_elems as usize, slot)
     }
 
     /// The zero-copy handshake on this channel's ring connections
-    /// ([`Simple::ring_handshake`]), when the launch asks for it ([`FLAG_RING_DIRECT`], Simple
+    /// ([`Prims::ring_handshake`]), when the launch asks for it ([`FLAG_RING_DIRECT`], Simple
     /// steps) and this channel's slice of a block fills a step at least: every rank decides
     /// that alike from the call, so both ends of each connection meet. `bytes`: the size of
     /// the output buffer (`recvbuff`) a successor's offer must cover. `recv_used`/`send_used`:
@@ -208,7 +208,7 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn ring_direct(
         &mut self,
-        prims: &mut Simple,
+        prims: &mut Prims,
         bytes: usize,
         recv_used: bool,
         send_used: bool,
@@ -245,14 +245,14 @@ impl<T: Elem, O: RedOp<T>, const P: u32> Kernel<T, O, P> {
     }
 
     /// Registered calls on fewer CTAs ([`CollArgs::reg_ctas`]): when the launch asks, agrees
-    /// around this channel's ring ([`Simple::ring_agree`]) whether every rank registered its
+    /// around this channel's ring ([`Prims::ring_agree`]) whether every rank registered its
     /// output and reaches its successor on each of the first `reg_ctas` channels (AllReduce
     /// also: its output may take partial sums, `partials`, else its reduce-scatter half would
     /// copy on fewer CTAs). If all did, CTAs from `reg_ctas` on get an empty slice (they take
     /// no step, at neither end of their connections) and the others the slices of `reg_ctas`
     /// channels. Every CTA of every rank runs the agreement and gets the same answer.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    unsafe fn fewer_ctas(&mut self, prims: &mut Simple, partials: bool) {
+    unsafe fn fewer_ctas(&mut self, prims: &mut Prims, partials: bool) {
         let (fewer, grid) = (self.args.reg_ctas as usize, arch::grid_dim() as usize);
         if P != PROTO_SIMPLE || self.args.flags & FLAG_RING_DIRECT == 0 || fewer == 0 {
             return;

@@ -7,7 +7,7 @@
 
 use super::Kernel;
 use crate::ops::RedOp;
-use crate::prims::copy::Move;
+use crate::prims::{Dst, Src};
 use crate::types::Elem;
 
 /// # Safety
@@ -22,7 +22,6 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let op = k.op;
     let mut prims = k.prims();
     let chunk = k.max_chunk();
-    let none = Move::<T>::none();
     // Registered buffers (see `Kernel::ring_direct`): only the chain's last connection, into
     // the root, takes the handshake (both of its ends know it from `d`). Out of place, the
     // last rank writes each piece's partial sum at its place in the root's output, and the
@@ -41,36 +40,18 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let mut off = k.start;
     while off < k.end {
         let n = core::cmp::min(chunk, k.end - off);
-        let mv = Move {
-            input: input.add(off),
-            ..none
-        };
-        let to = direct.partial_at::<T>(off);
+        let mine = input.add(off);
+        let to = Dst::peer_or_fifo(direct.partial_at::<T>(off));
         match d {
             0 => {
-                let landed = if direct.recv_partials {
+                if direct.recv_partials {
                     direct_steps += 1;
-                    output.add(off) as *const T
-                } else {
-                    core::ptr::null()
-                };
-                prims.step_to(
-                    &op,
-                    true,
-                    false,
-                    Move {
-                        recv: landed,
-                        output: output.add(off),
-                        post: true,
-                        ..mv
-                    },
-                    n,
-                    direct.recv_partials,
-                    core::ptr::null_mut(),
-                )
+                }
+                let from = Src::landed_if(direct.recv_partials, output.add(off));
+                prims.recv_reduce_copy(&op, mine, output.add(off), n, from)
             }
-            1 => prims.step_to(&op, false, true, mv, n, false, to),
-            _ => prims.step_to(&op, true, true, mv, n, false, to),
+            1 => prims.send(&op, mine, n, to),
+            _ => prims.recv_reduce_send(&op, mine, n, Src::Fifo, to),
         }
         off += n;
     }

@@ -7,7 +7,7 @@
 
 use super::Kernel;
 use crate::ops::RedOp;
-use crate::prims::copy::Move;
+use crate::prims::{Dst, Src};
 use crate::types::Elem;
 
 /// # Safety
@@ -23,7 +23,6 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     let op = k.op;
     let mut prims = k.prims();
     let chunk = k.max_chunk();
-    let none = Move::<T>::none();
     // Registered outputs, out of place (see `Kernel::ring_direct`): the partial sum of our
     // successor's block, which we send last in each piece, lands at its place in the
     // successor's output, and the successor adds its input to it there. Who writes where:
@@ -41,9 +40,9 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
     // The last hop of a piece: into the successor's output, or its FIFO.
     let last = |j: usize, off: usize| {
         if j == nranks - 1 {
-            direct.partial_at::<T>(off)
+            Dst::peer_or_fifo(direct.partial_at::<T>(off))
         } else {
-            core::ptr::null_mut()
+            Dst::Fifo
         }
     };
     let mut direct_steps = 0;
@@ -52,53 +51,14 @@ pub unsafe fn ring<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         let n = core::cmp::min(chunk, k.end - off);
         // The block we start is the one that ends one hop upstream of us.
         let first = k.rank_upstream(1);
-        prims.step_to(
-            &op,
-            false,
-            true,
-            Move {
-                input: input.add(first * count + off),
-                ..none
-            },
-            n,
-            false,
-            last(1, off),
-        );
+        prims.send(&op, input.add(first * count + off), n, last(1, off));
         for j in 2..nranks {
             let b = k.rank_upstream(j);
-            prims.step_to(
-                &op,
-                true,
-                true,
-                Move {
-                    input: input.add(b * count + off),
-                    ..none
-                },
-                n,
-                false,
-                last(j, off),
-            );
+            let src = input.add(b * count + off);
+            prims.recv_reduce_send(&op, src, n, Src::Fifo, last(j, off));
         }
-        let mv = Move {
-            recv: if direct.recv_partials {
-                output.add(off)
-            } else {
-                core::ptr::null()
-            },
-            input: input.add(me * count + off),
-            output: output.add(off),
-            post: true,
-            ..none
-        };
-        prims.step_to(
-            &op,
-            true,
-            false,
-            mv,
-            n,
-            direct.recv_partials,
-            core::ptr::null_mut(),
-        );
+        let from = Src::landed_if(direct.recv_partials, output.add(off));
+        prims.recv_reduce_copy(&op, input.add(me * count + off), output.add(off), n, from);
         if direct.recv_partials {
             direct_steps += 1;
         }

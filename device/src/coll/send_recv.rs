@@ -1,13 +1,13 @@
 //! Point-to-point: each CTA runs one work item of a group — a send or a receive of a byte range
 //! over one connection to one peer, step by step with the Simple protocol — or a copy for a send
 //! to ourselves. Between registered buffers of peers that map each other, a message may skip
-//! the FIFO (see [`crate::prims::Simple::direct_send`]).
+//! the FIFO (see [`crate::prims::Prims::direct_send`]).
 
 use crate::abi::{ConnRecv, ConnSend, P2pArgs, P2pItem, P2pKind, DIRECT_OFF};
 use crate::arch;
 use crate::ops::Sum;
-use crate::prims::copy::{copy_local, Move};
-use crate::prims::{Offer, Simple};
+use crate::prims::copy::copy_local;
+use crate::prims::{Dst, Offer, Prims, Src};
 
 /// A launch: CTA `b` runs item `b`. Inlined into the kernel, so that nothing but the item is
 /// read from `args` (see [`arch::p2p_param_item`]).
@@ -30,7 +30,6 @@ pub unsafe fn launch(args: &P2pArgs) {
 pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
     let (tid, nthreads) = (arch::thread_idx() as usize, arch::block_dim() as usize);
     let bytes = it.bytes as usize;
-    let none = Move::<u8>::none();
     if it.kind == P2pKind::Copy as u32 {
         copy_local(
             it.src as *const u8,
@@ -43,13 +42,13 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
     }
     let send = it.kind == P2pKind::Send as u32;
     let mut prims = if send {
-        Simple::on(
+        Prims::on(
             it.conn as *mut ConnSend,
             core::ptr::null_mut(),
             it.slot_bytes,
         )
     } else {
-        Simple::on(
+        Prims::on(
             core::ptr::null_mut(),
             it.conn as *mut ConnRecv,
             it.slot_bytes,
@@ -82,27 +81,9 @@ pub unsafe fn run(it: &P2pItem, abort_flag: u64, flags: u32) {
     loop {
         let n = core::cmp::min(chunk, bytes - off);
         if send {
-            prims.step(
-                &Sum,
-                false,
-                true,
-                Move {
-                    input: (it.buff as *const u8).add(off),
-                    ..none
-                },
-                n,
-            );
+            prims.send(&Sum, (it.buff as *const u8).add(off), n, Dst::Fifo);
         } else {
-            prims.step(
-                &Sum,
-                true,
-                false,
-                Move {
-                    output: (it.buff as *mut u8).add(off),
-                    ..none
-                },
-                n,
-            );
+            prims.recv(&Sum, (it.buff as *mut u8).add(off), n, Src::Fifo);
         }
         off += n;
         if off >= bytes {

@@ -350,7 +350,6 @@ impl<T: Elem> Fan<T> {
     /// else named barrier `bar` of `bar_threads` threads), in one body for the reason given
     /// there. Every pointer that is not null must be valid for `n` elements.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn run_then_meet<O: RedOp<T>>(
         self,
         op: O,

@@ -13,7 +13,7 @@
 //! messages after it.
 
 use super::copy::Move;
-use super::simple::Simple;
+use super::Prims;
 use crate::abi::{
     ChannelDev, ConnRecv, ConnSend, RegEntry, RegTable, AGREE_WORD, DIRECT_DECLINE, DIRECT_DST,
     DIRECT_KEY, DIRECT_OFF, DIRECT_PARTIALS, DIRECT_SAME_SPACE, DIRECT_TAG, DIRECT_WORD,
@@ -61,7 +61,7 @@ fn word(line: u64, offset: usize) -> *mut u64 {
     (line + offset as u64) as *mut u64
 }
 
-impl Simple {
+impl Prims {
     /// The receiving end's side of the handshake over this primitive's receive connection:
     /// offers `offer` (our buffer, or [`Offer::DECLINE`]) and waits for
     /// the sender's answer. Returns true when the sender put the data into the offered buffer
@@ -69,7 +69,7 @@ impl Simple {
     ///
     /// # Safety
     /// Every thread of the group calls it alike; the connection is a direct (p2p) one whose
-    /// peer runs [`Simple::direct_send`] for the same message.
+    /// peer runs [`Prims::direct_send`] for the same message.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn direct_recv(&mut self, offer: Offer) -> bool {
         let rc = self.recv;
@@ -98,7 +98,7 @@ impl Simple {
     /// answers "direct" (returns true: the message is done); else answers "FIFO" (false).
     ///
     /// # Safety
-    /// As [`Simple::direct_recv`], on the send connection; `src` holds `bytes` bytes, and a
+    /// As [`Prims::direct_recv`], on the send connection; `src` holds `bytes` bytes, and a
     /// `reach` that is a table points at a [`RegTable`] in device memory.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn direct_send(&mut self, reach: u64, src: *const u8, bytes: usize) -> bool {
@@ -144,7 +144,7 @@ impl Simple {
     }
 }
 
-/// What the ring handshake ([`Simple::ring_handshake`]) agreed for one collective on a
+/// What the ring handshake ([`Prims::ring_handshake`]) agreed for one collective on a
 /// channel.
 #[derive(Clone, Copy)]
 pub struct RingDirect {
@@ -191,7 +191,7 @@ impl RingDirect {
     }
 }
 
-impl Simple {
+impl Prims {
     /// The zero-copy handshake of a ring collective, on both of this channel's ring
     /// connections at once, before the collective's first step: as a receiver (when `recv_on`)
     /// we offer our output buffer (`offer`) to the predecessor, as a sender (when `reach` is not
@@ -205,7 +205,7 @@ impl Simple {
     /// predecessor's answer. Every offer
     /// is posted before any wait, so the ring cannot wait on itself. The handshake takes no
     /// step: the collective's steps then run with their counters as through the FIFO
-    /// ([`Simple::step_to`]). Words: see [`RING_DECLINED`].
+    /// ([`super::Src::Landed`], [`super::Dst::Peer`]). Words: see [`RING_DECLINED`].
     ///
     /// # Safety
     /// Every thread of the group calls it alike, on a channel's ring connections wired by the
@@ -296,21 +296,21 @@ impl Simple {
     }
 }
 
-impl Simple {
+impl Prims {
     /// The zero-copy handshake of a tree's links, on this primitive's connections, before the
     /// first step: as a receiver (when `recv_on`) we offer our output (`offer`) to the peer
     /// below or above (a child's partial sums on the way up, the parent's results on the way
     /// down), or decline (not `registered`, or `offer` is [`Offer::DECLINE`]); as a sender
     /// (when `reach` is not [`DIRECT_OFF`]) we take the peer's offer of a `bytes`-long buffer
     /// if we registered and can reach it, and answer. The words are send/recv's
-    /// ([`Simple::direct_recv`]): the one-node tree's up links may be the send/recv
+    /// ([`Prims::direct_recv`]): the one-node tree's up links may be the send/recv
     /// connections, whose next message reads them that way. The sender always waits for the
     /// offer before it answers (so an answer never lands before the receiver read the last
     /// one), a receiver that declined does not wait for the answer. No step is taken. Returns
     /// `recv` (the peer writes into our output) and `send_to` (the peer's output, 0: its FIFO).
     ///
     /// # Safety
-    /// As [`Simple::ring_handshake`]; both ends of each connection run it for the same
+    /// As [`Prims::ring_handshake`]; both ends of each connection run it for the same
     /// collective, with `recv_on` at one end equal to `reach != DIRECT_OFF` at the other, and
     /// take a step on it at least.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
@@ -355,7 +355,7 @@ impl Simple {
     }
 }
 
-// The steps of a tree link's handshake ([`Simple::tree_handshake`], and the fan's in
+// The steps of a tree link's handshake ([`Prims::tree_handshake`], and the fan's in
 // `SimpleFan::tree_handshake`), one connection at a time, with send/recv's words. Thread 0
 // runs them; the caller waits between them with its own abort rule.
 
@@ -418,7 +418,7 @@ pub(super) unsafe fn link_direct(rc: *mut ConnRecv, tag: u64) -> bool {
         && arch::ld_volatile(word(line, DIRECT_WORD)) == 1
 }
 
-impl Simple {
+impl Prims {
     /// The ring agreement behind registered calls on fewer CTAs ([`crate::abi::CollArgs::reg_ctas`]):
     /// an AND of every rank's `mine` around this channel's ring of `nranks`, through the
     /// [`AGREE_WORD`]s of its two connections. Each rank posts to its successor how many ranks,

@@ -2,7 +2,7 @@
 //! [`FAN`] receive connections, reduces them with this rank's input, and writes the result to
 //! this rank's output and to one FIFO slot of each of up to [`FAN`] send connections, in one
 //! pass over the data ([`Fan`]). A tree rank with three children so reduces a chunk in one
-//! step and broadcasts it in one step, where one-peer steps ([`super::Simple`]) took one per
+//! step and broadcasts it in one step, where one-peer steps ([`super::Prims`]) took one per
 //! child.
 //!
 //! The step model is Simple's, per connection: a receive slot is ready once the sender's
@@ -20,14 +20,14 @@ use crate::abi::{
 };
 use crate::arch;
 use crate::ops::RedOp;
+use crate::prims::announce_recv;
 use crate::prims::copy::{Fan, FAN};
 use crate::prims::direct::{
     answer_tag, link_answer, link_destination, link_direct, link_offer, offer_tag, Offer,
 };
-use crate::prims::simple::announce_recv;
 use crate::types::Elem;
 
-/// Spins between two looks at the abort flag (as [`super::Simple`]'s waits).
+/// Spins between two looks at the abort flag (as [`super::Prims`]'s waits).
 const ABORT_POLL: u32 = 1024;
 
 /// Up to [`FAN`] receive and [`FAN`] send connections (null: absent) and their step counters.
@@ -103,7 +103,7 @@ impl SimpleFan {
     }
 
     /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
-    /// barrier `bar` (1..=7; on GPUs `count` is whole warps), as [`super::Simple::group`].
+    /// barrier `bar` (1..=7; on GPUs `count` is whole warps), as [`super::Prims::group`].
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub fn group(mut self, first: usize, count: usize, bar: u32) -> SimpleFan {
         self.tid = arch::thread_idx() as usize - first;
@@ -147,7 +147,7 @@ impl SimpleFan {
         }
     }
 
-    /// The zero-copy handshake of a tree's links ([`super::Simple::tree_handshake`]'s, over several
+    /// The zero-copy handshake of a tree's links ([`super::Prims::tree_handshake`]'s, over several
     /// connections at once), before the first step: on every receive connection `i` with
     /// `recv_on[i]` we offer our output (`offer`; or decline: not `registered`, or `offer` is
     /// [`DIRECT_DECLINE`]); on every send connection `i` whose `send_reach[i]` is not
@@ -207,6 +207,56 @@ impl SimpleFan {
         fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
     }
 
+    /// Receives from every receive connection, reduces what arrived with `src` (`pre`
+    /// applied), stores the final value (`post` applied) in `dst` and sends it on every send
+    /// connection: a tree's root. `n` elements at element `at` of the buffers.
+    ///
+    /// # Safety
+    /// `src` and `dst` hold `at + n` elements; the connections were wired by the host.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn recv_reduce_copy_send<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        src: *const T,
+        dst: *mut T,
+        at: usize,
+        n: usize,
+    ) {
+        self.step(op, src, dst, true, at, n)
+    }
+
+    /// Receives from every receive connection (none: a leaf), reduces with `src`, sends the
+    /// sum on: a tree's way up.
+    ///
+    /// # Safety
+    /// As [`SimpleFan::recv_reduce_copy_send`].
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn recv_reduce_send<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        src: *const T,
+        at: usize,
+        n: usize,
+    ) {
+        self.step(op, src, core::ptr::null_mut(), false, at, n)
+    }
+
+    /// Receives a finished block, stores it in `dst` (null: it landed there already, through
+    /// a direct connection) and sends it on every send connection: a tree's way down.
+    ///
+    /// # Safety
+    /// As [`SimpleFan::recv_reduce_copy_send`].
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn recv_copy_send<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        dst: *mut T,
+        at: usize,
+        n: usize,
+    ) {
+        self.step(op, core::ptr::null(), dst, false, at, n)
+    }
+
     /// One step over every connection: waits for each receive slot and each free send slot,
     /// reduces the received slots with `input` (null: none; the operator's `pre` applies to
     /// it) into `output` (null: none) and every send slot, applying `post` when asked, and
@@ -215,7 +265,7 @@ impl SimpleFan {
     /// writes into the peer's there instead of a slot. Every thread of the group calls it with
     /// the same arguments.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn step<T: Elem, O: RedOp<T>>(
+    unsafe fn step<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,
         input: *const T,

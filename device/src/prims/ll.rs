@@ -10,7 +10,7 @@ use crate::arch::{self, Pack16};
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
 use crate::prims::packet::Fifo;
-use crate::prims::simple::Simple;
+use crate::prims::Prims;
 use crate::types::Elem;
 
 /// The flag of step `step`'s lines.
@@ -56,8 +56,8 @@ pub(super) unsafe fn store8(p: *mut u8, avail: usize, v: Pack16) {
     }
 }
 
-impl Simple {
-    /// One LL step; the arguments are [`Simple::step`]'s. `n` elements must fit one LL slot
+impl Prims {
+    /// One LL step; the arguments are [`Prims::step`]'s. `n` elements must fit one LL slot
     /// (`LL_SLOT_BYTES / 2` payload bytes).
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub(super) unsafe fn step_ll<T: Elem, O: RedOp<T>>(

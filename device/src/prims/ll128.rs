@@ -12,7 +12,7 @@ use crate::ops::RedOp;
 use crate::prims::copy::Move;
 use crate::prims::ll::{load8, store8};
 use crate::prims::packet::Fifo;
-use crate::prims::simple::Simple;
+use crate::prims::Prims;
 use crate::types::Elem;
 
 const WARP: usize = 32;
@@ -55,8 +55,8 @@ unsafe fn store16(p: *mut u8, avail: usize, v: Pack16) {
     }
 }
 
-impl Simple {
-    /// One LL128 step; the arguments are [`Simple::step`]'s. `n` elements must fit one LL128
+impl Prims {
+    /// One LL128 step; the arguments are [`Prims::step`]'s. `n` elements must fit one LL128
     /// slot's payload, and the CTA must be whole warps (on the simulator, a CTA of fewer than
     /// 32 threads, a multiple of 8, is one narrow warp).
     #[cfg_attr(target_arch = "nvptx64", inline(always))]

@@ -7,7 +7,7 @@ use crate::abi::{
 };
 use crate::arch::{self, Pack16};
 use crate::prims::copy::Move;
-use crate::prims::simple::{announce_recv, Simple};
+use crate::prims::{announce_recv, Prims};
 
 /// Which FIFO of a connection a step uses.
 #[derive(Clone, Copy)]
@@ -16,7 +16,7 @@ pub(super) enum Fifo {
     Ll128,
 }
 
-impl Simple {
+impl Prims {
     /// Starts a step: a sender first waits until the slot it fills was consumed NCCL_STEPS
     /// steps ago (thread 0 polls, then the CTA meets). Returns the step's receive and send
     /// slots in `fifo` (null where that direction takes no part), and points `mv`'s `recv` and

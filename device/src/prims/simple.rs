@@ -2,86 +2,22 @@
 //! synchronises, and one thread publishes the step with a system-scope release on the peer's
 //! tail counter. The receiver's acquire of that counter makes the whole slot visible. Flow
 //! control runs the other way: the receiver releases `head` once it has consumed a slot, and a
-//! sender never runs more than NCCL_STEPS slots ahead of it. The same struct carries LL and
-//! LL128 steps when asked ([`Simple::with_proto`], [`super::ll`], [`super::ll128`]).
+//! sender never runs more than NCCL_STEPS slots ahead of it. [`Prims`] carries LL and LL128
+//! steps when asked instead ([`Prims::with_proto`], [`super::ll`], [`super::ll128`]).
 //!
-//! With [`FLAG_SIMPLE_PUBLISHER`], a group of three warps or more leaves its last warp out of
+//! With [`crate::abi::FLAG_SIMPLE_PUBLISHER`], a group of three warps or more leaves its last warp out of
 //! the data of the steps that send (as NCCL's Simple primitives do): that warp only publishes.
 //! The release waits until the step's stores have landed (over NVLink, a round trip), and the
 //! workers meanwhile move the next step instead of waiting for it at the next step's barrier.
 //! Off by default until 4xH200 measures it: in the kernel lab (no NVLink) busbw moved by -1.6
 //! to +1.4% at 64 and 256 MiB (results/h200-lab-simple-publisher.txt).
 
-use crate::abi::{
-    proxy_proto_word, stride_bytes, ChannelDev, ConnRecv, ConnSend, FLAG_SIMPLE_PUBLISHER,
-    NCCL_STEPS, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
-};
+use super::{announce_recv, Dst, Prims, Src};
+use crate::abi::{NCCL_STEPS, PROTO_SIMPLE};
 use crate::arch;
 use crate::ops::RedOp;
 use crate::prims::copy::Move;
 use crate::types::Elem;
-
-/// A send connection and a receive connection (either may be absent: null), with the step
-/// counters this CTA advances.
-pub struct Simple {
-    pub(super) send: *mut ConnSend,
-    pub(super) recv: *mut ConnRecv,
-    send_slot_bytes: usize,
-    recv_slot_bytes: usize,
-    pub(super) send_step: u64,
-    pub(super) recv_step: u64,
-    /// This thread's index in its group and the group's size (the whole CTA unless
-    /// [`Simple::group`] said otherwise).
-    pub(super) tid: usize,
-    pub(super) nthreads: usize,
-    /// The group's named barrier (0: the CTA's `bar.sync 0`).
-    bar: u32,
-    /// The protocol the steps use (`PROTO_*`): a runtime choice, so one kernel serves all three.
-    pub(super) proto: u32,
-    /// The communicator's abort flag (null: none), polled while waiting.
-    abort: *const u64,
-    /// This thread saw the abort flag: it waits no more, so the kernel runs to its end.
-    aborted: bool,
-    /// FIFO slots one Simple step fills at once (NCCL's slice steps; 1 unless
-    /// [`Simple::with_slice`] said otherwise).
-    slice: u64,
-    /// Steps move data with [`Move::run_inline`] rather than the shared [`Move::run`]
-    /// ([`Simple::with_inline_moves`]).
-    inline: bool,
-    /// Simple steps may leave a publishing warp out of the data ([`Simple::with_flags`]).
-    publisher: bool,
-    /// The last tail and head values thread 0 acquired: counters only grow, so a value that
-    /// already covers a step spares the poll (and its round trip) for that step.
-    tail_seen: u64,
-    pub(super) head_seen: u64,
-    /// The receive steps below this were announced to a proxy at once
-    /// ([`Simple::promise_recv`]): their steps need no word of their own.
-    promised: u64,
-}
-
-/// Before waiting for the steps below `end` of receive connection `rc`: where a proxy fills
-/// its FIFO, tells it that they carry protocol `proto` (`PROTO_*`), so that it flushes only
-/// the Simple steps of a GPU-memory FIFO ([`ConnRecv::proxy_proto`]). A direct connection has
-/// no such word. One thread calls it.
-///
-/// # Safety
-/// `rc` points at a connection wired by the host.
-#[cfg_attr(target_arch = "nvptx64", inline(always))]
-pub(super) unsafe fn announce_recv(rc: *const ConnRecv, end: u64, proto: u32) {
-    let at = (*rc).proxy_proto as *mut u64;
-    if !at.is_null() {
-        // A plain store: the proxy only reads it, and what it unblocks (the tail) is acquired
-        // by the wait that follows.
-        arch::st_volatile(at, proxy_proto_word(end, proto));
-    }
-}
-
-/// The FIFO slots a Simple step fills when asked for `steps`: the largest power of two not
-/// above it (so it divides NCCL_STEPS), from 1 to half the FIFO.
-#[cfg_attr(target_arch = "nvptx64", inline(always))]
-pub fn slice_steps(steps: u32) -> u32 {
-    1 << steps.clamp(1, NCCL_STEPS / 2).ilog2()
-}
 
 /// Threads of the publishing group that a Simple step leaves out of the data: a warp on GPUs;
 /// on the simulator one thread (its CTAs are a few threads), so its tests take this path too.
@@ -98,97 +34,7 @@ fn worker_barrier(bar: u32) -> u32 {
     }
 }
 
-/// Spins between two looks at the abort flag (it lives in host memory: a look costs a trip
-/// over PCIe, the spins only local polls).
-const ABORT_POLL: u32 = 1024;
-
-impl Simple {
-    /// The ring connections of a channel.
-    ///
-    /// # Safety
-    /// `ch` points at this CTA's channel in device memory, wired by the host.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn new(ch: *mut ChannelDev, slot_bytes: u32) -> Simple {
-        Simple::on(&mut (*ch).send, &mut (*ch).recv, slot_bytes)
-    }
-
-    /// Any pair of connections; a null one is never touched.
-    ///
-    /// # Safety
-    /// Non-null pointers point at connections in device memory, wired by the host.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn on(send: *mut ConnSend, recv: *mut ConnRecv, slot_bytes: u32) -> Simple {
-        Simple::between(send, slot_bytes, recv, slot_bytes)
-    }
-
-    /// Like [`Simple::on`], for connections whose FIFO slots differ in size.
-    ///
-    /// # Safety
-    /// As [`Simple::on`].
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn between(
-        send: *mut ConnSend,
-        send_slot_bytes: u32,
-        recv: *mut ConnRecv,
-        recv_slot_bytes: u32,
-    ) -> Simple {
-        Simple {
-            send,
-            recv,
-            // A proxied connection spaces its slots by its own stride (abi::ConnSend).
-            send_slot_bytes: match send.as_ref() {
-                Some(c) if c.proxy_stride != 0 => stride_bytes(c.proxy_stride) as usize,
-                _ => send_slot_bytes as usize,
-            },
-            recv_slot_bytes: match recv.as_ref() {
-                Some(c) if c.proxy_stride != 0 => stride_bytes(c.proxy_stride) as usize,
-                _ => recv_slot_bytes as usize,
-            },
-            send_step: if send.is_null() { 0 } else { (*send).step },
-            recv_step: if recv.is_null() { 0 } else { (*recv).step },
-            tid: arch::thread_idx() as usize,
-            nthreads: arch::block_dim() as usize,
-            bar: 0,
-            proto: PROTO_SIMPLE,
-            abort: core::ptr::null(),
-            aborted: false,
-            slice: 1,
-            inline: false,
-            publisher: false,
-            tail_seen: if recv.is_null() { 0 } else { (*recv).tail_seen },
-            head_seen: if send.is_null() { 0 } else { (*send).head_seen },
-            promised: 0,
-        }
-    }
-
-    /// Runs the steps on threads `first..first + count` of the CTA alone, which meet at named
-    /// barrier `bar` (1..=7, each group its own, and `bar` + 8 is its workers'; on GPUs `count`
-    /// is whole warps): two groups then move two streams of steps at once.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub fn group(mut self, first: usize, count: usize, bar: u32) -> Simple {
-        self.tid = arch::thread_idx() as usize - first;
-        self.nthreads = count;
-        self.bar = bar;
-        self
-    }
-
-    /// Every thread of the group meets here.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub(super) fn sync(&self) {
-        if self.bar == 0 {
-            arch::sync_threads();
-        } else {
-            arch::barrier_named(self.bar, self.nthreads as u32);
-        }
-    }
-
-    /// Takes the launch's `FLAG_*` bits ([`crate::abi::CollArgs::flags`]).
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub fn with_flags(mut self, flags: u32) -> Simple {
-        self.publisher = flags & FLAG_SIMPLE_PUBLISHER != 0;
-        self
-    }
-
+impl Prims {
     /// Threads of the group that move a Simple step's data: with a publisher, all but its warp
     /// when the step sends (the release of its tail waits for the stores to the peer; a head
     /// release after loads alone is short) and the group has three warps or more; else all
@@ -203,7 +49,7 @@ impl Simple {
         }
     }
 
-    /// The workers meet here, without the publisher ([`Simple::workers`] threads).
+    /// The workers meet here, without the publisher ([`Prims::workers`] threads).
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn sync_workers(&self, workers: usize) {
         if workers == self.nthreads {
@@ -247,125 +93,26 @@ impl Simple {
         }
     }
 
-    /// Gives up waiting once the u64 at `flag` (host-mapped; null: never) is non-zero.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub fn with_abort(mut self, flag: u64) -> Simple {
-        self.abort = flag as *const u64;
-        self
-    }
-
-    /// Spins until `ready()`, or until the abort flag is raised (then never waits again).
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub(super) unsafe fn wait(&mut self, mut ready: impl FnMut() -> bool) {
-        let mut spins = 0u32;
-        while !self.aborted && !ready() {
-            arch::spin_pause();
-            spins += 1;
-            if spins == ABORT_POLL {
-                spins = 0;
-                self.aborted = !self.abort.is_null() && arch::ld_volatile(self.abort) != 0;
-            }
-        }
-    }
-
-    /// Carries the following steps with protocol `proto` (`PROTO_*`). Every thread of the CTA
-    /// makes the same choice; the connections must have the protocol's FIFOs.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub fn with_proto(mut self, proto: u32) -> Simple {
-        self.proto = proto;
-        self
-    }
-
-    /// Lets each Simple step fill `steps` consecutive FIFO slots (1, 2 or 4: a divisor of
-    /// NCCL_STEPS, else a slice could run past the FIFO's end; others round down), so a step
-    /// moves `steps` slots' worth of data for one wait and one publish. Both ends of every
-    /// connection must use the same value for an operation: each rounds its step counters up
-    /// to a multiple of `steps` (the counters are equal at both ends, so they stay equal, and a
-    /// step never straddles the end of the FIFO). Call it after [`Simple::with_proto`]; LL and
-    /// LL128 steps ignore it.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub fn with_slice(mut self, steps: u32) -> Simple {
-        let steps = slice_steps(steps) as u64;
-        if self.proto == PROTO_SIMPLE && steps > 1 {
-            self.slice = steps;
-            self.send_step = self.send_step.next_multiple_of(steps);
-            self.recv_step = self.recv_step.next_multiple_of(steps);
-        }
-        self
-    }
-
-    /// Moves each step's data with code inlined here instead of a call to the one body per
-    /// (type, reduction): for kernels with few call sites (send/recv), where the shared body
-    /// measured slower ([`Move::run_inline`]).
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub fn with_inline_moves(mut self) -> Simple {
-        self.inline = true;
-        self
-    }
-
-    /// Like [`Simple::wait`], for the lanes `mask` of a warp polling together: `ready` is this
-    /// lane's view, and they go on once every lane is ready (or the abort flag was seen).
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub(super) unsafe fn warp_wait(&mut self, mask: u32, mut ready: impl FnMut() -> bool) {
-        let mut spins = 0u32;
-        loop {
-            let ok = ready();
-            if arch::vote_all(mask, ok || self.aborted) {
-                return;
-            }
-            arch::spin_pause();
-            spins += 1;
-            if spins == ABORT_POLL {
-                spins = 0;
-                let raised = !self.abort.is_null() && arch::ld_volatile(self.abort) != 0;
-                self.aborted = arch::vote_any(mask, raised);
-            }
-        }
-    }
-
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     fn slot(fifo: u64, step: u64, slot_bytes: usize) -> u64 {
         fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
     }
 
-    /// One step: waits for the receive slot and a free send slot, moves the data, publishes.
-    /// Every thread of the CTA calls it with the same arguments; `recv`/`send` say which
-    /// connections take part, `mv` carries only the user-buffer pointers.
+    /// One Simple step: waits for the receive slot and a free send slot, moves the data,
+    /// publishes ([`Prims::step`] says what the arguments hold). A receive that [`Src::Landed`]
+    /// reads no FIFO slot, and a send to [`Dst::Peer`] writes the peer's buffer instead of a
+    /// slot; the counters, waits and publishes stay a FIFO step's, so flow control and the
+    /// step counts stay as they were at both ends.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn step<T: Elem, O: RedOp<T>>(
+    pub(super) unsafe fn step_simple<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,
-        recv: bool,
-        send: bool,
-        mv: Move<T>,
-        n: usize,
-    ) {
-        self.step_to(op, recv, send, mv, n, false, core::ptr::null_mut())
-    }
-
-    /// [`Simple::step`] on connections that agreed on zero-copy for this operation (Simple
-    /// only; see [`Simple::ring_handshake`]). With `recv_direct`, the peer already wrote the
-    /// step's data into our buffer: no FIFO slot is read, and `mv.recv` names where the data
-    /// lies (null: nothing to pass on, so nothing moves). With a non-null `send_to`, the data
-    /// goes there (the successor's buffer) instead of a FIFO slot. The counters, waits and publishes are a FIFO step's, so
-    /// flow control and the step counts stay as they were at both ends.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn step_to<T: Elem, O: RedOp<T>>(
-        &mut self,
-        op: &O,
-        recv: bool,
-        send: bool,
         mut mv: Move<T>,
         n: usize,
-        recv_direct: bool,
-        send_to: *mut T,
+        from: Option<Src<T>>,
+        to: Option<Dst<T>>,
     ) {
-        match self.proto {
-            PROTO_LL => return self.step_ll(op, recv, send, mv, n),
-            PROTO_LL128 => return self.step_ll128(op, recv, send, mv, n),
-            _ => {}
-        }
+        let (recv, send) = (from.is_some(), to.is_some());
         let (sc, rc) = (self.send, self.recv);
         let slice = self.slice;
         let workers = self.workers(send);
@@ -405,15 +152,19 @@ impl Simple {
             }
         }
         self.sync_workers(workers);
-        if recv && !recv_direct {
-            mv.recv = Simple::slot((*rc).fifo, self.recv_step, self.recv_slot_bytes) as *const T;
+        match from {
+            Some(Src::Fifo) => {
+                mv.recv = Prims::slot((*rc).fifo, self.recv_step, self.recv_slot_bytes) as *const T
+            }
+            Some(Src::Landed(at)) => mv.recv = at,
+            None => {}
         }
-        if send {
-            mv.send = if send_to.is_null() {
-                Simple::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T
-            } else {
-                send_to
-            };
+        match to {
+            Some(Dst::Fifo) => {
+                mv.send = Prims::slot((*sc).fifo, self.send_step, self.send_slot_bytes) as *mut T
+            }
+            Some(Dst::Peer(at)) => mv.send = at,
+            None => {}
         }
         // A direct receive with nothing to pass on or store has no data to move.
         let moved = if mv.output.is_null() && mv.send.is_null() {
@@ -440,50 +191,5 @@ impl Simple {
             self.publish(recv, send, n * core::mem::size_of::<T>());
         }
         self.advance(recv, send);
-    }
-
-    /// Tells a proxy that fills the receive connection that this CTA will read its next
-    /// `steps` steps (Simple): it may then post their receives together with other
-    /// connections' (grouped receives, `maxRecvs`), knowing they will come. Every thread of the
-    /// group calls it; thread 0 writes.
-    ///
-    /// # Safety
-    /// As [`Simple::on`].
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn promise_recv(&mut self, steps: u64) {
-        if self.recv.is_null() || self.proto != PROTO_SIMPLE {
-            return;
-        }
-        let end = self.recv_step + steps;
-        if self.tid == 0 {
-            announce_recv(self.recv, end, PROTO_SIMPLE);
-        }
-        self.promised = end;
-    }
-
-    /// Saves the step counters for the next launch on this channel.
-    #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn finish(self) {
-        if self.tid == 0 {
-            if !self.send.is_null() {
-                (*self.send).step = self.send_step;
-                (*self.send).head_seen = self.head_seen;
-            }
-            if !self.recv.is_null() {
-                (*self.recv).step = self.recv_step;
-                (*self.recv).tail_seen = self.tail_seen;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slice_steps;
-
-    #[test]
-    fn slices_divide_the_fifo() {
-        let got: [u32; 7] = [0, 1, 2, 3, 4, 5, 9].map(slice_steps);
-        assert_eq!(got, [1, 1, 2, 2, 4, 4, 4]);
     }
 }

@@ -71,7 +71,7 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            p.step(&op, input.add(s), output.add(s), true, s, n);
+            p.recv_reduce_copy_send(&op, input.add(s), output.add(s), s, n);
         }
         k.count_direct(direct * nchunks as u64);
         p.finish();
@@ -95,7 +95,7 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
         };
         for c in 0..nchunks {
             let (s, n) = span(c);
-            up.step(&op, input.add(s), null, false, s, n);
+            up.recv_reduce_send(&op, input.add(s), s, n);
         }
         up.finish();
     } else {
@@ -115,7 +115,7 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
             let (s, n) = span(c);
             // Landed in our output already (direct): the step reads it there, to pass on.
             let out = if direct > 0 { null } else { output.add(s) };
-            down.step(&op, core::ptr::null(), out, false, s, n);
+            down.recv_copy_send(&op, out, s, n);
         }
         down.finish();
     }
@@ -129,7 +129,7 @@ pub unsafe fn dbt<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) {
 /// to its parent; down: each stores what its parent sent and passes it on, the two directions
 /// in two thread groups as in [`super::tree`]); at the top, the two heads trade their nodes' sums over
 /// the network and each adds the other's to its own. Every CTA has at most one peer each way,
-/// so the steps are plain [`Simple`] ones in the launch's protocol `P` (Simple or LL).
+/// so the steps are plain [`Prims`] ones in the launch's protocol `P` (Simple or LL).
 ///
 /// A head keeps its node's sum in its output between its two steps of a chunk: the first
 /// (child's sum plus input) sends it to the other head and stores it, the second reads it back
@@ -161,9 +161,8 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
     let child_recv = local.map_or(0, |i| t.up_recv[i]) as *mut ConnRecv;
     let child_send = local.map_or(0, |i| t.down_send[i]) as *mut ConnSend;
     let has_child = local.is_some();
-    let none = Move::<T>::none();
     let prims = |send: u64, recv: *mut ConnRecv| {
-        Simple::between(send as *mut ConnSend, slot, recv, slot)
+        Prims::between(send as *mut ConnSend, slot, recv, slot)
             .with_proto(P)
             .with_abort(abort)
             .with_flags(flags)
@@ -175,11 +174,8 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
     let o = TreeOffers::of(k);
     let child_reach = local.map_or(DIRECT_OFF, |i| t.child_reach[i]);
     let from_child = child_reach != DIRECT_OFF;
-    // Where data already in our output sits (direct), else null: the step reads the FIFO.
-    let mine = |on: bool, s: usize| match on {
-        true => output.add(s) as *const T,
-        false => core::ptr::null(),
-    };
+    // What arrives: in our output already (direct), or in the FIFO.
+    let mine = |on: bool, s: usize| Src::landed_if(on, output.add(s));
     if t.remote != 0 {
         let mut up = prims(remote_send, child_recv);
         let mut down = prims(child_send as u64, remote_recv as *mut ConnRecv);
@@ -193,32 +189,23 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
             if c < nchunks {
                 // Our node's sum: to the other head, and kept in our output.
                 let (s, n) = span(c);
-                let mv = Move {
-                    recv: mine(from.recv, s),
-                    input: input.add(s),
-                    output: output.add(s),
-                    ..none
-                };
-                up.step_to(
-                    &op,
-                    has_child,
-                    true,
-                    mv,
-                    n,
-                    from.recv,
-                    core::ptr::null_mut(),
-                );
+                let (src, dst) = (input.add(s), output.add(s));
+                if has_child {
+                    up.recv_reduce_keep_send(&op, src, dst, n, mine(from.recv, s), Dst::Fifo);
+                } else {
+                    up.copy_send(&op, src, dst, n, Dst::Fifo);
+                }
             }
             if c >= EXCHANGE_AHEAD {
                 // The other node's sum plus ours: the result, stored and passed down.
                 let (s, n) = span(c - EXCHANGE_AHEAD);
-                let mv = Move {
-                    input: output.add(s),
-                    output: output.add(s),
-                    post: true,
-                    ..none
-                };
-                down.step_to(&summed, true, has_child, mv, n, false, to.send_at(s));
+                let ours = output.add(s);
+                if has_child {
+                    let dst = Dst::peer_or_fifo(to.send_at(s));
+                    down.recv_reduce_copy_send(&summed, ours, ours, n, Src::Fifo, dst);
+                } else {
+                    down.recv_reduce_copy(&summed, ours, ours, n, Src::Fifo);
+                }
             }
         }
         k.count_direct(if from.recv { nchunks as u64 } else { 0 });
@@ -238,12 +225,12 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                recv: mine(to.recv, s),
-                input: input.add(s),
-                ..none
-            };
-            up.step_to(&op, has_child, true, mv, n, to.recv, to.send_at(s));
+            let dst = Dst::peer_or_fifo(to.send_at(s));
+            if has_child {
+                up.recv_reduce_send(&op, input.add(s), n, mine(to.recv, s), dst);
+            } else {
+                up.send(&op, input.add(s), n, dst);
+            }
         }
         direct = to.recv;
         up.finish();
@@ -261,8 +248,13 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = way_down(from.recv, output.add(s));
-            down.step_to(&op, true, has_child, mv, n, from.recv, from.send_at(s));
+            let src = mine(from.recv, s);
+            if has_child {
+                let dst = Dst::peer_or_fifo(from.send_at(s));
+                down.recv_copy_send(&op, output.add(s), n, src, dst);
+            } else {
+                down.recv(&op, output.add(s), n, src);
+            }
         }
         direct = from.recv;
         down.finish();
@@ -273,7 +265,7 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
 }
 
 /// [`dbt`] in a protocol other than Simple (LL): the same tree, with one peer per step, so
-/// that the launch's protocol serves every step ([`Simple`] prims in protocol `P`). A rank
+/// that the launch's protocol serves every step ([`Prims`] prims in protocol `P`). A rank
 /// with `c` children takes `c` steps up a chunk and `c` down where the fan takes one of each.
 /// Up, the children's sums are added one per step, the partial sum kept in our output between
 /// two steps and read back through [`Reduced`] (its `pre` already applied); the last step
@@ -303,21 +295,20 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
     let (op, abort, flags) = (k.op, k.abort_flag, k.args.flags);
     let chunks = Chunks::new(k.start, k.end, chunk);
     let (span, nchunks) = (|c: usize| chunks.span(c), chunks.count());
-    let none = Move::<T>::none();
     let summed = Reduced(op);
     let null_send = core::ptr::null_mut::<ConnSend>();
     let null_recv = core::ptr::null_mut::<ConnRecv>();
     let child_recv = |i: usize| t.up_recv[i] as *mut ConnRecv;
     let child_send = |i: usize| t.down_send[i] as *mut ConnSend;
     let prims = |send: *mut ConnSend, recv: *mut ConnRecv| {
-        Simple::between(send, slot, recv, slot)
+        Prims::between(send, slot, recv, slot)
             .with_proto(P)
             .with_abort(abort)
             .with_flags(flags)
     };
     // Up step `i` receives child `i`'s sum; the last one sends to `last_to` (the parent, or
     // for the root its first child, with the result).
-    let ups = |last_to: *mut ConnSend| -> [Simple; TREE_MAX_CHILDREN] {
+    let ups = |last_to: *mut ConnSend| -> [Prims; TREE_MAX_CHILDREN] {
         core::array::from_fn(|i| match i + 1 == nc {
             true => prims(last_to, child_recv(i)),
             false if i < nc => prims(null_send, child_recv(i)),
@@ -325,37 +316,33 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
         })
     };
     // Down: child `j` >= 1 gets the result from our output.
-    let fans = || -> [Simple; TREE_MAX_CHILDREN] {
+    let fans = || -> [Prims; TREE_MAX_CHILDREN] {
         core::array::from_fn(|j| match j >= 1 && j < nc {
             true => prims(child_send(j), null_recv),
             false => prims(null_send, null_recv),
         })
     };
     // Child `i`'s sum added to our input (first) or to the partial sum in our output.
-    let add_child = |p: &mut Simple, i: usize, s: usize, n: usize, send: bool, last: bool| {
-        let keep = !send || root;
-        let mv = Move {
-            input: if i == 0 { input.add(s) } else { output.add(s) },
-            output: if keep {
-                output.add(s)
-            } else {
-                core::ptr::null_mut()
-            },
-            post: root && last,
-            ..none
-        };
-        if i == 0 {
-            p.step(&op, true, send, mv, n);
-        } else {
-            p.step(&summed, true, send, mv, n);
+    // The first child's sum meets our input; later ones the partial sum in our output. The
+    // last child's step sends (the root's: the result, also stored); earlier ones keep the
+    // partial sum in our output.
+    let add_child = |p: &mut Prims, i: usize, s: usize, n: usize, last: bool| {
+        let ours = output.add(s);
+        match (i == 0, last, root) {
+            (true, false, _) => p.recv_reduce_keep(&op, input.add(s), ours, n, Src::Fifo),
+            (false, false, _) => p.recv_reduce_keep(&summed, ours, ours, n, Src::Fifo),
+            (true, true, false) => p.recv_reduce_send(&op, input.add(s), n, Src::Fifo, Dst::Fifo),
+            (false, true, false) => p.recv_reduce_send(&summed, ours, n, Src::Fifo, Dst::Fifo),
+            (true, true, true) => {
+                p.recv_reduce_copy_send(&op, input.add(s), ours, n, Src::Fifo, Dst::Fifo)
+            }
+            (false, true, true) => {
+                p.recv_reduce_copy_send(&summed, ours, ours, n, Src::Fifo, Dst::Fifo)
+            }
         }
     };
-    let pass_on = |p: &mut Simple, s: usize, n: usize| {
-        let mv = Move {
-            input: output.add(s),
-            ..none
-        };
-        p.step(&summed, false, true, mv, n);
+    let pass_on = |p: &mut Prims, s: usize, n: usize| {
+        p.send(&summed, output.add(s), n, Dst::Fifo);
     };
     if root {
         let mut up = ups(child_send(0));
@@ -363,7 +350,7 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
         for c in 0..nchunks {
             let (s, n) = span(c);
             for (i, p) in up.iter_mut().enumerate().take(nc) {
-                add_child(p, i, s, n, i + 1 == nc, i + 1 == nc);
+                add_child(p, i, s, n, i + 1 == nc);
             }
             for p in down.iter_mut().take(nc).skip(1) {
                 pass_on(p, s, n);
@@ -382,11 +369,7 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
             let mut up = prims(parent_send, null_recv).group(0, half, BAR_UP);
             for c in 0..nchunks {
                 let (s, n) = span(c);
-                let mv = Move {
-                    input: input.add(s),
-                    ..none
-                };
-                up.step(&op, false, true, mv, n);
+                up.send(&op, input.add(s), n, Dst::Fifo);
             }
             up.finish();
             return;
@@ -395,22 +378,22 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
         for c in 0..nchunks {
             let (s, n) = span(c);
             for (i, p) in up.iter_mut().enumerate().take(nc) {
-                add_child(p, i, s, n, i + 1 == nc, false);
+                add_child(p, i, s, n, i + 1 == nc);
             }
         }
         up.into_iter().for_each(|p| p.finish());
     } else {
         let first = if nc > 0 { child_send(0) } else { null_send };
-        let group = |p: Simple| p.group(half, nthreads - half, BAR_DOWN);
+        let group = |p: Prims| p.group(half, nthreads - half, BAR_DOWN);
         let mut down = group(prims(first, t.down_recv as *mut ConnRecv));
         let mut rest = fans().map(group);
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let mv = Move {
-                output: output.add(s),
-                ..none
-            };
-            down.step(&op, true, nc > 0, mv, n);
+            if nc > 0 {
+                down.recv_copy_send(&op, output.add(s), n, Src::Fifo, Dst::Fifo);
+            } else {
+                down.recv(&op, output.add(s), n, Src::Fifo);
+            }
             for p in rest.iter_mut().take(nc).skip(1) {
                 pass_on(p, s, n);
             }
