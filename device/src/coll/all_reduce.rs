@@ -249,12 +249,9 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
+            // The leaf has no receive connection: it sends its input alone.
             let dst = Dst::peer_or_fifo(to.send_at(s));
-            if leaf {
-                up.send(&op, input.add(s), n, dst);
-            } else {
-                up.recv_reduce_send(&op, input.add(s), n, mine(to.recv, s), dst);
-            }
+            up.recv_reduce_send(&op, input.add(s), n, mine(to.recv, s), dst);
         }
         direct_steps = if to.recv { nchunks as u64 } else { 0 };
         up.finish();
@@ -271,13 +268,9 @@ pub unsafe fn tree<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>) 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let src = Src::landed_if(from.recv, output.add(s));
-            if leaf {
-                down.recv(&op, output.add(s), n, src);
-            } else {
-                let dst = Dst::peer_or_fifo(from.send_at(s));
-                down.recv_copy_send(&op, output.add(s), n, src, dst);
-            }
+            // The leaf has no send connection: it only stores.
+            let (src, dst) = (mine(from.recv, s), Dst::peer_or_fifo(from.send_at(s)));
+            down.recv_copy_send(&op, output.add(s), n, src, dst);
         }
         direct_steps = if from.recv { nchunks as u64 } else { 0 };
         down.finish();

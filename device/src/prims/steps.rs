@@ -22,6 +22,11 @@
 //! the step, or (zero-copy, Simple only, after a handshake: [`super::RingDirect`]) a buffer the
 //! peer wrote into or we write into. Every thread of the group calls each step with the same
 //! arguments.
+//!
+//! A [`Prims`] without a receive (send) connection skips that half of every step: the first
+//! rank of a chain receives nothing, the last sends nothing, and both run the steps of the
+//! ranks between. So one call serves every place in a chain, and the kernel inlines the
+//! engine once there instead of once per place.
 
 use super::copy::Move;
 use super::Prims;
@@ -87,11 +92,15 @@ fn stored<T: Elem>(dst: *mut T, from: Src<T>) -> Move<T> {
 
 impl Prims {
     /// The engine under every named step: in the launch's protocol, waits for the receive
-    /// slot (`from`: none when the step receives nothing) and a free send slot (`to`: none
-    /// when it sends nothing), moves the data `mv` names, publishes. LL and LL128 steps always
-    /// go through the FIFOs.
+    /// slot (`from`: none when the step receives nothing, or there is no receive connection)
+    /// and a free send slot (`to`: likewise), moves the data `mv` names, publishes. LL and
+    /// LL128 steps always go through the FIFOs.
+    ///
+    /// Every call site inlines the whole engine, so a collective calls it directly only where
+    /// one call must take several shapes that the named steps would spread over several calls
+    /// (and the PTX grow by as many engines).
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    unsafe fn step<T: Elem, O: RedOp<T>>(
+    pub(crate) unsafe fn step<T: Elem, O: RedOp<T>>(
         &mut self,
         op: &O,
         mv: Move<T>,
@@ -99,6 +108,8 @@ impl Prims {
         from: Option<Src<T>>,
         to: Option<Dst<T>>,
     ) {
+        let from = if self.recv.is_null() { None } else { from };
+        let to = if self.send.is_null() { None } else { to };
         let (recv, send) = (from.is_some(), to.is_some());
         match self.proto {
             PROTO_LL => self.step_ll(op, recv, send, mv, n),

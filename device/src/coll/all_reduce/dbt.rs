@@ -2,6 +2,7 @@
 //! one of its two trees ([`dbt`]).
 
 use super::*;
+use crate::prims::copy::Move;
 
 /// The tree AllReduce across nodes: CTA `c` takes its place in the tree the host wired for it
 /// ([`crate::abi::CollArgs::tree`]: one of the double binary tree's two, a chain inside each
@@ -160,7 +161,6 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
     };
     let child_recv = local.map_or(0, |i| t.up_recv[i]) as *mut ConnRecv;
     let child_send = local.map_or(0, |i| t.down_send[i]) as *mut ConnSend;
-    let has_child = local.is_some();
     let prims = |send: u64, recv: *mut ConnRecv| {
         Prims::between(send as *mut ConnSend, slot, recv, slot)
             .with_proto(P)
@@ -189,23 +189,16 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
             if c < nchunks {
                 // Our node's sum: to the other head, and kept in our output.
                 let (s, n) = span(c);
-                let (src, dst) = (input.add(s), output.add(s));
-                if has_child {
-                    up.recv_reduce_keep_send(&op, src, dst, n, mine(from.recv, s), Dst::Fifo);
-                } else {
-                    up.copy_send(&op, src, dst, n, Dst::Fifo);
-                }
+                // Without a child (no receive connection), our input alone.
+                let (src, dst, from) = (input.add(s), output.add(s), mine(from.recv, s));
+                up.recv_reduce_keep_send(&op, src, dst, n, from, Dst::Fifo);
             }
             if c >= EXCHANGE_AHEAD {
                 // The other node's sum plus ours: the result, stored and passed down.
                 let (s, n) = span(c - EXCHANGE_AHEAD);
-                let ours = output.add(s);
-                if has_child {
-                    let dst = Dst::peer_or_fifo(to.send_at(s));
-                    down.recv_reduce_copy_send(&summed, ours, ours, n, Src::Fifo, dst);
-                } else {
-                    down.recv_reduce_copy(&summed, ours, ours, n, Src::Fifo);
-                }
+                // Without a child (no send connection), stored only.
+                let (ours, dst) = (output.add(s), Dst::peer_or_fifo(to.send_at(s)));
+                down.recv_reduce_copy_send(&summed, ours, ours, n, Src::Fifo, dst);
             }
         }
         k.count_direct(if from.recv { nchunks as u64 } else { 0 });
@@ -225,12 +218,9 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
+            // Without a child (no receive connection), our input alone.
             let dst = Dst::peer_or_fifo(to.send_at(s));
-            if has_child {
-                up.recv_reduce_send(&op, input.add(s), n, mine(to.recv, s), dst);
-            } else {
-                up.send(&op, input.add(s), n, dst);
-            }
+            up.recv_reduce_send(&op, input.add(s), n, mine(to.recv, s), dst);
         }
         direct = to.recv;
         up.finish();
@@ -248,13 +238,9 @@ unsafe fn dbt_exchange<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, 
         }
         for c in 0..nchunks {
             let (s, n) = span(c);
-            let src = mine(from.recv, s);
-            if has_child {
-                let dst = Dst::peer_or_fifo(from.send_at(s));
-                down.recv_copy_send(&op, output.add(s), n, src, dst);
-            } else {
-                down.recv(&op, output.add(s), n, src);
-            }
+            // Without a child (no send connection), stored only.
+            let (src, dst) = (mine(from.recv, s), Dst::peer_or_fifo(from.send_at(s)));
+            down.recv_copy_send(&op, output.add(s), n, src, dst);
         }
         direct = from.recv;
         down.finish();
@@ -323,22 +309,27 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
         })
     };
     // Child `i`'s sum added to our input (first) or to the partial sum in our output.
-    // The first child's sum meets our input; later ones the partial sum in our output. The
-    // last child's step sends (the root's: the result, also stored); earlier ones keep the
-    // partial sum in our output.
+    // Child `i`'s sum added to our input (the first) or to the partial sum in our output.
+    // Earlier children's steps keep the partial sum in our output (a recv_reduce_keep); the
+    // last one's sends it (a recv_reduce_send), the root's the result, also stored (a
+    // recv_reduce_copy_send). The engine is called directly: the three shapes as data, so
+    // that each of the two operators inlines it once, not three times.
     let add_child = |p: &mut Prims, i: usize, s: usize, n: usize, last: bool| {
-        let ours = output.add(s);
-        match (i == 0, last, root) {
-            (true, false, _) => p.recv_reduce_keep(&op, input.add(s), ours, n, Src::Fifo),
-            (false, false, _) => p.recv_reduce_keep(&summed, ours, ours, n, Src::Fifo),
-            (true, true, false) => p.recv_reduce_send(&op, input.add(s), n, Src::Fifo, Dst::Fifo),
-            (false, true, false) => p.recv_reduce_send(&summed, ours, n, Src::Fifo, Dst::Fifo),
-            (true, true, true) => {
-                p.recv_reduce_copy_send(&op, input.add(s), ours, n, Src::Fifo, Dst::Fifo)
-            }
-            (false, true, true) => {
-                p.recv_reduce_copy_send(&summed, ours, ours, n, Src::Fifo, Dst::Fifo)
-            }
+        let mv = Move {
+            input: if i == 0 { input.add(s) } else { output.add(s) },
+            output: if last && !root {
+                core::ptr::null_mut()
+            } else {
+                output.add(s)
+            },
+            post: root && last,
+            ..Move::none()
+        };
+        // Only the last child's Prims has a send connection.
+        if i == 0 {
+            p.step(&op, mv, n, Some(Src::Fifo), Some(Dst::Fifo));
+        } else {
+            p.step(&summed, mv, n, Some(Src::Fifo), Some(Dst::Fifo));
         }
     };
     let pass_on = |p: &mut Prims, s: usize, n: usize| {
@@ -389,11 +380,8 @@ unsafe fn dbt_steps<T: Elem, O: RedOp<T>, const P: u32>(k: &mut Kernel<T, O, P>,
         let mut rest = fans().map(group);
         for c in 0..nchunks {
             let (s, n) = span(c);
-            if nc > 0 {
-                down.recv_copy_send(&op, output.add(s), n, Src::Fifo, Dst::Fifo);
-            } else {
-                down.recv(&op, output.add(s), n, Src::Fifo);
-            }
+            // A leaf (no send connection) only stores.
+            down.recv_copy_send(&op, output.add(s), n, Src::Fifo, Dst::Fifo);
             for p in rest.iter_mut().take(nc).skip(1) {
                 pass_on(p, s, n);
             }
