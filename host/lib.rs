@@ -124,6 +124,8 @@ pub mod graph;
 pub(crate) mod graph;
 #[cfg(test)]
 mod layering;
+#[cfg(test)]
+mod test_aids;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod topo;

@@ -555,8 +555,9 @@ pub(crate) fn spawn(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::test_aids::skipped;
 
     #[test]
     fn ifname_spec() {
@@ -666,37 +667,6 @@ pub(crate) mod tests {
         fn drop(&mut self) {
             let _ = self.ip_top(&["netns", "del", &self.0]);
         }
-    }
-
-    /// A check this process skips, visibly: a line on stderr now (libtest does not capture a
-    /// direct write) and, when the process exits, how many checks each reason skipped. For the
-    /// crate's unit tests (here: namespaces that cannot be made; PTX not embedded).
-    pub(crate) fn skipped(reason: &str, what: &str) {
-        use std::collections::BTreeMap;
-        static COUNTS: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
-        static AT_EXIT: std::sync::Once = std::sync::Once::new();
-        extern "C" fn totals() {
-            let counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
-            for (reason, n) in counts.iter() {
-                let _ = writeln!(
-                    io::stderr(),
-                    "nccl-rs unit tests: {n} checks skipped: {reason}"
-                );
-            }
-        }
-        // SAFETY: registers a plain `extern "C"` function with no arguments, once.
-        AT_EXIT.call_once(|| unsafe {
-            libc::atexit(totals);
-        });
-        *COUNTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason.to_string())
-            .or_default() += 1;
-        let _ = writeln!(
-            io::stderr(),
-            "nccl-rs unit tests: skipped check ({reason}): {what}"
-        );
     }
 
     /// In a namespace of the test's own with one interface besides loopback, the choice is that
