@@ -67,6 +67,7 @@ pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
 pub(crate) use p2p::Fault;
 use p2p::{lock, Outgoing, Shared};
+pub(crate) use ras::RasReply;
 use wire::{Channel, Member};
 
 /// Default bound of every wait after `init` (and never less than the init timeout), unless
