@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "capi",
         &["bootstrap", "comm", "cuda", "debug", "enqueue", "error"],
     ),
+    ("clock", &[]),
     (
         "comm",
         &[
@@ -45,8 +46,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("env", &[]),
     ("error", &[]),
     ("graph", &["debug", "env", "error", "topo"]),
-    ("proxy", &["cuda", "debug", "env", "error", "transport"]),
-    ("ras", &["bootstrap", "env", "proxy"]),
+    (
+        "proxy",
+        &["clock", "cuda", "debug", "env", "error", "transport"],
+    ),
+    ("ras", &["bootstrap", "clock", "env"]),
     ("test_aids", &[]),
     ("topo", &["env", "error"]),
     (

@@ -91,6 +91,7 @@ pub(crate) use internal;
 mod api;
 #[cfg(feature = "capi")]
 pub mod capi;
+pub(crate) mod clock;
 pub mod cuda;
 pub mod debug;
 pub mod error;
