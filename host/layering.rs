@@ -15,7 +15,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "api",
         &["bootstrap", "comm", "cuda", "enqueue", "error", "transport"],
     ),
-    ("bootstrap", &["env", "error", "test_aids", "transport"]),
+    ("bootstrap", &["env", "error", "sockets", "test_aids"]),
     (
         "capi",
         &["bootstrap", "comm", "cuda", "debug", "enqueue", "error"],
@@ -50,7 +50,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "proxy",
         &["clock", "cuda", "debug", "env", "error", "transport"],
     ),
-    ("ras", &["bootstrap", "clock", "env"]),
+    ("ras", &["bootstrap", "clock", "env", "sockets"]),
+    ("sockets", &["env"]),
     ("test_aids", &[]),
     ("topo", &["env", "error"]),
     (
@@ -63,6 +64,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "error",
             "graph",
             "proxy",
+            "sockets",
             "test_aids",
             "topo",
         ],
@@ -73,7 +75,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// The circles the table still holds, each as the set of rooms that reach one another. A room
 /// set here may shrink as circles are broken (then shrink it here too); a circle outside all of
 /// them fails.
-const KNOWN_CIRCLES: &[&[&str]] = &[&["bootstrap", "proxy", "transport"]];
+const KNOWN_CIRCLES: &[&[&str]] = &[&["proxy", "transport"]];
 
 /// Every `.rs` file under `dir`, recursively, in a stable order.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -97,6 +97,7 @@ pub mod debug;
 pub mod error;
 pub(crate) mod proxy;
 pub mod ras;
+pub(crate) mod sockets;
 
 #[cfg(feature = "internals")]
 #[doc(hidden)]

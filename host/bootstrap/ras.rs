@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::socket;
 use super::wire::Channel;
 use super::Bootstrap;
+use crate::sockets;
 
 /// Most answers to one rank's RAS queries in flight at once (a thread each). A rank asks on
 /// behalf of its process's RAS clients, at most `ras::server`'s 4 at a time; queries past
@@ -62,7 +62,7 @@ impl Bootstrap {
             }
             let held = InFlight(busy.clone(), from);
             let (this, record) = (this.clone(), record.clone());
-            let spawned = socket::spawn("nccl-ras-answer", move || {
+            let spawned = sockets::spawn("nccl-ras-answer", move || {
                 let _held = held;
                 if let Some(bs) = this.upgrade() {
                     if let Err(e) = bs.send_on(from, Channel::RasReply, query, &record()) {
@@ -86,7 +86,7 @@ impl Bootstrap {
         for (r, a) in asked.iter_mut().enumerate().filter(|&(r, _)| r != me) {
             *a = self.shared.gone(r).is_none() && self.send_on(r, Channel::Ras, query, &[]).is_ok();
         }
-        let deadline = socket::deadline_after(timeout);
+        let deadline = sockets::deadline_after(timeout);
         (0..n)
             .map(|r| {
                 if r == me {
@@ -179,7 +179,7 @@ mod tests {
         let got = loop {
             assert!(t0.elapsed() < bound, "no query answered after the flood");
             ranks[1].send_on(0, Channel::Ras, q, &[]).expect("query");
-            let deadline = socket::deadline_after(Duration::from_secs(1));
+            let deadline = sockets::deadline_after(Duration::from_secs(1));
             if let Ok(got) = ranks[1].shared.take(0, Channel::RasReply, q, deadline) {
                 break got;
             }
