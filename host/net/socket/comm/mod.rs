@@ -78,7 +78,7 @@ use socket2::Socket;
 
 use super::wire::{self, HEADER_BYTES};
 use crate::error::{Error, Result};
-use crate::transport::net::{Mr, RecvBuf, Request, Waker, PTR_HOST};
+use crate::net::{Mr, RecvBuf, Request, Waker, PTR_HOST};
 
 /// A blocking socket call gives up after this long without progress, so that a helper thread
 /// looks at its flags now and then (shutting the sockets down wakes it at once anyway).

@@ -23,11 +23,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::sockets::Retry;
-use crate::transport::net::{
+use crate::net::{
     Connecting, Handle, Listener, Mr, Net, Properties, RecvBuf, RecvComm, Request, SendComm, Waker,
     PTR_HOST,
 };
+use crate::sockets::Retry;
 use comm::Comm;
 pub use handshake::{SocketConnecting, SocketListener};
 pub use ifaces::Family;

@@ -26,8 +26,8 @@ use super::comm::{Comm, Conn};
 use super::wire::{self, ConnId, Hello, HELLO_BYTES};
 use super::{SocketRecvComm, SocketSendComm};
 use crate::error::{Error, Result};
+use crate::net::{Connecting, Listener, RecvComm, SendComm};
 use crate::sockets::Retry;
-use crate::transport::net::{Connecting, Listener, RecvComm, SendComm};
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
