@@ -188,12 +188,12 @@ pub(crate) fn expand_file_name(pattern: &str, host: &str, pid: u32) -> String {
     out
 }
 
-/// The subsystem bit of a record's target: an explicit `nccl::<SUBSYS>` target, else the
-/// module it was logged from (`nccl::bootstrap` BOOTSTRAP, `nccl::comm` INIT (its `register`
-/// REG, its `nvls` NVLS), `nccl::enqueue::p2p` P2P, `nccl::enqueue` COLL, `nccl::transport::shm` SHM,
-/// `nccl::transport::net` NET, `nccl::transport::nvls` NVLS, `nccl::transport` P2P,
-/// `nccl::proxy` PROXY, `nccl::topo` and `nccl::graph` GRAPH, `nccl::tune` TUNING, `nccl::env`
-/// ENV, `nccl::cuda` ALLOC, `nccl::capi` CALL), INIT for everything else.
+/// The subsystem bit of a record's target: an explicit `nccl::<SUBSYS>` target, else the module it
+/// was logged from (`nccl::bootstrap` BOOTSTRAP, `nccl::comm` INIT (its `register` REG, its `nvls`
+/// NVLS), `nccl::enqueue::p2p` P2P, `nccl::enqueue` COLL, `nccl::transport::shm` SHM, `nccl::net`
+/// and `nccl::transport::net` NET, `nccl::transport::nvls` NVLS, `nccl::transport` P2P,
+/// `nccl::proxy` PROXY, `nccl::topo` and `nccl::graph` GRAPH, `nccl::tune` TUNING, `nccl::env` ENV,
+/// `nccl::cuda` ALLOC, `nccl::capi` CALL), INIT for everything else.
 pub(crate) fn subsystem_of(target: &str) -> u64 {
     let Some(path) = target.strip_prefix("nccl::") else {
         return bit("INIT");
@@ -218,6 +218,7 @@ pub(crate) fn subsystem_of(target: &str) -> u64 {
         ("enqueue", "COLL"),
         ("transport::shm", "SHM"),
         ("transport::net", "NET"),
+        ("net", "NET"),
         ("transport::nvls", "NVLS"),
         ("transport", "P2P"),
         ("proxy", "PROXY"),
@@ -577,7 +578,8 @@ mod tests {
         assert_eq!(s("nccl::enqueue::group"), bit("COLL"));
         assert_eq!(s("nccl::enqueue"), bit("COLL"));
         assert_eq!(s("nccl::transport::shm"), bit("SHM"));
-        assert_eq!(s("nccl::transport::net::socket"), bit("NET"));
+        assert_eq!(s("nccl::net::socket"), bit("NET"));
+        assert_eq!(s("nccl::transport::net"), bit("NET"));
         assert_eq!(s("nccl::transport::links"), bit("P2P"));
         assert_eq!(s("nccl::proxy"), bit("PROXY"));
         assert_eq!(s("nccl::topo::detect"), bit("GRAPH"));

@@ -51,7 +51,7 @@
 //! Logging: the library emits through the `log` crate only; [`init_logging`] installs NCCL's
 //! `NCCL_DEBUG` logger when the program has none.
 
-// The network plugins' logger is a C variadic function (transport/net/plugin/log.rs): that
+// The network plugins' logger is a C variadic function (net/plugin/log.rs): that
 // needs nightly, and build.rs sets `nccl_rs_variadic` when the compiler is one.
 #![cfg_attr(nccl_rs_variadic, feature(c_variadic))]
 // The API is documented; the internals (public only with the test-only `internals` feature)
@@ -91,11 +91,13 @@ pub(crate) use internal;
 mod api;
 #[cfg(feature = "capi")]
 pub mod capi;
+pub(crate) mod clock;
 pub mod cuda;
 pub mod debug;
 pub mod error;
 pub(crate) mod proxy;
 pub mod ras;
+pub(crate) mod sockets;
 
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -124,6 +126,13 @@ pub mod graph;
 pub(crate) mod graph;
 #[cfg(test)]
 mod layering;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod net;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod net;
+#[cfg(test)]
+mod test_aids;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod topo;

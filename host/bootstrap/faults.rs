@@ -2,6 +2,7 @@
 //! rank of a failure, and saying goodbye.
 
 use super::*;
+use crate::sockets;
 
 impl Bootstrap {
     /// Closes every socket of this rank; waiting and later calls fail instead of hanging.
@@ -123,7 +124,7 @@ impl Bootstrap {
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
         let period = (after / 4).clamp(Duration::from_millis(20), Duration::from_secs(5));
         let (this, shared) = (Arc::downgrade(self), self.shared.clone());
-        let spawned = socket::spawn("nccl-bs-beat", move || {
+        let spawned = sockets::spawn("nccl-bs-beat", move || {
             let mut last = Instant::now();
             loop {
                 let Some(bs) = this.upgrade() else { return };
@@ -187,7 +188,7 @@ impl Bootstrap {
     fn tell_everyone(self: Arc<Self>, f: Fault) {
         *lock(&self.notices.0) += 1;
         let this = self.clone();
-        let spawned = socket::spawn("nccl-bs-fault", move || {
+        let spawned = sockets::spawn("nccl-bs-fault", move || {
             let why = wire::cut_text(&f.why).as_bytes();
             for r in (0..this.nranks()).filter(|&r| r != this.rank() && r != f.dead) {
                 if let Err(e) = this.send_on(r, Channel::Fault, f.dead as u32, why) {

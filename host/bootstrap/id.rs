@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{root, socket, wire};
 use crate::error::{Error, Result};
+use crate::sockets;
 
 /// The size of a [`UniqueId`] (`NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;
@@ -200,9 +201,9 @@ crate::internal! {
 }
 
 fn new_root_id_on(ip: std::net::IpAddr) -> Result<UniqueId> {
-    let listener = socket::listen(SocketAddr::new(ip, 0), false)
+    let listener = sockets::listen(SocketAddr::new(ip, 0), false)
         .map_err(|e| Error::system(format!("bootstrap root: cannot listen on {ip}: {e}")))?;
-    let root = socket::local_addr(&listener)
+    let root = sockets::local_addr(&listener)
         .map_err(|e| Error::system(format!("bootstrap root: no local address: {e}")))?;
     let nonce = random_nonce();
     root::spawn(listener, root, nonce)?;

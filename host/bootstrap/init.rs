@@ -2,6 +2,7 @@
 //! block of ranks), the merge of the roots' tables, and the staggered start of large jobs.
 
 use super::*;
+use crate::sockets;
 
 impl Bootstrap {
     /// Joins the bootstrap of `id` as `rank` of `nranks`; every rank calls this with the same
@@ -40,7 +41,7 @@ impl Bootstrap {
         timeout: Duration,
         abort: &AbortFlag,
     ) -> Result<Bootstrap> {
-        let deadline = socket::deadline_after(timeout);
+        let deadline = sockets::deadline_after(timeout);
         if ids.is_empty() {
             return Err(Error::invalid_argument("bootstrap: no unique id given"));
         }
@@ -73,7 +74,7 @@ impl Bootstrap {
         let local = rank - plan.start(block);
         let (f0, fk) = (fields[0], fields[block]);
         if f0.flags & id::FLAG_ROOT_AT_INIT != 0 && rank == 0 {
-            let l = socket::listen(f0.root, true).map_err(|e| {
+            let l = sockets::listen(f0.root, true).map_err(|e| {
                 Error::system(format!(
                     "bootstrap: cannot start the root on {} (NCCL_COMM_ID): {e}",
                     f0.root
@@ -82,11 +83,11 @@ impl Bootstrap {
             root::spawn(l, f0.root, f0.nonce)?;
         }
         let ip = socket::local_ip_toward(fk.root.ip());
-        let listener = socket::listen(SocketAddr::new(ip, 0), false).map_err(|e| {
+        let listener = sockets::listen(SocketAddr::new(ip, 0), false).map_err(|e| {
             Error::system(format!("bootstrap rank {rank}: cannot listen on {ip}: {e}"))
         })?;
         let me = Member {
-            addr: socket::local_addr(&listener).map_err(|e| {
+            addr: sockets::local_addr(&listener).map_err(|e| {
                 Error::system(format!("bootstrap rank {rank}: no local address: {e}"))
             })?,
             key: 0,
@@ -136,7 +137,7 @@ impl Bootstrap {
             // The ring connection now, so that a broken peer shows at init and the first
             // allgather does not pay for it.
             let next = (rank + 1) % nranks;
-            let at_least = socket::deadline_after(ROOT_GRACE);
+            let at_least = sockets::deadline_after(ROOT_GRACE);
             let mut slot = lock(&bs.out[next]);
             if slot.is_none() {
                 *slot = Some(Outgoing::open(

@@ -65,8 +65,10 @@ pub(crate) use id::random_nonce;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 
 use crate::error::{Error, Result};
+use crate::sockets;
 pub(crate) use p2p::Fault;
 use p2p::{lock, Outgoing, Shared};
+pub(crate) use ras::RasReply;
 use wire::{Channel, Member};
 
 /// Default bound of every wait after `init` (and never less than the init timeout), unless
@@ -191,7 +193,7 @@ impl Bootstrap {
         let conn = match &mut *slot {
             Some(c) => c,
             empty if notice => {
-                let deadline = socket::deadline_after(timeout.min(NOTICE_CONNECT));
+                let deadline = sockets::deadline_after(timeout.min(NOTICE_CONNECT));
                 let addr = self.peers[peer].addr;
                 match Outgoing::open_to_live(&self.shared, peer, addr, deadline)? {
                     Some(c) => empty.insert(c),
@@ -202,7 +204,7 @@ impl Bootstrap {
                 &self.shared,
                 peer,
                 self.peers[peer].addr,
-                socket::deadline_after(timeout),
+                sockets::deadline_after(timeout),
             )?),
         };
         if let Err(e) = conn.write(&frame, timeout) {
@@ -233,7 +235,7 @@ impl Bootstrap {
     }
 
     fn recv_on(&self, peer: usize, channel: Channel, tag: u32) -> Result<Vec<u8>> {
-        let deadline = socket::deadline_after(self.op_timeout());
+        let deadline = sockets::deadline_after(self.op_timeout());
         self.shared.take(peer, channel, tag, deadline)
     }
 

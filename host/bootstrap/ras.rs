@@ -1,21 +1,31 @@
 //! The bootstrap's part of RAS: answering other ranks' queries with this rank's health record,
-//! and gathering every rank's record for a report.
+//! and gathering every rank's reply for a report (as bytes: RAS decodes them).
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::socket;
 use super::wire::Channel;
 use super::Bootstrap;
-use crate::ras::report::Answer;
-use crate::ras::Record;
+use crate::sockets;
 
 /// Most answers to one rank's RAS queries in flight at once (a thread each). A rank asks on
 /// behalf of its process's RAS clients, at most `ras::server`'s 4 at a time; queries past
 /// this are dropped (the asker reports this rank as not answering) rather than each taking
 /// a thread.
 pub(crate) const MAX_RAS_ANSWERS_PER_PEER: usize = 8;
+
+/// What became of one rank's RAS query, as the bootstrap saw it ([`Bootstrap::ras_gather`]).
+pub(crate) enum RasReply {
+    /// The asking rank itself: the caller has its own record.
+    Mine,
+    /// The bytes it answered with (RAS decodes them).
+    Bytes(Vec<u8>),
+    /// Known gone: its bootstrap connection ended without a goodbye.
+    Dead(String),
+    /// No answer in time, or the query could not be sent.
+    Silent(String),
+}
 
 /// One answer in flight to a rank, counted until it drops.
 struct InFlight(Arc<Vec<AtomicUsize>>, usize);
@@ -52,7 +62,7 @@ impl Bootstrap {
             }
             let held = InFlight(busy.clone(), from);
             let (this, record) = (this.clone(), record.clone());
-            let spawned = socket::spawn("nccl-ras-answer", move || {
+            let spawned = sockets::spawn("nccl-ras-answer", move || {
                 let _held = held;
                 if let Some(bs) = this.upgrade() {
                     if let Err(e) = bs.send_on(from, Channel::RasReply, query, &record()) {
@@ -66,8 +76,9 @@ impl Bootstrap {
         }));
     }
 
-    /// Every rank's answer to a RAS query (ours is `mine`), each waited for until `timeout`.
-    pub(crate) fn ras_gather(&self, mine: Record, timeout: Duration) -> Vec<Answer> {
+    /// Every rank's reply to a RAS query (ours is [`RasReply::Mine`]), each waited for until
+    /// `timeout`.
+    pub(crate) fn ras_gather(&self, timeout: Duration) -> Vec<RasReply> {
         static NEXT: AtomicU32 = AtomicU32::new(1);
         let query = NEXT.fetch_add(1, Ordering::Relaxed);
         let (me, n) = (self.rank(), self.nranks());
@@ -75,27 +86,23 @@ impl Bootstrap {
         for (r, a) in asked.iter_mut().enumerate().filter(|&(r, _)| r != me) {
             *a = self.shared.gone(r).is_none() && self.send_on(r, Channel::Ras, query, &[]).is_ok();
         }
-        let deadline = socket::deadline_after(timeout);
-        let mut mine = Some(mine);
+        let deadline = sockets::deadline_after(timeout);
         (0..n)
             .map(|r| {
                 if r == me {
-                    return Answer::Record(mine.take().expect("our own record once"));
+                    return RasReply::Mine;
                 }
                 if let Some(why) = self.shared.gone(r) {
-                    return Answer::Dead(why);
+                    return RasReply::Dead(why);
                 }
                 if !asked[r] {
-                    return Answer::Silent("the query could not be sent".into());
+                    return RasReply::Silent("the query could not be sent".into());
                 }
                 match self.shared.take(r, Channel::RasReply, query, deadline) {
-                    Ok(b) => match Record::decode(&b, n) {
-                        Some(rec) if rec.rank == r => Answer::Record(rec),
-                        _ => Answer::Silent("a malformed answer".into()),
-                    },
+                    Ok(b) => RasReply::Bytes(b),
                     Err(_) => match self.shared.gone(r) {
-                        Some(why) => Answer::Dead(why),
-                        None => Answer::Silent(format!(
+                        Some(why) => RasReply::Dead(why),
+                        None => RasReply::Silent(format!(
                             "no answer within {:.1} s",
                             timeout.as_secs_f64()
                         )),
@@ -172,7 +179,7 @@ mod tests {
         let got = loop {
             assert!(t0.elapsed() < bound, "no query answered after the flood");
             ranks[1].send_on(0, Channel::Ras, q, &[]).expect("query");
-            let deadline = socket::deadline_after(Duration::from_secs(1));
+            let deadline = sockets::deadline_after(Duration::from_secs(1));
             if let Ok(got) = ranks[1].shared.take(0, Channel::RasReply, q, deadline) {
                 break got;
             }

@@ -23,6 +23,7 @@ use super::keys::{self, Secret};
 use super::socket;
 use super::wire::{self, Hello, Member, Msg};
 use crate::error::{Error, NcclResult, Result};
+use crate::sockets;
 
 /// How long the root waits to hand a rank its answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
@@ -38,7 +39,7 @@ pub(crate) fn spawn(listener: Socket, addr: SocketAddr, nonce: u64) -> Result<()
     let idle = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
     // Drawn now, known to this thread only: every pair's key comes from it.
     let secret = Secret::draw()?;
-    socket::spawn("nccl-bs-root", move || {
+    sockets::spawn("nccl-bs-root", move || {
         run(listener, addr, nonce, secret, idle)
     })
     .map(|_| ())
@@ -56,7 +57,7 @@ fn run(listener: Socket, addr: SocketAddr, nonce: u64, secret: Secret, idle: Dur
         }
     };
     let stop2 = stop.clone();
-    if let Err(e) = socket::spawn("nccl-bs-root-accept", move || {
+    if let Err(e) = sockets::spawn("nccl-bs-root-accept", move || {
         accept_loop(accepting, addr, nonce, tx, stop2)
     }) {
         log::warn!("bootstrap root {addr}: cannot start the accept thread: {e}");
@@ -89,7 +90,7 @@ fn accept_loop(
             Ok((sock, _)) => {
                 let stream: TcpStream = sock.into();
                 let tx = tx.clone();
-                if let Err(e) = socket::spawn("nccl-bs-root-conn", move || {
+                if let Err(e) = sockets::spawn("nccl-bs-root-conn", move || {
                     let hello = read_hello(&stream, addr, nonce);
                     drop(permit);
                     if let Some(hello) = hello {
@@ -112,7 +113,7 @@ fn accept_loop(
 
 /// Tells a rank why it cannot join; best effort.
 fn refuse(stream: &TcpStream, code: NcclResult, message: &str) {
-    let deadline = socket::deadline_after(Duration::from_secs(1));
+    let deadline = sockets::deadline_after(Duration::from_secs(1));
     let _ = socket::write_frame(stream, &wire::encode_fail(code, message), deadline);
 }
 
@@ -127,7 +128,7 @@ fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello>
     let body = match socket::read_frame(
         stream,
         wire::MAX_CTRL_BODY,
-        socket::deadline_after(socket::handshake_wait()),
+        sockets::deadline_after(socket::handshake_wait()),
     ) {
         Ok(b) => b,
         Err(e) => {
@@ -190,7 +191,7 @@ fn gather(
     // The earliest moment at which some arrived rank gives up, and that rank.
     let mut expiry: Option<(Instant, usize)> = None;
     let mut first_arrival: Option<Instant> = None;
-    let unused_until = socket::deadline_after(idle);
+    let unused_until = sockets::deadline_after(idle);
     loop {
         let until = match expiry {
             None => unused_until,
@@ -277,7 +278,7 @@ fn gather(
         first_arrival.get_or_insert(now);
         let gives_up = now
             .checked_add(Duration::from_millis(a.hello.timeout_ms))
-            .unwrap_or_else(|| socket::deadline_after(Duration::MAX));
+            .unwrap_or_else(|| sockets::deadline_after(Duration::MAX));
         if expiry.is_none_or(|(at, _)| gives_up < at) {
             expiry = Some((gives_up, rank));
         }
@@ -295,7 +296,7 @@ fn gather(
         "bootstrap root {addr}: all {} ranks arrived; sending the address tables",
         addrs.len()
     );
-    let deadline = socket::deadline_after(ANSWER_WAIT);
+    let deadline = sockets::deadline_after(ANSWER_WAIT);
     // One table per rank, made when it is sent: rank i's lists the keys of its pairs only.
     let mut table: Vec<Member> = Vec::with_capacity(addrs.len());
     for (rank, j) in joined.iter().enumerate() {

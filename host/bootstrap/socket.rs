@@ -1,106 +1,20 @@
-//! Sockets for the bootstrap: which local address to use, listeners, connects that retry until
-//! a deadline, and frame I/O in which every read and write is bounded by a deadline.
+//! Sockets for the bootstrap: which local address to use, connects that retry until a deadline,
+//! and frame I/O in which every read and write is bounded by a deadline. What the socket
+//! network uses too (interfaces, listeners, retries, keepalive) is in `crate::sockets`.
 
-use std::ffi::CStr;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use socket2::{Domain, Protocol, Socket, Type};
+use crate::sockets::{describe_interfaces, ifname_matches, interfaces, keepalive, Retry};
 
 use super::wire;
-
-/// Upper bound for any wait, so that `Instant + Duration` can never overflow.
-const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// `now + d`, with absurdly long durations cut to a year.
-pub(crate) fn deadline_after(d: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(d.min(FOREVER))
-        .unwrap_or_else(|| now + Duration::from_secs(3600))
-}
 
 /// Whole milliseconds of `d`, saturating.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Does interface `name` pass an `NCCL_SOCKET_IFNAME` value? The value is a comma-separated
-/// list of name prefixes; a leading `^` turns it into an exclusion list, a leading `=` (after
-/// the `^`, if any) asks for exact names instead of prefixes.
-pub(crate) fn ifname_matches(spec: &str, name: &str) -> bool {
-    let (exclude, spec) = match spec.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, spec),
-    };
-    let (exact, spec) = match spec.strip_prefix('=') {
-        Some(rest) => (true, rest),
-        None => (false, spec),
-    };
-    let hit = spec
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .any(|p| {
-            if exact {
-                name == p
-            } else {
-                name.starts_with(p)
-            }
-        });
-    hit != exclude
-}
-
-pub(crate) struct Iface {
-    pub(crate) name: String,
-    pub(crate) ip: IpAddr,
-    pub(crate) up: bool,
-    pub(crate) loopback: bool,
-}
-
-/// Every address of every interface, from getifaddrs(3); empty if it fails.
-pub(crate) fn interfaces() -> Vec<Iface> {
-    let mut found = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs only writes the list head into `head`; we free it below, once.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return found;
-    }
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs; its
-        // `ifa_name` is a NUL-terminated string and `ifa_addr`, when not null, points to a
-        // sockaddr whose family field says which sockaddr_* it really is (read unaligned).
-        unsafe {
-            let ifa = &*cur;
-            cur = ifa.ifa_next;
-            if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-                continue;
-            }
-            let ip = match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin = std::ptr::read_unaligned(ifa.ifa_addr as *const libc::sockaddr_in);
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-                }
-                libc::AF_INET6 => {
-                    let sin6 = std::ptr::read_unaligned(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-                }
-                _ => continue,
-            };
-            found.push(Iface {
-                name: CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned(),
-                ip,
-                up: ifa.ifa_flags & libc::IFF_UP as u32 != 0,
-                loopback: ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0,
-            });
-        }
-    }
-    // SAFETY: `head` came from a successful getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(head) };
-    found
 }
 
 /// Which address family `NCCL_SOCKET_FAMILY` asks for: Some(true) IPv4 only, Some(false)
@@ -166,7 +80,7 @@ pub(crate) fn choose_address() -> Result<IpAddr> {
                     Some(false) => " of NCCL_SOCKET_FAMILY=AF_INET6",
                     None => "",
                 },
-                crate::transport::net::socket::describe_interfaces(&up)
+                describe_interfaces(&up)
             )))
         }
         (None, None) => Ok(loopback_address()),
@@ -200,51 +114,6 @@ pub(crate) fn local_ip_toward(target: IpAddr) -> IpAddr {
         Ok(a) if !a.ip().is_unspecified() => a.ip(),
         // A setting that matches nothing failed the id's making already.
         _ => choose_address().unwrap_or_else(|_| loopback_address()),
-    }
-}
-
-/// A listening TCP socket on `addr` (port 0: any free port).
-pub(crate) fn listen(addr: SocketAddr, reuse_address: bool) -> io::Result<Socket> {
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if reuse_address {
-        s.set_reuse_address(true)?;
-    }
-    s.bind(&addr.into())?;
-    // The kernel caps the backlog at somaxconn; ask for plenty so that many ranks connecting
-    // at once are not dropped into SYN retries.
-    s.listen(4096)?;
-    Ok(s)
-}
-
-pub(crate) fn local_addr(s: &Socket) -> io::Result<SocketAddr> {
-    s.local_addr()?
-        .as_socket()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "listener has no IP address"))
-}
-
-/// How often and how long `connect` retries: `NCCL_SOCKET_RETRY_CNT` failed attempts at most,
-/// pausing between them from 1 ms, doubling, up to `NCCL_SOCKET_RETRY_SLEEP_MSEC` times the
-/// attempt number (NCCL's linear back-off, with a fast start for listeners that are just
-/// coming up).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Retry {
-    pub count: u32,
-    pub sleep_ms: u64,
-}
-
-impl Retry {
-    pub(crate) fn from_env() -> Retry {
-        Retry {
-            count: crate::env::SOCKET_RETRY_CNT.int().clamp(0, u32::MAX as i64) as u32,
-            sleep_ms: crate::env::SOCKET_RETRY_SLEEP_MSEC.int().max(0) as u64,
-        }
-    }
-
-    /// The pause after failed attempt number `n` (1-based).
-    pub(crate) fn pause(&self, n: u32) -> Duration {
-        let fast = 1u64 << n.min(20);
-        let linear = self.sleep_ms.saturating_mul(n as u64);
-        Duration::from_millis(fast.min(linear.max(1)))
     }
 }
 
@@ -328,28 +197,6 @@ pub(crate) fn silence_bounds() -> (Option<Duration>, Option<Duration>) {
     (
         bound(crate::env::RS_SOCKET_TIMEOUT_MS),
         bound(crate::env::RS_SOCKET_SEND_TIMEOUT_MS),
-    )
-}
-
-/// TCP keepalive such that a connection whose peer's host answers nothing for about `t` fails
-/// with ETIMEDOUT. The kernel counts whole seconds: after `every` seconds without hearing from
-/// the peer it sends a probe, then one every `every` seconds, and gives up after `probes`
-/// unanswered ones, so `every + probes × every` ≈ `t` (at least 2 s). Probes go out only while
-/// the socket has no unacknowledged data of its own, and they are answered by the peer's
-/// kernel, so a peer rank that is merely busy (or stopped) never trips them.
-pub(crate) fn keepalive(s: &Socket, t: Duration) -> io::Result<()> {
-    let secs = t
-        .as_secs()
-        .saturating_add(u64::from(t.subsec_nanos() > 0))
-        .max(2);
-    let every = (secs / 4).clamp(1, 32_767);
-    let probes = (secs / every).saturating_sub(1).clamp(1, 127);
-    s.set_keepalive(true)?;
-    s.set_tcp_keepalive(
-        &socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(every))
-            .with_interval(Duration::from_secs(every))
-            .with_retries(probes as u32),
     )
 }
 
@@ -480,7 +327,6 @@ pub(crate) fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
-/// Spawns a helper thread with a small stack (many of them exist at once with many ranks).
 /// Most connections a listener (a root's or a rank's) keeps in their handshake at once.
 pub(crate) const MAX_HANDSHAKES: usize = 64;
 /// Default of `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`.
@@ -544,50 +390,11 @@ impl Drop for Permit {
     }
 }
 
-pub(crate) fn spawn(
-    name: &str,
-    f: impl FnOnce() + Send + 'static,
-) -> io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name.to_string())
-        .stack_size(256 << 10)
-        .spawn(f)
-}
-
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    #[test]
-    fn ifname_spec() {
-        assert!(ifname_matches("eth", "eth0"));
-        assert!(ifname_matches("ib,eth", "eth1"));
-        assert!(!ifname_matches("ib", "eth0"));
-        assert!(!ifname_matches("^eth", "eth0"));
-        assert!(ifname_matches("^eth", "ib0"));
-        assert!(ifname_matches("=eth0", "eth0"));
-        assert!(!ifname_matches("=eth0", "eth01"));
-        assert!(!ifname_matches("^=eth0", "eth0"));
-        assert!(ifname_matches("^=eth0", "eth01"));
-        assert!(!ifname_matches("^docker,virbr", "docker0"));
-        assert!(ifname_matches("^docker,virbr", "enp1s0"));
-    }
-
-    #[test]
-    fn retry_pauses_start_fast_and_grow_linearly() {
-        let r = Retry {
-            count: 34,
-            sleep_ms: 100,
-        };
-        assert_eq!(r.pause(1), Duration::from_millis(2));
-        assert_eq!(r.pause(5), Duration::from_millis(32));
-        assert_eq!(r.pause(12), Duration::from_millis(1200));
-        let zero = Retry {
-            count: 1,
-            sleep_ms: 0,
-        };
-        assert_eq!(zero.pause(3), Duration::from_millis(1));
-    }
+    use crate::sockets::{deadline_after, listen, local_addr};
+    use crate::test_aids::skipped;
 
     #[test]
     fn connections_bound_a_silent_peer_host() {
@@ -666,37 +473,6 @@ pub(crate) mod tests {
         fn drop(&mut self) {
             let _ = self.ip_top(&["netns", "del", &self.0]);
         }
-    }
-
-    /// A check this process skips, visibly: a line on stderr now (libtest does not capture a
-    /// direct write) and, when the process exits, how many checks each reason skipped. For the
-    /// crate's unit tests (here: namespaces that cannot be made; PTX not embedded).
-    pub(crate) fn skipped(reason: &str, what: &str) {
-        use std::collections::BTreeMap;
-        static COUNTS: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
-        static AT_EXIT: std::sync::Once = std::sync::Once::new();
-        extern "C" fn totals() {
-            let counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
-            for (reason, n) in counts.iter() {
-                let _ = writeln!(
-                    io::stderr(),
-                    "nccl-rs unit tests: {n} checks skipped: {reason}"
-                );
-            }
-        }
-        // SAFETY: registers a plain `extern "C"` function with no arguments, once.
-        AT_EXIT.call_once(|| unsafe {
-            libc::atexit(totals);
-        });
-        *COUNTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason.to_string())
-            .or_default() += 1;
-        let _ = writeln!(
-            io::stderr(),
-            "nccl-rs unit tests: skipped check ({reason}): {what}"
-        );
     }
 
     /// In a namespace of the test's own with one interface besides loopback, the choice is that

@@ -379,7 +379,7 @@ fn comm_id_mode_root_started_by_rank0() {
     let mut roots = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, 0))];
     match TcpListener::bind("[::1]:0") {
         Ok(_) => roots.push(SocketAddr::from((Ipv6Addr::LOCALHOST, 0))),
-        Err(e) => super::socket::tests::skipped(
+        Err(e) => crate::test_aids::skipped(
             "no IPv6 loopback here",
             &format!("comm_id_mode_root_started_by_rank0, its IPv6 part (cannot bind [::1]: {e})"),
         ),

@@ -14,7 +14,7 @@ use super::Comm;
 use crate::bootstrap::{AbortFlag, Bootstrap};
 use crate::cuda::HostFlag;
 use crate::error::{Error, Result};
-use crate::transport::net::setup::NetPath;
+use crate::transport::net::NetPath;
 
 /// Aborts a communicator or reads its async error from any thread (`Send + Sync + Clone`);
 /// made by [`Comm::abort_handle`].

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::topo::System;
-use crate::transport::net::setup::Made;
+use crate::transport::net::Made;
 
 /// Connects the tree's up direction (the reverse of each tree CTA's ring, as send/recv links)
 /// when the filters allow the tree: every rank does it at init, so no collective waits on a

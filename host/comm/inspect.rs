@@ -15,7 +15,7 @@ impl Comm {
     crate::internal! {
         /// A fence behind every kernel this communicator launched so far (what a peer's
         /// withdrawn mapping waits for); None when it launched none.
-        fn launch_fence(&self) -> Result<Option<order::Fence>> {
+        fn launch_fence(&self) -> Result<Option<crate::cuda::Fence>> {
             self.order.fence()
         }
     }

@@ -43,7 +43,7 @@ use crate::cuda::{DevBuffer, Device, Kernel};
 use crate::error::{Error, NcclResult, Result};
 use crate::graph::Transport;
 use crate::transport::links::{Dir, Links};
-use crate::transport::net::setup::NetPath;
+use crate::transport::net::NetPath;
 use crate::transport::p2p::{Layout, P2p, PeerAddr};
 use crate::transport::shm::ShmRing;
 use nccl_device::abi::{ChannelDev, Coll, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};

@@ -6,11 +6,11 @@ use super::Shape;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{Device, HostFlag};
 use crate::error::{Error, Result};
+use crate::net::gdr::Policy;
+pub(super) use crate::net::plugin::{comm_id, Choice};
 use crate::proxy::{OnError, ProxyGroup};
 use crate::transport::links::Dir;
-use crate::transport::net::gdr::Policy;
-pub(super) use crate::transport::net::plugin::{comm_id, Choice};
-use crate::transport::net::setup::{self, Made, NetPath, Want};
+use crate::transport::net::{self as setup, Made, NetPath, Want};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
 ///
 /// `system` is this rank's node and `local` its GPU's position there: with the network's
 /// pointer support, NCCL_NET_GDR_LEVEL and the GPU-NIC path they decide where its connections'
-/// FIFOs live (`transport::net::gdr`).
+/// FIFOs live (`net::gdr`).
 pub(super) fn net_path(
     remote: Vec<bool>,
     device: &Device,
@@ -49,10 +49,10 @@ pub(super) fn net_path(
     if !remote.iter().any(|&r| r) {
         return Ok(None);
     }
-    let net = crate::transport::net::plugin::select(choice).map_err(|e| e.context("network"))?;
+    let net = crate::net::plugin::select(choice).map_err(|e| e.context("network"))?;
     let timeout = Duration::from_millis(crate::env::BOOTSTRAP_TIMEOUT_MS.int().max(1) as u64);
     let gdr = Policy::new(&*net, system, local, device)?;
-    let nics = crate::transport::net::nics::channel_nics(&*net, system, local)?;
+    let nics = crate::net::nics::channel_nics(&*net, system, local)?;
     Ok(Some(Arc::new(NetPath {
         remote,
         gdr,

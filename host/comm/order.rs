@@ -19,7 +19,7 @@
 //! The communicator owns one (created at init, waited for by finalize, destroy and abort);
 //! the enqueue layer launches through it.
 
-use crate::cuda::{Device, StreamHandle};
+use crate::cuda::{Device, Fence, StreamHandle};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -116,29 +116,6 @@ struct Last {
     captured: bool,
     /// A stream of our own for [`StreamOrder::fence`] (made on first use).
     fences: Option<StreamHandle>,
-}
-
-/// An event that completes once every kernel the communicator had launched when it was made
-/// has finished ([`StreamOrder::fence`]).
-pub struct Fence {
-    device: Device,
-    event: u64,
-}
-
-impl Fence {
-    /// Whether those kernels have all finished (an error counts as not yet).
-    pub fn passed(&self) -> bool {
-        // Asked at drains, perhaps while a capture in CUDA's global mode is open, which a
-        // query from a thread in that mode would invalidate.
-        let _relaxed = self.device.relaxed_capture();
-        self.device.event_query(self.event).unwrap_or(false)
-    }
-}
-
-impl Drop for Fence {
-    fn drop(&mut self) {
-        let _ = self.device.event_destroy(self.event);
-    }
 }
 
 /// Keeps one communicator's launches in issue order across the streams it is given.

@@ -11,10 +11,10 @@ use super::Shape;
 use crate::cuda::Device;
 use crate::error::Result;
 use crate::graph::{self, Graphs};
+use crate::net::Net;
 use crate::topo::detect::{GpuInfo, StaticGpus};
 use crate::topo::PathType;
 use crate::topo::{synthetic, System};
-use crate::transport::net::Net;
 use crate::tune::{Algo, AlgoFilter, Proto, ProtoFilter, TuneParams, Tuner, NUM_ALGOS, NUM_PROTOS};
 
 /// (algorithm, protocol) pairs the device kernels implement.
@@ -146,7 +146,7 @@ impl NetModel {
             0 => DEFAULT_NET_GBS,
             // Loopback has no wire and sysfs gives it no speed: count what the socket network
             // moved there, not a NIC's default.
-            crate::transport::net::socket::DEFAULT_SPEED_MBPS if name == "lo" => {
+            crate::net::socket::DEFAULT_SPEED_MBPS if name == "lo" => {
                 LOOPBACK_GBS / nnodes.max(1) as f64
             }
             m => f64::from(m) / 8000.0,
@@ -251,7 +251,7 @@ fn search_in(system: System, shape: &Shape) -> Result<(System, Graphs)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::net::{Connecting, Handle, Listener, Properties};
+    use crate::net::{Connecting, Handle, Listener, Properties};
 
     /// A network that only describes its devices.
     struct Described(Vec<Properties>);

@@ -1,6 +1,6 @@
 //! What the runtime holds on a device and releases when dropped: device memory, host memory
-//! mapped for the device, registrations of host memory, mappings of peers' memory and the
-//! exports that let peers map ours.
+//! mapped for the device, registrations of host memory, mappings of peers' memory, the
+//! exports that let peers map ours, and fences (events behind a communicator's launches).
 
 use super::*;
 
@@ -327,6 +327,32 @@ impl Device {
             Imp::Cuda(_) => CaptureRelaxed::Cuda(driver::RelaxedCapture::enter()),
             Imp::Sim(_) => CaptureRelaxed::Sim(sim::RelaxedCapture::enter()),
         }
+    }
+}
+
+crate::internal! {
+    /// An event that completes once every kernel the communicator had launched when it was made
+    /// has finished (a communicator's launch order makes it: `comm::order::StreamOrder::fence`);
+    /// destroyed on drop.
+    struct Fence {
+        pub(crate) device: Device,
+        pub(crate) event: u64,
+    }
+}
+
+impl Fence {
+    /// Whether those kernels have all finished (an error counts as not yet).
+    pub fn passed(&self) -> bool {
+        // Asked at drains, perhaps while a capture in CUDA's global mode is open, which a
+        // query from a thread in that mode would invalidate.
+        let _relaxed = self.device.relaxed_capture();
+        self.device.event_query(self.event).unwrap_or(false)
+    }
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        let _ = self.device.event_destroy(self.event);
     }
 }
 

@@ -71,7 +71,7 @@ mod tests {
     use super::super::ptx_cut::items;
     use super::*;
     // Checks of what the build did not embed are skipped visibly (stderr, and a count at exit).
-    use crate::bootstrap::socket::tests::skipped;
+    use crate::test_aids::skipped;
 
     const NO_PTX: &str = "no PTX for sm_90 in this build (host/cuda/ptx_archs.rs)";
 

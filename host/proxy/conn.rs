@@ -4,7 +4,7 @@
 use super::timeline::{self, Mark};
 use crate::cuda::{DevBuffer, DevPtr, Device, HostMem};
 use crate::error::{Error, Result};
-use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
+use crate::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
 use nccl_device::abi::{proxy_proto_parts, CTRL_LINE, NCCL_STEPS, PROTO_SIMPLE, SIZE_LL_LINES};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};

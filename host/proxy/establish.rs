@@ -10,7 +10,7 @@
 use super::conn::{ConnMem, NetConn, Side};
 use super::shared::{Grouper, SharedRecv, SharedSend};
 use crate::error::{Error, Result};
-use crate::transport::net::{Connecting, Listener, SendComm, Waker};
+use crate::net::{Connecting, Listener, SendComm, Waker};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -236,9 +236,9 @@ impl Pending {
 mod tests {
     use super::*;
     use crate::cuda::{set_backend, Backend, Device};
+    use crate::net::{Mr, Request};
     use crate::proxy::conn::Poll;
     use crate::proxy::{ConnLayout, FifoPlace, ProxyGroup};
-    use crate::transport::net::{Mr, Request};
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Duration;
 

@@ -203,7 +203,7 @@ impl Proxy {
         max_nap(&self.shared)
     }
 
-    fn waker(&self) -> crate::transport::net::Waker {
+    fn waker(&self) -> crate::net::Waker {
         let s = Arc::downgrade(&self.shared);
         Arc::new(move || {
             if let Some(s) = s.upgrade() {

@@ -7,7 +7,7 @@
 //! will come soon, and a grouped receive completes only once all of its buffers are full.
 
 use crate::error::Result;
-use crate::transport::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker};
+use crate::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker};
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard};

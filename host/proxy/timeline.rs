@@ -7,6 +7,8 @@
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
+use crate::clock::clock_ns;
+
 /// What happened.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Mark {
@@ -40,17 +42,6 @@ fn log() -> Option<&'static Mutex<Vec<Event>>> {
             .map(|_| Mutex::new(Vec::with_capacity(1 << 16)))
     })
     .as_ref()
-}
-
-/// `clock` (a Linux clock id) in ns.
-pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Records `mark` for the connection with `peer` at `step` (0 where neither applies).

@@ -21,11 +21,10 @@
 //! it has a rank in, which reaches every rank of those communicators.
 
 mod record;
-pub(crate) mod report;
+mod report;
 mod server;
 
 pub(crate) use record::Health;
-pub(crate) use record::Record;
 pub use report::report;
 pub use server::{listening_on, query};
 

@@ -20,7 +20,7 @@ const OPS: [&str; 7] = [
 /// The monotonic clock at the kernel's tick (a few ns to read, against ~40 for the precise
 /// one on a VM), in ns: an issue marks its time on every call, and a report wants ms.
 fn coarse_now_ns() -> u64 {
-    crate::proxy::timeline::clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+    crate::clock::clock_ns(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// A communicator's health as this rank sees it.

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::record::Record;
+use crate::bootstrap::RasReply;
 
 /// What became of one rank when asked.
 pub(crate) enum Answer {
@@ -28,7 +29,10 @@ pub fn report(verbose: bool, timeout: Duration) -> String {
     for e in &entries {
         let h = &e.health;
         let answers: Vec<Answer> = match e.bootstrap.upgrade() {
-            Some(bs) => bs.ras_gather(h.record(), timeout),
+            Some(bs) => {
+                let mine = h.record();
+                answers(bs.ras_gather(timeout), mine)
+            }
             None => continue,
         };
         let _ = writeln!(
@@ -44,6 +48,26 @@ pub fn report(verbose: bool, timeout: Duration) -> String {
         out += &verdict(&answers, verbose);
     }
     out
+}
+
+/// The bootstrap's replies to a RAS query as answers: ours is `mine`, every other rank's bytes
+/// decoded (anything but a record of the rank that sent it is a malformed answer).
+fn answers(replies: Vec<RasReply>, mine: Record) -> Vec<Answer> {
+    let n = replies.len();
+    let mut mine = Some(mine);
+    replies
+        .into_iter()
+        .enumerate()
+        .map(|(r, reply)| match reply {
+            RasReply::Mine => Answer::Record(mine.take().expect("our own record once")),
+            RasReply::Bytes(b) => match Record::decode(&b, n) {
+                Some(rec) if rec.rank == r => Answer::Record(rec),
+                _ => Answer::Silent("a malformed answer".into()),
+            },
+            RasReply::Dead(why) => Answer::Dead(why),
+            RasReply::Silent(why) => Answer::Silent(why),
+        })
+        .collect()
 }
 
 /// One communicator's part of the report: a line per rank that is not healthy (every rank

@@ -50,7 +50,7 @@ pub(crate) fn start_once() {
         };
         let addr = listener.local_addr().ok()?;
         let busy = Arc::new(AtomicUsize::new(0));
-        let spawned = crate::bootstrap::socket::spawn("nccl-ras", move || loop {
+        let spawned = crate::sockets::spawn("nccl-ras", move || loop {
             match listener.accept() {
                 Ok((s, _)) => serve_client(s, &busy),
                 Err(e) => {
@@ -85,7 +85,7 @@ fn serve_client(s: TcpStream, busy: &Arc<AtomicUsize>) {
         return;
     }
     let busy = busy.clone();
-    let spawned = crate::bootstrap::socket::spawn("nccl-ras-client", move || {
+    let spawned = crate::sockets::spawn("nccl-ras-client", move || {
         let _ = answer(s);
         busy.fetch_sub(1, Ordering::SeqCst);
     });

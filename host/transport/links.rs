@@ -7,15 +7,14 @@
 //! connections in a shared memory segment the receiving side creates (counters and FIFOs);
 //! the sending side opens it, and publishes nothing.
 
+use super::net::{self as setup, NetPath, Want};
 use super::p2p::{export, import, PeerAddr};
 use super::regmap::{self, PeerRegs};
 use super::shm::{LinkLayout, ShmMem};
 use crate::bootstrap::Bootstrap;
-use crate::comm::order::Fence;
-use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, RegExport, VmmExport};
+use crate::cuda::{DevBuffer, DevPtr, Device, Fence, IpcMapping, RegExport, VmmExport};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
-use crate::transport::net::setup::{self, NetPath, Want};
 use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, LL_SLOT_BYTES, NCCL_STEPS};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

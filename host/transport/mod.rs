@@ -3,7 +3,7 @@
 //! (host shared memory mapped into both GPUs); between nodes (or inside one with both off): net.
 
 pub mod links;
-pub mod net;
+pub(crate) mod net;
 pub mod p2p;
 pub mod regmap;
 pub mod shm;

@@ -24,9 +24,8 @@
 //! ends (its replays then take copies until a later launch drains the records).
 
 use crate::bootstrap::Bootstrap;
-use crate::comm::order::Fence;
 use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
-use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping, VmmMapping};
+use crate::cuda::{DevBuffer, DevPtr, Device, Fence, IpcMapping, VmmMapping};
 use crate::error::{Error, Result};
 use nccl_device::abi::{RegEntry, RegTable, REG_TABLE_ENTRIES};
 use std::collections::HashMap;

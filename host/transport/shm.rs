@@ -423,54 +423,10 @@ impl LinkLayout {
     }
 }
 
-/// For tests: a POSIX shared memory object that belongs to nobody in the library (another
-/// program's, as far as the library can tell), removed when dropped.
-#[cfg(test)]
-pub(crate) struct ForeignObject {
-    pub name: String,
-    c: CString,
-}
-
-#[cfg(test)]
-impl ForeignObject {
-    /// `/<tag>-<pid>`, of `bytes` bytes.
-    pub fn create(tag: &str, bytes: usize) -> ForeignObject {
-        let name = format!("/{tag}-{}", std::process::id());
-        let c = CString::new(name.clone()).expect("name");
-        // SAFETY: plain system calls on a name of the test's; results checked.
-        unsafe {
-            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
-            assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
-            assert_eq!(libc::ftruncate(fd, bytes as libc::off_t), 0);
-            libc::close(fd);
-        }
-        ForeignObject { name, c }
-    }
-
-    /// Whether the object is still there.
-    pub fn exists(&self) -> bool {
-        // SAFETY: a plain open of the test's name; the descriptor is closed at once.
-        unsafe {
-            let fd = libc::shm_open(self.c.as_ptr(), libc::O_RDWR, 0);
-            if fd >= 0 {
-                libc::close(fd);
-            }
-            fd >= 0
-        }
-    }
-}
-
-#[cfg(test)]
-impl Drop for ForeignObject {
-    fn drop(&mut self) {
-        // SAFETY: unlinking the test's own name.
-        unsafe { libc::shm_unlink(self.c.as_ptr()) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_aids::ForeignObject;
 
     /// A peer's record naming a segment smaller than the connections laid out in it is
     /// refused: the kernels would address past its end.

@@ -80,7 +80,7 @@ impl Tuner {
         let handoff = u64::from_le_bytes(first[HANDOFF_AT..HANDOFF_AT + 8].try_into().unwrap());
         let handoff_from = match handoff {
             NO_HANDOFF => None,
-            b if b <= crate::transport::net::socket::MAX_INLINE_BELOW as u64 => Some(b as usize),
+            b if b <= crate::net::socket::MAX_INLINE_BELOW as u64 => Some(b as usize),
             b => {
                 return Err(Error::remote(format!(
                     "rank 0's tuner inputs are out of range: a network hand-off from {b} bytes"

@@ -10,7 +10,7 @@
 //!   within a bound, and abort returns;
 //! - the link of a node taken down in the middle of a loop of AllReduces (2×1, 2×2): every rank
 //!   gets an async error within the configured peer timeout (`NCCL_RS_SOCKET_TIMEOUT_MS`; TCP
-//!   keepalive probes, `transport/net/socket/comm.rs`), and abort returns. Nothing hangs;
+//!   keepalive probes, `net/socket/comm/`), and abort returns. Nothing hangs;
 //! - the host of a rank that only receives vanishes (its link down: every packet dropped, no
 //!   reset) while its peer is in the middle of a large send: the sender, whose sockets hold
 //!   unacknowledged data (so keepalive never probes them), gets an async error within the

@@ -2,6 +2,7 @@
 //! connections, checking their greetings, and reading their frames into the mailbox.
 
 use super::*;
+use crate::sockets;
 
 /// This rank's connection to one peer.
 pub(crate) struct Outgoing {
@@ -128,7 +129,7 @@ pub(super) fn accept_loop(shared: Arc<Shared>, listener: Socket) {
                 };
                 let s = shared.clone();
                 if let Err(e) =
-                    socket::spawn("nccl-bs-recv", move || read_peer(&s, stream, id, permit))
+                    sockets::spawn("nccl-bs-recv", move || read_peer(&s, stream, id, permit))
                 {
                     log::warn!("bootstrap rank {}: cannot start a reader: {e}", shared.rank);
                     shared.unregister(id);
@@ -148,7 +149,7 @@ pub(super) fn accept_loop(shared: Arc<Shared>, listener: Socket) {
 /// that knows only the unique id cannot pass as a rank, nor can another member, which holds
 /// the keys of its own pairs only. The sender's rank if all holds.
 pub(super) fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Result<usize, String> {
-    let deadline = socket::deadline_after(socket::handshake_wait());
+    let deadline = sockets::deadline_after(socket::handshake_wait());
     let body =
         socket::read_frame(stream, wire::MAX_CTRL_BODY, deadline).map_err(|e| e.to_string())?;
     let c = match wire::decode(&body) {

@@ -18,6 +18,7 @@ use super::keys::same_key;
 use super::socket;
 use super::wire::{self, Channel, Connect, Msg};
 use crate::error::{Error, Result};
+use crate::sockets;
 
 mod conns;
 use conns::accept_loop;
@@ -151,7 +152,7 @@ impl Shared {
             ras: Mutex::new(None),
         });
         let s = shared.clone();
-        socket::spawn("nccl-bs-accept", move || accept_loop(s, accepting))
+        sockets::spawn("nccl-bs-accept", move || accept_loop(s, accepting))
             .map_err(|e| Error::system(format!("bootstrap: cannot start a thread: {e}")))?;
         Ok(shared)
     }

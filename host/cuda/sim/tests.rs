@@ -25,7 +25,7 @@ fn an_ipc_handle_claiming_more_than_its_region_is_refused() {
 #[test]
 fn an_ipc_handle_naming_another_object_is_refused() {
     let dev = Device::open(0).expect("simulated device");
-    let foreign = crate::transport::shm::ForeignObject::create("peervalues-sim-foreign", 4096);
+    let foreign = crate::test_aids::ForeignObject::create("peervalues-sim-foreign", 4096);
     let p = dev.alloc(4096).expect("alloc");
     let good = dev.ipc_handle(p).expect("handle");
     let good_name = {

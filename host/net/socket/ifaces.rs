@@ -5,13 +5,12 @@
 //!
 //! The choice is a pure function over (name, address) pairs so that it can be tested without the
 //! host's interfaces; [`host_addresses`] gives the real pairs (getifaddrs, through the
-//! bootstrap's reader).
+//! reader in `crate::sockets`).
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::bootstrap::socket::ifname_matches;
 use crate::error::{Error, Result};
+use crate::sockets::{describe_interfaces, ifname_matches};
 
 /// At most this many interfaces become devices (NCCL's MAX_IFS).
 pub const MAX_IFS: usize = 16;
@@ -43,7 +42,7 @@ impl Family {
 
 /// Every address of every interface that is up, in getifaddrs order.
 pub fn host_addresses() -> Vec<(String, IpAddr)> {
-    crate::bootstrap::socket::interfaces()
+    crate::sockets::interfaces()
         .into_iter()
         .filter(|i| i.up)
         .map(|i| (i.name, i.ip))
@@ -102,34 +101,6 @@ fn pick(
     out
 }
 
-/// "eth0 (10.0.0.2, fe80::1), lo (127.0.0.1)": what exists, for error messages.
-pub fn describe(all: &[(String, IpAddr)]) -> String {
-    let mut names: Vec<&str> = Vec::new();
-    for (n, _) in all {
-        if !names.contains(&n.as_str()) {
-            names.push(n);
-        }
-    }
-    if names.is_empty() {
-        return "none".into();
-    }
-    let mut s = String::new();
-    for (i, n) in names.iter().enumerate() {
-        let ips: Vec<String> = all
-            .iter()
-            .filter(|(m, _)| m == n)
-            .map(|(_, ip)| ip.to_string())
-            .collect();
-        let _ = write!(
-            s,
-            "{}{n} ({})",
-            if i > 0 { ", " } else { "" },
-            ips.join(", ")
-        );
-    }
-    s
-}
-
 /// The interfaces to use among `all` (interfaces that are up, with their addresses), for an
 /// `NCCL_SOCKET_IFNAME` value `spec` and an `NCCL_SOCKET_FAMILY` value `family`.
 ///
@@ -155,7 +126,7 @@ pub fn select(
             return Err(Error::invalid_usage(format!(
                 "NET/Socket: NCCL_SOCKET_IFNAME={spec}{family_text} matches no interface that is \
                  up with a usable address; interfaces: {}",
-                describe(all)
+                describe_interfaces(all)
             )));
         }
         return Ok(found);
@@ -178,11 +149,11 @@ pub fn select(
         return Err(Error::invalid_usage(format!(
             "NET/Socket: no interface is up with an address of the family asked for{family_text}; \
              interfaces: {}",
-            describe(all)
+            describe_interfaces(all)
         )));
     }
     Err(Error::system(format!(
         "NET/Socket: no network interface is up with a usable address; interfaces: {}",
-        describe(all)
+        describe_interfaces(all)
     )))
 }

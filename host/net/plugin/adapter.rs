@@ -6,7 +6,7 @@
 use super::abi::CommConfig;
 use super::api::{Api, CloseKind, Extra, P};
 use crate::error::{Error, Result};
-use crate::transport::net::{
+use crate::net::{
     Connecting, Handle, Listener, Mr, Net, Properties, RecvBuf, RecvComm, Request, SendComm,
 };
 use std::collections::HashMap;

@@ -2,17 +2,17 @@
 //! and sends its handle through the bootstrap, the sending side starts its connect to it, and
 //! the proxy thread ends both handshakes ([`crate::proxy::establish`]). Each connection gets its
 //! counters in pinned host memory mapped into the GPU, its FIFO there too or in GPU memory
-//! where the network reads and writes it (GPU Direct RDMA, [`super::gdr`]), the structure the
+//! where the network reads and writes it (GPU Direct RDMA, [`crate::net::gdr`]), the structure the
 //! kernel advances, and a [`ProxyConn`] for the proxy thread.
 
-use super::gdr::Policy;
-use super::{Handle, Net, HANDLE_BYTES};
+use super::links::Dir;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::Device;
 use crate::error::{Error, Result};
+use crate::net::gdr::Policy;
+use crate::net::{Handle, Net, HANDLE_BYTES};
 use crate::proxy::establish::{GoneCheck, Handshake, Pending, ShareSlot, Sharing};
 use crate::proxy::{ConnLayout, ConnMem, FifoPlace, ProxyConn};
-use crate::transport::links::Dir;
 use nccl_device::abi::{
     ConnRecv, ConnSend, LL128_SLOT_BYTES, LL_SLOT_BYTES, STRIDE_LL_POLL, STRIDE_LL_SEND_POLL,
 };
@@ -27,7 +27,7 @@ pub(crate) struct NetPath {
     pub net: Arc<dyn Net>,
     /// Where each network device's connections put their FIFOs (GPU Direct RDMA or not).
     pub gdr: Policy,
-    /// The network devices its channels take in turn ([`super::nics::channel_nics`]).
+    /// The network devices its channels take in turn ([`crate::net::nics::channel_nics`]).
     pub nics: Vec<usize>,
     pub proxy: crate::proxy::ProxyGroup,
     pub timeout: Duration,
@@ -80,7 +80,7 @@ pub(crate) fn stride(slot_bytes: usize) -> usize {
 /// above 1, so it matches tags), the first want with the same peer, direction and class (its
 /// key modulo the network's device count). Both ends decide alike from the same wants where
 /// the network has as many devices on both nodes, whichever devices each end's GPU prefers
-/// ([`super::nics`]): a sharer uses its owner's comm, and with it its owner's device.
+/// ([`crate::net::nics`]): a sharer uses its owner's comm, and with it its owner's device.
 fn comm_owners(net: &dyn Net, wants: &[Want], share: bool) -> Vec<usize> {
     let ndevs = net.ndevs().max(1);
     let dev_of = |w: &Want| w.key as usize % ndevs;

@@ -5,7 +5,7 @@ use super::ifaces::{self, Family};
 use super::wire;
 use super::*;
 use crate::error::NcclResult;
-use crate::transport::net::{RecvBuf, Request, PTR_CUDA};
+use crate::net::{RecvBuf, Request, PTR_CUDA};
 use std::collections::VecDeque;
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
@@ -723,7 +723,7 @@ fn connect_to_nobody_fails_in_time() {
     };
     assert_eq!(e.code, NcclResult::RemoteError);
     assert!(e.message.contains("127.0.0.1"), "{}", e.message);
-    let zero = [0u8; crate::transport::net::HANDLE_BYTES];
+    let zero = [0u8; crate::net::HANDLE_BYTES];
     assert_eq!(
         net.connect(0, &zero).err().map(|e| e.code),
         Some(NcclResult::InvalidArgument)
@@ -1005,7 +1005,7 @@ fn pieces_cover_each_message_once() {
 }
 
 /// One 256 MiB message over loopback, 1×1 and 4×4; prints the rate. Run with
-/// `cargo test --workspace --all-features --lib transport::net -- --ignored --nocapture`.
+/// `cargo test --workspace --all-features --lib net::socket -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn throughput_256mib() {
@@ -1071,7 +1071,7 @@ fn round_trip_us(net: &SocketNet, len: usize, rounds: usize) -> f64 {
 }
 
 /// Round trips of an 8-byte message over loopback; prints the mean. Run with
-/// `cargo test --workspace --all-features --lib transport::net -- --ignored --nocapture`.
+/// `cargo test --workspace --all-features --lib net::socket -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn round_trip_8b() {

@@ -1,11 +1,11 @@
 //! NCCL's network plugins (`libnccl-net*.so`), loaded unmodified and adapted to the internal
-//! network interface ([`crate::transport::net::Net`]).
+//! network interface ([`crate::net::Net`]).
 //!
 //! - `load`: which files are tried (NCCL_NET_PLUGIN, as NCCL 2.28), which table versions are
 //!   looked for (ncclNetPlugin_v11 down to _v8; ncclCollNetPlugin_vN noted).
 //! - `abi`: the `#[repr(C)]` tables and properties, matching `include/nccl_net.h`.
 //! - `api`: one calling interface over the four versions.
-//! - `adapter`: a plugin as [`Net`], [`crate::transport::net::SendComm`], ...
+//! - `adapter`: a plugin as [`Net`], [`crate::net::SendComm`], ...
 //! - `log`: the logger and profiler callbacks plugins are given.
 //!
 //! Choosing the network of a communicator ([`select`]), as NCCL does: the plugins in the order
@@ -22,7 +22,7 @@ pub(crate) mod load;
 mod log;
 
 use crate::error::{Error, Result};
-use crate::transport::net::{Net, PTR_CUDA, PTR_DMABUF, PTR_HOST};
+use crate::net::{Net, PTR_CUDA, PTR_DMABUF, PTR_HOST};
 use abi::{CommConfig, NetAttr, TRAFFIC_CLASS_UNDEF};
 use adapter::{Instance, PluginNet};
 use api::Api;

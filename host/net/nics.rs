@@ -31,7 +31,7 @@ pub(crate) fn channel_nics(net: &dyn Net, system: &System, local: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::net::{Connecting, Handle, Listener, Properties};
+    use crate::net::{Connecting, Handle, Listener, Properties};
 
     /// A network whose devices are named, at the PCI paths given; it connects nothing.
     struct Nics(Vec<(&'static str, &'static str)>);

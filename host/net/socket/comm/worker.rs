@@ -100,7 +100,7 @@ pub(super) fn io_text(e: &io::Error) -> String {
 /// that is at least `t` (TCP_INFO: unacknowledged segments, time since the last ACK). None
 /// while the peer acknowledges, or when nothing is in flight: a zero window (a receiver that
 /// does not read) leaves nothing unacknowledged, and its kernel answers the window probes.
-pub(in crate::transport::net::socket) fn unacked_for(s: &Socket, t: Duration) -> Option<Duration> {
+pub(in crate::net::socket) fn unacked_for(s: &Socket, t: Duration) -> Option<Duration> {
     let mut info = MaybeUninit::<libc::tcp_info>::zeroed();
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: `info` is writable for `len` bytes, and the kernel writes at most `len` bytes

@@ -256,7 +256,7 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::net::PTR_HOST;
+    use crate::net::PTR_HOST;
 
     fn facts() -> Facts {
         Facts {

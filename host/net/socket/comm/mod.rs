@@ -78,7 +78,7 @@ use socket2::Socket;
 
 use super::wire::{self, HEADER_BYTES};
 use crate::error::{Error, Result};
-use crate::transport::net::{Mr, RecvBuf, Request, Waker, PTR_HOST};
+use crate::net::{Mr, RecvBuf, Request, Waker, PTR_HOST};
 
 /// A blocking socket call gives up after this long without progress, so that a helper thread
 /// looks at its flags now and then (shutting the sockets down wakes it at once anyway).
@@ -150,13 +150,13 @@ fn ready(s: &Socket, peer_timeout: Option<Duration>) -> io::Result<()> {
 }
 
 /// TCP keepalive such that a connection whose peer's host answers nothing for about `t` fails
-/// with ETIMEDOUT (the bootstrap's, [`crate::bootstrap::socket::keepalive`]). A receiving socket
+/// with ETIMEDOUT (the bootstrap's, [`crate::sockets::keepalive`]). A receiving socket
 /// never has unacknowledged data, so the receiving end of every connection notices a silent
 /// peer within `t`, and its failure raises the communicator's async error and stops its
 /// kernels; a sending socket with data in flight is bounded by the send timeout instead
 /// ([`unacked_for`]).
 pub(super) fn keepalive(s: &Socket, t: Duration) -> io::Result<()> {
-    crate::bootstrap::socket::keepalive(s, t)
+    crate::sockets::keepalive(s, t)
 }
 
 impl Comm {
@@ -238,7 +238,7 @@ impl Comm {
                 acks_seen: Instant::now(),
             };
             let name = format!("nccl-net-{}{t}", if send { "send" } else { "recv" });
-            let handle = crate::bootstrap::socket::spawn(&name, move || worker.run())
+            let handle = crate::sockets::spawn(&name, move || worker.run())
                 .map_err(|e| Error::system(format!("NET/Socket: starting thread {name}: {e}")))?;
             comm.threads.push(handle);
         }

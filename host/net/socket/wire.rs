@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::ops::Range;
 
 use crate::error::{Error, Result};
-use crate::transport::net::{Handle, HANDLE_BYTES};
+use crate::net::{Handle, HANDLE_BYTES};
 
 /// Protocol version, in the handle and in every hello (2: the header says whether its
 /// payload follows inline).

@@ -22,15 +22,14 @@ mod tests;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::bootstrap::socket::Retry;
 use crate::error::{Error, Result};
-use crate::transport::net::{
+use crate::net::{
     Connecting, Handle, Listener, Mr, Net, Properties, RecvBuf, RecvComm, Request, SendComm, Waker,
     PTR_HOST,
 };
+use crate::sockets::Retry;
 use comm::Comm;
 pub use handshake::{SocketConnecting, SocketListener};
-pub(crate) use ifaces::describe as describe_interfaces;
 pub use ifaces::Family;
 
 /// How long a connection may take to open before either side gives up.
@@ -284,13 +283,12 @@ impl Net for SocketNet {
 
     fn listen(&self, dev: usize) -> Result<(Handle, Box<dyn Listener>)> {
         let d = self.dev(dev)?;
-        let sock =
-            crate::bootstrap::socket::listen(SocketAddr::new(d.ip, 0), false).map_err(|e| {
-                Error::system(format!(
-                    "NET/Socket: listening on {} ({}): {e}",
-                    d.ip, d.props.name
-                ))
-            })?;
+        let sock = crate::sockets::listen(SocketAddr::new(d.ip, 0), false).map_err(|e| {
+            Error::system(format!(
+                "NET/Socket: listening on {} ({}): {e}",
+                d.ip, d.props.name
+            ))
+        })?;
         let tag = handshake::next_tag();
         let l = SocketListener::new(sock, tag, d.props.name.clone(), self.opts.handshake_timeout)?
             .with_timeouts(self.opts.peer_timeout, self.opts.send_timeout);

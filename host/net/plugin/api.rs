@@ -7,7 +7,7 @@ use super::abi::{CommConfig, NetAttr, PropsV11, PropsV8, PropsV9};
 use super::load::Table;
 use super::log::{logger_fn, profiler};
 use crate::error::{Error, NcclResult, Result};
-use crate::transport::net::{Handle, Properties};
+use crate::net::{Handle, Properties};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::null_mut;
 
@@ -277,7 +277,7 @@ impl Api {
 
     /// Starts listening on `dev`: the handle to publish and the listen comm.
     pub(crate) fn listen(&self, ctx: P, dev: usize) -> Result<(Box<Handle>, P)> {
-        let mut handle = Box::new([0u8; crate::transport::net::HANDLE_BYTES]);
+        let mut handle = Box::new([0u8; crate::net::HANDLE_BYTES]);
         let h = handle.as_mut_ptr() as P;
         let mut comm: P = null_mut();
         let d = dev as c_int;

@@ -4,7 +4,7 @@
 //! completed by `test`. The built-in socket backend (`socket`) implements it; NCCL's network
 //! plugins (`libnccl-net*.so`, NCCL_NET_PLUGIN) are adapted to it in `plugin`, which also chooses
 //! each communicator's network (NCCL_NET). The proxy threads (`crate::proxy`) are its only users
-//! on the data path.
+//! on the data path; the net transport (`crate::transport::net`) makes its connections.
 //!
 //! Memory is named by registered regions, not raw pointers: [`SendComm::reg_mr`] takes the
 //! region once (unsafe: the caller keeps it alive until `dereg_mr`), and every transfer names a
@@ -16,7 +16,6 @@ use std::sync::Arc;
 pub(crate) mod gdr;
 pub(crate) mod nics;
 pub(crate) mod plugin;
-pub(crate) mod setup;
 pub mod socket;
 
 /// The network every inter-node connection of this process uses: the built-in socket network,

@@ -25,9 +25,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::comm::{Comm, Conn};
 use super::wire::{self, ConnId, Hello, HELLO_BYTES};
 use super::{SocketRecvComm, SocketSendComm};
-use crate::bootstrap::socket::Retry;
 use crate::error::{Error, Result};
-use crate::transport::net::{Connecting, Listener, RecvComm, SendComm};
+use crate::net::{Connecting, Listener, RecvComm, SendComm};
+use crate::sockets::Retry;
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
@@ -107,7 +107,7 @@ impl SocketListener {
         sock.set_nonblocking(true).map_err(|e| {
             Error::system(format!("NET/Socket: making the listener non-blocking: {e}"))
         })?;
-        let addr = crate::bootstrap::socket::local_addr(&sock)
+        let addr = crate::sockets::local_addr(&sock)
             .map_err(|e| Error::system(format!("NET/Socket: listener address: {e}")))?;
         Ok(SocketListener {
             sock,
@@ -421,7 +421,7 @@ impl SocketConnecting {
             dev,
             nthreads,
             attempts,
-            deadline: crate::bootstrap::socket::deadline_after(timeout),
+            deadline: crate::sockets::deadline_after(timeout),
             timeout,
             retry,
             peer_timeout: None,

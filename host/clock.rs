@@ -1,0 +1,13 @@
+//! The system's clocks read in nanoseconds, for whatever stamps times: the proxy's timeline,
+//! RAS's health records.
+
+/// `clock` (a Linux clock id) in ns.
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
