@@ -162,8 +162,9 @@ pub use comm::{
     SPLIT_NOCOLOR,
 };
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
-pub use enqueue::ReduceOp;
+pub use enqueue::{ReduceOp, Scalar};
 pub use error::{Error, NcclResult, Result};
+pub use nccl_device::ops::RedOpKind;
 pub use nccl_device::types::DataType;
 pub use tune::{Algo, Choice as TuningChoice, Coll, Proto};
 

@@ -110,14 +110,14 @@ impl Op {
     /// The op as nccl-rs takes it for `dt` (PreMulSum by 1, so the result is the sum).
     pub fn ours(self, dt: DataType) -> ReduceOp {
         match self {
-            Op::Sum => ReduceOp::Sum,
-            Op::Prod => ReduceOp::Prod,
-            Op::Max => ReduceOp::Max,
-            Op::Min => ReduceOp::Min,
-            Op::Avg => ReduceOp::Avg,
-            Op::PreMulSum => ReduceOp::PreMulSum {
-                scalar_bits: with_elem!(dt, T => Elem::to_bits(T::from_f64(1.0))),
-            },
+            Op::Sum => ReduceOp::SUM,
+            Op::Prod => ReduceOp::PROD,
+            Op::Max => ReduceOp::MAX,
+            Op::Min => ReduceOp::MIN,
+            Op::Avg => ReduceOp::AVG,
+            Op::PreMulSum => {
+                ReduceOp::pre_mul_sum(with_elem!(dt, T => Elem::to_bits(T::from_f64(1.0))))
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 use crate::args::Op;
 use crate::collective::Call;
 use crate::ranks::{Bench, Lib};
-use nccl::{DataType, ReduceOp};
+use nccl::{DataType, Scalar};
 use nccl_device::types::Elem;
 use nccl_device::with_elem;
 
@@ -144,8 +144,8 @@ pub fn reduce_ref<T: Elem>(inputs: &[Vec<T>], op: Op, dt: DataType) -> (Vec<T>, 
     }
     let n = inputs.len();
     let eps = epsilon(dt);
-    let scalar = match op.ours(dt) {
-        ReduceOp::PreMulSum { scalar_bits } => scalar_bits,
+    let scalar = match op.ours(dt).scalar() {
+        Some(Scalar::Host(bits)) => bits,
         _ => 0,
     };
     (0..PERIOD)

@@ -26,14 +26,12 @@ impl<T: Element> Op<T> {
     /// The raw layer's reduction.
     pub fn to_raw(self) -> ReduceOp {
         match self {
-            Op::Sum => ReduceOp::Sum,
-            Op::Prod => ReduceOp::Prod,
-            Op::Max => ReduceOp::Max,
-            Op::Min => ReduceOp::Min,
-            Op::Avg => ReduceOp::Avg,
-            Op::PreMulSum(s) => ReduceOp::PreMulSum {
-                scalar_bits: s.scalar_bits(),
-            },
+            Op::Sum => ReduceOp::SUM,
+            Op::Prod => ReduceOp::PROD,
+            Op::Max => ReduceOp::MAX,
+            Op::Min => ReduceOp::MIN,
+            Op::Avg => ReduceOp::AVG,
+            Op::PreMulSum(s) => ReduceOp::pre_mul_sum(s.scalar_bits()),
         }
     }
 }
@@ -44,18 +42,14 @@ mod tests {
 
     #[test]
     fn typed_scalars_become_their_bits() {
-        assert_eq!(Op::<f32>::Avg.to_raw(), ReduceOp::Avg);
+        assert_eq!(Op::<f32>::Avg.to_raw(), ReduceOp::AVG);
         assert_eq!(
             Op::PreMulSum(0.5f64).to_raw(),
-            ReduceOp::PreMulSum {
-                scalar_bits: 0.5f64.to_bits()
-            }
+            ReduceOp::pre_mul_sum(0.5f64.to_bits())
         );
         assert_eq!(
             Op::PreMulSum(half::bf16::from_f32(1.0)).to_raw(),
-            ReduceOp::PreMulSum {
-                scalar_bits: 0x3f80
-            }
+            ReduceOp::pre_mul_sum(0x3f80)
         );
     }
 }
