@@ -11,7 +11,7 @@
 //! // One thread drives both ranks: their calls go out together, in a group.
 //! nccl::group(|g| {
 //!     for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-//!         g.all_reduce_in_place(c, b, Op::Sum, s)?;
+//!         g.all_reduce_in_place(c, b, Op::SUM, s)?;
 //!     }
 //!     Ok(())
 //! })?;
