@@ -54,7 +54,7 @@ fn rank(comm: Comm) -> nccl::Result<Vec<f64>> {
     let mut buf = DeviceBuffer::from_slice(&device, &[(comm.rank() + 1) as f64; 1024])?;
     {
         let graph = nccl::capture(&stream, |c| {
-            c.all_reduce_in_place(&comm, &mut buf, Op::Sum, &stream)
+            c.all_reduce_in_place(&comm, &mut buf, Op::SUM, &stream)
         })?;
         for _ in 0..LAUNCHES {
             graph.launch()?;

@@ -65,7 +65,7 @@ fn rank_main(rank: usize, nranks: usize, id: &UniqueId) -> Result<(), Box<dyn st
     let count = 32 * 1024;
     let send = DeviceBuffer::from_slice(&device, &vec![(rank + 1) as f32; count])?;
     let mut recv = DeviceBuffer::<f32>::zeroed(&device, count)?;
-    comm.all_reduce(&send, &mut recv, Op::Sum, &stream)?;
+    comm.all_reduce(&send, &mut recv, Op::SUM, &stream)?;
     stream.synchronize()?;
 
     let want = (nranks * (nranks + 1) / 2) as f32;

@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // In place: every rank's buffer ends up holding the element-wise maximum.
                 let mine: Vec<i64> = (0..1000).map(|i| i * rank as i64).collect();
                 let mut buf = DeviceBuffer::from_slice(&device, &mine)?;
-                comm.all_reduce_in_place(&mut buf, Op::Max, &stream)?;
+                comm.all_reduce_in_place(&mut buf, Op::MAX, &stream)?;
                 stream.synchronize()?;
                 let out = buf.to_vec()?;
                 comm.finalize()?;

@@ -37,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     nccl::group(|g| {
         for (((comm, send), recv), stream) in comms.iter().zip(&sends).zip(&mut recvs).zip(&streams)
         {
-            g.all_reduce(comm, send, recv, Op::Avg, stream)?;
+            g.all_reduce(comm, send, recv, Op::AVG, stream)?;
         }
         Ok(())
     })?;

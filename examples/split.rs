@@ -58,7 +58,7 @@ fn split_and_reduce(parent: Comm) -> nccl::Result<(usize, usize, Vec<u32>)> {
     let device = child.device().clone();
     let stream = Stream::new(&device)?;
     let mut buf = DeviceBuffer::from_slice(&device, &[rank as u32; 256])?;
-    child.all_reduce_in_place(&mut buf, Op::Sum, &stream)?;
+    child.all_reduce_in_place(&mut buf, Op::SUM, &stream)?;
     stream.synchronize()?;
     let out = (child.rank(), child.count(), buf.to_vec()?);
     // Finalize (collective) before destroy: a peer may still be completing the last

@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })?;
         nccl::group(|g| {
             for ((comm, recv), stream) in comms.iter().zip(&mut recvs).zip(&streams) {
-                g.all_reduce_in_place(comm, recv, Op::Sum, stream)?;
+                g.all_reduce_in_place(comm, recv, Op::SUM, stream)?;
             }
             Ok(())
         })?;

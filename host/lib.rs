@@ -11,7 +11,7 @@
 //! // One thread drives both ranks: their calls go out together, in a group.
 //! nccl::group(|g| {
 //!     for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-//!         g.all_reduce_in_place(c, b, Op::Sum, s)?;
+//!         g.all_reduce_in_place(c, b, Op::SUM, s)?;
 //!     }
 //!     Ok(())
 //! })?;
@@ -162,8 +162,9 @@ pub use comm::{
     SPLIT_NOCOLOR,
 };
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
-pub use enqueue::ReduceOp;
+pub use enqueue::{ReduceOp, Scalar};
 pub use error::{Error, NcclResult, Result};
+pub use nccl_device::ops::RedOpKind;
 pub use nccl_device::types::DataType;
 pub use tune::{Algo, Choice as TuningChoice, Coll, Proto};
 

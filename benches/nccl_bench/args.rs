@@ -2,7 +2,7 @@
 
 use crate::collective::Collective;
 use nccl::cuda::Backend;
-use nccl::{DataType, ReduceOp};
+use nccl::{DataType, RedOpKind, ReduceOp};
 use nccl_device::types::Elem;
 use nccl_device::with_elem;
 use std::ffi::{c_int, OsString};
@@ -76,62 +76,16 @@ pub enum Mode {
     Threads,
 }
 
-/// A reduction as the benchmark names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Sum,
-    Prod,
-    Max,
-    Min,
-    Avg,
-    PreMulSum,
+/// The op as nccl-rs takes it for `dt` (PreMulSum by 1, so the result is the sum).
+pub fn ours(op: RedOpKind, dt: DataType) -> ReduceOp {
+    ReduceOp::builtin(op).unwrap_or_else(|| {
+        ReduceOp::pre_mul_sum(with_elem!(dt, T => Elem::to_bits(T::from_f64(1.0))))
+    })
 }
 
-impl Op {
-    pub const ALL: [Op; 6] = [Op::Sum, Op::Prod, Op::Max, Op::Min, Op::Avg, Op::PreMulSum];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Sum => "sum",
-            Op::Prod => "prod",
-            Op::Max => "max",
-            Op::Min => "min",
-            Op::Avg => "avg",
-            Op::PreMulSum => "premulsum",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Op> {
-        Op::ALL
-            .into_iter()
-            .find(|o| o.name().eq_ignore_ascii_case(s))
-    }
-
-    /// The op as nccl-rs takes it for `dt` (PreMulSum by 1, so the result is the sum).
-    pub fn ours(self, dt: DataType) -> ReduceOp {
-        match self {
-            Op::Sum => ReduceOp::Sum,
-            Op::Prod => ReduceOp::Prod,
-            Op::Max => ReduceOp::Max,
-            Op::Min => ReduceOp::Min,
-            Op::Avg => ReduceOp::Avg,
-            Op::PreMulSum => ReduceOp::PreMulSum {
-                scalar_bits: with_elem!(dt, T => Elem::to_bits(T::from_f64(1.0))),
-            },
-        }
-    }
-
-    /// `ncclRedOp_t`; None where NCCL has no built-in (PreMulSum needs a user-created op).
-    pub fn nccl(self) -> Option<c_int> {
-        match self {
-            Op::Sum => Some(0),
-            Op::Prod => Some(1),
-            Op::Max => Some(2),
-            Op::Min => Some(3),
-            Op::Avg => Some(4),
-            Op::PreMulSum => None,
-        }
-    }
+/// `ncclRedOp_t`; None where NCCL has no built-in (PreMulSum needs a user-created op).
+pub fn nccl_op(op: RedOpKind) -> Option<c_int> {
+    (op != RedOpKind::PreMulSum).then_some(op as c_int)
 }
 
 pub struct Args {
@@ -144,7 +98,7 @@ pub struct Args {
     pub warmup: Option<usize>,
     pub iters: Option<usize>,
     pub dtypes: Vec<DataType>,
-    pub ops: Vec<Op>,
+    pub ops: Vec<RedOpKind>,
     pub check: bool,
     pub mode: Mode,
     /// `-G N`: iterations captured per CUDA graph (0: launched directly).
@@ -259,15 +213,19 @@ fn parse_datatypes(s: &str) -> Result<Vec<DataType>, String> {
         .collect()
 }
 
-fn parse_ops(s: &str) -> Result<Vec<Op>, String> {
+fn parse_ops(s: &str) -> Result<Vec<RedOpKind>, String> {
     if s.eq_ignore_ascii_case("all") {
-        return Ok(Op::ALL.to_vec());
+        return Ok(RedOpKind::ALL.to_vec());
     }
     s.split(',')
         .map(|n| {
-            Op::parse(n.trim()).ok_or_else(|| {
-                format!("unknown op '{n}' (one of sum prod max min avg premulsum, or all)")
-            })
+            RedOpKind::ALL
+                .into_iter()
+                .find(|o| o.name().eq_ignore_ascii_case(n.trim()))
+                .ok_or_else(|| {
+                    let names: Vec<&str> = RedOpKind::ALL.iter().map(|o| o.name()).collect();
+                    format!("unknown op '{n}' (one of {}, or all)", names.join(" "))
+                })
         })
         .collect()
 }
@@ -301,7 +259,7 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         warmup: None,
         iters: None,
         dtypes: vec![DataType::Float32],
-        ops: vec![Op::Sum],
+        ops: vec![RedOpKind::Sum],
         check: true,
         mode: Mode::Thread,
         graph: 0,

@@ -1,9 +1,8 @@
 //! NVIDIA NCCL, loaded at run time (dlopen through libloading): the baseline that runs beside
 //! nccl-rs on the same buffers, streams and sizes.
 
-use crate::args::Op;
 use nccl::cuda::StreamHandle;
-use nccl::{DataType, DevPtr};
+use nccl::{DataType, DevPtr, RedOpKind};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// `ncclComm_t`, movable to the thread that drives its GPU.
@@ -181,9 +180,9 @@ impl Nccl {
     }
 
     /// Whether NVIDIA NCCL can run `dt` with `op` (no built-in PreMulSum; fp8 from 2.24).
-    pub fn supports(&self, dt: DataType, op: Op) -> bool {
+    pub fn supports(&self, dt: DataType, op: RedOpKind) -> bool {
         let fp8 = matches!(dt, DataType::Float8e4m3 | DataType::Float8e5m2);
-        op.nccl().is_some() && (!fp8 || self.version >= 22400)
+        crate::args::nccl_op(op).is_some() && (!fp8 || self.version >= 22400)
     }
 
     fn check(&self, r: c_int, what: &str) -> Result<(), String> {

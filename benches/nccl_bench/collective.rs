@@ -1,11 +1,10 @@
 //! The collectives the table measures: their sizes and bus-bandwidth factors, where their
 //! buffers lie, how to launch them on either library and what they should produce.
 
-use crate::args::Op;
 use crate::baseline::{Nccl, NcclComm};
 use crate::data::{encode, make_inputs, reduce_ref, CheckData, Expect, Seg, Src};
 use crate::ranks::Rank;
-use nccl::{DataType, DevPtr};
+use nccl::{DataType, DevPtr, RedOpKind};
 use nccl_device::types::Elem;
 use nccl_device::with_elem;
 use std::ffi::c_int;
@@ -231,7 +230,7 @@ impl Collective {
     pub fn launch_ours(self, rank: &Rank, call: &Call) -> Result<(), String> {
         let (send, recv) = self.pointers(rank, call);
         let (c, count, dt, stream) = (&rank.comm, call.counts.count, call.dt, rank.stream.handle());
-        let op = call.op.ours(dt);
+        let op = crate::args::ours(call.op, dt);
         let r = match self {
             Collective::AllReduce => unsafe { c.all_reduce_raw(send, recv, count, dt, op, stream) },
             Collective::Broadcast => unsafe {
@@ -266,8 +265,7 @@ impl Collective {
         let (send, recv) = self.pointers(rank, call);
         let (count, dt, stream) = (call.counts.count, call.dt as c_int, rank.stream.handle());
         let op = || {
-            call.op
-                .nccl()
+            crate::args::nccl_op(call.op)
                 .ok_or_else(|| format!("NVIDIA NCCL has no built-in {}", call.op.name()))
         };
         let root = call.root as c_int;
@@ -333,7 +331,7 @@ impl Collective {
 pub struct Call {
     pub coll: Collective,
     pub dt: DataType,
-    pub op: Op,
+    pub op: RedOpKind,
     pub counts: Counts,
     /// Root rank (Broadcast and Reduce; ignored by the others).
     pub root: usize,

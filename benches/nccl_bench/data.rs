@@ -1,10 +1,9 @@
 //! Input data, the host reference (the device crate's own arithmetic) and the check of a
 //! call's results against it.
 
-use crate::args::Op;
 use crate::collective::Call;
 use crate::ranks::{Bench, Lib};
-use nccl::{DataType, ReduceOp};
+use nccl::{DataType, RedOpKind, Scalar};
 use nccl_device::types::Elem;
 use nccl_device::with_elem;
 
@@ -110,18 +109,18 @@ impl CheckData {
     }
 }
 
-pub fn make_inputs<T: Elem>(op: Op, seed: u64, rank: usize) -> Vec<T> {
+pub fn make_inputs<T: Elem>(op: RedOpKind, seed: u64, rank: usize) -> Vec<T> {
     let mut rng = Rng::new(seed ^ ((rank as u64 + 1) << 32));
     (0..PERIOD)
         .map(|_| {
             if T::IS_FLOAT {
                 match op {
-                    Op::Prod => T::from_f64(rng.uniform(0.5, 1.5)),
+                    RedOpKind::Prod => T::from_f64(rng.uniform(0.5, 1.5)),
                     _ => T::from_f64(rng.uniform(-4.0, 4.0)),
                 }
             } else {
                 match op {
-                    Op::Prod => T::from_f64((rng.next() % 3) as f64 + 1.0),
+                    RedOpKind::Prod => T::from_f64((rng.next() % 3) as f64 + 1.0),
                     _ => T::from_bits(rng.next() % 100),
                 }
             }
@@ -130,7 +129,7 @@ pub fn make_inputs<T: Elem>(op: Op, seed: u64, rank: usize) -> Vec<T> {
 }
 
 /// The reduction of every rank's input, element by element, and its tolerance.
-pub fn reduce_ref<T: Elem>(inputs: &[Vec<T>], op: Op, dt: DataType) -> (Vec<T>, Vec<f64>) {
+pub fn reduce_ref<T: Elem>(inputs: &[Vec<T>], op: RedOpKind, dt: DataType) -> (Vec<T>, Vec<f64>) {
     use nccl_device::ops::{Avg, Max, Min, PreMulSum, Prod, RedOp, Sum};
     fn fold<T: Elem, O: RedOp<T>>(inputs: &[Vec<T>], o: O, i: usize) -> (T, f64) {
         let mut acc = o.pre(inputs[0][i]);
@@ -144,26 +143,26 @@ pub fn reduce_ref<T: Elem>(inputs: &[Vec<T>], op: Op, dt: DataType) -> (Vec<T>, 
     }
     let n = inputs.len();
     let eps = epsilon(dt);
-    let scalar = match op.ours(dt) {
-        ReduceOp::PreMulSum { scalar_bits } => scalar_bits,
+    let scalar = match crate::args::ours(op, dt).scalar() {
+        Some(Scalar::Host(bits)) => bits,
         _ => 0,
     };
     (0..PERIOD)
         .map(|i| {
             let (v, mag) = match op {
-                Op::Sum => fold(inputs, <Sum as RedOp<T>>::new(0), i),
-                Op::Prod => fold(inputs, <Prod as RedOp<T>>::new(0), i),
-                Op::Max => fold(inputs, <Max as RedOp<T>>::new(0), i),
-                Op::Min => fold(inputs, <Min as RedOp<T>>::new(0), i),
-                Op::Avg => fold(inputs, <Avg<T> as RedOp<T>>::new(n as u64), i),
-                Op::PreMulSum => fold(inputs, <PreMulSum<T> as RedOp<T>>::new(scalar), i),
+                RedOpKind::Sum => fold(inputs, <Sum as RedOp<T>>::new(0), i),
+                RedOpKind::Prod => fold(inputs, <Prod as RedOp<T>>::new(0), i),
+                RedOpKind::Max => fold(inputs, <Max as RedOp<T>>::new(0), i),
+                RedOpKind::Min => fold(inputs, <Min as RedOp<T>>::new(0), i),
+                RedOpKind::Avg => fold(inputs, <Avg<T> as RedOp<T>>::new(n as u64), i),
+                RedOpKind::PreMulSum => fold(inputs, <PreMulSum<T> as RedOp<T>>::new(scalar), i),
             };
             let tol = if !T::IS_FLOAT {
                 0.0
             } else {
                 match op {
-                    Op::Max | Op::Min => 0.0,
-                    Op::Prod => 2.0 * n as f64 * eps * v.to_f64().abs(),
+                    RedOpKind::Max | RedOpKind::Min => 0.0,
+                    RedOpKind::Prod => 2.0 * n as f64 * eps * v.to_f64().abs(),
                     _ => 2.0 * n as f64 * eps * mag.max(1.0),
                 }
             };

@@ -51,13 +51,13 @@ mod ranks;
 mod records;
 mod timing;
 
-use args::{parse_args, Args, Mode, Op, USAGE};
+use args::{parse_args, Args, Mode, USAGE};
 use backend::{pick_backend, Picked};
 use baseline::Nccl;
 use collective::{Call, Collective};
 use launch::{Member, Role};
 use nccl::cuda::{self, Backend};
-use nccl::Comm;
+use nccl::{Comm, RedOpKind};
 use output::{Measure, Table, Theirs};
 use ranks::{Bench, Lib, Rank};
 use records::Records;
@@ -572,10 +572,10 @@ fn measure_all(
     records: &mut Records,
 ) -> Result<(), String> {
     let n = b.nranks();
-    let ops: Vec<Op> = if coll.has_op() {
+    let ops: Vec<RedOpKind> = if coll.has_op() {
         args.ops.clone()
     } else {
-        vec![Op::Sum]
+        vec![RedOpKind::Sum]
     };
     for &dt in &args.dtypes {
         for &op in &ops {
@@ -638,7 +638,7 @@ fn measure_all(
                 };
                 let tuned = match coll.tuned() {
                     // One rank: a copy engine copy out of place, nothing in place.
-                    Some(_) if n == 1 && op != Op::PreMulSum => "copy".into(),
+                    Some(_) if n == 1 && op != RedOpKind::PreMulSum => "copy".into(),
                     Some(t) => b.ranks[0]
                         .comm
                         .tuning(t, counts.size_bytes)

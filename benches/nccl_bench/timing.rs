@@ -324,7 +324,7 @@ impl Bench {
                     .iter()
                     .map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64)
                     .fold(0.0, f64::max)];
-                self.agree(&mut t, nccl::ReduceOp::Max)?;
+                self.agree(&mut t, nccl::ReduceOp::MAX)?;
                 Ok(t[0])
             }
             Stat::Median => {
@@ -332,7 +332,7 @@ impl Bench {
                 let mut longest: Vec<f64> = (0..iters)
                     .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
                     .collect();
-                self.agree(&mut longest, nccl::ReduceOp::Max)?;
+                self.agree(&mut longest, nccl::ReduceOp::MAX)?;
                 Ok(median(&mut longest))
             }
         }
@@ -364,7 +364,7 @@ pub fn measure(
     let wrong = match data {
         Some(d) => {
             let mut w = [b.check(lib, call, d)? as f64];
-            b.agree(&mut w, nccl::ReduceOp::Sum)?;
+            b.agree(&mut w, nccl::ReduceOp::SUM)?;
             Some(w[0] as usize)
         }
         None => None,

@@ -11,15 +11,22 @@ use crate::types::Elem;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOpKind {
+    /// Sum.
     Sum = 0,
+    /// Product.
     Prod = 1,
+    /// Maximum.
     Max = 2,
+    /// Minimum.
     Min = 3,
+    /// Average (the sum divided by the number of ranks).
     Avg = 4,
+    /// Each rank's input times a scalar, then summed.
     PreMulSum = 5,
 }
 
 impl RedOpKind {
+    /// Every kind, in value order.
     pub const ALL: [RedOpKind; 6] = [
         RedOpKind::Sum,
         RedOpKind::Prod,
@@ -29,6 +36,7 @@ impl RedOpKind {
         RedOpKind::PreMulSum,
     ];
 
+    /// The kind's name as kernel names and tools spell it (`sum`, …, `premulsum`).
     pub fn name(self) -> &'static str {
         match self {
             RedOpKind::Sum => "sum",

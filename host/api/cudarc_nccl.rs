@@ -17,6 +17,7 @@ use super::op::Op;
 use crate::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
+use crate::RedOpKind;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
 pub use super::cudarc_group::Group;
@@ -73,14 +74,19 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    pub(super) fn op<T: Element>(&self) -> Op<T> {
+    /// The kernels' reduction for this op.
+    fn kind(&self) -> RedOpKind {
         match self {
-            ReduceOp::Sum => Op::Sum,
-            ReduceOp::Prod => Op::Prod,
-            ReduceOp::Max => Op::Max,
-            ReduceOp::Min => Op::Min,
-            ReduceOp::Avg => Op::Avg,
+            ReduceOp::Sum => RedOpKind::Sum,
+            ReduceOp::Prod => RedOpKind::Prod,
+            ReduceOp::Max => RedOpKind::Max,
+            ReduceOp::Min => RedOpKind::Min,
+            ReduceOp::Avg => RedOpKind::Avg,
         }
+    }
+
+    pub(super) fn op<T: Element>(&self) -> Op<T> {
+        Op::builtin(self.kind()).expect("cudarc's reductions take no scalar")
     }
 }
 

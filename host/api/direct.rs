@@ -36,7 +36,7 @@ impl Comm {
     /// use nccl::{DeviceBuffer, Op};
     /// let send = DeviceBuffer::from_slice(comm.device(), &[1.0f32; 1024])?;
     /// let mut recv = DeviceBuffer::<f32>::zeroed(comm.device(), 1024)?;
-    /// comm.all_reduce(&send, &mut recv, Op::Sum, stream)?;
+    /// comm.all_reduce(&send, &mut recv, Op::SUM, stream)?;
     /// # Ok(()) }
     /// ```
     pub fn all_reduce<'a, S, R>(

@@ -84,7 +84,7 @@ impl Comm {
             recv,
             count,
             dt: dtype,
-            op: ReduceOp::Sum,
+            op: ReduceOp::SUM,
             root,
             stream,
         };
@@ -152,7 +152,7 @@ impl Comm {
             recv,
             count,
             dt: dtype,
-            op: ReduceOp::Sum,
+            op: ReduceOp::SUM,
             root: 0,
             stream,
         };

@@ -55,7 +55,7 @@ impl Comm {
     /// use nccl::{DeviceBuffer, Op};
     /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 20)?;
     /// let reg = comm.register(&buf)?;
-    /// comm.all_reduce_in_place(&mut buf, Op::Sum, stream)?;
+    /// comm.all_reduce_in_place(&mut buf, Op::SUM, stream)?;
     /// drop(reg);
     /// # Ok(()) }
     /// ```

@@ -91,7 +91,7 @@ scoped_calls!(Group);
 ///     .collect::<nccl::Result<Vec<_>>>()?;
 /// nccl::group(|g| {
 ///     for ((c, b), s) in comms.iter().zip(&mut bufs).zip(streams) {
-///         g.all_reduce_in_place(c, b, Op::Sum, s)?;
+///         g.all_reduce_in_place(c, b, Op::SUM, s)?;
 ///     }
 ///     Ok(())
 /// })?;
@@ -106,7 +106,7 @@ scoped_calls!(Group);
 /// let send = DeviceBuffer::<f32>::zeroed(comm.device(), 8)?;
 /// let mut recv = DeviceBuffer::<f32>::zeroed(comm.device(), 8)?;
 /// nccl::group(|g| {
-///     g.all_reduce(comm, &send, &mut recv, Op::Sum, stream)?;
+///     g.all_reduce(comm, &send, &mut recv, Op::SUM, stream)?;
 ///     drop(send); // error: `send` is borrowed until the group ends
 ///     Ok(())
 /// })?;
@@ -178,7 +178,7 @@ scoped_calls!(Capture);
 /// # fn f(comm: &nccl::Comm, stream: &nccl::Stream) -> nccl::Result<()> {
 /// let mut buf = nccl::DeviceBuffer::<f32>::zeroed(comm.device(), 1024)?;
 /// let graph = nccl::capture(stream, |c| {
-///     c.all_reduce_in_place(comm, &mut buf, nccl::Op::Sum, stream)
+///     c.all_reduce_in_place(comm, &mut buf, nccl::Op::SUM, stream)
 /// })?;
 /// for _ in 0..10 {
 ///     graph.launch()?;
@@ -200,7 +200,7 @@ scoped_calls!(Capture);
 /// # fn f(comm: &nccl::Comm, stream: &nccl::Stream) -> nccl::Result<()> {
 /// let mut buf = nccl::DeviceBuffer::<f32>::zeroed(comm.device(), 1024)?;
 /// let graph = nccl::capture(stream, |c| {
-///     c.all_reduce_in_place(comm, &mut buf, nccl::Op::Sum, stream)
+///     c.all_reduce_in_place(comm, &mut buf, nccl::Op::SUM, stream)
 /// })?;
 /// drop(buf); // error: `buf` is borrowed by the graph
 /// graph.launch()?;

@@ -593,15 +593,11 @@ export! {
         let dt = dtype(datatype)?;
         handle(comm)?;
         let reduce = match residence {
-            redop::SCALAR_DEVICE => ReduceOp::PreMulSumDevice {
-                scalar: scalar as u64,
-            },
+            redop::SCALAR_DEVICE => ReduceOp::pre_mul_sum_device(scalar as u64),
             redop::SCALAR_HOST_IMMEDIATE => {
                 let mut bits = [0u8; 8];
                 std::ptr::copy_nonoverlapping(scalar as *const u8, bits.as_mut_ptr(), dt.size());
-                ReduceOp::PreMulSum {
-                    scalar_bits: u64::from_le_bytes(bits),
-                }
+                ReduceOp::pre_mul_sum(u64::from_le_bytes(bits))
             }
             r => {
                 return Err(Error::invalid_argument(format!(

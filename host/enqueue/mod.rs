@@ -2,6 +2,7 @@
 //! chunks, and launches on the user's stream (at once, or when the thread's group ends).
 
 pub mod group;
+mod op;
 pub mod p2p;
 mod patterns;
 
@@ -24,60 +25,7 @@ use nccl_device::abi::{
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
-
-/// A reduction as the API takes it: NCCL's built-in ops, or PreMulSum with its scalar given as
-/// the raw bits of one element of the collective's type (what `ncclRedOpCreatePreMulSum` makes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReduceOp {
-    /// Sum.
-    Sum,
-    /// Product.
-    Prod,
-    /// Maximum.
-    Max,
-    /// Minimum.
-    Min,
-    /// Average.
-    Avg,
-    /// Each input times a scalar, then summed (a host scalar, `ncclScalarHostImmediate`).
-    PreMulSum {
-        /// The scalar's bytes (little-endian, of the collective's element type).
-        scalar_bits: u64,
-    },
-    /// PreMulSum whose scalar (one element of the collective's type) is in device memory and
-    /// is read by the kernel when it runs.
-    PreMulSumDevice {
-        /// The scalar's device address.
-        scalar: DevPtr,
-    },
-}
-
-impl ReduceOp {
-    /// The kernels' reduction for this op.
-    pub fn kind(self) -> RedOpKind {
-        match self {
-            ReduceOp::Sum => RedOpKind::Sum,
-            ReduceOp::Prod => RedOpKind::Prod,
-            ReduceOp::Max => RedOpKind::Max,
-            ReduceOp::Min => RedOpKind::Min,
-            ReduceOp::Avg => RedOpKind::Avg,
-            ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. } => RedOpKind::PreMulSum,
-        }
-    }
-
-    /// From `ncclRedOp_t`'s built-in values (0..=4).
-    pub fn from_raw(v: u32) -> Option<ReduceOp> {
-        Some(match v {
-            0 => ReduceOp::Sum,
-            1 => ReduceOp::Prod,
-            2 => ReduceOp::Max,
-            3 => ReduceOp::Min,
-            4 => ReduceOp::Avg,
-            _ => return None,
-        })
-    }
-}
+pub use op::{ReduceOp, Scalar};
 
 /// NCCL's `nBytes` of a call: one rank's buffer of AllReduce, Broadcast and Reduce, the whole
 /// output of AllGather and input of ReduceScatter. `None` when it overflows.
@@ -217,11 +165,7 @@ fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
     let Some(sizes) = check_call(comm, &c)? else {
         return Ok(());
     };
-    let scaled = matches!(
-        c.op,
-        ReduceOp::PreMulSum { .. } | ReduceOp::PreMulSumDevice { .. }
-    );
-    if comm.nranks == 1 && !scaled {
+    if comm.nranks == 1 && c.op.kind() != RedOpKind::PreMulSum {
         return one_rank(comm, &c, sizes.bytes);
     }
     let mut plan = collective_args(comm, &c, sizes.bytes)?;
@@ -340,21 +284,18 @@ struct Planned {
 fn collective_args(comm: &Comm, c: &CollCall, bytes: usize) -> Result<Planned> {
     let n = comm.nranks;
     let (dt, op, count) = if c.coll.copies() {
-        (DataType::Uint8, ReduceOp::Sum, bytes)
+        (DataType::Uint8, ReduceOp::SUM, bytes)
     } else {
         (c.dt, c.op, c.count)
     };
-    let redop_arg = match op {
-        ReduceOp::Avg => n as u64,
-        ReduceOp::PreMulSum { scalar_bits } => scalar_bits,
-        _ => 0,
-    };
-    let redop_arg_ptr = match op {
-        ReduceOp::PreMulSumDevice { scalar } => {
+    let (redop_arg, redop_arg_ptr) = match (op.kind(), op.scalar()) {
+        (RedOpKind::Avg, _) => (n as u64, 0),
+        (_, Some(Scalar::Host(bits))) => (bits, 0),
+        (_, Some(Scalar::Device(scalar))) => {
             check_buffer(comm, "the premulsum scalar", scalar, dt.size(), dt)?;
-            scalar
+            (0, scalar)
         }
-        _ => 0,
+        _ => (0, 0),
     };
     let shape = comm.shape;
     let choice = choose(comm, c)?;
@@ -593,11 +534,5 @@ mod tests {
         assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 16 * mib, 32, mib), 0);
         shape.reg_ctas = 0;
         assert_eq!(fewer_ctas(&shape, Coll::AllReduce, 64 * mib, 32, mib), 0);
-    }
-
-    #[test]
-    fn raw_ops_map_to_builtins() {
-        assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));
-        assert_eq!(ReduceOp::from_raw(5), None);
     }
 }

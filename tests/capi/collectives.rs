@@ -32,7 +32,7 @@ fn check(comms: &[NcclComm], coll: Coll, count: usize, root: usize, in_place: bo
         "{} through the C ABI, {n} ranks, count {count}, root {root}, in place {in_place}",
         coll.name()
     );
-    let (dt, op) = (DataType::Float32, ReduceOp::Sum);
+    let (dt, op) = (DataType::Float32, ReduceOp::SUM);
     if !common::skip::kernel_or_skip(coll, dt, op, &|| what.clone()) {
         return;
     }

@@ -23,7 +23,7 @@ fn buffers_and_counts() {
     let s = Default::default();
     let code = |r: nccl::Result<()>| r.unwrap_err().code;
     assert_eq!(
-        code(unsafe { c.all_reduce_raw(0, buf.ptr(), 4, DataType::Float32, ReduceOp::Sum, s) }),
+        code(unsafe { c.all_reduce_raw(0, buf.ptr(), 4, DataType::Float32, ReduceOp::SUM, s) }),
         NcclResult::InvalidArgument
     );
     assert_eq!(
@@ -33,7 +33,7 @@ fn buffers_and_counts() {
                 buf.ptr(),
                 4,
                 DataType::Int32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 s,
             )
         }),
@@ -46,7 +46,7 @@ fn buffers_and_counts() {
                 buf.ptr(),
                 usize::MAX / 2,
                 DataType::Float64,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 s,
             )
         }),
@@ -58,7 +58,7 @@ fn buffers_and_counts() {
             buf.ptr(),
             4,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             s,
         )
     }
@@ -71,7 +71,7 @@ fn buffers_and_counts() {
             buf.ptr(),
             4,
             DataType::Uint32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             s,
         )
     }
@@ -81,7 +81,7 @@ fn buffers_and_counts() {
     // message is what is checked.)
     assert!(e.message.contains("not device memory"), "{e}");
     // Zero elements: nothing to do, even with null buffers (as NCCL).
-    assert!(unsafe { c.all_reduce_raw(0, 0, 0, DataType::Float32, ReduceOp::Sum, s) }.is_ok());
+    assert!(unsafe { c.all_reduce_raw(0, 0, 0, DataType::Float32, ReduceOp::SUM, s) }.is_ok());
     assert_eq!(DataType::from_raw(12), None);
     assert_eq!(ReduceOp::from_raw(5), None);
 }
@@ -174,7 +174,7 @@ fn buffer_extents() {
             assert!(e.message.contains(&word), "'{word}' not in: {e}");
         }
     };
-    let sum = ReduceOp::Sum;
+    let sum = ReduceOp::SUM;
     let refusals = Instant::now();
     // The case: 2048 floats in a 4 KiB buffer.
     short(
@@ -330,7 +330,7 @@ fn buffer_extents() {
                 p + (r * block) as u64,
                 count,
                 f32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 streams[r],
             )
         }
@@ -362,7 +362,7 @@ fn buffer_extents() {
                 recv,
                 2 * count,
                 f32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 0,
                 streams[r],
             )

@@ -147,7 +147,7 @@ fn all_reduce_checked(comms: &[Comm], nranks: usize, i: usize) {
     nccl::group_start();
     for (j, c) in comms.iter().enumerate() {
         let p = bufs[j].ptr();
-        unsafe { c.all_reduce_raw(p, p, count, DataType::Float32, ReduceOp::Sum, streams[j]) }
+        unsafe { c.all_reduce_raw(p, p, count, DataType::Float32, ReduceOp::SUM, streams[j]) }
             .unwrap_or_else(|e| panic!("cycle {i}: rank {}: {e}", c.rank()));
     }
     nccl::group_end().expect("group end");

@@ -38,7 +38,7 @@ fn dropping_a_comm_while_a_peer_finishes_is_safe() {
                                 buf.ptr(),
                                 1024,
                                 DataType::Float32,
-                                ReduceOp::Max,
+                                ReduceOp::MAX,
                                 stream,
                             )
                         }

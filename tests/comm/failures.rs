@@ -118,7 +118,7 @@ fn all_reduce_without_its_peer(c: &Comm) -> (nccl::StreamHandle, nccl::DevBuffer
             buf.ptr(),
             1 << 18,
             nccl::DataType::Float32,
-            nccl::ReduceOp::Sum,
+            nccl::ReduceOp::SUM,
             stream,
         )
     }
@@ -316,7 +316,7 @@ fn a_watchdog_thread_aborts_through_a_handle() {
             buf.ptr(),
             1,
             nccl::DataType::Float32,
-            nccl::ReduceOp::Sum,
+            nccl::ReduceOp::SUM,
             stream,
         )
     }

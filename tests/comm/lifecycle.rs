@@ -47,7 +47,7 @@ fn sum_ok(comms: Vec<Comm>, count: usize) {
         &ranks,
         count,
         DataType::Float32,
-        ReduceOp::Sum,
+        ReduceOp::SUM,
         false,
         count as u64,
         Drive::ThreadPerRank,
@@ -117,7 +117,7 @@ fn ranks_as_processes_split_and_reduce() {
             &ranks,
             777,
             DataType::Int32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             true,
             5,
             Drive::OneThread,
@@ -281,7 +281,7 @@ fn finalize_then_destroy_and_drop() {
                     bufs[r].ptr(),
                     1024,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     Default::default(),
                 )
             }
@@ -297,7 +297,7 @@ fn finalize_then_destroy_and_drop() {
                     bufs[r].ptr(),
                     1,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     Default::default(),
                 )
             }
@@ -381,7 +381,7 @@ fn shrink_with_abort_leaves_a_dead_rank_behind() {
                     bufs[r].ptr(),
                     4096,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     Default::default(),
                 )
             }
@@ -394,7 +394,7 @@ fn shrink_with_abort_leaves_a_dead_rank_behind() {
                     bufs[r].ptr(),
                     1,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     Default::default(),
                 )
             };

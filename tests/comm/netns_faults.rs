@@ -137,7 +137,7 @@ fn killed_peer_across_namespaces() {
                 buf.ptr(),
                 count,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 stream,
             )
         }
@@ -206,7 +206,7 @@ fn downed_link_across_namespaces() {
                     buf.ptr(),
                     count,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     stream,
                 )
             };

@@ -32,7 +32,7 @@ fn all_reduce(comm: &Comm, buf: &nccl::DevBuffer, stream: nccl::StreamHandle) {
             buf.ptr(),
             1024,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             stream,
         )
     }

@@ -57,7 +57,7 @@ fn typed_collectives_in_a_group() {
         // Each buffer stays borrowed until the group ends: one `&mut` per buffer, from
         // iter_mut (indexing `&mut sums[i]` in the loop would borrow the whole Vec twice).
         for (i, (c, sum)) in comms.iter().zip(&mut sums).enumerate() {
-            g.all_reduce(c, &sends[i], sum, Op::PreMulSum(2.0), &streams[i])?;
+            g.all_reduce(c, &sends[i], sum, Op::pre_mul_sum(2.0), &streams[i])?;
         }
         Ok(())
     })
@@ -101,7 +101,7 @@ fn in_place_views_and_half_types() {
         .collect();
     nccl::group(|g| {
         for (i, (c, b)) in comms.iter().zip(&mut bufs).enumerate() {
-            g.all_reduce_in_place(c, b.slice_mut(2..6)?, Op::Max, &streams[i])?;
+            g.all_reduce_in_place(c, b.slice_mut(2..6)?, Op::MAX, &streams[i])?;
         }
         Ok(())
     })
@@ -119,7 +119,7 @@ fn in_place_views_and_half_types() {
         .collect();
     nccl::group(|g| {
         for (i, (c, b)) in comms.iter().zip(&mut rs).enumerate() {
-            g.reduce_scatter_in_place(c, b, Op::Sum, &streams[i])?;
+            g.reduce_scatter_in_place(c, b, Op::SUM, &streams[i])?;
         }
         Ok(())
     })
@@ -137,7 +137,7 @@ fn every_too_short_buffer_is_refused_with_its_sizes() {
     let mut four = DeviceBuffer::<f32>::zeroed(d, 4).unwrap();
     let mut fifteen = DeviceBuffer::<f32>::zeroed(d, 15).unwrap();
     refused(
-        c.all_reduce(&eight, &mut four, Op::Sum, s),
+        c.all_reduce(&eight, &mut four, Op::SUM, s),
         &["ncclAllReduce", "recvbuff", "4", "8"],
     );
     refused(
@@ -145,7 +145,7 @@ fn every_too_short_buffer_is_refused_with_its_sizes() {
         &["ncclAllGather", "recvbuff", "15", "16"],
     );
     refused(
-        c.reduce_scatter(&fifteen, &mut eight_mut(d), Op::Sum, s),
+        c.reduce_scatter(&fifteen, &mut eight_mut(d), Op::SUM, s),
         &["ncclReduceScatter", "sendbuff", "15", "16"],
     );
     refused(
@@ -153,7 +153,7 @@ fn every_too_short_buffer_is_refused_with_its_sizes() {
         &["ncclBroadcast", "sendbuff", "4", "15"],
     );
     refused(
-        c.reduce(&eight, Some(&mut four), Op::Sum, 0, s),
+        c.reduce(&eight, Some(&mut four), Op::SUM, 0, s),
         &["ncclReduce", "recvbuff", "4", "8"],
     );
     refused(
@@ -170,19 +170,19 @@ fn every_too_short_buffer_is_refused_with_its_sizes() {
     );
     let other = DeviceBuffer::<f32>::zeroed(comms[1].device(), 8).unwrap();
     refused(
-        c.all_reduce(&other, &mut fifteen, Op::Sum, s),
+        c.all_reduce(&other, &mut fifteen, Op::SUM, s),
         &["sendbuff", "device 1"],
     );
     refused(
-        c.all_reduce(&eight, &mut fifteen, Op::Sum, &streams[1]),
+        c.all_reduce(&eight, &mut fifteen, Op::SUM, &streams[1]),
         &["stream", "device 1"],
     );
     refused(
-        c.reduce_scatter_in_place(&mut fifteen, Op::Sum, s),
+        c.reduce_scatter_in_place(&mut fifteen, Op::SUM, s),
         &["ncclReduceScatter", "15", "multiple"],
     );
     refused(
-        c.reduce::<_, &mut DeviceBuffer<f32>>(&eight, None, Op::Sum, 0, s),
+        c.reduce::<_, &mut DeviceBuffer<f32>>(&eight, None, Op::SUM, 0, s),
         &["root", "recvbuff"],
     );
     refused(
@@ -209,7 +209,7 @@ fn typed_calls_refuse_raw_groups_and_a_failed_group_drops_its_calls() {
     let mut b = DeviceBuffer::<i32>::zeroed(comms[0].device(), 4).unwrap();
     nccl::group_start();
     let e = comms[0]
-        .all_reduce_in_place(&mut b, Op::Sum, &streams[0])
+        .all_reduce_in_place(&mut b, Op::SUM, &streams[0])
         .unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
     let nested = nccl::group(|_| Ok(())).unwrap_err();
@@ -218,7 +218,7 @@ fn typed_calls_refuse_raw_groups_and_a_failed_group_drops_its_calls() {
     // Rank 0 alone queues an AllReduce, then the closure fails: nothing may launch (it would
     // wait for rank 1 forever), and the thread's group is closed.
     let failed = nccl::group(|g| {
-        g.all_reduce_in_place(&comms[0], &mut b, Op::Sum, &streams[0])?;
+        g.all_reduce_in_place(&comms[0], &mut b, Op::SUM, &streams[0])?;
         Err::<(), _>(nccl::Error::invalid_usage("the program changed its mind"))
     });
     assert!(failed.unwrap_err().message.contains("changed its mind"));
@@ -242,7 +242,7 @@ fn captured_graph() {
     let send = DeviceBuffer::from_slice(c.device(), &[3u64, 4]).unwrap();
     let mut recv = DeviceBuffer::<u64>::zeroed(c.device(), 2).unwrap();
     {
-        let graph = nccl::capture(s, |cap| cap.all_reduce(c, &send, &mut recv, Op::Sum, s))
+        let graph = nccl::capture(s, |cap| cap.all_reduce(c, &send, &mut recv, Op::SUM, s))
             .expect("capture");
         graph.launch().unwrap();
         graph.launch().unwrap();
@@ -250,7 +250,7 @@ fn captured_graph() {
     assert_eq!(recv.to_vec().unwrap(), vec![3, 4]);
     // A direct typed call on a capturing stream is refused (its graph could outlive it).
     c.device().capture_begin(s.handle()).unwrap();
-    let e = c.all_reduce(&send, &mut recv, Op::Sum, s).unwrap_err();
+    let e = c.all_reduce(&send, &mut recv, Op::SUM, s).unwrap_err();
     assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
     drop(c.device().capture_end(s.handle()));
 }
@@ -363,7 +363,7 @@ fn send_recv_over_chunks_rooted_calls_and_registration() {
             } else {
                 None
             };
-            g.reduce(c, out, recv, Op::Prod, 1, st)?;
+            g.reduce(c, out, recv, Op::PROD, 1, st)?;
         }
         Ok(())
     })
@@ -406,7 +406,7 @@ fn a_typed_group_of_non_blocking_communicators_is_not_an_error() {
         .collect();
     nccl::group(|g| {
         for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-            g.all_reduce_in_place(c, b, Op::PreMulSum(half::f16::from_f32(3.0)), s)?;
+            g.all_reduce_in_place(c, b, Op::pre_mul_sum(half::f16::from_f32(3.0)), s)?;
         }
         Ok(())
     })
@@ -444,7 +444,7 @@ fn events_order_and_time_stream_work() {
     }
     nccl::group(|g| {
         for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-            g.all_reduce_in_place(c, b, Op::Sum, s)?;
+            g.all_reduce_in_place(c, b, Op::SUM, s)?;
         }
         Ok(())
     })
@@ -513,7 +513,7 @@ fn mem_alloc_buffers_carry_collectives() {
     drop(regs);
     nccl::group(|g| {
         for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-            g.all_reduce_in_place(c, b, Op::Sum, s)?;
+            g.all_reduce_in_place(c, b, Op::SUM, s)?;
         }
         Ok(())
     })
@@ -524,7 +524,7 @@ fn mem_alloc_buffers_carry_collectives() {
     }
     let mut short = DeviceBuffer::<i32>::mem_alloc(comms[0].device(), n - 1).unwrap();
     refused(
-        comms[0].all_reduce(&bufs[0], &mut short, Op::Sum, &streams[0]),
+        comms[0].all_reduce(&bufs[0], &mut short, Op::SUM, &streams[0]),
         &[&(n - 1).to_string(), &n.to_string()],
     );
 }

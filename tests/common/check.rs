@@ -4,7 +4,7 @@
 //! nothing still holds the poison, then the values, then the tail.
 
 use super::{from_bytes, lend, skip, to_bytes, Drive, Ranks, Rng};
-use nccl::{DataType, ReduceOp};
+use nccl::{DataType, RedOpKind, ReduceOp, Scalar};
 use nccl_device::abi::Coll;
 use nccl_device::types::Elem;
 use nccl_device::with_elem;
@@ -28,22 +28,22 @@ pub fn epsilon(dt: DataType) -> f64 {
 }
 
 pub const ALL_OPS: [ReduceOp; 6] = [
-    ReduceOp::Sum,
-    ReduceOp::Prod,
-    ReduceOp::Max,
-    ReduceOp::Min,
-    ReduceOp::Avg,
-    ReduceOp::PreMulSum { scalar_bits: 0 }, // the scalar is filled in per type
+    ReduceOp::SUM,
+    ReduceOp::PROD,
+    ReduceOp::MAX,
+    ReduceOp::MIN,
+    ReduceOp::AVG,
+    ReduceOp::pre_mul_sum(0), // the scalar is filled in per type
 ];
 
 /// The op with a scalar of the right type (PreMulSum by 0.5 for floats, 3 for integers).
 pub fn typed_op(op: ReduceOp, dt: DataType) -> ReduceOp {
-    match op {
-        ReduceOp::PreMulSum { .. } => {
+    match op.kind() {
+        RedOpKind::PreMulSum => {
             let bits = with_elem!(dt, T => Elem::to_bits(T::from_f64(if dt.is_float() { 0.5 } else { 3.0 })));
-            ReduceOp::PreMulSum { scalar_bits: bits }
+            ReduceOp::pre_mul_sum(bits)
         }
-        o => o,
+        _ => op,
     }
 }
 
@@ -66,8 +66,8 @@ pub fn input<T: Elem>(count: usize, op: ReduceOp, seed: u64, rank: usize, nranks
     let n = nranks.max(1);
     if !T::IS_FLOAT {
         return (0..count)
-            .map(|_| match op {
-                ReduceOp::Prod => T::from_f64((rng.next() % 3) as f64 + 1.0),
+            .map(|_| match op.kind() {
+                RedOpKind::Prod => T::from_f64((rng.next() % 3) as f64 + 1.0),
                 _ => T::from_bits(rng.next() % 100),
             })
             .collect();
@@ -77,12 +77,12 @@ pub fn input<T: Elem>(count: usize, op: ReduceOp, seed: u64, rank: usize, nranks
         .map(|i| {
             let r = rng.next();
             let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
-            let v = match op {
-                ReduceOp::Prod if (rank + i) % n < 4 => {
+            let v = match op.kind() {
+                RedOpKind::Prod if (rank + i) % n < 4 => {
                     sign * [1.0, 2.0, 0.5][(r >> 1) as usize % 3]
                 }
-                ReduceOp::Prod => sign,
-                ReduceOp::Max | ReduceOp::Min => {
+                RedOpKind::Prod => sign,
+                RedOpKind::Max | RedOpKind::Min => {
                     ((r >> 1) % (2 * mag as u64 + 1)) as f64 - mag as f64
                 }
                 _ if (rank + i) % n < ranks => {
@@ -110,23 +110,22 @@ pub fn reference<T: Elem>(inputs: &[Vec<T>], op: ReduceOp, dt: DataType) -> Vec<
         (op.post(acc), mag)
     }
     let n = inputs.len();
-    let inexact = T::IS_FLOAT && matches!(op, ReduceOp::Avg) && !n.is_power_of_two();
+    let inexact = T::IS_FLOAT && op.kind() == RedOpKind::Avg && !n.is_power_of_two();
+    let scalar = match op.scalar() {
+        Some(Scalar::Host(bits)) => bits,
+        Some(Scalar::Device(_)) => panic!("reference: pass the device scalar's value as PreMulSum"),
+        None => 0,
+    };
     let count = inputs[0].len();
     (0..count)
         .map(|i| {
-            let (v, mag) = match op {
-                ReduceOp::Sum => fold(inputs, <Sum as RedOp<T>>::new(0), i),
-                ReduceOp::Prod => fold(inputs, <Prod as RedOp<T>>::new(0), i),
-                ReduceOp::Max => fold(inputs, <Max as RedOp<T>>::new(0), i),
-                ReduceOp::Min => fold(inputs, <Min as RedOp<T>>::new(0), i),
-                ReduceOp::Avg => fold(inputs, <Avg<T> as RedOp<T>>::new(n as u64), i),
-                ReduceOp::PreMulSum { scalar_bits } => {
-                    fold(inputs, <PreMulSum<T> as RedOp<T>>::new(scalar_bits), i)
-                }
-                ReduceOp::PreMulSumDevice { .. } => {
-                    panic!("reference: pass the device scalar's value as PreMulSum")
-                }
-                other => panic!("reference: no model of {other:?}"),
+            let (v, mag) = match op.kind() {
+                RedOpKind::Sum => fold(inputs, <Sum as RedOp<T>>::new(0), i),
+                RedOpKind::Prod => fold(inputs, <Prod as RedOp<T>>::new(0), i),
+                RedOpKind::Max => fold(inputs, <Max as RedOp<T>>::new(0), i),
+                RedOpKind::Min => fold(inputs, <Min as RedOp<T>>::new(0), i),
+                RedOpKind::Avg => fold(inputs, <Avg<T> as RedOp<T>>::new(n as u64), i),
+                RedOpKind::PreMulSum => fold(inputs, <PreMulSum<T> as RedOp<T>>::new(scalar), i),
             };
             let tol = if inexact {
                 n as f64 * epsilon(dt) * mag
@@ -247,10 +246,10 @@ pub fn every_collective(ranks: &Ranks, seed: u64) {
     for (i, coll) in Coll::ALL.into_iter().enumerate() {
         for (j, count) in [1usize, 37, 3000, 40_000].into_iter().enumerate() {
             let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int32, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Prod),
+                (DataType::Float32, ReduceOp::SUM),
+                (DataType::Int32, ReduceOp::MAX),
+                (DataType::Bfloat16, ReduceOp::SUM),
+                (DataType::Int64, ReduceOp::PROD),
             ][(i + j) % 4];
             let root = (i + j) % n;
             for in_place in [false, true] {

@@ -30,7 +30,7 @@ pub fn killed_mid_collective(
                 buf.ptr(),
                 count,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 stream,
             )
         }

@@ -39,7 +39,7 @@ fn issue(ranks: &Ranks, bufs: &[Bufs], streams: &[StreamHandle]) -> Result<(), S
     for (i, c) in ranks.comms.iter().enumerate() {
         let (b, s, r) = (&bufs[i], streams[i], c.rank());
         let f = DataType::Float32;
-        unsafe { c.all_reduce_raw(b.send.ptr(), b.sum.ptr(), COUNT, f, ReduceOp::Sum, s) }
+        unsafe { c.all_reduce_raw(b.send.ptr(), b.sum.ptr(), COUNT, f, ReduceOp::SUM, s) }
             .map_err(e)?;
         unsafe { c.all_gather_raw(b.send.ptr(), b.gathered.ptr(), COUNT, f, s) }.map_err(e)?;
         unsafe { c.send_raw(b.send.ptr(), COUNT, f, (r + 1) % n, s) }.map_err(e)?;
@@ -245,7 +245,7 @@ pub fn replays_interleaved_with_direct_calls(ranks: &Ranks, rounds: usize) -> Re
         nccl::group_start();
         for (i, c) in ranks.comms.iter().enumerate() {
             let (b, s) = (&bufs[i], streams[i]);
-            unsafe { c.all_reduce_raw(b[from].ptr(), b[to].ptr(), COUNT, f, ReduceOp::Sum, s) }
+            unsafe { c.all_reduce_raw(b[from].ptr(), b[to].ptr(), COUNT, f, ReduceOp::SUM, s) }
                 .map_err(e)?;
         }
         nccl::group_end().map(|_| ()).map_err(e)

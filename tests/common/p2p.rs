@@ -157,9 +157,9 @@ pub fn late_rank_all_reduce_at(n: usize, late: usize) {
     let ranks = super::sim_ranks(n);
     let count = 1 << 18;
     let inputs: Vec<Vec<f32>> = (0..n)
-        .map(|r| input::<f32>(count, ReduceOp::Sum, 99, r, n))
+        .map(|r| input::<f32>(count, ReduceOp::SUM, 99, r, n))
         .collect();
-    let want = reference(&inputs, ReduceOp::Sum, DataType::Float32);
+    let want = reference(&inputs, ReduceOp::SUM, DataType::Float32);
     let comms: &[Comm] = &ranks.comms;
     let bufs: Vec<_> = comms
         .iter()
@@ -184,7 +184,7 @@ pub fn late_rank_all_reduce_at(n: usize, late: usize) {
                 p,
                 count,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 ranks.streams[i],
             )
         }

@@ -109,7 +109,7 @@ fn thread_per_gpu_and_large_buffers() {
                     &ranks,
                     count,
                     dt,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     in_place,
                     count as u64,
                     Drive::ThreadPerRank,
@@ -165,7 +165,7 @@ fn process_per_rank_on_two_nodes() {
                         coll,
                         count,
                         DataType::Float32,
-                        ReduceOp::Sum,
+                        ReduceOp::SUM,
                         i % n,
                         in_place,
                         count as u64 + i as u64,
@@ -228,7 +228,7 @@ fn bad_buffers_are_rejected() {
                 mine.ptr(),
                 16,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 s,
             )
         }
@@ -243,7 +243,7 @@ fn bad_buffers_are_rejected() {
             mine.ptr(),
             16,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             s,
         )
     }
@@ -255,7 +255,7 @@ fn bad_buffers_are_rejected() {
             mine.ptr(),
             16,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             s,
         )
     }
@@ -514,8 +514,8 @@ fn registered_ring_collectives_on_2_and_4_gpus() {
             for who in [Who::All, Who::Even, Who::None] {
                 for in_place in [false, true] {
                     for (dt, op) in [
-                        (DataType::Float32, ReduceOp::Sum),
-                        (DataType::Int32, ReduceOp::Avg),
+                        (DataType::Float32, ReduceOp::SUM),
+                        (DataType::Int32, ReduceOp::AVG),
                     ] {
                         seed += 1;
                         let t = std::time::Instant::now();
@@ -581,8 +581,8 @@ fn registered_tree_all_reduce_on_2_and_4_gpus() {
                 for who in [Who::All, Who::Even, Who::None] {
                     for in_place in [false, true] {
                         for (dt, op) in [
-                            (DataType::Float32, ReduceOp::Sum),
-                            (DataType::Int32, ReduceOp::Avg),
+                            (DataType::Float32, ReduceOp::SUM),
+                            (DataType::Int32, ReduceOp::AVG),
                         ] {
                             seed += 1;
                             let got = reduction_round_as_modelled(

@@ -168,7 +168,7 @@ fn rank_body(comm: Comm, n: usize, meet: &Barrier) {
     let mut recv = poisoned(&stream, N);
     meet.wait();
     comm.inner()
-        .all_reduce_on(&send, &mut recv, nccl::Op::Sum, &stream)
+        .all_reduce_on(&send, &mut recv, nccl::Op::SUM, &stream)
         .unwrap();
     check("all_reduce_on", rank, &down(&stream, &recv), sum);
 }

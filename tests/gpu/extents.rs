@@ -12,7 +12,7 @@ fn gpu_buffer_extents() {
     let comms = Comm::init_all(&[0]).expect("a one-rank communicator on GPU 0");
     let (c, s) = (&comms[0], Default::default());
     let f32 = DataType::Float32;
-    let sum = ReduceOp::Sum;
+    let sum = ReduceOp::SUM;
     let small = c.device().alloc(4096).unwrap();
     let big = c.device().alloc(8192).unwrap();
     let refused = |r: nccl::Result<()>, what: &str| {
@@ -84,7 +84,7 @@ fn gpu_mem_alloc_is_a_vmm_mapping() {
     nccl::cuda::set_backend(Backend::Cuda).expect("choose the CUDA backend");
     let comms = Comm::init_all(&[0]).expect("a one-rank communicator on GPU 0");
     let (c, s) = (&comms[0], Default::default());
-    let (f32, sum) = (DataType::Float32, ReduceOp::Sum);
+    let (f32, sum) = (DataType::Float32, ReduceOp::SUM);
     let asked = 3 * 4096 + 4;
     let buf = c.device().alloc_vmm(asked).expect("alloc_vmm");
     let mut bytes = vec![1u8; asked];

@@ -120,10 +120,10 @@ fn traffic(ranks: &Ranks, seed: u64, p2p: bool) {
     for (i, coll) in Coll::ALL.into_iter().enumerate() {
         for (j, count) in [37usize, 40_000, (1 << 20) + 5].into_iter().enumerate() {
             let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int32, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Prod),
+                (DataType::Float32, ReduceOp::SUM),
+                (DataType::Int32, ReduceOp::MAX),
+                (DataType::Bfloat16, ReduceOp::SUM),
+                (DataType::Int64, ReduceOp::PROD),
             ][(i + j) % 4];
             for in_place in [false, true] {
                 // Progress, shown if the harness kills a rank that is stuck.

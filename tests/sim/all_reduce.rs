@@ -21,7 +21,7 @@ fn rank_counts_and_odd_sizes() {
                     &comms,
                     count,
                     DataType::Float32,
-                    nccl::ReduceOp::Sum,
+                    nccl::ReduceOp::SUM,
                     in_place,
                     count as u64,
                     drive,
@@ -39,9 +39,9 @@ fn ranks_as_processes() {
             .expect("init_rank in a child process");
         let ranks = Ranks::new(vec![comm]);
         for (dt, op) in [
-            (DataType::Float32, nccl::ReduceOp::Sum),
-            (DataType::Int64, nccl::ReduceOp::Max),
-            (DataType::Bfloat16, nccl::ReduceOp::Avg),
+            (DataType::Float32, nccl::ReduceOp::SUM),
+            (DataType::Int64, nccl::ReduceOp::MAX),
+            (DataType::Bfloat16, nccl::ReduceOp::AVG),
         ] {
             for count in [1usize, 31, 5000] {
                 check_all_reduce(&ranks, count, dt, op, count % 2 == 1, 7, Drive::OneThread)
@@ -113,7 +113,7 @@ fn launches_on_different_streams_stay_in_order() {
                     bufs[i].ptr(),
                     count,
                     DataType::Float32,
-                    nccl::ReduceOp::Sum,
+                    nccl::ReduceOp::SUM,
                     s,
                 )
             }
@@ -151,7 +151,7 @@ fn premulsum_with_a_device_scalar() {
         let factor = if dt.is_float() { 0.5 } else { 3.0 };
         let bits = nccl_device::with_elem!(dt, T => nccl_device::types::Elem::to_bits(
             <T as nccl_device::types::Elem>::from_f64(factor)));
-        let want_op = ReduceOp::PreMulSum { scalar_bits: bits };
+        let want_op = ReduceOp::pre_mul_sum(bits);
         let inputs: Vec<Vec<u8>> = (0..3)
             .map(|r| {
                 nccl_device::with_elem!(dt, T =>
@@ -175,9 +175,7 @@ fn premulsum_with_a_device_scalar() {
         nccl::group_start();
         for (i, c) in ranks.comms.iter().enumerate() {
             let (send, recv, scalar) = &bufs[i];
-            let op = ReduceOp::PreMulSumDevice {
-                scalar: scalar.ptr(),
-            };
+            let op = ReduceOp::pre_mul_sum_device(scalar.ptr());
             unsafe { c.all_reduce_raw(send.ptr(), recv.ptr(), count, dt, op, ranks.streams[i]) }
                 .unwrap();
         }
@@ -206,9 +204,7 @@ fn premulsum_with_a_device_scalar() {
             buf.ptr(),
             4,
             DataType::Float32,
-            ReduceOp::PreMulSumDevice {
-                scalar: host.as_ptr() as u64,
-            },
+            ReduceOp::pre_mul_sum_device(host.as_ptr() as u64),
             ranks.streams[0],
         )
     }

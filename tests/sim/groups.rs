@@ -73,7 +73,7 @@ fn nonblocking_groups_issue_in_the_background() {
         // which it has not even been asked to; a blocking group would wait here forever.
         let count = 20_000; // 80 KB: more than a connection's FIFO
         let data: Vec<Vec<i32>> = (0..2)
-            .map(|r| input::<i32>(count, ReduceOp::Sum, 11, r, 2))
+            .map(|r| input::<i32>(count, ReduceOp::SUM, 11, r, 2))
             .collect();
         let mut send = Vec::new();
         let mut recv = Vec::new();
@@ -108,7 +108,7 @@ fn nonblocking_groups_issue_in_the_background() {
                 send[0].ptr(),
                 1,
                 DataType::Int32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 streams[0],
             )
         }
@@ -147,9 +147,9 @@ fn nonblocking_groups_issue_in_the_background() {
         // Collectives of both ranks in one non-blocking group, from one thread.
         let n = 5000;
         let x: Vec<Vec<f32>> = (0..2)
-            .map(|r| input::<f32>(n, ReduceOp::Sum, 12, r, 2))
+            .map(|r| input::<f32>(n, ReduceOp::SUM, 12, r, 2))
             .collect();
-        let want = reference(&x, ReduceOp::Sum, DataType::Float32);
+        let want = reference(&x, ReduceOp::SUM, DataType::Float32);
         let bufs: Vec<_> = cs
             .iter()
             .enumerate()
@@ -167,7 +167,7 @@ fn nonblocking_groups_issue_in_the_background() {
                     bufs[r].ptr(),
                     n,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     streams[r],
                 )
             }
@@ -207,10 +207,10 @@ fn blocking_and_nonblocking_communicators_do_not_mix() {
         );
         let s = StreamHandle::default();
         nccl::group_start();
-        unsafe { nb.all_reduce_raw(bn.ptr(), bn.ptr(), 16, DataType::Float32, ReduceOp::Sum, s) }
+        unsafe { nb.all_reduce_raw(bn.ptr(), bn.ptr(), 16, DataType::Float32, ReduceOp::SUM, s) }
             .unwrap();
         let e = unsafe {
-            b.all_reduce_raw(bb.ptr(), bb.ptr(), 16, DataType::Float32, ReduceOp::Sum, s)
+            b.all_reduce_raw(bb.ptr(), bb.ptr(), 16, DataType::Float32, ReduceOp::SUM, s)
         }
         .unwrap_err();
         assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
@@ -245,7 +245,7 @@ fn a_failed_background_group_becomes_the_communicators_error() {
         let e = c.wait_group().unwrap_err();
         assert!(e.message.contains("receives from itself"), "{e}");
         // Every later call reports it (the communicator is to be aborted).
-        let e = unsafe { c.all_reduce_raw(b.ptr(), b.ptr(), 4, DataType::Int32, ReduceOp::Sum, s) }
+        let e = unsafe { c.all_reduce_raw(b.ptr(), b.ptr(), 4, DataType::Int32, ReduceOp::SUM, s) }
             .unwrap_err();
         assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
         c.device().stream_destroy(s).unwrap();
@@ -265,7 +265,7 @@ fn simulate_end_launches_nothing_and_estimates() {
         let cs = comms(8, 2, &Config::blocking(true));
         let count = 1 << 16;
         let x: Vec<Vec<f32>> = (0..2)
-            .map(|r| input::<f32>(count, ReduceOp::Sum, 21, r, 2))
+            .map(|r| input::<f32>(count, ReduceOp::SUM, 21, r, 2))
             .collect();
         let bufs: Vec<_> = cs
             .iter()
@@ -286,7 +286,7 @@ fn simulate_end_launches_nothing_and_estimates() {
             recv: bufs[r].ptr(),
             count: n,
             dt: DataType::Float32,
-            op: ReduceOp::Sum,
+            op: ReduceOp::SUM,
             root: 0,
             stream: streams[r],
         };
@@ -302,7 +302,7 @@ fn simulate_end_launches_nothing_and_estimates() {
                     bufs[r].ptr(),
                     count,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     streams[r],
                 )
             }
@@ -314,7 +314,7 @@ fn simulate_end_launches_nothing_and_estimates() {
                 bufs[0].ptr(),
                 100,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 streams[0],
             )
         }
@@ -337,7 +337,7 @@ fn simulate_end_launches_nothing_and_estimates() {
             );
         }
         assert_eq!(nccl::enqueue::group::depth(), 0);
-        let want = reference(&x, ReduceOp::Sum, DataType::Float32);
+        let want = reference(&x, ReduceOp::SUM, DataType::Float32);
         nccl::group_start();
         for (r, c) in cs.iter().enumerate() {
             unsafe {
@@ -346,7 +346,7 @@ fn simulate_end_launches_nothing_and_estimates() {
                     bufs[r].ptr(),
                     count,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     streams[r],
                 )
             }
@@ -369,7 +369,7 @@ fn simulate_end_launches_nothing_and_estimates() {
         // A bad call in the group comes back from the simulated end.
         nccl::group_start();
         let e =
-            unsafe { cs[0].all_reduce_raw(0, 0, 4, DataType::Float32, ReduceOp::Sum, streams[0]) }
+            unsafe { cs[0].all_reduce_raw(0, 0, 4, DataType::Float32, ReduceOp::SUM, streams[0]) }
                 .unwrap_err();
         assert_eq!(e.code, NcclResult::InvalidArgument);
         assert_eq!(

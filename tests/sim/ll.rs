@@ -64,11 +64,11 @@ fn two_ranks_exchange_in_one_step_per_piece() {
                 .collect()
         };
         let ops = [
-            nccl::ReduceOp::Sum,
-            nccl::ReduceOp::Prod,
-            nccl::ReduceOp::Max,
-            nccl::ReduceOp::Min,
-            nccl::ReduceOp::Avg,
+            nccl::ReduceOp::SUM,
+            nccl::ReduceOp::PROD,
+            nccl::ReduceOp::MAX,
+            nccl::ReduceOp::MIN,
+            nccl::ReduceOp::AVG,
         ];
         let mut seed = 900;
         for dt in [nccl::DataType::Float32, nccl::DataType::Int32] {

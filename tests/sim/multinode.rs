@@ -5,7 +5,7 @@
 //! poisoned outputs.
 
 use crate::common::{self, Drive, Ranks, LOOPBACK};
-use nccl::{DataType, ReduceOp};
+use nccl::{DataType, RedOpKind, ReduceOp};
 
 /// A rank of a child process of `procs::run_nodes`, with a stream.
 pub(crate) fn child_comm() -> Option<Ranks> {
@@ -86,7 +86,7 @@ fn ll_and_simple_steps_in_turn_across_nodes() {
                     nccl_device::abi::Coll::AllGather,
                     count,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     0,
                     false,
                     seed,
@@ -163,12 +163,12 @@ fn double_binary_tree_all_reduce_across_nodes() {
         }
         for (i, count) in [1usize, 37, 4099, 70_001].into_iter().enumerate() {
             let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Float32, ReduceOp::PreMulSum { scalar_bits: 0 }),
-                (DataType::Int32, ReduceOp::Avg),
-                (DataType::Float64, ReduceOp::Avg),
-                (DataType::Int64, ReduceOp::Prod),
-                (DataType::Bfloat16, ReduceOp::Max),
+                (DataType::Float32, ReduceOp::SUM),
+                (DataType::Float32, ReduceOp::pre_mul_sum(0)),
+                (DataType::Int32, ReduceOp::AVG),
+                (DataType::Float64, ReduceOp::AVG),
+                (DataType::Int64, ReduceOp::PROD),
+                (DataType::Bfloat16, ReduceOp::MAX),
             ][(i + rank_seed()) % 6];
             let op = common::typed_op(op, dt);
             for in_place in [false, true] {
@@ -272,12 +272,12 @@ fn two_node_tree_exchanges_at_the_top() {
         let rank = c.rank();
         for (i, count) in [1usize, 37, 4099, 70_001].into_iter().enumerate() {
             for (j, (dt, op)) in [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Float32, ReduceOp::PreMulSum { scalar_bits: 0 }),
-                (DataType::Int32, ReduceOp::Avg),
-                (DataType::Float64, ReduceOp::Avg),
-                (DataType::Int64, ReduceOp::Prod),
-                (DataType::Bfloat16, ReduceOp::Max),
+                (DataType::Float32, ReduceOp::SUM),
+                (DataType::Float32, ReduceOp::pre_mul_sum(0)),
+                (DataType::Int32, ReduceOp::AVG),
+                (DataType::Float64, ReduceOp::AVG),
+                (DataType::Int64, ReduceOp::PROD),
+                (DataType::Bfloat16, ReduceOp::MAX),
             ]
             .into_iter()
             .enumerate()
@@ -296,10 +296,7 @@ fn two_node_tree_exchanges_at_the_top() {
                 .unwrap_or_else(|e| panic!("rank {rank}: {dt:?} {op:?} count {count}: {e}"));
             }
         }
-        for (count, op) in [
-            (70_001, ReduceOp::Sum),
-            (4099, ReduceOp::PreMulSum { scalar_bits: 0 }),
-        ] {
+        for (count, op) in [(70_001, ReduceOp::SUM), (4099, ReduceOp::pre_mul_sum(0))] {
             results_agree_bitwise(&ranks, count, common::typed_op(op, DataType::Float32));
         }
         return;
@@ -335,8 +332,8 @@ fn results_agree_bitwise(ranks: &Ranks, count: usize, op: ReduceOp) {
     // different orders would get different bits.
     let mut rng = common::Rng::new(99 ^ ((rank as u64 + 1) << 32));
     let x: Vec<f32> = (0..count)
-        .map(|_| match op {
-            ReduceOp::Prod => rng.uniform(0.5, 1.5) as f32,
+        .map(|_| match op.kind() {
+            RedOpKind::Prod => rng.uniform(0.5, 1.5) as f32,
             _ => rng.uniform(-4.0, 4.0) as f32,
         })
         .collect();
@@ -446,7 +443,7 @@ fn proxy_timeline_and_kernel_stamps_record_each_call() {
                 &ranks,
                 2,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 k % 2 == 1,
                 70 + k as u64,
                 Drive::OneThread,

@@ -70,7 +70,7 @@ fn stopped_peer_raises_async_errors_when_hangs_are_watched() {
                 buf.ptr(),
                 count,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 stream,
             )
         }
@@ -204,7 +204,7 @@ fn idle_proxy_sleeps() {
             &ranks,
             5000,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             false,
             9,
             Drive::OneThread,

@@ -72,7 +72,7 @@ impl Work {
     fn inputs(&self, seed: u64, r: usize) -> WorkInputs {
         let [ar, ag, rs, bc, next, far] = WORK_COUNTS;
         let s = |k: u64| seed * 8 + k;
-        let op = ReduceOp::Sum;
+        let op = ReduceOp::SUM;
         WorkInputs {
             ar: common::input(ar, op, s(0), r, self.n),
             ag: common::input(ag, op, s(1), r, self.n),
@@ -111,9 +111,9 @@ impl Work {
         // SAFETY: every buffer holds the counts named (see `new`) and lives in `self`, which the
         // callers keep until the stream (or the graph's replays) drained.
         unsafe {
-            c.all_reduce_raw(b(0).0, b(0).1, ar, f32_, ReduceOp::Sum, s)?;
+            c.all_reduce_raw(b(0).0, b(0).1, ar, f32_, ReduceOp::SUM, s)?;
             c.all_gather_raw(b(1).0, b(1).1, ag, i32_, s)?;
-            c.reduce_scatter_raw(b(2).0, b(2).1, rs, f32_, ReduceOp::Sum, s)?;
+            c.reduce_scatter_raw(b(2).0, b(2).1, rs, f32_, ReduceOp::SUM, s)?;
             c.broadcast_raw(b(3).0, b(3).1, bc, f64_, self.n - 1, s)?;
             nccl::group_start();
             let queued = c
@@ -147,7 +147,7 @@ impl Work {
         };
         let ctx = |op: &str| format!("{what} (seed {seed}): rank {r} {op}");
         let ar_in: Vec<Vec<f32>> = all.iter().map(|x| x.ar.clone()).collect();
-        let want = common::reference(&ar_in, ReduceOp::Sum, f32_);
+        let want = common::reference(&ar_in, ReduceOp::SUM, f32_);
         common::compare(
             &common::from_bytes::<f32>(&read(0)?),
             &want,
@@ -158,7 +158,7 @@ impl Work {
         common::compare(&got, &exact(&gathered), &ctx("AllGather"))?;
         debug_assert_eq!(gathered.len(), self.n * ag);
         let rs_in: Vec<Vec<f32>> = all.iter().map(|x| x.rs.clone()).collect();
-        let want = common::reference(&rs_in, ReduceOp::Sum, f32_);
+        let want = common::reference(&rs_in, ReduceOp::SUM, f32_);
         let got = common::from_bytes::<f32>(&read(2)?);
         common::compare(&got, &want[r * rs..(r + 1) * rs], &ctx("ReduceScatter"))?;
         let got = common::from_bytes::<f64>(&read(3)?);
@@ -329,7 +329,7 @@ fn split_and_shrink_across_nodes() {
                 coll,
                 4099,
                 DataType::Int64,
-                ReduceOp::Max,
+                ReduceOp::MAX,
                 1,
                 true,
                 11,
@@ -367,7 +367,7 @@ fn split_and_shrink_across_nodes() {
                 nccl_device::abi::Coll::Reduce,
                 70_001,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 2,
                 false,
                 14,
@@ -484,7 +484,7 @@ fn nonblocking_comms_across_nodes() {
                 coll,
                 3000,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 i % 2,
                 false,
                 23 + i as u64,

@@ -168,10 +168,10 @@ pub(crate) fn traffic(ranks: &Ranks, seed: u64) {
     for (i, coll) in Coll::ALL.into_iter().enumerate() {
         for (j, count) in [37usize, 40_000].into_iter().enumerate() {
             let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int32, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Prod),
+                (DataType::Float32, ReduceOp::SUM),
+                (DataType::Int32, ReduceOp::MAX),
+                (DataType::Bfloat16, ReduceOp::SUM),
+                (DataType::Int64, ReduceOp::PROD),
             ][(i + j) % 4];
             for in_place in [false, true] {
                 check_collective(
@@ -301,7 +301,7 @@ fn v9_and_v10_plugins_across_2_nodes() {
             &ranks,
             40_000,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             false,
             3,
             Drive::OneThread,
@@ -343,7 +343,7 @@ fn broken_plugins_are_skipped_for_the_next_network() {
             &ranks,
             5000,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             false,
             4,
             Drive::OneThread,

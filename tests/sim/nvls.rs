@@ -14,7 +14,7 @@
 
 use crate::common::{self, check_collective, Checked, Drive, Ranks, ALL_OPS};
 use nccl::cuda::sim;
-use nccl::{Algo, Comm, DataType, ReduceOp};
+use nccl::{Algo, Comm, DataType, RedOpKind, ReduceOp};
 use nccl_device::abi::Coll;
 
 /// Small scratch halves (4 KiB) make calls of a few thousand elements take many pieces, so
@@ -33,12 +33,12 @@ fn comms(n: usize) -> Ranks {
 fn switch_reduces(dt: DataType, op: ReduceOp) -> bool {
     use DataType::*;
     let ints = matches!(dt, Int32 | Uint32 | Int64 | Uint64);
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum { .. } => {
+    match op.kind() {
+        RedOpKind::Sum | RedOpKind::Avg | RedOpKind::PreMulSum => {
             ints || matches!(dt, Float16 | Bfloat16 | Float32 | Float64)
         }
-        ReduceOp::Max | ReduceOp::Min => ints || matches!(dt, Float16 | Bfloat16),
-        _ => false,
+        RedOpKind::Max | RedOpKind::Min => ints || matches!(dt, Float16 | Bfloat16),
+        RedOpKind::Prod => false,
     }
 }
 
@@ -102,7 +102,7 @@ fn matrix(n: usize, counts: &[usize]) {
                 Coll::AllGather,
                 count,
                 dt,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 in_place,
                 seed,
                 true,
@@ -148,9 +148,9 @@ fn nvls_between_ring_collectives_in_and_out_of_place() {
                 for in_place in [false, true] {
                     seed += 1;
                     let (dt, op) = [
-                        (DataType::Float32, ReduceOp::Sum),
-                        (DataType::Bfloat16, ReduceOp::Max),
-                        (DataType::Int64, ReduceOp::Min),
+                        (DataType::Float32, ReduceOp::SUM),
+                        (DataType::Bfloat16, ReduceOp::MAX),
+                        (DataType::Int64, ReduceOp::MIN),
                     ][(seed % 3) as usize];
                     check_collective(
                         &ranks,
@@ -214,14 +214,14 @@ fn nvls_enable_other_than_one_never_creates_a_multicast_object() {
                 Coll::AllReduce,
                 16,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 0,
                 false,
                 6,
                 Drive::OneThread,
             );
             // (A build without the kernel refuses the call before the algorithm is chosen.)
-            if common::skip::built(Coll::AllReduce, DataType::Float32, ReduceOp::Sum) {
+            if common::skip::built(Coll::AllReduce, DataType::Float32, ReduceOp::SUM) {
                 assert!(r.is_err(), "NCCL_ALGO=NVLS without NVLS must fail the call");
             }
             drop(ranks);
@@ -245,7 +245,7 @@ fn nvls_enable_other_than_one_never_creates_a_multicast_object() {
                 coll,
                 1001,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 0,
                 false,
                 5,
@@ -282,7 +282,7 @@ fn ranks_in_processes_keep_nvls_off_on_the_simulator() {
                 coll,
                 999,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 0,
                 i % 2 == 1,
                 40 + i as u64,
@@ -324,7 +324,7 @@ fn abort_ends_an_nvls_collective_stuck_on_an_absent_peer() {
                 buf.ptr(),
                 1 << 16,
                 DataType::Float32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 stream,
             )
         }

@@ -22,10 +22,10 @@ fn launch_no_kernel() {
     let before = nccl::cuda::sim::launch_count();
     for (i, coll) in Coll::ALL.into_iter().enumerate() {
         for (j, (dt, op)) in [
-            (DataType::Float32, ReduceOp::Sum),
-            (DataType::Int32, ReduceOp::Avg),
-            (DataType::Bfloat16, ReduceOp::Max),
-            (DataType::Float64, ReduceOp::Prod),
+            (DataType::Float32, ReduceOp::SUM),
+            (DataType::Int32, ReduceOp::AVG),
+            (DataType::Bfloat16, ReduceOp::MAX),
+            (DataType::Float64, ReduceOp::PROD),
         ]
         .into_iter()
         .enumerate()
@@ -59,9 +59,7 @@ fn launch_no_kernel() {
         Coll::AllReduce,
         777,
         DataType::Float32,
-        ReduceOp::PreMulSum {
-            scalar_bits: 2.0f32.to_bits() as u64,
-        },
+        ReduceOp::pre_mul_sum(2.0f32.to_bits() as u64),
         0,
         false,
         5,
@@ -120,7 +118,7 @@ fn a_captured_one_rank_copy_is_one_graph_node() {
                     dst.ptr(),
                     count,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     stream,
                 )
             }

@@ -134,10 +134,8 @@ fn registered_all_reduce_applies_pre_and_post_once() {
             .collect();
         let three = 3i32.to_le_bytes();
         for (k, op) in [
-            nccl::ReduceOp::PreMulSum {
-                scalar_bits: u32::from_le_bytes(three) as u64,
-            },
-            nccl::ReduceOp::Avg,
+            nccl::ReduceOp::pre_mul_sum(u32::from_le_bytes(three) as u64),
+            nccl::ReduceOp::AVG,
         ]
         .into_iter()
         .enumerate()
@@ -151,8 +149,8 @@ fn registered_all_reduce_applies_pre_and_post_once() {
             let want: Vec<i32> = (0..count)
                 .map(|i| {
                     let sum: i32 = inputs.iter().map(|v| v[i]).sum();
-                    match op {
-                        nccl::ReduceOp::Avg => sum / n as i32,
+                    match op.kind() {
+                        nccl::RedOpKind::Avg => sum / n as i32,
                         _ => 3 * sum,
                     }
                 })
@@ -235,7 +233,7 @@ fn switch_off_keeps_the_fifo() {
             }
             // The reductions' direct hops too (out of place, everyone registered).
             use common::register::{reduce_root_round, reduce_round, reduce_scatter_round};
-            let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::Sum);
+            let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::SUM);
             for got in [
                 reduce_round::<i32>(&comms, dt, op, Who::All, 20_001, false, 61),
                 reduce_scatter_round::<i32>(&comms, dt, op, Who::All, 20_001, false, 62),

@@ -68,7 +68,7 @@ fn registered_ring_collectives_across_processes() {
         // map yet is declined), so each channel went direct on its whole slice or not at all;
         // the results are checked either way.
         use common::register::{reduce_root_round, reduce_scatter_round};
-        let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::Sum);
+        let (dt, op) = (nccl::DataType::Int32, nccl::ReduceOp::SUM);
         for k in 0..4u64 {
             let in_place = k % 2 == 1;
             for (coll, got, count) in [
@@ -211,7 +211,7 @@ fn registered_once(c: &Comm, coll: Coll, count: usize, in_place: bool, seed: u64
                 recv,
                 count,
                 nccl::DataType::Int32,
-                nccl::ReduceOp::Sum,
+                nccl::ReduceOp::SUM,
                 stream,
             ),
         }

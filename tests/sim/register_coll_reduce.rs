@@ -85,12 +85,9 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
             // Mixed and no registration, a short count (no handshake) and a count over several
             // pieces, on a few reductions.
             for (dt, op) in [
-                (DataType::Int32, nccl::ReduceOp::Sum),
-                (DataType::Float32, nccl::ReduceOp::Avg),
-                (
-                    DataType::Int32,
-                    nccl::ReduceOp::PreMulSum { scalar_bits: 0 },
-                ),
+                (DataType::Int32, nccl::ReduceOp::SUM),
+                (DataType::Float32, nccl::ReduceOp::AVG),
+                (DataType::Int32, nccl::ReduceOp::pre_mul_sum(0)),
             ] {
                 for who in [Who::Even, Who::None] {
                     for in_place in [false, true] {
@@ -107,10 +104,7 @@ fn registered_all_reduce_reduce_scatter_half_goes_direct() {
             let got = common::register::reduce_round_each::<f32>(
                 &comms,
                 DataType::Float32,
-                common::typed_op(
-                    nccl::ReduceOp::PreMulSum { scalar_bits: 0 },
-                    DataType::Float32,
-                ),
+                common::typed_op(nccl::ReduceOp::pre_mul_sum(0), DataType::Float32),
                 Who::All,
                 count,
                 &odd,
@@ -181,10 +175,10 @@ fn registered_reduce_scatter_last_hop_goes_direct() {
                 }
             }
             for who in [Who::Even, Who::None] {
-                round(DataType::Int32, nccl::ReduceOp::Sum, who, 20_001, false);
-                round(DataType::Float32, nccl::ReduceOp::Avg, who, 9_003, false);
+                round(DataType::Int32, nccl::ReduceOp::SUM, who, 20_001, false);
+                round(DataType::Float32, nccl::ReduceOp::AVG, who, 9_003, false);
             }
-            round(DataType::Int32, nccl::ReduceOp::Sum, Who::All, 1_003, false);
+            round(DataType::Int32, nccl::ReduceOp::SUM, Who::All, 1_003, false);
         }
     });
 }
@@ -244,11 +238,11 @@ fn registered_reduce_last_hop_goes_direct() {
                 }
             }
             for who in [Who::Even, Who::None] {
-                round(DataType::Int32, nccl::ReduceOp::Sum, who, 10_001, false);
+                round(DataType::Int32, nccl::ReduceOp::SUM, who, 10_001, false);
             }
             round(
                 DataType::Float32,
-                nccl::ReduceOp::Avg,
+                nccl::ReduceOp::AVG,
                 Who::All,
                 1_003,
                 false,
@@ -311,7 +305,7 @@ fn registered_tree_all_reduce_goes_direct_both_ways() {
             for who in [Who::All, Who::Even, Who::None] {
                 for count in counts(Coll::AllReduce) {
                     for in_place in [false, true] {
-                        round(DataType::Int32, nccl::ReduceOp::Sum, who, count, in_place);
+                        round(DataType::Int32, nccl::ReduceOp::SUM, who, count, in_place);
                     }
                 }
             }
@@ -319,12 +313,12 @@ fn registered_tree_all_reduce_goes_direct_both_ways() {
             let (both, down) = (
                 round(
                     DataType::Int32,
-                    nccl::ReduceOp::Sum,
+                    nccl::ReduceOp::SUM,
                     Who::All,
                     20_001,
                     false,
                 ),
-                round(DataType::Int32, nccl::ReduceOp::Sum, Who::All, 20_001, true),
+                round(DataType::Int32, nccl::ReduceOp::SUM, Who::All, 20_001, true),
             );
             assert!(
                 down > 0 && both > down,

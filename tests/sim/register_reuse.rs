@@ -231,7 +231,7 @@ fn side_max(side: &Comm, v: i32) -> i32 {
             buf.ptr(),
             1,
             DataType::Int32,
-            ReduceOp::Max,
+            ReduceOp::MAX,
             stream,
         )
         .unwrap()

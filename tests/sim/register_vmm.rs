@@ -144,7 +144,7 @@ fn rank_pids(c: &Comm) -> Vec<u64> {
             b.ptr(),
             n,
             nccl::DataType::Uint64,
-            nccl::ReduceOp::Sum,
+            nccl::ReduceOp::SUM,
             stream,
         )
         .unwrap();
@@ -304,7 +304,7 @@ fn registered_vmm_buffer_over_adjacent_allocations() {
                     out,
                     count,
                     nccl::DataType::Int32,
-                    nccl::ReduceOp::Sum,
+                    nccl::ReduceOp::SUM,
                     stream,
                 )
                 .unwrap();

@@ -27,7 +27,7 @@ fn ranks_share_a_gpu_only_when_asked() {
                     coll,
                     1021,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     1,
                     false,
                     7,

@@ -96,10 +96,10 @@ fn collectives(ranks: &Ranks, seed: u64) {
     for (i, coll) in Coll::ALL.into_iter().enumerate() {
         for (j, count) in [1usize, 3000, 70_000].into_iter().enumerate() {
             let (dt, op) = [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int32, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Prod),
+                (DataType::Float32, ReduceOp::SUM),
+                (DataType::Int32, ReduceOp::MAX),
+                (DataType::Bfloat16, ReduceOp::SUM),
+                (DataType::Int64, ReduceOp::PROD),
             ][(i + j) % 4];
             for in_place in [false, true] {
                 check_collective(

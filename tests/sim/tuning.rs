@@ -45,7 +45,7 @@ fn protocol_follows_the_size() {
             &ranks,
             count,
             DataType::Float32,
-            ReduceOp::Sum,
+            ReduceOp::SUM,
             false,
             3,
             Drive::OneThread,
@@ -75,7 +75,7 @@ fn rank_zeros_filters_rule() {
                 &ranks,
                 count,
                 DataType::Int32,
-                ReduceOp::Sum,
+                ReduceOp::SUM,
                 true,
                 5,
                 Drive::OneThread,
@@ -119,7 +119,7 @@ fn bad_filters_are_clear_errors() {
                     buf.ptr(),
                     256,
                     DataType::Float32,
-                    ReduceOp::Sum,
+                    ReduceOp::SUM,
                     nccl::cuda::StreamHandle(0),
                 )
             }

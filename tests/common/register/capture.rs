@@ -149,7 +149,7 @@ pub fn registered_tree_across_nodes(comm: &Comm) {
                 out.ptr(),
                 count,
                 nccl::DataType::Int32,
-                nccl::ReduceOp::Sum,
+                nccl::ReduceOp::SUM,
                 stream,
             )
         }
@@ -216,7 +216,7 @@ pub(super) fn issue(
                 recv,
                 count,
                 DataType::Int32,
-                nccl::ReduceOp::Sum,
+                nccl::ReduceOp::SUM,
                 stream,
             ),
         }

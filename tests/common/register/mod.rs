@@ -258,7 +258,7 @@ pub fn vmm_rounds(c: &Comm, p2p_base: usize, count: usize, on: bool) {
                 out.ptr(),
                 count,
                 DataType::Int32,
-                nccl::ReduceOp::Sum,
+                nccl::ReduceOp::SUM,
                 stream,
             )
             .unwrap();
@@ -294,7 +294,7 @@ pub fn vmm_rounds(c: &Comm, p2p_base: usize, count: usize, on: bool) {
             out.ptr(),
             1001,
             DataType::Int32,
-            nccl::ReduceOp::Sum,
+            nccl::ReduceOp::SUM,
             stream,
         )
         .unwrap();
