@@ -43,7 +43,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("debug", &["env"]),
     (
         "enqueue",
-        &["comm", "cuda", "env", "error", "proxy", "transport", "tune"],
+        &["comm", "cuda", "env", "error", "proxy", "transport"],
     ),
     ("env", &[]),
     ("error", &[]),

@@ -161,8 +161,8 @@ pub use comm::{
     AbortHandle, Comm, Config, PendingComm, ResolvedConfig, SHRINK_ABORT, SHRINK_DEFAULT,
     SPLIT_NOCOLOR,
 };
+pub use comm::{ReduceOp, Scalar};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
-pub use enqueue::{ReduceOp, Scalar};
 pub use error::{Error, NcclResult, Result};
 pub use nccl_device::ops::RedOpKind;
 pub use nccl_device::types::DataType;

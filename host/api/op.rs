@@ -1,7 +1,7 @@
 //! [`Op`]: a reduction, with PreMulSum's scalar of the collective's element type.
 
 use super::element::Element;
-use crate::enqueue::{ReduceOp, Scalar};
+use crate::comm::{ReduceOp, Scalar};
 use nccl_device::ops::RedOpKind;
 
 /// How a reduction combines elements of type `T`: one of the kernels' [`RedOpKind`]s, with

@@ -4,8 +4,9 @@
 //! use them have run. The C ABI (`capi`) is built on these; Rust programs use the typed calls
 //! ([`Comm::all_reduce`], …) that take [`crate::DeviceBuffer`]s.
 
+use crate::comm::{CollCall, ReduceOp};
 use crate::cuda::{DevPtr, StreamHandle};
-use crate::enqueue::{self, CollCall, ReduceOp};
+use crate::enqueue;
 use crate::error::Result;
 use crate::Comm;
 use nccl_device::abi::Coll;

@@ -17,9 +17,10 @@ pub use config::{NcclConfig, NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT};
 pub use handle::CommHandle;
 
 use crate::bootstrap::UniqueId;
+use crate::comm::ReduceOp;
 use crate::comm::{Comm, Config, PendingComm};
 use crate::cuda::{DevBuffer, Device, StreamHandle};
-use crate::enqueue::{group, ReduceOp};
+use crate::enqueue::group;
 use crate::error::{Error, NcclResult, Result};
 use nccl_device::types::DataType;
 use std::collections::HashMap;

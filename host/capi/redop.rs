@@ -2,7 +2,7 @@
 //! communicator, numbered from `ncclNumOps` up, each bound to the datatype it was made for.
 
 use super::{null, NcclComm};
-use crate::enqueue::ReduceOp;
+use crate::comm::ReduceOp;
 use crate::error::{Error, Result};
 use crate::DataType;
 use std::collections::HashMap;

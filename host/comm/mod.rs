@@ -11,17 +11,21 @@
 //! (`group_scope`), lives here.
 
 mod abort_handle;
+pub mod call;
 mod config;
 mod create;
 pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
 mod inspect;
 mod keepalive;
+mod launch;
 mod net;
 pub(crate) mod nvls;
+pub mod op;
 pub mod order;
 mod peer;
 mod pending;
+mod plan;
 pub mod register;
 pub mod rings;
 mod shape;
@@ -34,7 +38,10 @@ pub mod tuning;
 mod turns;
 
 pub use abort_handle::AbortHandle;
+pub use call::CollCall;
+pub(crate) use call::{call_bytes, Sizes};
 pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
+pub use op::{ReduceOp, Scalar};
 pub use pending::{Launch, PendingComm};
 pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 
@@ -65,25 +72,25 @@ pub struct Comm {
     pub(crate) rank: usize,
     pub(crate) nranks: usize,
     pub(crate) device: Device,
-    pub(crate) shape: Shape,
+    shape: Shape,
     /// Picks protocol and channels per call, alike on every rank.
     pub(crate) tuner: crate::tune::Tuner,
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
     /// The tree's up connections, when NCCL_ALGO allows the tree on one node: see [`TreeUp`].
-    pub(crate) tree_up: Option<TreeUp>,
+    tree_up: Option<TreeUp>,
     /// Across nodes, the double binary tree's connections when NCCL_ALGO allows the tree
     /// (then `tree_up` is None): see [`tree`].
-    pub(crate) dbt: Option<tree::Dbt>,
+    dbt: Option<tree::Dbt>,
     /// NVLS's multicast scratch, where the user set NCCL_NVLS_ENABLE to 1 and the GPUs allow it.
-    pub(crate) nvls: Option<nvls::Nvls>,
+    nvls: Option<nvls::Nvls>,
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
     pub(crate) order: Arc<order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
-    pub(crate) dev_comm: DevBuffer,
+    dev_comm: DevBuffer,
     _p2p: Option<P2p>,
     /// The ring's connections through host shared memory (neighbours p2p does not reach).
     _shm: Option<ShmRing>,
@@ -91,7 +98,7 @@ pub struct Comm {
     /// Set by `abort` (shared with [`AbortHandle`]s).
     aborted: Arc<AtomicBool>,
     /// Device memory this communicator took at init (bytes), for reports.
-    pub(crate) init_bytes: usize,
+    init_bytes: usize,
     config: ResolvedConfig,
     /// Set by `abort`; also stops a split child's creation.
     abort_flag: AbortFlag,
@@ -106,12 +113,12 @@ pub struct Comm {
     pub(crate) graph_regs: Arc<graph_reg::GraphRegs>,
     /// Ring successors in other processes whose registration tables ring sends read
     /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
-    pub(crate) ring_tables: Vec<usize>,
+    ring_tables: Vec<usize>,
     /// Tree neighbours in other processes whose registration tables tree launches read: the
     /// one-node tree's ring predecessors (its way up, [`ChannelDev::prev_reach`]), the double
     /// binary tree's parents and children inside the node (`TreeDev::parent_reach`,
     /// `child_reach`). Brought up to date before a tree launch only.
-    pub(crate) tree_tables: Vec<usize>,
+    tree_tables: Vec<usize>,
     /// Per rank: its captured operations send graph-registration marks (NCCL_GRAPH_REGISTER
     /// there); a captured launch waits only for those that do.
     pub(crate) graph_markers: Vec<bool>,
@@ -120,11 +127,11 @@ pub struct Comm {
     /// The network side of a communicator spanning several nodes (None on one node).
     pub(crate) net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
-    pub(crate) split_turns: Arc<turns::Turns>,
+    split_turns: Arc<turns::Turns>,
     /// This communicator's health, for RAS queries (see [`crate::ras`]).
     pub(crate) ras: Arc<crate::ras::Entry>,
     /// The kernel-stamps lab's memory, where NCCL_RS_KERNEL_STAMPS is set (see [`stamps`]).
-    pub(crate) stamps: Option<stamps::KernelStamps>,
+    stamps: Option<stamps::KernelStamps>,
     /// Where the connection memory goes when this rank drops while other ranks of the
     /// communicator in this process may still write into it (see [`keepalive`]).
     keep: Arc<keepalive::Keep>,

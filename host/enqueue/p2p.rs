@@ -131,7 +131,7 @@ pub fn submit(
             bytes,
             stream,
             abort_flag: comm.kernel_abort.ptr,
-            kernel_flags: comm.shape.kernel_flags,
+            kernel_flags: comm.shape().kernel_flags,
             registered,
             offer_key,
             graph_mark,

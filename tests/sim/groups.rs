@@ -3,7 +3,7 @@
 //! ncclGroupSimulateEnd (nothing launched, the model's time returned).
 
 use crate::common::{self, from_bytes, input, reference, to_bytes};
-use nccl::enqueue::CollCall;
+use nccl::comm::CollCall;
 use nccl::{Comm, Config, DataType, Device, NcclResult, ReduceOp, StreamHandle};
 use std::time::{Duration, Instant};
 
