@@ -181,7 +181,7 @@ impl Comm {
     ) -> Result<()> {
         enqueue::p2p::submit(
             self,
-            crate::transport::links::Dir::Send,
+            crate::transport::Dir::Send,
             send,
             count,
             dtype,
@@ -211,7 +211,7 @@ impl Comm {
     ) -> Result<()> {
         enqueue::p2p::submit(
             self,
-            crate::transport::links::Dir::Recv,
+            crate::transport::Dir::Recv,
             recv,
             count,
             dtype,
