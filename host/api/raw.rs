@@ -182,7 +182,7 @@ impl Comm {
     ) -> Result<()> {
         enqueue::p2p::submit(
             self,
-            crate::transport::links::Dir::Send,
+            crate::transport::Dir::Send,
             send,
             count,
             dtype,
@@ -212,7 +212,7 @@ impl Comm {
     ) -> Result<()> {
         enqueue::p2p::submit(
             self,
-            crate::transport::links::Dir::Recv,
+            crate::transport::Dir::Recv,
             recv,
             count,
             dtype,

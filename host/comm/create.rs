@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::topo::System;
-use crate::transport::net::Made;
+use crate::transport::{self, Conn, Ctx, Set, Want};
 
 /// Connects the tree's up direction (the reverse of each tree CTA's ring, as send/recv links)
 /// when the filters allow the tree: every rank does it at init, so no collective waits on a
@@ -27,7 +27,6 @@ fn connect_tree(
     slot_bytes: usize,
     own: impl FnOnce(usize) -> Links,
 ) -> Result<Option<TreeUp>> {
-    use crate::transport::links::Dir;
     use crate::tune::{Algo, AlgoFilter, Coll};
     let nranks = rings.nranks();
     let allowed =
@@ -161,7 +160,7 @@ impl Comm {
         // Before the connection exchange, so every member in this process joins before any
         // can leave.
         let keep = keepalive::join(comm_id);
-        let rings_made = connect_rings(&j, &plan, &transports, &addrs)?;
+        let rings_made = connect_rings(&j, &plan, &addrs)?;
         let order = Arc::new(order::StreamOrder::new(j.device.clone()));
         let maker = LinkMaker::new(&j, &addrs, plan.net_path.clone(), &order);
         let links = Arc::new(maker.make(
@@ -212,10 +211,6 @@ impl Comm {
             nvls: nvls.as_ref(),
             stamps: stamps.as_ref(),
         })?;
-        let RingsMade { p2p, shm, net } = rings_made;
-        if let Some(np) = &plan.net_path {
-            np.proxy.add(net.into_iter().map(|m| m.conn).collect());
-        }
         j.bootstrap.barrier()?;
         let (free_after, _) = j.device.mem_info()?;
         abort.check()?;
@@ -251,8 +246,7 @@ impl Comm {
             rings: plan.rings,
             order,
             dev_comm,
-            _p2p: p2p,
-            _shm: shm,
+            ring_resources: rings_made.resources,
             kernels: Mutex::new(HashMap::new()),
             aborted: Arc::new(AtomicBool::new(false)),
             init_bytes: free_before.saturating_sub(free_after),
@@ -451,59 +445,44 @@ fn ring_peers(j: &Joined, plan: &Plan) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// The rings' connections, by transport.
-struct RingsMade {
-    p2p: Option<P2p>,
-    /// Through host shared memory (neighbours p2p does not reach).
-    shm: Option<ShmRing>,
-    /// Through the network (neighbours on other nodes).
-    net: Vec<Made>,
-}
-
-/// Stage 5: the rings' connections to both neighbours of every channel.
-fn connect_rings(
-    j: &Joined,
-    plan: &Plan,
-    transports: &transports::Transports,
-    addrs: &[PeerAddr],
-) -> Result<RingsMade> {
-    let (rank, nranks, shape) = (j.rank, j.nranks, &plan.shape);
-    let ring_peers = ring_peers(j, plan);
-    let remote = |r: usize| plan.net_path.as_ref().is_some_and(|n| n.remote[r]);
-    let layout = Layout::new(shape.nchannels as usize, shape.slot_bytes as usize);
-    let p2p = if nranks > 1 {
-        Some(P2p::setup(
-            &j.device,
-            &j.bootstrap,
-            addrs,
-            &ring_peers,
-            &|r: usize| remote(r) || transports.between(rank, r) == Transport::Shm,
-            layout,
-        )?)
-    } else {
-        None
+/// Stage 5: the rings' connections to both neighbours of every channel, in one round of
+/// every transport (none with a single rank). Per channel: a send to the next rank, a
+/// receive from the previous one, keyed by the channel.
+fn connect_rings(j: &Joined, plan: &Plan, addrs: &[PeerAddr]) -> Result<transport::Made> {
+    if j.nranks == 1 {
+        return Ok(transport::Made::default());
+    }
+    let wants: Vec<Want> = ring_peers(j, plan)
+        .into_iter()
+        .enumerate()
+        .flat_map(|(c, (prev, next))| {
+            let key = c as u32;
+            [
+                Want {
+                    peer: next,
+                    dir: Dir::Send,
+                    key,
+                },
+                Want {
+                    peer: prev,
+                    dir: Dir::Recv,
+                    key,
+                },
+            ]
+        })
+        .collect();
+    let cx = Ctx {
+        rank: j.rank,
+        device: &j.device,
+        bootstrap: &j.bootstrap,
+        peers: addrs,
+        net: plan.net_path.as_deref(),
     };
-    // Ring neighbours on this node that p2p does not reach meet in host shared memory.
-    let is_shm = |r: usize| r != rank && transports.between(rank, r) == Transport::Shm;
-    let devices: Vec<i32> = j.peers.iter().map(|p| p.device).collect();
-    let shm = if (0..nranks).any(is_shm) {
-        let slot = shape.slot_bytes as usize;
-        Some(ShmRing::setup(
-            &j.device,
-            &j.bootstrap,
-            &ring_peers,
-            &is_shm,
-            slot,
-            &devices,
-        )?)
-    } else {
-        None
+    let set = Set::Ring {
+        nchannels: plan.shape.nchannels as usize,
+        slot_bytes: plan.shape.slot_bytes as usize,
     };
-    let net = match &plan.net_path {
-        Some(np) => ring_net(rank, np, &j.device, &j.bootstrap, &ring_peers, shape)?,
-        None => Vec::new(),
-    };
-    Ok(RingsMade { p2p, shm, net })
+    transport::setup(&cx, set, &wants)?.connect(&cx)
 }
 
 /// Send/receive connections per peer: 64 CTAs' worth spread over the peers, at most 16 per
@@ -654,7 +633,8 @@ struct Upload<'a> {
     j: &'a Joined,
     shape: &'a Shape,
     rings: &'a Rings,
-    made: &'a RingsMade,
+    /// The rings' connections, whichever transports made them.
+    made: &'a transport::Made,
     reach: &'a DirectReach<'a>,
     ring_tables: &'a mut Vec<usize>,
     tree_tables: &'a mut Vec<usize>,
@@ -696,35 +676,10 @@ fn upload(u: Upload) -> Result<DevBuffer> {
         ch.ring_ranks = dev_comm.ptr + (ring_at + u.rings.index_of(c) * nranks * 4) as u64;
         ch.ring_prev = prev as u32;
         ch.ring_next = next as u32;
-        if let Some(p) = &u.made.p2p {
-            let (send, recv) = p.conns(c);
-            ch.send = send.unwrap_or_default();
-            ch.recv = recv.unwrap_or_default();
-            if send.is_some() && next != rank {
-                log::info!(
-                    "Channel {c:02}/0 : {rank}[{}] -> {next}[{}] via P2P/{}",
-                    j.device.ordinal,
-                    j.peers[next].device,
-                    if u.reach.addrs[next].same_process {
-                        "direct pointer"
-                    } else {
-                        "IPC"
-                    }
-                );
-            }
-        }
-        if let Some((send, recv)) = u.made.shm.as_ref().map(|s| s.conns(c)) {
-            if let Some(s) = send {
-                ch.send = s;
-            }
-            if let Some(r) = recv {
-                ch.recv = r;
-            }
-        }
-        for m in u.made.net.iter().filter(|m| m.want.key as usize == c) {
-            match m.want.dir {
-                Dir::Send => ch.send = m.send,
-                Dir::Recv => ch.recv = m.recv,
+        for (_, conn) in u.made.conns.iter().filter(|(w, _)| w.key as usize == c) {
+            match *conn {
+                Conn::Send(s) => ch.send = s,
+                Conn::Recv(r) => ch.recv = r,
             }
         }
     }

@@ -49,14 +49,14 @@ use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
 use crate::cuda::{DevBuffer, Device, Kernel};
 use crate::error::{Error, NcclResult, Result};
 use crate::graph::Transport;
-use crate::transport::links::{Dir, Links};
+use crate::transport::links::Links;
 use crate::transport::net::NetPath;
-use crate::transport::p2p::{Layout, P2p, PeerAddr};
-use crate::transport::shm::ShmRing;
+use crate::transport::p2p::PeerAddr;
+use crate::transport::{Dir, Resources};
 use nccl_device::abi::{ChannelDev, Coll, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
-use net::{fault_sink, net_fault_sink, net_path, nodes, ring_net};
+use net::{fault_sink, net_fault_sink, net_path, nodes};
 use peer::PeerInfo;
 use rings::Rings;
 pub(crate) use shared::{NotSync, Shared};
@@ -91,9 +91,9 @@ pub struct Comm {
     pub(crate) order: Arc<order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
     dev_comm: DevBuffer,
-    _p2p: Option<P2p>,
-    /// The ring's connections through host shared memory (neighbours p2p does not reach).
-    _shm: Option<ShmRing>,
+    /// The memory behind the rings' connections, whichever transports made them (p2p blocks
+    /// and mappings, SHM segments; the network's live with the proxy).
+    ring_resources: Resources,
     kernels: Mutex<HashMap<(Coll, DataType, RedOpKind), Kernel>>,
     /// Set by `abort` (shared with [`AbortHandle`]s).
     aborted: Arc<AtomicBool>,
@@ -517,12 +517,7 @@ impl Drop for Comm {
         self.bootstrap.unwatch();
         // Our kernels are done, but a peer's in this process may still write into our
         // connection memory: it goes with the last member in this process.
-        if let Some(p) = self._p2p.take() {
-            self.keep.leave(p);
-        }
-        if let Some(s) = self._shm.take() {
-            self.keep.leave(s);
-        }
+        self.keep.leave(std::mem::take(&mut self.ring_resources));
         if let Some(t) = self.tree_up.take() {
             self.keep.leave(t);
         }

@@ -1,21 +1,17 @@
-//! A communicator across nodes: which ranks are on other nodes, and the network connections of
-//! its rings (the send/recv connections are made on first use by `transport::links`).
+//! A communicator across nodes: which ranks are on other nodes, its network path (the network,
+//! where FIFOs live, its NICs, its hold on the proxy) and where the faults of its connections
+//! go. The connections themselves are the net transport's (`transport::net`).
 
 use super::peer::PeerInfo;
-use super::Shape;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{Device, HostFlag};
 use crate::error::{Error, Result};
 use crate::net::gdr::Policy;
 pub(super) use crate::net::plugin::{comm_id, Choice};
 use crate::proxy::{OnError, ProxyGroup};
-use crate::transport::links::Dir;
-use crate::transport::net::{self as setup, Made, NetPath, Want};
+use crate::transport::net::NetPath;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Bootstrap tags of the ring's network handles: this base + the channel.
-const TAG_NET_RING: u32 = 0x6e65_7200;
 
 /// The ranks of each node, nodes in the order of their first rank, ranks in rank order.
 pub(super) fn nodes(peers: &[PeerInfo]) -> Vec<Vec<usize>> {
@@ -96,64 +92,4 @@ pub(super) fn net_fault_sink(sink: FaultSink, bootstrap: &Arc<Bootstrap>) -> OnE
         }
         sink(e)
     })
-}
-
-/// Starts the connections of every channel's ring neighbours that are on other nodes (the proxy
-/// ends their handshakes); logs each as NCCL does.
-pub(super) fn ring_net(
-    rank: usize,
-    np: &NetPath,
-    device: &Device,
-    bootstrap: &Arc<Bootstrap>,
-    ring_peers: &[(usize, usize)],
-    shape: &Shape,
-) -> Result<Vec<Made>> {
-    let mut wants = Vec::new();
-    for (c, &(prev, next)) in ring_peers.iter().enumerate() {
-        if np.remote[next] {
-            wants.push(Want {
-                peer: next,
-                dir: Dir::Send,
-                key: c as u32,
-            });
-        }
-        if np.remote[prev] {
-            wants.push(Want {
-                peer: prev,
-                dir: Dir::Recv,
-                key: c as u32,
-            });
-        }
-    }
-    if wants.is_empty() {
-        return Ok(Vec::new());
-    }
-    let made = setup::connect(
-        &*np.net,
-        &np.gdr,
-        &np.nics,
-        device,
-        bootstrap,
-        &wants,
-        shape.slot_bytes as usize,
-        TAG_NET_RING,
-        np.timeout,
-        false,
-    )
-    .map_err(|e| e.context("ring network connections"))?;
-    for m in &made {
-        let w = &m.want;
-        let (from, to, what) = match w.dir {
-            Dir::Send => (rank, w.peer, "send"),
-            Dir::Recv => (w.peer, rank, "receive"),
-        };
-        log::info!(
-            "Channel {:02}/0 : {from}[{}] -> {to}[{}] [{what}] via {}",
-            w.key,
-            device.ordinal,
-            device.ordinal,
-            m.via(np.net.name())
-        );
-    }
-    Ok(made)
 }

@@ -66,8 +66,7 @@ fn fields_are_thread_safe(c: &Comm) {
         rings,
         order,
         dev_comm,
-        _p2p,
-        _shm,
+        ring_resources,
         kernels,
         aborted,
         init_bytes,
@@ -101,8 +100,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(rings);
     both(order);
     both(dev_comm);
-    both(_p2p);
-    both(_shm);
+    both(ring_resources);
     both(kernels);
     both(aborted);
     both(init_bytes);

@@ -12,9 +12,10 @@
 use crate::cuda::{DevBuffer, Device};
 use crate::error::{Error, Result};
 use crate::graph::{Place, Transport, Tree};
-use crate::transport::links::{Dir, Links};
+use crate::transport::links::Links;
 use crate::transport::net::NetPath;
 use crate::transport::p2p::PeerAddr;
+use crate::transport::Dir;
 use nccl_device::abi::{TreeDev, FLAG_TREE_EXCHANGE, TREE_MAX_CHILDREN, TREE_REMOTE_PARENT};
 
 /// The trees across nodes, as this rank's CTAs run them.

@@ -18,8 +18,9 @@ use crate::comm::graph_reg::{self, GraphRegs};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
-use crate::transport::links::{Dir, Links};
+use crate::transport::links::Links;
 use crate::transport::regmap::Mark as RegMark;
+use crate::transport::Dir;
 use nccl_device::abi::{
     P2pArgs, P2pItem, P2pKind, DIRECT_DECLINE, DIRECT_OFF, MAX_P2P_ITEMS, NCCL_STEPS,
 };

@@ -1,64 +1,28 @@
 //! Point-to-point connections between any two ranks, made on first use. For each (peer,
-//! direction) a rank keeps `nconns` connections; a receiving side owns the FIFOs and tail
-//! counters, a sending side owns the head counters, exactly as on the ring (see `p2p`). The
-//! two sides meet through the bootstrap: each publishes its block, then maps the other's —
-//! all publications of a group first, then all waits, so two ranks connecting both ways at
-//! once never wait on each other. A peer the communicator reaches through SHM gets its
-//! connections in a shared memory segment the receiving side creates (counters and FIFOs);
-//! the sending side opens it, and publishes nothing.
+//! direction) a rank keeps `nconns` connections, made by the pair's transport in a round of
+//! connections (`transport::setup`: p2p blocks, SHM segments or network connections, each
+//! transport's file says how). All publications of a group go out first, then all waits, so
+//! two ranks connecting both ways at once never wait on each other. The links also carry what
+//! zero-copy needs of peers: their registered buffers as we map them ([`regmap`]).
 
-use super::net::{self as setup, NetPath, Want};
-use super::p2p::{export, import, PeerAddr};
+use super::net::NetPath;
+use super::p2p::PeerAddr;
 use super::regmap::{self, PeerRegs};
-use super::shm::{LinkLayout, ShmMem};
+use super::{Conn, Ctx, Dir, Resources, Set, Want};
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{DevBuffer, DevPtr, Device, Fence, IpcMapping, RegExport, VmmExport};
+use crate::cuda::{DevBuffer, DevPtr, Device, Fence, RegExport, VmmExport};
 use crate::error::{Error, Result};
 use crate::graph::Transport;
-use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE, LL_SLOT_BYTES, NCCL_STEPS};
+use nccl_device::abi::{ConnRecv, ConnSend};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-const TAG_RECV_BLOCK: u32 = 0x7032_7001;
-const TAG_SEND_CTRL: u32 = 0x7032_7002;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dir {
-    Send,
-    Recv,
-}
-
-/// One connected (peer, direction): the Conn structures the kernel advances, and the memory
-/// behind them.
-struct Side {
-    /// `nconns` ConnSend or ConnRecv structures in device memory.
-    conns: DevBuffer,
-    /// Our p2p block (None for a network connection: its memory lives with the proxy's).
-    _own: Option<DevBuffer>,
-    _mapping: Option<IpcMapping>,
-    /// The shared memory segment of an SHM connection (created or opened).
-    _shm: Option<ShmMem>,
-}
-
-/// Bootstrap tags of send/recv network handles: this base + the connection's index.
-const TAG_NET_LINK: u32 = 0x6e65_7300;
-
-/// What [`Links::start`] made of one fresh connection.
-enum Own {
-    /// A network connection: made whole in `finish`.
-    Net,
-    /// Our published p2p block.
-    P2p(DevBuffer),
-    /// An SHM connection: the segment we created and published (receiving side), or None
-    /// (sending side: the peer's segment is opened in `finish`).
-    Shm(Option<ShmMem>),
-}
-
-/// Connections whose publication went out and whose peer side is still to be mapped.
+/// Connections whose sides every transport set up and published, the peers' still to be
+/// taken ([`Links::finish`]).
 pub struct Started {
     fresh: Vec<(usize, Dir)>,
-    owned: Vec<Own>,
+    round: super::Started,
 }
 
 /// Most allocations of one registered buffer sent to peers ([`Links::export_registration`]).
@@ -78,7 +42,12 @@ pub struct Links {
     /// Connections per (peer, direction): how many CTAs one message uses.
     pub nconns: usize,
     pub slot_bytes: usize,
-    sides: Mutex<HashMap<(usize, Dir), Side>>,
+    /// Per connected (peer, direction), its `nconns` ConnSend or ConnRecv structures in device
+    /// memory, which the kernels advance.
+    sides: Mutex<HashMap<(usize, Dir), DevBuffer>>,
+    /// The memory behind the connections (blocks, mappings, segments; a network connection's
+    /// lives with the proxy).
+    resources: Mutex<Resources>,
     /// How peers on other nodes are reached (None when every peer is on this node).
     net: Option<Arc<NetPath>>,
     /// Peer processes' registered buffers as we map them, by peer (see `regmap`).
@@ -126,6 +95,7 @@ impl Links {
             nconns: nconns.max(1),
             slot_bytes,
             sides: Mutex::new(HashMap::new()),
+            resources: Mutex::default(),
             regs: Mutex::new(HashMap::new()),
             exported: Mutex::new(Default::default()),
             vmm_ipc: crate::env::RS_VMM_IPC.int() != 0,
@@ -194,12 +164,12 @@ impl Links {
             .sides
             .lock()
             .map_err(|_| Error::internal("p2p connection table poisoned"))?;
-        let Some(side) = sides.get(&(peer, dir)) else {
+        let Some(conns) = sides.get(&(peer, dir)) else {
             return Ok(None);
         };
         let size = std::mem::size_of::<ConnSend>();
         let mut raw = vec![0u8; self.nconns * size];
-        side.conns.read(0, &mut raw)?;
+        conns.read(0, &mut raw)?;
         // `step` is the fourth word of ConnSend and ConnRecv alike.
         Ok(Some(
             raw.chunks(size)
@@ -463,28 +433,16 @@ impl Links {
         &self.device
     }
 
-    fn fifo_bytes(&self) -> usize {
-        NCCL_STEPS as usize * self.slot_bytes
-    }
-
-    /// Bytes of one connection's LL FIFO (0 without [`Links::with_ll`]).
-    fn ll_bytes(&self) -> usize {
-        match self.ll {
-            true => NCCL_STEPS as usize * LL_SLOT_BYTES as usize,
-            false => 0,
-        }
-    }
-
     /// The device address of connection `c` to/from `peer` (connected before).
     pub fn conn(&self, peer: usize, dir: Dir, c: usize) -> Result<DevPtr> {
         let sides = self
             .sides
             .lock()
             .map_err(|_| Error::internal("p2p connection table poisoned"))?;
-        let side = sides
+        let conns = sides
             .get(&(peer, dir))
             .ok_or_else(|| Error::internal(format!("no {dir:?} connection with rank {peer}")))?;
-        Ok(side.conns.ptr + (c * std::mem::size_of::<ConnSend>()) as u64)
+        Ok(conns.ptr + (c * std::mem::size_of::<ConnSend>()) as u64)
     }
 
     /// A new device array whose entry `c` is a copy of connection `c` of `picks[c]` (connected
@@ -513,10 +471,32 @@ impl Links {
         Ok(conns)
     }
 
-    /// Starts connecting every (peer, direction) in `needs` that is not connected yet: our side
-    /// is allocated and published. [`Links::finish`] completes them. Several communicators
-    /// driven by one thread publish first and wait after, so none waits on a peer that has not
-    /// published yet.
+    /// Where these links' rounds run.
+    fn cx(&self) -> Ctx<'_> {
+        Ctx {
+            rank: self.rank,
+            device: &self.device,
+            bootstrap: &self.bootstrap,
+            peers: &self.peers,
+            net: self.net.as_deref(),
+        }
+    }
+
+    /// What these links' rounds connect: `nconns` connections per (peer, direction), keyed
+    /// from [`Links::keyed`]'s base.
+    fn set(&self) -> Set {
+        Set::Links {
+            nconns: self.nconns,
+            slot_bytes: self.slot_bytes,
+            ll: self.ll,
+            key_base: self.key_base,
+        }
+    }
+
+    /// Starts connecting every (peer, direction) in `needs` that is not connected yet: the
+    /// transport of each pair sets up our side and publishes it ([`super::setup`]).
+    /// [`Links::finish`] completes them. Several communicators driven by one thread start
+    /// first and finish after, so none waits on a peer that has not published yet.
     pub fn start(&self, needs: &[(usize, Dir)]) -> Result<Started> {
         let sides = self
             .sides
@@ -532,59 +512,8 @@ impl Links {
             }
         }
         drop(sides);
-        let mut owned = Vec::with_capacity(fresh.len());
-        for &(peer, dir) in &fresh {
-            if self.remote(peer) {
-                // Network connections are made whole in `finish`.
-                owned.push(Own::Net);
-                continue;
-            }
-            if self.peers[peer].transport == Transport::Shm {
-                owned.push(Own::Shm(match dir {
-                    Dir::Recv => {
-                        let (mem, record) = ShmMem::create(
-                            &self.device,
-                            peer,
-                            self.rank,
-                            self.shm_layout().total(),
-                        )?;
-                        self.bootstrap.send(peer, TAG_RECV_BLOCK, &record)?;
-                        Some(mem)
-                    }
-                    Dir::Send => None,
-                }));
-                continue;
-            }
-            let (bytes, tag) = match dir {
-                // Tail lines, then the FIFOs.
-                Dir::Recv => (
-                    self.nconns * (CTRL_LINE + self.fifo_bytes() + self.ll_bytes()),
-                    TAG_RECV_BLOCK,
-                ),
-                // Head lines.
-                Dir::Send => (self.nconns * CTRL_LINE, TAG_SEND_CTRL),
-            };
-            let own = self.device.alloc(bytes)?;
-            self.bootstrap
-                .send(peer, tag, &export(&self.device, &own)?)?;
-            owned.push(Own::P2p(own));
-        }
-        Ok(Started { fresh, owned })
-    }
-
-    /// Makes the network connections among `fresh` (peers on other nodes), `nconns` each,
-    /// hands them to the proxy and records their kernel structures.
-    fn finish_net(
-        &self,
-        fresh: &[(usize, Dir)],
-        sides: &mut HashMap<(usize, Dir), Side>,
-    ) -> Result<()> {
-        let Some(np) = &self.net else {
-            return Ok(());
-        };
         let wants: Vec<Want> = fresh
             .iter()
-            .filter(|&&(peer, _)| np.remote[peer])
             .flat_map(|&(peer, dir)| {
                 (0..self.nconns).map(move |c| Want {
                     peer,
@@ -593,207 +522,43 @@ impl Links {
                 })
             })
             .collect();
-        if wants.is_empty() {
-            return Ok(());
-        }
-        let made = setup::connect(
-            &*np.net,
-            &np.gdr,
-            &np.nics,
-            &self.device,
-            &self.bootstrap,
-            &wants,
-            self.slot_bytes,
-            TAG_NET_LINK,
-            np.timeout,
-            true,
-        )
-        .map_err(|e| e.context("send/recv network connections"))?;
-        for m in &made {
-            let (from, to, what) = match m.want.dir {
-                Dir::Send => (self.rank, m.want.peer, "send"),
-                Dir::Recv => (m.want.peer, self.rank, "receive"),
-            };
-            log::info!(
-                "Channel {:02}/1 : {from}[{}] -> {to}[{}] [{what}] via {}",
-                m.want.key,
-                self.device.ordinal,
-                self.device.ordinal,
-                m.via(np.net.name())
-            );
-        }
-        let mut conns = Vec::with_capacity(made.len());
-        for chunk in made.chunks(self.nconns) {
-            let (peer, dir) = (chunk[0].want.peer, chunk[0].want.dir);
-            let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
-            for m in chunk {
-                let words = match dir {
-                    Dir::Send => m.send.words(),
-                    Dir::Recv => m.recv.words(),
-                };
-                words
-                    .iter()
-                    .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));
-            }
-            let buf = self.device.alloc(raw.len())?;
-            buf.write(0, &raw)?;
-            sides.insert(
-                (peer, dir),
-                Side {
-                    conns: buf,
-                    _own: None,
-                    _mapping: None,
-                    _shm: None,
-                },
-            );
-        }
-        for m in made {
-            conns.push(m.conn);
-        }
-        np.proxy.add(conns);
-        Ok(())
+        let round = super::setup(&self.cx(), self.set(), &wants)?;
+        Ok(Started { fresh, round })
     }
 
-    /// Where an SHM connection's counters and FIFOs lie in its segment.
-    fn shm_layout(&self) -> LinkLayout {
-        LinkLayout {
-            nconns: self.nconns,
-            fifo_bytes: self.fifo_bytes(),
-            ll_bytes: self.ll_bytes(),
-        }
-    }
-
-    /// An SHM connection's side: the receiving side has its segment (`mem`, made in `start`),
-    /// the sending side opens the one the peer published.
-    fn finish_shm(&self, peer: usize, dir: Dir, mem: Option<ShmMem>) -> Result<Side> {
-        let mem = match mem {
-            Some(m) => m,
-            None => {
-                let record = self
-                    .bootstrap
-                    .recv(peer, TAG_RECV_BLOCK)
-                    .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
-                ShmMem::open(&self.device, &record, self.shm_layout().total())
-                    .map_err(|e| e.context(format!("rank {peer}'s shared memory")))?
-            }
-        };
-        let l = self.shm_layout();
-        let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
-        for c in 0..self.nconns {
-            let words = match dir {
-                Dir::Send => l.send(mem.ptr(), c).words(),
-                Dir::Recv => l.recv(mem.ptr(), c).words(),
-            };
-            words
-                .iter()
-                .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));
-        }
-        let conns = self.device.alloc(raw.len())?;
-        conns.write(0, &raw)?;
-        Ok(Side {
-            conns,
-            _own: None,
-            _mapping: None,
-            _shm: Some(mem),
-        })
-    }
-
-    /// Maps the peers' sides of what [`Links::start`] began and wires the connections.
+    /// Completes what [`Links::start`] began with the peers' records ([`super::Started`]) and
+    /// writes each (peer, direction)'s `nconns` connections where the kernels find them.
     pub fn finish(&self, started: Started) -> Result<()> {
-        let Started { fresh, owned } = started;
+        let Started { fresh, round } = started;
         let mut sides = self
             .sides
             .lock()
             .map_err(|_| Error::internal("p2p connection table poisoned"))?;
-        self.finish_net(&fresh, &mut sides)?;
-        // Map the other side of each and wire the connections.
-        for (&(peer, dir), own) in fresh.iter().zip(owned) {
-            let own = match own {
-                Own::Net => continue, // made above
-                Own::Shm(mem) => {
-                    let side = self.finish_shm(peer, dir, mem)?;
-                    sides.insert((peer, dir), side);
-                    continue;
-                }
-                Own::P2p(own) => own,
-            };
-            let tag = if dir == Dir::Recv {
-                TAG_SEND_CTRL
-            } else {
-                TAG_RECV_BLOCK
-            };
-            let record = self
-                .bootstrap
-                .recv(peer, tag)
-                .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
-            // What the peer's side holds: tail lines and FIFOs (its receive block, for our
-            // send), or head lines (its send block, for our receive); as `start` sizes ours.
-            let needed = match dir {
-                Dir::Send => self.nconns * (CTRL_LINE + self.fifo_bytes()),
-                Dir::Recv => self.nconns * CTRL_LINE,
-            };
-            let (theirs, mapping) = import(&self.device, &self.peers[peer], &record, needed)
-                .map_err(|e| e.context(format!("rank {peer}'s connection")))?;
-            let ctrl = |base: DevPtr, c: usize| base + (c * CTRL_LINE) as u64;
-            let fifo = |base: DevPtr, c: usize| {
-                base + (self.nconns * CTRL_LINE + c * self.fifo_bytes()) as u64
-            };
-            // After the Simple FIFOs (none without `with_ll`: 0 tells the kernels so).
-            let ll_fifo = |base: DevPtr, c: usize| match self.ll {
-                true => {
-                    let simple = self.nconns * (CTRL_LINE + self.fifo_bytes());
-                    base + (simple + c * self.ll_bytes()) as u64
-                }
-                false => 0,
-            };
+        let made = round.connect(&self.cx())?;
+        let by_want: HashMap<Want, Conn> = made.conns.into_iter().collect();
+        for (peer, dir) in fresh {
             let mut raw = Vec::with_capacity(self.nconns * std::mem::size_of::<ConnSend>());
             for c in 0..self.nconns {
-                let words = match dir {
-                    Dir::Send => {
-                        let s = ConnSend {
-                            fifo: fifo(theirs, c),
-                            tail: ctrl(theirs, c),
-                            head: ctrl(own.ptr, c),
-                            step: 0,
-                            head_seen: 0,
-                            ll_fifo: ll_fifo(theirs, c),
-                            ll128_fifo: 0,
-                            proxy_sizes: 0,
-                            proxy_stride: 0,
-                        };
-                        s.words().to_vec()
-                    }
-                    Dir::Recv => {
-                        let r = ConnRecv {
-                            fifo: fifo(own.ptr, c),
-                            tail: ctrl(own.ptr, c),
-                            head: ctrl(theirs, c),
-                            step: 0,
-                            tail_seen: 0,
-                            ll_fifo: ll_fifo(own.ptr, c),
-                            ll128_fifo: 0,
-                            proxy_stride: 0,
-                            proxy_proto: 0,
-                        };
-                        r.words().to_vec()
-                    }
+                let want = Want {
+                    peer,
+                    dir,
+                    key: self.key_base + c as u32,
                 };
-                words
+                let conn = by_want.get(&want).ok_or_else(|| {
+                    Error::internal(format!("connection {c} of {dir:?} rank {peer} not made"))
+                })?;
+                conn.words()
                     .iter()
                     .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));
             }
             let conns = self.device.alloc(raw.len())?;
             conns.write(0, &raw)?;
-            sides.insert(
-                (peer, dir),
-                Side {
-                    conns,
-                    _own: Some(own),
-                    _mapping: mapping,
-                    _shm: None,
-                },
-            );
+            sides.insert((peer, dir), conns);
         }
+        self.resources
+            .lock()
+            .map_err(|_| Error::internal("p2p connection table poisoned"))?
+            .take(made.resources);
         Ok(())
     }
 }

@@ -5,10 +5,11 @@
 //! where the network reads and writes it (GPU Direct RDMA, [`crate::net::gdr`]), the structure the
 //! kernel advances, and a [`ProxyConn`] for the proxy thread.
 
-use super::links::Dir;
+use super::p2p::PeerAddr;
+use super::{Conn, Ctx, Dir, Made, Set, Setup, Transport, Want};
 use crate::bootstrap::Bootstrap;
-use crate::cuda::Device;
 use crate::error::{Error, Result};
+use crate::graph::Transport as Kind;
 use crate::net::gdr::Policy;
 use crate::net::{Handle, Net, HANDLE_BYTES};
 use crate::proxy::establish::{GoneCheck, Handshake, Pending, ShareSlot, Sharing};
@@ -31,39 +32,6 @@ pub(crate) struct NetPath {
     pub nics: Vec<usize>,
     pub proxy: crate::proxy::ProxyGroup,
     pub timeout: Duration,
-}
-
-/// One connection wanted: with `peer`, in direction `dir`, known to both sides by `key` (the
-/// channel of a ring, the index of a send/recv connection).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Want {
-    pub peer: usize,
-    pub dir: Dir,
-    pub key: u32,
-}
-
-/// A connection made: what the kernel advances and what the proxy drives.
-pub(crate) struct Made {
-    pub want: Want,
-    pub send: ConnSend,
-    pub recv: ConnRecv,
-    pub conn: ProxyConn,
-    /// The network device it uses.
-    pub dev: usize,
-    /// Its FIFO is in GPU memory (GPU Direct RDMA).
-    pub on_gpu: bool,
-}
-
-impl Made {
-    /// How NCCL's INFO lines name the connection's path: `NET/<name>/<dev>`, with `/GDRDMA`
-    /// where its FIFO is in GPU memory.
-    pub(crate) fn via(&self, net: &str) -> String {
-        format!(
-            "NET/{net}/{}{}",
-            self.dev,
-            if self.on_gpu { "/GDRDMA" } else { "" }
-        )
-    }
 }
 
 /// The slot stride of a proxied connection: every protocol's slot fits, so that a receiving
@@ -98,119 +66,233 @@ fn comm_owners(net: &dyn Net, wants: &[Want], share: bool) -> Vec<usize> {
     owner
 }
 
-/// Starts every connection in `wants` with network `net`, on the devices `nics` takes in turn
-/// by the wants' keys, FIFOs placed as `gdr` says;
-/// `tag_base + key` tags the handles on the bootstrap. Only the handles are traded here
-/// (receivers listen and publish first, so no sender waits on a handle not yet sent; senders
-/// start their connect): the handshakes end on the proxy thread ([`crate::proxy::establish`]),
-/// which fails a connection not up by `timeout` from now or whose peer the bootstrap knows gone.
-/// Each connection's memory is made here, so its kernel structures are complete at once. With
-/// `share`, the connections to one peer in one direction on one device share one network comm
-/// where the device groups receives ([`comm_owners`]); each tags its messages with its key.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn connect(
-    net: &dyn Net,
-    gdr: &Policy,
-    nics: &[usize],
-    device: &Device,
-    bootstrap: &Arc<Bootstrap>,
-    wants: &[Want],
-    slot_bytes: usize,
+/// Bootstrap tags of the ring's network handles: this base + the channel.
+const TAG_NET_RING: u32 = 0x6e65_7200;
+/// Bootstrap tags of send/recv network handles: this base + the connection's key.
+const TAG_NET_LINK: u32 = 0x6e65_7300;
+
+/// The net transport: the pairs the communicator agreed on NET (ranks on other nodes, and on
+/// ours with p2p and SHM both off).
+pub(crate) struct NetTransport;
+
+/// What a round's network connections are for: the tags of their handles, whether the
+/// connections to one peer may share a network comm, and how errors and log lines name them.
+#[derive(Clone, Copy, Debug)]
+struct Purpose {
     tag_base: u32,
-    timeout: Duration,
     share: bool,
-) -> Result<Vec<Made>> {
-    if nics.is_empty() {
-        return Err(Error::system(format!(
-            "network '{}' has no devices",
-            net.name()
-        )));
+    /// The ring's (channel lines `Channel xx/0`, INIT), else links' (`Channel xx/1`, P2P).
+    ring: bool,
+}
+
+impl Purpose {
+    fn of(set: Set) -> Purpose {
+        match set {
+            Set::Ring { .. } => Purpose {
+                tag_base: TAG_NET_RING,
+                share: false,
+                ring: true,
+            },
+            Set::Links { .. } => Purpose {
+                tag_base: TAG_NET_LINK,
+                share: true,
+                ring: false,
+            },
+        }
     }
-    let owners = comm_owners(net, wants, share);
-    // A connection's device: the one its key picks among this GPU's NICs; a sharer's, its
-    // owner's (the comm's).
-    let dev_at = |i: usize| nics[wants[owners[i]].key as usize % nics.len()];
-    let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
-    let slots: Vec<Option<ShareSlot>> = (0..wants.len())
-        .map(|i| (owners[i] == i && sharers(i) > 1).then(ShareSlot::default))
-        .collect();
-    let mut handshakes: Vec<Option<Handshake>> = Vec::with_capacity(wants.len());
-    for (i, w) in wants.iter().enumerate() {
-        handshakes.push(match (owners[i] == i, w.dir) {
-            (false, _) => None,
-            (true, Dir::Recv) => {
-                let (handle, l) = net.listen(dev_at(i))?;
-                bootstrap.send(w.peer, tag_base.wrapping_add(w.key), &handle)?;
-                Some(Handshake::Listening(l))
+
+    fn what(&self) -> &'static str {
+        match self.ring {
+            true => "ring network connections",
+            false => "send/recv network connections",
+        }
+    }
+}
+
+impl Transport for NetTransport {
+    fn can_connect(&self, peer: &PeerAddr) -> bool {
+        peer.transport == Kind::Net
+    }
+
+    fn setup(&self, cx: &Ctx, set: Set, wants: &[Want]) -> Result<Box<dyn Setup>> {
+        if wants.is_empty() {
+            return Ok(Box::new(NetSetup::default()));
+        }
+        let purpose = Purpose::of(set);
+        let np = cx
+            .net
+            .ok_or_else(|| Error::internal("network connections without a network"))?;
+        let slot_bytes = match set {
+            Set::Ring { slot_bytes, .. } | Set::Links { slot_bytes, .. } => slot_bytes,
+        };
+        NetSetup::new(np, cx, wants, slot_bytes, purpose)
+            .map(|s| Box::new(s) as Box<dyn Setup>)
+            .map_err(|e| e.context(purpose.what()))
+    }
+}
+
+/// A round's network connections, their receiving sides listening: the handles went out
+/// through the bootstrap (receivers publish first, so no sender waits on a handle not yet
+/// sent).
+#[derive(Default)]
+struct NetSetup {
+    wants: Vec<Want>,
+    /// Per want, the want whose network comm it uses ([`comm_owners`]).
+    owners: Vec<usize>,
+    /// Per want, the network device it uses.
+    devs: Vec<usize>,
+    /// Per want that owns its comm and receives, its listener.
+    handshakes: Vec<Option<Handshake>>,
+    slot_bytes: usize,
+    purpose: Option<Purpose>,
+}
+
+impl NetSetup {
+    /// Listens for every want (with `np`'s network, on the devices `np.nics` takes in turn by
+    /// the wants' keys) that owns its comm and receives, and publishes its handle under
+    /// `tag_base + key`. With `share`, the connections to one peer in one direction on one
+    /// device share one network comm where the device groups receives ([`comm_owners`]); each
+    /// tags its messages with its key.
+    fn new(
+        np: &NetPath,
+        cx: &Ctx,
+        wants: &[Want],
+        slot_bytes: usize,
+        purpose: Purpose,
+    ) -> Result<NetSetup> {
+        let net = &*np.net;
+        if np.nics.is_empty() {
+            return Err(Error::system(format!(
+                "network '{}' has no devices",
+                net.name()
+            )));
+        }
+        let owners = comm_owners(net, wants, purpose.share);
+        // A connection's device: the one its key picks among this GPU's NICs; a sharer's, its
+        // owner's (the comm's).
+        let devs: Vec<usize> = (0..wants.len())
+            .map(|i| np.nics[wants[owners[i]].key as usize % np.nics.len()])
+            .collect();
+        let mut handshakes: Vec<Option<Handshake>> = Vec::with_capacity(wants.len());
+        for (i, w) in wants.iter().enumerate() {
+            handshakes.push(match (owners[i] == i, w.dir) {
+                (true, Dir::Recv) => {
+                    let (handle, l) = net.listen(devs[i])?;
+                    let tag = purpose.tag_base.wrapping_add(w.key);
+                    cx.bootstrap.send(w.peer, tag, &handle)?;
+                    Some(Handshake::Listening(l))
+                }
+                _ => None,
+            });
+        }
+        Ok(NetSetup {
+            wants: wants.to_vec(),
+            owners,
+            devs,
+            handshakes,
+            slot_bytes,
+            purpose: Some(purpose),
+        })
+    }
+}
+
+impl Setup for NetSetup {
+    /// Takes each sending owner's handle and starts its connect; the handshakes end on the
+    /// proxy thread ([`crate::proxy::establish`]), which fails a connection not up by the
+    /// path's timeout from now or whose peer the bootstrap knows gone. Each connection's memory
+    /// is made here, so its kernel structures are complete at once; the connections go to the
+    /// proxy before this returns.
+    fn connect(self: Box<Self>, cx: &Ctx) -> Result<Made> {
+        let Some(purpose) = self.purpose else {
+            return Ok(Made::default());
+        };
+        let np = cx
+            .net
+            .ok_or_else(|| Error::internal("network connections without a network"))?;
+        self.finish(np, cx, purpose)
+            .map_err(|e| e.context(purpose.what()))
+    }
+}
+
+impl NetSetup {
+    /// [`Setup::connect`] on `np`.
+    fn finish(self, np: &NetPath, cx: &Ctx, purpose: Purpose) -> Result<Made> {
+        let NetSetup {
+            wants,
+            owners,
+            devs,
+            mut handshakes,
+            slot_bytes,
+            ..
+        } = self;
+        let net = &*np.net;
+        for (i, w) in wants.iter().enumerate() {
+            if owners[i] == i && w.dir == Dir::Send {
+                let tag = purpose.tag_base.wrapping_add(w.key);
+                let handle = recv_handle(cx.bootstrap, w.peer, tag)?;
+                handshakes[i] = Some(Handshake::Connecting(net.connect(devs[i], &handle)?));
             }
-            (true, Dir::Send) => None,
-        });
-    }
-    for (i, w) in wants.iter().enumerate() {
-        if owners[i] == i && w.dir == Dir::Send {
-            let handle = recv_handle(bootstrap, w.peer, tag_base.wrapping_add(w.key))?;
-            handshakes[i] = Some(Handshake::Connecting(net.connect(dev_at(i), &handle)?));
         }
-    }
-    let deadline = Instant::now() + timeout;
-    let gone: GoneCheck = {
-        let bs = Arc::downgrade(bootstrap);
-        Arc::new(move |peer| bs.upgrade().and_then(|b| b.gone(peer)))
-    };
-    let layout = ConnLayout {
-        stride: stride(slot_bytes),
-    };
-    let mut made = Vec::with_capacity(wants.len());
-    for (i, (w, handshake)) in wants.iter().zip(handshakes).enumerate() {
-        let dev = dev_at(i);
-        let g = gdr.dev(dev);
-        let place = match w.dir {
-            Dir::Send if g.send => FifoPlace::Gpu {
-                dmabuf: g.dmabuf,
-                flush: false,
-            },
-            Dir::Recv if g.recv => FifoPlace::Gpu {
-                dmabuf: g.dmabuf,
-                flush: g.flush,
-            },
-            _ => FifoPlace::Host,
+        let sharers = |i: usize| owners.iter().filter(|&&o| o == i).count();
+        let slots: Vec<Option<ShareSlot>> = (0..wants.len())
+            .map(|i| (owners[i] == i && sharers(i) > 1).then(ShareSlot::default))
+            .collect();
+        let deadline = Instant::now() + np.timeout;
+        let gone: GoneCheck = {
+            let bs = Arc::downgrade(cx.bootstrap);
+            Arc::new(move |peer| bs.upgrade().and_then(|b| b.gone(peer)))
         };
-        let (handshake, sharing) = match (&slots[i], handshake) {
-            (Some(slot), Some(h)) => (
-                h,
-                Sharing::Owner {
-                    slot: slot.clone(),
-                    max_recvs: net.properties(dev)?.max_recvs,
-                    tag: w.key,
+        let layout = ConnLayout {
+            stride: stride(slot_bytes),
+        };
+        let mut made = Made::default();
+        let mut proxied = Vec::with_capacity(wants.len());
+        for (i, (w, handshake)) in wants.iter().zip(handshakes).enumerate() {
+            let dev = devs[i];
+            let g = np.gdr.dev(dev);
+            let place = match w.dir {
+                Dir::Send if g.send => FifoPlace::Gpu {
+                    dmabuf: g.dmabuf,
+                    flush: false,
                 },
-            ),
-            (None, Some(h)) => (h, Sharing::Alone),
-            (_, None) => match &slots[owners[i]] {
-                Some(slot) => (
-                    Handshake::Sharing(slot.clone()),
-                    Sharing::User { tag: w.key },
+                Dir::Recv if g.recv => FifoPlace::Gpu {
+                    dmabuf: g.dmabuf,
+                    flush: g.flush,
+                },
+                _ => FifoPlace::Host,
+            };
+            let (handshake, sharing) = match (&slots[i], handshake) {
+                (Some(slot), Some(h)) => (
+                    h,
+                    Sharing::Owner {
+                        slot: slot.clone(),
+                        max_recvs: net.properties(dev)?.max_recvs,
+                        tag: w.key,
+                    },
                 ),
-                None => return Err(Error::internal("a shared network comm has no owner")),
-            },
-        };
-        if let Sharing::Owner { max_recvs, .. } = &sharing {
-            log::info!(
-                "NET/{}: {} {} connections with rank {} share one comm (maxRecvs {max_recvs})",
-                net.name(),
-                sharers(i),
-                dir_name(w.dir),
-                w.peer
-            );
-        }
-        let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
-        let mem = ConnMem::new(device, layout, place, w.dir == Dir::Send, &peer)?;
-        let (send, recv) = conn_structs(&mem, layout);
-        let on_gpu = mem.on_gpu();
-        made.push(Made {
-            want: *w,
-            send,
-            recv,
-            conn: ProxyConn::pending(Pending {
+                (None, Some(h)) => (h, Sharing::Alone),
+                (_, None) => match &slots[owners[i]] {
+                    Some(slot) => (
+                        Handshake::Sharing(slot.clone()),
+                        Sharing::User { tag: w.key },
+                    ),
+                    None => return Err(Error::internal("a shared network comm has no owner")),
+                },
+            };
+            if let Sharing::Owner { max_recvs, .. } = &sharing {
+                log::info!(
+                    "NET/{}: {} {} connections with rank {} share one comm (maxRecvs {max_recvs})",
+                    net.name(),
+                    sharers(i),
+                    dir_name(w.dir),
+                    w.peer
+                );
+            }
+            let peer = format!("rank {} ({} via {})", w.peer, dir_name(w.dir), net.name());
+            let mem = ConnMem::new(cx.device, layout, place, w.dir == Dir::Send, &peer)?;
+            let (send, recv) = conn_structs(&mem, layout);
+            let on_gpu = mem.on_gpu();
+            proxied.push(ProxyConn::pending(Pending {
                 handshake,
                 sharing,
                 mem,
@@ -218,12 +300,42 @@ pub(crate) fn connect(
                 peer,
                 deadline,
                 gone: Some(gone.clone()),
-            }),
-            dev,
-            on_gpu,
-        });
+            }));
+            made.conns.push((
+                *w,
+                match w.dir {
+                    Dir::Send => Conn::Send(send),
+                    Dir::Recv => Conn::Recv(recv),
+                },
+            ));
+            log_conn(cx, net.name(), purpose, w, dev, on_gpu);
+        }
+        np.proxy.add(proxied);
+        Ok(made)
     }
-    Ok(made)
+}
+
+/// Logs connection `w` as NCCL does: `Channel <key>/<0 ring, 1 links> : <from>[<dev>] ->
+/// <to>[<dev>] [send|receive] via NET/<name>/<dev>`, with `/GDRDMA` where its FIFO is in GPU
+/// memory.
+fn log_conn(cx: &Ctx, net: &str, purpose: Purpose, w: &Want, dev: usize, on_gpu: bool) {
+    let (from, to) = match w.dir {
+        Dir::Send => (cx.rank, w.peer),
+        Dir::Recv => (w.peer, cx.rank),
+    };
+    let (target, set) = match purpose.ring {
+        true => (crate::debug::INIT, 0),
+        false => (crate::debug::P2P, 1),
+    };
+    log::info!(
+        target: target,
+        "Channel {:02}/{set} : {from}[{}] -> {to}[{}] [{}] via NET/{net}/{dev}{}",
+        w.key,
+        cx.device.ordinal,
+        cx.device.ordinal,
+        dir_name(w.dir),
+        if on_gpu { "/GDRDMA" } else { "" }
+    );
 }
 
 /// The network handle `peer` published under `tag`.

@@ -1,14 +1,19 @@
-//! The p2p transport. Every rank owns one device block holding, per channel, its receive FIFO
-//! (NCCL_STEPS slots), its receive tail counter and its send head counter — each counter in its
-//! own 128-byte line, and after all of those its LL FIFO (NCCL_STEPS slots of `ll_slot_bytes`)
-//! and its LL128 FIFO (NCCL_STEPS slots of `ll128_slot_bytes`; steps and counters shared with
-//! the Simple FIFO). A sender writes into its next's block (FIFO data and tail) and polls its
-//! own head; a receiver polls its own tail and writes its prev's head. So every poll is local
-//! and every remote access is a store.
+//! The p2p transport: peers of this node reached through peer access (one process) or CUDA
+//! IPC (across processes). On the rings every rank owns one device block holding, per channel,
+//! its receive FIFO (NCCL_STEPS slots), its receive tail counter and its send head counter —
+//! each counter in its own 128-byte line, and after all of those its LL FIFO (NCCL_STEPS slots
+//! of `ll_slot_bytes`) and its LL128 FIFO (NCCL_STEPS slots of `ll128_slot_bytes`; steps and
+//! counters shared with the Simple FIFO), published to every rank by one allgather. A sender
+//! writes into its next's block (FIFO data and tail) and polls its own head; a receiver polls
+//! its own tail and writes its prev's head. So every poll is local and every remote access is
+//! a store. A link (send/recv, trees) has a block per (peer, direction) the same way round: the
+//! receiving side's holds its tail lines and FIFOs, the sending side's its head lines, each
+//! published to that peer alone.
 
-use crate::bootstrap::Bootstrap;
+use super::{Conn, Ctx, Dir, Made, Resources, Set, Setup, Transport, Want};
 use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
 use crate::error::{Error, Result};
+use crate::graph::Transport as Kind;
 use nccl_device::abi::{
     ConnRecv, ConnSend, CTRL_LINE, LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS,
 };
@@ -150,44 +155,95 @@ fn check_block(p: DevPtr, held: usize, needed: usize) -> Result<()> {
     Ok(())
 }
 
-/// The memory of a communicator's p2p connections: our block and the peers' blocks mapped.
-pub struct P2p {
-    pub layout: Layout,
-    pub own: DevBuffer,
-    /// Mapped blocks of peers in other processes (kept alive; unmapped on drop).
-    _mappings: Vec<IpcMapping>,
-    /// Per channel, its ring neighbours' blocks as we address them: (prev, next); None for a
-    /// neighbour on another node (the network carries that side).
-    bases: Vec<(Option<DevPtr>, Option<DevPtr>)>,
+/// Bootstrap tag of a link's receive block (its tail lines and FIFOs), receiver to sender.
+/// SHM links send their segment's record under it too (a pair has one transport).
+pub(super) const TAG_RECV_BLOCK: u32 = 0x7032_7001;
+/// Bootstrap tag of a link's send block (its head lines), sender to receiver.
+const TAG_SEND_CTRL: u32 = 0x7032_7002;
+
+/// The p2p transport: the pairs the communicator agreed on P2P (peers of this node that peer
+/// access or CUDA IPC reach).
+pub(crate) struct P2pTransport;
+
+impl Transport for P2pTransport {
+    fn can_connect(&self, peer: &PeerAddr) -> bool {
+        peer.transport == Kind::P2p
+    }
+
+    fn setup(&self, cx: &Ctx, set: Set, wants: &[Want]) -> Result<Box<dyn Setup>> {
+        Ok(match set {
+            Set::Ring {
+                nchannels,
+                slot_bytes,
+            } => Box::new(RingSetup::new(
+                cx,
+                Layout::new(nchannels, slot_bytes),
+                wants,
+            )?),
+            Set::Links {
+                nconns,
+                slot_bytes,
+                ll,
+                key_base,
+            } => {
+                let (fifo_bytes, ll_bytes) = super::link_fifo_bytes(slot_bytes, ll);
+                let block = LinkBlock {
+                    nconns,
+                    fifo_bytes,
+                    ll_bytes,
+                    key_base,
+                };
+                Box::new(LinkSetup::new(cx, block, wants)?)
+            }
+        })
+    }
 }
 
-impl P2p {
-    /// Allocates our block, exchanges blocks with every rank and maps each channel's ring
-    /// neighbours' (`ring_peers[c]` = (prev, next) of channel `c`; every peer is mapped once,
-    /// however many channels reach it). Neighbours for which `remote` is true are not mapped.
-    pub fn setup(
-        device: &Device,
-        bootstrap: &Bootstrap,
-        peers: &[PeerAddr],
-        ring_peers: &[(usize, usize)],
-        remote: &dyn Fn(usize) -> bool,
-        layout: Layout,
-    ) -> Result<P2p> {
-        if ring_peers.len() != layout.nchannels {
+/// The rings' p2p side: our block (every channel's receive FIFOs and counters, in a
+/// [`Layout`]), published to every rank by an allgather that every rank joins, whatever its
+/// neighbours' transports.
+struct RingSetup {
+    layout: Layout,
+    own: DevBuffer,
+    /// Every rank's record of its block, by rank.
+    all: Vec<Vec<u8>>,
+    wants: Vec<Want>,
+}
+
+impl RingSetup {
+    fn new(cx: &Ctx, layout: Layout, wants: &[Want]) -> Result<RingSetup> {
+        if let Some(w) = wants.iter().find(|w| w.key as usize >= layout.nchannels) {
             return Err(Error::internal(format!(
-                "p2p setup: {} ring neighbour pairs for {} channels",
-                ring_peers.len(),
-                layout.nchannels
+                "p2p setup: a connection of channel {} for {} channels",
+                w.key, layout.nchannels
             )));
         }
-        let own = device.alloc(layout.total())?;
-        let all = bootstrap.allgather(&export(device, &own)?)?;
+        let own = cx.device.alloc(layout.total())?;
+        let all = cx.bootstrap.allgather(&export(cx.device, &own)?)?;
+        Ok(RingSetup {
+            layout,
+            own,
+            all,
+            wants: wants.to_vec(),
+        })
+    }
+}
+
+impl Setup for RingSetup {
+    /// Maps each neighbour's block once, however many channels reach it: a sender writes into
+    /// its next's block and polls its own head; a receiver polls its own tail and writes its
+    /// prev's head.
+    fn connect(self: Box<Self>, cx: &Ctx) -> Result<Made> {
+        let RingSetup {
+            layout: l,
+            own,
+            all,
+            wants,
+        } = *self;
+        let peers = cx.peers;
         let mut mappings = Vec::new();
         let mut mapped: Vec<Option<DevPtr>> = vec![None; peers.len()];
         let mut base_of = |r: usize| -> Result<DevPtr> {
-            if r == bootstrap.rank() {
-                return Ok(own.ptr);
-            }
             if let Some(Some(p)) = mapped.get(r) {
                 return Ok(*p);
             }
@@ -195,59 +251,181 @@ impl P2p {
                 .get(r)
                 .filter(|_| r < peers.len())
                 .ok_or_else(|| Error::remote(format!("no p2p connection record from rank {r}")))?;
-            let (p, m) = import(device, &peers[r], e, layout.total())
+            let (p, m) = import(cx.device, &peers[r], e, l.total())
                 .map_err(|err| err.context(format!("rank {r}'s buffers")))?;
             mappings.extend(m);
             mapped[r] = Some(p);
             Ok(p)
         };
-        let mut local_base = |r: usize| -> Result<Option<DevPtr>> {
-            if remote(r) {
-                Ok(None)
-            } else {
-                base_of(r).map(Some)
+        let mut conns = Vec::with_capacity(wants.len());
+        for w in wants {
+            let (ch, base) = (w.key as usize, base_of(w.peer)?);
+            let conn = match w.dir {
+                Dir::Send => Conn::Send(ConnSend {
+                    fifo: base + l.fifo(ch),
+                    tail: base + l.recv_tail(ch),
+                    head: own.ptr + l.send_head(ch),
+                    step: 0,
+                    head_seen: 0,
+                    ll_fifo: base + l.ll_fifo(ch),
+                    ll128_fifo: base + l.ll128_fifo(ch),
+                    proxy_sizes: 0,
+                    proxy_stride: 0,
+                }),
+                Dir::Recv => Conn::Recv(ConnRecv {
+                    fifo: own.ptr + l.fifo(ch),
+                    tail: own.ptr + l.recv_tail(ch),
+                    head: base + l.send_head(ch),
+                    step: 0,
+                    tail_seen: 0,
+                    ll_fifo: own.ptr + l.ll_fifo(ch),
+                    ll128_fifo: own.ptr + l.ll128_fifo(ch),
+                    proxy_stride: 0,
+                    proxy_proto: 0,
+                }),
+            };
+            if w.dir == Dir::Send {
+                log::info!(
+                    target: crate::debug::INIT,
+                    "Channel {ch:02}/0 : {}[{}] -> {}[{}] via P2P/{}",
+                    cx.rank,
+                    cx.device.ordinal,
+                    w.peer,
+                    peers[w.peer].device,
+                    if peers[w.peer].same_process {
+                        "direct pointer"
+                    } else {
+                        "IPC"
+                    }
+                );
             }
-        };
-        let bases = ring_peers
-            .iter()
-            .map(|&(prev, next)| Ok((local_base(prev)?, local_base(next)?)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(P2p {
-            layout,
-            own,
-            _mappings: mappings,
-            bases,
-        })
+            conns.push((w, conn));
+        }
+        let mut resources = Resources::default();
+        resources.hold(own);
+        resources.hold(mappings);
+        Ok(Made { conns, resources })
+    }
+}
+
+/// Where the parts of a link's blocks lie. The receiving side's block: `nconns` tail lines,
+/// `nconns` Simple FIFOs of `fifo_bytes`, then `nconns` LL FIFOs of `ll_bytes` (none when 0);
+/// the sending side's: `nconns` head lines. Connection `c` is the one keyed `key_base + c`.
+#[derive(Clone, Copy, Debug)]
+struct LinkBlock {
+    nconns: usize,
+    fifo_bytes: usize,
+    ll_bytes: usize,
+    key_base: u32,
+}
+
+impl LinkBlock {
+    /// Bytes of our block for direction `dir`.
+    fn bytes(&self, dir: Dir) -> usize {
+        match dir {
+            Dir::Recv => self.nconns * (CTRL_LINE + self.fifo_bytes + self.ll_bytes),
+            Dir::Send => self.nconns * CTRL_LINE,
+        }
     }
 
-    /// Channel `ch`'s connections: send to next, receive from prev (steps start at 0); None
-    /// for a side whose neighbour is on another node.
-    pub fn conns(&self, ch: usize) -> (Option<ConnSend>, Option<ConnRecv>) {
-        let l = &self.layout;
-        let (prev_base, next_base) = self.bases[ch];
-        let send = next_base.map(|next_base| ConnSend {
-            fifo: next_base + l.fifo(ch),
-            tail: next_base + l.recv_tail(ch),
-            head: self.own.ptr + l.send_head(ch),
-            step: 0,
-            head_seen: 0,
-            ll_fifo: next_base + l.ll_fifo(ch),
-            ll128_fifo: next_base + l.ll128_fifo(ch),
-            proxy_sizes: 0,
-            proxy_stride: 0,
-        });
-        let recv = prev_base.map(|prev_base| ConnRecv {
-            fifo: self.own.ptr + l.fifo(ch),
-            tail: self.own.ptr + l.recv_tail(ch),
-            head: prev_base + l.send_head(ch),
-            step: 0,
-            tail_seen: 0,
-            ll_fifo: self.own.ptr + l.ll_fifo(ch),
-            ll128_fifo: self.own.ptr + l.ll128_fifo(ch),
-            proxy_stride: 0,
-            proxy_proto: 0,
-        });
-        (send, recv)
+    /// Bytes of the peer's block our connections in direction `dir` address: tail lines and
+    /// Simple FIFOs (its receive block, for our send), or head lines (for our receive).
+    fn needed(&self, dir: Dir) -> usize {
+        match dir {
+            Dir::Send => self.nconns * (CTRL_LINE + self.fifo_bytes),
+            Dir::Recv => self.nconns * CTRL_LINE,
+        }
+    }
+
+    fn ctrl(&self, base: DevPtr, c: usize) -> DevPtr {
+        base + (c * CTRL_LINE) as u64
+    }
+
+    fn fifo(&self, base: DevPtr, c: usize) -> DevPtr {
+        base + (self.nconns * CTRL_LINE + c * self.fifo_bytes) as u64
+    }
+
+    /// After the Simple FIFOs (none without LL FIFOs: 0 tells the kernels so).
+    fn ll_fifo(&self, base: DevPtr, c: usize) -> DevPtr {
+        match self.ll_bytes {
+            0 => 0,
+            ll => base + (self.nconns * (CTRL_LINE + self.fifo_bytes) + c * ll) as u64,
+        }
+    }
+
+    /// Connection `w`'s kernel structure, with our block at `own` and the peer's at `theirs`.
+    fn conn(&self, w: &Want, own: DevPtr, theirs: DevPtr) -> Result<Conn> {
+        let c = w.key.wrapping_sub(self.key_base) as usize;
+        if c >= self.nconns {
+            return Err(Error::internal(format!(
+                "link connection key {} outside {}..+{}",
+                w.key, self.key_base, self.nconns
+            )));
+        }
+        Ok(match w.dir {
+            Dir::Send => Conn::Send(ConnSend {
+                fifo: self.fifo(theirs, c),
+                tail: self.ctrl(theirs, c),
+                head: self.ctrl(own, c),
+                ll_fifo: self.ll_fifo(theirs, c),
+                ..ConnSend::default()
+            }),
+            Dir::Recv => Conn::Recv(ConnRecv {
+                fifo: self.fifo(own, c),
+                tail: self.ctrl(own, c),
+                head: self.ctrl(theirs, c),
+                ll_fifo: self.ll_fifo(own, c),
+                ..ConnRecv::default()
+            }),
+        })
+    }
+}
+
+/// The links' p2p sides: per (peer, direction), our block, published to that peer.
+struct LinkSetup {
+    block: LinkBlock,
+    sides: Vec<(usize, Dir, Vec<Want>, DevBuffer)>,
+}
+
+impl LinkSetup {
+    fn new(cx: &Ctx, block: LinkBlock, wants: &[Want]) -> Result<LinkSetup> {
+        let mut sides = Vec::new();
+        for (peer, dir, ws) in super::sides(wants) {
+            let tag = match dir {
+                Dir::Recv => TAG_RECV_BLOCK,
+                Dir::Send => TAG_SEND_CTRL,
+            };
+            let own = cx.device.alloc(block.bytes(dir))?;
+            cx.bootstrap.send(peer, tag, &export(cx.device, &own)?)?;
+            sides.push((peer, dir, ws, own));
+        }
+        Ok(LinkSetup { block, sides })
+    }
+}
+
+impl Setup for LinkSetup {
+    /// Maps each peer's block (its receive block for our send, its send block for our
+    /// receive).
+    fn connect(self: Box<Self>, cx: &Ctx) -> Result<Made> {
+        let mut made = Made::default();
+        for (peer, dir, ws, own) in self.sides {
+            let tag = match dir {
+                Dir::Recv => TAG_SEND_CTRL,
+                Dir::Send => TAG_RECV_BLOCK,
+            };
+            let record = cx
+                .bootstrap
+                .recv(peer, tag)
+                .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
+            let (theirs, mapping) =
+                import(cx.device, &cx.peers[peer], &record, self.block.needed(dir))
+                    .map_err(|e| e.context(format!("rank {peer}'s connection")))?;
+            for w in ws {
+                made.conns.push((w, self.block.conn(&w, own.ptr, theirs)?));
+            }
+            made.resources.hold((own, mapping));
+        }
+        Ok(made)
     }
 }
 

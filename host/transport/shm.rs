@@ -12,10 +12,11 @@
 //! is mapped (the creator mapped it before publishing the name), so nothing stays in /dev/shm;
 //! a creator whose peer never opened it unlinks it when it drops.
 
-use super::p2p::Layout;
-use crate::bootstrap::Bootstrap;
+use super::p2p::{Layout, PeerAddr, TAG_RECV_BLOCK};
+use super::{Conn, Ctx, Dir, Made, Set, Setup, Transport, Want};
 use crate::cuda::{DevPtr, Device, HostRegistration};
 use crate::error::{Error, Result};
+use crate::graph::Transport as Kind;
 use nccl_device::abi::{ConnRecv, ConnSend, CTRL_LINE};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -265,110 +266,177 @@ fn page_size() -> usize {
     }
 }
 
-/// The ring's SHM connections of a communicator: per channel, send and receive sides whose
-/// neighbour is reached through SHM.
-pub struct ShmRing {
-    /// Segments we created (our receive sides) and opened (our send sides).
-    _mems: Vec<ShmMem>,
-    conns: Vec<(Option<ConnSend>, Option<ConnRecv>)>,
-}
+/// The SHM transport: the pairs the communicator agreed on SHM (peers of this node that p2p
+/// does not reach). The receiving side of each (peer, direction) creates a segment and
+/// publishes its record; the sending side opens it and publishes nothing.
+pub(crate) struct ShmTransport;
 
-/// Channels grouped by the neighbour `pick` gives them where `is_shm` holds: (neighbour,
-/// channels in ascending order), neighbours in the order of their first channel.
-fn by_peer(
-    ring_peers: &[(usize, usize)],
-    pick: impl Fn(&(usize, usize)) -> usize,
-    is_shm: &dyn Fn(usize) -> bool,
-) -> Vec<(usize, Vec<usize>)> {
-    let mut out: Vec<(usize, Vec<usize>)> = Vec::new();
-    for (c, rp) in ring_peers.iter().enumerate() {
-        let p = pick(rp);
-        if !is_shm(p) {
-            continue;
-        }
-        match out.iter_mut().find(|(q, _)| *q == p) {
-            Some((_, chs)) => chs.push(c),
-            None => out.push((p, vec![c])),
-        }
-    }
-    out
-}
-
-impl ShmRing {
-    /// Connects every channel's ring neighbours for which `is_shm` holds (`ring_peers[c]` =
-    /// (prev, next) of channel `c`). A receiver makes one segment per previous rank, holding
-    /// the channels that come from it in a [`Layout`] of those channels (its counters and
-    /// FIFOs); the sender sees the same channels towards it, so both index it alike. All
-    /// records go out before any is awaited. `devices[r]` is rank r's device, for the log.
-    pub fn setup(
-        device: &Device,
-        bootstrap: &Bootstrap,
-        ring_peers: &[(usize, usize)],
-        is_shm: &dyn Fn(usize) -> bool,
-        slot_bytes: usize,
-        devices: &[i32],
-    ) -> Result<ShmRing> {
-        let me = bootstrap.rank();
-        let nch = ring_peers.len();
-        let mut conns: Vec<(Option<ConnSend>, Option<ConnRecv>)> = vec![(None, None); nch];
-        let mut mems = Vec::new();
-        for (prev, chs) in by_peer(ring_peers, |rp| rp.0, is_shm) {
-            let l = Layout::new(chs.len(), slot_bytes);
-            let (mem, record) = ShmMem::create(device, prev, me, l.total())?;
-            bootstrap.send(prev, TAG_SHM_RING, &record)?;
-            let base = mem.ptr();
-            for (i, &c) in chs.iter().enumerate() {
-                conns[c].1 = Some(ConnRecv {
-                    fifo: base + l.fifo(i),
-                    tail: base + l.recv_tail(i),
-                    head: base + l.send_head(i),
-                    step: 0,
-                    tail_seen: 0,
-                    ll_fifo: base + l.ll_fifo(i),
-                    ll128_fifo: base + l.ll128_fifo(i),
-                    proxy_stride: 0,
-                    proxy_proto: 0,
-                });
-            }
-            mems.push(mem);
-        }
-        for (next, chs) in by_peer(ring_peers, |rp| rp.1, is_shm) {
-            let l = Layout::new(chs.len(), slot_bytes);
-            let record = bootstrap
-                .recv(next, TAG_SHM_RING)
-                .map_err(|e| e.context(format!("shm connection to rank {next}")))?;
-            let mem = ShmMem::open(device, &record, l.total())
-                .map_err(|e| e.context(format!("rank {next}'s shared memory")))?;
-            let base = mem.ptr();
-            for (i, &c) in chs.iter().enumerate() {
-                conns[c].0 = Some(ConnSend {
-                    fifo: base + l.fifo(i),
-                    tail: base + l.recv_tail(i),
-                    head: base + l.send_head(i),
-                    step: 0,
-                    head_seen: 0,
-                    ll_fifo: base + l.ll_fifo(i),
-                    ll128_fifo: base + l.ll128_fifo(i),
-                    proxy_sizes: 0,
-                    proxy_stride: 0,
-                });
-                let dev = |r: usize| devices.get(r).copied().unwrap_or(-1);
-                log::info!(
-                    target: crate::debug::INIT,
-                    "Channel {c:02}/0 : {me}[{}] -> {next}[{}] via SHM/direct/direct",
-                    dev(me),
-                    dev(next)
-                );
-            }
-            mems.push(mem);
-        }
-        Ok(ShmRing { _mems: mems, conns })
+impl Transport for ShmTransport {
+    fn can_connect(&self, peer: &PeerAddr) -> bool {
+        peer.transport == Kind::Shm
     }
 
-    /// Channel `ch`'s SHM connections: send to next, receive from prev (None for a side that
-    /// another transport carries).
-    pub fn conns(&self, ch: usize) -> (Option<ConnSend>, Option<ConnRecv>) {
-        self.conns.get(ch).copied().unwrap_or((None, None))
+    fn setup(&self, cx: &Ctx, set: Set, wants: &[Want]) -> Result<Box<dyn Setup>> {
+        let segments = match set {
+            Set::Ring { slot_bytes, .. } => Segments::Ring { slot_bytes },
+            Set::Links {
+                nconns,
+                slot_bytes,
+                ll,
+                key_base,
+            } => {
+                let (fifo_bytes, ll_bytes) = super::link_fifo_bytes(slot_bytes, ll);
+                let layout = LinkLayout {
+                    nconns,
+                    fifo_bytes,
+                    ll_bytes,
+                };
+                Segments::Links { layout, key_base }
+            }
+        };
+        Ok(Box::new(ShmSetup::new(cx, segments, wants)?))
+    }
+}
+
+/// How a round lays out its segments, one per (peer, direction).
+#[derive(Clone, Copy, Debug)]
+enum Segments {
+    /// A ring's: a segment holds the channels that connect to that neighbour, in a [`Layout`]
+    /// of those channels (its counters and FIFOs); the two ends see the same channels, so both
+    /// index it alike.
+    Ring { slot_bytes: usize },
+    /// Links': a segment holds `layout.nconns` connections, connection `c` keyed
+    /// `key_base + c`.
+    Links { layout: LinkLayout, key_base: u32 },
+}
+
+impl Segments {
+    /// The bootstrap tag of a segment's record.
+    fn tag(&self) -> u32 {
+        match self {
+            Segments::Ring { .. } => TAG_SHM_RING,
+            Segments::Links { .. } => TAG_RECV_BLOCK,
+        }
+    }
+
+    /// Bytes of the segment of the connections `ws`.
+    fn bytes(&self, ws: &[Want]) -> usize {
+        match self {
+            Segments::Ring { slot_bytes } => Layout::new(ws.len(), *slot_bytes).total(),
+            Segments::Links { layout, .. } => layout.total(),
+        }
+    }
+
+    /// The kernel structure of `ws[i]`, in the segment of `ws` at `base`.
+    fn conn(&self, ws: &[Want], i: usize, base: DevPtr) -> Result<Conn> {
+        let w = &ws[i];
+        match self {
+            Segments::Ring { slot_bytes } => {
+                let l = Layout::new(ws.len(), *slot_bytes);
+                Ok(match w.dir {
+                    Dir::Send => Conn::Send(ConnSend {
+                        fifo: base + l.fifo(i),
+                        tail: base + l.recv_tail(i),
+                        head: base + l.send_head(i),
+                        step: 0,
+                        head_seen: 0,
+                        ll_fifo: base + l.ll_fifo(i),
+                        ll128_fifo: base + l.ll128_fifo(i),
+                        proxy_sizes: 0,
+                        proxy_stride: 0,
+                    }),
+                    Dir::Recv => Conn::Recv(ConnRecv {
+                        fifo: base + l.fifo(i),
+                        tail: base + l.recv_tail(i),
+                        head: base + l.send_head(i),
+                        step: 0,
+                        tail_seen: 0,
+                        ll_fifo: base + l.ll_fifo(i),
+                        ll128_fifo: base + l.ll128_fifo(i),
+                        proxy_stride: 0,
+                        proxy_proto: 0,
+                    }),
+                })
+            }
+            Segments::Links { layout, key_base } => {
+                let c = w.key.wrapping_sub(*key_base) as usize;
+                if c >= layout.nconns {
+                    return Err(Error::internal(format!(
+                        "link connection key {} outside {key_base}..+{}",
+                        w.key, layout.nconns
+                    )));
+                }
+                Ok(match w.dir {
+                    Dir::Send => Conn::Send(layout.send(base, c)),
+                    Dir::Recv => Conn::Recv(layout.recv(base, c)),
+                })
+            }
+        }
+    }
+}
+
+/// A round's SHM sides: per (peer, direction) its connections, and for a receiving side the
+/// segment it created and published.
+struct ShmSetup {
+    segments: Segments,
+    sides: Vec<(usize, Dir, Vec<Want>, Option<ShmMem>)>,
+}
+
+impl ShmSetup {
+    fn new(cx: &Ctx, segments: Segments, wants: &[Want]) -> Result<ShmSetup> {
+        let mut sides = Vec::new();
+        for (peer, dir, ws) in super::sides(wants) {
+            let mem = match dir {
+                Dir::Recv => {
+                    let (mem, record) =
+                        ShmMem::create(cx.device, peer, cx.rank, segments.bytes(&ws))?;
+                    cx.bootstrap.send(peer, segments.tag(), &record)?;
+                    Some(mem)
+                }
+                Dir::Send => None,
+            };
+            sides.push((peer, dir, ws, mem));
+        }
+        Ok(ShmSetup { segments, sides })
+    }
+}
+
+impl Setup for ShmSetup {
+    /// Opens the segment each receiving peer published, for our sending sides.
+    fn connect(self: Box<Self>, cx: &Ctx) -> Result<Made> {
+        let segs = self.segments;
+        let dev = |r: usize| cx.peers.get(r).map_or(-1, |p| p.device);
+        let mut made = Made::default();
+        for (peer, _, ws, mem) in self.sides {
+            let mem = match mem {
+                Some(m) => m,
+                None => {
+                    let record = cx.bootstrap.recv(peer, segs.tag()).map_err(|e| {
+                        e.context(match segs {
+                            Segments::Ring { .. } => format!("shm connection to rank {peer}"),
+                            Segments::Links { .. } => format!("connecting to rank {peer}"),
+                        })
+                    })?;
+                    ShmMem::open(cx.device, &record, segs.bytes(&ws))
+                        .map_err(|e| e.context(format!("rank {peer}'s shared memory")))?
+                }
+            };
+            for (i, w) in ws.iter().enumerate() {
+                made.conns.push((*w, segs.conn(&ws, i, mem.ptr())?));
+                if matches!(segs, Segments::Ring { .. }) && w.dir == Dir::Send {
+                    log::info!(
+                        target: crate::debug::INIT,
+                        "Channel {:02}/0 : {}[{}] -> {peer}[{}] via SHM/direct/direct",
+                        w.key,
+                        cx.rank,
+                        dev(cx.rank),
+                        dev(peer)
+                    );
+                }
+            }
+            made.resources.hold(mem);
+        }
+        Ok(made)
     }
 }
 
@@ -480,20 +548,6 @@ mod tests {
         assert!(foreign.exists(), "the foreign object was removed");
         // The real record still opens.
         ShmMem::open(&dev, &good, page).expect("open");
-    }
-
-    #[test]
-    fn channels_group_by_neighbour() {
-        let rp = [(1, 2), (3, 2), (1, 3), (0, 1)];
-        let shm = |r: usize| r != 0;
-        assert_eq!(
-            by_peer(&rp, |p| p.0, &shm),
-            vec![(1, vec![0, 2]), (3, vec![1])]
-        );
-        assert_eq!(
-            by_peer(&rp, |p| p.1, &shm),
-            vec![(2, vec![0, 1]), (3, vec![2]), (1, vec![3])]
-        );
     }
 
     #[test]
