@@ -249,31 +249,7 @@ fn parse_collectives(s: &str) -> Result<Vec<Collective>, String> {
 
 /// The arguments, or None for `--help`.
 pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
-    let mut a = Args {
-        colls: vec![Collective::AllReduce],
-        root: 0,
-        min_bytes: 8,
-        max_bytes: None,
-        step_factor: 2,
-        ngpus: None,
-        warmup: None,
-        iters: None,
-        dtypes: vec![DataType::Float32],
-        ops: vec![RedOpKind::Sum],
-        check: true,
-        mode: Mode::Thread,
-        graph: 0,
-        stat: Stat::Mean,
-        register: false,
-        baseline: None,
-        baseline_env: Vec::new(),
-        backend: None,
-        csv: None,
-        json: None,
-        nodes: None,
-        ranks_per_node: None,
-        idle_cpu: None,
-    };
+    let mut a = Args::default();
     let mut i = 0;
     while i < argv.len() {
         let arg = argv[i]
@@ -286,64 +262,8 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
         if arg == "-h" || arg == "--help" {
             return Ok(None);
         }
-        let (key, inline): (String, Option<String>) = if let Some(rest) = arg.strip_prefix("--") {
-            match rest.split_once('=') {
-                Some((k, v)) => (k.to_string(), Some(v.to_string())),
-                None => (rest.to_string(), None),
-            }
-        } else if let Some(rest) = arg.strip_prefix('-') {
-            let mut chars = rest.chars();
-            let Some(c) = chars.next() else {
-                return Err("unexpected argument '-'".into());
-            };
-            let long = match c {
-                'b' => "minbytes",
-                'e' => "maxbytes",
-                'f' => "stepfactor",
-                'g' => "ngpus",
-                'w' => "warmup_iters",
-                'n' => "iters",
-                'd' => "datatype",
-                'o' => "op",
-                'c' => "check",
-                't' => "mode",
-                'G' => "cudagraph",
-                'R' => "local_register",
-                'C' => "collective",
-                'r' => "root",
-                _ => return Err(format!("unknown option '{arg}'")),
-            };
-            let v = chars.as_str();
-            (long.to_string(), (!v.is_empty()).then(|| v.to_string()))
-        } else {
-            return Err(format!("unexpected argument '{arg}'"));
-        };
-        let known = [
-            "minbytes",
-            "maxbytes",
-            "stepfactor",
-            "ngpus",
-            "warmup_iters",
-            "iters",
-            "datatype",
-            "op",
-            "check",
-            "mode",
-            "cudagraph",
-            "stat",
-            "local_register",
-            "collective",
-            "root",
-            "baseline",
-            "baseline-env",
-            "backend",
-            "csv",
-            "json",
-            "nodes",
-            "ranks-per-node",
-            "idle-cpu",
-        ];
-        if !known.contains(&key.as_str()) {
+        let (key, inline) = split_option(arg)?;
+        if !OPTIONS.contains(&key.as_str()) {
             return Err(format!("unknown option '{arg}'"));
         }
         let value = match inline {
@@ -358,63 +278,172 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
                     .to_string()
             }
         };
-        match key.as_str() {
-            "minbytes" => a.min_bytes = parse_size(&value)?,
-            "maxbytes" => a.max_bytes = Some(parse_size(&value)?),
-            "stepfactor" => a.step_factor = parse_number(&value, "--stepfactor")?,
-            "ngpus" => a.ngpus = Some(parse_number(&value, "--ngpus")?),
-            "warmup_iters" => a.warmup = Some(parse_number(&value, "--warmup_iters")?),
-            "iters" => a.iters = Some(parse_number(&value, "--iters")?),
-            "datatype" => a.dtypes = parse_datatypes(&value)?,
-            "op" => a.ops = parse_ops(&value)?,
-            "check" => {
-                a.check = match value.trim() {
-                    "0" => false,
-                    "1" => true,
-                    v => return Err(format!("--check: '{v}' (use 0 or 1)")),
-                }
-            }
-            "mode" => {
-                a.mode = match value.trim() {
-                    "thread" | "1" => Mode::Thread,
-                    "threads" => Mode::Threads,
-                    v => return Err(format!("--mode: '{v}' (use thread or threads)")),
-                }
-            }
-            "cudagraph" => a.graph = parse_number(&value, "--cudagraph")?,
-            "stat" => {
-                a.stat = match value.trim() {
-                    "mean" => Stat::Mean,
-                    "median" => Stat::Median,
-                    v => return Err(format!("--stat: '{v}' (use mean or median)")),
-                }
-            }
-            "local_register" => {
-                a.register = match value.trim() {
-                    "0" => false,
-                    "1" => true,
-                    v => return Err(format!("--local_register: '{v}' (use 0 or 1)")),
-                }
-            }
-            "collective" => a.colls = parse_collectives(&value)?,
-            "root" => a.root = parse_number(&value, "--root")?,
-            "baseline" => a.baseline = Some(PathBuf::from(value)),
-            "baseline-env" => a.baseline_env.push(parse_baseline_env(&value)?),
-            "backend" => {
-                a.backend = Some(match value.trim() {
-                    "cuda" => Backend::Cuda,
-                    "sim" | "simulator" => Backend::Sim,
-                    v => return Err(format!("--backend: '{v}' (use cuda or sim)")),
-                })
-            }
-            "csv" => a.csv = Some(PathBuf::from(value)),
-            "json" => a.json = Some(PathBuf::from(value)),
-            "nodes" => a.nodes = Some(parse_number(&value, "--nodes")?),
-            "ranks-per-node" => a.ranks_per_node = Some(parse_number(&value, "--ranks-per-node")?),
-            "idle-cpu" => a.idle_cpu = Some(parse_seconds(&value, "--idle-cpu")?),
-            _ => unreachable!("every key was checked against the known list"),
+        set_option(&mut a, &key, value)?;
+    }
+    check_args(&a)?;
+    Ok(Some(a))
+}
+
+impl Default for Args {
+    /// The defaults of the usage text (those that depend on the backend are None).
+    fn default() -> Args {
+        Args {
+            colls: vec![Collective::AllReduce],
+            root: 0,
+            min_bytes: 8,
+            max_bytes: None,
+            step_factor: 2,
+            ngpus: None,
+            warmup: None,
+            iters: None,
+            dtypes: vec![DataType::Float32],
+            ops: vec![RedOpKind::Sum],
+            check: true,
+            mode: Mode::Thread,
+            graph: 0,
+            stat: Stat::Mean,
+            register: false,
+            baseline: None,
+            baseline_env: Vec::new(),
+            backend: None,
+            csv: None,
+            json: None,
+            nodes: None,
+            ranks_per_node: None,
+            idle_cpu: None,
         }
     }
+}
+
+/// The long names of the options that take a value (a short option is one of them too).
+const OPTIONS: [&str; 23] = [
+    "minbytes",
+    "maxbytes",
+    "stepfactor",
+    "ngpus",
+    "warmup_iters",
+    "iters",
+    "datatype",
+    "op",
+    "check",
+    "mode",
+    "cudagraph",
+    "stat",
+    "local_register",
+    "collective",
+    "root",
+    "baseline",
+    "baseline-env",
+    "backend",
+    "csv",
+    "json",
+    "nodes",
+    "ranks-per-node",
+    "idle-cpu",
+];
+
+/// An option as its long name and the value written in the same argument, if any:
+/// `--name=value`, `--name`, `-xvalue`, `-x`.
+fn split_option(arg: &str) -> Result<(String, Option<String>), String> {
+    if let Some(rest) = arg.strip_prefix("--") {
+        return Ok(match rest.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (rest.to_string(), None),
+        });
+    }
+    let Some(rest) = arg.strip_prefix('-') else {
+        return Err(format!("unexpected argument '{arg}'"));
+    };
+    let mut chars = rest.chars();
+    let Some(c) = chars.next() else {
+        return Err("unexpected argument '-'".into());
+    };
+    let long = short_option(c).ok_or_else(|| format!("unknown option '{arg}'"))?;
+    let v = chars.as_str();
+    Ok((long.to_string(), (!v.is_empty()).then(|| v.to_string())))
+}
+
+/// The long name of a one-letter option.
+fn short_option(c: char) -> Option<&'static str> {
+    Some(match c {
+        'b' => "minbytes",
+        'e' => "maxbytes",
+        'f' => "stepfactor",
+        'g' => "ngpus",
+        'w' => "warmup_iters",
+        'n' => "iters",
+        'd' => "datatype",
+        'o' => "op",
+        'c' => "check",
+        't' => "mode",
+        'G' => "cudagraph",
+        'R' => "local_register",
+        'C' => "collective",
+        'r' => "root",
+        _ => return None,
+    })
+}
+
+/// `0` or `1` of `--check` and `--local_register`.
+fn parse_switch(s: &str, what: &str) -> Result<bool, String> {
+    match s.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        v => Err(format!("{what}: '{v}' (use 0 or 1)")),
+    }
+}
+
+/// Sets option `key` (a long name of [`OPTIONS`]) to `value`.
+fn set_option(a: &mut Args, key: &str, value: String) -> Result<(), String> {
+    match key {
+        "minbytes" => a.min_bytes = parse_size(&value)?,
+        "maxbytes" => a.max_bytes = Some(parse_size(&value)?),
+        "stepfactor" => a.step_factor = parse_number(&value, "--stepfactor")?,
+        "ngpus" => a.ngpus = Some(parse_number(&value, "--ngpus")?),
+        "warmup_iters" => a.warmup = Some(parse_number(&value, "--warmup_iters")?),
+        "iters" => a.iters = Some(parse_number(&value, "--iters")?),
+        "datatype" => a.dtypes = parse_datatypes(&value)?,
+        "op" => a.ops = parse_ops(&value)?,
+        "check" => a.check = parse_switch(&value, "--check")?,
+        "mode" => {
+            a.mode = match value.trim() {
+                "thread" | "1" => Mode::Thread,
+                "threads" => Mode::Threads,
+                v => return Err(format!("--mode: '{v}' (use thread or threads)")),
+            }
+        }
+        "cudagraph" => a.graph = parse_number(&value, "--cudagraph")?,
+        "stat" => {
+            a.stat = match value.trim() {
+                "mean" => Stat::Mean,
+                "median" => Stat::Median,
+                v => return Err(format!("--stat: '{v}' (use mean or median)")),
+            }
+        }
+        "local_register" => a.register = parse_switch(&value, "--local_register")?,
+        "collective" => a.colls = parse_collectives(&value)?,
+        "root" => a.root = parse_number(&value, "--root")?,
+        "baseline" => a.baseline = Some(PathBuf::from(value)),
+        "baseline-env" => a.baseline_env.push(parse_baseline_env(&value)?),
+        "backend" => {
+            a.backend = Some(match value.trim() {
+                "cuda" => Backend::Cuda,
+                "sim" | "simulator" => Backend::Sim,
+                v => return Err(format!("--backend: '{v}' (use cuda or sim)")),
+            })
+        }
+        "csv" => a.csv = Some(PathBuf::from(value)),
+        "json" => a.json = Some(PathBuf::from(value)),
+        "nodes" => a.nodes = Some(parse_number(&value, "--nodes")?),
+        "ranks-per-node" => a.ranks_per_node = Some(parse_number(&value, "--ranks-per-node")?),
+        "idle-cpu" => a.idle_cpu = Some(parse_seconds(&value, "--idle-cpu")?),
+        _ => unreachable!("every key was checked against the known list"),
+    }
+    Ok(())
+}
+
+/// The options' combinations: what one needs of another, and what excludes what.
+fn check_args(a: &Args) -> Result<(), String> {
     if a.step_factor < 2 {
         return Err(format!("--stepfactor {}: use 2 or more", a.step_factor));
     }
@@ -449,5 +478,5 @@ pub fn parse_args(argv: &[OsString]) -> Result<Option<Args>, String> {
             ));
         }
     }
-    Ok(Some(a))
+    Ok(())
 }

@@ -218,21 +218,95 @@ fn bench(
 ) -> Result<bool, Fail> {
     let sim = backend == Backend::Sim;
     let started = records::utc_now();
-    if sim && baseline.is_some() {
+    let layout = plan_layout(args, sim, why, baseline.is_some(), member.as_ref())?;
+    let s = settings(args, sim);
+    print_header(
+        args,
+        &s,
+        layout.ngpus,
+        backend,
+        why,
+        member.as_ref(),
+        baseline.as_ref(),
+    );
+    let host = hostname();
+    let gpus = list_devices(&layout, &host)?;
+    let meta = records::Meta {
+        backend: if sim { "sim" } else { "cuda" },
+        gpu: gpus.join(", "),
+        nccl_rs_version: nccl::VERSION_STRING.to_string(),
+        nccl_version: baseline.as_ref().map(|n| n.version_string()),
+        hostname: host,
+        date_utc: started,
+        warmup_iters: s.warmup,
+        iters: s.iters,
+        command: records::command_line(),
+    };
+    let mut records = Records::new(args.csv.as_deref(), args.json.as_deref(), meta)?;
+
+    let (comms, our_init_ms) = init_ours(&layout, member.as_ref())?;
+    let our_mem: Vec<usize> = comms.iter().map(|c| c.init_device_bytes()).collect();
+    let mut b = open_ranks(comms, args, &s, &layout)?;
+    println!("#");
+    println!(
+        "# nccl-rs init: {our_init_ms:.1} ms; device memory per GPU: {}",
+        our_mem
+            .iter()
+            .map(|&m| mib(m))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if let Some(lib) = baseline {
+        init_baseline(lib, &mut b, args, member.as_ref(), &layout.devs)?;
+    }
+    if args.register {
+        register_buffers(&b)?;
+    }
+
+    let all_right = run_tables(&mut b, args, &s, &mut records)?;
+    report_idle(args, member.is_some());
+    b.teardown()?;
+    Ok(all_right)
+}
+
+/// Where this process's ranks run, as the checks at the start of a run settle it.
+struct Layout {
+    /// GPUs this process drives (1 when each rank has its own process).
+    ngpus: usize,
+    /// Ranks in the communicator (in every process).
+    world: usize,
+    /// `NCCL_RS_SHARED_GPUS=1`: more ranks than GPUs, rank r on device r % visible.
+    shared: bool,
+    /// The global rank of this process's first rank.
+    first: usize,
+    /// The device of each of this process's ranks.
+    devs: Vec<i32>,
+}
+
+/// The run's checks: GPUs, ranks and the root against what is visible and what the baseline
+/// takes (a bad combination is a usage error).
+fn plan_layout(
+    args: &Args,
+    sim: bool,
+    why: &str,
+    with_baseline: bool,
+    member: Option<&Member>,
+) -> Result<Layout, Fail> {
+    if sim && with_baseline {
         return Err(Fail::Run(format!(
             "--baseline needs CUDA GPUs, but the CPU simulator was picked ({why})"
         )));
     }
     let visible = cuda::device_count().map_err(|e| format!("counting devices: {e}"))?;
-    let ngpus = match &member {
+    let ngpus = match member {
         Some(_) => 1,
         None => args.ngpus.unwrap_or(visible),
     };
-    let world = member.as_ref().map_or(ngpus, |m| m.world);
+    let world = member.map_or(ngpus, |m| m.world);
     // The kernel lab: more ranks than GPUs, rank r on device r % visible.
     // Read as the library reads it (environment, then NCCL_CONF_FILE), so both agree.
     let shared = std::env::var("NCCL_RS_SHARED_GPUS").is_ok_and(|v| v.trim() == "1");
-    if let Some(m) = &member {
+    if let Some(m) = member {
         if m.local >= visible && !shared {
             return Err(Fail::Usage(format!(
                 "rank process {} of this machine, but only {visible} device(s) visible: NCCL_RS_SHARED_GPUS=1 lets rank processes share GPUs",
@@ -241,7 +315,7 @@ fn bench(
         }
     }
     // NVIDIA NCCL refuses two ranks on one GPU of one node, but takes them on two nodes.
-    if shared && baseline.is_some() && member.is_none() {
+    if shared && with_baseline && member.is_none() {
         return Err(Fail::Usage(
             "NCCL_RS_SHARED_GPUS=1 shares GPUs among ranks, which NVIDIA NCCL refuses: drop --baseline".into(),
         ));
@@ -256,21 +330,49 @@ fn bench(
             }
         )));
     }
-    let default_max = if sim { 1 << 20 } else { 128 << 20 };
-    let s = Settings {
-        min_bytes: args.min_bytes,
-        max_bytes: args.max_bytes.unwrap_or(default_max.max(args.min_bytes)),
-        warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
-        iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
-        graph: args.graph,
-        stat: args.stat,
-    };
     if args.root >= world && args.colls.iter().any(|c| c.has_root()) {
         return Err(Fail::Usage(format!(
             "--root {}: there are only {world} ranks",
             args.root
         )));
     }
+    let devs: Vec<i32> = match member {
+        Some(m) => vec![(m.local % visible.max(1)) as i32],
+        None => (0..ngpus).map(|r| (r % visible.max(1)) as i32).collect(),
+    };
+    Ok(Layout {
+        ngpus,
+        world,
+        shared,
+        first: member.map_or(0, |m| m.rank),
+        devs,
+    })
+}
+
+/// The sizes and iterations of the run: the arguments, with the backend's defaults.
+fn settings(args: &Args, sim: bool) -> Settings {
+    let default_max = if sim { 1 << 20 } else { 128 << 20 };
+    Settings {
+        min_bytes: args.min_bytes,
+        max_bytes: args.max_bytes.unwrap_or(default_max.max(args.min_bytes)),
+        warmup: args.warmup.unwrap_or(if sim { 1 } else { 5 }),
+        iters: args.iters.unwrap_or(if sim { 5 } else { 20 }),
+        graph: args.graph,
+        stat: args.stat,
+    }
+}
+
+/// The nccl-tests header: the collectives, sizes and iterations, how times are taken, the
+/// backend, the versions, this rank's process and the baseline. `ngpus`: GPUs of this process.
+fn print_header(
+    args: &Args,
+    s: &Settings,
+    ngpus: usize,
+    backend: Backend,
+    why: &str,
+    member: Option<&Member>,
+    baseline: Option<&Nccl>,
+) {
     let (nthread, ngpu_per_thread) = match args.mode {
         Mode::Thread => (1, ngpus),
         Mode::Threads => (ngpus, 1),
@@ -303,7 +405,7 @@ fn bench(
         _ => println!("# backend: CUDA ({why})"),
     }
     println!("# nccl-rs {}", nccl::VERSION_STRING);
-    if let Some(m) = &member {
+    if let Some(m) = member {
         let hostid = std::env::var("NCCL_HOSTID").unwrap_or_default();
         println!(
             "# {} rank processes, one rank each ({}); this is rank {}{}; times are the longest rank's",
@@ -317,28 +419,27 @@ fn bench(
             }
         );
     }
-    if let Some(n) = &baseline {
+    if let Some(n) = baseline {
         println!(
             "# baseline: NVIDIA NCCL {} ({})",
             n.version_string(),
             n.path
         );
     }
+}
+
+/// The header's "Using devices" lines, a line per rank of this process; returns the devices'
+/// distinct names, in rank order.
+fn list_devices(layout: &Layout, host: &str) -> Result<Vec<String>, String> {
     println!("#");
     println!("# Using devices");
-    let first = member.as_ref().map_or(0, |m| m.rank);
-    let devs: Vec<i32> = match &member {
-        Some(m) => vec![(m.local % visible.max(1)) as i32],
-        None => (0..ngpus).map(|r| (r % visible.max(1)) as i32).collect(),
-    };
-    if shared {
+    if layout.shared {
         println!("#  NCCL_RS_SHARED_GPUS=1: ranks share GPUs (a kernel lab: no NVLink crossed)");
     }
-    let host = hostname();
     let pid = std::process::id();
     let mut gpus: Vec<String> = Vec::new();
-    for (i, &d) in devs.iter().enumerate() {
-        let r = first + i;
+    for (i, &d) in layout.devs.iter().enumerate() {
+        let r = layout.first + i;
         let dev = nccl::Device::open(d).map_err(|e| format!("opening device {d}: {e}"))?;
         let p = dev
             .props()
@@ -351,43 +452,41 @@ fn bench(
             gpus.push(p.name);
         }
     }
-    let mut records = Records::new(
-        args.csv.as_deref(),
-        args.json.as_deref(),
-        records::Meta {
-            backend: if sim { "sim" } else { "cuda" },
-            gpu: gpus.join(", "),
-            nccl_rs_version: nccl::VERSION_STRING.to_string(),
-            nccl_version: baseline.as_ref().map(|n| n.version_string()),
-            hostname: host,
-            date_utc: started,
-            warmup_iters: s.warmup,
-            iters: s.iters,
-            command: records::command_line(),
-        },
-    )?;
+    Ok(gpus)
+}
 
-    // Our communicators.
+/// Our communicators, one per rank of this process, and how long their init took (ms).
+fn init_ours(layout: &Layout, member: Option<&Member>) -> Result<(Vec<Comm>, f64), String> {
     let t0 = Instant::now();
-    let comms = match &member {
+    let comms = match member {
         Some(m) => {
-            let dev = nccl::Device::open(devs[0]).map_err(|e| format!("opening the GPU: {e}"))?;
+            let dev =
+                nccl::Device::open(layout.devs[0]).map_err(|e| format!("opening the GPU: {e}"))?;
             vec![Comm::init_rank_on(dev, m.world, &m.id, m.rank)
                 .map_err(|e| format!("nccl-rs init (rank {} of {}): {e}", m.rank, m.world))?]
         }
-        None => Comm::init_all(&devs).map_err(|e| format!("nccl-rs init ({ngpus} ranks): {e}"))?,
+        None => Comm::init_all(&layout.devs)
+            .map_err(|e| format!("nccl-rs init ({} ranks): {e}", layout.ngpus))?,
     };
-    let our_init_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let our_mem: Vec<usize> = comms.iter().map(|c| c.init_device_bytes()).collect();
+    Ok((comms, t0.elapsed().as_secs_f64() * 1e3))
+}
 
-    // Streams, buffers, events.
+/// The ranks around our communicators: each one's stream, send and receive buffers (as large
+/// as the largest size of any listed collective needs) and events, with the host staging.
+fn open_ranks(
+    comms: Vec<Comm>,
+    args: &Args,
+    s: &Settings,
+    layout: &Layout,
+) -> Result<Bench, String> {
+    let world = layout.world;
     let (send_bytes, recv_bytes) = args
         .colls
         .iter()
         .map(|c| c.buffer_bytes(s.max_bytes, world))
         .fold((0, 0), |(s, r), (s2, r2)| (s.max(s2), r.max(r2)));
     let round = |b: usize| b.max(1).next_multiple_of(256);
-    let mut ranks = Vec::with_capacity(ngpus);
+    let mut ranks = Vec::with_capacity(layout.ngpus);
     for (i, comm) in comms.into_iter().enumerate() {
         let d = comm.device().clone();
         let e = |what: &str, x: nccl::Error| format!("{what} on device {}: {x}", d.ordinal);
@@ -403,7 +502,7 @@ fn bench(
             .collect::<nccl::Result<Vec<_>>>()
             .map_err(|x| e("event create", x))?;
         ranks.push(Rank {
-            global: first + i,
+            global: layout.first + i,
             comm: ranks::RankComm(comm),
             stream,
             send,
@@ -411,88 +510,96 @@ fn bench(
             events,
         });
     }
-    let mut b = Bench {
+    Ok(Bench {
         ranks,
         world,
         mode: args.mode,
         nccl: None,
         host: vec![0u8; send_bytes.max(recv_bytes)],
-    };
+    })
+}
 
-    println!("#");
-    println!(
-        "# nccl-rs init: {our_init_ms:.1} ms; device memory per GPU: {}",
-        our_mem
+/// Each GPU's free device memory, in rank order.
+fn free_memory(b: &Bench) -> Result<Vec<usize>, String> {
+    b.ranks
+        .iter()
+        .map(|r| {
+            r.comm
+                .device()
+                .mem_info()
+                .map(|(f, _)| f)
+                .map_err(|e| format!("mem_info: {e}"))
+        })
+        .collect()
+}
+
+/// NVIDIA NCCL's communicators beside ours (`--baseline`), with `--baseline-env` set for them
+/// alone; reports their init time and the device memory they took.
+fn init_baseline(
+    lib: Nccl,
+    b: &mut Bench,
+    args: &Args,
+    member: Option<&Member>,
+    devs: &[i32],
+) -> Result<(), String> {
+    let before = free_memory(b)?;
+    if !args.baseline_env.is_empty() {
+        // nccl-rs's communicators (and its socket network) are made: what is set now
+        // reaches the baseline alone (`args::BASELINE_ONLY`).
+        for (k, v) in &args.baseline_env {
+            std::env::set_var(k, v);
+        }
+        let set: Vec<String> = args
+            .baseline_env
             .iter()
-            .map(|&m| mib(m))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("# NVIDIA NCCL alone: {}", set.join(" "));
+    }
+    if idle_seconds(args, member.is_some()) > 0.0
+        && std::env::var_os("NCCL_SET_THREAD_NAME").is_none()
+    {
+        // NVIDIA NCCL names its threads ("NCCL ...") only when asked: `idle` counts them.
+        std::env::set_var("NCCL_SET_THREAD_NAME", "1");
+    }
+    let t0 = Instant::now();
+    let comms = match member {
+        Some(m) => {
+            let id = m
+                .nccl_id
+                .ok_or_else(|| "the baseline's unique id did not reach this rank".to_string())?;
+            b.ranks[0]
+                .comm
+                .device()
+                .make_current()
+                .map_err(|e| format!("make current: {e}"))?;
+            vec![lib.comm_init_rank(m.world, id, m.rank)?]
+        }
+        None => lib.comm_init_all(devs)?,
+    };
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let after = free_memory(b)?;
+    println!(
+        "# NVIDIA NCCL init: {ms:.1} ms; device memory per GPU: {}",
+        before
+            .iter()
+            .zip(&after)
+            .map(|(&a, &z)| mib(a.saturating_sub(z)))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    if let Some(lib) = baseline {
-        let free = |b: &Bench| -> Result<Vec<usize>, String> {
-            b.ranks
-                .iter()
-                .map(|r| {
-                    r.comm
-                        .device()
-                        .mem_info()
-                        .map(|(f, _)| f)
-                        .map_err(|e| format!("mem_info: {e}"))
-                })
-                .collect()
-        };
-        let before = free(&b)?;
-        if !args.baseline_env.is_empty() {
-            // nccl-rs's communicators (and its socket network) are made: what is set now
-            // reaches the baseline alone (`args::BASELINE_ONLY`).
-            for (k, v) in &args.baseline_env {
-                std::env::set_var(k, v);
-            }
-            let set: Vec<String> = args
-                .baseline_env
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            println!("# NVIDIA NCCL alone: {}", set.join(" "));
-        }
-        if idle_seconds(args, member.is_some()) > 0.0
-            && std::env::var_os("NCCL_SET_THREAD_NAME").is_none()
-        {
-            // NVIDIA NCCL names its threads ("NCCL ...") only when asked: `idle` counts them.
-            std::env::set_var("NCCL_SET_THREAD_NAME", "1");
-        }
-        let t0 = Instant::now();
-        let comms = match &member {
-            Some(m) => {
-                let id = m.nccl_id.ok_or_else(|| {
-                    "the baseline's unique id did not reach this rank".to_string()
-                })?;
-                b.ranks[0]
-                    .comm
-                    .device()
-                    .make_current()
-                    .map_err(|e| format!("make current: {e}"))?;
-                vec![lib.comm_init_rank(m.world, id, m.rank)?]
-            }
-            None => lib.comm_init_all(&devs)?,
-        };
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let after = free(&b)?;
-        println!(
-            "# NVIDIA NCCL init: {ms:.1} ms; device memory per GPU: {}",
-            before
-                .iter()
-                .zip(&after)
-                .map(|(&a, &z)| mib(a.saturating_sub(z)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        b.nccl = Some((lib, comms));
-    }
-    if args.register {
-        register_buffers(&b)?;
-    }
+    b.nccl = Some((lib, comms));
+    Ok(())
+}
 
+/// A table per collective, its rows written to the records as it ends; Ok(false) when some
+/// result was wrong. A failed measurement whose GPU work did not finish ends the process.
+fn run_tables(
+    b: &mut Bench,
+    args: &Args,
+    s: &Settings,
+    records: &mut Records,
+) -> Result<bool, Fail> {
     let mut all_right = true;
     for &coll in &args.colls {
         let mut table = Table {
@@ -509,7 +616,7 @@ fn bench(
         println!("#");
         println!("# Collective: {}", coll.name());
         table.header();
-        let outcome = measure_all(&mut b, args, &s, coll, &mut table, &mut records);
+        let outcome = measure_all(b, args, s, coll, &mut table, records);
         if let Err(m) = outcome {
             if !b.quiesce() {
                 // A kernel may still run on some GPU (its peers never came): freeing its
@@ -525,7 +632,13 @@ fn bench(
         records.write()?;
         all_right &= table.wrong == 0;
     }
-    let idle = idle_seconds(args, member.is_some());
+    Ok(all_right)
+}
+
+/// The libraries' threads' CPU over the idle window after the tables (`--idle-cpu`), when
+/// there is one.
+fn report_idle(args: &Args, process_per_rank: bool) {
+    let idle = idle_seconds(args, process_per_rank);
     if idle > 0.0 {
         println!("#");
         println!(
@@ -533,8 +646,6 @@ fn bench(
             idle::report(Duration::from_millis(500), Duration::from_secs_f64(idle))
         );
     }
-    b.teardown()?;
-    Ok(all_right)
 }
 
 /// Seconds of quiet `idle` measures after the tables (`--idle-cpu`): by default only in runs

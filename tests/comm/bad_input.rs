@@ -147,77 +147,98 @@ fn missing_rank_times_out() {
 fn buffer_extents() {
     common::sim();
     let comms = Comm::init_all(&[0, 1]).expect("init");
-    let (c, s) = (&comms[0], Default::default());
+    short_buffers_are_refused(&comms[0]);
+
+    // What fits is accepted, and runs: in-place AllGather and ReduceScatter at their offsets,
+    // Reduce with a short recv off the root, Broadcast with a short send off the root.
+    let fits = Fits::new(&comms);
+    fits.in_place_all_gather();
+    fits.in_place_reduce_scatter();
+    fits.reduce_with_a_short_recv_off_the_root();
+    fits.broadcast_with_a_short_send_off_the_root();
+    fits.destroy_streams();
+}
+
+/// `n` bytes of a xorshift sequence from `seed`.
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// `r` is the refusal of a short buffer: InvalidArgument, its message naming the buffer
+/// (`what`), the bytes the call needs and the bytes its allocation holds from the pointer on.
+fn assert_short(r: nccl::Result<()>, what: &str, need: usize, avail: usize) {
+    let e = r.expect_err("a short buffer must be refused");
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    for word in [what.to_string(), need.to_string(), avail.to_string()] {
+        assert!(e.message.contains(&word), "'{word}' not in: {e}");
+    }
+}
+
+/// `buffer_extents`' refusals, on rank `c` of two: every call with a buffer too short for its
+/// count (10 calls), a null receive buffer and a registration past the end; none of them may
+/// write a byte.
+fn short_buffers_are_refused(c: &Comm) {
+    let s = Default::default();
     let f32 = DataType::Float32;
     let small = c.device().alloc(4096).unwrap();
     let big = c.device().alloc(8192).unwrap();
     // Poisoned with a pattern that must survive every refused call (the issue's case wrote past
     // `small` into the next allocation).
-    let pattern = |n: usize, seed: u64| -> Vec<u8> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
     let (small0, big0) = (pattern(4096, 0x5eed_1234), pattern(8192, 0xbeef_0987));
     small.write(0, &small0).unwrap();
     big.write(0, &big0).unwrap();
-    let short = |r: nccl::Result<()>, what: &str, need: usize, avail: usize| {
-        let e = r.expect_err("a short buffer must be refused");
-        assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
-        for word in [what.to_string(), need.to_string(), avail.to_string()] {
-            assert!(e.message.contains(&word), "'{word}' not in: {e}");
-        }
-    };
     let sum = ReduceOp::SUM;
     let refusals = Instant::now();
     // The issue's case: 2048 floats in a 4 KiB buffer.
-    short(
+    assert_short(
         unsafe { c.all_reduce_raw(small.ptr(), big.ptr(), 2048, f32, sum, s) },
         "sendbuff",
         8192,
         4096,
     );
-    short(
+    assert_short(
         unsafe { c.all_reduce_raw(big.ptr(), small.ptr(), 2048, f32, sum, s) },
         "recvbuff",
         8192,
         4096,
     );
     // Bytes from the pointer to the end of the allocation, not the allocation's size.
-    short(
+    assert_short(
         unsafe { c.all_reduce_raw(big.ptr() + 8184, big.ptr(), 4, f32, sum, s) },
         "sendbuff",
         16,
         8,
     );
     // AllGather's output and ReduceScatter's input hold nranks × count elements.
-    short(
+    assert_short(
         unsafe { c.all_gather_raw(small.ptr(), small.ptr(), 1024, f32, s) },
         "recvbuff",
         8192,
         4096,
     );
-    short(
+    assert_short(
         unsafe { c.reduce_scatter_raw(small.ptr(), small.ptr(), 1024, f32, sum, s) },
         "sendbuff",
         8192,
         4096,
     );
     // The root's buffers of Broadcast and Reduce.
-    short(
+    assert_short(
         unsafe { c.broadcast_raw(small.ptr(), big.ptr(), 2048, f32, 0, s) },
         "sendbuff",
         8192,
         4096,
     );
     // Off the root, in place (ncclBcast): the one buffer is the receive buffer, and checked.
-    short(
+    assert_short(
         unsafe { c.broadcast_raw(small.ptr(), small.ptr(), 2048, f32, 1, s) },
         "recvbuff",
         8192,
@@ -226,20 +247,20 @@ fn buffer_extents() {
     let e = unsafe { c.broadcast_raw(0, 0, 16, f32, 1, s) }.expect_err("a null buffer");
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
     assert!(e.message.contains("recvbuff is a null pointer"), "{e}");
-    short(
+    assert_short(
         unsafe { c.reduce_raw(big.ptr(), small.ptr(), 2048, f32, sum, 0, s) },
         "recvbuff",
         8192,
         4096,
     );
     // Send and receive.
-    short(
+    assert_short(
         unsafe { c.send_raw(small.ptr(), 2048, f32, 1, s) },
         "sendbuff",
         8192,
         4096,
     );
-    short(
+    assert_short(
         unsafe { c.recv_raw(small.ptr(), 2048, f32, 1, s) },
         "recvbuff",
         8192,
@@ -263,129 +284,181 @@ fn buffer_extents() {
          intact",
         refusals.elapsed()
     );
+}
 
-    // What fits is accepted, and runs: in-place AllGather and ReduceScatter at their offsets,
-    // Reduce with a short recv off the root, Broadcast with a short send off the root.
-    let streams: Vec<_> = comms
-        .iter()
-        .map(|c| c.device().stream_create().unwrap())
-        .collect();
-    let count = 256; // floats per rank
-    let block = count * 4;
-    let whole: Vec<_> = comms
-        .iter()
-        .map(|c| c.device().alloc(2 * block).unwrap())
-        .collect();
-    let tiny: Vec<_> = comms.iter().map(|c| c.device().alloc(4).unwrap()).collect();
-    let fill = |r: usize| -> Vec<u8> {
-        (0..2 * count)
-            .flat_map(|i| ((r * 1000 + i) as f32).to_le_bytes())
-            .collect()
-    };
-    let run = |f: &dyn Fn(usize, &Comm) -> nccl::Result<()>| {
+/// Floats per rank of the calls that fit.
+const COUNT: usize = 256;
+/// Bytes of a rank's block of `COUNT` floats.
+const BLOCK: usize = COUNT * 4;
+
+/// `buffer_extents`' calls that fit, on two ranks: each rank's stream, a buffer of two blocks
+/// (`whole`) and one of 4 bytes (`tiny`, for the buffers NCCL ignores off the root).
+struct Fits<'a> {
+    comms: &'a [Comm],
+    streams: Vec<nccl::StreamHandle>,
+    whole: Vec<nccl::DevBuffer>,
+    tiny: Vec<nccl::DevBuffer>,
+}
+
+impl<'a> Fits<'a> {
+    fn new(comms: &'a [Comm]) -> Fits<'a> {
+        let streams = comms
+            .iter()
+            .map(|c| c.device().stream_create().unwrap())
+            .collect();
+        let whole = comms
+            .iter()
+            .map(|c| c.device().alloc(2 * BLOCK).unwrap())
+            .collect();
+        let tiny = comms.iter().map(|c| c.device().alloc(4).unwrap()).collect();
+        Fits {
+            comms,
+            streams,
+            whole,
+            tiny,
+        }
+    }
+
+    /// Every rank's `whole` filled with its values: rank r's float i is r × 1000 + i.
+    fn fill(&self) {
+        for (r, b) in self.whole.iter().enumerate() {
+            let bytes: Vec<u8> = (0..2 * COUNT)
+                .flat_map(|i| ((r * 1000 + i) as f32).to_le_bytes())
+                .collect();
+            b.write(0, &bytes).unwrap();
+        }
+    }
+
+    /// `f` on every rank in one group, then every stream synchronized.
+    fn run(&self, f: &dyn Fn(usize, &Comm) -> nccl::Result<()>) {
         nccl::group_start();
-        for (r, c) in comms.iter().enumerate() {
+        for (r, c) in self.comms.iter().enumerate() {
             f(r, c).unwrap_or_else(|e| panic!("rank {r}: {e}"));
         }
         nccl::group_end().unwrap();
-        for (r, c) in comms.iter().enumerate() {
-            c.device().stream_sync(streams[r]).unwrap();
+        for (r, c) in self.comms.iter().enumerate() {
+            c.device().stream_sync(self.streams[r]).unwrap();
         }
-    };
-    let floats = |b: &nccl::cuda::DevBuffer, n: usize| -> Vec<f32> {
-        let mut out = vec![0u8; n * 4];
-        b.read(0, &mut out).unwrap();
-        out.chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    // In-place AllGather: rank r's input is block r of its output.
-    for (r, b) in whole.iter().enumerate() {
-        b.write(0, &fill(r)).unwrap();
     }
-    run(&|r, c| {
-        let p = whole[r].ptr();
-        unsafe { c.all_gather_raw(p + (r * block) as u64, p, count, f32, streams[r]) }
-    });
-    for b in &whole {
-        let got = floats(b, 2 * count);
+
+    /// In-place AllGather: rank r's input is block r of its output.
+    fn in_place_all_gather(&self) {
+        let f32 = DataType::Float32;
+        self.fill();
+        self.run(&|r, c| {
+            let p = self.whole[r].ptr();
+            unsafe { c.all_gather_raw(p + (r * BLOCK) as u64, p, COUNT, f32, self.streams[r]) }
+        });
+        for b in &self.whole {
+            let got = floats(b, 2 * COUNT);
+            for (i, v) in got.iter().enumerate() {
+                let (r, j) = (i / COUNT, i % COUNT);
+                assert_eq!(
+                    *v,
+                    (r * 1000 + r * COUNT + j) as f32,
+                    "allgather element {i}"
+                );
+            }
+        }
+    }
+
+    /// In-place ReduceScatter: rank r's output is block r of its input.
+    fn in_place_reduce_scatter(&self) {
+        let f32 = DataType::Float32;
+        self.fill();
+        self.run(&|r, c| {
+            let p = self.whole[r].ptr();
+            unsafe {
+                c.reduce_scatter_raw(
+                    p,
+                    p + (r * BLOCK) as u64,
+                    COUNT,
+                    f32,
+                    ReduceOp::SUM,
+                    self.streams[r],
+                )
+            }
+        });
+        for (r, b) in self.whole.iter().enumerate() {
+            let got = floats(b, 2 * COUNT);
+            for j in 0..COUNT {
+                let i = r * COUNT + j;
+                assert_eq!(
+                    got[i],
+                    (1000 + 2 * i) as f32,
+                    "reducescatter rank {r} element {j}"
+                );
+            }
+        }
+    }
+
+    /// Reduce to rank 0; rank 1's recv is 4 bytes (NCCL ignores it off the root).
+    fn reduce_with_a_short_recv_off_the_root(&self) {
+        let f32 = DataType::Float32;
+        self.fill();
+        self.run(&|r, c| {
+            let recv = if r == 0 {
+                self.whole[0].ptr()
+            } else {
+                self.tiny[1].ptr()
+            };
+            unsafe {
+                c.reduce_raw(
+                    self.whole[r].ptr(),
+                    recv,
+                    2 * COUNT,
+                    f32,
+                    ReduceOp::SUM,
+                    0,
+                    self.streams[r],
+                )
+            }
+        });
+        let got = floats(&self.whole[0], 2 * COUNT);
         for (i, v) in got.iter().enumerate() {
-            let (r, j) = (i / count, i % count);
-            assert_eq!(
-                *v,
-                (r * 1000 + r * count + j) as f32,
-                "allgather element {i}"
-            );
+            assert_eq!(*v, (1000 + 2 * i) as f32, "reduce element {i}");
         }
     }
-    // In-place ReduceScatter: rank r's output is block r of its input.
-    for (r, b) in whole.iter().enumerate() {
-        b.write(0, &fill(r)).unwrap();
+
+    /// Broadcast from rank 0; rank 1's send is 4 bytes (ignored off the root).
+    fn broadcast_with_a_short_send_off_the_root(&self) {
+        let f32 = DataType::Float32;
+        self.fill();
+        self.run(&|r, c| {
+            let send = if r == 0 {
+                self.whole[0].ptr()
+            } else {
+                self.tiny[1].ptr()
+            };
+            unsafe {
+                c.broadcast_raw(
+                    send,
+                    self.whole[r].ptr(),
+                    2 * COUNT,
+                    f32,
+                    0,
+                    self.streams[r],
+                )
+            }
+        });
+        assert_eq!(
+            floats(&self.whole[1], 2 * COUNT),
+            floats(&self.whole[0], 2 * COUNT)
+        );
     }
-    run(&|r, c| {
-        let p = whole[r].ptr();
-        unsafe {
-            c.reduce_scatter_raw(
-                p,
-                p + (r * block) as u64,
-                count,
-                f32,
-                ReduceOp::SUM,
-                streams[r],
-            )
+
+    fn destroy_streams(self) {
+        for (r, c) in self.comms.iter().enumerate() {
+            c.device().stream_destroy(self.streams[r]).unwrap();
         }
-    });
-    for (r, b) in whole.iter().enumerate() {
-        let got = floats(b, 2 * count);
-        for j in 0..count {
-            let i = r * count + j;
-            assert_eq!(
-                got[i],
-                (1000 + 2 * i) as f32,
-                "reducescatter rank {r} element {j}"
-            );
-        }
     }
-    // Reduce to rank 0; rank 1's recv is 4 bytes (NCCL ignores it off the root).
-    for (r, b) in whole.iter().enumerate() {
-        b.write(0, &fill(r)).unwrap();
-    }
-    run(&|r, c| {
-        let recv = if r == 0 {
-            whole[0].ptr()
-        } else {
-            tiny[1].ptr()
-        };
-        unsafe {
-            c.reduce_raw(
-                whole[r].ptr(),
-                recv,
-                2 * count,
-                f32,
-                ReduceOp::SUM,
-                0,
-                streams[r],
-            )
-        }
-    });
-    let got = floats(&whole[0], 2 * count);
-    for (i, v) in got.iter().enumerate() {
-        assert_eq!(*v, (1000 + 2 * i) as f32, "reduce element {i}");
-    }
-    // Broadcast from rank 0; rank 1's send is 4 bytes (ignored off the root).
-    for (r, b) in whole.iter().enumerate() {
-        b.write(0, &fill(r)).unwrap();
-    }
-    run(&|r, c| {
-        let send = if r == 0 {
-            whole[0].ptr()
-        } else {
-            tiny[1].ptr()
-        };
-        unsafe { c.broadcast_raw(send, whole[r].ptr(), 2 * count, f32, 0, streams[r]) }
-    });
-    assert_eq!(floats(&whole[1], 2 * count), floats(&whole[0], 2 * count));
-    for (r, c) in comms.iter().enumerate() {
-        c.device().stream_destroy(streams[r]).unwrap();
-    }
+}
+
+/// The first `n` floats of `b`.
+fn floats(b: &nccl::cuda::DevBuffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0u8; n * 4];
+    b.read(0, &mut out).unwrap();
+    out.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
