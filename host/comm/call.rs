@@ -1,10 +1,15 @@
 //! One collective call as the API hands it to the communicator: what it asks for, and the
 //! sizes its checks found.
 
+use super::graph_reg::GraphRegs;
 use super::op::ReduceOp;
+use super::order::StreamOrder;
 use crate::cuda::{DevPtr, StreamHandle};
+use crate::transport::links::Links;
+use crate::transport::Dir;
 use nccl_device::abi::Coll;
 use nccl_device::types::DataType;
+use std::sync::Arc;
 
 /// One collective call as the API received it.
 #[derive(Clone, Copy, Debug)]
@@ -49,4 +54,28 @@ pub(crate) struct Sizes {
     pub send_bytes: usize,
     /// The receive buffer's bytes.
     pub recv_bytes: usize,
+}
+
+/// One send or receive, checked, waiting for its group to end (or run at once outside one):
+/// what its launch needs of the communicator.
+pub struct P2pOp {
+    pub links: Arc<Links>,
+    pub order: Arc<StreamOrder>,
+    pub nranks: usize,
+    pub peer: usize,
+    pub dir: Dir,
+    pub buff: DevPtr,
+    pub bytes: usize,
+    pub stream: StreamHandle,
+    /// The communicator's abort flag (device address), for the kernel's waits.
+    pub abort_flag: DevPtr,
+    /// The communicator's kernel flags ([`crate::comm::Shape::kernel_flags`]).
+    pub kernel_flags: u32,
+    /// The buffer is registered (and NCCL_LOCAL_REGISTER allows zero-copy).
+    pub registered: bool,
+    /// A registered receive's [`nccl_device::abi::P2pItem::offer_key`].
+    pub offer_key: u64,
+    /// A captured send to a peer in another process (graph registration): the peer's receive
+    /// mark to wait for before the launch, and where the wait is configured.
+    pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
 }

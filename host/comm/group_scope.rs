@@ -1,76 +1,83 @@
-//! The calling thread's group (`ncclGroupStart` … `ncclGroupEnd`) as communicator creation
-//! sees it: how deeply the thread is nested, whether the group's communicators are blocking,
-//! and the creations of blocking communicators deferred to the outermost end, where they run
-//! all at once on their own threads (one thread may initialise several ranks that wait on
-//! each other).
-//!
-//! The group's operations live one layer up, in the enqueue layer's group, which opens and
-//! closes this nesting and runs these creations first when the outermost group ends.
+//! The calling thread's group (`ncclGroupStart` … `ncclGroupEnd`): one state for every layer
+//! that defers work to the group's end. Communicator creation (this layer) sees the nesting,
+//! whether the group's communicators are blocking, and the creations of blocking communicators
+//! deferred to the outermost end, where they run all at once on their own threads (one thread
+//! may initialise several ranks that wait on each other). The enqueue layer records the
+//! group's operations here (ordered jobs, sends and receives, the first error, the members)
+//! and issues them at the end (`enqueue::group`), after the creations.
 
+use super::call::P2pOp;
+use super::order::StreamOrder;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
+use std::sync::Arc;
 
 /// Work deferred to the end of the group.
 pub type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// A communicator with operations in the group.
+pub(crate) struct Member {
+    pub order: Arc<StreamOrder>,
+    /// The model's time of its collectives in the group, µs.
+    pub estimate_us: f64,
+}
+
+/// The calling thread's group.
 #[derive(Default)]
-struct Scope {
+pub(crate) struct Group {
     depth: u32,
     /// Jobs that must run concurrently (communicator creation).
-    creations: Vec<Job>,
+    pub creations: Vec<Job>,
     /// Whether the group's communicators are blocking (None: none joined yet).
-    blocking: Option<bool>,
+    pub blocking: Option<bool>,
+    /// Jobs that run in issue order (collectives, point-to-point).
+    pub ordered: Vec<Job>,
+    /// Sends and receives, launched together at the end.
+    pub p2p: Vec<P2pOp>,
+    /// The first error raised inside the group, returned by the outermost end.
+    pub error: Option<Error>,
+    /// Communicators with operations in the group, in the order they joined.
+    pub members: Vec<Member>,
 }
 
 std::thread_local! {
-    static SCOPE: RefCell<Scope> = RefCell::new(Scope::default());
+    static GROUP: RefCell<Group> = RefCell::new(Group::default());
 }
 
-/// What the outermost end of a group takes over.
-pub(crate) struct Closed {
-    /// The deferred creations, for [`run_concurrently`].
-    pub creations: Vec<Job>,
-    /// Whether the group's communicators were blocking (None: none joined).
-    pub blocking: Option<bool>,
+/// Runs `f` on the calling thread's group.
+pub(crate) fn with<R>(f: impl FnOnce(&mut Group) -> R) -> R {
+    GROUP.with(|g| f(&mut g.borrow_mut()))
 }
 
 /// How deep the calling thread is in groups (0: not in a group).
 pub fn depth() -> u32 {
-    SCOPE.with(|s| s.borrow().depth)
+    GROUP.with(|g| g.borrow().depth)
 }
 
 /// Opens one level of the calling thread's group.
 pub(crate) fn open() {
-    SCOPE.with(|s| s.borrow_mut().depth += 1);
+    with(|g| g.depth += 1);
 }
 
-/// Closes one level of the calling thread's group: what it deferred at the outermost level,
-/// None at an inner one.
-pub(crate) fn close() -> Result<Option<Closed>> {
-    SCOPE.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.depth == 0 {
+/// Closes one level of the calling thread's group: at the outermost level, the whole group
+/// (what it deferred, its operations), leaving the thread outside any group; None at an inner
+/// one.
+pub(crate) fn close() -> Result<Option<Group>> {
+    with(|g| {
+        if g.depth == 0 {
             return Err(Error::invalid_usage(
                 "ncclGroupEnd without a matching ncclGroupStart",
             ));
         }
-        s.depth -= 1;
-        if s.depth > 0 {
+        g.depth -= 1;
+        if g.depth > 0 {
             return Ok(None);
         }
-        let Scope {
-            creations,
-            blocking,
-            ..
-        } = std::mem::take(&mut *s);
-        Ok(Some(Closed {
-            creations,
-            blocking,
-        }))
+        Ok(Some(std::mem::take(g)))
     })
 }
 
-fn set_mode_in(s: &mut Scope, blocking: bool) -> Result<()> {
+fn set_mode_in(s: &mut Group, blocking: bool) -> Result<()> {
     match s.blocking {
         Some(b) if b != blocking => Err(Error::invalid_argument(
             "blocking and non-blocking communicators cannot be used in the same group",
@@ -85,7 +92,7 @@ fn set_mode_in(s: &mut Scope, blocking: bool) -> Result<()> {
 /// A communicator that is `blocking` (or not) joins the calling thread's group: blocking and
 /// non-blocking communicators do not mix in one group.
 pub(crate) fn set_mode(blocking: bool) -> Result<()> {
-    SCOPE.with(|s| set_mode_in(&mut s.borrow_mut(), blocking))
+    with(|g| set_mode_in(g, blocking))
 }
 
 /// Runs `job` now, or concurrently with the group's other such jobs at its end. (Only the
@@ -94,10 +101,9 @@ pub fn parallel(job: Job) -> Result<()> {
     if depth() == 0 {
         return job();
     }
-    SCOPE.with(|s| {
-        let mut s = s.borrow_mut();
-        set_mode_in(&mut s, true)?;
-        s.creations.push(job);
+    with(|g| {
+        set_mode_in(g, true)?;
+        g.creations.push(job);
         Ok(())
     })
 }

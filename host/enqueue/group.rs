@@ -1,9 +1,9 @@
 //! ncclGroupStart / ncclGroupEnd: per-thread nesting. Inside a group, operations are recorded
 //! and run when the outermost group ends: communicator inits all at once on their own threads
 //! (one thread may initialise several ranks that wait on each other), then the operations in
-//! the order they were issued. The nesting, the group's blocking mode and the deferred inits
-//! are the communicator layer's (`comm::group_scope`, which creation uses without reaching
-//! up here); this module adds the operations.
+//! the order they were issued. The group's state is one, the communicator layer's
+//! (`comm::group_scope`, which creation uses without reaching up here); this module records
+//! the operations in it and issues them.
 //!
 //! A group whose communicators are non-blocking (config `blocking = 0`) issues its operations
 //! on a background thread: `ncclGroupEnd` returns `ncclInProgress` at once, and each of those
@@ -14,40 +14,15 @@
 //! `ncclGroupSimulateEnd` ends a group without launching anything: the operations are dropped
 //! and the model's time of its collectives is returned.
 
-use crate::comm::group_scope::{self, Closed};
+use crate::comm::group_scope::{self, Group, Member};
 use crate::comm::order::StreamOrder;
 use crate::comm::Comm;
 use crate::error::{Error, NcclResult, Result};
-use std::cell::RefCell;
 use std::sync::Arc;
 
 // For the tests, through the `internals` feature.
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use crate::comm::group_scope::{depth, parallel, Job};
-
-/// A communicator with operations in the group.
-struct Member {
-    order: Arc<StreamOrder>,
-    /// The model's time of its collectives in the group, µs.
-    estimate_us: f64,
-}
-
-/// The operations of the calling thread's group (its nesting is [`group_scope`]'s).
-#[derive(Default)]
-struct GroupState {
-    /// Jobs that run in issue order (collectives, point-to-point).
-    ordered: Vec<Job>,
-    /// Sends and receives, launched together at the end.
-    p2p: Vec<super::p2p::P2pOp>,
-    /// The first error raised inside the group, returned by the outermost end.
-    error: Option<Error>,
-    /// Communicators with operations in the group, in the order they joined.
-    members: Vec<Member>,
-}
-
-std::thread_local! {
-    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
-}
 
 /// `ncclGroupStart`.
 pub fn start() {
@@ -59,16 +34,16 @@ pub fn ordered(job: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> 
     if depth() == 0 {
         return job(); // boxed only when the group keeps it
     }
-    GROUP.with(|g| g.borrow_mut().ordered.push(Box::new(job)));
+    group_scope::with(|g| g.ordered.push(Box::new(job)));
     Ok(())
 }
 
 /// Runs a send or receive now (a group of one), or with the group's others at its end.
-pub fn p2p(op: super::p2p::P2pOp) -> Result<()> {
+pub fn p2p(op: crate::comm::call::P2pOp) -> Result<()> {
     if depth() == 0 {
         return super::p2p::flush(vec![op]);
     }
-    GROUP.with(|g| g.borrow_mut().p2p.push(op));
+    group_scope::with(|g| g.p2p.push(op));
     Ok(())
 }
 
@@ -77,8 +52,7 @@ pub fn record_error(e: Error) -> Error {
     if depth() == 0 {
         return e;
     }
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
+    group_scope::with(|g| {
         if g.error.is_none() {
             g.error = Some(e.clone());
         }
@@ -107,8 +81,7 @@ pub(crate) fn enter(comm: &Comm) -> Result<()> {
         return Ok(());
     }
     group_scope::set_mode(comm.config().blocking)?;
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
+    group_scope::with(|g| {
         if !g.members.iter().any(|m| Arc::ptr_eq(&m.order, &comm.order)) {
             g.members.push(Member {
                 order: comm.order.clone(),
@@ -125,8 +98,7 @@ pub(crate) fn note_collective(comm: &Comm, call: &super::CollCall) {
         return;
     }
     let t = super::estimate_us(comm, call);
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
+    group_scope::with(|g| {
         if let Some(m) = g
             .members
             .iter_mut()
@@ -137,18 +109,8 @@ pub(crate) fn note_collective(comm: &Comm, call: &super::CollCall) {
     });
 }
 
-/// Ends one level of the calling thread's group: at the outermost level, what the nesting
-/// deferred (creations, mode) and the group's operations; None at an inner one.
-fn take_outermost() -> Result<Option<(Closed, GroupState)>> {
-    let Some(closed) = group_scope::close()? else {
-        return Ok(None);
-    };
-    let ops = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
-    Ok(Some((closed, ops)))
-}
-
 /// Issues the operations: the ordered jobs, then the sends and receives.
-fn run_ops(ordered: Vec<Job>, p2p: Vec<super::p2p::P2pOp>) -> Result<()> {
+fn run_ops(ordered: Vec<Job>, p2p: Vec<crate::comm::call::P2pOp>) -> Result<()> {
     for job in ordered {
         job()?;
     }
@@ -176,19 +138,18 @@ pub fn end_inline() -> Result<()> {
 }
 
 fn end_with(inline: bool) -> Result<()> {
-    let Some((closed, state)) = take_outermost()? else {
+    let Some(group) = group_scope::close()? else {
         return Ok(());
     };
-    let Closed {
+    let Group {
         creations,
         blocking,
-    } = closed;
-    let GroupState {
         ordered,
         p2p,
         error,
         members,
-    } = state;
+        ..
+    } = group;
     let mut first = error;
     if let Some(e) = group_scope::run_concurrently(creations) {
         first.get_or_insert(e);
@@ -235,11 +196,11 @@ fn end_with(inline: bool) -> Result<()> {
 /// the model's time of the group in µs: per communicator, the sum of its collectives' times;
 /// across communicators (ranks running side by side), the longest. None at an inner level.
 pub fn simulate_end() -> Result<Option<f64>> {
-    let Some((closed, state)) = take_outermost()? else {
+    let Some(state) = group_scope::close()? else {
         return Ok(None);
     };
     let mut first = state.error;
-    if let Some(e) = group_scope::run_concurrently(closed.creations) {
+    if let Some(e) = group_scope::run_concurrently(state.creations) {
         first.get_or_insert(e);
     }
     if let Some(e) = first {

@@ -14,7 +14,8 @@
 //! every launch's peers reach the launch that completes it.
 
 use super::group;
-use crate::comm::graph_reg::{self, GraphRegs};
+use crate::comm::call::P2pOp;
+use crate::comm::graph_reg;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
@@ -26,29 +27,6 @@ use nccl_device::abi::{
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// One send or receive waiting for its group to end.
-pub struct P2pOp {
-    pub links: Arc<Links>,
-    pub order: Arc<crate::comm::order::StreamOrder>,
-    pub nranks: usize,
-    pub peer: usize,
-    pub dir: Dir,
-    pub buff: DevPtr,
-    pub bytes: usize,
-    pub stream: StreamHandle,
-    /// The communicator's abort flag (device address), for the kernel's waits.
-    pub abort_flag: DevPtr,
-    /// The communicator's kernel flags ([`crate::comm::Shape::kernel_flags`]).
-    pub kernel_flags: u32,
-    /// The buffer is registered (and NCCL_LOCAL_REGISTER allows zero-copy).
-    pub registered: bool,
-    /// A registered receive's [`P2pItem::offer_key`].
-    pub offer_key: u64,
-    /// A captured send to a peer in another process (graph registration): the peer's receive
-    /// mark to wait for before the launch, and where the wait is configured.
-    pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
-}
 
 /// `ncclSend` (`dir` Send) and `ncclRecv` (`dir` Recv): checks the call, then records it until
 /// the group ends (or runs it now outside a group).
