@@ -203,6 +203,31 @@ pub(crate) fn spawn(
         .spawn(f)
 }
 
+/// 64 random bits, for the secrets that key connections (the bootstrap's nonces, the socket
+/// network's tags): /dev/urandom, else a hash of time, pid and a counter under std's randomly
+/// keyed hasher.
+pub(crate) fn random_nonce() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,12 +5,8 @@
 //! (`wire::ADDR_BYTES`) | zeros. Everything is written deterministically, so that two processes
 //! that build the id from the same `NCCL_COMM_ID` get the very same bytes.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
-use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{root, socket, wire};
 use crate::error::{Error, Result};
@@ -116,29 +112,6 @@ impl fmt::Debug for UniqueId {
     }
 }
 
-/// 64 random bits: /dev/urandom, else a hash of time, pid and a counter under std's randomly
-/// keyed hasher.
-pub(crate) fn random_nonce() -> u64 {
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok()
-    {
-        return u64::from_le_bytes(b);
-    }
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.finish()
-}
-
 /// The id for `NCCL_COMM_ID=host:port`: no root is started now; rank 0 starts it at init.
 pub(crate) fn id_from_comm_id(value: &str) -> Result<UniqueId> {
     let v = value.trim();
@@ -205,7 +178,7 @@ fn new_root_id_on(ip: std::net::IpAddr) -> Result<UniqueId> {
         .map_err(|e| Error::system(format!("bootstrap root: cannot listen on {ip}: {e}")))?;
     let root = sockets::local_addr(&listener)
         .map_err(|e| Error::system(format!("bootstrap root: no local address: {e}")))?;
-    let nonce = random_nonce();
+    let nonce = sockets::random_nonce();
     root::spawn(listener, root, nonce)?;
     Ok(UniqueId::encode(&IdFields {
         root,

@@ -61,7 +61,6 @@ pub use abort::AbortFlag;
 pub use id::new_local_root_id;
 #[cfg(not(feature = "internals"))]
 pub(crate) use id::new_local_root_id;
-pub(crate) use id::random_nonce;
 pub use id::{get_unique_id, new_root_id, UniqueId, UNIQUE_ID_BYTES};
 
 use crate::error::{Error, Result};

@@ -42,7 +42,7 @@ pub(super) const MAX_PENDING: usize = 128;
 /// so a stranger who knows the process id cannot greet a listener as one of its connections.
 pub(super) fn next_tag() -> u64 {
     static SECRET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let secret = *SECRET.get_or_init(crate::bootstrap::random_nonce);
+    let secret = *SECRET.get_or_init(crate::sockets::random_nonce);
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
     ((u64::from(std::process::id()) << 32) | serial) ^ secret
 }
