@@ -74,7 +74,7 @@ pub struct Comm {
     pub(crate) device: Device,
     shape: Shape,
     /// Picks protocol and channels per call, alike on every rank.
-    pub(crate) tuner: crate::tune::Tuner,
+    tuner: crate::tune::Tuner,
     pub(crate) bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
     pub(crate) links: Arc<Links>,
@@ -121,9 +121,9 @@ pub struct Comm {
     tree_tables: Vec<usize>,
     /// Per rank: its captured operations send graph-registration marks (NCCL_GRAPH_REGISTER
     /// there); a captured launch waits only for those that do.
-    pub(crate) graph_markers: Vec<bool>,
+    graph_markers: Vec<bool>,
     /// Raised by `abort`: the kernels stop waiting for peers and end.
-    pub(crate) kernel_abort: Arc<crate::cuda::HostFlag>,
+    kernel_abort: Arc<crate::cuda::HostFlag>,
     /// The network side of a communicator spanning several nodes (None on one node).
     pub(crate) net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
@@ -136,7 +136,7 @@ pub struct Comm {
     /// communicator in this process may still write into it (see [`keepalive`]).
     keep: Arc<keepalive::Keep>,
     /// `Send` but not `Sync`: one thread at a time issues on a communicator (see [`NotSync`]).
-    pub(crate) _one_thread: NotSync,
+    _one_thread: NotSync,
 }
 
 impl std::fmt::Debug for Comm {
@@ -350,6 +350,22 @@ impl Comm {
     /// Device memory this communicator allocated at init (cuMemGetInfo before and after).
     pub fn init_device_bytes(&self) -> usize {
         self.init_bytes
+    }
+
+    /// Whether the tuner leaves `coll` some algorithm and protocol (NCCL_ALGO / NCCL_PROTO).
+    pub(crate) fn leaves_some(&self, coll: Coll) -> Result<()> {
+        self.tuner.leaves_some(coll)
+    }
+
+    /// Whether `peer`'s captured operations send graph-registration marks (NCCL_GRAPH_REGISTER
+    /// there): a captured send waits only for those that do.
+    pub(crate) fn graph_marks_from(&self, peer: usize) -> bool {
+        self.graph_markers.get(peer).copied().unwrap_or(false)
+    }
+
+    /// The kernels' abort flag (its device address), raised by `abort`.
+    pub(crate) fn kernel_abort_ptr(&self) -> u64 {
+        self.kernel_abort.ptr
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {

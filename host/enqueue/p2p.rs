@@ -91,7 +91,7 @@ pub fn submit(
             }
             let seq = comm.mark_captured_p2p(peer, dir == Dir::Recv);
             // A peer with graph registration off sends no marks: it is not waited for.
-            if dir == Dir::Send && comm.graph_markers[peer] {
+            if dir == Dir::Send && comm.graph_marks_from(peer) {
                 graph_mark = Some((comm.graph_regs.clone(), seq));
             }
         }
@@ -109,7 +109,7 @@ pub fn submit(
             buff,
             bytes,
             stream,
-            abort_flag: comm.kernel_abort.ptr,
+            abort_flag: comm.kernel_abort_ptr(),
             kernel_flags: comm.shape().kernel_flags,
             registered,
             offer_key,
