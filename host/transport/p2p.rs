@@ -68,6 +68,32 @@ impl Layout {
     pub fn total(&self) -> usize {
         self.ll_end() + self.nchannels * NCCL_STEPS as usize * self.ll128_slot_bytes
     }
+
+    /// Channel `ch`'s sending side: the receiver's FIFOs and tail in the block at `fifos`, our
+    /// head in the block at `head` (p2p: the peer's block and ours; SHM: one segment).
+    pub fn send(&self, fifos: DevPtr, head: DevPtr, ch: usize) -> ConnSend {
+        ConnSend {
+            fifo: fifos + self.fifo(ch),
+            tail: fifos + self.recv_tail(ch),
+            head: head + self.send_head(ch),
+            ll_fifo: fifos + self.ll_fifo(ch),
+            ll128_fifo: fifos + self.ll128_fifo(ch),
+            ..ConnSend::default()
+        }
+    }
+
+    /// Channel `ch`'s receiving side: our FIFOs and tail in the block at `fifos`, the sender's
+    /// head in the block at `head`.
+    pub fn recv(&self, fifos: DevPtr, head: DevPtr, ch: usize) -> ConnRecv {
+        ConnRecv {
+            fifo: fifos + self.fifo(ch),
+            tail: fifos + self.recv_tail(ch),
+            head: head + self.send_head(ch),
+            ll_fifo: fifos + self.ll_fifo(ch),
+            ll128_fifo: fifos + self.ll128_fifo(ch),
+            ..ConnRecv::default()
+        }
+    }
 }
 
 /// How a rank is reached: its device, whether it shares our process, and the transport the
@@ -261,28 +287,8 @@ impl Setup for RingSetup {
         for w in wants {
             let (ch, base) = (w.key as usize, base_of(w.peer)?);
             let conn = match w.dir {
-                Dir::Send => Conn::Send(ConnSend {
-                    fifo: base + l.fifo(ch),
-                    tail: base + l.recv_tail(ch),
-                    head: own.ptr + l.send_head(ch),
-                    step: 0,
-                    head_seen: 0,
-                    ll_fifo: base + l.ll_fifo(ch),
-                    ll128_fifo: base + l.ll128_fifo(ch),
-                    proxy_sizes: 0,
-                    proxy_stride: 0,
-                }),
-                Dir::Recv => Conn::Recv(ConnRecv {
-                    fifo: own.ptr + l.fifo(ch),
-                    tail: own.ptr + l.recv_tail(ch),
-                    head: base + l.send_head(ch),
-                    step: 0,
-                    tail_seen: 0,
-                    ll_fifo: own.ptr + l.ll_fifo(ch),
-                    ll128_fifo: own.ptr + l.ll128_fifo(ch),
-                    proxy_stride: 0,
-                    proxy_proto: 0,
-                }),
+                Dir::Send => Conn::Send(l.send(base, own.ptr, ch)),
+                Dir::Recv => Conn::Recv(l.recv(own.ptr, base, ch)),
             };
             if w.dir == Dir::Send {
                 log::info!(

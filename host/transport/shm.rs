@@ -334,28 +334,8 @@ impl Segments {
             Segments::Ring { slot_bytes } => {
                 let l = Layout::new(ws.len(), *slot_bytes);
                 Ok(match w.dir {
-                    Dir::Send => Conn::Send(ConnSend {
-                        fifo: base + l.fifo(i),
-                        tail: base + l.recv_tail(i),
-                        head: base + l.send_head(i),
-                        step: 0,
-                        head_seen: 0,
-                        ll_fifo: base + l.ll_fifo(i),
-                        ll128_fifo: base + l.ll128_fifo(i),
-                        proxy_sizes: 0,
-                        proxy_stride: 0,
-                    }),
-                    Dir::Recv => Conn::Recv(ConnRecv {
-                        fifo: base + l.fifo(i),
-                        tail: base + l.recv_tail(i),
-                        head: base + l.send_head(i),
-                        step: 0,
-                        tail_seen: 0,
-                        ll_fifo: base + l.ll_fifo(i),
-                        ll128_fifo: base + l.ll128_fifo(i),
-                        proxy_stride: 0,
-                        proxy_proto: 0,
-                    }),
+                    Dir::Send => Conn::Send(l.send(base, base, i)),
+                    Dir::Recv => Conn::Recv(l.recv(base, base, i)),
                 })
             }
             Segments::Links { layout, key_base } => {
