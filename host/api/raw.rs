@@ -12,17 +12,6 @@ use crate::Comm;
 use nccl_device::abi::Coll;
 use nccl_device::types::DataType;
 
-/// Every collective: the communicator must be ready and joins the thread's group, then the
-/// call is checked and launched (now or at the group's end).
-fn submit_collective(comm: &Comm, call: CollCall) -> Result<()> {
-    enqueue::group::enter(comm).map_err(|e| {
-        enqueue::group::record_error(e.context(format!("nccl{}", call.coll.name())))
-    })?;
-    enqueue::collective(comm, call)?;
-    enqueue::group::note_collective(comm, &call);
-    Ok(())
-}
-
 impl Comm {
     /// `ncclAllReduce`: reduces `count` elements of every rank's `send` into every rank's `recv`.
     ///
@@ -55,7 +44,7 @@ impl Comm {
             root: 0,
             stream,
         };
-        submit_collective(self, call)
+        enqueue::collective(self, call)
     }
 
     /// `ncclBroadcast`: copies `count` elements of `send` on `root` to `recv` on every rank.
@@ -89,7 +78,7 @@ impl Comm {
             root,
             stream,
         };
-        submit_collective(self, call)
+        enqueue::collective(self, call)
     }
 
     /// `ncclReduce`: reduces every rank's `send` into `recv` on `root`.
@@ -124,7 +113,7 @@ impl Comm {
             root,
             stream,
         };
-        submit_collective(self, call)
+        enqueue::collective(self, call)
     }
 
     /// `ncclAllGather`: every rank's `count` elements, gathered in rank order into `recv`
@@ -157,7 +146,7 @@ impl Comm {
             root: 0,
             stream,
         };
-        submit_collective(self, call)
+        enqueue::collective(self, call)
     }
 
     /// `ncclSend`: sends `count` elements of `send` to rank `peer`, which posts a matching
@@ -253,6 +242,6 @@ impl Comm {
             root: 0,
             stream,
         };
-        submit_collective(self, call)
+        enqueue::collective(self, call)
     }
 }

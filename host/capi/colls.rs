@@ -15,8 +15,9 @@ export! {
         stream: CudaStream,
     ) {
         let dt = dtype(datatype)?;
-        let op = redop::resolve(comm, op, dt)?;
-        let (c, s) = coll_comm(comm, stream)?;
+        let h = handle(comm)?;
+        let op = h.reduce_op(op, dt)?;
+        let (c, s) = (h.ready()?, stream_of(stream));
         // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
         c.all_reduce_raw(dev(sendbuff), dev(recvbuff), count, dt, op, s)?;
         Ok(NcclResult::Success)
@@ -109,9 +110,10 @@ export! {
         stream: CudaStream,
     ) {
         let dt = dtype(datatype)?;
-        let op = redop::resolve(comm, op, dt)?;
+        let h = handle(comm)?;
+        let op = h.reduce_op(op, dt)?;
         let root = count_of("root", root)?;
-        let (c, s) = coll_comm(comm, stream)?;
+        let (c, s) = (h.ready()?, stream_of(stream));
         // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
         c.reduce_raw(dev(sendbuff), dev(recvbuff), count, dt, op, root, s)?;
         Ok(NcclResult::Success)
@@ -208,8 +210,9 @@ export! {
         stream: CudaStream,
     ) {
         let dt = dtype(datatype)?;
-        let op = redop::resolve(comm, op, dt)?;
-        let (c, s) = coll_comm(comm, stream)?;
+        let h = handle(comm)?;
+        let op = h.reduce_op(op, dt)?;
+        let (c, s) = (h.ready()?, stream_of(stream));
         // SAFETY: the C caller's buffers, under NCCL's contract (valid until the work ran).
         c.reduce_scatter_raw(dev(sendbuff), dev(recvbuff), recvcount, dt, op, s)?;
         Ok(NcclResult::Success)

@@ -1,9 +1,13 @@
 //! What a `ncclComm_t` points to: a communicator in creation, ready, or failed, plus a
 //! finalize that may run in the background (non-blocking communicators).
 
-use crate::comm::{Comm, PendingComm, Shared};
+use super::{null, CudaStream, NcclComm};
+use crate::comm::{Comm, PendingComm, ReduceOp, Shared};
+use crate::cuda::StreamHandle;
 use crate::error::{Error, NcclResult, Result};
-use std::collections::{HashMap, VecDeque};
+use nccl_device::types::DataType;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
@@ -87,7 +91,13 @@ pub struct CommHandle {
     blocking: bool,
     state: Mutex<State>,
     finalize: Mutex<Finalize>,
+    /// The operators `ncclRedOpCreatePreMulSum` made on this communicator, by value, each
+    /// with the datatype it was made for.
+    user_ops: Mutex<BTreeMap<c_int, (DataType, ReduceOp)>>,
 }
+
+/// `ncclNumOps`: the first value of a user operator.
+const FIRST_USER_OP: c_int = 5;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -100,6 +110,7 @@ impl CommHandle {
             blocking,
             state: Mutex::new(State::Pending(p)),
             finalize: Mutex::new(Finalize::NotCalled),
+            user_ops: Mutex::default(),
         }
     }
 
@@ -109,6 +120,47 @@ impl CommHandle {
             blocking: c.config().blocking,
             state: Mutex::new(State::Ready(Shared::new(c))),
             finalize: Mutex::new(Finalize::NotCalled),
+            user_ops: Mutex::default(),
+        }
+    }
+
+    /// Registers `op` (a PreMulSum) for calls on `dt` and returns its value: the lowest free
+    /// one from `ncclNumOps` up.
+    pub(crate) fn add_op(&self, dt: DataType, op: ReduceOp) -> c_int {
+        let mut ops = lock(&self.user_ops);
+        let v = (FIRST_USER_OP..)
+            .find(|v| !ops.contains_key(v))
+            .unwrap_or(FIRST_USER_OP);
+        ops.insert(v, (dt, op));
+        v
+    }
+
+    /// `ncclRedOpDestroy`.
+    pub(crate) fn remove_op(&self, v: c_int) -> Result<()> {
+        match lock(&self.user_ops).remove(&v) {
+            Some(_) => Ok(()),
+            None => Err(Error::invalid_argument(format!(
+                "reduction {v} was not created on this communicator"
+            ))),
+        }
+    }
+
+    /// The operator `v` means on this communicator for a call on `dt`: a built-in, or a user
+    /// operator made for the same datatype.
+    pub(crate) fn reduce_op(&self, v: c_int, dt: DataType) -> Result<ReduceOp> {
+        if let Some(op) = u32::try_from(v).ok().and_then(ReduceOp::from_raw) {
+            return Ok(op);
+        }
+        match lock(&self.user_ops).get(&v) {
+            Some(&(made_for, op)) if made_for == dt => Ok(op),
+            Some(&(made_for, _)) => Err(Error::invalid_argument(format!(
+                "reduction {v} was created for {} but the call is on {}",
+                made_for.name(),
+                dt.name()
+            ))),
+            None => Err(Error::invalid_argument(format!(
+                "reduction {v} is not an ncclRedOp_t of this communicator"
+            ))),
         }
     }
 
@@ -195,7 +247,7 @@ impl CommHandle {
                 return Err(busy("ncclCommFinalize"));
             }
         }
-        crate::enqueue::group::check_ready(&c.order, c.rank())?;
+        c.check_ready()?;
         Ok(c)
     }
 
@@ -283,7 +335,7 @@ impl CommHandle {
                 c.abort();
                 // A non-blocking group still issuing fails fast once aborted; its launches
                 // must be over before the communicator's memory goes.
-                let _ = c.order.background.wait();
+                c.wait_background();
             }
             State::Failed(_) => {}
         }
@@ -293,4 +345,39 @@ impl CommHandle {
             let _ = h.join();
         }
     }
+}
+
+// The C values a call passes, read as Rust ones.
+
+/// The handle `comm` names: null, destroyed and garbage pointers are ncclInvalidArgument
+/// (looked up among the live handles, never dereferenced).
+pub(super) fn handle(comm: NcclComm) -> Result<Arc<CommHandle>> {
+    if comm.is_null() {
+        return Err(null("comm"));
+    }
+    lookup(comm)
+}
+
+pub(super) fn count_of(what: &str, v: c_int) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::invalid_argument(format!("{what} {v} is negative")))
+}
+
+/// The ready communicator `comm` names, and `stream` as the Rust API's handle.
+pub(super) fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(Shared, StreamHandle)> {
+    Ok((handle(comm)?.ready()?, stream_of(stream)))
+}
+
+pub(super) fn stream_of(stream: CudaStream) -> StreamHandle {
+    StreamHandle(stream as usize as u64)
+}
+
+pub(super) fn dev(p: *const c_void) -> u64 {
+    p as usize as u64
+}
+
+pub(super) fn dtype(v: c_int) -> Result<DataType> {
+    u32::try_from(v)
+        .ok()
+        .and_then(DataType::from_raw)
+        .ok_or_else(|| Error::invalid_argument(format!("datatype {v} is not an ncclDataType_t")))
 }

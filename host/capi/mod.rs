@@ -11,10 +11,10 @@
 
 mod config;
 mod handle;
-mod redop;
 
 pub use config::{NcclConfig, NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT};
 pub use handle::CommHandle;
+use handle::{coll_comm, count_of, dev, dtype, handle, stream_of};
 
 use crate::bootstrap::UniqueId;
 use crate::comm::ReduceOp;
@@ -22,11 +22,10 @@ use crate::comm::{Comm, Config, PendingComm};
 use crate::cuda::{DevBuffer, Device, StreamHandle};
 use crate::enqueue::group;
 use crate::error::{Error, NcclResult, Result};
-use nccl_device::types::DataType;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 /// `ncclComm_t`.
 pub type NcclComm = *mut CommHandle;
@@ -43,6 +42,11 @@ fn guard(f: impl FnOnce() -> Result<NcclResult>) -> NcclResult {
         Err(_) => Error::internal("a panic was caught at the C API boundary").code,
     }
 }
+
+/// `ncclScalarDevice`.
+const SCALAR_DEVICE: c_int = 0;
+/// `ncclScalarHostImmediate`.
+const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
 fn null(what: &str) -> Error {
     Error::invalid_argument(format!("{what} is a null pointer"))
@@ -75,19 +79,6 @@ mod colls;
 mod memory;
 pub use colls::*;
 pub use memory::*;
-
-/// The handle `comm` names: null, destroyed and garbage pointers are ncclInvalidArgument
-/// (looked up among the live handles, never dereferenced).
-fn handle(comm: NcclComm) -> Result<Arc<CommHandle>> {
-    if comm.is_null() {
-        return Err(null("comm"));
-    }
-    handle::lookup(comm)
-}
-
-fn count_of(what: &str, v: c_int) -> Result<usize> {
-    usize::try_from(v).map_err(|_| Error::invalid_argument(format!("{what} {v} is negative")))
-}
 
 export! {
     /// `ncclGetVersion`.
@@ -296,7 +287,6 @@ export! {
         handle(comm)?.check_destroyable()?;
         // A second destroy of the same handle (or one racing this) finds it gone.
         let h = handle::take(comm)?;
-        redop::forget(comm);
         h.destroy()?;
         Ok(NcclResult::Success)
     }
@@ -315,7 +305,6 @@ export! {
         // on one H200) then gets ncclInvalidUsage instead of touching freed memory. A later
         // ncclCommDestroy of the handle frees it.
         let h = handle(comm)?;
-        redop::forget(comm);
         h.abort();
         Ok(NcclResult::Success)
     }
@@ -441,23 +430,6 @@ export! {
         }
         Ok(NcclResult::Success)
     }
-}
-
-/// The communicator of a collective and its stream.
-fn coll_comm(comm: NcclComm, stream: CudaStream) -> Result<(crate::comm::Shared, StreamHandle)> {
-    let c = handle(comm)?.ready()?;
-    Ok((c, StreamHandle(stream as usize as u64)))
-}
-
-fn dev(p: *const c_void) -> u64 {
-    p as usize as u64
-}
-
-fn dtype(v: c_int) -> Result<DataType> {
-    u32::try_from(v)
-        .ok()
-        .and_then(DataType::from_raw)
-        .ok_or_else(|| Error::invalid_argument(format!("datatype {v} is not an ncclDataType_t")))
 }
 
 export! {
@@ -592,10 +564,10 @@ export! {
             return Err(null("scalar"));
         }
         let dt = dtype(datatype)?;
-        handle(comm)?;
+        let h = handle(comm)?;
         let reduce = match residence {
-            redop::SCALAR_DEVICE => ReduceOp::pre_mul_sum_device(scalar as u64),
-            redop::SCALAR_HOST_IMMEDIATE => {
+            SCALAR_DEVICE => ReduceOp::pre_mul_sum_device(scalar as u64),
+            SCALAR_HOST_IMMEDIATE => {
                 let mut bits = [0u8; 8];
                 std::ptr::copy_nonoverlapping(scalar as *const u8, bits.as_mut_ptr(), dt.size());
                 ReduceOp::pre_mul_sum(u64::from_le_bytes(bits))
@@ -606,7 +578,7 @@ export! {
                 )))
             }
         };
-        *out = redop::create(comm, dt, reduce)?;
+        *out = h.add_op(dt, reduce);
         Ok(NcclResult::Success)
     }
 }
@@ -614,8 +586,7 @@ export! {
 export! {
     /// `ncclRedOpDestroy`.
     fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: NcclComm) {
-        handle(comm)?;
-        redop::destroy(comm, op)?;
+        handle(comm)?.remove_op(op)?;
         Ok(NcclResult::Success)
     }
 }

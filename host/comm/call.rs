@@ -1,10 +1,12 @@
 //! One collective call as the API hands it to the communicator: what it asks for, and the
-//! sizes its checks found.
+//! sizes its checks found; one send or receive as its group will launch it.
 
 use super::graph_reg::GraphRegs;
 use super::op::ReduceOp;
 use super::order::StreamOrder;
+use super::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
+use crate::error::Result;
 use crate::transport::links::Links;
 use crate::transport::Dir;
 use nccl_device::abi::Coll;
@@ -78,4 +80,54 @@ pub struct P2pOp {
     /// A captured send to a peer in another process (graph registration): the peer's receive
     /// mark to wait for before the launch, and where the wait is configured.
     pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
+}
+
+impl Comm {
+    /// A checked send (`dir` Send) or receive of `bytes` at `buff` with `peer`, as its group
+    /// will launch it: with the buffer's registration (zero-copy where NCCL_LOCAL_REGISTER
+    /// allows) and, in a graph capture with a peer in another process, the graph
+    /// registration's marks (`comm/graph_reg.rs`).
+    pub(crate) fn p2p_op(
+        &self,
+        dir: Dir,
+        buff: DevPtr,
+        bytes: usize,
+        peer: usize,
+        stream: StreamHandle,
+    ) -> Result<P2pOp> {
+        let capturing = self.device.stream_capturing(stream)?;
+        let mut graph_mark = None;
+        if capturing && self.registered.graph_enabled() && self.links.maps_our_buffers(peer) {
+            // A receive registers its buffer and tells the peer; a send waits for that at
+            // launch.
+            if dir == Dir::Recv {
+                self.graph_register(stream, buff, bytes);
+            }
+            let seq = self.mark_captured_p2p(peer, dir == Dir::Recv);
+            // A peer with graph registration off sends no marks: it is not waited for.
+            if dir == Dir::Send && self.graph_marks_from(peer) {
+                graph_mark = Some((self.graph_regs.clone(), seq));
+            }
+        }
+        let registered = self.registered.p2p_zero_copy(buff, bytes, capturing);
+        let offer_key = match registered && dir == Dir::Recv {
+            true => self.links.offer_key(buff)?,
+            false => 0,
+        };
+        Ok(P2pOp {
+            links: self.links.clone(),
+            order: self.order.clone(),
+            nranks: self.nranks,
+            peer,
+            dir,
+            buff,
+            bytes,
+            stream,
+            abort_flag: self.kernel_abort_ptr(),
+            kernel_flags: self.shape().kernel_flags,
+            registered,
+            offer_key,
+            graph_mark,
+        })
+    }
 }

@@ -8,7 +8,8 @@
 
 use super::call::P2pOp;
 use super::order::StreamOrder;
-use crate::error::{Error, Result};
+use super::Comm;
+use crate::error::{Error, NcclResult, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -120,4 +121,89 @@ pub(crate) fn run_concurrently(jobs: Vec<Job>) -> Option<Error> {
             .collect()
     });
     results.into_iter().find_map(|r| r.err())
+}
+
+/// Runs `job` now, or at the end of the calling thread's group.
+pub fn ordered(job: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+    if depth() == 0 {
+        return job(); // boxed only when the group keeps it
+    }
+    with(|g| g.ordered.push(Box::new(job)));
+    Ok(())
+}
+
+/// Remembers an error raised inside a group (argument checks run at the call).
+pub fn record_error(e: Error) -> Error {
+    if depth() == 0 {
+        return e;
+    }
+    with(|g| {
+        if g.error.is_none() {
+            g.error = Some(e.clone());
+        }
+    });
+    e
+}
+
+impl Comm {
+    /// The first step of every operation: it enters RAS's history; the communicator must be
+    /// usable and ready (not still issuing a non-blocking group's work); inside a group it
+    /// joins the group (whose communicators must all be blocking, or all non-blocking); and
+    /// registrations of destroyed graphs are withdrawn.
+    pub(crate) fn enter_call(&self, what: &str) -> Result<()> {
+        self.ras.health.issued(what);
+        self.check_ready()?;
+        self.check_usable()?;
+        if depth() > 0 {
+            set_mode(self.config().blocking)?;
+            with(|g| {
+                if !g.members.iter().any(|m| Arc::ptr_eq(&m.order, &self.order)) {
+                    g.members.push(Member {
+                        order: self.order.clone(),
+                        estimate_us: 0.0,
+                    });
+                }
+            });
+        }
+        self.release_graph_regs();
+        Ok(())
+    }
+
+    /// Whether this communicator may take a new call: not while a non-blocking group still
+    /// issues its work in the background (NCCL: "attempt to use communicator before the
+    /// previous operation returned ncclSuccess", an invalid argument), nor after such a group
+    /// failed (its error).
+    pub(crate) fn check_ready(&self) -> Result<()> {
+        match self.order.background.state() {
+            Err(e) if e.code == NcclResult::InProgress => Err(Error::invalid_argument(format!(
+                "rank {}: the communicator was used before its previous operation completed \
+                 (ncclInProgress): poll ncclCommGetAsyncError until it returns ncclSuccess \
+                 first",
+                self.rank
+            ))),
+            r => r,
+        }
+    }
+
+    /// Waits until a non-blocking group's background issue of this communicator's work ended.
+    pub(crate) fn wait_background(&self) {
+        let _ = self.order.background.wait();
+    }
+
+    /// Adds `estimate_us` (a collective's time by the model) to this communicator's share of
+    /// the calling thread's group, for `ncclGroupSimulateEnd`.
+    pub(crate) fn note_in_group(&self, estimate_us: f64) {
+        if depth() == 0 {
+            return;
+        }
+        with(|g| {
+            if let Some(m) = g
+                .members
+                .iter_mut()
+                .find(|m| Arc::ptr_eq(&m.order, &self.order))
+            {
+                m.estimate_us += estimate_us;
+            }
+        });
+    }
 }

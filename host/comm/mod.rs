@@ -18,7 +18,6 @@ pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
 mod inspect;
 mod keepalive;
-mod launch;
 mod net;
 pub(crate) mod nvls;
 pub mod op;
@@ -43,6 +42,7 @@ pub(crate) use call::{call_bytes, Sizes};
 pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
 pub use op::{ReduceOp, Scalar};
 pub use pending::{Launch, PendingComm};
+pub(crate) use plan::kernel_name;
 pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};
@@ -69,15 +69,15 @@ pub use shape::Shape;
 
 /// One rank's communicator.
 pub struct Comm {
-    pub(crate) rank: usize,
-    pub(crate) nranks: usize,
-    pub(crate) device: Device,
+    rank: usize,
+    nranks: usize,
+    device: Device,
     shape: Shape,
     /// Picks protocol and channels per call, alike on every rank.
     tuner: crate::tune::Tuner,
-    pub(crate) bootstrap: Arc<Bootstrap>,
+    bootstrap: Arc<Bootstrap>,
     /// Point-to-point connections to any peer, made on first use.
-    pub(crate) links: Arc<Links>,
+    links: Arc<Links>,
     /// The tree's up connections, when NCCL_ALGO allows the tree on one node: see [`TreeUp`].
     tree_up: Option<TreeUp>,
     /// Across nodes, the double binary tree's connections when NCCL_ALGO allows the tree
@@ -88,7 +88,7 @@ pub struct Comm {
     /// Every channel's ring, alike on every rank (rank 0's).
     rings: Rings,
     /// Keeps this communicator's launches in issue order across streams.
-    pub(crate) order: Arc<order::StreamOrder>,
+    order: Arc<order::StreamOrder>,
     /// DevComm followed by its ChannelDev array, in device memory.
     dev_comm: DevBuffer,
     /// The memory behind the rings' connections, whichever transports made them (p2p blocks
@@ -107,10 +107,10 @@ pub struct Comm {
     /// An error raised outside any call (`ncclCommGetAsyncError`).
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
-    pub(crate) registered: register::Registrations,
+    registered: register::Registrations,
     /// Buffers of captured operations registered for peers in other processes, and the marks
     /// that tell those peers when they are in.
-    pub(crate) graph_regs: Arc<graph_reg::GraphRegs>,
+    graph_regs: Arc<graph_reg::GraphRegs>,
     /// Ring successors in other processes whose registration tables ring sends read
     /// ([`ChannelDev::send_reach`]): brought up to date before a launch that may use them.
     ring_tables: Vec<usize>,
@@ -125,11 +125,11 @@ pub struct Comm {
     /// Raised by `abort`: the kernels stop waiting for peers and end.
     kernel_abort: Arc<crate::cuda::HostFlag>,
     /// The network side of a communicator spanning several nodes (None on one node).
-    pub(crate) net: Option<Arc<NetPath>>,
+    net: Option<Arc<NetPath>>,
     /// The order in which this communicator's splits and shrinks agree over its bootstrap.
     split_turns: Arc<turns::Turns>,
     /// This communicator's health, for RAS queries (see [`crate::ras`]).
-    pub(crate) ras: Arc<crate::ras::Entry>,
+    ras: Arc<crate::ras::Entry>,
     /// The kernel-stamps lab's memory, where NCCL_RS_KERNEL_STAMPS is set (see [`stamps`]).
     stamps: Option<stamps::KernelStamps>,
     /// Where the connection memory goes when this rank drops while other ranks of the
@@ -485,36 +485,6 @@ impl Comm {
     /// Whether `abort` was called.
     pub fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Acquire)
-    }
-
-    /// The kernel of `coll` for this type and op (the copies have one kernel, as uint8),
-    /// loaded once per communicator. Each kernel is a module of its own: a first call
-    /// JIT-compiles only what it runs.
-    pub(crate) fn kernel(&self, coll: Coll, dt: DataType, op: RedOpKind) -> Result<Kernel> {
-        let key = (coll, dt, op);
-        if let Some(k) = self
-            .kernels
-            .lock()
-            .map_err(|_| Error::internal("kernel cache poisoned"))?
-            .get(&key)
-        {
-            return Ok(*k);
-        }
-        let k = self.device.kernel(&kernel_name(coll, dt, op))?;
-        self.kernels
-            .lock()
-            .map_err(|_| Error::internal("kernel cache poisoned"))?
-            .insert(key, k);
-        Ok(k)
-    }
-}
-
-/// The entry point of `coll`'s kernel for `dt` and `op` (the copies have one kernel, as
-/// uint8): `nccl_<symbol>`, or `nccl_<symbol>_<type>_<reduction>`.
-pub(crate) fn kernel_name(coll: Coll, dt: DataType, op: RedOpKind) -> String {
-    match coll.copies() {
-        true => format!("nccl_{}", coll.symbol()),
-        false => format!("nccl_{}_{}_{}", coll.symbol(), dt.name(), op.name()),
     }
 }
 

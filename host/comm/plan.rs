@@ -1,13 +1,20 @@
-//! Planning one collective call: the tuner's choice made into the kernel's arguments, its grid
-//! and block and the kernel itself, with the zero-copy handshakes and graph registration the
-//! launch takes. The communicator answers it from its own state; `enqueue` checks the call,
-//! asks for the plan, and queues the launch ([`LaunchPlan`]).
+//! Planning and launching one collective call: the tuner's choice made into the kernel's
+//! arguments, its grid and block and the kernel itself, with the zero-copy handshakes and
+//! graph registration the launch takes ([`LaunchPlan`]), and the [`Launcher`] that runs it in
+//! the communicator's order, now or at the group's end. The communicator answers from its
+//! own state; `enqueue` checks the call, asks for the plan, and queues the launch.
 
 use super::call::{call_bytes, CollCall, Sizes};
+use super::graph_reg::{self, GraphRegs};
 use super::op::{ReduceOp, Scalar};
+use super::order::StreamOrder;
 use super::{Comm, Shape};
-use crate::cuda::Kernel;
+use crate::cuda::{Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
+use crate::proxy::timeline::{self, Mark};
+use crate::transport::links::Links;
+use crate::transport::net::NetPath;
+use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT,
@@ -16,6 +23,7 @@ use nccl_device::abi::{
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
+use std::sync::Arc;
 
 /// What one launch of a collective runs: the kernel, its arguments, grid and block, and in a
 /// capture the peers whose graph-registration mark it waits for first, and the mark.
@@ -25,6 +33,61 @@ pub(crate) struct LaunchPlan {
     pub grid: u32,
     pub block: u32,
     pub graph_wait: Option<(Vec<usize>, u64)>,
+}
+
+/// The parts of a communicator a launch uses.
+pub(crate) struct Launcher {
+    device: Device,
+    order: Arc<StreamOrder>,
+    net: Option<Arc<NetPath>>,
+    links: Arc<Links>,
+    graph_regs: Arc<GraphRegs>,
+}
+
+impl Comm {
+    /// What a launch on this communicator needs, to run now or at the group's end.
+    pub(crate) fn launcher(&self) -> Launcher {
+        Launcher {
+            device: self.device.clone(),
+            order: self.order.clone(),
+            net: self.net.clone(),
+            links: self.links.clone(),
+            graph_regs: self.graph_regs.clone(),
+        }
+    }
+}
+
+impl Launcher {
+    /// Launches `plan` on `stream`, in the communicator's order: first waits for the peers'
+    /// graph-registration marks it names (at the group's end every mark of the group went out
+    /// when its calls were made), and wakes the proxy where the kernel needs the network.
+    pub(crate) fn launch(&self, plan: &LaunchPlan, stream: StreamHandle) -> Result<()> {
+        if let Some((peers, seq)) = &plan.graph_wait {
+            for &peer in peers {
+                graph_reg::await_graph_mark(
+                    &self.links,
+                    &self.graph_regs,
+                    peer,
+                    RegMark::Coll,
+                    *seq,
+                )?;
+            }
+        }
+        let (device, order) = (&self.device, &self.order);
+        let (kernel, grid, block, args) = (plan.kernel, plan.grid, plan.block, &plan.args);
+        let Some(n) = &self.net else {
+            return order.launch(stream, || device.launch(kernel, grid, block, stream, args));
+        };
+        n.proxy.kick(); // the kernel will need the network: wake the proxy
+        timeline::mark(Mark::Launch, 0, 0);
+        let r = order.launch(stream, || device.launch(kernel, grid, block, stream, args));
+        timeline::mark(Mark::Launched, 0, 0);
+        if order.captured() {
+            // A graph's replays will not wake the proxy: it keeps its naps short from now on.
+            n.proxy.serve_replays();
+        }
+        r
+    }
 }
 
 impl Comm {
@@ -50,6 +113,27 @@ impl Comm {
             grid,
             graph_wait,
         })
+    }
+
+    /// The kernel of `coll` for this type and op (the copies have one kernel, as uint8),
+    /// loaded once per communicator. Each kernel is a module of its own: a first call
+    /// JIT-compiles only what it runs.
+    pub(crate) fn kernel(&self, coll: Coll, dt: DataType, op: RedOpKind) -> Result<Kernel> {
+        let key = (coll, dt, op);
+        if let Some(k) = self
+            .kernels
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .get(&key)
+        {
+            return Ok(*k);
+        }
+        let k = self.device.kernel(&kernel_name(coll, dt, op))?;
+        self.kernels
+            .lock()
+            .map_err(|_| Error::internal("kernel cache poisoned"))?
+            .insert(key, k);
+        Ok(k)
     }
 
     /// What the tuner runs for `call` on `comm`: algorithm, protocol, channels, estimated time.
@@ -300,6 +384,15 @@ fn fewer_ctas(shape: &Shape, coll: Coll, block_bytes: usize, grid: u32, chunk_by
     match block_bytes / grid as usize >= chunk_bytes.max(1) {
         true => fewer,
         false => 0,
+    }
+}
+
+/// The entry point of `coll`'s kernel for `dt` and `op` (the copies have one kernel, as
+/// uint8): `nccl_<symbol>`, or `nccl_<symbol>_<type>_<reduction>`.
+pub(crate) fn kernel_name(coll: Coll, dt: DataType, op: RedOpKind) -> String {
+    match coll.copies() {
+        true => format!("nccl_{}", coll.symbol()),
+        false => format!("nccl_{}_{}_{}", coll.symbol(), dt.name(), op.name()),
     }
 }
 

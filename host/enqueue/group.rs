@@ -14,28 +14,18 @@
 //! `ncclGroupSimulateEnd` ends a group without launching anything: the operations are dropped
 //! and the model's time of its collectives is returned.
 
-use crate::comm::group_scope::{self, Group, Member};
+use crate::comm::group_scope::{self, Group};
 use crate::comm::order::StreamOrder;
-use crate::comm::Comm;
-use crate::error::{Error, NcclResult, Result};
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
 // For the tests, through the `internals` feature.
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
-pub use crate::comm::group_scope::{depth, parallel, Job};
+pub use crate::comm::group_scope::{depth, ordered, parallel, record_error, Job};
 
 /// `ncclGroupStart`.
 pub fn start() {
     group_scope::open();
-}
-
-/// Runs `job` now, or at the end of the calling thread's group.
-pub fn ordered(job: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
-    if depth() == 0 {
-        return job(); // boxed only when the group keeps it
-    }
-    group_scope::with(|g| g.ordered.push(Box::new(job)));
-    Ok(())
 }
 
 /// Runs a send or receive now (a group of one), or with the group's others at its end.
@@ -45,68 +35,6 @@ pub fn p2p(op: crate::comm::call::P2pOp) -> Result<()> {
     }
     group_scope::with(|g| g.p2p.push(op));
     Ok(())
-}
-
-/// Remembers an error raised inside a group (argument checks run at the call).
-pub fn record_error(e: Error) -> Error {
-    if depth() == 0 {
-        return e;
-    }
-    group_scope::with(|g| {
-        if g.error.is_none() {
-            g.error = Some(e.clone());
-        }
-    });
-    e
-}
-
-/// Whether `comm` may take a new call: not while a non-blocking group still issues its work
-/// in the background (NCCL: "attempt to use communicator before the previous operation
-/// returned ncclSuccess", an invalid argument), nor after such a group failed (its error).
-pub fn check_ready(order: &StreamOrder, rank: usize) -> Result<()> {
-    match order.background.state() {
-        Err(e) if e.code == NcclResult::InProgress => Err(Error::invalid_argument(format!(
-            "rank {rank}: the communicator was used before its previous operation completed \
-             (ncclInProgress): poll ncclCommGetAsyncError until it returns ncclSuccess first"
-        ))),
-        r => r,
-    }
-}
-
-/// The first step of every operation on `comm`: it must be ready, and inside a group it joins
-/// the group (whose communicators must all be blocking, or all non-blocking).
-pub(crate) fn enter(comm: &Comm) -> Result<()> {
-    check_ready(&comm.order, comm.rank)?;
-    if depth() == 0 {
-        return Ok(());
-    }
-    group_scope::set_mode(comm.config().blocking)?;
-    group_scope::with(|g| {
-        if !g.members.iter().any(|m| Arc::ptr_eq(&m.order, &comm.order)) {
-            g.members.push(Member {
-                order: comm.order.clone(),
-                estimate_us: 0.0,
-            });
-        }
-        Ok(())
-    })
-}
-
-/// Adds a collective recorded in the calling thread's group to the group's simulated time.
-pub(crate) fn note_collective(comm: &Comm, call: &super::CollCall) {
-    if depth() == 0 {
-        return;
-    }
-    let t = super::estimate_us(comm, call);
-    group_scope::with(|g| {
-        if let Some(m) = g
-            .members
-            .iter_mut()
-            .find(|m| Arc::ptr_eq(&m.order, &comm.order))
-        {
-            m.estimate_us += t;
-        }
-    });
 }
 
 /// Issues the operations: the ordered jobs, then the sends and receives.

@@ -47,15 +47,17 @@ pub(crate) fn check_buffer(
             dt.name()
         )));
     }
-    match comm.device.pointer_extent(p, bytes)? {
-        Some((d, avail)) if d == comm.device.ordinal && avail >= bytes => Ok(()),
-        Some((d, avail)) if d == comm.device.ordinal => Err(Error::invalid_argument(format!(
+    let ordinal = comm.cu_device();
+    match comm.device().pointer_extent(p, bytes)? {
+        Some((d, avail)) if d == ordinal && avail >= bytes => Ok(()),
+        Some((d, avail)) if d == ordinal => Err(Error::invalid_argument(format!(
             "{what} {p:#x} is too short: the call needs {bytes} bytes, its allocation holds \
              {avail} from there"
         ))),
         Some((d, _)) => Err(Error::invalid_argument(format!(
             "{what} {p:#x} is on device {d} but the communicator (rank {}) is on device {}",
-            comm.rank, comm.device.ordinal
+            comm.rank(),
+            ordinal
         ))),
         None => Err(Error::invalid_argument(format!(
             "{what} {p:#x} ({bytes} bytes) is not device memory"
@@ -77,7 +79,7 @@ fn one_rank(comm: &Comm, c: &CollCall, bytes: usize) -> Result<()> {
     // checks and an event record, by results/h200-driver-call-costs.txt), and in a capture
     // three graph nodes instead of one (twice the replay time of NCCL's one memcpy node on an
     // H100).
-    let (device, stream) = (comm.device.clone(), c.stream);
+    let (device, stream) = (comm.device().clone(), c.stream);
     let (dst, src) = (c.recv, c.send);
     group::ordered(move || device.copy_dtod_async(dst, src, bytes, stream))
 }
@@ -92,30 +94,31 @@ pub(crate) fn left_out(name: &str) -> Error {
     ))
 }
 
-/// Checks a call and launches it now, or when the calling thread's group ends.
+/// A collective call: it enters the communicator and the thread's group, is checked, and its
+/// plan (the communicator's) launches now or when the group ends.
 pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
-    comm.ras.health.issued(call.coll.name());
-    launch_checked(comm, call)
-        .map_err(|e| group::record_error(e.context(format!("nccl{}", call.coll.name()))))
-}
-
-fn launch_checked(comm: &Comm, c: CollCall) -> Result<()> {
-    comm.check_usable()?;
-    comm.release_graph_regs();
-    let Some(sizes) = check_call(comm, &c)? else {
-        return Ok(());
+    let queued = || -> Result<()> {
+        comm.enter_call(call.coll.name())?;
+        let Some(sizes) = check_call(comm, &call)? else {
+            return Ok(());
+        };
+        if comm.count() == 1 && call.op.kind() != RedOpKind::PreMulSum {
+            return one_rank(comm, &call, sizes.bytes);
+        }
+        let plan = comm.plan(&call, &sizes)?;
+        let launcher = comm.launcher();
+        group::ordered(Box::new(move || launcher.launch(&plan, call.stream)))
     };
-    if comm.nranks == 1 && c.op.kind() != RedOpKind::PreMulSum {
-        return one_rank(comm, &c, sizes.bytes);
+    queued().map_err(|e| group::record_error(e.context(format!("nccl{}", call.coll.name()))))?;
+    if group::depth() > 0 {
+        comm.note_in_group(estimate_us(comm, &call));
     }
-    let plan = comm.plan(&c, &sizes)?;
-    let launcher = comm.launcher();
-    group::ordered(Box::new(move || launcher.launch(&plan, c.stream)))
+    Ok(())
 }
 
 /// Checks a collective's arguments and buffers; None when it moves nothing (count 0).
 fn check_call(comm: &Comm, c: &CollCall) -> Result<Option<Sizes>> {
-    let n = comm.nranks;
+    let n = comm.count();
     if call_bytes(n, c).is_none() {
         return Err(Error::invalid_argument(format!(
             "count {} of {} overflows the byte size",
@@ -141,7 +144,7 @@ fn check_call(comm: &Comm, c: &CollCall) -> Result<Option<Sizes>> {
     if c.count == 0 {
         return Ok(None);
     }
-    let me_root = c.root == comm.rank;
+    let me_root = c.root == comm.rank();
     let (send_bytes, recv_bytes) = match c.coll {
         Coll::AllGather => (bytes, bytes * n),
         Coll::ReduceScatter => (bytes * n, bytes),

@@ -45,18 +45,15 @@ pub fn submit(
     } else {
         "ncclRecv"
     };
-    comm.ras.health.issued(&what[4..]);
     let checked = || -> Result<P2pOp> {
-        group::enter(comm)?;
-        comm.check_usable()?;
+        comm.enter_call(&what[4..])?;
         if !nccl_device::kernel_set::built(nccl_device::kernel_set::P2P_ENTRY) {
             return Err(super::left_out(nccl_device::kernel_set::P2P_ENTRY));
         }
-        comm.release_graph_regs();
-        if peer >= comm.nranks {
+        if peer >= comm.count() {
             return Err(Error::invalid_argument(format!(
                 "peer {peer} is out of range (nranks {})",
-                comm.nranks
+                comm.count()
             )));
         }
         let bytes = count
@@ -69,52 +66,14 @@ pub fn submit(
                 ))
             })?;
         if bytes > 0 {
-            super::check_buffer(
-                comm,
-                if dir == Dir::Send {
-                    "sendbuff"
-                } else {
-                    "recvbuff"
-                },
-                buff,
-                bytes,
-                dt,
-            )?;
+            let what = if dir == Dir::Send {
+                "sendbuff"
+            } else {
+                "recvbuff"
+            };
+            super::check_buffer(comm, what, buff, bytes, dt)?;
         }
-        let capturing = comm.device.stream_capturing(stream)?;
-        let mut graph_mark = None;
-        if capturing && comm.registered.graph_enabled() && comm.links.maps_our_buffers(peer) {
-            // Graph registration with a peer in another process (comm/graph_reg.rs): a
-            // receive registers its buffer and tells the peer; a send waits for that at launch.
-            if dir == Dir::Recv {
-                comm.graph_register(stream, buff, bytes);
-            }
-            let seq = comm.mark_captured_p2p(peer, dir == Dir::Recv);
-            // A peer with graph registration off sends no marks: it is not waited for.
-            if dir == Dir::Send && comm.graph_marks_from(peer) {
-                graph_mark = Some((comm.graph_regs.clone(), seq));
-            }
-        }
-        let registered = comm.registered.p2p_zero_copy(buff, bytes, capturing);
-        let offer_key = match registered && dir == Dir::Recv {
-            true => comm.links.offer_key(buff)?,
-            false => 0,
-        };
-        Ok(P2pOp {
-            links: comm.links.clone(),
-            order: comm.order.clone(),
-            nranks: comm.nranks,
-            peer,
-            dir,
-            buff,
-            bytes,
-            stream,
-            abort_flag: comm.kernel_abort_ptr(),
-            kernel_flags: comm.shape().kernel_flags,
-            registered,
-            offer_key,
-            graph_mark,
-        })
+        comm.p2p_op(dir, buff, bytes, peer, stream)
     };
     match checked() {
         Ok(op) => group::p2p(op),
