@@ -143,6 +143,9 @@ params! {
         "cuda: real GPUs; sim: the CPU simulator";
     RS_SIM_DEVICES = "8",
         "how many GPUs the simulator shows";
+    RS_SYMMETRIC_MAX_BYTES = "262144",
+        "nccl-rs: largest AllReduce (bytes per rank) the symmetric path takes once the \
+         communicator has a symmetric window (0: never)";
     RS_SIM_NTHREADS = "4",
         "threads per simulated CTA";
     RS_SIM_NVLS = "0",

@@ -153,7 +153,8 @@ pub(crate) mod tune;
 pub use api::cudarc_nccl;
 pub use api::{
     capture, group, Capture, CapturedGraph, DeviceBuffer, DeviceSlice, DeviceSliceMut, Element,
-    Event, Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, F8E4M3, F8E5M2,
+    Event, Group, IntoDeviceSlice, IntoDeviceSliceMut, Op, Registration, Stream, Window, F8E4M3,
+    F8E5M2,
 };
 pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 pub use comm::register::RegHandle;

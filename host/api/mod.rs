@@ -27,6 +27,7 @@ mod raw;
 mod register;
 mod scope;
 mod stream;
+mod window;
 
 pub use buffer::{DeviceBuffer, DeviceSlice, DeviceSliceMut, IntoDeviceSlice, IntoDeviceSliceMut};
 pub use element::{Element, F8E4M3, F8E5M2};
@@ -35,3 +36,4 @@ pub use op::Op;
 pub use register::Registration;
 pub use scope::{capture, group, Capture, CapturedGraph, Group};
 pub use stream::Stream;
+pub use window::Window;

@@ -72,9 +72,8 @@ export! {
 
 export! {
     /// `ncclCommWindowRegister` (NCCL 2.27): registers `buff` as a window of this
-    /// communicator. Recorded as `ncclCommRegister` records a buffer; collectives on it run
-    /// as on any buffer (no symmetric kernels here). `winFlags`: NCCL_WIN_DEFAULT (0) or
-    /// NCCL_WIN_COLL_SYMMETRIC (1).
+    /// communicator, on every rank at once (`comm/window.rs`). `winFlags`: NCCL_WIN_DEFAULT
+    /// (0) or NCCL_WIN_COLL_SYMMETRIC (1).
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: NcclComm,
         buff: *mut c_void,
@@ -91,7 +90,7 @@ export! {
         }
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
         // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
-        *out = c.register_raw(dev(buff), size)? as usize as *mut c_void;
+        *out = c.window_register_raw(dev(buff), size, win_flags as u32)? as usize as *mut c_void;
         Ok(NcclResult::Success)
     }
 }
@@ -100,7 +99,7 @@ export! {
     /// `ncclCommWindowDeregister` (NCCL 2.27).
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: NcclComm, win: *mut c_void) {
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        c.deregister(win as usize as u64)?;
+        c.window_deregister_raw(win as usize as u64)?;
         Ok(NcclResult::Success)
     }
 }

@@ -262,6 +262,7 @@ impl Comm {
                 crate::env::LOCAL_REGISTER.int() != 0,
                 crate::env::GRAPH_REGISTER.int() != 0,
             ),
+            windows: Default::default(),
             graph_regs: Arc::default(),
             kernel_abort,
             split_turns: Arc::default(),

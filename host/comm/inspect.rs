@@ -5,6 +5,13 @@ use super::*;
 
 impl Comm {
     crate::internal! {
+        /// Calls this communicator planned on the symmetric path (`comm/window.rs`).
+        fn symmetric_launches(&self) -> u64 {
+            self.windows.symmetric_launches()
+        }
+    }
+
+    crate::internal! {
         /// The longest nap this communicator's proxy thread takes now (None without network
         /// connections): shorter once a launch that needs it was captured into a CUDA graph.
         fn proxy_max_nap(&self) -> Option<std::time::Duration> {

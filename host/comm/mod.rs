@@ -35,6 +35,7 @@ mod transports;
 mod tree;
 pub mod tuning;
 mod turns;
+pub mod window;
 
 pub use abort_handle::AbortHandle;
 pub use call::CollCall;
@@ -108,6 +109,8 @@ pub struct Comm {
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
     registered: register::Registrations,
+    /// The windows (`ncclCommWindowRegister`) and the symmetric state.
+    windows: window::Windows,
     /// Buffers of captured operations registered for peers in other processes, and the marks
     /// that tell those peers when they are in.
     graph_regs: Arc<graph_reg::GraphRegs>,

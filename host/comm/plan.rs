@@ -17,9 +17,9 @@ use crate::transport::net::NetPath;
 use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_TREE, FLAG_LAB_STAMPS, FLAG_RING_DIRECT,
-    FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES,
-    PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
+    FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
+    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE, SYM_SRC_STAGED,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -93,6 +93,11 @@ impl Launcher {
 impl Comm {
     /// The launch of checked call `c` (`sizes`: what the checks found).
     pub(crate) fn plan(&self, c: &CollCall, sizes: &Sizes) -> Result<LaunchPlan> {
+        if c.coll == Coll::AllReduce && self.nranks > 1 {
+            if let Some((sym, src)) = self.symmetric_launch(c.send, c.recv, sizes.bytes) {
+                return self.symmetric_plan(c, sizes.bytes, sym, src);
+            }
+        }
         let mut planned = collective_args(self, c, sizes.bytes)?;
         let graph_wait = direct_handshake(self, c, sizes, &mut planned)?;
         let Planned {
@@ -136,6 +141,42 @@ impl Comm {
         Ok(k)
     }
 
+    /// A one-shot AllReduce on the symmetric path (`comm/window.rs`): a CTA per
+    /// [`SYM_BYTES_PER_CTA`] of the rank's block, at least a thread per rank in each.
+    fn symmetric_plan(&self, c: &CollCall, bytes: usize, sym: u64, src: u64) -> Result<LaunchPlan> {
+        let (redop_arg, redop_arg_ptr) = redop_args(self.nranks, c.op);
+        let args = CollArgs {
+            comm: self.dev_comm.ptr,
+            sendbuff: c.send,
+            recvbuff: c.recv,
+            count: c.count as u64,
+            redop_arg,
+            redop_arg_ptr,
+            coll: c.coll as u32,
+            proto: PROTO_SIMPLE,
+            algo: ALGO_SYMMETRIC,
+            flags: self.shape.kernel_flags & !(FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE),
+            sym,
+            sym_src: src,
+            ..CollArgs::default()
+        };
+        let grid = bytes.div_ceil(SYM_BYTES_PER_CTA).clamp(1, SYM_MAX_CTAS) as u32;
+        log::debug!(
+            "AllReduce of {bytes} bytes per rank: symmetric one-shot, {grid} CTAs, input {}",
+            match src {
+                SYM_SRC_STAGED => "staged",
+                _ => "in a window",
+            }
+        );
+        Ok(LaunchPlan {
+            kernel: self.kernel(c.coll, c.dt, c.op.kind())?,
+            block: self.shape.nthreads.max(self.nranks as u32),
+            args,
+            grid,
+            graph_wait: None,
+        })
+    }
+
     /// What the tuner runs for `call` on `comm`: algorithm, protocol, channels, estimated time.
     pub(crate) fn choose(&self, call: &CollCall) -> Result<Choice> {
         let bytes = call_bytes(self.nranks, call).ok_or_else(|| {
@@ -167,6 +208,22 @@ struct Planned {
     proto: u32,
 }
 
+/// The symmetric path's CTAs: one per this many bytes of the rank's block, at most
+/// [`SYM_MAX_CTAS`].
+const SYM_BYTES_PER_CTA: usize = 16 << 10;
+const SYM_MAX_CTAS: usize = 16;
+
+/// [`CollArgs::redop_arg`] and [`CollArgs::redop_arg_ptr`] of `op` on `n` ranks.
+fn redop_args(n: usize, op: ReduceOp) -> (u64, u64) {
+    match (op.kind(), op.scalar()) {
+        (RedOpKind::Avg, _) => (n as u64, 0),
+        (_, Some(Scalar::Host(bits))) => (bits, 0),
+        // Checked with the call's other buffers (`enqueue::check_call`).
+        (_, Some(Scalar::Device(scalar))) => (0, scalar),
+        _ => (0, 0),
+    }
+}
+
 /// The launch's arguments and grid for the tuner's choice: the algorithm's connections and
 /// slots, the reduction's scalar, the exchanges this launch may take.
 fn collective_args(comm: &Comm, c: &CollCall, bytes: usize) -> Result<Planned> {
@@ -176,13 +233,7 @@ fn collective_args(comm: &Comm, c: &CollCall, bytes: usize) -> Result<Planned> {
     } else {
         (c.dt, c.op, c.count)
     };
-    let (redop_arg, redop_arg_ptr) = match (op.kind(), op.scalar()) {
-        (RedOpKind::Avg, _) => (n as u64, 0),
-        (_, Some(Scalar::Host(bits))) => (bits, 0),
-        // Checked with the call's other buffers (`enqueue::check_call`).
-        (_, Some(Scalar::Device(scalar))) => (0, scalar),
-        _ => (0, 0),
-    };
+    let (redop_arg, redop_arg_ptr) = redop_args(n, op);
     let shape = comm.shape;
     let choice = comm.choose(c)?;
     let proto = choice.proto as u32;

@@ -75,6 +75,7 @@ fn fields_are_thread_safe(c: &Comm) {
         finalized,
         async_error,
         registered,
+        windows,
         graph_regs,
         ring_tables,
         tree_tables,
@@ -109,6 +110,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(finalized);
     both(async_error);
     both(registered);
+    both(windows);
     both(graph_regs);
     both(ring_tables);
     both(tree_tables);

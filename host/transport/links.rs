@@ -233,6 +233,15 @@ impl Links {
     }
 
     /// Whether `peer` maps our registered buffers (see `reg_peers`).
+    /// Whether `peer` shares this process's address space and our p2p connections reach it:
+    /// its device memory is addressed here as it is.
+    pub fn same_space(&self, peer: usize) -> bool {
+        peer < self.peers.len()
+            && !self.remote(peer)
+            && self.peers[peer].same_process
+            && self.peers[peer].transport == Transport::P2p
+    }
+
     pub fn maps_our_buffers(&self, peer: usize) -> bool {
         peer != self.rank
             && peer < self.peers.len()

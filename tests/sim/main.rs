@@ -38,5 +38,6 @@ mod send_recv;
 mod shared_gpu;
 mod shm;
 mod slices;
+mod symmetric;
 mod tree;
 mod tuning;

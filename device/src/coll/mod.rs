@@ -10,11 +10,12 @@ pub mod nvls;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
+pub mod symmetric;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_NVLS, ALGO_TREE, DIRECT_DECLINE,
-    DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED, LAB_STAMPS,
-    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_NVLS, ALGO_SYMMETRIC, ALGO_TREE,
+    DIRECT_DECLINE, DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED,
+    LAB_STAMPS, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
@@ -79,6 +80,9 @@ unsafe fn run_body<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     // asks only where every CTA's tree has one peer each way), else with Simple.
     match args.proto {
         _ if args.algo == ALGO_NVLS => nvls::run::<T, O, C>(args),
+        _ if args.algo == ALGO_SYMMETRIC && C == Coll::AllReduce as u32 => {
+            symmetric::all_reduce::<T, O>(args)
+        }
         PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_LL>(args),
         _ if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_SIMPLE>(args),
         PROTO_LL => run_with::<T, O, C, PROTO_LL>(args),

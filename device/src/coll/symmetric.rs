@@ -1,0 +1,220 @@
+//! The symmetric path: collectives on buffers in windows (NCCL 2.27's symmetric memory), as
+//! loads from the peers' memory instead of steps through FIFOs. Every rank of the node maps
+//! every other rank's windows and its symmetric scratch ([`SymDev`]); an input in a window is
+//! read where it lies, any other input is first copied into the rank's staging area.
+//!
+//! AllReduce, one-shot: CTA `c` of every rank owns the same slice of the elements.
+//! 1. It stages its slice of the input when the input is not in a window ([`SYM_SRC_STAGED`]).
+//! 2. Arrive: it writes, into slot (c, arrive, me) of every rank's scratch, where its input
+//!    lies and the launch number, released after its staging stores; then waits until every
+//!    rank's slot (c, arrive, r) of its own scratch holds the launch number.
+//! 3. It reads its slice from every rank (in rank order, so every rank computes the same bits)
+//!    and writes the reduction to its own output.
+//! 4. Depart: the same exchange in the depart slots. Once it passes, no rank reads this rank's
+//!    input or staging area any more: the user may overwrite the input, and the next launch
+//!    may stage into the area again.
+//!
+//! The launch number is counted per CTA in the rank's own [`SymDev::launches`] (every rank
+//! runs the same sequence of symmetric launches, so the numbers agree); a graph's replays count
+//! on. A slot only grows, so a waiter needs `>=`: a peer may already have arrived for the next
+//! launch.
+
+use super::{channel_range, scalar_bits};
+use crate::abi::{
+    sym_src_parts, CollArgs, DevComm, SymDev, SymSlot, SYM_FLAG_BYTES, SYM_MAX_RANKS,
+    SYM_SRC_STAGED,
+};
+use crate::arch::{self, Pack16};
+use crate::ops::{map1, map2, pack_elems, RedOp};
+use crate::types::Elem;
+
+/// Looks at the abort flag (host memory, a costly read) once per this many spins.
+const ABORT_POLL: u32 = 64;
+
+const ARRIVE: usize = 0;
+const DEPART: usize = 1;
+
+/// Runs a one-shot AllReduce as CTA `block_idx`.
+///
+/// # Safety
+/// As [`super::run`]; the host chose the symmetric path for this call on every rank: `args.sym`
+/// is the communicator's [`SymDev`], every rank launched the same grid, and `args.sym_src`
+/// names where this rank's input lies.
+#[inline(never)]
+pub unsafe fn all_reduce<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+    let comm = &*(args.comm as *const DevComm);
+    if args.sym == 0 {
+        arch::trap();
+    }
+    let sym = args.sym as *mut SymDev;
+    let (rank, nranks) = ((*sym).rank as usize, (*sym).nranks as usize);
+    if nranks > SYM_MAX_RANKS || rank >= nranks {
+        arch::trap();
+    }
+    let (cta, grid) = (arch::block_idx() as usize, arch::grid_dim() as usize);
+    let (start, end) = channel_range::<T>(args.count as usize, cta, grid);
+    let mut k = Cta {
+        sym,
+        rank,
+        nranks,
+        cta,
+        tid: arch::thread_idx() as usize,
+        nthreads: arch::block_dim() as usize,
+        launch: arch::ld_volatile(&(*sym).launches[cta]) + 1,
+        abort: comm.abort_flag as *const u64,
+        aborted: false,
+    };
+    let input = args.sendbuff as *const T;
+    if args.sym_src == SYM_SRC_STAGED {
+        let stage = k.stage_of::<T>(rank);
+        k.copy::<T>(stage.add(start), input.add(start), end - start);
+    }
+    k.exchange(ARRIVE, args.sym_src);
+    let op = O::new(scalar_bits::<T>(args));
+    k.reduce_slice::<T, O>(&op, args.recvbuff as *mut T, start, end);
+    k.exchange(DEPART, 0);
+    if k.tid == 0 {
+        arch::st_volatile(&mut (*sym).launches[cta], k.launch);
+    }
+}
+
+/// One CTA of a symmetric launch: its place, its launch number, and the abort flag.
+struct Cta {
+    sym: *mut SymDev,
+    rank: usize,
+    nranks: usize,
+    cta: usize,
+    tid: usize,
+    nthreads: usize,
+    launch: u64,
+    abort: *const u64,
+    aborted: bool,
+}
+
+impl Cta {
+    /// The staging area of rank `r`, as this rank maps it.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn stage_of<T>(&self, r: usize) -> *mut T {
+        ((*self.sym).scratch[r] + SYM_FLAG_BYTES as u64) as *mut T
+    }
+
+    /// Where rank `r`'s input lies, as this rank maps it, given the `src` it arrived with.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn source_of<T>(&self, src: u64, r: usize) -> *const T {
+        match sym_src_parts(src) {
+            None => self.stage_of::<T>(r),
+            Some((slot, offset)) => {
+                let table = (*self.sym).windows as *const u64;
+                (arch::ld_volatile(table.add(slot * SYM_MAX_RANKS + r)) + offset) as *const T
+            }
+        }
+    }
+
+    /// The slots of `phase` for this CTA in rank `r`'s scratch as this rank maps it: one per
+    /// rank.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn slots_of(&self, r: usize, phase: usize) -> *mut SymSlot {
+        let at = (self.cta * 2 + phase) * SYM_MAX_RANKS * core::mem::size_of::<SymSlot>();
+        ((*self.sym).scratch[r] + at as u64) as *mut SymSlot
+    }
+
+    /// Copies `n` elements from `src` to `dst`, 16 bytes a thread where both are aligned.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn copy<T: Elem>(&self, dst: *mut T, src: *const T, n: usize) {
+        let pe = pack_elems::<T>();
+        let aligned = (dst as usize).is_multiple_of(16) && (src as usize).is_multiple_of(16);
+        let packs = if aligned { n / pe } else { 0 };
+        let mut i = self.tid;
+        while i < packs {
+            let v = arch::ld_pack((src as *const Pack16).add(i));
+            arch::st_pack((dst as *mut Pack16).add(i), v);
+            i += self.nthreads;
+        }
+        let mut e = packs * pe + self.tid;
+        while e < n {
+            dst.add(e).write(src.add(e).read());
+            e += self.nthreads;
+        }
+    }
+
+    /// Reduces elements `start..end` of every rank's input (in rank order) into `output`.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn reduce_slice<T: Elem, O: RedOp<T>>(
+        &self,
+        op: &O,
+        output: *mut T,
+        start: usize,
+        end: usize,
+    ) {
+        let n = self.nranks;
+        let mut srcs = [core::ptr::null::<T>(); SYM_MAX_RANKS];
+        let arrived = self.slots_of(self.rank, ARRIVE);
+        for (r, s) in srcs.iter_mut().enumerate().take(n) {
+            *s = self.source_of::<T>(arch::ld_volatile(&(*arrived.add(r)).src), r);
+        }
+        let pe = pack_elems::<T>();
+        let aligned = (output.add(start) as usize).is_multiple_of(16)
+            && srcs[..n]
+                .iter()
+                .all(|s| (s.add(start) as usize).is_multiple_of(16));
+        let packs = if aligned { (end - start) / pe } else { 0 };
+        let mut i = self.tid;
+        while i < packs {
+            let at = start + i * pe;
+            let mut acc = pre::<T, O>(op, arch::ld_pack(srcs[0].add(at) as *const Pack16));
+            for s in &srcs[1..n] {
+                let v = pre::<T, O>(op, arch::ld_pack(s.add(at) as *const Pack16));
+                acc = map2::<T>(acc, v, |a, b| op.reduce(a, b));
+            }
+            if O::HAS_POST {
+                acc = map1::<T>(acc, |x| op.post(x));
+            }
+            arch::st_pack(output.add(at) as *mut Pack16, acc);
+            i += self.nthreads;
+        }
+        // The tail (or everything, unaligned): element by element.
+        let mut at = start + packs * pe + self.tid;
+        while at < end {
+            let mut acc = op.pre(srcs[0].add(at).read());
+            for s in &srcs[1..n] {
+                acc = op.reduce(acc, op.pre(s.add(at).read()));
+            }
+            output.add(at).write(op.post(acc));
+            at += self.nthreads;
+        }
+    }
+
+    /// Every rank's CTA arrives in `phase` before any goes on; `src` goes with the arrival.
+    /// Thread `r < nranks` tells rank `r` and waits for it. Once the abort flag is raised the
+    /// waits end (the results are then undefined, as NCCL's after an abort).
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn exchange(&mut self, phase: usize, src: u64) {
+        arch::sync_threads();
+        if self.tid < self.nranks {
+            let r = self.tid;
+            let theirs = self.slots_of(r, phase).add(self.rank);
+            // The CTA's stores before the barrier above (the staged input) go out first.
+            arch::fence_sys();
+            arch::st_volatile(&mut (*theirs).src, src);
+            arch::st_release_sys(&mut (*theirs).seq, self.launch);
+            let mine = self.slots_of(self.rank, phase).add(r);
+            let mut spins = 0u32;
+            while !self.aborted && arch::ld_acquire_sys(&(*mine).seq) < self.launch {
+                arch::spin_pause();
+                spins += 1;
+                if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
+                    self.aborted = arch::ld_volatile(self.abort) != 0;
+                }
+            }
+        }
+        arch::sync_threads();
+    }
+}
+
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+fn pre<T: Elem, O: RedOp<T>>(op: &O, v: Pack16) -> Pack16 {
+    match O::HAS_PRE {
+        true => map1::<T>(v, |x| op.pre(x)),
+        false => v,
+    }
+}

@@ -1,0 +1,369 @@
+//! Windows (`ncclCommWindowRegister`, NCCL 2.27): a buffer every rank registers together, in
+//! one collective call. A window is also an ordinary registration (the zero-copy paths of
+//! `register.rs` use it). With `NCCL_WIN_COLL_SYMMETRIC` every rank registers the same size and
+//! each rank maps every other rank's window; the communicator then keeps a symmetric state in
+//! device memory ([`SymDev`]): every rank's scratch (flag slots and a staging area) and a
+//! table of every window's base on every rank, as this rank maps them. Collectives of the
+//! symmetric path (`device/src/coll/symmetric.rs`) read the peers' inputs through it.
+//!
+//! Every rank must take the same path for a call, with no message between the ranks at the
+//! call. So the choice depends only on what every rank knows alike: the communicator has a
+//! symmetric window (registration is collective, and it agrees on whether every rank can map
+//! every other one), the collective and its size. Where this rank's input lies decides only
+//! how peers read it: in a window, where it lies; anywhere else (a plain buffer, or a window
+//! it is overwritten in, in place), from the rank's staging area, which the kernel fills
+//! first. A job that mixes windows and plain buffers across ranks thus stays correct.
+//!
+//! Peers are mapped where they share this process's address space (ranks of one process
+//! connected through p2p): their windows are addressed as they are. Ranks in other processes
+//! register their windows as non-symmetric here (an INFO line says so), and the communicator
+//! keeps its ordinary paths.
+
+use super::Comm;
+use crate::cuda::{DevBuffer, DevPtr};
+use crate::error::{Error, Result};
+use nccl_device::abi::{SymDev, MAX_CHANNELS, SYM_FLAG_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// What `window_register` returns: an opaque, non-zero number, unique within the communicator.
+pub type WinHandle = u64;
+
+/// `NCCL_WIN_COLL_SYMMETRIC`.
+pub const WIN_COLL_SYMMETRIC: u32 = 1;
+
+/// One registered window.
+struct Window {
+    handle: WinHandle,
+    base: DevPtr,
+    bytes: usize,
+    /// The ordinary registration it also is (`register.rs`).
+    reg: super::register::RegHandle,
+    /// Its slot in the symmetric table, where it is symmetric.
+    slot: Option<usize>,
+}
+
+/// The communicator's symmetric state, made at its first symmetric window.
+struct Sym {
+    /// The [`SymDev`] the kernels read.
+    dev: DevBuffer,
+    /// `[[u64; SYM_MAX_RANKS]; SYM_MAX_WINDOWS]`: per slot, every rank's window base.
+    table: DevBuffer,
+    /// This rank's scratch: flag slots, then the staging area.
+    _scratch: DevBuffer,
+    /// Bytes of each rank's staging area.
+    stage_bytes: usize,
+}
+
+#[derive(Default)]
+struct State {
+    windows: Vec<Window>,
+    last: WinHandle,
+    sym: Option<Sym>,
+}
+
+/// A communicator's windows.
+#[derive(Default)]
+pub(crate) struct Windows {
+    state: Mutex<State>,
+    /// Calls planned on the symmetric path (what the tests read).
+    launches: AtomicU64,
+}
+
+impl Windows {
+    /// Calls planned on the symmetric path so far.
+    pub(crate) fn symmetric_launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+}
+
+/// What each rank tells the others when it registers a window (one allgather).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Offer {
+    /// 0: the window is usable here; else why not (an [`Refusal`] code).
+    refused: u32,
+    symmetric: u32,
+    /// This rank maps every other rank's memory as it is (same address space, p2p).
+    maps_all: u32,
+    bytes: u64,
+    base: u64,
+}
+
+const OFFER_BYTES: usize = 4 * 3 + 8 * 2;
+
+impl Offer {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(OFFER_BYTES);
+        for w in [self.refused, self.symmetric, self.maps_all] {
+            v.extend_from_slice(&w.to_le_bytes());
+        }
+        v.extend_from_slice(&self.bytes.to_le_bytes());
+        v.extend_from_slice(&self.base.to_le_bytes());
+        v
+    }
+
+    fn decode(rank: usize, b: &[u8]) -> Result<Offer> {
+        if b.len() != OFFER_BYTES {
+            return Err(Error::remote(format!(
+                "rank {rank} sent a window offer of {} bytes, not {OFFER_BYTES}",
+                b.len()
+            )));
+        }
+        let w = |i: usize| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap_or_default());
+        let d = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        Ok(Offer {
+            refused: w(0),
+            symmetric: w(1),
+            maps_all: w(2),
+            bytes: d(12),
+            base: d(20),
+        })
+    }
+}
+
+/// Why a rank refused its window (what the others report).
+const REFUSED_BUFFER: u32 = 1;
+
+impl Comm {
+    /// `ncclCommWindowRegister`: registers `bytes` at `buff` as a window of this communicator,
+    /// on every rank at once (a collective call). `flags`: 0 or [`WIN_COLL_SYMMETRIC`]. A
+    /// rank's bad buffer fails the call on every rank (each names the rank), so no rank waits
+    /// for one that gave up.
+    pub(crate) fn window_register(
+        &self,
+        buff: DevPtr,
+        bytes: usize,
+        flags: u32,
+    ) -> Result<WinHandle> {
+        self.check_usable()?;
+        if flags & !WIN_COLL_SYMMETRIC != 0 {
+            return Err(Error::invalid_argument(format!(
+                "window flags {flags:#x} are neither NCCL_WIN_DEFAULT (0) nor \
+                 NCCL_WIN_COLL_SYMMETRIC (1)"
+            )));
+        }
+        let local = self.check_window_buffer(buff, bytes);
+        let me = Offer {
+            refused: if local.is_err() { REFUSED_BUFFER } else { 0 },
+            symmetric: (flags & WIN_COLL_SYMMETRIC != 0) as u32,
+            maps_all: self.maps_every_rank() as u32,
+            bytes: bytes as u64,
+            base: buff,
+        };
+        let offers = self
+            .bootstrap
+            .allgather(&me.encode())?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| Offer::decode(r, b))
+            .collect::<Result<Vec<Offer>>>()?;
+        local?;
+        if let Some(r) = offers.iter().position(|o| o.refused != 0) {
+            return Err(Error::invalid_usage(format!(
+                "ncclCommWindowRegister: rank {r} refused its buffer (see its error), so no \
+                 rank registers this window"
+            )));
+        }
+        let symmetric = offers.iter().any(|o| o.symmetric != 0);
+        if symmetric {
+            check_symmetric(&offers)?;
+        }
+        let reg = self.register_ptr(buff, bytes)?;
+        let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match symmetric {
+            true => self.symmetric_slot(&mut st, &offers)?,
+            false => None,
+        };
+        st.last += 1;
+        let handle = st.last;
+        st.windows.push(Window {
+            handle,
+            base: buff,
+            bytes,
+            reg,
+            slot,
+        });
+        Ok(handle)
+    }
+
+    /// `ncclCommWindowDeregister` (collective, as registration): the window's slot is emptied
+    /// once this rank's launched work is over (its kernels may read through it).
+    pub(crate) fn window_deregister(&self, handle: WinHandle) -> Result<()> {
+        let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        let i = st
+            .windows
+            .iter()
+            .position(|w| w.handle == handle)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "window {handle:#x} is not registered on this communicator"
+                ))
+            })?;
+        if let (Some(slot), Some(sym)) = (st.windows[i].slot, &st.sym) {
+            self.flush()?;
+            sym.table
+                .write(slot * SYM_MAX_RANKS * 8, &[0u8; SYM_MAX_RANKS * 8])?;
+        }
+        let w = st.windows.remove(i);
+        drop(st);
+        self.deregister(w.reg)
+    }
+
+    /// The symmetric path's launch for an AllReduce of `bytes` per rank from `send` into
+    /// `recv`: the [`SymDev`] and where the input lies ([`nccl_device::abi::CollArgs::sym_src`]),
+    /// or None where the communicator has no symmetric window or the call is too large (the
+    /// same answer on every rank).
+    pub(crate) fn symmetric_launch(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        bytes: usize,
+    ) -> Option<(DevPtr, u64)> {
+        let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        let sym = st.sym.as_ref()?;
+        if !st.windows.iter().any(|w| w.slot.is_some()) {
+            return None; // the last symmetric window went
+        }
+        let most = (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize).min(sym.stage_bytes);
+        if bytes == 0 || bytes > most {
+            return None;
+        }
+        // In place, peers would read an input this rank overwrites: it goes through staging.
+        let overlaps = send < recv + bytes as u64 && recv < send + bytes as u64;
+        let src = st
+            .windows
+            .iter()
+            .filter(|_| !overlaps)
+            .find_map(|w| {
+                let slot = w.slot?;
+                let inside = send >= w.base && send + bytes as u64 <= w.base + w.bytes as u64;
+                inside.then(|| nccl_device::abi::sym_src_window(slot, send - w.base))
+            })
+            .unwrap_or(nccl_device::abi::SYM_SRC_STAGED);
+        self.windows.launches.fetch_add(1, Ordering::Relaxed);
+        Some((sym.dev.ptr, src))
+    }
+
+    /// The window's buffer must be device memory of this communicator's device, `bytes` long.
+    fn check_window_buffer(&self, buff: DevPtr, bytes: usize) -> Result<()> {
+        if buff == 0 || bytes == 0 {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommWindowRegister: an empty window ({bytes} bytes at {buff:#x})"
+            )));
+        }
+        match self.device.pointer_extent(buff, bytes)? {
+            Some((d, avail)) if d == self.device.ordinal && avail >= bytes => Ok(()),
+            _ => Err(Error::invalid_argument(format!(
+                "ncclCommWindowRegister: {bytes} bytes at {buff:#x} are not memory of device {} \
+                 (the communicator's)",
+                self.device.ordinal
+            ))),
+        }
+    }
+
+    /// Whether this rank addresses every other rank's memory as it is: one node, ranks of
+    /// this process connected through p2p, few enough for the symmetric path.
+    fn maps_every_rank(&self) -> bool {
+        self.nranks <= SYM_MAX_RANKS
+            && (0..self.nranks).all(|p| p == self.rank || self.links.same_space(p))
+    }
+
+    /// A slot of the symmetric table for a new window (every rank picks the same: they
+    /// register and deregister in the same order), with the symmetric state made first where
+    /// this is the communicator's first symmetric window; None (said at INFO) where some rank
+    /// cannot map every other one.
+    fn symmetric_slot(&self, st: &mut State, offers: &[Offer]) -> Result<Option<usize>> {
+        if let Some(r) = offers.iter().position(|o| o.maps_all == 0) {
+            log::info!(
+                "rank {}: a symmetric window registered as an ordinary one: rank {r} cannot map \
+                 every other rank's memory (ranks in other processes or nodes, no p2p, or more \
+                 than {SYM_MAX_RANKS} ranks)",
+                self.rank
+            );
+            return Ok(None);
+        }
+        let used: Vec<usize> = st.windows.iter().filter_map(|w| w.slot).collect();
+        let Some(slot) = (0..SYM_MAX_WINDOWS).find(|s| !used.contains(s)) else {
+            log::info!(
+                "rank {}: a symmetric window registered as an ordinary one: all \
+                 {SYM_MAX_WINDOWS} symmetric slots are taken",
+                self.rank
+            );
+            return Ok(None);
+        };
+        if st.sym.is_none() {
+            st.sym = Some(self.make_sym()?);
+        }
+        let sym = st
+            .sym
+            .as_ref()
+            .ok_or_else(|| Error::internal("symmetric state"))?;
+        let row: Vec<u8> = (0..SYM_MAX_RANKS)
+            .flat_map(|r| offers.get(r).map_or(0, |o| o.base).to_le_bytes())
+            .collect();
+        sym.table.write(slot * SYM_MAX_RANKS * 8, &row)?;
+        log::info!(
+            "rank {}: symmetric window in slot {slot}: AllReduce of at most {} bytes per rank \
+             takes the symmetric path",
+            self.rank,
+            (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize).min(sym.stage_bytes)
+        );
+        Ok(Some(slot))
+    }
+
+    /// The symmetric state: this rank's scratch (zeroed flags), every rank's scratch address
+    /// (an allgather: every rank makes it at the same window), the empty table.
+    fn make_sym(&self) -> Result<Sym> {
+        let stage_bytes = (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize)
+            .next_multiple_of(16)
+            .max(16);
+        let scratch = self.device.alloc(SYM_FLAG_BYTES + stage_bytes)?;
+        scratch.write(0, &vec![0u8; SYM_FLAG_BYTES])?;
+        let table = self.device.alloc(SYM_MAX_WINDOWS * SYM_MAX_RANKS * 8)?;
+        table.write(0, &vec![0u8; SYM_MAX_WINDOWS * SYM_MAX_RANKS * 8])?;
+        let all = self.bootstrap.allgather(&scratch.ptr.to_le_bytes())?;
+        let mut dev = SymDev {
+            rank: self.rank as u32,
+            nranks: self.nranks as u32,
+            stage_bytes: stage_bytes as u64,
+            windows: table.ptr,
+            launches: [0; MAX_CHANNELS],
+            ..SymDev::default()
+        };
+        for (r, b) in all.iter().enumerate() {
+            let p = b
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| Error::remote(format!("rank {r} sent a bad scratch address")))?;
+            dev.scratch[r] = p;
+        }
+        let d = self.device.alloc(std::mem::size_of::<SymDev>())?;
+        d.write(0, super::as_bytes(std::slice::from_ref(&dev)))?;
+        Ok(Sym {
+            dev: d,
+            table,
+            _scratch: scratch,
+            stage_bytes,
+        })
+    }
+}
+
+/// With `NCCL_WIN_COLL_SYMMETRIC` on any rank: on every rank, and the same size everywhere.
+fn check_symmetric(offers: &[Offer]) -> Result<()> {
+    if let Some(r) = offers.iter().position(|o| o.symmetric == 0) {
+        return Err(Error::invalid_usage(format!(
+            "ncclCommWindowRegister: NCCL_WIN_COLL_SYMMETRIC must be given on every rank, and \
+             rank {r} did not give it"
+        )));
+    }
+    let bytes = offers[0].bytes;
+    if let Some(r) = offers.iter().position(|o| o.bytes != bytes) {
+        return Err(Error::invalid_usage(format!(
+            "ncclCommWindowRegister: a symmetric window must have the same size on every rank: \
+             rank 0 registers {bytes} bytes, rank {r} {}",
+            offers[r].bytes
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! Windows and the symmetric path (`comm/window.rs`, `device/src/coll/symmetric.rs`) on the
+//! simulator: once the ranks of one process registered a symmetric window, AllReduces up to
+//! NCCL_RS_SYMMETRIC_MAX_BYTES per rank run as one-shot loads from the peers, with inputs
+//! read in the window where they lie there and staged otherwise. Random data and poisoned
+//! outputs, every type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks;
+//! inputs in windows on some ranks only; graphs; bad registrations fail on every rank.
+
+use crate::common::{self, check_all_reduce, graphs, lend, Drive, Ranks, ALL_OPS};
+use nccl::{Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
+
+/// Registers on every rank at once (a collective call) `bytes[r]` at `ptrs[r]`.
+fn register_all(
+    comms: &[Comm],
+    ptrs: &[u64],
+    bytes: &[usize],
+    flags: &[u32],
+) -> Vec<nccl::Result<u64>> {
+    let lent = lend(comms);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = lent
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let (p, b, f) = (ptrs[r], bytes[r], flags[r]);
+                // SAFETY: the test's buffers outlive the communicators' use of them.
+                s.spawn(move || unsafe { c.window_register_raw(p, b, f) })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
+}
+
+/// A symmetric window of `bytes` on every rank (its buffers, kept alive by the caller).
+fn symmetric_windows(comms: &[Comm], bytes: usize) -> Vec<DevBuffer> {
+    let bufs: Vec<DevBuffer> = comms
+        .iter()
+        .map(|c| c.device().alloc(bytes).expect("alloc"))
+        .collect();
+    let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
+    let n = comms.len();
+    for r in register_all(comms, &ptrs, &vec![bytes; n], &vec![1; n]) {
+        r.expect("register a symmetric window");
+    }
+    bufs
+}
+
+fn launches(ranks: &Ranks) -> u64 {
+    ranks.comms.iter().map(|c| c.symmetric_launches()).sum()
+}
+
+/// Plain buffers (staged by the kernel) on 2, 4 and 8 ranks: every type and reduction.
+#[test]
+fn staged_inputs_every_type_and_reduction() {
+    common::sim();
+    for n in [2, 4, 8] {
+        let ranks = common::sim_ranks(n);
+        let _windows = symmetric_windows(&ranks.comms, 4096);
+        for (k, dt) in common::matrix_types().into_iter().enumerate() {
+            for (j, op) in ALL_OPS.into_iter().enumerate() {
+                for (i, count) in [1usize, 7, 1000, 4099].into_iter().enumerate() {
+                    let before = launches(&ranks);
+                    let in_place = (i + j + k) % 2 == 1;
+                    let seed = (k * 100 + j * 10 + i) as u64;
+                    let drive = [Drive::OneThread, Drive::ThreadPerRank][i % 2];
+                    let ran = check_all_reduce(&ranks, count, dt, op, in_place, seed, drive)
+                        .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+                    if ran == common::Checked::Ran {
+                        assert_eq!(
+                            launches(&ranks),
+                            before + n as u64,
+                            "{n} ranks, {} {op:?} count {count}: not on the symmetric path",
+                            dt.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One AllReduce of `count` f32 on every rank from `send[r]` into `recv[r]` (device
+/// addresses), checked against the sum of the inputs written there first; the outputs'
+/// neighbours are poisoned and must stay so.
+fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, seed: u64) {
+    let n = ranks.comms.len();
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| {
+            (0..count)
+                .map(|j| ((seed as usize * 31 + r * 17 + j * 7) % 113) as f32)
+                .collect()
+        })
+        .collect();
+    let want: Vec<f32> = (0..count)
+        .map(|j| inputs.iter().map(|v| v[j]).sum())
+        .collect();
+    for (r, c) in ranks.comms.iter().enumerate() {
+        let d = c.device();
+        // SAFETY: the test's own buffers, idle.
+        unsafe {
+            d.copy_htod_raw(recv[r] - 16, &[0xAB; 16]).unwrap();
+            d.copy_htod_raw(recv[r] + count as u64 * 4, &[0xAB; 16]).unwrap();
+            d.copy_htod_raw(send[r], common::to_bytes(&inputs[r])).unwrap();
+            if recv[r] != send[r] {
+                d.copy_htod_raw(recv[r], &vec![0xCD; count * 4]).unwrap();
+            }
+        }
+    }
+    let lent = lend(&ranks.comms);
+    let streams: &[StreamHandle] = &ranks.streams;
+    std::thread::scope(|s| {
+        for (r, c) in lent.iter().enumerate() {
+            let (sp, rp, st) = (send[r], recv[r], streams[r]);
+            s.spawn(move || {
+                // SAFETY: the test's buffers, alive until the synchronization below.
+                unsafe { c.all_reduce_raw(sp, rp, count, DataType::Float32, ReduceOp::SUM, st) }
+                    .expect("all_reduce");
+                c.device().stream_sync(st).expect("sync");
+            });
+        }
+    });
+    for (r, c) in ranks.comms.iter().enumerate() {
+        let d = c.device();
+        let mut out = vec![0u8; count * 4];
+        let (mut before, mut after) = ([0u8; 16], [0u8; 16]);
+        // SAFETY: as above.
+        unsafe {
+            d.copy_dtoh_raw(&mut out, recv[r]).unwrap();
+            d.copy_dtoh_raw(&mut before, recv[r] - 16).unwrap();
+            d.copy_dtoh_raw(&mut after, recv[r] + count as u64 * 4).unwrap();
+        }
+        let got: Vec<f32> = common::from_bytes(&out);
+        assert_eq!(got, want, "rank {r} of {n}, count {count}, seed {seed}");
+        assert_eq!((before, after), ([0xAB; 16], [0xAB; 16]), "rank {r}: outside the output");
+    }
+}
+
+/// Inputs read in the windows where they lie (aligned and not), in place in a window (staged),
+/// and a job where only even ranks' inputs are in the window: all right, all symmetric.
+#[test]
+fn inputs_in_windows_where_they_lie_and_mixed() {
+    common::sim();
+    for n in [2, 4] {
+        let ranks = common::sim_ranks(n);
+        let bytes = 64 << 10;
+        let windows = symmetric_windows(&ranks.comms, bytes);
+        let plain: Vec<DevBuffer> = ranks
+            .comms
+            .iter()
+            .map(|c| c.device().alloc(bytes).unwrap())
+            .collect();
+        let at = |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
+        let mut seed = 0;
+        for count in [1usize, 5, 1000, 3001] {
+            for off in [256u64, 4] {
+                let before = launches(&ranks);
+                seed += 1;
+                // In the window, out of place into a plain buffer.
+                all_reduce_at(&ranks, &at(&windows, off), &at(&plain, 256), count, seed);
+                // In place in the window.
+                seed += 1;
+                all_reduce_at(&ranks, &at(&windows, off), &at(&windows, off), count, seed);
+                // Even ranks in the window, odd ranks plain.
+                seed += 1;
+                let mixed: Vec<u64> = (0..n)
+                    .map(|r| match r % 2 {
+                        0 => windows[r].ptr() + off,
+                        _ => plain[r].ptr() + (32 << 10),
+                    })
+                    .collect();
+                all_reduce_at(&ranks, &mixed, &at(&plain, 256), count, seed);
+                assert_eq!(launches(&ranks), before + 3 * n as u64, "count {count}");
+            }
+        }
+    }
+}
+
+/// Above NCCL_RS_SYMMETRIC_MAX_BYTES, and after the last symmetric window went, the ordinary
+/// path runs (and is right).
+#[test]
+fn large_calls_and_no_window_take_the_ordinary_path() {
+    common::sim();
+    let ranks = common::sim_ranks(2);
+    let windows = symmetric_windows(&ranks.comms, 4096);
+    let big = (256 << 10) / 4 + 1;
+    let before = launches(&ranks);
+    check_all_reduce(&ranks, big, DataType::Float32, ReduceOp::SUM, false, 1, Drive::OneThread)
+        .unwrap();
+    assert_eq!(launches(&ranks), before, "a call over the limit ran symmetric");
+    let lent = lend(&ranks.comms);
+    std::thread::scope(|s| {
+        for (r, c) in lent.iter().enumerate() {
+            let _ = r;
+            s.spawn(move || c.window_deregister_raw(1).expect("deregister"));
+        }
+    });
+    drop(windows);
+    check_all_reduce(&ranks, 100, DataType::Float32, ReduceOp::SUM, true, 2, Drive::OneThread)
+        .unwrap();
+    assert_eq!(launches(&ranks), before, "a call without a window ran symmetric");
+}
+
+/// Captured on the symmetric path and replayed: the launch numbers count on in the graph.
+#[test]
+fn graphs_replay_on_the_symmetric_path() {
+    common::sim();
+    let ranks = common::sim_ranks(4);
+    let _windows = symmetric_windows(&ranks.comms, 4096);
+    graphs::capture_and_replay(&ranks, 5, graphs::FirstUse::BeforeCapture).unwrap();
+    assert!(launches(&ranks) > 0, "the graphs' AllReduce did not take the symmetric path");
+}
+
+/// Different sizes, a symmetric flag on some ranks only, a rank's bad buffer: every rank gets
+/// the error (none waits for the others), and the communicator keeps working.
+#[test]
+fn bad_windows_fail_on_every_rank() {
+    common::sim();
+    let ranks = common::sim_ranks(3);
+    let bufs: Vec<DevBuffer> = ranks
+        .comms
+        .iter()
+        .map(|c| c.device().alloc(8192).unwrap())
+        .collect();
+    let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
+    let cases: [(&str, Vec<u64>, [usize; 3], [u32; 3]); 3] = [
+        ("sizes differ", ptrs.clone(), [4096, 4096, 8192], [1, 1, 1]),
+        ("symmetric on some ranks", ptrs.clone(), [4096; 3], [1, 0, 1]),
+        ("a null buffer", vec![ptrs[0], 0, ptrs[2]], [4096; 3], [1, 1, 1]),
+    ];
+    for (what, p, b, f) in cases {
+        for (r, res) in register_all(&ranks.comms, &p, &b, &f).into_iter().enumerate() {
+            let e = res.expect_err(what);
+            let code = e.code;
+            assert!(
+                matches!(code, nccl::NcclResult::InvalidUsage | nccl::NcclResult::InvalidArgument),
+                "{what}: rank {r}: {e}"
+            );
+        }
+    }
+    assert_eq!(launches(&ranks), 0);
+    check_all_reduce(&ranks, 77, DataType::Float32, ReduceOp::SUM, false, 3, Drive::OneThread)
+        .unwrap();
+}
