@@ -31,8 +31,9 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options]; w
   -t, --mode thread|threads one thread drives every GPU, or a thread per GPU [thread]
   -G, --cudagraph N         capture N iterations in a CUDA graph per GPU and time its replays
                             (each replay's time / N; -w and -n count replays) [0: no graph]
-  -R, --local_register 0|1  1: register every rank's send and receive buffers with
-                            ncclCommRegister (both libraries) before measuring [0]
+  -R, --local_register 0|1|2  1: register every rank's send and receive buffers with
+                            ncclCommRegister (both libraries) before measuring; 2: as
+                            symmetric windows (ncclCommWindowRegister, nccl-rs only) [0]
       --baseline PATH       NVIDIA libnccl.so.2 to run side by side (CUDA backend only)
       --baseline-env K=V    set K=V for the baseline alone (repeat for several): only
                             NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD, which nccl-rs
@@ -105,8 +106,9 @@ pub struct Args {
     pub graph: usize,
     /// `--stat`: how a call's time is taken from the timed iterations.
     pub stat: Stat,
-    /// `-R 1`: the buffers are registered with each communicator.
-    pub register: bool,
+    /// `-R 1`: the buffers are registered with each communicator; `-R 2`: as symmetric
+    /// windows.
+    pub register: u8,
     pub baseline: Option<PathBuf>,
     /// `--baseline-env K=V`: set for the baseline's init (after nccl-rs's).
     pub baseline_env: Vec<(String, String)>,
@@ -302,7 +304,7 @@ impl Default for Args {
             mode: Mode::Thread,
             graph: 0,
             stat: Stat::Mean,
-            register: false,
+            register: 0,
             baseline: None,
             baseline_env: Vec::new(),
             backend: None,
@@ -420,7 +422,12 @@ fn set_option(a: &mut Args, key: &str, value: String) -> Result<(), String> {
                 v => return Err(format!("--stat: '{v}' (use mean or median)")),
             }
         }
-        "local_register" => a.register = parse_switch(&value, "--local_register")?,
+        "local_register" => {
+            a.register = match value.as_str() {
+                "0" | "1" | "2" => value.parse().unwrap_or(0),
+                v => return Err(format!("--local_register: '{v}' (use 0, 1 or 2)")),
+            }
+        }
         "collective" => a.colls = parse_collectives(&value)?,
         "root" => a.root = parse_number(&value, "--root")?,
         "baseline" => a.baseline = Some(PathBuf::from(value)),

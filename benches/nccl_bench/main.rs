@@ -259,8 +259,10 @@ fn bench(
     if let Some(lib) = baseline {
         init_baseline(lib, &mut b, args, member.as_ref(), &layout.devs)?;
     }
-    if args.register {
-        register_buffers(&b)?;
+    match args.register {
+        1 => register_buffers(&b)?,
+        2 => register_windows(&b)?,
+        _ => {}
     }
 
     let all_right = run_tables(&mut b, args, &s, &mut records)?;
@@ -670,6 +672,40 @@ fn register_buffers(b: &Bench) -> Result<(), String> {
         }
     }
     println!("# buffers registered with ncclCommRegister (-R 1)");
+    Ok(())
+}
+
+/// `-R 2`: every rank's send and receive buffers registered as symmetric windows of its
+/// communicator (a collective call: a thread per rank of this process), for the rest of the
+/// run. The baseline's buffers stay as they are.
+fn register_windows(b: &Bench) -> Result<(), String> {
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = b
+            .ranks
+            .iter()
+            .map(|r| {
+                s.spawn(move || {
+                    for buf in [&r.send, &r.recv] {
+                        // SAFETY: the buffers live as long as the communicators.
+                        unsafe { r.comm.window_register_raw(buf.ptr(), buf.bytes(), 1) }.map_err(
+                            |e| format!("ncclCommWindowRegister (nccl-rs, rank {}): {e}", r.global),
+                        )?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
+            })
+            .collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    println!(
+        "# buffers registered as symmetric windows (-R 2; nccl-rs only, the baseline's are not)"
+    );
     Ok(())
 }
 

@@ -26,6 +26,8 @@ pub mod netns;
 pub mod p2p;
 #[cfg(feature = "internals")]
 pub mod register;
+#[cfg(feature = "internals")]
+pub mod windows;
 
 #[cfg(feature = "internals")]
 #[allow(unused_imports)]

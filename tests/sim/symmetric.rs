@@ -5,48 +5,9 @@
 //! outputs, every type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks;
 //! inputs in windows on some ranks only; graphs; bad registrations fail on every rank.
 
-use crate::common::{self, check_all_reduce, graphs, lend, Drive, Ranks, ALL_OPS};
-use nccl::{Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
-
-/// Registers on every rank at once (a collective call) `bytes[r]` at `ptrs[r]`.
-fn register_all(
-    comms: &[Comm],
-    ptrs: &[u64],
-    bytes: &[usize],
-    flags: &[u32],
-) -> Vec<nccl::Result<u64>> {
-    let lent = lend(comms);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = lent
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let (p, b, f) = (ptrs[r], bytes[r], flags[r]);
-                // SAFETY: the test's buffers outlive the communicators' use of them.
-                s.spawn(move || unsafe { c.window_register_raw(p, b, f) })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
-    })
-}
-
-/// A symmetric window of `bytes` on every rank (its buffers, kept alive by the caller).
-fn symmetric_windows(comms: &[Comm], bytes: usize) -> Vec<DevBuffer> {
-    let bufs: Vec<DevBuffer> = comms
-        .iter()
-        .map(|c| c.device().alloc(bytes).expect("alloc"))
-        .collect();
-    let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
-    let n = comms.len();
-    for r in register_all(comms, &ptrs, &vec![bytes; n], &vec![1; n]) {
-        r.expect("register a symmetric window");
-    }
-    bufs
-}
-
-fn launches(ranks: &Ranks) -> u64 {
-    ranks.comms.iter().map(|c| c.symmetric_launches()).sum()
-}
+use crate::common::windows::{all_reduce_at, launches, register_all, symmetric_windows};
+use crate::common::{self, check_all_reduce, graphs, lend, Drive, ALL_OPS};
+use nccl::{DataType, DevBuffer, ReduceOp};
 
 /// Plain buffers (staged by the kernel) on 2, 4 and 8 ranks: every type and reduction.
 #[test]
@@ -78,62 +39,6 @@ fn staged_inputs_every_type_and_reduction() {
     }
 }
 
-/// One AllReduce of `count` f32 on every rank from `send[r]` into `recv[r]` (device
-/// addresses), checked against the sum of the inputs written there first; the outputs'
-/// neighbours are poisoned and must stay so.
-fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, seed: u64) {
-    let n = ranks.comms.len();
-    let inputs: Vec<Vec<f32>> = (0..n)
-        .map(|r| {
-            (0..count)
-                .map(|j| ((seed as usize * 31 + r * 17 + j * 7) % 113) as f32)
-                .collect()
-        })
-        .collect();
-    let want: Vec<f32> = (0..count)
-        .map(|j| inputs.iter().map(|v| v[j]).sum())
-        .collect();
-    for (r, c) in ranks.comms.iter().enumerate() {
-        let d = c.device();
-        // SAFETY: the test's own buffers, idle.
-        unsafe {
-            d.copy_htod_raw(recv[r] - 16, &[0xAB; 16]).unwrap();
-            d.copy_htod_raw(recv[r] + count as u64 * 4, &[0xAB; 16]).unwrap();
-            d.copy_htod_raw(send[r], common::to_bytes(&inputs[r])).unwrap();
-            if recv[r] != send[r] {
-                d.copy_htod_raw(recv[r], &vec![0xCD; count * 4]).unwrap();
-            }
-        }
-    }
-    let lent = lend(&ranks.comms);
-    let streams: &[StreamHandle] = &ranks.streams;
-    std::thread::scope(|s| {
-        for (r, c) in lent.iter().enumerate() {
-            let (sp, rp, st) = (send[r], recv[r], streams[r]);
-            s.spawn(move || {
-                // SAFETY: the test's buffers, alive until the synchronization below.
-                unsafe { c.all_reduce_raw(sp, rp, count, DataType::Float32, ReduceOp::SUM, st) }
-                    .expect("all_reduce");
-                c.device().stream_sync(st).expect("sync");
-            });
-        }
-    });
-    for (r, c) in ranks.comms.iter().enumerate() {
-        let d = c.device();
-        let mut out = vec![0u8; count * 4];
-        let (mut before, mut after) = ([0u8; 16], [0u8; 16]);
-        // SAFETY: as above.
-        unsafe {
-            d.copy_dtoh_raw(&mut out, recv[r]).unwrap();
-            d.copy_dtoh_raw(&mut before, recv[r] - 16).unwrap();
-            d.copy_dtoh_raw(&mut after, recv[r] + count as u64 * 4).unwrap();
-        }
-        let got: Vec<f32> = common::from_bytes(&out);
-        assert_eq!(got, want, "rank {r} of {n}, count {count}, seed {seed}");
-        assert_eq!((before, after), ([0xAB; 16], [0xAB; 16]), "rank {r}: outside the output");
-    }
-}
-
 /// Inputs read in the windows where they lie (aligned and not), in place in a window (staged),
 /// and a job where only even ranks' inputs are in the window: all right, all symmetric.
 #[test]
@@ -148,10 +53,11 @@ fn inputs_in_windows_where_they_lie_and_mixed() {
             .iter()
             .map(|c| c.device().alloc(bytes).unwrap())
             .collect();
-        let at = |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
+        let at =
+            |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
         let mut seed = 0;
         for count in [1usize, 5, 1000, 3001] {
-            for off in [256u64, 4] {
+            for off in [256u64, 260] {
                 let before = launches(&ranks);
                 seed += 1;
                 // In the window, out of place into a plain buffer.
@@ -183,20 +89,43 @@ fn large_calls_and_no_window_take_the_ordinary_path() {
     let windows = symmetric_windows(&ranks.comms, 4096);
     let big = (256 << 10) / 4 + 1;
     let before = launches(&ranks);
-    check_all_reduce(&ranks, big, DataType::Float32, ReduceOp::SUM, false, 1, Drive::OneThread)
-        .unwrap();
-    assert_eq!(launches(&ranks), before, "a call over the limit ran symmetric");
+    check_all_reduce(
+        &ranks,
+        big,
+        DataType::Float32,
+        ReduceOp::SUM,
+        false,
+        1,
+        Drive::OneThread,
+    )
+    .unwrap();
+    assert_eq!(
+        launches(&ranks),
+        before,
+        "a call over the limit ran symmetric"
+    );
     let lent = lend(&ranks.comms);
     std::thread::scope(|s| {
-        for (r, c) in lent.iter().enumerate() {
-            let _ = r;
+        for c in lent.iter() {
             s.spawn(move || c.window_deregister_raw(1).expect("deregister"));
         }
     });
     drop(windows);
-    check_all_reduce(&ranks, 100, DataType::Float32, ReduceOp::SUM, true, 2, Drive::OneThread)
-        .unwrap();
-    assert_eq!(launches(&ranks), before, "a call without a window ran symmetric");
+    check_all_reduce(
+        &ranks,
+        100,
+        DataType::Float32,
+        ReduceOp::SUM,
+        true,
+        2,
+        Drive::OneThread,
+    )
+    .unwrap();
+    assert_eq!(
+        launches(&ranks),
+        before,
+        "a call without a window ran symmetric"
+    );
 }
 
 /// Captured on the symmetric path and replayed: the launch numbers count on in the graph.
@@ -206,8 +135,14 @@ fn graphs_replay_on_the_symmetric_path() {
     let ranks = common::sim_ranks(4);
     let _windows = symmetric_windows(&ranks.comms, 4096);
     graphs::capture_and_replay(&ranks, 5, graphs::FirstUse::BeforeCapture).unwrap();
-    assert!(launches(&ranks) > 0, "the graphs' AllReduce did not take the symmetric path");
+    assert!(
+        launches(&ranks) > 0,
+        "the graphs' AllReduce did not take the symmetric path"
+    );
 }
+
+/// What a bad registration case passes: its name, each rank's buffer, bytes and flags.
+type Case = (&'static str, Vec<u64>, [usize; 3], [u32; 3]);
 
 /// Different sizes, a symmetric flag on some ranks only, a rank's bad buffer: every rank gets
 /// the error (none waits for the others), and the communicator keeps working.
@@ -221,22 +156,46 @@ fn bad_windows_fail_on_every_rank() {
         .map(|c| c.device().alloc(8192).unwrap())
         .collect();
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
-    let cases: [(&str, Vec<u64>, [usize; 3], [u32; 3]); 3] = [
+    let cases: [Case; 3] = [
         ("sizes differ", ptrs.clone(), [4096, 4096, 8192], [1, 1, 1]),
-        ("symmetric on some ranks", ptrs.clone(), [4096; 3], [1, 0, 1]),
-        ("a null buffer", vec![ptrs[0], 0, ptrs[2]], [4096; 3], [1, 1, 1]),
+        (
+            "symmetric on some ranks",
+            ptrs.clone(),
+            [4096; 3],
+            [1, 0, 1],
+        ),
+        (
+            "a null buffer",
+            vec![ptrs[0], 0, ptrs[2]],
+            [4096; 3],
+            [1, 1, 1],
+        ),
     ];
     for (what, p, b, f) in cases {
-        for (r, res) in register_all(&ranks.comms, &p, &b, &f).into_iter().enumerate() {
+        for (r, res) in register_all(&ranks.comms, &p, &b, &f)
+            .into_iter()
+            .enumerate()
+        {
             let e = res.expect_err(what);
             let code = e.code;
             assert!(
-                matches!(code, nccl::NcclResult::InvalidUsage | nccl::NcclResult::InvalidArgument),
+                matches!(
+                    code,
+                    nccl::NcclResult::InvalidUsage | nccl::NcclResult::InvalidArgument
+                ),
                 "{what}: rank {r}: {e}"
             );
         }
     }
     assert_eq!(launches(&ranks), 0);
-    check_all_reduce(&ranks, 77, DataType::Float32, ReduceOp::SUM, false, 3, Drive::OneThread)
-        .unwrap();
+    check_all_reduce(
+        &ranks,
+        77,
+        DataType::Float32,
+        ReduceOp::SUM,
+        false,
+        3,
+        Drive::OneThread,
+    )
+    .unwrap();
 }

@@ -1,0 +1,110 @@
+//! Windows for the tests (`ncclCommWindowRegister`): registering on every rank of a process at
+//! once (a collective call), and AllReduces between buffers at given addresses.
+
+use super::{from_bytes, lend, to_bytes, Ranks};
+use nccl::{Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
+
+/// Registers on every rank at once (a collective call) `bytes[r]` at `ptrs[r]`.
+pub fn register_all(
+    comms: &[Comm],
+    ptrs: &[u64],
+    bytes: &[usize],
+    flags: &[u32],
+) -> Vec<nccl::Result<u64>> {
+    let lent = lend(comms);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = lent
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let (p, b, f) = (ptrs[r], bytes[r], flags[r]);
+                // SAFETY: the test's buffers outlive the communicators' use of them.
+                s.spawn(move || unsafe { c.window_register_raw(p, b, f) })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// A symmetric window of `bytes` on every rank (its buffers, kept alive by the caller).
+pub fn symmetric_windows(comms: &[Comm], bytes: usize) -> Vec<DevBuffer> {
+    let bufs: Vec<DevBuffer> = comms
+        .iter()
+        .map(|c| c.device().alloc(bytes).expect("alloc"))
+        .collect();
+    let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
+    let n = comms.len();
+    for r in register_all(comms, &ptrs, &vec![bytes; n], &vec![1; n]) {
+        r.expect("register a symmetric window");
+    }
+    bufs
+}
+
+/// Calls the communicators planned on the symmetric path.
+pub fn launches(ranks: &Ranks) -> u64 {
+    ranks.comms.iter().map(|c| c.symmetric_launches()).sum()
+}
+
+/// One AllReduce of `count` f32 on every rank from `send[r]` into `recv[r]` (device
+/// addresses), checked against the sum of the inputs written there first; the outputs'
+/// neighbours are poisoned and must stay so.
+pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, seed: u64) {
+    let n = ranks.comms.len();
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| {
+            (0..count)
+                .map(|j| ((seed as usize * 31 + r * 17 + j * 7) % 113) as f32)
+                .collect()
+        })
+        .collect();
+    let want: Vec<f32> = (0..count)
+        .map(|j| inputs.iter().map(|v| v[j]).sum())
+        .collect();
+    for (r, c) in ranks.comms.iter().enumerate() {
+        let d = c.device();
+        // SAFETY: the test's own buffers, idle.
+        unsafe {
+            d.copy_htod_raw(recv[r] - 16, &[0xAB; 16]).unwrap();
+            d.copy_htod_raw(recv[r] + count as u64 * 4, &[0xAB; 16])
+                .unwrap();
+            d.copy_htod_raw(send[r], to_bytes(&inputs[r])).unwrap();
+            if recv[r] != send[r] {
+                d.copy_htod_raw(recv[r], &vec![0xCD; count * 4]).unwrap();
+            }
+        }
+    }
+    let lent = lend(&ranks.comms);
+    let streams: &[StreamHandle] = &ranks.streams;
+    std::thread::scope(|s| {
+        for (r, c) in lent.iter().enumerate() {
+            let (sp, rp, st) = (send[r], recv[r], streams[r]);
+            s.spawn(move || {
+                // SAFETY: the test's buffers, alive until the synchronization below.
+                unsafe { c.all_reduce_raw(sp, rp, count, DataType::Float32, ReduceOp::SUM, st) }
+                    .expect("all_reduce");
+                c.device().stream_sync(st).expect("sync");
+            });
+        }
+    });
+    for (r, c) in ranks.comms.iter().enumerate() {
+        let d = c.device();
+        let mut out = vec![0u8; count * 4];
+        let (mut before, mut after) = ([0u8; 16], [0u8; 16]);
+        // SAFETY: as above.
+        unsafe {
+            d.copy_dtoh_raw(&mut out, recv[r]).unwrap();
+            d.copy_dtoh_raw(&mut before, recv[r] - 16).unwrap();
+            d.copy_dtoh_raw(&mut after, recv[r] + count as u64 * 4)
+                .unwrap();
+        }
+        let got: Vec<f32> = from_bytes(&out);
+        assert_eq!(got, want, "rank {r} of {n}, count {count}, seed {seed}");
+        assert_eq!(
+            (before, after),
+            ([0xAB; 16], [0xAB; 16]),
+            "rank {r}: outside the output"
+        );
+    }
+}
