@@ -51,7 +51,7 @@ fn run_ops(ordered: Vec<Job>, p2p: Vec<crate::comm::call::P2pOp>) -> Result<()> 
 /// `ncclGroupEnd`: at the outermost level, runs what the group recorded and returns the first
 /// error. For non-blocking communicators the operations are issued on a background thread
 /// and this returns an error of code `InProgress` (not a failure: poll each communicator's
-/// [`Comm::async_state`] until it is `Success`).
+/// [`crate::comm::Comm::async_state`] until it is `Success`).
 pub fn end() -> Result<()> {
     end_with(false)
 }
