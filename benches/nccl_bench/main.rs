@@ -49,6 +49,7 @@ mod launch_env;
 mod output;
 mod ranks;
 mod records;
+mod register;
 mod timing;
 
 use args::{parse_args, Args, Mode, USAGE};
@@ -260,8 +261,8 @@ fn bench(
         init_baseline(lib, &mut b, args, member.as_ref(), &layout.devs)?;
     }
     match args.register {
-        1 => register_buffers(&b)?,
-        2 => register_windows(&b)?,
+        1 => register::buffers(&b)?,
+        2 => register::windows(&b)?,
         _ => {}
     }
 
@@ -656,57 +657,6 @@ fn report_idle(args: &Args, process_per_rank: bool) {
 fn idle_seconds(args: &Args, process_per_rank: bool) -> f64 {
     let default = if process_per_rank { 2.0 } else { 0.0 };
     args.idle_cpu.unwrap_or(default)
-}
-
-/// `-R 1`: every rank's send and receive buffers registered with its communicators (ours
-/// and the baseline's), for the rest of the run.
-fn register_buffers(b: &Bench) -> Result<(), String> {
-    for (i, r) in b.ranks.iter().enumerate() {
-        for buf in [&r.send, &r.recv] {
-            // SAFETY: the buffers live as long as the communicators (Bench drops them after).
-            unsafe { r.comm.register_raw(buf.ptr(), buf.bytes()) }
-                .map_err(|e| format!("ncclCommRegister (nccl-rs, rank {}): {e}", r.global))?;
-            if let Some((lib, comms)) = &b.nccl {
-                lib.register(&comms[i], buf.ptr(), buf.bytes())?;
-            }
-        }
-    }
-    println!("# buffers registered with ncclCommRegister (-R 1)");
-    Ok(())
-}
-
-/// `-R 2`: every rank's send and receive buffers registered as symmetric windows of its
-/// communicator (a collective call: a thread per rank of this process), for the rest of the
-/// run. The baseline's buffers stay as they are.
-fn register_windows(b: &Bench) -> Result<(), String> {
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = b
-            .ranks
-            .iter()
-            .map(|r| {
-                s.spawn(move || {
-                    for buf in [&r.send, &r.recv] {
-                        // SAFETY: the buffers live as long as the communicators.
-                        unsafe { r.comm.window_register_raw(buf.ptr(), buf.bytes(), 1) }.map_err(
-                            |e| format!("ncclCommWindowRegister (nccl-rs, rank {}): {e}", r.global),
-                        )?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
-            })
-            .collect()
-    });
-    results.into_iter().collect::<Result<Vec<()>, String>>()?;
-    println!(
-        "# buffers registered as symmetric windows (-R 2; nccl-rs only, the baseline's are not)"
-    );
-    Ok(())
 }
 
 /// Every type, op and size of the table.

@@ -12,7 +12,7 @@ use nccl::{Backend, Comm, DataType, ReduceOp};
 const WHY: &str =
     "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)";
 
-fn gpus(n: usize) -> Ranks {
+pub(crate) fn gpus(n: usize) -> Ranks {
     Ranks::new(Comm::init_all(&devices(n)).unwrap_or_else(|e| panic!("init_all on {n} GPUs: {e}")))
 }
 
@@ -31,7 +31,7 @@ fn devices(n: usize) -> Vec<i32> {
 
 /// The GPU counts a test covers: `all`, or those of them NCCL_RS_TEST_GPUS lists (e.g. `2` on
 /// a host of two GPUs; a count it names that `all` lacks is an error, never a silent pass).
-fn counts(all: &[usize]) -> Vec<usize> {
+pub(crate) fn counts(all: &[usize]) -> Vec<usize> {
     let Ok(list) = std::env::var("NCCL_RS_TEST_GPUS") else {
         return all.to_vec();
     };
@@ -759,65 +759,5 @@ fn killed_peer_mid_collective_on_gpus() {
             &[("NCCL_SOCKET_IFNAME", "lo")],
             nodes * per_node - 1,
         );
-    }
-}
-
-/// The symmetric path (`comm/window.rs`) on 2 and 4 ranks of one process: inputs staged
-/// (every type and reduction, odd counts, in and out of place), read in the windows where they
-/// lie (aligned and not), in place in a window, and in windows on even ranks only.
-#[test]
-#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
-fn symmetric_path_on_2_and_4_ranks() {
-    use crate::common::windows::{all_reduce_at, launches, symmetric_windows};
-    for n in counts(&[2, 4]) {
-        let ranks = gpus(n);
-        let bytes = 1 << 20;
-        let windows = symmetric_windows(&ranks.comms, bytes);
-        for (k, dt) in common::matrix_types().into_iter().enumerate() {
-            for (j, op) in ALL_OPS.into_iter().enumerate() {
-                for (i, count) in [1usize, 1001, 65_537].into_iter().enumerate() {
-                    let before = launches(&ranks);
-                    let in_place = (i + j + k) % 2 == 1;
-                    let seed = (k * 100 + j * 10 + i) as u64;
-                    let ran =
-                        check_all_reduce(&ranks, count, dt, op, in_place, seed, Drive::OneThread)
-                            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
-                    if ran == common::Checked::Ran && count * dt.size() <= 256 << 10 {
-                        assert_eq!(
-                            launches(&ranks),
-                            before + n as u64,
-                            "{n} ranks: not symmetric"
-                        );
-                    }
-                }
-            }
-        }
-        let plain: Vec<nccl::DevBuffer> = ranks
-            .comms
-            .iter()
-            .map(|c| c.device().alloc(bytes).unwrap())
-            .collect();
-        let at = |b: &[nccl::DevBuffer], off: u64| -> Vec<u64> {
-            b.iter().map(|b| b.ptr() + off).collect()
-        };
-        let mut seed = 0;
-        for count in [3usize, 4096, 60_001] {
-            for off in [256u64, 260] {
-                let before = launches(&ranks);
-                seed += 1;
-                all_reduce_at(&ranks, &at(&windows, off), &at(&plain, 256), count, seed);
-                seed += 1;
-                all_reduce_at(&ranks, &at(&windows, off), &at(&windows, off), count, seed);
-                seed += 1;
-                let mixed: Vec<u64> = (0..n)
-                    .map(|r| match r % 2 {
-                        0 => windows[r].ptr() + off,
-                        _ => plain[r].ptr() + (512 << 10),
-                    })
-                    .collect();
-                all_reduce_at(&ranks, &mixed, &at(&plain, 256), count, seed);
-                assert_eq!(launches(&ranks), before + 3 * n as u64, "count {count}");
-            }
-        }
     }
 }

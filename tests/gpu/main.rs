@@ -10,3 +10,4 @@ mod collectives;
 mod cudarc;
 mod extents;
 mod net_plugin;
+mod symmetric;
