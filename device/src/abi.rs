@@ -156,6 +156,18 @@ pub const SYM_MAX_WINDOWS: usize = 64;
 /// Bytes at the head of each rank's symmetric scratch: the flag slots ([`SymSlot`]), per CTA
 /// two phases (arrive, depart) of one slot per rank. The staging area follows.
 pub const SYM_FLAG_BYTES: usize = MAX_CHANNELS * 2 * SYM_MAX_RANKS * 16;
+/// CTAs of a symmetric launch, at most.
+pub const SYM_MAX_CTAS: usize = 16;
+/// Bytes of LL lines one CTA of a symmetric LL launch ([`CollArgs::proto`] LL) receives from
+/// one rank in one half: half of it payload, so a launch moves at most
+/// `SYM_MAX_CTAS * SYM_LL_CTA_BYTES / 2` bytes per rank.
+pub const SYM_LL_CTA_BYTES: usize = 8192;
+/// Bytes of the LL area after a rank's staging area: two halves (by launch parity) of a slot
+/// per (source rank, CTA).
+pub const SYM_LL_BYTES: usize = 2 * SYM_MAX_RANKS * SYM_MAX_CTAS * SYM_LL_CTA_BYTES;
+/// The largest symmetric LL launch, in bytes per rank.
+pub const SYM_LL_MAX_BYTES: usize = SYM_MAX_CTAS * SYM_LL_CTA_BYTES / 2;
+
 /// [`CollArgs::sym_src`] of a rank whose input is not in a window (or is overwritten in
 /// place): the kernel first copies it into the rank's staging area, where peers read it.
 pub const SYM_SRC_STAGED: u64 = 0;
@@ -189,7 +201,8 @@ pub struct SymSlot {
 pub struct SymDev {
     pub rank: u32,
     pub nranks: u32,
-    /// Bytes of each rank's staging area (after its [`SYM_FLAG_BYTES`] of flags).
+    /// Bytes of each rank's staging area (after its [`SYM_FLAG_BYTES`] of flags); its
+    /// [`SYM_LL_BYTES`] of LL lines follow.
     pub stage_bytes: u64,
     /// Per rank: its symmetric scratch, as this rank maps it.
     pub scratch: [u64; SYM_MAX_RANKS],

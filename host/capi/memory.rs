@@ -73,7 +73,9 @@ export! {
 export! {
     /// `ncclCommWindowRegister` (NCCL 2.27): registers `buff` as a window of this
     /// communicator, on every rank at once (`comm/window.rs`). `winFlags`: NCCL_WIN_DEFAULT
-    /// (0) or NCCL_WIN_COLL_SYMMETRIC (1).
+    /// (0) or NCCL_WIN_COLL_SYMMETRIC (1). A collective call: inside a group (one thread for
+    /// several ranks) it runs at `ncclGroupEnd`, each rank's on a thread of its own, and
+    /// `*win` is filled then, as in NCCL.
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: NcclComm,
         buff: *mut c_void,
@@ -89,8 +91,21 @@ export! {
             )));
         }
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
-        // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
-        *out = c.window_register_raw(dev(buff), size, win_flags as u32)? as usize as *mut c_void;
+        let (buff, flags) = (dev(buff), win_flags as u32);
+        if group::depth() == 0 {
+            // SAFETY: the C caller's buffer, under NCCL's contract (valid while registered).
+            *out = c.window_register_raw(buff, size, flags)? as usize as *mut c_void;
+            return Ok(NcclResult::Success);
+        }
+        let out_at = out as *mut *mut c_void as usize;
+        group::parallel(Box::new(move || {
+            // SAFETY: as above; `win` stays valid until ncclGroupEnd returns (NCCL's contract).
+            unsafe {
+                let h = c.window_register_raw(buff, size, flags)?;
+                *(out_at as *mut *mut c_void) = h as usize as *mut c_void;
+            }
+            Ok(())
+        }))?;
         Ok(NcclResult::Success)
     }
 }

@@ -28,6 +28,7 @@ mod plan;
 pub mod register;
 pub mod rings;
 mod shape;
+mod share;
 mod shared;
 mod split;
 mod stamps;

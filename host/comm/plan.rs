@@ -19,7 +19,8 @@ use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
     FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
-    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE, SYM_SRC_STAGED,
+    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE, SYM_LL_CTA_BYTES,
+    SYM_LL_MAX_BYTES, SYM_MAX_CTAS, SYM_SRC_STAGED,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -160,9 +161,20 @@ impl Comm {
             sym_src: src,
             ..CollArgs::default()
         };
-        let grid = bytes.div_ceil(SYM_BYTES_PER_CTA).clamp(1, SYM_MAX_CTAS) as u32;
+        // Small calls as LL lines pushed to every rank (no barrier), larger ones read from
+        // the peers between two barriers (`device/src/coll/symmetric.rs`).
+        let (proto, per_cta) = match bytes <= SYM_LL_MAX_BYTES {
+            true => (PROTO_LL, SYM_LL_CTA_BYTES / 2),
+            false => (PROTO_SIMPLE, SYM_BYTES_PER_CTA),
+        };
+        let args = CollArgs { proto, ..args };
+        let grid = bytes.div_ceil(per_cta).clamp(1, SYM_MAX_CTAS) as u32;
         log::debug!(
-            "AllReduce of {bytes} bytes per rank: symmetric one-shot, {grid} CTAs, input {}",
+            "AllReduce of {bytes} bytes per rank: symmetric one-shot ({}), {grid} CTAs, input {}",
+            match proto {
+                PROTO_LL => "LL",
+                _ => "loads",
+            },
             match src {
                 SYM_SRC_STAGED => "staged",
                 _ => "in a window",
@@ -208,10 +220,9 @@ struct Planned {
     proto: u32,
 }
 
-/// The symmetric path's CTAs: one per this many bytes of the rank's block, at most
-/// [`SYM_MAX_CTAS`].
+/// The symmetric path's CTAs above LL sizes: one per this many bytes of the rank's block, at
+/// most [`SYM_MAX_CTAS`].
 const SYM_BYTES_PER_CTA: usize = 16 << 10;
-const SYM_MAX_CTAS: usize = 16;
 
 /// [`CollArgs::redop_arg`] and [`CollArgs::redop_arg_ptr`] of `op` on `n` ranks.
 fn redop_args(n: usize, op: ReduceOp) -> (u64, u64) {

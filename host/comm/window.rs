@@ -14,15 +14,18 @@
 //! it is overwritten in, in place), from the rank's staging area, which the kernel fills
 //! first. A job that mixes windows and plain buffers across ranks thus stays correct.
 //!
-//! Peers are mapped where they share this process's address space (ranks of one process
-//! connected through p2p): their windows are addressed as they are. Ranks in other processes
-//! register their windows as non-symmetric here (an INFO line says so), and the communicator
-//! keeps its ordinary paths.
+//! Every rank maps every other rank's window and scratch (`share.rs`): ranks of this process
+//! are addressed as they are, ranks in other processes of the node through CUDA IPC or an
+//! exported VMM descriptor. Where some rank cannot map some other (ranks on other nodes, no
+//! p2p), the window registers as an ordinary one on every rank (an INFO line says so), and
+//! the communicator keeps its ordinary paths.
 
 use super::Comm;
 use crate::cuda::{DevBuffer, DevPtr};
 use crate::error::{Error, Result};
-use nccl_device::abi::{SymDev, MAX_CHANNELS, SYM_FLAG_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS};
+use nccl_device::abi::{
+    SymDev, MAX_CHANNELS, SYM_FLAG_BYTES, SYM_LL_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -41,6 +44,8 @@ struct Window {
     reg: super::register::RegHandle,
     /// Its slot in the symmetric table, where it is symmetric.
     slot: Option<usize>,
+    /// Where it is symmetric: every rank's window as addressed here, kept mapped.
+    _peers: Option<super::share::Shared>,
 }
 
 /// The communicator's symmetric state, made at its first symmetric window.
@@ -49,8 +54,10 @@ struct Sym {
     dev: DevBuffer,
     /// `[[u64; SYM_MAX_RANKS]; SYM_MAX_WINDOWS]`: per slot, every rank's window base.
     table: DevBuffer,
-    /// This rank's scratch: flag slots, then the staging area.
+    /// This rank's scratch: flag slots, then the staging area and the LL lines.
     _scratch: DevBuffer,
+    /// Every rank's scratch as addressed here, kept mapped.
+    _peers: super::share::Shared,
     /// Bytes of each rank's staging area.
     stage_bytes: usize,
 }
@@ -170,9 +177,9 @@ impl Comm {
         }
         let reg = self.register_ptr(buff, bytes)?;
         let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = match symmetric {
-            true => self.symmetric_slot(&mut st, &offers)?,
-            false => None,
+        let (slot, peers) = match symmetric {
+            true => self.symmetric_slot(&mut st, &offers, buff, bytes)?,
+            false => (None, None),
         };
         st.last += 1;
         let handle = st.last;
@@ -182,6 +189,7 @@ impl Comm {
             bytes,
             reg,
             slot,
+            _peers: peers,
         });
         Ok(handle)
     }
@@ -261,45 +269,56 @@ impl Comm {
         }
     }
 
-    /// Whether this rank addresses every other rank's memory as it is: one node, ranks of
-    /// this process connected through p2p, few enough for the symmetric path.
+    /// Whether this rank can map every other rank's memory: one node, every rank reached
+    /// through p2p (in this process or through CUDA IPC), few enough for the symmetric path.
     fn maps_every_rank(&self) -> bool {
-        self.nranks <= SYM_MAX_RANKS
-            && (0..self.nranks).all(|p| p == self.rank || self.links.same_space(p))
+        self.nranks <= SYM_MAX_RANKS && (0..self.nranks).all(|p| self.reaches_memory_of(p))
     }
 
     /// A slot of the symmetric table for a new window (every rank picks the same: they
-    /// register and deregister in the same order), with the symmetric state made first where
-    /// this is the communicator's first symmetric window; None (said at INFO) where some rank
-    /// cannot map every other one.
-    fn symmetric_slot(&self, st: &mut State, offers: &[Offer]) -> Result<Option<usize>> {
-        if let Some(r) = offers.iter().position(|o| o.maps_all == 0) {
+    /// register and deregister in the same order) and every rank's window mapped here, with
+    /// the symmetric state made first where this is the communicator's first symmetric
+    /// window; (None, None), on every rank alike, where some rank cannot map every other one
+    /// (said at INFO). Every step is taken by every rank or by none.
+    fn symmetric_slot(
+        &self,
+        st: &mut State,
+        offers: &[Offer],
+        buff: DevPtr,
+        bytes: usize,
+    ) -> Result<(Option<usize>, Option<super::share::Shared>)> {
+        let ordinary = |why: String| {
             log::info!(
-                "rank {}: a symmetric window registered as an ordinary one: rank {r} cannot map \
-                 every other rank's memory (ranks in other processes or nodes, no p2p, or more \
-                 than {SYM_MAX_RANKS} ranks)",
+                "rank {}: a symmetric window registered as an ordinary one: {why}",
                 self.rank
             );
-            return Ok(None);
+            Ok((None, None))
+        };
+        if let Some(r) = offers.iter().position(|o| o.maps_all == 0) {
+            return ordinary(format!(
+                "rank {r} cannot map every other rank's memory (ranks on other nodes, no p2p, \
+                 or more than {SYM_MAX_RANKS} ranks)"
+            ));
         }
         let used: Vec<usize> = st.windows.iter().filter_map(|w| w.slot).collect();
         let Some(slot) = (0..SYM_MAX_WINDOWS).find(|s| !used.contains(s)) else {
-            log::info!(
-                "rank {}: a symmetric window registered as an ordinary one: all \
-                 {SYM_MAX_WINDOWS} symmetric slots are taken",
-                self.rank
-            );
-            return Ok(None);
+            return ordinary(format!("all {SYM_MAX_WINDOWS} symmetric slots are taken"));
         };
         if st.sym.is_none() {
-            st.sym = Some(self.make_sym()?);
+            match self.make_sym()? {
+                Some(sym) => st.sym = Some(sym),
+                None => return ordinary("the symmetric scratch could not be mapped".into()),
+            }
         }
+        let Some(peers) = self.share(buff, bytes)? else {
+            return ordinary("some rank could not map the window of another".into());
+        };
         let sym = st
             .sym
             .as_ref()
             .ok_or_else(|| Error::internal("symmetric state"))?;
         let row: Vec<u8> = (0..SYM_MAX_RANKS)
-            .flat_map(|r| offers.get(r).map_or(0, |o| o.base).to_le_bytes())
+            .flat_map(|r| peers.ptrs.get(r).copied().unwrap_or(0).to_le_bytes())
             .collect();
         sym.table.write(slot * SYM_MAX_RANKS * 8, &row)?;
         log::info!(
@@ -308,20 +327,28 @@ impl Comm {
             self.rank,
             (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize).min(sym.stage_bytes)
         );
-        Ok(Some(slot))
+        Ok((Some(slot), Some(peers)))
     }
 
-    /// The symmetric state: this rank's scratch (zeroed flags), every rank's scratch address
-    /// (an allgather: every rank makes it at the same window), the empty table.
-    fn make_sym(&self) -> Result<Sym> {
+    /// The symmetric state: this rank's scratch (zeroed flags), every rank's scratch mapped
+    /// here (every rank makes it at the same window), the empty table; None, on every rank
+    /// alike, where some rank could not map some other's scratch.
+    fn make_sym(&self) -> Result<Option<Sym>> {
         let stage_bytes = (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize)
             .next_multiple_of(16)
             .max(16);
-        let scratch = self.device.alloc(SYM_FLAG_BYTES + stage_bytes)?;
+        let scratch = self
+            .device
+            .alloc(SYM_FLAG_BYTES + stage_bytes + SYM_LL_BYTES)?;
+        // Zero flags: no slot or line looks arrived before its first launch.
         scratch.write(0, &vec![0u8; SYM_FLAG_BYTES])?;
+        scratch.write(SYM_FLAG_BYTES + stage_bytes, &vec![0u8; SYM_LL_BYTES])?;
         let table = self.device.alloc(SYM_MAX_WINDOWS * SYM_MAX_RANKS * 8)?;
         table.write(0, &vec![0u8; SYM_MAX_WINDOWS * SYM_MAX_RANKS * 8])?;
-        let all = self.bootstrap.allgather(&scratch.ptr.to_le_bytes())?;
+        let total = SYM_FLAG_BYTES + stage_bytes + SYM_LL_BYTES;
+        let Some(peers) = self.share(scratch.ptr, total)? else {
+            return Ok(None);
+        };
         let mut dev = SymDev {
             rank: self.rank as u32,
             nranks: self.nranks as u32,
@@ -330,22 +357,16 @@ impl Comm {
             launches: [0; MAX_CHANNELS],
             ..SymDev::default()
         };
-        for (r, b) in all.iter().enumerate() {
-            let p = b
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_le_bytes)
-                .ok_or_else(|| Error::remote(format!("rank {r} sent a bad scratch address")))?;
-            dev.scratch[r] = p;
-        }
+        dev.scratch[..self.nranks].copy_from_slice(&peers.ptrs);
         let d = self.device.alloc(std::mem::size_of::<SymDev>())?;
         d.write(0, super::as_bytes(std::slice::from_ref(&dev)))?;
-        Ok(Sym {
+        Ok(Some(Sym {
             dev: d,
             table,
             _scratch: scratch,
+            _peers: peers,
             stage_bytes,
-        })
+        }))
     }
 }
 

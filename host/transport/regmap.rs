@@ -244,7 +244,7 @@ impl PeerMapping {
 }
 
 /// Takes the descriptor a [`Via::VmmFd`] handle names and maps the allocation behind it.
-fn map_vmm(device: &Device, handle: &[u8; 64]) -> Result<VmmMapping> {
+pub(crate) fn map_vmm(device: &Device, handle: &[u8; 64]) -> Result<VmmMapping> {
     let (ticket, bytes) = parse_vmm_handle(handle);
     let fd = fdpass::take(&ticket)?;
     use std::os::fd::AsFd;

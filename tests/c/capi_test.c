@@ -148,14 +148,19 @@ static void all_reduce_init_all(void) {
   CHECK(ncclCommDeregister(comms[1], reg2));
   EXPECT(ncclCommDeregister(comms[1], reg2) == ncclInvalidArgument, "deregistered twice");
 
-  /* Windows (NCCL 2.27): registered and deregistered like buffers. */
+  /* Windows (NCCL 2.27): a collective call, so one thread registers every rank's in a group;
+     the handles are filled at ncclGroupEnd. */
+  ncclWindow_t wins[NDEV] = {NULL};
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++)
+    CHECK(ncclCommWindowRegister(comms[i], bufs[i], COUNT * sizeof(float), &wins[i],
+                                 NCCL_WIN_COLL_SYMMETRIC));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) EXPECT(wins[i] != NULL, "window handle %d", i);
   ncclWindow_t win = NULL;
-  CHECK(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win,
-                               NCCL_WIN_COLL_SYMMETRIC));
-  EXPECT(win != NULL, "window handle");
   EXPECT(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win, 0x40) ==
              ncclInvalidArgument, "unknown window flag");
-  CHECK(ncclCommWindowDeregister(comms[0], win));
+  for (int i = 0; i < NDEV; i++) CHECK(ncclCommWindowDeregister(comms[i], wins[i]));
   /* The device API (NCCL 2.28) is refused, with the reason. */
   char reqs[64] = {0}, devcomm[256];
   EXPECT(ncclDevCommCreate(comms[0], reqs, devcomm) == ncclInvalidUsage, "device API");

@@ -47,11 +47,12 @@ pub fn launches(ranks: &Ranks) -> u64 {
     ranks.comms.iter().map(|c| c.symmetric_launches()).sum()
 }
 
-/// One AllReduce of `count` f32 on every rank from `send[r]` into `recv[r]` (device
-/// addresses), checked against the sum of the inputs written there first; the outputs'
+/// One AllReduce of `count` f32 on every rank from `send[i]` into `recv[i]` (device
+/// addresses of this process's i-th communicator), checked against the sum of every rank's
+/// input (computed alike in every process from the seed and the rank); the outputs'
 /// neighbours are poisoned and must stay so.
 pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, seed: u64) {
-    let n = ranks.comms.len();
+    let n = ranks.comms[0].count();
     let inputs: Vec<Vec<f32>> = (0..n)
         .map(|r| {
             (0..count)
@@ -69,7 +70,8 @@ pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, se
             d.copy_htod_raw(recv[r] - 16, &[0xAB; 16]).unwrap();
             d.copy_htod_raw(recv[r] + count as u64 * 4, &[0xAB; 16])
                 .unwrap();
-            d.copy_htod_raw(send[r], to_bytes(&inputs[r])).unwrap();
+            d.copy_htod_raw(send[r], to_bytes(&inputs[c.rank()]))
+                .unwrap();
             if recv[r] != send[r] {
                 d.copy_htod_raw(recv[r], &vec![0xCD; count * 4]).unwrap();
             }
@@ -100,11 +102,12 @@ pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, se
                 .unwrap();
         }
         let got: Vec<f32> = from_bytes(&out);
-        assert_eq!(got, want, "rank {r} of {n}, count {count}, seed {seed}");
+        let rank = c.rank();
+        assert_eq!(got, want, "rank {rank} of {n}, count {count}, seed {seed}");
         assert_eq!(
             (before, after),
             ([0xAB; 16], [0xAB; 16]),
-            "rank {r}: outside the output"
+            "rank {rank}: outside the output"
         );
     }
 }

@@ -1,7 +1,8 @@
 //! Windows and the symmetric path (`comm/window.rs`, `device/src/coll/symmetric.rs`) on the
 //! simulator: once the ranks of one process registered a symmetric window, AllReduces up to
-//! NCCL_RS_SYMMETRIC_MAX_BYTES per rank run as one-shot loads from the peers, with inputs
-//! read in the window where they lie there and staged otherwise. Random data and poisoned
+//! NCCL_RS_SYMMETRIC_MAX_BYTES per rank run one-shot: up to 64 KiB as LL lines pushed to every
+//! rank, above as loads from the peers with inputs read in the window where they lie there and
+//! staged otherwise. Random data and poisoned
 //! outputs, every type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks;
 //! inputs in windows on some ranks only; graphs; bad registrations fail on every rank.
 
@@ -18,14 +19,14 @@ fn staged_inputs_every_type_and_reduction() {
         let _windows = symmetric_windows(&ranks.comms, 4096);
         for (k, dt) in common::matrix_types().into_iter().enumerate() {
             for (j, op) in ALL_OPS.into_iter().enumerate() {
-                for (i, count) in [1usize, 7, 1000, 4099].into_iter().enumerate() {
+                for (i, count) in [1usize, 7, 1000, 4099, 20_001].into_iter().enumerate() {
                     let before = launches(&ranks);
                     let in_place = (i + j + k) % 2 == 1;
                     let seed = (k * 100 + j * 10 + i) as u64;
                     let drive = [Drive::OneThread, Drive::ThreadPerRank][i % 2];
                     let ran = check_all_reduce(&ranks, count, dt, op, in_place, seed, drive)
                         .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
-                    if ran == common::Checked::Ran {
+                    if ran == common::Checked::Ran && count * dt.size() <= 256 << 10 {
                         assert_eq!(
                             launches(&ranks),
                             before + n as u64,
@@ -46,7 +47,7 @@ fn inputs_in_windows_where_they_lie_and_mixed() {
     common::sim();
     for n in [2, 4] {
         let ranks = common::sim_ranks(n);
-        let bytes = 64 << 10;
+        let bytes = 512 << 10;
         let windows = symmetric_windows(&ranks.comms, bytes);
         let plain: Vec<DevBuffer> = ranks
             .comms
@@ -56,7 +57,7 @@ fn inputs_in_windows_where_they_lie_and_mixed() {
         let at =
             |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
         let mut seed = 0;
-        for count in [1usize, 5, 1000, 3001] {
+        for count in [1usize, 5, 1000, 3001, 16_385, 40_000] {
             for off in [256u64, 260] {
                 let before = launches(&ranks);
                 seed += 1;
@@ -70,7 +71,7 @@ fn inputs_in_windows_where_they_lie_and_mixed() {
                 let mixed: Vec<u64> = (0..n)
                     .map(|r| match r % 2 {
                         0 => windows[r].ptr() + off,
-                        _ => plain[r].ptr() + (32 << 10),
+                        _ => plain[r].ptr() + (256 << 10),
                     })
                     .collect();
                 all_reduce_at(&ranks, &mixed, &at(&plain, 256), count, seed);
@@ -198,4 +199,66 @@ fn bad_windows_fail_on_every_rank() {
         Drive::OneThread,
     )
     .unwrap();
+}
+
+/// A rank of a child process of [`common::procs::run`].
+fn child_ranks() -> Option<common::Ranks> {
+    let (rank, nranks, id) = common::procs::child()?;
+    let comm = nccl::Comm::init_rank_on(common::sim_dev(rank), nranks, &id, rank)
+        .expect("init_rank in a child");
+    Some(common::Ranks::new(vec![comm]))
+}
+
+/// Ranks as processes (2 and 4): every rank maps the others' windows and scratch through the
+/// simulator's IPC, and the symmetric path runs as in one process: staged inputs of a few
+/// types and reductions (LL and loads sizes), inputs in windows, in place, mixed.
+#[test]
+fn ranks_as_processes_map_each_other() {
+    let Some(ranks) = child_ranks() else {
+        common::sim();
+        for n in [2, 4] {
+            common::procs::run(n, &[]);
+        }
+        return;
+    };
+    let bytes = 512 << 10;
+    let windows = symmetric_windows(&ranks.comms, bytes);
+    let plain = ranks.comms[0].device().alloc(bytes).unwrap();
+    let mut seed = 0;
+    for dt in [
+        DataType::Float32,
+        DataType::Int8,
+        DataType::Float16,
+        DataType::Float64,
+    ] {
+        for op in [ReduceOp::SUM, ReduceOp::MAX] {
+            for count in [3usize, 5000, 30_001] {
+                seed += 1;
+                let before = launches(&ranks);
+                let ran =
+                    check_all_reduce(&ranks, count, dt, op, seed % 2 == 0, seed, Drive::OneThread)
+                        .unwrap_or_else(|e| panic!("ranks as processes: {e}"));
+                if ran == common::Checked::Ran && count * dt.size() <= 256 << 10 {
+                    assert_eq!(launches(&ranks), before + 1, "{} count {count}", dt.name());
+                }
+            }
+        }
+    }
+    let rank = ranks.comms[0].rank();
+    for count in [7usize, 40_000] {
+        let before = launches(&ranks);
+        let w = windows[0].ptr() + 256;
+        seed += 1;
+        all_reduce_at(&ranks, &[w], &[plain.ptr() + 256], count, seed);
+        seed += 1;
+        all_reduce_at(&ranks, &[w], &[w], count, seed);
+        seed += 1;
+        let mixed = if rank % 2 == 0 {
+            w
+        } else {
+            plain.ptr() + (256 << 10)
+        };
+        all_reduce_at(&ranks, &[mixed], &[plain.ptr() + 256], count, seed);
+        assert_eq!(launches(&ranks), before + 3, "count {count}");
+    }
 }

@@ -14,6 +14,15 @@
 //!    input or staging area any more: the user may overwrite the input, and the next launch
 //!    may stage into the area again.
 //!
+//! Small calls (at most [`SYM_LL_MAX_BYTES`] per rank, [`CollArgs::proto`] LL) need no
+//! barrier at all: CTA `c` pushes its slice of the input as LL lines (8 payload bytes and the
+//! launch number as flag, in one 16-byte store) into slot (launch parity, me, c) of every
+//! rank's LL area, then polls the lines every rank pushed into its own area, reduces them in
+//! rank order and writes its output. A slot half is written again two launches of CTA `c`
+//! later, and by then its reader is done with it: a rank's CTA `c` pushes launch k only after
+//! its own launch k-1 received every rank's lines of k-1, which each pushed after its launch
+//! k-2 (the last reader of the half) ended, in stream order.
+//!
 //! The launch number is counted per CTA in the rank's own [`SymDev::launches`] (every rank
 //! runs the same sequence of symmetric launches, so the numbers agree); a graph's replays count
 //! on. A slot only grows, so a waiter needs `>=`: a peer may already have arrived for the next
@@ -21,11 +30,12 @@
 
 use super::{channel_range, scalar_bits};
 use crate::abi::{
-    sym_src_parts, CollArgs, DevComm, SymDev, SymSlot, SYM_FLAG_BYTES, SYM_MAX_RANKS,
-    SYM_SRC_STAGED,
+    sym_src_parts, CollArgs, DevComm, SymDev, SymSlot, PROTO_LL, SYM_FLAG_BYTES, SYM_LL_CTA_BYTES,
+    SYM_MAX_CTAS, SYM_MAX_RANKS, SYM_SRC_STAGED,
 };
 use crate::arch::{self, Pack16};
 use crate::ops::{map1, map2, pack_elems, RedOp};
+use crate::prims::ll::{load8, store8};
 use crate::types::Elem;
 
 /// Looks at the abort flag (host memory, a costly read) once per this many spins.
@@ -65,6 +75,15 @@ pub unsafe fn all_reduce<T: Elem, O: RedOp<T>>(args: &CollArgs) {
         aborted: false,
     };
     let input = args.sendbuff as *const T;
+    if args.proto == PROTO_LL {
+        let op = O::new(scalar_bits::<T>(args));
+        k.ll_one_shot::<T, O>(&op, args, grid);
+        arch::sync_threads(); // every thread read the launch number before it moves on
+        if k.tid == 0 {
+            arch::st_volatile(&mut (*sym).launches[cta], k.launch);
+        }
+        return;
+    }
     if args.sym_src == SYM_SRC_STAGED {
         let stage = k.stage_of::<T>(rank);
         k.copy::<T>(stage.add(start), input.add(start), end - start);
@@ -181,6 +200,71 @@ impl Cta {
             }
             output.add(at).write(op.post(acc));
             at += self.nthreads;
+        }
+    }
+
+    /// The LL lines rank `r` pushes to rank `to` for this CTA in this launch's half, as this
+    /// rank maps `to`'s scratch.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_slot(&self, to: usize, from: usize) -> *mut Pack16 {
+        let half = (self.launch % 2) as usize;
+        let at = SYM_FLAG_BYTES
+            + (*self.sym).stage_bytes as usize
+            + ((half * SYM_MAX_RANKS + from) * SYM_MAX_CTAS + self.cta) * SYM_LL_CTA_BYTES;
+        ((*self.sym).scratch[to] + at as u64) as *mut Pack16
+    }
+
+    /// The LL one-shot AllReduce of this CTA's lines: push to every rank, then poll, reduce
+    /// in rank order, write. A thread reads its input lines before it writes the same output
+    /// lines, so in place is safe.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_one_shot<T: Elem, O: RedOp<T>>(&mut self, op: &O, args: &CollArgs, grid: usize) {
+        let bytes = args.count as usize * core::mem::size_of::<T>();
+        let per = (SYM_LL_CTA_BYTES / 16).min(bytes.div_ceil(8).div_ceil(grid));
+        let first = self.cta * per;
+        let lines = bytes.div_ceil(8).min(first + per).saturating_sub(first);
+        let (input, output) = (args.sendbuff as *const u8, args.recvbuff as *mut u8);
+        let flag = self.launch as u32;
+        let mut i = self.tid;
+        while i < lines {
+            let at = (first + i) * 8;
+            let x = load8(input.add(at), bytes - at);
+            let line = Pack16([x.0[0], flag, x.0[1], flag]);
+            for r in 0..self.nranks {
+                arch::st_volatile_pack(self.ll_slot(r, self.rank).add(i), line);
+            }
+            i += self.nthreads;
+        }
+        let mut i = self.tid;
+        while i < lines {
+            let at = (first + i) * 8;
+            let mut acc = Pack16::default();
+            for r in 0..self.nranks {
+                let line = self.ll_slot(self.rank, r).add(i);
+                let mut v = Pack16::default();
+                let mut spins = 0u32;
+                while !self.aborted {
+                    v = arch::ld_volatile_pack(line);
+                    if v.0[1] == flag && v.0[3] == flag {
+                        break;
+                    }
+                    arch::spin_pause();
+                    spins += 1;
+                    if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
+                        self.aborted = arch::ld_volatile(self.abort) != 0;
+                    }
+                }
+                let x = pre::<T, O>(op, Pack16([v.0[0], v.0[2], 0, 0]));
+                acc = match r {
+                    0 => x,
+                    _ => map2::<T>(acc, x, |a, b| op.reduce(a, b)),
+                };
+            }
+            if O::HAS_POST {
+                acc = map1::<T>(acc, |x| op.post(x));
+            }
+            store8(output.add(at), bytes - at, acc);
+            i += self.nthreads;
         }
     }
 

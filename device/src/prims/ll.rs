@@ -22,7 +22,7 @@ pub fn flag(step: u64) -> u32 {
 /// Up to 8 bytes at `p` (`avail` of them exist) into the low half of a pack, zero-padded; a
 /// short or unaligned line is read byte by byte so nothing past the buffer is touched.
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
-pub(super) unsafe fn load8(p: *const u8, avail: usize) -> Pack16 {
+pub(crate) unsafe fn load8(p: *const u8, avail: usize) -> Pack16 {
     let mut v = Pack16::default();
     if avail >= 8 && (p as usize).is_multiple_of(4) {
         let w = p as *const u32;
@@ -41,7 +41,7 @@ pub(super) unsafe fn load8(p: *const u8, avail: usize) -> Pack16 {
 
 /// The low 8 bytes of `v` to `p`, of which only `avail` exist.
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
-pub(super) unsafe fn store8(p: *mut u8, avail: usize, v: Pack16) {
+pub(crate) unsafe fn store8(p: *mut u8, avail: usize, v: Pack16) {
     if avail >= 8 && (p as usize).is_multiple_of(4) {
         let w = p as *mut u32;
         core::ptr::write_volatile(w, v.0[0]);
