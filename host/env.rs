@@ -143,9 +143,10 @@ params! {
         "cuda: real GPUs; sim: the CPU simulator";
     RS_SIM_DEVICES = "8",
         "how many GPUs the simulator shows";
-    RS_SYMMETRIC_MAX_BYTES = "262144",
+    RS_SYMMETRIC_MAX_BYTES = "65536",
         "nccl-rs: largest AllReduce (bytes per rank) the symmetric path takes once the \
-         communicator has a symmetric window (0: never)";
+         communicator has a symmetric window (0: never); up to 64 KiB it pushes LL lines, \
+         above it reads the peers between barriers (slower than the ring on one shared H100)";
     RS_SIM_NTHREADS = "4",
         "threads per simulated CTA";
     RS_SIM_NVLS = "0",

@@ -9,6 +9,12 @@ use crate::common::{self, check_all_reduce, Drive, ALL_OPS};
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn symmetric_path_on_2_and_4_ranks() {
+    // Up to 256 KiB: the LL form and, above 64 KiB, the loads.
+    let env = [("NCCL_RS_SYMMETRIC_MAX_BYTES", "262144")];
+    common::procs::isolated(&env, &[], symmetric_path);
+}
+
+fn symmetric_path() {
     use crate::common::windows::{all_reduce_at, launches, symmetric_windows};
     for n in counts(&[2, 4]) {
         let ranks = gpus(n);

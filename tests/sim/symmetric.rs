@@ -1,14 +1,20 @@
 //! Windows and the symmetric path (`comm/window.rs`, `device/src/coll/symmetric.rs`) on the
-//! simulator: once the ranks of one process registered a symmetric window, AllReduces up to
-//! NCCL_RS_SYMMETRIC_MAX_BYTES per rank run one-shot: up to 64 KiB as LL lines pushed to every
-//! rank, above as loads from the peers with inputs read in the window where they lie there and
-//! staged otherwise. Random data and poisoned
+//! simulator: once the ranks registered a symmetric window, AllReduces up to
+//! NCCL_RS_SYMMETRIC_MAX_BYTES per rank (64 KiB unless set) run one-shot: up to 64 KiB as LL
+//! lines pushed to every rank, above (where the variable allows) as loads from the peers with
+//! inputs read in the window where they lie there and staged otherwise. The tests of the
+//! loads run alone in a child process with NCCL_RS_SYMMETRIC_MAX_BYTES=262144 ([`LOADS`]). Random data and poisoned
 //! outputs, every type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks;
 //! inputs in windows on some ranks only; graphs; bad registrations fail on every rank.
 
 use crate::common::windows::{all_reduce_at, launches, register_all, symmetric_windows};
 use crate::common::{self, check_all_reduce, graphs, lend, Drive, ALL_OPS};
 use nccl::{DataType, DevBuffer, ReduceOp};
+
+/// The symmetric path's limit in these tests' own process (the default).
+const LIMIT: usize = 64 << 10;
+/// The environment of the tests that also take the loads form (above 64 KiB).
+const LOADS: &[(&str, &str)] = &[("NCCL_RS_SYMMETRIC_MAX_BYTES", "262144")];
 
 /// Plain buffers (staged by the kernel) on 2, 4 and 8 ranks: every type and reduction.
 #[test]
@@ -26,7 +32,7 @@ fn staged_inputs_every_type_and_reduction() {
                     let drive = [Drive::OneThread, Drive::ThreadPerRank][i % 2];
                     let ran = check_all_reduce(&ranks, count, dt, op, in_place, seed, drive)
                         .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
-                    if ran == common::Checked::Ran && count * dt.size() <= 256 << 10 {
+                    if ran == common::Checked::Ran && count * dt.size() <= LIMIT {
                         assert_eq!(
                             launches(&ranks),
                             before + n as u64,
@@ -44,6 +50,10 @@ fn staged_inputs_every_type_and_reduction() {
 /// and a job where only even ranks' inputs are in the window: all right, all symmetric.
 #[test]
 fn inputs_in_windows_where_they_lie_and_mixed() {
+    common::procs::isolated(LOADS, &[], inputs_in_windows);
+}
+
+fn inputs_in_windows() {
     common::sim();
     for n in [2, 4] {
         let ranks = common::sim_ranks(n);
@@ -88,7 +98,7 @@ fn large_calls_and_no_window_take_the_ordinary_path() {
     common::sim();
     let ranks = common::sim_ranks(2);
     let windows = symmetric_windows(&ranks.comms, 4096);
-    let big = (256 << 10) / 4 + 1;
+    let big = LIMIT / 4 + 1;
     let before = launches(&ranks);
     check_all_reduce(
         &ranks,
@@ -217,7 +227,7 @@ fn ranks_as_processes_map_each_other() {
     let Some(ranks) = child_ranks() else {
         common::sim();
         for n in [2, 4] {
-            common::procs::run(n, &[]);
+            common::procs::run(n, LOADS);
         }
         return;
     };
