@@ -34,7 +34,7 @@ use crate::abi::{
     SYM_MAX_CTAS, SYM_MAX_RANKS, SYM_SRC_STAGED,
 };
 use crate::arch::{self, Pack16};
-use crate::ops::{map1, map2, pack_elems, RedOp};
+use crate::ops::{map1, map2, pack_elems, RedOp, RedOpKind};
 use crate::prims::ll::{load8, store8};
 use crate::types::Elem;
 
@@ -180,25 +180,23 @@ impl Cta {
         let mut i = self.tid;
         while i < packs {
             let at = start + i * pe;
-            let mut acc = pre::<T, O>(op, arch::ld_pack(srcs[0].add(at) as *const Pack16));
-            for s in &srcs[1..n] {
-                let v = pre::<T, O>(op, arch::ld_pack(s.add(at) as *const Pack16));
-                acc = map2::<T>(acc, v, |a, b| op.reduce(a, b));
-            }
-            if O::HAS_POST {
-                acc = map1::<T>(acc, |x| op.post(x));
-            }
+            let acc =
+                reduce_ranks::<T, O>(op, n, |r| arch::ld_pack(srcs[r].add(at) as *const Pack16));
             arch::st_pack(output.add(at) as *mut Pack16, acc);
             i += self.nthreads;
         }
         // The tail (or everything, unaligned): element by element.
         let mut at = start + packs * pe + self.tid;
         while at < end {
-            let mut acc = op.pre(srcs[0].add(at).read());
-            for s in &srcs[1..n] {
-                acc = op.reduce(acc, op.pre(s.add(at).read()));
-            }
-            output.add(at).write(op.post(acc));
+            // One element in the first lane of a pack.
+            let acc = reduce_ranks::<T, O>(op, n, |r| {
+                let mut v = Pack16::default();
+                (&mut v as *mut Pack16 as *mut T).write(srcs[r].add(at).read());
+                v
+            });
+            output
+                .add(at)
+                .write((&acc as *const Pack16 as *const T).read());
             at += self.nthreads;
         }
     }
@@ -238,8 +236,7 @@ impl Cta {
         let mut i = self.tid;
         while i < lines {
             let at = (first + i) * 8;
-            let mut acc = Pack16::default();
-            for r in 0..self.nranks {
+            let acc = reduce_ranks::<T, O>(op, self.nranks, |r| {
                 let line = self.ll_slot(self.rank, r).add(i);
                 let mut v = Pack16::default();
                 let mut spins = 0u32;
@@ -254,15 +251,8 @@ impl Cta {
                         self.aborted = arch::ld_volatile(self.abort) != 0;
                     }
                 }
-                let x = pre::<T, O>(op, Pack16([v.0[0], v.0[2], 0, 0]));
-                acc = match r {
-                    0 => x,
-                    _ => map2::<T>(acc, x, |a, b| op.reduce(a, b)),
-                };
-            }
-            if O::HAS_POST {
-                acc = map1::<T>(acc, |x| op.post(x));
-            }
+                Pack16([v.0[0], v.0[2], 0, 0])
+            });
             store8(output.add(at), bytes - at, acc);
             i += self.nthreads;
         }
@@ -292,6 +282,54 @@ impl Cta {
             }
         }
         arch::sync_threads();
+    }
+}
+
+/// The reduction of `n` ranks' packs (`get(r)`: rank `r`'s), in rank order, with the
+/// reduction's `pre` on each and `post` on the result. The narrow floats (fp16, bf16, fp8)
+/// sum and multiply in f32, rounded once at the end, as NCCL's symmetric kernels do: in
+/// their own precision a sum over ranks loses low bits at every step (2048 + 1 is 2048 in
+/// fp16). Max and Min need no width.
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+unsafe fn reduce_ranks<T: Elem, O: RedOp<T>>(
+    op: &O,
+    n: usize,
+    mut get: impl FnMut(usize) -> Pack16,
+) -> Pack16 {
+    let widen = T::IS_FLOAT
+        && core::mem::size_of::<T>() < 4
+        && !matches!(O::KIND, RedOpKind::Max | RedOpKind::Min);
+    let acc = if widen {
+        let lanes = pack_elems::<T>();
+        let mut wide = [0f32; 16];
+        for r in 0..n {
+            let v = pre::<T, O>(op, get(r));
+            let p = &v as *const Pack16 as *const T;
+            for (l, w) in wide.iter_mut().enumerate().take(lanes) {
+                let x = p.add(l).read().to_f64() as f32;
+                *w = match (r, O::KIND) {
+                    (0, _) => x,
+                    (_, RedOpKind::Prod) => *w * x,
+                    _ => *w + x,
+                };
+            }
+        }
+        let mut out = Pack16::default();
+        let po = &mut out as *mut Pack16 as *mut T;
+        for (l, w) in wide.iter().enumerate().take(lanes) {
+            po.add(l).write(T::from_f64(*w as f64));
+        }
+        out
+    } else {
+        let mut acc = pre::<T, O>(op, get(0));
+        for r in 1..n {
+            acc = map2::<T>(acc, pre::<T, O>(op, get(r)), |a, b| op.reduce(a, b));
+        }
+        acc
+    };
+    match O::HAS_POST {
+        true => map1::<T>(acc, |x| op.post(x)),
+        false => acc,
     }
 }
 
