@@ -1,32 +1,33 @@
-//! Windows (`ncclCommWindowRegister`, NCCL 2.27), typed: a [`Window`] guard that borrows the
+//! Windows (`ncclCommWindowRegister`, NCCL 2.27), typed: a [`Window`] guard that holds the
 //! buffer and deregisters when dropped.
 
-use super::buffer::IntoDeviceSlice;
+use super::buffer::DeviceBuffer;
+use super::element::Element;
 use crate::comm::window::{WinHandle, WIN_COLL_SYMMETRIC};
 use crate::comm::Comm;
 use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
-use std::marker::PhantomData;
 
 /// A buffer registered as a window of a communicator on every rank ([`Comm::window`]);
 /// dropping it deregisters the window (on every rank: each drops its own guard).
 ///
-/// It borrows the communicator and the buffer: peers read the buffer through their mappings
-/// while the window lives, so it cannot be freed before.
+/// It holds the buffer (peers read it through their mappings while the window lives, so it
+/// cannot be freed before) and gives it back through `Deref` / `DerefMut`: collectives run
+/// on `&mut *window`.
 #[must_use = "dropping the window deregisters it"]
-pub struct Window<'c, 'b> {
+pub struct Window<'c, 'b, T: Element> {
     comm: &'c Comm,
     handle: WinHandle,
-    _buffer: PhantomData<&'b ()>,
+    buf: &'b mut DeviceBuffer<T>,
 }
 
-impl std::fmt::Debug for Window<'_, '_> {
+impl<T: Element> std::fmt::Debug for Window<'_, '_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Window({:#x} of {:?})", self.handle, self.comm)
     }
 }
 
-impl Window<'_, '_> {
+impl<T: Element> Window<'_, '_, T> {
     /// The handle `ncclCommWindowRegister` would return.
     pub fn handle(&self) -> WinHandle {
         self.handle
@@ -40,7 +41,20 @@ impl Window<'_, '_> {
     }
 }
 
-impl Drop for Window<'_, '_> {
+impl<T: Element> std::ops::Deref for Window<'_, '_, T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        self.buf
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Window<'_, '_, T> {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
+        self.buf
+    }
+}
+
+impl<T: Element> Drop for Window<'_, '_, T> {
     fn drop(&mut self) {
         if let Err(e) = self.comm.window_deregister(self.handle) {
             log::warn!("deregistering a window: {e}");
@@ -49,43 +63,42 @@ impl Drop for Window<'_, '_> {
 }
 
 impl Comm {
-    /// `ncclCommWindowRegister` of a buffer or view of this communicator's device, on every
-    /// rank at once (a collective call: every rank calls it, in the same order as its other
-    /// window calls). `symmetric` (`NCCL_WIN_COLL_SYMMETRIC`): every rank registers the same
-    /// size, and small AllReduces then take the symmetric path where every rank maps every
-    /// other one (ranks of one process). Returns a guard that deregisters when dropped.
+    /// `ncclCommWindowRegister` of a buffer of this communicator's device, on every rank at
+    /// once (a collective call: every rank calls it, in the same order as its other window
+    /// calls; ranks of one thread use a thread each). `symmetric` (`NCCL_WIN_COLL_SYMMETRIC`):
+    /// every rank registers the same size, and small AllReduces then take the symmetric path
+    /// where every rank maps every other one (ranks of one node, through p2p). Returns a
+    /// guard that holds the buffer and deregisters when dropped.
     ///
     /// ```no_run
     /// # fn f(comm: &nccl::Comm, stream: &nccl::Stream) -> nccl::Result<()> {
     /// use nccl::{DeviceBuffer, Op};
-    /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 16)?;
-    /// let win = comm.window(&buf, true)?;
-    /// comm.all_reduce_in_place(&mut buf, Op::SUM, stream)?;
-    /// # drop(win);
+    /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 14)?;
+    /// let mut win = comm.window(&mut buf, true)?;
+    /// comm.all_reduce_in_place(&mut *win, Op::SUM, stream)?;
     /// # Ok(()) }
     /// ```
-    pub fn window<'b, B: IntoDeviceSlice<'b>>(
+    pub fn window<'b, T: Element>(
         &self,
-        buf: B,
+        buf: &'b mut DeviceBuffer<T>,
         symmetric: bool,
-    ) -> Result<Window<'_, 'b>> {
-        let view = buf.into_device_slice();
-        if view.device_ordinal() != self.device().ordinal {
+    ) -> Result<Window<'_, 'b, T>> {
+        if buf.device().ordinal != self.device().ordinal {
             return Err(Error::invalid_argument(format!(
                 "ncclCommWindowRegister: the buffer is on device {} but the communicator (rank \
                  {}) is on device {}",
-                view.device_ordinal(),
+                buf.device().ordinal,
                 self.rank(),
                 self.device().ordinal
             )));
         }
-        let bytes = view.len() * std::mem::size_of::<B::Elem>();
+        let bytes = buf.len() * std::mem::size_of::<T>();
         let flags = if symmetric { WIN_COLL_SYMMETRIC } else { 0 };
-        let handle = self.window_register(view.as_raw_ptr(), bytes, flags)?;
+        let handle = self.window_register(buf.as_raw_ptr(), bytes, flags)?;
         Ok(Window {
             comm: self,
             handle,
-            _buffer: PhantomData,
+            buf,
         })
     }
 

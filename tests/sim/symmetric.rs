@@ -319,3 +319,39 @@ fn narrow_floats_sum_in_f32() {
         }
     }
 }
+
+/// The typed API: each rank's thread registers its buffer as a window (`Comm::window`, a
+/// collective call) and all-reduces in place through the guard, on the symmetric path.
+#[test]
+fn typed_windows_all_reduce_in_place() {
+    common::sim();
+    let comms = common::sim_comms(3);
+    let lent = lend(&comms);
+    let count = 1001;
+    let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = lent
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let stream = nccl::Stream::new(c.device()).unwrap();
+                    let data = vec![(c.rank() + 1) as f32; count];
+                    let mut buf = nccl::DeviceBuffer::from_slice(c.device(), &data).unwrap();
+                    let before = c.symmetric_launches();
+                    let mut win = c.window(&mut buf, true).unwrap();
+                    c.all_reduce_in_place(&mut *win, nccl::Op::SUM, &stream)
+                        .unwrap();
+                    stream.synchronize().unwrap();
+                    assert_eq!(c.symmetric_launches(), before + 1, "not symmetric");
+                    win.deregister().unwrap();
+                    buf.to_vec().unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
+    for (r, got) in sums.iter().enumerate() {
+        assert_eq!(got, &vec![6.0f32; count], "rank {r}");
+    }
+}
