@@ -111,3 +111,40 @@ pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, se
         );
     }
 }
+
+/// AllReduces of each of `counts` f32 on every rank of `ranks`, with inputs in `windows`
+/// (every rank's symmetric window, `bytes` each) at offsets 256 and 260 (aligned and not): out
+/// of place into a plain buffer, in place in the window, and in the window on even ranks only
+/// (odd ranks' inputs in the plain buffer's second half). Every call must take the symmetric
+/// path.
+pub fn window_cases(ranks: &Ranks, windows: &[DevBuffer], counts: &[usize], bytes: usize) {
+    let n = ranks.comms.len() as u64;
+    let plain: Vec<DevBuffer> = ranks
+        .comms
+        .iter()
+        .map(|c| c.device().alloc(bytes).expect("alloc"))
+        .collect();
+    let at = |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
+    let mut seed = 0;
+    for &count in counts {
+        for off in [256u64, 260] {
+            let before = launches(ranks);
+            seed += 1;
+            all_reduce_at(ranks, &at(windows, off), &at(&plain, 256), count, seed);
+            seed += 1;
+            all_reduce_at(ranks, &at(windows, off), &at(windows, off), count, seed);
+            seed += 1;
+            let mixed: Vec<u64> = ranks
+                .comms
+                .iter()
+                .enumerate()
+                .map(|(i, c)| match c.rank() % 2 {
+                    0 => windows[i].ptr() + off,
+                    _ => plain[i].ptr() + (bytes / 2) as u64,
+                })
+                .collect();
+            all_reduce_at(ranks, &mixed, &at(&plain, 256), count, seed);
+            assert_eq!(launches(ranks), before + 3 * n, "count {count}");
+        }
+    }
+}

@@ -15,7 +15,7 @@ fn symmetric_path_on_2_and_4_ranks() {
 }
 
 fn symmetric_path() {
-    use crate::common::windows::{all_reduce_at, launches, symmetric_windows};
+    use crate::common::windows::{launches, symmetric_windows, window_cases};
     for n in counts(&[2, 4]) {
         let ranks = gpus(n);
         let bytes = 1 << 20;
@@ -39,32 +39,6 @@ fn symmetric_path() {
                 }
             }
         }
-        let plain: Vec<nccl::DevBuffer> = ranks
-            .comms
-            .iter()
-            .map(|c| c.device().alloc(bytes).unwrap())
-            .collect();
-        let at = |b: &[nccl::DevBuffer], off: u64| -> Vec<u64> {
-            b.iter().map(|b| b.ptr() + off).collect()
-        };
-        let mut seed = 0;
-        for count in [3usize, 4096, 60_001] {
-            for off in [256u64, 260] {
-                let before = launches(&ranks);
-                seed += 1;
-                all_reduce_at(&ranks, &at(&windows, off), &at(&plain, 256), count, seed);
-                seed += 1;
-                all_reduce_at(&ranks, &at(&windows, off), &at(&windows, off), count, seed);
-                seed += 1;
-                let mixed: Vec<u64> = (0..n)
-                    .map(|r| match r % 2 {
-                        0 => windows[r].ptr() + off,
-                        _ => plain[r].ptr() + (512 << 10),
-                    })
-                    .collect();
-                all_reduce_at(&ranks, &mixed, &at(&plain, 256), count, seed);
-                assert_eq!(launches(&ranks), before + 3 * n as u64, "count {count}");
-            }
-        }
+        window_cases(&ranks, &windows, &[3, 4096, 60_001], bytes);
     }
 }

@@ -7,7 +7,9 @@
 //! outputs, every type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks;
 //! inputs in windows on some ranks only; graphs; bad registrations fail on every rank.
 
-use crate::common::windows::{all_reduce_at, launches, register_all, symmetric_windows};
+use crate::common::windows::{
+    all_reduce_at, launches, register_all, symmetric_windows, window_cases,
+};
 use crate::common::{self, check_all_reduce, graphs, lend, Drive, ALL_OPS};
 use nccl::{DataType, DevBuffer, ReduceOp};
 
@@ -59,35 +61,7 @@ fn inputs_in_windows() {
         let ranks = common::sim_ranks(n);
         let bytes = 512 << 10;
         let windows = symmetric_windows(&ranks.comms, bytes);
-        let plain: Vec<DevBuffer> = ranks
-            .comms
-            .iter()
-            .map(|c| c.device().alloc(bytes).unwrap())
-            .collect();
-        let at =
-            |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
-        let mut seed = 0;
-        for count in [1usize, 5, 1000, 3001, 16_385, 40_000] {
-            for off in [256u64, 260] {
-                let before = launches(&ranks);
-                seed += 1;
-                // In the window, out of place into a plain buffer.
-                all_reduce_at(&ranks, &at(&windows, off), &at(&plain, 256), count, seed);
-                // In place in the window.
-                seed += 1;
-                all_reduce_at(&ranks, &at(&windows, off), &at(&windows, off), count, seed);
-                // Even ranks in the window, odd ranks plain.
-                seed += 1;
-                let mixed: Vec<u64> = (0..n)
-                    .map(|r| match r % 2 {
-                        0 => windows[r].ptr() + off,
-                        _ => plain[r].ptr() + (256 << 10),
-                    })
-                    .collect();
-                all_reduce_at(&ranks, &mixed, &at(&plain, 256), count, seed);
-                assert_eq!(launches(&ranks), before + 3 * n as u64, "count {count}");
-            }
-        }
+        window_cases(&ranks, &windows, &[1, 5, 1000, 3001, 16_385, 40_000], bytes);
     }
 }
 
