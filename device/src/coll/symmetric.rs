@@ -14,7 +14,7 @@
 //!    input or staging area any more: the user may overwrite the input, and the next launch
 //!    may stage into the area again.
 //!
-//! Small calls (at most [`SYM_LL_MAX_BYTES`] per rank, [`CollArgs::proto`] LL) need no
+//! Small calls (at most [`crate::abi::SYM_LL_MAX_BYTES`] per rank, [`CollArgs::proto`] LL) need no
 //! barrier at all: CTA `c` pushes its slice of the input as LL lines (8 payload bytes and the
 //! launch number as flag, in one 16-byte store) into slot (launch parity, me, c) of every
 //! rank's LL area, then polls the lines every rank pushed into its own area, reduces them in
