@@ -95,7 +95,9 @@ impl Comm {
     /// The launch of checked call `c` (`sizes`: what the checks found).
     pub(crate) fn plan(&self, c: &CollCall, sizes: &Sizes) -> Result<LaunchPlan> {
         if c.coll == Coll::AllReduce && self.nranks > 1 {
-            if let Some((sym, src)) = self.symmetric_launch(c.send, c.recv, sizes.bytes) {
+            if let Some((sym, src)) =
+                self.symmetric_launch(c.send, c.recv, sizes.bytes, c.stream)?
+            {
                 return self.symmetric_plan(c, sizes.bytes, sym, src);
             }
         }

@@ -21,13 +21,14 @@
 //! the communicator keeps its ordinary paths.
 
 use super::Comm;
+use crate::cuda::StreamHandle;
 use crate::cuda::{DevBuffer, DevPtr};
 use crate::error::{Error, Result};
 use nccl_device::abi::{
     SymDev, MAX_CHANNELS, SYM_FLAG_BYTES, SYM_LL_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// What `window_register` returns: an opaque, non-zero number, unique within the communicator.
 pub type WinHandle = u64;
@@ -46,6 +47,9 @@ struct Window {
     slot: Option<usize>,
     /// Where it is symmetric: every rank's window as addressed here, kept mapped.
     _peers: Option<super::share::Shared>,
+    /// Live CUDA graphs whose captured calls read the windows through its slot (the loads
+    /// form): it cannot go before they do.
+    graphs: Arc<AtomicUsize>,
 }
 
 /// The communicator's symmetric state, made at its first symmetric window.
@@ -190,6 +194,7 @@ impl Comm {
             reg,
             slot,
             _peers: peers,
+            graphs: Arc::default(),
         });
         Ok(handle)
     }
@@ -207,6 +212,13 @@ impl Comm {
                     "window {handle:#x} is not registered on this communicator"
                 ))
             })?;
+        let graphs = st.windows[i].graphs.load(Ordering::Acquire);
+        if graphs > 0 {
+            return Err(Error::invalid_usage(format!(
+                "ncclCommWindowDeregister: {graphs} CUDA graph(s) captured collectives that read \
+                 this window: destroy them first (their replays would read through it)"
+            )));
+        }
         if let (Some(slot), Some(sym)) = (st.windows[i].slot, &st.sym) {
             self.flush()?;
             sym.table
@@ -220,36 +232,58 @@ impl Comm {
     /// The symmetric path's launch for an AllReduce of `bytes` per rank from `send` into
     /// `recv`: the [`SymDev`] and where the input lies ([`nccl_device::abi::CollArgs::sym_src`]),
     /// or None where the communicator has no symmetric window or the call is too large (the
-    /// same answer on every rank).
+    /// same answer on every rank). A call captured on `stream` that reads a window (the loads
+    /// form) ties the window to the graph: it cannot be deregistered while the graph lives.
     pub(crate) fn symmetric_launch(
         &self,
         send: DevPtr,
         recv: DevPtr,
         bytes: usize,
-    ) -> Option<(DevPtr, u64)> {
+        stream: StreamHandle,
+    ) -> Result<Option<(DevPtr, u64)>> {
         let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
-        let sym = st.sym.as_ref()?;
+        let Some(sym) = st.sym.as_ref() else {
+            return Ok(None);
+        };
         if !st.windows.iter().any(|w| w.slot.is_some()) {
-            return None; // the last symmetric window went
+            return Ok(None); // the last symmetric window went
         }
         let most = (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize).min(sym.stage_bytes);
         if bytes == 0 || bytes > most {
-            return None;
+            return Ok(None);
         }
         // In place, peers would read an input this rank overwrites: it goes through staging.
         let overlaps = send < recv + bytes as u64 && recv < send + bytes as u64;
-        let src = st
-            .windows
-            .iter()
-            .filter(|_| !overlaps)
-            .find_map(|w| {
-                let slot = w.slot?;
-                let inside = send >= w.base && send + bytes as u64 <= w.base + w.bytes as u64;
-                inside.then(|| nccl_device::abi::sym_src_window(slot, send - w.base))
-            })
-            .unwrap_or(nccl_device::abi::SYM_SRC_STAGED);
+        let window = st.windows.iter().filter(|_| !overlaps).find(|w| {
+            w.slot.is_some() && send >= w.base && send + bytes as u64 <= w.base + w.bytes as u64
+        });
+        let src = match window.and_then(|w| w.slot.map(|s| (s, w))) {
+            Some((slot, w)) => {
+                if bytes > nccl_device::abi::SYM_LL_MAX_BYTES {
+                    self.tie_to_graph(&w.graphs, stream)?;
+                }
+                nccl_device::abi::sym_src_window(slot, send - w.base)
+            }
+            None => nccl_device::abi::SYM_SRC_STAGED,
+        };
         self.windows.launches.fetch_add(1, Ordering::Relaxed);
-        Some((sym.dev.ptr, src))
+        Ok(Some((sym.dev.ptr, src)))
+    }
+
+    /// Where `stream` is capturing: counts the graph in `graphs` until CUDA destroys it.
+    fn tie_to_graph(&self, graphs: &Arc<AtomicUsize>, stream: StreamHandle) -> Result<()> {
+        if !self.device.stream_capturing(stream)? {
+            return Ok(());
+        }
+        graphs.fetch_add(1, Ordering::AcqRel);
+        let left = graphs.clone();
+        let release = Box::new(move || {
+            left.fetch_sub(1, Ordering::AcqRel);
+        });
+        if self.device.on_graph_release(stream, release)?.is_err() {
+            graphs.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
     }
 
     /// The window's buffer must be device memory of this communicator's device, `bytes` long.

@@ -329,3 +329,77 @@ fn typed_windows_all_reduce_in_place() {
         assert_eq!(got, &vec![6.0f32; count], "rank {r}");
     }
 }
+
+/// A window that a live CUDA graph reads (a call of the loads form captured with its input
+/// in the window) cannot be deregistered: ncclInvalidUsage, and the graph still replays
+/// right; once the graphs are destroyed it can.
+#[test]
+fn a_window_read_by_a_live_graph_stays() {
+    common::procs::isolated(LOADS, &[], || {
+        common::sim();
+        let ranks = common::sim_ranks(2);
+        let bytes = 512 << 10;
+        let windows = symmetric_windows(&ranks.comms, bytes);
+        let outs: Vec<DevBuffer> = ranks
+            .comms
+            .iter()
+            .map(|c| c.device().alloc(bytes).unwrap())
+            .collect();
+        let count = 20_000; // 80 000 bytes: the loads form
+        for (c, w) in ranks.comms.iter().zip(&windows) {
+            let v = vec![(c.rank() + 1) as f32; count];
+            w.write(0, common::to_bytes(&v)).unwrap();
+        }
+        let before = launches(&ranks);
+        let graphs: Vec<nccl::cuda::Graph> = ranks
+            .comms
+            .iter()
+            .zip(&windows)
+            .zip(&outs)
+            .zip(&ranks.streams)
+            .map(|(((c, w), o), s)| {
+                let d = c.device();
+                d.capture_begin(*s).unwrap();
+                // SAFETY: the test's buffers, alive until the graphs are gone.
+                unsafe {
+                    c.all_reduce_raw(
+                        w.ptr(),
+                        o.ptr(),
+                        count,
+                        DataType::Float32,
+                        ReduceOp::SUM,
+                        *s,
+                    )
+                }
+                .unwrap();
+                d.capture_end(*s).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            launches(&ranks),
+            before + 2,
+            "not captured on the symmetric path"
+        );
+        for c in &ranks.comms {
+            let e = c
+                .window_deregister_raw(1)
+                .expect_err("deregistered under a live graph");
+            assert_eq!(e.code, nccl::NcclResult::InvalidUsage, "{e}");
+        }
+        for (g, s) in graphs.iter().zip(&ranks.streams) {
+            g.launch(*s).unwrap();
+        }
+        for ((c, o), s) in ranks.comms.iter().zip(&outs).zip(&ranks.streams) {
+            c.device().stream_sync(*s).unwrap();
+            let mut out = vec![0u8; count * 4];
+            o.read(0, &mut out).unwrap();
+            let got: Vec<f32> = common::from_bytes(&out);
+            assert_eq!(got, vec![3.0f32; count], "rank {}", c.rank());
+        }
+        drop(graphs);
+        for c in &ranks.comms {
+            c.window_deregister_raw(1)
+                .expect("deregister once the graphs are gone");
+        }
+    });
+}
