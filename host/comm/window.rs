@@ -62,8 +62,9 @@ struct Sym {
     _scratch: DevBuffer,
     /// Every rank's scratch as addressed here, kept mapped.
     _peers: super::share::Shared,
-    /// Bytes of each rank's staging area.
-    stage_bytes: usize,
+    /// The largest call (bytes per rank) on the symmetric path: NCCL_RS_SYMMETRIC_MAX_BYTES,
+    /// read once, when the state is made (every call asks; every rank must answer alike).
+    max_bytes: usize,
 }
 
 #[derive(Default)]
@@ -248,8 +249,7 @@ impl Comm {
         if !st.windows.iter().any(|w| w.slot.is_some()) {
             return Ok(None); // the last symmetric window went
         }
-        let most = (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize).min(sym.stage_bytes);
-        if bytes == 0 || bytes > most {
+        if bytes == 0 || bytes > sym.max_bytes {
             return Ok(None);
         }
         // In place, peers would read an input this rank overwrites: it goes through staging.
@@ -359,7 +359,7 @@ impl Comm {
             "rank {}: symmetric window in slot {slot}: AllReduce of at most {} bytes per rank \
              takes the symmetric path",
             self.rank,
-            (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize).min(sym.stage_bytes)
+            sym.max_bytes
         );
         Ok((Some(slot), Some(peers)))
     }
@@ -368,18 +368,15 @@ impl Comm {
     /// here (every rank makes it at the same window), the empty table; None, on every rank
     /// alike, where some rank could not map some other's scratch.
     fn make_sym(&self) -> Result<Option<Sym>> {
-        let stage_bytes = (crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize)
-            .next_multiple_of(16)
-            .max(16);
-        let scratch = self
-            .device
-            .alloc(SYM_FLAG_BYTES + stage_bytes + SYM_LL_BYTES)?;
+        let max_bytes = crate::env::RS_SYMMETRIC_MAX_BYTES.int().max(0) as usize;
+        let stage_bytes = max_bytes.next_multiple_of(16).max(16);
+        let total = SYM_FLAG_BYTES + stage_bytes + SYM_LL_BYTES;
+        let scratch = self.device.alloc(total)?;
         // Zero flags: no slot or line looks arrived before its first launch.
         scratch.write(0, &vec![0u8; SYM_FLAG_BYTES])?;
         scratch.write(SYM_FLAG_BYTES + stage_bytes, &vec![0u8; SYM_LL_BYTES])?;
         let table = self.device.alloc(SYM_MAX_WINDOWS * SYM_MAX_RANKS * 8)?;
         table.write(0, &vec![0u8; SYM_MAX_WINDOWS * SYM_MAX_RANKS * 8])?;
-        let total = SYM_FLAG_BYTES + stage_bytes + SYM_LL_BYTES;
         let Some(peers) = self.share(scratch.ptr, total)? else {
             return Ok(None);
         };
@@ -399,7 +396,7 @@ impl Comm {
             table,
             _scratch: scratch,
             _peers: peers,
-            stage_bytes,
+            max_bytes,
         }))
     }
 }
