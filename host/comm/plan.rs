@@ -8,6 +8,7 @@ use super::call::{call_bytes, CollCall, Sizes};
 use super::graph_reg::{self, GraphRegs};
 use super::op::{ReduceOp, Scalar};
 use super::order::StreamOrder;
+use super::window::SymLaunch;
 use super::{Comm, Shape};
 use crate::cuda::{Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
@@ -20,7 +21,7 @@ use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
     FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
     LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE, SYM_LL_CTA_BYTES,
-    SYM_LL_MAX_BYTES, SYM_MAX_CTAS, SYM_SRC_STAGED,
+    SYM_MAX_CTAS, SYM_SRC_STAGED,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -94,11 +95,9 @@ impl Launcher {
 impl Comm {
     /// The launch of checked call `c` (`sizes`: what the checks found).
     pub(crate) fn plan(&self, c: &CollCall, sizes: &Sizes) -> Result<LaunchPlan> {
-        if c.coll == Coll::AllReduce && self.nranks > 1 {
-            if let Some((sym, src)) =
-                self.symmetric_launch(c.send, c.recv, sizes.bytes, c.stream)?
-            {
-                return self.symmetric_plan(c, sizes.bytes, sym, src);
+        if self.nranks > 1 {
+            if let Some(sym) = self.symmetric_launch(c, sizes)? {
+                return self.symmetric_plan(c, sizes.bytes, sym);
             }
         }
         let mut planned = collective_args(self, c, sizes.bytes)?;
@@ -144,40 +143,43 @@ impl Comm {
         Ok(k)
     }
 
-    /// A one-shot AllReduce on the symmetric path (`comm/window.rs`): a CTA per
-    /// [`SYM_BYTES_PER_CTA`] of the rank's block, at least a thread per rank in each.
-    fn symmetric_plan(&self, c: &CollCall, bytes: usize, sym: u64, src: u64) -> Result<LaunchPlan> {
+    /// A one-shot AllReduce, AllGather or ReduceScatter on the symmetric path
+    /// (`comm/window.rs`): a CTA per half LL slot or [`SYM_BYTES_PER_CTA`] of the rank's block,
+    /// at least a thread per rank in each.
+    fn symmetric_plan(&self, c: &CollCall, bytes: usize, sym: SymLaunch) -> Result<LaunchPlan> {
         let (redop_arg, redop_arg_ptr) = redop_args(self.nranks, c.op);
         let args = CollArgs {
             comm: self.dev_comm.ptr,
             sendbuff: c.send,
             recvbuff: c.recv,
-            count: c.count as u64,
+            // The copies' kernel moves bytes.
+            count: if c.coll.copies() { bytes } else { c.count } as u64,
             redop_arg,
             redop_arg_ptr,
             coll: c.coll as u32,
-            proto: PROTO_SIMPLE,
+            proto: sym.proto,
             algo: ALGO_SYMMETRIC,
             flags: self.shape.kernel_flags & !(FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE),
-            sym,
-            sym_src: src,
+            sym: sym.dev,
+            sym_src: sym.src,
             ..CollArgs::default()
         };
         // Small calls as LL lines pushed to every rank (no barrier), larger ones read from
         // the peers between two barriers (`device/src/coll/symmetric.rs`).
-        let (proto, per_cta) = match bytes <= SYM_LL_MAX_BYTES {
-            true => (PROTO_LL, SYM_LL_CTA_BYTES / 2),
-            false => (PROTO_SIMPLE, SYM_BYTES_PER_CTA),
+        let per_cta = match sym.proto {
+            PROTO_LL => SYM_LL_CTA_BYTES / 2,
+            _ => SYM_BYTES_PER_CTA,
         };
-        let args = CollArgs { proto, ..args };
         let grid = bytes.div_ceil(per_cta).clamp(1, SYM_MAX_CTAS) as u32;
-        log::debug!(
-            "AllReduce of {bytes} bytes per rank: symmetric one-shot ({}), {grid} CTAs, input {}",
-            match proto {
+        log::info!(
+            target: crate::debug::TUNING,
+            "{}: {bytes} bytes per rank -> symmetric one-shot {}, {grid} CTAs, input {}",
+            c.coll.name(),
+            match sym.proto {
                 PROTO_LL => "LL",
                 _ => "loads",
             },
-            match src {
+            match sym.src {
                 SYM_SRC_STAGED => "staged",
                 _ => "in a window",
             }
@@ -249,6 +251,15 @@ fn collective_args(comm: &Comm, c: &CollCall, bytes: usize) -> Result<Planned> {
     let (redop_arg, redop_arg_ptr) = redop_args(n, op);
     let shape = comm.shape;
     let choice = comm.choose(c)?;
+    log::info!(
+        target: crate::debug::TUNING,
+        "{}: {bytes} bytes per rank -> algo {} proto {} channels {} est {:.1} us",
+        c.coll.name(),
+        choice.algo,
+        choice.proto,
+        choice.nchannels,
+        choice.est_time_us
+    );
     let proto = choice.proto as u32;
     // FIFO slots one Simple ring step fills (the other protocols fill one of their own).
     let slices = match proto {

@@ -20,12 +20,14 @@
 //! p2p), the window registers as an ordinary one on every rank (an INFO line says so), and
 //! the communicator keeps its ordinary paths.
 
+use super::call::{CollCall, Sizes};
 use super::Comm;
 use crate::cuda::StreamHandle;
 use crate::cuda::{DevBuffer, DevPtr};
 use crate::error::{Error, Result};
 use nccl_device::abi::{
-    SymDev, MAX_CHANNELS, SYM_FLAG_BYTES, SYM_LL_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS,
+    Coll, SymDev, MAX_CHANNELS, PROTO_LL, PROTO_SIMPLE, SYM_FLAG_BYTES, SYM_LL_BYTES,
+    SYM_LL_MAX_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS, SYM_SRC_STAGED,
 };
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,9 +64,54 @@ struct Sym {
     _scratch: DevBuffer,
     /// Every rank's scratch as addressed here, kept mapped.
     _peers: super::share::Shared,
-    /// The largest call (bytes per rank) on the symmetric path: NCCL_RS_SYMMETRIC_MAX_BYTES,
-    /// read once, when the state is made (every call asks; every rank must answer alike).
-    max_bytes: usize,
+    /// Its size limits (NCCL_RS_SYMMETRIC_MAX_BYTES read once, when the state is made:
+    /// every call asks, and every rank must answer alike).
+    limits: SymLimits,
+}
+
+/// The symmetric path's size limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SymLimits {
+    /// The largest rank block of a call on the path: NCCL_RS_SYMMETRIC_MAX_BYTES.
+    pub max_bytes: usize,
+    /// Bytes of each rank's staging area.
+    pub stage_bytes: usize,
+}
+
+/// How a call runs on the symmetric path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SymLaunch {
+    /// The communicator's [`SymDev`].
+    pub dev: DevPtr,
+    /// Where this rank's input lies ([`nccl_device::abi::CollArgs::sym_src`]).
+    pub src: u64,
+    /// The form: LL lines pushed to every rank, or (Simple) loads between two barriers.
+    pub proto: u32,
+}
+
+/// The form of the symmetric path for a call of `coll` with rank blocks of `bytes` on `nranks`
+/// ranks (`PROTO_LL` or `PROTO_SIMPLE`), or None: it takes what every rank knows alike, so
+/// every rank answers the same. `protos`: the forms NCCL_ALGO / NCCL_PROTO leave (LL, loads).
+/// LL lines up to [`SYM_LL_MAX_BYTES`]; the loads form where a staged input fits the staging
+/// area (ReduceScatter stages every block of its input).
+pub(crate) fn symmetric_form(
+    coll: Coll,
+    bytes: usize,
+    nranks: usize,
+    limits: SymLimits,
+    (ll, loads): (bool, bool),
+) -> Option<u32> {
+    if bytes == 0 || bytes > limits.max_bytes || nranks < 2 || nranks > SYM_MAX_RANKS {
+        return None;
+    }
+    if ll && bytes <= SYM_LL_MAX_BYTES {
+        return Some(PROTO_LL);
+    }
+    let staged = match coll {
+        Coll::ReduceScatter => bytes.checked_mul(nranks)?,
+        _ => bytes,
+    };
+    (loads && staged <= limits.stage_bytes).then_some(PROTO_SIMPLE)
 }
 
 #[derive(Default)]
@@ -230,18 +277,18 @@ impl Comm {
         self.deregister(w.reg)
     }
 
-    /// The symmetric path's launch for an AllReduce of `bytes` per rank from `send` into
-    /// `recv`: the [`SymDev`] and where the input lies ([`nccl_device::abi::CollArgs::sym_src`]),
-    /// or None where the communicator has no symmetric window or the call is too large (the
-    /// same answer on every rank). A call captured on `stream` that reads a window (the loads
-    /// form) ties the window to the graph: it cannot be deregistered while the graph lives.
+    /// The symmetric path's launch for call `c` (AllReduce, AllGather or ReduceScatter; its
+    /// `sizes`): the [`SymDev`], the form, and where the input lies
+    /// ([`nccl_device::abi::CollArgs::sym_src`]); or None where the communicator has no
+    /// symmetric window, NCCL_ALGO / NCCL_PROTO exclude the path, or the call is too large (the
+    /// same answer on every rank: [`symmetric_form`]). A call captured on its stream that
+    /// reads a window (the loads form) ties the window to the graph: it cannot be
+    /// deregistered while the graph lives.
     pub(crate) fn symmetric_launch(
         &self,
-        send: DevPtr,
-        recv: DevPtr,
-        bytes: usize,
-        stream: StreamHandle,
-    ) -> Result<Option<(DevPtr, u64)>> {
+        c: &CollCall,
+        sizes: &Sizes,
+    ) -> Result<Option<SymLaunch>> {
         let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
         let Some(sym) = st.sym.as_ref() else {
             return Ok(None);
@@ -249,25 +296,37 @@ impl Comm {
         if !st.windows.iter().any(|w| w.slot.is_some()) {
             return Ok(None); // the last symmetric window went
         }
-        if bytes == 0 || bytes > sym.max_bytes {
+        let protos = self.tuner.symmetric_protos(c.coll);
+        let Some(proto) = symmetric_form(c.coll, sizes.bytes, self.nranks, sym.limits, protos)
+        else {
             return Ok(None);
-        }
+        };
         // In place, peers would read an input this rank overwrites: it goes through staging.
-        let overlaps = send < recv + bytes as u64 && recv < send + bytes as u64;
-        let window = st.windows.iter().filter(|_| !overlaps).find(|w| {
-            w.slot.is_some() && send >= w.base && send + bytes as u64 <= w.base + w.bytes as u64
-        });
+        let (send, recv) = (c.send, c.recv);
+        let (send_end, recv_end) = (
+            send + sizes.send_bytes as u64,
+            recv + sizes.recv_bytes as u64,
+        );
+        let overlaps = send < recv_end && recv < send_end;
+        let window =
+            st.windows.iter().filter(|_| !overlaps).find(|w| {
+                w.slot.is_some() && send >= w.base && send_end <= w.base + w.bytes as u64
+            });
         let src = match window.and_then(|w| w.slot.map(|s| (s, w))) {
             Some((slot, w)) => {
-                if bytes > nccl_device::abi::SYM_LL_MAX_BYTES {
-                    self.tie_to_graph(&w.graphs, stream)?;
+                if proto != PROTO_LL {
+                    self.tie_to_graph(&w.graphs, c.stream)?;
                 }
                 nccl_device::abi::sym_src_window(slot, send - w.base)
             }
-            None => nccl_device::abi::SYM_SRC_STAGED,
+            None => SYM_SRC_STAGED,
         };
         self.windows.launches.fetch_add(1, Ordering::Relaxed);
-        Ok(Some((sym.dev.ptr, src)))
+        Ok(Some(SymLaunch {
+            dev: sym.dev.ptr,
+            src,
+            proto,
+        }))
     }
 
     /// Where `stream` is capturing: counts the graph in `graphs` until CUDA destroys it.
@@ -356,10 +415,10 @@ impl Comm {
             .collect();
         sym.table.write(slot * SYM_MAX_RANKS * 8, &row)?;
         log::info!(
-            "rank {}: symmetric window in slot {slot}: AllReduce of at most {} bytes per rank \
-             takes the symmetric path",
+            "rank {}: symmetric window in slot {slot}: AllReduce, AllGather and ReduceScatter of \
+             at most {} bytes per rank take the symmetric path",
             self.rank,
-            sym.max_bytes
+            sym.limits.max_bytes
         );
         Ok((Some(slot), Some(peers)))
     }
@@ -396,7 +455,10 @@ impl Comm {
             table,
             _scratch: scratch,
             _peers: peers,
-            max_bytes,
+            limits: SymLimits {
+                max_bytes,
+                stage_bytes,
+            },
         }))
     }
 }
@@ -418,4 +480,54 @@ fn check_symmetric(offers: &[Offer]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: SymLimits = SymLimits {
+        max_bytes: 1 << 20,
+        stage_bytes: 1 << 20,
+    };
+
+    #[test]
+    fn the_form_follows_the_size_and_the_filters() {
+        let both = (true, true);
+        let form = |coll, bytes, n, protos| symmetric_form(coll, bytes, n, LIMITS, protos);
+        assert_eq!(form(Coll::AllReduce, 8, 2, both), Some(PROTO_LL));
+        assert_eq!(
+            form(Coll::AllGather, SYM_LL_MAX_BYTES, 8, both),
+            Some(PROTO_LL)
+        );
+        assert_eq!(
+            form(Coll::AllReduce, SYM_LL_MAX_BYTES + 1, 4, both),
+            Some(PROTO_SIMPLE)
+        );
+        // NCCL_PROTO=^LL: the loads run small calls too; =LL: nothing above the LL form.
+        assert_eq!(
+            form(Coll::AllReduce, 8, 2, (false, true)),
+            Some(PROTO_SIMPLE)
+        );
+        assert_eq!(
+            form(Coll::AllReduce, SYM_LL_MAX_BYTES + 1, 2, (true, false)),
+            None
+        );
+        assert_eq!(form(Coll::AllReduce, 8, 2, (false, false)), None);
+        // ReduceScatter stages its whole input: every block must fit.
+        assert_eq!(
+            form(Coll::ReduceScatter, 256 << 10, 4, both),
+            Some(PROTO_SIMPLE)
+        );
+        assert_eq!(form(Coll::ReduceScatter, (256 << 10) + 1, 4, both), None);
+        assert_eq!(
+            form(Coll::AllGather, (256 << 10) + 1, 4, both),
+            Some(PROTO_SIMPLE)
+        );
+        // Over the limit, empty, one rank, more ranks than the path serves.
+        assert_eq!(form(Coll::AllReduce, (1 << 20) + 1, 2, both), None);
+        assert_eq!(form(Coll::AllReduce, 0, 2, both), None);
+        assert_eq!(form(Coll::AllReduce, 8, 1, both), None);
+        assert_eq!(form(Coll::AllReduce, 8, SYM_MAX_RANKS + 1, both), None);
+    }
 }

@@ -9,8 +9,13 @@ pub struct Filter<const N: usize> {
     pub allowed: [[bool; N]; 5],
 }
 
-/// Which algorithms each collective may use.
-pub type AlgoFilter = Filter<NUM_ALGOS>;
+/// Which algorithms each collective may use: NCCL's, and the symmetric path in column
+/// [`SYMMETRIC`].
+pub type AlgoFilter = Filter<{ NUM_ALGOS + 1 }>;
+
+/// The [`AlgoFilter`] column of the symmetric path (`comm/window.rs`), named `symmetric` in
+/// NCCL_ALGO: not one of NCCL's tuner algorithms (a tuner plugin never sees it).
+pub const SYMMETRIC: usize = NUM_ALGOS;
 /// Which protocols each collective may use.
 pub type ProtoFilter = Filter<NUM_PROTOS>;
 
@@ -102,13 +107,15 @@ impl<const N: usize> Filter<N> {
 }
 
 impl AlgoFilter {
-    /// NCCL_ALGO's syntax.
+    /// NCCL_ALGO's syntax; `symmetric` names the symmetric path.
     pub fn parse(var: &str, text: &str) -> Result<AlgoFilter> {
         Filter::parse_with(var, text, &|n| {
-            let n = n.to_ascii_lowercase();
+            if n.eq_ignore_ascii_case("symmetric") {
+                return Some(SYMMETRIC);
+            }
             Algo::ALL
                 .into_iter()
-                .find(|a| a.as_str().eq_ignore_ascii_case(&n))
+                .find(|a| a.as_str().eq_ignore_ascii_case(n))
                 .map(|a| a as usize)
         })
     }

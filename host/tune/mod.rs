@@ -548,20 +548,40 @@ impl Tuner {
         let any = Algo::ALL
             .into_iter()
             .any(|a| Proto::ALL.into_iter().any(|p| self.enabled(coll, a, p)));
-        match any {
+        match any || self.symmetric_protos(coll) != (false, false) {
             true => Ok(()),
             false => Err(self.nothing_left(coll)),
         }
     }
 
+    /// The forms of the symmetric path (`comm/window.rs`) NCCL_ALGO / NCCL_PROTO leave
+    /// `coll`: (LL lines, loads as Simple). Only AllReduce, AllGather and ReduceScatter have it.
+    pub fn symmetric_protos(&self, coll: Coll) -> (bool, bool) {
+        let has = matches!(
+            coll,
+            Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter
+        );
+        if !has || !self.params.algo.allows(coll, filter::SYMMETRIC) {
+            return (false, false);
+        }
+        let proto = |p: Proto| self.params.proto.allows(coll, p as usize);
+        (proto(Proto::Ll), proto(Proto::Simple))
+    }
+
     fn nothing_left(&self, coll: Coll) -> Error {
         Error::invalid_usage(format!(
-            "no algorithm/protocol left for {} (NCCL_ALGO/NCCL_PROTO exclude all that apply{})",
+            "no algorithm/protocol left for {} (NCCL_ALGO/NCCL_PROTO exclude all that apply{}{})",
             coll.name(),
             if self.ll128_ok {
                 ""
             } else {
                 "; LL128 is off here: it needs NVLink between every pair of GPUs, sm_70 or newer"
+            },
+            match self.symmetric_protos(coll) {
+                (false, false) => "",
+                _ =>
+                    "; the symmetric path takes only calls on ranks that registered a symmetric \
+                      window, up to NCCL_RS_SYMMETRIC_MAX_BYTES per rank",
             }
         ))
     }

@@ -353,6 +353,17 @@ fn filters_parse() {
     assert!(f.allows(Coll::AllReduce, Algo::Tree as usize));
     assert!(!f.allows(Coll::Broadcast, Algo::Tree as usize));
     assert!(f.allows(Coll::AllGather, Algo::Tree as usize));
+    // The symmetric path's column: excluded by a list that does not name it, kept by ^.
+    let sym = super::filter::SYMMETRIC;
+    assert!(!AlgoFilter::parse("NCCL_ALGO", "ring").unwrap().allows(Coll::AllReduce, sym));
+    assert!(AlgoFilter::parse("NCCL_ALGO", "^tree").unwrap().allows(Coll::AllGather, sym));
+    let f = AlgoFilter::parse("NCCL_ALGO", "allreduce:^Symmetric").unwrap();
+    assert!(!f.allows(Coll::AllReduce, sym));
+    assert!(f.allows(Coll::AllReduce, Algo::Ring as usize));
+    assert!(f.allows(Coll::ReduceScatter, sym));
+    let f = AlgoFilter::parse("NCCL_ALGO", "symmetric").unwrap();
+    assert!(f.allows(Coll::AllReduce, sym) && !f.allows(Coll::AllReduce, Algo::Ring as usize));
+    assert_eq!(AlgoFilter::from_mask(f.to_mask()), f);
     let f = ProtoFilter::parse("NCCL_PROTO", "^ll128, ll").unwrap();
     assert!(f.allows(Coll::AllReduce, Proto::Simple as usize));
     assert!(!f.allows(Coll::AllReduce, Proto::Ll as usize));

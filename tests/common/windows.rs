@@ -1,8 +1,9 @@
 //! Windows for the tests (`ncclCommWindowRegister`): registering on every rank of a process at
-//! once (a collective call), and AllReduces between buffers at given addresses.
+//! once (a collective call), and the symmetric path's collectives between buffers at given
+//! addresses.
 
 use super::{from_bytes, lend, to_bytes, Ranks};
-use nccl::{Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
+use nccl::{Coll, Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
 
 /// Registers on every rank at once (a collective call) `bytes[r]` at `ptrs[r]`.
 pub fn register_all(
@@ -47,34 +48,59 @@ pub fn launches(ranks: &Ranks) -> u64 {
     ranks.comms.iter().map(|c| c.symmetric_launches()).sum()
 }
 
-/// One AllReduce of `count` f32 on every rank from `send[i]` into `recv[i]` (device
-/// addresses of this process's i-th communicator), checked against the sum of every rank's
-/// input (computed alike in every process from the seed and the rank); the outputs'
-/// neighbours are poisoned and must stay so.
-pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, seed: u64) {
+/// The collectives of the symmetric path.
+pub const SYMMETRIC_COLLS: [Coll; 3] = [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter];
+
+/// Elements of (input, output) of one rank in a call of `coll` with `count` (NCCL's count) on
+/// `n` ranks.
+pub fn lengths(coll: Coll, count: usize, n: usize) -> (usize, usize) {
+    match coll {
+        Coll::AllGather => (count, n * count),
+        Coll::ReduceScatter => (n * count, count),
+        _ => (count, count),
+    }
+}
+
+/// One AllReduce, AllGather or ReduceScatter (`coll`, a sum) of `count` f32 on every rank
+/// from `send[i]` into `recv[i]` (device addresses of this process's i-th communicator),
+/// checked against the result computed alike in every process from the seed and the ranks;
+/// the outputs' neighbours are poisoned and must stay so.
+pub fn collective_at(
+    ranks: &Ranks,
+    coll: Coll,
+    send: &[u64],
+    recv: &[u64],
+    count: usize,
+    seed: u64,
+) {
     let n = ranks.comms[0].count();
+    let (ins, outs) = lengths(coll, count, n);
     let inputs: Vec<Vec<f32>> = (0..n)
         .map(|r| {
-            (0..count)
+            (0..ins)
                 .map(|j| ((seed as usize * 31 + r * 17 + j * 7) % 113) as f32)
                 .collect()
         })
         .collect();
-    let want: Vec<f32> = (0..count)
-        .map(|j| inputs.iter().map(|v| v[j]).sum())
-        .collect();
+    let sum = |at: usize| -> f32 { inputs.iter().map(|v| v[at]).sum() };
+    let want = |rank: usize| -> Vec<f32> {
+        match coll {
+            Coll::AllGather => inputs.concat(),
+            Coll::ReduceScatter => (0..count).map(|j| sum(rank * count + j)).collect(),
+            _ => (0..count).map(sum).collect(),
+        }
+    };
     for (r, c) in ranks.comms.iter().enumerate() {
         let d = c.device();
-        // SAFETY: the test's own buffers, idle.
+        // SAFETY: the test's own buffers, idle. The output is poisoned first: in place, the
+        // input lies in it.
         unsafe {
             d.copy_htod_raw(recv[r] - 16, &[0xAB; 16]).unwrap();
-            d.copy_htod_raw(recv[r] + count as u64 * 4, &[0xAB; 16])
+            d.copy_htod_raw(recv[r] + outs as u64 * 4, &[0xAB; 16])
                 .unwrap();
+            d.copy_htod_raw(recv[r], &vec![0xCD; outs * 4]).unwrap();
             d.copy_htod_raw(send[r], to_bytes(&inputs[c.rank()]))
                 .unwrap();
-            if recv[r] != send[r] {
-                d.copy_htod_raw(recv[r], &vec![0xCD; count * 4]).unwrap();
-            }
         }
     }
     let lent = lend(&ranks.comms);
@@ -83,56 +109,110 @@ pub fn all_reduce_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, se
         for (r, c) in lent.iter().enumerate() {
             let (sp, rp, st) = (send[r], recv[r], streams[r]);
             s.spawn(move || {
+                let f32 = DataType::Float32;
                 // SAFETY: the test's buffers, alive until the synchronization below.
-                unsafe { c.all_reduce_raw(sp, rp, count, DataType::Float32, ReduceOp::SUM, st) }
-                    .expect("all_reduce");
+                unsafe {
+                    match coll {
+                        Coll::AllGather => c.all_gather_raw(sp, rp, count, f32, st),
+                        Coll::ReduceScatter => {
+                            c.reduce_scatter_raw(sp, rp, count, f32, ReduceOp::SUM, st)
+                        }
+                        _ => c.all_reduce_raw(sp, rp, count, f32, ReduceOp::SUM, st),
+                    }
+                }
+                .expect("collective");
                 c.device().stream_sync(st).expect("sync");
             });
         }
     });
     for (r, c) in ranks.comms.iter().enumerate() {
         let d = c.device();
-        let mut out = vec![0u8; count * 4];
+        let mut out = vec![0u8; outs * 4];
         let (mut before, mut after) = ([0u8; 16], [0u8; 16]);
         // SAFETY: as above.
         unsafe {
             d.copy_dtoh_raw(&mut out, recv[r]).unwrap();
             d.copy_dtoh_raw(&mut before, recv[r] - 16).unwrap();
-            d.copy_dtoh_raw(&mut after, recv[r] + count as u64 * 4)
+            d.copy_dtoh_raw(&mut after, recv[r] + outs as u64 * 4)
                 .unwrap();
         }
         let got: Vec<f32> = from_bytes(&out);
         let rank = c.rank();
-        assert_eq!(got, want, "rank {rank} of {n}, count {count}, seed {seed}");
+        let what = format!(
+            "{} rank {rank} of {n}, count {count}, seed {seed}",
+            coll.name()
+        );
+        assert_eq!(got, want(rank), "{what}");
         assert_eq!(
             (before, after),
             ([0xAB; 16], [0xAB; 16]),
-            "rank {rank}: outside the output"
+            "{what}: outside the output"
         );
     }
 }
 
-/// AllReduces of each of `counts` f32 on every rank of `ranks`, with inputs in `windows`
-/// (every rank's symmetric window, `bytes` each) at offsets 256 and 260 (aligned and not): out
-/// of place into a plain buffer, in place in the window, and in the window on even ranks only
-/// (odd ranks' inputs in the plain buffer's second half). Every call must take the symmetric
-/// path.
-pub fn window_cases(ranks: &Ranks, windows: &[DevBuffer], counts: &[usize], bytes: usize) {
+/// Calls of `coll` with each of `counts` f32 on every rank of `ranks`, with inputs in
+/// `windows` (every rank's symmetric window, `bytes` each) at offsets 256 and 260 (aligned and
+/// not): out of place into a plain buffer, in place in the window, and in the window on even
+/// ranks only (odd ranks' inputs in a plain buffer). Every call must take the symmetric path.
+pub fn window_cases(
+    ranks: &Ranks,
+    coll: Coll,
+    windows: &[DevBuffer],
+    counts: &[usize],
+    bytes: usize,
+) {
     let n = ranks.comms.len() as u64;
+    let nranks = ranks.comms[0].count();
     let plain: Vec<DevBuffer> = ranks
         .comms
         .iter()
-        .map(|c| c.device().alloc(bytes).expect("alloc"))
+        .map(|c| c.device().alloc(2 * bytes).expect("alloc"))
         .collect();
     let at = |b: &[DevBuffer], off: u64| -> Vec<u64> { b.iter().map(|b| b.ptr() + off).collect() };
     let mut seed = 0;
     for &count in counts {
+        let (ins, outs) = lengths(coll, count, nranks);
+        assert!(
+            256 + 4 * ins.max(outs) + 16 <= bytes,
+            "count {count}: the window is too small"
+        );
         for off in [256u64, 260] {
             let before = launches(ranks);
             seed += 1;
-            all_reduce_at(ranks, &at(windows, off), &at(&plain, 256), count, seed);
+            collective_at(
+                ranks,
+                coll,
+                &at(windows, off),
+                &at(&plain, 256),
+                count,
+                seed,
+            );
             seed += 1;
-            all_reduce_at(ranks, &at(windows, off), &at(windows, off), count, seed);
+            // In place: the input is the output (AllGather: this rank's block of it;
+            // ReduceScatter: its block is the output).
+            let inputs = at(windows, off);
+            let outputs: Vec<u64> = ranks
+                .comms
+                .iter()
+                .zip(&inputs)
+                .map(|(c, &p)| match coll {
+                    Coll::AllGather => p,
+                    Coll::ReduceScatter => p + (c.rank() * count * 4) as u64,
+                    _ => p,
+                })
+                .collect();
+            let inputs: Vec<u64> = ranks
+                .comms
+                .iter()
+                .zip(&outputs)
+                .map(|(c, &p)| match coll {
+                    Coll::AllGather => p + (c.rank() * count * 4) as u64,
+                    Coll::ReduceScatter => p - (c.rank() * count * 4) as u64,
+                    _ => p,
+                })
+                .collect();
+            collective_at(ranks, coll, &inputs, &outputs, count, seed);
             seed += 1;
             let mixed: Vec<u64> = ranks
                 .comms
@@ -140,11 +220,16 @@ pub fn window_cases(ranks: &Ranks, windows: &[DevBuffer], counts: &[usize], byte
                 .enumerate()
                 .map(|(i, c)| match c.rank() % 2 {
                     0 => windows[i].ptr() + off,
-                    _ => plain[i].ptr() + (bytes / 2) as u64,
+                    _ => plain[i].ptr() + bytes as u64,
                 })
                 .collect();
-            all_reduce_at(ranks, &mixed, &at(&plain, 256), count, seed);
-            assert_eq!(launches(ranks), before + 3 * n, "count {count}");
+            collective_at(ranks, coll, &mixed, &at(&plain, 256), count, seed);
+            assert_eq!(
+                launches(ranks),
+                before + 3 * n,
+                "{} count {count}",
+                coll.name()
+            );
         }
     }
 }

@@ -1,21 +1,24 @@
 //! The symmetric path on real GPUs (ignored without one; see `collectives.rs`).
 
 use crate::collectives::{counts, gpus};
-use crate::common::{self, check_all_reduce, Drive, ALL_OPS};
+use crate::common::{self, check_all_reduce, check_collective, Drive, ALL_OPS};
+use nccl::Coll;
 
-/// The symmetric path (`comm/window.rs`) on 2 and 4 ranks of one process: inputs staged
-/// (every type and reduction, odd counts, in and out of place), read in the windows where they
-/// lie (aligned and not), in place in a window, and in windows on even ranks only.
+/// The symmetric path (`comm/window.rs`) on 2 and 4 ranks of one process: AllReduce inputs
+/// staged (every type and reduction, odd counts, in and out of place), AllGather and
+/// ReduceScatter staged (every type, reductions in turn), and every collective of the path
+/// with inputs read in the windows where they lie (aligned and not), in place in a window, and
+/// in windows on even ranks only.
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn symmetric_path_on_2_and_4_ranks() {
-    // Up to 256 KiB: the LL form and, above 64 KiB, the loads.
-    let env = [("NCCL_RS_SYMMETRIC_MAX_BYTES", "262144")];
+    // Up to 1 MiB: the LL form and, above 64 KiB, the loads.
+    let env = [("NCCL_RS_SYMMETRIC_MAX_BYTES", "1048576")];
     common::procs::isolated(&env, &[], symmetric_path);
 }
 
 fn symmetric_path() {
-    use crate::common::windows::{launches, symmetric_windows, window_cases};
+    use crate::common::windows::{launches, symmetric_windows, window_cases, SYMMETRIC_COLLS};
     for n in counts(&[2, 4]) {
         let ranks = gpus(n);
         let bytes = 1 << 20;
@@ -29,7 +32,7 @@ fn symmetric_path() {
                     let ran =
                         check_all_reduce(&ranks, count, dt, op, in_place, seed, Drive::OneThread)
                             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
-                    if ran == common::Checked::Ran && count * dt.size() <= 256 << 10 {
+                    if ran == common::Checked::Ran && count * dt.size() <= 1 << 20 {
                         assert_eq!(
                             launches(&ranks),
                             before + n as u64,
@@ -39,6 +42,33 @@ fn symmetric_path() {
                 }
             }
         }
-        window_cases(&ranks, &windows, &[3, 4096, 60_001], bytes);
+        for coll in [Coll::AllGather, Coll::ReduceScatter] {
+            for (k, dt) in common::matrix_types().into_iter().enumerate() {
+                for (i, count) in [1usize, 1001, 20_001].into_iter().enumerate() {
+                    let op = ALL_OPS[(k + i) % ALL_OPS.len()];
+                    let before = launches(&ranks);
+                    let seed = (k * 100 + i) as u64;
+                    let ran = check_collective(
+                        &ranks,
+                        coll,
+                        count,
+                        dt,
+                        op,
+                        0,
+                        (i + k) % 2 == 1,
+                        seed,
+                        Drive::OneThread,
+                    )
+                    .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+                    if ran == common::Checked::Ran {
+                        let what = format!("{n} ranks, {}: not symmetric", coll.name());
+                        assert_eq!(launches(&ranks), before + n as u64, "{what}");
+                    }
+                }
+            }
+        }
+        for coll in SYMMETRIC_COLLS {
+            window_cases(&ranks, coll, &windows, &[3, 4096, 60_001], bytes);
+        }
     }
 }

@@ -1,22 +1,25 @@
 //! Windows and the symmetric path (`comm/window.rs`, `device/src/coll/symmetric.rs`) on the
-//! simulator: once the ranks registered a symmetric window, AllReduces up to
-//! NCCL_RS_SYMMETRIC_MAX_BYTES per rank (64 KiB unless set) run one-shot: up to 64 KiB as LL
-//! lines pushed to every rank, above (where the variable allows) as loads from the peers with
-//! inputs read in the window where they lie there and staged otherwise. The tests of the
-//! loads run alone in a child process with NCCL_RS_SYMMETRIC_MAX_BYTES=262144 ([`LOADS`]). Random data and poisoned
-//! outputs, every type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks;
-//! inputs in windows on some ranks only; graphs; bad registrations fail on every rank.
+//! simulator: once the ranks registered a symmetric window, AllReduces, AllGathers and
+//! ReduceScatters up to NCCL_RS_SYMMETRIC_MAX_BYTES per rank block (64 KiB unless set) run
+//! one-shot: up to 64 KiB as LL lines pushed to every rank, above (where the variable allows)
+//! as loads from the peers with inputs read in the window where they lie there and staged
+//! otherwise. The tests of the loads run alone in a child process with
+//! NCCL_RS_SYMMETRIC_MAX_BYTES at 1 MiB ([`LOADS`]). Random data and poisoned outputs, every
+//! type and reduction, odd counts, in and out of place, 2, 4 and 8 ranks; inputs in windows on
+//! some ranks only; graphs; NCCL_ALGO / NCCL_PROTO; bad registrations fail on every rank.
 
 use crate::common::windows::{
-    all_reduce_at, launches, register_all, symmetric_windows, window_cases,
+    collective_at, launches, register_all, symmetric_windows, window_cases, SYMMETRIC_COLLS,
 };
-use crate::common::{self, check_all_reduce, graphs, lend, Drive, ALL_OPS};
-use nccl::{DataType, DevBuffer, ReduceOp};
+use crate::common::{self, check_all_reduce, check_collective, graphs, lend, Drive, ALL_OPS};
+use nccl::{Coll, DataType, DevBuffer, ReduceOp};
 
 /// The symmetric path's limit in these tests' own process (the default).
 const LIMIT: usize = 64 << 10;
+/// The limit where the loads form runs too (the [`LOADS`] children).
+const LOADS_LIMIT: usize = 1 << 20;
 /// The environment of the tests that also take the loads form (above 64 KiB).
-const LOADS: &[(&str, &str)] = &[("NCCL_RS_SYMMETRIC_MAX_BYTES", "262144")];
+const LOADS: &[(&str, &str)] = &[("NCCL_RS_SYMMETRIC_MAX_BYTES", "1048576")];
 
 /// Plain buffers (staged by the kernel) on 2, 4 and 8 ranks: every type and reduction.
 #[test]
@@ -48,8 +51,51 @@ fn staged_inputs_every_type_and_reduction() {
     }
 }
 
+/// AllGather and ReduceScatter from plain buffers (staged by the kernel) on 2, 4 and 8 ranks:
+/// every type, the reductions in turn, odd counts, in and out of place.
+#[test]
+fn staged_inputs_all_gather_and_reduce_scatter() {
+    common::sim();
+    for n in [2, 4, 8] {
+        let ranks = common::sim_ranks(n);
+        let _windows = symmetric_windows(&ranks.comms, 4096);
+        for coll in [Coll::AllGather, Coll::ReduceScatter] {
+            for (k, dt) in common::matrix_types().into_iter().enumerate() {
+                for (i, count) in [1usize, 7, 1000, 4099, 20_001].into_iter().enumerate() {
+                    let op = ALL_OPS[(k + i) % ALL_OPS.len()];
+                    let before = launches(&ranks);
+                    let in_place = (i + k) % 2 == 1;
+                    let seed = (k * 100 + i) as u64;
+                    let ran = check_collective(
+                        &ranks,
+                        coll,
+                        count,
+                        dt,
+                        op,
+                        0,
+                        in_place,
+                        seed,
+                        Drive::OneThread,
+                    )
+                    .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+                    if ran == common::Checked::Ran && count * dt.size() <= LIMIT {
+                        assert_eq!(
+                            launches(&ranks),
+                            before + n as u64,
+                            "{n} ranks, {} {} count {count}: not on the symmetric path",
+                            coll.name(),
+                            dt.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Inputs read in the windows where they lie (aligned and not), in place in a window (staged),
-/// and a job where only even ranks' inputs are in the window: all right, all symmetric.
+/// and a job where only even ranks' inputs are in the window: all right, all symmetric; every
+/// collective of the path, in the LL form and the loads.
 #[test]
 fn inputs_in_windows_where_they_lie_and_mixed() {
     common::procs::isolated(LOADS, &[], inputs_in_windows);
@@ -59,10 +105,77 @@ fn inputs_in_windows() {
     common::sim();
     for n in [2, 4] {
         let ranks = common::sim_ranks(n);
-        let bytes = 512 << 10;
+        let bytes = LOADS_LIMIT;
         let windows = symmetric_windows(&ranks.comms, bytes);
-        window_cases(&ranks, &windows, &[1, 5, 1000, 3001, 16_385, 40_000], bytes);
+        for coll in SYMMETRIC_COLLS {
+            let counts = [1, 5, 1000, 3001, 16_385, 40_000];
+            window_cases(&ranks, coll, &windows, &counts, bytes);
+        }
     }
+}
+
+/// NCCL_ALGO and NCCL_PROTO over the symmetric path: `^symmetric` keeps calls off it; `^LL`
+/// leaves the loads form, which then runs small calls too; `symmetric` alone runs what the
+/// path can take there, and refuses the rest (ncclInvalidUsage, naming why).
+#[test]
+fn filters_exclude_or_force_the_symmetric_path() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("excluded", &[("NCCL_ALGO", "^symmetric")]),
+        ("loads only", &[("NCCL_PROTO", "^LL")]),
+        ("forced", &[("NCCL_ALGO", "symmetric")]),
+    ];
+    common::procs::isolated_cases(cases, |case| {
+        common::sim();
+        let n = 4;
+        let ranks = common::sim_ranks(n);
+        let bytes = 256 << 10;
+        let windows = symmetric_windows(&ranks.comms, bytes);
+        for (i, coll) in SYMMETRIC_COLLS.into_iter().enumerate() {
+            let before = launches(&ranks);
+            let dt = DataType::Float32;
+            check_collective(
+                &ranks,
+                coll,
+                1000,
+                dt,
+                ReduceOp::SUM,
+                0,
+                i == 1,
+                7,
+                Drive::OneThread,
+            )
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let symmetric = launches(&ranks) - before;
+            match case {
+                "excluded" => assert_eq!(symmetric, 0, "{}: ran symmetric", coll.name()),
+                _ => assert_eq!(symmetric, n as u64, "{case}: {}", coll.name()),
+            }
+            if case == "loads only" {
+                window_cases(&ranks, coll, &windows, &[1, 5, 1000], bytes);
+            }
+        }
+        if case == "forced" {
+            let plain: Vec<DevBuffer> = ranks
+                .comms
+                .iter()
+                .map(|c| c.device().alloc(LIMIT + 4).unwrap())
+                .collect();
+            for (c, (b, st)) in ranks.comms.iter().zip(plain.iter().zip(&ranks.streams)) {
+                let big = (LIMIT + 4) / 4; // over the limit: the path cannot take it
+                                           // SAFETY: the test's buffer; the call fails before it is enqueued.
+                let e = unsafe {
+                    c.all_reduce_raw(b.ptr(), b.ptr(), big, DataType::Float32, ReduceOp::SUM, *st)
+                }
+                .expect_err("forced symmetric over the limit");
+                assert_eq!(e.code, nccl::NcclResult::InvalidUsage, "{e}");
+                assert!(e.message.contains("symmetric"), "{e}");
+                // SAFETY: as above.
+                let e = unsafe { c.broadcast_raw(b.ptr(), b.ptr(), 10, DataType::Float32, 0, *st) }
+                    .expect_err("Broadcast with only the symmetric path");
+                assert_eq!(e.code, nccl::NcclResult::InvalidUsage, "{e}");
+            }
+        }
+    });
 }
 
 /// Above NCCL_RS_SYMMETRIC_MAX_BYTES, and after the last symmetric window went, the ordinary
@@ -207,7 +320,9 @@ fn ranks_as_processes_map_each_other() {
     };
     let bytes = 512 << 10;
     let windows = symmetric_windows(&ranks.comms, bytes);
-    let plain = ranks.comms[0].device().alloc(bytes).unwrap();
+    // Outputs in the first half, the odd ranks' mixed inputs in the second.
+    let plain = ranks.comms[0].device().alloc(2 * bytes).unwrap();
+    let nranks = ranks.comms[0].count();
     let mut seed = 0;
     for dt in [
         DataType::Float32,
@@ -222,28 +337,64 @@ fn ranks_as_processes_map_each_other() {
                 let ran =
                     check_all_reduce(&ranks, count, dt, op, seed % 2 == 0, seed, Drive::OneThread)
                         .unwrap_or_else(|e| panic!("ranks as processes: {e}"));
-                if ran == common::Checked::Ran && count * dt.size() <= 256 << 10 {
+                if ran == common::Checked::Ran && count * dt.size() <= LOADS_LIMIT {
                     assert_eq!(launches(&ranks), before + 1, "{} count {count}", dt.name());
                 }
             }
         }
     }
+    for coll in [Coll::AllGather, Coll::ReduceScatter] {
+        for (i, count) in [3usize, 5000, 20_001].into_iter().enumerate() {
+            seed += 1;
+            let before = launches(&ranks);
+            let (dt, op) = (DataType::Float16, ReduceOp::SUM);
+            check_collective(
+                &ranks,
+                coll,
+                count,
+                dt,
+                op,
+                0,
+                i == 1,
+                seed,
+                Drive::OneThread,
+            )
+            .unwrap_or_else(|e| panic!("ranks as processes: {e}"));
+            assert_eq!(
+                launches(&ranks),
+                before + 1,
+                "{} count {count}",
+                coll.name()
+            );
+        }
+    }
     let rank = ranks.comms[0].rank();
-    for count in [7usize, 40_000] {
-        let before = launches(&ranks);
-        let w = windows[0].ptr() + 256;
-        seed += 1;
-        all_reduce_at(&ranks, &[w], &[plain.ptr() + 256], count, seed);
-        seed += 1;
-        all_reduce_at(&ranks, &[w], &[w], count, seed);
-        seed += 1;
-        let mixed = if rank % 2 == 0 {
-            w
-        } else {
-            plain.ptr() + (256 << 10)
-        };
-        all_reduce_at(&ranks, &[mixed], &[plain.ptr() + 256], count, seed);
-        assert_eq!(launches(&ranks), before + 3, "count {count}");
+    for coll in SYMMETRIC_COLLS {
+        for count in [7usize, 20_000] {
+            let before = launches(&ranks);
+            let w = windows[0].ptr() + 256;
+            let p = plain.ptr() + 256;
+            seed += 1;
+            collective_at(&ranks, coll, &[w], &[p], count, seed);
+            seed += 1;
+            let (input, output) = match coll {
+                Coll::AllGather => (w + (rank * count * 4) as u64, w),
+                Coll::ReduceScatter => (w, w + (rank * count * 4) as u64),
+                _ => (w, w),
+            };
+            collective_at(&ranks, coll, &[input], &[output], count, seed);
+            seed += 1;
+            let half = plain.ptr() + bytes as u64;
+            let mixed = if rank % 2 == 0 { w } else { half };
+            assert!(count * 4 * nranks <= bytes - 256);
+            collective_at(&ranks, coll, &[mixed], &[p], count, seed);
+            assert_eq!(
+                launches(&ranks),
+                before + 3,
+                "{} count {count}",
+                coll.name()
+            );
+        }
     }
 }
 

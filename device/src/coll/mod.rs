@@ -80,9 +80,7 @@ unsafe fn run_body<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     // asks only where every CTA's tree has one peer each way), else with Simple.
     match args.proto {
         _ if args.algo == ALGO_NVLS => nvls::run::<T, O, C>(args),
-        _ if args.algo == ALGO_SYMMETRIC && C == Coll::AllReduce as u32 => {
-            symmetric::all_reduce::<T, O>(args)
-        }
+        _ if args.algo == ALGO_SYMMETRIC => symmetric::run::<T, O, C>(args),
         PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_LL>(args),
         _ if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_SIMPLE>(args),
         PROTO_LL => run_with::<T, O, C, PROTO_LL>(args),

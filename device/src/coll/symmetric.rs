@@ -3,25 +3,29 @@
 //! every other rank's windows and its symmetric scratch ([`SymDev`]); an input in a window is
 //! read where it lies, any other input is first copied into the rank's staging area.
 //!
-//! AllReduce, one-shot: CTA `c` of every rank owns the same slice of the elements.
-//! 1. It stages its slice of the input when the input is not in a window ([`SYM_SRC_STAGED`]).
+//! AllReduce, ReduceScatter and AllGather, one-shot: CTA `c` of every rank owns the same slice
+//! of each rank's block (AllReduce: the elements; ReduceScatter: the elements of each of the
+//! `nranks` blocks of the input; AllGather: the bytes of the input).
+//! 1. It stages its slices of the input when the input is not in a window ([`SYM_SRC_STAGED`]).
 //! 2. Arrive: it writes, into slot (c, arrive, me) of every rank's scratch, where its input
 //!    lies and the launch number, released after its staging stores; then waits until every
 //!    rank's slot (c, arrive, r) of its own scratch holds the launch number.
 //! 3. It reads its slice from every rank (in rank order, so every rank computes the same bits)
-//!    and writes the reduction to its own output.
+//!    and writes the reduction to its own output (ReduceScatter: of block `me` of every rank;
+//!    AllGather: no reduction, rank `r`'s slice goes to output block `r`).
 //! 4. Depart: the same exchange in the depart slots. Once it passes, no rank reads this rank's
 //!    input or staging area any more: the user may overwrite the input, and the next launch
 //!    may stage into the area again.
 //!
-//! Small calls (at most [`crate::abi::SYM_LL_MAX_BYTES`] per rank, [`CollArgs::proto`] LL) need no
-//! barrier at all: CTA `c` pushes its slice of the input as LL lines (8 payload bytes and the
-//! launch number as flag, in one 16-byte store) into slot (launch parity, me, c) of every
-//! rank's LL area, then polls the lines every rank pushed into its own area, reduces them in
-//! rank order and writes its output. A slot half is written again two launches of CTA `c`
-//! later, and by then its reader is done with it: a rank's CTA `c` pushes launch k only after
-//! its own launch k-1 received every rank's lines of k-1, which each pushed after its launch
-//! k-2 (the last reader of the half) ended, in stream order.
+//! Small calls (at most [`crate::abi::SYM_LL_MAX_BYTES`] per rank block, [`CollArgs::proto`]
+//! LL) need no barrier at all: CTA `c` pushes its slice of the input as LL lines (8 payload
+//! bytes and the launch number as flag, in one 16-byte store) into slot (launch parity, me, c)
+//! of every rank's LL area (ReduceScatter: its slice of block `r` to rank `r`), then polls the
+//! lines every rank pushed into its own area and reduces them in rank order (AllGather: writes
+//! rank `r`'s lines to output block `r`). A slot half is written again two launches of CTA
+//! `c` later, and by then its reader is done with it: a rank's CTA `c` pushes launch k only
+//! after its own launch k-1 received every rank's lines of k-1, which each pushed after its
+//! launch k-2 (the last reader of the half) ended, in stream order.
 //!
 //! The launch number is counted per CTA in the rank's own [`SymDev::launches`] (every rank
 //! runs the same sequence of symmetric launches, so the numbers agree); a graph's replays count
@@ -30,8 +34,8 @@
 
 use super::{channel_range, scalar_bits};
 use crate::abi::{
-    sym_src_parts, CollArgs, DevComm, SymDev, SymSlot, PROTO_LL, SYM_FLAG_BYTES, SYM_LL_CTA_BYTES,
-    SYM_MAX_CTAS, SYM_MAX_RANKS, SYM_SRC_STAGED,
+    sym_src_parts, Coll, CollArgs, DevComm, SymDev, SymSlot, PROTO_LL, SYM_FLAG_BYTES,
+    SYM_LL_CTA_BYTES, SYM_MAX_CTAS, SYM_MAX_RANKS, SYM_SRC_STAGED,
 };
 use crate::arch::{self, Pack16};
 use crate::ops::{map1, map2, pack_elems, RedOp, RedOpKind};
@@ -44,14 +48,15 @@ const ABORT_POLL: u32 = 64;
 const ARRIVE: usize = 0;
 const DEPART: usize = 1;
 
-/// Runs a one-shot AllReduce as CTA `block_idx`.
+/// Runs a one-shot AllReduce, ReduceScatter or AllGather (`C`; AllGather as bytes) as CTA
+/// `block_idx`.
 ///
 /// # Safety
 /// As [`super::run`]; the host chose the symmetric path for this call on every rank: `args.sym`
 /// is the communicator's [`SymDev`], every rank launched the same grid, and `args.sym_src`
 /// names where this rank's input lies.
 #[inline(never)]
-pub unsafe fn all_reduce<T: Elem, O: RedOp<T>>(args: &CollArgs) {
+pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     let comm = &*(args.comm as *const DevComm);
     if args.sym == 0 {
         arch::trap();
@@ -61,8 +66,11 @@ pub unsafe fn all_reduce<T: Elem, O: RedOp<T>>(args: &CollArgs) {
     if nranks > SYM_MAX_RANKS || rank >= nranks {
         arch::trap();
     }
+    let coll = match Coll::from_raw(C) {
+        Some(c @ (Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather)) => c,
+        _ => arch::trap(),
+    };
     let (cta, grid) = (arch::block_idx() as usize, arch::grid_dim() as usize);
-    let (start, end) = channel_range::<T>(args.count as usize, cta, grid);
     let mut k = Cta {
         sym,
         rank,
@@ -74,24 +82,37 @@ pub unsafe fn all_reduce<T: Elem, O: RedOp<T>>(args: &CollArgs) {
         abort: comm.abort_flag as *const u64,
         aborted: false,
     };
-    let input = args.sendbuff as *const T;
-    if args.proto == PROTO_LL {
-        let op = O::new(scalar_bits::<T>(args));
-        k.ll_one_shot::<T, O>(&op, args, grid);
-        arch::sync_threads(); // every thread read the launch number before it moves on
-        if k.tid == 0 {
-            arch::st_volatile(&mut (*sym).launches[cta], k.launch);
-        }
-        return;
-    }
-    if args.sym_src == SYM_SRC_STAGED {
-        let stage = k.stage_of::<T>(rank);
-        k.copy::<T>(stage.add(start), input.add(start), end - start);
-    }
-    k.exchange(ARRIVE, args.sym_src);
     let op = O::new(scalar_bits::<T>(args));
-    k.reduce_slice::<T, O>(&op, args.recvbuff as *mut T, start, end);
-    k.exchange(DEPART, 0);
+    if args.proto == PROTO_LL {
+        match coll {
+            Coll::AllGather => k.ll_all_gather(args, grid),
+            _ => k.ll_reduce::<T, O>(&op, args, grid, coll == Coll::ReduceScatter),
+        }
+        arch::sync_threads(); // every thread read the launch number before it moves on
+    } else {
+        let count = args.count as usize;
+        let (start, end) = channel_range::<T>(count, cta, grid);
+        let (input, output) = (args.sendbuff as *const T, args.recvbuff as *mut T);
+        if args.sym_src == SYM_SRC_STAGED {
+            let blocks = if coll == Coll::ReduceScatter {
+                nranks
+            } else {
+                1
+            };
+            let stage = k.stage_of::<T>(rank);
+            for b in 0..blocks {
+                let at = b * count + start;
+                k.copy::<T>(stage.add(at), input.add(at), end - start);
+            }
+        }
+        k.exchange(ARRIVE, args.sym_src);
+        match coll {
+            Coll::AllGather => k.gather_slice::<T>(output, count, start, end),
+            Coll::ReduceScatter => k.reduce_slice::<T, O>(&op, output, rank * count, start, end),
+            _ => k.reduce_slice::<T, O>(&op, output, 0, start, end),
+        }
+        k.exchange(DEPART, 0);
+    }
     if k.tid == 0 {
         arch::st_volatile(&mut (*sym).launches[cta], k.launch);
     }
@@ -156,21 +177,41 @@ impl Cta {
         }
     }
 
-    /// Reduces elements `start..end` of every rank's input (in rank order) into `output`.
+    /// Where every rank's input lies (as it arrived), `offset` elements in.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn sources<T>(&self, offset: usize) -> [*const T; SYM_MAX_RANKS] {
+        let mut srcs = [core::ptr::null::<T>(); SYM_MAX_RANKS];
+        let arrived = self.slots_of(self.rank, ARRIVE);
+        for (r, s) in srcs.iter_mut().enumerate().take(self.nranks) {
+            let src = self.source_of::<T>(arch::ld_volatile(&(*arrived.add(r)).src), r);
+            *s = src.add(offset);
+        }
+        srcs
+    }
+
+    /// Copies elements `start..end` of every rank's input into its block of `output` (blocks
+    /// of `count`).
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn gather_slice<T: Elem>(&self, output: *mut T, count: usize, start: usize, end: usize) {
+        let srcs = self.sources::<T>(0);
+        for (r, src) in srcs.iter().enumerate().take(self.nranks) {
+            self.copy::<T>(output.add(r * count + start), src.add(start), end - start);
+        }
+    }
+
+    /// Reduces elements `start..end` of every rank's input, `offset` elements in (in rank
+    /// order), into `output`.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn reduce_slice<T: Elem, O: RedOp<T>>(
         &self,
         op: &O,
         output: *mut T,
+        offset: usize,
         start: usize,
         end: usize,
     ) {
         let n = self.nranks;
-        let mut srcs = [core::ptr::null::<T>(); SYM_MAX_RANKS];
-        let arrived = self.slots_of(self.rank, ARRIVE);
-        for (r, s) in srcs.iter_mut().enumerate().take(n) {
-            *s = self.source_of::<T>(arch::ld_volatile(&(*arrived.add(r)).src), r);
-        }
+        let srcs = self.sources::<T>(offset);
         let pe = pack_elems::<T>();
         let aligned = (output.add(start) as usize).is_multiple_of(16)
             && srcs[..n]
@@ -212,48 +253,101 @@ impl Cta {
         ((*self.sym).scratch[to] + at as u64) as *mut Pack16
     }
 
-    /// The LL one-shot AllReduce of this CTA's lines: push to every rank, then poll, reduce
-    /// in rank order, write. A thread reads its input lines before it writes the same output
-    /// lines, so in place is safe.
+    /// This CTA's LL lines of a block of `bytes`: the first, and how many.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    unsafe fn ll_one_shot<T: Elem, O: RedOp<T>>(&mut self, op: &O, args: &CollArgs, grid: usize) {
-        let bytes = args.count as usize * core::mem::size_of::<T>();
+    fn ll_lines(&self, bytes: usize, grid: usize) -> (usize, usize) {
         let per = (SYM_LL_CTA_BYTES / 16).min(bytes.div_ceil(8).div_ceil(grid));
         let first = self.cta * per;
-        let lines = bytes.div_ceil(8).min(first + per).saturating_sub(first);
-        let (input, output) = (args.sendbuff as *const u8, args.recvbuff as *mut u8);
+        (
+            first,
+            bytes.div_ceil(8).min(first + per).saturating_sub(first),
+        )
+    }
+
+    /// Pushes this CTA's lines of a block of `bytes` to every rank: to rank `r`, the block at
+    /// `input + r * stride` (a stride of 0: the same block to all).
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_push(&self, input: *const u8, stride: usize, bytes: usize, grid: usize) {
+        let (first, lines) = self.ll_lines(bytes, grid);
         let flag = self.launch as u32;
         let mut i = self.tid;
         while i < lines {
             let at = (first + i) * 8;
-            let x = load8(input.add(at), bytes - at);
-            let line = Pack16([x.0[0], flag, x.0[1], flag]);
+            let mut x = load8(input.add(at), bytes - at);
             for r in 0..self.nranks {
+                if stride != 0 {
+                    x = load8(input.add(r * stride + at), bytes - at);
+                }
+                let line = Pack16([x.0[0], flag, x.0[1], flag]);
                 arch::st_volatile_pack(self.ll_slot(r, self.rank).add(i), line);
             }
             i += self.nthreads;
         }
+    }
+
+    /// Waits for line `i` of rank `from`'s push to this CTA in this launch; its 8 payload
+    /// bytes in the first two lanes.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_take(&mut self, from: usize, i: usize) -> Pack16 {
+        let line = self.ll_slot(self.rank, from).add(i);
+        let flag = self.launch as u32;
+        let mut v = Pack16::default();
+        let mut spins = 0u32;
+        while !self.aborted {
+            v = arch::ld_volatile_pack(line);
+            if v.0[1] == flag && v.0[3] == flag {
+                break;
+            }
+            arch::spin_pause();
+            spins += 1;
+            if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
+                self.aborted = arch::ld_volatile(self.abort) != 0;
+            }
+        }
+        Pack16([v.0[0], v.0[2], 0, 0])
+    }
+
+    /// The LL one-shot AllReduce (ReduceScatter with `scatter`: block `r` of the input goes
+    /// to rank `r`) of this CTA's lines: push, then poll, reduce in rank order, write. A
+    /// thread reads its input lines before it writes the same output lines, so in place is
+    /// safe.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_reduce<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        args: &CollArgs,
+        grid: usize,
+        scatter: bool,
+    ) {
+        let bytes = args.count as usize * core::mem::size_of::<T>();
+        let stride = if scatter { bytes } else { 0 };
+        self.ll_push(args.sendbuff as *const u8, stride, bytes, grid);
+        let (first, lines) = self.ll_lines(bytes, grid);
+        let output = args.recvbuff as *mut u8;
         let mut i = self.tid;
         while i < lines {
             let at = (first + i) * 8;
-            let acc = reduce_ranks::<T, O>(op, self.nranks, |r| {
-                let line = self.ll_slot(self.rank, r).add(i);
-                let mut v = Pack16::default();
-                let mut spins = 0u32;
-                while !self.aborted {
-                    v = arch::ld_volatile_pack(line);
-                    if v.0[1] == flag && v.0[3] == flag {
-                        break;
-                    }
-                    arch::spin_pause();
-                    spins += 1;
-                    if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
-                        self.aborted = arch::ld_volatile(self.abort) != 0;
-                    }
-                }
-                Pack16([v.0[0], v.0[2], 0, 0])
-            });
+            let acc = reduce_ranks::<T, O>(op, self.nranks, |r| self.ll_take(r, i));
             store8(output.add(at), bytes - at, acc);
+            i += self.nthreads;
+        }
+    }
+
+    /// The LL one-shot AllGather of this CTA's lines (`args.count` bytes a rank): push the
+    /// input to every rank, then write rank `r`'s lines to output block `r`.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_all_gather(&mut self, args: &CollArgs, grid: usize) {
+        let bytes = args.count as usize;
+        self.ll_push(args.sendbuff as *const u8, 0, bytes, grid);
+        let (first, lines) = self.ll_lines(bytes, grid);
+        let output = args.recvbuff as *mut u8;
+        let mut i = self.tid;
+        while i < lines {
+            let at = (first + i) * 8;
+            for r in 0..self.nranks {
+                let v = self.ll_take(r, i);
+                store8(output.add(r * bytes + at), bytes - at, v);
+            }
             i += self.nthreads;
         }
     }

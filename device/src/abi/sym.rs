@@ -1,0 +1,74 @@
+//! The symmetric path's part of the ABI: the scratch every rank maps, its flag slots and LL
+//! area, and where a launch's input lies (`host/comm/window.rs`, `coll/symmetric.rs`).
+
+use super::MAX_CHANNELS;
+
+/// A launch on the symmetric path (buffers in windows: `host/comm/window.rs`,
+/// `coll/symmetric.rs`). Not one of NCCL's tuner algorithms (NCCL runs its symmetric kernels
+/// beside them too): a value none of them takes.
+pub const ALGO_SYMMETRIC: u32 = 16;
+
+/// Ranks the symmetric path serves: one node's, at most this many.
+pub const SYM_MAX_RANKS: usize = 8;
+/// Windows a communicator holds at once (slots of [`SymDev::windows`]).
+pub const SYM_MAX_WINDOWS: usize = 64;
+/// Bytes at the head of each rank's symmetric scratch: the flag slots ([`SymSlot`]), per CTA
+/// two phases (arrive, depart) of one slot per rank. The staging area follows.
+pub const SYM_FLAG_BYTES: usize = MAX_CHANNELS * 2 * SYM_MAX_RANKS * 16;
+/// CTAs of a symmetric launch, at most.
+pub const SYM_MAX_CTAS: usize = 16;
+/// Bytes of LL lines one CTA of a symmetric LL launch ([`super::CollArgs::proto`] LL) receives from
+/// one rank in one half: half of it payload, so a launch moves at most
+/// `SYM_MAX_CTAS * SYM_LL_CTA_BYTES / 2` bytes per rank.
+pub const SYM_LL_CTA_BYTES: usize = 8192;
+/// Bytes of the LL area after a rank's staging area: two halves (by launch parity) of a slot
+/// per (source rank, CTA).
+pub const SYM_LL_BYTES: usize = 2 * SYM_MAX_RANKS * SYM_MAX_CTAS * SYM_LL_CTA_BYTES;
+/// The largest symmetric LL launch, in bytes per rank.
+pub const SYM_LL_MAX_BYTES: usize = SYM_MAX_CTAS * SYM_LL_CTA_BYTES / 2;
+
+/// [`super::CollArgs::sym_src`] of a rank whose input is not in a window (or is overwritten in
+/// place): the kernel first copies it into the rank's staging area, where peers read it.
+pub const SYM_SRC_STAGED: u64 = 0;
+
+/// [`super::CollArgs::sym_src`] of an input at `offset` in window slot `slot`: peers read it through
+/// their own mapping of that window.
+pub const fn sym_src_window(slot: usize, offset: u64) -> u64 {
+    ((slot as u64 + 1) << 48) | (offset & ((1 << 48) - 1))
+}
+
+/// Reads a [`super::CollArgs::sym_src`]: None for [`SYM_SRC_STAGED`], else (slot, offset).
+pub const fn sym_src_parts(src: u64) -> Option<(usize, u64)> {
+    match src >> 48 {
+        0 => None,
+        s => Some((s as usize - 1, src & ((1 << 48) - 1))),
+    }
+}
+
+/// One flag slot of the symmetric scratch: a rank's arrival (`seq`: the launch number) and,
+/// in the arrive phase, where its input lies (a [`super::CollArgs::sym_src`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SymSlot {
+    pub seq: u64,
+    pub src: u64,
+}
+
+/// A communicator's symmetric state in device memory ([`super::CollArgs::sym`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SymDev {
+    pub rank: u32,
+    pub nranks: u32,
+    /// Bytes of each rank's staging area (after its [`SYM_FLAG_BYTES`] of flags); its
+    /// [`SYM_LL_BYTES`] of LL lines follow.
+    pub stage_bytes: u64,
+    /// Per rank: its symmetric scratch, as this rank maps it.
+    pub scratch: [u64; SYM_MAX_RANKS],
+    /// Device address of `[[u64; SYM_MAX_RANKS]; SYM_MAX_WINDOWS]`: per window slot, every
+    /// rank's window base as this rank maps it (0: no window in the slot).
+    pub windows: u64,
+    /// Per CTA, the symmetric launches it ran (this rank's, never shared): every rank runs
+    /// the same sequence, so the next launch's number is the same everywhere.
+    pub launches: [u64; MAX_CHANNELS],
+}
