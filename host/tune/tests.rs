@@ -355,8 +355,12 @@ fn filters_parse() {
     assert!(f.allows(Coll::AllGather, Algo::Tree as usize));
     // The symmetric path's column: excluded by a list that does not name it, kept by ^.
     let sym = super::filter::SYMMETRIC;
-    assert!(!AlgoFilter::parse("NCCL_ALGO", "ring").unwrap().allows(Coll::AllReduce, sym));
-    assert!(AlgoFilter::parse("NCCL_ALGO", "^tree").unwrap().allows(Coll::AllGather, sym));
+    assert!(!AlgoFilter::parse("NCCL_ALGO", "ring")
+        .unwrap()
+        .allows(Coll::AllReduce, sym));
+    assert!(AlgoFilter::parse("NCCL_ALGO", "^tree")
+        .unwrap()
+        .allows(Coll::AllGather, sym));
     let f = AlgoFilter::parse("NCCL_ALGO", "allreduce:^Symmetric").unwrap();
     assert!(!f.allows(Coll::AllReduce, sym));
     assert!(f.allows(Coll::AllReduce, Algo::Ring as usize));
