@@ -315,14 +315,41 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, vo
 ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle);
 ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle);
-/* Windows (NCCL 2.27): recorded like ncclCommRegister; collectives on them run as on any
- * buffer. winFlags: NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC. */
+/* Windows (NCCL 2.27): a collective call. With NCCL_WIN_COLL_SYMMETRIC (the same size on every
+ * rank) AllReduce, AllGather and ReduceScatter on them take the symmetric path where every rank
+ * maps every other. winFlags: NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC. */
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                     int winFlags);
 ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                      ncclWindow_t* win, int winFlags);
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+
+/* One-sided operations on windows (NCCL 2.29), between ranks that map each other's windows
+ * (one node, p2p): ncclPutSignal copies count elements of localbuff into peer's part of peerWin
+ * at peerWinOffset bytes and then raises a signal there; ncclSignal raises one alone;
+ * ncclWaitSignal holds the stream until, per descriptor, opCnt more signals came from peer.
+ * sigIdx, ctx and flags are reserved: 0. Across nodes: ncclInvalidUsage (not implemented). */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                           ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                           unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                            ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                            unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                        cudaStream_t stream);
+ncclResult_t pncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                         cudaStream_t stream);
+ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                            cudaStream_t stream);
+ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                             cudaStream_t stream);
 
 /* NCCL 2.28's device API is not implemented: ncclDevCommCreate and ncclDevCommDestroy exist
  * (so programs that link them load) and return ncclInvalidUsage. Their structures belong to

@@ -22,6 +22,7 @@ mod element;
 mod event;
 #[cfg(feature = "cudarc")]
 mod interop;
+mod onesided;
 mod op;
 mod raw;
 mod register;

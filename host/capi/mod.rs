@@ -77,8 +77,10 @@ macro_rules! export {
 // After the macro: these files export entry points through it.
 mod colls;
 mod memory;
+mod onesided;
 pub use colls::*;
 pub use memory::*;
+pub use onesided::*;
 
 export! {
     /// `ncclGetVersion`.

@@ -20,6 +20,7 @@ mod inspect;
 mod keepalive;
 mod net;
 pub(crate) mod nvls;
+pub mod onesided;
 pub mod op;
 pub mod order;
 mod peer;

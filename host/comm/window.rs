@@ -21,6 +21,7 @@
 //! the communicator keeps its ordinary paths.
 
 use super::call::{CollCall, Sizes};
+use super::onesided::Signals;
 use super::Comm;
 use crate::cuda::StreamHandle;
 use crate::cuda::{DevBuffer, DevPtr};
@@ -30,7 +31,7 @@ use nccl_device::abi::{
     SYM_LL_MAX_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS, SYM_SRC_STAGED,
 };
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// What `window_register` returns: an opaque, non-zero number, unique within the communicator.
 pub type WinHandle = u64;
@@ -47,8 +48,11 @@ struct Window {
     reg: super::register::RegHandle,
     /// Its slot in the symmetric table, where it is symmetric.
     slot: Option<usize>,
-    /// Where it is symmetric: every rank's window as addressed here, kept mapped.
-    _peers: Option<super::share::Shared>,
+    /// Where every rank maps every other: every rank's window as addressed here, kept mapped
+    /// (the symmetric path and one-sided puts read and write through it).
+    peers: Option<super::share::Shared>,
+    /// Every rank's bytes of it (they differ where it is not symmetric).
+    sizes: Vec<u64>,
     /// Live CUDA graphs whose captured calls read the windows through its slot (the loads
     /// form): it cannot go before they do.
     graphs: Arc<AtomicUsize>,
@@ -127,12 +131,25 @@ pub(crate) struct Windows {
     state: Mutex<State>,
     /// Calls planned on the symmetric path (what the tests read).
     launches: AtomicU64,
+    /// The signal pads of one-sided operations (`onesided.rs`), made with the first window
+    /// every rank maps; shared with the abort handle, which releases their waits.
+    signals: Arc<OnceLock<Arc<Signals>>>,
 }
 
 impl Windows {
     /// Calls planned on the symmetric path so far.
     pub(crate) fn symmetric_launches(&self) -> u64 {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// The signal pads, once made.
+    pub(crate) fn signals(&self) -> Option<Arc<Signals>> {
+        self.signals.get().cloned()
+    }
+
+    /// What the abort handle keeps of them.
+    pub(crate) fn signals_for_abort(&self) -> std::sync::Weak<OnceLock<Arc<Signals>>> {
+        Arc::downgrade(&self.signals)
     }
 }
 
@@ -228,10 +245,20 @@ impl Comm {
             check_symmetric(&offers)?;
         }
         let reg = self.register_ptr(buff, bytes)?;
+        // Every step below is taken by every rank or by none: each decides on what all know.
+        let peers = match offers.iter().all(|o| o.maps_all != 0) {
+            true => self.share(buff, bytes)?,
+            false => None,
+        };
+        if peers.is_some() && self.windows.signals.get().is_none() {
+            if let Some(s) = self.make_signals()? {
+                let _ = self.windows.signals.set(Arc::new(s));
+            }
+        }
         let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (slot, peers) = match symmetric {
-            true => self.symmetric_slot(&mut st, &offers, buff, bytes)?,
-            false => (None, None),
+        let slot = match symmetric {
+            true => self.symmetric_slot(&mut st, &offers, peers.as_ref())?,
+            false => None,
         };
         st.last += 1;
         let handle = st.last;
@@ -241,10 +268,27 @@ impl Comm {
             bytes,
             reg,
             slot,
-            _peers: peers,
+            peers,
+            sizes: offers.iter().map(|o| o.bytes).collect(),
             graphs: Arc::default(),
         });
         Ok(handle)
+    }
+
+    /// Rank `peer`'s part of window `win` as addressed here, and its bytes.
+    pub(crate) fn window_of_peer(&self, win: WinHandle, peer: usize) -> Result<(DevPtr, u64)> {
+        let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        let w = st.windows.iter().find(|w| w.handle == win).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "window {win:#x} is not registered on this communicator"
+            ))
+        })?;
+        match &w.peers {
+            Some(p) => Ok((p.ptrs[peer], w.sizes[peer])),
+            None => Err(Error::invalid_usage(format!(
+                "window {win:#x} is not mapped by every rank (ranks on other nodes, or without                  p2p): one-sided operations across nodes are not implemented"
+            ))),
+        }
     }
 
     /// `ncclCommWindowDeregister` (collective, as registration): the window's slot is emptied
@@ -369,23 +413,22 @@ impl Comm {
     }
 
     /// A slot of the symmetric table for a new window (every rank picks the same: they
-    /// register and deregister in the same order) and every rank's window mapped here, with
-    /// the symmetric state made first where this is the communicator's first symmetric
-    /// window; (None, None), on every rank alike, where some rank cannot map every other one
+    /// register and deregister in the same order), given every rank's window mapped here
+    /// (`peers`), with the symmetric state made first where this is the communicator's first
+    /// symmetric window; None, on every rank alike, where some rank cannot map every other one
     /// (said at INFO). Every step is taken by every rank or by none.
     fn symmetric_slot(
         &self,
         st: &mut State,
         offers: &[Offer],
-        buff: DevPtr,
-        bytes: usize,
-    ) -> Result<(Option<usize>, Option<super::share::Shared>)> {
+        peers: Option<&super::share::Shared>,
+    ) -> Result<Option<usize>> {
         let ordinary = |why: String| {
             log::info!(
                 "rank {}: a symmetric window registered as an ordinary one: {why}",
                 self.rank
             );
-            Ok((None, None))
+            Ok(None)
         };
         if let Some(r) = offers.iter().position(|o| o.maps_all == 0) {
             return ordinary(format!(
@@ -393,6 +436,9 @@ impl Comm {
                  or more than {SYM_MAX_RANKS} ranks)"
             ));
         }
+        let Some(peers) = peers else {
+            return ordinary("some rank could not map the window of another".into());
+        };
         let used: Vec<usize> = st.windows.iter().filter_map(|w| w.slot).collect();
         let Some(slot) = (0..SYM_MAX_WINDOWS).find(|s| !used.contains(s)) else {
             return ordinary(format!("all {SYM_MAX_WINDOWS} symmetric slots are taken"));
@@ -403,9 +449,6 @@ impl Comm {
                 None => return ordinary("the symmetric scratch could not be mapped".into()),
             }
         }
-        let Some(peers) = self.share(buff, bytes)? else {
-            return ordinary("some rank could not map the window of another".into());
-        };
         let sym = st
             .sym
             .as_ref()
@@ -420,7 +463,7 @@ impl Comm {
             self.rank,
             sym.limits.max_bytes
         );
-        Ok((Some(slot), Some(peers)))
+        Ok(Some(slot))
     }
 
     /// The symmetric state: this rank's scratch (zeroed flags), every rank's scratch mapped

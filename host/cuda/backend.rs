@@ -102,6 +102,12 @@ pub(crate) trait Streams {
     fn stream_sync(&self, s: StreamHandle) -> Result<()>;
     /// Whether the work queued on `s` has run, without waiting.
     fn stream_query(&self, s: StreamHandle) -> Result<bool>;
+    /// Writes `value` to the 8 bytes at `addr` in `s`'s order, after a fence: the stream's
+    /// earlier writes (copies included) are visible before it (`cuStreamWriteValue64`).
+    fn write_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()>;
+    /// Holds `s` until the 8 bytes at `addr` hold at least `value` (`cuStreamWaitValue64`,
+    /// GEQ): work queued after it starts only then.
+    fn wait_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()>;
     /// A timing event.
     fn event_create(&self) -> Result<u64>;
     /// An event that orders work but cannot time it (where the backend tells them apart).

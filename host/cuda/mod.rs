@@ -385,6 +385,19 @@ impl Device {
         }
     }
     crate::internal! {
+        /// Writes `value` to the 8 bytes at `addr` in `s`'s order, after a fence: the
+        /// stream's earlier writes are visible first (no kernel, no SM).
+        fn write_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+            dispatch!(self.write_value64(s, addr, value))
+        }
+    }
+    crate::internal! {
+        /// Holds `s` until the 8 bytes at `addr` hold at least `value` (no kernel, no SM).
+        fn wait_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+            dispatch!(self.wait_value64(s, addr, value))
+        }
+    }
+    crate::internal! {
         /// A new timing event.
         fn event_create(&self) -> Result<u64> {
             dispatch!(self.event_create())

@@ -160,6 +160,33 @@ static void all_reduce_init_all(void) {
   ncclWindow_t win = NULL;
   EXPECT(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win, 0x40) ==
              ncclInvalidArgument, "unknown window flag");
+  /* One-sided (NCCL 2.29): in a group, rank i puts the first half of its window into the
+     second half of rank i+1's and signals it; each rank's stream then waits for that signal. */
+  for (int i = 0; i < NDEV; i++)
+    for (int k = 0; k < COUNT; k++) bufs[i][k] = k < COUNT / 2 ? (float)(1000 * i + k) : -1.0f;
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++)
+    CHECK(ncclPutSignal(bufs[i], COUNT / 2, ncclFloat, (i + 1) % NDEV, wins[i],
+                        COUNT / 2 * sizeof(float), 0, 0, 0, comms[i], NULL));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) {
+    ncclWaitSignalDesc_t from = {1, (i + NDEV - 1) % NDEV, 0, 0};
+    CHECK(ncclWaitSignal(1, &from, comms[i], NULL));
+  }
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclRsStreamSynchronize(NULL));
+  }
+  for (int i = 0; i < NDEV; i++) {
+    int wrong = 0, from = (i + NDEV - 1) % NDEV;
+    for (int k = 0; k < COUNT / 2; k++)
+      if (bufs[i][COUNT / 2 + k] != (float)(1000 * from + k)) wrong++;
+    EXPECT(wrong == 0, "rank %d: %d of the put's %d elements wrong", i, wrong, COUNT / 2);
+  }
+  EXPECT(ncclSignal(1, 3, 0, 0, comms[0], NULL) == ncclInvalidArgument, "sigIdx reserved");
+  EXPECT(ncclPutSignal(bufs[0], COUNT, ncclFloat, 1, wins[0], 4, 0, 0, 0, comms[0], NULL) ==
+             ncclInvalidArgument, "a put past the peer's window");
+  EXPECT(ncclWaitSignal(1, NULL, comms[0], NULL) == ncclInvalidArgument, "no descriptors");
   for (int i = 0; i < NDEV; i++) CHECK(ncclCommWindowDeregister(comms[i], wins[i]));
   /* The device API (NCCL 2.28) is refused, with the reason. */
   char reqs[64] = {0}, devcomm[256];

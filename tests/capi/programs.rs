@@ -99,6 +99,9 @@ fn every_function_has_its_pnccl_alias() {
         "ncclCommShrink",
         "ncclCommWindowRegister",
         "ncclCommWindowDeregister",
+        "ncclPutSignal",
+        "ncclSignal",
+        "ncclWaitSignal",
         "ncclDevCommCreate",
         "ncclDevCommDestroy",
     ] {

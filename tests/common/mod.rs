@@ -23,6 +23,8 @@ pub mod graphs;
 #[cfg(feature = "internals")]
 pub mod netns;
 #[cfg(feature = "internals")]
+pub mod onesided;
+#[cfg(feature = "internals")]
 pub mod p2p;
 #[cfg(feature = "internals")]
 pub mod register;

@@ -10,4 +10,5 @@ mod collectives;
 mod cudarc;
 mod extents;
 mod net_plugin;
+mod onesided;
 mod symmetric;

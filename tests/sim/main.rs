@@ -24,6 +24,7 @@ mod net_plugin;
 mod net_plugin_gdr;
 mod nvls;
 mod one_rank;
+mod onesided;
 mod p2p_large;
 mod p2p_patterns;
 mod publisher;

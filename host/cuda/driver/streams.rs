@@ -45,6 +45,25 @@ impl Streams for Device {
         check(r, "cuStreamQuery").map(|_| true)
     }
 
+    fn write_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: the caller names 8 bytes of device memory (its own or a peer's, mapped here)
+        // that stay mapped until the stream passes the write. Flags 0: with the fence.
+        check(
+            unsafe { sys::cuStreamWriteValue64_v2(s.0 as sys::CUstream, addr, value, 0) },
+            "cuStreamWriteValue64",
+        )
+    }
+
+    fn wait_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: as above. Flags 0: CU_STREAM_WAIT_VALUE_GEQ.
+        check(
+            unsafe { sys::cuStreamWaitValue64_v2(s.0 as sys::CUstream, addr, value, 0) },
+            "cuStreamWaitValue64",
+        )
+    }
+
     fn event_create(&self) -> Result<u64> {
         self.event_create_flags(0)
     }

@@ -631,6 +631,15 @@ impl Device {
 
     /// Whether `len` bytes at `p` are simulated device memory (of one region, or of VMM
     /// allocations side by side, as [`Device::pointer_extent`] counts them).
+    /// `p` as the address of a simulated device word: 8 aligned bytes of device memory.
+    fn word(&self, p: DevPtr) -> Result<u64> {
+        if !p.is_multiple_of(8) {
+            return Err(Error::cuda(format!("{p:#x} is not 8-byte aligned")));
+        }
+        self.check_range(p, 8)?;
+        Ok(p)
+    }
+
     fn check_range(&self, p: DevPtr, len: usize) -> Result<()> {
         match self.pointer_extent(p, len)? {
             Some((_, avail)) if len <= avail => Ok(()),

@@ -33,6 +33,35 @@ impl Streams for Device {
         self.stream(s)?.idle()
     }
 
+    fn write_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+        let word = self.word(addr)?;
+        self.stream(s)?.push_replayable(Arc::new(move || {
+            Box::new(move || {
+                // SAFETY: `word` was 8 aligned bytes of live memory when the write was queued,
+                // and (as on a GPU) the caller keeps it until the stream passed the write.
+                // Release: the stream's earlier writes are seen first.
+                unsafe { &*(word as *const AtomicU64) }.store(value, Ordering::Release);
+                Ok(())
+            })
+        }));
+        Ok(())
+    }
+
+    fn wait_value64(&self, s: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+        let word = self.word(addr)?;
+        self.stream(s)?.push_replayable(Arc::new(move || {
+            Box::new(move || {
+                // SAFETY: as in `write_value64`.
+                let w = unsafe { &*(word as *const AtomicU64) };
+                while w.load(Ordering::Acquire) < value {
+                    std::thread::yield_now();
+                }
+                Ok(())
+            })
+        }));
+        Ok(())
+    }
+
     fn event_create(&self) -> Result<u64> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 8 | 0xe;
         lock(registry())

@@ -1,0 +1,230 @@
+//! One-sided operations on windows (NCCL 2.29's host API): `ncclPutSignal` writes a buffer into
+//! a peer's window and then raises a signal at that peer, `ncclSignal` raises one alone, and
+//! `ncclWaitSignal` holds a stream until signals from given peers arrived. The target does not
+//! take part. Inside a node they run on the copy engine and as stream memory operations: no
+//! kernel, no SM taken from the user's work.
+//!
+//! Signals: every rank keeps a pad of one u64 per source rank, zeroed, that every rank maps
+//! (made with the first window every rank maps, [`Comm::make_signals`]). A signal from rank `s`
+//! to rank `d` writes the number of signals `s` has sent `d` so far into slot `s` of `d`'s pad,
+//! after a fence and in the stream's order, so a put's data is visible before its signal. Only
+//! `s` writes that slot, and puts and signals take their place in the communicator's order
+//! whatever their stream, so the number only grows. A wait (ordered by its stream alone) for `k`
+//! more signals from `s` holds the stream until slot `s` reaches what this rank waited for
+//! from `s` before plus `k`. Both counts are taken on the host when the operation is issued (in
+//! call order; at the group's end inside a group), which is why these operations cannot be
+//! captured in a CUDA graph: a replay would write and wait for the same numbers again.
+//!
+//! An abort writes a number no wait reaches into every slot of this rank's pad, on a stream of
+//! its own, so streams held by waits run on (their results are undefined, as after any abort).
+//!
+//! A window is mapped by every rank only where every rank can map every other (one node, p2p;
+//! `comm/share.rs`). Across nodes (through the proxy and the network) one-sided operations are
+//! not implemented: they are refused with ncclInvalidUsage.
+
+use super::group_scope::ordered;
+use super::share::Shared;
+use super::window::WinHandle;
+use super::Comm;
+use crate::cuda::{DevBuffer, DevPtr, Device, StreamHandle};
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+/// What an abort writes into every slot of the pad: above any count a job will reach.
+const RELEASED: u64 = u64::MAX / 2;
+
+/// A communicator's signal pads.
+pub(crate) struct Signals {
+    device: Device,
+    /// This rank's pad: slot `s` counts the signals rank `s` sent here.
+    pad: DevBuffer,
+    /// Every rank's pad as addressed here, kept mapped.
+    peers: Shared,
+    /// [`RELEASED`] in every slot: what an abort copies over the pad.
+    released: DevBuffer,
+    /// Per peer: the signals this rank sent it, and the signals it waited for from it.
+    counts: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    sent: Vec<u64>,
+    awaited: Vec<u64>,
+}
+
+impl Signals {
+    /// Lets every stream held by a wait on this rank's pad run on (the abort's part).
+    pub(crate) fn release_waits(&self) {
+        let r = (|| -> Result<()> {
+            let s = self.device.stream_create()?;
+            self.device
+                .copy_dtod_async(self.pad.ptr, self.released.ptr, self.pad.bytes, s)?;
+            // Its queued copy still runs (cuStreamDestroy's promise).
+            self.device.stream_destroy(s)
+        })();
+        if let Err(e) = r {
+            log::warn!("abort: releasing the streams that wait for signals: {e}");
+        }
+    }
+
+    /// The next count of signals to `peer` (the value its slot gets).
+    fn next_sent(&self, peer: usize) -> u64 {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.sent[peer] += 1;
+        c.sent[peer]
+    }
+
+    /// The count of signals from `peer` to wait for after `more` further ones.
+    fn next_awaited(&self, peer: usize, more: u64) -> u64 {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.awaited[peer] += more;
+        c.awaited[peer]
+    }
+}
+
+/// One wait of `ncclWaitSignal`: `ops` more signals from rank `peer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SignalWait {
+    /// The rank whose signals are awaited.
+    pub peer: usize,
+    /// How many more of them.
+    pub ops: u64,
+}
+
+impl Comm {
+    /// The signal pads (collective: every rank calls it at the same window, the first every
+    /// rank maps); None, on every rank alike, where some rank could not map some other's pad.
+    pub(super) fn make_signals(&self) -> Result<Option<Signals>> {
+        let bytes = 8 * self.nranks;
+        let pad = self.device.alloc(bytes)?;
+        pad.write(0, &vec![0u8; bytes])?;
+        let released = self.device.alloc(bytes)?;
+        let words: Vec<u8> = (0..self.nranks)
+            .flat_map(|_| RELEASED.to_le_bytes())
+            .collect();
+        released.write(0, &words)?;
+        let Some(peers) = self.share(pad.ptr, bytes)? else {
+            return Ok(None);
+        };
+        Ok(Some(Signals {
+            device: self.device.clone(),
+            pad,
+            peers,
+            released,
+            counts: Mutex::new(Counts {
+                sent: vec![0; self.nranks],
+                awaited: vec![0; self.nranks],
+            }),
+        }))
+    }
+
+    /// `ncclPutSignal`: copies `bytes` at `local` into rank `peer`'s part of window `win`,
+    /// `offset` bytes in, then raises a signal at `peer`; in `stream`'s order and the
+    /// communicator's (at the group's end inside a group).
+    pub(crate) fn put_signal(
+        &self,
+        local: DevPtr,
+        bytes: usize,
+        peer: usize,
+        win: WinHandle,
+        offset: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let signals = self.one_sided("ncclPutSignal", peer, stream)?;
+        let (target, size) = self.window_of_peer(win, peer)?;
+        if offset
+            .checked_add(bytes)
+            .is_none_or(|end| end as u64 > size)
+        {
+            return Err(Error::invalid_argument(format!(
+                "ncclPutSignal: {bytes} bytes at offset {offset} do not fit rank {peer}'s part of \
+                 window {win:#x} ({size} bytes)"
+            )));
+        }
+        if bytes > 0 {
+            self.check_local(local, bytes)?;
+        }
+        let dst = target + offset as u64;
+        let (device, order, me) = (self.device.clone(), self.order.clone(), self.rank);
+        ordered(move || {
+            order.launch(stream, || {
+                if bytes > 0 {
+                    device.copy_dtod_async(dst, local, bytes, stream)?;
+                }
+                let slot = signals.peers.ptrs[peer] + 8 * me as u64;
+                device.write_value64(stream, slot, signals.next_sent(peer))
+            })
+        })
+    }
+
+    /// `ncclSignal`: raises a signal at rank `peer`, in `stream`'s order.
+    pub(crate) fn signal(&self, peer: usize, stream: StreamHandle) -> Result<()> {
+        let signals = self.one_sided("ncclSignal", peer, stream)?;
+        let (device, order, me) = (self.device.clone(), self.order.clone(), self.rank);
+        ordered(move || {
+            order.launch(stream, || {
+                let slot = signals.peers.ptrs[peer] + 8 * me as u64;
+                device.write_value64(stream, slot, signals.next_sent(peer))
+            })
+        })
+    }
+
+    /// `ncclWaitSignal`: holds `stream` until every wait's signals arrived. Ordered by its
+    /// stream alone, not in the communicator's order: it may hold its stream for as long as
+    /// the peers take, and the rank's work on other streams (its own puts included) must go
+    /// on meanwhile.
+    pub(crate) fn wait_signal(&self, waits: &[SignalWait], stream: StreamHandle) -> Result<()> {
+        let mut signals = None;
+        for w in waits {
+            signals = Some(self.one_sided("ncclWaitSignal", w.peer, stream)?);
+        }
+        let Some(signals) = signals else {
+            return Ok(()); // nothing to wait for
+        };
+        let device = self.device.clone();
+        let waits = waits.to_vec();
+        ordered(move || {
+            for w in waits.iter().filter(|w| w.ops > 0) {
+                let slot = signals.pad.ptr + 8 * w.peer as u64;
+                device.wait_value64(stream, slot, signals.next_awaited(w.peer, w.ops))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The checks every one-sided operation makes: the peer, a stream not capturing, and the
+    /// signal pads (which exist once every rank maps every other's windows).
+    fn one_sided(&self, what: &str, peer: usize, stream: StreamHandle) -> Result<Arc<Signals>> {
+        if peer >= self.nranks {
+            return Err(Error::invalid_argument(format!(
+                "{what}: peer {peer} is out of range (nranks {})",
+                self.nranks
+            )));
+        }
+        if self.device.stream_capturing(stream)? {
+            return Err(Error::invalid_usage(format!(
+                "{what}: one-sided operations cannot be captured in a CUDA graph here (their \
+                 signal counts are taken when they are issued)"
+            )));
+        }
+        self.windows.signals().ok_or_else(|| {
+            Error::invalid_usage(format!(
+                "{what}: no window that every rank maps is registered (one-sided operations \
+                 need ncclCommWindowRegister on ranks of one node that reach each other \
+                 through p2p; across nodes they are not implemented)"
+            ))
+        })
+    }
+
+    /// `bytes` at `local` must be memory of this communicator's device.
+    fn check_local(&self, local: DevPtr, bytes: usize) -> Result<()> {
+        match self.device.pointer_extent(local, bytes)? {
+            Some((d, avail)) if d == self.device.ordinal && avail >= bytes => Ok(()),
+            _ => Err(Error::invalid_argument(format!(
+                "ncclPutSignal: {bytes} bytes at {local:#x} are not memory of device {} (the \
+                 communicator's)",
+                self.device.ordinal
+            ))),
+        }
+    }
+}

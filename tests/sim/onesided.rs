@@ -1,0 +1,119 @@
+//! One-sided operations (`comm/onesided.rs`, NCCL 2.29's `ncclPutSignal`, `ncclSignal`,
+//! `ncclWaitSignal`) on the simulator: puts land in the peers' windows before their signals,
+//! waits hold their streams until the signals came, counts go on across rounds, ranks in one
+//! process and as processes; an abort releases a stream held by a wait; bad arguments are
+//! refused with clear errors.
+
+use crate::common::onesided::{all_to_all_by_puts, windows};
+use crate::common::{self, lend, Ranks};
+use nccl::{DataType, NcclResult, SignalWait};
+
+#[test]
+fn puts_land_before_their_signals_in_one_process() {
+    common::sim();
+    for n in [2, 4] {
+        let ranks = common::sim_ranks(n);
+        all_to_all_by_puts(&ranks, 1001, 3);
+    }
+}
+
+/// Ranks as processes: the windows and signal pads are mapped through the simulator's IPC.
+#[test]
+fn puts_and_signals_between_processes() {
+    let Some((rank, nranks, id)) = common::procs::child() else {
+        common::sim();
+        common::procs::run(3, &[]);
+        return;
+    };
+    let comm = nccl::Comm::init_rank_on(common::sim_dev(rank), nranks, &id, rank).unwrap();
+    let ranks = Ranks::new(vec![comm]);
+    all_to_all_by_puts(&ranks, 777, 2);
+}
+
+/// A signal with no data, waited for; then a wait nobody answers, released by the abort.
+#[test]
+fn an_abort_releases_a_stream_held_by_a_wait() {
+    common::sim();
+    let ranks = common::sim_ranks(2);
+    let _w = windows(&ranks, &[4096, 4096]);
+    let lent = lend(&ranks.comms);
+    std::thread::scope(|s| {
+        for (i, c) in lent.iter().enumerate() {
+            let st = ranks.streams[i];
+            s.spawn(move || {
+                let peer = 1 - c.rank();
+                c.signal_raw(peer, st).unwrap();
+                c.wait_signal_raw(&[SignalWait { peer, ops: 1 }], st)
+                    .unwrap();
+                c.device().stream_sync(st).unwrap();
+            });
+        }
+    });
+    let c = &ranks.comms[0];
+    let st = ranks.streams[0];
+    c.wait_signal_raw(&[SignalWait { peer: 1, ops: 1 }], st)
+        .unwrap();
+    assert!(
+        !c.device().stream_query(st).unwrap(),
+        "the wait did not hold the stream"
+    );
+    c.abort_handle().abort();
+    let d = c.device().clone();
+    let limit = common::procs::limit();
+    common::procs::within(
+        "a stream held by a wait, after the abort",
+        limit,
+        move || d.stream_sync(st).unwrap(),
+    );
+}
+
+/// Bad arguments: clear errors, nothing issued.
+#[test]
+fn bad_one_sided_calls_are_refused() {
+    common::sim();
+    let ranks = common::sim_ranks(2);
+    let c = &ranks.comms[0];
+    let st = ranks.streams[0];
+    let src = c.device().alloc(4096).unwrap();
+    let put = |peer: usize, win: u64, offset: usize, count: usize| {
+        // SAFETY: the test's buffer; every call here is refused before anything is queued.
+        unsafe { c.put_signal_raw(src.ptr(), count, DataType::Float32, peer, win, offset, st) }
+            .expect_err("a bad put")
+    };
+    // No window yet: nothing is mapped.
+    assert_eq!(
+        c.signal_raw(1, st).unwrap_err().code,
+        NcclResult::InvalidUsage
+    );
+    let (_bufs, handles) = windows(&ranks, &[4096, 2048]);
+    let h = handles[0];
+    assert_eq!(
+        put(2, h, 0, 4).code,
+        NcclResult::InvalidArgument,
+        "peer out of range"
+    );
+    assert_eq!(
+        put(1, h + 7, 0, 4).code,
+        NcclResult::InvalidArgument,
+        "unknown window"
+    );
+    let e = put(1, h, 1024, 300); // 1200 bytes from 1024 overrun rank 1's 2048
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    assert!(e.message.contains("2048"), "{e}");
+    assert_eq!(
+        put(1, h, usize::MAX, 1).code,
+        NcclResult::InvalidArgument,
+        "offset overflow"
+    );
+    let e = c
+        .wait_signal_raw(&[SignalWait { peer: 5, ops: 1 }], st)
+        .unwrap_err();
+    assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
+    // Captured: refused (the counts are taken when issued).
+    let d = c.device();
+    d.capture_begin(st).unwrap();
+    let e = c.signal_raw(1, st).unwrap_err();
+    let _ = d.capture_end(st);
+    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+    assert!(e.message.contains("graph"), "{e}");
+}
