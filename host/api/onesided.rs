@@ -45,7 +45,7 @@ impl Comm {
         go().map_err(|e| record_error(e.context("ncclPutSignal")))
     }
 
-    /// `ncclSignal` on a raw stream: raises a signal at rank `peer`; see [`Comm::signal`].
+    /// `ncclSignal` on a raw stream: raises a signal at rank `peer`; see [`Comm::signal_on`].
     pub fn signal_raw(&self, peer: usize, stream: StreamHandle) -> Result<()> {
         let go = || -> Result<()> {
             self.enter_call("Signal")?;
@@ -54,7 +54,7 @@ impl Comm {
         go().map_err(|e| record_error(e.context("ncclSignal")))
     }
 
-    /// `ncclWaitSignal` on a raw stream; see [`Comm::wait_signal`].
+    /// `ncclWaitSignal` on a raw stream; see [`Comm::wait_signal_on`].
     pub fn wait_signal_raw(&self, waits: &[SignalWait], stream: StreamHandle) -> Result<()> {
         let go = || -> Result<()> {
             self.enter_call("WaitSignal")?;

@@ -5,7 +5,7 @@
 //! kernel, no SM taken from the user's work.
 //!
 //! Signals: every rank keeps a pad of one u64 per source rank, zeroed, that every rank maps
-//! (made with the first window every rank maps, [`Comm::make_signals`]). A signal from rank `s`
+//! (made with the first window every rank maps, `Comm::make_signals`). A signal from rank `s`
 //! to rank `d` writes the number of signals `s` has sent `d` so far into slot `s` of `d`'s pad,
 //! after a fence and in the stream's order, so a put's data is visible before its signal. Only
 //! `s` writes that slot, and puts and signals take their place in the communicator's order

@@ -105,7 +105,7 @@ pub(crate) fn symmetric_form(
     limits: SymLimits,
     (ll, loads): (bool, bool),
 ) -> Option<u32> {
-    if bytes == 0 || bytes > limits.max_bytes || nranks < 2 || nranks > SYM_MAX_RANKS {
+    if bytes == 0 || bytes > limits.max_bytes || !(2..=SYM_MAX_RANKS).contains(&nranks) {
         return None;
     }
     if ll && bytes <= SYM_LL_MAX_BYTES {

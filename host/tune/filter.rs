@@ -10,12 +10,13 @@ pub struct Filter<const N: usize> {
 }
 
 /// Which algorithms each collective may use: NCCL's, and the symmetric path in column
-/// [`SYMMETRIC`].
+/// `SYMMETRIC`.
 pub type AlgoFilter = Filter<{ NUM_ALGOS + 1 }>;
 
 /// The [`AlgoFilter`] column of the symmetric path (`comm/window.rs`), named `symmetric` in
 /// NCCL_ALGO: not one of NCCL's tuner algorithms (a tuner plugin never sees it).
 pub const SYMMETRIC: usize = NUM_ALGOS;
+
 /// Which protocols each collective may use.
 pub type ProtoFilter = Filter<NUM_PROTOS>;
 
