@@ -2,7 +2,9 @@
 //! once (a collective call), and the symmetric path's collectives between buffers at given
 //! addresses.
 
-use super::{from_bytes, lend, to_bytes, Ranks};
+use super::{
+    check_collective, from_bytes, lend, matrix_types, to_bytes, Checked, Drive, Ranks, ALL_OPS,
+};
 use nccl::{Coll, Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
 
 /// Registers on every rank at once (a collective call) `bytes[r]` at `ptrs[r]`.
@@ -233,6 +235,29 @@ pub fn window_cases(
                 "{} count {count}",
                 coll.name()
             );
+        }
+    }
+}
+
+/// `coll` (AllGather or ReduceScatter) from plain buffers, staged by the kernel, on `ranks`
+/// (which registered a symmetric window): every type, the reductions in turn, each of
+/// `counts`, in and out of place; every call with a block of at most `limit` bytes must take
+/// the symmetric path.
+pub fn staged_matrix(ranks: &Ranks, coll: Coll, counts: &[usize], limit: usize) {
+    let n = ranks.comms[0].count();
+    let local = ranks.comms.len() as u64;
+    for (k, dt) in matrix_types().into_iter().enumerate() {
+        for (i, &count) in counts.iter().enumerate() {
+            let op = ALL_OPS[(k + i) % ALL_OPS.len()];
+            let before = launches(ranks);
+            let (in_place, seed) = ((i + k) % 2 == 1, (k * 100 + i) as u64);
+            let d = Drive::OneThread;
+            let ran = check_collective(ranks, coll, count, dt, op, 0, in_place, seed, d)
+                .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+            if ran == Checked::Ran && count * dt.size() <= limit {
+                let what = format!("{n} ranks, {} {} count {count}", coll.name(), dt.name());
+                assert_eq!(launches(ranks), before + local, "{what}: not symmetric");
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The symmetric path on real GPUs (ignored without one; see `collectives.rs`).
 
 use crate::collectives::{counts, gpus};
-use crate::common::{self, check_all_reduce, check_collective, Drive, ALL_OPS};
+use crate::common::{self, check_all_reduce, Drive, ALL_OPS};
 use nccl::Coll;
 
 /// The symmetric path (`comm/window.rs`) on 2 and 4 ranks of one process: AllReduce inputs
@@ -18,7 +18,9 @@ fn symmetric_path_on_2_and_4_ranks() {
 }
 
 fn symmetric_path() {
-    use crate::common::windows::{launches, symmetric_windows, window_cases, SYMMETRIC_COLLS};
+    use crate::common::windows::{
+        launches, staged_matrix, symmetric_windows, window_cases, SYMMETRIC_COLLS,
+    };
     for n in counts(&[2, 4]) {
         let ranks = gpus(n);
         let bytes = 1 << 20;
@@ -43,29 +45,7 @@ fn symmetric_path() {
             }
         }
         for coll in [Coll::AllGather, Coll::ReduceScatter] {
-            for (k, dt) in common::matrix_types().into_iter().enumerate() {
-                for (i, count) in [1usize, 1001, 20_001].into_iter().enumerate() {
-                    let op = ALL_OPS[(k + i) % ALL_OPS.len()];
-                    let before = launches(&ranks);
-                    let seed = (k * 100 + i) as u64;
-                    let ran = check_collective(
-                        &ranks,
-                        coll,
-                        count,
-                        dt,
-                        op,
-                        0,
-                        (i + k) % 2 == 1,
-                        seed,
-                        Drive::OneThread,
-                    )
-                    .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
-                    if ran == common::Checked::Ran {
-                        let what = format!("{n} ranks, {}: not symmetric", coll.name());
-                        assert_eq!(launches(&ranks), before + n as u64, "{what}");
-                    }
-                }
-            }
+            staged_matrix(&ranks, coll, &[1, 1001, 20_001], 1 << 20);
         }
         for coll in SYMMETRIC_COLLS {
             window_cases(&ranks, coll, &windows, &[3, 4096, 60_001], bytes);

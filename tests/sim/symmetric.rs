@@ -9,7 +9,8 @@
 //! some ranks only; graphs; NCCL_ALGO / NCCL_PROTO; bad registrations fail on every rank.
 
 use crate::common::windows::{
-    collective_at, launches, register_all, symmetric_windows, window_cases, SYMMETRIC_COLLS,
+    collective_at, launches, register_all, staged_matrix, symmetric_windows, window_cases,
+    SYMMETRIC_COLLS,
 };
 use crate::common::{self, check_all_reduce, check_collective, graphs, lend, Drive, ALL_OPS};
 use nccl::{Coll, DataType, DevBuffer, ReduceOp};
@@ -60,35 +61,7 @@ fn staged_inputs_all_gather_and_reduce_scatter() {
         let ranks = common::sim_ranks(n);
         let _windows = symmetric_windows(&ranks.comms, 4096);
         for coll in [Coll::AllGather, Coll::ReduceScatter] {
-            for (k, dt) in common::matrix_types().into_iter().enumerate() {
-                for (i, count) in [1usize, 7, 1000, 4099, 20_001].into_iter().enumerate() {
-                    let op = ALL_OPS[(k + i) % ALL_OPS.len()];
-                    let before = launches(&ranks);
-                    let in_place = (i + k) % 2 == 1;
-                    let seed = (k * 100 + i) as u64;
-                    let ran = check_collective(
-                        &ranks,
-                        coll,
-                        count,
-                        dt,
-                        op,
-                        0,
-                        in_place,
-                        seed,
-                        Drive::OneThread,
-                    )
-                    .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
-                    if ran == common::Checked::Ran && count * dt.size() <= LIMIT {
-                        assert_eq!(
-                            launches(&ranks),
-                            before + n as u64,
-                            "{n} ranks, {} {} count {count}: not on the symmetric path",
-                            coll.name(),
-                            dt.name()
-                        );
-                    }
-                }
-            }
+            staged_matrix(&ranks, coll, &[1, 7, 1000, 4099, 20_001], LIMIT);
         }
     }
 }
