@@ -133,6 +133,9 @@ params! {
         "network to use (Socket, IB), unless the config sets netName";
     COMM_SPLIT_SHARE_RESOURCES = "0",
         "1: split children share the parent's resources unless the config says otherwise";
+    CTA_POLICY = "0",
+        "0 default, 1 efficiency, 2 zero (copy-engine collectives on windows) unless the config \
+         sets CTAPolicy";
     DEBUG = "",
         "VERSION, WARN, INFO, ABORT or TRACE (unset: nothing); see debug.rs";
     DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV",

@@ -160,8 +160,8 @@ pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 pub use comm::onesided::SignalWait;
 pub use comm::register::RegHandle;
 pub use comm::{
-    AbortHandle, Comm, Config, PendingComm, ResolvedConfig, SHRINK_ABORT, SHRINK_DEFAULT,
-    SPLIT_NOCOLOR,
+    AbortHandle, Comm, Config, PendingComm, ResolvedConfig, CTA_POLICY_DEFAULT,
+    CTA_POLICY_EFFICIENCY, CTA_POLICY_ZERO, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR,
 };
 pub use comm::{ReduceOp, Scalar};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};

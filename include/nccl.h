@@ -67,7 +67,7 @@ typedef enum {
 
 /* Communicator options. Start from NCCL_CONFIG_INITIALIZER and set the fields wanted;
  * the first three are filled by the initializer and never touched. */
-typedef struct ncclConfig_v22500 {
+typedef struct ncclConfig_v22700 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -81,7 +81,15 @@ typedef struct ncclConfig_v22500 {
   int trafficClass;
   const char* commName;
   int collnetEnable;  /* 0 or 1 */
+  int CTAPolicy;      /* NCCL 2.27: NCCL_CTA_POLICY_*; ZERO: AllGather, AlltoAll, Gather and
+                         Scatter on symmetric windows run on the copy engines */
+  int shrinkShare;    /* NCCL 2.27: recorded */
+  int nvlsCTAs;       /* NCCL 2.27: recorded */
 } ncclConfig_t;
+
+#define NCCL_CTA_POLICY_DEFAULT 0x00
+#define NCCL_CTA_POLICY_EFFICIENCY 0x01
+#define NCCL_CTA_POLICY_ZERO 0x02
 
 #define NCCL_CONFIG_INITIALIZER                                                      \
   {                                                                                  \
@@ -96,7 +104,10 @@ typedef struct ncclConfig_v22500 {
         NCCL_CONFIG_UNDEF_INT,                         /* splitShare */              \
         NCCL_CONFIG_UNDEF_INT,                         /* trafficClass */            \
         NCCL_CONFIG_UNDEF_PTR,                         /* commName */                \
-        NCCL_CONFIG_UNDEF_INT                          /* collnetEnable */           \
+        NCCL_CONFIG_UNDEF_INT,                         /* collnetEnable */           \
+        NCCL_CONFIG_UNDEF_INT,                         /* CTAPolicy */               \
+        NCCL_CONFIG_UNDEF_INT,                         /* shrinkShare */             \
+        NCCL_CONFIG_UNDEF_INT                          /* nvlsCTAs */                \
   }
 
 #define NCCL_UNDEF_FLOAT -1.0f

@@ -1,4 +1,4 @@
-//! `ncclConfig_t` as C lays it out (NCCL 2.25): a header (size, magic, version) and the fields
+//! `ncclConfig_t` as C lays it out (NCCL 2.25, and 2.27's three fields after it): a header (size, magic, version) and the fields
 //! in NCCL's order. Fields are read only when they lie inside the `size` the caller's header
 //! declares, so programs built against an older, shorter struct work too.
 
@@ -40,6 +40,12 @@ pub struct NcclConfig {
     pub comm_name: *const c_char,
     /// 1: CollNet may be used.
     pub collnet_enable: c_int,
+    /// NCCL 2.27: `NCCL_CTA_POLICY_*`.
+    pub cta_policy: c_int,
+    /// NCCL 2.27: 1: a shrunk child shares its parent's resources (recorded).
+    pub shrink_share: c_int,
+    /// NCCL 2.27: CTAs of NVLS collectives (recorded).
+    pub nvls_ctas: c_int,
 }
 
 // The layout C sees on LP64 (checked against include/nccl.h by tests/c/capi_test.c too).
@@ -47,7 +53,8 @@ const _: () = {
     assert!(offset_of!(NcclConfig, blocking) == 16);
     assert!(offset_of!(NcclConfig, net_name) == 32);
     assert!(offset_of!(NcclConfig, comm_name) == 48);
-    assert!(size_of::<NcclConfig>() == 64);
+    assert!(offset_of!(NcclConfig, cta_policy) == 60);
+    assert!(size_of::<NcclConfig>() == 72);
 };
 
 impl Default for NcclConfig {
@@ -66,6 +73,9 @@ impl Default for NcclConfig {
             traffic_class: NCCL_CONFIG_UNDEF_INT,
             comm_name: std::ptr::null(),
             collnet_enable: NCCL_CONFIG_UNDEF_INT,
+            cta_policy: NCCL_CONFIG_UNDEF_INT,
+            shrink_share: NCCL_CONFIG_UNDEF_INT,
+            nvls_ctas: NCCL_CONFIG_UNDEF_INT,
         }
     }
 }
@@ -157,6 +167,7 @@ pub unsafe fn read(p: *const NcclConfig) -> Result<Config> {
             unsafe { text(p) }
         },
         collnet_enable: flag("collnetEnable", f!(collnet_enable))?,
+        cta_policy: int(f!(cta_policy)),
     })
 }
 
@@ -184,6 +195,14 @@ mod tests {
         // SAFETY: as above.
         let r = unsafe { read(&c) }.unwrap();
         assert_eq!((r.min_ctas, r.comm_name), (Some(2), None));
+        // 2.27's CTAPolicy, read only from a struct that has it.
+        c.size = size_of::<NcclConfig>();
+        c.cta_policy = 2;
+        // SAFETY: as above.
+        assert_eq!(unsafe { read(&c) }.unwrap().cta_policy, Some(2));
+        c.size = offset_of!(NcclConfig, cta_policy);
+        // SAFETY: as above.
+        assert_eq!(unsafe { read(&c) }.unwrap().cta_policy, None);
         c.magic = 0;
         // SAFETY: as above.
         assert!(unsafe { read(&c) }.is_err());

@@ -32,7 +32,18 @@ pub struct Config {
     pub comm_name: Option<String>,
     /// CollNet on or off; recorded (no CollNet here).
     pub collnet_enable: Option<bool>,
+    /// `CTAPolicy` (NCCL 2.27/2.28, NCCL_CTA_POLICY): [`CTA_POLICY_DEFAULT`],
+    /// [`CTA_POLICY_EFFICIENCY`] (recorded) or [`CTA_POLICY_ZERO`]: AllGather, AlltoAll, Gather
+    /// and Scatter on symmetric windows run on the copy engines, with no kernel.
+    pub cta_policy: Option<i32>,
 }
+
+/// `NCCL_CTA_POLICY_DEFAULT`.
+pub const CTA_POLICY_DEFAULT: i32 = 0;
+/// `NCCL_CTA_POLICY_EFFICIENCY`.
+pub const CTA_POLICY_EFFICIENCY: i32 = 1;
+/// `NCCL_CTA_POLICY_ZERO` (NCCL 2.28).
+pub const CTA_POLICY_ZERO: i32 = 2;
 
 /// The options a communicator runs with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +66,8 @@ pub struct ResolvedConfig {
     pub comm_name: Option<String>,
     /// CollNet on or off (recorded; there is no CollNet here).
     pub collnet_enable: bool,
+    /// `CTAPolicy` (NCCL_CTA_POLICY).
+    pub cta_policy: i32,
 }
 
 fn env_bool(p: crate::env::Param) -> bool {
@@ -130,6 +143,16 @@ impl Config {
             .split_share
             .or(inherit.map(|p| p.split_share))
             .unwrap_or_else(|| env_bool(crate::env::COMM_SPLIT_SHARE_RESOURCES));
+        let cta_policy = self
+            .cta_policy
+            .or(inherit.map(|p| p.cta_policy))
+            .unwrap_or_else(|| env(crate::env::CTA_POLICY) as i32);
+        if !(CTA_POLICY_DEFAULT..=CTA_POLICY_ZERO).contains(&cta_policy) {
+            return Err(Error::invalid_argument(format!(
+                "CTAPolicy {cta_policy} is none of NCCL_CTA_POLICY_DEFAULT (0), \
+                 NCCL_CTA_POLICY_EFFICIENCY (1), NCCL_CTA_POLICY_ZERO (2)"
+            )));
+        }
         Ok(ResolvedConfig {
             blocking,
             cga_cluster_size: cga,
@@ -144,6 +167,7 @@ impl Config {
                 .collnet_enable
                 .or(inherit.map(|p| p.collnet_enable))
                 .unwrap_or(false),
+            cta_policy,
         })
     }
 }
@@ -192,6 +216,10 @@ mod tests {
             },
             Config {
                 cga_cluster_size: Some(9),
+                ..Config::default()
+            },
+            Config {
+                cta_policy: Some(3),
                 ..Config::default()
             },
         ] {

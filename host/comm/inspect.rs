@@ -12,6 +12,13 @@ impl Comm {
     }
 
     crate::internal! {
+        /// Calls this communicator ran on the copy engines (`comm/copy_engine.rs`).
+        fn copy_engine_launches(&self) -> u64 {
+            self.windows.copy_engine.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    crate::internal! {
         /// The longest nap this communicator's proxy thread takes now (None without network
         /// connections): shorter once a launch that needs it was captured into a CUDA graph.
         fn proxy_max_nap(&self) -> Option<std::time::Duration> {

@@ -13,6 +13,7 @@
 mod abort_handle;
 pub mod call;
 mod config;
+pub(crate) mod copy_engine;
 mod create;
 pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
@@ -42,7 +43,10 @@ pub mod window;
 pub use abort_handle::AbortHandle;
 pub use call::CollCall;
 pub(crate) use call::{call_bytes, Sizes};
-pub use config::{Config, ResolvedConfig, SPLIT_NOCOLOR};
+pub use config::{
+    Config, ResolvedConfig, CTA_POLICY_DEFAULT, CTA_POLICY_EFFICIENCY, CTA_POLICY_ZERO,
+    SPLIT_NOCOLOR,
+};
 pub use op::{ReduceOp, Scalar};
 pub use pending::{Launch, PendingComm};
 pub(crate) use plan::kernel_name;

@@ -4,7 +4,8 @@
 //! take part. Inside a node they run on the copy engine and as stream memory operations: no
 //! kernel, no SM taken from the user's work.
 //!
-//! Signals: every rank keeps a pad of one u64 per source rank, zeroed, that every rank maps
+//! Signals: every rank keeps a pad of one u64 per source rank and [`Channel`] (the user's, and
+//! the copy-engine collectives' of `copy_engine.rs`), zeroed, that every rank maps
 //! (made with the first window every rank maps, `Comm::make_signals`). A signal from rank `s`
 //! to rank `d` writes the number of signals `s` has sent `d` so far into slot `s` of `d`'s pad,
 //! after a fence and in the stream's order, so a put's data is visible before its signal. Only
@@ -33,10 +34,25 @@ use std::sync::{Arc, Mutex};
 /// What an abort writes into every slot of the pad: above any count a job will reach.
 const RELEASED: u64 = u64::MAX / 2;
 
+/// The signals of one purpose: a slot per source rank each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Channel {
+    /// `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`.
+    User = 0,
+    /// The copy-engine collectives' handshakes (`copy_engine.rs`).
+    Collective = 1,
+}
+
+/// How many [`Channel`]s a pad holds.
+const CHANNELS: usize = 2;
+
 /// A communicator's signal pads.
 pub(crate) struct Signals {
     device: Device,
-    /// This rank's pad: slot `s` counts the signals rank `s` sent here.
+    rank: usize,
+    nranks: usize,
+    /// This rank's pad: slot `c * nranks + s` counts the signals rank `s` sent here on
+    /// channel `c`.
     pad: DevBuffer,
     /// Every rank's pad as addressed here, kept mapped.
     peers: Shared,
@@ -46,6 +62,7 @@ pub(crate) struct Signals {
     counts: Mutex<Counts>,
 }
 
+/// Per (channel, peer): the signals this rank sent it, and those it waited for from it.
 #[derive(Default)]
 struct Counts {
     sent: Vec<u64>,
@@ -67,18 +84,35 @@ impl Signals {
         }
     }
 
-    /// The next count of signals to `peer` (the value its slot gets).
-    fn next_sent(&self, peer: usize) -> u64 {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        c.sent[peer] += 1;
-        c.sent[peer]
+    /// Queues on `stream` a signal to `peer` on `ch`: the next count of this rank's signals
+    /// to it, written into its slot of `peer`'s pad after the stream's earlier writes.
+    pub(crate) fn send(&self, stream: StreamHandle, peer: usize, ch: Channel) -> Result<()> {
+        let at = ch as usize * self.nranks;
+        let value = {
+            let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            c.sent[at + peer] += 1;
+            c.sent[at + peer]
+        };
+        let slot = self.peers.ptrs[peer] + 8 * (at + self.rank) as u64;
+        self.device.write_value64(stream, slot, value)
     }
 
-    /// The count of signals from `peer` to wait for after `more` further ones.
-    fn next_awaited(&self, peer: usize, more: u64) -> u64 {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        c.awaited[peer] += more;
-        c.awaited[peer]
+    /// Holds `stream` until `more` further signals from `peer` on `ch` arrived.
+    pub(crate) fn wait(
+        &self,
+        stream: StreamHandle,
+        peer: usize,
+        ch: Channel,
+        more: u64,
+    ) -> Result<()> {
+        let at = ch as usize * self.nranks + peer;
+        let value = {
+            let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            c.awaited[at] += more;
+            c.awaited[at]
+        };
+        self.device
+            .wait_value64(stream, self.pad.ptr + 8 * at as u64, value)
     }
 }
 
@@ -95,25 +129,26 @@ impl Comm {
     /// The signal pads (collective: every rank calls it at the same window, the first every
     /// rank maps); None, on every rank alike, where some rank could not map some other's pad.
     pub(super) fn make_signals(&self) -> Result<Option<Signals>> {
-        let bytes = 8 * self.nranks;
+        let slots = CHANNELS * self.nranks;
+        let bytes = 8 * slots;
         let pad = self.device.alloc(bytes)?;
         pad.write(0, &vec![0u8; bytes])?;
         let released = self.device.alloc(bytes)?;
-        let words: Vec<u8> = (0..self.nranks)
-            .flat_map(|_| RELEASED.to_le_bytes())
-            .collect();
+        let words: Vec<u8> = (0..slots).flat_map(|_| RELEASED.to_le_bytes()).collect();
         released.write(0, &words)?;
         let Some(peers) = self.share(pad.ptr, bytes)? else {
             return Ok(None);
         };
         Ok(Some(Signals {
             device: self.device.clone(),
+            rank: self.rank,
+            nranks: self.nranks,
             pad,
             peers,
             released,
             counts: Mutex::new(Counts {
-                sent: vec![0; self.nranks],
-                awaited: vec![0; self.nranks],
+                sent: vec![0; slots],
+                awaited: vec![0; slots],
             }),
         }))
     }
@@ -145,14 +180,13 @@ impl Comm {
             self.check_local(local, bytes)?;
         }
         let dst = target + offset as u64;
-        let (device, order, me) = (self.device.clone(), self.order.clone(), self.rank);
+        let (device, order) = (self.device.clone(), self.order.clone());
         ordered(move || {
             order.launch(stream, || {
                 if bytes > 0 {
                     device.copy_dtod_async(dst, local, bytes, stream)?;
                 }
-                let slot = signals.peers.ptrs[peer] + 8 * me as u64;
-                device.write_value64(stream, slot, signals.next_sent(peer))
+                signals.send(stream, peer, Channel::User)
             })
         })
     }
@@ -160,13 +194,8 @@ impl Comm {
     /// `ncclSignal`: raises a signal at rank `peer`, in `stream`'s order.
     pub(crate) fn signal(&self, peer: usize, stream: StreamHandle) -> Result<()> {
         let signals = self.one_sided("ncclSignal", peer, stream)?;
-        let (device, order, me) = (self.device.clone(), self.order.clone(), self.rank);
-        ordered(move || {
-            order.launch(stream, || {
-                let slot = signals.peers.ptrs[peer] + 8 * me as u64;
-                device.write_value64(stream, slot, signals.next_sent(peer))
-            })
-        })
+        let order = self.order.clone();
+        ordered(move || order.launch(stream, || signals.send(stream, peer, Channel::User)))
     }
 
     /// `ncclWaitSignal`: holds `stream` until every wait's signals arrived. Ordered by its
@@ -181,12 +210,10 @@ impl Comm {
         let Some(signals) = signals else {
             return Ok(()); // nothing to wait for
         };
-        let device = self.device.clone();
         let waits = waits.to_vec();
         ordered(move || {
             for w in waits.iter().filter(|w| w.ops > 0) {
-                let slot = signals.pad.ptr + 8 * w.peer as u64;
-                device.wait_value64(stream, slot, signals.next_awaited(w.peer, w.ops))?;
+                signals.wait(stream, w.peer, Channel::User, w.ops)?;
             }
             Ok(())
         })
@@ -194,7 +221,12 @@ impl Comm {
 
     /// The checks every one-sided operation makes: the peer, a stream not capturing, and the
     /// signal pads (which exist once every rank maps every other's windows).
-    fn one_sided(&self, what: &str, peer: usize, stream: StreamHandle) -> Result<Arc<Signals>> {
+    pub(super) fn one_sided(
+        &self,
+        what: &str,
+        peer: usize,
+        stream: StreamHandle,
+    ) -> Result<Arc<Signals>> {
         if peer >= self.nranks {
             return Err(Error::invalid_argument(format!(
                 "{what}: peer {peer} is out of range (nranks {})",

@@ -131,6 +131,8 @@ pub(crate) struct Windows {
     state: Mutex<State>,
     /// Calls planned on the symmetric path (what the tests read).
     launches: AtomicU64,
+    /// Calls run on the copy engines (`copy_engine.rs`; what the tests read).
+    pub(crate) copy_engine: AtomicU64,
     /// The signal pads of one-sided operations (`onesided.rs`), made with the first window
     /// every rank maps; shared with the abort handle, which releases their waits.
     signals: Arc<OnceLock<Arc<Signals>>>,
@@ -273,6 +275,17 @@ impl Comm {
             graphs: Arc::default(),
         });
         Ok(handle)
+    }
+
+    /// Where `bytes` at `ptr` lie inside a symmetric window every rank maps: the same offset
+    /// of every rank's part, as addressed here (index: rank); None elsewhere.
+    pub(crate) fn symmetric_peers_at(&self, ptr: DevPtr, bytes: usize) -> Option<Vec<DevPtr>> {
+        let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        let w = st.windows.iter().find(|w| {
+            w.slot.is_some() && ptr >= w.base && ptr + bytes as u64 <= w.base + w.bytes as u64
+        })?;
+        let offset = ptr - w.base;
+        Some(w.peers.as_ref()?.ptrs.iter().map(|p| p + offset).collect())
     }
 
     /// Rank `peer`'s part of window `win` as addressed here, and its bytes.

@@ -12,6 +12,7 @@ mod patterns;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use crate::comm::order;
 
+use crate::comm::copy_engine::CopyColl;
 use crate::comm::{call_bytes, Comm, Sizes};
 use crate::comm::{CollCall, Scalar};
 use crate::cuda::DevPtr;
@@ -104,6 +105,12 @@ pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
         };
         if comm.count() == 1 && call.op.kind() != RedOpKind::PreMulSum {
             return one_rank(comm, &call, sizes.bytes);
+        }
+        if call.coll == Coll::AllGather {
+            let (s, r, b, st) = (call.send, call.recv, sizes.bytes, call.stream);
+            if let Some(job) = comm.copy_engine_job(CopyColl::AllGather, s, r, b, st)? {
+                return group::ordered(job);
+            }
         }
         let plan = comm.plan(&call, &sizes)?;
         let launcher = comm.launcher();

@@ -3,6 +3,7 @@
 //! Programs built against 2.28 link them (PyTorch does), so the drop-in library has them.
 
 use super::group;
+use crate::comm::copy_engine::CopyColl;
 use crate::comm::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
@@ -71,6 +72,10 @@ impl Comm {
                 "{what}: sendbuff and recvbuff are the same buffer; in-place all-to-all is not \
                  supported"
             ))));
+        }
+        let ce = self.copy_engine_job(CopyColl::AllToAll, send, recv, block as usize, stream);
+        if let Some(job) = ce.map_err(group::record_error)? {
+            return group::ordered(job).map_err(group::record_error);
         }
         in_group(|| {
             for peer in 0..n {

@@ -34,7 +34,8 @@ static int failures = 0;
 #define COUNT 1000
 
 /* The layout C sees must be the one the library reads. */
-_Static_assert(sizeof(ncclConfig_t) == 64, "ncclConfig_t size");
+_Static_assert(sizeof(ncclConfig_t) == 72, "ncclConfig_t size");
+_Static_assert(offsetof(ncclConfig_t, CTAPolicy) == 60, "CTAPolicy offset");
 _Static_assert(offsetof(ncclConfig_t, blocking) == 16, "blocking offset");
 _Static_assert(offsetof(ncclConfig_t, netName) == 32, "netName offset");
 _Static_assert(offsetof(ncclConfig_t, commName) == 48, "commName offset");

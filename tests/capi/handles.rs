@@ -64,6 +64,12 @@ fn every_call(h: H) -> Vec<(&'static str, NcclResult)> {
                 ),
                 ("ncclCommWindowDeregister", ncclCommWindowDeregister(c, buf)),
                 (
+                    "ncclPutSignal",
+                    ncclPutSignal(buf, 1, 7, 0, buf, 0, 0, 0, 0, c, s),
+                ),
+                ("ncclSignal", ncclSignal(0, 0, 0, 0, c, s)),
+                ("ncclWaitSignal", ncclWaitSignal(0, std::ptr::null(), c, s)),
+                (
                     "ncclDevCommCreate",
                     ncclDevCommCreate(c, std::ptr::null(), buf),
                 ),

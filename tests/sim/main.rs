@@ -11,6 +11,7 @@ mod common;
 
 mod all_reduce;
 mod cleanup;
+mod copy_engine;
 mod flow_control;
 mod graphs;
 mod groups;
