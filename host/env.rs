@@ -147,9 +147,13 @@ params! {
     RS_SIM_DEVICES = "8",
         "how many GPUs the simulator shows";
     RS_SYMMETRIC_MAX_BYTES = "65536",
-        "nccl-rs: largest AllReduce (bytes per rank) the symmetric path takes once the \
-         communicator has a symmetric window (0: never); up to 64 KiB it pushes LL lines, \
-         above it reads the peers between barriers (slower than the ring on one shared H100)";
+        "nccl-rs: largest AllReduce, AllGather or ReduceScatter block (bytes per rank) the \
+         symmetric path takes once the communicator has a symmetric window (0: never); up to \
+         64 KiB it pushes LL lines, above it reads the peers between barriers (slower than the \
+         ring on one shared H100)";
+    RS_SYMMETRIC_TWO_SHOT = "1",
+        "nccl-rs: 1: the symmetric path's AllReduces above 64 KiB run two-shot on 3 ranks or \
+         more (each rank reduces its block, then gathers the others'); 0: one-shot";
     RS_SIM_NTHREADS = "4",
         "threads per simulated CTA";
     RS_SIM_NVLS = "0",

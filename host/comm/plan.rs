@@ -19,9 +19,9 @@ use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
     Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
-    FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_TREE_EXCHANGE,
-    LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE, SYM_LL_CTA_BYTES,
-    SYM_MAX_CTAS, SYM_SRC_STAGED,
+    FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_SYM_TWO_SHOT,
+    FLAG_TREE_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    SYM_LL_CTA_BYTES, SYM_MAX_CTAS, SYM_SRC_STAGED,
 };
 use nccl_device::ops::RedOpKind;
 use nccl_device::types::DataType;
@@ -159,7 +159,8 @@ impl Comm {
             coll: c.coll as u32,
             proto: sym.proto,
             algo: ALGO_SYMMETRIC,
-            flags: self.shape.kernel_flags & !(FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE),
+            flags: (self.shape.kernel_flags & !(FLAG_RING_EXCHANGE | FLAG_TREE_EXCHANGE))
+                | if sym.two_shot { FLAG_SYM_TWO_SHOT } else { 0 },
             sym: sym.dev,
             sym_src: sym.src,
             ..CollArgs::default()
@@ -170,14 +171,21 @@ impl Comm {
             PROTO_LL => SYM_LL_CTA_BYTES / 2,
             _ => SYM_BYTES_PER_CTA,
         };
-        let grid = bytes.div_ceil(per_cta).clamp(1, SYM_MAX_CTAS) as u32;
+        // Two-shot: each CTA takes a slice of every rank's block.
+        let span = if sym.two_shot {
+            bytes.div_ceil(self.nranks)
+        } else {
+            bytes
+        };
+        let grid = span.div_ceil(per_cta).clamp(1, SYM_MAX_CTAS) as u32;
         log::info!(
             target: crate::debug::TUNING,
-            "{}: {bytes} bytes per rank -> symmetric one-shot {}, {grid} CTAs, input {}",
+            "{}: {bytes} bytes per rank -> symmetric {}, {grid} CTAs, input {}",
             c.coll.name(),
-            match sym.proto {
-                PROTO_LL => "LL",
-                _ => "loads",
+            match (sym.proto, sym.two_shot) {
+                (PROTO_LL, _) => "one-shot LL",
+                (_, true) => "two-shot loads",
+                _ => "one-shot loads",
             },
             match sym.src {
                 SYM_SRC_STAGED => "staged",

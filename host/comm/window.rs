@@ -80,6 +80,9 @@ pub(crate) struct SymLimits {
     pub max_bytes: usize,
     /// Bytes of each rank's staging area.
     pub stage_bytes: usize,
+    /// AllReduces of the loads form on 3 ranks or more run two-shot
+    /// (NCCL_RS_SYMMETRIC_TWO_SHOT).
+    pub two_shot: bool,
 }
 
 /// How a call runs on the symmetric path.
@@ -89,8 +92,11 @@ pub(crate) struct SymLaunch {
     pub dev: DevPtr,
     /// Where this rank's input lies ([`nccl_device::abi::CollArgs::sym_src`]).
     pub src: u64,
-    /// The form: LL lines pushed to every rank, or (Simple) loads between two barriers.
+    /// The form: LL lines pushed to every rank, or (Simple) loads between barriers.
     pub proto: u32,
+    /// An AllReduce of the loads form runs two-shot
+    /// ([`nccl_device::abi::FLAG_SYM_TWO_SHOT`]).
+    pub two_shot: bool,
 }
 
 /// The form of the symmetric path for a call of `coll` with rank blocks of `bytes` on `nranks`
@@ -379,10 +385,15 @@ impl Comm {
             None => SYM_SRC_STAGED,
         };
         self.windows.launches.fetch_add(1, Ordering::Relaxed);
+        let two_shot = sym.limits.two_shot
+            && c.coll == Coll::AllReduce
+            && proto == PROTO_SIMPLE
+            && self.nranks >= 3;
         Ok(Some(SymLaunch {
             dev: sym.dev.ptr,
             src,
             proto,
+            two_shot,
         }))
     }
 
@@ -514,6 +525,7 @@ impl Comm {
             limits: SymLimits {
                 max_bytes,
                 stage_bytes,
+                two_shot: crate::env::RS_SYMMETRIC_TWO_SHOT.int() != 0,
             },
         }))
     }
@@ -545,6 +557,7 @@ mod tests {
     const LIMITS: SymLimits = SymLimits {
         max_bytes: 1 << 20,
         stage_bytes: 1 << 20,
+        two_shot: true,
     };
 
     #[test]

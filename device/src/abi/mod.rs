@@ -499,6 +499,10 @@ pub const FLAG_RING_REGISTERED: u32 = 4;
 /// [`CollArgs::flags`]: stamp this launch's entry and exit in [`DevComm::lab_stamps`] (the
 /// kernel-stamps lab; off unless NCCL_RS_KERNEL_STAMPS is set).
 pub const FLAG_LAB_STAMPS: u32 = 32;
+/// [`CollArgs::flags`] of a symmetric AllReduce of the loads form: two-shot (each rank reduces
+/// its block from every rank's input and publishes it; then every rank gathers the reduced
+/// blocks), instead of one-shot (each rank reads and reduces everything).
+pub const FLAG_SYM_TWO_SHOT: u32 = 64;
 
 /// The collectives, with NCCL's `ncclFunc_t` values: the one definition the kernels
 /// (`CollArgs::coll`; each has its own entry points), the tuner and the public API

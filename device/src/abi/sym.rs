@@ -12,9 +12,12 @@ pub const ALGO_SYMMETRIC: u32 = 16;
 pub const SYM_MAX_RANKS: usize = 8;
 /// Windows a communicator holds at once (slots of [`SymDev::windows`]).
 pub const SYM_MAX_WINDOWS: usize = 64;
+/// Exchanges a CTA of the loads form makes per launch, each in slots of its own: arrive,
+/// depart, and the two-shot AllReduce's "reduced block published".
+pub const SYM_PHASES: usize = 3;
 /// Bytes at the head of each rank's symmetric scratch: the flag slots ([`SymSlot`]), per CTA
-/// two phases (arrive, depart) of one slot per rank. The staging area follows.
-pub const SYM_FLAG_BYTES: usize = MAX_CHANNELS * 2 * SYM_MAX_RANKS * 16;
+/// and phase one slot per rank. The staging area follows.
+pub const SYM_FLAG_BYTES: usize = MAX_CHANNELS * SYM_PHASES * SYM_MAX_RANKS * 16;
 /// CTAs of a symmetric launch, at most.
 pub const SYM_MAX_CTAS: usize = 16;
 /// Bytes of LL lines one CTA of a symmetric LL launch ([`super::CollArgs::proto`] LL) receives from

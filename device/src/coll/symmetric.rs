@@ -27,15 +27,24 @@
 //! after its own launch k-1 received every rank's lines of k-1, which each pushed after its
 //! launch k-2 (the last reader of the half) ended, in stream order.
 //!
+//! AllReduce two-shot ([`FLAG_SYM_TWO_SHOT`], the loads form on 3 ranks or more): rank `r`
+//! owns block `r` of the elements, and CTA `c` the same slice of every block. After the
+//! arrival, CTA `c` reduces its slice of its own block from every rank's input into its
+//! output, then publishes it in its own staging area at the block's place (only this rank
+//! reads its input's own block, so the place is free), exchanges "published", and copies the
+//! other ranks' reduced slices from their staging areas into its output. Each rank reads
+//! `2 (n-1)/n` of the data instead of `n-1`.
+//!
 //! The launch number is counted per CTA in the rank's own [`SymDev::launches`] (every rank
 //! runs the same sequence of symmetric launches, so the numbers agree); a graph's replays count
 //! on. A slot only grows, so a waiter needs `>=`: a peer may already have arrived for the next
 //! launch.
 
+use super::{align_up, div_ceil};
 use super::{channel_range, scalar_bits};
 use crate::abi::{
-    sym_src_parts, Coll, CollArgs, DevComm, SymDev, SymSlot, PROTO_LL, SYM_FLAG_BYTES,
-    SYM_LL_CTA_BYTES, SYM_MAX_CTAS, SYM_MAX_RANKS, SYM_SRC_STAGED,
+    sym_src_parts, Coll, CollArgs, DevComm, SymDev, SymSlot, FLAG_SYM_TWO_SHOT, PROTO_LL,
+    SYM_FLAG_BYTES, SYM_LL_CTA_BYTES, SYM_MAX_CTAS, SYM_MAX_RANKS, SYM_PHASES, SYM_SRC_STAGED,
 };
 use crate::arch::{self, Pack16};
 use crate::ops::{map1, map2, pack_elems, RedOp, RedOpKind};
@@ -47,6 +56,8 @@ const ABORT_POLL: u32 = 64;
 
 const ARRIVE: usize = 0;
 const DEPART: usize = 1;
+/// Two-shot: this CTA's slice of its block, reduced, is in its staging area.
+const PUBLISHED: usize = 2;
 
 /// Runs a one-shot AllReduce, ReduceScatter or AllGather (`C`; AllGather as bytes) as CTA
 /// `block_idx`.
@@ -89,6 +100,8 @@ pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
             _ => k.ll_reduce::<T, O>(&op, args, grid, coll == Coll::ReduceScatter),
         }
         arch::sync_threads(); // every thread read the launch number before it moves on
+    } else if coll == Coll::AllReduce && args.flags & FLAG_SYM_TWO_SHOT != 0 {
+        k.two_shot::<T, O>(&op, args, grid);
     } else {
         let count = args.count as usize;
         let (start, end) = channel_range::<T>(count, cta, grid);
@@ -154,7 +167,7 @@ impl Cta {
     /// rank.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn slots_of(&self, r: usize, phase: usize) -> *mut SymSlot {
-        let at = (self.cta * 2 + phase) * SYM_MAX_RANKS * core::mem::size_of::<SymSlot>();
+        let at = (self.cta * SYM_PHASES + phase) * SYM_MAX_RANKS * core::mem::size_of::<SymSlot>();
         ((*self.sym).scratch[r] + at as u64) as *mut SymSlot
     }
 
@@ -251,6 +264,39 @@ impl Cta {
             + (*self.sym).stage_bytes as usize
             + ((half * SYM_MAX_RANKS + from) * SYM_MAX_CTAS + self.cta) * SYM_LL_CTA_BYTES;
         ((*self.sym).scratch[to] + at as u64) as *mut Pack16
+    }
+
+    /// The two-shot AllReduce (see the module's text), ending with the depart exchange.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn two_shot<T: Elem, O: RedOp<T>>(&mut self, op: &O, args: &CollArgs, grid: usize) {
+        let count = args.count as usize;
+        let per = align_up(div_ceil(count, self.nranks), pack_elems::<T>());
+        // This CTA's slice of rank r's block: elements start..end.
+        let cta = self.cta;
+        let slice = move |r: usize| {
+            let first = (r * per).min(count);
+            let (s, e) = channel_range::<T>((first + per).min(count) - first, cta, grid);
+            (first + s, first + e)
+        };
+        let (input, output) = (args.sendbuff as *const T, args.recvbuff as *mut T);
+        let mine = self.stage_of::<T>(self.rank);
+        if args.sym_src == SYM_SRC_STAGED {
+            for r in 0..self.nranks {
+                let (s, e) = slice(r);
+                self.copy::<T>(mine.add(s), input.add(s), e - s);
+            }
+        }
+        self.exchange(ARRIVE, args.sym_src);
+        let (s, e) = slice(self.rank);
+        self.reduce_slice::<T, O>(op, output, 0, s, e);
+        arch::sync_threads(); // the slice is reduced before the CTA copies it on
+        self.copy::<T>(mine.add(s), output.add(s), e - s);
+        self.exchange(PUBLISHED, 0);
+        for r in (0..self.nranks).filter(|&r| r != self.rank) {
+            let (s, e) = slice(r);
+            self.copy::<T>(output.add(s), self.stage_of::<T>(r).add(s), e - s);
+        }
+        self.exchange(DEPART, 0);
     }
 
     /// This CTA's LL lines of a block of `bytes`: the first, and how many.
