@@ -325,6 +325,32 @@ pub fn channel_range<T>(count: usize, ch: usize, nch: usize) -> (usize, usize) {
     (start, core::cmp::min(start + per, count))
 }
 
+/// How often a waiting thread of the collectives' own barriers (the symmetric path's, NVLS's)
+/// looks at the abort flag: once per this many spins (it lies in host memory, a costly read).
+const ABORT_POLL: u32 = 64;
+
+/// Spins until `ready()` holds, or until the communicator's abort flag (`abort`; null: none)
+/// is raised. `aborted` keeps the abort, so the thread's later waits end at once: the kernel
+/// then runs to its end, its results undefined, as NCCL's after an abort.
+///
+/// # Safety
+/// `abort` is null or the communicator's abort flag, readable by the GPU.
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+pub(crate) unsafe fn spin_until(
+    abort: *const u64,
+    aborted: &mut bool,
+    mut ready: impl FnMut() -> bool,
+) {
+    let mut spins = 0u32;
+    while !*aborted && !ready() {
+        arch::spin_pause();
+        spins += 1;
+        if spins.is_multiple_of(ABORT_POLL) && !abort.is_null() {
+            *aborted = arch::ld_volatile(abort) != 0;
+        }
+    }
+}
+
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(crate) const fn div_ceil(a: usize, b: usize) -> usize {
     a.div_ceil(b)

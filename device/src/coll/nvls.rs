@@ -26,14 +26,11 @@
 //! The barrier: `multimem.red.release` adds 1 to the channel's counter on every rank; a rank
 //! passes once its own copy (unicast, acquire) counts every rank's arrival: `barriers * nranks`.
 
-use super::{align_up, channel_range, div_ceil, scalar_bits};
+use super::{align_up, channel_range, div_ceil, scalar_bits, spin_until};
 use crate::abi::{Coll, CollArgs, DevComm, NvlsChannel, NVLS_CTRL_BYTES};
 use crate::arch::{self, McOp, Pack16};
 use crate::ops::{map1, pack_elems, RedOp};
 use crate::types::Elem;
-
-/// Looks at the abort flag (host memory, a costly read) once per this many spins.
-const ABORT_POLL: u32 = 64;
 
 struct Nvls<T, O> {
     op: O,
@@ -132,16 +129,10 @@ impl<T: Elem, O: RedOp<T>> Nvls<T, O> {
             // before the arrival.
             arch::fence_sys();
             arch::multimem_red_add_u64(self.mc as *mut u64, 1);
-            let target = self.barriers * self.nranks as u64;
-            let mut spins = 0u32;
-            while !self.aborted && arch::ld_acquire_sys(self.uc as *const u64) < target {
-                arch::spin_pause();
-                spins += 1;
-                if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
-                    // Once aborted this thread waits no more: the kernel runs to its end.
-                    self.aborted = arch::ld_volatile(self.abort) != 0;
-                }
-            }
+            let (target, counter) = (self.barriers * self.nranks as u64, self.uc as *const u64);
+            spin_until(self.abort, &mut self.aborted, || {
+                arch::ld_acquire_sys(counter) >= target
+            });
         }
         arch::sync_threads();
     }

@@ -40,7 +40,7 @@
 //! on. A slot only grows, so a waiter needs `>=`: a peer may already have arrived for the next
 //! launch.
 
-use super::{align_up, div_ceil};
+use super::{align_up, div_ceil, spin_until};
 use super::{channel_range, scalar_bits};
 use crate::abi::{
     sym_src_parts, Coll, CollArgs, DevComm, SymDev, SymSlot, FLAG_SYM_TWO_SHOT, PROTO_LL,
@@ -50,9 +50,6 @@ use crate::arch::{self, Pack16};
 use crate::ops::{map1, map2, pack_elems, RedOp, RedOpKind};
 use crate::prims::ll::{load8, store8};
 use crate::types::Elem;
-
-/// Looks at the abort flag (host memory, a costly read) once per this many spins.
-const ABORT_POLL: u32 = 64;
 
 const ARRIVE: usize = 0;
 const DEPART: usize = 1;
@@ -338,18 +335,10 @@ impl Cta {
         let line = self.ll_slot(self.rank, from).add(i);
         let flag = self.launch as u32;
         let mut v = Pack16::default();
-        let mut spins = 0u32;
-        while !self.aborted {
+        spin_until(self.abort, &mut self.aborted, || {
             v = arch::ld_volatile_pack(line);
-            if v.0[1] == flag && v.0[3] == flag {
-                break;
-            }
-            arch::spin_pause();
-            spins += 1;
-            if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
-                self.aborted = arch::ld_volatile(self.abort) != 0;
-            }
-        }
+            v.0[1] == flag && v.0[3] == flag
+        });
         Pack16([v.0[0], v.0[2], 0, 0])
     }
 
@@ -412,14 +401,10 @@ impl Cta {
             arch::st_volatile(&mut (*theirs).src, src);
             arch::st_release_sys(&mut (*theirs).seq, self.launch);
             let mine = self.slots_of(self.rank, phase).add(r);
-            let mut spins = 0u32;
-            while !self.aborted && arch::ld_acquire_sys(&(*mine).seq) < self.launch {
-                arch::spin_pause();
-                spins += 1;
-                if spins.is_multiple_of(ABORT_POLL) && !self.abort.is_null() {
-                    self.aborted = arch::ld_volatile(self.abort) != 0;
-                }
-            }
+            let launch = self.launch;
+            spin_until(self.abort, &mut self.aborted, || {
+                arch::ld_acquire_sys(&(*mine).seq) >= launch
+            });
         }
         arch::sync_threads();
     }
