@@ -527,3 +527,40 @@ fn a_window_read_by_a_live_graph_stays() {
         }
     });
 }
+
+/// A rank killed while the others' symmetric kernels wait for its LL lines, windows mapped
+/// (3 processes of one node): every survivor's async error names it within the bound, the
+/// abort ends the kernels (they watch the abort flag), and destroy unmaps; nothing hangs.
+#[test]
+fn a_dead_peer_while_a_window_is_mapped() {
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        let comm = nccl::Comm::init_rank_on(common::sim_dev(rank), nranks, &id, rank).unwrap();
+        let comms = vec![comm];
+        let _windows = symmetric_windows(&comms, 4096);
+        let comm = comms.into_iter().next().expect("the comm");
+        let (buf, st) = (
+            comm.device().alloc(4000).unwrap(),
+            comm.device().stream_create().unwrap(),
+        );
+        // SAFETY: the test's buffer, alive until the synchronization.
+        unsafe {
+            comm.all_reduce_raw(
+                buf.ptr(),
+                buf.ptr(),
+                1000,
+                DataType::Float32,
+                ReduceOp::SUM,
+                st,
+            )
+        }
+        .unwrap();
+        comm.device().stream_sync(st).unwrap();
+        assert_eq!(comm.symmetric_launches(), 1, "not on the symmetric path");
+        let limit = std::time::Duration::from_secs(30);
+        // 4000-byte AllReduces: the symmetric path's LL form, which waits on every rank.
+        common::faults::killed_mid_collective(comm, nranks - 1, 1000, 3000, limit);
+        return;
+    }
+    common::sim();
+    common::procs::run_nodes_with_victim(1, 3, &[common::LOOPBACK], 2);
+}
