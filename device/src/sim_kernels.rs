@@ -3,13 +3,20 @@
 //! build for the host: a crate that only names them through these functions does not compile
 //! every kernel again (the host crate's build, and its test build, each did).
 
-use crate::abi::{CollArgs, P2pArgs};
+use crate::abi::{CollArgs, P2pArgs, WaitArgs};
 
 /// One CTA's share of a collective kernel's launch.
 pub type CollKernel = unsafe fn(&CollArgs);
 
 /// One CTA's share of a send/receive launch.
 pub type P2pKernel = unsafe fn(&P2pArgs);
+
+/// The signal waits' kernel.
+pub type WaitKernel = unsafe fn(&WaitArgs);
+
+/// The signal waits' entry point and body (always built).
+pub const WAIT_KERNEL: (&str, WaitKernel) =
+    (crate::abi::WAIT_SIGNALS_ENTRY, crate::coll::wait_signals);
 
 /// Calls `add(entry point, kernel)` for every collective kernel.
 pub fn each_coll_kernel(add: &mut dyn FnMut(&'static str, CollKernel)) {

@@ -7,9 +7,8 @@
 //! are safe to use from several threads, and it does not keep the communicator alive.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
-use super::onesided::Signals;
 use super::order::StreamOrder;
 use super::Comm;
 use crate::bootstrap::{AbortFlag, Bootstrap};
@@ -32,8 +31,6 @@ pub struct AbortHandle {
     bootstrap: Weak<Bootstrap>,
     net: Option<Weak<NetPath>>,
     order: Weak<StreamOrder>,
-    /// The signal pads of one-sided operations, once made: an abort releases their waits.
-    signals: Weak<OnceLock<Arc<Signals>>>,
 }
 
 impl std::fmt::Debug for AbortHandle {
@@ -63,7 +60,6 @@ impl AbortHandle {
             bootstrap: Arc::downgrade(&c.bootstrap),
             net: c.net.as_ref().map(Arc::downgrade),
             order: Arc::downgrade(&c.order),
-            signals: c.windows.signals_for_abort(),
         }
     }
 
@@ -106,9 +102,6 @@ impl AbortHandle {
         }
         if let Some(n) = self.net.as_ref().and_then(Weak::upgrade) {
             n.proxy.abandon();
-        }
-        if let Some(s) = self.signals.upgrade().and_then(|o| o.get().cloned()) {
-            s.release_waits();
         }
     }
 

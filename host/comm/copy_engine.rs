@@ -1,7 +1,7 @@
 //! Copy-engine collectives (NCCL 2.28's `NCCL_CTA_POLICY_ZERO`): with the config's CTAPolicy
 //! at zero, AllGather and AlltoAll whose receive buffers lie in a symmetric window run as copies
-//! into the peers' windows on the copy engines, with no kernel and no SM taken from the user's
-//! work. The ranks hand over through the signal pads of `onesided.rs` (their collective
+//! into the peers' windows on the copy engines: no collective kernel, only the one-CTA wait
+//! kernel of the hand-overs (`onesided.rs` says why not a stream memory operation). The ranks hand over through the signal pads of `onesided.rs` (their collective
 //! channel, apart from the user's signals):
 //! 1. ready: each rank signals every peer once its stream reached the call (from then on the
 //!    peers may write into its receive buffer), and waits for every peer's ready;
@@ -71,12 +71,11 @@ impl Comm {
         Ok(Some(Box::new(move || {
             order.launch(stream, || {
                 let ch = Channel::Collective;
+                let all: Vec<(usize, u64)> = others().map(|p| (p, 1)).collect();
                 for p in others() {
                     signals.send(stream, p, ch)?;
                 }
-                for p in others() {
-                    signals.wait(stream, p, ch, 1)?;
-                }
+                signals.wait(stream, ch, &all)?;
                 for p in others() {
                     device.copy_dtod_async(peers[p] + at, source(p), block, stream)?;
                     signals.send(stream, p, ch)?;
@@ -84,10 +83,7 @@ impl Comm {
                 if source(me) != recv + at {
                     device.copy_dtod_async(recv + at, source(me), block, stream)?;
                 }
-                for p in others() {
-                    signals.wait(stream, p, ch, 1)?;
-                }
-                Ok(())
+                signals.wait(stream, ch, &all)
             })
         })))
     }

@@ -12,12 +12,15 @@
 //! `s` writes that slot, and puts and signals take their place in the communicator's order
 //! whatever their stream, so the number only grows. A wait (ordered by its stream alone) for `k`
 //! more signals from `s` holds the stream until slot `s` reaches what this rank waited for
-//! from `s` before plus `k`. Both counts are taken on the host when the operation is issued (in
+//! from `s` before plus `k`: a one-CTA kernel spins on the slots
+//! ([`nccl_device::abi::WAIT_SIGNALS_ENTRY`]), not `cuStreamWaitValue64`, whose stalled
+//! hardware queue may hold the very signal it waits for (measured: a hang on one H200 with two
+//! ranks sharing it). Both counts are taken on the host when the operation is issued (in
 //! call order; at the group's end inside a group), which is why these operations cannot be
 //! captured in a CUDA graph: a replay would write and wait for the same numbers again.
 //!
-//! An abort writes a number no wait reaches into every slot of this rank's pad, on a stream of
-//! its own, so streams held by waits run on (their results are undefined, as after any abort).
+//! The wait kernel watches the communicator's abort flag, so an abort releases held streams
+//! (their results are undefined, as after any abort).
 //!
 //! A window is mapped by every rank only where every rank can map every other (one node, p2p;
 //! `comm/share.rs`). Across nodes (through the proxy and the network) one-sided operations are
@@ -27,12 +30,10 @@ use super::group_scope::ordered;
 use super::share::Shared;
 use super::window::WinHandle;
 use super::Comm;
-use crate::cuda::{DevBuffer, DevPtr, Device, StreamHandle};
+use crate::cuda::{DevBuffer, DevPtr, Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
+use nccl_device::abi::{WaitArgs, WAIT_MAX, WAIT_SIGNALS_ENTRY};
 use std::sync::{Arc, Mutex};
-
-/// What an abort writes into every slot of the pad: above any count a job will reach.
-const RELEASED: u64 = u64::MAX / 2;
 
 /// The signals of one purpose: a slot per source rank each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,8 +57,9 @@ pub(crate) struct Signals {
     pad: DevBuffer,
     /// Every rank's pad as addressed here, kept mapped.
     peers: Shared,
-    /// [`RELEASED`] in every slot: what an abort copies over the pad.
-    released: DevBuffer,
+    /// The wait kernel, and the abort flag it watches.
+    wait_kernel: Kernel,
+    abort: u64,
     /// Per peer: the signals this rank sent it, and the signals it waited for from it.
     counts: Mutex<Counts>,
 }
@@ -70,20 +72,6 @@ struct Counts {
 }
 
 impl Signals {
-    /// Lets every stream held by a wait on this rank's pad run on (the abort's part).
-    pub(crate) fn release_waits(&self) {
-        let r = (|| -> Result<()> {
-            let s = self.device.stream_create()?;
-            self.device
-                .copy_dtod_async(self.pad.ptr, self.released.ptr, self.pad.bytes, s)?;
-            // Its queued copy still runs (cuStreamDestroy's promise).
-            self.device.stream_destroy(s)
-        })();
-        if let Err(e) = r {
-            log::warn!("abort: releasing the streams that wait for signals: {e}");
-        }
-    }
-
     /// Queues on `stream` a signal to `peer` on `ch`: the next count of this rank's signals
     /// to it, written into its slot of `peer`'s pad after the stream's earlier writes.
     pub(crate) fn send(&self, stream: StreamHandle, peer: usize, ch: Channel) -> Result<()> {
@@ -97,22 +85,30 @@ impl Signals {
         self.device.write_value64(stream, slot, value)
     }
 
-    /// Holds `stream` until `more` further signals from `peer` on `ch` arrived.
+    /// Holds `stream` until, for each `(peer, more)` of `waits`, `more` further signals from
+    /// `peer` on `ch` arrived: wait kernels of up to [`WAIT_MAX`] waits each.
     pub(crate) fn wait(
         &self,
         stream: StreamHandle,
-        peer: usize,
         ch: Channel,
-        more: u64,
+        waits: &[(usize, u64)],
     ) -> Result<()> {
-        let at = ch as usize * self.nranks + peer;
-        let value = {
-            let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-            c.awaited[at] += more;
-            c.awaited[at]
-        };
-        self.device
-            .wait_value64(stream, self.pad.ptr + 8 * at as u64, value)
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        for chunk in waits.chunks(WAIT_MAX) {
+            let mut args = WaitArgs {
+                abort: self.abort,
+                count: chunk.len() as u32,
+                ..WaitArgs::default()
+            };
+            for (i, &(peer, more)) in chunk.iter().enumerate() {
+                let at = ch as usize * self.nranks + peer;
+                c.awaited[at] += more;
+                args.slots[i] = self.pad.ptr + 8 * at as u64;
+                args.values[i] = c.awaited[at];
+            }
+            self.device.launch(self.wait_kernel, 1, 32, stream, &args)?;
+        }
+        Ok(())
     }
 }
 
@@ -133,9 +129,7 @@ impl Comm {
         let bytes = 8 * slots;
         let pad = self.device.alloc(bytes)?;
         pad.write(0, &vec![0u8; bytes])?;
-        let released = self.device.alloc(bytes)?;
-        let words: Vec<u8> = (0..slots).flat_map(|_| RELEASED.to_le_bytes()).collect();
-        released.write(0, &words)?;
+        let wait_kernel = self.device.kernel(WAIT_SIGNALS_ENTRY)?;
         let Some(peers) = self.share(pad.ptr, bytes)? else {
             return Ok(None);
         };
@@ -145,7 +139,8 @@ impl Comm {
             nranks: self.nranks,
             pad,
             peers,
-            released,
+            wait_kernel,
+            abort: self.kernel_abort_ptr(),
             counts: Mutex::new(Counts {
                 sent: vec![0; slots],
                 awaited: vec![0; slots],
@@ -210,13 +205,12 @@ impl Comm {
         let Some(signals) = signals else {
             return Ok(()); // nothing to wait for
         };
-        let waits = waits.to_vec();
-        ordered(move || {
-            for w in waits.iter().filter(|w| w.ops > 0) {
-                signals.wait(stream, w.peer, Channel::User, w.ops)?;
-            }
-            Ok(())
-        })
+        let waits: Vec<(usize, u64)> = waits
+            .iter()
+            .filter(|w| w.ops > 0)
+            .map(|w| (w.peer, w.ops))
+            .collect();
+        ordered(move || signals.wait(stream, Channel::User, &waits))
     }
 
     /// The checks every one-sided operation makes: the peer, a stream not capturing, and the

@@ -140,8 +140,8 @@ pub(crate) struct Windows {
     /// Calls run on the copy engines (`copy_engine.rs`; what the tests read).
     pub(crate) copy_engine: AtomicU64,
     /// The signal pads of one-sided operations (`onesided.rs`), made with the first window
-    /// every rank maps; shared with the abort handle, which releases their waits.
-    signals: Arc<OnceLock<Arc<Signals>>>,
+    /// every rank maps.
+    signals: OnceLock<Arc<Signals>>,
 }
 
 impl Windows {
@@ -153,11 +153,6 @@ impl Windows {
     /// The signal pads, once made.
     pub(crate) fn signals(&self) -> Option<Arc<Signals>> {
         self.signals.get().cloned()
-    }
-
-    /// What the abort handle keeps of them.
-    pub(crate) fn signals_for_abort(&self) -> std::sync::Weak<OnceLock<Arc<Signals>>> {
-        Arc::downgrade(&self.signals)
     }
 }
 

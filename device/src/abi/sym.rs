@@ -75,3 +75,27 @@ pub struct SymDev {
     /// the same sequence, so the next launch's number is the same everywhere.
     pub launches: [u64; MAX_CHANNELS],
 }
+
+/// Waits one launch of [`WAIT_SIGNALS_ENTRY`] holds, at most.
+pub const WAIT_MAX: usize = 8;
+
+/// The kernel that holds a stream until signals arrived (`host/comm/onesided.rs`): one CTA,
+/// a thread per wait. A kernel, not a stream memory operation: a stream held by
+/// `cuStreamWaitValue64` stalls the hardware queue it shares with other streams, and the
+/// signal it waits for may sit behind it there (ranks sharing a GPU, or this rank's own puts
+/// on another stream).
+pub const WAIT_SIGNALS_ENTRY: &str = "nccl_wait_signals";
+
+/// The arguments of [`WAIT_SIGNALS_ENTRY`]: wait `i < count` holds until the u64 at `slots[i]`
+/// is at least `values[i]`, or the communicator's abort flag (`abort`, host memory) is raised.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitArgs {
+    pub abort: u64,
+    pub count: u32,
+    pub _pad: u32,
+    pub slots: [u64; WAIT_MAX],
+    pub values: [u64; WAIT_MAX],
+}
+
+const _: () = assert!(core::mem::size_of::<WaitArgs>() == 16 + 16 * WAIT_MAX);

@@ -351,6 +351,25 @@ pub(crate) unsafe fn spin_until(
     }
 }
 
+/// The signal waits of one launch ([`crate::abi::WaitArgs`]): thread `i` holds until its slot
+/// reached its value; the CTA ends when every wait passed (or the communicator was aborted).
+/// The acquire loads order the work after the kernel, in its stream, after the writes the
+/// signals were released with.
+///
+/// # Safety
+/// `args` names device words readable here and the communicator's abort flag (or null).
+pub unsafe fn wait_signals(args: &crate::abi::WaitArgs) {
+    let t = arch::thread_idx() as usize;
+    if t < (args.count as usize).min(crate::abi::WAIT_MAX) {
+        let (slot, value) = (args.slots[t] as *const u64, args.values[t]);
+        let mut aborted = false;
+        spin_until(args.abort as *const u64, &mut aborted, || {
+            arch::ld_acquire_sys(slot) >= value
+        });
+    }
+    arch::sync_threads();
+}
+
 #[cfg_attr(target_arch = "nvptx64", inline(always))]
 pub(crate) const fn div_ceil(a: usize, b: usize) -> usize {
     a.div_ceil(b)

@@ -44,6 +44,13 @@ impl Kernels for Device {
                 // SAFETY: as above.
                 Box::new(move || unsafe { f(&a) })
             }
+            Entry::Wait(f) if size == std::mem::size_of::<nccl_device::abi::WaitArgs>() => {
+                // SAFETY: as above.
+                let a =
+                    unsafe { std::ptr::read_unaligned(arg as *const nccl_device::abi::WaitArgs) };
+                // SAFETY: the host names live words and the abort flag, as on a GPU.
+                Box::new(move || unsafe { f(&a) })
+            }
             _ => {
                 return Err(Error::internal(
                     "simulated kernel launched with a parameter of the wrong size",

@@ -188,6 +188,7 @@ unsafe fn map_fd(fd: i32, bytes: usize) -> Result<u64> {
 enum Entry {
     Coll(unsafe fn(&CollArgs)),
     P2p(unsafe fn(&P2pArgs)),
+    Wait(unsafe fn(&nccl_device::abi::WaitArgs)),
 }
 
 fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
@@ -203,6 +204,9 @@ fn kernel_table() -> &'static (Vec<Entry>, HashMap<String, usize>) {
             names.insert(p2p.to_string(), fns.len());
             fns.push(Entry::P2p(f));
         }
+        let (wait, f) = nccl_device::sim_kernels::WAIT_KERNEL;
+        names.insert(wait.to_string(), fns.len());
+        fns.push(Entry::Wait(f));
         (fns, names)
     })
 }
