@@ -1,8 +1,9 @@
 //! One-sided operations on real GPUs (ignored without one; see `collectives.rs`): puts on the
-//! copy engine into peers' windows, signals and waits as stream memory operations.
+//! copy engine into peers' windows, signals as stream writes, waits in the wait kernel; and
+//! the copy-engine collectives (CTAPolicy zero).
 
 use crate::collectives::{counts, gpus};
-use crate::common::onesided::all_to_all_by_puts;
+use crate::common::onesided::{all_to_all_by_puts, copy_engine_cases};
 
 /// An all-to-all made of `ncclPutSignal` and `ncclWaitSignal` on 2 and 4 ranks of one
 /// process, three rounds on the same windows: the waits hold their streams until the data
@@ -14,4 +15,16 @@ fn puts_and_signals_on_2_and_4_ranks() {
         let ranks = gpus(n);
         all_to_all_by_puts(&ranks, 100_003, 3);
     }
+}
+
+/// AllGather and AlltoAll into symmetric windows on the copy engines (NCCL_CTA_POLICY=2), 2 and
+/// 4 ranks of one process; into plain buffers they keep their kernels.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
+fn copy_engine_collectives_on_2_and_4_ranks() {
+    crate::common::procs::isolated(&[("NCCL_CTA_POLICY", "2")], &[], || {
+        for n in counts(&[2, 4]) {
+            copy_engine_cases(&gpus(n));
+        }
+    });
 }
