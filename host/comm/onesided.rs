@@ -1,8 +1,8 @@
 //! One-sided operations on windows (NCCL 2.29's host API): `ncclPutSignal` writes a buffer into
 //! a peer's window and then raises a signal at that peer, `ncclSignal` raises one alone, and
 //! `ncclWaitSignal` holds a stream until signals from given peers arrived. The target does not
-//! take part. Inside a node they run on the copy engine and as stream memory operations: no
-//! kernel, no SM taken from the user's work.
+//! take part. Inside a node a put is a copy-engine copy and a signal a stream memory write;
+//! a wait is a one-CTA kernel (below): no collective kernel, no SMs but that one.
 //!
 //! Signals: every rank keeps a pad of one u64 per source rank and [`Channel`] (the user's, and
 //! the copy-engine collectives' of `copy_engine.rs`), zeroed, that every rank maps
@@ -160,15 +160,15 @@ impl Comm {
         offset: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let signals = self.one_sided("ncclPutSignal", peer, stream)?;
+        let signals = self.one_sided(peer, stream)?;
         let (target, size) = self.window_of_peer(win, peer)?;
         if offset
             .checked_add(bytes)
             .is_none_or(|end| end as u64 > size)
         {
             return Err(Error::invalid_argument(format!(
-                "ncclPutSignal: {bytes} bytes at offset {offset} do not fit rank {peer}'s part of \
-                 window {win:#x} ({size} bytes)"
+                "{bytes} bytes at offset {offset} do not fit rank {peer}'s part of window \
+                 {win:#x} ({size} bytes)"
             )));
         }
         if bytes > 0 {
@@ -188,7 +188,7 @@ impl Comm {
 
     /// `ncclSignal`: raises a signal at rank `peer`, in `stream`'s order.
     pub(crate) fn signal(&self, peer: usize, stream: StreamHandle) -> Result<()> {
-        let signals = self.one_sided("ncclSignal", peer, stream)?;
+        let signals = self.one_sided(peer, stream)?;
         let order = self.order.clone();
         ordered(move || order.launch(stream, || signals.send(stream, peer, Channel::User)))
     }
@@ -200,7 +200,7 @@ impl Comm {
     pub(crate) fn wait_signal(&self, waits: &[SignalWait], stream: StreamHandle) -> Result<()> {
         let mut signals = None;
         for w in waits {
-            signals = Some(self.one_sided("ncclWaitSignal", w.peer, stream)?);
+            signals = Some(self.one_sided(w.peer, stream)?);
         }
         let Some(signals) = signals else {
             return Ok(()); // nothing to wait for
@@ -215,30 +215,25 @@ impl Comm {
 
     /// The checks every one-sided operation makes: the peer, a stream not capturing, and the
     /// signal pads (which exist once every rank maps every other's windows).
-    pub(super) fn one_sided(
-        &self,
-        what: &str,
-        peer: usize,
-        stream: StreamHandle,
-    ) -> Result<Arc<Signals>> {
+    fn one_sided(&self, peer: usize, stream: StreamHandle) -> Result<Arc<Signals>> {
         if peer >= self.nranks {
             return Err(Error::invalid_argument(format!(
-                "{what}: peer {peer} is out of range (nranks {})",
+                "peer {peer} is out of range (nranks {})",
                 self.nranks
             )));
         }
         if self.device.stream_capturing(stream)? {
-            return Err(Error::invalid_usage(format!(
-                "{what}: one-sided operations cannot be captured in a CUDA graph here (their \
-                 signal counts are taken when they are issued)"
-            )));
+            return Err(Error::invalid_usage(
+                "one-sided operations cannot be captured in a CUDA graph here (their signal \
+                 counts are taken when they are issued)",
+            ));
         }
         self.windows.signals().ok_or_else(|| {
-            Error::invalid_usage(format!(
-                "{what}: no window that every rank maps is registered (one-sided operations \
-                 need ncclCommWindowRegister on ranks of one node that reach each other \
-                 through p2p; across nodes they are not implemented)"
-            ))
+            Error::invalid_usage(
+                "no window that every rank maps is registered (one-sided operations need \
+                 ncclCommWindowRegister on ranks of one node that reach each other through p2p; \
+                 across nodes they are not implemented)",
+            )
         })
     }
 
@@ -247,7 +242,7 @@ impl Comm {
         match self.device.pointer_extent(local, bytes)? {
             Some((d, avail)) if d == self.device.ordinal && avail >= bytes => Ok(()),
             _ => Err(Error::invalid_argument(format!(
-                "ncclPutSignal: {bytes} bytes at {local:#x} are not memory of device {} (the \
+                "localbuff: {bytes} bytes at {local:#x} are not memory of device {} (the \
                  communicator's)",
                 self.device.ordinal
             ))),

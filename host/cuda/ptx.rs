@@ -221,9 +221,11 @@ mod tests {
         };
         assert!(ptx.contains(".target sm_90"));
         // Every kernel the build holds (all of them unless NCCL_RS_KERNELS: the device
-        // crate's own test counts them), and no other.
+        // crate's own test counts them), the signal waits' kernel (always built), and no other.
         let entries = ptx.matches(".visible .entry ").count();
-        assert_eq!(entries, nccl_device::kernel_set::BUILT.len());
+        assert_eq!(entries, nccl_device::kernel_set::BUILT.len() + 1);
+        let wait = format!(".visible .entry {}(", nccl_device::abi::WAIT_SIGNALS_ENTRY);
+        assert!(ptx.contains(&wait), "{wait} missing");
         for name in nccl_device::kernel_set::BUILT {
             let entry = format!(".visible .entry {name}(");
             assert!(ptx.contains(&entry), "{entry} missing");

@@ -73,9 +73,19 @@ impl Comm {
                  supported"
             ))));
         }
-        let ce = self.copy_engine_job(CopyColl::AllToAll, send, recv, block as usize, stream);
-        if let Some(job) = ce.map_err(group::record_error)? {
-            return group::ordered(job).map_err(group::record_error);
+        // With CTAPolicy zero into a symmetric window: the copy engines (`comm/copy_engine.rs`).
+        let ce = || -> Result<bool> {
+            match self.copy_engine_job(CopyColl::AllToAll, send, recv, block as usize, stream)? {
+                Some(job) => {
+                    self.enter_call("AlltoAll")?;
+                    group::ordered(job)?;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        };
+        if ce().map_err(|e| group::record_error(e.context(what)))? {
+            return Ok(());
         }
         in_group(|| {
             for peer in 0..n {

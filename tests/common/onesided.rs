@@ -72,6 +72,7 @@ pub fn all_to_all_by_puts(ranks: &Ranks, count: usize, rounds: usize) {
         .iter()
         .map(|c| c.device().alloc(4).unwrap())
         .collect();
+    let aborts: Vec<nccl::AbortHandle> = ranks.comms.iter().map(|c| c.abort_handle()).collect();
     let lent = lend(&ranks.comms);
     for round in 0..rounds {
         for (i, c) in ranks.comms.iter().enumerate() {
@@ -81,47 +82,54 @@ pub fn all_to_all_by_puts(ranks: &Ranks, count: usize, rounds: usize) {
                 .write(0, to_bytes(&data(c.rank(), round, count)))
                 .unwrap();
         }
+        // A rank's failure aborts every rank of this process: the others' waits (for its
+        // signals) then end, and the test fails naming the step instead of hanging.
+        let failed = std::sync::Mutex::new(None::<String>);
         std::thread::scope(|s| {
             for (i, c) in lent.iter().enumerate() {
                 let (win, out, src) = (&wins[i], &outs[i], &srcs[i]);
                 let (st, put_st, h) = (ranks.streams[i], put_streams[i], handles[i]);
                 let (bar_st, bar) = (barrier_streams[i], barrier_bufs[i].ptr());
-                let bytes = sizes[i];
+                let (bytes, failed, aborts) = (sizes[i], &failed, &aborts);
                 s.spawn(move || {
                     let me = c.rank();
-                    let waits: Vec<SignalWait> = (0..n)
-                        .filter(|&p| p != me)
-                        .map(|peer| SignalWait { peer, ops: 1 })
-                        .collect();
-                    c.wait_signal_raw(&waits, st).expect("wait");
                     let d = c.device();
-                    d.copy_dtod_async(out.ptr(), win.ptr(), bytes, st).unwrap();
-                    // SAFETY: the test's buffer, alive until the synchronization.
-                    unsafe {
-                        c.all_reduce_raw(bar, bar, 1, DataType::Float32, ReduceOp::SUM, bar_st)
-                    }
-                    .expect("barrier");
-                    d.stream_sync(bar_st).unwrap();
-                    for p in (0..n).filter(|&p| p != me) {
-                        // SAFETY: the test's buffer, alive until the synchronization below.
-                        unsafe {
-                            c.put_signal_raw(
-                                src.ptr(),
-                                count,
-                                DataType::Float32,
-                                p,
-                                h,
-                                me * block,
-                                put_st,
-                            )
+                    let step = |what: &str, r: nccl::Result<()>| {
+                        r.map_err(|e| format!("rank {me}, round {round}: {what}: {e}"))
+                    };
+                    let run = || -> Result<(), String> {
+                        let waits: Vec<SignalWait> = (0..n)
+                            .filter(|&p| p != me)
+                            .map(|peer| SignalWait { peer, ops: 1 })
+                            .collect();
+                        step("wait", c.wait_signal_raw(&waits, st))?;
+                        step("copy", d.copy_dtod_async(out.ptr(), win.ptr(), bytes, st))?;
+                        let f32 = DataType::Float32;
+                        // SAFETY: the test's buffer, alive until the synchronization.
+                        let r =
+                            unsafe { c.all_reduce_raw(bar, bar, 1, f32, ReduceOp::SUM, bar_st) };
+                        step("barrier", r.and_then(|_| d.stream_sync(bar_st)))?;
+                        for p in (0..n).filter(|&p| p != me) {
+                            // SAFETY: the test's buffer, alive until the synchronization below.
+                            let r = unsafe {
+                                c.put_signal_raw(src.ptr(), count, f32, p, h, me * block, put_st)
+                            };
+                            step("put", r)?;
                         }
-                        .expect("put");
+                        step("puts done", d.stream_sync(put_st))?;
+                        step("waits done", d.stream_sync(st))
+                    };
+                    if let Err(e) = run() {
+                        failed.lock().unwrap().get_or_insert(e);
+                        aborts.iter().for_each(|a| a.abort());
+                        let _ = (d.stream_sync(st), d.stream_sync(put_st));
                     }
-                    d.stream_sync(put_st).unwrap();
-                    d.stream_sync(st).unwrap();
                 });
             }
         });
+        if let Some(e) = failed.into_inner().unwrap() {
+            panic!("{e}");
+        }
         for (i, c) in ranks.comms.iter().enumerate() {
             let mut got = vec![0u8; sizes[i]];
             outs[i].read(0, &mut got).unwrap();
@@ -134,11 +142,13 @@ pub fn all_to_all_by_puts(ranks: &Ranks, count: usize, rounds: usize) {
                         "rank {me}: its own block written"
                     );
                 } else {
-                    let want = data(p, round, count);
-                    assert_eq!(
-                        from_bytes::<f32>(b),
-                        want,
-                        "rank {me}, from {p}, round {round}"
+                    let (got, want) = (from_bytes::<f32>(b), data(p, round, count));
+                    let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+                    assert!(
+                        bad.is_none(),
+                        "rank {me}, from {p}, round {round}: element {bad:?} is {} not {}",
+                        got[bad.unwrap_or(0)],
+                        want[bad.unwrap_or(0)]
                     );
                 }
             }
