@@ -4,7 +4,7 @@
 //! take part. Inside a node a put is a copy-engine copy and a signal a stream memory write;
 //! a wait is a one-CTA kernel (below): no collective kernel, no SMs but that one.
 //!
-//! Signals: every rank keeps a pad of one u64 per source rank and [`Channel`] (the user's, and
+//! Signals: every rank keeps a pad of one u64 per source rank and `Channel` (the user's, and
 //! the copy-engine collectives' of `copy_engine.rs`), zeroed, that every rank maps
 //! (made with the first window every rank maps, `Comm::make_signals`). A signal from rank `s`
 //! to rank `d` writes the number of signals `s` has sent `d` so far into slot `s` of `d`'s pad,

@@ -282,3 +282,61 @@ pub fn copy_engine_cases(ranks: &Ranks) {
         "plain receive buffers took the copy engines"
     );
 }
+
+/// The canonical pattern (nccl-tests' all-to-all by puts): each rank puts its block into every
+/// peer's window and then waits on the same stream for a signal from every peer, then copies
+/// its window out, all on one stream. It cannot show a wait that did not hold (the peers'
+/// puts may land first either way); `all_to_all_by_puts` does.
+pub fn puts_then_waits(ranks: &Ranks, count: usize) {
+    let n = ranks.comms[0].count();
+    let block = count * 4;
+    let sizes = vec![n * block; ranks.comms.len()];
+    let (wins, handles) = windows(ranks, &sizes);
+    let srcs: Vec<DevBuffer> = ranks
+        .comms
+        .iter()
+        .map(|c| {
+            let b = c.device().alloc(block).unwrap();
+            b.write(0, to_bytes(&data(c.rank(), 7, count))).unwrap();
+            b
+        })
+        .collect();
+    for w in &wins {
+        w.write(0, &vec![POISON; n * block]).unwrap();
+    }
+    let lent = lend(&ranks.comms);
+    std::thread::scope(|s| {
+        for (i, c) in lent.iter().enumerate() {
+            let (src, st, h) = (srcs[i].ptr(), ranks.streams[i], handles[i]);
+            s.spawn(move || {
+                let me = c.rank();
+                for p in (0..n).filter(|&p| p != me) {
+                    // SAFETY: the test's buffer, alive until the synchronization below.
+                    unsafe {
+                        c.put_signal_raw(src, count, DataType::Float32, p, h, me * block, st)
+                    }
+                    .unwrap_or_else(|e| panic!("rank {me}: put: {e}"));
+                }
+                let waits: Vec<SignalWait> = (0..n)
+                    .filter(|&p| p != me)
+                    .map(|peer| SignalWait { peer, ops: 1 })
+                    .collect();
+                c.wait_signal_raw(&waits, st)
+                    .unwrap_or_else(|e| panic!("rank {me}: wait: {e}"));
+                c.device().stream_sync(st).unwrap();
+            });
+        }
+    });
+    for (i, c) in ranks.comms.iter().enumerate() {
+        let mut got = vec![0u8; n * block];
+        wins[i].read(0, &mut got).unwrap();
+        let me = c.rank();
+        for p in (0..n).filter(|&p| p != me) {
+            let b = from_bytes::<f32>(&got[p * block..(p + 1) * block]);
+            assert!(
+                b == data(p, 7, count),
+                "rank {me}: the block from {p} is wrong"
+            );
+        }
+    }
+}

@@ -3,11 +3,21 @@
 //! the copy-engine collectives (CTAPolicy zero).
 
 use crate::collectives::{counts, gpus};
-use crate::common::onesided::{all_to_all_by_puts, copy_engine_cases};
+use crate::common::onesided::{all_to_all_by_puts, copy_engine_cases, puts_then_waits};
+
+/// Puts then waits on one stream (nccl-tests' pattern), 2 and 4 ranks of one process.
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
+fn puts_then_waits_on_one_stream() {
+    for n in counts(&[2, 4]) {
+        puts_then_waits(&gpus(n), 100_003);
+    }
+}
 
 /// An all-to-all made of `ncclPutSignal` and `ncclWaitSignal` on 2 and 4 ranks of one
 /// process, three rounds on the same windows: the waits hold their streams until the data
-/// landed.
+/// landed. On one H100 and one H200 shared by the ranks it hangs (session 29, not
+/// understood yet: see docs/lab-notes.md).
 #[test]
 #[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
 fn puts_and_signals_on_2_and_4_ranks() {

@@ -4,7 +4,7 @@
 //! process and as processes; an abort releases a stream held by a wait; bad arguments are
 //! refused with clear errors.
 
-use crate::common::onesided::{all_to_all_by_puts, windows};
+use crate::common::onesided::{all_to_all_by_puts, puts_then_waits, windows};
 use crate::common::{self, lend, Ranks};
 use nccl::{DataType, NcclResult, SignalWait};
 
@@ -14,6 +14,7 @@ fn puts_land_before_their_signals_in_one_process() {
     for n in [2, 4] {
         let ranks = common::sim_ranks(n);
         all_to_all_by_puts(&ranks, 1001, 3);
+        puts_then_waits(&ranks, 333);
     }
 }
 
