@@ -13,9 +13,9 @@
 //! whatever their stream, so the number only grows. A wait (ordered by its stream alone) for `k`
 //! more signals from `s` holds the stream until slot `s` reaches what this rank waited for
 //! from `s` before plus `k`: a one-CTA kernel spins on the slots
-//! ([`nccl_device::abi::WAIT_SIGNALS_ENTRY`]), not `cuStreamWaitValue64`, whose stalled
-//! hardware queue may hold the very signal it waits for (measured: a hang on one H200 with two
-//! ranks sharing it). Both counts are taken on the host when the operation is issued (in
+//! ([`nccl_device::abi::WAIT_SIGNALS_ENTRY`]) and watches the abort flag. Not
+//! `cuStreamWaitValue64`: CUDA warns that a stream stalled in it stalls the hardware queue it
+//! shares, where the awaited write may sit behind it. Both counts are taken on the host when the operation is issued (in
 //! call order; at the group's end inside a group), which is why these operations cannot be
 //! captured in a CUDA graph: a replay would write and wait for the same numbers again.
 //!

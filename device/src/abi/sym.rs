@@ -80,10 +80,9 @@ pub struct SymDev {
 pub const WAIT_MAX: usize = 8;
 
 /// The kernel that holds a stream until signals arrived (`host/comm/onesided.rs`): one CTA,
-/// a thread per wait. A kernel, not a stream memory operation: a stream held by
-/// `cuStreamWaitValue64` stalls the hardware queue it shares with other streams, and the
-/// signal it waits for may sit behind it there (ranks sharing a GPU, or this rank's own puts
-/// on another stream).
+/// a thread per wait, watching the abort flag. A kernel, not a stream memory operation: CUDA
+/// warns that a stream held by `cuStreamWaitValue64` stalls the hardware queue it shares with
+/// other streams, where the signal it waits for may sit behind it.
 pub const WAIT_SIGNALS_ENTRY: &str = "nccl_wait_signals";
 
 /// The arguments of [`WAIT_SIGNALS_ENTRY`]: wait `i < count` holds until the u64 at `slots[i]`
