@@ -160,7 +160,7 @@ impl Comm {
         offset: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        let signals = self.one_sided(peer, stream)?;
+        let signals = self.one_sided([peer], stream)?;
         let (target, size) = self.window_of_peer(win, peer)?;
         if offset
             .checked_add(bytes)
@@ -188,7 +188,7 @@ impl Comm {
 
     /// `ncclSignal`: raises a signal at rank `peer`, in `stream`'s order.
     pub(crate) fn signal(&self, peer: usize, stream: StreamHandle) -> Result<()> {
-        let signals = self.one_sided(peer, stream)?;
+        let signals = self.one_sided([peer], stream)?;
         let order = self.order.clone();
         ordered(move || order.launch(stream, || signals.send(stream, peer, Channel::User)))
     }
@@ -198,13 +198,10 @@ impl Comm {
     /// the peers take, and the rank's work on other streams (its own puts included) must go
     /// on meanwhile.
     pub(crate) fn wait_signal(&self, waits: &[SignalWait], stream: StreamHandle) -> Result<()> {
-        let mut signals = None;
-        for w in waits {
-            signals = Some(self.one_sided(w.peer, stream)?);
-        }
-        let Some(signals) = signals else {
+        if waits.is_empty() {
             return Ok(()); // nothing to wait for
-        };
+        }
+        let signals = self.one_sided(waits.iter().map(|w| w.peer), stream)?;
         let waits: Vec<(usize, u64)> = waits
             .iter()
             .filter(|w| w.ops > 0)
@@ -213,10 +210,14 @@ impl Comm {
         ordered(move || signals.wait(stream, Channel::User, &waits))
     }
 
-    /// The checks every one-sided operation makes: the peer, a stream not capturing, and the
-    /// signal pads (which exist once every rank maps every other's windows).
-    fn one_sided(&self, peer: usize, stream: StreamHandle) -> Result<Arc<Signals>> {
-        if peer >= self.nranks {
+    /// The checks every one-sided operation makes, once per call: its peers, a stream not
+    /// capturing, and the signal pads (which exist once every rank maps every other's windows).
+    fn one_sided(
+        &self,
+        peers: impl IntoIterator<Item = usize>,
+        stream: StreamHandle,
+    ) -> Result<Arc<Signals>> {
+        if let Some(peer) = peers.into_iter().find(|&p| p >= self.nranks) {
             return Err(Error::invalid_argument(format!(
                 "peer {peer} is out of range (nranks {})",
                 self.nranks
