@@ -94,7 +94,10 @@ pub fn all_to_all_by_puts(ranks: &Ranks, count: usize, rounds: usize) {
                 s.spawn(move || {
                     let me = c.rank();
                     let d = c.device();
+                    // Each step is traced (shown with --nocapture or on a failure): a hang
+                    // on a GPU then shows where every rank stopped.
                     let step = |what: &str, r: nccl::Result<()>| {
+                        eprintln!("rank {me}, round {round}: {what}: {r:?}");
                         r.map_err(|e| format!("rank {me}, round {round}: {what}: {e}"))
                     };
                     let run = || -> Result<(), String> {
@@ -304,29 +307,46 @@ pub fn puts_then_waits(ranks: &Ranks, count: usize) {
     for w in &wins {
         w.write(0, &vec![POISON; n * block]).unwrap();
     }
+    let aborts: Vec<nccl::AbortHandle> = ranks.comms.iter().map(|c| c.abort_handle()).collect();
+    let failed = std::sync::Mutex::new(None::<String>);
     let lent = lend(&ranks.comms);
     std::thread::scope(|s| {
         for (i, c) in lent.iter().enumerate() {
             let (src, st, h) = (srcs[i].ptr(), ranks.streams[i], handles[i]);
+            let (failed, aborts) = (&failed, &aborts);
             s.spawn(move || {
                 let me = c.rank();
-                for p in (0..n).filter(|&p| p != me) {
-                    // SAFETY: the test's buffer, alive until the synchronization below.
-                    unsafe {
-                        c.put_signal_raw(src, count, DataType::Float32, p, h, me * block, st)
+                let step = |what: &str, r: nccl::Result<()>| {
+                    eprintln!("rank {me}: {what}: {r:?}");
+                    r.map_err(|e| format!("rank {me}: {what}: {e}"))
+                };
+                let run = || -> Result<(), String> {
+                    for p in (0..n).filter(|&p| p != me) {
+                        // SAFETY: the test's buffer, alive until the synchronization below.
+                        let r = unsafe {
+                            c.put_signal_raw(src, count, DataType::Float32, p, h, me * block, st)
+                        };
+                        step("put", r)?;
                     }
-                    .unwrap_or_else(|e| panic!("rank {me}: put: {e}"));
+                    let waits: Vec<SignalWait> = (0..n)
+                        .filter(|&p| p != me)
+                        .map(|peer| SignalWait { peer, ops: 1 })
+                        .collect();
+                    step("wait", c.wait_signal_raw(&waits, st))?;
+                    step("synchronized", c.device().stream_sync(st))
+                };
+                // A failure aborts every rank, so the others' waits end.
+                if let Err(e) = run() {
+                    failed.lock().unwrap().get_or_insert(e);
+                    aborts.iter().for_each(|a| a.abort());
+                    let _ = c.device().stream_sync(st);
                 }
-                let waits: Vec<SignalWait> = (0..n)
-                    .filter(|&p| p != me)
-                    .map(|peer| SignalWait { peer, ops: 1 })
-                    .collect();
-                c.wait_signal_raw(&waits, st)
-                    .unwrap_or_else(|e| panic!("rank {me}: wait: {e}"));
-                c.device().stream_sync(st).unwrap();
             });
         }
     });
+    if let Some(e) = failed.into_inner().unwrap() {
+        panic!("{e}");
+    }
     for (i, c) in ranks.comms.iter().enumerate() {
         let mut got = vec![0u8; n * block];
         wins[i].read(0, &mut got).unwrap();
