@@ -159,6 +159,10 @@ pub(crate) trait Capture {
 pub(crate) trait Kernels {
     /// The kernel `name`, loaded on first use.
     fn function(&self, name: &str) -> Result<usize>;
+    /// Loads each of `names` now, where its SASS for this device is embedded or `jit` says
+    /// to JIT-compile its PTX, then reserves the local memory the largest loaded needs: how
+    /// many were loaded (`Device::preload_kernels` says why).
+    fn preload(&self, names: &[&str], jit: &dyn Fn(&str) -> bool) -> Result<usize>;
     /// Launches `func` on `grid` CTAs of `block` threads with one by-value parameter of
     /// `arg_bytes` bytes at `arg`.
     fn launch(

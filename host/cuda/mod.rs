@@ -312,6 +312,34 @@ impl Device {
         }
     }
     crate::internal! {
+        /// Loads, once per device and process, the kernels a communicator may launch: those
+        /// whose SASS the build embedded, and those NCCL_RS_PRELOAD_KERNELS names (JIT-compiled
+        /// from their PTX); none with NCCL_RS_PRELOAD_KERNELS=0. As NCCL loads its kernels at
+        /// init: loading one later (a module, and the local memory it needs) makes CUDA wait
+        /// for every kernel running on the device, and a kernel held by peers — the wait of a
+        /// `ncclWaitSignal` whose signals follow a collective this rank has yet to launch,
+        /// ranks sharing a GPU — then never ends.
+        fn preload_kernels(&self) -> Result<usize> {
+            let wanted = crate::env::RS_PRELOAD_KERNELS.raw().unwrap_or_default();
+            if wanted.trim() == "0" {
+                return Ok(0);
+            }
+            let prefixes: Vec<&str> = wanted
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .collect();
+            let jit = |name: &str| {
+                prefixes
+                    .iter()
+                    .any(|&p| p == "all" || name.starts_with(p))
+            };
+            let mut names: Vec<&str> = nccl_device::kernel_set::BUILT.to_vec();
+            names.push(nccl_device::abi::WAIT_SIGNALS_ENTRY);
+            dispatch!(self.preload(&names, &jit))
+        }
+    }
+    crate::internal! {
         /// The kernel `name` (a module of its own), loaded lazily.
         fn kernel(&self, name: &str) -> Result<Kernel> {
             Ok(Kernel(dispatch!(self.function(name))?))

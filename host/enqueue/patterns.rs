@@ -50,6 +50,28 @@ fn in_group(issue: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 impl Comm {
+    /// Issues `coll` on the copy engines where it may run there (`comm/copy_engine.rs`):
+    /// whether it did. An error is the group's, in `what`'s name.
+    fn copy_engine(
+        &self,
+        what: &str,
+        coll: CopyColl,
+        send: DevPtr,
+        recv: DevPtr,
+        block: u64,
+        stream: StreamHandle,
+    ) -> Result<bool> {
+        let issue = || -> Result<bool> {
+            let Some(job) = self.copy_engine_job(coll, send, recv, block as usize, stream)? else {
+                return Ok(false);
+            };
+            self.enter_call(what.trim_start_matches("nccl"))?;
+            group::ordered(job)?;
+            Ok(true)
+        };
+        issue().map_err(|e| group::record_error(e.context(what)))
+    }
+
     /// `ncclAlltoAll`: block `j` (`count` elements) of `send` goes to rank `j`, and rank `i`'s
     /// block lands at block `i` of `recv`. Not in place (`send` == `recv`), as in NCCL.
     ///
@@ -74,17 +96,7 @@ impl Comm {
             ))));
         }
         // With CTAPolicy zero into a symmetric window: the copy engines (`comm/copy_engine.rs`).
-        let ce = || -> Result<bool> {
-            match self.copy_engine_job(CopyColl::AllToAll, send, recv, block as usize, stream)? {
-                Some(job) => {
-                    self.enter_call("AlltoAll")?;
-                    group::ordered(job)?;
-                    Ok(true)
-                }
-                None => Ok(false),
-            }
-        };
-        if ce().map_err(|e| group::record_error(e.context(what)))? {
+        if self.copy_engine(what, CopyColl::AllToAll, send, recv, block, stream)? {
             return Ok(());
         }
         in_group(|| {
@@ -164,6 +176,19 @@ impl Comm {
         check_root(what, root, n).map_err(group::record_error)?;
         let block = block_bytes(what, count, dtype, n).map_err(group::record_error)? as u64;
         let at = |r: usize| blocks + r as u64 * block;
+        // With CTAPolicy zero, every rank's own block in a symmetric window: the copy engines.
+        let coll = match to_root {
+            true => CopyColl::Gather { root },
+            false => CopyColl::Scatter { root },
+        };
+        let (send, recv) = if to_root {
+            (mine, blocks)
+        } else {
+            (blocks, mine)
+        };
+        if self.copy_engine(what, coll, send, recv, block, stream)? {
+            return Ok(());
+        }
         let (root_side, rank_side) = match to_root {
             true => (Comm::recv_raw as MoveFn, Comm::send_raw as MoveFn),
             false => (Comm::send_raw as MoveFn, Comm::recv_raw as MoveFn),

@@ -214,6 +214,115 @@ fn all_to_all_at(ranks: &Ranks, send: &[u64], recv: &[u64], count: usize, seed: 
     }
 }
 
+/// Where a Gather or Scatter moves blocks: every rank's own block (`mine`) and the root's `n`
+/// blocks (`blocks`; the others' are passed too and must stay untouched).
+struct Rooted<'a> {
+    gather: bool,
+    root: usize,
+    mine: &'a [u64],
+    blocks: &'a [u64],
+}
+
+/// One Gather or Scatter of `count` f32 per block, checked on every rank: the blocks moved, and
+/// nothing written past them (64 bytes of guard) nor into the other ranks' `blocks`.
+fn rooted_at(ranks: &Ranks, call: &Rooted, count: usize, seed: usize) {
+    let n = ranks.comms[0].count();
+    let block = count * 4;
+    let value = |from: usize, j: usize| (seed * 7 + from * 1000 + j % 89) as f32;
+    let (root, gather) = (call.root, call.gather);
+    // What rank `i` checks: its output (the root's blocks for Gather, its own block for
+    // Scatter) and how many blocks; None: a Gather's other ranks, whose `blocks` stay untouched.
+    let target = |i: usize, me: usize| match (gather, me == root) {
+        (true, true) => Some((call.blocks[i], n)),
+        (false, _) => Some((call.mine[i], 1)),
+        (true, false) => None,
+    };
+    let read = |c: &nccl::Comm, p: u64, bytes: usize| {
+        let mut out = vec![0u8; bytes];
+        // SAFETY: the test's buffers, idle.
+        unsafe { c.device().copy_dtoh_raw(&mut out, p).unwrap() };
+        out
+    };
+    for (i, c) in ranks.comms.iter().enumerate() {
+        let me = c.rank();
+        let d = c.device();
+        // SAFETY: the test's buffers, idle; the poison first, the inputs over it.
+        unsafe {
+            d.copy_htod_raw(call.blocks[i], &vec![POISON; n * block + 64])
+                .unwrap();
+            if gather {
+                let input: Vec<f32> = (0..count).map(|j| value(me, j)).collect();
+                d.copy_htod_raw(call.mine[i], to_bytes(&input)).unwrap();
+            } else {
+                d.copy_htod_raw(call.mine[i], &vec![POISON; block + 64])
+                    .unwrap();
+                if me == root {
+                    let input: Vec<f32> = (0..n * count).map(|k| value(k / count, k)).collect();
+                    d.copy_htod_raw(call.blocks[i], to_bytes(&input)).unwrap();
+                }
+            }
+        }
+    }
+    // The 64 bytes past each output as they are now (poison, or the root's next input block
+    // where a Scatter runs in place), to be found unchanged.
+    let guards: Vec<Vec<u8>> = (ranks.comms.iter().enumerate())
+        .map(|(i, c)| match target(i, c.rank()) {
+            Some((at, blocks)) => read(c, at + (blocks * block) as u64, 64),
+            None => Vec::new(),
+        })
+        .collect();
+    let lent = lend(&ranks.comms);
+    std::thread::scope(|s| {
+        for (i, c) in lent.iter().enumerate() {
+            let (mine, blocks, st) = (call.mine[i], call.blocks[i], ranks.streams[i]);
+            s.spawn(move || {
+                let f32 = DataType::Float32;
+                // SAFETY: the test's buffers, alive until the synchronization below.
+                unsafe {
+                    match gather {
+                        true => c.gather_raw(mine, blocks, count, f32, root, st),
+                        false => c.scatter_raw(blocks, mine, count, f32, root, st),
+                    }
+                }
+                .unwrap();
+                c.device().stream_sync(st).unwrap();
+            });
+        }
+    });
+    let what = if gather { "Gather" } else { "Scatter" };
+    for (i, c) in ranks.comms.iter().enumerate() {
+        let me = c.rank();
+        let Some((at, blocks)) = target(i, me) else {
+            let untouched = read(c, call.blocks[i], n * block + 64);
+            let overlaps = call.mine[i] >= call.blocks[i]
+                && call.mine[i] < call.blocks[i] + (n * block) as u64;
+            assert!(
+                overlaps || untouched.iter().all(|&x| x == POISON),
+                "{what}: rank {me}'s receive buffer written (not the root)"
+            );
+            continue;
+        };
+        let out = read(c, at, blocks * block + 64);
+        let got: Vec<f32> = from_bytes(&out[..blocks * block]);
+        let want: Vec<f32> = match gather {
+            true => (0..n * count)
+                .map(|k| value(k / count, k % count))
+                .collect(),
+            false => (0..count).map(|j| value(me, me * count + j)).collect(),
+        };
+        let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(
+            bad.is_none(),
+            "{what} root {root}, rank {me}: element {bad:?} wrong (seed {seed})"
+        );
+        assert_eq!(
+            out[blocks * block..],
+            guards[i],
+            "{what}: rank {me}: written past"
+        );
+    }
+}
+
 /// AllGather and AlltoAll into symmetric windows, several rounds alternating (the handshake's
 /// counts go on), sends from plain buffers and from the window itself (AllGather in place);
 /// into plain buffers they keep their kernels.
@@ -268,8 +377,51 @@ pub fn copy_engine_cases(ranks: &Ranks) {
             "round {round}"
         );
     }
+    let block = (count * 4) as u64;
+    for root in [n - 1, 0] {
+        let before = copy_engine_launches(ranks);
+        let (send, recv) = (at(&windows, 256), at(&plain, 0));
+        let gather = |mine, blocks| Rooted {
+            gather: true,
+            root,
+            mine,
+            blocks,
+        };
+        rooted_at(ranks, &gather(&send, &recv), count, root);
+        // In place at the root: its block of the receive buffer is its send block, at the
+        // window's offset every rank sends from.
+        let recv_in: Vec<u64> = at(&windows, 256);
+        let send_in: Vec<u64> = at(&windows, 256 + root * count * 4);
+        rooted_at(ranks, &gather(&send_in, &recv_in), count, root + 20);
+        let scatter = |mine, blocks| Rooted {
+            gather: false,
+            root,
+            mine,
+            blocks,
+        };
+        rooted_at(ranks, &scatter(&send, &recv), count, root + 40);
+        let recv_in: Vec<u64> = recv_in.iter().map(|p| p + root as u64 * block).collect();
+        rooted_at(
+            ranks,
+            &scatter(&recv_in, &at(&windows, 256)),
+            count,
+            root + 60,
+        );
+        assert_eq!(
+            copy_engine_launches(ranks),
+            before + 4 * local,
+            "Gather and Scatter, root {root}"
+        );
+    }
     let before = copy_engine_launches(ranks);
     let half = n * count * 4 + 256; // room for the guards around the output
+    let gather = Rooted {
+        gather: true,
+        root: 0,
+        mine: &at(&plain, half),
+        blocks: &at(&windows, 256),
+    };
+    rooted_at(ranks, &gather, count, 97);
     collective_at(
         ranks,
         Coll::AllGather,
@@ -282,7 +434,7 @@ pub fn copy_engine_cases(ranks: &Ranks) {
     assert_eq!(
         copy_engine_launches(ranks),
         before,
-        "plain receive buffers took the copy engines"
+        "plain buffers took the copy engines"
     );
 }
 

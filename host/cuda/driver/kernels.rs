@@ -55,11 +55,72 @@ impl Kernels for Device {
             unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) },
             &format!("cuModuleGetFunction({name})"),
         )?;
+        // Asking an attribute loads the function now, where CUDA's lazy loading would at its
+        // first launch (`preload` says why not then).
+        let mut local = 0;
+        // SAFETY: out-parameter; f is a function of a loaded module.
+        check(
+            unsafe {
+                sys::cuFuncGetAttribute(
+                    &mut local,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                    f,
+                )
+            },
+            &format!("cuFuncGetAttribute({name})"),
+        )?;
+        self.local_bytes
+            .fetch_max(local.max(0) as usize, std::sync::atomic::Ordering::Relaxed);
         self.functions
             .lock()
             .map_err(|_| Error::internal("kernel cache poisoned"))?
             .insert(name.to_string(), Raw(f));
         Ok(f as usize)
+    }
+
+    fn preload(&self, names: &[&str], jit: &dyn Fn(&str) -> bool) -> Result<usize> {
+        let mut done = self
+            .preloaded
+            .lock()
+            .map_err(|_| Error::internal("kernel preload poisoned"))?;
+        if *done {
+            return Ok(0);
+        }
+        let t0 = Instant::now();
+        let mut loaded = 0;
+        for &name in names {
+            if jit(name) || crate::cuda::ptx::sass(self.sm, name).is_some() {
+                self.function(name)?;
+                loaded += 1;
+            }
+        }
+        // A launch that needs more local memory than the context holds makes CUDA grow it,
+        // which waits for the context's running kernels: reserve it for the largest now.
+        let need = self.local_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let mut have = 0;
+        self.make_current()?;
+        // SAFETY: out-parameter; the context is current.
+        check(
+            unsafe { sys::cuCtxGetLimit(&mut have, sys::CUlimit::CU_LIMIT_STACK_SIZE) },
+            "cuCtxGetLimit(stack)",
+        )?;
+        if need > have {
+            // SAFETY: a limit of the current context.
+            check(
+                unsafe { sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_STACK_SIZE, need) },
+                "cuCtxSetLimit(stack)",
+            )?;
+        }
+        log::info!(
+            "cuda: preloaded {loaded} of {} kernels on device {} in {:.1} ms (stack {} bytes, \
+             kernels need {need})",
+            names.len(),
+            self.ordinal,
+            t0.elapsed().as_secs_f64() * 1e3,
+            have.max(need)
+        );
+        *done = true;
+        Ok(loaded)
     }
 
     /// Launches `func` with one by-value parameter `arg` of `arg_bytes` bytes.

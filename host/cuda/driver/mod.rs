@@ -110,6 +110,11 @@ pub struct Device {
     sm: u32,
     modules: Mutex<HashMap<String, Raw<sys::CUmodule>>>,
     functions: Mutex<HashMap<String, Raw<sys::CUfunction>>>,
+    /// The most local memory per thread any loaded kernel needs (`kernels.rs`).
+    local_bytes: std::sync::atomic::AtomicUsize,
+    /// Whether `Kernels::preload` ran (held while it runs: the device's other communicators
+    /// wait for it).
+    preloaded: Mutex<bool>,
     /// A non-blocking stream of our own for the zeroing of new memory, and for copies while
     /// the legacy stream cannot be used (see [`Device::copy_stream`]).
     private: OnceLock<Raw<sys::CUstream>>,
@@ -140,6 +145,8 @@ impl Device {
             sm: 0,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            local_bytes: Default::default(),
+            preloaded: Mutex::new(false),
             private: OnceLock::new(),
         };
         let (major, minor) = d.compute_capability()?;

@@ -12,6 +12,11 @@ impl Kernels for Device {
             .ok_or_else(|| Error::internal(format!("the simulator has no kernel {name}")))
     }
 
+    /// The simulator's kernels are functions of this program: nothing to load.
+    fn preload(&self, _names: &[&str], _jit: &dyn Fn(&str) -> bool) -> Result<usize> {
+        Ok(0)
+    }
+
     fn launch(
         &self,
         func: usize,
