@@ -22,6 +22,7 @@ mod keepalive;
 mod net;
 pub(crate) mod nvls;
 pub mod onesided;
+mod onesided_net;
 pub mod op;
 pub mod order;
 mod peer;

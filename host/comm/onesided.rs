@@ -23,10 +23,14 @@
 //! (their results are undefined, as after any abort).
 //!
 //! A window is mapped by every rank only where every rank can map every other (one node, p2p;
-//! `comm/share.rs`). Across nodes (through the proxy and the network) one-sided operations are
-//! not implemented: they are refused with ncclInvalidUsage.
+//! `comm/share.rs`). Where some rank cannot (a communicator across nodes), puts and signals to
+//! every peer travel over the network instead (`onesided_net.rs`: a thread of the
+//! communicator's own sends them and, at the target, copies them into the window and writes
+//! the signal into the pad); waits are the same. A communicator of one node whose ranks cannot
+//! map each other (no p2p) refuses one-sided operations with ncclInvalidUsage.
 
 use super::group_scope::ordered;
+use super::onesided_net::RemotePuts;
 use super::share::Shared;
 use super::window::WinHandle;
 use super::Comm;
@@ -55,8 +59,10 @@ pub(crate) struct Signals {
     /// This rank's pad: slot `c * nranks + s` counts the signals rank `s` sent here on
     /// channel `c`.
     pad: DevBuffer,
-    /// Every rank's pad as addressed here, kept mapped.
-    peers: Shared,
+    /// Every rank's pad as addressed here, kept mapped, where every rank maps every other;
+    /// else the network carries puts and signals.
+    peers: Option<Shared>,
+    remote: Option<RemotePuts>,
     /// The wait kernel, and the abort flag it watches.
     wait_kernel: Kernel,
     abort: u64,
@@ -75,14 +81,63 @@ impl Signals {
     /// Queues on `stream` a signal to `peer` on `ch`: the next count of this rank's signals
     /// to it, written into its slot of `peer`'s pad after the stream's earlier writes.
     pub(crate) fn send(&self, stream: StreamHandle, peer: usize, ch: Channel) -> Result<()> {
+        self.put(stream, None, peer, ch)
+    }
+
+    /// Queues on `stream` the put `data` (a window's handle, an offset in rank `peer`'s part
+    /// of it, and the bytes at a local address) if any, then a signal to `peer` on `ch`.
+    /// Inside a node the copy was queued by the caller (`data`: None); across nodes the
+    /// network carries both.
+    fn put(
+        &self,
+        stream: StreamHandle,
+        data: Option<(u64, usize, DevPtr, usize)>,
+        peer: usize,
+        ch: Channel,
+    ) -> Result<()> {
         let at = ch as usize * self.nranks;
         let value = {
             let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
             c.sent[at + peer] += 1;
             c.sent[at + peer]
         };
-        let slot = self.peers.ptrs[peer] + 8 * (at + self.rank) as u64;
-        self.device.write_value64(stream, slot, value)
+        match (&self.peers, &self.remote) {
+            (Some(peers), _) => {
+                let slot = peers.ptrs[peer] + 8 * (at + self.rank) as u64;
+                self.device.write_value64(stream, slot, value)
+            }
+            (None, Some(remote)) => {
+                let (win, offset, src, bytes) = data.unwrap_or_default();
+                let wait = |s: StreamHandle, addr: DevPtr, v: u64| self.wait_word(s, addr, v);
+                remote.put(
+                    stream,
+                    (src, bytes),
+                    peer,
+                    (win, offset),
+                    (ch, value),
+                    &wait,
+                )
+            }
+            (None, None) => Err(Error::internal("signal pads with no way to the peers")),
+        }
+    }
+
+    /// Holds `stream` until the u64 at `addr` (device memory or mapped host memory) reaches
+    /// `value`, or the communicator is aborted: one wait kernel.
+    fn wait_word(&self, stream: StreamHandle, addr: DevPtr, value: u64) -> Result<()> {
+        let mut args = WaitArgs {
+            abort: self.abort,
+            count: 1,
+            ..WaitArgs::default()
+        };
+        args.slots[0] = addr;
+        args.values[0] = value;
+        self.device.launch(self.wait_kernel, 1, 32, stream, &args)
+    }
+
+    /// The network's side of one-sided operations, where it carries them.
+    pub(crate) fn remote(&self) -> Option<&RemotePuts> {
+        self.remote.as_ref()
     }
 
     /// Holds `stream` until, for each `(peer, more)` of `waits`, `more` further signals from
@@ -124,14 +179,35 @@ pub struct SignalWait {
 impl Comm {
     /// The signal pads (collective: every rank calls it at the same window, the first every
     /// rank maps); None, on every rank alike, where some rank could not map some other's pad.
-    pub(super) fn make_signals(&self) -> Result<Option<Signals>> {
+    /// With `remote`, the network carries puts and signals (every rank calls it so at the
+    /// same window, the first where not every rank maps every other; the communicator spans
+    /// nodes).
+    pub(super) fn make_signals(&self, remote: bool) -> Result<Option<Signals>> {
         let slots = CHANNELS * self.nranks;
         let bytes = 8 * slots;
         let pad = self.device.alloc(bytes)?;
         pad.write(0, &vec![0u8; bytes])?;
         let wait_kernel = self.device.kernel(WAIT_SIGNALS_ENTRY)?;
-        let Some(peers) = self.share(pad.ptr, bytes)? else {
-            return Ok(None);
+        let (peers, remote) = match (remote, self.net.as_ref()) {
+            (true, Some(net)) => {
+                let dev = net.nics.first().copied().unwrap_or(0);
+                let r = RemotePuts::connect(
+                    &self.device,
+                    (self.rank, self.nranks),
+                    pad.ptr,
+                    &self.bootstrap,
+                    (&*net.net, dev),
+                    net.timeout,
+                    net.proxy.on_error(),
+                )
+                .map_err(|e| e.context("one-sided operations across nodes"))?;
+                (None, Some(r))
+            }
+            (true, None) => return Ok(None),
+            (false, _) => match self.share(pad.ptr, bytes)? {
+                Some(p) => (Some(p), None),
+                None => return Ok(None),
+            },
         };
         Ok(Some(Signals {
             device: self.device.clone(),
@@ -139,6 +215,7 @@ impl Comm {
             nranks: self.nranks,
             pad,
             peers,
+            remote,
             wait_kernel,
             abort: self.kernel_abort_ptr(),
             counts: Mutex::new(Counts {
@@ -174,14 +251,19 @@ impl Comm {
         if bytes > 0 {
             self.check_local(local, bytes)?;
         }
-        let dst = target + offset as u64;
         let (device, order) = (self.device.clone(), self.order.clone());
         ordered(move || {
-            order.launch(stream, || {
-                if bytes > 0 {
-                    device.copy_dtod_async(dst, local, bytes, stream)?;
+            order.launch(stream, || match target {
+                Some(target) => {
+                    if bytes > 0 {
+                        device.copy_dtod_async(target + offset as u64, local, bytes, stream)?;
+                    }
+                    signals.send(stream, peer, Channel::User)
                 }
-                signals.send(stream, peer, Channel::User)
+                None => {
+                    let data = (win, offset, local, bytes);
+                    signals.put(stream, Some(data), peer, Channel::User)
+                }
             })
         })
     }
@@ -231,9 +313,9 @@ impl Comm {
         }
         self.windows.signals().ok_or_else(|| {
             Error::invalid_usage(
-                "no window that every rank maps is registered (one-sided operations need \
-                 ncclCommWindowRegister on ranks of one node that reach each other through p2p; \
-                 across nodes they are not implemented)",
+                "no window is registered where one-sided operations can reach every rank \
+                 (ncclCommWindowRegister first; on one node the ranks must reach each other \
+                 through p2p)",
             )
         })
     }

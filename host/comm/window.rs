@@ -164,16 +164,18 @@ struct Offer {
     symmetric: u32,
     /// This rank maps every other rank's memory as it is (same address space, p2p).
     maps_all: u32,
+    /// This rank reaches some ranks through the network (the communicator spans nodes).
+    networked: u32,
     bytes: u64,
     base: u64,
 }
 
-const OFFER_BYTES: usize = 4 * 3 + 8 * 2;
+const OFFER_BYTES: usize = 4 * 4 + 8 * 2;
 
 impl Offer {
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(OFFER_BYTES);
-        for w in [self.refused, self.symmetric, self.maps_all] {
+        for w in [self.refused, self.symmetric, self.maps_all, self.networked] {
             v.extend_from_slice(&w.to_le_bytes());
         }
         v.extend_from_slice(&self.bytes.to_le_bytes());
@@ -194,8 +196,9 @@ impl Offer {
             refused: w(0),
             symmetric: w(1),
             maps_all: w(2),
-            bytes: d(12),
-            base: d(20),
+            networked: w(3),
+            bytes: d(16),
+            base: d(24),
         })
     }
 }
@@ -226,6 +229,7 @@ impl Comm {
             refused: if local.is_err() { REFUSED_BUFFER } else { 0 },
             symmetric: (flags & WIN_COLL_SYMMETRIC != 0) as u32,
             maps_all: self.maps_every_rank() as u32,
+            networked: self.net.is_some() as u32,
             bytes: bytes as u64,
             base: buff,
         };
@@ -253,11 +257,14 @@ impl Comm {
             true => self.share(buff, bytes)?,
             false => None,
         };
-        if peers.is_some() && self.windows.signals.get().is_none() {
-            if let Some(s) = self.make_signals()? {
+        // One-sided operations: through the mappings, else (across nodes) the network.
+        let networked = peers.is_none() && offers.iter().all(|o| o.networked != 0);
+        if (peers.is_some() || networked) && self.windows.signals.get().is_none() {
+            if let Some(s) = self.make_signals(networked)? {
                 let _ = self.windows.signals.set(Arc::new(s));
             }
         }
+
         let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match symmetric {
             true => self.symmetric_slot(&mut st, &offers, peers.as_ref())?,
@@ -275,6 +282,12 @@ impl Comm {
             sizes: offers.iter().map(|o| o.bytes).collect(),
             graphs: Arc::default(),
         });
+        drop(st);
+        if let Some(remote) = self.windows.signals().as_ref().and_then(|s| s.remote()) {
+            // Every rank takes puts into it before any rank's registration returns.
+            remote.set_window(handle, Some((buff, bytes as u64)))?;
+            self.bootstrap.barrier()?;
+        }
         Ok(handle)
     }
 
@@ -289,20 +302,20 @@ impl Comm {
         Some(w.peers.as_ref()?.ptrs.iter().map(|p| p + offset).collect())
     }
 
-    /// Rank `peer`'s part of window `win` as addressed here, and its bytes.
-    pub(crate) fn window_of_peer(&self, win: WinHandle, peer: usize) -> Result<(DevPtr, u64)> {
+    /// Rank `peer`'s part of window `win` as addressed here (None where ranks do not map each
+    /// other's windows: the network carries puts), and its bytes.
+    pub(crate) fn window_of_peer(
+        &self,
+        win: WinHandle,
+        peer: usize,
+    ) -> Result<(Option<DevPtr>, u64)> {
         let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
         let w = st.windows.iter().find(|w| w.handle == win).ok_or_else(|| {
             Error::invalid_argument(format!(
                 "window {win:#x} is not registered on this communicator"
             ))
         })?;
-        match &w.peers {
-            Some(p) => Ok((p.ptrs[peer], w.sizes[peer])),
-            None => Err(Error::invalid_usage(format!(
-                "window {win:#x} is not mapped by every rank (ranks on other nodes, or without                  p2p): one-sided operations across nodes are not implemented"
-            ))),
-        }
+        Ok((w.peers.as_ref().map(|p| p.ptrs[peer]), w.sizes[peer]))
     }
 
     /// `ncclCommWindowDeregister` (collective, as registration): the window's slot is emptied
@@ -332,6 +345,9 @@ impl Comm {
         }
         let w = st.windows.remove(i);
         drop(st);
+        if let Some(remote) = self.windows.signals().as_ref().and_then(|s| s.remote()) {
+            remote.set_window(handle, None)?;
+        }
         self.deregister(w.reg)
     }
 

@@ -238,6 +238,11 @@ impl ProxyGroup {
         }
     }
 
+    /// Where its connections' errors go.
+    pub(crate) fn on_error(&self) -> OnError {
+        self.on_error.clone()
+    }
+
     /// The communicator was aborted: do not wait for its sends when it goes.
     pub(crate) fn abandon(&self) {
         self.abandoned.store(true, Ordering::Relaxed);

@@ -15,13 +15,19 @@ fn data(rank: usize, round: usize, count: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Each rank's window (`bytes[r]`, not symmetric: the sizes differ), registered on every rank.
+/// Each rank's window (`bytes[r]`, not symmetric: the sizes differ), poisoned, then registered
+/// on every rank (a collective call: once it returned anywhere, every rank's poison is in, so
+/// no peer's put can land before it).
 pub fn windows(ranks: &Ranks, bytes: &[usize]) -> (Vec<DevBuffer>, Vec<u64>) {
     let bufs: Vec<DevBuffer> = ranks
         .comms
         .iter()
         .zip(bytes)
-        .map(|(c, &b)| c.device().alloc(b).unwrap())
+        .map(|(c, &b)| {
+            let buf = c.device().alloc(b).unwrap();
+            buf.write(0, &vec![POISON; b]).unwrap();
+            buf
+        })
         .collect();
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
     let flags = vec![0; bytes.len()];
@@ -456,9 +462,6 @@ pub fn puts_then_waits(ranks: &Ranks, count: usize) {
             b
         })
         .collect();
-    for w in &wins {
-        w.write(0, &vec![POISON; n * block]).unwrap();
-    }
     let aborts: Vec<nccl::AbortHandle> = ranks.comms.iter().map(|c| c.abort_handle()).collect();
     let failed = std::sync::Mutex::new(None::<String>);
     let lent = lend(&ranks.comms);
@@ -505,9 +508,13 @@ pub fn puts_then_waits(ranks: &Ranks, count: usize) {
         let me = c.rank();
         for p in (0..n).filter(|&p| p != me) {
             let b = from_bytes::<f32>(&got[p * block..(p + 1) * block]);
+            let want = data(p, 7, count);
+            let bad = b.iter().zip(&want).position(|(g, w)| g != w);
             assert!(
-                b == data(p, 7, count),
-                "rank {me}: the block from {p} is wrong"
+                bad.is_none(),
+                "rank {me}: the block from {p} is wrong at element {bad:?}: {:?} not {:?}",
+                bad.map(|i| b[i]),
+                bad.map(|i| want[i])
             );
         }
     }

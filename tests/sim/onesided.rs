@@ -31,6 +31,23 @@ fn puts_and_signals_between_processes() {
     all_to_all_by_puts(&ranks, 777, 2);
 }
 
+/// Ranks on different nodes (`NCCL_HOSTID`): puts and signals travel over the socket network
+/// (`comm/onesided_net.rs`), a put of several chunks too, ranks of one node through it as well.
+#[test]
+fn puts_and_signals_across_nodes() {
+    if let Some(ranks) = crate::multinode::child_comm() {
+        let chunks = 2 * 512 * 1024 / 4 + 1001; // floats: a put of three network chunks
+        all_to_all_by_puts(&ranks, chunks, 2);
+        all_to_all_by_puts(&ranks, 333, 3);
+        puts_then_waits(&ranks, 4097);
+        return;
+    }
+    common::sim();
+    for (nodes, per_node) in [(2, 1), (2, 2)] {
+        common::procs::run_nodes(nodes, per_node, &[common::LOOPBACK]);
+    }
+}
+
 /// A signal with no data, waited for; then a wait nobody answers, released by the abort.
 #[test]
 fn an_abort_releases_a_stream_held_by_a_wait() {

@@ -1,0 +1,559 @@
+//! One-sided operations across nodes (`ncclPutSignal`, `ncclSignal` to ranks this rank cannot
+//! map): a thread of the communicator's own carries them over the network, the socket network
+//! or a plugin alike, on a connection each way between every pair of ranks, made at the first
+//! window (a collective call) where not every rank maps every other.
+//!
+//! The sender's stream stages each chunk of a put (at most [`CHUNK`] bytes) in pinned host
+//! memory, in one of [`DEPTH`] slots, then raises the doorbell: the number of chunks staged so
+//! far, written after the copy (`cuStreamWriteValue64` fences it). The thread sends every
+//! staged chunk, a [`HEADER`] in front (window, offset, bytes, and on the put's last chunk its
+//! signal), and counts those whose send completed in `done`. A chunk waits (the wait kernel)
+//! until the chunk that last used its slot was sent; the put ends, in its stream, once its last
+//! chunk was sent, so its source may be reused. Puts take their place in the communicator's
+//! order (as inside a node), so chunks are staged in issue order and the doorbell only grows.
+//!
+//! The receiver's thread keeps [`DEPTH`] receives posted per peer into pinned host buffers. A
+//! message's payload is copied into the window on the thread's own stream, then its signal is
+//! written into this rank's pad (in the stream's order, so the data lands first), and the
+//! buffer is posted again once the copy is done. Messages of one peer are handled in the order
+//! they were sent. A header naming no window of this rank, or bytes past the window, is the
+//! peer's fault: the communicator's async error.
+
+use super::onesided::Channel;
+use crate::bootstrap::Bootstrap;
+use crate::cuda::{DevPtr, Device, HostMem, StreamHandle};
+use crate::error::{Error, Result};
+use crate::net::{Mr, Net, RecvBuf, RecvComm, Request, SendComm, HANDLE_BYTES, PTR_HOST};
+use crate::proxy::OnError;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The most payload bytes of one message: a put is cut into chunks of this size.
+pub(crate) const CHUNK: usize = 512 << 10;
+/// The header in front of every message's payload.
+const HEADER: usize = 64;
+const SLOT: usize = HEADER + CHUNK;
+/// Staging slots of the sender (chunks in flight), and receive buffers per peer.
+pub(crate) const DEPTH: usize = 2;
+/// The network tag of every message.
+const TAG: u32 = 0x6f6e_6573;
+const MAGIC: u64 = 0x6e63_636c_5f70_7574; // "nccl_put"
+
+/// What a message says besides its payload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Header {
+    win: u64,
+    offset: u64,
+    bytes: u64,
+    /// The channel of its signal (`Channel as u64`).
+    channel: u64,
+    /// The signal count to write at the receiver; 0: no signal (a put's chunks but its last).
+    signal: u64,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        let words = [
+            MAGIC,
+            self.win,
+            self.offset,
+            self.bytes,
+            self.channel,
+            self.signal,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Header> {
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(
+                b.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        if word(0)? != MAGIC {
+            return None;
+        }
+        Some(Header {
+            win: word(1)?,
+            offset: word(2)?,
+            bytes: word(3)?,
+            channel: word(4)?,
+            signal: word(5)?,
+        })
+    }
+}
+
+/// A chunk issued on the host, sent once its stream staged it.
+struct Outgoing {
+    seq: u64,
+    peer: usize,
+    header: Header,
+}
+
+/// One peer's connections.
+struct Link {
+    send: Box<dyn SendComm>,
+    /// The staging slots, registered with `send`.
+    send_mr: Mr,
+    recv: Box<dyn RecvComm>,
+    /// [`DEPTH`] receive buffers.
+    bufs: HostMem,
+    recv_mr: Mr,
+    /// Receives posted, oldest first: (buffer, request).
+    posted: VecDeque<(usize, Request)>,
+    /// Payloads being copied into windows, oldest first: (buffer, event).
+    copying: VecDeque<(usize, u64)>,
+    /// Buffers neither posted nor copying.
+    free: Vec<usize>,
+    events: Vec<u64>,
+}
+
+/// What the thread and the issuing calls share.
+struct Inner {
+    device: Device,
+    rank: usize,
+    nranks: usize,
+    /// This rank's signal pad (device memory).
+    pad: DevPtr,
+    /// Chunks staged by the streams so far (written by the streams), and sent (by the thread).
+    doorbell: HostMem,
+    done: HostMem,
+    staging: HostMem,
+    /// The thread's stream: copies into windows and signal writes.
+    stream: StreamHandle,
+    /// Chunks issued, not yet sent; the next sequence number.
+    queue: Mutex<(VecDeque<Outgoing>, u64)>,
+    /// This rank's windows: handle -> (base, bytes).
+    windows: Mutex<HashMap<u64, (DevPtr, u64)>>,
+    stop: AtomicBool,
+    bell: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Inner {
+    fn wake(&self) {
+        *self.bell.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_one();
+    }
+}
+
+/// A communicator's one-sided operations over the network.
+pub(crate) struct RemotePuts {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Every rank's handles for every other: `n` handles per rank, its own slot empty.
+fn exchange_handles(bootstrap: &Bootstrap, mine: &[[u8; HANDLE_BYTES]]) -> Result<Vec<Vec<u8>>> {
+    let flat: Vec<u8> = mine.iter().flatten().copied().collect();
+    let all = bootstrap.allgather(&flat)?;
+    let want = mine.len() * HANDLE_BYTES;
+    match all.iter().position(|h| h.len() != want) {
+        Some(r) => Err(Error::remote(format!(
+            "rank {r} sent {} bytes of one-sided network handles, not {want}",
+            all[r].len()
+        ))),
+        None => Ok(all),
+    }
+}
+
+impl RemotePuts {
+    /// Connects every pair of ranks both ways over `net` (collective: every rank calls it at
+    /// the same window registration) and starts the thread. Errors of the connections later
+    /// go to `on_error` (with the peer).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn connect(
+        device: &Device,
+        (rank, nranks): (usize, usize),
+        pad: DevPtr,
+        bootstrap: &Bootstrap,
+        (net, dev): (&dyn Net, usize),
+        timeout: Duration,
+        on_error: OnError,
+    ) -> Result<RemotePuts> {
+        let mut listeners = Vec::new();
+        let mut handles = vec![[0u8; HANDLE_BYTES]; nranks];
+        for (p, h) in handles.iter_mut().enumerate() {
+            if p != rank {
+                let (handle, l) = net.listen(dev)?;
+                *h = handle;
+                listeners.push((p, l));
+            }
+        }
+        let all = exchange_handles(bootstrap, &handles)?;
+        let mut connecting = Vec::new();
+        for (p, theirs) in all.iter().enumerate().filter(|(p, _)| *p != rank) {
+            let at = rank * HANDLE_BYTES;
+            let mut h = [0u8; HANDLE_BYTES];
+            h.copy_from_slice(&theirs[at..at + HANDLE_BYTES]);
+            connecting.push((p, net.connect(dev, &h)?));
+        }
+        let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..nranks).map(|_| None).collect();
+        let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..nranks).map(|_| None).collect();
+        let start = Instant::now();
+        while !connecting.is_empty() || !listeners.is_empty() {
+            let mut i = 0;
+            while i < connecting.len() {
+                match connecting[i].1.poll()? {
+                    Some(c) => sends[connecting.swap_remove(i).0] = Some(c),
+                    None => i += 1,
+                }
+            }
+            let mut i = 0;
+            while i < listeners.len() {
+                match listeners[i].1.accept()? {
+                    Some(c) => recvs[listeners.swap_remove(i).0] = Some(c),
+                    None => i += 1,
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::remote(format!(
+                    "one-sided network connections: {} connect(s) and {} accept(s) still \
+                     pending after {timeout:?}",
+                    connecting.len(),
+                    listeners.len()
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let stream = device.stream_create()?;
+        let inner = Arc::new(Inner {
+            device: device.clone(),
+            stream,
+            rank,
+            nranks,
+            pad,
+            doorbell: device.alloc_host_mem(8)?,
+            done: device.alloc_host_mem(8)?,
+            staging: device.alloc_host_mem(DEPTH * SLOT)?,
+            queue: Mutex::new((VecDeque::new(), 0)),
+            windows: Mutex::default(),
+            stop: AtomicBool::new(false),
+            bell: Mutex::new(false),
+            cv: Condvar::new(),
+        });
+        let mut links: Vec<Option<Link>> = Vec::new();
+        for (p, (send, recv)) in sends.into_iter().zip(recvs).enumerate() {
+            let (Some(mut send), Some(mut recv)) = (send, recv) else {
+                links.push(None);
+                continue;
+            };
+            let staging = inner.staging.host_ptr(0).unwrap_or(std::ptr::null_mut());
+            let bufs = device.alloc_host_mem(DEPTH * SLOT)?;
+            let host = bufs.host_ptr(0).unwrap_or(std::ptr::null_mut());
+            // SAFETY: both regions live as long as the links (the thread's, dropped before
+            // `inner` and `bufs`).
+            let (send_mr, recv_mr) = unsafe {
+                (
+                    send.reg_mr(staging, DEPTH * SLOT, PTR_HOST)?,
+                    recv.reg_mr(host, DEPTH * SLOT, PTR_HOST)?,
+                )
+            };
+            let waker = {
+                let inner = Arc::downgrade(&inner);
+                Arc::new(move || {
+                    if let Some(i) = inner.upgrade() {
+                        i.wake()
+                    }
+                })
+            };
+            send.set_waker(waker.clone());
+            recv.set_waker(waker);
+            let events = (0..DEPTH)
+                .map(|_| device.event_create_untimed())
+                .collect::<Result<Vec<u64>>>()?;
+            debug_assert!(p != rank);
+            links.push(Some(Link {
+                send,
+                send_mr,
+                recv,
+                bufs,
+                recv_mr,
+                posted: VecDeque::new(),
+                copying: VecDeque::new(),
+                free: (0..DEPTH).collect(),
+                events,
+            }));
+        }
+        let worker = Worker {
+            inner: inner.clone(),
+            links,
+            in_flight: VecDeque::new(),
+            on_error,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("nccl-onesided-{rank}"))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::system(format!("starting the one-sided network thread: {e}")))?;
+        Ok(RemotePuts {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// A window of this rank that peers may put into (or, with None, no longer: once this
+    /// returns, nothing more is copied into it).
+    pub(crate) fn set_window(&self, handle: u64, place: Option<(DevPtr, u64)>) -> Result<()> {
+        let mut w = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner());
+        match place {
+            Some(p) => w.insert(handle, p),
+            None => w.remove(&handle),
+        };
+        drop(w);
+        match place {
+            Some(_) => Ok(()),
+            None => self.inner.device.stream_sync(self.inner.stream),
+        }
+    }
+
+    /// Where the streams wait: (the `done` counter's device address, the doorbell's).
+    fn counters(&self) -> (DevPtr, DevPtr) {
+        (self.inner.done.ptr, self.inner.doorbell.ptr)
+    }
+
+    /// Queues on `stream` a put of `bytes` at `src` into rank `peer`'s window `win` at
+    /// `offset`, then signal count `signal` on `ch` (the caller counted it): the chunks staged
+    /// and announced; `wait(stream, addr, value)` queues a wait kernel until the u64 at `addr`
+    /// reaches `value`. The stream goes on once the last chunk was sent.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn put(
+        &self,
+        stream: StreamHandle,
+        (src, bytes): (DevPtr, usize),
+        peer: usize,
+        (win, offset): (u64, usize),
+        (ch, signal): (Channel, u64),
+        wait: &dyn Fn(StreamHandle, DevPtr, u64) -> Result<()>,
+    ) -> Result<()> {
+        let (done, doorbell) = self.counters();
+        let d = &self.inner.device;
+        let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let chunks = bytes.div_ceil(CHUNK).max(1);
+        let mut last = 0;
+        for i in 0..chunks {
+            let seq = q.1;
+            let len = (bytes - i * CHUNK).min(CHUNK);
+            if seq >= DEPTH as u64 {
+                wait(stream, done, seq - DEPTH as u64 + 1)?;
+            }
+            let slot = self.inner.staging.ptr + ((seq as usize % DEPTH) * SLOT + HEADER) as u64;
+            if len > 0 {
+                d.copy_dtod_async(slot, src + (i * CHUNK) as u64, len, stream)?;
+            }
+            d.write_value64(stream, doorbell, seq + 1)?;
+            let header = Header {
+                win,
+                offset: (offset + i * CHUNK) as u64,
+                bytes: len as u64,
+                channel: ch as u64,
+                signal: if i + 1 == chunks { signal } else { 0 },
+            };
+            q.0.push_back(Outgoing { seq, peer, header });
+            q.1 += 1;
+            last = seq;
+        }
+        drop(q);
+        self.inner.wake();
+        wait(stream, done, last + 1)
+    }
+}
+
+impl Drop for RemotePuts {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The thread's state.
+struct Worker {
+    inner: Arc<Inner>,
+    links: Vec<Option<Link>>,
+    /// Chunks being sent, oldest first: (sequence, peer, request).
+    in_flight: VecDeque<(u64, usize, Request)>,
+    on_error: OnError,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut nap = Duration::from_micros(1);
+        while !self.inner.stop.load(Ordering::Acquire) {
+            match self.progress() {
+                Ok(true) => nap = Duration::from_micros(1),
+                Ok(false) => {
+                    let mut rung = self.inner.bell.lock().unwrap_or_else(|p| p.into_inner());
+                    if !*rung {
+                        rung = match self.inner.cv.wait_timeout(rung, nap) {
+                            Ok((g, _)) => g,
+                            Err(p) => p.into_inner().0,
+                        };
+                    }
+                    *rung = false;
+                    // Streams staging chunks ring no bell: poll them often while any is queued.
+                    let queued = !self.inner.queue.lock().map_or(true, |q| q.0.is_empty());
+                    nap = match queued {
+                        true => Duration::from_micros(2),
+                        false => (nap * 2).min(Duration::from_millis(2)),
+                    };
+                }
+                Err((peer, e)) => {
+                    (self.on_error)(peer, e.context("one-sided operations across nodes"));
+                    break;
+                }
+            }
+        }
+        let d = &self.inner.device;
+        let _ = d.stream_sync(self.inner.stream);
+        for l in self.links.iter_mut().flatten() {
+            let _ = l.send.dereg_mr(l.send_mr);
+            let _ = l.recv.dereg_mr(l.recv_mr);
+            for &e in &l.events {
+                let _ = d.event_destroy(e);
+            }
+        }
+        let _ = d.stream_destroy(self.inner.stream);
+    }
+
+    /// One pass over sends and receives: whether anything moved; an error names its peer.
+    fn progress(&mut self) -> std::result::Result<bool, (usize, Error)> {
+        let mut moved = self.progress_sends()?;
+        for p in 0..self.links.len() {
+            moved |= self.progress_receives(p).map_err(|e| (p, e))?;
+        }
+        Ok(moved)
+    }
+
+    fn progress_sends(&mut self) -> std::result::Result<bool, (usize, Error)> {
+        let inner = self.inner.clone();
+        let mut moved = false;
+        // The doorbell's value, then (acquire) the staged bytes it announces.
+        let staged = inner.doorbell.load_u64(0).unwrap_or(0);
+        std::sync::atomic::fence(Ordering::Acquire);
+        while self.in_flight.len() < DEPTH {
+            let mut q = inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(o) = q.0.front().filter(|o| o.seq < staged) else {
+                break;
+            };
+            let (seq, peer, header) = (o.seq, o.peer, o.header);
+            let link = self.links[peer].as_mut().ok_or((peer, no_link(peer)))?;
+            let at = (seq as usize % DEPTH) * SLOT;
+            let head = inner.staging.host_ptr(at).ok_or((peer, no_link(peer)))?;
+            // SAFETY: the slot's header bytes, which only this thread writes, between the
+            // stream's staging of the chunk and the send's completion.
+            unsafe { std::ptr::copy_nonoverlapping(header.encode().as_ptr(), head, HEADER) };
+            let len = HEADER + header.bytes as usize;
+            let Some(req) = link
+                .send
+                .isend(link.send_mr, at, len, TAG)
+                .map_err(|e| (peer, e))?
+            else {
+                break;
+            };
+            q.0.pop_front();
+            self.in_flight.push_back((seq, peer, req));
+            moved = true;
+        }
+        while let Some(&(seq, peer, req)) = self.in_flight.front() {
+            let link = self.links[peer].as_mut().ok_or((peer, no_link(peer)))?;
+            if link.send.test(req).map_err(|e| (peer, e))?.is_none() {
+                break;
+            }
+            self.in_flight.pop_front();
+            let p = inner.done.host_ptr(0).ok_or((peer, no_link(peer)))? as *mut u64;
+            // SAFETY: an aligned u64 of the live mapping, read by the wait kernels.
+            unsafe { std::ptr::write_volatile(p, seq + 1) };
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Peer `p`'s receives: the landed ones copied into their windows and signalled, the
+    /// copied ones posted again.
+    fn progress_receives(&mut self, p: usize) -> Result<bool> {
+        let inner = self.inner.clone();
+        let stream = inner.stream;
+        let Some(link) = self.links[p].as_mut() else {
+            return Ok(false);
+        };
+        let d = &inner.device;
+        let mut moved = false;
+        while let Some(&(buf, e)) = link.copying.front() {
+            if !d.event_query(e)? {
+                break;
+            }
+            link.copying.pop_front();
+            link.free.push(buf);
+        }
+        while let Some(buf) = link.free.pop() {
+            let b = RecvBuf {
+                mr: link.recv_mr,
+                offset: buf * SLOT,
+                max_len: SLOT,
+                tag: TAG,
+            };
+            match link.recv.irecv(&[b])? {
+                Some(req) => link.posted.push_back((buf, req)),
+                None => {
+                    link.free.push(buf);
+                    break;
+                }
+            }
+        }
+        while let Some(&(buf, req)) = link.posted.front() {
+            let Some(sizes) = link.recv.test(req)? else {
+                break;
+            };
+            link.posted.pop_front();
+            let len = sizes.first().copied().unwrap_or(0);
+            let at = buf * SLOT;
+            let host = link.bufs.host_ptr(at).ok_or_else(|| no_link(p))?;
+            // SAFETY: the buffer's header, landed and not posted again yet.
+            let head = unsafe { std::slice::from_raw_parts(host, HEADER.min(len)) };
+            let h = Header::decode(head)
+                .filter(|h| h.bytes as usize + HEADER == len && h.channel < 2)
+                .ok_or_else(|| Error::remote(format!("rank {p} sent a malformed put")))?;
+            if h.bytes > 0 {
+                let place = inner
+                    .windows
+                    .lock()
+                    .map_or(None, |w| w.get(&h.win).copied());
+                let Some((base, size)) = place else {
+                    return Err(Error::remote(format!(
+                        "rank {p} put into window {:#x}, which rank {} has not registered",
+                        h.win, inner.rank
+                    )));
+                };
+                if h.offset.checked_add(h.bytes).is_none_or(|end| end > size) {
+                    return Err(Error::remote(format!(
+                        "rank {p} put {} bytes at offset {} of window {:#x} ({size} bytes here)",
+                        h.bytes, h.offset, h.win
+                    )));
+                }
+                let src = link.bufs.ptr + (at + HEADER) as u64;
+                d.copy_dtod_async(base + h.offset, src, h.bytes as usize, stream)?;
+            }
+            if h.signal != 0 {
+                let slot = h.channel as usize * inner.nranks + p;
+                d.write_value64(stream, inner.pad + 8 * slot as u64, h.signal)?;
+            }
+            d.event_record(link.events[buf], stream)?;
+            link.copying.push_back((buf, link.events[buf]));
+            moved = true;
+        }
+        Ok(moved)
+    }
+}
+
+fn no_link(peer: usize) -> Error {
+    Error::internal(format!("no one-sided network connection with rank {peer}"))
+}
