@@ -407,7 +407,8 @@ impl Worker {
                     };
                 }
                 Err((peer, e)) => {
-                    (self.on_error)(peer, e.context("one-sided operations across nodes"));
+                    let what = format!("one-sided operations across nodes, with rank {peer}");
+                    (self.on_error)(peer, e.context(what));
                     break;
                 }
             }

@@ -16,6 +16,9 @@
 //! 9.0 GPU), LL and LL128 steps never; where it forbids, host memory and no flush. A plugin's
 //! speed moves the tuner's choice.
 //!
+//! One-sided puts and signals (`ncclPutSignal`, `ncclWaitSignal`) across the nodes travel
+//! through the plugin as well (v9 and v10).
+//!
 //! Grouped receives: a flavour with maxRecvs 4 matches tags and groups receives; the send/recv
 //! connections between two ranks then share one comm per direction, and the receiving proxy
 //! posts several connections' awaited steps in one irecv.
@@ -308,6 +311,8 @@ fn v9_and_v10_plugins_across_2_nodes() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         common::check_all_to_all(&ranks, 3000, Drive::OneThread).unwrap_or_else(|e| panic!("{e}"));
+        // One-sided puts across the nodes go through the plugin too (two network chunks each).
+        crate::common::onesided::all_to_all_by_puts(&ranks, 150_001, 2);
         assert_connections_via(&std::env::var(EXPECT_NET).expect("expected network"));
         destroy(ranks, None);
         return;

@@ -6,7 +6,7 @@
 
 use crate::common::onesided::{all_to_all_by_puts, puts_then_waits, windows};
 use crate::common::{self, lend, Ranks};
-use nccl::{DataType, NcclResult, SignalWait};
+use nccl::{DataType, NcclResult, ReduceOp, SignalWait};
 
 #[test]
 fn puts_land_before_their_signals_in_one_process() {
@@ -46,6 +46,67 @@ fn puts_and_signals_across_nodes() {
     for (nodes, per_node) in [(2, 1), (2, 2)] {
         common::procs::run_nodes(nodes, per_node, &[common::LOOPBACK]);
     }
+}
+
+/// A rank killed while the others' streams wait for its signals across nodes: every
+/// survivor's async error names it, the abort releases the waits, destroy returns.
+#[test]
+fn a_dead_peer_across_nodes_ends_the_waits_for_it() {
+    if let Some(ranks) = crate::multinode::child_comm() {
+        let (_w, _) = windows(&ranks, &[4096]);
+        let c = &ranks.comms[0];
+        let (me, victim) = (c.rank(), c.count() - 1);
+        let st = ranks.streams[0];
+        // Every rank past the registration before the victim dies: an AllReduce ends on the
+        // victim once every rank's part of it ran.
+        let one = c.device().alloc(4).unwrap();
+        // SAFETY: the test's buffer, alive until the synchronization.
+        unsafe {
+            c.all_reduce_raw(
+                one.ptr(),
+                one.ptr(),
+                1,
+                DataType::Float32,
+                ReduceOp::SUM,
+                st,
+            )
+        }
+        .unwrap();
+        c.device().stream_sync(st).unwrap();
+        if me == victim {
+            // SAFETY: kill(2) on our own pid.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        c.wait_signal_raw(
+            &[SignalWait {
+                peer: victim,
+                ops: 1,
+            }],
+            st,
+        )
+        .unwrap();
+        let limit = common::procs::limit();
+        let t0 = std::time::Instant::now();
+        let err = loop {
+            if let Err(e) = c.get_async_error() {
+                break e;
+            }
+            assert!(t0.elapsed() < limit, "rank {me}: no async error");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert!(err.message.contains(&format!("rank {victim}")), "{err}");
+        c.abort();
+        let d = c.device().clone();
+        common::procs::within(
+            "a wait for a dead peer, after the abort",
+            limit,
+            move || d.stream_sync(st).unwrap(),
+        );
+        return;
+    }
+    common::sim();
+    common::procs::run_nodes_with_victim(2, 1, &[common::LOOPBACK], 1);
+    common::procs::run_nodes_with_victim(2, 2, &[common::LOOPBACK], 3);
 }
 
 /// A signal with no data, waited for; then a wait nobody answers, released by the abort.
