@@ -60,7 +60,7 @@ pub(crate) fn counts(all: &[usize]) -> Vec<usize> {
 /// In a child process of `common::procs::run`: its one rank, on the GPU of its rank number
 /// (with NCCL_RS_SHARED_GPUS=1 on fewer GPUs, rank % visible: processes then share a GPU
 /// through CUDA IPC).
-fn child_rank() -> Option<Ranks> {
+pub(crate) fn child_rank() -> Option<Ranks> {
     let (rank, nranks, id) = common::procs::child()?;
     nccl::init_logging(); // NCCL_DEBUG for the rank processes
     let dev = nccl::Device::open(devices(nranks)[rank]).expect("open the GPU");

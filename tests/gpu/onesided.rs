@@ -1,6 +1,6 @@
 //! One-sided operations on real GPUs (ignored without one; see `collectives.rs`): puts on the
-//! copy engine into peers' windows, signals as stream writes, waits in the wait kernel; and
-//! the copy-engine collectives (CTAPolicy zero).
+//! copy engine into peers' windows, signals as stream writes, waits in the wait kernel; across
+//! nodes over the socket network; and the copy-engine collectives (CTAPolicy zero).
 
 use crate::collectives::{counts, gpus};
 use crate::common::onesided::{all_to_all_by_puts, copy_engine_cases, puts_then_waits};
@@ -29,6 +29,27 @@ fn puts_and_signals_on_2_and_4_ranks() {
             all_to_all_by_puts(&ranks, 100_003, 3);
         }
     });
+}
+
+/// Puts and signals across 2 nodes (`NCCL_HOSTID` each; loopback sockets), a rank process
+/// per node and two: staged through pinned host memory, carried by the communicators'
+/// one-sided threads. With NCCL_RS_SHARED_GPUS=1 the processes share one GPU (start the MPS
+/// daemon first).
+#[test]
+#[ignore = "needs NVIDIA GPUs: run on the GPU host with --include-ignored (docs/gpu-hosts.md)"]
+fn puts_and_signals_across_two_nodes() {
+    if let Some(ranks) = crate::collectives::child_rank() {
+        all_to_all_by_puts(&ranks, 300_001, 2);
+        puts_then_waits(&ranks, 4097);
+        return;
+    }
+    let env = [
+        ("NCCL_SOCKET_IFNAME", "lo"),
+        ("NCCL_RS_PRELOAD_KERNELS", "nccl_all_reduce_float_sum"),
+    ];
+    for (nodes, per_node) in [(2, 1), (2, 2)] {
+        crate::common::procs::run_nodes(nodes, per_node, &env);
+    }
 }
 
 /// AllGather, AlltoAll, Gather and Scatter on symmetric windows on the copy engines
