@@ -362,9 +362,10 @@ ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclCo
 ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
                              cudaStream_t stream);
 
-/* NCCL 2.28's device API is not implemented: ncclDevCommCreate and ncclDevCommDestroy exist
- * (so programs that link them load) and return ncclInvalidUsage. Their structures belong to
- * NCCL's device headers, so here they are untyped. */
+/* NCCL 2.28's C++ device API is not provided: ncclDevCommCreate and ncclDevCommDestroy exist
+ * (so programs that link them load) and return ncclInvalidUsage, whose message names the Rust
+ * device API (nccl_device::api). Their structures belong to NCCL's device headers, so here
+ * they are untyped. */
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm);
 ncclResult_t pncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm);
 ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm);

@@ -12,6 +12,7 @@
 extern crate std;
 
 pub mod abi;
+pub mod api;
 pub mod arch;
 // First: its `for_each_kernel!` (the kernels this build holds) is for the modules below.
 #[macro_use]

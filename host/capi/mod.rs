@@ -526,7 +526,8 @@ pub extern "C" fn pncclGetLastError(comm: NcclComm) -> *const c_char {
 /// not implemented: its entry points exist, so programs that link them load, and say so.
 fn no_device_api(what: &str) -> Error {
     Error::invalid_usage(format!(
-        "{what}: nccl-rs does not implement NCCL's device API (ncclDevComm); use the host API"
+        "{what}: nccl-rs's device API is Rust (nccl_device::api, made by Comm::dev_comm); \
+         NCCL's C++ device API (ncclDevComm) is not provided"
     ))
 }
 

@@ -15,6 +15,7 @@ pub mod call;
 mod config;
 pub(crate) mod copy_engine;
 mod create;
+pub mod dev_api;
 pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
 mod inspect;

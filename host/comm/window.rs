@@ -318,6 +318,22 @@ impl Comm {
         Ok((w.peers.as_ref().map(|p| p.ptrs[peer]), w.sizes[peer]))
     }
 
+    /// Every rank's part of window `win` as addressed here where every rank maps every other,
+    /// else this rank's alone; and this rank's bytes of it.
+    pub(crate) fn window_bases(&self, win: WinHandle) -> Result<(Vec<DevPtr>, u64)> {
+        let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        let w = st.windows.iter().find(|w| w.handle == win).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "window {win:#x} is not registered on this communicator"
+            ))
+        })?;
+        let bases = match &w.peers {
+            Some(p) => p.ptrs.clone(),
+            None => vec![w.base],
+        };
+        Ok((bases, w.bytes as u64))
+    }
+
     /// `ncclCommWindowDeregister` (collective, as registration): the window's slot is emptied
     /// once this rank's launched work is over (its kernels may read through it).
     pub(crate) fn window_deregister(&self, handle: WinHandle) -> Result<()> {
@@ -443,7 +459,7 @@ impl Comm {
 
     /// Whether this rank can map every other rank's memory: one node, every rank reached
     /// through p2p (in this process or through CUDA IPC), few enough for the symmetric path.
-    fn maps_every_rank(&self) -> bool {
+    pub(super) fn maps_every_rank(&self) -> bool {
         self.nranks <= SYM_MAX_RANKS && (0..self.nranks).all(|p| self.reaches_memory_of(p))
     }
 

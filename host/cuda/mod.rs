@@ -193,6 +193,32 @@ impl Device {
         matches!(*self.imp, Imp::Sim(_))
     }
 
+    /// Launches a kernel written in Rust with the device API (`nccl_device::api`) on the
+    /// simulator: `body` runs once per thread of a grid of `grid` CTAs of `block` threads, each
+    /// a host thread, in `stream`'s order, with `nccl_device::arch`'s thread and CTA indices
+    /// set. A panic in it is the stream's error. On GPUs such kernels are PTX modules of their
+    /// own, which this API does not load yet (ncclInvalidUsage).
+    pub fn launch_on_simulator(
+        &self,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        body: impl Fn() + Send + Sync + 'static,
+    ) -> Result<()> {
+        if grid == 0 || !(1..=1024).contains(&block) {
+            return Err(Error::invalid_argument(format!(
+                "a grid of {grid} CTAs of {block} threads (1 to 1024 threads, at least one CTA)"
+            )));
+        }
+        match &*self.imp {
+            Imp::Sim(d) => d.launch_body(grid, block, stream, Arc::new(body)),
+            Imp::Cuda(_) => Err(Error::invalid_usage(
+                "launch_on_simulator: this device is a GPU; kernels of the device API run on the \
+                 simulator only for now",
+            )),
+        }
+    }
+
     /// Whether this build holds kernels this device can run (the simulator runs every kernel
     /// built); the error names what the build holds and how to build for it.
     pub fn check_kernels(&self) -> Result<()> {

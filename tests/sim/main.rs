@@ -12,6 +12,7 @@ mod common;
 mod all_reduce;
 mod cleanup;
 mod copy_engine;
+mod device_api;
 mod flow_control;
 mod graphs;
 mod groups;

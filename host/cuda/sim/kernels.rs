@@ -62,17 +62,40 @@ impl Kernels for Device {
                 ))
             }
         };
-        let s = self.stream(stream)?;
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
-        let body: Arc<dyn Fn() + Send + Sync> = Arc::from(body);
+        self.launch_body(grid, block, stream, Arc::from(body))
+    }
+}
+
+impl Device {
+    /// Queues `body` on `stream` as a grid of `grid` CTAs of `block` threads, each a host
+    /// thread running it (the built-in kernels' launches, and user kernels of the device API).
+    pub(crate) fn launch_body(
+        &self,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        body: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<()> {
+        let s = self.stream(stream)?;
         s.push_replayable(Arc::new(move || {
             let body = body.clone();
             Box::new(move || {
                 let body = &*body;
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     std::thread::scope(|sc| {
-                        for b in 0..grid {
-                            sc.spawn(move || nccl_device::arch::sim::run_cta(b, grid, block, body));
+                        let ctas: Vec<_> = (0..grid)
+                            .map(|b| {
+                                sc.spawn(move || {
+                                    nccl_device::arch::sim::run_cta(b, grid, block, body)
+                                })
+                            })
+                            .collect();
+                        // Joined here, so a CTA's panic reaches the stream with its message.
+                        for cta in ctas {
+                            if let Err(p) = cta.join() {
+                                std::panic::resume_unwind(p);
+                            }
                         }
                     })
                 }));

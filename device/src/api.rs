@@ -1,0 +1,196 @@
+//! The device API: what a kernel of the user's own crate needs to communicate by itself, with
+//! the peers of its node that map each other's memory (the LSA team: load/store accessible).
+//!
+//! The host makes a [`DevComm`] (`nccl::Comm::dev_comm`) and a [`Window`] for each registered
+//! window (`nccl::Comm::dev_window`); both are plain values the kernel takes in its argument.
+//! Inside the kernel:
+//! - [`DevComm::lsa_ptr`] is where byte `offset` of an LSA peer's part of a window lies, as this
+//!   GPU addresses it: ordinary loads and stores reach the peer's memory;
+//! - [`DevComm::lsa_barrier`] is a barrier of one CTA index across the team: every rank's CTA
+//!   `index` waits until every rank's CTA `index` arrived. It watches the communicator's abort
+//!   flag, so an aborted job does not spin for ever;
+//! - [`fence_system`] orders this thread's writes before its later ones for every observer
+//!   (other GPUs, the host).
+//!
+//! # Memory model
+//!
+//! A barrier orders: every write a thread of the CTA made before [`LsaBarrier::sync`] (to its
+//! own memory or a peer's) is visible to every thread of every rank's same CTA index after
+//! that rank's `sync` returned. Nothing else is ordered across ranks: two writes of one thread
+//! to a peer's memory with no barrier between may be seen in either order there, unless a
+//! [`fence_system`] separates them and the reader reads them in the reverse order.
+//!
+//! The same code runs on GPUs (compiled to PTX) and on the CPU simulator, where each thread of
+//! a CTA is a host thread; the simulator checks that the ranks meet at every barrier.
+
+use crate::arch;
+
+/// The most CTA indices a communicator's barriers serve (`DevComm::lsa_barrier`'s `index`).
+pub const MAX_BARRIERS: u32 = 64;
+
+/// Words of one rank's barrier area per CTA index: a slot per LSA rank, then this rank's own
+/// count of the barriers it passed and the last one's outcome.
+const fn barrier_words(lsa_size: u32) -> usize {
+    lsa_size as usize + 2
+}
+
+/// Bytes of one rank's barrier area for a team of `lsa_size` (what the host allocates).
+pub const fn barrier_bytes(lsa_size: u32) -> usize {
+    8 * barrier_words(lsa_size) * MAX_BARRIERS as usize
+}
+
+/// A registered window as a kernel addresses it: the base of every LSA rank's part.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Device address of `[u64; lsa_size]`: each LSA rank's part of the window, as this GPU
+    /// maps it.
+    pub bases: u64,
+    /// Bytes of this rank's part.
+    pub bytes: u64,
+}
+
+/// A communicator as a kernel sees it (`ncclDevComm`): made on the host, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevComm {
+    /// This rank and the communicator's size.
+    pub rank: u32,
+    pub nranks: u32,
+    /// This rank's place in the LSA team, and the team's size.
+    pub lsa_rank: u32,
+    pub lsa_size: u32,
+    /// Device address of `[u32; lsa_size]`: the communicator rank of each LSA rank.
+    pub lsa_ranks: u64,
+    /// Device address of `[u64; lsa_size]`: each LSA rank's barrier area, as mapped here.
+    pub barriers: u64,
+    /// The communicator's abort flag (device-readable; non-zero once aborted).
+    pub abort: u64,
+}
+
+/// The communicator was aborted while a call waited: the kernel should return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Aborted;
+
+/// `__threadfence_system()`: this thread's earlier writes are ordered before its later ones
+/// for every observer, other GPUs and the host included.
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+pub fn fence_system() {
+    arch::fence_sys()
+}
+
+impl DevComm {
+    /// Where byte `offset` of LSA rank `lsa_peer`'s part of `window` lies, as this GPU
+    /// addresses it.
+    ///
+    /// # Safety
+    /// `window` and `self` came from the host for this communicator and are still registered;
+    /// `lsa_peer < lsa_size`; the caller keeps its accesses inside the peer's part.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn lsa_ptr(&self, window: &Window, offset: usize, lsa_peer: u32) -> *mut u8 {
+        if lsa_peer >= self.lsa_size {
+            arch::trap();
+        }
+        // The simulator checks the offset against this rank's part (symmetric windows: every
+        // rank's is as large); a GPU does not spend the compare.
+        #[cfg(not(target_arch = "nvptx64"))]
+        if offset as u64 >= window.bytes {
+            panic!(
+                "device API: offset {offset} is past the window's {} bytes",
+                window.bytes
+            );
+        }
+        let base = *(window.bases as *const u64).add(lsa_peer as usize);
+        (base + offset as u64) as *mut u8
+    }
+
+    /// Byte `offset` of this rank's own part of `window`.
+    ///
+    /// # Safety
+    /// As [`DevComm::lsa_ptr`].
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn local_ptr(&self, window: &Window, offset: usize) -> *mut u8 {
+        self.lsa_ptr(window, offset, self.lsa_rank)
+    }
+
+    /// The communicator rank of LSA rank `lsa_peer`.
+    ///
+    /// # Safety
+    /// `self` came from the host and `lsa_peer < lsa_size`.
+    pub unsafe fn lsa_to_rank(&self, lsa_peer: u32) -> u32 {
+        if lsa_peer >= self.lsa_size {
+            arch::trap();
+        }
+        *(self.lsa_ranks as *const u32).add(lsa_peer as usize)
+    }
+
+    /// Whether the communicator was aborted.
+    ///
+    /// # Safety
+    /// `self` came from the host and the communicator lives.
+    pub unsafe fn aborted(&self) -> bool {
+        self.abort != 0 && arch::ld_volatile(self.abort as *const u64) != 0
+    }
+
+    /// The team barrier of CTA index `index` (`< MAX_BARRIERS`): every rank's CTA `index`
+    /// must use it in the same sequence.
+    ///
+    /// # Safety
+    /// `self` came from the host and the communicator lives.
+    pub unsafe fn lsa_barrier(&self, index: u32) -> LsaBarrier<'_> {
+        if index >= MAX_BARRIERS {
+            arch::trap();
+        }
+        LsaBarrier { comm: self, index }
+    }
+
+    /// Word `w` of CTA index `index`'s part of LSA rank `lsa_peer`'s barrier area.
+    unsafe fn barrier_word(&self, lsa_peer: u32, index: u32, w: usize) -> *mut u64 {
+        let area = *(self.barriers as *const u64).add(lsa_peer as usize) as *mut u64;
+        area.add(index as usize * barrier_words(self.lsa_size) + w)
+    }
+}
+
+/// A barrier of one CTA index across the LSA team ([`DevComm::lsa_barrier`]).
+pub struct LsaBarrier<'a> {
+    comm: &'a DevComm,
+    index: u32,
+}
+
+impl LsaBarrier<'_> {
+    /// Every thread of the CTA calls it: returns once every LSA rank's CTA of this index
+    /// called it as often (Ok), or the communicator was aborted meanwhile (Err, in every thread
+    /// alike). Orders memory as the module says.
+    ///
+    /// # Safety
+    /// As [`DevComm::lsa_barrier`]; every thread of the CTA calls it, none other.
+    pub unsafe fn sync(&self) -> Result<(), Aborted> {
+        let c = self.comm;
+        let (n, me, i) = (c.lsa_size, c.lsa_rank, self.index);
+        let (count, outcome) = (n as usize, n as usize + 1);
+        arch::sync_threads();
+        if arch::thread_idx() == 0 {
+            let mine = c.barrier_word(me, i, count);
+            let round = arch::ld_volatile(mine) + 1;
+            arch::st_volatile(mine, round);
+            // The CTA's writes (ordered before thread 0's by the CTA barrier) first.
+            arch::fence_sys();
+            for p in 0..n {
+                arch::st_release_sys(c.barrier_word(p, i, me as usize), round);
+            }
+            let mut aborted = false;
+            for p in 0..n {
+                let slot = c.barrier_word(me, i, p as usize);
+                crate::coll::spin_until(c.abort as *const u64, &mut aborted, || {
+                    arch::ld_acquire_sys(slot) >= round
+                });
+            }
+            arch::st_volatile(c.barrier_word(me, i, outcome), aborted as u64);
+        }
+        arch::sync_threads();
+        match arch::ld_volatile(c.barrier_word(me, i, outcome)) {
+            0 => Ok(()),
+            _ => Err(Aborted),
+        }
+    }
+}
