@@ -13,27 +13,15 @@
 
 mod common;
 
-use nccl::{Backend, Comm, DeviceBuffer, Stream};
-use nccl_device::api::{DevComm, Window};
+use common::device_api::{run_on_every_rank, Place};
 use nccl_device::arch;
-
-/// The kernel's argument: plain values, copied into every thread.
-#[derive(Clone, Copy)]
-struct Args {
-    comm: DevComm,
-    /// Every rank's input (`count` floats at the window's start).
-    input: Window,
-    /// This rank's output: `count` floats.
-    output: u64,
-    count: usize,
-}
 
 /// The kernel, as every thread of every CTA runs it.
 ///
 /// # Safety
 /// `a` names live memory of a communicator every rank launched this kernel on, with the same
 /// grid.
-unsafe fn one_shot_all_reduce(a: &Args) {
+unsafe fn one_shot_all_reduce(a: &Place) {
     let cta = arch::block_idx();
     let barrier = a.comm.lsa_barrier(cta);
     if barrier.sync().is_err() {
@@ -59,59 +47,24 @@ fn input(r: usize, count: usize) -> Vec<f32> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if common::choose_backend()? == Backend::Cuda {
-        println!("device_api_all_reduce: user kernels load on the simulator only for now");
-        nccl::cuda::set_backend(Backend::Sim)?;
-    }
     let n = common::nranks_arg(4);
     let count = 10_007;
-    let devices: Vec<i32> = (0..n as i32).collect();
-    let comms = Comm::init_all(&devices)?;
-    // Each rank's collective calls (window, device communicator) on a thread of its own.
-    let results: Vec<nccl::Result<Vec<f32>>> = std::thread::scope(|s| {
-        let ranks: Vec<_> = comms
-            .into_iter()
-            .map(|comm| s.spawn(move || run_rank(&comm, count)))
-            .collect();
-        ranks.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let outputs = run_on_every_rank(
+        n,
+        count,
+        &|r| input(r, count),
+        &|_| vec![f32::NAN; count],
+        &|place| place,
+        one_shot_all_reduce,
+    )?;
     let want: Vec<f32> = (0..count)
         .map(|i| (0..n).map(|r| input(r, count)[i]).sum())
         .collect();
-    for (r, got) in results.into_iter().enumerate() {
-        let got = got?;
+    for (r, got) in outputs.into_iter().enumerate() {
         if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
             return Err(format!("rank {r}: element {i} is {} not {}", got[i], want[i]).into());
         }
     }
     println!("device API one-shot AllReduce on {n} ranks: {count} floats correct on every rank");
     Ok(())
-}
-
-/// One rank: its input in a symmetric window, the device communicator, the kernel, the output.
-fn run_rank(comm: &Comm, count: usize) -> nccl::Result<Vec<f32>> {
-    let mut input_buf = DeviceBuffer::from_slice(comm.device(), &input(comm.rank(), count))?;
-    let window = comm.window(&mut input_buf, true)?;
-    let output = DeviceBuffer::<f32>::from_slice(comm.device(), &vec![f32::NAN; count])?;
-    let dev_comm = comm.dev_comm()?;
-    let dev_window = comm.dev_window(&dev_comm, window.handle())?;
-    let stream = Stream::new(comm.device())?;
-    let args = Args {
-        comm: dev_comm.get(),
-        input: dev_window.get(),
-        output: output.as_raw_ptr(),
-        count,
-    };
-    // SAFETY (inside): the buffers and the communicators outlive the kernel (the stream is
-    // drained below); every rank launches the same grid.
-    comm.device()
-        .launch_on_simulator(4, 128, stream.handle(), move || unsafe {
-            one_shot_all_reduce(&args)
-        })?;
-    stream.synchronize()?;
-    let got = output.to_vec()?;
-    drop(dev_window);
-    drop(dev_comm);
-    window.deregister()?;
-    Ok(got)
 }

@@ -524,11 +524,10 @@ impl Worker {
                 .filter(|h| h.bytes as usize + HEADER == len && h.channel < 2)
                 .ok_or_else(|| Error::remote(format!("rank {p} sent a malformed put")))?;
             if h.bytes > 0 {
-                let place = inner
-                    .windows
-                    .lock()
-                    .map_or(None, |w| w.get(&h.win).copied());
-                let Some((base, size)) = place else {
+                // Held while the copy is queued: a deregistration that removed the window
+                // and then drained the stream has seen every copy into it.
+                let windows = inner.windows.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(&(base, size)) = windows.get(&h.win) else {
                     return Err(Error::remote(format!(
                         "rank {p} put into window {:#x}, which rank {} has not registered",
                         h.win, inner.rank
@@ -542,6 +541,7 @@ impl Worker {
                 }
                 let src = link.bufs.ptr + (at + HEADER) as u64;
                 d.copy_dtod_async(base + h.offset, src, h.bytes as usize, stream)?;
+                drop(windows);
             }
             if h.signal != 0 {
                 let slot = h.channel as usize * inner.nranks + p;
