@@ -27,7 +27,9 @@
 //! every peer travel over the network instead (`onesided_net.rs`: a thread of the
 //! communicator's own sends them and, at the target, copies them into the window and writes
 //! the signal into the pad); waits are the same. A communicator of one node whose ranks cannot
-//! map each other (no p2p) refuses one-sided operations with ncclInvalidUsage.
+//! map each other reaches them through the network where it has a network path (P2P and SHM
+//! off), else refuses one-sided operations with ncclInvalidUsage; so does a put into a window
+//! some rank could not map where the others are mapped.
 
 use super::group_scope::ordered;
 use super::onesided_net::RemotePuts;
@@ -56,13 +58,14 @@ pub(crate) struct Signals {
     device: Device,
     rank: usize,
     nranks: usize,
+    /// Where not every rank maps every other: the network's side. Before `pad`, so that it
+    /// drops first: its thread writes signals into the pad until it is joined.
+    remote: Option<RemotePuts>,
+    /// Every rank's pad as addressed here, kept mapped, where every rank maps every other.
+    peers: Option<Shared>,
     /// This rank's pad: slot `c * nranks + s` counts the signals rank `s` sent here on
     /// channel `c`.
     pad: DevBuffer,
-    /// Every rank's pad as addressed here, kept mapped, where every rank maps every other;
-    /// else the network carries puts and signals.
-    peers: Option<Shared>,
-    remote: Option<RemotePuts>,
     /// The wait kernel, and the abort flag it watches.
     wait_kernel: Kernel,
     abort: u64,
@@ -96,17 +99,23 @@ impl Signals {
         ch: Channel,
     ) -> Result<()> {
         let at = ch as usize * self.nranks;
+        // Counted once queued: a put that failed leaves the count as it was. (Puts and
+        // signals take the communicator's order, so no other one runs meanwhile.)
         let value = {
-            let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-            c.sent[at + peer] += 1;
-            c.sent[at + peer]
+            let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            c.sent[at + peer] + 1
         };
-        match (&self.peers, &self.remote) {
-            (Some(peers), _) => {
+        let queued = match (&self.peers, &self.remote, data) {
+            (Some(peers), _, None) => {
                 let slot = peers.ptrs[peer] + 8 * (at + self.rank) as u64;
                 self.device.write_value64(stream, slot, value)
             }
-            (None, Some(remote)) => {
+            // To itself across nodes: the caller copied the data; the signal is local.
+            (None, Some(_), None) if peer == self.rank => {
+                let slot = self.pad.ptr + 8 * (at + self.rank) as u64;
+                self.device.write_value64(stream, slot, value)
+            }
+            (None, Some(remote), data) => {
                 let (win, offset, src, bytes) = data.unwrap_or_default();
                 let wait = |s: StreamHandle, addr: DevPtr, v: u64| self.wait_word(s, addr, v);
                 remote.put(
@@ -118,8 +127,13 @@ impl Signals {
                     &wait,
                 )
             }
-            (None, None) => Err(Error::internal("signal pads with no way to the peers")),
-        }
+            (Some(_), _, Some(_)) | (None, None, _) => Err(Error::internal(
+                "a put with no way to its target (its window is not mapped here)",
+            )),
+        };
+        queued?;
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).sent[at + peer] = value;
+        Ok(())
     }
 
     /// Holds `stream` until the u64 at `addr` (device memory or mapped host memory) reaches
@@ -239,6 +253,18 @@ impl Comm {
     ) -> Result<()> {
         let signals = self.one_sided([peer], stream)?;
         let (target, size) = self.window_of_peer(win, peer)?;
+        // Unmapped: the network carries it, or (to itself) a local copy does.
+        let target = match (target, signals.remote().is_some()) {
+            (Some(t), _) => Some(t),
+            (None, true) if peer == self.rank => self.window_bases(win)?.0.first().copied(),
+            (None, true) => None,
+            (None, false) => {
+                return Err(Error::invalid_usage(format!(
+                    "window {win:#x} is not mapped by every rank (some rank could not map some \
+                     other's part of it), so one-sided operations cannot reach it"
+                )))
+            }
+        };
         if offset
             .checked_add(bytes)
             .is_none_or(|end| end as u64 > size)

@@ -9,7 +9,8 @@
 //! staged chunk, a [`HEADER`] in front (window, offset, bytes, and on the put's last chunk its
 //! signal), and counts those whose send completed in `done`. A chunk waits (the wait kernel)
 //! until the chunk that last used its slot was sent; the put ends, in its stream, once its last
-//! chunk was sent, so its source may be reused. Puts take their place in the communicator's
+//! chunk was sent (its source was free once staged; the stream's later work then follows the
+//! data on the wire). Puts take their place in the communicator's
 //! order (as inside a node), so chunks are staged in issue order and the doorbell only grows.
 //!
 //! The receiver's thread keeps [`DEPTH`] receives posted per peer into pinned host buffers. A
@@ -288,9 +289,17 @@ impl RemotePuts {
             in_flight: VecDeque::new(),
             on_error,
         };
+        let on_error = worker.on_error.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nccl-onesided-{rank}"))
-            .spawn(move || worker.run())
+            .spawn(move || {
+                // A panic would leave the streams waiting on `done` for ever: report it.
+                let run = std::panic::AssertUnwindSafe(move || worker.run());
+                if std::panic::catch_unwind(run).is_err() {
+                    let e = Error::internal("the one-sided network thread panicked");
+                    on_error(rank, e);
+                }
+            })
             .map_err(|e| Error::system(format!("starting the one-sided network thread: {e}")))?;
         Ok(RemotePuts {
             inner,
@@ -372,6 +381,7 @@ impl Drop for RemotePuts {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        let _ = self.inner.device.stream_destroy(self.inner.stream);
     }
 }
 
@@ -414,6 +424,7 @@ impl Worker {
             }
         }
         let d = &self.inner.device;
+        // The stream goes with `RemotePuts` (a deregistration may still drain it).
         let _ = d.stream_sync(self.inner.stream);
         for l in self.links.iter_mut().flatten() {
             let _ = l.send.dereg_mr(l.send_mr);
@@ -422,7 +433,6 @@ impl Worker {
                 let _ = d.event_destroy(e);
             }
         }
-        let _ = d.stream_destroy(self.inner.stream);
     }
 
     /// One pass over sends and receives: whether anything moved; an error names its peer.
@@ -521,7 +531,8 @@ impl Worker {
             // SAFETY: the buffer's header, landed and not posted again yet.
             let head = unsafe { std::slice::from_raw_parts(host, HEADER.min(len)) };
             let h = Header::decode(head)
-                .filter(|h| h.bytes as usize + HEADER == len && h.channel < 2)
+                .filter(|h| h.bytes.checked_add(HEADER as u64) == Some(len as u64))
+                .filter(|h| h.channel < 2)
                 .ok_or_else(|| Error::remote(format!("rank {p} sent a malformed put")))?;
             if h.bytes > 0 {
                 // Held while the copy is queued: a deregistration that removed the window

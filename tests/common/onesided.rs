@@ -519,3 +519,37 @@ pub fn puts_then_waits(ranks: &Ranks, count: usize) {
         }
     }
 }
+
+/// Each rank puts `count` floats into its own window and waits for its own signal, on one
+/// stream; the window then holds them (a put to itself takes the local path on one node and
+/// across nodes alike).
+pub fn put_to_self(ranks: &Ranks, count: usize) {
+    let bytes = 4 * count;
+    let (wins, handles) = windows(ranks, &vec![bytes; ranks.comms.len()]);
+    let lent = lend(&ranks.comms);
+    std::thread::scope(|s| {
+        for (i, c) in lent.iter().enumerate() {
+            let (st, h) = (ranks.streams[i], handles[i]);
+            s.spawn(move || {
+                let me = c.rank();
+                let src = c.device().alloc(bytes).unwrap();
+                src.write(0, to_bytes(&data(me, 5, count))).unwrap();
+                // SAFETY: the test's buffers, alive until the synchronization below.
+                unsafe { c.put_signal_raw(src.ptr(), count, DataType::Float32, me, h, 0, st) }
+                    .unwrap();
+                c.wait_signal_raw(&[SignalWait { peer: me, ops: 1 }], st)
+                    .unwrap();
+                c.device().stream_sync(st).unwrap();
+            });
+        }
+    });
+    for (i, c) in ranks.comms.iter().enumerate() {
+        let mut got = vec![0u8; bytes];
+        wins[i].read(0, &mut got).unwrap();
+        assert!(
+            from_bytes::<f32>(&got) == data(c.rank(), 5, count),
+            "rank {}: its put to itself did not land",
+            c.rank()
+        );
+    }
+}

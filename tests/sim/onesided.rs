@@ -4,7 +4,7 @@
 //! process and as processes; an abort releases a stream held by a wait; bad arguments are
 //! refused with clear errors.
 
-use crate::common::onesided::{all_to_all_by_puts, puts_then_waits, windows};
+use crate::common::onesided::{all_to_all_by_puts, put_to_self, puts_then_waits, windows};
 use crate::common::{self, lend, Ranks};
 use nccl::{DataType, NcclResult, ReduceOp, SignalWait};
 
@@ -15,6 +15,7 @@ fn puts_land_before_their_signals_in_one_process() {
         let ranks = common::sim_ranks(n);
         all_to_all_by_puts(&ranks, 1001, 3);
         puts_then_waits(&ranks, 333);
+        put_to_self(&ranks, 77);
     }
 }
 
@@ -40,6 +41,7 @@ fn puts_and_signals_across_nodes() {
         all_to_all_by_puts(&ranks, chunks, 2);
         all_to_all_by_puts(&ranks, 333, 3);
         puts_then_waits(&ranks, 4097);
+        put_to_self(&ranks, 1003);
         return;
     }
     common::sim();
