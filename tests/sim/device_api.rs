@@ -219,10 +219,15 @@ fn bad_device_api_calls_are_refused() {
     let h = unsafe { c.window_register_raw(buf.ptr(), 256, 1) }.unwrap();
     let win = c.dev_window(&dc, h).unwrap().get();
     let comm = dc.get();
+    // One thread of 32 reads past the window, the others wait at the CTA barrier: the
+    // simulator releases them and the stream fails with the first thread's message.
     c.device()
-        .launch_on_simulator(1, 1, st, move || {
-            // SAFETY: deliberately past the window: the simulator must stop it.
-            unsafe { comm.lsa_ptr(&win, 256, 0) };
+        .launch_on_simulator(1, 32, st, move || {
+            if arch::thread_idx() == 5 {
+                // SAFETY: deliberately past the window: the simulator must stop it.
+                unsafe { comm.lsa_ptr(&win, 256, 0) };
+            }
+            arch::sync_threads();
         })
         .unwrap();
     let e = c

@@ -17,7 +17,13 @@ const NAMED_BARRIERS: usize = 16;
 struct BarrierState {
     arrived: u32,
     generation: u64,
+    /// A thread of the CTA panicked: no one will arrive any more.
+    poisoned: bool,
 }
+
+/// What the threads waiting at a barrier of a CTA whose thread panicked panic with (the first
+/// panic's message is the one [`run_cta`] re-raises).
+const POISONED: &str = "nccl-device sim: another thread of this CTA panicked";
 
 /// A reusable barrier for a thread count given at each arrival (as `bar.sync id, n`).
 #[derive(Default)]
@@ -29,6 +35,10 @@ struct Barrier {
 impl Barrier {
     fn wait(&self, count: u32) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.poisoned {
+            drop(s);
+            panic!("{POISONED}");
+        }
         let gen = s.generation;
         s.arrived += 1;
         if s.arrived >= count {
@@ -38,8 +48,21 @@ impl Barrier {
             return;
         }
         while s.generation == gen {
+            if s.poisoned {
+                drop(s);
+                panic!("{POISONED}");
+            }
             s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Releases every waiter, for good, with a panic.
+    fn poison(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .poisoned = true;
+        self.cv.notify_all();
     }
 }
 
@@ -96,17 +119,33 @@ pub fn run_cta(block: u32, grid: u32, threads: u32, body: &(dyn Fn() + Sync)) {
                     .name(std::format!("sim-cta{block}-t{tid}"))
                     .stack_size(256 * 1024)
                     .spawn_scoped(s, move || {
+                        let cta = ctx.cta.clone();
                         CTX.with(|c| *c.borrow_mut() = Some(ctx));
-                        body();
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
                         CTX.with(|c| *c.borrow_mut() = None);
+                        if let Err(p) = r {
+                            // The others would wait at the CTA's barriers for ever.
+                            cta.barriers.iter().for_each(Barrier::poison);
+                            cta.warp_barriers.iter().for_each(Barrier::poison);
+                            std::panic::resume_unwind(p);
+                        }
                     })
                     .expect("nccl-device sim: cannot start a CTA thread")
             })
             .collect();
+        // Every thread joined; the first panic that is not a released waiter's is re-raised.
+        let mut first = None;
         for h in handles {
             if let Err(p) = h.join() {
-                std::panic::resume_unwind(p);
+                let waiter =
+                    p.downcast_ref::<std::string::String>().map(|m| m.as_str()) == Some(POISONED);
+                if first.is_none() || (!waiter && first.as_ref().is_some_and(|f: &(bool, _)| f.0)) {
+                    first = Some((waiter, p));
+                }
             }
+        }
+        if let Some((_, p)) = first {
+            std::panic::resume_unwind(p);
         }
     });
 }
