@@ -189,7 +189,7 @@ params! {
     LOCAL_REGISTER = "1",
         "0: registered buffers (ncclCommRegister) are recorded but send/recv and the ring collectives (AllGather, Broadcast, AllReduce, ReduceScatter, Reduce) still copy through the FIFOs";
     RS_PRELOAD_KERNELS = "",
-        "kernels a communicator's init loads (once per GPU and process) besides those whose SASS the build embedded, which it always loads: a comma-separated list of entry-name prefixes (nccl_all_reduce_float_sum, nccl_p2p, ...; 'all' for every one), JIT-compiled from their PTX; 0: none, not even the SASS ones. A kernel loaded later, on first use, makes CUDA wait for the GPU's running kernels: behind a held ncclWaitSignal that can deadlock";
+        "kernels a communicator's first window registration or device communicator loads (once per GPU and process) besides those whose SASS the build embedded, which it always loads: a comma-separated list of entry-name prefixes (nccl_all_reduce_float_sum, nccl_p2p, ...; 'all' for every one), JIT-compiled from their PTX; 0: none, not even the SASS ones. A kernel loaded later, on first use, makes CUDA wait for the GPU's running kernels: behind a held ncclWaitSignal that can deadlock";
     RS_SASS = "1",
         "0: kernels are JIT-compiled from their PTX even where the build embedded SASS for the device (NCCL_RS_PTXAS at build time)";
     RS_VMM_IPC = "1",

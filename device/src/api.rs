@@ -21,7 +21,9 @@
 //! [`fence_system`] separates them and the reader reads them in the reverse order.
 //!
 //! The same code runs on GPUs (compiled to PTX) and on the CPU simulator, where each thread of
-//! a CTA is a host thread; the simulator checks that the ranks meet at every barrier.
+//! a CTA is a host thread; the simulator checks `lsa_ptr`'s peer and offset (against this
+//! rank's part of the window) and a barrier's index, and fails the stream with the message.
+//! Loading such kernels on GPUs is not built yet (`docs/device-api.md`).
 
 use crate::arch;
 

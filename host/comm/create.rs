@@ -211,8 +211,6 @@ impl Comm {
             nvls: nvls.as_ref(),
             stamps: stamps.as_ref(),
         })?;
-        // Before any rank of the communicator can launch (`Device::preload_kernels`).
-        j.device.preload_kernels()?;
         j.bootstrap.barrier()?;
         let (free_after, _) = j.device.mem_info()?;
         abort.check()?;

@@ -51,6 +51,8 @@ impl Comm {
     /// (ranks of one node through p2p), else this rank alone.
     pub fn dev_comm(&self) -> Result<DeviceComm> {
         self.check_usable()?;
+        // User kernels wait at barriers that peers release (`Device::preload_kernels`).
+        self.device.preload_kernels()?;
         let all = self.bootstrap.allgather(&[self.maps_every_rank() as u8])?;
         let team = all.iter().all(|v| v.first() == Some(&1)) && self.nranks > 1;
         let lsa_size = if team { self.nranks } else { 1 };

@@ -224,6 +224,10 @@ impl Comm {
                  NCCL_WIN_COLL_SYMMETRIC (1)"
             )));
         }
+        // Waits that peers release (one-sided, copy-engine, device API) need every kernel
+        // loaded before they can hold a stream: before the offers, so every rank has loaded
+        // once any returns (`Device::preload_kernels`; once per GPU and process).
+        self.device.preload_kernels()?;
         let local = self.check_window_buffer(buff, bytes);
         let me = Offer {
             refused: if local.is_err() { REFUSED_BUFFER } else { 0 },

@@ -340,11 +340,12 @@ impl Device {
     crate::internal! {
         /// Loads, once per device and process, the kernels a communicator may launch: those
         /// whose SASS the build embedded, and those NCCL_RS_PRELOAD_KERNELS names (JIT-compiled
-        /// from their PTX); none with NCCL_RS_PRELOAD_KERNELS=0. As NCCL loads its kernels at
-        /// init: loading one later (a module, and the local memory it needs) makes CUDA wait
-        /// for every kernel running on the device, and a kernel held by peers — the wait of a
-        /// `ncclWaitSignal` whose signals follow a collective this rank has yet to launch,
-        /// ranks sharing a GPU — then never ends.
+        /// from their PTX); none with NCCL_RS_PRELOAD_KERNELS=0. Loading one later (a module,
+        /// and the local memory it needs) makes CUDA wait for every kernel running on the
+        /// device, and a wait held by peers — a `ncclWaitSignal` whose signals follow a
+        /// collective this rank has yet to launch — then never ends. NCCL loads its kernels at
+        /// init; here that costs 3–4 ms per kernel, so it is done where such waits become
+        /// possible: a communicator's first window, and its device communicator.
         fn preload_kernels(&self) -> Result<usize> {
             let wanted = crate::env::RS_PRELOAD_KERNELS.raw().unwrap_or_default();
             if wanted.trim() == "0" {
