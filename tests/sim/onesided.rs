@@ -50,8 +50,8 @@ fn puts_and_signals_across_nodes() {
     }
 }
 
-/// A rank killed while the others' streams wait for its signals across nodes: every
-/// survivor's async error names it, the abort releases the waits, destroy returns.
+/// A rank killed while the others' streams wait for its signals across nodes: the waits end,
+/// every survivor's async error names it, abort and destroy return.
 #[test]
 fn a_dead_peer_across_nodes_ends_the_waits_for_it() {
     if let Some(ranks) = crate::multinode::child_comm() {
@@ -87,23 +87,14 @@ fn a_dead_peer_across_nodes_ends_the_waits_for_it() {
             st,
         )
         .unwrap();
-        let limit = common::procs::limit();
-        let t0 = std::time::Instant::now();
-        let err = loop {
-            if let Err(e) = c.get_async_error() {
-                break e;
-            }
-            assert!(t0.elapsed() < limit, "rank {me}: no async error");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        // The wait ends only once the death is known: the fault raises the communicator's
+        // error and then the abort flag the wait kernel watches (the harness bounds the run).
+        let _ = c.device().stream_sync(st);
+        let err = c
+            .get_async_error()
+            .expect_err("the wait ended with no async error");
         assert!(err.message.contains(&format!("rank {victim}")), "{err}");
         c.abort();
-        let d = c.device().clone();
-        common::procs::within(
-            "a wait for a dead peer, after the abort",
-            limit,
-            move || d.stream_sync(st).unwrap(),
-        );
         return;
     }
     common::sim();
