@@ -56,6 +56,16 @@ pub fn check_built_for(sm: u32) -> crate::Result<()> {
 /// versions of its major only). None where the build made none (`NCCL_RS_PTXAS` unset), or
 /// with `NCCL_RS_SASS=0`, which makes every kernel JIT from PTX.
 pub fn sass(sm: u32, name: &str) -> Option<Vec<u8>> {
+    miniz_oxide::inflate::decompress_to_vec(packed_sass(sm, name)?).ok()
+}
+
+/// Whether [`sass`] has a cubin for kernel `name` on `sm` (without inflating it).
+pub fn has_sass(sm: u32, name: &str) -> bool {
+    packed_sass(sm, name).is_some()
+}
+
+/// The deflated cubin [`sass`] takes.
+fn packed_sass(sm: u32, name: &str) -> Option<&'static [u8]> {
     if crate::env::RS_SASS.int() == 0 {
         return None;
     }
@@ -63,7 +73,7 @@ pub fn sass(sm: u32, name: &str) -> Option<Vec<u8>> {
         .iter()
         .filter(|(arch, n, _)| *n == name && arch / 10 == sm / 10 && *arch <= sm)
         .max_by_key(|(arch, _, _)| *arch)?;
-    miniz_oxide::inflate::decompress_to_vec(packed).ok()
+    Some(packed)
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ impl Kernels for Device {
         let t0 = Instant::now();
         let mut loaded = 0;
         for &name in names {
-            if jit(name) || crate::cuda::ptx::sass(self.sm, name).is_some() {
+            if jit(name) || crate::cuda::ptx::has_sass(self.sm, name) {
                 self.function(name)?;
                 loaded += 1;
             }
