@@ -26,31 +26,7 @@ mod kernel_filter;
 /// the JIT; a test checks the two agree.
 const MAX_REGISTERS: u32 = 65536 / 512;
 
-#[path = "host/cuda/ptx_archs.rs"]
-#[allow(dead_code)]
-mod ptx_archs;
-
-/// What `nvidia-smi` says of this machine's GPUs; an NVIDIA device node without it (or an
-/// `nvidia-smi` too old for the query) counts as GPUs of unknown architecture.
-fn visible_gpus() -> ptx_archs::Visible {
-    use ptx_archs::Visible;
-    let listed = Command::new("nvidia-smi")
-        .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(ptx_archs::parse_compute_cap)
-                .collect::<Vec<u32>>()
-        });
-    match listed {
-        Some(gpus) if !gpus.is_empty() => Visible::Gpus(gpus),
-        _ if Path::new("/dev/nvidia0").exists() => Visible::Unknown,
-        _ => Visible::NoGpu,
-    }
-}
+use nccl_kernel_build as kb;
 
 fn main() {
     let manifest =
@@ -58,7 +34,6 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed=device/src");
     println!("cargo:rerun-if-changed=device/Cargo.toml");
-    println!("cargo:rerun-if-env-changed=NCCL_RS_SKIP_PTX");
     // The kernel filter (device/src/kernel_set/filter.rs): the device crate's own build script
     // reads it in the PTX build as in the simulator's.
     println!("cargo:rerun-if-env-changed=NCCL_RS_KERNELS");
@@ -66,7 +41,7 @@ fn main() {
     // C-variadic functions (the net plugins' logger) need a nightly compiler; a crate built on
     // stable gets the fallback in transport/net/plugin/log.rs.
     println!("cargo::rustc-check-cfg=cfg(nccl_rs_variadic)");
-    let nightly = is_nightly();
+    let nightly = kb::is_nightly();
     if nightly {
         println!("cargo:rustc-cfg=nccl_rs_variadic");
     }
@@ -77,19 +52,7 @@ fn main() {
 
     // Which architectures (host/cuda/ptx_archs.rs has the rules): NCCL_RS_PTX_ARCHS when set,
     // else the GPUs this machine shows, none where it shows none.
-    println!("cargo:rerun-if-env-changed=NCCL_RS_PTX_ARCHS");
-    let requested = env::var("NCCL_RS_PTX_ARCHS").unwrap_or_default();
-    let (archs, why) = if env::var_os("NCCL_RS_SKIP_PTX").is_some() {
-        // For machines that only run the simulator and cannot build for nvptx.
-        (Vec::new(), "NCCL_RS_SKIP_PTX".to_string())
-    } else {
-        let visible = if requested.trim().is_empty() {
-            visible_gpus()
-        } else {
-            ptx_archs::Visible::Unknown
-        };
-        ptx_archs::choose(&requested, &visible).unwrap_or_else(|e| panic!("nccl-rs build.rs: {e}"))
-    };
+    let (archs, why) = kb::chosen_archs();
     if archs.is_empty() {
         println!(
             "cargo:warning=nccl-rs: kernels built for the simulator only ({why}); \
@@ -107,10 +70,7 @@ fn main() {
             .iter()
             .map(|arch| {
                 let (manifest, out, ptx) = (&manifest, &out, ptx_of(arch));
-                (
-                    arch,
-                    s.spawn(move || build_ptx(manifest, out, arch, &ptx, nightly)),
-                )
+                (arch, s.spawn(move || build_ptx(manifest, out, arch, &ptx)))
             })
             .collect();
         for (arch, build) in builds {
@@ -140,7 +100,7 @@ fn main() {
                 ptxas.as_encoded_bytes(),
                 &MAX_REGISTERS.to_le_bytes(),
             ]);
-            let dir = shared_ptx_dir(&out).join(format!("sass-{arch}-{key:016x}"));
+            let dir = kb::shared_ptx_dir(&out).join(format!("sass-{arch}-{key:016x}"));
             for (name, file) in build_sass(Path::new(ptxas), &dir, arch, &text) {
                 let file = file.to_str().expect("a UTF-8 target directory");
                 sass.push_str(&format!(
@@ -259,139 +219,24 @@ fn build_sass(ptxas: &Path, dir: &Path, arch: &str, ptx: &str) -> Vec<(String, P
     names.iter().map(|n| (n.clone(), cubin_of(n))).collect()
 }
 
-/// Whether the compiler building this crate is a nightly (or a local development build).
-fn is_nightly() -> bool {
-    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    Command::new(rustc)
-        .arg("-V")
-        .output()
-        .map(|o| {
-            let v = String::from_utf8_lossy(&o.stdout);
-            v.contains("-nightly") || v.contains("-dev")
-        })
-        .unwrap_or(false)
-}
-
-/// The nightly toolchain this repository pins (rust-toolchain.toml), for the device build when
-/// the crate itself is built by a stable compiler (a project depending on nccl-rs).
-fn pinned_toolchain(manifest: &Path) -> String {
-    let text = fs::read_to_string(manifest.join("rust-toolchain.toml"))
-        .expect("nccl-rs build.rs: read rust-toolchain.toml");
-    text.lines()
-        .find_map(|l| {
-            let v = l.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
-            Some(v.trim().trim_matches('"').to_string())
-        })
-        .expect("nccl-rs build.rs: rust-toolchain.toml names no channel")
-}
-
-/// Whether `arch` (`sm_NN`) has multicast memory: sm_90 and newer.
-fn has_multimem(arch: &str) -> bool {
-    arch.trim_start_matches("sm_")
-        .parse::<u32>()
-        .is_ok_and(|sm| sm >= 90)
-}
-
-/// Where the PTX builds keep their target directories: beside the outer build's profiles
-/// (`<target>/nccl-ptx`), so that every profile and feature set of the workspace shares one
-/// build of each architecture's PTX (the nested cargo finds it fresh when the device sources
-/// did not change, and its lock orders two outer builds that reach it at once). `out` is
-/// `<target>[/<triple>]/<profile>/build/<package>-<hash>/out`.
-fn shared_ptx_dir(out: &Path) -> PathBuf {
-    let target = out
-        .ancestors()
-        .nth(4)
-        .filter(|_| out.ancestors().nth(2).and_then(|b| b.file_name()) == Some("build".as_ref()));
-    match target {
-        Some(t) => t.join("nccl-ptx"),
-        // An unexpected layout: a build of our own, as before.
-        None => out.join("nccl-ptx"),
+fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path) {
+    // The multicast instructions (NVLS's multimem.ld_reduce / st / red) need sm_90 and PTX
+    // ISA 8.1; LLVM would write sm_90's minimum, 7.8. Older architectures build without them
+    // (device/src/arch/nvptx.rs traps there instead).
+    let mut crate_flags = vec![format!("-Ctarget-cpu={arch}")];
+    if kb::has_multimem(arch) {
+        crate_flags
+            .extend(["-Ctarget-feature=+ptx81", "--cfg", "nccl_rs_multimem"].map(String::from));
     }
-}
-
-fn build_ptx(manifest: &Path, out: &Path, arch: &str, dest: &Path, nightly: bool) {
-    // One target directory per architecture, shared by every outer build: the PTX is picked
-    // up by name from it.
-    let target_dir = shared_ptx_dir(out).join(format!("nvptx-{arch}"));
-    let mut cmd = if nightly {
-        Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-    } else {
-        // The device crate needs nightly (build-std, nvptx asm): rustup runs the pinned one.
-        let mut c = Command::new("rustup");
-        c.args(["run", &pinned_toolchain(manifest), "cargo"]);
-        c
-    };
-    cmd.current_dir(manifest)
-        .args([
-            "rustc",
-            "--release",
-            "--lib",
-            "-p",
-            "nccl-device",
-            "--target",
-            "nvptx64-nvidia-cuda",
-        ])
-        .args(["-Zbuild-std=core", "--target-dir"])
-        .arg(&target_dir)
-        .args(["--", "--emit=asm", "-Ccodegen-units=1", "-Cdebuginfo=0"])
-        .arg(format!("-Ctarget-cpu={arch}"));
-    if has_multimem(arch) {
-        // Multicast memory (NVLS's multimem.ld_reduce / st / red) needs sm_90 and PTX ISA 8.1;
-        // LLVM would write sm_90's minimum, 7.8. Older architectures build without the NVLS
-        // instructions (device/src/arch/nvptx.rs traps there instead).
-        cmd.args(["-Ctarget-feature=+ptx81", "--cfg", "nccl_rs_multimem"]);
+    let ptx = kb::PtxBuild {
+        dir: manifest,
+        package: "nccl-device",
+        arch,
+        // One target directory per architecture, shared by every outer build.
+        target_dir: kb::shared_ptx_dir(out).join(format!("nvptx-{arch}")),
+        rustflags: Vec::new(),
+        crate_flags,
     }
-    // The outer build's flags and wrappers (clippy, coverage, host RUSTFLAGS) are not for nvptx.
-    if !nightly {
-        // The outer (stable) compiler is not the one for the device crate: rustup run picks.
-        for var in ["RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN"] {
-            cmd.env_remove(var);
-        }
-    }
-    for var in [
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTC_WRAPPER",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_MAKEFLAGS",
-        "MAKEFLAGS",
-        "MFLAGS",
-    ] {
-        cmd.env_remove(var);
-    }
-    // core too must turn panics into traps: a kernel cannot unwind, and a call to core's panic
-    // machinery would be an undefined symbol in the PTX.
-    cmd.env("RUSTFLAGS", "-Zunstable-options -Cpanic=immediate-abort");
-    let status = cmd.status().unwrap_or_else(|e| {
-        panic!(
-            "nccl-rs build.rs: cannot run cargo for the device crate ({e}); with a stable \
-             compiler the kernels are built by rustup's {} toolchain (rustup toolchain install {} \
-             --component rust-src), or set NCCL_RS_SKIP_PTX=1 to build for the simulator only",
-            pinned_toolchain(manifest),
-            pinned_toolchain(manifest)
-        )
-    });
-    if !status.success() {
-        panic!("nccl-rs build.rs: the device crate failed to build for nvptx64-nvidia-cuda ({arch}); rustc's message is above");
-    }
-    let deps = target_dir.join("nvptx64-nvidia-cuda/release/deps");
-    let newest = fs::read_dir(&deps)
-        .expect("device build wrote no deps folder")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "s")
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("nccl_device-"))
-        })
-        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
-        .expect("device build wrote no PTX");
-    let ptx = fs::read_to_string(&newest).expect("read PTX");
-    // An unresolved call would only fail when the driver loads the module: fail the build instead.
-    if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
-        panic!("nccl-rs build.rs: the PTX for {arch} calls an undefined function: {line}");
-    }
+    .run();
     fs::write(dest, ptx).expect("write PTX");
 }

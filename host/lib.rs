@@ -165,7 +165,7 @@ pub use comm::{
     CTA_POLICY_EFFICIENCY, CTA_POLICY_ZERO, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR,
 };
 pub use comm::{ReduceOp, Scalar};
-pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, StreamHandle};
+pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, Module, StreamHandle};
 pub use error::{Error, NcclResult, Result};
 pub use nccl_device::ops::RedOpKind;
 pub use nccl_device::types::DataType;

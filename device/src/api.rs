@@ -23,7 +23,15 @@
 //! The same code runs on GPUs (compiled to PTX) and on the CPU simulator, where each thread of
 //! a CTA is a host thread; the simulator checks `lsa_ptr`'s peer and offset (against this
 //! rank's part of the window) and a barrier's index, and fails the stream with the message.
-//! Loading such kernels on GPUs is not built yet (`docs/device-api.md`).
+//!
+//! # Kernels of your own crate
+//!
+//! [`kernel!`](crate::kernel) declares a kernel: on `nvptx64` a PTX entry point, on the host a
+//! [`Kernel`] value that `nccl::Module::launch` runs on a GPU (by its entry's name, from the
+//! PTX `nccl-kernel-build` compiled in your build script) or on the simulator (by calling the
+//! function). Only your crate is compiled to PTX: what it calls of this crate is inlined into
+//! it (every function of this module is `#[inline]`), and a build that would call a function
+//! of another crate fails, naming it.
 
 use crate::arch;
 
@@ -119,6 +127,7 @@ impl DevComm {
     ///
     /// # Safety
     /// `self` came from the host and `lsa_peer < lsa_size`.
+    #[inline]
     pub unsafe fn lsa_to_rank(&self, lsa_peer: u32) -> u32 {
         if lsa_peer >= self.lsa_size {
             arch::trap();
@@ -130,6 +139,7 @@ impl DevComm {
     ///
     /// # Safety
     /// `self` came from the host and the communicator lives.
+    #[inline]
     pub unsafe fn aborted(&self) -> bool {
         self.abort != 0 && arch::ld_volatile(self.abort as *const u64) != 0
     }
@@ -139,6 +149,7 @@ impl DevComm {
     ///
     /// # Safety
     /// `self` came from the host and the communicator lives.
+    #[inline]
     pub unsafe fn lsa_barrier(&self, index: u32) -> LsaBarrier<'_> {
         if index >= MAX_BARRIERS {
             arch::trap();
@@ -147,6 +158,7 @@ impl DevComm {
     }
 
     /// Word `w` of CTA index `index`'s part of LSA rank `lsa_peer`'s barrier area.
+    #[inline]
     unsafe fn barrier_word(&self, lsa_peer: u32, index: u32, w: usize) -> *mut u64 {
         let area = *(self.barriers as *const u64).add(lsa_peer as usize) as *mut u64;
         area.add(index as usize * barrier_words(self.lsa_size) + w)
@@ -166,6 +178,7 @@ impl LsaBarrier<'_> {
     ///
     /// # Safety
     /// As [`DevComm::lsa_barrier`]; every thread of the CTA calls it, none other.
+    #[inline]
     pub unsafe fn sync(&self) -> Result<(), Aborted> {
         let c = self.comm;
         let (n, me, i) = (c.lsa_size, c.lsa_rank, self.index);
@@ -195,4 +208,59 @@ impl LsaBarrier<'_> {
             _ => Err(Aborted),
         }
     }
+}
+
+/// A kernel of the user's crate, as the host launches it (`nccl::Module::launch`): the name of
+/// its PTX entry point (for a GPU) and the function itself (for the simulator, which calls it
+/// on every thread of every CTA). Made by [`kernel!`](crate::kernel), never by hand: the two
+/// must be the same kernel.
+pub struct Kernel<A> {
+    name: &'static str,
+    body: unsafe fn(&A),
+}
+
+impl<A> Kernel<A> {
+    #[doc(hidden)]
+    pub const fn new(name: &'static str, body: unsafe fn(&A)) -> Self {
+        Kernel { name, body }
+    }
+    /// The PTX entry point's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+    /// The function every thread runs (what the simulator calls).
+    pub const fn body(&self) -> unsafe fn(&A) {
+        self.body
+    }
+}
+
+impl<A> Clone for Kernel<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<A> Copy for Kernel<A> {}
+
+/// Declares a kernel of the user's crate: `kernel!(pub ALL_REDUCE = one_shot_all_reduce(Args));`
+/// with `unsafe fn one_shot_all_reduce(args: &Args)` (every thread of every CTA runs it;
+/// `Args: Copy`, `#[repr(C)]`, passed by value as the kernel's one parameter).
+///
+/// Compiled for `nvptx64` it is a PTX entry point named after the function (the crate needs
+/// `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]`); for the host it is the
+/// constant `ALL_REDUCE`, a [`Kernel<Args>`](crate::api::Kernel) for `nccl::Module::launch`.
+#[macro_export]
+macro_rules! kernel {
+    ($(#[$meta:meta])* $vis:vis $handle:ident = $func:ident($args:ty);) => {
+        #[cfg(target_arch = "nvptx64")]
+        const _: () = {
+            #[export_name = stringify!($func)]
+            unsafe extern "ptx-kernel" fn entry(args: $args) {
+                $func(&args)
+            }
+        };
+        $(#[$meta])*
+        #[cfg(not(target_arch = "nvptx64"))]
+        $vis const $handle: $crate::api::Kernel<$args> =
+            $crate::api::Kernel::new(stringify!($func), $func);
+    };
 }

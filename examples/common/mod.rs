@@ -9,8 +9,6 @@
 
 use nccl::Backend;
 
-pub mod device_api;
-
 /// Chooses the backend for this process (before any other nccl call) and says which.
 pub fn choose_backend() -> nccl::Result<Backend> {
     let backend = match std::env::var("NCCL_RS_BACKEND").as_deref() {

@@ -126,6 +126,8 @@ mod graph;
 mod ptx_archs;
 mod ptx_cut;
 pub use graph::{Graph, GraphRelease};
+pub(crate) mod module;
+pub use module::Module;
 pub(crate) mod multicast;
 pub(crate) use multicast::Multicast;
 mod owned;
@@ -196,8 +198,8 @@ impl Device {
     /// Launches a kernel written in Rust with the device API (`nccl_device::api`) on the
     /// simulator: `body` runs once per thread of a grid of `grid` CTAs of `block` threads, each
     /// a host thread, in `stream`'s order, with `nccl_device::arch`'s thread and CTA indices
-    /// set. A panic in it is the stream's error. On GPUs such kernels are PTX modules of their
-    /// own, which this API does not load yet (ncclInvalidUsage).
+    /// set. A panic in it is the stream's error. For tests of closures; a kernel that runs on
+    /// GPUs too is launched through [`Module::launch`] (on a GPU this is ncclInvalidUsage).
     pub fn launch_on_simulator(
         &self,
         grid: u32,
@@ -213,8 +215,8 @@ impl Device {
         match &*self.imp {
             Imp::Sim(d) => d.launch_body(grid, block, stream, Arc::new(body)),
             Imp::Cuda(_) => Err(Error::invalid_usage(
-                "launch_on_simulator: this device is a GPU; kernels of the device API run on the \
-                 simulator only for now",
+                "launch_on_simulator: this device is a GPU; a kernel of the device API runs on \
+                 GPUs from a PTX module (nccl::Module, nccl_device::kernel!)",
             )),
         }
     }

@@ -21,8 +21,6 @@ const EXAMPLES: &[(&str, &[&str])] = &[
         "user_buffer_registration",
         &["nccl_all_gather", "nccl_all_reduce_bfloat16_sum"],
     ),
-    ("device_api_all_reduce", &[]),
-    ("device_api_fused", &[]),
 ];
 
 /// `target/<profile>/examples/NAME`, beside this test's `target/<profile>/deps/`.

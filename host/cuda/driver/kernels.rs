@@ -47,30 +47,8 @@ impl Kernels for Device {
                 }
             }
         };
-        let cname = std::ffi::CString::new(name)
-            .map_err(|_| Error::internal("kernel name holds a NUL byte"))?;
-        let mut f = std::ptr::null_mut();
-        // SAFETY: out-parameter; module is loaded.
-        check(
-            unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) },
-            &format!("cuModuleGetFunction({name})"),
-        )?;
-        // Asking an attribute loads the function now, where CUDA's lazy loading would at its
-        // first launch (`preload` says why not then).
-        let mut local = 0;
-        // SAFETY: out-parameter; f is a function of a loaded module.
-        check(
-            unsafe {
-                sys::cuFuncGetAttribute(
-                    &mut local,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
-                    f,
-                )
-            },
-            &format!("cuFuncGetAttribute({name})"),
-        )?;
-        self.local_bytes
-            .fetch_max(local.max(0) as usize, std::sync::atomic::Ordering::Relaxed);
+        // Loaded now, not at its first launch (`preload` says why).
+        let f = self.entry(module, name)?;
         self.functions
             .lock()
             .map_err(|_| Error::internal("kernel cache poisoned"))?
@@ -94,30 +72,14 @@ impl Kernels for Device {
                 loaded += 1;
             }
         }
-        // A launch that needs more local memory than the context holds makes CUDA grow it,
-        // which waits for the context's running kernels: reserve it for the largest now.
-        let need = self.local_bytes.load(std::sync::atomic::Ordering::Relaxed);
-        let mut have = 0;
-        self.make_current()?;
-        // SAFETY: out-parameter; the context is current.
-        check(
-            unsafe { sys::cuCtxGetLimit(&mut have, sys::CUlimit::CU_LIMIT_STACK_SIZE) },
-            "cuCtxGetLimit(stack)",
-        )?;
-        if need > have {
-            // SAFETY: a limit of the current context.
-            check(
-                unsafe { sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_STACK_SIZE, need) },
-                "cuCtxSetLimit(stack)",
-            )?;
-        }
+        let (have, need) = self.reserve_stack()?;
         log::info!(
             "cuda: preloaded {loaded} of {} kernels on device {} in {:.1} ms (stack {} bytes, \
              kernels need {need})",
             names.len(),
             self.ordinal,
             t0.elapsed().as_secs_f64() * 1e3,
-            have.max(need)
+            have
         );
         *done = true;
         Ok(loaded)
@@ -158,6 +120,116 @@ impl Kernels for Device {
 }
 
 impl Device {
+    /// Reserves the local memory the largest kernel loaded so far needs: a launch that needs
+    /// more than the context holds makes CUDA grow it, which waits for the context's running
+    /// kernels (waits on peers included). Returns (stack bytes now, bytes needed).
+    fn reserve_stack(&self) -> Result<(usize, usize)> {
+        let need = self.local_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let mut have = 0;
+        self.make_current()?;
+        // SAFETY: out-parameter; the context is current.
+        check(
+            unsafe { sys::cuCtxGetLimit(&mut have, sys::CUlimit::CU_LIMIT_STACK_SIZE) },
+            "cuCtxGetLimit(stack)",
+        )?;
+        if need > have {
+            // SAFETY: a limit of the current context.
+            check(
+                unsafe { sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_STACK_SIZE, need) },
+                "cuCtxSetLimit(stack)",
+            )?;
+        }
+        Ok((have.max(need), need))
+    }
+
+    /// Loads a user's PTX module (the device API's `Module`), JIT-compiled by the driver with
+    /// its default limits, and every entry point of it now rather than at its first launch.
+    pub fn load_user_module(&self, ptx: &str) -> Result<UserModule> {
+        self.make_current()?;
+        let t0 = Instant::now();
+        let _relaxed = RelaxedCapture::enter();
+        let text = std::ffi::CString::new(ptx)
+            .map_err(|_| Error::invalid_argument("Module::load: the PTX holds a NUL byte"))?;
+        let mut m = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX text alive for the call; no options.
+        check(
+            unsafe {
+                sys::cuModuleLoadDataEx(
+                    &mut m,
+                    text.as_ptr() as *const c_void,
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuModuleLoadDataEx (a user kernel module)",
+        )?;
+        let mut module = UserModule {
+            module: Raw(m),
+            functions: Default::default(),
+        };
+        for name in crate::cuda::module::entry_names(ptx) {
+            let f = self.entry(m, name)?;
+            module.functions.insert(name.to_string(), f as usize);
+        }
+        self.reserve_stack()?;
+        log::info!(
+            "cuda: loaded a user kernel module ({} kernels) on device {} in {:.1} ms",
+            module.functions.len(),
+            self.ordinal,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(module)
+    }
+
+    /// Unloads a user module; its kernels must have finished.
+    pub fn unload_user_module(&self, m: UserModule) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: a module this context loaded, no longer used.
+        check(unsafe { sys::cuModuleUnload(m.module.0) }, "cuModuleUnload")
+    }
+
+    /// Launches a user kernel with its one parameter at `arg`.
+    pub fn launch_user(
+        &self,
+        f: usize,
+        grid: u32,
+        block: u32,
+        stream: StreamHandle,
+        arg: *const u8,
+    ) -> Result<()> {
+        self.launch(f, grid, block, stream, arg, 0)
+    }
+
+    /// Entry point `name` of a loaded module, loaded now (asking an attribute loads a
+    /// function where CUDA's lazy loading would at its first launch, which may wait for the
+    /// context's running kernels), its local memory counted for [`Device::reserve_stack`].
+    fn entry(&self, module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| Error::internal("kernel name holds a NUL byte"))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: out-parameter; module is loaded.
+        check(
+            unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) },
+            &format!("cuModuleGetFunction({name})"),
+        )?;
+        let mut local = 0;
+        // SAFETY: out-parameter; f is a function of a loaded module.
+        check(
+            unsafe {
+                sys::cuFuncGetAttribute(
+                    &mut local,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                    f,
+                )
+            },
+            &format!("cuFuncGetAttribute({name})"),
+        )?;
+        self.local_bytes
+            .fetch_max(local.max(0) as usize, std::sync::atomic::Ordering::Relaxed);
+        Ok(f)
+    }
+
     /// The module of kernel `name` cut from this device's PTX, JIT-compiled.
     fn load_ptx(&self, name: &str) -> Result<sys::CUmodule> {
         let Some(ptx) = crate::cuda::ptx::for_arch(self.sm) else {
@@ -202,5 +274,25 @@ impl Device {
             "cuModuleLoadDataEx",
         )?;
         Ok(m)
+    }
+}
+
+/// A user's kernel module loaded on a GPU, and its entry points.
+pub struct UserModule {
+    module: Raw<sys::CUmodule>,
+    functions: crate::cuda::module::Functions,
+}
+
+impl UserModule {
+    /// The entry point `name`, or why there is none.
+    pub fn function(&self, name: &str) -> Result<usize> {
+        self.functions.get(name).copied().ok_or_else(|| {
+            let mut held: Vec<&str> = self.functions.keys().map(String::as_str).collect();
+            held.sort_unstable();
+            Error::invalid_usage(format!(
+                "Module::launch: kernel {name} is not in this module (it holds {held:?}): \
+                 launch a kernel of the crate the PTX was built from"
+            ))
+        })
     }
 }

@@ -14,6 +14,7 @@ use std::time::Instant;
 mod capture;
 mod context;
 mod kernels;
+pub use kernels::UserModule;
 mod memory;
 mod multicast;
 mod sharing;

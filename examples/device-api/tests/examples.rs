@@ -1,0 +1,71 @@
+//! The examples' ranks on the simulator: as threads of this process (their rank functions),
+//! and as processes (the example binaries `cargo test` built).
+
+use nccl::{Backend, Comm, Module};
+use nccl_device_api_examples::{all_reduce, fused, RankBody};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// `body` on `n` simulated GPUs, a thread per rank.
+fn on_threads(n: usize, body: RankBody) {
+    nccl::cuda::set_backend(Backend::Sim).unwrap();
+    let comms = Comm::init_all(&(0..n as i32).collect::<Vec<_>>()).unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            s.spawn(move || {
+                let module = Module::load(comm.device(), nccl_device_api_examples::PTX).unwrap();
+                body(&comm, &module).unwrap_or_else(|e| panic!("{e}"));
+            });
+        }
+    });
+}
+
+#[test]
+fn one_shot_all_reduce_on_2_4_and_8_ranks() {
+    for n in [2, 4, 8] {
+        on_threads(n, all_reduce::rank);
+    }
+}
+
+#[test]
+fn fused_all_reduce_scale_add_on_1_and_3_ranks() {
+    for n in [1, 3] {
+        on_threads(n, fused::rank);
+    }
+}
+
+/// `target/<profile>/examples/NAME`, beside this test's `target/<profile>/deps/`.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps");
+    profile.join("examples").join(name)
+}
+
+#[test]
+fn the_examples_run_as_rank_processes() {
+    for (name, n) in [("all_reduce", "3"), ("fused", "2")] {
+        let path = example(name);
+        assert!(
+            path.exists(),
+            "{} is missing: `cargo test` builds it",
+            path.display()
+        );
+        let out = Command::new(&path)
+            .args([n, "--processes"])
+            .env("NCCL_RS_BACKEND", "sim")
+            // The ranks' bootstrap stays on this machine's loopback.
+            .env("NCCL_SOCKET_IFNAME", "lo")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("correct on every rank"),
+            "{name}: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
