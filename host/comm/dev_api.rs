@@ -4,24 +4,50 @@
 //!
 //! The LSA team is every rank where every rank maps every other's memory (one node, p2p: what
 //! windows need to be mapped, `window.rs`); elsewhere it is the rank alone. Every rank decides
-//! alike, from one allgather at [`Comm::dev_comm`].
+//! alike, from one allgather at [`Comm::dev_comm`]. Where the team is not every rank and the
+//! network carries one-sided operations (a window was registered across nodes), kernels reach
+//! the other ranks through GIN: a queue and its proxy thread (`gin.rs`).
 
+use super::gin::GinProxy;
+use super::onesided::Signals;
 use super::share::Shared;
 use super::window::WinHandle;
 use super::Comm;
 use crate::cuda::DevBuffer;
 use crate::error::{Error, Result};
-use nccl_device::api::{barrier_bytes, DevComm, Window};
+use nccl_device::api::{area_bytes, signals_offset, DevComm, Window};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// A communicator as user kernels see it ([`Comm::dev_comm`]): its device structures live as
-/// long as this value. Pass [`DeviceComm::get`] to kernels.
+/// long as this value. Pass [`DeviceComm::get`] to kernels. Drop it before its communicator.
 pub struct DeviceComm {
+    /// First: its thread stops before the memory it reads goes.
+    _gin: Option<Gin>,
     value: DevComm,
     /// This rank's barrier area, and the team's as mapped here.
     _barrier: DevBuffer,
     _peers: Option<Shared>,
     /// `[u64; lsa_size]` barrier bases, then `[u32; lsa_size]` communicator ranks.
     _tables: DevBuffer,
+}
+
+/// A device communicator's GIN: its proxy, and the network side it posts to.
+struct Gin {
+    proxy: Option<GinProxy>,
+    signals: Arc<Signals>,
+}
+
+impl Drop for Gin {
+    fn drop(&mut self) {
+        drop(self.proxy.take());
+        if let Some(remote) = self.signals.remote() {
+            if let Err(e) = remote.set_gin_signals(None) {
+                log::warn!("device communicator: {e}");
+            }
+        }
+        self.signals.gin_active.store(false, Ordering::Release);
+    }
 }
 
 impl DeviceComm {
@@ -48,7 +74,9 @@ impl DeviceWindow {
 impl Comm {
     /// Makes this communicator's device communicator (`ncclDevCommCreate`): collective, every
     /// rank calls it at once. Its LSA team is every rank where every rank maps every other
-    /// (ranks of one node through p2p), else this rank alone.
+    /// (ranks of one node through p2p), else this rank alone; kernels reach ranks outside it
+    /// through GIN where a window was registered before (the network's side of one-sided
+    /// operations then exists). One device communicator with GIN at a time.
     pub fn dev_comm(&self) -> Result<DeviceComm> {
         self.check_usable()?;
         // User kernels wait at barriers that peers release (`Device::preload_kernels`).
@@ -56,7 +84,7 @@ impl Comm {
         let all = self.bootstrap.allgather(&[self.maps_every_rank() as u8])?;
         let team = all.iter().all(|v| v.first() == Some(&1)) && self.nranks > 1;
         let lsa_size = if team { self.nranks } else { 1 };
-        let bytes = barrier_bytes(lsa_size as u32);
+        let bytes = area_bytes(lsa_size as u32, self.nranks as u32);
         let barrier = self.device.alloc(bytes)?;
         barrier.write(0, &vec![0u8; bytes])?;
         let (bases, peers) = match team {
@@ -79,7 +107,11 @@ impl Comm {
         table.extend(ranks.iter().flat_map(|r| r.to_le_bytes()));
         let tables = self.device.alloc(table.len())?;
         tables.write(0, &table)?;
-        // Every rank's barrier area is zeroed before any rank's kernel may arrive in it.
+        let gin = match team {
+            false => self.start_gin(barrier.ptr + signals_offset(1) as u64)?,
+            true => None,
+        };
+        // Every rank's area is zeroed (and its GIN ready) before any rank's kernel may use it.
         self.bootstrap.barrier()?;
         let value = DevComm {
             rank: self.rank as u32,
@@ -89,17 +121,58 @@ impl Comm {
             lsa_ranks: tables.ptr + 8 * lsa_size as u64,
             barriers: tables.ptr,
             abort: self.kernel_abort_ptr(),
+            gin: gin
+                .as_ref()
+                .and_then(|g| g.proxy.as_ref())
+                .map_or(0, |p| p.queue_ptr()),
         };
         log::info!(
-            "rank {}: device communicator, LSA team of {lsa_size}",
-            self.rank
+            "rank {}: device communicator, LSA team of {lsa_size}, {}",
+            self.rank,
+            match (&gin, team) {
+                (Some(_), _) => "GIN to the other ranks",
+                (None, true) => "no rank outside it",
+                (None, false) => "no GIN (register a window across nodes first)",
+            }
         );
         Ok(DeviceComm {
+            _gin: gin,
             value,
             _barrier: barrier,
             _peers: peers,
             _tables: tables,
         })
+    }
+
+    /// GIN for a device communicator whose signal words are at `signal_words`, where the
+    /// network's side of one-sided operations exists (else None).
+    fn start_gin(&self, signal_words: u64) -> Result<Option<Gin>> {
+        let (Some(signals), Some(net)) = (self.windows.signals(), self.net.as_ref()) else {
+            return Ok(None);
+        };
+        let Some(remote) = signals.remote().filter(|_| self.nranks > 1) else {
+            return Ok(None);
+        };
+        if signals.gin_active.swap(true, Ordering::AcqRel) {
+            return Err(Error::invalid_usage(
+                "ncclDevCommCreate: this communicator already has a device communicator with \
+                 GIN; drop it first",
+            ));
+        }
+        // From here on, dropping `gin` undoes what was done.
+        let mut gin = Gin {
+            proxy: None,
+            signals: signals.clone(),
+        };
+        remote.set_gin_signals(Some(signal_words))?;
+        gin.proxy = Some(GinProxy::start(
+            &self.device,
+            (self.rank, self.nranks),
+            signals.clone(),
+            self.kernel_abort.clone(),
+            net.proxy.on_error(),
+        )?);
+        Ok(Some(gin))
     }
 
     /// Window `win` as kernels using `dc` address it: every LSA rank's part. Not collective.
@@ -121,6 +194,7 @@ impl Comm {
             value: Window {
                 bases: buf.ptr,
                 bytes,
+                handle: win,
             },
             _bases: buf,
         })

@@ -16,6 +16,7 @@ mod config;
 pub(crate) mod copy_engine;
 mod create;
 pub mod dev_api;
+mod gin;
 pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
 mod inspect;

@@ -39,6 +39,7 @@ use super::Comm;
 use crate::cuda::{DevBuffer, DevPtr, Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
 use nccl_device::abi::{WaitArgs, WAIT_MAX, WAIT_SIGNALS_ENTRY};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The signals of one purpose: a slot per source rank each.
@@ -51,7 +52,7 @@ pub(crate) enum Channel {
 }
 
 /// How many [`Channel`]s a pad holds.
-const CHANNELS: usize = 2;
+pub(crate) const CHANNELS: usize = 2;
 
 /// A communicator's signal pads.
 pub(crate) struct Signals {
@@ -71,6 +72,9 @@ pub(crate) struct Signals {
     abort: u64,
     /// Per peer: the signals this rank sent it, and the signals it waited for from it.
     counts: Mutex<Counts>,
+    /// Whether a device communicator's GIN proxy stages puts on the network side
+    /// (`gin.rs`): the host's own puts across nodes are refused meanwhile.
+    pub(crate) gin_active: AtomicBool,
 }
 
 /// Per (channel, peer): the signals this rank sent it, and those it waited for from it.
@@ -115,17 +119,26 @@ impl Signals {
                 let slot = self.pad.ptr + 8 * (at + self.rank) as u64;
                 self.device.write_value64(stream, slot, value)
             }
+            (None, Some(_), _) if self.gin_active.load(Ordering::Acquire) => {
+                Err(Error::invalid_usage(
+                    "one-sided operations across nodes from the host (ncclPutSignal, ncclSignal, \
+                     copy-engine collectives) while a device communicator with GIN lives: not \
+                     supported yet (their stagings would interleave); drop the DeviceComm first",
+                ))
+            }
             (None, Some(remote), data) => {
                 let (win, offset, src, bytes) = data.unwrap_or_default();
                 let wait = |s: StreamHandle, addr: DevPtr, v: u64| self.wait_word(s, addr, v);
-                remote.put(
+                let sent = remote.stage(
                     stream,
                     (src, bytes),
                     peer,
                     (win, offset),
-                    (ch, value),
+                    (ch as u64, value),
                     &wait,
-                )
+                )?;
+                // The stream goes on once the last chunk was sent.
+                self.wait_word(stream, remote.sent_word(), sent)
             }
             (Some(_), _, Some(_)) | (None, None, _) => Err(Error::internal(
                 "a put with no way to its target (its window is not mapped here)",
@@ -236,6 +249,7 @@ impl Comm {
                 sent: vec![0; slots],
                 awaited: vec![0; slots],
             }),
+            gin_active: AtomicBool::new(false),
         }))
     }
 

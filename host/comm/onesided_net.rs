@@ -20,7 +20,6 @@
 //! they were sent. A header naming no window of this rank, or bytes past the window, is the
 //! peer's fault: the communicator's async error.
 
-use super::onesided::Channel;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevPtr, Device, HostMem, StreamHandle};
 use crate::error::{Error, Result};
@@ -49,7 +48,8 @@ struct Header {
     win: u64,
     offset: u64,
     bytes: u64,
-    /// The channel of its signal (`Channel as u64`).
+    /// The slots of its signal: a `Channel as u64` (the signal pad's), or a GIN signal id's
+    /// channel code (`gin.rs`).
     channel: u64,
     /// The signal count to write at the receiver; 0: no signal (a put's chunks but its last).
     signal: u64,
@@ -133,6 +133,9 @@ struct Inner {
     queue: Mutex<(VecDeque<Outgoing>, u64)>,
     /// This rank's windows: handle -> (base, bytes).
     windows: Mutex<HashMap<u64, (DevPtr, u64)>>,
+    /// The GIN signal words of this rank's device communicator (`[MAX_SIGNALS][nranks]`),
+    /// while one lives.
+    gin_signals: Mutex<Option<DevPtr>>,
     stop: AtomicBool,
     bell: Mutex<bool>,
     cv: Condvar,
@@ -236,6 +239,7 @@ impl RemotePuts {
             staging: device.alloc_host_mem(DEPTH * SLOT)?,
             queue: Mutex::new((VecDeque::new(), 0)),
             windows: Mutex::default(),
+            gin_signals: Mutex::default(),
             stop: AtomicBool::new(false),
             bell: Mutex::new(false),
             cv: Condvar::new(),
@@ -322,35 +326,66 @@ impl RemotePuts {
         }
     }
 
-    /// Where the streams wait: (the `done` counter's device address, the doorbell's).
-    fn counters(&self) -> (DevPtr, DevPtr) {
-        (self.inner.done.ptr, self.inner.doorbell.ptr)
+    /// Where GIN signals from peers land (None: no device communicator with GIN any more;
+    /// once this returns, nothing more is written there).
+    pub(crate) fn set_gin_signals(&self, words: Option<DevPtr>) -> Result<()> {
+        *self
+            .inner
+            .gin_signals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = words;
+        match words {
+            Some(_) => Ok(()),
+            None => self.inner.device.stream_sync(self.inner.stream),
+        }
+    }
+
+    /// The `done` counter's device address: chunks sent so far.
+    pub(crate) fn sent_word(&self) -> DevPtr {
+        self.inner.done.ptr
+    }
+
+    /// Chunks sent so far (what [`RemotePuts::stage`]'s targets are compared with).
+    pub(crate) fn sent(&self) -> u64 {
+        let v = self.inner.done.load_u64(0).unwrap_or(0);
+        std::sync::atomic::fence(Ordering::Acquire);
+        v
     }
 
     /// Queues on `stream` a put of `bytes` at `src` into rank `peer`'s window `win` at
-    /// `offset`, then signal count `signal` on `ch` (the caller counted it): the chunks staged
-    /// and announced; `wait(stream, addr, value)` queues a wait kernel until the u64 at `addr`
-    /// reaches `value`. The stream goes on once the last chunk was sent.
+    /// `offset`, then signal count `signal` into the slots of `channel` (the caller counted
+    /// it): the chunks staged and announced; `wait(stream, addr, value)` holds the staging of
+    /// a chunk until the u64 at `addr` reaches `value` (its slot was sent). Returns the
+    /// [`RemotePuts::sent`] value at which the put's last chunk was sent.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn put(
+    pub(crate) fn stage(
         &self,
         stream: StreamHandle,
         (src, bytes): (DevPtr, usize),
         peer: usize,
         (win, offset): (u64, usize),
-        (ch, signal): (Channel, u64),
+        (channel, signal): (u64, u64),
         wait: &dyn Fn(StreamHandle, DevPtr, u64) -> Result<()>,
-    ) -> Result<()> {
-        let (done, doorbell) = self.counters();
+    ) -> Result<u64> {
+        let (done, doorbell) = (self.inner.done.ptr, self.inner.doorbell.ptr);
         let d = &self.inner.device;
-        let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
         let chunks = bytes.div_ceil(CHUNK).max(1);
         let mut last = 0;
         for i in 0..chunks {
-            let seq = q.1;
             let len = (bytes - i * CHUNK).min(CHUNK);
+            // A slot is reused once the chunk that last used it was sent. The wait is not
+            // made holding the queue: a wait of the GIN thread's own waits for the network
+            // thread, which takes the queue to send.
+            let seq = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner()).1;
             if seq >= DEPTH as u64 {
                 wait(stream, done, seq - DEPTH as u64 + 1)?;
+            }
+            let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if q.1 != seq {
+                // Puts take the communicator's order, and GIN excludes the host's own.
+                return Err(Error::internal(
+                    "one-sided puts staged from two places at once",
+                ));
             }
             let slot = self.inner.staging.ptr + ((seq as usize % DEPTH) * SLOT + HEADER) as u64;
             if len > 0 {
@@ -361,16 +396,16 @@ impl RemotePuts {
                 win,
                 offset: (offset + i * CHUNK) as u64,
                 bytes: len as u64,
-                channel: ch as u64,
+                channel,
                 signal: if i + 1 == chunks { signal } else { 0 },
             };
             q.0.push_back(Outgoing { seq, peer, header });
             q.1 += 1;
             last = seq;
+            drop(q);
+            self.inner.wake();
         }
-        drop(q);
-        self.inner.wake();
-        wait(stream, done, last + 1)
+        Ok(last + 1)
     }
 }
 
@@ -532,8 +567,8 @@ impl Worker {
             let head = unsafe { std::slice::from_raw_parts(host, HEADER.min(len)) };
             let h = Header::decode(head)
                 .filter(|h| h.bytes.checked_add(HEADER as u64) == Some(len as u64))
-                .filter(|h| h.channel < 2)
                 .ok_or_else(|| Error::remote(format!("rank {p} sent a malformed put")))?;
+            let signal_slot = signal_slot(&inner, p, h.channel)?;
             if h.bytes > 0 {
                 // Held while the copy is queued: a deregistration that removed the window
                 // and then drained the stream has seen every copy into it.
@@ -555,14 +590,33 @@ impl Worker {
                 drop(windows);
             }
             if h.signal != 0 {
-                let slot = h.channel as usize * inner.nranks + p;
-                d.write_value64(stream, inner.pad + 8 * slot as u64, h.signal)?;
+                d.write_value64(stream, signal_slot, h.signal)?;
             }
             d.event_record(link.events[buf], stream)?;
             link.copying.push_back((buf, link.events[buf]));
             moved = true;
         }
         Ok(moved)
+    }
+}
+
+/// Where a signal of rank `p` on `channel` is written: its slot of the signal pad's channel,
+/// or of a GIN signal id of this rank's device communicator.
+fn signal_slot(inner: &Inner, p: usize, channel: u64) -> Result<DevPtr> {
+    let n = inner.nranks as u64;
+    if channel < super::onesided::CHANNELS as u64 {
+        return Ok(inner.pad + 8 * (channel * n + p as u64));
+    }
+    let id = channel.wrapping_sub(super::gin::GIN_CHANNEL_BASE);
+    let words = *inner.gin_signals.lock().unwrap_or_else(|p| p.into_inner());
+    match words {
+        Some(w) if id < nccl_device::api::MAX_SIGNALS as u64 => Ok(w + 8 * (id * n + p as u64)),
+        _ => Err(Error::remote(format!(
+            "rank {p} sent a signal on channel {channel}, which rank {} has no slots for (no \
+             device communicator with GIN here, or an id past {})",
+            inner.rank,
+            nccl_device::api::MAX_SIGNALS
+        ))),
     }
 }
 

@@ -234,6 +234,12 @@ impl HostFlag {
         unsafe { std::ptr::write_volatile(self.host, 1) };
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Whether the flag was raised.
+    pub fn is_raised(&self) -> bool {
+        // SAFETY: host points at our live 8-byte allocation.
+        unsafe { std::ptr::read_volatile(self.host) != 0 }
+    }
 }
 
 impl Drop for HostFlag {

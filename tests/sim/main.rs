@@ -14,6 +14,7 @@ mod cleanup;
 mod copy_engine;
 mod device_api;
 mod flow_control;
+mod gin;
 mod graphs;
 mod groups;
 mod kernel_filter;

@@ -10,6 +10,8 @@ pub const MAX_CHANNELS: usize = 32;
 mod sym;
 pub use sym::*;
 
+pub mod gin;
+
 /// Bytes of one FIFO slot line alignment; counters live in their own 128-byte lines.
 pub const CTRL_LINE: usize = 128;
 /// Bytes of one LL FIFO slot: 16-byte lines of two data words and two flags, so half of it is

@@ -85,6 +85,21 @@ pub unsafe fn st_volatile(p: *mut u64, v: u64) {
     asm!("st.volatile.global.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
 }
 
+/// `atomicAdd` on a u64 of this GPU's memory: the value before.
+#[inline(always)]
+pub unsafe fn atomic_add_u64(p: *mut u64, v: u64) -> u64 {
+    let old: u64;
+    asm!("atom.add.u64 {}, [{}], {};", out(reg64) old, in(reg64) p, in(reg64) v, options(nostack));
+    old
+}
+
+/// Adds `v` to a u64 with release semantics at system scope (a peer GPU's memory too): what
+/// this thread wrote before is visible to whoever acquires the sum.
+#[inline(always)]
+pub unsafe fn red_add_release_sys(p: *mut u64, v: u64) {
+    asm!("red.release.sys.global.add.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
+}
+
 /// `__threadfence_system()`.
 #[inline(always)]
 pub fn fence_sys() {

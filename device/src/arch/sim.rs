@@ -192,6 +192,16 @@ pub unsafe fn st_release_sys(p: *mut u64, v: u64) {
     (*(p as *const AtomicU64)).store(v, Ordering::Release)
 }
 
+pub unsafe fn atomic_add_u64(p: *mut u64, v: u64) -> u64 {
+    // SAFETY: as ld_acquire_sys.
+    (*(p as *const AtomicU64)).fetch_add(v, Ordering::AcqRel)
+}
+
+pub unsafe fn red_add_release_sys(p: *mut u64, v: u64) {
+    // SAFETY: as ld_acquire_sys.
+    (*(p as *const AtomicU64)).fetch_add(v, Ordering::Release);
+}
+
 pub unsafe fn ld_volatile(p: *const u64) -> u64 {
     // SAFETY: as ld_acquire_sys; relaxed is what a volatile load promises.
     (*(p as *const AtomicU64)).load(Ordering::Relaxed)

@@ -35,6 +35,9 @@
 
 use crate::arch;
 
+mod gin;
+pub use gin::{MAX_COUNTERS, MAX_SIGNALS};
+
 /// The most CTA indices a communicator's barriers serve (`DevComm::lsa_barrier`'s `index`).
 pub const MAX_BARRIERS: u32 = 64;
 
@@ -44,9 +47,29 @@ const fn barrier_words(lsa_size: u32) -> usize {
     lsa_size as usize + 2
 }
 
-/// Bytes of one rank's barrier area for a team of `lsa_size` (what the host allocates).
-pub const fn barrier_bytes(lsa_size: u32) -> usize {
-    8 * barrier_words(lsa_size) * MAX_BARRIERS as usize
+/// Word index, in a rank's area, of its signal words: `[MAX_SIGNALS][nranks]`, each the
+/// signals of one id one source rank raised here. Then the counters (`[MAX_COUNTERS]`, puts to
+/// LSA peers), then the GIN queue's ticket word.
+const fn signals_at(lsa_size: u32) -> usize {
+    barrier_words(lsa_size) * MAX_BARRIERS as usize
+}
+const fn counters_at(lsa_size: u32, nranks: u32) -> usize {
+    signals_at(lsa_size) + (MAX_SIGNALS * nranks) as usize
+}
+const fn head_at(lsa_size: u32, nranks: u32) -> usize {
+    counters_at(lsa_size, nranks) + MAX_COUNTERS as usize
+}
+
+/// Byte offset, in a rank's area, of its signal words (where the network's side writes the
+/// signals of ranks outside the LSA team).
+pub const fn signals_offset(lsa_size: u32) -> usize {
+    8 * signals_at(lsa_size)
+}
+
+/// Bytes of one rank's area (barriers, signals, counters) for a team of `lsa_size` in a
+/// communicator of `nranks`: what the host allocates, zeroed, and maps across the team.
+pub const fn area_bytes(lsa_size: u32, nranks: u32) -> usize {
+    8 * (head_at(lsa_size, nranks) + 1)
 }
 
 /// A registered window as a kernel addresses it: the base of every LSA rank's part.
@@ -58,6 +81,8 @@ pub struct Window {
     pub bases: u64,
     /// Bytes of this rank's part.
     pub bytes: u64,
+    /// The window's handle (the same on every rank), for puts through the network.
+    pub handle: u64,
 }
 
 /// A communicator as a kernel sees it (`ncclDevComm`): made on the host, passed by value.
@@ -76,6 +101,9 @@ pub struct DevComm {
     pub barriers: u64,
     /// The communicator's abort flag (device-readable; non-zero once aborted).
     pub abort: u64,
+    /// Device address of the GIN queue (`crate::abi::gin::GinQueue`, host-mapped) that
+    /// carries puts and signals to ranks outside the LSA team; 0 where there is none.
+    pub gin: u64,
 }
 
 /// The communicator was aborted while a call waited: the kernel should return.
@@ -157,11 +185,40 @@ impl DevComm {
         LsaBarrier { comm: self, index }
     }
 
+    /// Word `w` of LSA rank `lsa_peer`'s area, as mapped here.
+    #[inline]
+    unsafe fn area_word(&self, lsa_peer: u32, w: usize) -> *mut u64 {
+        let area = *(self.barriers as *const u64).add(lsa_peer as usize) as *mut u64;
+        area.add(w)
+    }
+
     /// Word `w` of CTA index `index`'s part of LSA rank `lsa_peer`'s barrier area.
     #[inline]
     unsafe fn barrier_word(&self, lsa_peer: u32, index: u32, w: usize) -> *mut u64 {
-        let area = *(self.barriers as *const u64).add(lsa_peer as usize) as *mut u64;
-        area.add(index as usize * barrier_words(self.lsa_size) + w)
+        self.area_word(lsa_peer, index as usize * barrier_words(self.lsa_size) + w)
+    }
+
+    /// This rank's word for CTA index `index`'s outcome (of a barrier, or of a put).
+    #[inline]
+    unsafe fn outcome_word(&self, index: u32) -> *mut u64 {
+        if index >= MAX_BARRIERS {
+            arch::trap();
+        }
+        self.barrier_word(self.lsa_rank, index, self.lsa_size as usize + 1)
+    }
+
+    #[inline]
+    fn signals_at(&self) -> usize {
+        signals_at(self.lsa_size)
+    }
+    #[inline]
+    fn counters_at(&self) -> usize {
+        counters_at(self.lsa_size, self.nranks)
+    }
+    /// This rank's GIN ticket word (device memory: kernels take tickets with atomics).
+    #[inline]
+    unsafe fn head_word(&self) -> *mut u64 {
+        self.area_word(self.lsa_rank, head_at(self.lsa_size, self.nranks))
     }
 }
 
