@@ -3,12 +3,14 @@
 //! `nccl-kernel-build`; this crate loads that PTX ([`PTX`]) with `nccl::Module` and launches
 //! the kernels on every rank, on GPUs or on the simulator with the same code.
 //!
-//! Each example runs `[NRANKS] [--processes]`: ranks as threads of one process (one
-//! communicator each, on the GPUs round-robin: ranks sharing a GPU need
-//! `NCCL_RS_SHARED_GPUS=1`), or as processes (with CUDA MPS when they share a GPU).
+//! Each example runs `[NRANKS] [--processes [--nodes N]]`: ranks as threads of one process
+//! (one communicator each, on the GPUs round-robin: ranks sharing a GPU need
+//! `NCCL_RS_SHARED_GPUS=1`), or as processes (with CUDA MPS when they share a GPU), spread
+//! over `N` simulated nodes (`NCCL_HOSTID`: the ranks of one node are consecutive).
 
 pub mod all_reduce;
 pub mod fused;
+pub mod moe;
 
 use nccl::{Backend, Comm, DeviceBuffer, Module, Stream, UniqueId};
 use nccl_device::api::Kernel;
@@ -36,17 +38,26 @@ pub fn main_of(name: &str, body: RankBody) -> Result<(), Box<dyn Error>> {
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let nranks = args
-        .iter()
-        .find_map(|a| a.parse().ok())
+        .first()
+        .and_then(|a| a.parse().ok())
         .filter(|&n: &usize| n > 0)
         .unwrap_or(4);
     let backend = choose_backend()?;
+    let nodes: usize = args
+        .iter()
+        .position(|a| a == "--nodes")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .filter(|&k| k > 0 && k <= nranks)
+        .unwrap_or(1);
     let place = if args.iter().any(|a| a == "--processes") {
-        launch_processes(nranks)?;
-        "processes"
+        launch_processes(nranks, nodes)?;
+        match nodes {
+            1 => "processes".to_string(),
+            k => format!("processes on {k} nodes"),
+        }
     } else {
         run_threads(nranks, body)?;
-        "threads of one process"
+        "threads of one process".to_string()
     };
     let on = match backend {
         Backend::Sim => "simulator",
@@ -113,8 +124,9 @@ fn rank_main(comm: &Comm, body: RankBody) -> Result<(), Box<dyn Error>> {
 }
 
 /// Starts this program once per rank and waits for them (the first copy's unique id goes
-/// to the others through the environment, as an MPI program would broadcast it).
-fn launch_processes(nranks: usize) -> Result<(), Box<dyn Error>> {
+/// to the others through the environment, as an MPI program would broadcast it); rank `r`
+/// on node `r * nodes / nranks`.
+fn launch_processes(nranks: usize, nodes: usize) -> Result<(), Box<dyn Error>> {
     let id = nccl::get_unique_id()?;
     let hex: String = id.internal.iter().map(|b| format!("{b:02x}")).collect();
     let exe = std::env::current_exe()?;
@@ -124,6 +136,10 @@ fn launch_processes(nranks: usize) -> Result<(), Box<dyn Error>> {
             .env(RANK, r.to_string())
             .env(NRANKS, nranks.to_string())
             .env(ID, &hex)
+            .env(
+                "NCCL_HOSTID",
+                format!("device-api-example-node-{}", r * nodes / nranks),
+            )
             .spawn()?;
         children.push(child);
     }

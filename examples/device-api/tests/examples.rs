@@ -2,7 +2,7 @@
 //! and as processes (the example binaries `cargo test` built).
 
 use nccl::{Backend, Comm, Module};
-use nccl_device_api_examples::{all_reduce, fused, RankBody};
+use nccl_device_api_examples::{all_reduce, fused, moe, RankBody};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -34,6 +34,13 @@ fn fused_all_reduce_scale_add_on_1_and_3_ranks() {
     }
 }
 
+#[test]
+fn moe_dispatch_and_combine_on_2_and_3_ranks_of_one_node() {
+    for n in [2, 3] {
+        on_threads(n, moe::rank);
+    }
+}
+
 /// `target/<profile>/examples/NAME`, beside this test's `target/<profile>/deps/`.
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -46,7 +53,14 @@ fn example(name: &str) -> PathBuf {
 
 #[test]
 fn the_examples_run_as_rank_processes() {
-    for (name, n) in [("all_reduce", "3"), ("fused", "2")] {
+    let cases: [(&str, &[&str]); 4] = [
+        ("all_reduce", &["3"]),
+        ("fused", &["2"]),
+        // Across nodes: every put but a rank's own through GIN.
+        ("moe", &["2", "--nodes", "2"]),
+        ("moe", &["4", "--nodes", "2"]),
+    ];
+    for (name, args) in cases {
         let path = example(name);
         assert!(
             path.exists(),
@@ -54,7 +68,8 @@ fn the_examples_run_as_rank_processes() {
             path.display()
         );
         let out = Command::new(&path)
-            .args([n, "--processes"])
+            .args(args)
+            .arg("--processes")
             .env("NCCL_RS_BACKEND", "sim")
             // The ranks' bootstrap stays on this machine's loopback.
             .env("NCCL_SOCKET_IFNAME", "lo")
@@ -63,7 +78,7 @@ fn the_examples_run_as_rank_processes() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && stdout.contains("correct on every rank"),
-            "{name}: {:?}\n{stdout}\n{}",
+            "{name} {args:?}: {:?}\n{stdout}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );

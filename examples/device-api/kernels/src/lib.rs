@@ -9,6 +9,8 @@
 use nccl_device::api::{DevComm, Window};
 use nccl_device::{arch, kernel};
 
+pub mod moe;
+
 /// Where a rank's kernel finds its data.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
