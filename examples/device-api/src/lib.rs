@@ -11,6 +11,7 @@
 pub mod all_reduce;
 pub mod fused;
 pub mod moe;
+pub mod ping;
 
 use nccl::{Backend, Comm, DeviceBuffer, Module, Stream, UniqueId};
 use nccl_device::api::Kernel;

@@ -51,14 +51,39 @@ fn example(name: &str) -> PathBuf {
     profile.join("examples").join(name)
 }
 
+/// `cmd`'s output; a run past the limit (a hang: minutes where seconds are needed) is killed,
+/// its rank processes with it (their process group), and fails the test.
+fn output_within(mut cmd: Command, what: &str) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let limit = std::time::Duration::from_secs(600);
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = cmd.spawn().unwrap();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) of the process group this test started.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            panic!("{what}: still running after {limit:?}, killed");
+        }
+    }
+}
+
 #[test]
 fn the_examples_run_as_rank_processes() {
-    let cases: [(&str, &[&str]); 4] = [
+    let cases: [(&str, &[&str]); 5] = [
         ("all_reduce", &["3"]),
         ("fused", &["2"]),
         // Across nodes: every put but a rank's own through GIN.
         ("moe", &["2", "--nodes", "2"]),
         ("moe", &["4", "--nodes", "2"]),
+        // Its sizes capped below (the benchmark's numbers mean nothing on the simulator).
+        ("put_bench", &["2", "--nodes", "2"]),
     ];
     for (name, args) in cases {
         let path = example(name);
@@ -67,14 +92,14 @@ fn the_examples_run_as_rank_processes() {
             "{} is missing: `cargo test` builds it",
             path.display()
         );
-        let out = Command::new(&path)
-            .args(args)
+        let mut cmd = Command::new(&path);
+        cmd.args(args)
             .arg("--processes")
             .env("NCCL_RS_BACKEND", "sim")
+            .env("GIN_BENCH_MAX_BYTES", "65536")
             // The ranks' bootstrap stays on this machine's loopback.
-            .env("NCCL_SOCKET_IFNAME", "lo")
-            .output()
-            .unwrap();
+            .env("NCCL_SOCKET_IFNAME", "lo");
+        let out = output_within(cmd, &format!("{name} {args:?}"));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && stdout.contains("correct on every rank"),

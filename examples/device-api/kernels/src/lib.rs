@@ -10,6 +10,7 @@ use nccl_device::api::{DevComm, Window};
 use nccl_device::{arch, kernel};
 
 pub mod moe;
+pub mod ping;
 
 /// Where a rank's kernel finds its data.
 #[repr(C)]
