@@ -217,7 +217,9 @@ fn bad_device_api_calls_are_refused() {
     let buf = c.device().alloc(256).unwrap();
     // SAFETY: `buf` outlives the window (deregistered below).
     let h = unsafe { c.window_register_raw(buf.ptr(), 256, 1) }.unwrap();
-    let win = c.dev_window(&dc, h).unwrap().get();
+    // Kept until the kernel ran: the kernel reads its table of bases.
+    let dw = c.dev_window(&dc, h).unwrap();
+    let win = dw.get();
     let comm = dc.get();
     // One thread of 32 reads past the window, the others wait at the CTA barrier: the
     // simulator releases them and the stream fails with the first thread's message.

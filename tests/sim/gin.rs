@@ -223,6 +223,7 @@ fn puts_signals_and_counters_across_nodes() {
         exchange_rounds(&ranks, 333, 2, 1);
         // Three network chunks per put (512 KiB each).
         exchange_rounds(&ranks, 2 * 512 * 1024 / 4 + 999, 1, 1);
+        puts_to_one_peer_land_in_order(&ranks);
         refusals_while_gin_lives(&ranks);
         return;
     }
@@ -230,6 +231,80 @@ fn puts_signals_and_counters_across_nodes() {
     for (nodes, per_node) in [(2, 1), (2, 2)] {
         common::procs::run_nodes(nodes, per_node, &[common::LOOPBACK]);
     }
+}
+
+#[derive(Clone, Copy)]
+struct InOrder {
+    comm: DevComm,
+    win: Window,
+    /// `PUTS` blocks of 4 KiB, block `k` holding `k + 1` in every word.
+    src: u64,
+    out: u64,
+}
+
+const PUTS: usize = 8;
+
+/// Rank 0 puts `PUTS` blocks one after another at the same place of rank 1's window, each
+/// signalled; rank 1, once all arrived, finds the last one's words there.
+unsafe fn in_order(a: &InOrder) {
+    let c = &a.comm;
+    match c.rank {
+        0 => {
+            for k in 0..PUTS {
+                let src = (a.src as *const u8).add(4096 * k);
+                if c.put(1, &a.win, 0, src, 4096, Some(SIG), None).is_err() {
+                    return;
+                }
+            }
+            let _ = c.flush();
+        }
+        1 => {
+            if c.wait_signal(SIG, PUTS as u64).is_ok() && arch::thread_idx() == 0 {
+                let words = c.local_ptr(&a.win, 0) as *const u32;
+                let last = (0..1024).filter(|&i| *words.add(i) == PUTS as u32).count();
+                *(a.out as *mut u64) = last as u64;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Puts to one peer through GIN land in the order they were posted.
+fn puts_to_one_peer_land_in_order(ranks: &Ranks) {
+    let (c, st) = (&ranks.comms[0], ranks.streams[0]);
+    let win = c.device().alloc(4096).unwrap();
+    // SAFETY: `win` outlives the window (deregistered below).
+    let h = unsafe { c.window_register_raw(win.ptr(), 4096, 1) }.unwrap();
+    let dc = c.dev_comm().unwrap();
+    let blocks: Vec<u32> = (0..PUTS * 1024).map(|i| (i / 1024 + 1) as u32).collect();
+    let src = c.device().alloc(4 * blocks.len()).unwrap();
+    src.write(0, to_bytes(&blocks)).unwrap();
+    let out = c.device().alloc(8).unwrap();
+    out.write(0, &[0u8; 8]).unwrap();
+    let dw = c.dev_window(&dc, h).unwrap();
+    let a = InOrder {
+        comm: dc.get(),
+        win: dw.get(),
+        src: src.ptr(),
+        out: out.ptr(),
+    };
+    // SAFETY (inside): every buffer outlives the kernel (drained below).
+    c.device()
+        .launch_on_simulator(1, 32, st, move || unsafe { in_order(&a) })
+        .unwrap();
+    c.device().stream_sync(st).unwrap();
+    if c.rank() == 1 {
+        let mut got = [0u8; 8];
+        out.read(0, &mut got).unwrap();
+        assert_eq!(
+            u64::from_le_bytes(got),
+            1024,
+            "rank 1: the last put's words"
+        );
+    }
+    drop((dw, dc));
+    barrier(c, out.ptr(), st).unwrap();
+    c.window_deregister_raw(h).unwrap();
 }
 
 fn refusals_while_gin_lives(ranks: &Ranks) {
@@ -319,7 +394,8 @@ fn a_put_past_the_window_is_stopped() {
     // SAFETY: `buf` outlives the window (deregistered below).
     let h = unsafe { c.window_register_raw(buf.ptr(), 256, 1) }.unwrap();
     let dc = c.dev_comm().unwrap();
-    let (comm, win) = (dc.get(), c.dev_window(&dc, h).unwrap().get());
+    let dw = c.dev_window(&dc, h).unwrap();
+    let (comm, win) = (dc.get(), dw.get());
     let src = buf.ptr();
     c.device()
         .launch_on_simulator(1, 32, st, move || {
