@@ -258,12 +258,10 @@ unsafe fn in_order(a: &InOrder) {
             }
             let _ = c.flush();
         }
-        1 => {
-            if c.wait_signal(SIG, PUTS as u64).is_ok() && arch::thread_idx() == 0 {
-                let words = c.local_ptr(&a.win, 0) as *const u32;
-                let last = (0..1024).filter(|&i| *words.add(i) == PUTS as u32).count();
-                *(a.out as *mut u64) = last as u64;
-            }
+        1 if c.wait_signal(SIG, PUTS as u64).is_ok() && arch::thread_idx() == 0 => {
+            let words = c.local_ptr(&a.win, 0) as *const u32;
+            let last = (0..1024).filter(|&i| *words.add(i) == PUTS as u32).count();
+            *(a.out as *mut u64) = last as u64;
         }
         _ => {}
     }
