@@ -133,7 +133,7 @@ impl Worker {
                 // Kernels post without a doorbell: poll, backing off while idle.
                 Ok(false) => {
                     std::thread::sleep(nap);
-                    nap = (nap * 2).min(Duration::from_micros(200));
+                    nap = (nap * 2).min(Duration::from_micros(20));
                 }
                 Err(e) => break Err(e),
             }

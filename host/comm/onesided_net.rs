@@ -446,9 +446,14 @@ impl Worker {
                     *rung = false;
                     // Streams staging chunks ring no bell: poll them often while any is queued.
                     let queued = !self.inner.queue.lock().map_or(true, |q| q.0.is_empty());
-                    nap = match queued {
-                        true => Duration::from_micros(2),
-                        false => (nap * 2).min(Duration::from_millis(2)),
+                    // While a device communicator's GIN lives, kernels wait on what arrives:
+                    // receives are polled often (NCCL's proxy spins); otherwise idle naps
+                    // grow to 2 ms.
+                    let gin = self.inner.gin_signals.lock().is_ok_and(|g| g.is_some());
+                    nap = match (queued, gin) {
+                        (true, _) => Duration::from_micros(2),
+                        (false, true) => (nap * 2).min(Duration::from_micros(20)),
+                        (false, false) => (nap * 2).min(Duration::from_millis(2)),
                     };
                 }
                 Err((peer, e)) => {

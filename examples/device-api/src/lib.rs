@@ -134,6 +134,7 @@ fn launch_processes(nranks: usize, nodes: usize) -> Result<(), Box<dyn Error>> {
     let mut children = Vec::new();
     for r in 0..nranks {
         let child = Command::new(&exe)
+            .args(std::env::args().skip(1))
             .env(RANK, r.to_string())
             .env(NRANKS, nranks.to_string())
             .env(ID, &hex)

@@ -47,14 +47,23 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         };
         println!("rank 0: LSA team of {} of {n} ranks, {gin}", v.lsa_size);
     }
+    // MOE_TRACE=1: every rank says each step (where a hang stopped).
+    let trace = |what: &str| {
+        if std::env::var_os("MOE_TRACE").is_some() {
+            eprintln!("rank {r}: {what}");
+        }
+    };
     for round in 1..=2u32 {
+        trace(&format!("round {round}"));
         let seed = 17 * round + 3;
         let mine = tokens(seed, r);
         x.copy_from_host(&mine)?;
         out.copy_from_host(&vec![f32::NAN; floats])?;
         // Every rank is done reading the previous round's windows.
+        trace("barrier");
         comm.all_reduce_in_place(&mut barrier, Op::SUM, &stream)?;
         stream.synchronize()?;
+        trace("launch");
         let args = Moe {
             comm: dc.get(),
             dispatch: dw_dispatch.get(),
@@ -71,6 +80,7 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         // launches it with a grid of `n` CTAs in the same round.
         unsafe { module.launch(&MOE, n as u32, 128, stream.handle(), args)? };
         stream.synchronize()?;
+        trace("kernel done");
         let want: Vec<f32> = (0..floats)
             .map(|i| {
                 let t = i as u32 / HIDDEN;
