@@ -28,8 +28,17 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let mut dispatch = DeviceBuffer::<u8>::zeroed(dev, n * block)?;
     let mut combine = DeviceBuffer::<f32>::zeroed(dev, n * floats)?;
     let stage = DeviceBuffer::<u8>::zeroed(dev, 2 * n * block)?;
-    let mut x = DeviceBuffer::<f32>::zeroed(dev, floats)?;
-    let mut out = DeviceBuffer::<f32>::zeroed(dev, floats)?;
+    // Every round's tokens and (poisoned) answers are copied in before the first collective and
+    // read after the last kernel: with ranks as threads sharing a GPU, a synchronous copy
+    // while a peer's kernel waits for this rank's next step was seen to hang (lab notes).
+    let seed_of = |round: u32| 17 * round + 3;
+    let rounds = 2u32;
+    let mut xs = Vec::new();
+    let mut outs = Vec::new();
+    for round in 1..=rounds {
+        xs.push(DeviceBuffer::from_slice(dev, &tokens(seed_of(round), r))?);
+        outs.push(DeviceBuffer::from_slice(dev, &vec![f32::NAN; floats])?);
+    }
     let mut barrier = DeviceBuffer::<f32>::zeroed(dev, 1)?;
     // The windows come before the device communicator: across nodes its GIN needs them.
     let w_dispatch = comm.window(&mut dispatch, true)?;
@@ -53,12 +62,9 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             eprintln!("rank {r}: {what}");
         }
     };
-    for round in 1..=2u32 {
+    for round in 1..=rounds {
         trace(&format!("round {round}"));
-        let seed = 17 * round + 3;
-        let mine = tokens(seed, r);
-        x.copy_from_host(&mine)?;
-        out.copy_from_host(&vec![f32::NAN; floats])?;
+        let (x, out) = (&xs[round as usize - 1], &outs[round as usize - 1]);
         // Every rank is done reading the previous round's windows.
         trace("barrier");
         comm.all_reduce_in_place(&mut barrier, Op::SUM, &stream)?;
@@ -74,13 +80,17 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             tokens: TOKENS,
             hidden: HIDDEN,
             round,
-            seed,
+            seed: seed_of(round),
         };
         // SAFETY: every buffer outlives the kernel (the stream is drained below); every rank
         // launches it with a grid of `n` CTAs in the same round.
         unsafe { module.launch(&MOE, n as u32, 128, stream.handle(), args)? };
         stream.synchronize()?;
         trace("kernel done");
+    }
+    for round in 1..=rounds {
+        let (seed, out) = (seed_of(round), &outs[round as usize - 1]);
+        let mine = tokens(seed, r);
         let want: Vec<f32> = (0..floats)
             .map(|i| {
                 let t = i as u32 / HIDDEN;
