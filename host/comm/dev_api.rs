@@ -164,6 +164,14 @@ impl Comm {
             proxy: None,
             signals: signals.clone(),
         };
+        // Refused from here on, host puts must also be done: their staging and GIN's would
+        // interleave.
+        if !remote.idle() {
+            return Err(Error::invalid_usage(
+                "ncclDevCommCreate: one-sided operations across nodes are still in flight \
+                 (ncclPutSignal, copy-engine collectives): synchronize their streams first",
+            ));
+        }
         remote.set_gin_signals(Some(signal_words))?;
         gin.proxy = Some(GinProxy::start(
             &self.device,

@@ -122,25 +122,37 @@ struct Worker {
 }
 
 impl Worker {
+    /// Until the device communicator goes (then the ops kernels posted before are carried
+    /// first: its owner drained the kernels' streams before dropping it) or the communicator
+    /// is aborted (then nothing more; the abort's cause is reported where it arose).
     fn run(mut self) -> Result<()> {
         let mut nap = Duration::from_micros(1);
         let result = loop {
-            if self.stop.load(Ordering::Acquire) || self.abort.is_raised() {
+            if self.abort.is_raised() {
                 break Ok(());
             }
+            let stopping = self.stop.load(Ordering::Acquire);
             match self.progress() {
                 Ok(true) => nap = Duration::from_micros(1),
+                Ok(false) if stopping && self.drained()? => break Ok(()),
                 // Kernels post without a doorbell: poll, backing off while idle.
                 Ok(false) => {
                     std::thread::sleep(nap);
                     nap = (nap * 2).min(Duration::from_micros(20));
                 }
+                Err(_) if self.abort.is_raised() => break Ok(()),
                 Err(e) => break Err(e),
             }
         };
         let _ = self.device.stream_sync(self.stream);
         let _ = self.device.stream_destroy(self.stream);
         result
+    }
+
+    /// Whether every op posted so far was carried and sent (no slot ready, none pending).
+    fn drained(&self) -> Result<bool> {
+        let at = (self.tail as usize % GIN_SLOTS) * std::mem::size_of::<GinOp>();
+        Ok(self.pending.is_empty() && self.word(at)?.load(Ordering::Acquire) != self.tail + 1)
     }
 
     /// A word of the queue block, as the host sees it.
@@ -215,6 +227,26 @@ impl Worker {
             GIN_SIGNAL => 0,
             k => return bad(format!("an op of kind {k}")),
         };
+        let remote = self
+            .signals
+            .remote()
+            .ok_or_else(|| Error::internal("no network side"))?;
+        // Windows are symmetric: the peer's part is as large as this rank's.
+        match remote.window_bytes(op.win) {
+            Some(size)
+                if op
+                    .offset
+                    .checked_add(bytes as u64)
+                    .is_some_and(|end| end <= size) => {}
+            Some(size) => {
+                return bad(format!(
+                    "a put of {bytes} bytes at offset {} of window {:#x} ({size} bytes)",
+                    op.offset, op.win
+                ))
+            }
+            None if bytes == 0 => {}
+            None => return bad(format!("a put into window {:#x}, not registered", op.win)),
+        }
         let (channel, value) = match op.signal {
             GIN_NONE => (channel_of(0), 0),
             id => {
@@ -232,7 +264,8 @@ impl Worker {
         let wait = |_: StreamHandle, _: DevPtr, v: u64| -> Result<()> {
             let mut spins = 0u32;
             while remote.sent() < v {
-                if self.stop.load(Ordering::Acquire) || self.abort.is_raised() {
+                // (A drop lets the thread finish what was posted: only an abort ends this.)
+                if self.abort.is_raised() {
                     return Err(Error::invalid_usage("the communicator was aborted"));
                 }
                 spins += 1;

@@ -340,6 +340,19 @@ impl RemotePuts {
         }
     }
 
+    /// Whether every chunk staged so far was sent (no host put is in flight).
+    pub(crate) fn idle(&self) -> bool {
+        let staged = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner()).1;
+        self.sent() == staged
+    }
+
+    /// Bytes of this rank's window `handle`, if it is registered (windows are symmetric: a
+    /// peer's part is as large).
+    pub(crate) fn window_bytes(&self, handle: u64) -> Option<u64> {
+        let w = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner());
+        w.get(&handle).map(|&(_, bytes)| bytes)
+    }
+
     /// The `done` counter's device address: chunks sent so far.
     pub(crate) fn sent_word(&self) -> DevPtr {
         self.inner.done.ptr
@@ -573,7 +586,6 @@ impl Worker {
             let h = Header::decode(head)
                 .filter(|h| h.bytes.checked_add(HEADER as u64) == Some(len as u64))
                 .ok_or_else(|| Error::remote(format!("rank {p} sent a malformed put")))?;
-            let signal_slot = signal_slot(&inner, p, h.channel)?;
             if h.bytes > 0 {
                 // Held while the copy is queued: a deregistration that removed the window
                 // and then drained the stream has seen every copy into it.
@@ -595,7 +607,10 @@ impl Worker {
                 drop(windows);
             }
             if h.signal != 0 {
-                d.write_value64(stream, signal_slot, h.signal)?;
+                // Held until the write is queued: a device communicator's drop clears the
+                // GIN words and then drains the stream, before their memory goes.
+                let gin = inner.gin_signals.lock().unwrap_or_else(|p| p.into_inner());
+                d.write_value64(stream, signal_slot(&inner, *gin, p, h.channel)?, h.signal)?;
             }
             d.event_record(link.events[buf], stream)?;
             link.copying.push_back((buf, link.events[buf]));
@@ -606,15 +621,14 @@ impl Worker {
 }
 
 /// Where a signal of rank `p` on `channel` is written: its slot of the signal pad's channel,
-/// or of a GIN signal id of this rank's device communicator.
-fn signal_slot(inner: &Inner, p: usize, channel: u64) -> Result<DevPtr> {
+/// or of a GIN signal id among `gin` (this rank's device communicator's signal words).
+fn signal_slot(inner: &Inner, gin: Option<DevPtr>, p: usize, channel: u64) -> Result<DevPtr> {
     let n = inner.nranks as u64;
     if channel < super::onesided::CHANNELS as u64 {
         return Ok(inner.pad + 8 * (channel * n + p as u64));
     }
     let id = channel.wrapping_sub(super::gin::GIN_CHANNEL_BASE);
-    let words = *inner.gin_signals.lock().unwrap_or_else(|p| p.into_inner());
-    match words {
+    match gin {
         Some(w) if id < nccl_device::api::MAX_SIGNALS as u64 => Ok(w + 8 * (id * n + p as u64)),
         _ => Err(Error::remote(format!(
             "rank {p} sent a signal on channel {channel}, which rank {} has no slots for (no \

@@ -71,7 +71,7 @@ impl Module {
                 )
             }
             (Imp::Cuda(d), Some(m)) => {
-                let f = m.function(kernel.name())?;
+                let f = m.function(kernel.name(), std::mem::size_of::<A>())?;
                 d.launch_user(f, grid, block, stream, &args as *const A as *const u8)
             }
             (Imp::Cuda(_), None) => Err(Error::internal("a GPU module that was never loaded")),
@@ -117,17 +117,41 @@ fn pick<'a>(ptx: &[(u32, &'a str)], sm: u32) -> Result<&'a str> {
     })
 }
 
-/// Entry points of a PTX text, by name.
-pub(crate) fn entry_names(ptx: &str) -> Vec<&str> {
-    ptx.lines()
-        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
-        .filter_map(|l| l.split('(').next())
-        .map(str::trim)
-        .collect()
+/// Entry points of a PTX text: each name, and the bytes of its one parameter where the PTX
+/// says them (`.param .align A .b8 name[BYTES]`, or a scalar of 4 or 8 bytes).
+pub(crate) fn entries(ptx: &str) -> Vec<(&str, Option<usize>)> {
+    let mut lines = ptx.lines().map(str::trim).peekable();
+    let mut found = Vec::new();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .strip_prefix(".visible .entry ")
+            .and_then(|l| l.split('(').next())
+        else {
+            continue;
+        };
+        let param = lines.peek().filter(|l| l.starts_with(".param"));
+        found.push((name.trim(), param.and_then(|l| param_bytes(l))));
+    }
+    found
 }
 
-/// A loaded module's entry points (the driver backend fills it).
-pub(crate) type Functions = HashMap<String, usize>;
+/// The bytes of a PTX parameter declaration.
+fn param_bytes(decl: &str) -> Option<usize> {
+    if let Some(open) = decl.find('[') {
+        let close = decl[open..].find(']')? + open;
+        return decl[open + 1..close].parse().ok();
+    }
+    let scalar = |w: &str| decl.split_whitespace().any(|t| t == w);
+    match () {
+        _ if [".b64", ".u64", ".s64", ".f64"].into_iter().any(scalar) => Some(8),
+        _ if [".b32", ".u32", ".s32", ".f32"].into_iter().any(scalar) => Some(4),
+        _ => None,
+    }
+}
+
+/// A loaded module's entry points: (function, parameter bytes where known), by name (the
+/// driver backend fills it).
+pub(crate) type Functions = HashMap<String, (usize, Option<usize>)>;
 
 #[cfg(test)]
 mod tests {
@@ -149,9 +173,13 @@ mod tests {
     }
 
     #[test]
-    fn finds_the_entry_points() {
-        let ptx = "//\n.visible .entry hello(\n\t.param .align 8 .b8 hello_param_0[16]\n)\n\
-                   .visible .func _RNv5hello(\n.visible .entry two(\n";
-        assert_eq!(entry_names(ptx), ["hello", "two"]);
+    fn finds_the_entry_points_and_their_parameters() {
+        let ptx = "//\n.visible .entry hello(\n\t.param .align 8 .b8 hello_param_0[56]\n)\n\
+                   .visible .func _RNv5hello(\n.visible .entry two(\n\t.param .u64 two_p\n)\n\
+                   .visible .entry none(\n)\n";
+        assert_eq!(
+            entries(ptx),
+            [("hello", Some(56)), ("two", Some(8)), ("none", None)]
+        );
     }
 }

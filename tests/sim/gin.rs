@@ -245,7 +245,9 @@ struct InOrder {
 const PUTS: usize = 8;
 
 /// Rank 0 puts `PUTS` blocks one after another at the same place of rank 1's window, each
-/// signalled; rank 1, once all arrived, finds the last one's words there.
+/// signalled, and does not flush (its host drops the device communicator as soon as the
+/// kernel ended: the proxy must still carry every op posted); rank 1, once all arrived,
+/// finds the last one's words there.
 unsafe fn in_order(a: &InOrder) {
     let c = &a.comm;
     match c.rank {
@@ -256,7 +258,6 @@ unsafe fn in_order(a: &InOrder) {
                     return;
                 }
             }
-            let _ = c.flush();
         }
         1 if c.wait_signal(SIG, PUTS as u64).is_ok() && arch::thread_idx() == 0 => {
             let words = c.local_ptr(&a.win, 0) as *const u32;
@@ -291,6 +292,7 @@ fn puts_to_one_peer_land_in_order(ranks: &Ranks) {
         .launch_on_simulator(1, 32, st, move || unsafe { in_order(&a) })
         .unwrap();
     c.device().stream_sync(st).unwrap();
+    drop((dw, dc));
     if c.rank() == 1 {
         let mut got = [0u8; 8];
         out.read(0, &mut got).unwrap();
@@ -300,7 +302,6 @@ fn puts_to_one_peer_land_in_order(ranks: &Ranks) {
             "rank 1: the last put's words"
         );
     }
-    drop((dw, dc));
     barrier(c, out.ptr(), st).unwrap();
     c.window_deregister_raw(h).unwrap();
 }

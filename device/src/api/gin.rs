@@ -270,10 +270,10 @@ impl DevComm {
         Ok(())
     }
 
-    /// Thread 0's outcome, for every thread of the CTA (through this rank's barrier area).
+    /// Thread 0's outcome, for every thread of the CTA (through a word of this rank's area).
     #[inline]
     unsafe fn cta_outcome(&self, ok: bool) -> Result<(), Aborted> {
-        let word = self.outcome_word(arch::block_idx());
+        let word = self.put_outcome_word(arch::block_idx());
         if arch::thread_idx() == 0 {
             arch::st_volatile(word, !ok as u64);
         }

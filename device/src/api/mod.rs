@@ -42,9 +42,10 @@ pub use gin::{MAX_COUNTERS, MAX_SIGNALS};
 pub const MAX_BARRIERS: u32 = 64;
 
 /// Words of one rank's barrier area per CTA index: a slot per LSA rank, then this rank's own
-/// count of the barriers it passed and the last one's outcome.
+/// count of the barriers it passed, the last one's outcome, and the last put's outcome (a
+/// word of its own: a CTA's put and another CTA's barrier of the same index may overlap).
 const fn barrier_words(lsa_size: u32) -> usize {
-    lsa_size as usize + 2
+    lsa_size as usize + 3
 }
 
 /// Word index, in a rank's area, of its signal words: `[MAX_SIGNALS][nranks]`, each the
@@ -198,13 +199,13 @@ impl DevComm {
         self.area_word(lsa_peer, index as usize * barrier_words(self.lsa_size) + w)
     }
 
-    /// This rank's word for CTA index `index`'s outcome (of a barrier, or of a put).
+    /// This rank's word for CTA index `index`'s last put's outcome.
     #[inline]
-    unsafe fn outcome_word(&self, index: u32) -> *mut u64 {
+    unsafe fn put_outcome_word(&self, index: u32) -> *mut u64 {
         if index >= MAX_BARRIERS {
             arch::trap();
         }
-        self.barrier_word(self.lsa_rank, index, self.lsa_size as usize + 1)
+        self.barrier_word(self.lsa_rank, index, self.lsa_size as usize + 2)
     }
 
     #[inline]

@@ -168,11 +168,20 @@ impl Device {
             module: Raw(m),
             functions: Default::default(),
         };
-        for name in crate::cuda::module::entry_names(ptx) {
-            let f = self.entry(m, name)?;
-            module.functions.insert(name.to_string(), f as usize);
+        let loaded = (|| {
+            for (name, bytes) in crate::cuda::module::entries(ptx) {
+                let f = self.entry(m, name)?;
+                module
+                    .functions
+                    .insert(name.to_string(), (f as usize, bytes));
+            }
+            self.reserve_stack()
+        })();
+        if let Err(e) = loaded {
+            // SAFETY: the module just loaded, never launched.
+            unsafe { sys::cuModuleUnload(m) };
+            return Err(e);
         }
-        self.reserve_stack()?;
         log::info!(
             "cuda: loaded a user kernel module ({} kernels) on device {} in {:.1} ms",
             module.functions.len(),
@@ -284,15 +293,23 @@ pub struct UserModule {
 }
 
 impl UserModule {
-    /// The entry point `name`, or why there is none.
-    pub fn function(&self, name: &str) -> Result<usize> {
-        self.functions.get(name).copied().ok_or_else(|| {
+    /// The entry point `name` for an argument of `arg_bytes`, or why there is none.
+    pub fn function(&self, name: &str, arg_bytes: usize) -> Result<usize> {
+        let Some(&(f, bytes)) = self.functions.get(name) else {
             let mut held: Vec<&str> = self.functions.keys().map(String::as_str).collect();
             held.sort_unstable();
-            Error::invalid_usage(format!(
+            return Err(Error::invalid_usage(format!(
                 "Module::launch: kernel {name} is not in this module (it holds {held:?}): \
                  launch a kernel of the crate the PTX was built from"
-            ))
-        })
+            )));
+        };
+        match bytes {
+            Some(b) if b != arg_bytes => Err(Error::invalid_usage(format!(
+                "Module::launch: kernel {name} takes {b} bytes of argument in its PTX, the \
+                 launch passes {arg_bytes}: is the PTX older than the argument's type? (rebuild \
+                 the kernel crate; the type must be #[repr(C)])"
+            ))),
+            _ => Ok(f),
+        }
     }
 }
