@@ -152,6 +152,15 @@ fn across_nodes_the_team_is_the_rank_alone() {
 /// Rank 0's kernel waits at a barrier rank 1 never reaches; the abort ends it with `Aborted`.
 #[test]
 fn an_abort_ends_a_barrier_a_peer_never_reaches() {
+    // SAFETY: the communicator outlives the kernel (`an_abort_ends`).
+    an_abort_ends("a barrier", |comm| unsafe {
+        comm.lsa_barrier(0).sync().is_err()
+    });
+}
+
+/// On 2 simulated ranks with device communicators, rank 0's kernel runs `wait` (true: it
+/// ended with `Aborted`), which cannot pass without rank 1; the abort must end it so.
+pub(crate) fn an_abort_ends(what: &str, wait: fn(&DevComm) -> bool) {
     common::sim();
     let ranks = common::sim_ranks(2);
     let lent = lend(&ranks.comms);
@@ -169,32 +178,26 @@ fn an_abort_ends_a_barrier_a_peer_never_reaches() {
     let (comm, out) = (dcs[0].get(), outcome.ptr());
     c.device()
         .launch_on_simulator(1, 32, st, move || {
-            // SAFETY: the communicator and `out` outlive the kernel (drained below).
-            unsafe {
-                if comm.lsa_barrier(0).sync().is_err() && arch::thread_idx() == 0 {
-                    *(out as *mut u64) = 1;
-                }
+            // SAFETY: `out` outlives the kernel (drained below).
+            if wait(&comm) && arch::thread_idx() == 0 {
+                unsafe { *(out as *mut u64) = 1 };
             }
         })
         .unwrap();
     assert!(
         !c.device().stream_query(st).unwrap(),
-        "the barrier passed without rank 1"
+        "{what} passed without rank 1"
     );
     c.abort_handle().abort();
     let d = c.device().clone();
     common::procs::within(
-        "a barrier, after the abort",
+        &format!("{what}, after the abort"),
         common::procs::limit(),
         move || d.stream_sync(st).unwrap(),
     );
     let mut got = [0u8; 8];
     outcome.read(0, &mut got).unwrap();
-    assert_eq!(
-        u64::from_le_bytes(got),
-        1,
-        "the barrier did not say Aborted"
-    );
+    assert_eq!(u64::from_le_bytes(got), 1, "{what} did not say Aborted");
 }
 
 /// Bad calls: clear errors; a kernel reading past its window is stopped by the simulator.

@@ -343,44 +343,10 @@ fn refusals_while_gin_lives(ranks: &Ranks) {
 /// Rank 0's kernel waits for a signal nobody raises; the abort ends it with `Aborted`.
 #[test]
 fn an_abort_ends_a_signal_wait() {
-    common::sim();
-    let ranks = common::sim_ranks(2);
-    let lent = lend(&ranks.comms);
-    let dcs: Vec<nccl::DeviceComm> = std::thread::scope(|s| {
-        let hs: Vec<_> = lent
-            .iter()
-            .map(|c| s.spawn(move || c.dev_comm().unwrap()))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    // SAFETY: the communicator outlives the kernel (`an_abort_ends`).
+    crate::device_api::an_abort_ends("a signal wait", |comm| unsafe {
+        comm.wait_signal(SIG, 1).is_err()
     });
-    let (c, st) = (&ranks.comms[0], ranks.streams[0]);
-    let outcome = c.device().alloc(8).unwrap();
-    outcome.write(0, &[0u8; 8]).unwrap();
-    let (comm, out) = (dcs[0].get(), outcome.ptr());
-    c.device()
-        .launch_on_simulator(1, 32, st, move || {
-            // SAFETY: the communicator and `out` outlive the kernel (drained below).
-            unsafe {
-                if comm.wait_signal(SIG, 1).is_err() && arch::thread_idx() == 0 {
-                    *(out as *mut u64) = 1;
-                }
-            }
-        })
-        .unwrap();
-    assert!(
-        !c.device().stream_query(st).unwrap(),
-        "the wait passed with no signal"
-    );
-    c.abort_handle().abort();
-    let d = c.device().clone();
-    common::procs::within(
-        "a signal wait, after the abort",
-        common::procs::limit(),
-        move || d.stream_sync(st).unwrap(),
-    );
-    let mut got = [0u8; 8];
-    outcome.read(0, &mut got).unwrap();
-    assert_eq!(u64::from_le_bytes(got), 1, "the wait did not say Aborted");
 }
 
 /// A put past the window stops the kernel with a clear message.
