@@ -44,7 +44,7 @@ unsafe fn exchange(a: &Exchange) {
     let mut peer = arch::block_idx();
     while peer < c.nranks {
         let src = a.src as *const u8;
-        if c.put(peer, &a.win, at, src, 4 * a.count, Some(SIG), Some(CTR))
+        if c.put(a.win.at(peer, at), src, 4 * a.count, Some(SIG), Some(CTR))
             .is_err()
         {
             return;
@@ -254,7 +254,7 @@ unsafe fn in_order(a: &InOrder) {
         0 => {
             for k in 0..PUTS {
                 let src = (a.src as *const u8).add(4096 * k);
-                if c.put(1, &a.win, 0, src, 4096, Some(SIG), None).is_err() {
+                if c.put(a.win.at(1, 0), src, 4096, Some(SIG), None).is_err() {
                     return;
                 }
             }
@@ -365,7 +365,7 @@ fn a_put_past_the_window_is_stopped() {
     c.device()
         .launch_on_simulator(1, 32, st, move || {
             // SAFETY: deliberately past the window: the simulator must stop it.
-            let _ = unsafe { comm.put(0, &win, 200, src as *const u8, 64, None, None) };
+            let _ = unsafe { comm.put(win.at(0, 200), src as *const u8, 64, None, None) };
         })
         .unwrap();
     let e = c

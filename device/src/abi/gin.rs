@@ -47,7 +47,6 @@ pub struct GinOp {
 }
 
 impl GinOp {
-    #[allow(clippy::too_many_arguments)]
     pub const fn new(
         kind: u32,
         peer: u32,

@@ -28,6 +28,26 @@ use crate::abi::gin::{GinOp, GinQueue, GIN_NONE, GIN_PUT, GIN_SIGNAL, GIN_SLOTS}
 pub use crate::abi::gin::{MAX_COUNTERS, MAX_SIGNALS};
 use crate::arch::{self, Pack16};
 
+/// Where a put lands: byte `offset` of rank `peer`'s part of `window` ([`Window::at`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub peer: u32,
+    pub window: &'a Window,
+    pub offset: usize,
+}
+
+impl Window {
+    /// Byte `offset` of communicator rank `peer`'s part of this window, as a put's target.
+    #[inline]
+    pub fn at(&self, peer: u32, offset: usize) -> Target<'_> {
+        Target {
+            peer,
+            window: self,
+            offset,
+        }
+    }
+}
+
 impl DevComm {
     /// Where communicator rank `rank` sits in the LSA team, if it is a member.
     ///
@@ -53,28 +73,31 @@ impl DevComm {
         self.area_word(self.lsa_rank, self.counters_at() + id as usize)
     }
 
-    /// Puts `bytes` at `src` (this GPU's memory) into rank `peer`'s part of `dst` at
-    /// `dst_offset`; then raises signal `signal` at `peer`, and counter `counter` here once
+    /// Puts `bytes` at `src` (this GPU's memory) at `to` (`window.at(peer, offset)`); then
+    /// raises signal `signal` at the target's rank, and counter `counter` here once
     /// the source was read. Every thread of the CTA calls it alike. Returns once the source
     /// was read (LSA peers) or the op was queued (others: [`DevComm::flush`] or the counter
     /// says when the source was read); `Err(Aborted)`, in every thread, when the communicator
     /// was aborted while the queue was full.
     ///
     /// # Safety
-    /// `self` and `dst` came from the host for this communicator and live; `src..src+bytes`
-    /// is readable; `peer < nranks`; the CTA's index is below `MAX_BARRIERS`.
+    /// `self` and the target's window came from the host for this communicator and live;
+    /// `src..src+bytes` is readable; the target's rank is below `nranks`; the CTA's index is
+    /// below `MAX_BARRIERS`.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn put(
         &self,
-        peer: u32,
-        dst: &Window,
-        dst_offset: usize,
+        to: Target<'_>,
         src: *const u8,
         bytes: usize,
         signal: Option<u32>,
         counter: Option<u32>,
     ) -> Result<(), Aborted> {
+        let Target {
+            peer,
+            window: dst,
+            offset: dst_offset,
+        } = to;
         let (signal, counter) = (
             id_or_none(signal, MAX_SIGNALS),
             id_or_none(counter, MAX_COUNTERS),
@@ -170,14 +193,7 @@ impl DevComm {
     /// As [`DevComm::read_signal`].
     #[inline]
     pub unsafe fn wait_signal(&self, id: u32, least: u64) -> Result<(), Aborted> {
-        let mut aborted = false;
-        crate::coll::spin_until(self.abort as *const u64, &mut aborted, || {
-            self.read_signal(id) >= least
-        });
-        match aborted {
-            false => Ok(()),
-            true => Err(Aborted),
-        }
+        self.wait_until(|| self.read_signal(id) >= least)
     }
 
     /// Counter `id`: this rank's puts that named it whose source was read.
@@ -202,10 +218,14 @@ impl DevComm {
     /// As [`DevComm::read_counter`].
     #[inline]
     pub unsafe fn wait_counter(&self, id: u32, least: u64) -> Result<(), Aborted> {
+        self.wait_until(|| self.read_counter(id) >= least)
+    }
+
+    /// Spins until `ready`, or `Err(Aborted)` once the communicator was aborted.
+    #[inline]
+    unsafe fn wait_until(&self, ready: impl FnMut() -> bool) -> Result<(), Aborted> {
         let mut aborted = false;
-        crate::coll::spin_until(self.abort as *const u64, &mut aborted, || {
-            self.read_counter(id) >= least
-        });
+        crate::coll::spin_until(self.abort as *const u64, &mut aborted, ready);
         match aborted {
             false => Ok(()),
             true => Err(Aborted),
@@ -224,14 +244,7 @@ impl DevComm {
         }
         let q = self.gin as *const GinQueue;
         let posted = arch::ld_acquire_sys(self.head_word());
-        let mut aborted = false;
-        crate::coll::spin_until(self.abort as *const u64, &mut aborted, || {
-            arch::ld_acquire_sys(core::ptr::addr_of!((*q).completed)) >= posted
-        });
-        match aborted {
-            false => Ok(()),
-            true => Err(Aborted),
-        }
+        self.wait_until(|| arch::ld_acquire_sys(core::ptr::addr_of!((*q).completed)) >= posted)
     }
 
     /// Posts `op` into the queue (one thread): a ticket, a free slot, the op, then its
@@ -252,13 +265,9 @@ impl DevComm {
         }
         let q = self.gin as *mut GinQueue;
         let ticket = arch::atomic_add_u64(self.head_word(), 1);
-        let mut aborted = false;
-        crate::coll::spin_until(self.abort as *const u64, &mut aborted, || {
+        self.wait_until(|| {
             arch::ld_acquire_sys(core::ptr::addr_of!((*q).consumed)) + GIN_SLOTS as u64 > ticket
-        });
-        if aborted {
-            return Err(Aborted);
-        }
+        })?;
         let slot = core::ptr::addr_of_mut!((*q).ring[ticket as usize % GIN_SLOTS]);
         let words = &op as *const GinOp as *const u64;
         // Every word but the sequence number (word 0), then the fence, then the release.

@@ -36,7 +36,7 @@
 use crate::arch;
 
 mod gin;
-pub use gin::{MAX_COUNTERS, MAX_SIGNALS};
+pub use gin::{Target, MAX_COUNTERS, MAX_SIGNALS};
 
 /// The most CTA indices a communicator's barriers serve (`DevComm::lsa_barrier`'s `index`).
 pub const MAX_BARRIERS: u32 = 64;

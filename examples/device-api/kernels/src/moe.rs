@@ -94,7 +94,7 @@ unsafe fn dispatch_and_combine(a: &Moe) {
     }
     let at = c.rank as usize * block;
     let bytes = HEADER + 4 * k * hidden;
-    if c.put(d, &a.dispatch, at, stage, bytes, Some(DISPATCHED), None)
+    if c.put(a.dispatch.at(d, at), stage, bytes, Some(DISPATCHED), None)
         .is_err()
     {
         return;
@@ -116,17 +116,14 @@ unsafe fn dispatch_and_combine(a: &Moe) {
     }
     let at = 4 * c.rank as usize * tokens as usize * hidden;
     let bytes = 4 * count * hidden;
-    if c.put(
-        d,
-        &a.combine,
-        at,
+    let answered = c.put(
+        a.combine.at(d, at),
         answers as *const u8,
         bytes,
         Some(COMBINED),
         None,
-    )
-    .is_err()
-    {
+    );
+    if answered.is_err() {
         return;
     }
 

@@ -39,13 +39,13 @@ unsafe fn ping(a: &Ping) {
     let done = match c.rank {
         0 => (|| {
             for _ in 0..a.puts {
-                c.put(1, &a.win, 0, src, a.bytes as usize, Some(DATA), None)?;
+                c.put(a.win.at(1, 0), src, a.bytes as usize, Some(DATA), None)?;
             }
             c.wait_signal(ACK, a.acks)
         })(),
         1 => (|| {
             c.wait_signal(DATA, a.data_total)?;
-            c.put(0, &a.win, 0, src, 8, Some(ACK), None)
+            c.put(a.win.at(0, 0), src, 8, Some(ACK), None)
         })(),
         _ => Ok(()),
     };
