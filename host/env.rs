@@ -146,6 +146,9 @@ params! {
         "cuda: real GPUs; sim: the CPU simulator";
     RS_SIM_DEVICES = "8",
         "how many GPUs the simulator shows";
+    RS_PUT_DEPTH = "8",
+        "chunks of 512 KiB a rank's one-sided puts across nodes keep in flight (its staging \
+              slots in pinned host memory, and its receive buffers per peer), 1 to 64";
     RS_SYMMETRIC_MAX_BYTES = "65536",
         "nccl-rs: largest AllReduce, AllGather or ReduceScatter block (bytes per rank) the \
          symmetric path takes once the communicator has a symmetric window (0: never); up to \

@@ -157,7 +157,7 @@ pub use api::{
     F8E5M2,
 };
 pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
-pub use comm::dev_api::{DeviceComm, DeviceWindow};
+pub use comm::dev_api::{DevCommRequirements, DeviceComm, DeviceWindow};
 pub use comm::onesided::SignalWait;
 pub use comm::register::RegHandle;
 pub use comm::{

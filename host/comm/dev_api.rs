@@ -71,20 +71,58 @@ impl DeviceWindow {
     }
 }
 
+/// What a device communicator provides beyond its barriers, signals and counters
+/// (`ncclDevCommRequirements`); every rank asks the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevCommRequirements {
+    /// LL sessions (`nccl_device::api::LlA2a`): blocks (one per CTA index that uses them)...
+    pub ll_blocks: u32,
+    /// ...and the 8-byte lines a rank may send each peer per block and epoch.
+    pub ll_slots: u32,
+}
+
+/// The most bytes of LL lines one rank's area may hold.
+const MAX_LL_BYTES: u64 = 1 << 30;
+
 impl Comm {
     /// Makes this communicator's device communicator (`ncclDevCommCreate`): collective, every
-    /// rank calls it at once. Its LSA team is every rank where every rank maps every other
-    /// (ranks of one node through p2p), else this rank alone; kernels reach ranks outside it
-    /// through GIN where a window was registered before (the network's side of one-sided
-    /// operations then exists). One device communicator with GIN at a time.
-    pub fn dev_comm(&self) -> Result<DeviceComm> {
+    /// rank calls it at once, with the same `req`. Its LSA team is every rank where every rank
+    /// maps every other (ranks of one node through p2p), else this rank alone; kernels reach
+    /// ranks outside it through GIN where a window was registered before (the network's side
+    /// of one-sided operations then exists). One device communicator with GIN at a time.
+    pub fn dev_comm(&self, req: DevCommRequirements) -> Result<DeviceComm> {
         self.check_usable()?;
         // User kernels wait at barriers that peers release (`Device::preload_kernels`).
         self.device.preload_kernels()?;
-        let all = self.bootstrap.allgather(&[self.maps_every_rank() as u8])?;
+        let mut mine = vec![self.maps_every_rank() as u8];
+        mine.extend(req.ll_blocks.to_le_bytes());
+        mine.extend(req.ll_slots.to_le_bytes());
+        let all = self.bootstrap.allgather(&mine)?;
+        if all.iter().any(|v| v.get(1..) != mine.get(1..)) {
+            return Err(Error::invalid_usage(
+                "ncclDevCommCreate: the ranks asked for different requirements (every rank must \
+                 pass the same)",
+            ));
+        }
+        // Every rank asked the same, so every rank fails here alike.
+        let ll_bytes = 32 * req.ll_blocks as u64 * req.ll_slots as u64 * self.nranks as u64;
+        if ll_bytes > MAX_LL_BYTES {
+            return Err(Error::invalid_argument(format!(
+                "ncclDevCommCreate: LL sessions of {} blocks x {} slots on {} ranks need {ll_bytes} \
+                 bytes per rank, more than {MAX_LL_BYTES}",
+                req.ll_blocks, req.ll_slots, self.nranks
+            )));
+        }
         let team = all.iter().all(|v| v.first() == Some(&1)) && self.nranks > 1;
         let lsa_size = if team { self.nranks } else { 1 };
-        let bytes = area_bytes(lsa_size as u32, self.nranks as u32);
+        let sizes = DevComm {
+            nranks: self.nranks as u32,
+            lsa_size: lsa_size as u32,
+            ll_blocks: req.ll_blocks,
+            ll_slots: req.ll_slots,
+            ..DevComm::default()
+        };
+        let bytes = area_bytes(&sizes);
         let barrier = self.device.alloc(bytes)?;
         barrier.write(0, &vec![0u8; bytes])?;
         let (bases, peers) = match team {
@@ -115,9 +153,7 @@ impl Comm {
         self.bootstrap.barrier()?;
         let value = DevComm {
             rank: self.rank as u32,
-            nranks: self.nranks as u32,
             lsa_rank: if team { self.rank as u32 } else { 0 },
-            lsa_size: lsa_size as u32,
             lsa_ranks: tables.ptr + 8 * lsa_size as u64,
             barriers: tables.ptr,
             abort: self.kernel_abort_ptr(),
@@ -125,6 +161,7 @@ impl Comm {
                 .as_ref()
                 .and_then(|g| g.proxy.as_ref())
                 .map_or(0, |p| p.queue_ptr()),
+            ..sizes
         };
         log::info!(
             "rank {}: device communicator, LSA team of {lsa_size}, {}",

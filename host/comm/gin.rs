@@ -126,6 +126,7 @@ impl Worker {
     /// first: its owner drained the kernels' streams before dropping it) or the communicator
     /// is aborted (then nothing more; the abort's cause is reported where it arose).
     fn run(mut self) -> Result<()> {
+        crate::clock::fine_timer_slack();
         let mut nap = Duration::from_micros(1);
         let result = loop {
             if self.abort.is_raised() {

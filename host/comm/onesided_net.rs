@@ -4,16 +4,17 @@
 //! window (a collective call) where not every rank maps every other.
 //!
 //! The sender's stream stages each chunk of a put (at most [`CHUNK`] bytes) in pinned host
-//! memory, in one of [`DEPTH`] slots, then raises the doorbell: the number of chunks staged so
-//! far, written after the copy (`cuStreamWriteValue64` fences it). The thread sends every
-//! staged chunk, a [`HEADER`] in front (window, offset, bytes, and on the put's last chunk its
-//! signal), and counts those whose send completed in `done`. A chunk waits (the wait kernel)
-//! until the chunk that last used its slot was sent; the put ends, in its stream, once its last
-//! chunk was sent (its source was free once staged; the stream's later work then follows the
-//! data on the wire). Puts take their place in the communicator's
-//! order (as inside a node), so chunks are staged in issue order and the doorbell only grows.
+//! memory, in one of `NCCL_RS_PUT_DEPTH` slots, then raises the doorbell: the number of
+//! chunks staged so far, written after the copy (`cuStreamWriteValue64` fences it). The
+//! thread sends every staged chunk, a [`HEADER`] in front (window, offset, bytes, and on the
+//! put's last chunk its signal), and counts those whose send completed in `done`. A chunk
+//! waits (the wait kernel) until the chunk that last used its slot was sent; the put ends, in
+//! its stream, once its last chunk was sent (its source was free once staged; the stream's
+//! later work then follows the data on the wire). Puts take their place in the
+//! communicator's order (as inside a node), so chunks are staged in issue order and the
+//! doorbell only grows.
 //!
-//! The receiver's thread keeps [`DEPTH`] receives posted per peer into pinned host buffers. A
+//! The receiver's thread keeps as many receives posted per peer into pinned host buffers. A
 //! message's payload is copied into the window on the thread's own stream, then its signal is
 //! written into this rank's pad (in the stream's order, so the data lands first), and the
 //! buffer is posted again once the copy is done. Messages of one peer are handled in the order
@@ -36,8 +37,9 @@ pub(crate) const CHUNK: usize = 512 << 10;
 /// The header in front of every message's payload.
 const HEADER: usize = 64;
 const SLOT: usize = HEADER + CHUNK;
-/// Staging slots of the sender (chunks in flight), and receive buffers per peer.
-pub(crate) const DEPTH: usize = 2;
+/// Staging slots of the sender (chunks in flight), and receive buffers per peer
+/// (`NCCL_RS_PUT_DEPTH`, at most this).
+const MAX_DEPTH: usize = 64;
 /// The network tag of every message.
 const TAG: u32 = 0x6f6e_6573;
 const MAGIC: u64 = 0x6e63_636c_5f70_7574; // "nccl_put"
@@ -104,7 +106,7 @@ struct Link {
     /// The staging slots, registered with `send`.
     send_mr: Mr,
     recv: Box<dyn RecvComm>,
-    /// [`DEPTH`] receive buffers.
+    /// `depth` receive buffers.
     bufs: HostMem,
     recv_mr: Mr,
     /// Receives posted, oldest first: (buffer, request).
@@ -127,6 +129,8 @@ struct Inner {
     doorbell: HostMem,
     done: HostMem,
     staging: HostMem,
+    /// Staging slots, and receive buffers per peer (`NCCL_RS_PUT_DEPTH`).
+    depth: usize,
     /// The thread's stream: copies into windows and signal writes.
     stream: StreamHandle,
     /// Chunks issued, not yet sent; the next sequence number.
@@ -227,6 +231,7 @@ impl RemotePuts {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        let depth = crate::env::RS_PUT_DEPTH.int().clamp(1, MAX_DEPTH as i64) as usize;
         let stream = device.stream_create()?;
         let inner = Arc::new(Inner {
             device: device.clone(),
@@ -236,7 +241,8 @@ impl RemotePuts {
             pad,
             doorbell: device.alloc_host_mem(8)?,
             done: device.alloc_host_mem(8)?,
-            staging: device.alloc_host_mem(DEPTH * SLOT)?,
+            staging: device.alloc_host_mem(depth * SLOT)?,
+            depth,
             queue: Mutex::new((VecDeque::new(), 0)),
             windows: Mutex::default(),
             gin_signals: Mutex::default(),
@@ -251,14 +257,14 @@ impl RemotePuts {
                 continue;
             };
             let staging = inner.staging.host_ptr(0).unwrap_or(std::ptr::null_mut());
-            let bufs = device.alloc_host_mem(DEPTH * SLOT)?;
+            let bufs = device.alloc_host_mem(depth * SLOT)?;
             let host = bufs.host_ptr(0).unwrap_or(std::ptr::null_mut());
             // SAFETY: both regions live as long as the links (the thread's, dropped before
             // `inner` and `bufs`).
             let (send_mr, recv_mr) = unsafe {
                 (
-                    send.reg_mr(staging, DEPTH * SLOT, PTR_HOST)?,
-                    recv.reg_mr(host, DEPTH * SLOT, PTR_HOST)?,
+                    send.reg_mr(staging, depth * SLOT, PTR_HOST)?,
+                    recv.reg_mr(host, depth * SLOT, PTR_HOST)?,
                 )
             };
             let waker = {
@@ -271,7 +277,7 @@ impl RemotePuts {
             };
             send.set_waker(waker.clone());
             recv.set_waker(waker);
-            let events = (0..DEPTH)
+            let events = (0..depth)
                 .map(|_| device.event_create_untimed())
                 .collect::<Result<Vec<u64>>>()?;
             debug_assert!(p != rank);
@@ -283,7 +289,7 @@ impl RemotePuts {
                 recv_mr,
                 posted: VecDeque::new(),
                 copying: VecDeque::new(),
-                free: (0..DEPTH).collect(),
+                free: (0..depth).collect(),
                 events,
             }));
         }
@@ -390,8 +396,9 @@ impl RemotePuts {
             // made holding the queue: a wait of the GIN thread's own waits for the network
             // thread, which takes the queue to send.
             let seq = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner()).1;
-            if seq >= DEPTH as u64 {
-                wait(stream, done, seq - DEPTH as u64 + 1)?;
+            let depth = self.inner.depth as u64;
+            if seq >= depth {
+                wait(stream, done, seq - depth + 1)?;
             }
             let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
             if q.1 != seq {
@@ -400,7 +407,7 @@ impl RemotePuts {
                     "one-sided puts staged from two places at once",
                 ));
             }
-            let slot = self.inner.staging.ptr + ((seq as usize % DEPTH) * SLOT + HEADER) as u64;
+            let slot = self.inner.staging.ptr + ((seq % depth) as usize * SLOT + HEADER) as u64;
             if len > 0 {
                 d.copy_dtod_async(slot, src + (i * CHUNK) as u64, len, stream)?;
             }
@@ -444,6 +451,7 @@ struct Worker {
 
 impl Worker {
     fn run(mut self) {
+        crate::clock::fine_timer_slack();
         let mut nap = Duration::from_micros(1);
         while !self.inner.stop.load(Ordering::Acquire) {
             match self.progress() {
@@ -503,14 +511,14 @@ impl Worker {
         // The doorbell's value, then (acquire) the staged bytes it announces.
         let staged = inner.doorbell.load_u64(0).unwrap_or(0);
         std::sync::atomic::fence(Ordering::Acquire);
-        while self.in_flight.len() < DEPTH {
+        while self.in_flight.len() < inner.depth {
             let mut q = inner.queue.lock().unwrap_or_else(|p| p.into_inner());
             let Some(o) = q.0.front().filter(|o| o.seq < staged) else {
                 break;
             };
             let (seq, peer, header) = (o.seq, o.peer, o.header);
             let link = self.links[peer].as_mut().ok_or((peer, no_link(peer)))?;
-            let at = (seq as usize % DEPTH) * SLOT;
+            let at = (seq as usize % inner.depth) * SLOT;
             let head = inner.staging.host_ptr(at).ok_or((peer, no_link(peer)))?;
             // SAFETY: the slot's header bytes, which only this thread writes, between the
             // stream's staging of the chunk and the send's completion.

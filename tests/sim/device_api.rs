@@ -8,7 +8,7 @@
 
 use crate::common::windows::register_all;
 use crate::common::{self, lend, Ranks};
-use nccl::{DevBuffer, NcclResult};
+use nccl::{DevBuffer, DevCommRequirements, NcclResult};
 use nccl_device::api::{DevComm, Window};
 use nccl_device::arch;
 
@@ -69,7 +69,7 @@ fn gather_case(ranks: &Ranks, count: usize, seed: u32, team: usize) {
         for (i, (c, h)) in lent.iter().zip(&handles).enumerate() {
             let (h, st) = (*h.as_ref().expect("a symmetric window"), ranks.streams[i]);
             s.spawn(move || {
-                let dc = c.dev_comm().unwrap();
+                let dc = c.dev_comm(Default::default()).unwrap();
                 assert_eq!(dc.get().lsa_size as usize, team, "the LSA team");
                 let win = c.dev_window(&dc, h).unwrap();
                 let args = GatherArgs {
@@ -139,7 +139,7 @@ fn stores_through_lsa_pointers_between_processes() {
 fn across_nodes_the_team_is_the_rank_alone() {
     if let Some(ranks) = crate::multinode::child_comm() {
         let c = &ranks.comms[0];
-        let dc = c.dev_comm().unwrap();
+        let dc = c.dev_comm(Default::default()).unwrap();
         let v = dc.get();
         assert_eq!((v.lsa_size, v.lsa_rank, v.rank), (1, 0, c.rank() as u32));
         gather_case(&ranks, 257, 5, 1);
@@ -153,21 +153,22 @@ fn across_nodes_the_team_is_the_rank_alone() {
 #[test]
 fn an_abort_ends_a_barrier_a_peer_never_reaches() {
     // SAFETY: the communicator outlives the kernel (`an_abort_ends`).
-    an_abort_ends("a barrier", |comm| unsafe {
+    an_abort_ends("a barrier", Default::default(), |comm| unsafe {
         comm.lsa_barrier(0).sync().is_err()
     });
 }
 
-/// On 2 simulated ranks with device communicators, rank 0's kernel runs `wait` (true: it
-/// ended with `Aborted`), which cannot pass without rank 1; the abort must end it so.
-pub(crate) fn an_abort_ends(what: &str, wait: fn(&DevComm) -> bool) {
+/// On 2 simulated ranks with device communicators (of `req`), rank 0's kernel runs `wait`
+/// (true: it ended with `Aborted`), which cannot pass without rank 1; the abort must end it
+/// so.
+pub(crate) fn an_abort_ends(what: &str, req: DevCommRequirements, wait: fn(&DevComm) -> bool) {
     common::sim();
     let ranks = common::sim_ranks(2);
     let lent = lend(&ranks.comms);
     let dcs: Vec<nccl::DeviceComm> = std::thread::scope(|s| {
         let hs: Vec<_> = lent
             .iter()
-            .map(|c| s.spawn(move || c.dev_comm().unwrap()))
+            .map(|c| s.spawn(move || c.dev_comm(req).unwrap()))
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -207,7 +208,7 @@ fn bad_device_api_calls_are_refused() {
     let ranks = common::sim_ranks(1);
     let c = &ranks.comms[0];
     let st = ranks.streams[0];
-    let dc = c.dev_comm().unwrap();
+    let dc = c.dev_comm(Default::default()).unwrap();
     let e = c.dev_window(&dc, 77).err().expect("an unknown window");
     assert_eq!(e.code, NcclResult::InvalidArgument, "{e}");
     for (grid, block) in [(0, 32), (1, 0), (1, 2048)] {

@@ -104,7 +104,7 @@ fn exchange_rounds(ranks: &Ranks, count: usize, rounds: u32, team: u32) {
                 let me = c.rank();
                 let d = c.device();
                 let run = || -> Result<(), String> {
-                    let dc = c.dev_comm().map_err(|e| e.to_string())?;
+                    let dc = c.dev_comm(Default::default()).map_err(|e| e.to_string())?;
                     assert_eq!(dc.get().lsa_size, team, "the LSA team");
                     assert_eq!(
                         dc.get().gin != 0,
@@ -274,7 +274,7 @@ fn puts_to_one_peer_land_in_order(ranks: &Ranks) {
     let win = c.device().alloc(4096).unwrap();
     // SAFETY: `win` outlives the window (deregistered below).
     let h = unsafe { c.window_register_raw(win.ptr(), 4096, 1) }.unwrap();
-    let dc = c.dev_comm().unwrap();
+    let dc = c.dev_comm(Default::default()).unwrap();
     let blocks: Vec<u32> = (0..PUTS * 1024).map(|i| (i / 1024 + 1) as u32).collect();
     let src = c.device().alloc(4 * blocks.len()).unwrap();
     src.write(0, to_bytes(&blocks)).unwrap();
@@ -311,9 +311,9 @@ fn refusals_while_gin_lives(ranks: &Ranks) {
     let buf = c.device().alloc(4096).unwrap();
     // SAFETY: `buf` outlives the window (deregistered below).
     let h = unsafe { c.window_register_raw(buf.ptr(), 4096, 1) }.unwrap();
-    let dc = c.dev_comm().unwrap();
+    let dc = c.dev_comm(Default::default()).unwrap();
     let e = c
-        .dev_comm()
+        .dev_comm(Default::default())
         .err()
         .expect("a second device communicator with GIN");
     assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
@@ -344,7 +344,7 @@ fn refusals_while_gin_lives(ranks: &Ranks) {
 #[test]
 fn an_abort_ends_a_signal_wait() {
     // SAFETY: the communicator outlives the kernel (`an_abort_ends`).
-    crate::device_api::an_abort_ends("a signal wait", |comm| unsafe {
+    crate::device_api::an_abort_ends("a signal wait", Default::default(), |comm| unsafe {
         comm.wait_signal(SIG, 1).is_err()
     });
 }
@@ -358,7 +358,7 @@ fn a_put_past_the_window_is_stopped() {
     let buf = c.device().alloc(256).unwrap();
     // SAFETY: `buf` outlives the window (deregistered below).
     let h = unsafe { c.window_register_raw(buf.ptr(), 256, 1) }.unwrap();
-    let dc = c.dev_comm().unwrap();
+    let dc = c.dev_comm(Default::default()).unwrap();
     let dw = c.dev_window(&dc, h).unwrap();
     let (comm, win) = (dc.get(), dw.get());
     let src = buf.ptr();

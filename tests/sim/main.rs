@@ -13,6 +13,7 @@ mod all_reduce;
 mod cleanup;
 mod copy_engine;
 mod device_api;
+mod device_ll;
 mod flow_control;
 mod gin;
 mod graphs;

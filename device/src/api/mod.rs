@@ -36,7 +36,9 @@
 use crate::arch;
 
 mod gin;
+mod ll;
 pub use gin::{Target, MAX_COUNTERS, MAX_SIGNALS};
+pub use ll::LlA2a;
 
 /// The most CTA indices a communicator's barriers serve (`DevComm::lsa_barrier`'s `index`).
 pub const MAX_BARRIERS: u32 = 64;
@@ -61,16 +63,26 @@ const fn head_at(lsa_size: u32, nranks: u32) -> usize {
     counters_at(lsa_size, nranks) + MAX_COUNTERS as usize
 }
 
+/// Word index, in a rank's area, of its LL sessions' epoch counts (`[ll_blocks]`, after the
+/// GIN ticket word); their lines start at the next 16-byte boundary after them.
+const fn ll_epochs_at(lsa_size: u32, nranks: u32) -> usize {
+    head_at(lsa_size, nranks) + 1
+}
+const fn ll_lines_at(lsa_size: u32, nranks: u32, ll_blocks: u32) -> usize {
+    (ll_epochs_at(lsa_size, nranks) + ll_blocks as usize).next_multiple_of(2)
+}
+
 /// Byte offset, in a rank's area, of its signal words (where the network's side writes the
 /// signals of ranks outside the LSA team).
 pub const fn signals_offset(lsa_size: u32) -> usize {
     8 * signals_at(lsa_size)
 }
 
-/// Bytes of one rank's area (barriers, signals, counters) for a team of `lsa_size` in a
-/// communicator of `nranks`: what the host allocates, zeroed, and maps across the team.
-pub const fn area_bytes(lsa_size: u32, nranks: u32) -> usize {
-    8 * (head_at(lsa_size, nranks) + 1)
+/// Bytes of one rank's area (barriers, signals, counters, LL sessions) of a device
+/// communicator `c` (its sizes and LL requirements set; its addresses not needed): what the
+/// host allocates, zeroed, and maps across the team.
+pub const fn area_bytes(c: &DevComm) -> usize {
+    8 * ll_lines_at(c.lsa_size, c.nranks, c.ll_blocks) + ll::lines_bytes(c)
 }
 
 /// A registered window as a kernel addresses it: the base of every LSA rank's part.
@@ -105,6 +117,10 @@ pub struct DevComm {
     /// Device address of the GIN queue (`crate::abi::gin::GinQueue`, host-mapped) that
     /// carries puts and signals to ranks outside the LSA team; 0 where there is none.
     pub gin: u64,
+    /// LL sessions ([`DevComm::ll_a2a`]): how many blocks, and the lines each rank may send
+    /// each peer per block and epoch.
+    pub ll_blocks: u32,
+    pub ll_slots: u32,
 }
 
 /// The communicator was aborted while a call waited: the kernel should return.
@@ -242,29 +258,36 @@ impl LsaBarrier<'_> {
         let (n, me, i) = (c.lsa_size, c.lsa_rank, self.index);
         let (count, outcome) = (n as usize, n as usize + 1);
         arch::sync_threads();
-        if arch::thread_idx() == 0 {
-            let mine = c.barrier_word(me, i, count);
-            let round = arch::ld_volatile(mine) + 1;
-            arch::st_volatile(mine, round);
-            // The CTA's writes (ordered before thread 0's by the CTA barrier) first.
+        let mine = c.barrier_word(me, i, count);
+        // Every thread reads the count before thread 0 moves it on, after the second sync.
+        let round = arch::ld_volatile(mine) + 1;
+        // Thread `p` tells LSA rank `p` and waits for it: the team's stores and waits run in
+        // parallel rather than one after another.
+        let mut p = arch::thread_idx();
+        while p < n {
+            // The CTA's writes (ordered before this thread's by the CTA barrier) first.
             arch::fence_sys();
-            for p in 0..n {
-                arch::st_release_sys(c.barrier_word(p, i, me as usize), round);
-            }
+            arch::st_release_sys(c.barrier_word(p, i, me as usize), round);
+            let slot = c.barrier_word(me, i, p as usize);
             let mut aborted = false;
-            for p in 0..n {
-                let slot = c.barrier_word(me, i, p as usize);
-                crate::coll::spin_until(c.abort as *const u64, &mut aborted, || {
-                    arch::ld_acquire_sys(slot) >= round
-                });
+            crate::coll::spin_until(c.abort as *const u64, &mut aborted, || {
+                arch::ld_acquire_sys(slot) >= round
+            });
+            // An abort is for good: the word is never cleared.
+            if aborted {
+                arch::st_volatile(c.barrier_word(me, i, outcome), 1);
             }
-            arch::st_volatile(c.barrier_word(me, i, outcome), aborted as u64);
+            p += arch::block_dim();
         }
         arch::sync_threads();
-        match arch::ld_volatile(c.barrier_word(me, i, outcome)) {
+        let result = match arch::ld_volatile(c.barrier_word(me, i, outcome)) {
             0 => Ok(()),
             _ => Err(Aborted),
+        };
+        if arch::thread_idx() == 0 {
+            arch::st_volatile(mine, round);
         }
+        result
     }
 }
 

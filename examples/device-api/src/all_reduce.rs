@@ -1,16 +1,52 @@
-//! A one-shot AllReduce written with the device API (`kernels::one_shot_all_reduce`), the
-//! kind of kernel inference stacks write by hand: every rank's input lies in a symmetric
-//! window; the kernel meets the LSA team at a barrier (every input is in place), sums element
-//! `i` over every rank with loads from the peers' windows (in rank order: the same bits on
-//! every rank), writes the sum to its own output, and meets the team again before any rank may
-//! overwrite its input.
+//! Two one-shot AllReduces written with the device API, the kind of kernel inference stacks
+//! write by hand; every rank's input lies in a symmetric window, and every rank sums in rank
+//! order (the same bits on every rank):
+//! - `kernels::one_shot_all_reduce` meets the LSA team at a barrier (every input is in place),
+//!   sums four floats at a time with 16-byte loads from the peers' windows, writes its own
+//!   output, and meets the team again before any rank may overwrite its input;
+//! - `kernels::ll_all_reduce`, for small inputs, sends its input to every rank as LL lines
+//!   (8 bytes and a flag in one 16-byte store) and sums the lines it receives: no barrier.
+//!
+//! `--bench` runs each at the sizes where the library's own symmetric AllReduce runs the same
+//! form (LL up to 64 KiB, loads above), beside it.
 
 use crate::{check, RankData};
-use nccl::{Comm, Module};
+use nccl::{Comm, DevCommRequirements, Module};
 use std::error::Error;
 
-/// Elements per rank: not a multiple of the grid's threads.
+/// Elements per rank: not a multiple of the grid's threads, nor of 4 (the loads form's tail)
+/// or 2 (the LL form's half line).
 pub const COUNT: usize = 10_007;
+
+/// LL lines a rank sends each peer per CTA: 4 KiB of payload, as the library's symmetric LL
+/// kernel.
+const LL_SLOTS: u32 = 512;
+/// CTAs of either form, at most (the library's symmetric kernels use up to 16).
+const MAX_GRID: u32 = 16;
+/// The input bytes of a CTA of the loads form (as the library's).
+const LOADS_BYTES_PER_CTA: usize = 16 << 10;
+/// The most bytes the LL form moves per rank.
+const LL_MAX_BYTES: usize = (MAX_GRID * LL_SLOTS) as usize * 8;
+
+/// The device communicator both forms can use: an LL block per CTA.
+const REQUIREMENTS: DevCommRequirements = DevCommRequirements {
+    ll_blocks: MAX_GRID,
+    ll_slots: LL_SLOTS,
+};
+
+/// The CTAs the LL form takes for `bytes` per rank (every CTA's lines fit its slots).
+fn ll_grid(bytes: usize) -> u32 {
+    bytes
+        .div_ceil(8 * LL_SLOTS as usize)
+        .clamp(1, MAX_GRID as usize) as u32
+}
+
+/// The CTAs the loads form takes for `bytes` per rank.
+fn loads_grid(bytes: usize) -> u32 {
+    bytes
+        .div_ceil(LOADS_BYTES_PER_CTA)
+        .clamp(1, MAX_GRID as usize) as u32
+}
 
 /// Rank `r`'s input: small integers with random-looking placement, whose sums are exact in
 /// f32 (so every rank's result can be checked bit for bit).
@@ -20,19 +56,28 @@ pub fn input(r: usize, count: usize) -> Vec<f32> {
         .collect()
 }
 
-/// One rank: the kernel over a poisoned (NaN) output, then the check.
+/// One rank: each kernel over a poisoned (NaN) output, then the check.
 pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let (r, n) = (comm.rank(), comm.count());
-    let got = RankData::new(comm, &input(r, COUNT), &vec![f32::NAN; COUNT])?.run(
-        module,
-        &kernels::ONE_SHOT_ALL_REDUCE,
-        4,
-        |place| place,
-    )?;
+    if n > kernels::MAX_TEAM as usize {
+        return Err(format!("at most {} ranks", kernels::MAX_TEAM).into());
+    }
     let want: Vec<f32> = (0..COUNT)
         .map(|i| (0..n).map(|q| input(q, COUNT)[i]).sum())
         .collect();
-    check(r, &got, &want)
+    let bytes = 4 * COUNT;
+    for form in [
+        (&kernels::ONE_SHOT_ALL_REDUCE, 4, REQUIREMENTS),
+        (&kernels::LL_ALL_REDUCE, ll_grid(bytes), REQUIREMENTS),
+    ] {
+        let got = RankData::new(comm, &input(r, COUNT), &vec![f32::NAN; COUNT])?.run(
+            module,
+            form,
+            |place| place,
+        )?;
+        check(r, &got, &want)?;
+    }
+    Ok(())
 }
 
 /// `--bench`: this kernel beside the library's own AllReduce on symmetric windows (the
@@ -48,7 +93,7 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let mut out = DeviceBuffer::<f32>::zeroed(dev, max)?;
     let w_in = comm.window(&mut inputs, true)?;
     let mut w_out = comm.window(&mut sym_out, true)?;
-    let dev_comm = comm.dev_comm()?;
+    let dev_comm = comm.dev_comm(REQUIREMENTS)?;
     let dev_win = comm.dev_window(&dev_comm, w_in.handle())?;
     let stream = Stream::new(dev)?;
     let want_all: Vec<f32> = (0..max)
@@ -56,13 +101,16 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         .collect();
     if r == 0 {
         println!(
-            "{:>9} {:>8} {:>12} {:>12} {:>7}",
-            "bytes", "CTAs", "kernel us", "library us", "ratio"
+            "{:>9} {:>6} {:>5} {:>12} {:>12} {:>7}",
+            "bytes", "form", "CTAs", "kernel us", "library us", "ratio"
         );
     }
-    for bytes in [8usize, 64, 512, 4096, 32768, 262144] {
+    for bytes in [8usize, 64, 512, 4096, 32768, 65536, 262144] {
         let count = bytes / 4;
-        let grid = (count / 4096).clamp(1, 16) as u32;
+        let (kernel, form, grid) = match bytes <= LL_MAX_BYTES {
+            true => (&kernels::LL_ALL_REDUCE, "LL", ll_grid(bytes)),
+            false => (&kernels::ONE_SHOT_ALL_REDUCE, "loads", loads_grid(bytes)),
+        };
         let place = crate::Place {
             comm: dev_comm.get(),
             input: dev_win.get(),
@@ -72,13 +120,7 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         // SAFETY: the window and output outlive the launches (the stream is drained before
         // they are dropped); every rank launches the same grids in the same order.
         let user = time(&stream, || unsafe {
-            module.launch(
-                &kernels::ONE_SHOT_ALL_REDUCE,
-                grid,
-                128,
-                stream.handle(),
-                place,
-            )
+            module.launch(kernel, grid, 512, stream.handle(), place)
         })?;
         let library = time(&stream, || {
             let (src, dst) = (w_in.slice(..count)?, w_out.slice_mut(..count)?);
@@ -88,7 +130,7 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         check(r, &w_out.to_vec()?[..count], &want_all[..count])?;
         if r == 0 {
             println!(
-                "{bytes:>9} {grid:>8} {user:>12.2} {library:>12.2} {:>7.2}",
+                "{bytes:>9} {form:>6} {grid:>5} {user:>12.2} {library:>12.2} {:>7.2}",
                 user / library
             );
         }

@@ -27,8 +27,7 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let (r, n) = (comm.rank(), comm.count());
     let got = RankData::new(comm, &x(r), &residual(r))?.run(
         module,
-        &kernels::ALL_REDUCE_SCALE_ADD,
-        4,
+        (&kernels::ALL_REDUCE_SCALE_ADD, 4, Default::default()),
         |place| ScaleAdd {
             place,
             scale: SCALE,

@@ -13,7 +13,7 @@ pub mod fused;
 pub mod moe;
 pub mod ping;
 
-use nccl::{Backend, Comm, DeviceBuffer, Module, Stream, UniqueId};
+use nccl::{Backend, Comm, DevCommRequirements, DeviceBuffer, Module, Stream, UniqueId};
 use nccl_device::api::Kernel;
 use std::error::Error;
 use std::process::Command;
@@ -207,20 +207,19 @@ impl<'c> RankData<'c> {
         })
     }
 
-    /// Registers the input as a symmetric window, makes the device communicator, launches
-    /// `kernel` with `args(place)` on `grid` CTAs of 128 threads, and returns the output once
-    /// the kernel finished (the window deregistered).
+    /// Registers the input as a symmetric window, makes the device communicator (with
+    /// `req`), launches `kernel` with `args(place)` on `grid` CTAs of 128 threads, and returns
+    /// the output once the kernel finished (the window deregistered).
     pub fn run<A: Copy + Send + Sync + 'static>(
         mut self,
         module: &Module,
-        kernel: &Kernel<A>,
-        grid: u32,
+        (kernel, grid, req): (&Kernel<A>, u32, DevCommRequirements),
         args: impl Fn(Place) -> A,
     ) -> nccl::Result<Vec<f32>> {
         let comm = self.comm;
         let count = self.input.len();
         let window = comm.window(&mut self.input, true)?;
-        let dev_comm = comm.dev_comm()?;
+        let dev_comm = comm.dev_comm(req)?;
         let dev_window = comm.dev_window(&dev_comm, window.handle())?;
         let a = args(Place {
             comm: dev_comm.get(),

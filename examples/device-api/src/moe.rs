@@ -43,7 +43,7 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     // The windows come before the device communicator: across nodes its GIN needs them.
     let w_dispatch = comm.window(&mut dispatch, true)?;
     let w_combine = comm.window(&mut combine, true)?;
-    let dc = comm.dev_comm()?;
+    let dc = comm.dev_comm(Default::default())?;
     let dw_dispatch = comm.dev_window(&dc, w_dispatch.handle())?;
     let dw_combine = comm.dev_window(&dc, w_combine.handle())?;
     let stream = Stream::new(dev)?;

@@ -25,7 +25,7 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let src = DeviceBuffer::<u8>::from_slice(dev, &vec![7u8; max])?;
     let mut barrier = DeviceBuffer::<f32>::zeroed(dev, 1)?;
     let window = comm.window(&mut win, true)?;
-    let dc = comm.dev_comm()?;
+    let dc = comm.dev_comm(Default::default())?;
     let dw = comm.dev_window(&dc, window.handle())?;
     let stream = Stream::new(dev)?;
     if r == 0 {

@@ -7,7 +7,8 @@
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
 
 use nccl_device::api::{DevComm, Window};
-use nccl_device::{arch, kernel};
+use nccl_device::arch::{self, Pack16};
+use nccl_device::kernel;
 
 pub mod moe;
 pub mod ping;
@@ -33,13 +34,23 @@ pub struct ScaleAdd {
 }
 
 kernel!(
-    /// A one-shot AllReduce: every rank sums element `i` over every rank's input.
+    /// A one-shot AllReduce: every rank sums element `i` over every rank's input, read from
+    /// the peers' windows between two barriers.
     pub ONE_SHOT_ALL_REDUCE = one_shot_all_reduce(Place);
 );
+kernel!(
+    /// A one-shot AllReduce for small inputs: every rank sends its input to every rank as LL
+    /// lines, and sums what it receives; no barrier.
+    pub LL_ALL_REDUCE = ll_all_reduce(Place);
+);
+
 kernel!(
     /// AllReduce, scale and residual add in one pass.
     pub ALL_REDUCE_SCALE_ADD = all_reduce_scale_add(ScaleAdd);
 );
+
+/// The most LSA ranks [`one_shot_all_reduce`] serves (it keeps a pointer per peer).
+pub const MAX_TEAM: u32 = 8;
 
 /// The elements of `0..count` this thread handles (a grid-stride loop).
 fn my_elements(count: u64) -> impl Iterator<Item = usize> {
@@ -61,20 +72,101 @@ unsafe fn sum_over_team(p: &Place, i: usize) -> f32 {
 }
 
 /// The team barrier (every input in place), the sums into this rank's output, the barrier
-/// again (no rank reads this rank's input after it).
+/// again (no rank reads this rank's input after it). Four floats at a time, with one 16-byte
+/// load from each peer; the elements past the last whole four one at a time.
 ///
 /// # Safety
 /// `p` names live memory of a communicator every rank launched this kernel on, with the same
-/// grid (at most `nccl_device::api::MAX_BARRIERS` CTAs).
+/// grid (at most `nccl_device::api::MAX_BARRIERS` CTAs), on at most [`MAX_TEAM`] LSA ranks.
 unsafe fn one_shot_all_reduce(p: &Place) {
-    let barrier = p.comm.lsa_barrier(arch::block_idx());
+    let c = &p.comm;
+    if c.lsa_size > MAX_TEAM {
+        arch::trap();
+    }
+    let barrier = c.lsa_barrier(arch::block_idx());
     if barrier.sync().is_err() {
         return; // aborted
     }
-    for i in my_elements(p.count) {
-        *(p.output as *mut f32).add(i) = sum_over_team(p, i);
+    // Every peer's input, looked up once.
+    let mut inputs = [core::ptr::null::<f32>(); MAX_TEAM as usize];
+    for (peer, input) in (0..c.lsa_size).zip(inputs.iter_mut()) {
+        *input = c.lsa_ptr(&p.input, 0, peer) as *const f32;
+    }
+    let team = &inputs[..c.lsa_size as usize];
+    let packs = p.count as usize / 4;
+    for j in my_elements(packs as u64) {
+        let load = |input: &*const f32| arch::ld_pack((*input as *const Pack16).add(j)).0;
+        let mut sum = load(&team[0]).map(f32::from_bits);
+        for input in &team[1..] {
+            for (s, x) in sum.iter_mut().zip(load(input)) {
+                *s += f32::from_bits(x);
+            }
+        }
+        arch::st_pack(
+            (p.output as *mut Pack16).add(j),
+            Pack16(sum.map(f32::to_bits)),
+        );
+    }
+    for i in my_elements(p.count - 4 * packs as u64).map(|i| i + 4 * packs) {
+        let sum = team[1..]
+            .iter()
+            .fold(*team[0].add(i), |s, input| s + *input.add(i));
+        *(p.output as *mut f32).add(i) = sum;
     }
     let _ = barrier.sync();
+}
+
+/// Every rank's CTA `b` owns the same lines (pairs of floats) of the input: it sends each to
+/// every rank through LL block `b`, then sums the lines every rank sent it, in rank order.
+///
+/// # Safety
+/// As [`one_shot_all_reduce`]; the device communicator has `grid` LL blocks, and `grid` CTAs
+/// of `ll_slots` lines hold the input: `count <= 2 * grid * ll_slots`.
+unsafe fn ll_all_reduce(p: &Place) {
+    let c = &p.comm;
+    let mut ll = c.ll_a2a(arch::block_idx());
+    let count = p.count as usize;
+    let lines = count.div_ceil(2);
+    let per = lines.div_ceil(arch::grid_dim() as usize);
+    if per > ll.slots() {
+        arch::trap();
+    }
+    let first = arch::block_idx() as usize * per;
+    let mine = lines.min(first + per).saturating_sub(first);
+    let (input, output) = (c.local_ptr(&p.input, 0) as *const f32, p.output as *mut f32);
+    let step = arch::block_dim() as usize;
+    for i in (arch::thread_idx() as usize..mine).step_by(step) {
+        let at = 2 * (first + i);
+        let high = if at + 1 < count {
+            *input.add(at + 1)
+        } else {
+            0.0
+        };
+        ll.bcast(
+            i,
+            (*input.add(at)).to_bits() as u64 | (high.to_bits() as u64) << 32,
+        );
+    }
+    'lines: for i in (arch::thread_idx() as usize..mine).step_by(step) {
+        let mut sum = [0f32; 2];
+        for peer in 0..c.lsa_size {
+            let Ok(v) = ll.recv(peer, i) else {
+                break 'lines; // aborted
+            };
+            let pair = [v as u32, (v >> 32) as u32].map(f32::from_bits);
+            for (s, x) in sum.iter_mut().zip(pair) {
+                // Rank 0's value as it is (0.0 + -0.0 would lose the sign).
+                *s = if peer == 0 { x } else { *s + x };
+            }
+        }
+        let [low, high] = sum;
+        let at = 2 * (first + i);
+        *output.add(at) = low;
+        if at + 1 < count {
+            *output.add(at + 1) = high;
+        }
+    }
+    ll.end();
 }
 
 /// As [`one_shot_all_reduce`], writing `residual + scale * sum` over the residual.
