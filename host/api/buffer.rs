@@ -7,6 +7,7 @@
 //! captures a graph on the device), a dropped buffer's memory is leaked, not freed.
 
 use super::element::{as_bytes, as_bytes_mut, Element};
+use super::Stream;
 use crate::cuda::{DevBuffer, DevPtr, Device};
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
@@ -109,6 +110,16 @@ impl<T: Element> DeviceBuffer<T> {
     /// The buffer's elements, copied to the host.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.as_slice().to_vec()
+    }
+
+    /// As [`DeviceBuffer::copy_from_host`], waiting for `stream` only.
+    pub fn copy_from_host_after(&mut self, src: &[T], stream: &Stream) -> Result<()> {
+        self.as_slice_mut().copy_from_host_after(src, stream)
+    }
+
+    /// As [`DeviceBuffer::to_vec`], waiting for `stream` only.
+    pub fn to_vec_after(&self, stream: &Stream) -> Result<Vec<T>> {
+        self.as_slice().to_vec_after(stream)
     }
 
     /// The whole buffer as a read-only view.
@@ -327,8 +338,19 @@ impl<'a, T: Element> DeviceSlice<'a, T> {
             ..this
         }))
     }
-    /// Copies the view into `dst`, which must have the same length.
+    /// Copies the view into `dst`, which must have the same length, once every stream of the
+    /// device is idle: the work queued before on any stream has written it. Where ranks share
+    /// a device (threads of one process on one GPU), that includes the other ranks' kernels,
+    /// which may be waiting for this rank: use [`DeviceSlice::copy_to_host_after`] there.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        self.copy_waiting(dst, None)
+    }
+    /// Copies the view into `dst` once `stream` (the stream whose work writes it) is idle,
+    /// not waiting for the device's other streams.
+    pub fn copy_to_host_after(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
+        self.copy_waiting(dst, Some(stream))
+    }
+    fn copy_waiting(&self, dst: &mut [T], after: Option<&Stream>) -> Result<()> {
         if dst.len() != self.len {
             return Err(Error::invalid_argument(format!(
                 "copy to the host: the host slice has {} elements, the device slice {}",
@@ -340,13 +362,22 @@ impl<'a, T: Element> DeviceSlice<'a, T> {
             return Ok(());
         }
         let dev = device_of(self.ordinal)?;
-        dev.synchronize()?;
+        match after {
+            Some(stream) => stream.synchronize()?,
+            None => dev.synchronize()?,
+        }
         dev.copy_dtoh(as_bytes_mut(dst), self.ptr)
     }
     /// The view's elements, copied to the host.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let mut v = vec![T::default(); self.len];
         self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+    /// As [`DeviceSlice::to_vec`], waiting for `stream` only.
+    pub fn to_vec_after(&self, stream: &Stream) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); self.len];
+        self.copy_to_host_after(&mut v, stream)?;
         Ok(v)
     }
 }
@@ -447,8 +478,18 @@ impl<'a, T: Element> DeviceSliceMut<'a, T> {
             _t: PhantomData,
         }))
     }
-    /// Overwrites the view with `src`, which must have the same length.
+    /// Overwrites the view with `src`, which must have the same length, once every stream of
+    /// the device is idle (see [`DeviceSlice::copy_to_host`]; where ranks share a device, use
+    /// [`DeviceSliceMut::copy_from_host_after`]).
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
+        self.copy_waiting(src, None)
+    }
+    /// Overwrites the view with `src` once `stream` (the stream whose work uses it) is idle,
+    /// not waiting for the device's other streams.
+    pub fn copy_from_host_after(&mut self, src: &[T], stream: &Stream) -> Result<()> {
+        self.copy_waiting(src, Some(stream))
+    }
+    fn copy_waiting(&mut self, src: &[T], after: Option<&Stream>) -> Result<()> {
         if src.len() != self.len {
             return Err(Error::invalid_argument(format!(
                 "copy from the host: the host slice has {} elements, the device slice {}",
@@ -460,7 +501,10 @@ impl<'a, T: Element> DeviceSliceMut<'a, T> {
             return Ok(());
         }
         let dev = device_of(self.ordinal)?;
-        dev.synchronize()?;
+        match after {
+            Some(stream) => stream.synchronize()?,
+            None => dev.synchronize()?,
+        }
         dev.copy_htod(self.ptr, as_bytes(src))
     }
     /// Copies the view into `dst`, which must have the same length.

@@ -126,8 +126,12 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             let (src, dst) = (w_in.slice(..count)?, w_out.slice_mut(..count)?);
             comm.all_reduce(src, dst, Op::SUM, &stream)
         })?;
-        check(r, &out.to_vec()?[..count], &want_all[..count])?;
-        check(r, &w_out.to_vec()?[..count], &want_all[..count])?;
+        check(r, &out.to_vec_after(&stream)?[..count], &want_all[..count])?;
+        check(
+            r,
+            &w_out.to_vec_after(&stream)?[..count],
+            &want_all[..count],
+        )?;
         if r == 0 {
             println!(
                 "{bytes:>9} {form:>6} {grid:>5} {user:>12.2} {library:>12.2} {:>7.2}",
@@ -135,8 +139,8 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             );
         }
         // Poisoned for the next size: a result that is not written fails its check.
-        out.copy_from_host(&vec![f32::NAN; max])?;
-        w_out.copy_from_host(&vec![f32::NAN; max])?;
+        out.copy_from_host_after(&vec![f32::NAN; max], &stream)?;
+        w_out.copy_from_host_after(&vec![f32::NAN; max], &stream)?;
     }
     drop((dev_win, dev_comm));
     w_out.deregister()?;

@@ -231,7 +231,7 @@ impl<'c> RankData<'c> {
         // is drained below); every rank launches the same grid.
         unsafe { module.launch(kernel, grid, 128, self.stream.handle(), a)? };
         self.stream.synchronize()?;
-        let got = self.output.to_vec()?;
+        let got = self.output.to_vec_after(&self.stream)?;
         drop((dev_window, dev_comm));
         window.deregister()?;
         Ok(got)

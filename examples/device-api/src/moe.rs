@@ -28,17 +28,8 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let mut dispatch = DeviceBuffer::<u8>::zeroed(dev, n * block)?;
     let mut combine = DeviceBuffer::<f32>::zeroed(dev, n * floats)?;
     let stage = DeviceBuffer::<u8>::zeroed(dev, 2 * n * block)?;
-    // Every round's tokens and (poisoned) answers are copied in before the first collective and
-    // read after the last kernel: with ranks as threads sharing a GPU, a synchronous copy
-    // while a peer's kernel waits for this rank's next step was seen to hang (lab notes).
-    let seed_of = |round: u32| 17 * round + 3;
-    let rounds = 2u32;
-    let mut xs = Vec::new();
-    let mut outs = Vec::new();
-    for round in 1..=rounds {
-        xs.push(DeviceBuffer::from_slice(dev, &tokens(seed_of(round), r))?);
-        outs.push(DeviceBuffer::from_slice(dev, &vec![f32::NAN; floats])?);
-    }
+    let mut x = DeviceBuffer::<f32>::zeroed(dev, floats)?;
+    let mut out = DeviceBuffer::<f32>::zeroed(dev, floats)?;
     let mut barrier = DeviceBuffer::<f32>::zeroed(dev, 1)?;
     // The windows come before the device communicator: across nodes its GIN needs them.
     let w_dispatch = comm.window(&mut dispatch, true)?;
@@ -62,13 +53,18 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             eprintln!("rank {r}: {what}");
         }
     };
-    for round in 1..=rounds {
+    for round in 1..=2 {
         trace(&format!("round {round}"));
-        let (x, out) = (&xs[round as usize - 1], &outs[round as usize - 1]);
+        let seed = 17 * round + 3;
+        let mine = tokens(seed, r);
+        // The copies wait for this rank's stream only: with ranks as threads sharing a GPU, a
+        // copy that waits for every stream of the device (`copy_from_host`) would wait for a
+        // peer's kernel that waits for this rank.
+        x.copy_from_host_after(&mine, &stream)?;
+        out.copy_from_host_after(&vec![f32::NAN; floats], &stream)?;
         // Every rank is done reading the previous round's windows.
         trace("barrier");
         comm.all_reduce_in_place(&mut barrier, Op::SUM, &stream)?;
-        stream.synchronize()?;
         trace("launch");
         let args = Moe {
             comm: dc.get(),
@@ -80,24 +76,20 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             tokens: TOKENS,
             hidden: HIDDEN,
             round,
-            seed: seed_of(round),
+            seed,
         };
         // SAFETY: every buffer outlives the kernel (the stream is drained below); every rank
         // launches it with a grid of `n` CTAs in the same round.
         unsafe { module.launch(&MOE, n as u32, 128, stream.handle(), args)? };
-        stream.synchronize()?;
+        let got = out.to_vec_after(&stream)?;
         trace("kernel done");
-    }
-    for round in 1..=rounds {
-        let (seed, out) = (seed_of(round), &outs[round as usize - 1]);
-        let mine = tokens(seed, r);
         let want: Vec<f32> = (0..floats)
             .map(|i| {
                 let t = i as u32 / HIDDEN;
                 expert(route(seed, r as u32, t, n as u32), mine[i])
             })
             .collect();
-        check(r, &out.to_vec()?, &want)?;
+        check(r, &got, &want)?;
     }
     drop((dw_dispatch, dw_combine, dc));
     w_combine.deregister()?;
