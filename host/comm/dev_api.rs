@@ -13,9 +13,9 @@ use super::onesided::Signals;
 use super::share::Shared;
 use super::window::WinHandle;
 use super::Comm;
-use crate::cuda::DevBuffer;
+use crate::cuda::{DevBuffer, HostMem};
 use crate::error::{Error, Result};
-use nccl_device::api::{area_bytes, signals_offset, DevComm, Window};
+use nccl_device::api::{area_bytes, signals_offset, DevComm, Misuse, Window, FAULT_WORDS};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -30,6 +30,8 @@ pub struct DeviceComm {
     _peers: Option<Shared>,
     /// `[u64; lsa_size]` barrier bases, then `[u32; lsa_size]` communicator ranks.
     _tables: DevBuffer,
+    /// Where a kernel that misused the device API says what it passed (host-mapped).
+    fault: HostMem,
 }
 
 /// A device communicator's GIN: its proxy, and the network side it posts to.
@@ -54,6 +56,23 @@ impl DeviceComm {
     /// The value kernels take (`nccl_device::api::DevComm`).
     pub fn get(&self) -> DevComm {
         self.value
+    }
+
+    /// What a kernel using this device communicator did wrong, if one stopped on a GPU for
+    /// passing an id, index or peer past what the communicator has (`nccl_device::api::Misuse`):
+    /// the trap ends the context, whose streams then report only "an illegal instruction";
+    /// this says which call and value. (On the simulator the stream's error says it.)
+    pub fn fault(&self) -> Option<String> {
+        let words: Vec<u64> = (0..FAULT_WORDS)
+            .map(|w| self.fault.load_u64(8 * w).unwrap_or(0))
+            .collect();
+        let misuse = Misuse::from_code(words[0])?;
+        let (what, limit_name) = misuse.what();
+        Some(format!(
+            "a kernel of rank {} stopped in CTA {}: {what}: {} (the device communicator's \
+             {limit_name} is {})",
+            self.value.rank, words[3], words[1], words[2]
+        ))
     }
 }
 
@@ -145,6 +164,7 @@ impl Comm {
         table.extend(ranks.iter().flat_map(|r| r.to_le_bytes()));
         let tables = self.device.alloc(table.len())?;
         tables.write(0, &table)?;
+        let fault = self.device.alloc_host_mem(8 * FAULT_WORDS)?;
         let gin = match team {
             false => self.start_gin(barrier.ptr + signals_offset(1) as u64)?,
             true => None,
@@ -161,6 +181,7 @@ impl Comm {
                 .as_ref()
                 .and_then(|g| g.proxy.as_ref())
                 .map_or(0, |p| p.queue_ptr()),
+            fault: fault.ptr,
             ..sizes
         };
         log::info!(
@@ -178,6 +199,7 @@ impl Comm {
             _barrier: barrier,
             _peers: peers,
             _tables: tables,
+            fault,
         })
     }
 

@@ -23,7 +23,7 @@
 //! ([`DevComm::signal`]) orders the writes its thread made before it (a CTA's: after
 //! `arch::sync_threads`).
 
-use super::{Aborted, DevComm, Window};
+use super::{Aborted, DevComm, Misuse, Window};
 use crate::abi::gin::{GinOp, GinQueue, GIN_NONE, GIN_PUT, GIN_SIGNAL, GIN_SLOTS};
 pub use crate::abi::gin::{MAX_COUNTERS, MAX_SIGNALS};
 use crate::arch::{self, Pack16};
@@ -99,11 +99,11 @@ impl DevComm {
             offset: dst_offset,
         } = to;
         let (signal, counter) = (
-            id_or_none(signal, MAX_SIGNALS),
-            id_or_none(counter, MAX_COUNTERS),
+            self.id_or_none(signal, Misuse::SignalId),
+            self.id_or_none(counter, Misuse::CounterId),
         );
         if peer >= self.nranks {
-            arch::trap();
+            self.misuse(Misuse::Rank, peer as u64, self.nranks as u64);
         }
         // The simulator checks what a GPU does not spend the compares on.
         #[cfg(not(target_arch = "nvptx64"))]
@@ -160,9 +160,9 @@ impl DevComm {
     /// `self` came from the host and lives; `peer < nranks`, `id < MAX_SIGNALS`.
     #[inline]
     pub unsafe fn signal(&self, peer: u32, id: u32) -> Result<(), Aborted> {
-        let id = id_or_none(Some(id), MAX_SIGNALS);
+        let id = self.id_or_none(Some(id), Misuse::SignalId);
         if peer >= self.nranks {
-            arch::trap();
+            self.misuse(Misuse::Rank, peer as u64, self.nranks as u64);
         }
         match self.lsa_index(peer) {
             Some(l) => {
@@ -180,7 +180,7 @@ impl DevComm {
     /// `self` came from the host and lives; `id < MAX_SIGNALS`.
     #[inline]
     pub unsafe fn read_signal(&self, id: u32) -> u64 {
-        let id = id_or_none(Some(id), MAX_SIGNALS);
+        let id = self.id_or_none(Some(id), Misuse::SignalId);
         (0..self.nranks)
             .map(|src| arch::ld_acquire_sys(self.signal_word(self.lsa_rank, id, src)))
             .sum()
@@ -202,7 +202,7 @@ impl DevComm {
     /// `self` came from the host and lives; `id < MAX_COUNTERS`.
     #[inline]
     pub unsafe fn read_counter(&self, id: u32) -> u64 {
-        let id = id_or_none(Some(id), MAX_COUNTERS);
+        let id = self.id_or_none(Some(id), Misuse::CounterId);
         let mut n = arch::ld_acquire_sys(self.counter_word(id));
         if self.gin != 0 {
             let q = self.gin as *const GinQueue;
@@ -254,14 +254,7 @@ impl DevComm {
         if self.gin == 0 {
             // No proxy: the host made this device communicator without GIN (no network, or
             // no window registered before it).
-            #[cfg(not(target_arch = "nvptx64"))]
-            panic!(
-                "device API: rank {} has no GIN queue for a put or signal to rank {} (outside \
-                 its LSA team): register a window before Comm::dev_comm",
-                self.rank, op.peer
-            );
-            #[cfg(target_arch = "nvptx64")]
-            arch::trap();
+            self.misuse(Misuse::NoGin, op.peer as u64, self.lsa_size as u64);
         }
         let q = self.gin as *mut GinQueue;
         let ticket = arch::atomic_add_u64(self.head_word(), 1);
@@ -279,6 +272,20 @@ impl DevComm {
         Ok(())
     }
 
+    /// A signal or counter id as a [`GinOp`] holds it; an id past the limit stops the kernel.
+    #[inline]
+    fn id_or_none(&self, id: Option<u32>, kind: Misuse) -> u32 {
+        let max = match kind {
+            Misuse::CounterId => MAX_COUNTERS,
+            _ => MAX_SIGNALS,
+        };
+        match id {
+            None => GIN_NONE,
+            Some(i) if i < max => i,
+            Some(i) => self.misuse(kind, i as u64, max as u64),
+        }
+    }
+
     /// Thread 0's outcome, for every thread of the CTA (through a word of this rank's area).
     #[inline]
     unsafe fn cta_outcome(&self, ok: bool) -> Result<(), Aborted> {
@@ -293,16 +300,6 @@ impl DevComm {
             false => Ok(()),
             true => Err(Aborted),
         }
-    }
-}
-
-/// A signal or counter id as a [`GinOp`] holds it; an id past `max` traps.
-#[inline]
-fn id_or_none(id: Option<u32>, max: u32) -> u32 {
-    match id {
-        None => GIN_NONE,
-        Some(i) if i < max => i,
-        Some(_) => arch::trap(),
     }
 }
 

@@ -16,7 +16,7 @@
 //! meets it; an exchange whose pattern of peers changes from one epoch to the next must add
 //! a line to each rank it skipped.
 
-use super::{ll_epochs_at, ll_lines_at, Aborted, DevComm};
+use super::{ll_epochs_at, ll_lines_at, Aborted, DevComm, Misuse};
 use crate::arch::{self, Pack16};
 
 /// Bytes of the LL lines of one rank's area.
@@ -42,7 +42,7 @@ impl DevComm {
     #[inline]
     pub unsafe fn ll_a2a(&self, block: u32) -> LlA2a<'_> {
         if block >= self.ll_blocks {
-            bad_argument("LL block past the device communicator's ll_blocks");
+            self.misuse(Misuse::LlBlock, block as u64, self.ll_blocks as u64);
         }
         LlA2a {
             comm: self,
@@ -73,11 +73,11 @@ impl LlA2a<'_> {
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn line(&self, to: u32, from: u32, slot: usize) -> *mut Pack16 {
         let c = self.comm;
-        if to >= c.lsa_size || from >= c.lsa_size {
-            bad_argument("LL peer past the LSA team");
+        if to.max(from) >= c.lsa_size {
+            c.misuse(Misuse::LlPeer, to.max(from) as u64, c.lsa_size as u64);
         }
         if slot >= c.ll_slots as usize {
-            bad_argument("LL slot past the device communicator's ll_slots");
+            c.misuse(Misuse::LlSlot, slot as u64, c.ll_slots as u64);
         }
         let half = (self.epoch % 2) as usize;
         let lines = c.area_word(to, ll_lines_at(c.lsa_size, c.nranks, c.ll_blocks)) as *mut Pack16;
@@ -142,18 +142,5 @@ impl LlA2a<'_> {
         }
         // The next session of the block reads the count only after it moved on.
         arch::sync_threads();
-    }
-}
-
-/// A kernel passed an id or index past what the device communicator has: on the simulator a
-/// panic naming it (the stream fails with the message), on a GPU a trap.
-#[cfg_attr(target_arch = "nvptx64", inline(always))]
-fn bad_argument(what: &str) -> ! {
-    #[cfg(not(target_arch = "nvptx64"))]
-    panic!("device API: {what}");
-    #[cfg(target_arch = "nvptx64")]
-    {
-        let _ = what;
-        arch::trap()
     }
 }

@@ -37,8 +37,10 @@ use crate::arch;
 
 mod gin;
 mod ll;
+mod misuse;
 pub use gin::{Target, MAX_COUNTERS, MAX_SIGNALS};
 pub use ll::LlA2a;
+pub use misuse::{Misuse, FAULT_WORDS};
 
 /// The most CTA indices a communicator's barriers serve (`DevComm::lsa_barrier`'s `index`).
 pub const MAX_BARRIERS: u32 = 64;
@@ -121,6 +123,9 @@ pub struct DevComm {
     /// each peer per block and epoch.
     pub ll_blocks: u32,
     pub ll_slots: u32,
+    /// Device address of the fault record (`[u64; FAULT_WORDS]`, host-mapped) where a kernel
+    /// that passed a bad id or index says so before it traps ([`Misuse`]); 0: none.
+    pub fault: u64,
 }
 
 /// The communicator was aborted while a call waited: the kernel should return.
@@ -144,7 +149,7 @@ impl DevComm {
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn lsa_ptr(&self, window: &Window, offset: usize, lsa_peer: u32) -> *mut u8 {
         if lsa_peer >= self.lsa_size {
-            arch::trap();
+            self.misuse(Misuse::LsaPeer, lsa_peer as u64, self.lsa_size as u64);
         }
         // The simulator checks the offset against this rank's part (symmetric windows: every
         // rank's is as large); a GPU does not spend the compare.
@@ -175,7 +180,7 @@ impl DevComm {
     #[inline]
     pub unsafe fn lsa_to_rank(&self, lsa_peer: u32) -> u32 {
         if lsa_peer >= self.lsa_size {
-            arch::trap();
+            self.misuse(Misuse::LsaPeer, lsa_peer as u64, self.lsa_size as u64);
         }
         *(self.lsa_ranks as *const u32).add(lsa_peer as usize)
     }
@@ -197,7 +202,7 @@ impl DevComm {
     #[inline]
     pub unsafe fn lsa_barrier(&self, index: u32) -> LsaBarrier<'_> {
         if index >= MAX_BARRIERS {
-            arch::trap();
+            self.misuse(Misuse::BarrierIndex, index as u64, MAX_BARRIERS as u64);
         }
         LsaBarrier { comm: self, index }
     }
@@ -219,7 +224,7 @@ impl DevComm {
     #[inline]
     unsafe fn put_outcome_word(&self, index: u32) -> *mut u64 {
         if index >= MAX_BARRIERS {
-            arch::trap();
+            self.misuse(Misuse::BarrierIndex, index as u64, MAX_BARRIERS as u64);
         }
         self.barrier_word(self.lsa_rank, index, self.lsa_size as usize + 2)
     }

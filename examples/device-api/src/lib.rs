@@ -10,6 +10,7 @@
 
 pub mod all_reduce;
 pub mod fused;
+pub mod misuse;
 pub mod moe;
 pub mod ping;
 

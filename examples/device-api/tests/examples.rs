@@ -2,7 +2,7 @@
 //! and as processes (the example binaries `cargo test` built).
 
 use nccl::{Backend, Comm, Module};
-use nccl_device_api_examples::{all_reduce, fused, moe, RankBody};
+use nccl_device_api_examples::{all_reduce, fused, misuse, moe, RankBody};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -41,6 +41,11 @@ fn moe_dispatch_and_combine_on_2_and_3_ranks_of_one_node() {
     }
 }
 
+#[test]
+fn a_kernel_s_misuse_is_reported_on_every_rank() {
+    on_threads(2, misuse::rank);
+}
+
 /// `target/<profile>/examples/NAME`, beside this test's `target/<profile>/deps/`.
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -76,8 +81,9 @@ fn output_within(mut cmd: Command, what: &str) -> std::process::Output {
 
 #[test]
 fn the_examples_run_as_rank_processes() {
-    let cases: [(&str, &[&str]); 5] = [
+    let cases: [(&str, &[&str]); 6] = [
         ("all_reduce", &["3"]),
+        ("misuse", &["2"]),
         ("fused", &["2"]),
         // Across nodes: every put but a rank's own through GIN.
         ("moe", &["2", "--nodes", "2"]),

@@ -185,3 +185,20 @@ unsafe fn all_reduce_scale_add(a: &ScaleAdd) {
     }
     let _ = barrier.sync();
 }
+
+kernel!(
+    /// Sends an LL line to a slot past the device communicator's `ll_slots`: a kernel that
+    /// misuses the device API, to show how that is reported.
+    pub MISUSE = send_past_the_slots(DevComm);
+);
+
+/// Thread 0 sends to slot `ll_slots` of block 0 (one past the last).
+///
+/// # Safety
+/// `c` came from the host, with at least one LL block.
+unsafe fn send_past_the_slots(c: &DevComm) {
+    let ll = c.ll_a2a(0);
+    if arch::thread_idx() == 0 {
+        ll.send(0, ll.slots(), 1);
+    }
+}
