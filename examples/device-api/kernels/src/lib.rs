@@ -49,7 +49,7 @@ kernel!(
     pub ALL_REDUCE_SCALE_ADD = all_reduce_scale_add(ScaleAdd);
 );
 
-/// The most LSA ranks [`one_shot_all_reduce`] serves (it keeps a pointer per peer).
+/// The most LSA ranks [`ONE_SHOT_ALL_REDUCE`] serves (it keeps a pointer per peer).
 pub const MAX_TEAM: u32 = 8;
 
 /// The elements of `0..count` this thread handles (a grid-stride loop).
