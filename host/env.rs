@@ -136,6 +136,18 @@ params! {
     CTA_POLICY = "0",
         "0 default, 1 efficiency, 2 zero (copy-engine collectives on windows) unless the config \
          sets CTAPolicy";
+    NCHANNELS_PER_NET_PEER = "0",
+        "channels per remote peer of point-to-point calls unless the config sets \
+         nChannelsPerNetPeer (1 to 64; 0: automatic); recorded";
+    NVLINK_UTIL_CENTRIC_SCHED_ENABLE = "0",
+        "1: NVLink-centric CTA scheduling (GPUs of compute capability 10 and newer) unless the \
+         config sets nvlinkCentricSched; recorded";
+    GRAPH_MIXING_SUPPORT = "1",
+        "1: CUDA graphs may mix with each other and with eager calls (graphUsageMode 2), 0: \
+         no graphs (mode 0), unless the config sets graphUsageMode";
+    NUM_RMA_CTX = "1",
+        "contexts of one-sided operations (the ctx of ncclPutSignal, ncclSignal, \
+         ncclWaitSignal) unless the config sets numRmaCtx";
     DEBUG = "",
         "VERSION, WARN, INFO, ABORT or TRACE (unset: nothing); see debug.rs";
     DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV",

@@ -61,13 +61,16 @@ typedef enum {
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
 
+/* ncclCommRevoke flags (NCCL 2.28) */
+#define NCCL_REVOKE_DEFAULT 0x00 /* the only one: must be 0 */
+
 /* ncclCommShrink flags (NCCL 2.27) */
 #define NCCL_SHRINK_DEFAULT 0x00 /* the parent stays as it is */
 #define NCCL_SHRINK_ABORT 0x01   /* first stop the parent's operations in flight */
 
 /* Communicator options. Start from NCCL_CONFIG_INITIALIZER and set the fields wanted;
  * the first three are filled by the initializer and never touched. */
-typedef struct ncclConfig_v22700 {
+typedef struct ncclConfig_v22900 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -83,8 +86,12 @@ typedef struct ncclConfig_v22700 {
   int collnetEnable;  /* 0 or 1 */
   int CTAPolicy;      /* NCCL 2.27: NCCL_CTA_POLICY_*; ZERO: AllGather, AlltoAll, Gather and
                          Scatter on symmetric windows run on the copy engines */
-  int shrinkShare;    /* NCCL 2.27: recorded */
-  int nvlsCTAs;       /* NCCL 2.27: recorded */
+  int shrinkShare;    /* NCCL 2.27: 0 or 1, recorded */
+  int nvlsCTAs;       /* NCCL 2.27: CTAs of NVLS collectives, 1 to 64 */
+  int nChannelsPerNetPeer; /* NCCL 2.28: 1 to 64, recorded */
+  int nvlinkCentricSched;  /* NCCL 2.28: 0 or 1, recorded */
+  int graphUsageMode;      /* NCCL 2.29: 0 no CUDA graphs, 1 one graph, 2 graphs mixed */
+  int numRmaCtx;           /* NCCL 2.29: contexts of one-sided operations, at least 1 */
 } ncclConfig_t;
 
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -107,7 +114,11 @@ typedef struct ncclConfig_v22700 {
         NCCL_CONFIG_UNDEF_INT,                         /* collnetEnable */           \
         NCCL_CONFIG_UNDEF_INT,                         /* CTAPolicy */               \
         NCCL_CONFIG_UNDEF_INT,                         /* shrinkShare */             \
-        NCCL_CONFIG_UNDEF_INT                          /* nvlsCTAs */                \
+        NCCL_CONFIG_UNDEF_INT,                         /* nvlsCTAs */                \
+        NCCL_CONFIG_UNDEF_INT,                         /* nChannelsPerNetPeer */     \
+        NCCL_CONFIG_UNDEF_INT,                         /* nvlinkCentricSched */      \
+        NCCL_CONFIG_UNDEF_INT,                         /* graphUsageMode */          \
+        NCCL_CONFIG_UNDEF_INT                          /* numRmaCtx */               \
   }
 
 #define NCCL_UNDEF_FLOAT -1.0f
@@ -207,7 +218,22 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
 ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                              ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 
+/* NCCL 2.29: growing a communicator. One rank of comm (the root) gets a grow id and hands it
+ * to the new ranks; then every rank calls ncclCommGrow: the ranks of comm with rank -1 (the
+ * root with its id, the others with NULL), keeping their ranks; each new rank with comm NULL,
+ * the id and its rank (from comm's size up to nRanks - 1). comm itself stays as it is. */
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                          ncclComm_t* newcomm, ncclConfig_t* config);
+ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                           ncclComm_t* newcomm, ncclConfig_t* config);
+
 /* Communicator end of life */
+/* NCCL 2.28: stops this rank's operations in flight; the communicator is then good only for
+ * ncclCommShrink, ncclCommSplit, ncclCommDestroy and ncclCommAbort. Not collective. */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t pncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
@@ -335,6 +361,9 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                      ncclWindow_t* win, int winFlags);
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+/* The buffer win was registered with on this rank (NCCL 2.29); local. */
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
+ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
 
 /* One-sided operations on windows (NCCL 2.29), between ranks that map each other's windows
  * (one node, p2p): ncclPutSignal copies count elements of localbuff into peer's part of peerWin

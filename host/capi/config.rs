@@ -1,6 +1,10 @@
-//! `ncclConfig_t` as C lays it out (NCCL 2.25, and 2.27's three fields after it): a header (size, magic, version) and the fields
-//! in NCCL's order. Fields are read only when they lie inside the `size` the caller's header
-//! declares, so programs built against an older, shorter struct work too.
+//! `ncclConfig_t` as C lays it out (NCCL 2.29's: 2.25's fields, then those 2.27, 2.28 and 2.29
+//! added): a header (size, magic, version) and the fields in NCCL's order. A field is read
+//! only when it lies inside the `size` the caller's header declares, so programs built
+//! against an older, shorter struct work too; a newer, longer struct's fields past ours are
+//! ignored, as NCCL does. (NCCL also resets the fields a release added when the caller's
+//! `version` is older; the size says the same for its headers, and `include/nccl.h` reports
+//! an older version than the struct it lays out, so the size alone decides here.)
 
 use crate::comm::Config;
 use crate::error::{Error, Result};
@@ -44,8 +48,16 @@ pub struct NcclConfig {
     pub cta_policy: c_int,
     /// NCCL 2.27: 1: a shrunk child shares its parent's resources (recorded).
     pub shrink_share: c_int,
-    /// NCCL 2.27: CTAs of NVLS collectives (recorded).
+    /// NCCL 2.27: CTAs of NVLS collectives.
     pub nvls_ctas: c_int,
+    /// NCCL 2.28: channels per remote peer of point-to-point calls.
+    pub n_channels_per_net_peer: c_int,
+    /// NCCL 2.28: NVLink-centric scheduling (0 or 1).
+    pub nvlink_centric_sched: c_int,
+    /// NCCL 2.29: 0 no CUDA graphs, 1 one graph, 2 graphs mixed.
+    pub graph_usage_mode: c_int,
+    /// NCCL 2.29: contexts of one-sided operations.
+    pub num_rma_ctx: c_int,
 }
 
 // The layout C sees on LP64 (checked against include/nccl.h by tests/c/capi_test.c too).
@@ -54,7 +66,8 @@ const _: () = {
     assert!(offset_of!(NcclConfig, net_name) == 32);
     assert!(offset_of!(NcclConfig, comm_name) == 48);
     assert!(offset_of!(NcclConfig, cta_policy) == 60);
-    assert!(size_of::<NcclConfig>() == 72);
+    assert!(offset_of!(NcclConfig, n_channels_per_net_peer) == 72);
+    assert!(size_of::<NcclConfig>() == 88);
 };
 
 impl Default for NcclConfig {
@@ -76,6 +89,10 @@ impl Default for NcclConfig {
             cta_policy: NCCL_CONFIG_UNDEF_INT,
             shrink_share: NCCL_CONFIG_UNDEF_INT,
             nvls_ctas: NCCL_CONFIG_UNDEF_INT,
+            n_channels_per_net_peer: NCCL_CONFIG_UNDEF_INT,
+            nvlink_centric_sched: NCCL_CONFIG_UNDEF_INT,
+            graph_usage_mode: NCCL_CONFIG_UNDEF_INT,
+            num_rma_ctx: NCCL_CONFIG_UNDEF_INT,
         }
     }
 }
@@ -168,6 +185,12 @@ pub unsafe fn read(p: *const NcclConfig) -> Result<Config> {
         },
         collnet_enable: flag("collnetEnable", f!(collnet_enable))?,
         cta_policy: int(f!(cta_policy)),
+        shrink_share: flag("shrinkShare", f!(shrink_share))?,
+        nvls_ctas: int(f!(nvls_ctas)),
+        n_channels_per_net_peer: int(f!(n_channels_per_net_peer)),
+        nvlink_centric_sched: flag("nvlinkCentricSched", f!(nvlink_centric_sched))?,
+        graph_usage_mode: int(f!(graph_usage_mode)),
+        num_rma_ctx: int(f!(num_rma_ctx)),
     })
 }
 
@@ -203,6 +226,26 @@ mod tests {
         c.size = offset_of!(NcclConfig, cta_policy);
         // SAFETY: as above.
         assert_eq!(unsafe { read(&c) }.unwrap().cta_policy, None);
+        // 2.28's and 2.29's fields, likewise.
+        c.size = size_of::<NcclConfig>();
+        (c.n_channels_per_net_peer, c.graph_usage_mode, c.num_rma_ctx) = (8, 1, 3);
+        // SAFETY: as above.
+        let r = unsafe { read(&c) }.unwrap();
+        assert_eq!(
+            (r.n_channels_per_net_peer, r.graph_usage_mode, r.num_rma_ctx),
+            (Some(8), Some(1), Some(3))
+        );
+        c.size = offset_of!(NcclConfig, graph_usage_mode);
+        // SAFETY: as above.
+        let r = unsafe { read(&c) }.unwrap();
+        assert_eq!(
+            (r.n_channels_per_net_peer, r.graph_usage_mode),
+            (Some(8), None)
+        );
+        c.nvlink_centric_sched = 2;
+        // SAFETY: as above.
+        assert!(unsafe { read(&c) }.is_err(), "nvlinkCentricSched 2");
+        c.nvlink_centric_sched = NCCL_CONFIG_UNDEF_INT;
         c.magic = 0;
         // SAFETY: as above.
         assert!(unsafe { read(&c) }.is_err());

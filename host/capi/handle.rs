@@ -254,6 +254,12 @@ impl CommHandle {
     /// `ncclCommFinalize`.
     pub(crate) fn finalize(&self) -> Result<NcclResult> {
         let c = self.ready()?;
+        if c.0.is_revoked() {
+            // At once, as NCCL (not through the background of a non-blocking finalize).
+            return Err(Error::invalid_argument(
+                "ncclCommFinalize: the communicator was revoked (destroy or abort it)",
+            ));
+        }
         let mut f = lock(&self.finalize);
         if !matches!(&*f, Finalize::NotCalled) {
             return Err(Error::invalid_usage("ncclCommFinalize was already called"));

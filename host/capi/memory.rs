@@ -118,3 +118,22 @@ export! {
         Ok(NcclResult::Success)
     }
 }
+
+export! {
+    /// `ncclWinGetUserPtr` (NCCL 2.29): the buffer `win` was registered with on this rank.
+    /// Local (not collective). A window this communicator does not have is an invalid argument
+    /// (NCCL says internal error).
+    fn ncclWinGetUserPtr / pncclWinGetUserPtr(
+        comm: NcclComm,
+        win: *mut c_void,
+        out_user_ptr: *mut *mut c_void,
+    ) {
+        let out = out_user_ptr.as_mut().ok_or_else(|| null("outUserPtr"))?;
+        if win.is_null() {
+            return Err(null("win"));
+        }
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        *out = c.window_user_ptr(win as usize as u64)? as usize as *mut c_void;
+        Ok(NcclResult::Success)
+    }
+}

@@ -76,9 +76,11 @@ macro_rules! export {
 
 // After the macro: these files export entry points through it.
 mod colls;
+mod grow;
 mod memory;
 mod onesided;
 pub use colls::*;
+pub use grow::*;
 pub use memory::*;
 pub use onesided::*;
 
@@ -268,6 +270,24 @@ export! {
         let (cfg, blocking) = child_config(config, &parent)?;
         let pending = Comm::start_shrink(&parent.0, &exclude, cfg.as_ref(), shrink_flags)?;
         hand_out(newcomm, pending, blocking)
+    }
+}
+
+export! {
+    /// `ncclCommRevoke` (NCCL 2.28): stops this rank's operations in flight and keeps the
+    /// communicator for shrink, split, destroy or abort (`comm/revoke.rs`). Not collective.
+    /// `revokeFlags`: NCCL_REVOKE_DEFAULT (0). NULL is a no-op that succeeds, as in NCCL.
+    fn ncclCommRevoke / pncclCommRevoke(comm: NcclComm, revoke_flags: c_int) {
+        if comm.is_null() {
+            return Ok(NcclResult::Success);
+        }
+        if revoke_flags != 0 {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommRevoke: revokeFlags {revoke_flags:#x} is not NCCL_REVOKE_DEFAULT (0)"
+            )));
+        }
+        handle(comm)?.ready()?.0.revoke()?;
+        Ok(NcclResult::Success)
     }
 }
 

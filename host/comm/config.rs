@@ -36,6 +36,23 @@ pub struct Config {
     /// [`CTA_POLICY_EFFICIENCY`] (recorded) or [`CTA_POLICY_ZERO`]: AllGather, AlltoAll, Gather
     /// and Scatter on symmetric windows run on the copy engines, with no kernel.
     pub cta_policy: Option<i32>,
+    /// `shrinkShare` (NCCL 2.27): a shrunk child shares its parent's resources; recorded,
+    /// children always own theirs here.
+    pub shrink_share: Option<bool>,
+    /// `nvlsCTAs` (NCCL 2.27): CTAs of NVLS collectives, 1 to the build's channels.
+    pub nvls_ctas: Option<i32>,
+    /// `nChannelsPerNetPeer` (NCCL 2.28, NCCL_NCHANNELS_PER_NET_PEER): channels per remote
+    /// peer of point-to-point calls, 1 to 64; recorded.
+    pub n_channels_per_net_peer: Option<i32>,
+    /// `nvlinkCentricSched` (NCCL 2.28, NCCL_NVLINK_UTIL_CENTRIC_SCHED_ENABLE): a launch
+    /// attribute of GPUs of compute capability 10 and newer; recorded.
+    pub nvlink_centric_sched: Option<bool>,
+    /// `graphUsageMode` (NCCL 2.29, NCCL_GRAPH_MIXING_SUPPORT): 0 no CUDA graphs, 1 one graph,
+    /// 2 graphs mixed with each other and with eager calls. Every mode gets mode 2's ordering
+    /// here (the strongest), so each is honoured.
+    pub graph_usage_mode: Option<i32>,
+    /// `numRmaCtx` (NCCL 2.29, NCCL_NUM_RMA_CTX): contexts of one-sided operations, at least 1.
+    pub num_rma_ctx: Option<i32>,
 }
 
 /// `NCCL_CTA_POLICY_DEFAULT`.
@@ -46,7 +63,7 @@ pub const CTA_POLICY_EFFICIENCY: i32 = 1;
 pub const CTA_POLICY_ZERO: i32 = 2;
 
 /// The options a communicator runs with.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResolvedConfig {
     /// Whether creation and finalize wait (NCCL_COMM_BLOCKING).
     pub blocking: bool,
@@ -68,6 +85,18 @@ pub struct ResolvedConfig {
     pub collnet_enable: bool,
     /// `CTAPolicy` (NCCL_CTA_POLICY).
     pub cta_policy: i32,
+    /// `shrinkShare` (recorded).
+    pub shrink_share: bool,
+    /// `nvlsCTAs`, when set.
+    pub nvls_ctas: Option<u32>,
+    /// `nChannelsPerNetPeer`, when set (recorded).
+    pub n_channels_per_net_peer: Option<u32>,
+    /// `nvlinkCentricSched` (recorded).
+    pub nvlink_centric_sched: bool,
+    /// `graphUsageMode`: 0, 1 or 2.
+    pub graph_usage_mode: u32,
+    /// `numRmaCtx`: one-sided operations take a `ctx` below it.
+    pub num_rma_ctx: u32,
 }
 
 fn env_bool(p: crate::env::Param) -> bool {
@@ -153,6 +182,7 @@ impl Config {
                  NCCL_CTA_POLICY_EFFICIENCY (1), NCCL_CTA_POLICY_ZERO (2)"
             )));
         }
+        let later = self.resolve_later(inherit)?;
         Ok(ResolvedConfig {
             blocking,
             cga_cluster_size: cga,
@@ -168,6 +198,63 @@ impl Config {
                 .or(inherit.map(|p| p.collnet_enable))
                 .unwrap_or(false),
             cta_policy,
+            ..later
+        })
+    }
+
+    /// The fields of NCCL 2.27–2.29 after `CTAPolicy` (the rest of the result is default).
+    fn resolve_later(&self, inherit: Option<&ResolvedConfig>) -> Result<ResolvedConfig> {
+        let env = |p: crate::env::Param| p.int();
+        let ranged = |name: &str, v: i64, lo: i64, hi: i64| -> Result<u32> {
+            match (lo..=hi).contains(&v) {
+                true => Ok(v as u32),
+                false => Err(Error::invalid_argument(format!(
+                    "{name} {v} is out of range ({lo} to {hi})"
+                ))),
+            }
+        };
+        let nvls_ctas = match self.nvls_ctas {
+            Some(n) => Some(ranged("nvlsCTAs", n.into(), 1, MAX_CHANNELS as i64)?),
+            None => inherit.and_then(|p| p.nvls_ctas),
+        };
+        let per_peer = match self.n_channels_per_net_peer {
+            Some(n) => Some(ranged("nChannelsPerNetPeer", n.into(), 1, 64)?),
+            None => inherit.and_then(|p| p.n_channels_per_net_peer).or_else(|| {
+                let v = env(crate::env::NCHANNELS_PER_NET_PEER);
+                (1..=64).contains(&v).then_some(v as u32)
+            }),
+        };
+        let mode = match self.graph_usage_mode {
+            Some(m) => ranged("graphUsageMode", m.into(), 0, 2)?,
+            None => inherit.map_or_else(
+                || match env(crate::env::GRAPH_MIXING_SUPPORT) {
+                    0 => 0,
+                    _ => 2,
+                },
+                |p| p.graph_usage_mode,
+            ),
+        };
+        let rma = match self.num_rma_ctx {
+            Some(n) => ranged("numRmaCtx", n.into(), 1, i32::MAX as i64)?,
+            None => inherit.map_or_else(
+                || env(crate::env::NUM_RMA_CTX).clamp(1, i32::MAX as i64) as u32,
+                |p| p.num_rma_ctx,
+            ),
+        };
+        Ok(ResolvedConfig {
+            shrink_share: self
+                .shrink_share
+                .or(inherit.map(|p| p.shrink_share))
+                .unwrap_or(false),
+            nvls_ctas,
+            n_channels_per_net_peer: per_peer,
+            nvlink_centric_sched: self
+                .nvlink_centric_sched
+                .or(inherit.map(|p| p.nvlink_centric_sched))
+                .unwrap_or_else(|| env_bool(crate::env::NVLINK_UTIL_CENTRIC_SCHED_ENABLE)),
+            graph_usage_mode: mode,
+            num_rma_ctx: rma,
+            ..ResolvedConfig::default()
         })
     }
 }
@@ -222,6 +309,22 @@ mod tests {
                 cta_policy: Some(3),
                 ..Config::default()
             },
+            Config {
+                nvls_ctas: Some(0),
+                ..Config::default()
+            },
+            Config {
+                n_channels_per_net_peer: Some(65),
+                ..Config::default()
+            },
+            Config {
+                graph_usage_mode: Some(3),
+                ..Config::default()
+            },
+            Config {
+                num_rma_ctx: Some(0),
+                ..Config::default()
+            },
         ] {
             assert_eq!(
                 bad.resolve(None).unwrap_err().code,
@@ -231,5 +334,20 @@ mod tests {
         let child = Config::default().resolve(Some(&r)).unwrap();
         assert_eq!((child.min_ctas, child.blocking), (4, false));
         assert_eq!(child.comm_name, None);
+        // The later fields: defaults, then set values, inherited by a child.
+        assert_eq!((r.graph_usage_mode, r.num_rma_ctx), (2, 1));
+        let set = Config {
+            graph_usage_mode: Some(0),
+            num_rma_ctx: Some(4),
+            nvls_ctas: Some(2),
+            ..Config::default()
+        }
+        .resolve(None)
+        .unwrap();
+        let child = Config::default().resolve(Some(&set)).unwrap();
+        assert_eq!(
+            (child.graph_usage_mode, child.num_rma_ctx, child.nvls_ctas),
+            (0, 4, Some(2))
+        );
     }
 }

@@ -186,7 +186,7 @@ impl Comm {
             &j.bootstrap,
             &j.peers,
             all_p2p,
-            plan.shape.nchannels as usize,
+            (config.nvls_ctas, plan.shape.nchannels as usize),
         )
         .map_err(|e| e.context("NVLS setup"))?;
         plan.tuner.set_nvls(nvls.is_some());
@@ -253,6 +253,7 @@ impl Comm {
             config,
             abort_flag: abort.clone(),
             finalized: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
             async_error: faults.async_error,
             net: plan.net_path,
             ring_tables,

@@ -19,6 +19,7 @@ pub mod dev_api;
 mod gin;
 pub(crate) mod graph_reg;
 pub(crate) mod group_scope;
+mod grow;
 mod inspect;
 mod keepalive;
 mod net;
@@ -31,6 +32,7 @@ mod peer;
 mod pending;
 mod plan;
 pub mod register;
+mod revoke;
 pub mod rings;
 mod shape;
 mod share;
@@ -114,6 +116,8 @@ pub struct Comm {
     abort_flag: AbortFlag,
     /// After `finalize` (or `destroy`'s flush): no more operations.
     finalized: AtomicBool,
+    /// After `revoke` (`revoke.rs`): only shrink, split, destroy or abort.
+    revoked: AtomicBool,
     /// An error raised outside any call (`ncclCommGetAsyncError`).
     async_error: Arc<Mutex<Option<Error>>>,
     /// Buffers the user registered (`ncclCommRegister`).
@@ -381,6 +385,12 @@ impl Comm {
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.is_revoked() {
+            return Err(Error::invalid_usage(
+                "the communicator was revoked (ncclCommRevoke): only ncclCommShrink, \
+                 ncclCommSplit, ncclCommDestroy and ncclCommAbort may follow",
+            ));
+        }
         if self.aborted.load(Ordering::Acquire) {
             return Err(Error::invalid_usage("the communicator was aborted"));
         }
@@ -443,6 +453,11 @@ impl Comm {
     /// in the background. After a fault (a peer gone, a network error) it returns that error
     /// instead of waiting for ranks that may never come.
     pub fn finalize(&self) -> Result<()> {
+        if self.is_revoked() {
+            return Err(Error::invalid_argument(
+                "ncclCommFinalize: the communicator was revoked (destroy or abort it)",
+            ));
+        }
         self.check_usable()?;
         self.flush()?;
         self.raised_error()

@@ -100,8 +100,8 @@ fn decode_root(b: &[u8], ours: &RootLayout) -> Result<[u8; 64]> {
     if theirs != want {
         return Err(Error::remote(format!(
             "NVLS: rank 0's multicast object has {} channels, {}-byte halves and {} bytes; this \
-             rank's layout is {} channels, {}-byte halves, {} bytes (NCCL_NVLS_NCHANNELS and \
-             NCCL_NVLS_CHUNKSIZE must agree on every rank)",
+             rank's layout is {} channels, {}-byte halves, {} bytes (nvlsCTAs or NCCL_NVLS_NCHANNELS, \
+             and NCCL_NVLS_CHUNKSIZE must agree on every rank)",
             theirs[0], theirs[1], theirs[2], want[0], want[1], want[2]
         )));
     }
@@ -110,15 +110,16 @@ fn decode_root(b: &[u8], ours: &RootLayout) -> Result<[u8; 64]> {
     Ok(handle)
 }
 
-/// Sets NVLS up where every rank may (None elsewhere), for up to `max_channels` channels.
-/// Every rank of the communicator calls it at init.
+/// Sets NVLS up where every rank may (None elsewhere), for `ctas` channels (the config's
+/// nvlsCTAs, else NCCL_NVLS_NCHANNELS), up to `max_channels`. Every rank of the communicator
+/// calls it at init.
 pub(crate) fn setup(
     rank: usize,
     device: &Device,
     bootstrap: &Bootstrap,
     peers: &[PeerInfo],
     all_p2p: bool,
-    max_channels: usize,
+    (ctas, max_channels): (Option<u32>, usize),
 ) -> Result<Option<Nvls>> {
     let mine = may(rank, device, peers, all_p2p)?;
     let all = bootstrap.allgather(&[mine as u8])?;
@@ -126,7 +127,8 @@ pub(crate) fn setup(
         return Ok(None);
     }
     let nranks = peers.len();
-    let nchannels = (crate::env::NVLS_NCHANNELS.int().max(1) as usize).min(max_channels.max(1));
+    let wanted = ctas.map_or(crate::env::NVLS_NCHANNELS.int(), i64::from);
+    let nchannels = (wanted.max(1) as usize).min(max_channels.max(1));
     // Each half holds at least one 16-byte pack per rank.
     let half = (crate::env::NVLS_CHUNKSIZE.int().max(0) as usize)
         .max(16 * nranks)

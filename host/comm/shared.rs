@@ -73,6 +73,7 @@ fn fields_are_thread_safe(c: &Comm) {
         config,
         abort_flag,
         finalized,
+        revoked,
         async_error,
         registered,
         windows,
@@ -108,6 +109,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(config);
     both(abort_flag);
     both(finalized);
+    both(revoked);
     both(async_error);
     both(registered);
     both(windows);

@@ -39,7 +39,7 @@ impl Comm {
     /// bootstrap (color and key, then each child's id from its rank 0). A rank with an invalid
     /// color takes part as NCCL_SPLIT_NOCOLOR, so the others do not wait for it, and then fails.
     fn split_placement(&self, color: i32, key: i32) -> Result<Option<Placement>> {
-        self.check_usable()?;
+        self.check_parent()?;
         let invalid = color < 0 && color != SPLIT_NOCOLOR;
         let mine = if invalid { SPLIT_NOCOLOR } else { color };
         let mut rec = mine.to_le_bytes().to_vec();
@@ -161,7 +161,7 @@ impl Comm {
         key: i32,
         config: Option<&Config>,
     ) -> Result<Option<PendingComm>> {
-        parent.check_usable()?;
+        parent.check_parent()?;
         let resolved = config
             .cloned()
             .unwrap_or_default()
@@ -308,7 +308,7 @@ impl Comm {
         if flags == SHRINK_ABORT {
             self.stop_operations();
         } else {
-            self.check_usable()?;
+            self.check_parent()?;
         }
         let resolved = config
             .cloned()

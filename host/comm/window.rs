@@ -338,6 +338,21 @@ impl Comm {
         Ok((bases, w.bytes as u64))
     }
 
+    /// `ncclWinGetUserPtr` (NCCL 2.29): the buffer window `win` was registered with, on this
+    /// rank. Not collective.
+    pub(crate) fn window_user_ptr(&self, win: WinHandle) -> Result<DevPtr> {
+        let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.windows
+            .iter()
+            .find(|w| w.handle == win)
+            .map(|w| w.base)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "window {win:#x} is not registered on this communicator"
+                ))
+            })
+    }
+
     /// `ncclCommWindowDeregister` (collective, as registration): the window's slot is emptied
     /// once this rank's launched work is over (its kernels may read through it).
     pub(crate) fn window_deregister(&self, handle: WinHandle) -> Result<()> {

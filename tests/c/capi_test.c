@@ -34,7 +34,8 @@ static int failures = 0;
 #define COUNT 1000
 
 /* The layout C sees must be the one the library reads. */
-_Static_assert(sizeof(ncclConfig_t) == 72, "ncclConfig_t size");
+_Static_assert(sizeof(ncclConfig_t) == 88, "ncclConfig_t size");
+_Static_assert(offsetof(ncclConfig_t, numRmaCtx) == 84, "numRmaCtx offset");
 _Static_assert(offsetof(ncclConfig_t, CTAPolicy) == 60, "CTAPolicy offset");
 _Static_assert(offsetof(ncclConfig_t, blocking) == 16, "blocking offset");
 _Static_assert(offsetof(ncclConfig_t, netName) == 32, "netName offset");
@@ -161,6 +162,19 @@ static void all_reduce_init_all(void) {
   ncclWindow_t win = NULL;
   EXPECT(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win, 0x40) ==
              ncclInvalidArgument, "unknown window flag");
+  /* ncclWinGetUserPtr (NCCL 2.29): each window's own buffer; a handle never registered is
+     refused. */
+  for (int i = 0; i < NDEV; i++) {
+    void *user = NULL;
+    CHECK(ncclWinGetUserPtr(comms[i], wins[i], &user));
+    EXPECT(user == (void *)bufs[i], "rank %d: window's user pointer %p, not %p", i, user,
+           (void *)bufs[i]);
+  }
+  void *user = NULL;
+  EXPECT(ncclWinGetUserPtr(comms[0], (ncclWindow_t)(uintptr_t)0x7777, &user) ==
+             ncclInvalidArgument, "a window never registered");
+  EXPECT(ncclWinGetUserPtr(comms[0], wins[0], NULL) == ncclInvalidArgument, "outUserPtr NULL");
+  EXPECT(ncclWinGetUserPtr(comms[0], NULL, &user) == ncclInvalidArgument, "win NULL");
   /* One-sided (NCCL 2.29): in a group, rank i puts the first half of its window into the
      second half of rank i+1's and signals it; each rank's stream then waits for that signal. */
   for (int i = 0; i < NDEV; i++)
@@ -351,6 +365,22 @@ static void nonblocking_single_rank(void) {
   EXPECT(ncclCommShrink(comm, NULL, 1, &nothing, NULL, NCCL_SHRINK_DEFAULT) ==
              ncclInvalidArgument, "null exclude list");
   CHECK(ncclCommDestroy(shrunk));
+  /* ncclCommGetUniqueId and ncclCommGrow (NCCL 2.29): the bad calls, each refused before any
+     rank waits for another. */
+  ncclUniqueId gid;
+  EXPECT(ncclCommGetUniqueId(comm, NULL) == ncclInvalidArgument, "grow id into NULL");
+  CHECK(ncclCommGetUniqueId(comm, &gid));
+  ncclComm_t grown = (ncclComm_t)1;
+  EXPECT(ncclCommGrow(comm, 1, &gid, -1, &grown, NULL) == ncclInvalidArgument && grown == NULL,
+         "grow to the same size");
+  EXPECT(ncclCommGrow(comm, 2, &gid, 0, &grown, NULL) == ncclInvalidArgument,
+         "an old rank passing a rank");
+  EXPECT(ncclCommGrow(NULL, 2, NULL, 1, &grown, NULL) == ncclInvalidArgument,
+         "a new rank without the id");
+  EXPECT(ncclCommGrow(NULL, 2, &gid, 2, &grown, NULL) == ncclInvalidArgument,
+         "a new rank past nRanks");
+  EXPECT(ncclCommGrow(comm, 0, &gid, -1, &grown, NULL) == ncclInvalidArgument, "nRanks 0");
+  EXPECT(ncclCommGrow(comm, 2, &gid, -1, NULL, NULL) == ncclInvalidArgument, "newcomm NULL");
 
   r = ncclCommFinalize(comm);
   EXPECT(r == ncclInProgress || r == ncclSuccess, "finalize returned %d", (int)r);
@@ -360,6 +390,13 @@ static void nonblocking_single_rank(void) {
   EXPECT(state == ncclSuccess, "finalize state %d", (int)state);
   EXPECT(ncclCommFinalize(comm) == ncclInvalidUsage, "second finalize");
   CHECK(ncclCommDestroy(comm));
+  /* ncclCommRevoke (NCCL 2.28): not collective; afterwards only shrink, split, destroy or
+     abort. */
+  EXPECT(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT) == ncclSuccess, "revoke NULL");
+  EXPECT(ncclCommRevoke(child, 1) == ncclInvalidArgument, "revoke flags");
+  CHECK(ncclCommRevoke(child, NCCL_REVOKE_DEFAULT));
+  EXPECT(ncclCommRevoke(child, NCCL_REVOKE_DEFAULT) == ncclInvalidArgument, "second revoke");
+  EXPECT(ncclCommFinalize(child) == ncclInvalidArgument, "finalize after revoke");
   CHECK(ncclCommAbort(child));
   /* The aborted handle stays valid for a racing thread: its calls fail cleanly, and a
    * destroy frees it. */

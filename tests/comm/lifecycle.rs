@@ -489,3 +489,56 @@ fn back_to_back_nonblocking_splits_keep_their_order() {
         }
     });
 }
+
+/// ncclCommGrow (NCCL 2.29): 2 ranks become 4. Rank 0 makes the grow id; ranks 0 and 1 grow
+/// (rank 0 with the id), ranks 2 and 3 join with it on devices of their own. The grown
+/// communicator's ranks are the old ones first; AllReduce is right on it, and on the old one
+/// after it. Bad calls: no rank or every rank passing the id (both refused, on every old rank
+/// alike), a size not larger.
+#[test]
+fn grow_from_two_ranks_to_four() {
+    procs::isolated(&[LOOPBACK], &[], || {
+        common::sim();
+        let id = common::loopback_id();
+        let mut old: Vec<Comm> =
+            per_rank(2, |r| Comm::init_rank_on(dev(r), 2, &id, r).expect("init"));
+        let refused = |ids: [Option<UniqueId>; 2], n: usize, old: &mut [Comm]| {
+            each_rank(old, |r, c| {
+                c.grow(n, ids[r].as_ref(), None).err().map(|e| e.code)
+            })
+        };
+        let grow_id = old[0].grow_unique_id().expect("a grow id");
+        let usage = Some(NcclResult::InvalidUsage);
+        assert_eq!(refused([None, None], 4, &mut old), [usage; 2], "no id");
+        assert_eq!(
+            refused([Some(grow_id), Some(grow_id)], 4, &mut old),
+            [usage; 2],
+            "two ids"
+        );
+        assert_eq!(
+            refused([Some(grow_id), None], 2, &mut old),
+            [Some(NcclResult::InvalidArgument); 2],
+            "not larger"
+        );
+        let mut slots: Vec<Option<Comm>> = old.into_iter().map(Some).chain([None, None]).collect();
+        let grown: Vec<(Comm, Option<Comm>)> = each_rank(&mut slots, |r, slot| match slot.take() {
+            Some(c) => {
+                let g = c
+                    .grow(4, (r == 0).then_some(&grow_id), None)
+                    .expect("grow an old rank");
+                (g, Some(c))
+            }
+            None => {
+                let g = Comm::init_rank_config_on(dev(r), 4, &grow_id, r, &Config::default())
+                    .expect("a new rank joins");
+                (g, None)
+            }
+        });
+        let (grown, old): (Vec<Comm>, Vec<Option<Comm>>) = grown.into_iter().unzip();
+        for (r, c) in grown.iter().enumerate() {
+            assert_eq!((c.rank(), c.count(), c.cu_device()), (r, 4, r as i32));
+        }
+        sum_ok(grown, 4099);
+        sum_ok(old.into_iter().flatten().collect(), 1001);
+    });
+}

@@ -498,3 +498,64 @@ fn nonblocking_comms_across_nodes() {
     }
     common::procs::run_nodes(2, 2, &[LOOPBACK]);
 }
+
+/// ncclCommRevoke on a 2x2 communicator whose rank 1 stopped taking part: ranks 0, 2 and 3
+/// start an AllReduce that cannot finish without it; every rank revokes; the AllReduce's
+/// stream then drains; later operations are refused (invalid usage; finalize and a second
+/// revoke: invalid argument); the three shrink the revoked communicator to themselves and
+/// run [`Work`] on the result, checked.
+#[test]
+#[cfg_attr(
+    not(all(
+        nccl_rs_kernel = "nccl_all_reduce_float_sum",
+        nccl_rs_kernel = "nccl_all_gather",
+        nccl_rs_kernel = "nccl_reduce_scatter_float_sum",
+        nccl_rs_kernel = "nccl_broadcast",
+        nccl_rs_kernel = "nccl_p2p"
+    )),
+    ignore = "needs nccl_all_reduce_float_sum, nccl_all_gather, nccl_reduce_scatter_float_sum, nccl_broadcast, nccl_p2p, which NCCL_RS_KERNELS left out"
+)]
+fn revoke_mid_collective_then_shrink_across_nodes() {
+    use nccl::{DeviceBuffer, NcclResult, Op, Stream};
+    if let Some((rank, nranks, id)) = common::procs::child() {
+        common::sim();
+        let dev = nccl::Device::open(rank as i32).expect("open a simulated device");
+        let parent = Comm::init_rank_on(dev, nranks, &id, rank).expect("init_rank across nodes");
+        let stream = Stream::new(parent.device()).expect("a stream");
+        let mut buf = DeviceBuffer::<f32>::zeroed(parent.device(), 4096).expect("a buffer");
+        if rank != 1 {
+            parent
+                .all_reduce_in_place(&mut buf, Op::SUM, &stream)
+                .expect("issue an AllReduce rank 1 never joins");
+        }
+        parent.revoke().expect("revoke");
+        let handle = stream.handle();
+        let d = parent.device().clone();
+        common::procs::within("the AllReduce after the revoke", common::procs::limit(), {
+            move || d.stream_sync(handle)
+        })
+        .expect("the revoked AllReduce's stream drains");
+        let refused = parent
+            .all_reduce_in_place(&mut buf, Op::SUM, &stream)
+            .expect_err("an AllReduce after the revoke");
+        assert_eq!(refused.code, NcclResult::InvalidUsage, "{refused}");
+        for (what, e) in [
+            ("finalize", parent.finalize().expect_err("finalize")),
+            ("revoke", parent.revoke().expect_err("a second revoke")),
+        ] {
+            assert_eq!(e.code, NcclResult::InvalidArgument, "{what}: {e}");
+        }
+        if rank != 1 {
+            let shrunk = parent
+                .shrink(&[1], None, nccl::SHRINK_DEFAULT)
+                .expect("shrink the revoked communicator");
+            assert_eq!(shrunk.count(), 3);
+            run_work(&shrunk, 21, "the shrunk communicator after a revoke");
+            shrunk.destroy().expect("destroy the shrunk communicator");
+        }
+        drop((buf, stream));
+        parent.destroy().expect("destroy the revoked communicator");
+        return;
+    }
+    common::procs::run_nodes(2, 2, &[LOOPBACK]);
+}

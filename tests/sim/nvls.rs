@@ -346,3 +346,47 @@ fn abort_ends_an_nvls_collective_stuck_on_an_absent_peer() {
         drop(buf);
     });
 }
+
+/// The config's nvlsCTAs (NCCL 2.27) sets NVLS's channels: one channel's multicast object is
+/// smaller than the default's, and the collective is still right on it.
+#[test]
+fn nvls_ctas_sets_the_channels_of_the_multicast_object() {
+    common::procs::isolated(SIM_NVLS_ONLY, &[], || {
+        let with = |ctas: Option<i32>| {
+            let id = common::loopback_id();
+            let mut config = nccl::Config::default();
+            config.nvls_ctas = ctas;
+            let comms: Vec<Comm> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..2)
+                    .map(|r| {
+                        let (id, config) = (&id, &config);
+                        s.spawn(move || {
+                            Comm::init_rank_config_on(common::sim_dev(r), 2, id, r, config).unwrap()
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let ranks = Ranks::new(comms);
+            let bytes = sim::multicast_last_bytes();
+            check_collective(
+                &ranks,
+                Coll::AllReduce,
+                3001,
+                DataType::Float32,
+                ReduceOp::SUM,
+                1,
+                false,
+                5,
+                Drive::Group,
+            )
+            .unwrap_or_else(|e| panic!("nvlsCTAs {ctas:?}: {e}"));
+            bytes
+        };
+        let (default, one) = (with(None), with(Some(1)));
+        assert!(
+            one < default,
+            "nvlsCTAs 1: a multicast object of {one} bytes, the default's {default}"
+        );
+    });
+}

@@ -28,6 +28,14 @@ pub fn multicast_objects_created() -> u64 {
     MC_CREATED.load(Ordering::SeqCst)
 }
 
+static MC_LAST_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The size of the multicast object this process created last (tests check what NVLS's
+/// channel count made of it).
+pub fn multicast_last_bytes() -> u64 {
+    MC_LAST_BYTES.load(Ordering::SeqCst)
+}
+
 /// The simulator's multicast granularity.
 pub(super) const MC_GRANULARITY: usize = 4096;
 
@@ -69,6 +77,7 @@ impl Device {
             },
         );
         MC_CREATED.fetch_add(1, Ordering::SeqCst);
+        MC_LAST_BYTES.store(bytes as u64, Ordering::SeqCst);
         let mut h = [0u8; 64];
         h[..4].copy_from_slice(&std::process::id().to_le_bytes());
         h[8..16].copy_from_slice(&id.to_le_bytes());
