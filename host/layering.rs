@@ -26,6 +26,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "comm",
         &[
             "bootstrap",
+            "clock",
             "cuda",
             "debug",
             "env",
