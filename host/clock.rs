@@ -1,5 +1,5 @@
 //! The system's clocks read in nanoseconds, for whatever stamps times: the proxy's timeline,
-//! RAS's health records.
+//! RAS's health records; and the timer slack of threads that poll for kernels.
 
 /// `clock` (a Linux clock id) in ns.
 pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {

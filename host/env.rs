@@ -160,7 +160,8 @@ params! {
         "how many GPUs the simulator shows";
     RS_PUT_DEPTH = "8",
         "chunks of 512 KiB a rank's one-sided puts across nodes keep in flight (its staging \
-              slots in pinned host memory, and its receive buffers per peer), 1 to 64";
+              slots in pinned host memory, and its receive buffers per peer while 64 MiB \
+              hold them for every peer, 2 per peer beyond), 1 to 64";
     RS_SYMMETRIC_MAX_BYTES = "65536",
         "nccl-rs: largest AllReduce, AllGather or ReduceScatter block (bytes per rank) the \
          symmetric path takes once the communicator has a symmetric window (0: never); up to \

@@ -346,7 +346,8 @@ impl<'a, T: Element> DeviceSlice<'a, T> {
         self.copy_waiting(dst, None)
     }
     /// Copies the view into `dst` once `stream` (the stream whose work writes it) is idle,
-    /// not waiting for the device's other streams.
+    /// not waiting for the device's other streams (but for blocking ones: the copy runs on
+    /// the legacy stream, which `Stream::new_blocking` streams are ordered with).
     pub fn copy_to_host_after(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         self.copy_waiting(dst, Some(stream))
     }
@@ -485,7 +486,8 @@ impl<'a, T: Element> DeviceSliceMut<'a, T> {
         self.copy_waiting(src, None)
     }
     /// Overwrites the view with `src` once `stream` (the stream whose work uses it) is idle,
-    /// not waiting for the device's other streams.
+    /// not waiting for the device's other streams (but for blocking ones, as
+    /// [`DeviceSlice::copy_to_host_after`]).
     pub fn copy_from_host_after(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         self.copy_waiting(src, Some(stream))
     }

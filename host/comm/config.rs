@@ -49,7 +49,7 @@ pub struct Config {
     pub nvlink_centric_sched: Option<bool>,
     /// `graphUsageMode` (NCCL 2.29, NCCL_GRAPH_MIXING_SUPPORT): 0 no CUDA graphs, 1 one graph,
     /// 2 graphs mixed with each other and with eager calls. Every mode gets mode 2's ordering
-    /// here (the strongest), so each is honoured.
+    /// here (the strongest), so each is honoured; mode 0 does not refuse a capture.
     pub graph_usage_mode: Option<i32>,
     /// `numRmaCtx` (NCCL 2.29, NCCL_NUM_RMA_CTX): contexts of one-sided operations, at least 1.
     pub num_rma_ctx: Option<i32>,
@@ -95,7 +95,7 @@ pub struct ResolvedConfig {
     pub nvlink_centric_sched: bool,
     /// `graphUsageMode`: 0, 1 or 2.
     pub graph_usage_mode: u32,
-    /// `numRmaCtx`: one-sided operations take a `ctx` below it.
+    /// `numRmaCtx` (recorded above 1: one-sided operations take context 0 only).
     pub num_rma_ctx: u32,
 }
 

@@ -124,11 +124,17 @@ impl Comm {
             ));
         }
         // Every rank asked the same, so every rank fails here alike.
-        let ll_bytes = 32 * req.ll_blocks as u64 * req.ll_slots as u64 * self.nranks as u64;
-        if ll_bytes > MAX_LL_BYTES {
+        let ll_bytes = [
+            req.ll_blocks as u64,
+            req.ll_slots as u64,
+            self.nranks as u64,
+        ]
+        .into_iter()
+        .try_fold(32u64, |b, x| b.checked_mul(x));
+        if ll_bytes.is_none_or(|b| b > MAX_LL_BYTES) {
             return Err(Error::invalid_argument(format!(
-                "ncclDevCommCreate: LL sessions of {} blocks x {} slots on {} ranks need {ll_bytes} \
-                 bytes per rank, more than {MAX_LL_BYTES}",
+                "ncclDevCommCreate: LL sessions of {} blocks x {} slots on {} ranks need more \
+                 than {MAX_LL_BYTES} bytes per rank",
                 req.ll_blocks, req.ll_slots, self.nranks
             )));
         }

@@ -10,6 +10,7 @@
 //! 3. Every new rank joins with the id and its rank (`n..m`), as `ncclCommInitRankConfig`
 //!    does (in the C ABI, `ncclCommGrow` with a NULL communicator).
 
+use super::turns::Ticket;
 use super::{Comm, Config, Launch, PendingComm, ResolvedConfig};
 use crate::bootstrap::{new_root_id, AbortFlag, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
@@ -44,8 +45,9 @@ impl Comm {
         id: Option<&UniqueId>,
         config: Option<&Config>,
     ) -> Result<Comm> {
-        let resolved = self.prepare_grow(nranks, config)?;
-        self.grow_with(nranks, id, resolved, &AbortFlag::new())
+        let prepared = self.prepare_grow(nranks, config);
+        let turn = self.split_turns.ticket();
+        self.grow_with((nranks, id), prepared, &AbortFlag::new(), turn)
     }
 
     /// [`Comm::grow`] that honours the new communicator's `blocking` option, as
@@ -56,18 +58,20 @@ impl Comm {
         id: Option<&UniqueId>,
         config: Option<&Config>,
     ) -> Result<PendingComm> {
-        let resolved = parent.prepare_grow(nranks, config)?;
-        let launch = Launch::for_blocking(resolved.blocking);
+        let prepared = parent.prepare_grow(nranks, config);
+        let blocking = prepared.as_ref().map_or(true, |c| c.blocking);
+        let launch = Launch::for_blocking(blocking);
         // The job may run on another thread, which the library orders itself.
         let p = super::Shared(parent.clone());
         let id = id.copied();
+        let turn = parent.split_turns.ticket();
         PendingComm::start(launch, move |abort| {
-            p.grow_with(nranks, id.as_ref(), resolved, abort)
+            p.grow_with((nranks, id.as_ref()), prepared, abort, turn)
         })
     }
 
-    /// The checks of a grow before any rank communicates: the parent is usable and the new
-    /// size is larger. Every old rank fails here alike (they share the parent's size).
+    /// This rank's checks of a grow: the parent is usable, the new size larger, the config
+    /// valid. A failure is told to the other ranks before it is returned ([`Comm::grow_with`]).
     fn prepare_grow(&self, nranks: usize, config: Option<&Config>) -> Result<ResolvedConfig> {
         self.check_usable()?;
         if nranks <= self.nranks {
@@ -82,21 +86,39 @@ impl Comm {
             .resolve(Some(&self.config))
     }
 
-    /// The root's id, learned by every old rank over this communicator's bootstrap, then this
-    /// rank's place in the new communicator.
+    /// In this communicator's order of splits (`turn`), every old rank tells the others
+    /// whether its checks passed, the size it asks for and the id it holds (the root's): all
+    /// fail alike unless every rank passed, asked the same size and exactly one held the id.
+    /// Then this rank joins the new communicator.
     fn grow_with(
         &self,
-        nranks: usize,
-        id: Option<&UniqueId>,
-        config: ResolvedConfig,
+        (nranks, id): (usize, Option<&UniqueId>),
+        prepared: Result<ResolvedConfig>,
         abort: &AbortFlag,
+        turn: Ticket,
     ) -> Result<Comm> {
-        let mine = id.map(|i| i.internal.to_vec()).unwrap_or_default();
+        turn.wait(abort)?;
+        let mut mine = vec![prepared.is_ok() as u8];
+        mine.extend((nranks as u64).to_le_bytes());
+        mine.extend(id.map(|i| i.internal.to_vec()).unwrap_or_default());
         let all = self
             .bootstrap
             .allgather(&mine)
-            .map_err(|e| e.context("ncclCommGrow"))?;
-        let held: Vec<usize> = (0..all.len()).filter(|&r| !all[r].is_empty()).collect();
+            .map_err(|e| e.context("ncclCommGrow"));
+        drop(turn);
+        let config = prepared?;
+        let all = all?;
+        if let Some(r) = (0..all.len()).find(|&r| all[r].first() != Some(&1)) {
+            return Err(Error::invalid_usage(format!(
+                "ncclCommGrow: rank {r} could not grow (its own call says why)"
+            )));
+        }
+        if let Some(r) = (0..all.len()).find(|&r| all[r].get(1..9) != mine.get(1..9)) {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommGrow: rank {r} asked for another size than this rank's {nranks}"
+            )));
+        }
+        let held: Vec<usize> = (0..all.len()).filter(|&r| all[r].len() > 9).collect();
         let root = match held[..] {
             [r] => r,
             [] => {
@@ -112,7 +134,7 @@ impl Comm {
                 )))
             }
         };
-        let internal = <[u8; UNIQUE_ID_BYTES]>::try_from(all[root].as_slice())
+        let internal = <[u8; UNIQUE_ID_BYTES]>::try_from(&all[root][9..])
             .map_err(|_| Error::remote(format!("ncclCommGrow: rank {root} sent a malformed id")))?;
         let id = UniqueId { internal };
         Comm::create(

@@ -14,12 +14,13 @@
 //! communicator's order (as inside a node), so chunks are staged in issue order and the
 //! doorbell only grows.
 //!
-//! The receiver's thread keeps as many receives posted per peer into pinned host buffers. A
-//! message's payload is copied into the window on the thread's own stream, then its signal is
-//! written into this rank's pad (in the stream's order, so the data lands first), and the
-//! buffer is posted again once the copy is done. Messages of one peer are handled in the order
-//! they were sent. A header naming no window of this rank, or bytes past the window, is the
-//! peer's fault: the communicator's async error.
+//! The receiver's thread keeps as many receives posted per peer into pinned host buffers (as
+//! many as its pinned budget allows for every peer, at least 2). A message's payload is copied
+//! into the window on the thread's own stream, then its signal is written into this rank's pad
+//! (in the stream's order, so the data lands first), and the buffer is posted again once the
+//! copy is done. Messages of one peer are handled in the order they were sent. A header naming
+//! no window of this rank, or bytes past the window, is the peer's fault: the communicator's
+//! async error.
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{DevPtr, Device, HostMem, StreamHandle};
@@ -37,9 +38,10 @@ pub(crate) const CHUNK: usize = 512 << 10;
 /// The header in front of every message's payload.
 const HEADER: usize = 64;
 const SLOT: usize = HEADER + CHUNK;
-/// Staging slots of the sender (chunks in flight), and receive buffers per peer
-/// (`NCCL_RS_PUT_DEPTH`, at most this).
+/// Staging slots of the sender (chunks in flight; `NCCL_RS_PUT_DEPTH`, at most this).
 const MAX_DEPTH: usize = 64;
+/// Pinned bytes of receive buffers for every peer together, beyond 2 per peer.
+const RECV_BUDGET: usize = 64 << 20;
 /// The network tag of every message.
 const TAG: u32 = 0x6f6e_6573;
 const MAGIC: u64 = 0x6e63_636c_5f70_7574; // "nccl_put"
@@ -106,7 +108,7 @@ struct Link {
     /// The staging slots, registered with `send`.
     send_mr: Mr,
     recv: Box<dyn RecvComm>,
-    /// `depth` receive buffers.
+    /// Its receive buffers (as many as the sender's depth, within [`RECV_BUDGET`]).
     bufs: HostMem,
     recv_mr: Mr,
     /// Receives posted, oldest first: (buffer, request).
@@ -251,20 +253,24 @@ impl RemotePuts {
             cv: Condvar::new(),
         });
         let mut links: Vec<Option<Link>> = Vec::new();
+        // Receive buffers per peer: as many as the sender keeps in flight, within a budget
+        // for all peers together (pinned memory grows with the job), and never fewer than 2.
+        let remote = sends.iter().filter(|s| s.is_some()).count().max(1);
+        let recv_depth = (RECV_BUDGET / (SLOT * remote)).clamp(2.min(depth), depth);
         for (p, (send, recv)) in sends.into_iter().zip(recvs).enumerate() {
             let (Some(mut send), Some(mut recv)) = (send, recv) else {
                 links.push(None);
                 continue;
             };
             let staging = inner.staging.host_ptr(0).unwrap_or(std::ptr::null_mut());
-            let bufs = device.alloc_host_mem(depth * SLOT)?;
+            let bufs = device.alloc_host_mem(recv_depth * SLOT)?;
             let host = bufs.host_ptr(0).unwrap_or(std::ptr::null_mut());
             // SAFETY: both regions live as long as the links (the thread's, dropped before
             // `inner` and `bufs`).
             let (send_mr, recv_mr) = unsafe {
                 (
                     send.reg_mr(staging, depth * SLOT, PTR_HOST)?,
-                    recv.reg_mr(host, depth * SLOT, PTR_HOST)?,
+                    recv.reg_mr(host, recv_depth * SLOT, PTR_HOST)?,
                 )
             };
             let waker = {
@@ -277,7 +283,7 @@ impl RemotePuts {
             };
             send.set_waker(waker.clone());
             recv.set_waker(waker);
-            let events = (0..depth)
+            let events = (0..recv_depth)
                 .map(|_| device.event_create_untimed())
                 .collect::<Result<Vec<u64>>>()?;
             debug_assert!(p != rank);
@@ -289,7 +295,7 @@ impl RemotePuts {
                 recv_mr,
                 posted: VecDeque::new(),
                 copying: VecDeque::new(),
-                free: (0..depth).collect(),
+                free: (0..recv_depth).collect(),
                 events,
             }));
         }

@@ -520,6 +520,33 @@ fn grow_from_two_ranks_to_four() {
             [Some(NcclResult::InvalidArgument); 2],
             "not larger"
         );
+        // The ranks disagree on the size, or one fails its own checks: every rank hears of
+        // it (none waits for the others).
+        let sizes = each_rank(&mut old, |r, c| {
+            c.grow(4 + r, (r == 0).then_some(&grow_id), None)
+                .err()
+                .map(|e| e.code)
+        });
+        assert_eq!(
+            sizes,
+            [Some(NcclResult::InvalidArgument); 2],
+            "sizes differ"
+        );
+        let one_bad = each_rank(&mut old, |r, c| {
+            let mut bad = Config::default();
+            bad.min_ctas = (r == 1).then_some(0);
+            c.grow(4, (r == 0).then_some(&grow_id), Some(&bad))
+                .err()
+                .map(|e| e.code)
+        });
+        assert_eq!(
+            one_bad,
+            [
+                Some(NcclResult::InvalidUsage),
+                Some(NcclResult::InvalidArgument)
+            ],
+            "rank 1's config is bad"
+        );
         let mut slots: Vec<Option<Comm>> = old.into_iter().map(Some).chain([None, None]).collect();
         let grown: Vec<(Comm, Option<Comm>)> = each_rank(&mut slots, |r, slot| match slot.take() {
             Some(c) => {

@@ -67,8 +67,13 @@ unsafe fn exchange(a: &ExchangeArgs) {
     arch::atomic_add_u64(a.received as *mut u64, received);
 }
 
+/// In a child process, so that a hang (a line that never arrives) fails at the limit.
 #[test]
 fn ll_sessions_carry_every_rank_s_values() {
+    common::procs::isolated(&[], &[], every_rank_s_values);
+}
+
+fn every_rank_s_values() {
     common::sim();
     let (blocks, slots, block_dim) = (3u32, 40u32, 16u32);
     for n in [2usize, 4, 8] {

@@ -4,8 +4,9 @@
 //!
 //! A value travels as one 16-byte store of `{low half, flag, high half, flag}` into the
 //! receiver's memory, the flag being the session's epoch: the receiver polls its line until
-//! both flags read the epoch, and then holds the value (a 16-byte store is seen whole or not at
-//! all). No fence, no counter, no barrier: the cheapest way a few kilobytes cross the team.
+//! both flags read the epoch, and then holds the value (each 8-byte half arrives whole, with
+//! its flag; both flags current means both halves are). No fence, no counter, no barrier: the
+//! cheapest way a few kilobytes cross the team.
 //!
 //! Each block (one per CTA index, [`DevComm::ll_a2a`]'s `block`) owns, in every rank's area,
 //! two halves of `[lsa_size][ll_slots]` lines, used by alternate epochs. A rank writes epoch `k`
@@ -14,7 +15,8 @@
 //! `k` then received the peer's line of `k - 1`, which the peer sent after it had ended
 //! `k - 2`. A one-shot collective (each rank sends its slice to all and receives everyone's)
 //! meets it; an exchange whose pattern of peers changes from one epoch to the next must add
-//! a line to each rank it skipped.
+//! a line to each rank it skipped. An epoch with no exchange at all breaks it too: a CTA with
+//! nothing to send should not open a session (every rank's alike).
 
 use super::{ll_epochs_at, ll_lines_at, Aborted, DevComm, Misuse};
 use crate::arch::{self, Pack16};

@@ -4,7 +4,9 @@
 //! on: the access would land in another structure's memory. On the simulator it panics with
 //! the message (the stream fails with it). On a GPU it writes a fault record into host-mapped
 //! memory of the device communicator, then traps: the trap ends the context, but the record
-//! is host memory, so `nccl::DeviceComm::fault` can still say what the kernel passed.
+//! is host memory, so `nccl::DeviceComm::fault` can still say what the kernel passed. Where
+//! several threads fault at once, each writes the record (no host-memory atomics, which not
+//! every system has): the words may come from different threads, each a true misuse.
 
 use super::DevComm;
 #[cfg(target_arch = "nvptx64")]

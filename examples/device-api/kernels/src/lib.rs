@@ -124,15 +124,20 @@ unsafe fn one_shot_all_reduce(p: &Place) {
 /// of `ll_slots` lines hold the input: `count <= 2 * grid * ll_slots`.
 unsafe fn ll_all_reduce(p: &Place) {
     let c = &p.comm;
-    let mut ll = c.ll_a2a(arch::block_idx());
     let count = p.count as usize;
     let lines = count.div_ceil(2);
     let per = lines.div_ceil(arch::grid_dim() as usize);
-    if per > ll.slots() {
+    if per > c.ll_slots as usize {
         arch::trap();
     }
     let first = arch::block_idx() as usize * per;
     let mine = lines.min(first + per).saturating_sub(first);
+    if mine == 0 {
+        // No epoch at all (every rank's CTA alike): an epoch with no exchange would break
+        // the LL rule for the block's next one.
+        return;
+    }
+    let mut ll = c.ll_a2a(arch::block_idx());
     let (input, output) = (c.local_ptr(&p.input, 0) as *const f32, p.output as *mut f32);
     let step = arch::block_dim() as usize;
     for i in (arch::thread_idx() as usize..mine).step_by(step) {
