@@ -387,7 +387,7 @@ impl NcclLogger {
                 return Sink::Stdout;
             };
             let path = expand_file_name(pattern, short_hostname(), std::process::id());
-            match File::create(&path) {
+            match open_private(&path, false) {
                 Ok(f) => Sink::File(Mutex::new(f)),
                 Err(e) => {
                     let line = format_line(
@@ -513,9 +513,44 @@ pub(crate) fn init() {
     });
 }
 
+/// Opens a file the library writes for the user (`NCCL_DEBUG_FILE`, the proxy timeline,
+/// kernel stamps): created readable by this user only (0600), and never through a symbolic
+/// link (another user could point a predictable name at a file of ours). `append`: added to
+/// the end, else truncated.
+pub(crate) fn open_private(path: &str, append: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .append(append)
+        .truncate(!append)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A private file is 0600 and a symbolic link in its place is refused.
+    #[test]
+    fn private_files_are_this_user_s_and_follow_no_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nccl-rs-private-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("log");
+        let _ = std::fs::remove_file(&file);
+        open_private(file.to_str().unwrap(), false).unwrap();
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let link = dir.join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = open_private(link.to_str().unwrap(), true).expect_err("through a link");
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn b(names: &[&str]) -> u64 {
         names.iter().map(|n| bit(n)).fold(0, |m, x| m | x)

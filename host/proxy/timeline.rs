@@ -71,17 +71,13 @@ pub(crate) fn flush() {
         Err(_) => return,
     };
     let path = format!("{prefix}.{}", std::process::id());
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|f| {
-            let mut w = std::io::BufWriter::new(f);
-            for e in &events {
-                writeln!(w, "{} {:?} {} {}", e.ns, e.mark, e.peer, e.step)?;
-            }
-            w.flush()
-        });
+    let written = crate::debug::open_private(&path, true).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        for e in &events {
+            writeln!(w, "{} {:?} {} {}", e.ns, e.mark, e.peer, e.step)?;
+        }
+        w.flush()
+    });
     if let Err(e) = written {
         log::warn!("NCCL_RS_PROXY_TIMELINE: writing {path}: {e}");
     }

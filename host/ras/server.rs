@@ -158,13 +158,33 @@ pub fn query(addr: SocketAddr, verbose: bool, timeout: Duration) -> std::io::Res
         out.extend_from_slice(&chunk[..n]);
     }
     String::from_utf8(out)
+        .map(|text| printable(&text))
         .map_err(|_| Error::new(ErrorKind::InvalidData, "the answer is not UTF-8 text"))
+}
+
+/// `text` safe to print on a terminal: the report carries peers' words (host names, error
+/// messages), and a control character among them (an escape sequence) would be the
+/// terminal's command; each but newline and tab is shown as `\u{..}` instead.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' | '\t' => c.to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn control_characters_of_an_answer_are_shown_not_obeyed() {
+        let shown = printable("rank 3: \u{1b}]0;owned\u{7}gone\r\n\tok\n");
+        assert_eq!(shown, "rank 3: \\u{1b}]0;owned\\u{7}gone\\u{d}\n\tok\n");
+    }
 
     /// A loopback listener that reads the query line and answers with `send` (the test's
     /// stranger posing as a RAS thread).
