@@ -2,7 +2,7 @@
 //!
 //! The connector opens the control socket and every data socket at once (non-blocking
 //! connects, refused attempts retried with `NCCL_SOCKET_RETRY_CNT` / `NCCL_SOCKET_RETRY_SLEEP_MSEC`
-//! pauses) and writes a 40-byte hello on each: the listener's tag from the handle, the
+//! pauses) and writes a 48-byte hello on each: the listener's tag from the handle, the
 //! connection's id (the connector's process id and a per-process serial number), the socket's
 //! role (control, or data socket i) and the geometry (threads × sockets per thread). Once every
 //! hello is written the connection is up; nothing waits for the acceptor, so a connect never
@@ -37,14 +37,16 @@ static SERIAL: AtomicU64 = AtomicU64::new(1);
 /// 65 sockets (a control socket and `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS` ≤ 64).
 pub(super) const MAX_PENDING: usize = 128;
 
-/// A number no other listener of this process has (the process id and a counter), masked with
-/// a secret drawn once per process: the tag travels only in the handle, through the bootstrap,
-/// so a stranger who knows the process id cannot greet a listener as one of its connections.
-pub(super) fn next_tag() -> u64 {
-    static SECRET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let secret = *SECRET.get_or_init(crate::sockets::random_nonce);
-    let serial = SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
-    ((u64::from(std::process::id()) << 32) | serial) ^ secret
+/// A listener's tag: 128 random bits of its own. It travels only in the handle, through the
+/// bootstrap, so a stranger cannot greet a listener as one of its connections, and one handle
+/// says nothing of the process's other listeners (a per-process secret masking a counter
+/// did: one tag gave the secret away).
+pub(super) fn next_tag() -> u128 {
+    let (high, low) = (
+        crate::sockets::random_nonce(),
+        crate::sockets::random_nonce(),
+    );
+    (u128::from(high) << 64) | u128::from(low)
 }
 
 fn next_conn_id() -> ConnId {
@@ -86,7 +88,7 @@ impl Group {
 pub struct SocketListener {
     sock: Socket,
     addr: SocketAddr,
-    tag: u64,
+    tag: u128,
     dev: String,
     timeout: Duration,
     /// Handed to the connections it accepts (`Conn::peer_timeout`, `Conn::send_timeout`).
@@ -103,7 +105,7 @@ enum HelloRead {
 }
 
 impl SocketListener {
-    pub(super) fn new(sock: Socket, tag: u64, dev: String, timeout: Duration) -> Result<Self> {
+    pub(super) fn new(sock: Socket, tag: u128, dev: String, timeout: Duration) -> Result<Self> {
         sock.set_nonblocking(true).map_err(|e| {
             Error::system(format!("NET/Socket: making the listener non-blocking: {e}"))
         })?;
@@ -391,7 +393,7 @@ fn retryable(e: &io::Error) -> bool {
 impl SocketConnecting {
     pub(super) fn new(
         target: SocketAddr,
-        tag: u64,
+        tag: u128,
         dev: String,
         nthreads: usize,
         nsocks: usize,

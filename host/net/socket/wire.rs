@@ -10,7 +10,7 @@ use crate::net::{Handle, HANDLE_BYTES};
 
 /// Protocol version, in the handle and in every hello (2: the header says whether its
 /// payload follows inline).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 const HANDLE_MAGIC: [u8; 8] = *b"NCRSSOCK";
 const HELLO_MAGIC: [u8; 8] = *b"NCRSHELO";
 /// The check word of a header whose payload travels in pieces on the data sockets, and of one
@@ -35,12 +35,14 @@ pub const DEFAULT_INLINE_BELOW: usize = MIN_CHUNK;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HandleInfo {
     pub addr: SocketAddr,
-    /// Names the listener; every hello repeats it, so that a stale handle whose port was taken
-    /// by another listener is refused.
-    pub tag: u64,
+    /// Names the listener, and is its secret: 128 random bits, known only to whoever got the
+    /// handle (through the bootstrap). Every hello repeats it, so a stale handle whose port
+    /// another listener took, or a stranger who does not have the handle, is refused.
+    pub tag: u128,
 }
 
-// Layout: magic[8] version family(4|6) port(be16) addr[16] scope(le32) tag(le64), zero-padded.
+// Layout: magic[8] version family(4|6) port(be16) addr[16] scope(le32) tag(le128),
+// zero-padded.
 pub fn encode_handle(h: &HandleInfo) -> Handle {
     let mut out = [0u8; HANDLE_BYTES];
     out[0..8].copy_from_slice(&HANDLE_MAGIC);
@@ -57,7 +59,7 @@ pub fn encode_handle(h: &HandleInfo) -> Handle {
             out[28..32].copy_from_slice(&a.scope_id().to_le_bytes());
         }
     }
-    out[32..40].copy_from_slice(&h.tag.to_le_bytes());
+    out[32..48].copy_from_slice(&h.tag.to_le_bytes());
     out
 }
 
@@ -98,16 +100,16 @@ pub fn decode_handle(b: &Handle) -> Result<HandleInfo> {
             "NET/Socket: connection handle names no reachable address ({addr})"
         )));
     }
-    let mut tag = [0u8; 8];
-    tag.copy_from_slice(&b[32..40]);
+    let mut tag = [0u8; 16];
+    tag.copy_from_slice(&b[32..48]);
     Ok(HandleInfo {
         addr,
-        tag: u64::from_le_bytes(tag),
+        tag: u128::from_le_bytes(tag),
     })
 }
 
 /// Bytes of a hello.
-pub const HELLO_BYTES: usize = 40;
+pub const HELLO_BYTES: usize = 48;
 
 /// Which connection a socket belongs to: chosen by the connector, unique among its live
 /// connections (process id and a per-process counter; never random).
@@ -120,7 +122,7 @@ pub struct ConnId {
 /// The first bytes on every socket of a connection, connector to acceptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
-    pub tag: u64,
+    pub tag: u128,
     pub conn: ConnId,
     /// None: the control socket; Some(i): data socket i.
     pub data_index: Option<usize>,
@@ -128,7 +130,7 @@ pub struct Hello {
     pub nsocks: usize,
 }
 
-// Layout: magic[8] version kind index nthreads nsocks pad[3] tag(le64) pid(le32) pad[4]
+// Layout: magic[8] version kind index nthreads nsocks pad[3] tag(le128) pid(le32) pad[4]
 // serial(le64).
 pub fn encode_hello(h: &Hello) -> [u8; HELLO_BYTES] {
     let mut out = [0u8; HELLO_BYTES];
@@ -138,9 +140,9 @@ pub fn encode_hello(h: &Hello) -> [u8; HELLO_BYTES] {
     out[10] = h.data_index.unwrap_or(0) as u8;
     out[11] = h.nthreads as u8;
     out[12] = h.nsocks as u8;
-    out[16..24].copy_from_slice(&h.tag.to_le_bytes());
-    out[24..28].copy_from_slice(&h.conn.pid.to_le_bytes());
-    out[32..40].copy_from_slice(&h.conn.serial.to_le_bytes());
+    out[16..32].copy_from_slice(&h.tag.to_le_bytes());
+    out[32..36].copy_from_slice(&h.conn.pid.to_le_bytes());
+    out[40..48].copy_from_slice(&h.conn.serial.to_le_bytes());
     out
 }
 
@@ -166,11 +168,13 @@ pub fn decode_hello(b: &[u8; HELLO_BYTES]) -> std::result::Result<Hello, String>
         x.copy_from_slice(&b[r]);
         u64::from_le_bytes(x)
     };
+    let mut tag = [0u8; 16];
+    tag.copy_from_slice(&b[16..32]);
     Ok(Hello {
-        tag: le64(16..24),
+        tag: u128::from_le_bytes(tag),
         conn: ConnId {
-            pid: u32::from_le_bytes([b[24], b[25], b[26], b[27]]),
-            serial: le64(32..40),
+            pid: u32::from_le_bytes([b[32], b[33], b[34], b[35]]),
+            serial: le64(40..48),
         },
         data_index,
         nthreads,
