@@ -96,6 +96,8 @@ fn serve_client(s: TcpStream, busy: &Arc<AtomicUsize>) {
 
 fn answer(s: TcpStream) -> std::io::Result<()> {
     s.set_read_timeout(Some(BASE_TIMEOUT))?;
+    // A client that stops reading must not hold this thread for ever.
+    s.set_write_timeout(Some(BASE_TIMEOUT))?;
     let mut line = String::new();
     BufReader::new((&s).take(256)).read_line(&mut line)?;
     let text = match line.trim().to_ascii_uppercase().as_str() {

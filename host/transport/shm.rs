@@ -86,8 +86,9 @@ impl Segment {
         })
     }
 
-    /// Opens the segment `name` a peer created, checks it holds `bytes`, maps it and unlinks
-    /// the name (both sides have it mapped now).
+    /// Opens the segment `name` a peer created, checks it is this user's, readable by no one
+    /// else, and holds `bytes`, maps it and unlinks the name (both sides have it mapped now).
+    /// (Another user could have created a segment of a predictable name first.)
     fn open(name: &str, bytes: usize) -> Result<Segment> {
         let c = CString::new(name).map_err(|_| Error::remote("shm name holds a NUL byte"))?;
         // SAFETY: plain system call; the result is checked.
@@ -96,20 +97,32 @@ impl Segment {
             return Err(os_error("shm_open", name));
         }
         // SAFETY: fstat fills a zeroed stat of ours.
-        let size = unsafe {
+        let (size, owner, mode) = unsafe {
             let mut st: libc::stat = std::mem::zeroed();
             if libc::fstat(fd, &mut st) != 0 {
                 libc::close(fd);
                 return Err(os_error("fstat", name));
             }
-            st.st_size as usize
+            (st.st_size as usize, st.st_uid, st.st_mode & 0o777)
         };
-        if size != bytes {
+        // SAFETY: plain system call.
+        let me = unsafe { libc::geteuid() };
+        let wrong = if owner != me || mode & 0o077 != 0 {
+            Some(format!(
+                "shared memory segment {name} belongs to uid {owner} with mode {mode:o}, not to \
+                 this user (uid {me}) alone: refused"
+            ))
+        } else if size != bytes {
+            Some(format!(
+                "shared memory segment {name} holds {size} bytes, {bytes} expected"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = wrong {
             // SAFETY: fd is ours.
             unsafe { libc::close(fd) };
-            return Err(Error::remote(format!(
-                "shared memory segment {name} holds {size} bytes, {bytes} expected"
-            )));
+            return Err(Error::remote(why));
         }
         let host = Segment::map(fd, name, bytes)?;
         // SAFETY: unlinking a name both sides have mapped; the memory stays while mapped.
@@ -492,6 +505,40 @@ mod tests {
         assert!(e.message.contains("need"), "{}", e.message);
         // The same record opens for what it holds.
         ShmMem::open(&dev, &record, page).expect("open");
+    }
+
+    /// A segment others may read or write (a predictable name another user took first, with
+    /// a wide mode) is refused; the same segment once it is this user's alone opens.
+    #[test]
+    fn a_segment_others_can_reach_is_refused() {
+        let name = format!("/nccl-rs-mode-test-{}", std::process::id());
+        let c = CString::new(name.as_str()).unwrap();
+        let bytes = page_size();
+        // SAFETY: plain system calls on a name of this test's; results checked.
+        unsafe {
+            let fd = libc::shm_open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            );
+            assert!(fd >= 0, "shm_open");
+            assert_eq!(libc::ftruncate(fd, bytes as libc::off_t), 0);
+            assert_eq!(libc::fchmod(fd, 0o644), 0);
+            libc::close(fd);
+        }
+        let e = Segment::open(&name, bytes)
+            .err()
+            .expect("a segment others can read");
+        assert!(e.message.contains("refused"), "{}", e.message);
+        // SAFETY: as above.
+        unsafe {
+            let fd = libc::shm_open(c.as_ptr(), libc::O_RDWR, 0);
+            assert!(fd >= 0, "shm_open again");
+            assert_eq!(libc::fchmod(fd, 0o600), 0);
+            libc::close(fd);
+        }
+        // Opening maps it and unlinks the name.
+        Segment::open(&name, bytes).expect("this user's segment");
     }
 
     /// A peer's record naming a shared memory object that is no segment of this transport is
