@@ -228,9 +228,57 @@ pub(crate) fn random_nonce() -> u64 {
     h.finish()
 }
 
+/// The connections one listener dropped (no hello, a wrong one, a stranger), warned about
+/// without letting a flood of them fill the log: each of the first few, then one line at each
+/// power of two, with the count.
+#[derive(Debug, Default)]
+pub(crate) struct Rejections(std::sync::atomic::AtomicU64);
+
+/// Rejections each warned about before only powers of two are.
+const REJECTIONS_EACH: u64 = 8;
+
+impl Rejections {
+    /// Counts one, and warns with `what()` when its turn says so.
+    pub(crate) fn warn(&self, what: impl FnOnce() -> String) {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if !Self::worth_a_line(n) {
+            return;
+        }
+        match n <= REJECTIONS_EACH {
+            true => log::warn!("{}", what()),
+            false => log::warn!(
+                "{} ({n} connections dropped so far; only some are logged)",
+                what()
+            ),
+        }
+    }
+
+    /// Whether the `n`th rejection (from 1) gets a line.
+    fn worth_a_line(n: u64) -> bool {
+        n <= REJECTIONS_EACH || n.is_power_of_two()
+    }
+
+    /// How many were counted.
+    pub(crate) fn count(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flood of rejections writes a few lines, not one each: the first 8, then 16, 32, 64.
+    #[test]
+    fn rejections_are_warned_about_a_few_at_a_time() {
+        let r = Rejections::default();
+        for _ in 0..100 {
+            r.warn(|| String::from("test rejection"));
+        }
+        let lines: Vec<u64> = (1..=100).filter(|&n| Rejections::worth_a_line(n)).collect();
+        assert_eq!(r.count(), 100);
+        assert_eq!(lines, [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64]);
+    }
 
     #[test]
     fn ifname_spec() {

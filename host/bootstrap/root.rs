@@ -77,6 +77,7 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
 ) {
     let gate = socket::Gate::new(socket::MAX_HANDSHAKES);
+    let rejections = Arc::new(sockets::Rejections::default());
     loop {
         // A bounded number of connections in their hello at once (see `socket::Gate`).
         let Some(permit) = gate.enter(|| stop.load(Ordering::SeqCst)) else {
@@ -89,9 +90,9 @@ fn accept_loop(
         match accepted {
             Ok((sock, _)) => {
                 let stream: TcpStream = sock.into();
-                let tx = tx.clone();
+                let (tx, rejections) = (tx.clone(), rejections.clone());
                 if let Err(e) = sockets::spawn("nccl-bs-root-conn", move || {
-                    let hello = read_hello(&stream, addr, nonce);
+                    let hello = read_hello(&stream, (addr, nonce), &rejections);
                     drop(permit);
                     if let Some(hello) = hello {
                         // The root thread is gone once the bootstrap completed or failed.
@@ -119,7 +120,11 @@ fn refuse(stream: &TcpStream, code: NcclResult, message: &str) {
 
 /// The hello of a connection, if it is a valid one for this root (else it is refused or
 /// dropped, with a warning).
-fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello> {
+fn read_hello(
+    stream: &TcpStream,
+    (addr, nonce): (SocketAddr, u64),
+    rejections: &sockets::Rejections,
+) -> Option<Hello> {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
@@ -132,26 +137,33 @@ fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello>
     ) {
         Ok(b) => b,
         Err(e) => {
-            log::warn!("bootstrap root {addr}: dropping connection from {peer}: {e}");
+            rejections
+                .warn(|| format!("bootstrap root {addr}: dropping connection from {peer}: {e}"));
             return None;
         }
     };
     let hello = match wire::decode(&body) {
         Ok(Msg::Hello(h)) => h,
         Ok(_) => {
-            log::warn!("bootstrap root {addr}: dropping connection from {peer}: not a hello");
+            rejections.warn(|| {
+                format!("bootstrap root {addr}: dropping connection from {peer}: not a hello")
+            });
             return None;
         }
         Err(e) => {
-            log::warn!(
-                "bootstrap root {addr}: dropping connection from {peer}: {}",
-                e.message
-            );
+            rejections.warn(|| {
+                format!(
+                    "bootstrap root {addr}: dropping connection from {peer}: {}",
+                    e.message
+                )
+            });
             return None;
         }
     };
     if hello.nonce != nonce {
-        log::warn!("bootstrap root {addr}: {peer} brought the nonce of another unique id");
+        rejections.warn(|| {
+            format!("bootstrap root {addr}: {peer} brought the nonce of another unique id")
+        });
         refuse(
             stream,
             NcclResult::InvalidUsage,
@@ -161,7 +173,7 @@ fn read_hello(stream: &TcpStream, addr: SocketAddr, nonce: u64) -> Option<Hello>
     }
     let (rank, nranks) = (hello.rank as usize, hello.nranks as usize);
     if nranks == 0 || nranks > wire::MAX_RANKS || rank >= nranks {
-        log::warn!("bootstrap root {addr}: {peer} says rank {rank} of {nranks}");
+        rejections.warn(|| format!("bootstrap root {addr}: {peer} says rank {rank} of {nranks}"));
         refuse(
             stream,
             NcclResult::InvalidArgument,

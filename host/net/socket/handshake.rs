@@ -96,6 +96,8 @@ pub struct SocketListener {
     send_timeout: Option<Duration>,
     pending: Vec<Pending>,
     groups: HashMap<ConnId, Group>,
+    /// The sockets dropped so far (warned about a few at a time).
+    rejections: crate::sockets::Rejections,
 }
 
 enum HelloRead {
@@ -121,6 +123,7 @@ impl SocketListener {
             send_timeout: None,
             pending: Vec::new(),
             groups: HashMap::new(),
+            rejections: Default::default(),
         })
     }
 
@@ -149,7 +152,9 @@ impl SocketListener {
                         continue;
                     };
                     if let Err(e) = s.set_nonblocking(true).and_then(|()| s.set_nodelay(true)) {
-                        log::warn!("NET/Socket: listener {}: dropping {peer}: {e}", self.addr);
+                        self.rejections.warn(|| {
+                            format!("NET/Socket: listener {}: dropping {peer}: {e}", self.addr)
+                        });
                         continue;
                     }
                     self.pending.push(Pending {
@@ -203,20 +208,21 @@ impl SocketListener {
                 HelloRead::Wait if p.since.elapsed() <= self.timeout => i += 1,
                 HelloRead::Wait => {
                     let p = self.pending.swap_remove(i);
-                    log::warn!(
-                        "NET/Socket: listener {}: dropping {}: no hello within {:?}",
-                        self.addr,
-                        p.peer,
-                        self.timeout
-                    );
+                    self.rejections.warn(|| {
+                        format!(
+                            "NET/Socket: listener {}: dropping {}: no hello within {:?}",
+                            self.addr, p.peer, self.timeout
+                        )
+                    });
                 }
                 HelloRead::Drop(why) => {
                     let p = self.pending.swap_remove(i);
-                    log::warn!(
-                        "NET/Socket: listener {}: dropping {}: {why}",
-                        self.addr,
-                        p.peer
-                    );
+                    self.rejections.warn(|| {
+                        format!(
+                            "NET/Socket: listener {}: dropping {}: {why}",
+                            self.addr, p.peer
+                        )
+                    });
                 }
                 HelloRead::Done => {
                     let p = self.pending.swap_remove(i);
@@ -231,19 +237,21 @@ impl SocketListener {
         let hello = match wire::decode_hello(&p.buf) {
             Ok(h) if h.tag == self.tag => h,
             Ok(_) => {
-                log::warn!(
-                    "NET/Socket: listener {}: dropping {}: its handle names another listener",
-                    self.addr,
-                    p.peer
-                );
+                self.rejections.warn(|| {
+                    format!(
+                        "NET/Socket: listener {}: dropping {}: its handle names another listener",
+                        self.addr, p.peer
+                    )
+                });
                 return;
             }
             Err(why) => {
-                log::warn!(
-                    "NET/Socket: listener {}: dropping {}: {why}",
-                    self.addr,
-                    p.peer
-                );
+                self.rejections.warn(|| {
+                    format!(
+                        "NET/Socket: listener {}: dropping {}: {why}",
+                        self.addr, p.peer
+                    )
+                });
                 return;
             }
         };
@@ -256,8 +264,7 @@ impl SocketListener {
             since: p.since,
         });
         if (group.nthreads, group.nsocks) != (hello.nthreads, hello.nsocks) {
-            log::warn!(
-                "NET/Socket: listener {}: dropping {}: its connection said {}x{} sockets, this \
+            self.rejections.warn(|| format!("NET/Socket: listener {}: dropping {}: its connection said {}x{} sockets, this \
                  socket says {}x{}",
                 self.addr,
                 p.peer,
@@ -265,7 +272,7 @@ impl SocketListener {
                 group.nsocks,
                 hello.nthreads,
                 hello.nsocks
-            );
+            ));
             return;
         }
         let slot = match hello.data_index {
@@ -273,11 +280,12 @@ impl SocketListener {
             Some(i) => &mut group.data[i],
         };
         if slot.is_some() {
-            log::warn!(
-                "NET/Socket: listener {}: dropping {}: a second socket in the same role",
-                self.addr,
-                p.peer
-            );
+            self.rejections.warn(|| {
+                format!(
+                    "NET/Socket: listener {}: dropping {}: a second socket in the same role",
+                    self.addr, p.peer
+                )
+            });
             return;
         }
         *slot = Some(p.sock);
