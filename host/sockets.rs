@@ -259,7 +259,8 @@ impl Rejections {
     }
 
     /// How many were counted.
-    pub(crate) fn count(&self) -> u64 {
+    #[cfg(test)]
+    fn count(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
