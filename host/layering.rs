@@ -40,7 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tune",
         ],
     ),
-    ("cuda", &["debug", "env", "error", "test_aids"]),
+    ("cuda", &["debug", "env", "error", "sockets", "test_aids"]),
     ("debug", &["env"]),
     (
         "enqueue",

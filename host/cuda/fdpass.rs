@@ -4,14 +4,14 @@
 //! simulator's VMM allocations are memfd regions passed the same way.
 //!
 //! The owner puts a descriptor on [`offer`]: it goes into a process-wide table under a key
-//! (a per-process serial number, never reused) until the [`Offer`] drops. An offer made while
+//! (random, unlike any on offer) until the [`Offer`] drops. An offer made while
 //! nothing else is on offer starts a listener on an abstract Unix socket named from the owner's
-//! pid, pid namespace, start time and a per-process counter (taken past names in use) and a
+//! pid, pid namespace, start time and a random number (drawn again past names in use) and a
 //! thread that answers requests on it: a peer connects, sends the key, and receives the
 //! descriptor as `SCM_RIGHTS` ancillary data (or a refusal when the key is not offered now).
 //! The withdrawal of the last offer stops that thread (woken by an eventfd, joined) and closes
 //! the listener, so a process keeps no thread nor socket once its registrations are gone. The
-//! [`Ticket`] a peer needs (pid, namespace, start time, socket counter, key, and the
+//! [`Ticket`] a peer needs (pid, namespace, start time, socket name's number, key, and the
 //! descriptor's number in the owner) travels in the registration record over the bootstrap.
 //!
 //! A peer that asks for a descriptor of an owner that has exited is answered at once: when the
@@ -42,7 +42,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -70,9 +70,10 @@ pub struct Ticket {
     /// where /proc does not say): with the pid, names the owner process, never a later one
     /// that was given its pid.
     pub start: u64,
-    /// The counter in the owner's socket name (`NO_SOCKET` when it has none).
+    /// The random number in the owner's socket name (`NO_SOCKET` when it has none).
     pub sock: u32,
-    /// The offer's key in the owner's table.
+    /// The offer's key in the owner's table: random, so that another process of the user
+    /// cannot guess it and take the descriptor.
     pub key: u64,
     /// The descriptor's number in the owner (the `pidfd_getfd` fallback's).
     pub fd: i32,
@@ -170,15 +171,16 @@ fn state() -> MutexGuard<'static, State> {
     .unwrap_or_else(|p| p.into_inner())
 }
 
-fn socket_name(pid: u32, pid_ns: u64, start: u64, counter: u32) -> String {
-    format!("ncclrs-fd-{pid}@{pid_ns}.{start}-{counter}")
+fn socket_name(pid: u32, pid_ns: u64, start: u64, nonce: u32) -> String {
+    format!("ncclrs-fd-{pid}@{pid_ns}.{start}-{nonce}")
 }
 
 /// The listener of this process and its thread: started with the first offer, stopped when
 /// the last offer is withdrawn (so a process keeps no thread nor socket for registrations it
 /// no longer has).
 struct Server {
-    counter: u32,
+    /// The random number in its name.
+    nonce: u32,
     /// Written to stop the thread (an eventfd).
     stop: OwnedFd,
     thread: std::thread::JoinHandle<()>,
@@ -188,10 +190,15 @@ impl Server {
     fn start() -> Result<Server> {
         let (pid, ns) = (std::process::id(), pid_namespace());
         let mut last = None;
-        // A name still bound: a process that had our pid in another life, or our previous
-        // listener still stopping. Abstract names go with their socket: take the next counter.
-        for counter in 0..64u32 {
-            let name = socket_name(pid, ns, own_start(), counter);
+        // The name ends in a random number: another user cannot bind every name we might
+        // take first. One still bound (a process that had our pid in another life, our
+        // previous listener still stopping, or such a squatter): draw again.
+        for _ in 0..64 {
+            let nonce = crate::sockets::random_nonce() as u32;
+            if nonce == NO_SOCKET {
+                continue;
+            }
+            let name = socket_name(pid, ns, own_start(), nonce);
             let addr = SocketAddr::from_abstract_name(name.as_bytes())
                 .map_err(|e| quiet(format!("abstract socket name: {e}")))?;
             match UnixListener::bind_addr(&addr) {
@@ -216,7 +223,7 @@ impl Server {
                         .spawn(move || serve(l, wake))
                         .map_err(|e| quiet(format!("starting the descriptor thread: {e}")))?;
                     return Ok(Server {
-                        counter,
+                        nonce,
                         stop,
                         thread,
                     });
@@ -424,9 +431,13 @@ pub struct Offer {
 
 /// Puts `fd` on offer to peer processes (starting the listener if none runs).
 pub fn offer(fd: OwnedFd) -> Offer {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let key = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut st = state();
+    let key = loop {
+        let k = crate::sockets::random_nonce();
+        if !st.offers.contains_key(&k) {
+            break k;
+        }
+    };
     if st.server.is_none() {
         match Server::start() {
             Ok(s) => st.server = Some(s),
@@ -444,7 +455,7 @@ pub fn offer(fd: OwnedFd) -> Offer {
         pid: std::process::id(),
         pid_ns: pid_namespace(),
         start: own_start(),
-        sock: st.server.as_ref().map_or(NO_SOCKET, |s| s.counter),
+        sock: st.server.as_ref().map_or(NO_SOCKET, |s| s.nonce),
         key,
         fd: fd.as_raw_fd(),
     };

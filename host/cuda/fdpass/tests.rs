@@ -254,3 +254,22 @@ fn the_listener_ends_with_the_last_offer() {
     }
     assert_eq!(listener_tasks(), 0, "a listener thread outlived 100 cycles");
 }
+
+/// Offer keys and the listener's name cannot be guessed from earlier ones: two keys differ in
+/// more than a counter's low bits (sequential keys let any process of the user ask for the
+/// next descriptor), and the name's number is not the first of a short list.
+#[test]
+fn offer_keys_and_socket_names_are_random() {
+    let _one = one_at_a_time();
+    let (a, b) = (offer(memfd(64, 1)), offer(memfd(64, 2)));
+    let (ka, kb) = (a.ticket().key, b.ticket().key);
+    assert!(
+        ka.wrapping_sub(kb) > 1 << 32 && kb.wrapping_sub(ka) > 1 << 32,
+        "{ka:#x} {kb:#x}"
+    );
+    assert!(
+        a.ticket().sock >= 64,
+        "socket name number {}",
+        a.ticket().sock
+    );
+}
