@@ -45,7 +45,8 @@ impl Comm {
         id: Option<&UniqueId>,
         config: Option<&Config>,
     ) -> Result<Comm> {
-        let prepared = self.prepare_grow(nranks, config);
+        self.check_grow(nranks)?;
+        let prepared = self.grow_config(config);
         let turn = self.split_turns.ticket();
         self.grow_with((nranks, id), prepared, &AbortFlag::new(), turn)
     }
@@ -58,7 +59,8 @@ impl Comm {
         id: Option<&UniqueId>,
         config: Option<&Config>,
     ) -> Result<PendingComm> {
-        let prepared = parent.prepare_grow(nranks, config);
+        parent.check_grow(nranks)?;
+        let prepared = parent.grow_config(config);
         let blocking = prepared.as_ref().map_or(true, |c| c.blocking);
         let launch = Launch::for_blocking(blocking);
         // The job may run on another thread, which the library orders itself.
@@ -70,9 +72,10 @@ impl Comm {
         })
     }
 
-    /// This rank's checks of a grow: the parent is usable, the new size larger, the config
-    /// valid. A failure is told to the other ranks before it is returned ([`Comm::grow_with`]).
-    fn prepare_grow(&self, nranks: usize, config: Option<&Config>) -> Result<ResolvedConfig> {
+    /// The checks a grow fails at once, as NCCL's do, before any rank waits for another: the
+    /// parent is usable and the new size larger (every rank that passes the same size fails
+    /// alike).
+    fn check_grow(&self, nranks: usize) -> Result<()> {
         self.check_usable()?;
         if nranks <= self.nranks {
             return Err(Error::invalid_argument(format!(
@@ -80,6 +83,12 @@ impl Comm {
                 self.nranks
             )));
         }
+        Ok(())
+    }
+
+    /// The new communicator's options. A failure is told to the other ranks before it is
+    /// returned ([`Comm::grow_with`]), so that none waits for this one.
+    fn grow_config(&self, config: Option<&Config>) -> Result<ResolvedConfig> {
         config
             .cloned()
             .unwrap_or_default()
