@@ -86,8 +86,6 @@ pub const IO_TICK: Duration = Duration::from_millis(100);
 /// Most requests a comm holds before `isend`/`irecv` answer "try again" (NCCL's
 /// NCCL_NET_MAX_REQUESTS).
 pub const MAX_REQUESTS: usize = 32;
-/// Bytes a helper thread reads at once when it throws a message away.
-const SCRATCH_BYTES: usize = 256 << 10;
 /// A receiving caller that has not read the control socket for this long may be asleep: thread
 /// 0 then watches the socket and calls the waker when bytes arrive.
 pub const CALLER_AWAY: Duration = Duration::from_millis(2);
@@ -196,7 +194,6 @@ impl Comm {
             ctrl_queued: AtomicUsize::new(0),
             reader: Mutex::new(Reader {
                 reading: Reading::header(),
-                scratch: Vec::new(),
                 stash: Stash::new(),
             }),
             caller_seen_us: AtomicU64::new(0),
@@ -234,7 +231,6 @@ impl Comm {
                     .filter(|(i, _)| wire::thread_of(*i, nthreads) == t)
                     .map(|(i, s)| (i, s.clone()))
                     .collect(),
-                scratch: Vec::new(),
                 acks_seen: Instant::now(),
             };
             let name = format!("nccl-net-{}{t}", if send { "send" } else { "recv" });
@@ -427,17 +423,12 @@ impl Comm {
         if self.shared.sends_inline(len) && self.shared.ctrl_queued.load(Ordering::Acquire) == 0 {
             sent = self.write_inline(addr, len, tag)?;
             if sent == HEADER_BYTES + len {
-                self.shared.finish(&msg, len, false);
+                self.shared.finish(&msg, len);
                 return Ok(Some(req));
             }
         }
         self.shared.ctrl_queued.fetch_add(1, Ordering::AcqRel);
-        let work = Work {
-            msg,
-            len,
-            discard: false,
-            sent,
-        };
+        let work = Work { msg, len, sent };
         self.shared.push(0..self.shared.nthreads, &work);
         Ok(Some(req))
     }

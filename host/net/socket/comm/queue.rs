@@ -21,8 +21,6 @@ pub(super) struct Work {
     pub(super) msg: Arc<Msg>,
     /// The message's length (receiving: known once thread 0 read the header).
     pub(super) len: usize,
-    /// Receiving a message longer than its buffer: read and drop its bytes, fail the request.
-    pub(super) discard: bool,
     /// Sending: bytes of the header and inline payload the caller already wrote.
     pub(super) sent: usize,
 }
@@ -161,7 +159,6 @@ impl Shared {
                 q.work[t].push_back(Work {
                     msg: w.msg.clone(),
                     len: w.len,
-                    discard: w.discard,
                     sent: w.sent,
                 });
             }
@@ -180,22 +177,13 @@ impl Shared {
         if w.msg.parts_left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        self.finish(&w.msg, w.len, w.discard);
+        self.finish(&w.msg, w.len);
         self.wake();
     }
 
-    /// Completes `msg`: `len` bytes moved, or (`discard`) dropped as too long for its buffer.
-    pub(super) fn finish(&self, msg: &Msg, len: usize, discard: bool) {
-        let result = if discard {
-            Err(Error::remote(format!(
-                "NET/Socket: message of {len} bytes from {} does not fit the receive buffer of {} \
-                 bytes (device {}); the message was dropped",
-                self.peer, msg.cap, self.dev
-            )))
-        } else {
-            Ok(len)
-        };
-        let _ = msg.result.set(result);
+    /// Completes `msg`: `len` bytes moved.
+    pub(super) fn finish(&self, msg: &Msg, len: usize) {
+        let _ = msg.result.set(Ok(len));
     }
 }
 
@@ -261,39 +249,30 @@ impl Shared {
                     let Some(msg) = lock(&self.queues).posted.pop_front() else {
                         return Err("a header without a posted receive".into());
                     };
-                    let discard = len > msg.cap;
+                    if len > msg.cap {
+                        // Its bytes are not read: a length may claim anything, and the
+                        // stream's framing is lost with them, so the connection ends here.
+                        let what = format!(
+                            "a message of {len} bytes from {} does not fit the receive buffer \
+                             of {} bytes (device {}): the connection is closed",
+                            self.peer, msg.cap, self.dev
+                        );
+                        let _ = msg
+                            .result
+                            .set(Err(Error::remote(format!("NET/Socket: {what}"))));
+                        return Err(what);
+                    }
                     if inline {
-                        reader.reading = Reading::Payload {
-                            msg,
-                            len,
-                            got: 0,
-                            discard,
-                        };
+                        reader.reading = Reading::Payload { msg, len, got: 0 };
                     } else {
-                        let w = Work {
-                            msg,
-                            len,
-                            discard,
-                            sent: 0,
-                        };
+                        let w = Work { msg, len, sent: 0 };
                         self.push(0..self.nthreads, &w);
                         reader.reading = Reading::header();
                     }
                 }
-                Reading::Payload {
-                    msg,
-                    len,
-                    got,
-                    discard,
-                } => {
+                Reading::Payload { msg, len, got } => {
                     while *got < *len {
-                        let dst = if *discard {
-                            if reader.scratch.is_empty() {
-                                reader.scratch = vec![MaybeUninit::uninit(); SCRATCH_BYTES];
-                            }
-                            let n = (*len - *got).min(reader.scratch.len());
-                            &mut reader.scratch[..n]
-                        } else {
+                        let dst = {
                             // SAFETY: `msg.addr..msg.addr + len` (len <= msg.cap) lies inside
                             // a region registered with this comm (checked by `irecv`), valid
                             // for writes until `dereg_mr` (refused while this request is in
@@ -318,7 +297,7 @@ impl Shared {
                             }
                         }
                     }
-                    self.finish(msg, *len, *discard);
+                    self.finish(msg, *len);
                     reader.reading = Reading::header();
                 }
             }

@@ -3,11 +3,9 @@
 
 use super::*;
 
-/// The receiving end's place in the control socket's stream, and where the bytes of a message
-/// too long for its buffer go.
+/// The receiving end's place in the control socket's stream.
 pub(super) struct Reader {
     pub(super) reading: Reading,
-    pub(super) scratch: Vec<MaybeUninit<u8>>,
     pub(super) stash: Stash,
 }
 
@@ -92,12 +90,11 @@ impl Stash {
 pub(super) enum Reading {
     /// `got` bytes of the next header.
     Header { buf: [u8; HEADER_BYTES], got: usize },
-    /// `got` of the `len` bytes of an inline message for `msg` (`discard`: too long for it).
+    /// `got` of the `len` bytes of an inline message for `msg`.
     Payload {
         msg: Arc<Msg>,
         len: usize,
         got: usize,
-        discard: bool,
     },
 }
 

@@ -132,8 +132,6 @@ pub(super) struct Piece {
     /// Next address to move (inside a registered region).
     pub(super) addr: usize,
     pub(super) left: usize,
-    /// Receiving into the scratch buffer (dropping the bytes).
-    pub(super) discard: bool,
     /// Where the piece sits in its message, for error messages.
     pub(super) range: (usize, usize),
     pub(super) len: usize,
@@ -161,7 +159,6 @@ pub(super) struct Worker {
     pub(super) shared: Arc<Shared>,
     pub(super) ctrl: Option<Arc<Socket>>,
     pub(super) socks: Vec<(usize, Arc<Socket>)>,
-    pub(super) scratch: Vec<MaybeUninit<u8>>,
     /// When the sockets' acknowledgements were last looked at ([`Worker::acked`]).
     pub(super) acks_seen: Instant,
 }
@@ -269,9 +266,6 @@ impl Worker {
             // or the comm's drop (which joins this thread first). Only reads happen through it.
             let buf = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.left) };
             p.sock.send_with_flags(buf, flags | libc::MSG_NOSIGNAL)?
-        } else if p.discard {
-            let n = p.left.min(self.scratch.len());
-            p.sock.recv_with_flags(&mut self.scratch[..n], flags)?
         } else {
             // SAFETY: `p.addr..p.addr + p.left` lies inside a region registered with this comm
             // (checked by `irecv`), valid for writes until `dereg_mr` (refused while this
@@ -352,7 +346,7 @@ impl Worker {
     }
 
     /// This thread's pieces of a `len`-byte message starting at `addr`.
-    pub(super) fn pieces(&self, addr: usize, len: usize, discard: bool) -> Vec<Piece> {
+    pub(super) fn pieces(&self, addr: usize, len: usize) -> Vec<Piece> {
         self.socks
             .iter()
             .filter_map(|(i, s)| {
@@ -362,7 +356,6 @@ impl Worker {
                     index: Some(*i),
                     addr: addr + r.start,
                     left: r.len(),
-                    discard,
                     range: (r.start, r.end),
                     len,
                 })
@@ -376,7 +369,6 @@ impl Worker {
             index: None,
             addr: w.msg.addr,
             left: w.len,
-            discard: w.discard,
             range: (0, w.len),
             len: w.len,
         }
@@ -401,16 +393,13 @@ impl Worker {
         if inline {
             return Ok(());
         }
-        let mut pieces = self.pieces(w.msg.addr, w.len, false);
+        let mut pieces = self.pieces(w.msg.addr, w.len);
         self.move_pieces(&mut pieces)
     }
 
     /// Receiving, threads other than 0: this thread's pieces of a message.
     pub(super) fn recv_one(&mut self, w: Work) -> std::result::Result<Work, Halt> {
-        if w.discard && self.scratch.is_empty() {
-            self.scratch = vec![MaybeUninit::uninit(); SCRATCH_BYTES];
-        }
-        let mut pieces = self.pieces(w.msg.addr, w.len, w.discard);
+        let mut pieces = self.pieces(w.msg.addr, w.len);
         self.move_pieces(&mut pieces)?;
         Ok(w)
     }
