@@ -158,7 +158,7 @@ params! {
         "cuda: real GPUs; sim: the CPU simulator";
     RS_SIM_DEVICES = "8",
         "how many GPUs the simulator shows";
-    RS_PUT_DEPTH = "8",
+    RS_PUT_DEPTH = "2",
         "chunks of 512 KiB a rank's one-sided puts across nodes keep in flight (its staging \
               slots in pinned host memory, and its receive buffers per peer while 64 MiB \
               hold them for every peer, 2 per peer beyond), 1 to 64";
