@@ -52,6 +52,10 @@ params! {
         "bytes of each of a NVLS channel's two scratch halves (one piece of a call each)";
     COMM_ID = "",
         "ip:port of the bootstrap root, instead of the unique id's";
+    RS_COMM_SECRET = "",
+        "with NCCL_COMM_ID: a private text every rank of the job shares, from which the \
+              bootstrap's keys derive (without it anyone who reaches the root can join; \
+              nccl-rs's own)";
     BOOTSTRAP_TIMEOUT_MS = "120000",
         "how long init waits for every rank to arrive, and an unused unique id's root for \
               its first rank (nccl-rs's own: NCCL documents no bootstrap timeout)";
@@ -66,10 +70,10 @@ params! {
         "host:port where the first process of a host answers RAS clients";
     RAS_TIMEOUT_FACTOR = "1",
         "multiplies RAS's wait for each rank's answer (5 s)";
-    RS_BOOTSTRAP_HANDSHAKE_MS = "5000",
-        "how long a connection to a bootstrap listener (root or rank) may take to send its \
-              hello; at most 64 connections are in their hello at once, the rest wait in the \
-              backlog (nccl-rs's own)";
+    RS_BOOTSTRAP_HANDSHAKE_MS = "2000",
+        "how long a connection to a bootstrap listener (root or rank) may take to answer its \
+              challenge; a listener holds at most 1024 such connections, 256 from one address, \
+              dropping the oldest for a newer one (nccl-rs's own)";
     RS_BOOTSTRAP_QUEUE_BYTES = "1073741824",
         "most bytes one peer may have waiting, unread, in a rank's bootstrap mailbox; past \
               it the rank stops reading from that peer until some are taken (nccl-rs's own)";

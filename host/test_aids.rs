@@ -36,6 +36,24 @@ pub(crate) fn skipped(reason: &str, what: &str) {
     );
 }
 
+/// Lets this process hold at least `n` descriptors (a test that opens thousands of
+/// connections), raising the soft limit, and the hard one where it is lower and we may.
+pub(crate) fn allow_descriptors(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid rlimit structure.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= n {
+            return;
+        }
+        lim.rlim_cur = n;
+        lim.rlim_max = lim.rlim_max.max(n);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
 /// For tests: a POSIX shared memory object that belongs to nobody in the library (another
 /// program's, as far as the library can tell), removed when dropped.
 pub(crate) struct ForeignObject {

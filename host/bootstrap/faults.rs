@@ -51,7 +51,7 @@ impl Bootstrap {
             let at = bs
                 .as_ref()
                 .and_then(|b| b.peers.get(f.dead))
-                .map(|m| format!(" (bootstrap at {})", m.addr))
+                .map(|a| format!(" (bootstrap at {a})"))
                 .unwrap_or_default();
             let err = match f.reported_by {
                 None if f.hung => Error::remote(format!("rank {me}: {}{at}", f.why)),

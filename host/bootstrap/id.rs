@@ -1,13 +1,18 @@
 //! The unique id (`ncclUniqueId`): 128 opaque bytes that tell every rank where the bootstrap
-//! root listens, plus a nonce that tells one bootstrap from another.
+//! root listens, a nonce that tells one bootstrap from another, and the bootstrap's secret:
+//! every key of the bootstrap comes from it (`keys.rs`), and it never goes on the wire, so a
+//! process that reaches the root's port without the id cannot join, nor can a process that
+//! listens there first pass as the root.
 //!
 //! Layout (little-endian): magic u64 | version u32 | flags u32 | nonce u64 | root address
-//! (`wire::ADDR_BYTES`) | zeros. Everything is written deterministically, so that two processes
-//! that build the id from the same `NCCL_COMM_ID` get the very same bytes.
+//! (`wire::ADDR_BYTES`) | zero | secret (16 bytes at 48) | zeros. Ids built from
+//! `NCCL_COMM_ID` are written deterministically (their secret from `NCCL_RS_COMM_SECRET`), so
+//! that every process that builds one from the same settings gets the very same bytes.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 
+use super::keys::{self, Secret};
 use super::{root, socket, wire};
 use crate::error::{Error, Result};
 use crate::sockets;
@@ -27,11 +32,16 @@ pub struct UniqueId {
 pub(crate) const FLAG_ROOT_AT_INIT: u32 = 1;
 /// The nonce of ids built from NCCL_COMM_ID: fixed, because every process builds its own id.
 const COMM_ID_NONCE: u64 = 0x434f_4d4d_5f49_4400;
+/// The secret of ids built from NCCL_COMM_ID when `NCCL_RS_COMM_SECRET` is not set: public,
+/// so such a bootstrap keeps out nobody (a warning says so).
+const COMM_ID_PUBLIC_SECRET: Secret = Secret([0x7075_626c_6963_3030, 0x7075_626c_6963_3031]);
 
 const OFF_VERSION: usize = 8;
 const OFF_FLAGS: usize = 12;
 const OFF_NONCE: usize = 16;
 const OFF_ADDR: usize = 24;
+const OFF_SECRET: usize = 48;
+const _: () = assert!(OFF_ADDR + wire::ADDR_BYTES <= OFF_SECRET);
 
 /// What an id says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +49,8 @@ pub(crate) struct IdFields {
     pub root: SocketAddr,
     pub nonce: u64,
     pub flags: u32,
+    /// Every key of the bootstrap derives from it (`keys.rs`).
+    pub secret: Secret,
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {
@@ -61,6 +73,9 @@ impl UniqueId {
         v.extend_from_slice(&f.flags.to_le_bytes());
         v.extend_from_slice(&f.nonce.to_le_bytes());
         wire::put_addr(&mut v, &f.root);
+        v.resize(OFF_SECRET, 0);
+        v.extend_from_slice(&f.secret.0[0].to_le_bytes());
+        v.extend_from_slice(&f.secret.0[1].to_le_bytes());
         let mut internal = [0u8; UNIQUE_ID_BYTES];
         internal[..v.len()].copy_from_slice(&v);
         UniqueId { internal }
@@ -87,6 +102,7 @@ impl UniqueId {
             root,
             nonce: le_u64(b, OFF_NONCE),
             flags: le_u32(b, OFF_FLAGS),
+            secret: Secret([le_u64(b, OFF_SECRET), le_u64(b, OFF_SECRET + 8)]),
         })
     }
 
@@ -140,7 +156,33 @@ pub(crate) fn id_from_comm_id(value: &str) -> Result<UniqueId> {
         root,
         nonce: COMM_ID_NONCE,
         flags: FLAG_ROOT_AT_INIT,
+        secret: comm_id_secret(),
     }))
+}
+
+/// The secret of an NCCL_COMM_ID bootstrap: from `NCCL_RS_COMM_SECRET` (any text the job's
+/// processes share, which the job's launcher must keep from other users), or a public one,
+/// with a warning (once per process): anyone who reaches the root's address can then join.
+fn comm_id_secret() -> Secret {
+    match crate::env::RS_COMM_SECRET.raw() {
+        Some(text) if !text.is_empty() => {
+            // Two PRF outputs of the text under fixed keys: the same in every process.
+            let a = keys::siphash24(Secret([0x636f_6d6d, 0x7365_6372_6574]), text.as_bytes());
+            let b = keys::siphash24(Secret([0x636f_6d6d, 0x7365_6372_6575]), text.as_bytes());
+            Secret([a, b])
+        }
+        _ => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                log::warn!(
+                    "NCCL_COMM_ID is set without NCCL_RS_COMM_SECRET: any process that reaches \
+                     the root's address can join this job as a rank; set NCCL_RS_COMM_SECRET to \
+                     the same private text in every rank"
+                )
+            });
+            COMM_ID_PUBLIC_SECRET
+        }
+    }
 }
 
 /// `ncclGetUniqueId`. Starts the bootstrap root (a detached thread listening on this host's
@@ -179,10 +221,12 @@ fn new_root_id_on(ip: std::net::IpAddr) -> Result<UniqueId> {
     let root = sockets::local_addr(&listener)
         .map_err(|e| Error::system(format!("bootstrap root: no local address: {e}")))?;
     let nonce = sockets::random_nonce();
-    root::spawn(listener, root, nonce)?;
+    let secret = Secret::draw()?;
+    root::spawn(listener, root, nonce, secret)?;
     Ok(UniqueId::encode(&IdFields {
         root,
         nonce,
         flags: 0,
+        secret,
     }))
 }

@@ -1,6 +1,7 @@
 //! Joining: a rank's bootstrap over one or several unique ids (a root per id, each serving a
 //! block of ranks), the merge of the roots' tables, and the staggered start of large jobs.
 
+use super::keys::{self, Purpose};
 use super::*;
 use crate::sockets;
 
@@ -80,20 +81,17 @@ impl Bootstrap {
                     f0.root
                 ))
             })?;
-            root::spawn(l, f0.root, f0.nonce)?;
+            root::spawn(l, f0.root, f0.nonce, f0.secret)?;
         }
         let ip = socket::local_ip_toward(fk.root.ip());
         let listener = sockets::listen(SocketAddr::new(ip, 0), false).map_err(|e| {
             Error::system(format!("bootstrap rank {rank}: cannot listen on {ip}: {e}"))
         })?;
-        let me = Member {
-            addr: sockets::local_addr(&listener).map_err(|e| {
-                Error::system(format!("bootstrap rank {rank}: no local address: {e}"))
-            })?,
-            key: 0,
-        };
-        // The first id's nonce names the whole bootstrap: every rank knows it.
-        let shared = Shared::start(rank, nranks, f0.nonce, listener)?;
+        let me = sockets::local_addr(&listener)
+            .map_err(|e| Error::system(format!("bootstrap rank {rank}: no local address: {e}")))?;
+        // The first id's nonce names the whole bootstrap, and its secret keys every pair:
+        // every rank holds that id.
+        let shared = Shared::start(rank, nranks, (f0.nonce, f0.secret), listener)?;
         let closer = shared.clone();
         let hook = abort.hook(move || closer.close("aborted"));
         // From here on, dropping `bs` on an error path closes what was opened.
@@ -105,33 +103,26 @@ impl Bootstrap {
             op_timeout_ms: AtomicU64::new(socket::millis(op_timeout_from_env(timeout))),
             notices: (Mutex::new(0), Condvar::new()),
             _abort_hook: hook,
-            #[cfg(test)]
-            setup_secrets: Mutex::new(Vec::new()),
         };
         log::debug!(
-            "bootstrap rank {rank}/{nranks}: listening on {}, root at {} ({nids} roots)",
-            me.addr,
+            "bootstrap rank {rank}/{nranks}: listening on {me}, root at {} ({nids} roots)",
             fk.root
         );
         stagger(plan.size(block), local, abort)?;
         let peers = if nids == 1 {
-            exchange_with_root(f0.root, f0.nonce, rank, nranks, me.addr, deadline, abort)?
+            let parent = join_root(&f0, rank, nranks, me, deadline, abort)?;
+            let tree = Tree::new(0, (0..nranks).collect(), rank, parent);
+            let all = bs.gather_up(&tree, vec![(rank, me)], deadline)?;
+            let table = (rank == 0).then(|| whole_table(all, nranks)).transpose()?;
+            bs.spread_down(&tree, table, deadline)?
         } else {
-            bs.merge_tables(&fields, &plan, me.addr, deadline, abort)?
+            bs.merge_tables(&fields, &plan, me, deadline, abort)?
         };
         if peers.len() != nranks || peers[rank] != me {
             return Err(Error::remote(format!(
-                "bootstrap rank {rank}: the address table does not list this rank at {}",
-                me.addr
+                "bootstrap rank {rank}: the address table does not list this rank at {me}"
             )));
         }
-        bs.shared.learn(
-            peers
-                .iter()
-                .enumerate()
-                .filter(|&(r, _)| r != rank)
-                .map(|(r, m)| (r, m.key)),
-        );
         bs.peers = peers;
         if nranks > 1 {
             // The ring connection now, so that a broken peer shows at init and the first
@@ -143,7 +134,7 @@ impl Bootstrap {
                 *slot = Some(Outgoing::open(
                     &bs.shared,
                     next,
-                    bs.peers[next].addr,
+                    bs.peers[next],
                     deadline.max(at_least),
                 )?);
             }
@@ -153,16 +144,11 @@ impl Bootstrap {
 
     /// The address table of a bootstrap with several roots. Each block's root serves its block
     /// as an ordinary bootstrap; the root of id 0 also serves the leaders (first ranks) of the
-    /// other blocks, as extra ranks after block 0's. So rank 0 learns every leader, and every
-    /// leader rank 0. Leaders send rank 0 their block's addresses; rank 0 sends the whole
-    /// address table to block 0 and to the leaders, and each leader forwards it to its block.
-    ///
-    /// Keys: a pair in one block has its key from that block's root, a pair of root 0's ranks
-    /// (block 0 and the leaders) from root 0; these keys never leave the two ranks. Any other
-    /// pair (two blocks, not both served by root 0) has a key derived from the secret of its
-    /// two blocks, which rank 0 draws: rank 0 keys block 0's members and sends each leader its
-    /// block's secrets, with which the leader keys its members. A member gets the keys of its
-    /// own pairs only, so no member can derive another's; rank 0 and the leaders can.
+    /// other blocks, as extra ranks after block 0's. Each root's ranks form a gather tree
+    /// (its answers name each rank's parent). A leader gathers its block's addresses up its
+    /// block's tree first, then sends all of them up root 0's tree, so rank 0 ends with the
+    /// whole table; it spreads down root 0's tree, and each leader spreads it down its block's.
+    /// Keys need nothing: every rank holds id 0, whose secret keys every pair.
     fn merge_tables(
         &mut self,
         fields: &[id::IdFields],
@@ -170,152 +156,230 @@ impl Bootstrap {
         me: SocketAddr,
         deadline: Instant,
         abort: &AbortFlag,
-    ) -> Result<Vec<Member>> {
-        const TAG_BLOCK: u32 = 1;
-        const TAG_FULL: u32 = 2;
+    ) -> Result<Vec<SocketAddr>> {
         let (rank, nranks) = (self.rank(), self.nranks());
         let nids = plan.nids;
         let block = plan.block_of(rank);
         let (start, size) = (plan.start(block), plan.size(block));
         let local = rank - start;
         let n0 = plan.size(0);
-        let guests = nids - 1;
         // Root 0's ranks: block 0, then the leader of every other block.
-        let root0_rank = |i: usize| if i < n0 { i } else { plan.start(i - n0 + 1) };
-        let f = fields[block];
-        let own_n = if block == 0 { n0 + guests } else { size };
-        // known[r]: rank r's address and the key of our pair came from a root.
-        let mut known = vec![false; nranks];
-        let table = exchange_with_root(f.root, f.nonce, local, own_n, me, deadline, abort)?;
-        for (i, m) in table.iter().enumerate() {
-            let r = if block == 0 { root0_rank(i) } else { start + i };
-            self.peers[r] = *m;
-            known[r] = true;
+        let root0: Vec<usize> = (0..n0).chain((1..nids).map(|b| plan.start(b))).collect();
+        if block == 0 {
+            let parent = join_root(&fields[0], rank, root0.len(), me, deadline, abort)?;
+            let tree = Tree::new(0, root0, rank, parent);
+            let all = self.gather_up(&tree, vec![(rank, me)], deadline)?;
+            let table = (rank == 0).then(|| whole_table(all, nranks)).transpose()?;
+            return self.spread_down(&tree, table, deadline);
         }
-        if block != 0 && local == 0 {
-            let f0 = fields[0];
-            let guest = n0 + block - 1;
-            let t0 =
-                exchange_with_root(f0.root, f0.nonce, guest, n0 + guests, me, deadline, abort)?;
-            for (i, m) in t0.iter().enumerate() {
-                let r = root0_rank(i);
-                if r != rank {
-                    self.peers[r] = *m;
-                    known[r] = true;
-                }
-            }
+        let parent = join_root(&fields[block], local, size, me, deadline, abort)?;
+        let own = Tree::new(block, (start..start + size).collect(), local, parent);
+        let mine = self.gather_up(&own, vec![(rank, me)], deadline)?;
+        if local != 0 {
+            return self.spread_down(&own, None, deadline);
         }
-        // Greetings from these ranks are checked while the tables are merged.
-        self.shared.learn(
-            (0..nranks)
-                .filter(|&r| known[r] && r != rank)
-                .map(|r| (r, self.peers[r].key)),
-        );
-        // The key of each of `r`'s pairs, by rank, from the secrets of its block's pairs.
-        let keys_of = |r: usize, row: &[keys::Secret]| -> Vec<u64> {
-            (0..nranks)
-                .map(|x| keys::pair_key(row[plan.block_of(x)], r, x))
-                .collect()
-        };
-        let (addrs, mine) = if rank == 0 {
-            let mut addrs: Vec<SocketAddr> = self.peers.iter().map(|m| m.addr).collect();
-            for j in 1..nids {
-                let b = self
-                    .shared
-                    .take(plan.start(j), Channel::Setup, TAG_BLOCK, deadline)?;
-                let (t, _) = wire::decode_setup(&b, plan.size(j), 0)?;
-                addrs[plan.start(j)..plan.start(j) + plan.size(j)].copy_from_slice(&t);
-            }
-            let s0 = keys::Secret::draw()?;
-            let row_of = |b: usize| -> Vec<keys::Secret> {
-                (0..nids)
-                    .map(|c| keys::block_pair_secret(s0, b, c))
-                    .collect()
-            };
-            // Block 0's members get their own keys; a leader gets its block's secrets, to key
-            // its members the same way.
-            let row0 = row_of(0);
-            for r in 1..n0 {
-                let msg = wire::encode_setup(&addrs, &keys_of(r, &row0));
-                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
-            }
-            for j in 1..nids {
-                let words: Vec<u64> = row_of(j).iter().flat_map(|s| s.0).collect();
-                let msg = wire::encode_setup(&addrs, &words);
-                self.send_on(plan.start(j), Channel::Setup, TAG_FULL, &msg)?;
-            }
-            (addrs, keys_of(0, &row0))
-        } else if local == 0 {
-            let mine: Vec<SocketAddr> = self.peers[start..start + size]
-                .iter()
-                .map(|m| m.addr)
-                .collect();
-            self.send_on(
-                0,
-                Channel::Setup,
-                TAG_BLOCK,
-                &wire::encode_setup(&mine, &[]),
-            )?;
-            let b = self.shared.take(0, Channel::Setup, TAG_FULL, deadline)?;
-            let (addrs, words) = wire::decode_setup(&b, nranks, 2 * nids)?;
-            let row: Vec<keys::Secret> = words
-                .chunks_exact(2)
-                .map(|w| keys::Secret([w[0], w[1]]))
-                .collect();
-            for r in start + 1..start + size {
-                let msg = wire::encode_setup(&addrs, &keys_of(r, &row));
-                self.send_on(r, Channel::Setup, TAG_FULL, &msg)?;
-            }
-            #[cfg(test)]
-            lock(&self.setup_secrets).extend_from_slice(&row);
-            (addrs, keys_of(rank, &row))
-        } else {
+        let guest = n0 + block - 1;
+        let parent0 = join_root(&fields[0], guest, root0.len(), me, deadline, abort)?;
+        let tree0 = Tree::new(0, root0, guest, parent0);
+        self.gather_up(&tree0, mine, deadline)?;
+        let table = self.spread_down(&tree0, None, deadline)?;
+        self.spread_down(&own, Some(table), deadline)
+    }
+
+    /// The gather half of a tree's allgather of addresses: waits for every child's list (its
+    /// subtree's addresses, by global rank), adds `mine`, sends the lot to the parent, and
+    /// returns it (at the tree's root: everything).
+    fn gather_up(
+        &mut self,
+        tree: &Tree,
+        mine: Vec<(usize, SocketAddr)>,
+        deadline: Instant,
+    ) -> Result<Vec<(usize, SocketAddr)>> {
+        let nranks = self.nranks();
+        let mut all = mine;
+        for c in tree.children() {
+            let from = tree.ranks[c];
             let b = self
                 .shared
-                .take(start, Channel::Setup, TAG_FULL, deadline)?;
-            wire::decode_setup(&b, nranks, nranks)?
-        };
-        let mut derived = Vec::with_capacity(nranks);
-        for r in 0..nranks {
-            if known[r] {
-                // What a root said wins, and the relayed table must agree with it.
-                if addrs[r] != self.peers[r].addr {
+                .take(from, Channel::Setup, tree.tag_up(), deadline)?;
+            let got = wire::decode_indexed(&b, nranks)?;
+            // A child's list starts with the child itself: where to send the table later.
+            match got.first() {
+                Some(&(r, a)) if r == from => self.peers[from] = a,
+                _ => {
                     return Err(Error::remote(format!(
-                        "bootstrap rank {rank}: the merged table puts rank {r} at {}, its root \
-                         at {}",
-                        addrs[r], self.peers[r].addr
+                        "bootstrap rank {}: rank {from}'s address list does not start with \
+                         its own",
+                        self.rank()
+                    )))
+                }
+            }
+            all.extend(got);
+        }
+        if let Some(p) = tree.parent {
+            let to = tree.ranks[p];
+            self.peers[to] = tree.parent_addr;
+            self.send_on(
+                to,
+                Channel::Setup,
+                tree.tag_up(),
+                &wire::encode_indexed(&all),
+            )?;
+        }
+        Ok(all)
+    }
+
+    /// The spread half: the whole table from the parent (or `table`, at the tree's root, or
+    /// at a leader that has it from root 0's tree), passed on to every child.
+    fn spread_down(
+        &mut self,
+        tree: &Tree,
+        table: Option<Vec<SocketAddr>>,
+        deadline: Instant,
+    ) -> Result<Vec<SocketAddr>> {
+        let nranks = self.nranks();
+        let table = match (table, tree.parent) {
+            (Some(t), _) => t,
+            (None, Some(p)) => {
+                let b =
+                    self.shared
+                        .take(tree.ranks[p], Channel::Setup, tree.tag_down(), deadline)?;
+                let t = wire::decode_addrs(&b, nranks)?;
+                if t[tree.ranks[p]] != tree.parent_addr {
+                    return Err(Error::remote(format!(
+                        "bootstrap rank {}: the table puts rank {} at {}, the root at {}",
+                        self.rank(),
+                        tree.ranks[p],
+                        t[tree.ranks[p]],
+                        tree.parent_addr
                     )));
                 }
-                continue;
+                t
             }
-            let key = mine[r];
-            self.peers[r] = Member {
-                addr: addrs[r],
-                key,
-            };
-            derived.push((r, key));
+            (None, None) => return Err(Error::internal("bootstrap: a tree root with no table")),
+        };
+        let frame = wire::encode_addrs(&table);
+        for c in tree.children() {
+            self.send_on(tree.ranks[c], Channel::Setup, tree.tag_down(), &frame)?;
         }
-        self.shared.learn(derived);
-        Ok(self.peers.clone())
+        Ok(table)
     }
 }
 
-/// The hello to the root and its answer: the address table, or why there is none.
-fn exchange_with_root(
-    root: SocketAddr,
-    nonce: u64,
-    rank: usize,
-    nranks: usize,
+/// One root's ranks as a gather tree (a binary heap over their local numbers, `root.rs`).
+struct Tree {
+    /// Which root (0 for a single root): the tags of its messages.
+    id: usize,
+    /// Global rank of each local number.
+    ranks: Vec<usize>,
+    local: usize,
+    parent: Option<usize>,
+    parent_addr: SocketAddr,
+}
+
+impl Tree {
+    /// `parent`: the address the root's answer named (None: this rank is the tree's root).
+    fn new(id: usize, ranks: Vec<usize>, local: usize, parent: Option<SocketAddr>) -> Tree {
+        Tree {
+            id,
+            parent: parent.and(root::tree_parent(local)),
+            parent_addr: parent.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+            ranks,
+            local,
+        }
+    }
+    fn children(&self) -> impl Iterator<Item = usize> {
+        root::tree_children(self.local, self.ranks.len())
+    }
+    fn tag_up(&self) -> u32 {
+        0x100 + 2 * self.id as u32
+    }
+    fn tag_down(&self) -> u32 {
+        0x101 + 2 * self.id as u32
+    }
+}
+
+/// The table gathered at the tree's root: every rank exactly once.
+fn whole_table(all: Vec<(usize, SocketAddr)>, nranks: usize) -> Result<Vec<SocketAddr>> {
+    let mut table: Vec<Option<SocketAddr>> = vec![None; nranks];
+    for (r, a) in all {
+        if std::mem::replace(&mut table[r], Some(a)).is_some() {
+            return Err(Error::remote(format!(
+                "bootstrap: rank {r} appears twice in the gathered table"
+            )));
+        }
+    }
+    table
+        .into_iter()
+        .enumerate()
+        .map(|(r, a)| {
+            a.ok_or_else(|| Error::remote(format!("bootstrap: rank {r} missing from the table")))
+        })
+        .collect()
+}
+
+/// The hello to the root (`local` of the root's `n` ranks) and its answer: the address of this
+/// rank's parent in the gather tree, or why there is none. The root's challenge is answered
+/// with the join key's MAC, and its answer must carry the MAC over ours: a process that
+/// listens on the root's address without the id is refused by name. A connection closed
+/// before the answer (pushed out of a full doorway) is opened again, until `deadline`.
+fn join_root(
+    f: &id::IdFields,
+    local: usize,
+    n: usize,
     me: SocketAddr,
     deadline: Instant,
     abort: &AbortFlag,
-) -> Result<Vec<Member>> {
+) -> Result<Option<SocketAddr>> {
+    let root = f.root;
+    let late = deadline + ROOT_GRACE;
+    loop {
+        match try_join_root(f, local, n, me, deadline, abort) {
+            Err(Joining::Closed(_)) if Instant::now() < deadline => {
+                abort.check()?;
+                continue;
+            }
+            Err(Joining::Closed(e)) if socket::is_timeout(&e) || Instant::now() >= late => {
+                return Err(Error::remote(format!(
+                    "bootstrap rank {local}: no answer from the root at {root} in time \
+                     (not all {n} ranks arrived?)"
+                )))
+            }
+            Err(Joining::Closed(e)) => {
+                return Err(abort.check().err().unwrap_or_else(|| {
+                    Error::remote(format!(
+                        "bootstrap rank {local}: lost the root at {root}: {e}"
+                    ))
+                }))
+            }
+            Err(Joining::Failed(e)) => return Err(abort.check().err().unwrap_or(e)),
+            Ok(parent) => return Ok(parent),
+        }
+    }
+}
+
+/// Why one try at the root did not give an answer.
+enum Joining {
+    /// The connection ended, or timed out, before an answer.
+    Closed(std::io::Error),
+    Failed(Error),
+}
+
+fn try_join_root(
+    f: &id::IdFields,
+    local: usize,
+    n: usize,
+    me: SocketAddr,
+    deadline: Instant,
+    abort: &AbortFlag,
+) -> std::result::Result<Option<SocketAddr>, Joining> {
+    let (root, rank) = (f.root, local);
     let stream = socket::connect(root, deadline, || abort.is_aborted()).map_err(|e| {
-        abort.check().err().unwrap_or_else(|| {
+        Joining::Failed(abort.check().err().unwrap_or_else(|| {
             Error::remote(format!(
                 "bootstrap rank {rank}: cannot reach the root at {root}: {e}"
             ))
-        })
+        }))
     })?;
     // Abort shuts the socket down, which ends the wait for the root's answer at once.
     let _hook = match stream.try_clone() {
@@ -324,44 +388,63 @@ fn exchange_with_root(
         })),
         Err(_) => None,
     };
-    let hello = wire::Hello {
-        nonce,
+    let late = deadline + ROOT_GRACE;
+    let forged = |what: &str| {
+        Joining::Failed(Error::remote(format!(
+            "bootstrap rank {rank}: the process at the root's address {root} {what}: it is \
+             not the root of this unique id (a forged root, or a stale id?)"
+        )))
+    };
+    let body = socket::read_frame(&stream, wire::MAX_CTRL_BODY, late).map_err(Joining::Closed)?;
+    let c_root = match wire::decode(&body) {
+        Ok(wire::Msg::Challenge(c)) if c.nonce == f.nonce => c.challenge,
+        Ok(wire::Msg::Challenge(_)) => {
+            return Err(Joining::Failed(Error::invalid_usage(format!(
+                "bootstrap rank {rank}: the bootstrap root at {root} belongs to another unique \
+                 id (stale id?)"
+            ))))
+        }
+        _ => return Err(forged("sent no challenge")),
+    };
+    let key = keys::join_key(f.secret);
+    let mut hello = wire::Hello {
+        nonce: f.nonce,
         rank: rank as u32,
-        nranks: nranks as u32,
+        nranks: n as u32,
         timeout_ms: socket::millis(deadline.saturating_duration_since(Instant::now())),
         addr: me,
+        challenge: keys::random_u128().map_err(Joining::Failed)?,
+        mac: 0,
     };
-    let late = deadline + ROOT_GRACE;
-    socket::write_frame(&stream, &wire::encode_hello(&hello), late).map_err(|e| {
-        Error::remote(format!(
-            "bootstrap rank {rank}: cannot talk to the root at {root}: {e}"
-        ))
-    })?;
-    let body = socket::read_frame(&stream, wire::answer_body_max(nranks), late).map_err(|e| {
-        if let Err(aborted) = abort.check() {
-            aborted
-        } else if socket::is_timeout(&e) {
-            Error::remote(format!(
-                "bootstrap rank {rank}: no answer from the root at {root} in time \
-                 (not all {nranks} ranks arrived?)"
-            ))
-        } else {
-            Error::remote(format!(
-                "bootstrap rank {rank}: lost the root at {root}: {e}"
-            ))
+    hello.mac = keys::mac(key, Purpose::Hello, &[&wire::hello_fields(&hello, c_root)]);
+    socket::write_frame(&stream, &wire::encode_hello(&hello), late).map_err(Joining::Closed)?;
+    let body = socket::read_frame(&stream, wire::MAX_CTRL_BODY, late).map_err(Joining::Closed)?;
+    let proof = |purpose, said: &[u8]| {
+        let fields = wire::answer_fields(c_root, hello.challenge, hello.rank, said);
+        keys::mac(key, purpose, &[&fields])
+    };
+    match wire::decode(&body) {
+        Ok(wire::Msg::Answer(a)) => {
+            let valid =
+                keys::same_mac(a.mac, proof(Purpose::Answer, &wire::parent_bytes(a.parent)));
+            match valid && a.parent.is_some() == (rank > 0) {
+                true => Ok(a.parent),
+                false => Err(forged("answered without the unique id's proof")),
+            }
         }
-    })?;
-    match wire::decode(&body)? {
-        wire::Msg::Table { nonce: n, members } if n == nonce && members.len() == nranks => {
-            Ok(members)
+        Ok(wire::Msg::Fail { code, message, mac }) => {
+            match keys::same_mac(mac, proof(Purpose::Fail, &wire::fail_bytes(code, &message))) {
+                true => Err(Joining::Failed(Error::new(
+                    code,
+                    format!("bootstrap rank {rank}: {message}"),
+                ))),
+                false => Err(forged(&format!(
+                    "refused us without the unique id's proof (\"{}\")",
+                    crate::sockets::printable(&message)
+                ))),
+            }
         }
-        wire::Msg::Fail { code, message } => Err(Error::new(
-            code,
-            format!("bootstrap rank {rank}: {message}"),
-        )),
-        _ => Err(Error::remote(format!(
-            "bootstrap rank {rank}: the root at {root} answered nonsense"
-        ))),
+        _ => Err(forged("answered nonsense")),
     }
 }
 

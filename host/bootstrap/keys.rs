@@ -1,18 +1,17 @@
-//! Pairwise keys: what rank j shows when it greets rank i, known only to i, j and whoever drew
-//! the secret they come from (the bootstrap root, trusted).
+//! The bootstrap's keys, all derived from the secret in the unique id (`id.rs`), which never
+//! travels on the wire: whoever holds the id is a member, nobody else can pass as one.
 //!
-//! The root draws a 128-bit secret from the OS when it starts, and hands rank i, with the
-//! address table, the key of every pair (i, j): SipHash-2-4 of (min(i, j), max(i, j)) under
-//! that secret. The key of a pair is the same from both ends, so j greets i with the key i
-//! expects from j; a third member m holds only the keys of pairs (m, *), and SipHash, a
-//! pseudo-random function, does not let it work out any other from them.
+//! - The join key ([`join_key`]) MACs a rank's hello to the root and the root's answer, each
+//!   over a fresh challenge from the other side, so neither a stranger who reaches the root
+//!   nor a forged root that some rank reaches can take part, and a recorded hello or answer
+//!   is worth nothing on another connection.
+//! - The key of a pair of ranks ([`pair_key`]) MACs the greeting that opens a connection
+//!   between the two, again over both ends' fresh challenges, in both directions.
 //!
-//! With several roots (`ncclCommInitRankScalable`) a pair in one block gets its key from that
-//! block's root, and a pair that root 0 serves (block 0 and the first rank of every block)
-//! from root 0. A pair across two other blocks gets one derived from a secret of those two
-//! blocks ([`block_pair_secret`]), which rank 0 draws and sends to the blocks through their
-//! first ranks: there, rank 0, the two first ranks and the members of both blocks could pass as
-//! one another (see docs/faults.md).
+//! Every member can derive every key: the ranks trust one another (as NCCL's do); the keys
+//! keep out processes that only reach the ports. Keys are never sent, so no table of them
+//! grows with the job. MACs are SipHash-2-4 (a pseudo-random function) over length-prefixed
+//! fields under a 128-bit key.
 
 use std::io::Read;
 
@@ -38,7 +37,7 @@ impl Secret {
             .and_then(|mut f| f.read_exact(&mut b))
             .map_err(|e| {
                 Error::system(format!(
-                    "bootstrap: no random bytes for the pairwise keys' secret (/dev/urandom): {e}"
+                    "bootstrap: no random bytes for a secret or challenge (/dev/urandom): {e}"
                 ))
             })?;
         let (lo, hi) = b.split_at(8);
@@ -107,24 +106,58 @@ fn prf(s: Secret, words: &[u64]) -> u64 {
 }
 
 /// Domains, so that a value computed for one purpose never equals one for another.
-const D_PAIR: u64 = 0x7061_6972; // "pair"
-const D_BLOCK_LO: u64 = 0x626c_6b30; // "blk0"
-const D_BLOCK_HI: u64 = 0x626c_6b31; // "blk1"
+const D_JOIN: [u64; 2] = [0x6a6f_696e_30, 0x6a6f_696e_31]; // "join0", "join1"
+const D_PAIR: [u64; 2] = [0x7061_6972_30, 0x7061_6972_31]; // "pair0", "pair1"
 
-/// The key of the pair of ranks (a, b) under `s`; the same for (b, a).
-pub(crate) fn pair_key(s: Secret, a: usize, b: usize) -> u64 {
-    let (lo, hi) = (a.min(b) as u64, a.max(b) as u64);
-    prf(s, &[D_PAIR, lo, hi])
+/// The key of the hellos to the root and its answers, under the id's secret `s`.
+pub(crate) fn join_key(s: Secret) -> Secret {
+    Secret([prf(s, &[D_JOIN[0]]), prf(s, &[D_JOIN[1]])])
 }
 
-/// The secret of the pair of blocks (a, b) under rank 0's secret `s`; the same for (b, a).
-pub(crate) fn block_pair_secret(s: Secret, a: usize, b: usize) -> Secret {
+/// The key of the pair of ranks (a, b) under the id's secret `s`; the same for (b, a).
+pub(crate) fn pair_key(s: Secret, a: usize, b: usize) -> Secret {
     let (lo, hi) = (a.min(b) as u64, a.max(b) as u64);
-    Secret([prf(s, &[D_BLOCK_LO, lo, hi]), prf(s, &[D_BLOCK_HI, lo, hi])])
+    Secret([prf(s, &[D_PAIR[0], lo, hi]), prf(s, &[D_PAIR[1], lo, hi])])
 }
 
-/// Whether two keys are equal, in a time that does not depend on where they differ.
-pub(crate) fn same_key(a: u64, b: u64) -> bool {
+/// What a MAC is about: each kind of message has its own, so that a MAC made for one kind is
+/// never valid for another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum Purpose {
+    /// A rank's hello to the root.
+    Hello = 0x6865_6c6c_6f,
+    /// The root's answer to one rank.
+    Answer = 0x616e_7377_6572,
+    /// The root's refusal of one rank (it is authenticated too: a forged root cannot make a
+    /// real rank give up).
+    Fail = 0x6661_696c,
+    /// A rank's greeting to the peer it connects to.
+    Greet = 0x6772_6565_74,
+    /// The peer's proof, in return, that it is the rank the greeting was for.
+    Proof = 0x7072_6f6f_66,
+}
+
+/// The MAC of `fields` (each length-prefixed) for `purpose` under `k`.
+pub(crate) fn mac(k: Secret, purpose: Purpose, fields: &[&[u8]]) -> u64 {
+    let mut m = Vec::with_capacity(8 + fields.iter().map(|f| f.len() + 4).sum::<usize>());
+    m.extend_from_slice(&(purpose as u64).to_le_bytes());
+    for f in fields {
+        m.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        m.extend_from_slice(f);
+    }
+    siphash24(k, &m)
+}
+
+/// 128 bits from the OS's random source: a challenge, or an id's secret. An error (no
+/// fallback) where there is none: a guessable challenge could be answered in advance.
+pub(crate) fn random_u128() -> Result<u128> {
+    let s = Secret::draw()?;
+    Ok(u128::from(s.0[0]) | (u128::from(s.0[1]) << 64))
+}
+
+/// Whether two MACs are equal, in a time that does not depend on where they differ.
+pub(crate) fn same_mac(a: u64, b: u64) -> bool {
     // One XOR and one comparison of the whole word: no early exit on a matching prefix. The
     // black box keeps the compiler from turning it into anything else.
     std::hint::black_box(a ^ b) == 0
@@ -175,24 +208,31 @@ mod tests {
     }
 
     #[test]
-    fn pair_keys_are_symmetric_and_differ() {
+    fn keys_and_macs_differ_by_pair_purpose_and_field() {
         let s = Secret([1, 2]);
         let t = Secret([1, 3]);
         assert_eq!(pair_key(s, 3, 7), pair_key(s, 7, 3));
         assert_ne!(pair_key(s, 3, 7), pair_key(s, 3, 8));
         assert_ne!(pair_key(s, 3, 7), pair_key(t, 3, 7));
-        assert_eq!(block_pair_secret(s, 1, 4), block_pair_secret(s, 4, 1));
-        assert_ne!(block_pair_secret(s, 1, 4), block_pair_secret(s, 1, 5));
+        assert_ne!(join_key(s), join_key(t));
         let mut seen = std::collections::HashSet::new();
         for a in 0..40 {
             for b in a + 1..40 {
-                assert!(seen.insert(pair_key(s, a, b)), "({a}, {b})");
+                assert!(seen.insert(pair_key(s, a, b).0), "({a}, {b})");
             }
         }
-        assert!(same_key(5, 5) && !same_key(5, 4) && !same_key(1 << 63, 0));
+        assert!(seen.insert(join_key(s).0));
+        let k = pair_key(s, 1, 2);
+        let m = mac(k, Purpose::Greet, &[b"ab", b"c"]);
+        assert_eq!(m, mac(k, Purpose::Greet, &[b"ab", b"c"]));
+        // Another purpose, another split of the same bytes, another key: another MAC.
+        assert_ne!(m, mac(k, Purpose::Proof, &[b"ab", b"c"]));
+        assert_ne!(m, mac(k, Purpose::Greet, &[b"a", b"bc"]));
+        assert_ne!(m, mac(pair_key(s, 1, 3), Purpose::Greet, &[b"ab", b"c"]));
+        assert!(same_mac(5, 5) && !same_mac(5, 4) && !same_mac(1 << 63, 0));
         assert_ne!(
-            Secret::draw().expect("urandom"),
-            Secret::draw().expect("urandom")
+            random_u128().expect("urandom"),
+            random_u128().expect("urandom")
         );
     }
 }

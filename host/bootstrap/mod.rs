@@ -1,10 +1,13 @@
 //! The out-of-band TCP network among the ranks of a communicator.
 //!
 //! `get_unique_id` starts a root thread listening on this host and returns the id that leads to
-//! it. Every rank opens a listener of its own, then calls the root with a hello (magic, version,
-//! nonce, rank, nranks, how long it will wait, its listen address). When all ranks arrived the
-//! root sends each of them the table of listen addresses and exits; if one rank's timeout
-//! expires first, the root tells every rank that arrived how many did, and exits.
+//! it, with a secret that never goes on the wire and keys everything below (`keys.rs`). Every
+//! rank opens a listener of its own, then answers the root's challenge with a hello (nonce,
+//! rank, nranks, how long it will wait, its listen address, its own challenge, a MAC). When all
+//! ranks arrived the root answers each with the address of its parent in a binary gather tree
+//! (MACed over the rank's challenge) and exits; the ranks gather the address table up that tree
+//! and spread it down. If one rank's timeout expires first, the root tells every rank that
+//! arrived how many did, and exits.
 //!
 //! After that, ranks talk directly: `send` opens a connection to the peer on first use and
 //! keeps it; `allgather` is a ring (n−1 steps to the next rank) and `barrier` a dissemination
@@ -15,10 +18,9 @@
 //!
 //! Several roots (`ncclCommInitRankScalable`): ranks split into one contiguous block per unique
 //! id (`init::RootPlan`); each block bootstraps with its own root as above, except that the root of
-//! the first id also takes the first rank of every other block as an extra member. Rank 0 thus
-//! learns every block's first rank and they learn rank 0; they send rank 0 their block's table,
-//! rank 0 sends the complete table back, and each first rank forwards it within its block. No
-//! root handles more than its block (plus one rank per other block).
+//! the first id also takes the first rank of every other block as an extra member. Each first
+//! rank gathers its block's addresses, sends them up root 0's tree, and spreads the whole table
+//! down its block. No root handles more than its block (plus one rank per other block).
 //!
 //! Peers that go: a rank dropping its bootstrap (`ncclCommDestroy`) first says goodbye on each
 //! of its connections. A connection that ends without one means the peer died or aborted; once
@@ -36,6 +38,7 @@
 //! `NCCL_UID_STAGGER_THRESHOLD` and `NCCL_UID_STAGGER_RATE` (hello pacing).
 
 mod abort;
+mod doorway;
 mod faults;
 mod id;
 mod init;
@@ -68,7 +71,7 @@ use crate::sockets;
 pub(crate) use p2p::Fault;
 use p2p::{lock, Outgoing, Shared};
 pub(crate) use ras::RasReply;
-use wire::{Channel, Member};
+use wire::Channel;
 
 /// Default bound of every wait after `init` (and never less than the init timeout), unless
 /// `NCCL_RS_BOOTSTRAP_OP_TIMEOUT_MS` says otherwise.
@@ -97,9 +100,8 @@ const NOTICE_GRACE: Duration = Duration::from_secs(1);
 /// One rank's end of the bootstrap network. Send + Sync: any thread may call any method.
 pub struct Bootstrap {
     shared: Arc<Shared>,
-    /// Every rank's listen address and the key of its pair with this rank, by rank (this
-    /// rank's own entry: key 0).
-    peers: Vec<Member>,
+    /// Every rank's listen address, by rank.
+    peers: Vec<SocketAddr>,
     /// One lazily opened connection per peer; the lock keeps frames to one peer in order.
     out: Vec<Mutex<Option<Outgoing>>>,
     /// Serialises allgather and barrier: their frames carry no sequence number, so two of them
@@ -111,10 +113,6 @@ pub struct Bootstrap {
     notices: (Mutex<usize>, Condvar),
     /// Closes this bootstrap when the init's abort flag is set.
     _abort_hook: abort::HookGuard,
-    /// The block-pair secrets this rank received at a several-root init (tests ask what a
-    /// member could derive keys from).
-    #[cfg(test)]
-    setup_secrets: Mutex<Vec<keys::Secret>>,
 }
 
 const _: () = {
@@ -133,7 +131,7 @@ impl Bootstrap {
 
     /// The listen address of every rank, by rank.
     pub fn peer_addresses(&self) -> Vec<SocketAddr> {
-        self.peers.iter().map(|m| m.addr).collect()
+        self.peers.clone()
     }
 
     /// Bound of every wait from now on (default: [`op_timeout_from_env`]).
@@ -193,7 +191,7 @@ impl Bootstrap {
             Some(c) => c,
             empty if notice => {
                 let deadline = sockets::deadline_after(timeout.min(NOTICE_CONNECT));
-                let addr = self.peers[peer].addr;
+                let addr = self.peers[peer];
                 match Outgoing::open_to_live(&self.shared, peer, addr, deadline)? {
                     Some(c) => empty.insert(c),
                     None => return Ok(false),
@@ -202,7 +200,7 @@ impl Bootstrap {
             empty => empty.insert(Outgoing::open(
                 &self.shared,
                 peer,
-                self.peers[peer].addr,
+                self.peers[peer],
                 sockets::deadline_after(timeout),
             )?),
         };

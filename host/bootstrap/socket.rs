@@ -4,7 +4,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -327,67 +326,18 @@ pub(crate) fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
-/// Most connections a listener (a root's or a rank's) keeps in their handshake at once.
-pub(crate) const MAX_HANDSHAKES: usize = 64;
 /// Default of `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`.
-const HANDSHAKE_WAIT_MS: i64 = 5000;
+const HANDSHAKE_WAIT_MS: i64 = 2000;
 
-/// How long an accepted connection may take to send its hello or greeting (a rank sends it
-/// right after connecting): `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`, 5 s by default.
+/// How long an accepted connection may take to answer its challenge with its hello or
+/// greeting (a rank does so within a round trip): `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`, 2 s by
+/// default.
 pub(crate) fn handshake_wait() -> Duration {
     let ms = match crate::env::RS_BOOTSTRAP_HANDSHAKE_MS.raw() {
         Some(_) => crate::env::RS_BOOTSTRAP_HANDSHAKE_MS.int(),
         None => HANDSHAKE_WAIT_MS,
     };
     Duration::from_millis(ms.max(1) as u64)
-}
-
-/// A bound on connections in their handshake: a listener takes a permit before each accept
-/// and the connection's thread returns it once the handshake is through, so a flood of silent
-/// connections holds at most `cap` threads; the rest wait in the kernel's backlog.
-pub(crate) struct Gate {
-    busy: Mutex<usize>,
-    freed: Condvar,
-    cap: usize,
-}
-
-/// One place in a [`Gate`], given back on drop.
-pub(crate) struct Permit(Arc<Gate>);
-
-impl Gate {
-    pub(crate) fn new(cap: usize) -> Arc<Gate> {
-        Arc::new(Gate {
-            busy: Mutex::new(0),
-            freed: Condvar::new(),
-            cap: cap.max(1),
-        })
-    }
-
-    /// Waits for a free place; None once `stop` says so (asked every 50 ms while waiting).
-    pub(crate) fn enter(self: &Arc<Self>, stop: impl Fn() -> bool) -> Option<Permit> {
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        while *busy >= self.cap {
-            if stop() {
-                return None;
-            }
-            busy = self
-                .freed
-                .wait_timeout(busy, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        *busy += 1;
-        Some(Permit(self.clone()))
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let mut busy = self.0.busy.lock().unwrap_or_else(|p| p.into_inner());
-        *busy = busy.saturating_sub(1);
-        drop(busy);
-        self.0.freed.notify_one();
-    }
 }
 
 #[cfg(test)]

@@ -10,10 +10,11 @@ use crate::error::{Error, NcclResult, Result};
 /// "nccl-rs\0": the first field of every control message and of the unique id.
 pub(crate) const MAGIC: u64 = 0x6e63_636c_2d72_7300;
 /// Bumped whenever a message layout changes, so that two builds never misread each other.
-pub(crate) const VERSION: u32 = 4;
+pub(crate) const VERSION: u32 = 5;
 /// Most ranks one bootstrap accepts (keeps the root's address table a sane size).
 pub(crate) const MAX_RANKS: usize = 1 << 20;
-/// Largest body accepted on a connection before it proved to be one of ours (hello, connect).
+/// Largest body accepted on a connection before it proved to be one of ours (hello, connect),
+/// and of a root's answer.
 pub(crate) const MAX_CTRL_BODY: usize = 1024;
 /// Largest body of a data frame between ranks.
 pub(crate) const MAX_DATA_BODY: usize = 256 << 20;
@@ -23,16 +24,16 @@ pub(crate) const DATA_HEADER: usize = 1 + 1 + 4;
 pub(crate) const MAX_PAYLOAD: usize = MAX_DATA_BODY - DATA_HEADER;
 /// Encoded size of a socket address: family, port, 16 address bytes, IPv6 scope id.
 pub(crate) const ADDR_BYTES: usize = 1 + 2 + 16 + 4;
-/// Encoded size of a [`Member`]: its address and its key.
-pub(crate) const MEMBER_BYTES: usize = ADDR_BYTES + 8;
 /// Longest error text the root sends back.
 pub(crate) const MAX_FAIL_TEXT: usize = 900;
 
 const T_HELLO: u8 = 1;
-const T_TABLE: u8 = 2;
+const T_ANSWER: u8 = 2;
 const T_FAIL: u8 = 3;
 const T_CONNECT: u8 = 4;
 const T_DATA: u8 = 5;
+const T_CHALLENGE: u8 = 6;
+const T_PROOF: u8 = 7;
 
 /// Which conversation a data frame belongs to; user tags and internal traffic never mix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,7 +41,7 @@ pub(crate) enum Channel {
     User,
     Allgather,
     Barrier,
-    /// Internal set-up traffic (the address tables of a bootstrap with several roots).
+    /// Internal set-up traffic: the address table's gather and spread at init.
     Setup,
     /// A goodbye (empty): the sender closes this connection on purpose (`ncclCommDestroy`),
     /// so its end is no fault.
@@ -86,6 +87,14 @@ impl Channel {
     }
 }
 
+/// The first frame on every accepted bootstrap connection (root's or rank's): which
+/// bootstrap this is, and a fresh challenge the connector's MAC must cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Challenge {
+    pub nonce: u64,
+    pub challenge: u128,
+}
+
 /// A rank introducing itself to the root.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
@@ -96,48 +105,110 @@ pub(crate) struct Hello {
     pub timeout_ms: u64,
     /// Where this rank's own listener accepts peers.
     pub addr: SocketAddr,
+    /// The rank's own challenge, which the root's answer must cover.
+    pub challenge: u128,
+    /// Under the join key, over both challenges and every field above ([`hello_fields`]).
+    pub mac: u64,
 }
 
-/// A rank as one other rank knows it: where it listens, and the key of the pair (that rank,
-/// this one) that greetings between the two carry (`bootstrap::keys`). The root sends each
-/// rank its own table: the keys there are that rank's pairs only (0 in its own entry), and
-/// travel only from the root to that rank, never in the unique id nor to another member.
+/// The root's answer once every rank arrived: where this rank's parent in the bootstrap's
+/// gather tree listens (none for the tree's root, rank 0 of the root's ranks). That is all
+/// the root sends a rank, whatever the number of ranks: the table is gathered and spread
+/// along the tree (`init.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Member {
-    pub addr: SocketAddr,
-    pub key: u64,
+pub(crate) struct Answer {
+    pub parent: Option<SocketAddr>,
+    /// Under the join key, over both challenges, the rank, and the parent ([`answer_fields`]).
+    pub mac: u64,
 }
 
-/// First frame on a rank-to-rank connection: who is calling, for which bootstrap.
+/// A rank's greeting on a connection it opened to a peer, after the peer's [`Challenge`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Connect {
     pub nonce: u64,
     pub from: u32,
     pub nranks: u32,
-    /// The key of the pair (sender, receiver), as the root gave it to both.
-    pub key: u64,
+    /// The connector's challenge, which the peer's [`Msg::Proof`] must cover.
+    pub challenge: u128,
+    /// Under the key of the pair, over both challenges and both ranks ([`greet_fields`]).
+    pub mac: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Msg<'a> {
+    Challenge(Challenge),
     Hello(Hello),
-    /// Root to each rank once all arrived: every rank's listen address, by rank, with the key
-    /// of its pair with the receiving rank.
-    Table {
-        nonce: u64,
-        members: Vec<Member>,
-    },
-    /// Root to a rank: the bootstrap cannot complete, and why.
+    Answer(Answer),
+    /// Root to a rank: the bootstrap cannot complete, and why; `mac` as for an answer, over
+    /// the code and the text.
     Fail {
         code: NcclResult,
         message: String,
+        mac: u64,
     },
     Connect(Connect),
+    /// A peer's answer to a greeting: the MAC of the pair over both challenges, for the other
+    /// purpose (`keys::Purpose::Proof`).
+    Proof {
+        mac: u64,
+    },
     Data {
         channel: Channel,
         tag: u32,
         payload: &'a [u8],
     },
+}
+
+/// The bytes a hello's MAC covers, with the root's challenge `c_root`.
+pub(crate) fn hello_fields(h: &Hello, c_root: u128) -> Vec<u8> {
+    let mut v = Vec::with_capacity(64 + ADDR_BYTES);
+    v.extend_from_slice(&c_root.to_le_bytes());
+    v.extend_from_slice(&h.challenge.to_le_bytes());
+    v.extend_from_slice(&h.nonce.to_le_bytes());
+    v.extend_from_slice(&h.rank.to_le_bytes());
+    v.extend_from_slice(&h.nranks.to_le_bytes());
+    v.extend_from_slice(&h.timeout_ms.to_le_bytes());
+    put_addr(&mut v, &h.addr);
+    v
+}
+
+/// The bytes an answer's (or a failure's) MAC covers: both challenges, the rank and what the
+/// root says (`said`: the parent's encoded address, or the failure's code and text).
+pub(crate) fn answer_fields(c_root: u128, c_rank: u128, rank: u32, said: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(36 + said.len());
+    v.extend_from_slice(&c_root.to_le_bytes());
+    v.extend_from_slice(&c_rank.to_le_bytes());
+    v.extend_from_slice(&rank.to_le_bytes());
+    v.extend_from_slice(said);
+    v
+}
+
+/// What an answer says, as its MAC covers it.
+pub(crate) fn parent_bytes(parent: Option<SocketAddr>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(ADDR_BYTES);
+    if let Some(p) = parent {
+        put_addr(&mut v, &p);
+    }
+    v
+}
+
+/// What a failure says, as its MAC covers it.
+pub(crate) fn fail_bytes(code: NcclResult, message: &str) -> Vec<u8> {
+    let mut v = vec![code as u8];
+    v.extend_from_slice(cut_text(message).as_bytes());
+    v
+}
+
+/// The bytes a greeting's MAC (and its proof's) covers: the acceptor's challenge, the
+/// connector's, the connector's rank, the acceptor's, and the bootstrap's size.
+pub(crate) fn greet_fields(c_acc: u128, c_conn: u128, from: u32, to: u32, n: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(44);
+    v.extend_from_slice(&c_acc.to_le_bytes());
+    v.extend_from_slice(&c_conn.to_le_bytes());
+    v.extend_from_slice(&from.to_le_bytes());
+    v.extend_from_slice(&to.to_le_bytes());
+    v.extend_from_slice(&n.to_le_bytes());
+    v
 }
 
 fn malformed(what: &str) -> Error {
@@ -169,8 +240,8 @@ impl Frame {
     fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn member(&mut self, m: &Member) {
-        put_member(&mut self.0, m);
+    fn u128(&mut self, v: u128) {
+        self.0.extend_from_slice(&v.to_le_bytes());
     }
     fn finish(mut self) -> Vec<u8> {
         // Bodies are bounded well below 4 GiB by the callers (MAX_RANKS, MAX_PAYLOAD).
@@ -199,45 +270,55 @@ pub(crate) fn put_addr(out: &mut Vec<u8>, a: &SocketAddr) {
     out.extend_from_slice(&scope.to_le_bytes());
 }
 
-/// Appends the `MEMBER_BYTES` encoding of `m`.
-fn put_member(out: &mut Vec<u8>, m: &Member) {
-    put_addr(out, &m.addr);
-    out.extend_from_slice(&m.key.to_le_bytes());
-}
-
-/// Bytes of one word (a key, or half a 128-bit secret) in a set-up message.
-pub(crate) const WORD_BYTES: usize = 8;
-
-/// A set-up message (bootstraps with several roots): addresses, `ADDR_BYTES` each, then
-/// little-endian `u64` words: to a block's leader, the 128-bit secrets of its block pairs (two
-/// words each); to any other rank, the key of each of its pairs, by rank.
-pub(crate) fn encode_setup(addrs: &[SocketAddr], words: &[u64]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES + words.len() * WORD_BYTES);
+/// A table of addresses, `ADDR_BYTES` each, by index (the address table spread down the
+/// gather tree).
+pub(crate) fn encode_addrs(addrs: &[SocketAddr]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(addrs.len() * ADDR_BYTES);
     for a in addrs {
         put_addr(&mut v, a);
-    }
-    for w in words {
-        v.extend_from_slice(&w.to_le_bytes());
     }
     v
 }
 
-/// Decodes a set-up message of exactly `naddrs` addresses and `nwords` words; any other size
-/// is a malformed message.
-pub(crate) type Setup = (Vec<SocketAddr>, Vec<u64>);
-pub(crate) fn decode_setup(b: &[u8], naddrs: usize, nwords: usize) -> Result<Setup> {
-    let want = naddrs
-        .checked_mul(ADDR_BYTES)
-        .zip(nwords.checked_mul(WORD_BYTES))
-        .and_then(|(a, w)| a.checked_add(w));
-    if naddrs > MAX_RANKS || nwords > 2 * MAX_RANKS || want != Some(b.len()) {
-        return Err(malformed("set-up message size does not match its counts"));
+/// Decodes a table of exactly `n` addresses; any other size is a malformed message.
+pub(crate) fn decode_addrs(b: &[u8], n: usize) -> Result<Vec<SocketAddr>> {
+    if n > MAX_RANKS || n.checked_mul(ADDR_BYTES) != Some(b.len()) {
+        return Err(malformed("address table size does not match its count"));
     }
     let mut r = Rd(b);
-    let addrs = (0..naddrs).map(|_| r.addr()).collect::<Result<Vec<_>>>()?;
-    let words = (0..nwords).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
+    let addrs = (0..n).map(|_| r.addr()).collect::<Result<Vec<_>>>()?;
     r.end()?;
-    Ok((addrs, words))
+    Ok(addrs)
+}
+
+/// Bytes of one entry of an indexed address list.
+const INDEXED_BYTES: usize = 4 + ADDR_BYTES;
+
+/// Addresses with their indices (a subtree's addresses, gathered up the tree).
+pub(crate) fn encode_indexed(entries: &[(usize, SocketAddr)]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(entries.len() * INDEXED_BYTES);
+    for (i, a) in entries {
+        v.extend_from_slice(&(*i as u32).to_le_bytes());
+        put_addr(&mut v, a);
+    }
+    v
+}
+
+/// Decodes an indexed address list whose indices are all below `n`.
+pub(crate) fn decode_indexed(b: &[u8], n: usize) -> Result<Vec<(usize, SocketAddr)>> {
+    if b.len() % INDEXED_BYTES != 0 || b.len() / INDEXED_BYTES > n {
+        return Err(malformed("indexed address list of a wrong size"));
+    }
+    let mut r = Rd(b);
+    let mut out = Vec::with_capacity(b.len() / INDEXED_BYTES);
+    while !r.0.is_empty() {
+        let i = r.u32()? as usize;
+        if i >= n {
+            return Err(malformed("index out of range in an address list"));
+        }
+        out.push((i, r.addr()?));
+    }
+    Ok(out)
 }
 
 /// Reads an address written by `put_addr`; port 0 or an unknown family is an error.
@@ -275,11 +356,8 @@ impl<'a> Rd<'a> {
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
-    fn member(&mut self) -> Result<Member> {
-        Ok(Member {
-            addr: self.addr()?,
-            key: self.u64()?,
-        })
+    fn u128(&mut self) -> Result<u128> {
+        Ok(u128::from_le_bytes(self.array()?))
     }
     fn addr(&mut self) -> Result<SocketAddr> {
         let family = self.u8()?;
@@ -318,48 +396,61 @@ pub(crate) fn body_len(prefix: [u8; 4], max: usize) -> Option<usize> {
     (n <= max).then_some(n)
 }
 
-/// Largest body of a root's answer to a rank of an `nranks`-rank bootstrap.
-pub(crate) fn answer_body_max(nranks: usize) -> usize {
-    (1 + 12 + 8 + 4 + nranks.min(MAX_RANKS) * MEMBER_BYTES).max(1 + 12 + 1 + 4 + MAX_FAIL_TEXT)
+pub(crate) fn encode_challenge(c: &Challenge) -> Vec<u8> {
+    let mut f = Frame::control(T_CHALLENGE, 24);
+    f.u64(c.nonce);
+    f.u128(c.challenge);
+    f.finish()
 }
 
 pub(crate) fn encode_hello(h: &Hello) -> Vec<u8> {
-    let mut f = Frame::control(T_HELLO, 24 + ADDR_BYTES);
+    let mut f = Frame::control(T_HELLO, 48 + ADDR_BYTES);
     f.u64(h.nonce);
     f.u32(h.rank);
     f.u32(h.nranks);
     f.u64(h.timeout_ms);
     put_addr(&mut f.0, &h.addr);
+    f.u128(h.challenge);
+    f.u64(h.mac);
+    f.finish()
+}
+
+pub(crate) fn encode_answer(a: &Answer) -> Vec<u8> {
+    let mut f = Frame::control(T_ANSWER, 9 + ADDR_BYTES);
+    match a.parent {
+        Some(p) => {
+            f.u8(1);
+            put_addr(&mut f.0, &p);
+        }
+        None => f.u8(0),
+    }
+    f.u64(a.mac);
     f.finish()
 }
 
 pub(crate) fn encode_connect(c: &Connect) -> Vec<u8> {
-    let mut f = Frame::control(T_CONNECT, 24);
+    let mut f = Frame::control(T_CONNECT, 40);
     f.u64(c.nonce);
     f.u32(c.from);
     f.u32(c.nranks);
-    f.u64(c.key);
+    f.u128(c.challenge);
+    f.u64(c.mac);
     f.finish()
 }
 
-/// The member table for one rank (its pairs' keys); `members.len()` must not exceed
-/// `MAX_RANKS` (the root only builds tables from validated hellos).
-pub(crate) fn encode_table(nonce: u64, members: &[Member]) -> Vec<u8> {
-    let mut f = Frame::control(T_TABLE, 12 + members.len() * MEMBER_BYTES);
-    f.u64(nonce);
-    f.u32(members.len() as u32);
-    for m in members {
-        f.member(m);
-    }
+pub(crate) fn encode_proof(mac: u64) -> Vec<u8> {
+    let mut f = Frame::control(T_PROOF, 8);
+    f.u64(mac);
     f.finish()
 }
 
-pub(crate) fn encode_fail(code: NcclResult, message: &str) -> Vec<u8> {
+pub(crate) fn encode_fail(code: NcclResult, message: &str, mac: u64) -> Vec<u8> {
     let text = cut_text(message).as_bytes();
-    let mut f = Frame::control(T_FAIL, 5 + text.len());
+    let mut f = Frame::control(T_FAIL, 13 + text.len());
     f.u8(code as u8);
     f.u32(text.len() as u32);
     f.0.extend_from_slice(text);
+    f.u64(mac);
     f.finish()
 }
 
@@ -422,32 +513,38 @@ pub(crate) fn decode(body: &[u8]) -> Result<Msg<'_>> {
         )));
     }
     let msg = match kind {
+        T_CHALLENGE => Msg::Challenge(Challenge {
+            nonce: r.u64()?,
+            challenge: r.u128()?,
+        }),
         T_HELLO => Msg::Hello(Hello {
             nonce: r.u64()?,
             rank: r.u32()?,
             nranks: r.u32()?,
             timeout_ms: r.u64()?,
             addr: r.addr()?,
+            challenge: r.u128()?,
+            mac: r.u64()?,
         }),
+        T_ANSWER => {
+            let parent = match r.u8()? {
+                0 => None,
+                1 => Some(r.addr()?),
+                _ => return Err(malformed("answer with a bad parent flag")),
+            };
+            Msg::Answer(Answer {
+                parent,
+                mac: r.u64()?,
+            })
+        }
         T_CONNECT => Msg::Connect(Connect {
             nonce: r.u64()?,
             from: r.u32()?,
             nranks: r.u32()?,
-            key: r.u64()?,
+            challenge: r.u128()?,
+            mac: r.u64()?,
         }),
-        T_TABLE => {
-            let nonce = r.u64()?;
-            let count = r.u32()? as usize;
-            // Check the count against the bytes really present before allocating for it.
-            if count > MAX_RANKS || r.0.len() != count * MEMBER_BYTES {
-                return Err(malformed("member table size does not match its count"));
-            }
-            let mut members = Vec::with_capacity(count);
-            for _ in 0..count {
-                members.push(r.member()?);
-            }
-            Msg::Table { nonce, members }
-        }
+        T_PROOF => Msg::Proof { mac: r.u64()? },
         T_FAIL => {
             let code = code_from_u8(r.u8()?);
             let len = r.u32()? as usize;
@@ -455,6 +552,7 @@ pub(crate) fn decode(body: &[u8]) -> Result<Msg<'_>> {
             Msg::Fail {
                 code,
                 message: String::from_utf8_lossy(text).into_owned(),
+                mac: r.u64()?,
             }
         }
         _ => return Err(malformed("unknown message type")),

@@ -4,8 +4,8 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// NCCL's default RAS address.
 const DEFAULT_ADDR: &str = "localhost:28028";
@@ -77,7 +77,36 @@ fn rank_timeout() -> Duration {
     BASE_TIMEOUT * crate::env::RAS_TIMEOUT_FACTOR.int().clamp(1, 1000) as u32
 }
 
+/// Whether the client at the other end of `s` runs as this process's user: RAS reports name
+/// processes, hosts and errors, for the job's owner only. The client must be on this host
+/// (its socket in the kernel's tables, owned by our effective uid).
+fn owner_only(s: &TcpStream) -> Result<(), String> {
+    let (peer, me) = (s.peer_addr(), s.local_addr());
+    let (Ok(peer), Ok(me)) = (peer, me) else {
+        return Err("ERROR: cannot tell who is asking\n".into());
+    };
+    // SAFETY: geteuid has no preconditions.
+    let owner = unsafe { libc::geteuid() };
+    match crate::sockets::local_peer_uid(peer, me) {
+        Some(uid) if uid == owner => Ok(()),
+        Some(uid) => Err(format!(
+            "ERROR: RAS answers only the user running the job (uid {owner}), not uid {uid}\n"
+        )),
+        None => Err("ERROR: RAS answers only clients on this host\n".into()),
+    }
+}
+
 fn serve_client(s: TcpStream, busy: &Arc<AtomicUsize>) {
+    if let Err(refusal) = owner_only(&s) {
+        log::info!(
+            "RAS: refused a client at {:?}: {}",
+            s.peer_addr(),
+            refusal.trim()
+        );
+        let mut s = s;
+        let _ = s.write_all(refusal.as_bytes());
+        return;
+    }
     if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
         busy.fetch_sub(1, Ordering::SeqCst);
         let mut s = s;
@@ -101,13 +130,33 @@ fn answer(s: TcpStream) -> std::io::Result<()> {
     let mut line = String::new();
     BufReader::new((&s).take(256)).read_line(&mut line)?;
     let text = match line.trim().to_ascii_uppercase().as_str() {
-        "STATUS" => super::report(false, rank_timeout()),
-        "VERBOSE STATUS" => super::report(true, rank_timeout()),
+        "STATUS" => cached_report(false),
+        "VERBOSE STATUS" => cached_report(true),
         other => format!("ERROR: unknown command {other:?}; send STATUS or VERBOSE STATUS\n"),
     };
     let mut w = &s;
     w.write_all(text.as_bytes())?;
     w.flush()
+}
+
+/// How long a report is served again instead of asking every rank anew: a client that asks
+/// a hundred times a second costs the job's bootstraps one round of queries a second.
+const REPORT_REUSE: Duration = Duration::from_secs(1);
+
+/// The report of the last `REPORT_REUSE` (one per verbosity), else a fresh one. Clients wait
+/// for one another here, so one report is made at a time.
+fn cached_report(verbose: bool) -> String {
+    static LAST: Mutex<[Option<(Instant, String)>; 2]> = Mutex::new([None, None]);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    let slot = &mut last[usize::from(verbose)];
+    if let Some((at, text)) = slot {
+        if at.elapsed() < REPORT_REUSE {
+            return text.clone();
+        }
+    }
+    let text = super::report(verbose, rank_timeout());
+    *slot = Some((Instant::now(), text.clone()));
+    text
 }
 
 /// Longest answer a client takes (a verbose report is a line or two per rank).
@@ -160,21 +209,8 @@ pub fn query(addr: SocketAddr, verbose: bool, timeout: Duration) -> std::io::Res
         out.extend_from_slice(&chunk[..n]);
     }
     String::from_utf8(out)
-        .map(|text| printable(&text))
+        .map(|text| crate::sockets::printable(&text))
         .map_err(|_| Error::new(ErrorKind::InvalidData, "the answer is not UTF-8 text"))
-}
-
-/// `text` safe to print on a terminal: the report carries peers' words (host names, error
-/// messages), and a control character among them (an escape sequence) would be the
-/// terminal's command; each but newline and tab is shown as `\u{..}` instead.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '\n' | '\t' => c.to_string(),
-            c if c.is_control() => c.escape_unicode().to_string(),
-            c => c.to_string(),
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -184,7 +220,7 @@ mod tests {
 
     #[test]
     fn control_characters_of_an_answer_are_shown_not_obeyed() {
-        let shown = printable("rank 3: \u{1b}]0;owned\u{7}gone\r\n\tok\n");
+        let shown = crate::sockets::printable("rank 3: \u{1b}]0;owned\u{7}gone\r\n\tok\n");
         assert_eq!(shown, "rank 3: \\u{1b}]0;owned\\u{7}gone\\u{d}\n\tok\n");
     }
 
@@ -253,5 +289,44 @@ mod tests {
         });
         let text = query(addr, false, Duration::from_secs(5)).expect("an answer");
         assert!(text.starts_with("OK:"), "{text}");
+    }
+
+    /// A client of another user (a child switched to `nobody`) is refused; one of ours is not.
+    #[test]
+    fn only_the_owner_is_answered() {
+        use std::os::unix::process::CommandExt;
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let at = l.local_addr().expect("addr");
+        let ours = TcpStream::connect(at).expect("connect");
+        let (theirs, _) = l.accept().expect("accept");
+        assert_eq!(owner_only(&theirs), Ok(()));
+        drop((ours, theirs));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            crate::test_aids::skipped("not root", "RAS refuses another uid (cannot switch)");
+            return;
+        }
+        let script = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{}; echo STATUS >&3; cat <&3",
+            at.port()
+        );
+        let child = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let Ok(child) = child else {
+            crate::test_aids::skipped("no bash", "RAS refuses another uid");
+            return;
+        };
+        let (s, _) = l.accept().expect("accept nobody's connection");
+        let refusal = owner_only(&s).expect_err("another uid");
+        assert!(refusal.contains("not uid 65534"), "{refusal}");
+        // The listener's own path: refused before any report is made.
+        serve_client(s, &Arc::new(AtomicUsize::new(0)));
+        let out = child.wait_with_output().expect("child");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.starts_with("ERROR: RAS answers only"), "{said}");
     }
 }

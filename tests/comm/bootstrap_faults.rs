@@ -117,73 +117,78 @@ fn unused_roots() {
     assert_eq!(e.code, NcclResult::RemoteError, "{e}");
 }
 
-/// Issue 23, failure 4: anyone who can reach a listener got a thread per connection. Now at
-/// most 64 connections are in their handshake at once (the rest wait in the kernel's backlog)
-/// and each has `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS` to greet: 300 silent connections to a rank's
-/// listener and 300 to a root hold a bounded number of threads, and the ranks still get
-/// through once the silent ones are dropped.
+/// Issue 23, failure 4, and issue 55: anyone who can reach a listener got a thread per
+/// connection, then (64 at a time, 5 s each) held real ranks in the backlog. Now one thread
+/// per listener challenges every connection and waits for its answer with poll, at most 256
+/// from one address (1,024 in all), a newer one pushing out the oldest: 4,000 silent
+/// connections held against the root, and then 4,000 against a rank's listener, with the
+/// default deadlines, add no thread and a bounded number of descriptors, and a 16-rank init
+/// and a first message go through while they are held.
 #[test]
 fn silent_connections_hold_few_threads() {
-    procs::isolated(
-        &[("NCCL_RS_BOOTSTRAP_HANDSHAKE_MS", "300")],
-        &[],
-        silent_connections,
-    );
+    procs::isolated(&[], &[], silent_connections);
 }
 
 fn silent_connections() {
     common::sim();
-    let t = Duration::from_secs(30);
+    common::allow_descriptors(20_000);
+    let t = Duration::from_secs(60);
     let threads = || count("/proc/self/task");
+    let fds = || count("/proc/self/fd");
+    let flood_size = 4000;
     // A root under a flood before any rank arrives.
     let id = common::loopback_id();
     let (root, _) = id.decode().expect("a valid id");
     assert!(root.ip().is_loopback(), "{root}");
-    let before = threads();
-    let flood: Vec<_> = (0..300)
+    let (before, fds_before) = (threads(), fds());
+    let flood: Vec<_> = (0..flood_size)
         .map(|_| std::net::TcpStream::connect(root).expect("connect to the root"))
         .collect();
-    // A window for threads beyond the bound to appear (no synchronisation: the bound must
-    // hold whenever it is counted).
-    std::thread::sleep(Duration::from_millis(200));
-    let during = threads();
-    eprintln!("300 silent connections to a root: threads {before} -> {during}");
-    assert!(
-        during <= before + 64 + 4,
-        "300 silent connections to a root: threads {before} -> {during}"
+    let (during, fds_during) = (threads(), fds());
+    eprintln!(
+        "{flood_size} silent connections to a root: threads {before} -> {during}, descriptors \
+         {fds_before} -> {fds_during} ({flood_size} of them the flood's own)"
     );
+    assert!(
+        during <= before + 2 && fds_during <= fds_before + flood_size + 1024 + 64,
+        "threads {before} -> {during}, descriptors {fds_before} -> {fds_during}"
+    );
+    let start = Instant::now();
     let ranks: Vec<Bootstrap> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..3)
+        let hs: Vec<_> = (0..16)
             .map(|r| {
                 let id = &id;
-                s.spawn(move || Bootstrap::init(id, r, 3, t).expect("init through the flood"))
+                s.spawn(move || Bootstrap::init(id, r, 16, t).expect("init through the flood"))
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
+    eprintln!("16 ranks joined through the flood in {:?}", start.elapsed());
     drop(flood);
     // A rank's listener under a flood: rank 0 has no connection to rank 2 yet (the ring runs
-    // 0 -> 1 -> 2 -> 0), so its first send must get through the flood.
-    let target = ranks[2].peer_addresses()[2];
-    let before = threads();
-    let flood: Vec<_> = (0..300)
-        .map(|_| std::net::TcpStream::connect(target).expect("connect to rank 2"))
+    // 0 -> 1 -> 2 -> 0, the gather tree 1 -> 0, 2 -> 0), so its first send to rank 5 must get
+    // through the flood.
+    let target = ranks[5].peer_addresses()[5];
+    let (before, fds_before) = (threads(), fds());
+    let flood: Vec<_> = (0..flood_size)
+        .map(|_| std::net::TcpStream::connect(target).expect("connect to rank 5"))
         .collect();
-    // As above: a window, not a synchronisation.
-    std::thread::sleep(Duration::from_millis(200));
-    let during = threads();
-    eprintln!("300 silent connections to a rank: threads {before} -> {during}");
+    let (during, fds_during) = (threads(), fds());
+    eprintln!(
+        "{flood_size} silent connections to a rank: threads {before} -> {during}, descriptors \
+         {fds_before} -> {fds_during}"
+    );
     assert!(
-        during <= before + 64 + 4,
-        "300 silent connections to a rank: threads {before} -> {during}"
+        during <= before + 2 && fds_during <= fds_before + flood_size + 1024 + 64,
+        "threads {before} -> {during}, descriptors {fds_before} -> {fds_during}"
     );
     let start = Instant::now();
     ranks[0]
-        .send(2, 5, b"through")
+        .send(5, 5, b"through")
         .expect("send through the flood");
-    assert_eq!(ranks[2].recv(0, 5).expect("recv"), b"through");
+    assert_eq!(ranks[5].recv(0, 5).expect("recv"), b"through");
     eprintln!(
-        "a message through 300 silent connections: {:?}",
+        "a message through {flood_size} silent connections: {:?}",
         start.elapsed()
     );
     drop(flood);

@@ -235,3 +235,21 @@ pub fn matrix_counts(counts: &[usize]) -> Vec<usize> {
     }
     out
 }
+
+/// Lets this process hold at least `n` descriptors (tests that open thousands of
+/// connections), raising the soft limit, and the hard one where it is lower (as root).
+pub fn allow_descriptors(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid rlimit structure.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= n {
+            return;
+        }
+        lim.rlim_cur = n;
+        lim.rlim_max = lim.rlim_max.max(n);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}

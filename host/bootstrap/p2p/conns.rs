@@ -2,6 +2,8 @@
 //! connections, checking their greetings, and reading their frames into the mailbox.
 
 use super::*;
+use crate::bootstrap::doorway::{self, Limits};
+use crate::bootstrap::keys::Purpose;
 use crate::sockets;
 
 /// This rank's connection to one peer.
@@ -43,48 +45,50 @@ impl Outgoing {
     ) -> Result<Option<Outgoing>> {
         let rank = shared.rank;
         let give_up = || shared.is_closed();
-        let connected = match live {
-            true => socket::connect_to_live(addr, deadline, give_up),
-            false => socket::connect(addr, deadline, give_up),
-        };
-        let stream = match connected {
-            Ok(s) => s,
-            Err(e) if live && e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
-            Err(e) => {
-                return Err(Error::remote(format!(
-                    "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
-                )))
+        loop {
+            let connected = match live {
+                true => socket::connect_to_live(addr, deadline, give_up),
+                false => socket::connect(addr, deadline, give_up),
+            };
+            let stream = match connected {
+                Ok(s) => s,
+                Err(e) if live && e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    return Ok(None)
+                }
+                Err(e) => {
+                    return Err(Error::remote(format!(
+                        "bootstrap rank {rank}: cannot connect to rank {peer} at {addr}: {e}"
+                    )))
+                }
+            };
+            let Some(id) = shared.register(&stream) else {
+                return Err(shared
+                    .check_open()
+                    .err()
+                    .unwrap_or_else(|| Error::system("bootstrap: cannot duplicate a socket")));
+            };
+            match greet(shared, &stream, peer, deadline) {
+                Ok(()) => {
+                    let _ = stream.set_read_timeout(None);
+                    return Ok(Some(Outgoing {
+                        stream,
+                        id,
+                        write_timeout: None,
+                    }));
+                }
+                Err(Greeting::ClosedAtTheDoor(_)) if Instant::now() < deadline => {
+                    // Pushed out of a full doorway (see `doorway.rs`): knock again.
+                    shared.unregister(id);
+                }
+                Err(Greeting::ClosedAtTheDoor(e) | Greeting::Failed(e)) => {
+                    shared.unregister(id);
+                    shared.check_open()?;
+                    return Err(Error::remote(format!(
+                        "bootstrap rank {rank}: cannot greet rank {peer} at {addr}: {e}"
+                    )));
+                }
             }
-        };
-        let Some(key) = shared.key_now(peer) else {
-            return Err(Error::internal(format!(
-                "bootstrap rank {rank}: no key for the pair with rank {peer} yet"
-            )));
-        };
-        let Some(id) = shared.register(&stream) else {
-            return Err(shared
-                .check_open()
-                .err()
-                .unwrap_or_else(|| Error::system("bootstrap: cannot duplicate a socket")));
-        };
-        let hello = wire::encode_connect(&Connect {
-            nonce: shared.nonce,
-            from: rank as u32,
-            nranks: shared.nranks as u32,
-            key,
-        });
-        let out = Outgoing {
-            stream,
-            id,
-            write_timeout: None,
-        };
-        if let Err(e) = socket::write_frame(&out.stream, &hello, deadline) {
-            shared.unregister(id);
-            return Err(Error::remote(format!(
-                "bootstrap rank {rank}: cannot greet rank {peer} at {addr}: {e}"
-            )));
         }
-        Ok(Some(out))
     }
 
     /// Writes one frame. On error the connection is unusable: the caller must `discard` it.
@@ -103,56 +107,151 @@ impl Outgoing {
     }
 }
 
-pub(super) fn accept_loop(shared: Arc<Shared>, listener: Socket) {
-    loop {
-        // At most MAX_HANDSHAKES connections in their greeting at once: past that, new ones
-        // wait in the kernel's backlog (no thread, no descriptor of ours) until one is through.
-        let Some(permit) = shared.handshakes.enter(|| shared.is_closed()) else {
-            return;
-        };
-        let accepted = listener.accept();
-        if shared.is_closed() {
-            return;
+/// Why a greeting did not go through.
+enum Greeting {
+    /// The peer closed the connection before its proof: it may have pushed it out of its
+    /// doorway for newer ones, so another try can succeed.
+    ClosedAtTheDoor(String),
+    Failed(String),
+}
+
+/// The connector's half of the greeting: the peer's challenge, our greeting MACed with the key
+/// of the pair over both challenges, and the peer's proof that it holds that key too.
+fn greet(
+    shared: &Shared,
+    stream: &TcpStream,
+    peer: usize,
+    deadline: Instant,
+) -> std::result::Result<(), Greeting> {
+    let closed = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => Greeting::ClosedAtTheDoor(e.to_string()),
+        _ => Greeting::Failed(e.to_string()),
+    };
+    let body = socket::read_frame(stream, wire::MAX_CTRL_BODY, deadline).map_err(closed)?;
+    let challenge = match wire::decode(&body) {
+        Ok(Msg::Challenge(c)) if c.nonce == shared.nonce => c.challenge,
+        Ok(Msg::Challenge(_)) => {
+            return Err(Greeting::Failed(
+                "it listens for another bootstrap (the rank is gone and its port reused?)".into(),
+            ))
         }
-        match accepted {
-            Ok((sock, _)) => {
-                let stream: TcpStream = sock.into();
-                if let Err(e) = socket::bound_silence(&stream) {
-                    log::warn!(
-                        "bootstrap rank {}: cannot bound a peer's silence (keepalive, \
-                         TCP_USER_TIMEOUT): {e}",
-                        shared.rank
-                    );
-                }
-                let Some(id) = shared.register(&stream) else {
-                    return;
-                };
-                let s = shared.clone();
-                if let Err(e) =
-                    sockets::spawn("nccl-bs-recv", move || read_peer(&s, stream, id, permit))
-                {
-                    log::warn!("bootstrap rank {}: cannot start a reader: {e}", shared.rank);
-                    shared.unregister(id);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                log::warn!("bootstrap rank {}: accept failed: {e}", shared.rank);
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        Ok(_) => return Err(Greeting::Failed("it sent no challenge".into())),
+        Err(e) => return Err(Greeting::Failed(e.message)),
+    };
+    let mine = keys::random_u128().map_err(|e| Greeting::Failed(e.message))?;
+    let (from, n) = (shared.rank as u32, shared.nranks as u32);
+    let fields = wire::greet_fields(challenge, mine, from, peer as u32, n);
+    let key = shared.key_with(peer);
+    let hello = wire::encode_connect(&Connect {
+        nonce: shared.nonce,
+        from,
+        nranks: n,
+        challenge: mine,
+        mac: keys::mac(key, Purpose::Greet, &[&fields]),
+    });
+    socket::write_frame(stream, &hello, deadline).map_err(closed)?;
+    let body = socket::read_frame(stream, wire::MAX_CTRL_BODY, deadline).map_err(closed)?;
+    match wire::decode(&body) {
+        Ok(Msg::Proof { mac })
+            if keys::same_mac(mac, keys::mac(key, Purpose::Proof, &[&fields])) =>
+        {
+            Ok(())
         }
+        Ok(_) | Err(_) => Err(Greeting::Failed(format!(
+            "it could not prove that it is rank {peer} of this bootstrap (another process on \
+             its address?)"
+        ))),
     }
 }
 
-/// Checks the `Connect` greeting of an incoming connection: this bootstrap's nonce, a rank in
-/// range, and the key of the pair (that rank, this one), compared in constant time: a process
-/// that knows only the unique id cannot pass as a rank, nor can another member, which holds
-/// the keys of its own pairs only. The sender's rank if all holds.
-pub(super) fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Result<usize, String> {
-    let deadline = sockets::deadline_after(socket::handshake_wait());
-    let body =
-        socket::read_frame(stream, wire::MAX_CTRL_BODY, deadline).map_err(|e| e.to_string())?;
-    let c = match wire::decode(&body) {
+/// Serves the rank's listener through a doorway (`doorway.rs`) until the bootstrap closes.
+pub(super) fn accept_loop(shared: Arc<Shared>, listener: Socket) {
+    let mut door = RankDoor {
+        shared,
+        rejections: sockets::Rejections::default(),
+    };
+    doorway::serve(&listener, Limits::bootstrap(wire::MAX_CTRL_BODY), &mut door);
+}
+
+/// A rank's side of its doorway: greetings checked, proofs sent, readers started.
+struct RankDoor {
+    shared: Arc<Shared>,
+    rejections: sockets::Rejections,
+}
+
+impl doorway::Owner for RankDoor {
+    fn stopped(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    fn challenge(&mut self) -> Option<(u128, Vec<u8>)> {
+        let c = keys::random_u128().ok()?;
+        let frame = wire::encode_challenge(&wire::Challenge {
+            nonce: self.shared.nonce,
+            challenge: c,
+        });
+        Some((c, frame))
+    }
+
+    fn admit(
+        &mut self,
+        stream: TcpStream,
+        challenge: u128,
+        body: Vec<u8>,
+    ) -> std::result::Result<(), String> {
+        let shared = &self.shared;
+        let (from, fields) = greeting(shared, challenge, &body)?;
+        let key = shared.key_with(from);
+        let proof = wire::encode_proof(keys::mac(key, Purpose::Proof, &[&fields]));
+        socket::write_frame(
+            &stream,
+            &proof,
+            sockets::deadline_after(Duration::from_secs(1)),
+        )
+        .map_err(|e| format!("cannot send rank {from} our proof: {e}"))?;
+        if let Err(e) = socket::bound_silence(&stream) {
+            log::warn!(
+                "bootstrap rank {}: cannot bound a peer's silence (keepalive, \
+                 TCP_USER_TIMEOUT): {e}",
+                shared.rank
+            );
+        }
+        let Some(id) = shared.register(&stream) else {
+            return Err("the bootstrap is closed".into());
+        };
+        let s = shared.clone();
+        if let Err(e) = sockets::spawn("nccl-bs-recv", move || read_peer(&s, stream, id, from)) {
+            shared.unregister(id);
+            return Err(format!("cannot start a reader: {e}"));
+        }
+        Ok(())
+    }
+
+    fn rejected(&mut self, from: SocketAddr, why: &str) {
+        if self.shared.is_closed() {
+            return;
+        }
+        let rank = self.shared.rank;
+        self.rejections.warn(|| {
+            format!("bootstrap rank {rank}: dropping an incoming connection from {from}: {why}")
+        });
+    }
+}
+
+/// Checks the `Connect` greeting of an incoming connection: this bootstrap's nonce and size, a
+/// rank in range, and the MAC of the pair (that rank, this one) over our challenge and the
+/// connector's, compared in constant time: a process that holds no unique id of this job
+/// cannot pass as a rank, and a greeting recorded on one connection is worth nothing on
+/// another (its challenge differs). The sender's rank, and the fields its MAC covered (what
+/// our proof covers too), if all holds.
+pub(super) fn greeting(
+    shared: &Shared,
+    challenge: u128,
+    body: &[u8],
+) -> std::result::Result<(usize, Vec<u8>), String> {
+    let c = match wire::decode(body) {
         Ok(Msg::Connect(c)) if c.nonce == shared.nonce && c.nranks as usize == shared.nranks => c,
         Ok(_) => return Err("not a greeting of this bootstrap".into()),
         Err(e) => return Err(e.message),
@@ -161,36 +260,21 @@ pub(super) fn greeting(shared: &Shared, stream: &TcpStream) -> std::result::Resu
     if from >= shared.nranks || from == shared.rank {
         return Err(format!("a greeting as rank {from}, which cannot call us"));
     }
-    match shared.key_of(from, deadline) {
-        Some(k) if same_key(k, c.key) => Ok(from),
-        Some(_) => Err(format!(
-            "a greeting as rank {from} without the key of our pair (not rank {from})"
-        )),
-        None => Err(format!(
-            "a greeting as rank {from}, the key of whose pair with us is not known yet"
-        )),
+    let fields = wire::greet_fields(challenge, c.challenge, c.from, shared.rank as u32, c.nranks);
+    let want = keys::mac(shared.key_with(from), Purpose::Greet, &[&fields]);
+    if keys::same_mac(want, c.mac) {
+        Ok((from, fields))
+    } else {
+        Err(format!(
+            "a greeting as rank {from} without the proof of our pair (not rank {from}, or a \
+             replay)"
+        ))
     }
 }
 
-pub(super) fn read_peer(shared: &Shared, stream: TcpStream, id: u64, permit: socket::Permit) {
+pub(super) fn read_peer(shared: &Shared, stream: TcpStream, id: u64, from: usize) {
     let rank = shared.rank;
     let _ = stream.set_nodelay(true);
-    let greeted = greeting(shared, &stream);
-    drop(permit);
-    let from = match greeted {
-        Ok(f) => f,
-        Err(why) => {
-            if !shared.is_closed() {
-                let who = stream.peer_addr().map(|a| a.to_string());
-                log::warn!(
-                    "bootstrap rank {rank}: dropping an incoming connection from {}: {why}",
-                    who.as_deref().unwrap_or("?")
-                );
-            }
-            shared.unregister(id);
-            return;
-        }
-    };
     shared.peer_opened(from);
     // No read timeout from here on: an idle peer is normal, and `take` carries the deadlines.
     let _ = stream.set_read_timeout(None);

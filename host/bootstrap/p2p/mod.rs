@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
-use super::keys::same_key;
+use super::keys::{self, Secret};
 use super::socket;
 use super::wire::{self, Channel, Connect, Msg};
 use crate::error::{Error, Result};
@@ -90,13 +90,8 @@ pub(crate) struct Shared {
     pub rank: usize,
     pub nranks: usize,
     pub nonce: u64,
-    /// The key of this rank's pair with every rank, as the tables made it known (None: not
-    /// yet). A greeting from rank j must carry the key of the pair (j, this rank), which only
-    /// j, this rank and the root hold; this rank greets j with the same key.
-    keys: Mutex<Vec<Option<u64>>>,
-    learned: Condvar,
-    /// Connections accepted but not yet through their greeting.
-    handshakes: Arc<socket::Gate>,
+    /// The unique id's secret: the key of every pair derives from it (`keys::pair_key`).
+    secret: Secret,
     /// Most bytes one peer may have waiting in the mailbox: past it, its reader stops reading
     /// (TCP then holds the sender back) until some are taken.
     queue_budget: AtomicUsize,
@@ -123,7 +118,7 @@ impl Shared {
     pub(crate) fn start(
         rank: usize,
         nranks: usize,
-        nonce: u64,
+        (nonce, secret): (u64, Secret),
         listener: Socket,
     ) -> Result<Arc<Shared>> {
         let accepting = listener
@@ -133,9 +128,7 @@ impl Shared {
             rank,
             nranks,
             nonce,
-            keys: Mutex::new(vec![None; nranks]),
-            learned: Condvar::new(),
-            handshakes: socket::Gate::new(socket::MAX_HANDSHAKES),
+            secret,
             queue_budget: AtomicUsize::new(queue_budget_from_env()),
             taken: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -157,46 +150,9 @@ impl Shared {
         Ok(shared)
     }
 
-    /// Records the keys of this rank's pairs with these ranks (a root's table, or rank 0's secret).
-    pub(crate) fn learn(&self, members: impl IntoIterator<Item = (usize, u64)>) {
-        let mut keys = lock(&self.keys);
-        for (r, k) in members {
-            if let Some(slot) = keys.get_mut(r) {
-                *slot = Some(k);
-            }
-        }
-        drop(keys);
-        self.learned.notify_all();
-    }
-
-    /// The key of the pair (`rank`, this rank) if it is known now.
-    fn key_now(&self, rank: usize) -> Option<u64> {
-        lock(&self.keys).get(rank).copied().flatten()
-    }
-
-    /// Every pairwise key this rank holds, by rank (tests: what a member knows).
-    #[cfg(test)]
-    pub(crate) fn known_keys(&self) -> Vec<Option<u64>> {
-        lock(&self.keys).clone()
-    }
-
-    /// The key of the pair (`rank`, this rank), waiting until `deadline` for a table with it.
-    fn key_of(&self, rank: usize, deadline: Instant) -> Option<u64> {
-        let mut keys = lock(&self.keys);
-        loop {
-            if let Some(k) = keys.get(rank).copied().flatten() {
-                return Some(k);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.is_closed() {
-                return None;
-            }
-            keys = self
-                .learned
-                .wait_timeout(keys, left.min(Duration::from_millis(100)))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+    /// The key of the pair (`rank`, this rank), from the id's secret.
+    fn key_with(&self, rank: usize) -> Secret {
+        keys::pair_key(self.secret, self.rank, rank)
     }
 
     pub(crate) fn is_closed(&self) -> bool {

@@ -51,37 +51,63 @@ fn fuzz_decoder() {
         nranks: 4,
         timeout_ms: 10,
         addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1234)),
+        challenge: 1 << 100,
+        mac: 17,
     });
-    let members: Vec<wire::Member> = (0..5)
-        .map(|i| wire::Member {
-            addr: SocketAddr::from((Ipv4Addr::new(10, 0, 0, i), 1000 + u16::from(i))),
-            key: u64::from(i) << 40,
-        })
-        .collect();
-    let table = wire::encode_table(9, &members);
-    let fail = wire::encode_fail(NcclResult::RemoteError, "only 2 of 3 ranks arrived");
+    let parent = SocketAddr::from((Ipv4Addr::new(10, 0, 0, 3), 1003));
+    let answer = wire::encode_answer(&wire::Answer {
+        parent: Some(parent),
+        mac: 3,
+    });
+    let fail = wire::encode_fail(NcclResult::RemoteError, "only 2 of 3 ranks arrived", 9);
     let connect = wire::encode_connect(&wire::Connect {
         nonce: 1,
         from: 2,
         nranks: 3,
-        key: 5,
+        challenge: u128::MAX,
+        mac: 5,
     });
+    let challenge = wire::encode_challenge(&wire::Challenge {
+        nonce: 4,
+        challenge: 6,
+    });
+    let proof = wire::encode_proof(8);
     let data = wire::encode_data(Channel::Barrier, 3, b"payload").expect("data");
-    let valid = [hello, table, fail, connect, data];
+    let valid = [hello, answer, fail, connect, data, challenge, proof];
     // The valid frames decode to what was encoded.
-    assert!(matches!(wire::decode(&valid[0][4..]), Ok(Msg::Hello(h)) if h.rank == 1));
     assert!(
-        matches!(wire::decode(&valid[1][4..]), Ok(Msg::Table { members: m, .. }) if m == members)
+        matches!(wire::decode(&valid[0][4..]), Ok(Msg::Hello(h)) if h.rank == 1 && h.challenge == 1 << 100 && h.mac == 17)
+    );
+    assert!(
+        matches!(wire::decode(&valid[1][4..]), Ok(Msg::Answer(a)) if a.parent == Some(parent) && a.mac == 3)
+    );
+    assert!(matches!(
+        wire::decode(&valid[2][4..]),
+        Ok(Msg::Fail {
+            code: NcclResult::RemoteError,
+            mac: 9,
+            ..
+        })
+    ));
+    assert!(
+        matches!(wire::decode(&valid[3][4..]), Ok(Msg::Connect(c)) if c.challenge == u128::MAX && c.mac == 5)
     );
     assert!(
         matches!(wire::decode(&valid[4][4..]), Ok(Msg::Data { channel: Channel::Barrier, tag: 3, payload }) if payload == b"payload")
     );
+    assert!(
+        matches!(wire::decode(&valid[5][4..]), Ok(Msg::Challenge(c)) if c.nonce == 4 && c.challenge == 6)
+    );
+    assert!(matches!(
+        wire::decode(&valid[6][4..]),
+        Ok(Msg::Proof { mac: 8 })
+    ));
     for i in 0..40_000 {
         let body = if i % 2 == 0 {
             let len = rng.below(120);
             let mut b = rng.bytes(len);
             if !b.is_empty() && i % 4 == 0 {
-                b[0] = (rng.below(6)) as u8; // a known message type, random rest
+                b[0] = (rng.below(8)) as u8; // a known message type, random rest
             }
             b
         } else {
@@ -207,27 +233,34 @@ fn abort_stops_a_waiting_init() {
 }
 
 #[test]
-fn setup_messages_round_trip() {
+fn address_tables_round_trip() {
     let a = vec![
         SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
         SocketAddr::from((Ipv4Addr::new(10, 0, 0, 2), 65535)),
     ];
-    let s = vec![u64::MAX, 1, 3, 4, 0, 0];
-    let b = wire::encode_setup(&a, &s);
-    assert_eq!(
-        wire::decode_setup(&b, 2, 6).expect("decode"),
-        (a.clone(), s)
-    );
+    let b = wire::encode_addrs(&a);
+    assert_eq!(wire::decode_addrs(&b, 2).expect("decode"), a);
     // Any other count, a cut or an extra byte: malformed, never a panic.
-    assert!(wire::decode_setup(&b, 3, 6).is_err());
-    assert!(wire::decode_setup(&b, 2, 5).is_err());
-    assert!(wire::decode_setup(&b, 1, 8).is_err());
-    assert!(wire::decode_setup(&b[1..], 2, 6).is_err());
-    assert!(wire::decode_setup(&[b.as_slice(), &[0]].concat(), 2, 6).is_err());
-    assert!(wire::decode_setup(&b, usize::MAX, usize::MAX).is_err());
-    assert!(wire::decode_setup(&b, usize::MAX / 16, 0).is_err());
-    let only = wire::encode_setup(&a, &[]);
-    assert_eq!(wire::decode_setup(&only, 2, 0).expect("decode").0, a);
+    assert!(wire::decode_addrs(&b, 3).is_err());
+    assert!(wire::decode_addrs(&b, 1).is_err());
+    assert!(wire::decode_addrs(&b[1..], 2).is_err());
+    assert!(wire::decode_addrs(&[b.as_slice(), &[0]].concat(), 2).is_err());
+    assert!(wire::decode_addrs(&b, usize::MAX).is_err());
+    assert!(wire::decode_addrs(&b, usize::MAX / 16).is_err());
+    let entries = vec![(5usize, a[0]), (0, a[1])];
+    let b = wire::encode_indexed(&entries);
+    assert_eq!(wire::decode_indexed(&b, 6).expect("decode"), entries);
+    // An index out of range, more entries than ranks, a cut: malformed.
+    assert!(wire::decode_indexed(&b, 5).is_err());
+    assert!(wire::decode_indexed(&b, 1).is_err());
+    assert!(wire::decode_indexed(&b[..b.len() - 1], 6).is_err());
+    assert!(wire::decode_indexed(&[], 6).expect("empty").is_empty());
+    // The root's whole say to a rank, the largest form of it.
+    let answer = wire::encode_answer(&wire::Answer {
+        parent: Some(a[1]),
+        mac: 1,
+    });
+    assert_eq!(answer.len(), root::ANSWER_BYTES);
 }
 
 #[test]
@@ -301,4 +334,49 @@ fn notices_to_a_gone_peer_are_answered_at_once() {
     // The live ones still hear each other.
     assert!(a.send_unless_gone(3, 9, b"still").expect("to a live peer"));
     assert_eq!(d.recv(0, 9).expect("delivered"), b"still");
+}
+
+/// The bootstrap alone at scale, ranks as threads on loopback: the init's time and what the
+/// root sent, per size. A measurement (run by hand: `cargo test --all-features --lib
+/// bootstrap_at_scale -- --ignored --nocapture`, sizes from `NCCL_RS_TEST_SCALE`, default
+/// 64,256,1024,4096); every rank's table is checked.
+#[test]
+#[ignore]
+fn bootstrap_at_scale() {
+    crate::test_aids::allow_descriptors(1 << 20);
+    let sizes = std::env::var("NCCL_RS_TEST_SCALE").unwrap_or_else(|_| "64,256,1024,4096".into());
+    for n in sizes
+        .split(',')
+        .filter_map(|s| s.trim().parse::<usize>().ok())
+    {
+        let id = new_local_root_id().expect("id");
+        let t = Duration::from_secs(600);
+        let start = Instant::now();
+        let tables: Vec<Vec<SocketAddr>> = thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let id = &id;
+                    thread::Builder::new()
+                        .stack_size(256 << 10)
+                        .spawn_scoped(s, move || {
+                            Bootstrap::init(id, r, n, t).map(|bs| bs.peer_addresses())
+                        })
+                        .expect("thread")
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("join").expect("init"))
+                .collect()
+        });
+        let took = start.elapsed();
+        for (r, table) in tables.iter().enumerate() {
+            assert_eq!(table, &tables[0], "rank {r}'s table");
+        }
+        eprintln!(
+            "bootstrap of {n} ranks as threads: {:.2} s; the root sent {} bytes ({} per rank)",
+            took.as_secs_f64(),
+            n * root::ANSWER_BYTES,
+            root::ANSWER_BYTES
+        );
+    }
 }

@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -29,13 +28,20 @@ use crate::error::{Error, Result};
 use crate::net::{Connecting, Listener, RecvComm, SendComm};
 use crate::sockets::Retry;
 
-static SERIAL: AtomicU64 = AtomicU64::new(1);
-
-/// The most sockets a listener holds while their hellos are awaited; the rest wait in the
-/// kernel's backlog until a hello arrives or a deadline drops one (a flood of silent
-/// connections then costs a bounded number of descriptors). A real connection brings at most
-/// 65 sockets (a control socket and `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS` ≤ 64).
-pub(super) const MAX_PENDING: usize = 128;
+/// The most sockets a listener holds while their hellos are awaited, in all and from one
+/// address: a new socket past either bound pushes out the oldest waiting one (of that
+/// address, or of all), so a flood of silent connections costs a bounded number of
+/// descriptors and keeps no real connection out. A real connection brings at most 65 sockets
+/// (a control socket and `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS` ≤ 64), each with
+/// its hello written right after its connect.
+pub(super) const MAX_PENDING: usize = 512;
+pub(super) const MAX_PENDING_PER_SOURCE: usize = 128;
+/// Most sockets one `accept` call takes from the backlog before it reads the hellos: a real
+/// socket's hello is read in the call that accepted it, before a flood behind it in the
+/// backlog can push it out.
+const ACCEPTS_PER_CALL: usize = 64;
+/// How long an accepted socket may take to send its hello (a real one sends it at once).
+pub(super) const HELLO_WAIT: Duration = Duration::from_secs(2);
 
 /// A listener's tag: 128 random bits of its own. It travels only in the handle, through the
 /// bootstrap, so a stranger cannot greet a listener as one of its connections, and one handle
@@ -49,10 +55,12 @@ pub(super) fn next_tag() -> u128 {
     (u128::from(high) << 64) | u128::from(low)
 }
 
+/// A connection's id: this process's, and a random serial (a predictable one would let a
+/// process that knows a listener's tag slip a socket into another's connection).
 fn next_conn_id() -> ConnId {
     ConnId {
         pid: std::process::id(),
-        serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+        serial: crate::sockets::random_nonce(),
     }
 }
 
@@ -140,12 +148,10 @@ impl SocketListener {
         self.addr
     }
 
-    /// Takes the connections waiting in the backlog, up to [`MAX_PENDING`] awaiting hellos.
+    /// Takes up to [`ACCEPTS_PER_CALL`] connections from the backlog, each making room for
+    /// itself among those awaiting hellos (see [`MAX_PENDING`]).
     fn take_new(&mut self) -> Result<()> {
-        loop {
-            if self.pending.len() >= MAX_PENDING {
-                return Ok(());
-            }
+        for _ in 0..ACCEPTS_PER_CALL {
             match self.sock.accept() {
                 Ok((s, from)) => {
                     let Some(peer) = from.as_socket() else {
@@ -157,6 +163,7 @@ impl SocketListener {
                         });
                         continue;
                     }
+                    self.make_room(peer);
                     self.pending.push(Pending {
                         sock: s,
                         peer,
@@ -182,6 +189,43 @@ impl SocketListener {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Pushes out the oldest socket awaiting its hello from `peer`'s address when that address
+    /// has [`MAX_PENDING_PER_SOURCE`] waiting, else the oldest of all at [`MAX_PENDING`].
+    fn make_room(&mut self, peer: SocketAddr) {
+        let oldest = |it: &mut dyn Iterator<Item = (usize, &Pending)>| {
+            it.min_by_key(|(_, p)| p.since).map(|(i, _)| i)
+        };
+        let same = self
+            .pending
+            .iter()
+            .filter(|p| p.peer.ip() == peer.ip())
+            .count();
+        let out = if same >= MAX_PENDING_PER_SOURCE {
+            oldest(
+                &mut self
+                    .pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.peer.ip() == peer.ip()),
+            )
+        } else if self.pending.len() >= MAX_PENDING {
+            oldest(&mut self.pending.iter().enumerate())
+        } else {
+            None
+        };
+        if let Some(i) = out {
+            let p = self.pending.swap_remove(i);
+            self.rejections.warn(|| {
+                format!(
+                    "NET/Socket: listener {}: dropping {}: pushed out by a newer socket (too \
+                     many awaiting their hellos)",
+                    self.addr, p.peer
+                )
+            });
+        }
     }
 
     /// Reads what arrived of the pending hellos; files the complete ones into groups.
@@ -205,13 +249,15 @@ impl SocketListener {
                 }
             };
             match outcome {
-                HelloRead::Wait if p.since.elapsed() <= self.timeout => i += 1,
+                HelloRead::Wait if p.since.elapsed() <= HELLO_WAIT.min(self.timeout) => i += 1,
                 HelloRead::Wait => {
                     let p = self.pending.swap_remove(i);
                     self.rejections.warn(|| {
                         format!(
                             "NET/Socket: listener {}: dropping {}: no hello within {:?}",
-                            self.addr, p.peer, self.timeout
+                            self.addr,
+                            p.peer,
+                            HELLO_WAIT.min(self.timeout)
                         )
                     });
                 }

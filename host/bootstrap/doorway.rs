@@ -1,0 +1,238 @@
+//! A listener's doorway: one thread accepts every connection, sends it a challenge, and waits
+//! with poll(2) for its first frame; only a connection whose first frame the listener's owner
+//! admits goes on (to a reader thread, or to the root's gather). A stranger who opens
+//! thousands of connections and says nothing therefore costs no thread, a bounded number of
+//! descriptors, and no real rank its place:
+//!
+//! - a connection has `wait` to send its first frame (`NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`);
+//! - at most `pending` connections wait at once, and at most `per_source` from one address: a
+//!   new one past either bound pushes out the oldest waiting one (of that address, or of all),
+//!   so a real rank, which answers its challenge within a round trip, gets in even while
+//!   silent connections keep the doorway full, and a rank that was pushed out (it sees its
+//!   connection close before its answer) connects again;
+//! - every drop is counted and logged with a rate limit (`sockets::Rejections`).
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use crate::sockets;
+
+/// How many connections a doorway lets wait, in all and from one address.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub pending: usize,
+    pub per_source: usize,
+    /// How long a connection may take to send its first frame.
+    pub wait: Duration,
+    /// Largest first frame's body.
+    pub max_frame: usize,
+}
+
+impl Limits {
+    /// The bootstrap's: 1024 waiting, 256 from one address, `wait` from the environment.
+    pub(crate) fn bootstrap(max_frame: usize) -> Limits {
+        Limits {
+            pending: 1024,
+            per_source: 256,
+            wait: super::socket::handshake_wait(),
+            max_frame,
+        }
+    }
+}
+
+/// What a doorway asks of its owner.
+pub(crate) trait Owner {
+    /// Whether to stop (asked at least every 50 ms).
+    fn stopped(&self) -> bool;
+    /// A fresh challenge: its value, and the frame that carries it. None: no random source
+    /// (the connection is dropped).
+    fn challenge(&mut self) -> Option<(u128, Vec<u8>)>;
+    /// A connection's first frame body, with the challenge it was sent; the stream is in
+    /// blocking mode again. Err(why): refused (the owner has closed or dropped the stream).
+    fn admit(&mut self, stream: TcpStream, challenge: u128, body: Vec<u8>) -> Result<(), String>;
+    /// Logs a dropped or refused connection (rate-limited by the owner).
+    fn rejected(&mut self, from: SocketAddr, why: &str);
+}
+
+/// A connection waiting for its first frame.
+struct Waiting {
+    stream: TcpStream,
+    from: SocketAddr,
+    challenge: u128,
+    /// The frame so far: its 4-byte length, then its body.
+    buf: Vec<u8>,
+    until: Instant,
+}
+
+/// Accepts on `listener` until `owner.stopped()`; see the module text.
+pub(crate) fn serve(listener: &Socket, limits: Limits, owner: &mut dyn Owner) {
+    if let Err(e) = listener.set_nonblocking(true) {
+        log::warn!("bootstrap: cannot make a listener non-blocking: {e}");
+        return;
+    }
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    while !owner.stopped() {
+        let now = Instant::now();
+        // Drop those past their time.
+        while let Some(i) = waiting.iter().position(|w| w.until <= now) {
+            let w = waiting.remove(i).expect("position is in range");
+            owner.rejected(w.from, "no answer to the challenge in time");
+        }
+        let next = waiting.iter().map(|w| w.until).min();
+        let wait = next.map_or(Duration::from_millis(50), |t| {
+            t.saturating_duration_since(now)
+                .min(Duration::from_millis(50))
+        });
+        fds.clear();
+        fds.push(pollfd(listener.as_raw_fd()));
+        fds.extend(waiting.iter().map(|w| pollfd(w.stream.as_raw_fd())));
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures.
+        let n = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                wait.as_millis().max(1) as i32,
+            )
+        };
+        if n <= 0 {
+            continue;
+        }
+        // The waiting ones first (indices shift as they leave), newest to oldest.
+        for i in (0..waiting.len()).rev() {
+            if fds[i + 1].revents == 0 {
+                continue;
+            }
+            match read_some(&mut waiting[i], limits.max_frame) {
+                Ok(false) => {}
+                Ok(true) => {
+                    let w = waiting.remove(i).expect("index is in range");
+                    let body = w.buf[4..].to_vec();
+                    if let Err(e) = w.stream.set_nonblocking(false) {
+                        owner.rejected(w.from, &format!("cannot make it blocking: {e}"));
+                        continue;
+                    }
+                    let from = w.from;
+                    if let Err(why) = owner.admit(w.stream, w.challenge, body) {
+                        owner.rejected(from, &why);
+                    }
+                }
+                Err(why) => {
+                    let w = waiting.remove(i).expect("index is in range");
+                    owner.rejected(w.from, &why);
+                }
+            }
+        }
+        if fds[0].revents != 0 {
+            accept_all(listener, &limits, &mut waiting, owner);
+        }
+    }
+}
+
+fn pollfd(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Accepts every connection the listener has, each sent its challenge and set waiting.
+fn accept_all(
+    listener: &Socket,
+    limits: &Limits,
+    waiting: &mut VecDeque<Waiting>,
+    owner: &mut dyn Owner,
+) {
+    loop {
+        let (sock, addr) = match listener.accept() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                if !owner.stopped() {
+                    log::warn!("bootstrap: accept failed: {e}");
+                }
+                // Out of descriptors and the like: the next poll tries again.
+                return;
+            }
+        };
+        let Some(from) = addr.as_socket() else {
+            continue;
+        };
+        let stream: TcpStream = sock.into();
+        let Some((challenge, frame)) = owner.challenge() else {
+            owner.rejected(from, "no random challenge could be drawn");
+            continue;
+        };
+        // A fresh socket's send buffer takes a challenge whole; anything else is not a peer.
+        if stream.set_nonblocking(true).is_err()
+            || (&stream).write(&frame).ok() != Some(frame.len())
+        {
+            owner.rejected(from, "cannot send it its challenge");
+            continue;
+        }
+        make_room(waiting, from.ip(), limits, owner);
+        waiting.push_back(Waiting {
+            stream,
+            from,
+            challenge,
+            buf: Vec::new(),
+            until: sockets::deadline_after(limits.wait),
+        });
+    }
+}
+
+/// Pushes out the oldest waiting connection of `ip` when that address has `per_source`
+/// waiting, else the oldest of all when `pending` wait.
+fn make_room(waiting: &mut VecDeque<Waiting>, ip: IpAddr, limits: &Limits, owner: &mut dyn Owner) {
+    let same: Vec<usize> = (0..waiting.len())
+        .filter(|&i| waiting[i].from.ip() == ip)
+        .collect();
+    let out = if same.len() >= limits.per_source.max(1) {
+        Some(same[0])
+    } else if waiting.len() >= limits.pending.max(1) {
+        Some(0)
+    } else {
+        None
+    };
+    if let Some(i) = out {
+        let w = waiting.remove(i).expect("index is in range");
+        owner.rejected(
+            w.from,
+            "pushed out by a newer connection (too many waiting)",
+        );
+    }
+}
+
+/// Reads what arrived; Ok(true) once the first frame is whole.
+fn read_some(w: &mut Waiting, max_frame: usize) -> Result<bool, String> {
+    let mut chunk = [0u8; 512];
+    loop {
+        let want = if w.buf.len() < 4 {
+            4 - w.buf.len()
+        } else {
+            let mut p = [0u8; 4];
+            p.copy_from_slice(&w.buf[..4]);
+            let len = super::wire::body_len(p, max_frame)
+                .ok_or_else(|| format!("a first frame over {max_frame} bytes"))?;
+            4 + len - w.buf.len()
+        };
+        if want == 0 {
+            return Ok(true);
+        }
+        let take = want.min(chunk.len());
+        match (&w.stream).read(&mut chunk[..take]) {
+            Ok(0) => return Err("closed before its first frame".into()),
+            Ok(n) => w.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
