@@ -6,10 +6,11 @@
 //!
 //! - a connection has `wait` to send its first frame (`NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`);
 //! - at most `pending` connections wait at once, and at most `per_source` from one address: a
-//!   new one past either bound pushes out the oldest waiting one (of that address, or of all),
-//!   so a real rank, which answers its challenge within a round trip, gets in even while
-//!   silent connections keep the doorway full, and a rank that was pushed out (it sees its
-//!   connection close before its answer) connects again;
+//!   new one past either bound pushes out the oldest waiting one (of that address, or of all)
+//!   once that one has waited a quarter of `wait`, else the new one is refused; so a real
+//!   rank, which answers its challenge within a round trip, gets in even while silent
+//!   connections keep the doorway full, and a rank that was refused or pushed out (it sees
+//!   its connection close before its answer) connects again after a pause;
 //! - every drop is counted and logged with a rate limit (`sockets::Rejections`).
 
 use std::collections::VecDeque;
@@ -166,6 +167,10 @@ fn accept_all(
             continue;
         };
         let stream: TcpStream = sock.into();
+        if !make_room(waiting, from.ip(), limits, owner) {
+            owner.rejected(from, "too many connections waiting; try again");
+            continue;
+        }
         let Some((challenge, frame)) = owner.challenge() else {
             owner.rejected(from, "no random challenge could be drawn");
             continue;
@@ -177,7 +182,6 @@ fn accept_all(
             owner.rejected(from, "cannot send it its challenge");
             continue;
         }
-        make_room(waiting, from.ip(), limits, owner);
         waiting.push_back(Waiting {
             stream,
             from,
@@ -188,25 +192,39 @@ fn accept_all(
     }
 }
 
-/// Pushes out the oldest waiting connection of `ip` when that address has `per_source`
-/// waiting, else the oldest of all when `pending` wait.
-fn make_room(waiting: &mut VecDeque<Waiting>, ip: IpAddr, limits: &Limits, owner: &mut dyn Owner) {
-    let same: Vec<usize> = (0..waiting.len())
-        .filter(|&i| waiting[i].from.ip() == ip)
-        .collect();
-    let out = if same.len() >= limits.per_source.max(1) {
-        Some(same[0])
-    } else if waiting.len() >= limits.pending.max(1) {
-        Some(0)
-    } else {
-        None
-    };
-    if let Some(i) = out {
-        let w = waiting.remove(i).expect("index is in range");
-        owner.rejected(
-            w.from,
-            "pushed out by a newer connection (too many waiting)",
-        );
+/// Makes room for a connection from `ip`: when that address has `per_source` waiting, or all
+/// have `pending`, the oldest waiting one (of that address, or of all) is pushed out, if it
+/// has waited a quarter of `wait` (a real rank answers long before: a flood's connections age
+/// past it); else the new one is refused (false), and its rank, if it is one, knocks again
+/// after a pause. Without that age, thousands of ranks arriving at once on a busy host pushed
+/// one another out before any could answer.
+fn make_room(
+    waiting: &mut VecDeque<Waiting>,
+    ip: IpAddr,
+    limits: &Limits,
+    owner: &mut dyn Owner,
+) -> bool {
+    let same = waiting.iter().filter(|w| w.from.ip() == ip).count();
+    let full_here = same >= limits.per_source.max(1);
+    if !full_here && waiting.len() < limits.pending.max(1) {
+        return true;
+    }
+    let old_enough = sockets::deadline_after(limits.wait - limits.wait / 4);
+    // The oldest waiting one (of `ip` when that address is full) if it is old enough.
+    let out = waiting
+        .iter()
+        .position(|w| !full_here || w.from.ip() == ip)
+        .filter(|&i| waiting[i].until <= old_enough);
+    match out {
+        Some(i) => {
+            let w = waiting.remove(i).expect("index is in range");
+            owner.rejected(
+                w.from,
+                "pushed out by a newer connection (too many waiting)",
+            );
+            true
+        }
+        None => false,
     }
 }
 

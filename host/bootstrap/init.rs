@@ -303,7 +303,7 @@ impl Tree {
 fn whole_table(all: Vec<(usize, SocketAddr)>, nranks: usize) -> Result<Vec<SocketAddr>> {
     let mut table: Vec<Option<SocketAddr>> = vec![None; nranks];
     for (r, a) in all {
-        if std::mem::replace(&mut table[r], Some(a)).is_some() {
+        if table[r].replace(a).is_some() {
             return Err(Error::remote(format!(
                 "bootstrap: rank {r} appears twice in the gathered table"
             )));
@@ -333,10 +333,12 @@ fn join_root(
 ) -> Result<Option<SocketAddr>> {
     let root = f.root;
     let late = deadline + ROOT_GRACE;
+    let mut knocks = 0u32;
     loop {
         match try_join_root(f, local, n, me, deadline, abort) {
             Err(Joining::Closed(_)) if Instant::now() < deadline => {
-                abort.check()?;
+                knocks += 1;
+                abort.sleep(socket::knock_pause(knocks))?;
                 continue;
             }
             Err(Joining::Closed(e)) if socket::is_timeout(&e) || Instant::now() >= late => {

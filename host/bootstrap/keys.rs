@@ -13,8 +13,6 @@
 //! grows with the job. MACs are SipHash-2-4 (a pseudo-random function) over length-prefixed
 //! fields under a 128-bit key.
 
-use std::io::Read;
-
 use crate::error::{Error, Result};
 
 /// A 128-bit SipHash key.
@@ -33,13 +31,21 @@ impl Secret {
     /// a guessable secret would make every key guessable.
     pub(crate) fn draw() -> Result<Secret> {
         let mut b = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut b))
-            .map_err(|e| {
-                Error::system(format!(
-                    "bootstrap: no random bytes for a secret or challenge (/dev/urandom): {e}"
-                ))
-            })?;
+        let mut got = 0;
+        while got < b.len() {
+            // SAFETY: writes at most the `b.len() - got` bytes left of `b`.
+            let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(Error::system(format!(
+                    "bootstrap: no random bytes for a secret or challenge (getrandom): {e}"
+                )));
+            }
+            got += n as usize;
+        }
         let (lo, hi) = b.split_at(8);
         Ok(Secret([le64(lo), le64(hi)]))
     }
@@ -106,8 +112,8 @@ fn prf(s: Secret, words: &[u64]) -> u64 {
 }
 
 /// Domains, so that a value computed for one purpose never equals one for another.
-const D_JOIN: [u64; 2] = [0x6a6f_696e_30, 0x6a6f_696e_31]; // "join0", "join1"
-const D_PAIR: [u64; 2] = [0x7061_6972_30, 0x7061_6972_31]; // "pair0", "pair1"
+const D_JOIN: [u64; 2] = [0x006a_6f69_6e30, 0x006a_6f69_6e31]; // "join0", "join1"
+const D_PAIR: [u64; 2] = [0x0070_6169_7230, 0x0070_6169_7231]; // "pair0", "pair1"
 
 /// The key of the hellos to the root and its answers, under the id's secret `s`.
 pub(crate) fn join_key(s: Secret) -> Secret {
@@ -126,16 +132,16 @@ pub(crate) fn pair_key(s: Secret, a: usize, b: usize) -> Secret {
 #[repr(u64)]
 pub(crate) enum Purpose {
     /// A rank's hello to the root.
-    Hello = 0x6865_6c6c_6f,
+    Hello = 0x0068_656c_6c6f,
     /// The root's answer to one rank.
     Answer = 0x616e_7377_6572,
     /// The root's refusal of one rank (it is authenticated too: a forged root cannot make a
     /// real rank give up).
     Fail = 0x6661_696c,
     /// A rank's greeting to the peer it connects to.
-    Greet = 0x6772_6565_74,
+    Greet = 0x0067_7265_6574,
     /// The peer's proof, in return, that it is the rank the greeting was for.
-    Proof = 0x7072_6f6f_66,
+    Proof = 0x0070_726f_6f66,
 }
 
 /// The MAC of `fields` (each length-prefixed) for `purpose` under `k`.

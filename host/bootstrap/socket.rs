@@ -326,6 +326,17 @@ pub(crate) fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
+/// The pause before the `n`th new try at a listener that closed our connection at its door
+/// (full of waiting connections): 10 ms, doubling, at most 320 ms, less a share that differs
+/// from thread to thread so that ranks turned away together do not come back together.
+pub(crate) fn knock_pause(n: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let base = 10u64 << n.clamp(1, 6).saturating_sub(1);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(n);
+    Duration::from_millis(base - h.finish() % (base / 2 + 1))
+}
+
 /// Default of `NCCL_RS_BOOTSTRAP_HANDSHAKE_MS`.
 const HANDSHAKE_WAIT_MS: i64 = 2000;
 

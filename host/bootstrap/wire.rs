@@ -306,7 +306,7 @@ pub(crate) fn encode_indexed(entries: &[(usize, SocketAddr)]) -> Vec<u8> {
 
 /// Decodes an indexed address list whose indices are all below `n`.
 pub(crate) fn decode_indexed(b: &[u8], n: usize) -> Result<Vec<(usize, SocketAddr)>> {
-    if b.len() % INDEXED_BYTES != 0 || b.len() / INDEXED_BYTES > n {
+    if !b.len().is_multiple_of(INDEXED_BYTES) || b.len() / INDEXED_BYTES > n {
         return Err(malformed("indexed address list of a wrong size"));
     }
     let mut r = Rd(b);

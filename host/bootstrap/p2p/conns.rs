@@ -45,6 +45,7 @@ impl Outgoing {
     ) -> Result<Option<Outgoing>> {
         let rank = shared.rank;
         let give_up = || shared.is_closed();
+        let mut knocks = 0u32;
         loop {
             let connected = match live {
                 true => socket::connect_to_live(addr, deadline, give_up),
@@ -77,8 +78,11 @@ impl Outgoing {
                     }));
                 }
                 Err(Greeting::ClosedAtTheDoor(_)) if Instant::now() < deadline => {
-                    // Pushed out of a full doorway (see `doorway.rs`): knock again.
+                    // Refused by, or pushed out of, a full doorway (see `doorway.rs`): knock
+                    // again after a pause.
                     shared.unregister(id);
+                    knocks += 1;
+                    std::thread::sleep(socket::knock_pause(knocks));
                 }
                 Err(Greeting::ClosedAtTheDoor(e) | Greeting::Failed(e)) => {
                     shared.unregister(id);

@@ -336,47 +336,119 @@ fn notices_to_a_gone_peer_are_answered_at_once() {
     assert_eq!(d.recv(0, 9).expect("delivered"), b"still");
 }
 
-/// The bootstrap alone at scale, ranks as threads on loopback: the init's time and what the
-/// root sent, per size. A measurement (run by hand: `cargo test --all-features --lib
-/// bootstrap_at_scale -- --ignored --nocapture`, sizes from `NCCL_RS_TEST_SCALE`, default
-/// 64,256,1024,4096); every rank's table is checked.
+/// The bootstrap alone at scale, on loopback: the init's time and what the root sent, per
+/// size. Ranks are threads of child processes (at most 512 each: one process holds a dozen
+/// descriptors per rank, and the limit here is 20,000), the root in this process. Every
+/// rank's table is checked: each child reports a digest of its ranks' tables, which must all
+/// agree. A measurement, run by hand: `cargo test --all-features --lib bootstrap_at_scale --
+/// --ignored --nocapture`, sizes from `NCCL_RS_TEST_SCALE` (default 64,256,1024,4096).
 #[test]
 #[ignore]
 fn bootstrap_at_scale() {
-    crate::test_aids::allow_descriptors(1 << 20);
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
     let sizes = std::env::var("NCCL_RS_TEST_SCALE").unwrap_or_else(|_| "64,256,1024,4096".into());
     for n in sizes
         .split(',')
         .filter_map(|s| s.trim().parse::<usize>().ok())
     {
         let id = new_local_root_id().expect("id");
-        let t = Duration::from_secs(600);
+        let hex: String = id.internal.iter().map(|b| format!("{b:02x}")).collect();
+        let per = 512;
         let start = Instant::now();
-        let tables: Vec<Vec<SocketAddr>> = thread::scope(|s| {
-            let hs: Vec<_> = (0..n)
-                .map(|r| {
-                    let id = &id;
-                    thread::Builder::new()
-                        .stack_size(256 << 10)
-                        .spawn_scoped(s, move || {
-                            Bootstrap::init(id, r, n, t).map(|bs| bs.peer_addresses())
-                        })
-                        .expect("thread")
+        let mut children: Vec<_> = (0..n.div_ceil(per))
+            .map(|k| {
+                let (first, count) = (k * per, per.min(n - k * per));
+                Command::new(std::env::current_exe().expect("test binary"))
+                    .args(["--exact", "bootstrap::tests::roots_and_wire::scale_part"])
+                    .args(["--ignored", "--nocapture", "--test-threads=1"])
+                    .env(
+                        "NCCL_RS_TEST_SCALE_PART",
+                        format!("{hex},{n},{first},{count}"),
+                    )
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("a child")
+            })
+            .collect();
+        let mut digests = Vec::new();
+        let mut outs = Vec::new();
+        for c in &mut children {
+            let mut out = BufReader::new(c.stdout.take().expect("stdout"));
+            // (libtest's "test ... " may precede it on the line.)
+            let line = (&mut out)
+                .lines()
+                .map_while(|l| l.ok())
+                .find_map(|l| {
+                    let at = l.find("TABLES ").or_else(|| l.find("FAILED "))?;
+                    Some(l[at..].to_string())
                 })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("join").expect("init"))
-                .collect()
-        });
-        let took = start.elapsed();
-        for (r, table) in tables.iter().enumerate() {
-            assert_eq!(table, &tables[0], "rank {r}'s table");
+                .expect("a child's report");
+            assert!(line.starts_with("TABLES "), "{line}");
+            digests.push(line);
+            outs.push(out);
         }
+        let took = start.elapsed();
+        for (c, mut out) in children.iter_mut().zip(outs) {
+            drop(c.stdin.take());
+            let _ = std::io::Read::read_to_end(&mut out, &mut Vec::new());
+            let status = c.wait().expect("wait");
+            assert!(status.success(), "a child: {status}");
+        }
+        assert!(digests.iter().all(|d| d == &digests[0]), "{digests:?}");
         eprintln!(
-            "bootstrap of {n} ranks as threads: {:.2} s; the root sent {} bytes ({} per rank)",
+            "bootstrap of {n} ranks ({} processes of threads): {:.2} s; the root sent {} bytes \
+             ({} per rank)",
+            children.len(),
             took.as_secs_f64(),
             n * root::ANSWER_BYTES,
             root::ANSWER_BYTES
         );
     }
+}
+
+/// One child of [`bootstrap_at_scale`]: its ranks' inits as threads, one line with the digest
+/// of their (equal) tables, then it holds them until its stdin closes.
+#[test]
+#[ignore]
+fn scale_part() {
+    use std::hash::{Hash, Hasher};
+    let Ok(spec) = std::env::var("NCCL_RS_TEST_SCALE_PART") else {
+        return;
+    };
+    let f: Vec<&str> = spec.split(',').collect();
+    let mut id = UniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
+    for (i, b) in id.internal.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&f[0][2 * i..2 * i + 2], 16).expect("hex");
+    }
+    let [n, first, count] = [1, 2, 3].map(|i| f[i].parse::<usize>().expect("a number"));
+    let t = Duration::from_secs(300);
+    let ranks: Vec<Result<Bootstrap>> = thread::scope(|s| {
+        let hs: Vec<_> = (first..first + count)
+            .map(|r| {
+                let id = &id;
+                thread::Builder::new()
+                    .stack_size(256 << 10)
+                    .spawn_scoped(s, move || Bootstrap::init(id, r, n, t))
+                    .expect("thread")
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).collect()
+    });
+    let ranks: Vec<Bootstrap> = match ranks.into_iter().collect::<Result<_>>() {
+        Ok(r) => r,
+        Err(e) => {
+            println!("FAILED {e}");
+            return;
+        }
+    };
+    let table = ranks[0].peer_addresses();
+    assert!(ranks.iter().all(|bs| bs.peer_addresses() == table));
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    table.hash(&mut h);
+    println!("TABLES {:016x}", h.finish());
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
 }
