@@ -23,6 +23,9 @@ use socket2::Socket;
 
 use crate::sockets;
 
+/// The longest a doorway sleeps without asking its owner whether to stop.
+const STOP_CHECK: Duration = Duration::from_secs(1);
+
 /// How many connections a doorway lets wait, in all and from one address.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
@@ -48,7 +51,8 @@ impl Limits {
 
 /// What a doorway asks of its owner.
 pub(crate) trait Owner {
-    /// Whether to stop (asked at least every 50 ms).
+    /// Whether to stop: asked whenever the listener wakes the doorway (the owner shuts it down
+    /// to stop it) and at least every [`STOP_CHECK`].
     fn stopped(&self) -> bool;
     /// A fresh challenge: its value, and the frame that carries it. None: no random source
     /// (the connection is dropped).
@@ -85,10 +89,12 @@ pub(crate) fn serve(listener: &Socket, limits: Limits, owner: &mut dyn Owner) {
             let w = waiting.remove(i).expect("position is in range");
             owner.rejected(w.from, "no answer to the challenge in time");
         }
+        // The owner stops a doorway by shutting its listener down, which wakes the poll; the
+        // 1 s cap is a safety net only. (A 50 ms one cost 4,096 ranks as threads 80,000
+        // wake-ups a second, both cores of this machine: their hellos missed the deadline.)
         let next = waiting.iter().map(|w| w.until).min();
-        let wait = next.map_or(Duration::from_millis(50), |t| {
-            t.saturating_duration_since(now)
-                .min(Duration::from_millis(50))
+        let wait = next.map_or(STOP_CHECK, |t| {
+            t.saturating_duration_since(now).min(STOP_CHECK)
         });
         fds.clear();
         fds.push(pollfd(listener.as_raw_fd()));
