@@ -349,7 +349,7 @@ fn notices_to_a_gone_peer_are_answered_at_once() {
 fn bootstrap_at_scale() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
-    let sizes = std::env::var("NCCL_RS_TEST_SCALE").unwrap_or_else(|_| "64,256,1024,4096".into());
+    let sizes = std::env::var("NCCL_RS_TEST_SCALE").unwrap_or_else(|_| "64,256,1024,2048".into());
     for n in sizes
         .split(',')
         .filter_map(|s| s.trim().parse::<usize>().ok())
