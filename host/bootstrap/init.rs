@@ -323,7 +323,7 @@ fn whole_table(all: Vec<(usize, SocketAddr)>, nranks: usize) -> Result<Vec<Socke
 /// with the join key's MAC, and its answer must carry the MAC over ours: a process that
 /// listens on the root's address without the id is refused by name. A connection closed
 /// before the answer (pushed out of a full doorway) is opened again, until `deadline`.
-fn join_root(
+pub(super) fn join_root(
     f: &id::IdFields,
     local: usize,
     n: usize,

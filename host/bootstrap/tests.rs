@@ -752,3 +752,43 @@ fn strangers_and_replayed_greetings_cannot_send_in_a_ranks_name() {
 /// A peer that sends faster than the rank takes: its reader stops at the budget (TCP then holds
 /// the sender back), and every message still arrives, in order, once taken.
 mod roots_and_wire;
+
+/// A rank that stops reading after its hello (a SIGSTOPped process) holds up no other rank's
+/// answer: the root's answer is a few dozen bytes, which the stopped rank's socket takes
+/// whole, each under a deadline of its own. (Before, the root sent every rank the whole table
+/// under one deadline, one rank after another.)
+#[test]
+fn a_rank_that_stops_reading_holds_up_no_answer() {
+    let id = new_local_root_id().expect("id");
+    let f = id.fields().expect("fields");
+    let me = SocketAddr::from((Ipv4Addr::LOCALHOST, 9));
+    // Rank 3 of 4: a proven hello, then never another read (its answer waits in the socket).
+    let stopped = TcpStream::connect(f.root).expect("connect");
+    let body =
+        socket::read_frame(&stopped, wire::MAX_CTRL_BODY, Instant::now() + T).expect("challenge");
+    let Ok(Msg::Challenge(c)) = wire::decode(&body) else {
+        panic!("no challenge");
+    };
+    (&stopped)
+        .write_all(&hello_for(
+            &f,
+            keys::join_key(f.secret),
+            c.challenge,
+            (3, 4),
+        ))
+        .expect("hello");
+    let parents: Vec<Option<SocketAddr>> = thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let f = &f;
+                s.spawn(move || {
+                    let abort = AbortFlag::new();
+                    init::join_root(f, r, 4, me, Instant::now() + T, &abort).expect("an answer")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    assert_eq!(parents, vec![None, Some(me), Some(me)]);
+    drop(stopped);
+}
