@@ -123,10 +123,11 @@ fn serve_client(s: TcpStream, busy: &Arc<AtomicUsize>) {
     }
 }
 
+/// Serves one client: its command line within `BASE_TIMEOUT`, then the report, all of it
+/// written within `BASE_TIMEOUT` of the report being ready: a client that reads slowly (a byte
+/// every few seconds) holds this thread no longer than one that stopped.
 fn answer(s: TcpStream) -> std::io::Result<()> {
     s.set_read_timeout(Some(BASE_TIMEOUT))?;
-    // A client that stops reading must not hold this thread for ever.
-    s.set_write_timeout(Some(BASE_TIMEOUT))?;
     let mut line = String::new();
     BufReader::new((&s).take(256)).read_line(&mut line)?;
     let text = match line.trim().to_ascii_uppercase().as_str() {
@@ -134,8 +135,20 @@ fn answer(s: TcpStream) -> std::io::Result<()> {
         "VERBOSE STATUS" => cached_report(true),
         other => format!("ERROR: unknown command {other:?}; send STATUS or VERBOSE STATUS\n"),
     };
-    let mut w = &s;
-    w.write_all(text.as_bytes())?;
+    write_before(&s, text.as_bytes(), Instant::now() + BASE_TIMEOUT)
+}
+
+/// Writes `bytes` to `s` in chunks, failing (TimedOut) once `deadline` passes.
+fn write_before(s: &TcpStream, bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    let mut w = s;
+    for chunk in bytes.chunks(16 << 10) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_write_timeout(Some(left))?;
+        w.write_all(chunk)?;
+    }
     w.flush()
 }
 
@@ -328,5 +341,26 @@ mod tests {
         let out = child.wait_with_output().expect("child");
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(said.starts_with("ERROR: RAS answers only"), "{said}");
+    }
+
+    /// A client that reads a byte now and then is cut off at the answer's deadline, not kept
+    /// for as long as it trickles.
+    #[test]
+    fn a_slow_reader_is_cut_off_at_the_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        // Far more than the socket buffers take, and nobody reading.
+        let big = vec![b'x'; 64 << 20];
+        let e = write_before(&s, &big, Instant::now() + Duration::from_millis(300))
+            .expect_err("the client never reads");
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        drop(client);
     }
 }
