@@ -265,6 +265,22 @@ impl Rejections {
     }
 }
 
+/// `want` descriptors, or an eighth of this process's soft limit on open descriptors if that
+/// is fewer (at least 16): what one listener may hold for connections that have not yet said
+/// who they are.
+pub(crate) fn descriptor_share(want: usize) -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid rlimit structure.
+    let soft = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX),
+        _ => 1024,
+    };
+    want.min(soft / 8).max(16)
+}
+
 /// The user id owning the local socket at `peer` that is connected to our `me`, from the
 /// kernel's socket tables (`/proc/net/tcp`, `/proc/net/tcp6`); None when no such socket is on
 /// this host (a remote peer) or the tables cannot be read.

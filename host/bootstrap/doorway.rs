@@ -11,6 +11,8 @@
 //!   rank, which answers its challenge within a round trip, gets in even while silent
 //!   connections keep the doorway full, and a rank that was refused or pushed out (it sees
 //!   its connection close before its answer) connects again after a pause;
+//! - at most 64 connections are accepted per wake, then the waiting ones are read, and an
+//!   accept error (out of descriptors) rests the listener for 50 ms instead of spinning;
 //! - every drop is counted and logged with a rate limit (`sockets::Rejections`).
 
 use std::collections::VecDeque;
@@ -38,11 +40,14 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
-    /// The bootstrap's: 1024 waiting, 256 from one address, `wait` from the environment.
+    /// The bootstrap's: 1024 waiting, 256 from one address, fewer where the process may
+    /// hold few descriptors (an eighth of its soft limit, so that a flood cannot take the
+    /// descriptors the job needs); `wait` from the environment.
     pub(crate) fn bootstrap(max_frame: usize) -> Limits {
+        let pending = sockets::descriptor_share(1024);
         Limits {
-            pending: 1024,
-            per_source: 256,
+            pending,
+            per_source: (pending / 4).max(1),
             wait: super::socket::handshake_wait(),
             max_frame,
         }
@@ -82,8 +87,15 @@ pub(crate) fn serve(listener: &Socket, limits: Limits, owner: &mut dyn Owner) {
     }
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
+    // After an accept error (out of descriptors, ...) the listener is left alone for a while:
+    // the connection that failed stays queued, and polling it at once would spin.
+    let mut listener_rests_until: Option<Instant> = None;
+    let accept_errors = sockets::Rejections::default();
     while !owner.stopped() {
         let now = Instant::now();
+        if listener_rests_until.is_some_and(|t| t <= now) {
+            listener_rests_until = None;
+        }
         // Drop those past their time.
         while let Some(i) = waiting.iter().position(|w| w.until <= now) {
             let w = waiting.remove(i).expect("position is in range");
@@ -92,12 +104,20 @@ pub(crate) fn serve(listener: &Socket, limits: Limits, owner: &mut dyn Owner) {
         // The owner stops a doorway by shutting its listener down, which wakes the poll; the
         // 1 s cap is a safety net only. (A 50 ms one cost 4,096 ranks as threads 80,000
         // wake-ups a second, both cores of this machine: their hellos missed the deadline.)
-        let next = waiting.iter().map(|w| w.until).min();
+        let next = waiting
+            .iter()
+            .map(|w| w.until)
+            .chain(listener_rests_until)
+            .min();
         let wait = next.map_or(STOP_CHECK, |t| {
             t.saturating_duration_since(now).min(STOP_CHECK)
         });
         fds.clear();
-        fds.push(pollfd(listener.as_raw_fd()));
+        // A resting listener is polled for nothing (fd -1 is skipped by poll).
+        fds.push(pollfd(match listener_rests_until {
+            None => listener.as_raw_fd(),
+            Some(_) => -1,
+        }));
         fds.extend(waiting.iter().map(|w| pollfd(w.stream.as_raw_fd())));
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures.
         let n = unsafe {
@@ -136,7 +156,12 @@ pub(crate) fn serve(listener: &Socket, limits: Limits, owner: &mut dyn Owner) {
             }
         }
         if fds[0].revents != 0 {
-            accept_all(listener, &limits, &mut waiting, owner);
+            if let Err(e) = accept_some(listener, &limits, &mut waiting, owner) {
+                if !owner.stopped() {
+                    accept_errors.warn(|| format!("bootstrap: accept failed: {e}"));
+                }
+                listener_rests_until = Some(sockets::deadline_after(ACCEPT_REST));
+            }
         }
     }
 }
@@ -149,26 +174,29 @@ fn pollfd(fd: i32) -> libc::pollfd {
     }
 }
 
-/// Accepts every connection the listener has, each sent its challenge and set waiting.
-fn accept_all(
+/// How long a listener rests after an accept error.
+const ACCEPT_REST: Duration = Duration::from_millis(50);
+/// Most connections accepted per wake: then the waiting ones' answers are read, so a flood
+/// that connects as fast as it is accepted cannot keep real ranks' hellos unread.
+const ACCEPTS_PER_WAKE: usize = 64;
+
+/// Accepts up to [`ACCEPTS_PER_WAKE`] connections, each sent its challenge and set waiting;
+/// Err on an accept error other than "none left" (out of descriptors, ...).
+fn accept_some(
     listener: &Socket,
     limits: &Limits,
     waiting: &mut VecDeque<Waiting>,
     owner: &mut dyn Owner,
-) {
-    loop {
+) -> io::Result<()> {
+    let mut taken = 0;
+    while taken < ACCEPTS_PER_WAKE {
         let (sock, addr) = match listener.accept() {
             Ok(a) => a,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                if !owner.stopped() {
-                    log::warn!("bootstrap: accept failed: {e}");
-                }
-                // Out of descriptors and the like: the next poll tries again.
-                return;
-            }
+            Err(e) => return Err(e),
         };
+        taken += 1;
         let Some(from) = addr.as_socket() else {
             continue;
         };
@@ -196,6 +224,7 @@ fn accept_all(
             until: sockets::deadline_after(limits.wait),
         });
     }
+    Ok(())
 }
 
 /// Makes room for a connection from `ip`: when that address has `per_source` waiting, or all

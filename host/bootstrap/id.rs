@@ -106,6 +106,12 @@ impl UniqueId {
         })
     }
 
+    /// The id's bytes without its secret: what may name the communicator to others (a net
+    /// plugin's comm id, RAS) without telling anything of the secret.
+    pub fn public_bytes(&self) -> &[u8] {
+        &self.internal[..OFF_SECRET]
+    }
+
     /// The root's address and the nonce; Err(invalid_argument) for bytes that are not an id.
     pub fn decode(&self) -> Result<(SocketAddr, u64)> {
         self.fields().map(|f| (f.root, f.nonce))

@@ -110,14 +110,12 @@ impl Bootstrap {
         );
         stagger(plan.size(block), local, abort)?;
         let peers = if nids == 1 {
-            let parent = join_root(&f0, rank, nranks, me, deadline, abort)?;
-            let tree = Tree::new(0, (0..nranks).collect(), rank, parent);
-            let all = bs.gather_up(&tree, vec![(rank, me)], deadline)?;
-            let table = (rank == 0).then(|| whole_table(all, nranks)).transpose()?;
-            bs.spread_down(&tree, table, deadline)?
+            bs.single_root_table(&f0, me, deadline, abort)
         } else {
-            bs.merge_tables(&fields, &plan, me, deadline, abort)?
-        };
+            bs.merge_tables(&fields, &plan, me, deadline, abort)
+        }
+        // An abort while the table travels says so, as one during the join does.
+        .map_err(|e| abort.check().err().unwrap_or(e))?;
         if peers.len() != nranks || peers[rank] != me {
             return Err(Error::remote(format!(
                 "bootstrap rank {rank}: the address table does not list this rank at {me}"
@@ -140,6 +138,22 @@ impl Bootstrap {
             }
         }
         Ok(bs)
+    }
+
+    /// The address table of a bootstrap with one root: the join, then the tree.
+    fn single_root_table(
+        &mut self,
+        f: &id::IdFields,
+        me: SocketAddr,
+        deadline: Instant,
+        abort: &AbortFlag,
+    ) -> Result<Vec<SocketAddr>> {
+        let (rank, nranks) = (self.rank(), self.nranks());
+        let parent = join_root(f, rank, nranks, me, deadline, abort)?;
+        let tree = Tree::new(0, (0..nranks).collect(), rank, parent);
+        let all = self.gather_up(&tree, vec![(rank, me)], deadline)?;
+        let table = (rank == 0).then(|| whole_table(all, nranks)).transpose()?;
+        self.spread_down(&tree, table, deadline)
     }
 
     /// The address table of a bootstrap with several roots. Each block's root serves its block
@@ -196,6 +210,8 @@ impl Bootstrap {
         deadline: Instant,
     ) -> Result<Vec<(usize, SocketAddr)>> {
         let nranks = self.nranks();
+        // The root answers up to the earliest rank's deadline: the tree gets a grace past it.
+        let deadline = deadline.max(sockets::deadline_after(ROOT_GRACE));
         let mut all = mine;
         for c in tree.children() {
             let from = tree.ranks[c];
@@ -238,6 +254,7 @@ impl Bootstrap {
         deadline: Instant,
     ) -> Result<Vec<SocketAddr>> {
         let nranks = self.nranks();
+        let deadline = deadline.max(sockets::deadline_after(ROOT_GRACE));
         let table = match (table, tree.parent) {
             (Some(t), _) => t,
             (None, Some(p)) => {
@@ -344,7 +361,8 @@ pub(super) fn join_root(
             Err(Joining::Closed(e)) if socket::is_timeout(&e) || Instant::now() >= late => {
                 return Err(Error::remote(format!(
                     "bootstrap rank {local}: no answer from the root at {root} in time \
-                     (not all {n} ranks arrived?)"
+                     (not all {n} ranks arrived? or this rank's NCCL_RS_COMM_SECRET differs \
+                     from the others')"
                 )))
             }
             Err(Joining::Closed(e)) => {

@@ -135,8 +135,8 @@ pub(crate) enum Purpose {
     Hello = 0x0068_656c_6c6f,
     /// The root's answer to one rank.
     Answer = 0x616e_7377_6572,
-    /// The root's refusal of one rank (it is authenticated too: a forged root cannot make a
-    /// real rank give up).
+    /// The root's refusal of one rank (it is authenticated too: a forged root's reason is not
+    /// believed, the rank's error names the forged root instead).
     Fail = 0x6661_696c,
     /// A rank's greeting to the peer it connects to.
     Greet = 0x0067_7265_6574,

@@ -142,7 +142,7 @@ impl Comm {
         check_args(nranks, rank, ids)?;
         let t0 = Instant::now();
         crate::env::log_params();
-        let comm_id = net::comm_id(&ids[0].internal);
+        let comm_id = net::comm_id(ids[0].public_bytes());
         let j = join(device, nranks, ids, rank, &config, abort)?;
         let (system, transports, shape) = agree_transports(&j)?;
         let faults = watch_faults(&j)?;

@@ -198,12 +198,15 @@ impl SocketListener {
         let oldest = |it: &mut dyn Iterator<Item = (usize, &Pending)>| {
             it.min_by_key(|(_, p)| p.since).map(|(i, _)| i)
         };
+        // Fewer where the process may hold few descriptors (see `sockets::descriptor_share`).
+        let cap = crate::sockets::descriptor_share(MAX_PENDING);
+        let per_source = MAX_PENDING_PER_SOURCE.min(cap);
         let same = self
             .pending
             .iter()
             .filter(|p| p.peer.ip() == peer.ip())
             .count();
-        let out = if same >= MAX_PENDING_PER_SOURCE {
+        let out = if same >= per_source {
             oldest(
                 &mut self
                     .pending
@@ -211,7 +214,7 @@ impl SocketListener {
                     .enumerate()
                     .filter(|(_, p)| p.peer.ip() == peer.ip()),
             )
-        } else if self.pending.len() >= MAX_PENDING {
+        } else if self.pending.len() >= cap {
             oldest(&mut self.pending.iter().enumerate())
         } else {
             None
