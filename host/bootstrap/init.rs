@@ -232,9 +232,8 @@ impl Bootstrap {
             }
             all.extend(got);
         }
-        if let Some(p) = tree.parent {
-            let to = tree.ranks[p];
-            self.peers[to] = tree.parent_addr;
+        if let Some((to, at)) = tree.parent {
+            self.peers[to] = at;
             self.send_on(
                 to,
                 Channel::Setup,
@@ -257,18 +256,16 @@ impl Bootstrap {
         let deadline = deadline.max(sockets::deadline_after(ROOT_GRACE));
         let table = match (table, tree.parent) {
             (Some(t), _) => t,
-            (None, Some(p)) => {
-                let b =
-                    self.shared
-                        .take(tree.ranks[p], Channel::Setup, tree.tag_down(), deadline)?;
+            (None, Some((p, at))) => {
+                let b = self
+                    .shared
+                    .take(p, Channel::Setup, tree.tag_down(), deadline)?;
                 let t = wire::decode_addrs(&b, nranks)?;
-                if t[tree.ranks[p]] != tree.parent_addr {
+                if t[p] != at {
                     return Err(Error::remote(format!(
-                        "bootstrap rank {}: the table puts rank {} at {}, the root at {}",
+                        "bootstrap rank {}: the table puts rank {p} at {}, the root at {at}",
                         self.rank(),
-                        tree.ranks[p],
-                        t[tree.ranks[p]],
-                        tree.parent_addr
+                        t[p],
                     )));
                 }
                 t
@@ -290,17 +287,19 @@ struct Tree {
     /// Global rank of each local number.
     ranks: Vec<usize>,
     local: usize,
-    parent: Option<usize>,
-    parent_addr: SocketAddr,
+    /// The parent's global rank and address (None: this rank is the tree's root).
+    parent: Option<(usize, SocketAddr)>,
 }
 
 impl Tree {
     /// `parent`: the address the root's answer named (None: this rank is the tree's root).
     fn new(id: usize, ranks: Vec<usize>, local: usize, parent: Option<SocketAddr>) -> Tree {
+        let parent = root::tree_parent(local)
+            .zip(parent)
+            .map(|(p, at)| (ranks[p], at));
         Tree {
             id,
-            parent: parent.and(root::tree_parent(local)),
-            parent_addr: parent.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+            parent,
             ranks,
             local,
         }
@@ -340,7 +339,7 @@ fn whole_table(all: Vec<(usize, SocketAddr)>, nranks: usize) -> Result<Vec<Socke
 /// with the join key's MAC, and its answer must carry the MAC over ours: a process that
 /// listens on the root's address without the id is refused by name. A connection closed
 /// before the answer (pushed out of a full doorway) is opened again, until `deadline`.
-pub(super) fn join_root(
+fn join_root(
     f: &id::IdFields,
     local: usize,
     n: usize,

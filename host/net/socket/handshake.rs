@@ -103,6 +103,10 @@ pub struct SocketListener {
     peer_timeout: Option<Duration>,
     send_timeout: Option<Duration>,
     pending: Vec<Pending>,
+    /// Most sockets awaiting hellos, in all and from one address: [`MAX_PENDING`] and
+    /// [`MAX_PENDING_PER_SOURCE`], fewer where the process may hold few descriptors
+    /// (`sockets::descriptor_share`, read once).
+    pending_cap: (usize, usize),
     groups: HashMap<ConnId, Group>,
     /// The sockets dropped so far (warned about a few at a time).
     rejections: crate::sockets::Rejections,
@@ -130,6 +134,10 @@ impl SocketListener {
             peer_timeout: None,
             send_timeout: None,
             pending: Vec::new(),
+            pending_cap: {
+                let cap = crate::sockets::descriptor_share(MAX_PENDING);
+                (cap, MAX_PENDING_PER_SOURCE.min(cap))
+            },
             groups: HashMap::new(),
             rejections: Default::default(),
         })
@@ -198,9 +206,7 @@ impl SocketListener {
         let oldest = |it: &mut dyn Iterator<Item = (usize, &Pending)>| {
             it.min_by_key(|(_, p)| p.since).map(|(i, _)| i)
         };
-        // Fewer where the process may hold few descriptors (see `sockets::descriptor_share`).
-        let cap = crate::sockets::descriptor_share(MAX_PENDING);
-        let per_source = MAX_PENDING_PER_SOURCE.min(cap);
+        let (cap, per_source) = self.pending_cap;
         let same = self
             .pending
             .iter()
