@@ -162,10 +162,13 @@ params! {
         "cuda: real GPUs; sim: the CPU simulator";
     RS_SIM_DEVICES = "8",
         "how many GPUs the simulator shows";
-    RS_PUT_DEPTH = "2",
+    RS_PUT_DEPTH = "0",
         "chunks of 512 KiB a rank's one-sided puts across nodes keep in flight (its staging \
-              slots in pinned host memory, and its receive buffers per peer while 64 MiB \
-              hold them for every peer, 2 per peer beyond), 1 to 64";
+              slots in pinned host memory, and its receive buffers per peer and lane while 64 \
+              MiB hold them for every lane, 2 per lane beyond), 1 to 64; 0: two per lane";
+    RS_PUT_LANES = "4",
+        "network connections each way between two ranks that one-sided puts across nodes \
+              spread their 512 KiB chunks over, 1 to 16";
     RS_SYMMETRIC_MAX_BYTES = "65536",
         "nccl-rs: largest AllReduce, AllGather or ReduceScatter block (bytes per rank) the \
          symmetric path takes once the communicator has a symmetric window (0: never); up to \

@@ -1,7 +1,9 @@
 //! One-sided operations across nodes (`ncclPutSignal`, `ncclSignal` to ranks this rank cannot
 //! map): a thread of the communicator's own carries them over the network, the socket network
-//! or a plugin alike, on a connection each way between every pair of ranks, made at the first
-//! window (a collective call) where not every rank maps every other.
+//! or a plugin alike, on `NCCL_RS_PUT_LANES` connections each way between every pair of ranks
+//! (lanes), made at the first window (a collective call) where not every rank maps every other.
+//! One connection of the socket network is one socket by default, which carried a GIN put at
+//! half of SendRecv's rate, whose channels each have a connection of their own.
 //!
 //! The sender's stream stages each chunk of a put (at most [`CHUNK`] bytes) in pinned host
 //! memory, in one of `NCCL_RS_PUT_DEPTH` slots, then raises the doorbell: the number of
@@ -18,7 +20,10 @@
 //! many as its pinned budget allows for every peer, at least 2). A message's payload is copied
 //! into the window on the thread's own stream, then its signal is written into this rank's pad
 //! (in the stream's order, so the data lands first), and the buffer is posted again once the
-//! copy is done. Messages of one peer are handled in the order they were sent. A header naming
+//! copy is done. Message k to a peer goes on lane k mod lanes, and the receiver takes message k
+//! from that lane only after message k - 1: messages of one peer are handled in the order they
+//! were sent, whichever lane was faster (so puts keep their order, and a signal follows its
+//! data). A header naming
 //! no window of this rank, or bytes past the window, is the peer's fault: the communicator's
 //! async error.
 
@@ -40,6 +45,8 @@ const HEADER: usize = 64;
 const SLOT: usize = HEADER + CHUNK;
 /// Staging slots of the sender (chunks in flight; `NCCL_RS_PUT_DEPTH`, at most this).
 const MAX_DEPTH: usize = 64;
+/// Connections each way per pair (`NCCL_RS_PUT_LANES`, at most this).
+const MAX_LANES: usize = 16;
 /// Pinned bytes of receive buffers for every peer together, beyond 2 per peer.
 const RECV_BUDGET: usize = 64 << 20;
 /// The network tag of every message.
@@ -102,13 +109,14 @@ struct Outgoing {
     header: Header,
 }
 
-/// One peer's connections.
-struct Link {
+/// One connection each way with a peer, and the receive buffers of its receiving end.
+struct Lane {
     send: Box<dyn SendComm>,
     /// The staging slots, registered with `send`.
     send_mr: Mr,
     recv: Box<dyn RecvComm>,
-    /// Its receive buffers (as many as the sender's depth, within [`RECV_BUDGET`]).
+    /// Its receive buffers (as many as the sender keeps in flight on a lane, within
+    /// [`RECV_BUDGET`]).
     bufs: HostMem,
     recv_mr: Mr,
     /// Receives posted, oldest first: (buffer, request).
@@ -118,6 +126,13 @@ struct Link {
     /// Buffers neither posted nor copying.
     free: Vec<usize>,
     events: Vec<u64>,
+}
+
+/// One peer's lanes, and how many messages went each way (message k takes lane k mod lanes).
+struct Link {
+    lanes: Vec<Lane>,
+    sent: u64,
+    received: u64,
 }
 
 /// What the thread and the issuing calls share.
@@ -131,7 +146,7 @@ struct Inner {
     doorbell: HostMem,
     done: HostMem,
     staging: HostMem,
-    /// Staging slots, and receive buffers per peer (`NCCL_RS_PUT_DEPTH`).
+    /// Staging slots (`NCCL_RS_PUT_DEPTH`).
     depth: usize,
     /// The thread's stream: copies into windows and signal writes.
     stream: StreamHandle,
@@ -188,25 +203,29 @@ impl RemotePuts {
         timeout: Duration,
         on_error: OnError,
     ) -> Result<RemotePuts> {
+        let lanes = crate::env::RS_PUT_LANES.int().clamp(1, MAX_LANES as i64) as usize;
+        // Handle `p * lanes + l`: lane l of peer p.
         let mut listeners = Vec::new();
-        let mut handles = vec![[0u8; HANDLE_BYTES]; nranks];
-        for (p, h) in handles.iter_mut().enumerate() {
-            if p != rank {
+        let mut handles = vec![[0u8; HANDLE_BYTES]; nranks * lanes];
+        for (i, h) in handles.iter_mut().enumerate() {
+            if i / lanes != rank {
                 let (handle, l) = net.listen(dev)?;
                 *h = handle;
-                listeners.push((p, l));
+                listeners.push((i, l));
             }
         }
         let all = exchange_handles(bootstrap, &handles)?;
         let mut connecting = Vec::new();
         for (p, theirs) in all.iter().enumerate().filter(|(p, _)| *p != rank) {
-            let at = rank * HANDLE_BYTES;
-            let mut h = [0u8; HANDLE_BYTES];
-            h.copy_from_slice(&theirs[at..at + HANDLE_BYTES]);
-            connecting.push((p, net.connect(dev, &h)?));
+            for l in 0..lanes {
+                let at = (rank * lanes + l) * HANDLE_BYTES;
+                let mut h = [0u8; HANDLE_BYTES];
+                h.copy_from_slice(&theirs[at..at + HANDLE_BYTES]);
+                connecting.push((p * lanes + l, net.connect(dev, &h)?));
+            }
         }
-        let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..nranks).map(|_| None).collect();
-        let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..nranks).map(|_| None).collect();
+        let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..nranks * lanes).map(|_| None).collect();
+        let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..nranks * lanes).map(|_| None).collect();
         let start = Instant::now();
         while !connecting.is_empty() || !listeners.is_empty() {
             let mut i = 0;
@@ -233,7 +252,12 @@ impl RemotePuts {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        let depth = crate::env::RS_PUT_DEPTH.int().clamp(1, MAX_DEPTH as i64) as usize;
+        // By default two chunks in flight per lane.
+        let depth = match crate::env::RS_PUT_DEPTH.int() {
+            d if d <= 0 => 2 * lanes,
+            d => d as usize,
+        }
+        .clamp(1, MAX_DEPTH);
         let stream = device.stream_create()?;
         let inner = Arc::new(Inner {
             device: device.clone(),
@@ -252,51 +276,34 @@ impl RemotePuts {
             bell: Mutex::new(false),
             cv: Condvar::new(),
         });
+        // Receive buffers per lane: as many as the sender keeps in flight on a lane, within a
+        // budget for all peers together (pinned memory grows with the job), and never fewer
+        // than 2.
+        let remote = nranks.saturating_sub(1).max(1) * lanes;
+        let per_lane = depth.div_ceil(lanes);
+        let recv_depth = (RECV_BUDGET / (SLOT * remote)).clamp(2.min(per_lane), per_lane);
+        let waker: crate::net::Waker = {
+            let inner = Arc::downgrade(&inner);
+            Arc::new(move || {
+                if let Some(i) = inner.upgrade() {
+                    i.wake()
+                }
+            })
+        };
+        let mut pairs = sends.into_iter().zip(recvs);
         let mut links: Vec<Option<Link>> = Vec::new();
-        // Receive buffers per peer: as many as the sender keeps in flight, within a budget
-        // for all peers together (pinned memory grows with the job), and never fewer than 2.
-        let remote = sends.iter().filter(|s| s.is_some()).count().max(1);
-        let recv_depth = (RECV_BUDGET / (SLOT * remote)).clamp(2.min(depth), depth);
-        for (p, (send, recv)) in sends.into_iter().zip(recvs).enumerate() {
-            let (Some(mut send), Some(mut recv)) = (send, recv) else {
-                links.push(None);
-                continue;
-            };
-            let staging = inner.staging.host_ptr(0).unwrap_or(std::ptr::null_mut());
-            let bufs = device.alloc_host_mem(recv_depth * SLOT)?;
-            let host = bufs.host_ptr(0).unwrap_or(std::ptr::null_mut());
-            // SAFETY: both regions live as long as the links (the thread's, dropped before
-            // `inner` and `bufs`).
-            let (send_mr, recv_mr) = unsafe {
-                (
-                    send.reg_mr(staging, depth * SLOT, PTR_HOST)?,
-                    recv.reg_mr(host, recv_depth * SLOT, PTR_HOST)?,
-                )
-            };
-            let waker = {
-                let inner = Arc::downgrade(&inner);
-                Arc::new(move || {
-                    if let Some(i) = inner.upgrade() {
-                        i.wake()
-                    }
-                })
-            };
-            send.set_waker(waker.clone());
-            recv.set_waker(waker);
-            let events = (0..recv_depth)
-                .map(|_| device.event_create_untimed())
-                .collect::<Result<Vec<u64>>>()?;
-            debug_assert!(p != rank);
-            links.push(Some(Link {
-                send,
-                send_mr,
-                recv,
-                bufs,
-                recv_mr,
-                posted: VecDeque::new(),
-                copying: VecDeque::new(),
-                free: (0..recv_depth).collect(),
-                events,
+        for p in 0..nranks {
+            let mut made = Vec::new();
+            for (send, recv) in pairs.by_ref().take(lanes) {
+                if let (Some(send), Some(recv)) = (send, recv) {
+                    made.push(open_lane(device, &inner, (send, recv), recv_depth, &waker)?);
+                }
+            }
+            debug_assert!(made.is_empty() == (p == rank));
+            links.push((!made.is_empty()).then_some(Link {
+                lanes: made,
+                sent: 0,
+                received: 0,
             }));
         }
         let worker = Worker {
@@ -435,6 +442,44 @@ impl RemotePuts {
     }
 }
 
+/// A lane over `send` and `recv`: the staging slots registered for sending, `recv_depth`
+/// receive buffers of its own registered for receiving, the thread woken by both.
+fn open_lane(
+    device: &Device,
+    inner: &Inner,
+    (mut send, mut recv): (Box<dyn SendComm>, Box<dyn RecvComm>),
+    recv_depth: usize,
+    waker: &crate::net::Waker,
+) -> Result<Lane> {
+    let staging = inner.staging.host_ptr(0).unwrap_or(std::ptr::null_mut());
+    let bufs = device.alloc_host_mem(recv_depth * SLOT)?;
+    let host = bufs.host_ptr(0).unwrap_or(std::ptr::null_mut());
+    // SAFETY: both regions live as long as the lane (the thread's, dropped before `inner` and
+    // `bufs`).
+    let (send_mr, recv_mr) = unsafe {
+        (
+            send.reg_mr(staging, inner.depth * SLOT, PTR_HOST)?,
+            recv.reg_mr(host, recv_depth * SLOT, PTR_HOST)?,
+        )
+    };
+    send.set_waker(waker.clone());
+    recv.set_waker(waker.clone());
+    let events = (0..recv_depth)
+        .map(|_| device.event_create_untimed())
+        .collect::<Result<Vec<u64>>>()?;
+    Ok(Lane {
+        send,
+        send_mr,
+        recv,
+        bufs,
+        recv_mr,
+        posted: VecDeque::new(),
+        copying: VecDeque::new(),
+        free: (0..recv_depth).collect(),
+        events,
+    })
+}
+
 impl Drop for RemotePuts {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
@@ -450,8 +495,8 @@ impl Drop for RemotePuts {
 struct Worker {
     inner: Arc<Inner>,
     links: Vec<Option<Link>>,
-    /// Chunks being sent, oldest first: (sequence, peer, request).
-    in_flight: VecDeque<(u64, usize, Request)>,
+    /// Chunks being sent, oldest first: (sequence, peer, lane, request).
+    in_flight: VecDeque<(u64, usize, usize, Request)>,
     on_error: OnError,
 }
 
@@ -493,7 +538,7 @@ impl Worker {
         let d = &self.inner.device;
         // The stream goes with `RemotePuts` (a deregistration may still drain it).
         let _ = d.stream_sync(self.inner.stream);
-        for l in self.links.iter_mut().flatten() {
+        for l in self.links.iter_mut().flatten().flat_map(|l| &mut l.lanes) {
             let _ = l.send.dereg_mr(l.send_mr);
             let _ = l.recv.dereg_mr(l.recv_mr);
             for &e in &l.events {
@@ -530,20 +575,28 @@ impl Worker {
             // stream's staging of the chunk and the send's completion.
             unsafe { std::ptr::copy_nonoverlapping(header.encode().as_ptr(), head, HEADER) };
             let len = HEADER + header.bytes as usize;
-            let Some(req) = link
+            let lane = (link.sent % link.lanes.len() as u64) as usize;
+            let l = &mut link.lanes[lane];
+            let Some(req) = l
                 .send
-                .isend(link.send_mr, at, len, TAG)
+                .isend(l.send_mr, at, len, TAG)
                 .map_err(|e| (peer, e))?
             else {
                 break;
             };
+            link.sent += 1;
             q.0.pop_front();
-            self.in_flight.push_back((seq, peer, req));
+            self.in_flight.push_back((seq, peer, lane, req));
             moved = true;
         }
-        while let Some(&(seq, peer, req)) = self.in_flight.front() {
+        while let Some(&(seq, peer, lane, req)) = self.in_flight.front() {
             let link = self.links[peer].as_mut().ok_or((peer, no_link(peer)))?;
-            if link.send.test(req).map_err(|e| (peer, e))?.is_none() {
+            if link.lanes[lane]
+                .send
+                .test(req)
+                .map_err(|e| (peer, e))?
+                .is_none()
+            {
                 break;
             }
             self.in_flight.pop_front();
@@ -565,36 +618,46 @@ impl Worker {
         };
         let d = &inner.device;
         let mut moved = false;
-        while let Some(&(buf, e)) = link.copying.front() {
-            if !d.event_query(e)? {
-                break;
-            }
-            link.copying.pop_front();
-            link.free.push(buf);
-        }
-        while let Some(buf) = link.free.pop() {
-            let b = RecvBuf {
-                mr: link.recv_mr,
-                offset: buf * SLOT,
-                max_len: SLOT,
-                tag: TAG,
-            };
-            match link.recv.irecv(&[b])? {
-                Some(req) => link.posted.push_back((buf, req)),
-                None => {
-                    link.free.push(buf);
+        for l in link.lanes.iter_mut() {
+            while let Some(&(buf, e)) = l.copying.front() {
+                if !d.event_query(e)? {
                     break;
+                }
+                l.copying.pop_front();
+                l.free.push(buf);
+            }
+            while let Some(buf) = l.free.pop() {
+                let b = RecvBuf {
+                    mr: l.recv_mr,
+                    offset: buf * SLOT,
+                    max_len: SLOT,
+                    tag: TAG,
+                };
+                match l.recv.irecv(&[b])? {
+                    Some(req) => l.posted.push_back((buf, req)),
+                    None => {
+                        l.free.push(buf);
+                        break;
+                    }
                 }
             }
         }
-        while let Some(&(buf, req)) = link.posted.front() {
-            let Some(sizes) = link.recv.test(req)? else {
+        // The peer's messages in the order it sent them: the next one is on its lane's
+        // oldest receive.
+        loop {
+            let i = (link.received % link.lanes.len() as u64) as usize;
+            let Some(&(buf, req)) = link.lanes[i].posted.front() else {
                 break;
             };
-            link.posted.pop_front();
+            let Some(sizes) = link.lanes[i].recv.test(req)? else {
+                break;
+            };
+            link.received += 1;
+            let lane = &mut link.lanes[i];
+            lane.posted.pop_front();
             let len = sizes.first().copied().unwrap_or(0);
             let at = buf * SLOT;
-            let host = link.bufs.host_ptr(at).ok_or_else(|| no_link(p))?;
+            let host = lane.bufs.host_ptr(at).ok_or_else(|| no_link(p))?;
             // SAFETY: the buffer's header, landed and not posted again yet.
             let head = unsafe { std::slice::from_raw_parts(host, HEADER.min(len)) };
             let h = Header::decode(head)
@@ -616,7 +679,7 @@ impl Worker {
                         h.bytes, h.offset, h.win
                     )));
                 }
-                let src = link.bufs.ptr + (at + HEADER) as u64;
+                let src = lane.bufs.ptr + (at + HEADER) as u64;
                 d.copy_dtod_async(base + h.offset, src, h.bytes as usize, stream)?;
                 drop(windows);
             }
@@ -626,8 +689,8 @@ impl Worker {
                 let gin = inner.gin_signals.lock().unwrap_or_else(|p| p.into_inner());
                 d.write_value64(stream, signal_slot(&inner, *gin, p, h.channel)?, h.signal)?;
             }
-            d.event_record(link.events[buf], stream)?;
-            link.copying.push_back((buf, link.events[buf]));
+            d.event_record(lane.events[buf], stream)?;
+            lane.copying.push_back((buf, lane.events[buf]));
             moved = true;
         }
         Ok(moved)
