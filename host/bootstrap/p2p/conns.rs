@@ -315,11 +315,11 @@ pub(super) fn read_peer(shared: &Shared, stream: TcpStream, id: u64, from: usize
             Ok(Msg::Data {
                 channel: Channel::Ras,
                 tag,
-                ..
+                payload,
             }) => {
                 let r = lock(&shared.ras).clone();
                 if let Some(r) = r {
-                    r(from, tag);
+                    r(from, tag, payload);
                 }
                 continue;
             }

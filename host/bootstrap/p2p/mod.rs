@@ -74,8 +74,9 @@ pub(crate) struct Fault {
 
 /// Called (from a reader thread, no lock held) for every peer found gone.
 pub(crate) type Watcher = Arc<dyn Fn(Fault) + Send + Sync>;
-/// Called (from a reader thread) for a RAS query: the asking rank and the query's number.
-pub(crate) type RasResponder = Arc<dyn Fn(usize, u32) + Send + Sync>;
+/// Called (from a reader thread) for a RAS query: the asking rank, the query's number and
+/// its payload.
+pub(crate) type RasResponder = Arc<dyn Fn(usize, u32, &[u8]) + Send + Sync>;
 
 /// Every socket this rank has open, so that `close` can shut them all down at once without
 /// taking the per-peer send locks (a blocked send may be holding one).
