@@ -3,6 +3,8 @@
 //! listeners, how connects retry, keepalive that bounds a silent peer host, deadlines, and the
 //! small-stack threads that serve connections.
 
+mod peer_uid;
+
 use std::ffi::CStr;
 use std::fmt::Write as _;
 use std::io;
@@ -281,50 +283,8 @@ pub(crate) fn descriptor_share(want: usize) -> usize {
     want.min(soft / 8).max(16)
 }
 
-/// The user id owning the local socket at `peer` that is connected to our `me`, from the
-/// kernel's socket tables (`/proc/net/tcp`, `/proc/net/tcp6`); None when no such socket is on
-/// this host (a remote peer) or the tables cannot be read.
-pub(crate) fn local_peer_uid(peer: SocketAddr, me: SocketAddr) -> Option<u32> {
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .find_map(|table| {
-            let text = std::fs::read_to_string(table).ok()?;
-            text.lines().skip(1).find_map(|line| {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                let (local, remote) = (proc_addr(f.get(1)?)?, proc_addr(f.get(2)?)?);
-                (same_endpoint(local, peer) && same_endpoint(remote, me))
-                    .then(|| f.get(7)?.parse().ok())
-                    .flatten()
-            })
-        })
-}
+pub(crate) use peer_uid::local_peer_uid;
 
-/// An address as `/proc/net/tcp*` prints it: the IP's 32-bit words in hex, each in the host's
-/// byte order, a colon, the port in hex.
-fn proc_addr(field: &str) -> Option<SocketAddr> {
-    let (ip_hex, port_hex) = field.split_once(':')?;
-    let port = u16::from_str_radix(port_hex, 16).ok()?;
-    let mut bytes = Vec::with_capacity(16);
-    for i in (0..ip_hex.len()).step_by(8) {
-        let word = u32::from_str_radix(ip_hex.get(i..i + 8)?, 16).ok()?;
-        bytes.extend_from_slice(&word.to_ne_bytes());
-    }
-    let ip = match bytes.len() {
-        4 => IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
-        16 => IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port))
-}
-
-/// Whether two endpoints are the same, an IPv4 one and its IPv4-mapped IPv6 form alike.
-fn same_endpoint(a: SocketAddr, b: SocketAddr) -> bool {
-    let canon = |ip: IpAddr| match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
-    a.port() == b.port() && canon(a.ip()) == canon(b.ip())
-}
 
 /// `text` safe to print on a terminal: reports and errors carry peers' words (host names,
 /// error messages), and a control character among them (an escape sequence) would be the

@@ -43,6 +43,9 @@ usage: nccl_bench [options]      (cargo bench --bench nccl_bench -- [options]; w
                             CPU time the libraries' own threads (nccl-rs's proxy and socket
                             helpers, NVIDIA NCCL's) use over SECONDS of quiet [2 with a
                             process per rank (the network's proxies run); else 0: not done]
+      --ras-queries N       while measuring, a thread of this process sends N RAS STATUS
+                            queries a second to the process's RAS listener (each a report
+                            of every rank's state), to see what RAS costs a job [0]
       --backend cuda|sim    CUDA GPUs or the CPU simulator [cuda if a GPU is visible, else sim]
       --csv FILE            also write every measured row to FILE as CSV: one line per size
                             and placement, with the run's backend, GPU, versions, date, command
@@ -113,6 +116,8 @@ pub struct Args {
     /// `--baseline-env K=V`: set for the baseline's init (after nccl-rs's).
     pub baseline_env: Vec<(String, String)>,
     pub backend: Option<Backend>,
+    /// `--ras-queries N`: RAS STATUS queries a second while measuring (`ras_load`).
+    pub ras_queries: usize,
     /// `--csv FILE`: the records, as CSV.
     pub csv: Option<PathBuf>,
     /// `--json FILE`: the records, as JSON.
@@ -308,6 +313,7 @@ impl Default for Args {
             baseline: None,
             baseline_env: Vec::new(),
             backend: None,
+            ras_queries: 0,
             csv: None,
             json: None,
             nodes: None,
@@ -318,7 +324,7 @@ impl Default for Args {
 }
 
 /// The long names of the options that take a value (a short option is one of them too).
-const OPTIONS: [&str; 23] = [
+const OPTIONS: [&str; 24] = [
     "minbytes",
     "maxbytes",
     "stepfactor",
@@ -342,6 +348,7 @@ const OPTIONS: [&str; 23] = [
     "nodes",
     "ranks-per-node",
     "idle-cpu",
+    "ras-queries",
 ];
 
 /// An option as its long name and the value written in the same argument, if any:
@@ -432,6 +439,7 @@ fn set_option(a: &mut Args, key: &str, value: String) -> Result<(), String> {
         "root" => a.root = parse_number(&value, "--root")?,
         "baseline" => a.baseline = Some(PathBuf::from(value)),
         "baseline-env" => a.baseline_env.push(parse_baseline_env(&value)?),
+        "ras-queries" => a.ras_queries = parse_number(&value, "--ras-queries")?,
         "backend" => {
             a.backend = Some(match value.trim() {
                 "cuda" => Backend::Cuda,

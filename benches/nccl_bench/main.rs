@@ -50,6 +50,7 @@ mod output;
 mod ranks;
 mod records;
 mod register;
+mod ras_load;
 mod timing;
 
 use args::{parse_args, Args, Mode, USAGE};
@@ -266,7 +267,11 @@ fn bench(
         _ => {}
     }
 
+    let load = ras_load::Load::start(args.ras_queries).map_err(Fail::Usage)?;
     let all_right = run_tables(&mut b, args, &s, &mut records)?;
+    if let Some(l) = load {
+        l.stop();
+    }
     report_idle(args, member.is_some());
     b.teardown()?;
     Ok(all_right)
