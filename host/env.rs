@@ -166,9 +166,9 @@ params! {
         "chunks of 512 KiB a rank's one-sided puts across nodes keep in flight (its staging \
               slots in pinned host memory, and its receive buffers per peer and lane while 64 \
               MiB hold them for every lane, 2 per lane beyond), 1 to 64; 0: two per lane";
-    RS_PUT_LANES = "4",
+    RS_PUT_LANES = "0",
         "network connections each way between two ranks that one-sided puts across nodes \
-              spread their 512 KiB chunks over, 1 to 16";
+              spread their 512 KiB chunks over, 1 to 16; 0: 32 over the peers, 1 to 8 each";
     RS_SYMMETRIC_MAX_BYTES = "65536",
         "nccl-rs: largest AllReduce, AllGather or ReduceScatter block (bytes per rank) the \
          symmetric path takes once the communicator has a symmetric window (0: never); up to \

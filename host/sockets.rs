@@ -285,7 +285,6 @@ pub(crate) fn descriptor_share(want: usize) -> usize {
 
 pub(crate) use peer_uid::local_peer_uid;
 
-
 /// `text` safe to print on a terminal: reports and errors carry peers' words (host names,
 /// error messages), and a control character among them (an escape sequence) would be the
 /// terminal's command; each but newline and tab is shown as `\u{..}` instead.

@@ -48,9 +48,9 @@ mod launch;
 mod launch_env;
 mod output;
 mod ranks;
+mod ras_load;
 mod records;
 mod register;
-mod ras_load;
 mod timing;
 
 use args::{parse_args, Args, Mode, USAGE};

@@ -23,13 +23,19 @@ impl Load {
             return Ok(None);
         }
         let Some(addr) = nccl::ras::listening_on() else {
-            return Err("--ras-queries: RAS does not listen in this process (NCCL_RAS_ENABLE=0, \
+            return Err(
+                "--ras-queries: RAS does not listen in this process (NCCL_RAS_ENABLE=0, \
                         or another process holds NCCL_RAS_ADDR)"
-                .into());
+                    .into(),
+            );
         };
         let stop = Arc::new(AtomicBool::new(false));
         let (answered, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let (s, a, f) = (Arc::clone(&stop), Arc::clone(&answered), Arc::clone(&failed));
+        let (s, a, f) = (
+            Arc::clone(&stop),
+            Arc::clone(&answered),
+            Arc::clone(&failed),
+        );
         let period = Duration::from_secs_f64(1.0 / per_second as f64);
         let thread = std::thread::spawn(move || {
             let mut next = Instant::now();

@@ -228,8 +228,11 @@ fn puts_signals_and_counters_across_nodes() {
         return;
     }
     common::sim();
-    for (nodes, per_node) in [(2, 1), (2, 2)] {
-        common::procs::run_nodes(nodes, per_node, &[common::LOOPBACK]);
+    // One lane, and three (an odd count, against chunks of several puts in flight); the
+    // default (8 here) runs elsewhere.
+    for (nodes, per_node, lanes) in [(2, 1, "1"), (2, 2, "3")] {
+        let env = [common::LOOPBACK, ("NCCL_RS_PUT_LANES", lanes)];
+        common::procs::run_nodes(nodes, per_node, &env);
     }
 }
 
