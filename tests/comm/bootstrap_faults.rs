@@ -129,6 +129,64 @@ fn silent_connections_hold_few_threads() {
     procs::isolated(&[], &[], silent_connections);
 }
 
+/// Issue 55: 4,000 silent connections held against the root while 16 rank processes (2
+/// simulated nodes of 8, so the socket network carries their traffic) create a communicator
+/// through it and run an AllReduce; the root's process keeps its threads and descriptors
+/// bounded meanwhile. The flood is held by the process of the root, which runs alone.
+#[test]
+fn sixteen_rank_processes_join_through_a_flood() {
+    if let Some((rank, nranks, id)) = procs::child() {
+        let comm = Comm::init_rank_on(common::sim_dev(rank % 8), nranks, &id, rank)
+            .expect("init through the flood");
+        let dev = comm.device().clone();
+        let st = dev.stream_create().expect("stream");
+        let buf = dev.alloc(4 * 1024).expect("buffer");
+        let mine: Vec<u8> = (0..1024u32)
+            .flat_map(|i| ((i + rank as u32) as f32).to_le_bytes())
+            .collect();
+        buf.write(0, &mine).expect("write");
+        let (p, f32s, sum) = (buf.ptr(), nccl::DataType::Float32, nccl::ReduceOp::SUM);
+        // SAFETY: `buf` holds 1024 floats and outlives the call (synchronized below).
+        unsafe { comm.all_reduce_raw(p, p, 1024, f32s, sum, st) }.expect("all-reduce");
+        dev.stream_sync(st).expect("sync");
+        let mut got = vec![0u8; 4 * 1024];
+        buf.read(0, &mut got).expect("read");
+        let n = nranks as u32;
+        for (i, w) in got.chunks(4).enumerate() {
+            let want = (n * i as u32 + n * (n - 1) / 2) as f32;
+            assert_eq!(
+                f32::from_le_bytes(w.try_into().unwrap()),
+                want,
+                "element {i}"
+            );
+        }
+        return;
+    }
+    procs::isolated(&[], &[], || {
+        common::sim();
+        common::allow_descriptors(20_000);
+        let threads = || count("/proc/self/task");
+        let fds = || count("/proc/self/fd");
+        procs::run_nodes_holding(2, 8, &[common::LOOPBACK], &mut |id| {
+            let (root, _) = id.decode().expect("a valid id");
+            let (before, fds_before) = (threads(), fds());
+            let flood: Vec<_> = (0..4000)
+                .map(|_| std::net::TcpStream::connect(root).expect("connect to the root"))
+                .collect();
+            let (during, fds_during) = (threads(), fds());
+            eprintln!(
+                "4000 silent connections to the root: threads {before} -> {during}, \
+                 descriptors {fds_before} -> {fds_during}"
+            );
+            assert!(
+                during <= before + 2 && fds_during <= fds_before + 4000 + 1024 + 64,
+                "threads {before} -> {during}, descriptors {fds_before} -> {fds_during}"
+            );
+            Box::new(flood)
+        });
+    });
+}
+
 fn silent_connections() {
     common::sim();
     common::allow_descriptors(20_000);

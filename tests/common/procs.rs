@@ -153,9 +153,32 @@ pub fn run(nranks: usize, extra_env: &[(&str, &str)]) {
 /// network (on this machine's loopback unless `extra_env` says otherwise).
 #[cfg(feature = "internals")]
 pub fn run_nodes(nodes: usize, per_node: usize, extra_env: &[(&str, &str)]) {
-    run_inner(nodes * per_node, extra_env, None, &|r| {
-        node_env(r, per_node)
-    });
+    run_inner(
+        nodes * per_node,
+        extra_env,
+        None,
+        &|r| node_env(r, per_node),
+        &mut |_| Box::new(()),
+    );
+}
+
+/// As [`run_nodes`], with `hold(&id)` called once the root of the ranks' unique id listens and
+/// before any rank starts; what it returns is kept until every rank ended (a flood of
+/// connections to the root, say).
+#[cfg(feature = "internals")]
+pub fn run_nodes_holding(
+    nodes: usize,
+    per_node: usize,
+    extra_env: &[(&str, &str)],
+    hold: &mut dyn FnMut(&UniqueId) -> Box<dyn std::any::Any>,
+) {
+    run_inner(
+        nodes * per_node,
+        extra_env,
+        None,
+        &|r| node_env(r, per_node),
+        hold,
+    );
 }
 
 /// As [`run_nodes`], where rank `victim` is expected to die (it kills itself): its exit is
@@ -167,9 +190,13 @@ pub fn run_nodes_with_victim(
     extra_env: &[(&str, &str)],
     victim: usize,
 ) {
-    run_inner(nodes * per_node, extra_env, Some(victim), &|r| {
-        node_env(r, per_node)
-    });
+    run_inner(
+        nodes * per_node,
+        extra_env,
+        Some(victim),
+        &|r| node_env(r, per_node),
+        &mut |_| Box::new(()),
+    );
 }
 
 #[cfg(feature = "internals")]
@@ -184,7 +211,7 @@ pub fn run_each(
     extra_env: &[(&str, &str)],
     per_rank: impl Fn(usize) -> Vec<(String, String)>,
 ) {
-    run_inner(nranks, extra_env, None, &per_rank)
+    run_inner(nranks, extra_env, None, &per_rank, &mut |_| Box::new(()))
 }
 
 #[cfg(feature = "internals")]
@@ -193,11 +220,13 @@ fn run_inner(
     extra_env: &[(&str, &str)],
     victim: Option<usize>,
     per_rank: &dyn Fn(usize) -> Vec<(String, String)>,
+    hold: &mut dyn FnMut(&UniqueId) -> Box<dyn std::any::Any>,
 ) {
     let test = current_test();
     // The root this parent starts listens on loopback: tests never use an address of a real
     // interface. (A test that wants another root passes NCCL_COMM_ID to its children.)
     let id = nccl::bootstrap::new_local_root_id().expect("a loopback unique id");
+    let _held = hold(&id);
     let hex: String = id.internal.iter().map(|b| format!("{b:02x}")).collect();
     let cmds = (0..nranks)
         .map(|r| {
