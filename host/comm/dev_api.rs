@@ -250,7 +250,7 @@ impl Comm {
 
     /// Window `win` as kernels using `dc` address it: every LSA rank's part. Not collective.
     pub fn dev_window(&self, dc: &DeviceComm, win: WinHandle) -> Result<DeviceWindow> {
-        let (all, bytes) = self.window_bases(win)?;
+        let (all, bytes, multimem) = self.window_bases(win)?;
         let bases = match (dc.value.lsa_size, all.len()) {
             (1, _) => vec![all[if all.len() == 1 { 0 } else { self.rank }]],
             (n, m) if n as usize == m => all,
@@ -268,6 +268,12 @@ impl Comm {
                 bases: buf.ptr,
                 bytes,
                 handle: win,
+                // The multicast object spans the team, which is every rank where it exists.
+                multimem: if dc.value.lsa_size as usize == self.nranks {
+                    multimem
+                } else {
+                    0
+                },
             },
             _bases: buf,
         })

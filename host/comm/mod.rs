@@ -44,6 +44,7 @@ mod tree;
 pub mod tuning;
 mod turns;
 pub mod window;
+mod window_mc;
 
 pub use abort_handle::AbortHandle;
 pub use call::CollCall;

@@ -56,6 +56,8 @@ struct Window {
     /// Live CUDA graphs whose captured calls read the windows through its slot (the loads
     /// form): it cannot go before they do.
     graphs: Arc<AtomicUsize>,
+    /// Its multicast object, where the communicator's NVLS is on (`window_mc.rs`).
+    mc: Option<super::window_mc::WindowMc>,
 }
 
 /// The communicator's symmetric state, made at its first symmetric window.
@@ -269,6 +271,10 @@ impl Comm {
             }
         }
 
+        let mc = match (symmetric, &peers) {
+            (true, Some(_)) => self.window_multicast(buff, bytes)?,
+            _ => None,
+        };
         let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match symmetric {
             true => self.symmetric_slot(&mut st, &offers, peers.as_ref())?,
@@ -285,6 +291,7 @@ impl Comm {
             peers,
             sizes: offers.iter().map(|o| o.bytes).collect(),
             graphs: Arc::default(),
+            mc,
         });
         drop(st);
         if let Some(remote) = self.windows.signals().as_ref().and_then(|s| s.remote()) {
@@ -324,7 +331,9 @@ impl Comm {
 
     /// Every rank's part of window `win` as addressed here where every rank maps every other,
     /// else this rank's alone; and this rank's bytes of it.
-    pub(crate) fn window_bases(&self, win: WinHandle) -> Result<(Vec<DevPtr>, u64)> {
+    /// Every rank's part of window `win` as addressed here (one, this rank's, where not every
+    /// rank maps every other), its bytes, and its multicast address (0: none).
+    pub(crate) fn window_bases(&self, win: WinHandle) -> Result<(Vec<DevPtr>, u64, DevPtr)> {
         let st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
         let w = st.windows.iter().find(|w| w.handle == win).ok_or_else(|| {
             Error::invalid_argument(format!(
@@ -335,7 +344,7 @@ impl Comm {
             Some(p) => p.ptrs.clone(),
             None => vec![w.base],
         };
-        Ok((bases, w.bytes as u64))
+        Ok((bases, w.bytes as u64, w.mc.as_ref().map_or(0, |m| m.addr)))
     }
 
     /// `ncclWinGetUserPtr` (NCCL 2.29): the buffer window `win` was registered with, on this
@@ -372,6 +381,10 @@ impl Comm {
                 "ncclCommWindowDeregister: {graphs} CUDA graph(s) captured collectives that read \
                  this window: destroy them first (their replays would read through it)"
             )));
+        }
+        if st.windows[i].mc.is_some() {
+            // Kernels launched before may still use its multicast address.
+            self.flush()?;
         }
         if let (Some(slot), Some(sym)) = (st.windows[i].slot, &st.sym) {
             self.flush()?;

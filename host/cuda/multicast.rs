@@ -127,6 +127,19 @@ impl Multicast {
     }
 }
 
+impl Multicast {
+    /// Binds the object's size of our device's memory at `ptr` (the caller's: memory of CUDA's
+    /// virtual memory API, granularity-aligned, which must outlive this binding) and maps the
+    /// object: its multicast address, `align`-aligned.
+    pub(crate) fn bind_mem(&mut self, ptr: u64, align: usize) -> Result<u64> {
+        match (&*self.dev.imp, &mut self.imp) {
+            (Imp::Cuda(d), McImp::Cuda(m)) => d.multicast_bind_mem(m, ptr, align),
+            (Imp::Sim(d), McImp::Sim(m)) => d.multicast_bind_mem(m, ptr, align),
+            _ => Err(Error::internal("multicast object of another backend")),
+        }
+    }
+}
+
 impl Drop for Multicast {
     fn drop(&mut self) {
         match (&*self.dev.imp, &mut self.imp) {

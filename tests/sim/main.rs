@@ -14,6 +14,7 @@ mod cleanup;
 mod copy_engine;
 mod device_api;
 mod device_ll;
+mod device_multimem;
 mod flow_control;
 mod gin;
 mod graphs;

@@ -38,10 +38,12 @@ pub enum Misuse {
     LlPeer,
     /// An LL slot not below `ll_slots`.
     LlSlot,
+    /// `multimem_ptr` on a window without a multicast object.
+    NoMultimem,
 }
 
 impl Misuse {
-    const ALL: [Misuse; 9] = [
+    const ALL: [Misuse; 10] = [
         Misuse::LsaPeer,
         Misuse::Rank,
         Misuse::BarrierIndex,
@@ -51,6 +53,7 @@ impl Misuse {
         Misuse::LlBlock,
         Misuse::LlPeer,
         Misuse::LlSlot,
+        Misuse::NoMultimem,
     ];
 
     /// The misuse of fault record code `code`.
@@ -81,6 +84,11 @@ impl Misuse {
             Misuse::LlSlot => (
                 "LL slot past the device communicator's ll_slots",
                 "ll_slots",
+            ),
+            Misuse::NoMultimem => (
+                "multimem pointer (at this offset) of a window with no multicast object (NVLS \
+                 off, or the window is not symmetric)",
+                "multicast bytes",
             ),
         }
     }

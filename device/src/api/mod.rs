@@ -10,7 +10,11 @@
 //!   `index` waits until every rank's CTA `index` arrived. It watches the communicator's abort
 //!   flag, so an aborted job does not spin for ever;
 //! - [`fence_system`] orders this thread's writes before its later ones for every observer
-//!   (other GPUs, the host).
+//!   (other GPUs, the host);
+//! - [`DevComm::multimem_ptr`] is where byte `offset` of every LSA rank's part of a window lies
+//!   at once, where the window has a multicast object (NVLS: the communicator's NVLS is on and
+//!   the window is symmetric): [`multimem_ld_reduce`] there returns the reduction of every
+//!   rank's 16 bytes, [`multimem_st`] writes every rank's.
 //!
 //! # Memory model
 //!
@@ -38,6 +42,11 @@ use crate::arch;
 mod gin;
 mod ll;
 mod misuse;
+/// NVLink SHARP through a window's multicast address ([`DevComm::multimem_ptr`]): the reduction
+/// of every rank's 16 bytes in the switch (`multimem.ld_reduce`, the reductions
+/// [`multimem_op`] names for a type), a store to every rank's (`multimem.st`). On the simulator
+/// they read and write every member's memory.
+pub use crate::arch::{multimem_ld_reduce, multimem_op, multimem_st, McOp, Pack16};
 pub use gin::{Target, MAX_COUNTERS, MAX_SIGNALS};
 pub use ll::LlA2a;
 pub use misuse::{Misuse, FAULT_WORDS};
@@ -98,6 +107,8 @@ pub struct Window {
     pub bytes: u64,
     /// The window's handle (the same on every rank), for puts through the network.
     pub handle: u64,
+    /// Where the window's multicast object is mapped here (0: the window has none).
+    pub multimem: u64,
 }
 
 /// A communicator as a kernel sees it (`ncclDevComm`): made on the host, passed by value.
@@ -171,6 +182,27 @@ impl DevComm {
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn local_ptr(&self, window: &Window, offset: usize) -> *mut u8 {
         self.lsa_ptr(window, offset, self.lsa_rank)
+    }
+
+    /// Byte `offset` of `window` on every LSA rank at once: its multicast address, for
+    /// [`multimem_ld_reduce`] and [`multimem_st`] (16-byte aligned). A window without a
+    /// multicast object stops the kernel ([`Misuse::NoMultimem`]).
+    ///
+    /// # Safety
+    /// As [`DevComm::lsa_ptr`].
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn multimem_ptr(&self, window: &Window, offset: usize) -> *mut u8 {
+        if window.multimem == 0 {
+            self.misuse(Misuse::NoMultimem, offset as u64, 0);
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        if offset as u64 >= window.bytes {
+            panic!(
+                "device API: offset {offset} is past the window's {} bytes",
+                window.bytes
+            );
+        }
+        (window.multimem + offset as u64) as *mut u8
     }
 
     /// The communicator rank of LSA rank `lsa_peer`.

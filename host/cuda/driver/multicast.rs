@@ -230,6 +230,43 @@ impl Device {
         Ok((mc.uc, mc.mc))
     }
 
+    /// Binds the object's size of this device's memory at `ptr` (memory of CUDA's virtual
+    /// memory API: `ncclMemAlloc`, `cuMemCreate`; `ptr` and the size aligned to the multicast
+    /// granularity) to the object at offset 0, and maps the object: its multicast address.
+    /// The memory stays the caller's; the binding holds a retained handle of it until released.
+    pub fn multicast_bind_mem(&self, mc: &mut Multicast, ptr: u64, align: usize) -> Result<u64> {
+        self.make_current()?;
+        let Some((_, base, end)) = query_extent(ptr) else {
+            return Err(Error::invalid_argument(format!(
+                "multicast binding: {ptr:#x} is not device memory"
+            )));
+        };
+        if end < ptr + mc.bytes as u64 {
+            return Err(Error::invalid_argument(format!(
+                "multicast binding: {} bytes at {ptr:#x} run past its allocation",
+                mc.bytes
+            )));
+        }
+        let mut mem = 0;
+        // SAFETY: out-parameter; refused (an error) for memory not of the virtual memory API.
+        check(
+            unsafe { sys::cuMemRetainAllocationHandle(&mut mem, ptr as *mut c_void) },
+            "cuMemRetainAllocationHandle (multicast binding of memory not from ncclMemAlloc?)",
+        )?;
+        mc.mem = Some(mem);
+        // SAFETY: live handles; the offset and size lie inside the allocation (checked above)
+        // and are aligned to the granularity (the caller's check).
+        check(
+            unsafe {
+                sys::cuMulticastBindMem(mc.handle, 0, mem, (ptr - base) as usize, mc.bytes, 0)
+            },
+            "cuMulticastBindMem",
+        )?;
+        let access = [access_desc(self.ordinal)];
+        mc.mc = self.map_handle(mc.handle, mc.bytes, align, &access)?;
+        Ok(mc.mc)
+    }
+
     /// Unmaps, unbinds and releases what `mc` holds on this device.
     pub fn multicast_release(&self, mc: &mut Multicast) {
         let _ = self.make_current();

@@ -45,6 +45,8 @@ pub struct Multicast {
     pub(super) bytes: usize,
     pub(super) uc: u64,
     pub(super) mc: u64,
+    /// `uc` is the caller's memory ([`Device::multicast_bind_mem`]), not freed here.
+    pub(super) borrowed: bool,
 }
 
 impl McObject {
@@ -87,6 +89,7 @@ impl Device {
                 bytes,
                 uc: 0,
                 mc: 0,
+                borrowed: false,
             },
             h,
         ))
@@ -116,6 +119,7 @@ impl Device {
             bytes: o.bytes,
             uc: 0,
             mc: 0,
+            borrowed: false,
         })
     }
 
@@ -138,19 +142,50 @@ impl Device {
 
     /// As CUDA: binding needs every member device added first.
     pub fn multicast_bind_map(&self, mc: &mut Multicast, _align: usize) -> Result<(u64, u64)> {
-        let ready = {
-            let objs = lock(mc_objects());
-            let o = objs
-                .get(&mc.id)
-                .ok_or_else(|| Error::internal("multicast object gone"))?;
-            o.devices.len() == o.ndev && o.devices.contains(&self.ordinal)
-        };
-        if !ready {
-            return Err(Error::cuda(
-                "cuMulticastBindMem: not every member device was added, or not this one",
-            ));
-        }
+        self.check_members_added(mc)?;
         let uc = self.alloc(mc.bytes)?;
+        match self.bind_at(mc, uc) {
+            Ok(va) => Ok((uc, va)),
+            Err(e) => {
+                let _ = self.free(uc);
+                Err(e)
+            }
+        }
+    }
+
+    /// Binds the object's size of this device's memory at `ptr` (the caller's, which must hold
+    /// that much) and maps the object: its multicast address.
+    pub fn multicast_bind_mem(&self, mc: &mut Multicast, ptr: u64, _align: usize) -> Result<u64> {
+        self.check_members_added(mc)?;
+        match self.pointer_extent(ptr, mc.bytes)? {
+            Some((d, avail)) if d == self.ordinal && avail >= mc.bytes => {}
+            _ => {
+                return Err(Error::invalid_argument(format!(
+                    "multicast binding: {} bytes at {ptr:#x} are not memory of device {}",
+                    mc.bytes, self.ordinal
+                )))
+            }
+        }
+        let va = self.bind_at(mc, ptr)?;
+        mc.borrowed = true;
+        Ok(va)
+    }
+
+    fn check_members_added(&self, mc: &Multicast) -> Result<()> {
+        let objs = lock(mc_objects());
+        let o = objs
+            .get(&mc.id)
+            .ok_or_else(|| Error::internal("multicast object gone"))?;
+        if o.devices.len() == o.ndev && o.devices.contains(&self.ordinal) {
+            return Ok(());
+        }
+        Err(Error::cuda(
+            "cuMulticastBindMem: not every member device was added, or not this one",
+        ))
+    }
+
+    /// Makes `uc` this device's member of the object and maps the object: its address.
+    fn bind_at(&self, mc: &mut Multicast, uc: u64) -> Result<u64> {
         // The multicast range: reserved address space no one may touch directly.
         // SAFETY: an anonymous PROT_NONE mapping; its result is checked.
         let va = unsafe {
@@ -164,7 +199,6 @@ impl Device {
             )
         };
         if va == libc::MAP_FAILED {
-            let _ = self.free(uc);
             return Err(Error::system("mmap of a simulated multicast range failed"));
         }
         let mut objs = lock(mc_objects());
@@ -176,7 +210,7 @@ impl Device {
         o.publish();
         mc.uc = uc;
         mc.mc = va as u64;
-        Ok((uc, va as u64))
+        Ok(va as u64)
     }
 
     pub fn multicast_release(&self, mc: &mut Multicast) {
@@ -198,7 +232,7 @@ impl Device {
             }
         }
         drop(objs);
-        if mc.uc != 0 {
+        if mc.uc != 0 && !mc.borrowed {
             let _ = self.free(mc.uc);
         }
         mc.uc = 0;
