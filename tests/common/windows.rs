@@ -7,6 +7,24 @@ use super::{
 };
 use nccl::{Coll, Comm, DataType, DevBuffer, ReduceOp, StreamHandle};
 
+/// Runs `body(r, comm, window, stream)` for every rank of `ranks` at once, each on a thread of
+/// its own (device communicators and windows are made collectively), with rank r's window of
+/// `handles` (from [`register_all`]; each must have registered).
+pub fn on_every_rank(
+    ranks: &Ranks,
+    handles: &[nccl::Result<u64>],
+    body: impl Fn(usize, &Comm, u64, StreamHandle) + Sync,
+) {
+    let lent = lend(&ranks.comms);
+    std::thread::scope(|s| {
+        for (r, (c, h)) in lent.iter().zip(handles).enumerate() {
+            let (h, st) = (*h.as_ref().expect("a registered window"), ranks.streams[r]);
+            let body = &body;
+            s.spawn(move || body(r, c, h, st));
+        }
+    });
+}
+
 /// Registers on every rank at once (a collective call) `bytes[r]` at `ptrs[r]`.
 pub fn register_all(
     comms: &[Comm],

@@ -6,7 +6,7 @@
 //! is the rank alone; bad calls get clear errors, and the simulator stops a kernel that reads
 //! past its window. The one-shot AllReduce example runs in `tests/capi/examples.rs`.
 
-use crate::common::windows::register_all;
+use crate::common::windows::{on_every_rank, register_all};
 use crate::common::{self, lend, Ranks};
 use nccl::{DevBuffer, DevCommRequirements, NcclResult};
 use nccl_device::api::{DevComm, Window};
@@ -64,29 +64,23 @@ fn gather_case(ranks: &Ranks, count: usize, seed: u32, team: usize) {
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
     let local = ranks.comms.len();
     let handles = register_all(&ranks.comms, &ptrs, &vec![bytes; local], &vec![1; local]);
-    let lent = lend(&ranks.comms);
-    std::thread::scope(|s| {
-        for (i, (c, h)) in lent.iter().zip(&handles).enumerate() {
-            let (h, st) = (*h.as_ref().expect("a symmetric window"), ranks.streams[i]);
-            s.spawn(move || {
-                let dc = c.dev_comm(Default::default()).unwrap();
-                assert_eq!(dc.get().lsa_size as usize, team, "the LSA team");
-                let win = c.dev_window(&dc, h).unwrap();
-                let args = GatherArgs {
-                    comm: dc.get(),
-                    win: win.get(),
-                    count,
-                    seed,
-                };
-                // SAFETY (inside): the window and communicator outlive the kernel (drained
-                // below); every rank launches the same grid.
-                c.device()
-                    .launch_on_simulator(3, 32, st, move || unsafe { all_gather_by_stores(&args) })
-                    .unwrap();
-                c.device().stream_sync(st).unwrap();
-                c.window_deregister_raw(h).unwrap();
-            });
-        }
+    on_every_rank(ranks, &handles, |_, c, h, st| {
+        let dc = c.dev_comm(Default::default()).unwrap();
+        assert_eq!(dc.get().lsa_size as usize, team, "the LSA team");
+        let win = c.dev_window(&dc, h).unwrap();
+        let args = GatherArgs {
+            comm: dc.get(),
+            win: win.get(),
+            count,
+            seed,
+        };
+        // SAFETY (inside): the window and communicator outlive the kernel (drained below);
+        // every rank launches the same grid.
+        c.device()
+            .launch_on_simulator(3, 32, st, move || unsafe { all_gather_by_stores(&args) })
+            .unwrap();
+        c.device().stream_sync(st).unwrap();
+        c.window_deregister_raw(h).unwrap();
     });
     for (c, b) in ranks.comms.iter().zip(&bufs) {
         let mut got = vec![0u8; bytes];

@@ -6,8 +6,8 @@
 //! ranks. Without NVLS a window has no multicast address and a kernel asking for one stops
 //! with a clear error.
 
-use crate::common::windows::register_all;
-use crate::common::{self, lend, Ranks};
+use crate::common::windows::{on_every_rank, register_all};
+use crate::common::{self, Ranks};
 use nccl::DevBuffer;
 use nccl_device::api::{multimem_ld_reduce, multimem_st, DevComm, McOp, Pack16, Window};
 use nccl_device::arch;
@@ -73,28 +73,20 @@ fn case(ranks: &Ranks, rounds: u32) {
             b.write(0, common::to_bytes(&mine)).unwrap();
             b.write(4 * COUNT, &vec![POISON; GUARD]).unwrap();
         }
-        let lent = lend(&ranks.comms);
-        std::thread::scope(|s| {
-            for (i, (c, h)) in lent.iter().zip(&handles).enumerate() {
-                let (h, st) = (*h.as_ref().expect("a symmetric window"), ranks.streams[i]);
-                s.spawn(move || {
-                    let dc = c.dev_comm(Default::default()).unwrap();
-                    let win = c.dev_window(&dc, h).unwrap();
-                    assert_ne!(win.get().multimem, 0, "rank {i}: no multicast address");
-                    let args = Args {
-                        comm: dc.get(),
-                        win: win.get(),
-                    };
-                    // SAFETY (inside): the window and communicator outlive the kernel
-                    // (drained below); every rank launches the same grid.
-                    c.device()
-                        .launch_on_simulator(2, 32, st, move || unsafe {
-                            all_reduce_by_multimem(&args)
-                        })
-                        .unwrap();
-                    c.device().stream_sync(st).unwrap();
-                });
-            }
+        on_every_rank(ranks, &handles, |i, c, h, st| {
+            let dc = c.dev_comm(Default::default()).unwrap();
+            let win = c.dev_window(&dc, h).unwrap();
+            assert_ne!(win.get().multimem, 0, "rank {i}: no multicast address");
+            let args = Args {
+                comm: dc.get(),
+                win: win.get(),
+            };
+            // SAFETY (inside): the window and communicator outlive the kernel (drained
+            // below); every rank launches the same grid.
+            c.device()
+                .launch_on_simulator(2, 32, st, move || unsafe { all_reduce_by_multimem(&args) })
+                .unwrap();
+            c.device().stream_sync(st).unwrap();
         });
         for (r, b) in bufs.iter().enumerate() {
             let mut got = vec![0u8; bytes];
@@ -139,29 +131,23 @@ fn without_nvls_a_window_has_no_multicast_address() {
             .collect();
         let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
         let handles = register_all(&ranks.comms, &ptrs, &[4 * COUNT; 2], &[1; 2]);
-        let lent = lend(&ranks.comms);
-        std::thread::scope(|s| {
-            for (i, (c, h)) in lent.iter().zip(&handles).enumerate() {
-                let (h, st) = (*h.as_ref().expect("a symmetric window"), ranks.streams[i]);
-                s.spawn(move || {
-                    let dc = c.dev_comm(Default::default()).unwrap();
-                    let dw = c.dev_window(&dc, h).unwrap();
-                    let (comm, win) = (dc.get(), dw.get());
-                    assert_eq!(
-                        win.multimem, 0,
-                        "rank {i}: a multicast address without NVLS"
-                    );
-                    c.device()
-                        .launch_on_simulator(1, 1, st, move || {
-                            // SAFETY: the window has no multicast object: the call must stop.
-                            unsafe { comm.multimem_ptr(&win, 0) };
-                        })
-                        .unwrap();
-                    let e = c.device().stream_sync(st).expect_err("no multicast object");
-                    assert!(e.message.contains("no multicast object"), "{e}");
-                    c.window_deregister_raw(h).unwrap();
-                });
-            }
+        on_every_rank(&ranks, &handles, |i, c, h, st| {
+            let dc = c.dev_comm(Default::default()).unwrap();
+            let dw = c.dev_window(&dc, h).unwrap();
+            let (comm, win) = (dc.get(), dw.get());
+            assert_eq!(
+                win.multimem, 0,
+                "rank {i}: a multicast address without NVLS"
+            );
+            c.device()
+                .launch_on_simulator(1, 1, st, move || {
+                    // SAFETY: the window has no multicast object: the call must stop.
+                    unsafe { comm.multimem_ptr(&win, 0) };
+                })
+                .unwrap();
+            let e = c.device().stream_sync(st).expect_err("no multicast object");
+            assert!(e.message.contains("no multicast object"), "{e}");
+            c.window_deregister_raw(h).unwrap();
         });
     });
 }
