@@ -33,6 +33,9 @@ pub struct LlA2a<'a> {
     block: u32,
     epoch: u64,
     aborted: bool,
+    /// This epoch's lines in this rank's own area (`[lsa_size][ll_slots]`): found once, not
+    /// per receive.
+    inbox: *mut Pack16,
 }
 
 impl DevComm {
@@ -46,12 +49,23 @@ impl DevComm {
         if block >= self.ll_blocks {
             self.misuse(Misuse::LlBlock, block as u64, self.ll_blocks as u64);
         }
+        let epoch = arch::ld_volatile(self.ll_epoch_word(block)) + 1;
         LlA2a {
             comm: self,
             block,
-            epoch: arch::ld_volatile(self.ll_epoch_word(block)) + 1,
+            epoch,
             aborted: false,
+            inbox: self.ll_lines(self.lsa_rank, block, epoch),
         }
+    }
+
+    /// The lines of epoch `epoch` of block `block` in LSA rank `to`'s area, as mapped here.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn ll_lines(&self, to: u32, block: u32, epoch: u64) -> *mut Pack16 {
+        let half = (epoch % 2) as usize;
+        let lines = self.area_word(to, ll_lines_at(self.lsa_size, self.nranks, self.ll_blocks));
+        let at = (block as usize * 2 + half) * self.lsa_size as usize * self.ll_slots as usize;
+        (lines as *mut Pack16).add(at)
     }
 
     /// This rank's count of the epochs block `block` ended.
@@ -81,10 +95,11 @@ impl LlA2a<'_> {
         if slot >= c.ll_slots as usize {
             c.misuse(Misuse::LlSlot, slot as u64, c.ll_slots as u64);
         }
-        let half = (self.epoch % 2) as usize;
-        let lines = c.area_word(to, ll_lines_at(c.lsa_size, c.nranks, c.ll_blocks)) as *mut Pack16;
-        let block = (self.block as usize * 2 + half) * c.lsa_size as usize;
-        lines.add((block + from as usize) * c.ll_slots as usize + slot)
+        let lines = match to == c.lsa_rank {
+            true => self.inbox,
+            false => c.ll_lines(to, self.block, self.epoch),
+        };
+        lines.add(from as usize * c.ll_slots as usize + slot)
     }
 
     /// Sends `value` as line `slot` to LSA rank `lsa_peer` (this rank included): one 16-byte

@@ -1,4 +1,4 @@
-//! A one-shot AllReduce kernel of one's own (`src/all_reduce.rs` says how it works);
+//! AllReduce kernels of one's own, one-shot and two-shot (`src/all_reduce.rs` says how they work);
 //! `--bench` times it beside the library's AllReduce on symmetric windows.
 //!
 //! ```text

@@ -5,13 +5,15 @@
 //!   sums four floats at a time with 16-byte loads from the peers' windows, writes its own
 //!   output, and meets the team again before any rank may overwrite its input;
 //! - `kernels::ll_all_reduce`, for small inputs, sends its input to every rank as LL lines
-//!   (8 bytes and a flag in one 16-byte store) and sums the lines it receives: no barrier.
+//!   (8 bytes and a flag in one 16-byte store) and sums the lines it receives: no barrier;
+//! - `kernels::two_shot_all_reduce`, for larger inputs on 3 ranks or more, has each rank sum
+//!   one slice of every rank's input and store the sums into every rank's output window.
 //!
 //! `--bench` runs each at the sizes where the library's own symmetric AllReduce runs the same
-//! form (LL up to 64 KiB, loads above), beside it.
+//! form (LL up to 64 KiB, loads above, two-shot loads from 3 ranks), beside it.
 
 use crate::{check, RankData};
-use nccl::{Comm, DevCommRequirements, Module};
+use nccl::{Comm, DevCommRequirements, DeviceBuffer, Module, Stream};
 use std::error::Error;
 
 /// Elements per rank: not a multiple of the grid's threads, nor of 4 (the loads form's tail)
@@ -77,14 +79,54 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         )?;
         check(r, &got, &want)?;
     }
+    check(r, &two_shot(comm, module, &input(r, COUNT))?, &want)?;
     Ok(())
+}
+
+/// The two-shot form over `input`, into a NaN-poisoned output window: the output.
+fn two_shot(comm: &Comm, module: &Module, input: &[f32]) -> Result<Vec<f32>, Box<dyn Error>> {
+    let dev = comm.device();
+    let mut inputs = DeviceBuffer::from_slice(dev, input)?;
+    let mut outputs = DeviceBuffer::from_slice(dev, &vec![f32::NAN; input.len()])?;
+    let w_in = comm.window(&mut inputs, true)?;
+    let w_out = comm.window(&mut outputs, true)?;
+    let dev_comm = comm.dev_comm(REQUIREMENTS)?;
+    let (d_in, d_out) = (
+        comm.dev_window(&dev_comm, w_in.handle())?,
+        comm.dev_window(&dev_comm, w_out.handle())?,
+    );
+    let stream = Stream::new(dev)?;
+    let args = kernels::TwoShot {
+        comm: dev_comm.get(),
+        input: d_in.get(),
+        output: d_out.get(),
+        count: input.len() as u64,
+    };
+    let grid = loads_grid(4 * input.len() / comm.count());
+    // SAFETY: the windows and communicator outlive the kernel (the stream is drained below);
+    // every rank launches the same grid.
+    unsafe {
+        module.launch(
+            &kernels::TWO_SHOT_ALL_REDUCE,
+            grid,
+            128,
+            stream.handle(),
+            args,
+        )?
+    };
+    stream.synchronize()?;
+    let got = w_out.to_vec_after(&stream)?;
+    drop((d_in, d_out, dev_comm));
+    w_out.deregister()?;
+    w_in.deregister()?;
+    Ok(got)
 }
 
 /// `--bench`: this kernel beside the library's own AllReduce on symmetric windows (the
 /// symmetric kernels), 8 B to 256 KiB, on the same ranks and stream; rank 0 prints the
 /// table. Each result is checked after its timing.
 pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
-    use nccl::{DeviceBuffer, Op, Stream};
+    use nccl::Op;
     let (r, n) = (comm.rank(), comm.count());
     let max = 256 * 1024 / 4;
     let dev = comm.device();
@@ -93,40 +135,65 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     let mut out = DeviceBuffer::<f32>::zeroed(dev, max)?;
     let w_in = comm.window(&mut inputs, true)?;
     let mut w_out = comm.window(&mut sym_out, true)?;
+    // The two-shot form's output: a window of its own (every rank stores into it).
+    let mut w_user = comm.window(&mut out, true)?;
     let dev_comm = comm.dev_comm(REQUIREMENTS)?;
     let dev_win = comm.dev_window(&dev_comm, w_in.handle())?;
+    let dev_user = comm.dev_window(&dev_comm, w_user.handle())?;
     let stream = Stream::new(dev)?;
     let want_all: Vec<f32> = (0..max)
         .map(|i| (0..n).map(|q| input(q, max)[i]).sum())
         .collect();
     if r == 0 {
         println!(
-            "{:>9} {:>6} {:>5} {:>12} {:>12} {:>7}",
+            "{:>9} {:>8} {:>5} {:>12} {:>12} {:>7}",
             "bytes", "form", "CTAs", "kernel us", "library us", "ratio"
         );
     }
     for bytes in [8usize, 64, 512, 4096, 32768, 65536, 262144] {
         let count = bytes / 4;
-        let (kernel, form, grid) = match bytes <= LL_MAX_BYTES {
-            true => (&kernels::LL_ALL_REDUCE, "LL", ll_grid(bytes)),
-            false => (&kernels::ONE_SHOT_ALL_REDUCE, "loads", loads_grid(bytes)),
-        };
         let place = crate::Place {
             comm: dev_comm.get(),
             input: dev_win.get(),
-            output: out.as_raw_ptr(),
+            output: w_user.as_raw_ptr(),
             count: count as u64,
         };
-        // SAFETY: the window and output outlive the launches (the stream is drained before
+        let two = kernels::TwoShot {
+            comm: dev_comm.get(),
+            input: dev_win.get(),
+            output: dev_user.get(),
+            count: count as u64,
+        };
+        // The forms the library's symmetric AllReduce takes at this size.
+        let form = match (bytes <= LL_MAX_BYTES, n >= 3) {
+            (true, _) => "LL",
+            (false, false) => "loads",
+            (false, true) => "two-shot",
+        };
+        let grid = match form {
+            "LL" => ll_grid(bytes),
+            "loads" => loads_grid(bytes),
+            _ => loads_grid(bytes.div_ceil(n)),
+        };
+        // SAFETY: the windows and outputs outlive the launches (the stream is drained before
         // they are dropped); every rank launches the same grids in the same order.
         let user = time(&stream, || unsafe {
-            module.launch(kernel, grid, 512, stream.handle(), place)
+            let h = stream.handle();
+            match form {
+                "LL" => module.launch(&kernels::LL_ALL_REDUCE, grid, 512, h, place),
+                "loads" => module.launch(&kernels::ONE_SHOT_ALL_REDUCE, grid, 512, h, place),
+                _ => module.launch(&kernels::TWO_SHOT_ALL_REDUCE, grid, 512, h, two),
+            }
         })?;
         let library = time(&stream, || {
             let (src, dst) = (w_in.slice(..count)?, w_out.slice_mut(..count)?);
             comm.all_reduce(src, dst, Op::SUM, &stream)
         })?;
-        check(r, &out.to_vec_after(&stream)?[..count], &want_all[..count])?;
+        check(
+            r,
+            &w_user.to_vec_after(&stream)?[..count],
+            &want_all[..count],
+        )?;
         check(
             r,
             &w_out.to_vec_after(&stream)?[..count],
@@ -134,15 +201,18 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         )?;
         if r == 0 {
             println!(
-                "{bytes:>9} {form:>6} {grid:>5} {user:>12.2} {library:>12.2} {:>7.2}",
+                "{bytes:>9} {form:>8} {grid:>5} {user:>12.2} {library:>12.2} {:>7.2}",
                 user / library
             );
         }
-        // Poisoned for the next size: a result that is not written fails its check.
-        out.copy_from_host_after(&vec![f32::NAN; max], &stream)?;
+        // Poisoned for the next size: a result that is not written fails its check. A peer's
+        // next two-shot stores into this rank's output only after this rank's kernel reached
+        // the first barrier, which its stream launches after the poison.
+        w_user.copy_from_host_after(&vec![f32::NAN; max], &stream)?;
         w_out.copy_from_host_after(&vec![f32::NAN; max], &stream)?;
     }
-    drop((dev_win, dev_comm));
+    drop((dev_win, dev_user, dev_comm));
+    w_user.deregister()?;
     w_out.deregister()?;
     w_in.deregister()?;
     Ok(())

@@ -25,6 +25,18 @@ pub struct Place {
     pub count: u64,
 }
 
+/// The two-shot kernel's argument: every rank's input and output in symmetric windows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TwoShot {
+    pub comm: DevComm,
+    /// Every rank's input: `count` floats at the window's start.
+    pub input: Window,
+    /// Every rank's output: `count` floats at the window's start.
+    pub output: Window,
+    pub count: u64,
+}
+
 /// The fused kernel's argument: `out = residual + scale * sum`, the residual in `output`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +54,13 @@ kernel!(
     /// A one-shot AllReduce for small inputs: every rank sends its input to every rank as LL
     /// lines, and sums what it receives; no barrier.
     pub LL_ALL_REDUCE = ll_all_reduce(Place);
+);
+
+kernel!(
+    /// A two-shot AllReduce for larger inputs: LSA rank k sums slice k of every rank's input
+    /// and stores the sums into every rank's output; each rank reads (n-1)/n of the data
+    /// where the one-shot reads n-1 times it.
+    pub TWO_SHOT_ALL_REDUCE = two_shot_all_reduce(TwoShot);
 );
 
 kernel!(
@@ -112,6 +131,60 @@ unsafe fn one_shot_all_reduce(p: &Place) {
             .iter()
             .fold(*team[0].add(i), |s, input| s + *input.add(i));
         *(p.output as *mut f32).add(i) = sum;
+    }
+    let _ = barrier.sync();
+}
+
+/// The team barrier (every input in place); this rank's slice of the 16-byte packs (slice
+/// `lsa_rank` of `lsa_size`, spread over the grid) summed over every rank's input in team
+/// order and stored into every rank's output; the elements past the last whole pack by the
+/// last LSA rank; the barrier again (every output written, no input read any more).
+///
+/// # Safety
+/// As [`one_shot_all_reduce`], with `output` a window of `count` floats on every rank.
+unsafe fn two_shot_all_reduce(a: &TwoShot) {
+    let c = &a.comm;
+    if c.lsa_size > MAX_TEAM {
+        arch::trap();
+    }
+    let barrier = c.lsa_barrier(arch::block_idx());
+    if barrier.sync().is_err() {
+        return;
+    }
+    let mut inputs = [core::ptr::null::<f32>(); MAX_TEAM as usize];
+    let mut outputs = [core::ptr::null_mut::<f32>(); MAX_TEAM as usize];
+    for peer in 0..c.lsa_size {
+        inputs[peer as usize] = c.lsa_ptr(&a.input, 0, peer) as *const f32;
+        outputs[peer as usize] = c.lsa_ptr(&a.output, 0, peer) as *mut f32;
+    }
+    let n = c.lsa_size as usize;
+    let (team_in, team_out) = (&inputs[..n], &outputs[..n]);
+    let packs = a.count as usize / 4;
+    let per = packs.div_ceil(n);
+    let first = (c.lsa_rank as usize * per).min(packs);
+    let mine = (first + per).min(packs) - first;
+    for j in my_elements(mine as u64).map(|j| j + first) {
+        let load = |input: &*const f32| arch::ld_pack((*input as *const Pack16).add(j)).0;
+        let mut sum = load(&team_in[0]).map(f32::from_bits);
+        for input in &team_in[1..] {
+            for (s, x) in sum.iter_mut().zip(load(input)) {
+                *s += f32::from_bits(x);
+            }
+        }
+        let pack = Pack16(sum.map(f32::to_bits));
+        for out in team_out {
+            arch::st_pack((*out as *mut Pack16).add(j), pack);
+        }
+    }
+    if c.lsa_rank + 1 == c.lsa_size {
+        for i in my_elements(a.count - 4 * packs as u64).map(|i| i + 4 * packs) {
+            let sum = team_in[1..]
+                .iter()
+                .fold(*team_in[0].add(i), |s, input| s + *input.add(i));
+            for out in team_out {
+                *out.add(i) = sum;
+            }
+        }
     }
     let _ = barrier.sync();
 }
