@@ -161,8 +161,9 @@ pub use comm::dev_api::{DevCommRequirements, DeviceComm, DeviceWindow};
 pub use comm::onesided::SignalWait;
 pub use comm::register::RegHandle;
 pub use comm::{
-    AbortHandle, Comm, Config, PendingComm, ResolvedConfig, CTA_POLICY_DEFAULT,
-    CTA_POLICY_EFFICIENCY, CTA_POLICY_ZERO, SHRINK_ABORT, SHRINK_DEFAULT, SPLIT_NOCOLOR,
+    AbortHandle, Comm, Config, GinType, PendingComm, Properties, ResolvedConfig,
+    CTA_POLICY_DEFAULT, CTA_POLICY_EFFICIENCY, CTA_POLICY_ZERO, SHRINK_ABORT, SHRINK_DEFAULT,
+    SPLIT_NOCOLOR,
 };
 pub use comm::{ReduceOp, Scalar};
 pub use cuda::{Backend, DevBuffer, DevPtr, Device, Graph, Module, StreamHandle};

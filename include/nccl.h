@@ -391,6 +391,40 @@ ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclCo
 ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
                              cudaStream_t stream);
 
+/* NCCL 2.29's communicator properties (declared by NCCL's nccl_device/core.h, here for C
+ * programs without it; the layout is 2.29.7's, whose fields past ginType 2.29.4 added). */
+#ifndef _NCCL_DEVICE_CORE_H_
+#include <stdbool.h>
+typedef enum {
+  NCCL_GIN_TYPE_NONE = 0,
+  NCCL_GIN_TYPE_PROXY = 2,
+  NCCL_GIN_TYPE_GDAKI = 3,
+  NCCL_GIN_TYPE_GPI = 4
+} ncclGinType_t;
+typedef struct ncclCommProperties {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int rank;
+  int nRanks;
+  int cudaDev;
+  int nvmlDev;               /* the GPU's index in NVML's order (PCI bus order) */
+  bool deviceApiSupport;     /* every rank maps every other: one LSA team */
+  bool multimemSupport;      /* NVLS on: symmetric windows get multicast objects */
+  ncclGinType_t ginType;     /* NCCL_GIN_TYPE_PROXY where the communicator spans nodes */
+  int nLsaTeams;
+  bool hostRmaSupport;       /* ncclPutSignal, ncclSignal, ncclWaitSignal */
+  ncclGinType_t railedGinType;
+} ncclCommProperties_t;
+#define NCCL_COMM_PROPERTIES_INITIALIZER                                                   \
+  {                                                                                        \
+    sizeof(ncclCommProperties_t), 0xcafebeef, NCCL_VERSION(2, 29, 7), 0, 0, 0, 0, false, false, \
+        NCCL_GIN_TYPE_NONE, 0, false, NCCL_GIN_TYPE_NONE                                   \
+  }
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
+ncclResult_t pncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
+#endif
+
 /* NCCL 2.28's C++ device API is not provided: ncclDevCommCreate and ncclDevCommDestroy exist
  * (so programs that link them load) and return ncclInvalidUsage, whose message names the Rust
  * device API (nccl_device::api). Their structures belong to NCCL's device headers, so here

@@ -137,3 +137,73 @@ export! {
         Ok(NcclResult::Success)
     }
 }
+
+/// `ncclCommProperties_t` of NCCL 2.29 (its device header `nccl_device/core.h`): a header (size,
+/// magic, version), then what 2.29.2 defined; from 2.29.4 three fields more.
+#[repr(C)]
+pub struct CommProperties {
+    pub size: usize,
+    pub magic: std::ffi::c_uint,
+    pub version: std::ffi::c_uint,
+    pub rank: c_int,
+    pub n_ranks: c_int,
+    pub cuda_dev: c_int,
+    pub nvml_dev: c_int,
+    pub device_api_support: bool,
+    pub multimem_support: bool,
+    pub gin_type: c_int,
+    pub n_lsa_teams: c_int,
+    pub host_rma_support: bool,
+    pub railed_gin_type: c_int,
+}
+
+/// Bytes of the 2.29.2 layout, which ends at `gin_type`.
+const PROPERTIES_2292: usize = std::mem::offset_of!(CommProperties, n_lsa_teams);
+
+export! {
+    /// `ncclCommQueryProperties` (NCCL 2.29): the communicator's properties into `props`,
+    /// which `NCCL_COMM_PROPERTIES_INITIALIZER` must have initialised (its magic; a `version`
+    /// before 2.29 or a `size` short of 2.29.2's layout is refused). The fields 2.29.4 added
+    /// are written where the caller's version and size have them. Local, not collective.
+    fn ncclCommQueryProperties / pncclCommQueryProperties(
+        comm: NcclComm,
+        props: *mut CommProperties,
+    ) {
+        if props.is_null() {
+            return Err(null("props"));
+        }
+        let (size, magic, version) = (
+            std::ptr::read_unaligned(std::ptr::addr_of!((*props).size)),
+            std::ptr::read_unaligned(std::ptr::addr_of!((*props).magic)),
+            std::ptr::read_unaligned(std::ptr::addr_of!((*props).version)),
+        );
+        if magic != super::config::NCCL_CONFIG_MAGIC {
+            return Err(Error::invalid_usage(
+                "ncclCommQueryProperties: ncclCommProperties_t must be initialized with \
+                 NCCL_COMM_PROPERTIES_INITIALIZER (its magic is not NCCL_API_MAGIC)",
+            ));
+        }
+        if version < 22900 || size < PROPERTIES_2292 {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommQueryProperties: a ncclCommProperties_t of version {version} and {size} \
+                 bytes: it exists from NCCL 2.29 ({PROPERTIES_2292} bytes or more)"
+            )));
+        }
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        let p = c.properties()?;
+        let p_out = &mut *props;
+        p_out.rank = p.rank as c_int;
+        p_out.n_ranks = p.nranks as c_int;
+        p_out.cuda_dev = p.cuda_dev;
+        p_out.nvml_dev = p.nvml_dev;
+        p_out.device_api_support = p.device_api;
+        p_out.multimem_support = p.multimem;
+        p_out.gin_type = p.gin as c_int;
+        if version > 22903 && size >= std::mem::size_of::<CommProperties>() {
+            p_out.n_lsa_teams = p.lsa_teams as c_int;
+            p_out.host_rma_support = p.host_rma;
+            p_out.railed_gin_type = p.railed_gin as c_int;
+        }
+        Ok(NcclResult::Success)
+    }
+}

@@ -31,6 +31,7 @@ pub mod order;
 mod peer;
 mod pending;
 mod plan;
+mod properties;
 pub mod register;
 mod revoke;
 pub mod rings;
@@ -56,6 +57,7 @@ pub use config::{
 pub use op::{ReduceOp, Scalar};
 pub use pending::{Launch, PendingComm};
 pub(crate) use plan::kernel_name;
+pub use properties::{GinType, Properties};
 pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 
 use crate::bootstrap::{AbortFlag, Bootstrap, UniqueId};

@@ -175,6 +175,32 @@ static void all_reduce_init_all(void) {
              ncclInvalidArgument, "a window never registered");
   EXPECT(ncclWinGetUserPtr(comms[0], wins[0], NULL) == ncclInvalidArgument, "outUserPtr NULL");
   EXPECT(ncclWinGetUserPtr(comms[0], NULL, &user) == ncclInvalidArgument, "win NULL");
+  /* ncclCommQueryProperties (NCCL 2.29): each rank's own facts; one LSA team (every rank
+     maps every other), no GIN on one node. A caller of 2.29.2's layout keeps the fields 2.29.4
+     added; a bad magic, an older version or NULL is refused. */
+  for (int i = 0; i < NDEV; i++) {
+    ncclCommProperties_t p = NCCL_COMM_PROPERTIES_INITIALIZER;
+    p.nLsaTeams = -7;
+    CHECK(ncclCommQueryProperties(comms[i], &p));
+    EXPECT(p.rank == i && p.nRanks == NDEV && p.cudaDev == i, "rank %d: rank %d of %d on %d", i,
+           p.rank, p.nRanks, p.cudaDev);
+    EXPECT(p.deviceApiSupport && p.nLsaTeams == 1 && p.hostRmaSupport &&
+               p.ginType == NCCL_GIN_TYPE_NONE && p.railedGinType == NCCL_GIN_TYPE_NONE,
+           "rank %d: device API %d, %d LSA teams, host RMA %d, GIN %d", i, p.deviceApiSupport,
+           p.nLsaTeams, p.hostRmaSupport, (int)p.ginType);
+  }
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  props.version = NCCL_VERSION(2, 29, 2);
+  props.nLsaTeams = -7;
+  CHECK(ncclCommQueryProperties(comms[1], &props));
+  EXPECT(props.rank == 1 && props.nLsaTeams == -7, "2.29.2's layout: rank %d, nLsaTeams %d",
+         props.rank, props.nLsaTeams);
+  props.magic = 0;
+  EXPECT(ncclCommQueryProperties(comms[0], &props) == ncclInvalidUsage, "properties' magic");
+  props.magic = 0xcafebeef;
+  props.version = NCCL_VERSION(2, 28, 9);
+  EXPECT(ncclCommQueryProperties(comms[0], &props) == ncclInvalidArgument, "2.28's version");
+  EXPECT(ncclCommQueryProperties(comms[0], NULL) == ncclInvalidArgument, "props NULL");
   /* One-sided (NCCL 2.29): in a group, rank i puts the first half of its window into the
      second half of rank i+1's and signals it; each rank's stream then waits for that signal. */
   for (int i = 0; i < NDEV; i++)

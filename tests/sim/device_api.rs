@@ -136,6 +136,14 @@ fn across_nodes_the_team_is_the_rank_alone() {
         let dc = c.dev_comm(Default::default()).unwrap();
         let v = dc.get();
         assert_eq!((v.lsa_size, v.lsa_rank, v.rank), (1, 0, c.rank() as u32));
+        // ncclCommQueryProperties says the same: a team per rank, GIN by proxy.
+        let p = c.properties().unwrap();
+        assert_eq!((p.rank, p.nranks, p.lsa_teams), (c.rank(), 2, 2));
+        assert!(!p.device_api && !p.multimem && p.host_rma, "{p:?}");
+        assert_eq!(
+            (p.gin, p.railed_gin),
+            (nccl::GinType::Proxy, nccl::GinType::None)
+        );
         gather_case(&ranks, 257, 5, 1);
         return;
     }
