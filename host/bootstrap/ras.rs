@@ -109,6 +109,9 @@ fn children(rel: usize, n: usize) -> impl Iterator<Item = usize> {
         .filter(move |&c| c < n)
 }
 
+/// The longest a rank waits for its children's answers, whatever budget a query names.
+const MAX_BUDGET_MS: u32 = 120_000;
+
 /// What a child gets of a budget: enough less that its answer is in before ours is due.
 fn child_budget(budget_ms: u32) -> u32 {
     (budget_ms - budget_ms / 8).saturating_sub(2)
@@ -155,7 +158,9 @@ impl Bootstrap {
                     let mut answers = vec![(me, RasReply::Bytes(record()))];
                     if budget_ms > 0 && origin < nranks {
                         let rel = (me + nranks - origin) % nranks;
-                        let budget = Duration::from_millis(u64::from(budget_ms));
+                        // A peer's number: bounded, so that no query holds this thread (and
+                        // the bootstrap it holds open) for long.
+                        let budget = Duration::from_millis(u64::from(budget_ms.min(MAX_BUDGET_MS)));
                         let kids = children(rel, nranks).collect();
                         answers.extend(bs.gather_subtrees(origin, query, kids, budget));
                     }
@@ -191,10 +196,7 @@ impl Bootstrap {
             let r = (origin + rel) % n;
             let failed = match self.shared.gone(r) {
                 Some(why) => Some(RasReply::Dead(why)),
-                None => match self.send_on(r, Channel::Ras, query, &ask) {
-                    Ok(()) => None,
-                    Err(_) => Some(RasReply::Silent("the query could not be sent".into())),
-                },
+                None => self.ask_ras(r, query, &ask).err(),
             };
             match failed {
                 Some(reply) => {
@@ -205,7 +207,7 @@ impl Bootstrap {
             }
         }
         for r in asked {
-            match self.shared.take(r, Channel::RasReply, query, deadline) {
+            match self.take_ras(r, query, deadline) {
                 Ok(b) => match decode_answers(&b, n) {
                     Some(a) => out.extend(a),
                     None => out.push((r, RasReply::Silent("a malformed answer".into()))),
@@ -214,6 +216,22 @@ impl Bootstrap {
             }
         }
         out
+    }
+
+    /// Sends RAS query `query` (payload `ask`) to `r`, its answer awaited from now on.
+    fn ask_ras(&self, r: usize, query: u32, ask: &[u8]) -> Result<(), RasReply> {
+        self.shared.await_ras(r, query);
+        self.send_on(r, Channel::Ras, query, ask).map_err(|_| {
+            self.shared.retire_ras(r, query);
+            RasReply::Silent("the query could not be sent".into())
+        })
+    }
+
+    /// The answer of `r` to `query` by `deadline`; after it, none is awaited any more.
+    fn take_ras(&self, r: usize, query: u32, deadline: Instant) -> crate::error::Result<Vec<u8>> {
+        let got = self.shared.take(r, Channel::RasReply, query, deadline);
+        self.shared.retire_ras(r, query);
+        got
     }
 
     /// Rank `r` did not answer in `waited`: dead if known gone, else silent.
@@ -231,7 +249,10 @@ impl Bootstrap {
         let (me, n) = (self.rank(), self.nranks());
         // Unique per asking rank, so that trees of several askers crossing one rank do not
         // take one another's answers.
-        let query = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(n as u32) + me as u32;
+        let query = NEXT
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(n as u32)
+            .wrapping_add(me as u32);
         let start = Instant::now();
         let mut got: Vec<Option<RasReply>> = vec![None; n];
         got[me] = Some(RasReply::Mine);
@@ -253,15 +274,16 @@ impl Bootstrap {
             for &r in &unheard {
                 if let Some(why) = self.shared.gone(r) {
                     got[r] = Some(RasReply::Dead(why));
-                } else if self.send_on(r, Channel::Ras, query, &direct).is_ok() {
-                    asked.push(r);
-                } else {
-                    got[r] = Some(RasReply::Silent("the query could not be sent".into()));
+                    continue;
+                }
+                match self.ask_ras(r, query, &direct) {
+                    Ok(()) => asked.push(r),
+                    Err(reply) => got[r] = Some(reply),
                 }
             }
             for r in asked {
                 // The answer may be the tree's, come late: its subtree's records count too.
-                let answers = match self.shared.take(r, Channel::RasReply, query, deadline) {
+                let answers = match self.take_ras(r, query, deadline) {
                     Ok(b) => decode_answers(&b, n),
                     Err(_) => {
                         got[r] = Some(self.unanswered(r, timeout));
@@ -351,11 +373,9 @@ mod tests {
         let mut q = 1000;
         let got = loop {
             assert!(t0.elapsed() < bound, "no query answered after the flood");
-            ranks[1]
-                .send_on(0, Channel::Ras, q, &encode_query(1, 0))
-                .expect("query");
+            ranks[1].ask_ras(0, q, &encode_query(1, 0)).expect("query");
             let deadline = sockets::deadline_after(Duration::from_secs(1));
-            if let Ok(got) = ranks[1].shared.take(0, Channel::RasReply, q, deadline) {
+            if let Ok(got) = ranks[1].take_ras(0, q, deadline) {
                 break got;
             }
             q += 1;
@@ -436,5 +456,28 @@ mod tests {
         let (open, cv) = &*gate;
         *open.lock().unwrap_or_else(|p| p.into_inner()) = true;
         cv.notify_all();
+    }
+
+    /// An answer no gather waits for (its asker gave up) is dropped on arrival, not kept in
+    /// the mailbox for ever; an awaited one is kept until taken or retired.
+    #[test]
+    fn unawaited_ras_answers_are_dropped() {
+        let id = new_local_root_id().expect("id");
+        let t = Duration::from_secs(10);
+        let bs = Bootstrap::init(&id, 0, 1, t).expect("init");
+        let now = Instant::now();
+        bs.shared.deliver(0, Channel::RasReply, 77, vec![1; 10]);
+        assert!(
+            bs.shared.take(0, Channel::RasReply, 77, now).is_err(),
+            "kept"
+        );
+        bs.shared.await_ras(0, 78);
+        bs.shared.deliver(0, Channel::RasReply, 78, vec![2; 10]);
+        assert_eq!(bs.take_ras(0, 78, now).expect("awaited"), vec![2; 10]);
+        bs.shared.deliver(0, Channel::RasReply, 78, vec![3; 10]);
+        assert!(
+            bs.shared.take(0, Channel::RasReply, 78, now).is_err(),
+            "kept once retired"
+        );
     }
 }

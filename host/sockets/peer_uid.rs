@@ -8,7 +8,13 @@ use std::net::{IpAddr, SocketAddr};
 /// such socket is on this host (a remote peer) or neither source answers.
 pub(crate) fn local_peer_uid(peer: SocketAddr, me: SocketAddr) -> Option<u32> {
     match diag_uid(peer, me) {
-        Ok(uid) => uid,
+        Ok(Some(uid)) => Some(uid),
+        // No such socket here, or diagnostics that find nothing at all (ENOENT is also what a
+        // kernel without TCP diagnostics answers): our own end of the connection tells which.
+        Ok(None) => match diag_uid(me, peer) {
+            Ok(Some(_)) => None,
+            _ => proc_tables_uid(peer, me),
+        },
         Err(()) => proc_tables_uid(peer, me),
     }
 }
@@ -46,6 +52,13 @@ const NLMSG_ERROR: u16 = 2;
 /// `struct nlmsghdr`, then in `struct inet_diag_msg` the uid's offset.
 const NLMSG_HEADER: usize = 16;
 const UID_AT: usize = NLMSG_HEADER + 4 + std::mem::size_of::<SockId>() + 12;
+/// In `struct inet_diag_msg`: the socket's state, its id, and the id's bytes that name the two
+/// ends (ports and addresses).
+const STATE_AT: usize = NLMSG_HEADER + 1;
+const ID_AT: usize = NLMSG_HEADER + 4;
+const ID_MATCHED: usize = 4 + 32;
+/// `TCP_LISTEN` of the kernel's TCP states.
+const TCP_LISTEN: u8 = 10;
 
 /// The address words of `ip` as the kernel keeps them (network order), IPv4 in the first.
 fn words(ip: IpAddr) -> [u32; 4] {
@@ -132,7 +145,20 @@ fn diag_uid(peer: SocketAddr, me: SocketAddr) -> Result<Option<u32>, ()> {
             Some(e) if e == -libc::ENOENT => Ok(None),
             _ => Err(()),
         },
-        SOCK_DIAG_BY_FAMILY => u32_at(UID_AT).map(Some).ok_or(()),
+        // Only the connected socket of exactly these two ends: the kernel's lookup falls back
+        // to a listener on the source address and port, which any remote client could name
+        // as its source port.
+        SOCK_DIAG_BY_FAMILY => {
+            let id = answer.get(ID_AT..ID_AT + ID_MATCHED).ok_or(())?;
+            // SAFETY: SockId is plain data; its first ID_MATCHED bytes are ports and addresses.
+            let asked = unsafe {
+                std::slice::from_raw_parts((&req.id as *const SockId).cast::<u8>(), ID_MATCHED)
+            };
+            match (answer.get(STATE_AT), id == asked) {
+                (Some(&state), true) if state != TCP_LISTEN => u32_at(UID_AT).map(Some).ok_or(()),
+                _ => Ok(None),
+            }
+        }
         _ => Err(()),
     }
 }
@@ -205,5 +231,10 @@ mod tests {
         assert_eq!(local_peer_uid(peer, me), Some(me_uid));
         let nobody = SocketAddr::new(peer.ip(), 1);
         assert_eq!(local_peer_uid(nobody, me), None);
+        // A client claiming a listener's address and port as its own is no local client (the
+        // kernel's lookup would fall back to the listener).
+        let listener = l.local_addr().expect("listener");
+        assert_eq!(diag_uid(listener, me).unwrap_or(None), None, "the listener");
+        assert_eq!(local_peer_uid(listener, me), None, "the listener");
     }
 }

@@ -48,6 +48,9 @@ struct Mailbox {
     paused: HashSet<usize>,
     /// Callers of `take` waiting for a message.
     takers: usize,
+    /// RAS answers (peer, query) a gather still waits for: any other RAS answer (one that came
+    /// after its asker gave up) is dropped on arrival instead of staying here for ever.
+    ras_awaited: HashSet<(usize, u32)>,
 }
 
 /// Records `rank` as gone (the first reason stays); whether this is news.
@@ -211,6 +214,9 @@ impl Shared {
 
     pub(crate) fn deliver(&self, from: usize, channel: Channel, tag: u32, msg: Vec<u8>) {
         let mut mb = lock(&self.mailbox);
+        if channel == Channel::RasReply && !mb.ras_awaited.contains(&(from, tag)) {
+            return;
+        }
         *mb.queued.entry(from).or_default() += msg.len();
         mb.queues
             .entry((from, channel, tag))
@@ -218,6 +224,27 @@ impl Shared {
             .push_back(msg);
         drop(mb);
         self.arrived.notify_all();
+    }
+
+    /// From now on (until [`Shared::retire_ras`]) the answer of `from` to RAS query `tag` is
+    /// kept when it comes.
+    pub(crate) fn await_ras(&self, from: usize, tag: u32) {
+        lock(&self.mailbox).ras_awaited.insert((from, tag));
+    }
+
+    /// The answer of `from` to RAS query `tag` is no longer awaited: one already here is
+    /// dropped, one still to come will be.
+    pub(crate) fn retire_ras(&self, from: usize, tag: u32) {
+        let mut mb = lock(&self.mailbox);
+        mb.ras_awaited.remove(&(from, tag));
+        if let Some(q) = mb.queues.remove(&(from, Channel::RasReply, tag)) {
+            let bytes: usize = q.iter().map(Vec::len).sum();
+            if let Some(n) = mb.queued.get_mut(&from) {
+                *n = n.saturating_sub(bytes);
+            }
+            drop(mb);
+            self.taken.notify_all();
+        }
     }
 
     /// Waits while `from` has more than the budget waiting in the mailbox; false once closed.
