@@ -162,9 +162,10 @@ const PROPERTIES_2292: usize = std::mem::offset_of!(CommProperties, n_lsa_teams)
 
 export! {
     /// `ncclCommQueryProperties` (NCCL 2.29): the communicator's properties into `props`,
-    /// which `NCCL_COMM_PROPERTIES_INITIALIZER` must have initialised (its magic; a `version`
-    /// before 2.29 or a `size` short of 2.29.2's layout is refused). The fields 2.29.4 added
-    /// are written where the caller's version and size have them. Local, not collective.
+    /// which `NCCL_COMM_PROPERTIES_INITIALIZER` must have initialised (its magic). The caller's
+    /// `size` says its layout: 2.29.2's at least, the fields 2.29.4 added written where it
+    /// holds them (its `version` is not used: programs that take it from `ncclGetVersion` pass
+    /// ours). Local, not collective.
     fn ncclCommQueryProperties / pncclCommQueryProperties(
         comm: NcclComm,
         props: *mut CommProperties,
@@ -172,10 +173,9 @@ export! {
         if props.is_null() {
             return Err(null("props"));
         }
-        let (size, magic, version) = (
+        let (size, magic) = (
             std::ptr::read_unaligned(std::ptr::addr_of!((*props).size)),
             std::ptr::read_unaligned(std::ptr::addr_of!((*props).magic)),
-            std::ptr::read_unaligned(std::ptr::addr_of!((*props).version)),
         );
         if magic != super::config::NCCL_CONFIG_MAGIC {
             return Err(Error::invalid_usage(
@@ -183,26 +183,32 @@ export! {
                  NCCL_COMM_PROPERTIES_INITIALIZER (its magic is not NCCL_API_MAGIC)",
             ));
         }
-        if version < 22900 || size < PROPERTIES_2292 {
+        if size < PROPERTIES_2292 {
             return Err(Error::invalid_argument(format!(
-                "ncclCommQueryProperties: a ncclCommProperties_t of version {version} and {size} \
-                 bytes: it exists from NCCL 2.29 ({PROPERTIES_2292} bytes or more)"
+                "ncclCommQueryProperties: a ncclCommProperties_t of {size} bytes: NCCL 2.29's \
+                 holds {PROPERTIES_2292} or more"
             )));
         }
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
         let p = c.properties()?;
-        let p_out = &mut *props;
-        p_out.rank = p.rank as c_int;
-        p_out.n_ranks = p.nranks as c_int;
-        p_out.cuda_dev = p.cuda_dev;
-        p_out.nvml_dev = p.nvml_dev;
-        p_out.device_api_support = p.device_api;
-        p_out.multimem_support = p.multimem;
-        p_out.gin_type = p.gin as c_int;
-        if version > 22903 && size >= std::mem::size_of::<CommProperties>() {
-            p_out.n_lsa_teams = p.lsa_teams as c_int;
-            p_out.host_rma_support = p.host_rma;
-            p_out.railed_gin_type = p.railed_gin as c_int;
+        // Field by field through the pointer: the caller's struct may be 2.29.2's, shorter
+        // than ours.
+        macro_rules! put {
+            ($field:ident, $v:expr) => {
+                std::ptr::addr_of_mut!((*props).$field).write_unaligned($v)
+            };
+        }
+        put!(rank, p.rank as c_int);
+        put!(n_ranks, p.nranks as c_int);
+        put!(cuda_dev, p.cuda_dev);
+        put!(nvml_dev, p.nvml_dev);
+        put!(device_api_support, p.device_api);
+        put!(multimem_support, p.multimem);
+        put!(gin_type, p.gin as c_int);
+        if size >= std::mem::size_of::<CommProperties>() {
+            put!(n_lsa_teams, p.lsa_teams as c_int);
+            put!(host_rma_support, p.host_rma);
+            put!(railed_gin_type, p.railed_gin as c_int);
         }
         Ok(NcclResult::Success)
     }

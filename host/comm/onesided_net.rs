@@ -47,7 +47,7 @@ const SLOT: usize = HEADER + CHUNK;
 const MAX_DEPTH: usize = 64;
 /// Connections each way per pair (`NCCL_RS_PUT_LANES`, at most this).
 const MAX_LANES: usize = 16;
-/// Pinned bytes of receive buffers for every peer together, beyond 2 per peer.
+/// Pinned bytes of receive buffers for every lane of every peer together, beyond one per lane.
 const RECV_BUDGET: usize = 64 << 20;
 /// The network tag of every message.
 const TAG: u32 = 0x6f6e_6573;
@@ -126,6 +126,19 @@ struct Lane {
     /// Buffers neither posted nor copying.
     free: Vec<usize>,
     events: Vec<u64>,
+    device: Device,
+}
+
+impl Drop for Lane {
+    /// Its registrations and events go before its connections and buffers (the thread's
+    /// stream drained first, where it ran).
+    fn drop(&mut self) {
+        let _ = self.send.dereg_mr(self.send_mr);
+        let _ = self.recv.dereg_mr(self.recv_mr);
+        for &e in &self.events {
+            let _ = self.device.event_destroy(e);
+        }
+    }
 }
 
 /// One peer's lanes, and how many messages went each way (message k takes lane k mod lanes).
@@ -277,11 +290,11 @@ impl RemotePuts {
             cv: Condvar::new(),
         });
         // Receive buffers per lane: as many as the sender keeps in flight on a lane, within a
-        // budget for all peers together (pinned memory grows with the job), and never fewer
-        // than 2.
+        // budget for all lanes of all peers together (pinned memory grows with the job), and
+        // at least one.
         let remote = nranks.saturating_sub(1).max(1) * lanes;
         let per_lane = depth.div_ceil(lanes);
-        let recv_depth = (RECV_BUDGET / (SLOT * remote)).clamp(2.min(per_lane), per_lane);
+        let recv_depth = (RECV_BUDGET / (SLOT * remote)).clamp(1, per_lane);
         let waker: crate::net::Waker = {
             let inner = Arc::downgrade(&inner);
             Arc::new(move || {
@@ -475,10 +488,7 @@ fn open_lane(
     };
     send.set_waker(waker.clone());
     recv.set_waker(waker.clone());
-    let events = (0..recv_depth)
-        .map(|_| device.event_create_untimed())
-        .collect::<Result<Vec<u64>>>()?;
-    Ok(Lane {
+    let mut lane = Lane {
         send,
         send_mr,
         recv,
@@ -487,8 +497,14 @@ fn open_lane(
         posted: VecDeque::new(),
         copying: VecDeque::new(),
         free: (0..recv_depth).collect(),
-        events,
-    })
+        events: Vec::with_capacity(recv_depth),
+        device: device.clone(),
+    };
+    // Made into the lane, so that a failure here releases what was made (its drop).
+    for _ in 0..recv_depth {
+        lane.events.push(device.event_create_untimed()?);
+    }
+    Ok(lane)
 }
 
 impl Drop for RemotePuts {
@@ -546,16 +562,10 @@ impl Worker {
                 }
             }
         }
-        let d = &self.inner.device;
-        // The stream goes with `RemotePuts` (a deregistration may still drain it).
-        let _ = d.stream_sync(self.inner.stream);
-        for l in self.links.iter_mut().flatten().flat_map(|l| &mut l.lanes) {
-            let _ = l.send.dereg_mr(l.send_mr);
-            let _ = l.recv.dereg_mr(l.recv_mr);
-            for &e in &l.events {
-                let _ = d.event_destroy(e);
-            }
-        }
+        // The stream goes with `RemotePuts` (a deregistration may still drain it); the lanes
+        // after the copies it queued from their buffers.
+        let _ = self.inner.device.stream_sync(self.inner.stream);
+        self.links.clear();
     }
 
     /// One pass over sends and receives: whether anything moved; an error names its peer.

@@ -272,7 +272,14 @@ impl Comm {
         }
 
         let mc = match (symmetric, &peers) {
-            (true, Some(_)) => self.window_multicast(buff, bytes)?,
+            (true, Some(_)) => match self.window_multicast(buff, bytes) {
+                Ok(mc) => mc,
+                Err(e) => {
+                    // A peer gone mid-registration: this rank's registration is undone.
+                    let _ = self.deregister(reg);
+                    return Err(e);
+                }
+            },
             _ => None,
         };
         let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -383,7 +390,10 @@ impl Comm {
             )));
         }
         if st.windows[i].mc.is_some() {
-            // Kernels launched before may still use its multicast address.
+            // This rank's kernels launched before may still use the multicast address. Other
+            // ranks' kernels may reach this rank's part through it too, as through the LSA
+            // mappings of any window: deregistration is collective, after every rank's work
+            // on the window (`window_mc.rs`).
             self.flush()?;
         }
         if let (Some(slot), Some(sym)) = (st.windows[i].slot, &st.sym) {

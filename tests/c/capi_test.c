@@ -190,16 +190,20 @@ static void all_reduce_init_all(void) {
            p.nLsaTeams, p.hostRmaSupport, (int)p.ginType);
   }
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-  props.version = NCCL_VERSION(2, 29, 2);
+  props.size = offsetof(ncclCommProperties_t, nLsaTeams); /* 2.29.2's layout */
   props.nLsaTeams = -7;
   CHECK(ncclCommQueryProperties(comms[1], &props));
   EXPECT(props.rank == 1 && props.nLsaTeams == -7, "2.29.2's layout: rank %d, nLsaTeams %d",
          props.rank, props.nLsaTeams);
+  props.size = sizeof(props);
+  props.version = NCCL_VERSION_CODE; /* as a caller taking ncclGetVersion's */
+  CHECK(ncclCommQueryProperties(comms[1], &props));
+  EXPECT(props.nLsaTeams == 1, "nLsaTeams %d whatever the version", props.nLsaTeams);
   props.magic = 0;
   EXPECT(ncclCommQueryProperties(comms[0], &props) == ncclInvalidUsage, "properties' magic");
   props.magic = 0xcafebeef;
-  props.version = NCCL_VERSION(2, 28, 9);
-  EXPECT(ncclCommQueryProperties(comms[0], &props) == ncclInvalidArgument, "2.28's version");
+  props.size = 16;
+  EXPECT(ncclCommQueryProperties(comms[0], &props) == ncclInvalidArgument, "a 16-byte struct");
   EXPECT(ncclCommQueryProperties(comms[0], NULL) == ncclInvalidArgument, "props NULL");
   /* One-sided (NCCL 2.29): in a group, rank i puts the first half of its window into the
      second half of rank i+1's and signals it; each rank's stream then waits for that signal. */
