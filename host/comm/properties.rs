@@ -17,11 +17,14 @@ pub enum GinType {
 /// A communicator's properties ([`Comm::properties`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Properties {
+    /// This rank.
     pub rank: usize,
+    /// The communicator's size.
     pub nranks: usize,
-    /// The CUDA device ordinal, and the device's NVML index (PCI bus order over every GPU of
-    /// the host, whatever `CUDA_VISIBLE_DEVICES` hides; the ordinal on the simulator).
+    /// The CUDA device ordinal.
     pub cuda_dev: i32,
+    /// The device's NVML index: PCI bus order over every GPU of the host, whatever
+    /// `CUDA_VISIBLE_DEVICES` hides (the ordinal on the simulator).
     pub nvml_dev: i32,
     /// Every rank maps every other's windows: device-API kernels have the whole communicator
     /// as their LSA team (else each rank alone, reaching the others through GIN).
