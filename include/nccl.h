@@ -391,6 +391,17 @@ ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclCo
 ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
                              cudaStream_t stream);
 
+/* NCCL 2.29: the device memory a communicator holds. nccl-rs has no ncclCommSuspend yet: what
+ * a suspend would release (ncclStatGpuMemSuspend) is 0, and all of it persists. */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,
+  ncclStatGpuMemSuspended = 1,
+  ncclStatGpuMemPersist = 2,
+  ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
+ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
+
 /* NCCL 2.29's communicator properties (declared by NCCL's nccl_device/core.h, here for C
  * programs without it; the layout is 2.29.7's, whose fields past ginType 2.29.4 added). */
 #ifndef _NCCL_DEVICE_CORE_H_

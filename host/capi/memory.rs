@@ -213,3 +213,24 @@ export! {
         Ok(NcclResult::Success)
     }
 }
+
+export! {
+    /// `ncclCommMemStats` (NCCL 2.29): the device memory this communicator holds
+    /// (`Comm::device_memory`). `stat` 0 (`ncclStatGpuMemSuspend`, what a suspend would
+    /// release) and 1 (`ncclStatGpuMemSuspended`) are 0: nccl-rs has no `ncclCommSuspend`
+    /// yet, so all of it is 2 (`ncclStatGpuMemPersist`) and 3 (`ncclStatGpuMemTotal`).
+    fn ncclCommMemStats / pncclCommMemStats(comm: NcclComm, stat: c_int, value: *mut u64) {
+        let out = value.as_mut().ok_or_else(|| null("value"))?;
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        *out = match stat {
+            0 | 1 => 0,
+            2 | 3 => c.device_memory() as u64,
+            s => {
+                return Err(Error::invalid_argument(format!(
+                    "ncclCommMemStats: stat {s} is none of ncclCommMemStat_t's (0 to 3)"
+                )))
+            }
+        };
+        Ok(NcclResult::Success)
+    }
+}

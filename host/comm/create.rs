@@ -140,6 +140,9 @@ impl Comm {
     ) -> Result<Comm> {
         crate::debug::init();
         check_args(nranks, rank, ids)?;
+        // What this communicator allocates is counted from here on (`Comm::device_memory`).
+        let user_device = device.uncounted();
+        let (device, memory) = device.counted();
         let t0 = Instant::now();
         crate::env::log_params();
         let comm_id = net::comm_id(ids[0].public_bytes());
@@ -215,13 +218,14 @@ impl Comm {
         let (free_after, _) = j.device.mem_info()?;
         abort.check()?;
         log::info!(
-            "comm {}rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, init {:.1} ms",
+            "comm {}rank {rank}/{nranks} on device {} ({}): {} channels x {} threads, {} KiB slots, {} KiB of device memory, init {:.1} ms",
             config.comm_name.as_deref().map(|n| format!("{n} ")).unwrap_or_default(),
             j.device.ordinal,
             if j.device.is_sim() { "simulator" } else { "cuda" },
             shape.nchannels,
             shape.nthreads,
             shape.slot_bytes / 1024,
+            memory.load(std::sync::atomic::Ordering::Relaxed) / 1024,
             t0.elapsed().as_secs_f64() * 1e3
         );
         let ras = register_health(&j, &config, comm_id, &order, &faults);
@@ -250,6 +254,8 @@ impl Comm {
             kernels: Mutex::new(HashMap::new()),
             aborted: Arc::new(AtomicBool::new(false)),
             init_bytes: free_before.saturating_sub(free_after),
+            memory,
+            user_device,
             config,
             abort_flag: abort.clone(),
             finalized: AtomicBool::new(false),

@@ -114,6 +114,12 @@ pub struct Comm {
     aborted: Arc<AtomicBool>,
     /// Device memory this communicator took at init (bytes), for reports.
     init_bytes: usize,
+    /// Device memory this communicator holds now (bytes): what its device handle allocated
+    /// and has not freed ([`Device::counted`]).
+    memory: Arc<std::sync::atomic::AtomicUsize>,
+    /// The device as [`Comm::device`] gives it, without the ledger: what users allocate
+    /// through it is not this communicator's memory.
+    user_device: Device,
     config: ResolvedConfig,
     /// Set by `abort`; also stops a split child's creation.
     abort_flag: AbortFlag,
@@ -329,7 +335,7 @@ impl Comm {
     }
     /// The device this communicator's rank runs on.
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.user_device
     }
     /// `ncclCommRegister`: declares `bytes` of this GPU's memory at `buff` for use in this
     /// communicator's operations; the handle is for [`Comm::deregister`]. Public as
@@ -369,6 +375,13 @@ impl Comm {
     /// Device memory this communicator allocated at init (cuMemGetInfo before and after).
     pub fn init_device_bytes(&self) -> usize {
         self.init_bytes
+    }
+
+    /// Device memory this communicator holds now (`ncclCommMemStats`): every buffer it
+    /// allocated and has not freed (its connections', windows' symmetric state, device
+    /// communicators'), not the user's buffers nor peers' memory it maps.
+    pub fn device_memory(&self) -> usize {
+        self.memory.load(Ordering::Relaxed)
     }
 
     /// Whether the tuner leaves `coll` some algorithm and protocol (NCCL_ALGO / NCCL_PROTO).

@@ -70,6 +70,8 @@ fn fields_are_thread_safe(c: &Comm) {
         kernels,
         aborted,
         init_bytes,
+        memory,
+        user_device,
         config,
         abort_flag,
         finalized,
@@ -106,6 +108,8 @@ fn fields_are_thread_safe(c: &Comm) {
     both(kernels);
     both(aborted);
     both(init_bytes);
+    both(memory);
+    both(user_device);
     both(config);
     both(abort_flag);
     both(finalized);

@@ -144,6 +144,9 @@ pub struct Device {
     imp: Arc<Imp>,
     /// Its ordinal (`cudaSetDevice`'s number).
     pub ordinal: i32,
+    /// Where the device memory allocated through this handle (and its clones) is counted
+    /// while it lives: a communicator's ([`Device::counted`]).
+    ledger: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -172,6 +175,7 @@ impl Device {
         let d = Device {
             imp: Arc::new(imp),
             ordinal,
+            ledger: None,
         };
         let i = ordinal as usize;
         if t.len() <= i {
@@ -188,6 +192,36 @@ impl Device {
             Backend::Sim => sim::current_ordinal(),
         };
         Device::open(ordinal)
+    }
+
+    /// This device with a ledger of its own: the bytes of device memory allocated through
+    /// the handle returned (and its clones) and not yet freed are counted in the ledger.
+    pub(crate) fn counted(&self) -> (Device, Arc<std::sync::atomic::AtomicUsize>) {
+        let ledger = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let d = Device {
+            ledger: Some(ledger.clone()),
+            ..self.clone()
+        };
+        (d, ledger)
+    }
+
+    /// This device without a ledger.
+    pub(crate) fn uncounted(&self) -> Device {
+        Device {
+            ledger: None,
+            ..self.clone()
+        }
+    }
+
+    /// Counts `bytes` allocated (`more`) or freed in the ledger, if this handle has one.
+    fn book(&self, bytes: usize, more: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(l) = &self.ledger {
+            match more {
+                true => l.fetch_add(bytes, Relaxed),
+                false => l.fetch_sub(bytes, Relaxed),
+            };
+        }
     }
 
     /// Whether it is a simulated device.

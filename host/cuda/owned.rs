@@ -22,6 +22,7 @@ impl Device {
     /// `bytes` of device memory (at least 1), freed when the buffer drops.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuffer> {
         let ptr = dispatch!(self.alloc(bytes))?;
+        self.book(bytes, true);
         Ok(DevBuffer {
             dev: self.clone(),
             ptr,
@@ -35,6 +36,7 @@ impl Device {
     /// be used); freed when the buffer drops. On the simulator, rounded the same way.
     pub fn alloc_vmm(&self, bytes: usize) -> Result<DevBuffer> {
         let (ptr, _mapped) = dispatch!(self.alloc_vmm(bytes))?;
+        self.book(bytes, true);
         Ok(DevBuffer {
             dev: self.clone(),
             ptr,
@@ -56,10 +58,13 @@ impl Device {
             };
             Ok(d.alloc_vmm_adjacent(sizes)?
                 .into_iter()
-                .map(|(ptr, bytes)| DevBuffer {
-                    dev: self.clone(),
-                    ptr,
-                    bytes,
+                .map(|(ptr, bytes)| {
+                    self.book(bytes, true);
+                    DevBuffer {
+                        dev: self.clone(),
+                        ptr,
+                        bytes,
+                    }
                 })
                 .collect())
         }
@@ -208,6 +213,7 @@ impl Drop for DevBuffer {
         if let Err(e) = dispatch!(d.free(self.ptr)) {
             log::warn!("freeing device memory: {e}");
         }
+        d.book(self.bytes, false);
     }
 }
 

@@ -205,6 +205,24 @@ static void all_reduce_init_all(void) {
   props.size = 16;
   EXPECT(ncclCommQueryProperties(comms[0], &props) == ncclInvalidArgument, "a 16-byte struct");
   EXPECT(ncclCommQueryProperties(comms[0], NULL) == ncclInvalidArgument, "props NULL");
+  /* ncclCommMemStats (NCCL 2.29): every rank holds device memory (its connections and the
+     symmetric state of the windows above), all of it persistent (no suspend yet). */
+  for (int i = 0; i < NDEV; i++) {
+    uint64_t total = 0, persist = 0, suspendable = 7, suspended = 7;
+    CHECK(ncclCommMemStats(comms[i], ncclStatGpuMemTotal, &total));
+    CHECK(ncclCommMemStats(comms[i], ncclStatGpuMemPersist, &persist));
+    CHECK(ncclCommMemStats(comms[i], ncclStatGpuMemSuspend, &suspendable));
+    CHECK(ncclCommMemStats(comms[i], ncclStatGpuMemSuspended, &suspended));
+    EXPECT(total > 0 && persist == total && suspendable == 0 && suspended == 0,
+           "rank %d: total %llu, persist %llu, suspendable %llu, suspended %llu", i,
+           (unsigned long long)total, (unsigned long long)persist,
+           (unsigned long long)suspendable, (unsigned long long)suspended);
+  }
+  uint64_t stat = 0;
+  EXPECT(ncclCommMemStats(comms[0], (ncclCommMemStat_t)9, &stat) == ncclInvalidArgument,
+         "an unknown stat");
+  EXPECT(ncclCommMemStats(comms[0], ncclStatGpuMemTotal, NULL) == ncclInvalidArgument,
+         "value NULL");
   /* One-sided (NCCL 2.29): in a group, rank i puts the first half of its window into the
      second half of rank i+1's and signals it; each rank's stream then waits for that signal. */
   for (int i = 0; i < NDEV; i++)

@@ -22,6 +22,7 @@ mod groups;
 mod kernel_filter;
 mod ll;
 mod ll128;
+mod memory;
 mod multinode;
 mod multinode_faults;
 mod multinode_work;
