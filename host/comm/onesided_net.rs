@@ -175,6 +175,14 @@ struct Inner {
     cv: Condvar,
 }
 
+impl Drop for Inner {
+    /// The last holder (the thread, or `RemotePuts` when connecting failed) destroys the
+    /// stream, after the thread drained it.
+    fn drop(&mut self) {
+        let _ = self.device.stream_destroy(self.stream);
+    }
+}
+
 impl Inner {
     fn wake(&self) {
         *self.bell.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -480,11 +488,14 @@ fn open_lane(
     let host = bufs.host_ptr(0).unwrap_or(std::ptr::null_mut());
     // SAFETY: both regions live as long as the lane (the thread's, dropped before `inner` and
     // `bufs`).
-    let (send_mr, recv_mr) = unsafe {
-        (
-            send.reg_mr(staging, inner.depth * SLOT, PTR_HOST)?,
-            recv.reg_mr(host, recv_depth * SLOT, PTR_HOST)?,
-        )
+    let send_mr = unsafe { send.reg_mr(staging, inner.depth * SLOT, PTR_HOST)? };
+    // SAFETY: as above.
+    let recv_mr = match unsafe { recv.reg_mr(host, recv_depth * SLOT, PTR_HOST) } {
+        Ok(mr) => mr,
+        Err(e) => {
+            let _ = send.dereg_mr(send_mr);
+            return Err(e);
+        }
     };
     send.set_waker(waker.clone());
     recv.set_waker(waker.clone());
@@ -514,7 +525,6 @@ impl Drop for RemotePuts {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = self.inner.device.stream_destroy(self.inner.stream);
     }
 }
 
@@ -525,6 +535,15 @@ struct Worker {
     /// Chunks being sent, oldest first: (sequence, peer, lane, request).
     in_flight: VecDeque<(u64, usize, usize, Request)>,
     on_error: OnError,
+}
+
+impl Drop for Worker {
+    /// The lanes' buffers go only after the copies the stream queued from them: drained
+    /// first, whether the thread ended or panicked.
+    fn drop(&mut self) {
+        let _ = self.inner.device.stream_sync(self.inner.stream);
+        self.links.clear();
+    }
 }
 
 impl Worker {
@@ -562,10 +581,7 @@ impl Worker {
                 }
             }
         }
-        // The stream goes with `RemotePuts` (a deregistration may still drain it); the lanes
-        // after the copies it queued from their buffers.
-        let _ = self.inner.device.stream_sync(self.inner.stream);
-        self.links.clear();
+        // The lanes go with the worker (its drop, after a panic too).
     }
 
     /// One pass over sends and receives: whether anything moved; an error names its peer.

@@ -258,6 +258,24 @@ impl Comm {
             check_symmetric(&offers)?;
         }
         let reg = self.register_ptr(buff, bytes)?;
+        self.window_register_rest(buff, bytes, reg, &offers)
+            .inspect_err(|_| {
+                // A peer gone mid-registration: this rank's registration is undone (a window
+                // already made was deregistered whole, its registration with it).
+                let _ = self.deregister(reg);
+            })
+    }
+
+    /// [`Comm::window_register`] once every rank's offer is in and the buffer is registered
+    /// (`reg`): the mappings, one-sided state, symmetric slot and multicast object.
+    fn window_register_rest(
+        &self,
+        buff: DevPtr,
+        bytes: usize,
+        reg: super::register::RegHandle,
+        offers: &[Offer],
+    ) -> Result<WinHandle> {
+        let symmetric = offers.iter().any(|o| o.symmetric != 0);
         // Every step below is taken by every rank or by none: each decides on what all know.
         let peers = match offers.iter().all(|o| o.maps_all != 0) {
             true => self.share(buff, bytes)?,
@@ -270,21 +288,13 @@ impl Comm {
                 let _ = self.windows.signals.set(Arc::new(s));
             }
         }
-
         let mc = match (symmetric, &peers) {
-            (true, Some(_)) => match self.window_multicast(buff, bytes) {
-                Ok(mc) => mc,
-                Err(e) => {
-                    // A peer gone mid-registration: this rank's registration is undone.
-                    let _ = self.deregister(reg);
-                    return Err(e);
-                }
-            },
+            (true, Some(_)) => self.window_multicast(buff, bytes)?,
             _ => None,
         };
         let mut st = self.windows.state.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match symmetric {
-            true => self.symmetric_slot(&mut st, &offers, peers.as_ref())?,
+            true => self.symmetric_slot(&mut st, offers, peers.as_ref())?,
             false => None,
         };
         st.last += 1;
@@ -303,8 +313,13 @@ impl Comm {
         drop(st);
         if let Some(remote) = self.windows.signals().as_ref().and_then(|s| s.remote()) {
             // Every rank takes puts into it before any rank's registration returns.
-            remote.set_window(handle, Some((buff, bytes as u64)))?;
-            self.bootstrap.barrier()?;
+            let ready = remote
+                .set_window(handle, Some((buff, bytes as u64)))
+                .and_then(|_| self.bootstrap.barrier());
+            if let Err(e) = ready {
+                let _ = self.window_deregister(handle);
+                return Err(e);
+            }
         }
         Ok(handle)
     }

@@ -85,13 +85,13 @@ impl Comm {
             None => self.device.multicast_import(&root, bytes),
         }
         .and_then(|mc| mc.add_device().map(|_| mc));
-        let mut mc = match self.joined(joined, "could not join it")? {
+        let mut mc = match self.joined(joined, "could not join the object")? {
             Some(mc) => mc,
             None => return Ok(None),
         };
         // Every member was added (the allgather above) before anyone binds.
         let bound = mc.bind_mem(buff, gran);
-        let Some(addr) = self.joined(bound, "could not bind its part")? else {
+        let Some(addr) = self.joined(bound, "could not be bound to the object")? else {
             return Ok(None);
         };
         log::info!(

@@ -19,6 +19,9 @@ enum McImp {
 pub(crate) struct Multicast {
     dev: Device,
     imp: McImp,
+    /// Device memory [`Multicast::bind_map`] allocated for it: counted in the device's
+    /// ledger while bound.
+    booked: usize,
 }
 
 impl std::fmt::Debug for Multicast {
@@ -86,6 +89,7 @@ impl Device {
             Multicast {
                 dev: self.clone(),
                 imp,
+                booked: 0,
             },
             h,
         ))
@@ -102,6 +106,7 @@ impl Device {
         Ok(Multicast {
             dev: self.clone(),
             imp,
+            booked: 0,
         })
     }
 }
@@ -119,11 +124,14 @@ impl Multicast {
     /// Binds memory of our device to the whole object and maps both views: (unicast,
     /// multicast) device addresses, `align`-aligned.
     pub(crate) fn bind_map(&mut self, align: usize) -> Result<(u64, u64)> {
-        match (&*self.dev.imp, &mut self.imp) {
-            (Imp::Cuda(d), McImp::Cuda(m)) => d.multicast_bind_map(m, align),
-            (Imp::Sim(d), McImp::Sim(m)) => d.multicast_bind_map(m, align),
-            _ => Err(Error::internal("multicast object of another backend")),
-        }
+        let (mapped, bytes) = match (&*self.dev.imp, &mut self.imp) {
+            (Imp::Cuda(d), McImp::Cuda(m)) => (d.multicast_bind_map(m, align)?, m.bytes()),
+            (Imp::Sim(d), McImp::Sim(m)) => (d.multicast_bind_map(m, align)?, m.bytes()),
+            _ => return Err(Error::internal("multicast object of another backend")),
+        };
+        self.dev.book(bytes, true);
+        self.booked = bytes;
+        Ok(mapped)
     }
 }
 
@@ -147,6 +155,7 @@ impl Drop for Multicast {
             (Imp::Sim(d), McImp::Sim(m)) => d.multicast_release(m),
             _ => {}
         }
+        self.dev.book(self.booked, false);
     }
 }
 

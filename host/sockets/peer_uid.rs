@@ -55,8 +55,8 @@ const UID_AT: usize = NLMSG_HEADER + 4 + std::mem::size_of::<SockId>() + 12;
 /// In `struct inet_diag_msg`: the socket's state, its id, and the id's bytes that name the two
 /// ends (ports and addresses).
 const STATE_AT: usize = NLMSG_HEADER + 1;
+const FAMILY_AT: usize = NLMSG_HEADER;
 const ID_AT: usize = NLMSG_HEADER + 4;
-const ID_MATCHED: usize = 4 + 32;
 /// `TCP_LISTEN` of the kernel's TCP states.
 const TCP_LISTEN: u8 = 10;
 
@@ -72,6 +72,28 @@ fn words(ip: IpAddr) -> [u32; 4] {
         }
     }
     w
+}
+
+/// The two ends (source, destination) of the socket a diagnostics answer describes, in the
+/// found socket's own family: an IPv4 socket's addresses fill the first word only, whatever
+/// family was asked (mapped addresses compare equal in [`same_endpoint`]).
+fn answer_ends(answer: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
+    let family = i32::from(*answer.get(FAMILY_AT)?);
+    let port = |at: usize| Some(u16::from_be_bytes(answer.get(at..at + 2)?.try_into().ok()?));
+    let ip = |at: usize| -> Option<IpAddr> {
+        match family {
+            libc::AF_INET => Some(IpAddr::from(
+                <[u8; 4]>::try_from(answer.get(at..at + 4)?).ok()?,
+            )),
+            libc::AF_INET6 => Some(IpAddr::from(
+                <[u8; 16]>::try_from(answer.get(at..at + 16)?).ok()?,
+            )),
+            _ => None,
+        }
+    };
+    let (sport, dport) = (port(ID_AT)?, port(ID_AT + 2)?);
+    let (src, dst) = (ip(ID_AT + 4)?, ip(ID_AT + 20)?);
+    Some((SocketAddr::new(src, sport), SocketAddr::new(dst, dport)))
 }
 
 /// The owner of the socket at `peer` connected to `me`, asked of the kernel's TCP diagnostics
@@ -149,13 +171,10 @@ fn diag_uid(peer: SocketAddr, me: SocketAddr) -> Result<Option<u32>, ()> {
         // to a listener on the source address and port, which any remote client could name
         // as its source port.
         SOCK_DIAG_BY_FAMILY => {
-            let id = answer.get(ID_AT..ID_AT + ID_MATCHED).ok_or(())?;
-            // SAFETY: SockId is plain data; its first ID_MATCHED bytes are ports and addresses.
-            let asked = unsafe {
-                std::slice::from_raw_parts((&req.id as *const SockId).cast::<u8>(), ID_MATCHED)
-            };
-            match (answer.get(STATE_AT), id == asked) {
-                (Some(&state), true) if state != TCP_LISTEN => u32_at(UID_AT).map(Some).ok_or(()),
+            let (src, dst) = answer_ends(answer).ok_or(())?;
+            let ends = same_endpoint(src, peer) && same_endpoint(dst, me);
+            match answer.get(STATE_AT) {
+                Some(&state) if ends && state != TCP_LISTEN => u32_at(UID_AT).map(Some).ok_or(()),
                 _ => Ok(None),
             }
         }
@@ -236,5 +255,15 @@ mod tests {
         let listener = l.local_addr().expect("listener");
         assert_eq!(diag_uid(listener, me).unwrap_or(None), None, "the listener");
         assert_eq!(local_peer_uid(listener, me), None, "the listener");
+        // A dual-stack listener sees an IPv4 client as IPv4-mapped IPv6; the kernel answers
+        // with the client's IPv4 socket: still the owner.
+        if let Ok(l6) = TcpListener::bind("[::]:0") {
+            let port = l6.local_addr().expect("addr").port();
+            let _c = TcpStream::connect(("127.0.0.1", port)).expect("connect over IPv4");
+            let (s6, peer6) = l6.accept().expect("accept");
+            let me6 = s6.local_addr().expect("local");
+            assert!(peer6.is_ipv6(), "{peer6}");
+            assert_eq!(local_peer_uid(peer6, me6), Some(me_uid), "{peer6} -> {me6}");
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! What device memory a communicator holds (`Comm::device_memory`, `ncclCommMemStats`): what
 //! it allocated and has not freed, counted as it goes. A one-rank communicator holds no FIFO
 //! or network buffers; a device communicator's area is counted while it lives and given back
-//! when it drops; a symmetric window's state stays while the communicator does; what the user
-//! allocates through `Comm::device` is not the communicator's.
+//! when it drops; a symmetric window's state (made at the first) stays while the communicator
+//! does; what the user allocates through `Comm::device` is not the communicator's.
 
 use crate::common::windows::register_all;
 use crate::common::{self, lend};
@@ -56,21 +56,31 @@ fn a_communicator_counts_what_it_holds() {
         }
     });
 
-    // A symmetric window's state stays with the communicator.
+    // A window's one-sided state (the first window), then a symmetric window's state: both
+    // stay with the communicator after their windows go.
     let bufs: Vec<_> = two
         .comms
         .iter()
         .map(|c| c.device().alloc(4096).unwrap())
         .collect();
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
-    let handles = register_all(&two.comms, &ptrs, &[4096; 2], &[1; 2]);
+    let plain = register_all(&two.comms, &ptrs, &[4096; 2], &[0; 2]);
+    let with_plain: Vec<usize> = two.comms.iter().map(|c| c.device_memory()).collect();
+    let sym = register_all(&two.comms, &ptrs, &[4096; 2], &[1; 2]);
     for (r, c) in two.comms.iter().enumerate() {
+        let with_sym = c.device_memory();
         assert!(
-            c.device_memory() > held[r],
+            with_sym > with_plain[r],
             "rank {r}: the symmetric state uncounted"
         );
-        c.window_deregister_raw(*handles[r].as_ref().unwrap())
+        c.window_deregister_raw(*sym[r].as_ref().unwrap()).unwrap();
+        c.window_deregister_raw(*plain[r].as_ref().unwrap())
             .unwrap();
+        assert_eq!(
+            c.device_memory(),
+            with_sym,
+            "rank {r}: the state went with the window"
+        );
     }
     drop(user);
 }

@@ -19,6 +19,13 @@ pub struct Multicast {
     offer: Option<crate::cuda::fdpass::Offer>,
 }
 
+impl Multicast {
+    /// The object's size.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// Bytes of a multicast handle: the creator's offer ([`crate::cuda::fdpass::Ticket`]), then the
 /// object's size; the rest is zero.
 const MC_HANDLE_SIZE_AT: usize = crate::cuda::fdpass::TICKET_BYTES;

@@ -49,6 +49,13 @@ pub struct Multicast {
     pub(super) borrowed: bool,
 }
 
+impl Multicast {
+    /// The object's size.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 impl McObject {
     pub(super) fn publish(&self) {
         let members: Vec<u64> = self.members.iter().map(|m| m.1).collect();
