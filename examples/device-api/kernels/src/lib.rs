@@ -107,32 +107,53 @@ unsafe fn one_shot_all_reduce(p: &Place) {
         return; // aborted
     }
     // Every peer's input, looked up once.
-    let mut inputs = [core::ptr::null::<f32>(); MAX_TEAM as usize];
-    for (peer, input) in (0..c.lsa_size).zip(inputs.iter_mut()) {
-        *input = c.lsa_ptr(&p.input, 0, peer) as *const f32;
-    }
+    let inputs = team_parts(c, &p.input);
     let team = &inputs[..c.lsa_size as usize];
     let packs = p.count as usize / 4;
     for j in my_elements(packs as u64) {
-        let load = |input: &*const f32| arch::ld_pack((*input as *const Pack16).add(j)).0;
-        let mut sum = load(&team[0]).map(f32::from_bits);
-        for input in &team[1..] {
-            for (s, x) in sum.iter_mut().zip(load(input)) {
-                *s += f32::from_bits(x);
-            }
-        }
-        arch::st_pack(
-            (p.output as *mut Pack16).add(j),
-            Pack16(sum.map(f32::to_bits)),
-        );
+        arch::st_pack((p.output as *mut Pack16).add(j), sum_pack(team, j));
     }
     for i in my_elements(p.count - 4 * packs as u64).map(|i| i + 4 * packs) {
-        let sum = team[1..]
-            .iter()
-            .fold(*team[0].add(i), |s, input| s + *input.add(i));
-        *(p.output as *mut f32).add(i) = sum;
+        *(p.output as *mut f32).add(i) = sum_at(team, i);
     }
     let _ = barrier.sync();
+}
+
+/// Every LSA rank's part of `win` (its start), as this GPU maps it; the first `lsa_size`.
+///
+/// # Safety
+/// `c` and `win` came from the host; `lsa_size <= MAX_TEAM`.
+unsafe fn team_parts(c: &DevComm, win: &Window) -> [*mut f32; MAX_TEAM as usize] {
+    let mut parts = [core::ptr::null_mut::<f32>(); MAX_TEAM as usize];
+    for (peer, part) in (0..c.lsa_size).zip(parts.iter_mut()) {
+        *part = c.lsa_ptr(win, 0, peer) as *mut f32;
+    }
+    parts
+}
+
+/// Pack `j` (four floats) summed over `team`'s parts in team order.
+///
+/// # Safety
+/// Every part holds pack `j`; `team` is not empty.
+unsafe fn sum_pack(team: &[*mut f32], j: usize) -> Pack16 {
+    let load = |part: &*mut f32| arch::ld_pack((*part as *const Pack16).add(j)).0;
+    let mut sum = load(&team[0]).map(f32::from_bits);
+    for part in &team[1..] {
+        for (s, x) in sum.iter_mut().zip(load(part)) {
+            *s += f32::from_bits(x);
+        }
+    }
+    Pack16(sum.map(f32::to_bits))
+}
+
+/// Element `i` summed over `team`'s parts in team order.
+///
+/// # Safety
+/// As [`sum_pack`], for element `i`.
+unsafe fn sum_at(team: &[*mut f32], i: usize) -> f32 {
+    team[1..]
+        .iter()
+        .fold(*team[0].add(i), |s, part| s + *part.add(i))
 }
 
 /// The team barrier (every input in place); this rank's slice of the 16-byte packs (slice
@@ -151,36 +172,22 @@ unsafe fn two_shot_all_reduce(a: &TwoShot) {
     if barrier.sync().is_err() {
         return;
     }
-    let mut inputs = [core::ptr::null::<f32>(); MAX_TEAM as usize];
-    let mut outputs = [core::ptr::null_mut::<f32>(); MAX_TEAM as usize];
-    for peer in 0..c.lsa_size {
-        inputs[peer as usize] = c.lsa_ptr(&a.input, 0, peer) as *const f32;
-        outputs[peer as usize] = c.lsa_ptr(&a.output, 0, peer) as *mut f32;
-    }
     let n = c.lsa_size as usize;
+    let (inputs, outputs) = (team_parts(c, &a.input), team_parts(c, &a.output));
     let (team_in, team_out) = (&inputs[..n], &outputs[..n]);
     let packs = a.count as usize / 4;
     let per = packs.div_ceil(n);
     let first = (c.lsa_rank as usize * per).min(packs);
     let mine = (first + per).min(packs) - first;
     for j in my_elements(mine as u64).map(|j| j + first) {
-        let load = |input: &*const f32| arch::ld_pack((*input as *const Pack16).add(j)).0;
-        let mut sum = load(&team_in[0]).map(f32::from_bits);
-        for input in &team_in[1..] {
-            for (s, x) in sum.iter_mut().zip(load(input)) {
-                *s += f32::from_bits(x);
-            }
-        }
-        let pack = Pack16(sum.map(f32::to_bits));
+        let pack = sum_pack(team_in, j);
         for out in team_out {
             arch::st_pack((*out as *mut Pack16).add(j), pack);
         }
     }
     if c.lsa_rank + 1 == c.lsa_size {
         for i in my_elements(a.count - 4 * packs as u64).map(|i| i + 4 * packs) {
-            let sum = team_in[1..]
-                .iter()
-                .fold(*team_in[0].add(i), |s, input| s + *input.add(i));
+            let sum = sum_at(team_in, i);
             for out in team_out {
                 *out.add(i) = sum;
             }
