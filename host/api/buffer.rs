@@ -117,6 +117,16 @@ impl<T: Element> DeviceBuffer<T> {
         self.as_slice_mut().copy_from_host_after(src, stream)
     }
 
+    /// Copies `src` into the buffer in `stream`'s order, without the host waiting (see
+    /// [`DeviceSliceMut::copy_from_device`]).
+    pub fn copy_from_device<'s>(
+        &mut self,
+        src: impl IntoDeviceSlice<'s, Elem = T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.as_slice_mut().copy_from_device(src, stream)
+    }
+
     /// As [`DeviceBuffer::to_vec`], waiting for `stream` only.
     pub fn to_vec_after(&self, stream: &Stream) -> Result<Vec<T>> {
         self.as_slice().to_vec_after(stream)
@@ -490,6 +500,37 @@ impl<'a, T: Element> DeviceSliceMut<'a, T> {
     /// [`DeviceSlice::copy_to_host_after`]).
     pub fn copy_from_host_after(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         self.copy_waiting(src, Some(stream))
+    }
+    /// Copies `src` (device memory of the same device and length) into the view, in
+    /// `stream`'s order: the copy starts after the stream's earlier work and later work sees
+    /// it, without the host waiting (`cuMemcpyDtoDAsync`). The two must not overlap.
+    pub fn copy_from_device<'s>(
+        &mut self,
+        src: impl IntoDeviceSlice<'s, Elem = T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let src = src.into_device_slice();
+        if src.len() != self.len || src.device_ordinal() != self.ordinal {
+            return Err(Error::invalid_argument(format!(
+                "copy between device buffers: the source has {} elements on device {}, the \
+                 destination {} on device {}",
+                src.len(),
+                src.device_ordinal(),
+                self.len,
+                self.ordinal
+            )));
+        }
+        let bytes = self.len * std::mem::size_of::<T>();
+        let (s, d) = (src.as_raw_ptr(), self.ptr);
+        if s < d + bytes as DevPtr && d < s + bytes as DevPtr {
+            return Err(Error::invalid_argument(
+                "copy between device buffers: the source and the destination overlap",
+            ));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        device_of(self.ordinal)?.copy_dtod_async(d, s, bytes, stream.handle())
     }
     fn copy_waiting(&mut self, src: &[T], after: Option<&Stream>) -> Result<()> {
         if src.len() != self.len {

@@ -9,6 +9,7 @@
 //! over `N` simulated nodes (`NCCL_HOSTID`: the ranks of one node are consecutive).
 
 pub mod all_reduce;
+pub mod copy_rate;
 pub mod fused;
 pub mod misuse;
 pub mod moe;

@@ -2,7 +2,7 @@
 //! and as processes (the example binaries `cargo test` built).
 
 use nccl::{Backend, Comm, Module};
-use nccl_device_api_examples::{all_reduce, fused, misuse, moe, RankBody};
+use nccl_device_api_examples::{all_reduce, copy_rate, fused, misuse, moe, RankBody};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -39,6 +39,11 @@ fn moe_dispatch_and_combine_on_2_and_3_ranks_of_one_node() {
     for n in [2, 3] {
         on_threads(n, moe::rank);
     }
+}
+
+#[test]
+fn the_copy_ceilings_copy_every_word() {
+    on_threads(1, copy_rate::rank);
 }
 
 #[test]

@@ -10,6 +10,7 @@ use nccl_device::api::{DevComm, Window};
 use nccl_device::arch::{self, Pack16};
 use nccl_device::kernel;
 
+pub mod copy;
 pub mod moe;
 pub mod ping;
 
