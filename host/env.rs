@@ -174,6 +174,15 @@ params! {
          symmetric path takes once the communicator has a symmetric window (0: never); up to \
          64 KiB it pushes LL lines, above it reads the peers between barriers (slower than the \
          ring on one shared H100)";
+    RS_DETERMINISTIC = "0",
+        "nccl-rs: 1: AllReduce, ReduceScatter and Reduce of floating-point sums, products, \
+         averages and premultiplied sums give the same bits for the same inputs and rank \
+         count whatever the algorithm, protocol, channels, node layout or how the call is \
+         cut (each element reduced in rank order by its owner; every rank connects to every \
+         other at creation); every rank must set it alike";
+    RS_DETERMINISTIC_SCRATCH = "33554432",
+        "nccl-rs: bytes of device memory a deterministic communicator stages each piece of a \
+         call in (at least 4096; larger: fewer, longer pieces)";
     RS_SYMMETRIC_TWO_SHOT = "1",
         "nccl-rs: 1: the symmetric path's AllReduces above 64 KiB run two-shot on 3 ranks or \
          more (each rank reduces its block, then gathers the others'); 0: one-shot";

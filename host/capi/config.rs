@@ -191,6 +191,9 @@ pub unsafe fn read(p: *const NcclConfig) -> Result<Config> {
         nvlink_centric_sched: flag("nvlinkCentricSched", f!(nvlink_centric_sched))?,
         graph_usage_mode: int(f!(graph_usage_mode)),
         num_rma_ctx: int(f!(num_rma_ctx)),
+        // nccl-rs's own: not in NCCL's struct (NCCL_RS_DETERMINISTIC* decide).
+        deterministic: None,
+        deterministic_scratch: None,
     })
 }
 

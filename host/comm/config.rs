@@ -53,7 +53,18 @@ pub struct Config {
     pub graph_usage_mode: Option<i32>,
     /// `numRmaCtx` (NCCL 2.29, NCCL_NUM_RMA_CTX): contexts of one-sided operations, at least 1.
     pub num_rma_ctx: Option<i32>,
+    /// nccl-rs's own (NCCL_RS_DETERMINISTIC): floating-point AllReduce, ReduceScatter and
+    /// Reduce give the same bits whatever the algorithm, protocol, channels, node layout or
+    /// cut of the call (`docs/architecture.md`, "Deterministic reductions"). Every rank of
+    /// the communicator must ask alike.
+    pub deterministic: Option<bool>,
+    /// nccl-rs's own (NCCL_RS_DETERMINISTIC_SCRATCH): bytes of device memory the
+    /// deterministic mode stages a piece of a call in, at least 4096.
+    pub deterministic_scratch: Option<usize>,
 }
+
+/// The least staging memory of the deterministic mode ([`Config::deterministic_scratch`]).
+pub const MIN_DETERMINISTIC_SCRATCH: usize = 4096;
 
 /// `NCCL_CTA_POLICY_DEFAULT`.
 pub const CTA_POLICY_DEFAULT: i32 = 0;
@@ -97,6 +108,8 @@ pub struct ResolvedConfig {
     pub graph_usage_mode: u32,
     /// `numRmaCtx` (recorded above 1: one-sided operations take context 0 only).
     pub num_rma_ctx: u32,
+    /// Deterministic reductions: the staging bytes of each piece, or None when off.
+    pub deterministic: Option<usize>,
 }
 
 fn env_bool(p: crate::env::Param) -> bool {
@@ -241,7 +254,23 @@ impl Config {
                 |p| p.num_rma_ctx,
             ),
         };
+        let deterministic = self
+            .deterministic
+            .or(inherit.map(|p| p.deterministic.is_some()))
+            .unwrap_or_else(|| env_bool(crate::env::RS_DETERMINISTIC));
+        let scratch = match self.deterministic_scratch {
+            Some(b) => b as i64,
+            None => inherit
+                .and_then(|p| p.deterministic)
+                .map_or_else(|| env(crate::env::RS_DETERMINISTIC_SCRATCH), |b| b as i64),
+        };
+        if deterministic && scratch < MIN_DETERMINISTIC_SCRATCH as i64 {
+            return Err(Error::invalid_argument(format!(
+                "deterministic scratch {scratch} is below {MIN_DETERMINISTIC_SCRATCH} bytes"
+            )));
+        }
         Ok(ResolvedConfig {
+            deterministic: deterministic.then_some(scratch as usize),
             shrink_share: self
                 .shrink_share
                 .or(inherit.map(|p| p.shrink_share))

@@ -179,6 +179,8 @@ impl Comm {
         };
         let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
         let (tree_up, dbt) = connect_trees(&j, &plan, &links, &maker, &reach, &mut tree_tables)?;
+        let deterministic =
+            deterministic::setup(&j.bootstrap, &j.device, &links, config.deterministic)?;
 
         // NVLS: only where the user set NCCL_NVLS_ENABLE to 1 on every rank (see nvls.rs),
         // after every rank agreed on the tuner (all of them decide alike here).
@@ -270,6 +272,7 @@ impl Comm {
                 crate::env::GRAPH_REGISTER.int() != 0,
             ),
             windows: Default::default(),
+            deterministic,
             graph_regs: Arc::default(),
             kernel_abort,
             split_turns: Arc::default(),

@@ -15,6 +15,7 @@ pub mod call;
 mod config;
 pub(crate) mod copy_engine;
 mod create;
+mod deterministic;
 pub mod dev_api;
 mod gin;
 pub(crate) mod graph_reg;
@@ -56,7 +57,7 @@ pub use config::{
 };
 pub use op::{ReduceOp, Scalar};
 pub use pending::{Launch, PendingComm};
-pub(crate) use plan::kernel_name;
+pub(crate) use plan::{kernel_name, LaunchPlan};
 pub use properties::{GinType, Properties};
 pub use split::{SHRINK_ABORT, SHRINK_DEFAULT};
 
@@ -133,6 +134,8 @@ pub struct Comm {
     registered: register::Registrations,
     /// The windows (`ncclCommWindowRegister`) and the symmetric state.
     windows: window::Windows,
+    /// The deterministic mode's staging memory, where it is on.
+    deterministic: Option<deterministic::Deterministic>,
     /// Buffers of captured operations registered for peers in other processes, and the marks
     /// that tell those peers when they are in.
     graph_regs: Arc<graph_reg::GraphRegs>,

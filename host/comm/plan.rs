@@ -10,7 +10,7 @@ use super::op::{ReduceOp, Scalar};
 use super::order::StreamOrder;
 use super::window::SymLaunch;
 use super::{Comm, Shape};
-use crate::cuda::{Device, Kernel, StreamHandle};
+use crate::cuda::{DevPtr, Device, Kernel, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
 use crate::transport::links::Links;
@@ -18,7 +18,7 @@ use crate::transport::net::NetPath;
 use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
+    Coll, CollArgs, ALGO_FOLD, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
     FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_SYM_TWO_SHOT,
     FLAG_TREE_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
     SYM_LL_CTA_BYTES, SYM_MAX_CTAS, SYM_SRC_STAGED,
@@ -195,6 +195,42 @@ impl Comm {
         Ok(LaunchPlan {
             kernel: self.kernel(c.coll, c.dt, c.op.kind())?,
             block: self.shape.nthreads.max(self.nranks as u32),
+            args,
+            grid,
+            graph_wait: None,
+        })
+    }
+
+    /// A local fold of the deterministic mode (`enqueue/deterministic.rs`): `nranks` blocks
+    /// of `count` elements at `blocks`, reduced in block order with `op` into `out`
+    /// ([`ALGO_FOLD`], through the ReduceScatter kernel of the type and reduction). A CTA per
+    /// 64 KiB of the output, at most the communicator's channels.
+    pub(crate) fn fold_plan(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        blocks: DevPtr,
+        out: DevPtr,
+        count: usize,
+    ) -> Result<LaunchPlan> {
+        let (redop_arg, redop_arg_ptr) = redop_args(self.nranks, op);
+        let args = CollArgs {
+            comm: self.dev_comm.ptr,
+            sendbuff: blocks,
+            recvbuff: out,
+            count: count as u64,
+            redop_arg,
+            redop_arg_ptr,
+            coll: Coll::ReduceScatter as u32,
+            algo: ALGO_FOLD,
+            ..CollArgs::default()
+        };
+        let grid = (count * dt.size())
+            .div_ceil(64 << 10)
+            .clamp(1, self.shape.nchannels.max(1) as usize) as u32;
+        Ok(LaunchPlan {
+            kernel: self.kernel(Coll::ReduceScatter, dt, op.kind())?,
+            block: self.shape.nthreads,
             args,
             grid,
             graph_wait: None,

@@ -79,6 +79,7 @@ fn fields_are_thread_safe(c: &Comm) {
         async_error,
         registered,
         windows,
+        deterministic,
         graph_regs,
         ring_tables,
         tree_tables,
@@ -108,6 +109,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(kernels);
     both(aborted);
     both(init_bytes);
+    both(deterministic);
     both(memory);
     both(user_device);
     both(config);

@@ -2,6 +2,7 @@
 //! communicator for the launch plan (`Comm::plan`), and launches it on the user's stream in
 //! the communicator's order (at once, or when the thread's group ends).
 
+mod deterministic;
 pub mod group;
 pub mod p2p;
 mod patterns;
@@ -105,6 +106,9 @@ pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
         };
         if comm.count() == 1 && call.op.kind() != RedOpKind::PreMulSum {
             return one_rank(comm, &call, sizes.bytes);
+        }
+        if deterministic::applies(comm, &call) {
+            return deterministic::enqueue(comm, &call);
         }
         if call.coll == Coll::AllGather {
             let (s, r, b, st) = (call.send, call.recv, sizes.bytes, call.stream);

@@ -12,6 +12,7 @@ mod common;
 mod all_reduce;
 mod cleanup;
 mod copy_engine;
+mod deterministic;
 mod device_api;
 mod device_ll;
 mod device_multimem;

@@ -8,6 +8,12 @@ use super::MAX_CHANNELS;
 /// beside them too): a value none of them takes.
 pub const ALGO_SYMMETRIC: u32 = 16;
 
+/// A local fold of the deterministic mode (`host/enqueue/deterministic.rs`,
+/// `coll/fold.rs`): `nranks` blocks of `count` elements at `sendbuff`, one after the other,
+/// reduced in block order into `count` elements at `recvbuff`; no peer is involved. Launched
+/// through the ReduceScatter kernel of the type and reduction. Not one of NCCL's algorithms.
+pub const ALGO_FOLD: u32 = 17;
+
 /// Ranks the symmetric path serves: one node's, at most this many.
 pub const SYM_MAX_RANKS: usize = 8;
 /// Windows a communicator holds at once (slots of [`SymDev::windows`]).

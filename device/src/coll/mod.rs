@@ -6,6 +6,7 @@
 pub mod all_gather;
 pub mod all_reduce;
 pub mod broadcast;
+pub mod fold;
 pub mod nvls;
 pub mod reduce;
 pub mod reduce_scatter;
@@ -13,7 +14,7 @@ pub mod send_recv;
 pub mod symmetric;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_NVLS, ALGO_SYMMETRIC, ALGO_TREE,
+    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_FOLD, ALGO_NVLS, ALGO_SYMMETRIC, ALGO_TREE,
     DIRECT_DECLINE, DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED,
     LAB_STAMPS, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
@@ -81,6 +82,8 @@ unsafe fn run_body<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     match args.proto {
         _ if args.algo == ALGO_NVLS => nvls::run::<T, O, C>(args),
         _ if args.algo == ALGO_SYMMETRIC => symmetric::run::<T, O, C>(args),
+        // Only the ReduceScatter kernel folds (one entry per type and reduction is enough).
+        _ if C == Coll::ReduceScatter as u32 && args.algo == ALGO_FOLD => fold::run::<T, O>(args),
         PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_LL>(args),
         _ if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_SIMPLE>(args),
         PROTO_LL => run_with::<T, O, C, PROTO_LL>(args),
