@@ -46,19 +46,28 @@ fn deterministic(scratch: Option<usize>) -> Config {
     c
 }
 
-/// Runs `coll` (count: AllReduce's and Reduce's whole, ReduceScatter's per rank) on every rank
-/// and returns each rank's output bytes (a Reduce's other ranks: empty). Outputs are poisoned
-/// first; in place where asked.
-fn run(
-    comms: &[OnItsThread],
+/// One call: `count` is AllReduce's and Reduce's whole, ReduceScatter's per rank.
+#[derive(Clone, Copy, Debug)]
+struct Case {
     coll: Coll,
     dt: DataType,
     op: ReduceOp,
     count: usize,
     root: usize,
     in_place: bool,
-    inputs: &[Vec<u8>],
-) -> Vec<Vec<u8>> {
+}
+
+/// Runs `case` on every rank and returns each rank's output bytes (a Reduce's other ranks:
+/// empty). Outputs are poisoned first.
+fn run(comms: &[OnItsThread], case: Case, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let Case {
+        coll,
+        dt,
+        op,
+        count,
+        root,
+        in_place,
+    } = case;
     let size = dt.size();
     let out_bytes = count * size;
     std::thread::scope(|s| {
@@ -126,17 +135,15 @@ fn want<T: Elem>(inputs: &[Vec<T>], op: ReduceOp, dt: DataType) -> Vec<u8> {
 }
 
 /// Every rank's output equals the rank-order fold bit for bit; the first difference as text.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    comms: &[OnItsThread],
-    coll: Coll,
-    dt: DataType,
-    op: ReduceOp,
-    count: usize,
-    root: usize,
-    in_place: bool,
-    seed: u64,
-) -> Result<(), String> {
+fn check(comms: &[OnItsThread], case: Case, seed: u64) -> Result<(), String> {
+    let Case {
+        coll,
+        dt,
+        op,
+        count,
+        root,
+        ..
+    } = case;
     let n = comms.len();
     let whole = if coll == Coll::ReduceScatter {
         count * n
@@ -148,7 +155,7 @@ fn check(
         let bytes: Vec<Vec<u8>> = typed.iter().map(|v| common::to_bytes(v).to_vec()).collect();
         (bytes, want(&typed, op, dt))
     });
-    let got = run(comms, coll, dt, op, count, root, in_place, &bytes);
+    let got = run(comms, case, &bytes);
     let size = dt.size();
     for (r, g) in got.iter().enumerate() {
         let w = match coll {
@@ -161,11 +168,7 @@ fn check(
             .find(|&i| g[i..i + size] != w[i..i + size])
         {
             return Err(format!(
-                "{} {} {:?} count {count} root {root} in place {in_place}, rank {r}: element {} is \
-                 {:02x?}, the rank-order fold {:02x?}",
-                coll.name(),
-                dt.name(),
-                op.kind(),
+                "{case:?}, rank {r}: element {} is {:02x?}, the rank-order fold {:02x?}",
                 i / size,
                 &g[i..i + size],
                 &w[i..i + size]
@@ -212,8 +215,15 @@ fn every_reduction_gives_the_bits_of_a_rank_order_fold() {
                     ] {
                         for in_place in [false, true] {
                             let seed = count as u64 * 31 + dt as u64;
-                            check(&lent, coll, dt, op, count, root, in_place, seed)
-                                .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+                            let case = Case {
+                                coll,
+                                dt,
+                                op,
+                                count,
+                                root,
+                                in_place,
+                            };
+                            check(&lent, case, seed).unwrap_or_else(|e| panic!("{n} ranks: {e}"));
                         }
                     }
                 }
@@ -228,16 +238,15 @@ fn the_ordinary_path_does_not_fold_in_rank_order() {
     // (so the checks above can fail).
     let comms = common::sim_comms(4);
     let lent = common::lend(&comms);
-    let e = check(
-        &lent,
-        Coll::AllReduce,
-        DataType::Float32,
-        ReduceOp::SUM,
-        4096,
-        0,
-        false,
-        5,
-    );
+    let case = Case {
+        coll: Coll::AllReduce,
+        dt: DataType::Float32,
+        op: ReduceOp::SUM,
+        count: 4096,
+        root: 0,
+        in_place: false,
+    };
+    let e = check(&lent, case, 5);
     assert!(
         e.is_err(),
         "the ordinary AllReduce folded every element in rank order"
@@ -352,4 +361,16 @@ fn the_same_bits_whatever_the_layout_protocol_algorithm_and_channels() {
             ("NCCL_MAX_NCHANNELS", "1"),
         ],
     );
+}
+
+#[test]
+fn deterministic_calls_in_a_group_and_in_cuda_graphs() {
+    use crate::common::graphs::{capture_and_replay, FirstUse};
+    // One thread drives every rank in a group holding the AllReduce, an AllGather and sends;
+    // captured once the connections exist, and with the first use inside the capture.
+    for first in [FirstUse::BeforeCapture, FirstUse::InsideCapture] {
+        let made = comms(3, &deterministic(Some(4096)));
+        let ranks = common::Ranks::new(made.into_iter().map(|c| c.expect("init")).collect());
+        capture_and_replay(&ranks, 12, first).unwrap_or_else(|e| panic!("{first:?}: {e}"));
+    }
 }
