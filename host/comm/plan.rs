@@ -163,6 +163,9 @@ impl Comm {
                 | if sym.two_shot { FLAG_SYM_TWO_SHOT } else { 0 },
             sym: sym.dev,
             sym_src: sym.src,
+            mc_src: sym.mc.map_or(0, |m| m.0),
+            mc_dst: sym.mc.map_or(0, |m| m.1),
+            sym_dst: sym.mc.map_or(0, |m| m.2),
             ..CollArgs::default()
         };
         // Small calls as LL lines pushed to every rank (no barrier), larger ones read from
@@ -184,6 +187,7 @@ impl Comm {
             c.coll.name(),
             match (sym.proto, sym.two_shot) {
                 (PROTO_LL, _) => "one-shot LL",
+                _ if sym.mc.is_some() => "multimem (where every rank's buffers lie alike)",
                 (_, true) => "two-shot loads",
                 _ => "one-shot loads",
             },

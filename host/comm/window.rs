@@ -30,6 +30,7 @@ use nccl_device::abi::{
     Coll, SymDev, MAX_CHANNELS, PROTO_LL, PROTO_SIMPLE, SYM_FLAG_BYTES, SYM_LL_BYTES,
     SYM_LL_MAX_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS, SYM_SRC_STAGED,
 };
+use nccl_device::ops::RedOpKind;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -99,6 +100,10 @@ pub(crate) struct SymLaunch {
     /// An AllReduce of the loads form runs two-shot
     /// ([`nccl_device::abi::FLAG_SYM_TWO_SHOT`]).
     pub two_shot: bool,
+    /// An AllReduce of the loads form whose buffers lie in windows with multicast objects:
+    /// the multicast addresses of the input and the output, and where the output lies
+    /// ([`nccl_device::abi::CollArgs::mc_src`], `mc_dst`, `sym_dst`).
+    pub mc: Option<(DevPtr, DevPtr, u64)>,
 }
 
 /// The form of the symmetric path for a call of `coll` with rank blocks of `bytes` on `nranks`
@@ -469,16 +474,72 @@ impl Comm {
             None => SYM_SRC_STAGED,
         };
         self.windows.launches.fetch_add(1, Ordering::Relaxed);
+        let mc = match (window, proto) {
+            (Some(input), PROTO_SIMPLE) => self.multimem_launch(c, sizes, input, &st.windows)?,
+            _ => None,
+        };
         let two_shot = sym.limits.two_shot
             && c.coll == Coll::AllReduce
             && proto == PROTO_SIMPLE
-            && self.nranks >= 3;
+            && self.nranks >= 3
+            && mc.is_none();
         Ok(Some(SymLaunch {
             dev: sym.dev.ptr,
             src,
             proto,
             two_shot,
+            mc,
         }))
+    }
+
+    /// The multimem form of an AllReduce of the loads form (NVLS on windows): where the
+    /// input's window and a window holding the whole output have multicast objects (all ranks
+    /// or none do), the switch reduces the (type, reduction) without `pre` (sum, average, min,
+    /// max where `multimem_op` has it), both lie 16-byte aligned in their windows, and the
+    /// count splits into whole packs per rank. The kernel takes it only where every rank's
+    /// buffers lie at the same offsets.
+    fn multimem_launch(
+        &self,
+        c: &CollCall,
+        sizes: &Sizes,
+        input: &Window,
+        windows: &[Window],
+    ) -> Result<Option<(DevPtr, DevPtr, u64)>> {
+        let reduces = matches!(
+            c.op.kind(),
+            RedOpKind::Sum | RedOpKind::Avg | RedOpKind::Min | RedOpKind::Max
+        );
+        let whole = sizes.bytes.is_multiple_of(16 * self.nranks);
+        if c.coll != Coll::AllReduce || !reduces || !whole {
+            return Ok(None);
+        }
+        if nccl_device::arch::multimem_op(c.dt, c.op.kind()).is_none() {
+            return Ok(None);
+        }
+        let end = c.recv + sizes.recv_bytes as u64;
+        let output = windows
+            .iter()
+            .find(|w| w.slot.is_some() && c.recv >= w.base && end <= w.base + w.bytes as u64);
+        let (Some(in_mc), Some(out), Some(out_mc)) = (
+            input.mc.as_ref(),
+            output,
+            output.and_then(|w| w.mc.as_ref()),
+        ) else {
+            return Ok(None);
+        };
+        let (at_in, at_out) = (c.send - input.base, c.recv - out.base);
+        if !at_in.is_multiple_of(16) || !at_out.is_multiple_of(16) {
+            return Ok(None);
+        }
+        if out.base != input.base {
+            self.tie_to_graph(&out.graphs, c.stream)?;
+        }
+        let slot = out.slot.unwrap_or_default();
+        Ok(Some((
+            in_mc.addr + at_in,
+            out_mc.addr + at_out,
+            nccl_device::abi::sym_src_window(slot, at_out),
+        )))
     }
 
     /// Where `stream` is capturing: counts the graph in `graphs` until CUDA destroys it.

@@ -47,5 +47,6 @@ mod shared_gpu;
 mod shm;
 mod slices;
 mod symmetric;
+mod symmetric_multimem;
 mod tree;
 mod tuning;

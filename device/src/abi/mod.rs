@@ -435,6 +435,14 @@ pub struct CollArgs {
     /// [`ALGO_SYMMETRIC`]: where this rank's input lies ([`SYM_SRC_STAGED`] or
     /// [`sym_src_window`]), published to the peers at the launch's start.
     pub sym_src: u64,
+    /// [`ALGO_SYMMETRIC`], an AllReduce with both buffers in windows that have multicast
+    /// objects (NVLS on user buffers): the multicast addresses of this rank's input and
+    /// output, and where its output lies ([`sym_src_window`] of the output's window). The
+    /// kernel reduces through the switch only where every rank's input and output lie at the
+    /// same places (the arrive phase publishes them); else, or where 0, it loads from peers.
+    pub mc_src: u64,
+    pub mc_dst: u64,
+    pub sym_dst: u64,
 }
 
 /// One CTA's place in a tree across nodes (see [`CollArgs::tree`]): device addresses of the
@@ -729,8 +737,8 @@ const _: () = {
     assert!(core::mem::size_of::<DevComm>() == 56);
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
-    assert!(core::mem::size_of::<CollArgs>() == 136);
-    assert!(core::mem::size_of::<SymSlot>() == 16);
+    assert!(core::mem::size_of::<CollArgs>() == 160);
+    assert!(core::mem::size_of::<SymSlot>() == 32);
     assert!(core::mem::size_of::<SymDev>() == 24 + 8 * SYM_MAX_RANKS + 8 * MAX_CHANNELS);
     assert!(core::mem::size_of::<TreeDev>() == 32 + 24 * TREE_MAX_CHILDREN);
     assert!(core::mem::align_of::<TreeDev>() == 8);

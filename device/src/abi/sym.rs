@@ -23,7 +23,8 @@ pub const SYM_MAX_WINDOWS: usize = 64;
 pub const SYM_PHASES: usize = 3;
 /// Bytes at the head of each rank's symmetric scratch: the flag slots ([`SymSlot`]), per CTA
 /// and phase one slot per rank. The staging area follows.
-pub const SYM_FLAG_BYTES: usize = MAX_CHANNELS * SYM_PHASES * SYM_MAX_RANKS * 16;
+pub const SYM_FLAG_BYTES: usize =
+    MAX_CHANNELS * SYM_PHASES * SYM_MAX_RANKS * core::mem::size_of::<SymSlot>();
 /// CTAs of a symmetric launch, at most.
 pub const SYM_MAX_CTAS: usize = 16;
 /// Bytes of LL lines one CTA of a symmetric LL launch ([`super::CollArgs::proto`] LL) receives from
@@ -55,12 +56,15 @@ pub const fn sym_src_parts(src: u64) -> Option<(usize, u64)> {
 }
 
 /// One flag slot of the symmetric scratch: a rank's arrival (`seq`: the launch number) and,
-/// in the arrive phase, where its input lies (a [`super::CollArgs::sym_src`]).
+/// in the arrive phase, where its input lies (a [`super::CollArgs::sym_src`]) and its output
+/// ([`super::CollArgs::sym_dst`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SymSlot {
     pub seq: u64,
     pub src: u64,
+    pub dst: u64,
+    pub _pad: u64,
 }
 
 /// A communicator's symmetric state in device memory ([`super::CollArgs::sym`]).

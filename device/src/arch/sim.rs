@@ -471,8 +471,17 @@ pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
     })
 }
 
+/// Packs `multimem_st` wrote in this process (the tests see which path a call took).
+static MULTIMEM_STORES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many packs [`multimem_st`] has written in this process.
+pub fn multimem_stores() -> u64 {
+    MULTIMEM_STORES.load(core::sync::atomic::Ordering::Relaxed)
+}
+
 /// See the GPU version: writes the pack to every member.
 pub unsafe fn multimem_st(p: *mut Pack16, v: Pack16) {
+    MULTIMEM_STORES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
     with_members(p as u64, 16, |members| {
         for m in members {
             // SAFETY: as in multimem_ld_reduce.

@@ -115,13 +115,16 @@ pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
                 k.copy::<T>(stage.add(at), input.add(at), end - start);
             }
         }
-        k.exchange(ARRIVE, args.sym_src);
+        k.exchange(ARRIVE, args.sym_src, args.sym_dst);
         match coll {
+            Coll::AllReduce if args.mc_dst != 0 && k.all_alike(args.sym_src, args.sym_dst) => {
+                k.switch_slice::<T, O>(&op, args, grid)
+            }
             Coll::AllGather => k.gather_slice::<T>(output, count, start, end),
             Coll::ReduceScatter => k.reduce_slice::<T, O>(&op, output, rank * count, start, end),
             _ => k.reduce_slice::<T, O>(&op, output, 0, start, end),
         }
-        k.exchange(DEPART, 0);
+        k.exchange(DEPART, 0, 0);
     }
     if k.tid == 0 {
         arch::st_volatile(&mut (*sym).launches[cta], k.launch);
@@ -184,6 +187,42 @@ impl Cta {
         while e < n {
             dst.add(e).write(src.add(e).read());
             e += self.nthreads;
+        }
+    }
+
+    /// Whether every rank arrived with its input at `src` and its output at `dst` (the same
+    /// window slots, the same offsets): every rank reads the same slots, so all decide alike.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn all_alike(&self, src: u64, dst: u64) -> bool {
+        let arrived = self.slots_of(self.rank, ARRIVE);
+        (0..self.nranks).all(|r| {
+            let slot = arrived.add(r);
+            arch::ld_volatile(&(*slot).src) == src && arch::ld_volatile(&(*slot).dst) == dst
+        })
+    }
+
+    /// The multimem AllReduce (NVLS on windows): this rank reduces its block of the elements
+    /// (this CTA's slice of it) through the switch from every rank's input at once, and stores
+    /// the result to every rank's output at once. The host asks only for (type, reduction)
+    /// pairs the switch has, and for a count that splits into whole packs per rank.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn switch_slice<T: Elem, O: RedOp<T>>(&self, op: &O, args: &CollArgs, grid: usize) {
+        let Some(mc) = arch::multimem_op(T::DTYPE, O::KIND) else {
+            arch::trap();
+        };
+        let pe = pack_elems::<T>();
+        let block = args.count as usize / self.nranks;
+        let (start, end) = channel_range::<T>(block, self.cta, grid);
+        let first = (self.rank * block + start) / pe;
+        let (src, dst) = (args.mc_src as *const Pack16, args.mc_dst as *mut Pack16);
+        let mut j = first + self.tid;
+        while j < first + (end - start) / pe {
+            let mut v = arch::multimem_ld_reduce::<T>(mc, src.add(j));
+            if O::HAS_POST {
+                v = map1::<T>(v, |a| op.post(a));
+            }
+            arch::multimem_st(dst.add(j), v);
+            j += self.nthreads;
         }
     }
 
@@ -283,17 +322,17 @@ impl Cta {
                 self.copy::<T>(mine.add(s), input.add(s), e - s);
             }
         }
-        self.exchange(ARRIVE, args.sym_src);
+        self.exchange(ARRIVE, args.sym_src, 0);
         let (s, e) = slice(self.rank);
         self.reduce_slice::<T, O>(op, output, 0, s, e);
         arch::sync_threads(); // the slice is reduced before the CTA copies it on
         self.copy::<T>(mine.add(s), output.add(s), e - s);
-        self.exchange(PUBLISHED, 0);
+        self.exchange(PUBLISHED, 0, 0);
         for r in (0..self.nranks).filter(|&r| r != self.rank) {
             let (s, e) = slice(r);
             self.copy::<T>(output.add(s), self.stage_of::<T>(r).add(s), e - s);
         }
-        self.exchange(DEPART, 0);
+        self.exchange(DEPART, 0, 0);
     }
 
     /// This CTA's LL lines of a block of `bytes`: the first, and how many.
@@ -391,7 +430,7 @@ impl Cta {
     /// Thread `r < nranks` tells rank `r` and waits for it. Once the abort flag is raised the
     /// waits end (the results are then undefined, as NCCL's after an abort).
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    unsafe fn exchange(&mut self, phase: usize, src: u64) {
+    unsafe fn exchange(&mut self, phase: usize, src: u64, dst: u64) {
         arch::sync_threads();
         if self.tid < self.nranks {
             let r = self.tid;
@@ -399,6 +438,7 @@ impl Cta {
             // The CTA's stores before the barrier above (the staged input) go out first.
             arch::fence_sys();
             arch::st_volatile(&mut (*theirs).src, src);
+            arch::st_volatile(&mut (*theirs).dst, dst);
             arch::st_release_sys(&mut (*theirs).seq, self.launch);
             let mine = self.slots_of(self.rank, phase).add(r);
             let launch = self.launch;
