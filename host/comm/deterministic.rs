@@ -61,6 +61,25 @@ pub(super) fn setup(
 }
 
 impl super::Comm {
+    /// The INFO line (subsystem TUNING) of a deterministic call of `bytes` per rank.
+    pub(crate) fn log_deterministic(
+        &self,
+        coll: nccl_device::abi::Coll,
+        bytes: usize,
+        steps: usize,
+    ) {
+        let gather = match coll {
+            nccl_device::abi::Coll::ReduceScatter => "",
+            _ => ", gather",
+        };
+        log::info!(
+            target: crate::debug::TUNING,
+            "{}: {bytes} bytes per rank -> deterministic: exchange, fold in rank order{gather}, \
+             {steps} steps",
+            coll.name()
+        );
+    }
+
     /// The deterministic mode's staging memory (address, bytes), where the mode is on.
     pub(crate) fn deterministic_scratch(&self) -> Option<(crate::cuda::DevPtr, usize)> {
         self.deterministic

@@ -88,14 +88,7 @@ fn steps(comm: &Comm, c: &CollCall) -> Result<Vec<Step>> {
     if tail > 0 {
         round(comm, c, tail, |q| n * block + q, 1, None, &mut steps)?;
     }
-    log::info!(
-        target: crate::debug::TUNING,
-        "{}: {} bytes per rank -> deterministic: exchange, fold in rank order{}, {} steps",
-        c.coll.name(),
-        c.count * size,
-        if c.coll == Coll::ReduceScatter { "" } else { ", gather" },
-        steps.len()
-    );
+    comm.log_deterministic(c.coll, c.count * size, steps.len());
     Ok(steps)
 }
 
