@@ -238,7 +238,7 @@ impl Comm {
             peers,
             ..
         } = j;
-        Ok(Comm {
+        let comm = Comm {
             rank,
             nranks,
             device,
@@ -280,7 +280,9 @@ impl Comm {
             stamps,
             keep,
             _one_thread: NotSync::default(),
-        })
+        };
+        comm.register_deterministic_scratch()?;
+        Ok(comm)
     }
 }
 

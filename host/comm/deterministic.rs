@@ -80,6 +80,18 @@ impl super::Comm {
         );
     }
 
+    /// Registers the staging memory with this communicator, as `ncclCommRegister` does (peers
+    /// in other processes get its records): the exchange's senders then write straight into
+    /// it where they reach it (NCCL_LOCAL_REGISTER), one copy instead of two through the
+    /// FIFOs. A receive offers its part only once its kernel runs, after the fold that read
+    /// the part before it (stream order), so no sender overwrites staging still being read.
+    pub(super) fn register_deterministic_scratch(&self) -> Result<()> {
+        if let Some(d) = &self.deterministic {
+            self.register_ptr(d.scratch.ptr, d.bytes)?;
+        }
+        Ok(())
+    }
+
     /// The deterministic mode's staging memory (address, bytes), where the mode is on.
     pub(crate) fn deterministic_scratch(&self) -> Option<(crate::cuda::DevPtr, usize)> {
         self.deterministic

@@ -108,7 +108,14 @@ fn round(
         .deterministic_scratch()
         .ok_or_else(|| crate::error::Error::internal("deterministic mode without its scratch"))?;
     let at = |base: DevPtr, elems: usize| base + (elems * size) as u64;
-    let op = |dir, buff, elems: usize, peer| comm.p2p_op(dir, buff, elems * size, peer, c.stream);
+    // A send is willing to write straight into the peer's buffer (zero-copy) whatever its
+    // own buffer is: no peer reads it, and the receive decides (it offers its staging, which
+    // is registered, or a registered output, or declines).
+    let op = |dir, buff, elems: usize, peer| -> Result<P2pOp> {
+        let mut op = comm.p2p_op(dir, buff, elems * size, peer, c.stream)?;
+        op.registered |= dir == Dir::Send;
+        Ok(op)
+    };
     let staged = |q: usize| at(scratch, q * len);
     let root = (c.coll == Coll::Reduce).then_some(c.root);
     // Who needs an owner's result: every rank (AllReduce), the root (Reduce), nobody else

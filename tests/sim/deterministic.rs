@@ -374,3 +374,29 @@ fn deterministic_calls_in_a_group_and_in_cuda_graphs() {
         capture_and_replay(&ranks, 12, first).unwrap_or_else(|e| panic!("{first:?}: {e}"));
     }
 }
+
+#[test]
+fn blocks_past_a_fifo_go_straight_into_the_registered_staging() {
+    // Blocks of 200 KB: each exchange part fills its connection's FIFO, so senders of this
+    // process write into the peers' staging (zero-copy), pieces of 32 MiB and of 64 KiB.
+    for scratch in [None, Some(64 << 10)] {
+        let made = comms(3, &deterministic(scratch));
+        let comms: Vec<Comm> = made.into_iter().map(|c| c.expect("init")).collect();
+        let lent = common::lend(&comms);
+        for (coll, count) in [
+            (Coll::AllReduce, 3 * 50_000 + 2),
+            (Coll::ReduceScatter, 50_000),
+            (Coll::Reduce, 3 * 50_000),
+        ] {
+            let case = Case {
+                coll,
+                dt: DataType::Float32,
+                op: ReduceOp::SUM,
+                count,
+                root: 1,
+                in_place: false,
+            };
+            check(&lent, case, 9).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
