@@ -481,8 +481,7 @@ impl Comm {
         let two_shot = sym.limits.two_shot
             && c.coll == Coll::AllReduce
             && proto == PROTO_SIMPLE
-            && self.nranks >= 3
-            && mc.is_none();
+            && self.nranks >= 3;
         Ok(Some(SymLaunch {
             dev: sym.dev.ptr,
             src,
@@ -494,10 +493,11 @@ impl Comm {
 
     /// The multimem form of an AllReduce of the loads form (NVLS on windows): where the
     /// input's window and a window holding the whole output have multicast objects (all ranks
-    /// or none do), the switch reduces the (type, reduction) without `pre` (sum, average, min,
-    /// max where `multimem_op` has it), both lie 16-byte aligned in their windows, and the
-    /// count splits into whole packs per rank. The kernel takes it only where every rank's
-    /// buffers lie at the same offsets.
+    /// or none do), the switch reduces the (type, reduction) without `pre` (sum, min, max, an
+    /// integer average, where `multimem_op` has it), both lie 16-byte aligned in their
+    /// windows, and the count splits into whole packs per rank. These are this rank's facts:
+    /// the kernel takes the form only where every rank's buffers lie at the same places (its
+    /// arrival publishes them), one-shot or inside the two-shot's phases alike.
     fn multimem_launch(
         &self,
         c: &CollCall,
@@ -505,10 +505,12 @@ impl Comm {
         input: &Window,
         windows: &[Window],
     ) -> Result<Option<(DevPtr, DevPtr, u64)>> {
-        let reduces = matches!(
-            c.op.kind(),
-            RedOpKind::Sum | RedOpKind::Avg | RedOpKind::Min | RedOpKind::Max
-        );
+        // The switch adds raw inputs: no `pre` (a float average divides before it adds).
+        let reduces = match c.op.kind() {
+            RedOpKind::Sum | RedOpKind::Min | RedOpKind::Max => true,
+            RedOpKind::Avg => !c.dt.is_float(),
+            _ => false,
+        };
         let whole = sizes.bytes.is_multiple_of(16 * self.nranks);
         if c.coll != Coll::AllReduce || !reduces || !whole {
             return Ok(None);

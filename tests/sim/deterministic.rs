@@ -382,9 +382,10 @@ fn deterministic_calls_in_a_group_and_in_cuda_graphs() {
 
 #[test]
 fn blocks_past_a_fifo_go_straight_into_the_registered_staging() {
-    // Blocks of 200 KB: each exchange part fills its connection's FIFO, so senders of this
-    // process write into the peers' staging (zero-copy), pieces of 32 MiB and of 64 KiB.
-    for scratch in [None, Some(64 << 10)] {
+    // Blocks of 200 KB: each exchange part fills its connection's FIFO (64 KiB on the
+    // simulator), so senders of this process write into the peers' staging (zero-copy):
+    // whole blocks with 32 MiB of staging, two pieces of them with 512 KiB.
+    for scratch in [None, Some(512 << 10)] {
         let made = comms(3, &deterministic(scratch));
         let comms: Vec<Comm> = made.into_iter().map(|c| c.expect("init")).collect();
         let lent = common::lend(&comms);

@@ -46,11 +46,16 @@ fn case(ranks: &Ranks) {
             "{n} ranks, {count} floats: every pack stored once through the switch"
         );
     }
-    // Inputs at different offsets on rank 1: every rank falls back to loads, together.
+    // Inputs at different offsets on rank 1: every rank falls back to loads, together; at
+    // an offset that is no multiple of 16, rank 1 alone has no multicast addresses (on 4
+    // ranks the others would then run one-shot and it two-shot, and hang, if the host let
+    // the form decide the two-shot).
     let skewed = at(&ins, &|r| if r == 1 { 512 } else { 256 });
+    let unaligned = at(&ins, &|r| if r == 1 { 264 } else { 256 });
     // Whole packs per rank missing (4 ranks: 4 × 3 floats is not a pack per rank).
     let before = stores();
     collective_at(ranks, Coll::AllReduce, &skewed, &recv, 4096, 3);
+    collective_at(ranks, Coll::AllReduce, &unaligned, &recv, 4096, 5);
     collective_at(ranks, Coll::AllReduce, &send, &recv, 4 * n + 2, 4);
     assert_eq!(
         stores(),

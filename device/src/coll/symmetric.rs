@@ -207,7 +207,9 @@ impl Cta {
     /// pairs the switch has, and for a count that splits into whole packs per rank.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     unsafe fn switch_slice<T: Elem, O: RedOp<T>>(&self, op: &O, args: &CollArgs, grid: usize) {
-        let Some(mc) = arch::multimem_op(T::DTYPE, O::KIND) else {
+        // The switch adds raw inputs: a reduction with `pre` (a float average divides first,
+        // a premultiplied sum multiplies) cannot go through it; the host never asks.
+        let Some(mc) = arch::multimem_op(T::DTYPE, O::KIND).filter(|_| !O::HAS_PRE) else {
             arch::trap();
         };
         let pe = pack_elems::<T>();
@@ -322,7 +324,16 @@ impl Cta {
                 self.copy::<T>(mine.add(s), input.add(s), e - s);
             }
         }
-        self.exchange(ARRIVE, args.sym_src, 0);
+        self.exchange(ARRIVE, args.sym_src, args.sym_dst);
+        if args.mc_dst != 0 && self.all_alike(args.sym_src, args.sym_dst) {
+            // Through the switch (see `switch_slice`), with the two-shot's phases still
+            // stepped through: every rank takes the same branch, and a rank without the
+            // multicast addresses would have published other places.
+            self.switch_slice::<T, O>(op, args, grid);
+            self.exchange(PUBLISHED, 0, 0);
+            self.exchange(DEPART, 0, 0);
+            return;
+        }
         let (s, e) = slice(self.rank);
         self.reduce_slice::<T, O>(op, output, 0, s, e);
         arch::sync_threads(); // the slice is reduced before the CTA copies it on
