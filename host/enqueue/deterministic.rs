@@ -46,7 +46,8 @@ enum Step {
     Fold(crate::comm::LaunchPlan),
 }
 
-/// Queues `call` (checked, `applies`, at least 2 ranks) in the communicator's order.
+/// Queues `call` (checked, `applies`; one rank too, for a premultiplied sum) in the
+/// communicator's order.
 pub(crate) fn enqueue(comm: &Comm, call: &CollCall) -> Result<()> {
     let steps = steps(comm, call)?;
     let launcher = comm.launcher();

@@ -178,20 +178,20 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             "loads" => loads_grid(bytes),
             _ => loads_grid(bytes.div_ceil(n)),
         };
-        // The loads forms also on 4× the CTAs (at most WIDE_GRID): the kernel's own choice,
-        // the faster of the two counts (each rank times its own; rank 0 prints). Each timing's
+        // The loads forms also on 4× and 8× the CTAs (at most WIDE_GRID): the kernel's own
+        // choice, the fastest of the counts (each rank times its own; rank 0 prints). Each timing's
         // output is checked, then poisoned.
-        let wide = match form {
-            "LL" => grid,
-            _ => (4 * grid).min(WIDE_GRID),
-        };
+        let mut grids = vec![grid];
+        if form != "LL" {
+            for wide in [(4 * grid).min(WIDE_GRID), (8 * grid).min(WIDE_GRID)] {
+                if !grids.contains(&wide) {
+                    grids.push(wide);
+                }
+            }
+        }
         let mut user = f64::MAX;
         let mut best = grid;
-        for g in if wide == grid {
-            vec![grid]
-        } else {
-            vec![grid, wide]
-        } {
+        for g in grids {
             // SAFETY: the windows and outputs outlive the launches (the stream is drained
             // before they are dropped); every rank launches the same grids in the same order.
             let us = time(&stream, || unsafe {
