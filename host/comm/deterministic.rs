@@ -12,11 +12,10 @@ use crate::error::{Error, Result};
 use crate::transport::links::Links;
 use crate::transport::Dir;
 
-/// A deterministic communicator's staging memory.
+/// A deterministic communicator's staging memory: a piece's blocks from every rank, then
+/// its folded block.
 pub(crate) struct Deterministic {
-    /// `bytes` of device memory: a piece's blocks from every rank, then its folded block.
     pub scratch: DevBuffer,
-    pub bytes: usize,
 }
 
 /// Agrees that every rank asked alike (`scratch`: this rank's staging bytes, None when off),
@@ -56,7 +55,6 @@ pub(super) fn setup(
     let bytes = bytes.max((all.len() + 1) * 16);
     Ok(Some(Deterministic {
         scratch: device.alloc(bytes)?,
-        bytes,
     }))
 }
 
@@ -87,7 +85,7 @@ impl super::Comm {
     /// the part before it (stream order), so no sender overwrites staging still being read.
     pub(super) fn register_deterministic_scratch(&self) -> Result<()> {
         if let Some(d) = &self.deterministic {
-            self.register_ptr(d.scratch.ptr, d.bytes)?;
+            self.register_ptr(d.scratch.ptr, d.scratch.bytes())?;
         }
         Ok(())
     }
@@ -96,6 +94,6 @@ impl super::Comm {
     pub(crate) fn deterministic_scratch(&self) -> Option<(crate::cuda::DevPtr, usize)> {
         self.deterministic
             .as_ref()
-            .map(|d| (d.scratch.ptr, d.bytes))
+            .map(|d| (d.scratch.ptr, d.scratch.bytes()))
     }
 }

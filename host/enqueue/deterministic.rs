@@ -66,7 +66,7 @@ pub(crate) fn enqueue(comm: &Comm, call: &CollCall) -> Result<()> {
 /// The steps of `call`, piece by piece.
 fn steps(comm: &Comm, c: &CollCall) -> Result<Vec<Step>> {
     let (n, size) = (comm.count(), c.dt.size());
-    let (_, bytes) = comm
+    let (scratch, bytes) = comm
         .deterministic_scratch()
         .ok_or_else(|| crate::error::Error::internal("deterministic mode without its scratch"))?;
     // Elements per rank and piece: n staged blocks and a folded one, each 16-byte aligned
@@ -83,21 +83,42 @@ fn steps(comm: &Comm, c: &CollCall) -> Result<Vec<Step>> {
     while first < block {
         let len = piece.min(block - first);
         let out = (c.coll == Coll::ReduceScatter).then_some(first);
-        round(comm, c, n, |q| q * block + first, len, out, &mut steps)?;
+        round(
+            comm,
+            c,
+            scratch,
+            n,
+            |q| q * block + first,
+            len,
+            out,
+            &mut steps,
+        )?;
         first += len;
     }
     if tail > 0 {
-        round(comm, c, tail, |q| n * block + q, 1, None, &mut steps)?;
+        round(
+            comm,
+            c,
+            scratch,
+            tail,
+            |q| n * block + q,
+            1,
+            None,
+            &mut steps,
+        )?;
     }
     comm.log_deterministic(c.coll, c.count * size, steps.len());
     Ok(steps)
 }
 
 /// One round: ranks `0..owners` each fold `len` elements, rank `q` those at `offset(q)` of
-/// the input (and of an AllReduce's or Reduce's output; a ReduceScatter's at `out_at`).
+/// the input (and of an AllReduce's or Reduce's output; a ReduceScatter's at `out_at`),
+/// staged at `scratch`.
+#[allow(clippy::too_many_arguments)]
 fn round(
     comm: &Comm,
     c: &CollCall,
+    scratch: DevPtr,
     owners: usize,
     offset: impl Fn(usize) -> usize,
     len: usize,
@@ -105,9 +126,6 @@ fn round(
     steps: &mut Vec<Step>,
 ) -> Result<()> {
     let (n, r, size) = (comm.count(), comm.rank(), c.dt.size());
-    let (scratch, _) = comm
-        .deterministic_scratch()
-        .ok_or_else(|| crate::error::Error::internal("deterministic mode without its scratch"))?;
     let at = |base: DevPtr, elems: usize| base + (elems * size) as u64;
     // A send is willing to write straight into the peer's buffer (zero-copy) whatever its
     // own buffer is: no peer reads it, and the receive decides (it offers its staging, which

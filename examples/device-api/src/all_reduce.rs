@@ -194,7 +194,7 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         for g in grids {
             // SAFETY: the windows and outputs outlive the launches (the stream is drained
             // before they are dropped); every rank launches the same grids in the same order.
-            let us = time(&stream, || unsafe {
+            let us = crate::time_calls(&stream, 50, 500, || unsafe {
                 let h = stream.handle();
                 match form {
                     "LL" => module.launch(&kernels::LL_ALL_REDUCE, g, 512, h, place),
@@ -216,7 +216,7 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             }
         }
         let grid = best;
-        let library = time(&stream, || {
+        let library = crate::time_calls(&stream, 50, 500, || {
             let (src, dst) = (w_in.slice(..count)?, w_out.slice_mut(..count)?);
             comm.all_reduce(src, dst, Op::SUM, &stream)
         })?;
@@ -242,19 +242,4 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
     w_out.deregister()?;
     w_in.deregister()?;
     Ok(())
-}
-
-/// Microseconds per call of `launch`: 50 calls to warm up, then 500 in a row on `stream`.
-fn time(stream: &nccl::Stream, mut launch: impl FnMut() -> nccl::Result<()>) -> nccl::Result<f64> {
-    for _ in 0..50 {
-        launch()?;
-    }
-    stream.synchronize()?;
-    let iters = 500;
-    let t0 = std::time::Instant::now();
-    for _ in 0..iters {
-        launch()?;
-    }
-    stream.synchronize()?;
-    Ok(t0.elapsed().as_secs_f64() * 1e6 / iters as f64)
 }

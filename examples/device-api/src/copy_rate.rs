@@ -62,7 +62,7 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             dst.copy_from_host_after(&poison, &stream)?;
             // SAFETY: `src` and `dst` hold `packs` packs each and outlive the launches (the
             // stream is drained by the check before they are dropped).
-            let us = time(&stream, iters, || unsafe {
+            let us = crate::time_calls(&stream, 1, iters, || unsafe {
                 module.launch(kernel, grid, THREADS, stream.handle(), args)
             })?;
             check(&dst.to_vec_after(&stream)?, &data)?;
@@ -72,7 +72,7 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         println!("{row}");
     }
     dst.copy_from_host_after(&poison, &stream)?;
-    let us = time(&stream, iters, || dst.copy_from_device(&src, &stream))?;
+    let us = crate::time_calls(&stream, 1, iters, || dst.copy_from_device(&src, &stream))?;
     check(&dst.to_vec_after(&stream)?, &data)?;
     println!("cuMemcpyDtoDAsync: {:.0} GB/s", bytes as f64 / us / 1e3);
     Ok(())
@@ -81,22 +81,6 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
 /// A reproducible odd word for position `i` (never [`POISON`], which is even).
 fn odd_word(i: u32) -> u32 {
     i.wrapping_mul(0x9e37_79b9).rotate_left(13) | 1
-}
-
-/// Microseconds per call of `copy`: one call to warm up, then `iters` in a row on `stream`.
-fn time(
-    stream: &Stream,
-    iters: u32,
-    mut copy: impl FnMut() -> nccl::Result<()>,
-) -> nccl::Result<f64> {
-    copy()?;
-    stream.synchronize()?;
-    let t0 = std::time::Instant::now();
-    for _ in 0..iters {
-        copy()?;
-    }
-    stream.synchronize()?;
-    Ok(t0.elapsed().as_secs_f64() * 1e6 / iters as f64)
 }
 
 /// The first word that differs, as an error.

@@ -254,3 +254,23 @@ pub fn check(rank: usize, got: &[f32], want: &[f32]) -> Result<(), Box<dyn Error
         None => Ok(()),
     }
 }
+
+/// Microseconds per call of `call`: `warmup` calls, then `iters` in a row on `stream`, timed
+/// on the host from the first to the stream's drain.
+pub fn time_calls(
+    stream: &Stream,
+    warmup: u32,
+    iters: u32,
+    mut call: impl FnMut() -> nccl::Result<()>,
+) -> nccl::Result<f64> {
+    for _ in 0..warmup {
+        call()?;
+    }
+    stream.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..iters {
+        call()?;
+    }
+    stream.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() * 1e6 / iters as f64)
+}
