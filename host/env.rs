@@ -266,6 +266,8 @@ params! {
         "1: ask for CollNet; a plugin's ncclCollNetPlugin table is found and reported, but no CollNet algorithm runs here";
     TUNER_PLUGIN = "",
         "tuner plugin library (path, name, or X for libnccl-tuner-X.so)";
+    PROFILER_PLUGIN = "",
+        "profiler plugin library (path, name, or X for libnccl-profiler-X.so; STATIC_PLUGIN: the program itself); unset: libnccl-profiler.so where it exists; none: no profiler";
 }
 
 fn conf_file() -> &'static HashMap<String, String> {

@@ -33,6 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "error",
             "graph",
             "net",
+            "profiler",
             "proxy",
             "ras",
             "topo",
@@ -61,6 +62,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "topo",
         ],
     ),
+    ("profiler", &["env"]),
     ("proxy", &["clock", "cuda", "debug", "env", "error", "net"]),
     (
         "ras",

@@ -95,6 +95,7 @@ pub(crate) mod clock;
 pub mod cuda;
 pub mod debug;
 pub mod error;
+pub(crate) mod profiler;
 pub(crate) mod proxy;
 pub mod ras;
 pub(crate) mod sockets;
@@ -172,10 +173,11 @@ pub use nccl_device::ops::RedOpKind;
 pub use nccl_device::types::DataType;
 pub use tune::{Algo, Choice as TuningChoice, Coll, Proto};
 
-/// The NCCL version this library implements (`ncclGetVersion`: major*10000 + minor*100 + patch).
-pub const VERSION: i32 = 22503;
-/// The NCCL version this library implements, as text.
-pub const VERSION_STRING: &str = "2.25.3";
+/// The newest NCCL release whose whole host API this library implements (`ncclGetVersion`:
+/// major*10000 + minor*100 + patch); README.md lists what later releases added that it lacks.
+pub const VERSION: i32 = 22809;
+/// [`VERSION`] as text.
+pub const VERSION_STRING: &str = "2.28.9";
 
 /// The device code as PTX, one text per GPU architecture.
 pub(crate) mod ptx {

@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 25
-#define NCCL_PATCH 3
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
 #define NCCL_SUFFIX ""
 
 /* Versions up to 2.8 were encoded X*1000+Y*100+Z, later ones X*10000+Y*100+Z. */

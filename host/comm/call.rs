@@ -80,6 +80,8 @@ pub struct P2pOp {
     /// A captured send to a peer in another process (graph registration): the peer's receive
     /// mark to wait for before the launch, and where the wait is configured.
     pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
+    /// The call's profiling, where a profiler plugin listens (`comm/profile.rs`).
+    pub(crate) profile: Option<super::profile::Task>,
 }
 
 impl Comm {
@@ -128,6 +130,7 @@ impl Comm {
             registered,
             offer_key,
             graph_mark,
+            profile: None,
         })
     }
 }

@@ -29,9 +29,12 @@
 use super::config::CTA_POLICY_ZERO;
 use super::group_scope::Job;
 use super::onesided::Channel;
+use super::profile::{stream_ptr, Task};
 use super::Comm;
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::Result;
+use crate::profiler::CeLaunch;
+use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 /// The collectives the copy engines run.
@@ -69,6 +72,7 @@ impl Comm {
         recv: DevPtr,
         block: usize,
         stream: StreamHandle,
+        task: Option<Task>,
     ) -> Result<Option<Job>> {
         let n = self.nranks;
         if self.config().cta_policy != CTA_POLICY_ZERO || n < 2 || block == 0 {
@@ -141,6 +145,30 @@ impl Comm {
                 })
             }),
         };
-        Ok(Some(job))
+        let Some(task) = task else {
+            return Ok(Some(job));
+        };
+        // Profiled: the copies inside a CeColl event (AllGather and AlltoAll copy to every
+        // peer; Gather and Scatter only at the root).
+        let func = match coll {
+            CopyColl::AllGather => c"AllGather",
+            CopyColl::AllToAll => c"AlltoAll",
+            CopyColl::Gather { .. } => c"Gather",
+            CopyColl::Scatter { .. } => c"Scatter",
+        };
+        let ops = match coll {
+            CopyColl::Gather { root } | CopyColl::Scatter { root } if root != me => 0,
+            _ => n,
+        };
+        let launch = CeLaunch {
+            func,
+            send: send as usize as *const c_void,
+            recv: recv as usize as *mut c_void,
+            bytes: block,
+            stream: stream_ptr(stream),
+        };
+        Ok(Some(Box::new(move || {
+            task.copy_engines(&launch, ops, ops * block, job)
+        })))
     }
 }

@@ -232,6 +232,14 @@ impl Comm {
         );
         let ras = register_health(&j, &config, comm_id, &order, &faults);
         watch_hangs(&j, &order);
+        let nnodes = net::nodes(&j.peers).len();
+        let profiler = crate::profiler::CommProfiler::open(
+            comm_id,
+            config.comm_name.as_deref(),
+            nnodes,
+            nranks,
+            rank,
+        );
         let Joined {
             device,
             bootstrap,
@@ -278,6 +286,7 @@ impl Comm {
             split_turns: Arc::default(),
             ras,
             stamps,
+            profiler,
             keep,
             _one_thread: NotSync::default(),
         };

@@ -10,6 +10,7 @@ use super::call::P2pOp;
 use super::order::StreamOrder;
 use super::Comm;
 use crate::error::{Error, NcclResult, Result};
+use crate::profiler::{CommProfiler, Event, STATE_GROUP_END_API_START};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -39,6 +40,11 @@ pub(crate) struct Group {
     pub error: Option<Error>,
     /// Communicators with operations in the group, in the order they joined.
     pub members: Vec<Member>,
+    /// The group's `GroupApi` event in the profiler plugin, started by its first profiled
+    /// call, and the context it went to (`crate::profiler`); ended at the group's end.
+    pub profiled: Option<(Arc<CommProfiler>, Event)>,
+    /// The library opened this group around one call (a profiled call outside any group).
+    pub own: bool,
 }
 
 std::thread_local! {
@@ -94,6 +100,30 @@ fn set_mode_in(s: &mut Group, blocking: bool) -> Result<()> {
 /// non-blocking communicators do not mix in one group.
 pub(crate) fn set_mode(blocking: bool) -> Result<()> {
     with(|g| set_mode_in(g, blocking))
+}
+
+/// The calling thread's group's `GroupApi` event: started now in `prof`'s context (`mask`:
+/// the call's snapshot) if this is the group's first profiled call.
+pub(crate) fn profiled_group(prof: &Arc<CommProfiler>, mask: u64, graph_captured: bool) -> Event {
+    with(|g| {
+        if let Some((_, e)) = &g.profiled {
+            return *e;
+        }
+        // NCCL's depth: a call outside any group is one (its own group), inside the user's
+        // outermost group two.
+        let depth = if g.own { g.depth } else { g.depth + 1 };
+        let e = prof.group_api(mask, depth, graph_captured);
+        g.profiled = Some((prof.clone(), e));
+        e
+    })
+}
+
+/// The group's end began: its `GroupApi` event (if any) records `GroupEndApiStart`; the
+/// event to stop once the end returns.
+pub(crate) fn profiled_end(profiled: &Option<(Arc<CommProfiler>, Event)>) {
+    if let Some((p, e)) = profiled {
+        p.record(*e, STATE_GROUP_END_API_START, None);
+    }
 }
 
 /// Runs `job` now, or concurrently with the group's other such jobs at its end. (Only the

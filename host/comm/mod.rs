@@ -32,6 +32,7 @@ pub mod order;
 mod peer;
 mod pending;
 mod plan;
+pub(crate) mod profile;
 mod properties;
 pub mod register;
 mod revoke;
@@ -160,6 +161,8 @@ pub struct Comm {
     ras: Arc<crate::ras::Entry>,
     /// The kernel-stamps lab's memory, where NCCL_RS_KERNEL_STAMPS is set (see [`stamps`]).
     stamps: Option<stamps::KernelStamps>,
+    /// This communicator's context in the profiler plugin, where one is loaded.
+    profiler: Option<Arc<crate::profiler::CommProfiler>>,
     /// Where the connection memory goes when this rank drops while other ranks of the
     /// communicator in this process may still write into it (see [`keepalive`]).
     keep: Arc<keepalive::Keep>,

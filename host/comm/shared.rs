@@ -89,6 +89,7 @@ fn fields_are_thread_safe(c: &Comm) {
         split_turns,
         ras,
         stamps,
+        profiler,
         keep,
         _one_thread: _,
     } = c;
@@ -128,5 +129,6 @@ fn fields_are_thread_safe(c: &Comm) {
     both(split_turns);
     both(ras);
     both(stamps);
+    both(profiler);
     both(keep);
 }

@@ -28,6 +28,13 @@ pub fn start() {
     group_scope::open();
 }
 
+/// Opens a group around one call outside any group (a profiled call: its events then come
+/// as NCCL's, which wraps every call in a group); closed with [`end_inline`].
+pub(crate) fn start_own() {
+    group_scope::open();
+    group_scope::with(|g| g.own = true);
+}
+
 /// Runs a send or receive now (a group of one), or with the group's others at its end.
 pub fn p2p(op: crate::comm::call::P2pOp) -> Result<()> {
     if depth() == 0 {
@@ -66,9 +73,21 @@ pub fn end_inline() -> Result<()> {
 }
 
 fn end_with(inline: bool) -> Result<()> {
-    let Some(group) = group_scope::close()? else {
+    let Some(mut group) = group_scope::close()? else {
         return Ok(());
     };
+    // The group's GroupApi event spans its end (issued in the background or not).
+    let profiled = group.profiled.take();
+    group_scope::profiled_end(&profiled);
+    let r = end_group(group, inline);
+    if let Some((p, e)) = profiled {
+        p.stop(e);
+    }
+    r
+}
+
+/// Issues what a closed outermost group recorded (see [`end`]).
+fn end_group(group: Group, inline: bool) -> Result<()> {
     let Group {
         creations,
         blocking,
@@ -127,6 +146,10 @@ pub fn simulate_end() -> Result<Option<f64>> {
     let Some(state) = group_scope::close()? else {
         return Ok(None);
     };
+    if let Some((p, e)) = &state.profiled {
+        group_scope::profiled_end(&state.profiled);
+        p.stop(*e);
+    }
     let mut first = state.error;
     if let Some(e) = group_scope::run_concurrently(state.creations) {
         first.get_or_insert(e);

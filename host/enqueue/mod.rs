@@ -14,6 +14,7 @@ mod patterns;
 pub use crate::comm::order;
 
 use crate::comm::copy_engine::CopyColl;
+use crate::comm::profile::{coll_launch, coll_name, Task};
 use crate::comm::{call_bytes, Comm, Sizes};
 use crate::comm::{CollCall, Scalar};
 use crate::cuda::DevPtr;
@@ -97,34 +98,70 @@ pub(crate) fn left_out(name: &str) -> Error {
 }
 
 /// A collective call: it enters the communicator and the thread's group, is checked, and its
-/// plan (the communicator's) launches now or when the group ends.
+/// plan (the communicator's) launches now or when the group ends. Where a profiler plugin
+/// listens, a call outside any group is a group of its own (its events as NCCL's).
 pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
+    if group::depth() == 0 && comm.profiling() {
+        group::start_own();
+        let r = in_group(comm, call);
+        return r.and(group::end_inline());
+    }
+    in_group(comm, call)
+}
+
+fn in_group(comm: &Comm, call: CollCall) -> Result<()> {
     let queued = || -> Result<()> {
         comm.enter_call(call.coll.name())?;
         let Some(sizes) = check_call(comm, &call)? else {
             return Ok(());
         };
-        if comm.count() == 1 && call.op.kind() != RedOpKind::PreMulSum {
-            return one_rank(comm, &call, sizes.bytes);
+        let api = comm.api_call(
+            coll_name(call.coll),
+            call.count,
+            call.dt,
+            call.root,
+            call.stream,
+        );
+        let task = comm.profile_call(false, &api);
+        let r = queue(comm, &call, &sizes, task.clone());
+        if let Some(t) = &task {
+            t.queued();
         }
-        if deterministic::applies(comm, &call) {
-            return deterministic::enqueue(comm, &call);
-        }
-        if call.coll == Coll::AllGather {
-            let (s, r, b, st) = (call.send, call.recv, sizes.bytes, call.stream);
-            if let Some(job) = comm.copy_engine_job(CopyColl::AllGather, s, r, b, st)? {
-                return group::ordered(job);
-            }
-        }
-        let plan = comm.plan(&call, &sizes)?;
-        let launcher = comm.launcher();
-        group::ordered(Box::new(move || launcher.launch(&plan, call.stream)))
+        r
     };
     queued().map_err(|e| group::record_error(e.context(format!("nccl{}", call.coll.name()))))?;
     if group::depth() > 0 {
         comm.note_in_group(estimate_us(comm, &call));
     }
     Ok(())
+}
+
+/// Queues checked call `call` on the path it takes (`task`: its profiling).
+fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Result<()> {
+    if comm.count() == 1 && call.op.kind() != RedOpKind::PreMulSum {
+        return one_rank(comm, call, sizes.bytes);
+    }
+    if deterministic::applies(comm, call) {
+        return deterministic::enqueue(comm, call);
+    }
+    if call.coll == Coll::AllGather {
+        let (s, r, b, st) = (call.send, call.recv, sizes.bytes, call.stream);
+        if let Some(job) = comm.copy_engine_job(CopyColl::AllGather, s, r, b, st, task.clone())? {
+            return group::ordered(job);
+        }
+    }
+    let plan = comm.plan(call, sizes)?;
+    let launcher = comm.launcher();
+    let stream = call.stream;
+    let Some(task) = task else {
+        return group::ordered(Box::new(move || launcher.launch(&plan, stream)));
+    };
+    let launched = coll_launch(call, &plan);
+    group::ordered(Box::new(move || {
+        task.launch(stream, || launcher.launch(&plan, stream))?;
+        task.launched_coll(&launched);
+        Ok(())
+    }))
 }
 
 /// Checks a collective's arguments and buffers; None when it moves nothing (count 0).

@@ -16,6 +16,7 @@
 use super::group;
 use crate::comm::call::P2pOp;
 use crate::comm::graph_reg;
+use crate::comm::profile::{p2p_launch, Task};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
@@ -73,11 +74,34 @@ pub fn submit(
             };
             super::check_buffer(comm, what, buff, bytes, dt)?;
         }
-        comm.p2p_op(dir, buff, bytes, peer, stream)
+        let mut op = comm.p2p_op(dir, buff, bytes, peer, stream)?;
+        let api = comm.api_call(c_name(dir), count, dt, 0, stream);
+        op.profile = comm.profile_call(true, &api);
+        if let Some(t) = &op.profile {
+            t.queued();
+        }
+        Ok(op)
     };
-    match checked() {
+    // Where a profiler plugin listens, a call outside any group is a group of its own.
+    let own_group = group::depth() == 0 && comm.profiling();
+    if own_group {
+        group::start_own();
+    }
+    let r = match checked() {
         Ok(op) => group::p2p(op),
         Err(e) => Err(group::record_error(e.context(what))),
+    };
+    match own_group {
+        true => r.and(group::end_inline()),
+        false => r,
+    }
+}
+
+/// NCCL's name of a send or a receive, for the profiler.
+fn c_name(dir: Dir) -> &'static std::ffi::CStr {
+    match dir {
+        Dir::Send => c"Send",
+        Dir::Recv => c"Recv",
     }
 }
 
@@ -339,10 +363,23 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     let threads = crate::cuda::MAX_THREADS.min(links_threads(links));
     links.kick_proxy();
     timeline::mark(Mark::Launch, 0, 0);
-    let r = batch[0].order.launch_joined(main, others, || {
-        all.iter()
-            .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
-    });
+    let launch = || {
+        batch[0].order.launch_joined(main, others, || {
+            all.iter()
+                .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
+        })
+    };
+    let profiled: Vec<_> = batch
+        .iter()
+        .filter_map(|o| o.profile.as_ref().map(|t| (t, p2p_launch(o, nconns))))
+        .collect();
+    let r = match profiled.first() {
+        None => launch(),
+        Some((t, _)) => t.launch(main, launch),
+    };
+    if r.is_ok() {
+        Task::launched_p2p(&profiled);
+    }
     timeline::mark(Mark::Launched, 0, 0);
     if batch[0].order.captured() {
         // A graph's replays will not wake the proxy: it keeps its naps short from now on.

@@ -62,7 +62,8 @@ impl Comm {
         stream: StreamHandle,
     ) -> Result<bool> {
         let issue = || -> Result<bool> {
-            let Some(job) = self.copy_engine_job(coll, send, recv, block as usize, stream)? else {
+            let Some(job) = self.copy_engine_job(coll, send, recv, block as usize, stream, None)?
+            else {
                 return Ok(false);
             };
             self.enter_call(what.trim_start_matches("nccl"))?;

@@ -325,7 +325,7 @@ static void all_reduce_init_all(void) {
 static void bad_arguments(void) {
   int v = 0;
   CHECK(ncclGetVersion(&v));
-  EXPECT(v == NCCL_VERSION_CODE && v == 22503, "version %d", v);
+  EXPECT(v == NCCL_VERSION_CODE && v == 22809, "version %d", v);
   EXPECT(pncclGetVersion(&v) == ncclSuccess, "alias");
   EXPECT(ncclGetVersion(NULL) == ncclInvalidArgument, "null version");
   EXPECT(strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0, "%s",

@@ -25,6 +25,9 @@ pub const COUNT: usize = 10_007;
 const LL_SLOTS: u32 = 512;
 /// CTAs of either form, at most (the library's symmetric kernels use up to 16).
 const MAX_GRID: u32 = 16;
+/// LL blocks the device communicator holds: the bench also tries the LL form on twice
+/// [`ll_grid`]'s CTAs.
+const LL_BLOCKS: u32 = 2 * MAX_GRID;
 /// The input bytes of a CTA of the loads form (as the library's).
 const LOADS_BYTES_PER_CTA: usize = 16 << 10;
 /// Most CTAs the bench gives the loads forms' kernels (each CTA its own LSA barrier, of
@@ -35,7 +38,7 @@ const LL_MAX_BYTES: usize = (MAX_GRID * LL_SLOTS) as usize * 8;
 
 /// The device communicator both forms can use: an LL block per CTA.
 const REQUIREMENTS: DevCommRequirements = DevCommRequirements {
-    ll_blocks: MAX_GRID,
+    ll_blocks: LL_BLOCKS,
     ll_slots: LL_SLOTS,
 };
 
@@ -178,15 +181,18 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
             "loads" => loads_grid(bytes),
             _ => loads_grid(bytes.div_ceil(n)),
         };
-        // The loads forms also on 4× and 8× the CTAs (at most WIDE_GRID): the kernel's own
-        // choice, the fastest of the counts (each rank times its own; rank 0 prints). Each timing's
-        // output is checked, then poisoned.
+        // Also wider grids, the kernel's own choice: the loads forms on 4× and 8× the CTAs (at
+        // most WIDE_GRID), the LL form on 2× (at most LL_BLOCKS, fewer lines per CTA); the
+        // fastest of the counts (each rank times its own; rank 0 prints). Each timing's output
+        // is checked, then poisoned.
+        let wider = match form {
+            "LL" => vec![(2 * grid).min(LL_BLOCKS)],
+            _ => vec![(4 * grid).min(WIDE_GRID), (8 * grid).min(WIDE_GRID)],
+        };
         let mut grids = vec![grid];
-        if form != "LL" {
-            for wide in [(4 * grid).min(WIDE_GRID), (8 * grid).min(WIDE_GRID)] {
-                if !grids.contains(&wide) {
-                    grids.push(wide);
-                }
+        for wide in wider {
+            if !grids.contains(&wide) {
+                grids.push(wide);
             }
         }
         let mut user = f64::MAX;
