@@ -223,7 +223,11 @@ fn events_of_version(v: u32) {
         assert_eq!(init.get("v"), v.to_string());
         assert_eq!(init.get("nranks"), "2");
         assert_eq!(init.get("nodes"), "1");
-        assert_eq!(init.get("mask"), "32767", "rank {r}: the mask the plugin set");
+        assert_eq!(
+            init.get("mask"),
+            "32767",
+            "rank {r}: the mask the plugin set"
+        );
         // No event of a type the plugin's version lacks (its build names only its own).
         assert!(
             lines.iter().all(|l| !l.get("type").starts_with("Unknown")),
