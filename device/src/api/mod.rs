@@ -236,7 +236,11 @@ impl DevComm {
         if index >= MAX_BARRIERS {
             self.misuse(Misuse::BarrierIndex, index as u64, MAX_BARRIERS as u64);
         }
-        LsaBarrier { comm: self, index }
+        LsaBarrier {
+            comm: self,
+            index,
+            rounds: core::cell::Cell::new(0),
+        }
     }
 
     /// Word `w` of LSA rank `lsa_peer`'s area, as mapped here.
@@ -280,6 +284,9 @@ impl DevComm {
 pub struct LsaBarrier<'a> {
     comm: &'a DevComm,
     index: u32,
+    /// The rounds this CTA's barrier of this index completed (0: not read yet; read from
+    /// memory at the first sync, kept here after, so a later sync waits on no load of it).
+    rounds: core::cell::Cell<u64>,
 }
 
 impl LsaBarrier<'_> {
@@ -288,7 +295,8 @@ impl LsaBarrier<'_> {
     /// alike). Orders memory as the module says.
     ///
     /// # Safety
-    /// As [`DevComm::lsa_barrier`]; every thread of the CTA calls it, none other.
+    /// As [`DevComm::lsa_barrier`]; every thread of the CTA calls it, none other. A CTA holds
+    /// one barrier of an index at a time (make it once per kernel, sync it as often as needed).
     #[inline]
     pub unsafe fn sync(&self) -> Result<(), Aborted> {
         let c = self.comm;
@@ -296,35 +304,39 @@ impl LsaBarrier<'_> {
         let (count, outcome) = (n as usize, n as usize + 1);
         arch::sync_threads();
         let mine = c.barrier_word(me, i, count);
-        // Every thread reads the count before thread 0 moves it on, after the second sync.
-        let round = arch::ld_volatile(mine) + 1;
+        if self.rounds.get() == 0 {
+            // Every thread reads the count before thread 0 moves it on, after the next sync.
+            self.rounds.set(arch::ld_volatile(mine));
+        }
+        let round = self.rounds.get() + 1;
         // Thread `p` tells LSA rank `p` and waits for it: the team's stores and waits run in
         // parallel rather than one after another.
         let mut p = arch::thread_idx();
+        let mut aborted = false;
         while p < n {
             // The CTA's writes (ordered before this thread's by the CTA barrier) first.
             arch::fence_sys();
             arch::st_release_sys(c.barrier_word(p, i, me as usize), round);
             let slot = c.barrier_word(me, i, p as usize);
-            let mut aborted = false;
             crate::coll::spin_until(c.abort as *const u64, &mut aborted, || {
                 arch::ld_acquire_sys(slot) >= round
             });
-            // An abort is for good: the word is never cleared.
-            if aborted {
-                arch::st_volatile(c.barrier_word(me, i, outcome), 1);
-            }
             p += arch::block_dim();
         }
-        arch::sync_threads();
-        let result = match arch::ld_volatile(c.barrier_word(me, i, outcome)) {
-            0 => Ok(()),
-            _ => Err(Aborted),
-        };
+        // Whether some thread saw the abort, in the barrier itself: no load after it.
+        let aborted = arch::sync_threads_or(aborted);
+        self.rounds.set(round);
         if arch::thread_idx() == 0 {
             arch::st_volatile(mine, round);
+            if aborted {
+                // For good: the word is never cleared (a fault report may read it).
+                arch::st_volatile(c.barrier_word(me, i, outcome), 1);
+            }
         }
-        result
+        match aborted {
+            false => Ok(()),
+            true => Err(Aborted),
+        }
     }
 }
 

@@ -50,6 +50,23 @@ pub fn sync_threads() {
     unsafe { asm!("barrier.sync 0;", options(nostack)) }
 }
 
+/// `__syncthreads_or(pred)`: [`sync_threads`], returning whether `pred` held in some thread
+/// of the CTA (`barrier.red.or.pred`, not `.aligned`, as `sync_threads`).
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let out: u32;
+    // SAFETY: a CTA-wide barrier with a reduction; every thread of the CTA reaches it.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; barrier.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+            x = in(reg32) pred as u32,
+            r = out(reg32) out,
+            options(nostack)
+        )
+    }
+    out != 0
+}
+
 /// A named barrier `id` (1..16) for `nthreads` threads (a multiple of 32); not `.aligned`,
 /// as [`sync_threads`].
 #[inline(always)]

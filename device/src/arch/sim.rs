@@ -17,6 +17,11 @@ const NAMED_BARRIERS: usize = 16;
 struct BarrierState {
     arrived: u32,
     generation: u64,
+    /// `sync_threads_or`: the OR of this generation's arrivals so far, and of the last two
+    /// generations by parity (a waiter reads its own before the CTA can end the next one,
+    /// which needs its arrival).
+    or: bool,
+    ors: [bool; 2],
     /// A thread of the CTA panicked: no one will arrive any more.
     poisoned: bool,
 }
@@ -34,18 +39,26 @@ struct Barrier {
 
 impl Barrier {
     fn wait(&self, count: u32) {
+        self.wait_or(count, false);
+    }
+
+    /// [`Barrier::wait`], returning whether `pred` held in some arrival of this generation.
+    fn wait_or(&self, count: u32, pred: bool) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.poisoned {
             drop(s);
             panic!("{POISONED}");
         }
         let gen = s.generation;
+        s.or |= pred;
         s.arrived += 1;
         if s.arrived >= count {
             s.arrived = 0;
+            s.ors[(gen % 2) as usize] = s.or;
+            s.or = false;
             s.generation += 1;
             self.cv.notify_all();
-            return;
+            return s.ors[(gen % 2) as usize];
         }
         while s.generation == gen {
             if s.poisoned {
@@ -54,6 +67,7 @@ impl Barrier {
             }
             s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+        s.ors[(gen % 2) as usize]
     }
 
     /// Releases every waiter, for good, with a panic.
@@ -176,6 +190,10 @@ pub fn globaltimer() -> u64 {
 
 pub fn sync_threads() {
     with_ctx(|c| c.cta.barriers[0].wait(c.bdim))
+}
+
+pub fn sync_threads_or(pred: bool) -> bool {
+    with_ctx(|c| c.cta.barriers[0].wait_or(c.bdim, pred))
 }
 
 pub fn barrier_named(id: u32, nthreads: u32) {

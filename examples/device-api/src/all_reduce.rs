@@ -1,4 +1,4 @@
-//! Two one-shot AllReduces written with the device API, the kind of kernel inference stacks
+//! AllReduces written with the device API, the kind of kernel inference stacks
 //! write by hand; every rank's input lies in a symmetric window, and every rank sums in rank
 //! order (the same bits on every rank):
 //! - `kernels::one_shot_all_reduce` meets the LSA team at a barrier (every input is in place),
@@ -7,7 +7,9 @@
 //! - `kernels::ll_all_reduce`, for small inputs, sends its input to every rank as LL lines
 //!   (8 bytes and a flag in one 16-byte store) and sums the lines it receives: no barrier;
 //! - `kernels::two_shot_all_reduce`, for larger inputs on 3 ranks or more, has each rank sum
-//!   one slice of every rank's input and store the sums into every rank's output window.
+//!   one slice of every rank's input and store the sums into every rank's output window;
+//!   `kernels::two_shot_publish_all_reduce` stores each sum once, into its own output, and
+//!   every rank then loads the other slices from their owners (as the library's two-shot).
 //!
 //! `--bench` runs each at the sizes where the library's own symmetric AllReduce runs the same
 //! form (LL up to 64 KiB, loads above, two-shot loads from 3 ranks), beside it.
@@ -85,12 +87,22 @@ pub fn rank(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
         )?;
         check(r, &got, &want)?;
     }
-    check(r, &two_shot(comm, module, &input(r, COUNT))?, &want)?;
+    for kernel in [
+        &kernels::TWO_SHOT_ALL_REDUCE,
+        &kernels::TWO_SHOT_PUBLISH_ALL_REDUCE,
+    ] {
+        check(r, &two_shot(comm, module, kernel, &input(r, COUNT))?, &want)?;
+    }
     Ok(())
 }
 
-/// The two-shot form over `input`, into a NaN-poisoned output window: the output.
-fn two_shot(comm: &Comm, module: &Module, input: &[f32]) -> Result<Vec<f32>, Box<dyn Error>> {
+/// A two-shot form (`kernel`) over `input`, into a NaN-poisoned output window: the output.
+fn two_shot(
+    comm: &Comm,
+    module: &Module,
+    kernel: &nccl_device::api::Kernel<kernels::TwoShot>,
+    input: &[f32],
+) -> Result<Vec<f32>, Box<dyn Error>> {
     let dev = comm.device();
     let mut inputs = DeviceBuffer::from_slice(dev, input)?;
     let mut outputs = DeviceBuffer::from_slice(dev, &vec![f32::NAN; input.len()])?;
@@ -111,15 +123,7 @@ fn two_shot(comm: &Comm, module: &Module, input: &[f32]) -> Result<Vec<f32>, Box
     let grid = loads_grid(4 * input.len() / comm.count());
     // SAFETY: the windows and communicator outlive the kernel (the stream is drained below);
     // every rank launches the same grid.
-    unsafe {
-        module.launch(
-            &kernels::TWO_SHOT_ALL_REDUCE,
-            grid,
-            128,
-            stream.handle(),
-            args,
-        )?
-    };
+    unsafe { module.launch(kernel, grid, 128, stream.handle(), args)? };
     stream.synchronize()?;
     let got = w_out.to_vec_after(&stream)?;
     drop((d_in, d_out, dev_comm));
@@ -195,16 +199,24 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
                 grids.push(wide);
             }
         }
+        // The two-shot also as the publishing form (each sum stored once, peers load it).
+        let mut tries: Vec<(&str, u32)> = grids.iter().map(|&g| (form, g)).collect();
+        if form == "two-shot" {
+            tries.extend(grids.iter().map(|&g| ("publish", g)));
+        }
         let mut user = f64::MAX;
-        let mut best = grid;
-        for g in grids {
+        let (mut best, mut best_form) = (grid, form);
+        for (kind, g) in tries {
             // SAFETY: the windows and outputs outlive the launches (the stream is drained
             // before they are dropped); every rank launches the same grids in the same order.
             let us = crate::time_calls(&stream, 50, 500, || unsafe {
                 let h = stream.handle();
-                match form {
+                match kind {
                     "LL" => module.launch(&kernels::LL_ALL_REDUCE, g, 512, h, place),
                     "loads" => module.launch(&kernels::ONE_SHOT_ALL_REDUCE, g, 512, h, place),
+                    "publish" => {
+                        module.launch(&kernels::TWO_SHOT_PUBLISH_ALL_REDUCE, g, 512, h, two)
+                    }
                     _ => module.launch(&kernels::TWO_SHOT_ALL_REDUCE, g, 512, h, two),
                 }
             })?;
@@ -214,14 +226,14 @@ pub fn bench(comm: &Comm, module: &Module) -> Result<(), Box<dyn Error>> {
                 &want_all[..count],
             )?;
             w_user.copy_from_host_after(&vec![f32::NAN; max], &stream)?;
-            if r == 0 && g != grid {
-                println!("{bytes:>9} {form:>8} {g:>5} {us:>12.2}   (the wider grid)");
+            if r == 0 && (g != grid || kind != form) {
+                println!("{bytes:>9} {kind:>8} {g:>5} {us:>12.2}   (another grid or form)");
             }
             if us < user {
-                (user, best) = (us, g);
+                (user, best, best_form) = (us, g, kind);
             }
         }
-        let grid = best;
+        let (grid, form) = (best, best_form);
         let library = crate::time_calls(&stream, 50, 500, || {
             let (src, dst) = (w_in.slice(..count)?, w_out.slice_mut(..count)?);
             comm.all_reduce(src, dst, Op::SUM, &stream)

@@ -65,6 +65,13 @@ kernel!(
 );
 
 kernel!(
+    /// The two-shot AllReduce with each sum stored once: LSA rank k sums slice k of every
+    /// rank's input into its own output, and every rank then loads the other slices from
+    /// the peers' outputs (three barriers: inputs in place, slices published, loads done).
+    pub TWO_SHOT_PUBLISH_ALL_REDUCE = two_shot_publish_all_reduce(TwoShot);
+);
+
+kernel!(
     /// AllReduce, scale and residual add in one pass.
     pub ALL_REDUCE_SCALE_ADD = all_reduce_scale_add(ScaleAdd);
 );
@@ -253,6 +260,61 @@ unsafe fn ll_all_reduce(p: &Place) {
         }
     }
     ll.end();
+}
+
+/// Slice `k` of `n` of `packs` 16-byte packs: (first, how many).
+fn slice(packs: usize, n: usize, k: usize) -> (usize, usize) {
+    let per = packs.div_ceil(n);
+    let first = (k * per).min(packs);
+    (first, (first + per).min(packs) - first)
+}
+
+/// The team barrier (every input in place); this rank's slice of the packs (the elements past
+/// the last whole pack: the last LSA rank's) summed over every rank's input in team order into
+/// its own output; the barrier (every slice published); the other slices loaded from their
+/// owners' outputs; the barrier again (no output read any more).
+///
+/// # Safety
+/// As [`two_shot_all_reduce`].
+unsafe fn two_shot_publish_all_reduce(a: &TwoShot) {
+    let c = &a.comm;
+    if c.lsa_size > MAX_TEAM {
+        arch::trap();
+    }
+    let barrier = c.lsa_barrier(arch::block_idx());
+    if barrier.sync().is_err() {
+        return;
+    }
+    let (n, me) = (c.lsa_size as usize, c.lsa_rank as usize);
+    let (inputs, outputs) = (team_parts(c, &a.input), team_parts(c, &a.output));
+    let (team_in, mine) = (&inputs[..n], outputs[me]);
+    let packs = a.count as usize / 4;
+    let tail = 4 * packs..a.count as usize;
+    let (first, len) = slice(packs, n, me);
+    for j in my_elements(len as u64).map(|j| j + first) {
+        arch::st_pack((mine as *mut Pack16).add(j), sum_pack(team_in, j));
+    }
+    if me + 1 == n {
+        for i in my_elements(tail.len() as u64).map(|i| i + tail.start) {
+            *mine.add(i) = sum_at(team_in, i);
+        }
+    }
+    if barrier.sync().is_err() {
+        return;
+    }
+    for q in (0..n).filter(|&q| q != me) {
+        let (first, len) = slice(packs, n, q);
+        let theirs = outputs[q] as *const Pack16;
+        for j in my_elements(len as u64).map(|j| j + first) {
+            arch::st_pack((mine as *mut Pack16).add(j), arch::ld_pack(theirs.add(j)));
+        }
+    }
+    if me + 1 != n {
+        for i in my_elements(tail.len() as u64).map(|i| i + tail.start) {
+            *mine.add(i) = *outputs[n - 1].add(i);
+        }
+    }
+    let _ = barrier.sync();
 }
 
 /// As [`one_shot_all_reduce`], writing `residual + scale * sum` over the residual.
