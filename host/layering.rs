@@ -57,12 +57,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "debug",
             "env",
             "error",
+            "plugin_log",
             "sockets",
             "test_aids",
             "topo",
         ],
     ),
-    ("profiler", &["env"]),
+    ("plugin_log", &["debug"]),
+    ("profiler", &["env", "plugin_log"]),
     ("proxy", &["clock", "cuda", "debug", "env", "error", "net"]),
     (
         "ras",
@@ -85,7 +87,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "test_aids",
         ],
     ),
-    ("tune", &["env", "error", "graph", "net", "topo"]),
+    (
+        "tune",
+        &["env", "error", "graph", "net", "plugin_log", "topo"],
+    ),
 ];
 
 /// Circles the table may hold, each as the set of rooms that reach one another: none. A circle

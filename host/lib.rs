@@ -95,6 +95,7 @@ pub(crate) mod clock;
 pub mod cuda;
 pub mod debug;
 pub mod error;
+pub(crate) mod plugin_log;
 pub(crate) mod profiler;
 pub(crate) mod proxy;
 pub mod ras;

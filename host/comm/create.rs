@@ -203,6 +203,16 @@ impl Comm {
 
         let kernel_abort = faults.kernel_abort.clone();
         let stamps = stamps::KernelStamps::from_env(&j.device, rank)?;
+        let nnodes = net::nodes(&j.peers).len();
+        let profiler = crate::profiler::CommProfiler::open(
+            comm_id,
+            config.comm_name.as_deref(),
+            nnodes,
+            nranks,
+            rank,
+        )
+        .map(|p| profile::Profiling::new(p, &j.device))
+        .transpose()?;
         let dev_comm = upload(Upload {
             j: &j,
             shape: &shape,
@@ -215,6 +225,7 @@ impl Comm {
             kernel_abort: &kernel_abort,
             nvls: nvls.as_ref(),
             stamps: stamps.as_ref(),
+            profile_stamps: profiler.as_ref().map_or(0, |p| p.stamps.device_ptr()),
         })?;
         j.bootstrap.barrier()?;
         let (free_after, _) = j.device.mem_info()?;
@@ -232,14 +243,6 @@ impl Comm {
         );
         let ras = register_health(&j, &config, comm_id, &order, &faults);
         watch_hangs(&j, &order);
-        let nnodes = net::nodes(&j.peers).len();
-        let profiler = crate::profiler::CommProfiler::open(
-            comm_id,
-            config.comm_name.as_deref(),
-            nnodes,
-            nranks,
-            rank,
-        );
         let Joined {
             device,
             bootstrap,
@@ -665,6 +668,8 @@ struct Upload<'a> {
     kernel_abort: &'a crate::cuda::HostFlag,
     nvls: Option<&'a nvls::Nvls>,
     stamps: Option<&'a stamps::KernelStamps>,
+    /// The profiler's channel stamps (0: no profiler).
+    profile_stamps: u64,
 }
 
 /// Stage 7: the device structures: `DevComm`, the channels, then each distinct ring as ranks
@@ -716,6 +721,7 @@ fn upload(u: Upload) -> Result<DevBuffer> {
         nvls_nchannels: u.nvls.map_or(0, |n| n.nchannels as u32),
         lab_count: 0,
         lab_stamps: u.stamps.map_or(0, |s| s.device_ptr()),
+        profile_stamps: u.profile_stamps,
     };
     dev_comm.write(0, as_bytes(std::slice::from_ref(&dc)))?;
     dev_comm.write(head, as_bytes(&channels))?;

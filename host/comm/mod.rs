@@ -162,7 +162,7 @@ pub struct Comm {
     /// The kernel-stamps lab's memory, where NCCL_RS_KERNEL_STAMPS is set (see [`stamps`]).
     stamps: Option<stamps::KernelStamps>,
     /// This communicator's context in the profiler plugin, where one is loaded.
-    profiler: Option<Arc<crate::profiler::CommProfiler>>,
+    profiler: Option<profile::Profiling>,
     /// Where the connection memory goes when this rank drops while other ranks of the
     /// communicator in this process may still write into it (see [`keepalive`]).
     keep: Arc<keepalive::Keep>,

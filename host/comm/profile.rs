@@ -5,21 +5,132 @@ use super::call::{CollCall, P2pOp};
 use super::group_scope;
 use super::plan::LaunchPlan;
 use super::Comm;
-use crate::cuda::StreamHandle;
-use crate::profiler::{ApiCall, CeLaunch, CollLaunch, CommProfiler, Event, P2pLaunch};
+use crate::cuda::{Device, HostMem, StreamHandle};
+use crate::error::Result;
+use crate::profiler::{ApiCall, CeLaunch, CollLaunch, CommProfiler, Event, P2pLaunch, KERNEL_CH};
 use crate::transport::Dir;
 use crate::tune::Coll;
+use nccl_device::abi::{ChannelStamp, MAX_CHANNELS, PROFILE_LAUNCHES, PROTO_LL, PROTO_LL128};
 use nccl_device::abi::{ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE};
-use nccl_device::abi::{PROTO_LL, PROTO_LL128};
 use nccl_device::types::DataType;
+use std::collections::VecDeque;
 use std::ffi::{c_void, CStr};
-use std::sync::Arc;
+use std::mem::size_of;
+use std::sync::{Arc, Mutex};
+
+/// A communicator's profiling: its context in the plugin, and the ring its kernels stamp
+/// their channels' times in.
+pub(crate) struct Profiling {
+    pub prof: Arc<CommProfiler>,
+    pub stamps: Arc<ChannelStamps>,
+}
+
+impl Profiling {
+    /// Opens the communicator's context where a plugin is loaded (`open`), with the ring of
+    /// channel stamps in host memory of `device`.
+    pub(crate) fn new(prof: Arc<CommProfiler>, device: &Device) -> Result<Profiling> {
+        let bytes = PROFILE_LAUNCHES as usize * MAX_CHANNELS * size_of::<ChannelStamp>();
+        let stamps = Arc::new(ChannelStamps {
+            mem: device.alloc_host_mem(bytes)?,
+            state: Mutex::new(StampState::default()),
+        });
+        Ok(Profiling { prof, stamps })
+    }
+}
+
+/// The kernels' channel stamps ([`nccl_device::abi::DevComm::profile_stamps`]) and the
+/// launches whose `KernelCh` events wait on them: a launch's channels become events once all
+/// of its CTAs stamped their stop (at the communicator's next timed launch, or when it goes).
+pub(crate) struct ChannelStamps {
+    mem: HostMem,
+    state: Mutex<StampState>,
+}
+
+#[derive(Default)]
+struct StampState {
+    /// Timed launches so far (the last one's `profile_slot`).
+    launches: u32,
+    pending: VecDeque<Pending>,
+}
+
+/// A timed launch whose channels are not all reported yet.
+struct Pending {
+    slot: u32,
+    prof: Arc<CommProfiler>,
+    coll: Event,
+    /// Per channel, whether its event went out.
+    reported: Vec<bool>,
+}
+
+impl ChannelStamps {
+    /// Where the kernels stamp.
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.mem.ptr
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StampState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reports every channel that stamped its stop, oldest launch first.
+    fn drain(&self, st: &mut StampState) {
+        let size = size_of::<ChannelStamp>();
+        for p in st.pending.iter_mut() {
+            let base = (p.slot % PROFILE_LAUNCHES) as usize * MAX_CHANNELS;
+            for (c, done) in p.reported.iter_mut().enumerate() {
+                let at = (base + c) * size;
+                let word = |k: usize| self.mem.load_u64(at + 8 * k).unwrap_or(0);
+                if *done || word(0) != p.slot as u64 {
+                    continue;
+                }
+                p.prof.kernel_channel(p.coll, c as u32, word(1), word(2));
+                *done = true;
+            }
+        }
+        st.pending.retain(|p| p.reported.iter().any(|d| !d));
+    }
+
+    /// The `profile_slot` of the next launch (reports what earlier ones finished first). A
+    /// launch a whole ring older that is still unreported is given up (its place is reused).
+    fn next_slot(&self) -> u32 {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        st.launches = st.launches.wrapping_add(1).max(1);
+        let slot = st.launches;
+        let stale = |p: &Pending| p.slot % PROFILE_LAUNCHES == slot % PROFILE_LAUNCHES;
+        if st.pending.iter().any(stale) {
+            log::info!("profiler: a launch's channel times were never stamped: not reported");
+            st.pending.retain(|p| !stale(p));
+        }
+        slot
+    }
+
+    /// Launch `slot` of `channels` CTAs went out under `coll`.
+    fn launched(&self, slot: u32, channels: u32, prof: &Arc<CommProfiler>, coll: Event) {
+        self.lock().pending.push_back(Pending {
+            slot,
+            prof: prof.clone(),
+            coll,
+            reported: vec![false; (channels as usize).min(MAX_CHANNELS)],
+        });
+    }
+}
+
+impl Drop for ChannelStamps {
+    /// The communicator's kernels are done (its drop waits for them): what they stamped goes
+    /// out before the contexts close.
+    fn drop(&mut self) {
+        let mut st = std::mem::take(&mut *self.lock());
+        self.drain(&mut st);
+    }
+}
 
 /// A call's profiling: its group's `GroupApi` event and its own API event, with the mask as it
 /// was when the call was made (NCCL keeps that snapshot for the call's later events).
 #[derive(Clone)]
 pub(crate) struct Task {
     prof: Arc<CommProfiler>,
+    stamps: Arc<ChannelStamps>,
     mask: u64,
     group_api: Event,
     api: Event,
@@ -41,12 +152,32 @@ impl Task {
         r
     }
 
-    /// A collective was launched: its `Group` and `Coll` events.
-    pub(crate) fn launched_coll(&self, c: &CollLaunch) {
+    /// Launches collective `c` as `plan` (`launch`): inside a `KernelLaunch` event, then its
+    /// `Group` and `Coll` events; where `KernelCh` is asked for (and the stream is not being
+    /// captured), its CTAs stamp their times, reported as the communicator's later launches
+    /// find them.
+    pub(crate) fn launch_coll(
+        &self,
+        plan: &mut LaunchPlan,
+        stream: StreamHandle,
+        capturing: bool,
+        c: &CollLaunch,
+        launch: impl FnOnce(&LaunchPlan) -> Result<()>,
+    ) -> Result<()> {
+        let timed = self.mask & KERNEL_CH != 0 && !capturing;
+        if timed {
+            plan.args.profile_slot = self.stamps.next_slot();
+        }
+        self.launch(stream, || launch(plan))?;
         let g = self.prof.group(self.mask, false);
         let e = self.prof.coll(self.mask, self.api, g, c);
+        if timed {
+            self.stamps
+                .launched(plan.args.profile_slot, plan.grid, &self.prof, e);
+        }
         self.prof.stop(e);
         self.prof.stop(g);
+        Ok(())
     }
 
     /// Sends and receives of one communicator were launched together: a `Group` event with
@@ -86,14 +217,14 @@ impl Comm {
     /// something): the enqueue layer then wraps a call outside any group in a group of its
     /// own, as NCCL does, so that the call has its `GroupApi` event.
     pub(crate) fn profiling(&self) -> bool {
-        self.profiler.as_ref().is_some_and(|p| p.mask() != 0)
+        self.profiler.as_ref().is_some_and(|p| p.prof.mask() != 0)
     }
 
     /// Starts a call's API event (a `CollApi`, or with `p2p` a `P2pApi`), and its group's
     /// `GroupApi` if it is the group's first profiled call; None where nothing is profiled.
     /// The caller is inside a group (its own, for a call outside any).
     pub(crate) fn profile_call(&self, p2p: bool, call: &ApiCall) -> Option<Task> {
-        let prof = self.profiler.as_ref()?;
+        let Profiling { prof, stamps } = self.profiler.as_ref()?;
         let mask = prof.mask();
         if mask == 0 {
             return None;
@@ -102,6 +233,7 @@ impl Comm {
         let api = prof.api(mask, p2p, group_api, call);
         Some(Task {
             prof: prof.clone(),
+            stamps: stamps.clone(),
             mask,
             group_api,
             api,

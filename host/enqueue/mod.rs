@@ -157,10 +157,12 @@ fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Res
         return group::ordered(Box::new(move || launcher.launch(&plan, stream)));
     };
     let launched = coll_launch(call, &plan);
+    let capturing = comm.device().stream_capturing(stream)?;
     group::ordered(Box::new(move || {
-        task.launch(stream, || launcher.launch(&plan, stream))?;
-        task.launched_coll(&launched);
-        Ok(())
+        let mut plan = plan;
+        task.launch_coll(&mut plan, stream, capturing, &launched, |p| {
+            launcher.launch(p, stream)
+        })
     }))
 }
 

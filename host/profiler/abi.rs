@@ -8,7 +8,7 @@
 //! (`load.rs`) and the emitters (`mod.rs`) handle what differs in meaning: which event types
 //! and states exist, and who a collective's parent is.
 
-use std::ffi::{c_char, c_int, c_ulong, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 // Event types: bits of the activation mask, and `Descr::ty`.
 pub const GROUP: u64 = 1 << 0;
@@ -39,6 +39,8 @@ pub const fn types_of(version: u32) -> u64 {
 }
 
 // States (`recordEventState`) this library records.
+/// A kernel channel stopped (its argument: the GPU's timer then).
+pub const STATE_KERNEL_CH_STOP: c_int = 22;
 /// Version 5 on: the group's `ncclGroupStart` returned, its `ncclGroupEnd` began.
 pub const STATE_GROUP_START_API_STOP: c_int = 23;
 pub const STATE_GROUP_END_API_START: c_int = 24;
@@ -127,6 +129,13 @@ pub struct ProxyStep {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct KernelCh {
+    pub channel_id: u8,
+    pub p_timer: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct CeColl {
     pub seq_number: u64,
     pub func: *const c_char,
@@ -170,6 +179,7 @@ pub union Body {
     pub p2p: P2p,
     pub proxy_op: ProxyOp,
     pub proxy_step: ProxyStep,
+    pub kernel_ch: KernelCh,
     pub ce_coll: CeColl,
     pub ce_sync: CeSync,
     pub ce_batch: CeBatch,
@@ -199,8 +209,8 @@ impl Descr {
     }
 }
 
-/// `void (*)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...)`.
-pub type LogFn = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char);
+/// `ncclDebugLogger_t`.
+pub use crate::plugin_log::Logger as LogFn;
 /// Versions 5 and 6: `init(context, commId, eActivationMask, commName, nNodes, nranks, rank,
 /// logfn)`.
 pub type InitV5 = unsafe extern "C" fn(
@@ -254,6 +264,7 @@ const _: () = {
     assert!(offset_of!(CollApi, graph_captured) == 64 - 24);
     assert!(offset_of!(ProxyOp, is_send) == 44 - 24);
     assert!(offset_of!(CeColl, stream) == 104 - 24);
+    assert!(offset_of!(KernelCh, p_timer) == 32 - 24);
     assert!(offset_of!(CeBatch, use_intra_sync) == 40 - 24);
     assert!(size_of::<Table<InitV5>>() == 48);
 };

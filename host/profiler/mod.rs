@@ -24,12 +24,15 @@
 mod abi;
 mod load;
 
-pub(crate) use abi::{CE_BATCH, CE_COLL, COLL, COLL_API, GROUP, GROUP_API, KERNEL_LAUNCH, P2P};
+pub(crate) use abi::P2P;
+pub(crate) use abi::{
+    CE_BATCH, CE_COLL, COLL, COLL_API, GROUP, GROUP_API, KERNEL_CH, KERNEL_LAUNCH,
+};
 pub(crate) use abi::{P2P_API, STATE_GROUP_END_API_START, STATE_GROUP_START_API_STOP};
 
-use abi::{Descr, CE_SYNC, KERNEL_CH, NET_PLUGIN, PROXY_CTRL, PROXY_OP, PROXY_STEP};
+use abi::{Descr, CE_SYNC, NET_PLUGIN, PROXY_CTRL, PROXY_OP, PROXY_STEP};
 use load::{Init, Plugin};
-use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
+use std::ffi::{c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -125,28 +128,6 @@ unsafe impl Send for CommProfiler {}
 // SAFETY: as above.
 unsafe impl Sync for CommProfiler {}
 
-/// The logger plugins get. The ABI's is variadic; the format is logged as it is, its arguments
-/// unread (a non-variadic function the C caller passes extra arguments to, as the tuner
-/// plugin's logger).
-unsafe extern "C" fn plugin_log(
-    level: c_int,
-    _flags: c_ulong,
-    _file: *const c_char,
-    _line: c_int,
-    fmt: *const c_char,
-) {
-    if fmt.is_null() {
-        return;
-    }
-    // SAFETY: the plugin passes a NUL-terminated format string.
-    let msg = unsafe { CStr::from_ptr(fmt) }.to_string_lossy();
-    match level {
-        2 => log::warn!("profiler plugin: {msg}"),
-        3 => log::info!("profiler plugin: {msg}"),
-        _ => log::trace!("profiler plugin: {msg}"),
-    }
-}
-
 impl CommProfiler {
     /// Opens this communicator's context in the process's plugin; None where there is no
     /// plugin, or its `init` failed (the communicator then goes on without one, as NCCL 2.30).
@@ -162,6 +143,7 @@ impl CommProfiler {
         let name_ptr = name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr());
         let mut context = std::ptr::null_mut();
         let (nn, nr, r) = (nnodes as c_int, nranks as c_int, rank as c_int);
+        let log = crate::plugin_log::logger_fn();
         // SAFETY: the plugin's init of its version's signature: the context and mask outlive
         // the call (the mask is static, as NCCL's), the name is NUL-terminated or null.
         let rc = unsafe {
@@ -174,7 +156,7 @@ impl CommProfiler {
                     nn,
                     nr,
                     r,
-                    plugin_log,
+                    log,
                 ),
                 Init::V4(f) => f(
                     &mut context,
@@ -184,7 +166,7 @@ impl CommProfiler {
                     nn,
                     nr,
                     r,
-                    plugin_log,
+                    log,
                 ),
             }
         };
@@ -364,6 +346,19 @@ impl CommProfiler {
             parent_group: group.ptr(),
         };
         self.start(d)
+    }
+
+    /// A channel of a launch ran from `start` to `stop` (the GPU's ns timer): its `KernelCh`
+    /// event under the launch's `Coll`, started, stopped with `KernelChStop`, stopped.
+    pub(crate) fn kernel_channel(&self, coll: Event, channel: u32, start: u64, stop: u64) {
+        let mut d = Descr::new(KERNEL_CH, coll.ptr(), 0);
+        d.body.kernel_ch = abi::KernelCh {
+            channel_id: channel.min(255) as u8,
+            p_timer: start,
+        };
+        let e = self.start(d);
+        self.record(e, abi::STATE_KERNEL_CH_STOP, Some(stop));
+        self.stop(e);
     }
 
     /// Starts a `CeColl` event under the call's `CollApi` (`sync`: "UC", the copies'

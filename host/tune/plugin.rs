@@ -15,7 +15,7 @@ use super::{Coll, NUM_ALGOS, NUM_PROTOS};
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-type LogFn = unsafe extern "C" fn(c_int, std::ffi::c_ulong, *const c_char, c_int, *const c_char);
+use crate::plugin_log::Logger as LogFn;
 type InitFn = unsafe extern "C" fn(usize, usize, LogFn, *mut *mut c_void) -> c_int;
 type GetV3 = unsafe extern "C" fn(
     *mut c_void,
@@ -77,26 +77,6 @@ unsafe impl Send for Plugin {}
 // SAFETY: as above; NCCL calls getCollInfo from whichever thread enqueues.
 unsafe impl Sync for Plugin {}
 
-/// The logger handed to the plugin: logs the format string itself (arguments are not expanded).
-unsafe extern "C" fn plugin_log(
-    level: c_int,
-    _flags: std::ffi::c_ulong,
-    _file: *const c_char,
-    _line: c_int,
-    fmt: *const c_char,
-) {
-    if fmt.is_null() {
-        return;
-    }
-    // SAFETY: the plugin passes a NUL-terminated format string, as ncclDebugLogger_t requires.
-    let msg = unsafe { CStr::from_ptr(fmt) }.to_string_lossy();
-    match level {
-        2 => log::warn!("tuner plugin: {msg}"),
-        3 => log::info!("tuner plugin: {msg}"),
-        _ => log::trace!("tuner plugin: {msg}"),
-    }
-}
-
 impl Plugin {
     /// Loads and initialises the plugin `name` for a communicator of `nranks` ranks on `nnodes`.
     pub fn load(name: &str, nranks: usize, nnodes: usize) -> Result<Plugin> {
@@ -138,7 +118,7 @@ impl Plugin {
                 CStr::from_ptr(name_ptr).to_string_lossy().into_owned()
             };
             let mut context: *mut c_void = std::ptr::null_mut();
-            let rc = init(nranks, nnodes, plugin_log, &mut context);
+            let rc = init(nranks, nnodes, crate::plugin_log::logger_fn(), &mut context);
             if rc != 0 {
                 return Err(Error::system(format!(
                     "tuner plugin {name}: init returned {rc}"

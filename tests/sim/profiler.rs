@@ -267,6 +267,39 @@ fn events_of_version(v: u32) {
             assert!(c.get("nch").parse::<u32>().unwrap() >= 1, "{c:?}");
             assert!(c.get("nwarps").parse::<u32>().unwrap() >= 1, "{c:?}");
         }
+        // Each CTA (channel) of a collective's launch: a KernelCh under its Coll, with the
+        // GPU's timer at its start and, as the KernelChStop state, at its stop.
+        let channels = of_type(lines, "KernelCh");
+        for c in &colls {
+            let mut chans: Vec<u32> = channels
+                .iter()
+                .filter(|k| k.get("parent") == c.get("h"))
+                .map(|k| k.get("ch").parse().unwrap())
+                .collect();
+            chans.sort_unstable();
+            let nch: u32 = c.get("nch").parse().unwrap();
+            assert_eq!(chans, (0..nch).collect::<Vec<_>>(), "rank {r}: {c:?}");
+        }
+        assert_eq!(
+            channels.len(),
+            colls
+                .iter()
+                .map(|c| c.get("nch").parse::<usize>().unwrap())
+                .sum::<usize>()
+        );
+        for k in &channels {
+            let start: u64 = k.get("ptimer").parse().unwrap();
+            let stop = lines
+                .iter()
+                .find(|l| l.kind == "record" && l.get("h") == k.get("h"))
+                .unwrap_or_else(|| panic!("rank {r}: {k:?} has no KernelChStop"));
+            assert_eq!(stop.get("state"), "22");
+            let stop: u64 = stop.get("arg").parse().unwrap();
+            assert!(
+                start > 0 && stop >= start,
+                "rank {r}: {k:?} ran {start}..{stop}"
+            );
+        }
         let p2ps = of_type(lines, "P2p");
         let dirs: Vec<(&str, &str)> = p2ps
             .iter()
@@ -396,7 +429,7 @@ fn the_mask_decides_what_is_started() {
         assert_eq!(of_type(lines, "Coll").len(), 2);
         assert_eq!(of_type(lines, "CollApi").len(), 2);
         assert_eq!(of_type(lines, "GroupApi").len(), 2);
-        for t in ["KernelLaunch", "P2p", "P2pApi"] {
+        for t in ["KernelLaunch", "KernelCh", "P2p", "P2pApi"] {
             assert!(of_type(lines, t).is_empty(), "{t} with the mask at Coll");
         }
     }

@@ -360,6 +360,26 @@ pub struct DevComm {
     /// The kernel-stamps lab (NCCL_RS_KERNEL_STAMPS): [`LAB_STAMPS`] slots of [`LabStamp`] in
     /// host memory mapped for the device; 0 where it is off.
     pub lab_stamps: u64,
+    /// The profiler plugin's kernel-channel stamps ([`CollArgs::profile_slot`]):
+    /// [`PROFILE_LAUNCHES`] × [`MAX_CHANNELS`] [`ChannelStamp`]s in host memory mapped for the
+    /// device; 0 where no profiler plugin is loaded.
+    pub profile_stamps: u64,
+}
+
+/// Launches the profiler's ring of channel stamps holds ([`DevComm::profile_stamps`]).
+pub const PROFILE_LAUNCHES: u32 = 64;
+
+/// One channel (CTA) of a profiled launch, in the GPU's `%globaltimer` nanoseconds: thread 0
+/// stamps `start` first thing, `stop` once the CTA is done, then `seq` (the launch's
+/// [`CollArgs::profile_slot`]: the host's count of its profiled launches, so a stamp of an
+/// older launch in the same place is told apart).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelStamp {
+    pub seq: u64,
+    pub start: u64,
+    pub stop: u64,
+    pub _pad: u64,
 }
 
 /// [`DevComm::lab_stamps`]: slots in the ring of stamps (launch `n` takes slot `n % LAB_STAMPS`).
@@ -425,7 +445,10 @@ pub struct CollArgs {
     /// slices `reg_ctas` channels make, and the others exit. Set alike on every rank, from
     /// facts every rank knows (collective, size, the communicator's transports).
     pub reg_ctas: u32,
-    pub _pad: u32,
+    /// A launch the profiler plugin times per channel: its number (from 1) among the
+    /// communicator's profiled launches, its stamps at `(profile_slot % PROFILE_LAUNCHES)` of
+    /// [`DevComm::profile_stamps`]; 0: not timed.
+    pub profile_slot: u32,
     /// Names the allocation this rank's offered output lies in (its
     /// [`RegEntry::alloc`] in the tables of peers in other processes; see [`DIRECT_KEY`]),
     /// where [`FLAG_RING_REGISTERED`] is set.
@@ -734,7 +757,8 @@ const _: () = {
     assert!(core::mem::size_of::<ConnSend>() == 72);
     assert!(core::mem::size_of::<ConnRecv>() == 72);
     assert!(core::mem::size_of::<ChannelDev>() == 200);
-    assert!(core::mem::size_of::<DevComm>() == 56);
+    assert!(core::mem::size_of::<DevComm>() == 64);
+    assert!(core::mem::size_of::<ChannelStamp>() == 32);
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
     assert!(core::mem::size_of::<CollArgs>() == 160);

@@ -14,9 +14,10 @@ pub mod send_recv;
 pub mod symmetric;
 
 use crate::abi::{
-    ChannelDev, Coll, CollArgs, DevComm, LabStamp, ALGO_FOLD, ALGO_NVLS, ALGO_SYMMETRIC, ALGO_TREE,
-    DIRECT_DECLINE, DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_REGISTERED,
-    LAB_STAMPS, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
+    ChannelDev, ChannelStamp, Coll, CollArgs, DevComm, LabStamp, ALGO_FOLD, ALGO_NVLS,
+    ALGO_SYMMETRIC, ALGO_TREE, DIRECT_DECLINE, DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT,
+    FLAG_RING_REGISTERED, LAB_STAMPS, LL128_STEP_BYTES, LL_STEP_BYTES, MAX_CHANNELS,
+    PROFILE_LAUNCHES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
 };
 use crate::arch;
 use crate::ops::{pack_elems, RedOp};
@@ -32,7 +33,9 @@ use crate::types::Elem;
 /// communicator launches the same collective with the same count and grid.
 pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     let lab = lab_enter(args);
+    let stamp = profile_enter(args);
     run_body::<T, O, C>(args);
+    profile_exit(args, stamp);
     lab_exit(args, lab);
 }
 
@@ -70,6 +73,39 @@ unsafe fn lab_exit(args: &CollArgs, (slot, n): (*mut LabStamp, u32)) {
     if !slot.is_null() {
         (*slot).exit = arch::globaltimer();
         arch::st_volatile(&mut (*slot).index, n as u64 + 1);
+    }
+}
+
+/// A launch the profiler times per channel ([`CollArgs::profile_slot`]): thread 0 stamps its
+/// CTA's start; the CTA's stamp (null: not this thread, or not timed).
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+unsafe fn profile_enter(args: &CollArgs) -> *mut ChannelStamp {
+    if args.profile_slot == 0 || arch::thread_idx() != 0 {
+        return core::ptr::null_mut();
+    }
+    let dc = args.comm as *const DevComm;
+    if (*dc).profile_stamps == 0 {
+        return core::ptr::null_mut();
+    }
+    let launch = (args.profile_slot % PROFILE_LAUNCHES) as usize;
+    let at = launch * MAX_CHANNELS + arch::block_idx() as usize;
+    let stamp = ((*dc).profile_stamps as *mut ChannelStamp).add(at);
+    arch::st_volatile(&mut (*stamp).start, arch::globaltimer());
+    stamp
+}
+
+/// Stamps the CTA's stop once all its threads are done, then the launch's number.
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+unsafe fn profile_exit(args: &CollArgs, stamp: *mut ChannelStamp) {
+    // The same for every thread of the launch: each CTA meets at the barrier alike.
+    if args.profile_slot == 0 {
+        return;
+    }
+    arch::sync_threads();
+    if !stamp.is_null() {
+        arch::st_volatile(&mut (*stamp).stop, arch::globaltimer());
+        arch::fence_sys();
+        arch::st_volatile(&mut (*stamp).seq, args.profile_slot as u64);
     }
 }
 

@@ -14,9 +14,8 @@ pub const TRAFFIC_CLASS_UNDEF: c_int = -1;
 /// NCCL_NET_ATTR_UNDEF.
 pub const ATTR_UNDEF: i32 = -1;
 
-/// The logger handed to `init`: (level, subsystem flags, file, line, printf format, ...).
-pub type Logger =
-    unsafe extern "C" fn(c_int, std::ffi::c_ulong, *const c_char, c_int, *const c_char, ...);
+/// The logger handed to `init` (`crate::plugin_log`).
+pub use crate::plugin_log::Logger;
 /// The profiler callback handed to `init` from v10 on.
 pub type Profiler =
     unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> NcclResultT;
