@@ -98,7 +98,9 @@ export! {
             return Ok(NcclResult::Success);
         }
         let out_at = out as *mut *mut c_void as usize;
-        group::parallel(Box::new(move || {
+        // A communicator's registrations in one group run in the order they were made: each is
+        // an exchange with the peers' same registration.
+        group::parallel_in_turn(comm as usize, Box::new(move || {
             // SAFETY: as above; `win` stays valid until ncclGroupEnd returns (NCCL's contract).
             unsafe {
                 let h = c.window_register_raw(buff, size, flags)?;

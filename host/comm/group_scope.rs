@@ -28,8 +28,10 @@ pub(crate) struct Member {
 #[derive(Default)]
 pub(crate) struct Group {
     depth: u32,
-    /// Jobs that must run concurrently (communicator creation).
+    /// Jobs that must run concurrently (communicator creation, window registration).
     pub creations: Vec<Job>,
+    /// Per creation, the communicator whose calls it runs in turn ([`parallel_in_turn`]).
+    turns: Vec<Option<usize>>,
     /// Whether the group's communicators are blocking (None: none joined yet).
     pub blocking: Option<bool>,
     /// Jobs that run in issue order (collectives, point-to-point).
@@ -135,6 +137,33 @@ pub fn parallel(job: Job) -> Result<()> {
     with(|g| {
         set_mode_in(g, true)?;
         g.creations.push(job);
+        g.turns.push(None);
+        Ok(())
+    })
+}
+
+/// As [`parallel`] for a collective call of communicator `key` (window registration): at the
+/// group's end each communicator's such calls run one after another, in the order they were
+/// made (they meet their peers' calls in that order), concurrently with other communicators'.
+pub fn parallel_in_turn(key: usize, job: Job) -> Result<()> {
+    if depth() == 0 {
+        return job();
+    }
+    with(|g| {
+        set_mode_in(g, true)?;
+        match g.turns.iter().position(|t| *t == Some(key)) {
+            Some(i) => {
+                let before = std::mem::replace(&mut g.creations[i], Box::new(|| Ok(())));
+                g.creations[i] = Box::new(move || {
+                    before()?;
+                    job()
+                });
+            }
+            None => {
+                g.creations.push(job);
+                g.turns.push(Some(key));
+            }
+        }
         Ok(())
     })
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 // For the tests, through the `internals` feature.
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
-pub use crate::comm::group_scope::{depth, ordered, parallel, record_error, Job};
+pub use crate::comm::group_scope::{depth, ordered, parallel, parallel_in_turn, record_error, Job};
 
 /// `ncclGroupStart`.
 pub fn start() {

@@ -159,6 +159,25 @@ static void all_reduce_init_all(void) {
                                  NCCL_WIN_COLL_SYMMETRIC));
   CHECK(ncclGroupEnd());
   for (int i = 0; i < NDEV; i++) EXPECT(wins[i] != NULL, "window handle %d", i);
+  /* Two windows per communicator in one group, as nccl-tests' -R 2 registers its send and
+     receive buffers: each communicator's registrations meet their peers' in call order. */
+  float *second[NDEV];
+  ncclWindow_t wins2[NDEV][2] = {{NULL}};
+  CHECK(ncclGroupStart());
+  for (int i = 0; i < NDEV; i++) {
+    CHECK(ncclRsSetDevice(i));
+    CHECK(ncclMemAlloc((void **)&second[i], 2 * COUNT * sizeof(float)));
+    for (int k = 0; k < 2; k++)
+      CHECK(ncclCommWindowRegister(comms[i], second[i] + k * COUNT, (k + 1) * 64,
+                                   &wins2[i][k], NCCL_WIN_COLL_SYMMETRIC));
+  }
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < NDEV; i++) {
+    EXPECT(wins2[i][0] != NULL && wins2[i][1] != NULL && wins2[i][0] != wins2[i][1],
+           "rank %d: two windows in one group", i);
+    for (int k = 1; k >= 0; k--) CHECK(ncclCommWindowDeregister(comms[i], wins2[i][k]));
+    CHECK(ncclMemFree(second[i]));
+  }
   ncclWindow_t win = NULL;
   EXPECT(ncclCommWindowRegister(comms[0], bufs[0], COUNT * sizeof(float), &win, 0x40) ==
              ncclInvalidArgument, "unknown window flag");

@@ -51,3 +51,5 @@ mod symmetric;
 mod symmetric_multimem;
 mod tree;
 mod tuning;
+#[cfg(feature = "capi")]
+mod window_groups;
