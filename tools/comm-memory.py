@@ -30,7 +30,9 @@ def main():
     args = ap.parse_args()
     nccl = ctypes.CDLL(args.lib)
     torch.cuda.init()
-    stream = torch.cuda.current_stream()
+    # A stream per rank: ranks sharing a GPU on one stream would wait on each other's kernels
+    # queued behind their own.
+    streams = [torch.cuda.Stream(device=0) for _ in range(args.ranks)]
     count = 1 << 18  # 1 MiB of floats per rank
     bufs = [torch.ones(count, device="cuda:0") for _ in range(args.ranks)]
     has_stats = hasattr(nccl, "ncclCommMemStats")
@@ -50,7 +52,7 @@ def main():
             for r, c in enumerate(comms[-1]):
                 p = ctypes.c_void_p(bufs[r].data_ptr())
                 rc = nccl.ncclAllReduce(p, p, ctypes.c_size_t(count), 7, 0, ctypes.c_void_p(c),
-                                        ctypes.c_void_p(stream.cuda_stream))
+                                        ctypes.c_void_p(streams[r].cuda_stream))
                 assert rc == 0, rc
             assert nccl.ncclGroupEnd() == 0
             torch.cuda.synchronize()
