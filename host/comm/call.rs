@@ -80,8 +80,9 @@ pub struct P2pOp {
     /// A captured send to a peer in another process (graph registration): the peer's receive
     /// mark to wait for before the launch, and where the wait is configured.
     pub graph_mark: Option<(Arc<GraphRegs>, u64)>,
-    /// The call's profiling, where a profiler plugin listens (`comm/profile.rs`).
-    pub(crate) profile: Option<super::profile::Task>,
+    /// The call's profiling, where a profiler plugin listens (`comm/profile.rs`), with the
+    /// call's count and type (its `P2p` event reports them).
+    pub(crate) profile: Option<(super::profile::Task, usize, DataType)>,
 }
 
 impl Comm {

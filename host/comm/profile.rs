@@ -83,6 +83,8 @@ impl ChannelStamps {
                 if *done || word(0) != p.slot as u64 {
                     continue;
                 }
+                // The times were written before the slot number: read them after it.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
                 p.prof.kernel_channel(p.coll, c as u32, word(1), word(2));
                 *done = true;
             }
@@ -169,7 +171,7 @@ impl Task {
             plan.args.profile_slot = self.stamps.next_slot();
         }
         self.launch(stream, || launch(plan))?;
-        let g = self.prof.group(self.mask, false);
+        let g = self.prof.group(self.mask);
         let e = self.prof.coll(self.mask, self.api, g, c);
         if timed {
             self.stamps
@@ -186,7 +188,7 @@ impl Task {
         let Some((first, _)) = ops.first() else {
             return;
         };
-        let g = first.prof.group(first.mask, true);
+        let g = first.prof.group(first.mask);
         for (t, p) in ops {
             let e = t.prof.p2p(t.mask, t.api, g, p);
             t.prof.stop(e);
@@ -220,15 +222,17 @@ impl Comm {
         self.profiler.as_ref().is_some_and(|p| p.prof.mask() != 0)
     }
 
-    /// Starts a call's API event (a `CollApi`, or with `p2p` a `P2pApi`), and its group's
-    /// `GroupApi` if it is the group's first profiled call; None where nothing is profiled.
-    /// The caller is inside a group (its own, for a call outside any).
-    pub(crate) fn profile_call(&self, p2p: bool, call: &ApiCall) -> Option<Task> {
+    /// Starts a call's API event (a `CollApi`, or with `p2p` a `P2pApi`, of what `call`
+    /// describes), and its group's `GroupApi` if it is the group's first profiled call; None
+    /// where nothing is profiled, or the caller is in no group (the mask was off when the
+    /// call chose not to open one). Costs one test where no plugin is loaded.
+    pub(crate) fn profile_call(&self, p2p: bool, call: impl FnOnce() -> ApiCall) -> Option<Task> {
         let Profiling { prof, stamps } = self.profiler.as_ref()?;
         let mask = prof.mask();
-        if mask == 0 {
+        if mask == 0 || group_scope::depth() == 0 {
             return None;
         }
+        let call = &call();
         let group_api = group_scope::profiled_group(prof, mask, call.graph_captured);
         let api = prof.api(mask, p2p, group_api, call);
         Some(Task {
@@ -281,16 +285,17 @@ pub(crate) fn coll_launch(call: &CollCall, plan: &LaunchPlan) -> CollLaunch {
     }
 }
 
-/// What a `P2p` event says of `op` (`conns`: the connections it is spread over).
-pub(crate) fn p2p_launch(op: &P2pOp, conns: usize) -> P2pLaunch {
+/// What a `P2p` event says of `op`, a call of `count` elements of `dt` (`conns`: the
+/// connections it is spread over).
+pub(crate) fn p2p_launch(op: &P2pOp, count: usize, dt: DataType, conns: usize) -> P2pLaunch {
     P2pLaunch {
         func: match op.dir {
             Dir::Send => c"Send",
             Dir::Recv => c"Recv",
         },
         buff: op.buff as usize as *mut c_void,
-        datatype: c"ncclInt8",
-        count: op.bytes,
+        datatype: datatype_name(dt),
+        count,
         peer: op.peer as i32,
         channels: conns as u32,
     }

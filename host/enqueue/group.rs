@@ -76,7 +76,8 @@ fn end_with(inline: bool) -> Result<()> {
     let Some(mut group) = group_scope::close()? else {
         return Ok(());
     };
-    // The group's GroupApi event spans its end (issued in the background or not).
+    // The group's GroupApi event spans its end; for a non-blocking group it stops once the
+    // background issue started (as NCCL's), not when it ends.
     let profiled = group.profiled.take();
     group_scope::profiled_end(&profiled);
     let r = end_group(group, inline);

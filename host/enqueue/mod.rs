@@ -115,14 +115,10 @@ fn in_group(comm: &Comm, call: CollCall) -> Result<()> {
         let Some(sizes) = check_call(comm, &call)? else {
             return Ok(());
         };
-        let api = comm.api_call(
-            coll_name(call.coll),
-            call.count,
-            call.dt,
-            call.root,
-            call.stream,
-        );
-        let task = comm.profile_call(false, &api);
+        let task = comm.profile_call(false, || {
+            let c = &call;
+            comm.api_call(coll_name(c.coll), c.count, c.dt, c.root, c.stream)
+        });
         let r = queue(comm, &call, &sizes, task.clone());
         if let Some(t) = &task {
             t.queued();

@@ -75,11 +75,11 @@ pub fn submit(
             super::check_buffer(comm, what, buff, bytes, dt)?;
         }
         let mut op = comm.p2p_op(dir, buff, bytes, peer, stream)?;
-        let api = comm.api_call(c_name(dir), count, dt, 0, stream);
-        op.profile = comm.profile_call(true, &api);
-        if let Some(t) = &op.profile {
+        let task = comm.profile_call(true, || comm.api_call(c_name(dir), count, dt, 0, stream));
+        if let Some(t) = &task {
             t.queued();
         }
+        op.profile = task.map(|t| (t, count, dt));
         Ok(op)
     };
     // Where a profiler plugin listens, a call outside any group is a group of its own.
@@ -371,7 +371,10 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     };
     let profiled: Vec<_> = batch
         .iter()
-        .filter_map(|o| o.profile.as_ref().map(|t| (t, p2p_launch(o, nconns))))
+        .filter_map(|o| {
+            let (t, count, dt) = o.profile.as_ref()?;
+            Some((t, p2p_launch(o, *count, *dt, nconns)))
+        })
         .collect();
     let r = match profiled.first() {
         None => launch(),

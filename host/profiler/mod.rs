@@ -17,9 +17,11 @@
 //!   warps); a `Coll`'s parent is its `CollApi` (v4: its `Group`);
 //! - `CeColl` and `CeBatch` (v6): collectives run as copy-engine copies.
 //!
+//! - `KernelCh`: a collective's CTAs, from the GPU's timer stamps (`comm/profile.rs`).
+//!
 //! Like NCCL, a stopped event's handle may still be another's parent: plugins keep handles valid
-//! after `stopEvent`. Not emitted yet: proxy operations and steps, proxy control, kernel
-//! channels (each needs its source to report: the proxy thread, the kernels' timers).
+//! after `stopEvent`. Not emitted yet: proxy operations and steps (the proxy follows connection
+//! counters, not per-call operations), proxy control.
 
 mod abi;
 mod load;
@@ -116,6 +118,9 @@ unsafe impl Send for CeLaunch {}
 pub(crate) struct CommProfiler {
     plugin: &'static Plugin,
     context: *mut c_void,
+    /// The communicator's name as `init` got it: plugins keep the pointer (NCCL's example
+    /// reads it again at finalize), so it lives as long as the context.
+    _name: Option<CString>,
     rank: c_int,
     /// Per collective (`ncclFunc_t` order), the `Coll` events started: their `seqNumber`.
     seq: [AtomicU64; 8],
@@ -191,6 +196,7 @@ impl CommProfiler {
         Some(Arc::new(CommProfiler {
             plugin,
             context,
+            _name: name,
             rank: r,
             seq: Default::default(),
             ce_seq: AtomicU64::new(0),
@@ -294,10 +300,9 @@ impl CommProfiler {
         self.start(d)
     }
 
-    /// Starts a launch's `Group` event (`p2p`: it holds sends and receives).
-    pub(crate) fn group(&self, mask: u64, p2p: bool) -> Event {
-        let ops = if p2p { P2P } else { COLL };
-        if mask & (GROUP | ops | BELOW_OPS) == 0 {
+    /// Starts a launch's `Group` event (NCCL's gate: either kind of operation below it).
+    pub(crate) fn group(&self, mask: u64) -> Event {
+        if mask & (GROUP | COLL | P2P | BELOW_OPS) == 0 {
             return Event::NONE;
         }
         self.start(Descr::new(GROUP, std::ptr::null_mut(), 0))
@@ -305,11 +310,11 @@ impl CommProfiler {
 
     /// Starts a launch's `Coll` event: its parent the call's `CollApi` (v4: the `Group`).
     pub(crate) fn coll(&self, mask: u64, api: Event, group: Event, c: &CollLaunch) -> Event {
+        // Counted whether or not the event starts (every profiled launch), as NCCL counts.
+        let seq = self.seq[func_index(c.func)].fetch_add(1, Ordering::Relaxed);
         if mask & (COLL | BELOW_OPS) == 0 {
             return Event::NONE;
         }
-        let func = func_index(c.func);
-        let seq = self.seq[func].fetch_add(1, Ordering::Relaxed);
         let parent = if self.plugin.version == 4 { group } else { api };
         let mut d = Descr::new(COLL, parent.ptr(), self.rank);
         d.body.coll = abi::Coll {

@@ -52,7 +52,7 @@ unsafe fn all_reduce_by_multimem(a: &Args) {
         multimem_st(at, sum);
         p += stride;
     }
-    let _ = c.lsa_barrier(arch::block_idx()).sync();
+    let _ = barrier.sync();
 }
 
 /// Each rank's window (ncclMemAlloc memory: `COUNT` floats and a poisoned guard) reduced in

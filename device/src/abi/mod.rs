@@ -367,7 +367,7 @@ pub struct DevComm {
 }
 
 /// Launches the profiler's ring of channel stamps holds ([`DevComm::profile_stamps`]).
-pub const PROFILE_LAUNCHES: u32 = 64;
+pub const PROFILE_LAUNCHES: u32 = 1024;
 
 /// One channel (CTA) of a profiled launch, in the GPU's `%globaltimer` nanoseconds: thread 0
 /// stamps `start` first thing, `stop` once the CTA is done, then `seq` (the launch's

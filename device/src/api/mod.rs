@@ -240,6 +240,7 @@ impl DevComm {
             comm: self,
             index,
             rounds: core::cell::Cell::new(0),
+            aborted: core::cell::Cell::new(false),
         }
     }
 
@@ -287,6 +288,8 @@ pub struct LsaBarrier<'a> {
     /// The rounds this CTA's barrier of this index completed (0: not read yet; read from
     /// memory at the first sync, kept here after, so a later sync waits on no load of it).
     rounds: core::cell::Cell<u64>,
+    /// A sync saw the abort: every later one returns `Err` at once.
+    aborted: core::cell::Cell<bool>,
 }
 
 impl LsaBarrier<'_> {
@@ -302,6 +305,9 @@ impl LsaBarrier<'_> {
         let c = self.comm;
         let (n, me, i) = (c.lsa_size, c.lsa_rank, self.index);
         let (count, outcome) = (n as usize, n as usize + 1);
+        if self.aborted.get() {
+            return Err(Aborted); // every thread alike: each set it from the same reduction
+        }
         arch::sync_threads();
         let mine = c.barrier_word(me, i, count);
         if self.rounds.get() == 0 {
@@ -326,10 +332,11 @@ impl LsaBarrier<'_> {
         // Whether some thread saw the abort, in the barrier itself: no load after it.
         let aborted = arch::sync_threads_or(aborted);
         self.rounds.set(round);
+        self.aborted.set(aborted);
         if arch::thread_idx() == 0 {
             arch::st_volatile(mine, round);
             if aborted {
-                // For good: the word is never cleared (a fault report may read it).
+                // Never cleared: the last barrier's outcome, for a fault report.
                 arch::st_volatile(c.barrier_word(me, i, outcome), 1);
             }
         }
