@@ -32,6 +32,7 @@ impl Profiling {
         let bytes = PROFILE_LAUNCHES as usize * MAX_CHANNELS * size_of::<ChannelStamp>();
         let stamps = Arc::new(ChannelStamps {
             mem: device.alloc_host_mem(bytes)?,
+            prof: prof.clone(),
             state: Mutex::new(StampState::default()),
         });
         Ok(Profiling { prof, stamps })
@@ -43,6 +44,8 @@ impl Profiling {
 /// of its CTAs stamped their stop (at the communicator's next timed launch, or when it goes).
 pub(crate) struct ChannelStamps {
     mem: HostMem,
+    /// The context the channels are reported to (kept open until they are: the drop drains).
+    prof: Arc<CommProfiler>,
     state: Mutex<StampState>,
 }
 
@@ -56,7 +59,6 @@ struct StampState {
 /// A timed launch whose channels are not all reported yet.
 struct Pending {
     slot: u32,
-    prof: Arc<CommProfiler>,
     coll: Event,
     /// Per channel, whether its event went out.
     reported: Vec<bool>,
@@ -85,7 +87,7 @@ impl ChannelStamps {
                 }
                 // The times were written before the slot number: read them after it.
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                p.prof.kernel_channel(p.coll, c as u32, word(1), word(2));
+                self.prof.kernel_channel(p.coll, c as u32, word(1), word(2));
                 *done = true;
             }
         }
@@ -108,10 +110,9 @@ impl ChannelStamps {
     }
 
     /// Launch `slot` of `channels` CTAs went out under `coll`.
-    fn launched(&self, slot: u32, channels: u32, prof: &Arc<CommProfiler>, coll: Event) {
+    fn launched(&self, slot: u32, channels: u32, coll: Event) {
         self.lock().pending.push_back(Pending {
             slot,
-            prof: prof.clone(),
             coll,
             reported: vec![false; (channels as usize).min(MAX_CHANNELS)],
         });
@@ -136,6 +137,8 @@ pub(crate) struct Task {
     mask: u64,
     group_api: Event,
     api: Event,
+    /// The call's stream was being captured into a CUDA graph.
+    captured: bool,
 }
 
 impl Task {
@@ -156,17 +159,16 @@ impl Task {
 
     /// Launches collective `c` as `plan` (`launch`): inside a `KernelLaunch` event, then its
     /// `Group` and `Coll` events; where `KernelCh` is asked for (and the stream is not being
-    /// captured), its CTAs stamp their times, reported as the communicator's later launches
-    /// find them.
+    /// captured: a graph's replays would reuse one slot), its CTAs stamp their times,
+    /// reported as the communicator's later launches find them.
     pub(crate) fn launch_coll(
         &self,
         plan: &mut LaunchPlan,
         stream: StreamHandle,
-        capturing: bool,
         c: &CollLaunch,
         launch: impl FnOnce(&LaunchPlan) -> Result<()>,
     ) -> Result<()> {
-        let timed = self.mask & KERNEL_CH != 0 && !capturing;
+        let timed = self.mask & KERNEL_CH != 0 && !self.captured;
         if timed {
             plan.args.profile_slot = self.stamps.next_slot();
         }
@@ -174,8 +176,7 @@ impl Task {
         let g = self.prof.group(self.mask);
         let e = self.prof.coll(self.mask, self.api, g, c);
         if timed {
-            self.stamps
-                .launched(plan.args.profile_slot, plan.grid, &self.prof, e);
+            self.stamps.launched(plan.args.profile_slot, plan.grid, e);
         }
         self.prof.stop(e);
         self.prof.stop(g);
@@ -241,6 +242,7 @@ impl Comm {
             mask,
             group_api,
             api,
+            captured: call.graph_captured,
         })
     }
 
@@ -289,15 +291,20 @@ pub(crate) fn coll_launch(call: &CollCall, plan: &LaunchPlan) -> CollLaunch {
 /// connections it is spread over).
 pub(crate) fn p2p_launch(op: &P2pOp, count: usize, dt: DataType, conns: usize) -> P2pLaunch {
     P2pLaunch {
-        func: match op.dir {
-            Dir::Send => c"Send",
-            Dir::Recv => c"Recv",
-        },
+        func: p2p_name(op.dir),
         buff: op.buff as usize as *mut c_void,
         datatype: datatype_name(dt),
         count,
         peer: op.peer as i32,
         channels: conns as u32,
+    }
+}
+
+/// NCCL's name of a send or a receive.
+pub(crate) fn p2p_name(dir: Dir) -> &'static CStr {
+    match dir {
+        Dir::Send => c"Send",
+        Dir::Recv => c"Recv",
     }
 }
 

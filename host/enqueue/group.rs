@@ -28,11 +28,20 @@ pub fn start() {
     group_scope::open();
 }
 
-/// Opens a group around one call outside any group (a profiled call: its events then come
-/// as NCCL's, which wraps every call in a group); closed with [`end_inline`].
-pub(crate) fn start_own() {
+/// Runs `call` (an API call of `comm`) in a group of its own where it is outside any group and
+/// a profiler plugin listens, as NCCL wraps every call, so that its events come as NCCL's
+/// (a `GroupApi` around it); else as it is.
+pub(crate) fn own_if_profiled(
+    comm: &crate::comm::Comm,
+    call: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if depth() > 0 || !comm.profiling() {
+        return call();
+    }
     group_scope::open();
     group_scope::with(|g| g.own = true);
+    let r = call();
+    r.and(end_inline())
 }
 
 /// Runs a send or receive now (a group of one), or with the group's others at its end.

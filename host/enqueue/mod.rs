@@ -101,12 +101,7 @@ pub(crate) fn left_out(name: &str) -> Error {
 /// plan (the communicator's) launches now or when the group ends. Where a profiler plugin
 /// listens, a call outside any group is a group of its own (its events as NCCL's).
 pub fn collective(comm: &Comm, call: CollCall) -> Result<()> {
-    if group::depth() == 0 && comm.profiling() {
-        group::start_own();
-        let r = in_group(comm, call);
-        return r.and(group::end_inline());
-    }
-    in_group(comm, call)
+    group::own_if_profiled(comm, || in_group(comm, call))
 }
 
 fn in_group(comm: &Comm, call: CollCall) -> Result<()> {
@@ -153,12 +148,9 @@ fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Res
         return group::ordered(Box::new(move || launcher.launch(&plan, stream)));
     };
     let launched = coll_launch(call, &plan);
-    let capturing = comm.device().stream_capturing(stream)?;
     group::ordered(Box::new(move || {
         let mut plan = plan;
-        task.launch_coll(&mut plan, stream, capturing, &launched, |p| {
-            launcher.launch(p, stream)
-        })
+        task.launch_coll(&mut plan, stream, &launched, |p| launcher.launch(p, stream))
     }))
 }
 

@@ -16,7 +16,7 @@
 use super::group;
 use crate::comm::call::P2pOp;
 use crate::comm::graph_reg;
-use crate::comm::profile::{p2p_launch, Task};
+use crate::comm::profile::{p2p_launch, p2p_name, Task};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::proxy::timeline::{self, Mark};
@@ -75,34 +75,17 @@ pub fn submit(
             super::check_buffer(comm, what, buff, bytes, dt)?;
         }
         let mut op = comm.p2p_op(dir, buff, bytes, peer, stream)?;
-        let task = comm.profile_call(true, || comm.api_call(c_name(dir), count, dt, 0, stream));
+        let task = comm.profile_call(true, || comm.api_call(p2p_name(dir), count, dt, 0, stream));
         if let Some(t) = &task {
             t.queued();
         }
         op.profile = task.map(|t| (t, count, dt));
         Ok(op)
     };
-    // Where a profiler plugin listens, a call outside any group is a group of its own.
-    let own_group = group::depth() == 0 && comm.profiling();
-    if own_group {
-        group::start_own();
-    }
-    let r = match checked() {
+    group::own_if_profiled(comm, || match checked() {
         Ok(op) => group::p2p(op),
         Err(e) => Err(group::record_error(e.context(what))),
-    };
-    match own_group {
-        true => r.and(group::end_inline()),
-        false => r,
-    }
-}
-
-/// NCCL's name of a send or a receive, for the profiler.
-fn c_name(dir: Dir) -> &'static std::ffi::CStr {
-    match dir {
-        Dir::Send => c"Send",
-        Dir::Recv => c"Recv",
-    }
+    })
 }
 
 /// Least bytes a connection to a peer on another node carries of a message: every connection
