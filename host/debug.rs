@@ -9,7 +9,7 @@
 //! What NCCL's logger does, and so this one:
 //!
 //! - `NCCL_DEBUG` (case-insensitive): unset or unknown: nothing; `VERSION`: only the line
-//!   `NCCL version 2.28.9 (nccl-rs)` when the first communicator is created; `WARN`: that line
+//!   `NCCL version 2.29.7 (nccl-rs)` when the first communicator is created; `WARN`: that line
 //!   and warnings; `INFO`: warnings and information; `ABORT`: as `INFO`, and the first warning
 //!   aborts the process (a core dump at the first sign of trouble); `TRACE`: everything.
 //! - `NCCL_DEBUG_SUBSYS`: a comma list of `INIT, COLL, P2P, SHM, NET, GRAPH, TUNING, ENV, ALLOC,

@@ -224,6 +224,8 @@ params! {
         "kernels a communicator's first window registration or device communicator loads (once per GPU and process) besides those whose SASS the build embedded, which it always loads: a comma-separated list of entry-name prefixes (nccl_all_reduce_float_sum, nccl_p2p, ...; 'all' for every one), JIT-compiled from their PTX; 0: none, not even the SASS ones. A kernel loaded later, on first use, makes CUDA wait for the GPU's running kernels: behind a held ncclWaitSignal that can deadlock";
     RS_SASS = "1",
         "0: kernels are JIT-compiled from their PTX even where the build embedded SASS for the device (NCCL_RS_PTXAS at build time)";
+    CUMEM_ENABLE = "1",
+        "0: the p2p transport's connection blocks come from cuMemAlloc and reach ranks in other processes by CUDA IPC handles, and ncclCommSuspend refuses (nothing can be released at a kept address); 1: blocks of 1 MiB and more come from CUDA's virtual memory API, suspendable";
     RS_VMM_IPC = "1",
         "0: registered buffers of CUDA's virtual memory API (ncclMemAlloc) are not exported to, nor mapped from, ranks in other processes by their POSIX descriptors (passed over a Unix socket, else pidfd_getfd), so messages between such ranks into them copy through the FIFOs";
     GRAPH_REGISTER = "1",

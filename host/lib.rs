@@ -162,6 +162,7 @@ pub use bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 pub use comm::dev_api::{DevCommRequirements, DeviceComm, DeviceWindow};
 pub use comm::onesided::SignalWait;
 pub use comm::register::RegHandle;
+pub use comm::suspend::SUSPEND_MEM;
 pub use comm::{
     AbortHandle, Comm, Config, GinType, PendingComm, Properties, ResolvedConfig,
     CTA_POLICY_DEFAULT, CTA_POLICY_EFFICIENCY, CTA_POLICY_ZERO, SHRINK_ABORT, SHRINK_DEFAULT,
@@ -176,9 +177,9 @@ pub use tune::{Algo, Choice as TuningChoice, Coll, Proto};
 
 /// The newest NCCL release whose whole host API this library implements (`ncclGetVersion`:
 /// major*10000 + minor*100 + patch); README.md lists what later releases added that it lacks.
-pub const VERSION: i32 = 22809;
+pub const VERSION: i32 = 22907;
 /// [`VERSION`] as text.
-pub const VERSION_STRING: &str = "2.28.9";
+pub const VERSION_STRING: &str = "2.29.7";
 
 /// The device code as PTX, one text per GPU architecture.
 pub(crate) mod ptx {

@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 29
+#define NCCL_PATCH 7
 #define NCCL_SUFFIX ""
 
 /* Versions up to 2.8 were encoded X*1000+Y*100+Z, later ones X*10000+Y*100+Z. */
@@ -391,8 +391,16 @@ ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclCo
 ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
                              cudaStream_t stream);
 
-/* NCCL 2.29: the device memory a communicator holds. nccl-rs has no ncclCommSuspend yet: what
- * a suspend would release (ncclStatGpuMemSuspend) is 0, and all of it persists. */
+/* NCCL 2.29: release a communicator's connection memory while it is idle, and take it back.
+ * Both are collective; in between, every operation on the communicator is ncclInvalidUsage. */
+#define NCCL_SUSPEND_MEM 0x01
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t pncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
+ncclResult_t pncclCommResume(ncclComm_t comm);
+
+/* NCCL 2.29: the device memory a communicator holds: what ncclCommSuspend releases, whether it
+ * is released now, what persists, and the total. */
 typedef enum {
   ncclStatGpuMemSuspend = 0,
   ncclStatGpuMemSuspended = 1,

@@ -143,6 +143,7 @@ export! {
 /// `ncclCommProperties_t` of NCCL 2.29 (its device header `nccl_device/core.h`): a header (size,
 /// magic, version), then what 2.29.2 defined; from 2.29.4 three fields more.
 #[repr(C)]
+#[allow(missing_docs)] // NCCL's fields, named as in its header (snake case here).
 pub struct CommProperties {
     pub size: usize,
     pub magic: std::ffi::c_uint,
@@ -218,21 +219,46 @@ export! {
 
 export! {
     /// `ncclCommMemStats` (NCCL 2.29): the device memory this communicator holds
-    /// (`Comm::device_memory`). `stat` 0 (`ncclStatGpuMemSuspend`, what a suspend would
-    /// release) and 1 (`ncclStatGpuMemSuspended`) are 0: nccl-rs has no `ncclCommSuspend`
-    /// yet, so all of it is 2 (`ncclStatGpuMemPersist`) and 3 (`ncclStatGpuMemTotal`).
+    /// (`Comm::device_memory`): 0 `ncclStatGpuMemSuspend`, what `ncclCommSuspend` releases
+    /// (the connections' blocks of CUDA's virtual memory API); 1 `ncclStatGpuMemSuspended`,
+    /// whether it is released now; 2 `ncclStatGpuMemPersist`, the rest; 3
+    /// `ncclStatGpuMemTotal`, both (suspended or not, as NCCL counts it).
     fn ncclCommMemStats / pncclCommMemStats(comm: NcclComm, stat: c_int, value: *mut u64) {
         let out = value.as_mut().ok_or_else(|| null("value"))?;
         let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        let total = c.device_memory() as u64;
+        let suspendable = (c.suspendable_memory() as u64).min(total);
         *out = match stat {
-            0 | 1 => 0,
-            2 | 3 => c.device_memory() as u64,
+            0 => suspendable,
+            1 => u64::from(c.is_suspended()),
+            2 => total - suspendable,
+            3 => total,
             s => {
                 return Err(Error::invalid_argument(format!(
                     "ncclCommMemStats: stat {s} is none of ncclCommMemStat_t's (0 to 3)"
                 )))
             }
         };
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommSuspend` (NCCL 2.29): with `NCCL_SUSPEND_MEM` releases the device memory of
+    /// the communicator's connections until `ncclCommResume` (`comm/suspend.rs`). Collective.
+    fn ncclCommSuspend / pncclCommSuspend(comm: NcclComm, flags: c_int) {
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        c.suspend(flags as u32)?;
+        Ok(NcclResult::Success)
+    }
+}
+
+export! {
+    /// `ncclCommResume` (NCCL 2.29): takes back what `ncclCommSuspend` released, at the same
+    /// addresses. Collective.
+    fn ncclCommResume / pncclCommResume(comm: NcclComm) {
+        let (c, _) = coll_comm(comm, std::ptr::null_mut())?;
+        c.resume()?;
         Ok(NcclResult::Success)
     }
 }

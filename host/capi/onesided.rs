@@ -9,9 +9,13 @@ use crate::comm::onesided::SignalWait;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct WaitSignalDesc {
+    /// How many signals from `peer` to wait for.
     pub op_cnt: c_int,
+    /// The rank whose signals are awaited.
     pub peer: c_int,
+    /// Reserved: 0.
     pub sig_idx: c_int,
+    /// Reserved: 0.
     pub ctx: c_int,
 }
 

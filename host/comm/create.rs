@@ -163,9 +163,10 @@ impl Comm {
         // Before the connection exchange, so every member in this process joins before any
         // can leave.
         let keep = keepalive::join(comm_id);
-        let rings_made = connect_rings(&j, &plan, &addrs)?;
+        let ledger = Arc::new(Ledger::new());
+        let rings_made = connect_rings(&j, &plan, &addrs, &ledger)?;
         let order = Arc::new(order::StreamOrder::new(j.device.clone()));
-        let maker = LinkMaker::new(&j, &addrs, plan.net_path.clone(), &order);
+        let maker = LinkMaker::new(&j, &addrs, plan.net_path.clone(), &order, &ledger);
         let links = Arc::new(maker.make(
             p2p_conns(&plan.shape, nranks),
             plan.shape.p2p_slot_bytes as usize,
@@ -264,6 +265,7 @@ impl Comm {
             order,
             dev_comm,
             ring_resources: rings_made.resources,
+            ledger,
             kernels: Mutex::new(HashMap::new()),
             aborted: Arc::new(AtomicBool::new(false)),
             init_bytes: free_before.saturating_sub(free_after),
@@ -473,7 +475,12 @@ fn ring_peers(j: &Joined, plan: &Plan) -> Vec<(usize, usize)> {
 /// Stage 5: the rings' connections to both neighbours of every channel, in one round of
 /// every transport (none with a single rank). Per channel: a send to the next rank, a
 /// receive from the previous one, keyed by the channel.
-fn connect_rings(j: &Joined, plan: &Plan, addrs: &[PeerAddr]) -> Result<transport::Made> {
+fn connect_rings(
+    j: &Joined,
+    plan: &Plan,
+    addrs: &[PeerAddr],
+    ledger: &Ledger,
+) -> Result<transport::Made> {
     if j.nranks == 1 {
         return Ok(transport::Made::default());
     }
@@ -502,6 +509,7 @@ fn connect_rings(j: &Joined, plan: &Plan, addrs: &[PeerAddr]) -> Result<transpor
         bootstrap: &j.bootstrap,
         peers: addrs,
         net: plan.net_path.as_deref(),
+        ledger,
     };
     let set = Set::Ring {
         nchannels: plan.shape.nchannels as usize,
@@ -532,6 +540,7 @@ struct LinkMaker {
     addrs: Vec<PeerAddr>,
     net: Option<Arc<NetPath>>,
     fences: crate::transport::links::Fences,
+    ledger: Arc<Ledger>,
 }
 
 impl LinkMaker {
@@ -540,6 +549,7 @@ impl LinkMaker {
         addrs: &[PeerAddr],
         net: Option<Arc<NetPath>>,
         order: &Arc<order::StreamOrder>,
+        ledger: &Arc<Ledger>,
     ) -> LinkMaker {
         // A communicator being dropped has waited for its kernels: nothing to fence.
         let order = Arc::downgrade(order);
@@ -550,6 +560,7 @@ impl LinkMaker {
             addrs: addrs.to_vec(),
             net,
             fences: Arc::new(move || order.upgrade().map_or(Ok(None), |o| o.fence())),
+            ledger: ledger.clone(),
         }
     }
 
@@ -564,6 +575,7 @@ impl LinkMaker {
             self.net.clone(),
         )
         .with_fences(self.fences.clone())
+        .with_ledger(self.ledger.clone())
     }
 }
 

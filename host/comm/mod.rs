@@ -42,6 +42,7 @@ mod share;
 mod shared;
 mod split;
 mod stamps;
+pub mod suspend;
 mod transports;
 mod tree;
 pub mod tuning;
@@ -69,6 +70,7 @@ use crate::graph::Transport;
 use crate::transport::links::Links;
 use crate::transport::net::NetPath;
 use crate::transport::p2p::PeerAddr;
+use crate::transport::suspend::Ledger;
 use crate::transport::{Dir, Resources};
 use nccl_device::abi::{ChannelDev, Coll, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
@@ -111,6 +113,8 @@ pub struct Comm {
     /// The memory behind the rings' connections, whichever transports made them (p2p blocks
     /// and mappings, SHM segments; the network's live with the proxy).
     ring_resources: Resources,
+    /// The connection memory `ncclCommSuspend` releases (see [`suspend`]).
+    ledger: Arc<Ledger>,
     kernels: Mutex<HashMap<(Coll, DataType, RedOpKind), Kernel>>,
     /// Set by `abort` (shared with [`AbortHandle`]s).
     aborted: Arc<AtomicBool>,
@@ -417,6 +421,11 @@ impl Comm {
         }
         if self.aborted.load(Ordering::Acquire) {
             return Err(Error::invalid_usage("the communicator was aborted"));
+        }
+        if self.ledger.is_suspended() {
+            return Err(Error::invalid_usage(
+                "the communicator is suspended (ncclCommSuspend): ncclCommResume first",
+            ));
         }
         if self.finalized.load(Ordering::Acquire) {
             return Err(Error::invalid_usage(

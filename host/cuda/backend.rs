@@ -14,9 +14,12 @@ use crate::error::Result;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 /// Every seam: what `super::Device` needs of a backend.
-pub(crate) trait Backend: Context + Memory + Sharing + Streams + Capture + Kernels {}
+pub(crate) trait Backend:
+    Context + Memory + Sharing + Suspending + Streams + Capture + Kernels
+{
+}
 
-impl<T: Context + Memory + Sharing + Streams + Capture + Kernels> Backend for T {}
+impl<T: Context + Memory + Sharing + Suspending + Streams + Capture + Kernels> Backend for T {}
 
 /// The device itself: making it current, what it is, waiting for it.
 pub(crate) trait Context: Send + Sync {
@@ -90,6 +93,22 @@ pub(crate) trait Sharing {
     fn vmm_import(&self, fd: BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)>;
     /// Unmaps what [`Sharing::vmm_import`] mapped.
     fn vmm_unmap(&self, ptr: DevPtr, bytes: usize, handle: u64) -> Result<()>;
+}
+
+/// The physical memory behind VMM mappings released and regained while their address ranges
+/// stay reserved (`ncclCommSuspend` / `ncclCommResume`): kernels, graphs and peers keep the
+/// addresses they hold. Between the two, the range is mapped to nothing, and any access faults.
+pub(crate) trait Suspending {
+    /// Releases the memory of [`Sharing::alloc_vmm`]'s allocation at `p` (the whole of it).
+    fn vmm_evict(&self, p: DevPtr) -> Result<()>;
+    /// New memory (its contents undefined) for the evicted allocation at `p`, mapped where it
+    /// was, with the access it had.
+    fn vmm_restore(&self, p: DevPtr) -> Result<()>;
+    /// Unmaps and releases the peer's allocation [`Sharing::vmm_import`] mapped at `p`.
+    fn vmm_detach(&self, p: DevPtr, bytes: usize) -> Result<()>;
+    /// Maps the peer's allocation behind descriptor `fd` at `p`, where a detached mapping of
+    /// `bytes` was.
+    fn vmm_reattach(&self, fd: BorrowedFd<'_>, p: DevPtr, bytes: usize) -> Result<()>;
 }
 
 /// Streams and events.

@@ -10,7 +10,9 @@
 //! thread that answers requests on it: a peer connects, sends the key, and receives the
 //! descriptor as `SCM_RIGHTS` ancillary data (or a refusal when the key is not offered now).
 //! The withdrawal of the last offer stops that thread (woken by an eventfd, joined) and closes
-//! the listener, so a process keeps no thread nor socket once its registrations are gone. The
+//! the listener, so a process keeps no thread nor socket once its registrations are gone (and
+//! its communicators whose connection blocks peer processes map: those stay on offer while
+//! the communicator lives, offered anew by `ncclCommResume`). The
 //! [`Ticket`] a peer needs (pid, namespace, start time, socket name's number, key, and the
 //! descriptor's number in the owner) travels in the registration record over the bootstrap.
 //!

@@ -147,6 +147,32 @@ impl Device {
         }
     }
 
+    /// Releases the memory of the [`Device::alloc_vmm`] allocation at `p`, its address range
+    /// kept (see [`super::backend::Suspending`]); the allocation's exports must be gone.
+    pub(crate) fn vmm_evict(&self, p: DevPtr) -> Result<()> {
+        dispatch!(self.vmm_evict(p))
+    }
+
+    /// New memory (contents undefined) where the allocation evicted at `p` was.
+    pub(crate) fn vmm_restore(&self, p: DevPtr) -> Result<()> {
+        dispatch!(self.vmm_restore(p))
+    }
+
+    /// Unmaps the peer's allocation a [`VmmMapping`] holds at `p` (`bytes`), its range kept.
+    pub(crate) fn vmm_detach(&self, p: DevPtr, bytes: usize) -> Result<()> {
+        dispatch!(self.vmm_detach(p, bytes))
+    }
+
+    /// Maps the peer's allocation behind `fd` where a detached mapping of `bytes` is at `p`.
+    pub(crate) fn vmm_reattach(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        p: DevPtr,
+        bytes: usize,
+    ) -> Result<()> {
+        dispatch!(self.vmm_reattach(fd, p, bytes))
+    }
+
     crate::internal! {
         /// Maps a peer process's buffer; unmapped when the mapping drops.
         fn open_ipc(&self, handle: &[u8; 64]) -> Result<IpcMapping> {

@@ -72,6 +72,8 @@ pub struct Links {
     /// Makes a fence behind the communicator's launched kernels: a peer's withdrawn buffer is
     /// unmapped once it has passed ([`Links::with_fences`]).
     fences: Option<Fences>,
+    /// The communicator's suspendable connection memory, which our blocks join.
+    ledger: Arc<super::suspend::Ledger>,
 }
 
 /// See [`Links::with_fences`].
@@ -88,6 +90,7 @@ impl Links {
         net: Option<Arc<NetPath>>,
     ) -> Links {
         let mut links = Links {
+            ledger: Arc::new(super::suspend::Ledger::new()),
             rank,
             device,
             bootstrap,
@@ -108,6 +111,13 @@ impl Links {
         };
         links.any_reg_peer = (0..links.peers.len()).any(|p| links.maps_our_buffers(p));
         links
+    }
+
+    /// Lists our suspendable blocks in `ledger`, the communicator's (a ledger of their own
+    /// otherwise, which no suspend reaches).
+    pub(crate) fn with_ledger(mut self, ledger: Arc<super::suspend::Ledger>) -> Links {
+        self.ledger = ledger;
+        self
     }
 
     /// Gives every connection made from here on inside the node an LL FIFO of its own
@@ -488,6 +498,7 @@ impl Links {
             bootstrap: &self.bootstrap,
             peers: &self.peers,
             net: self.net.as_deref(),
+            ledger: &self.ledger,
         }
     }
 

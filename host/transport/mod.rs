@@ -17,6 +17,7 @@ pub(crate) mod net;
 pub mod p2p;
 pub mod regmap;
 pub mod shm;
+pub(crate) mod suspend;
 
 use crate::bootstrap::Bootstrap;
 use crate::cuda::Device;
@@ -96,6 +97,8 @@ pub(crate) struct Ctx<'a> {
     pub bootstrap: &'a Arc<Bootstrap>,
     pub peers: &'a [PeerAddr],
     pub net: Option<&'a net::NetPath>,
+    /// This rank's suspendable connection memory.
+    pub ledger: &'a suspend::Ledger,
 }
 
 /// The memory behind connections (blocks, mappings, segments), whichever transports made it:

@@ -10,8 +10,10 @@
 //! receiving side's holds its tail lines and FIFOs, the sending side's its head lines, each
 //! published to that peer alone.
 
+use super::suspend::{any_other_process, Ledger};
 use super::{Conn, Ctx, Dir, Made, Resources, Set, Setup, Transport, Want};
-use crate::cuda::{DevBuffer, DevPtr, Device, IpcMapping};
+use crate::cuda::fdpass::{Ticket, TICKET_BYTES};
+use crate::cuda::{DevBuffer, DevPtr, Device};
 use crate::error::{Error, Result};
 use crate::graph::Transport as Kind;
 use nccl_device::abi::{
@@ -105,34 +107,58 @@ pub struct PeerAddr {
     pub transport: crate::graph::Transport,
 }
 
-/// What one rank publishes about a block of its device memory.
-const EXPORT_BYTES: usize = 64 + 8;
+/// What one rank publishes about a block of its device memory: what the block is to peers of
+/// other processes (one of the `REC_*` kinds, then an IPC handle or a descriptor's ticket), its
+/// address (for peers of this process) and the bytes a VMM block maps.
+const EXPORT_BYTES: usize = 1 + 64 + 8 + 8;
+/// Plain memory: a CUDA IPC handle follows.
+const REC_IPC: u8 = 0;
+/// Memory of the virtual memory API, its descriptor on offer: the ticket follows.
+const REC_VMM: u8 = 1;
+/// Memory only peers of this process reach (a VMM block no other process maps).
+const REC_LOCAL: u8 = 2;
 
-/// The record that lets a peer reach `buf`: an IPC handle (for other processes) and the address
-/// (for peers in this process).
-pub fn export(device: &Device, buf: &DevBuffer) -> Result<Vec<u8>> {
+/// A peer's block mapped into this process: held as long as the connections using it.
+pub type PeerMapping = Box<dyn std::any::Any + Send + Sync>;
+
+/// The record that lets a peer reach `buf`, a block `ledger` made.
+pub(crate) fn export(device: &Device, ledger: &Ledger, buf: &DevBuffer) -> Result<Vec<u8>> {
     let mut e = vec![0u8; EXPORT_BYTES];
-    e[..64].copy_from_slice(&device.ipc_handle(buf)?);
-    e[64..].copy_from_slice(&buf.ptr.to_le_bytes());
+    if let Some((ticket, bytes)) = ledger.ticket(buf.ptr) {
+        e[0] = REC_VMM;
+        e[1..1 + TICKET_BYTES].copy_from_slice(&ticket.encode());
+        e[73..81].copy_from_slice(&(bytes as u64).to_le_bytes());
+    } else if ledger.owns(buf.ptr) {
+        e[0] = REC_LOCAL;
+    } else {
+        e[0] = REC_IPC;
+        e[1..65].copy_from_slice(&device.ipc_handle(buf)?);
+    }
+    e[65..73].copy_from_slice(&buf.ptr.to_le_bytes());
     Ok(e)
 }
 
-/// Makes a peer's exported block addressable from `device`: peer access in this process, an
-/// IPC mapping (returned, to be kept alive) across processes. The block must hold the `needed`
-/// bytes our layout addresses in it (the kernels address it from our layout, not from the
-/// record): a shorter one is `ncclRemoteError` and nothing is kept mapped.
-pub fn import(
+/// Makes rank `owner`'s exported block addressable from `device`: peer access in this
+/// process; across processes an IPC mapping, or the block's descriptor mapped (and listed in
+/// `ledger`, to be remapped on resume). The block must hold the `needed` bytes our layout
+/// addresses in it (the kernels address it from our layout, not from the record): a shorter one
+/// is `ncclRemoteError` and nothing is kept mapped.
+pub(crate) fn import(
     device: &Device,
+    ledger: &Ledger,
+    owner: usize,
     peer: &PeerAddr,
     record: &[u8],
     needed: usize,
-) -> Result<(DevPtr, Option<IpcMapping>)> {
+) -> Result<(DevPtr, Option<PeerMapping>)> {
     if record.len() != EXPORT_BYTES {
         return Err(Error::remote(format!(
             "malformed p2p connection record ({} bytes)",
             record.len()
         )));
     }
+    let word = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or([0; 8]));
+    let addr = word(65);
     if peer.same_process {
         let other = Device::open(peer.device)?;
         if other.ordinal != device.ordinal {
@@ -144,30 +170,48 @@ pub fn import(
             }
             device.enable_peer_access(&other)?;
         }
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&record[64..72]);
-        let p = u64::from_le_bytes(a);
         // In this process the address must be device memory we know, holding the block.
-        match device.pointer_extent(p, needed)? {
-            Some((_, held)) => check_block(p, held, needed)?,
+        match device.pointer_extent(addr, needed)? {
+            Some((_, held)) => check_block(addr, held, needed)?,
             None => {
                 return Err(Error::remote(format!(
-                    "p2p connection record names {p:#x}, which is no device memory of this \
+                    "p2p connection record names {addr:#x}, which is no device memory of this \
                      process"
                 )))
             }
         }
-        return Ok((p, None));
+        return Ok((addr, None));
     }
-    let mut handle = [0u8; 64];
-    handle.copy_from_slice(&record[..64]);
-    let m = device.open_ipc(&handle)?;
+    let (ptr, mapping): (DevPtr, PeerMapping) = match record[0] {
+        REC_IPC => {
+            let mut handle = [0u8; 64];
+            handle.copy_from_slice(&record[1..65]);
+            let m = device.open_ipc(&handle)?;
+            (m.ptr, Box::new(m))
+        }
+        REC_VMM => {
+            let mut t = [0u8; TICKET_BYTES];
+            t.copy_from_slice(&record[1..1 + TICKET_BYTES]);
+            let bytes = word(73) as usize;
+            if bytes < needed {
+                return Err(check_block(addr, bytes, needed).unwrap_err());
+            }
+            let m = ledger.map_peer(device, owner, addr, &Ticket::decode(&t), bytes)?;
+            (m.ptr, Box::new(m))
+        }
+        k => {
+            return Err(Error::remote(format!(
+                "p2p connection record of kind {k}: rank {owner}'s block is not exported to \
+                 other processes"
+            )))
+        }
+    };
     // What the mapping holds; where the backend cannot tell, nothing is refused (as for
-    // buffers of unknown extent). A refused mapping is closed as `m` drops.
-    if let Some((_, held)) = device.pointer_extent(m.ptr, needed)? {
-        check_block(m.ptr, held, needed)?;
+    // buffers of unknown extent). A refused mapping is closed as it drops.
+    if let Some((_, held)) = device.pointer_extent(ptr, needed)? {
+        check_block(ptr, held, needed)?;
     }
-    Ok((m.ptr, Some(m)))
+    Ok((ptr, Some(mapping)))
 }
 
 /// A peer's block at `p` holding `held` bytes, where our layout addresses `needed`.
@@ -244,8 +288,11 @@ impl RingSetup {
                 w.key, layout.nchannels
             )));
         }
-        let own = cx.device.alloc(layout.total())?;
-        let all = cx.bootstrap.allgather(&export(cx.device, &own)?)?;
+        let exported = any_other_process(cx.peers);
+        let own = cx.ledger.alloc(cx.device, layout.total(), exported)?;
+        let all = cx
+            .bootstrap
+            .allgather(&export(cx.device, cx.ledger, &own)?)?;
         Ok(RingSetup {
             layout,
             own,
@@ -277,7 +324,7 @@ impl Setup for RingSetup {
                 .get(r)
                 .filter(|_| r < peers.len())
                 .ok_or_else(|| Error::remote(format!("no p2p connection record from rank {r}")))?;
-            let (p, m) = import(cx.device, &peers[r], e, l.total())
+            let (p, m) = import(cx.device, cx.ledger, r, &peers[r], e, l.total())
                 .map_err(|err| err.context(format!("rank {r}'s buffers")))?;
             mappings.extend(m);
             mapped[r] = Some(p);
@@ -401,8 +448,10 @@ impl LinkSetup {
                 Dir::Recv => TAG_RECV_BLOCK,
                 Dir::Send => TAG_SEND_CTRL,
             };
-            let own = cx.device.alloc(block.bytes(dir))?;
-            cx.bootstrap.send(peer, tag, &export(cx.device, &own)?)?;
+            let exported = any_other_process([&cx.peers[peer]]);
+            let own = cx.ledger.alloc(cx.device, block.bytes(dir), exported)?;
+            cx.bootstrap
+                .send(peer, tag, &export(cx.device, cx.ledger, &own)?)?;
             sides.push((peer, dir, ws, own));
         }
         Ok(LinkSetup { block, sides })
@@ -423,8 +472,9 @@ impl Setup for LinkSetup {
                 .bootstrap
                 .recv(peer, tag)
                 .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
+            let needed = self.block.needed(dir);
             let (theirs, mapping) =
-                import(cx.device, &cx.peers[peer], &record, self.block.needed(dir))
+                import(cx.device, cx.ledger, peer, &cx.peers[peer], &record, needed)
                     .map_err(|e| e.context(format!("rank {peer}'s connection")))?;
             for w in ws {
                 made.conns.push((w, self.block.conn(&w, own.ptr, theirs)?));
@@ -446,8 +496,9 @@ mod tests {
     fn a_block_smaller_than_its_connections_is_refused() {
         let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
         let dev = Device::open(0).expect("device 0");
+        let ledger = Ledger::new();
         let block = dev.alloc(4096).expect("alloc");
-        let record = export(&dev, &block).expect("export");
+        let record = export(&dev, &ledger, &block).expect("export");
         for same_process in [false, true] {
             let peer = PeerAddr {
                 device: 0,
@@ -455,7 +506,7 @@ mod tests {
                 transport: crate::graph::Transport::P2p,
             };
             for needed in [4097, 1 << 30] {
-                let e = match import(&dev, &peer, &record, needed) {
+                let e = match import(&dev, &ledger, 1, &peer, &record, needed) {
                     Err(e) => e,
                     Ok(_) => panic!("a 4096-byte block imported for {needed} bytes"),
                 };
@@ -466,18 +517,18 @@ mod tests {
                     "{e}"
                 );
             }
-            let (p, m) = import(&dev, &peer, &record, 4096).expect("what it holds");
+            let (p, m) = import(&dev, &ledger, 1, &peer, &record, 4096).expect("what it holds");
             assert_eq!(p == block.ptr, same_process);
             drop(m);
         }
         let mut forged = record.clone();
-        forged[64..].copy_from_slice(&0x10u64.to_le_bytes());
+        forged[65..73].copy_from_slice(&0x10u64.to_le_bytes());
         let peer = PeerAddr {
             device: 0,
             same_process: true,
             transport: crate::graph::Transport::P2p,
         };
-        let e = match import(&dev, &peer, &forged, 8) {
+        let e = match import(&dev, &ledger, 1, &peer, &forged, 8) {
             Err(e) => e,
             Ok(_) => panic!("an address that is no device memory was taken"),
         };

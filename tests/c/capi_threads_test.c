@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,30 @@ static void *rank_thread(void *arg) {
              value(from, i, round));
     expect_tail("sendrecv", rank, r, count);
     wait_all();
+    if (round == 1) {
+      /* NCCL 2.29: every rank suspends (its connection memory given back), is refused
+         operations, and resumes; the rounds after run as before. */
+      uint64_t suspendable = 0, persist = 0, total = 0, suspended = 7;
+      CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspend, &suspendable));
+      CHECK(ncclCommMemStats(comm, ncclStatGpuMemPersist, &persist));
+      CHECK(ncclCommMemStats(comm, ncclStatGpuMemTotal, &total));
+      EXPECT(suspendable > 0 && suspendable + persist == total,
+             "rank %d: suspendable %llu + persist %llu != total %llu", rank,
+             (unsigned long long)suspendable, (unsigned long long)persist,
+             (unsigned long long)total);
+      CHECK(ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
+      CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspended, &suspended));
+      EXPECT(suspended == 1, "rank %d: suspended %llu", rank, (unsigned long long)suspended);
+      EXPECT(ncclAllReduce(s, r, count, ncclFloat, ncclSum, comm, NULL) == ncclInvalidUsage,
+             "rank %d: an AllReduce while suspended", rank);
+      EXPECT(ncclCommSuspend(comm, NCCL_SUSPEND_MEM) == ncclInvalidUsage,
+             "rank %d: a second suspend", rank);
+      CHECK(ncclCommResume(comm));
+      CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspended, &suspended));
+      EXPECT(suspended == 0, "rank %d: suspended %llu after resume", rank,
+             (unsigned long long)suspended);
+      EXPECT(ncclCommResume(comm) == ncclInvalidUsage, "rank %d: a second resume", rank);
+    }
   }
   return NULL;
 }

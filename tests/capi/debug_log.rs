@@ -187,7 +187,7 @@ fn info_to_a_file_without_excluded_subsystems() {
     );
     // The library's own lines: the version (every subsystem), not the parameters (ENV).
     assert!(
-        has(&lines, "NCCL INFO NCCL version 2.28.9 (nccl-rs)"),
+        has(&lines, "NCCL INFO NCCL version 2.29.7 (nccl-rs)"),
         "{log}"
     );
     assert!(
@@ -227,7 +227,7 @@ fn listed_subsystems_only_on_stdout() {
             .any(|l| l.contains("NCCL INFO NCCL_DEBUG_SUBSYS set to ENV,NET")),
         "the library's ENV lines:\n{stdout}"
     );
-    assert!(has(&lines, "NCCL version 2.28.9 (nccl-rs)"), "{stdout}");
+    assert!(has(&lines, "NCCL version 2.29.7 (nccl-rs)"), "{stdout}");
 }
 
 /// The pid field of a line (the child's).
@@ -248,7 +248,7 @@ fn version_prints_only_the_version() {
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
     assert_eq!(
         nccl_lines(&stdout),
-        ["NCCL version 2.28.9 (nccl-rs)"],
+        ["NCCL version 2.29.7 (nccl-rs)"],
         "{stdout}"
     );
     assert!(nccl_lines(&stderr).is_empty(), "{stderr}");
@@ -299,7 +299,7 @@ fn an_application_logger_is_kept() {
         let seen = SEEN.lock().unwrap();
         assert!(
             seen.iter()
-                .any(|s| s == "nccl::ALL NCCL version 2.28.9 (nccl-rs)"),
+                .any(|s| s == "nccl::ALL NCCL version 2.29.7 (nccl-rs)"),
             "{seen:?}"
         );
         return;
@@ -337,5 +337,5 @@ fn an_application_env_logger_installed_first_stays() {
         stdout.contains("the application logs after nccl"),
         "{stdout}"
     );
-    assert!(stdout.contains("NCCL version 2.28.9 (nccl-rs)"), "{stdout}");
+    assert!(stdout.contains("NCCL version 2.29.7 (nccl-rs)"), "{stdout}");
 }

@@ -131,6 +131,19 @@ pub enum FirstUse {
 /// Captures every rank's work into a graph on `ranks.streams`, and replays it `replays` times
 /// with direct calls on other streams in between; then finalizes.
 pub fn capture_and_replay(ranks: &Ranks, replays: usize, first: FirstUse) -> Result<(), String> {
+    capture_and_replay_with(ranks, replays, first, &|_, _| Ok(()))
+}
+
+/// What a test does to the communicators after replay `it` was checked (every stream idle).
+pub type Between<'a> = &'a dyn Fn(&Ranks, usize) -> Result<(), String>;
+
+/// [`capture_and_replay`], with `between` run after each replay.
+pub fn capture_and_replay_with(
+    ranks: &Ranks,
+    replays: usize,
+    first: FirstUse,
+    between: Between<'_>,
+) -> Result<(), String> {
     let e = |e: nccl::Error| e.to_string();
     let n = ranks.comms.len();
     let mut bufs = Vec::new();
@@ -182,6 +195,7 @@ pub fn capture_and_replay(ranks: &Ranks, replays: usize, first: FirstUse) -> Res
         }
         sync(&ranks.streams)?;
         check(ranks, &bufs, it, "replay")?;
+        between(ranks, it)?;
         if it % 10 == 9 {
             // A direct call between replays, on the other streams.
             set_inputs(ranks, &bufs, it + 5000)?;

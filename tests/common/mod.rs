@@ -29,6 +29,8 @@ pub mod p2p;
 #[cfg(feature = "internals")]
 pub mod register;
 #[cfg(feature = "internals")]
+pub mod suspend;
+#[cfg(feature = "internals")]
 pub mod windows;
 
 #[cfg(feature = "internals")]

@@ -11,4 +11,5 @@ mod cudarc;
 mod extents;
 mod net_plugin;
 mod onesided;
+mod suspend;
 mod symmetric;

@@ -47,9 +47,10 @@ mod send_recv;
 mod shared_gpu;
 mod shm;
 mod slices;
+#[cfg(feature = "capi")]
+mod suspend;
 mod symmetric;
 mod symmetric_multimem;
 mod tree;
 mod tuning;
-#[cfg(feature = "capi")]
 mod window_groups;

@@ -352,7 +352,9 @@ fn threads_fds() -> (usize, usize, bool) {
 /// behind: the descriptor listener runs while a registration needs it and ends with the last
 /// one (before, it lived for the whole process), and the offered and taken descriptors are all
 /// closed. Counted in /proc/self/task and /proc/self/fd after the first cycle and after the
-/// last; every round's bytes checked.
+/// last; every round's bytes checked. The communicator's own connection blocks stay plain
+/// (`NCCL_CUMEM_ENABLE=0`): VMM blocks that peers in other processes map keep their
+/// descriptors on offer, and the listener, for the communicator's life.
 #[test]
 #[cfg_attr(
     not(nccl_rs_kernel = "nccl_p2p"),
@@ -429,5 +431,7 @@ fn vmm_registration_cycles_leave_no_thread_or_descriptor() {
         );
         return;
     }
-    common::procs::run(2, &VMM_ENV);
+    let mut env = VMM_ENV.to_vec();
+    env.push(("NCCL_CUMEM_ENABLE", "0"));
+    common::procs::run(2, &env);
 }

@@ -19,6 +19,7 @@ mod memory;
 mod multicast;
 mod sharing;
 mod streams;
+mod suspend;
 pub use multicast::Multicast;
 
 /// Turns a driver status into our error, with the driver's own name and message.

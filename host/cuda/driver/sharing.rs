@@ -13,13 +13,24 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// One mapping made by [`Device::alloc_vmm`].
-struct Mapping {
-    size: usize,
-    handle: sys::CUmemGenericAllocationHandle,
+pub(super) struct Mapping {
+    pub(super) size: usize,
+    /// 0 while evicted (`suspend.rs`): the range is reserved and mapped to nothing.
+    pub(super) handle: sys::CUmemGenericAllocationHandle,
 }
 
-fn mappings() -> MutexGuard<'static, HashMap<DevPtr, Mapping>> {
+pub(super) fn mappings() -> MutexGuard<'static, HashMap<DevPtr, Mapping>> {
     static M: OnceLock<Mutex<HashMap<DevPtr, Mapping>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The handle behind each peer allocation [`Device::vmm_import`] mapped, by address: a
+/// reattached mapping (`suspend.rs`) holds another handle than the one its owner was given,
+/// and a detached one holds none (0).
+pub(super) fn imports() -> MutexGuard<'static, HashMap<DevPtr, sys::CUmemGenericAllocationHandle>> {
+    static M: OnceLock<Mutex<HashMap<DevPtr, sys::CUmemGenericAllocationHandle>>> = OnceLock::new();
     M.get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -31,7 +42,7 @@ fn round_up(n: usize, to: usize) -> usize {
 
 impl Device {
     /// The allocation properties of [`Device::alloc_vmm`] on this device, with `handles`.
-    fn vmm_prop(
+    pub(super) fn vmm_prop(
         &self,
         handles: sys::CUmemAllocationHandleType,
     ) -> Result<sys::CUmemAllocationProp> {
@@ -90,7 +101,7 @@ impl Device {
     }
 
     /// Read-write access for this device and every device that can access it.
-    fn vmm_access(&self) -> Result<Vec<sys::CUmemAccessDesc>> {
+    pub(super) fn vmm_access(&self) -> Result<Vec<sys::CUmemAccessDesc>> {
         let mut access = vec![access_desc(self.ordinal)];
         for o in 0..super::device_count()? as i32 {
             if o == self.ordinal {
@@ -117,12 +128,16 @@ impl Device {
         };
         self.make_current()?;
         extent_cache::forget(p);
-        // SAFETY: p is a live mapping of m.size bytes of m.handle, made by alloc_vmm and
-        // freed once (it was just removed from the table).
+        // SAFETY: p is a range of m.size bytes reserved by alloc_vmm, mapped to m.handle
+        // unless evicted (0), and freed once (it was just removed from the table).
         unsafe {
-            check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")?;
+            if m.handle != 0 {
+                check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")?;
+            }
             check(sys::cuMemAddressFree(p, m.size), "cuMemAddressFree")?;
-            check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
+            if m.handle != 0 {
+                check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
+            }
         }
         Ok(true)
     }
@@ -131,7 +146,7 @@ impl Device {
 // ---- Registered VMM buffers across processes (`regmap`): the owner exports the allocation
 // behind a registered buffer as a POSIX descriptor, a peer process imports it and maps it.
 
-const FD_HANDLE: sys::CUmemAllocationHandleType =
+pub(super) const FD_HANDLE: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
 impl Device {}
@@ -303,19 +318,7 @@ impl Sharing for Device {
     /// imported handle). Undone by [`Device::vmm_unmap`].
     fn vmm_import(&self, fd: BorrowedFd<'_>, bytes: usize) -> Result<(DevPtr, u64)> {
         self.make_current()?;
-        let mut handle = 0;
-        // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer; the
-        // driver takes its own reference (the descriptor stays the caller's).
-        check_quiet(
-            unsafe {
-                sys::cuMemImportFromShareableHandle(
-                    &mut handle,
-                    fd.as_raw_fd() as isize as *mut c_void,
-                    FD_HANDLE,
-                )
-            },
-            "cuMemImportFromShareableHandle",
-        )?;
+        let handle = import_fd(fd)?;
         let mapped = (|| {
             // SAFETY: a plain C structure filled by the driver from a live handle.
             let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -345,7 +348,10 @@ impl Sharing for Device {
             self.map_handle(handle, bytes, gran, &[access_desc(self.ordinal)])
         })();
         match mapped {
-            Ok(ptr) => Ok((ptr, handle)),
+            Ok(ptr) => {
+                imports().insert(ptr, handle);
+                Ok((ptr, handle))
+            }
             Err(e) => {
                 // SAFETY: the handle imported above, mapped nowhere.
                 unsafe { sys::cuMemRelease(handle) };
@@ -354,18 +360,44 @@ impl Sharing for Device {
         }
     }
 
-    /// Unmaps and releases what [`Device::vmm_import`] made.
+    /// Unmaps and releases what [`Device::vmm_import`] made (its handle now: see [`imports`]).
     fn vmm_unmap(&self, ptr: DevPtr, bytes: usize, handle: u64) -> Result<()> {
         self.make_current()?;
         extent_cache::forget(ptr);
-        // SAFETY: a mapping of `bytes` made by vmm_import and undone once (its drop); the
-        // kernels that used it were ordered before (the registration was withdrawn).
+        let handle = imports().remove(&ptr).unwrap_or(handle);
+        // SAFETY: a range of `bytes` reserved by vmm_import, mapped to `handle` unless
+        // detached (0), and undone once (its drop); the kernels that used it were ordered
+        // before (the registration or connection was withdrawn).
         unsafe {
-            check(sys::cuMemUnmap(ptr, bytes), "cuMemUnmap")?;
+            if handle != 0 {
+                check(sys::cuMemUnmap(ptr, bytes), "cuMemUnmap")?;
+            }
             check(sys::cuMemAddressFree(ptr, bytes), "cuMemAddressFree")?;
-            check(sys::cuMemRelease(handle), "cuMemRelease")
+            if handle != 0 {
+                check(sys::cuMemRelease(handle), "cuMemRelease")?;
+            }
+            Ok(())
         }
     }
+}
+
+/// The allocation handle behind a peer's POSIX descriptor (`cuMemImportFromShareableHandle`;
+/// the descriptor stays the caller's), to be released by the caller.
+pub(super) fn import_fd(fd: BorrowedFd<'_>) -> Result<sys::CUmemGenericAllocationHandle> {
+    let mut handle = 0;
+    // SAFETY: a POSIX descriptor handle is passed as the int's value in the pointer; the
+    // driver takes its own reference.
+    check_quiet(
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut c_void,
+                FD_HANDLE,
+            )
+        },
+        "cuMemImportFromShareableHandle",
+    )?;
+    Ok(handle)
 }
 
 #[cfg(test)]

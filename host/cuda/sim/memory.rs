@@ -30,6 +30,7 @@ impl Memory for Device {
                 ordinal: self.ordinal,
                 name: Some(name),
                 vmm_fd: None,
+                parked: false,
             },
         );
         Ok(p)
@@ -103,7 +104,8 @@ impl Memory for Device {
         let Some((&base, r)) = regions.range(..=p).next_back() else {
             return Ok(None);
         };
-        if p >= base + r.bytes.max(1) as u64 {
+        // A parked range (`suspend.rs`) is mapped to nothing now.
+        if p >= base + r.bytes.max(1) as u64 || r.parked {
             return Ok(None);
         }
         let mut end = base + r.bytes as u64;

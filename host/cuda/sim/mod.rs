@@ -20,6 +20,7 @@ mod memory;
 mod multicast;
 mod sharing;
 mod streams;
+mod suspend;
 
 pub use multicast::*;
 
@@ -82,6 +83,9 @@ struct Region {
     /// A VMM allocation's memfd, its shareable handle (as `cuMemCreate` with a POSIX
     /// descriptor handle type gives one); None for every other region.
     vmm_fd: Option<std::os::fd::OwnedFd>,
+    /// A VMM allocation evicted, or a peer's detached (`suspend.rs`): its range holds no
+    /// memory until restored or reattached.
+    parked: bool,
 }
 
 /// The next region's [`Region::id`].

@@ -59,6 +59,7 @@ impl Sharing for Device {
                 ordinal,
                 name: None,
                 vmm_fd: None,
+                parked: false,
             },
         );
         Ok(p)
@@ -73,27 +74,11 @@ impl Sharing for Device {
     /// the region), like `cuMemCreate` with a POSIX descriptor handle: `ipc_handle` refuses it
     /// as `cuIpcGetMemHandle` does. (address, size).
     fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::fd::AsRawFd;
         let size = bytes.max(1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY;
-        // SAFETY: plain system calls; the descriptor is owned at once and every result checked.
-        let (fd, p) = unsafe {
-            let raw = libc::memfd_create(c"ncclrs-vmm".as_ptr(), libc::MFD_CLOEXEC);
-            if raw < 0 {
-                return Err(Error::system(format!(
-                    "memfd_create: {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
-            let fd = OwnedFd::from_raw_fd(raw);
-            if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
-                return Err(Error::system(format!(
-                    "ftruncate(memfd, {size}): {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
-            let p = map_fd(fd.as_raw_fd(), size)?;
-            (fd, p)
-        };
+        let fd = vmm_memfd(size)?;
+        // SAFETY: a live descriptor of `size` bytes.
+        let p = unsafe { map_fd(fd.as_raw_fd(), size)? };
         lock(regions()).insert(
             p,
             Region {
@@ -102,6 +87,7 @@ impl Sharing for Device {
                 ordinal: self.ordinal,
                 name: None,
                 vmm_fd: Some(fd),
+                parked: false,
             },
         );
         Ok((p, size))
@@ -152,6 +138,7 @@ impl Sharing for Device {
                 ordinal: self.ordinal,
                 name: None,
                 vmm_fd: None,
+                parked: false,
             },
         );
         VMM_IMPORTS.fetch_add(1, Ordering::Relaxed);
@@ -170,7 +157,7 @@ impl Device {
     /// next starting where the previous ends. (address, size) of each; each is freed alone.
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn alloc_vmm_adjacent(&self, sizes: &[usize]) -> Result<Vec<(DevPtr, usize)>> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::fd::AsRawFd;
         let rounded: Vec<usize> = sizes
             .iter()
             .map(|b| b.max(&1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY)
@@ -181,24 +168,7 @@ impl Device {
         }
         let mut fds = Vec::new();
         for &size in &rounded {
-            // SAFETY: plain system calls; the descriptor is owned at once, results checked.
-            let fd = unsafe {
-                let raw = libc::memfd_create(c"ncclrs-vmm".as_ptr(), libc::MFD_CLOEXEC);
-                if raw < 0 {
-                    return Err(Error::system(format!(
-                        "memfd_create: {}",
-                        std::io::Error::last_os_error()
-                    )));
-                }
-                OwnedFd::from_raw_fd(raw)
-            };
-            // SAFETY: a live descriptor of ours.
-            if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
-                return Err(Error::system(format!(
-                    "ftruncate(memfd, {size}): {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
+            let fd = vmm_memfd(size)?;
             fds.push(fd);
         }
         // SAFETY: reserves address space only (no access, no memory); checked.
@@ -251,6 +221,7 @@ impl Device {
                     ordinal: self.ordinal,
                     name: None,
                     vmm_fd: Some(fd),
+                    parked: false,
                 },
             );
             out.push((p, size));
@@ -258,4 +229,29 @@ impl Device {
         }
         Ok(out)
     }
+}
+
+/// A new memfd of `size` bytes: the memory of a simulated VMM allocation (its shareable
+/// descriptor).
+pub(super) fn vmm_memfd(size: usize) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain system calls; the descriptor is owned at once, results checked.
+    let fd = unsafe {
+        let raw = libc::memfd_create(c"ncclrs-vmm".as_ptr(), libc::MFD_CLOEXEC);
+        if raw < 0 {
+            return Err(Error::system(format!(
+                "memfd_create: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        OwnedFd::from_raw_fd(raw)
+    };
+    // SAFETY: a live descriptor of ours.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
+        return Err(Error::system(format!(
+            "ftruncate(memfd, {size}): {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(fd)
 }
