@@ -163,10 +163,10 @@ impl Comm {
         // Before the connection exchange, so every member in this process joins before any
         // can leave.
         let keep = keepalive::join(comm_id);
-        let ledger = Arc::new(Ledger::new());
-        let rings_made = connect_rings(&j, &plan, &addrs, &ledger)?;
+        let suspendable = Arc::new(Suspendable::new());
+        let rings_made = connect_rings(&j, &plan, &addrs, &suspendable)?;
         let order = Arc::new(order::StreamOrder::new(j.device.clone()));
-        let maker = LinkMaker::new(&j, &addrs, plan.net_path.clone(), &order, &ledger);
+        let maker = LinkMaker::new(&j, &addrs, plan.net_path.clone(), &order, &suspendable);
         let links = Arc::new(maker.make(
             p2p_conns(&plan.shape, nranks),
             plan.shape.p2p_slot_bytes as usize,
@@ -265,7 +265,7 @@ impl Comm {
             order,
             dev_comm,
             ring_resources: rings_made.resources,
-            ledger,
+            suspendable,
             kernels: Mutex::new(HashMap::new()),
             aborted: Arc::new(AtomicBool::new(false)),
             init_bytes: free_before.saturating_sub(free_after),
@@ -479,7 +479,7 @@ fn connect_rings(
     j: &Joined,
     plan: &Plan,
     addrs: &[PeerAddr],
-    ledger: &Ledger,
+    suspendable: &Arc<Suspendable>,
 ) -> Result<transport::Made> {
     if j.nranks == 1 {
         return Ok(transport::Made::default());
@@ -509,7 +509,7 @@ fn connect_rings(
         bootstrap: &j.bootstrap,
         peers: addrs,
         net: plan.net_path.as_deref(),
-        ledger,
+        suspendable,
     };
     let set = Set::Ring {
         nchannels: plan.shape.nchannels as usize,
@@ -540,7 +540,7 @@ struct LinkMaker {
     addrs: Vec<PeerAddr>,
     net: Option<Arc<NetPath>>,
     fences: crate::transport::links::Fences,
-    ledger: Arc<Ledger>,
+    suspendable: Arc<Suspendable>,
 }
 
 impl LinkMaker {
@@ -549,7 +549,7 @@ impl LinkMaker {
         addrs: &[PeerAddr],
         net: Option<Arc<NetPath>>,
         order: &Arc<order::StreamOrder>,
-        ledger: &Arc<Ledger>,
+        suspendable: &Arc<Suspendable>,
     ) -> LinkMaker {
         // A communicator being dropped has waited for its kernels: nothing to fence.
         let order = Arc::downgrade(order);
@@ -560,7 +560,7 @@ impl LinkMaker {
             addrs: addrs.to_vec(),
             net,
             fences: Arc::new(move || order.upgrade().map_or(Ok(None), |o| o.fence())),
-            ledger: ledger.clone(),
+            suspendable: suspendable.clone(),
         }
     }
 
@@ -575,7 +575,7 @@ impl LinkMaker {
             self.net.clone(),
         )
         .with_fences(self.fences.clone())
-        .with_ledger(self.ledger.clone())
+        .with_suspendable(self.suspendable.clone())
     }
 }
 

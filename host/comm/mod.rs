@@ -70,7 +70,7 @@ use crate::graph::Transport;
 use crate::transport::links::Links;
 use crate::transport::net::NetPath;
 use crate::transport::p2p::PeerAddr;
-use crate::transport::suspend::Ledger;
+use crate::transport::suspend::{Phase, Suspendable};
 use crate::transport::{Dir, Resources};
 use nccl_device::abi::{ChannelDev, Coll, DevComm, MAX_CHANNELS, MAX_P2P_ITEMS};
 use nccl_device::ops::RedOpKind;
@@ -114,7 +114,7 @@ pub struct Comm {
     /// and mappings, SHM segments; the network's live with the proxy).
     ring_resources: Resources,
     /// The connection memory `ncclCommSuspend` releases (see [`suspend`]).
-    ledger: Arc<Ledger>,
+    suspendable: Arc<Suspendable>,
     kernels: Mutex<HashMap<(Coll, DataType, RedOpKind), Kernel>>,
     /// Set by `abort` (shared with [`AbortHandle`]s).
     aborted: Arc<AtomicBool>,
@@ -422,10 +422,19 @@ impl Comm {
         if self.aborted.load(Ordering::Acquire) {
             return Err(Error::invalid_usage("the communicator was aborted"));
         }
-        if self.ledger.is_suspended() {
-            return Err(Error::invalid_usage(
-                "the communicator is suspended (ncclCommSuspend): ncclCommResume first",
-            ));
+        match self.suspendable.phase() {
+            Phase::Active => {}
+            Phase::Suspended => {
+                return Err(Error::invalid_usage(
+                    "the communicator is suspended (ncclCommSuspend): ncclCommResume first",
+                ))
+            }
+            Phase::Broken => {
+                return Err(Error::invalid_usage(
+                    "a suspend or resume of the communicator failed part-way: only \
+                     ncclCommDestroy and ncclCommAbort may follow",
+                ))
+            }
         }
         if self.finalized.load(Ordering::Acquire) {
             return Err(Error::invalid_usage(

@@ -67,7 +67,7 @@ fn fields_are_thread_safe(c: &Comm) {
         order,
         dev_comm,
         ring_resources,
-        ledger,
+        suspendable,
         kernels,
         aborted,
         init_bytes,
@@ -108,7 +108,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(order);
     both(dev_comm);
     both(ring_resources);
-    both(ledger);
+    both(suspendable);
     both(kernels);
     both(aborted);
     both(init_bytes);

@@ -81,9 +81,10 @@ pub(crate) trait Sharing {
     fn open_ipc(&self, handle: &[u8; 64]) -> Result<DevPtr>;
     /// Unmaps what [`Sharing::open_ipc`] mapped.
     fn close_ipc(&self, p: DevPtr) -> Result<()>;
-    /// `bytes` (rounded up to the granularity) through the virtual memory API, exportable as
-    /// a file descriptor: the address and the bytes mapped.
-    fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)>;
+    /// `bytes` (rounded up to the granularity, the multicast one too where `multicast` and NVLS
+    /// may be used) through the virtual memory API, exportable as a file descriptor: the
+    /// address and the bytes mapped.
+    fn alloc_vmm(&self, bytes: usize, multicast: bool) -> Result<(DevPtr, usize)>;
     /// The VMM allocation holding `p`: (base, bytes, its descriptor, a handle to release),
     /// or None, quietly, for other memory.
     fn vmm_export(&self, p: DevPtr) -> Result<Option<(DevPtr, usize, OwnedFd, u64)>>;

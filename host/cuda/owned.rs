@@ -35,7 +35,11 @@ impl Device {
     /// extent rounded up to the allocation granularity (the multicast one too where NVLS may
     /// be used); freed when the buffer drops. On the simulator, rounded the same way.
     pub fn alloc_vmm(&self, bytes: usize) -> Result<DevBuffer> {
-        let (ptr, _mapped) = dispatch!(self.alloc_vmm(bytes))?;
+        self.vmm_buffer(bytes, true)
+    }
+
+    fn vmm_buffer(&self, bytes: usize, multicast: bool) -> Result<DevBuffer> {
+        let (ptr, _mapped) = dispatch!(self.alloc_vmm(bytes, multicast))?;
         self.book(bytes, true);
         Ok(DevBuffer {
             dev: self.clone(),
@@ -145,6 +149,13 @@ impl Device {
                 handle,
             })
         }
+    }
+
+    /// `bytes` of device memory through the virtual memory API as [`Device::alloc_vmm`] gives
+    /// it, but rounded up to the allocation granularity only (never bound to a multicast
+    /// object): connection blocks.
+    pub(crate) fn alloc_vmm_unicast(&self, bytes: usize) -> Result<DevBuffer> {
+        self.vmm_buffer(bytes, false)
     }
 
     /// Releases the memory of the [`Device::alloc_vmm`] allocation at `p`, its address range

@@ -73,7 +73,7 @@ pub struct Links {
     /// unmapped once it has passed ([`Links::with_fences`]).
     fences: Option<Fences>,
     /// The communicator's suspendable connection memory, which our blocks join.
-    ledger: Arc<super::suspend::Ledger>,
+    suspendable: Arc<super::suspend::Suspendable>,
 }
 
 /// See [`Links::with_fences`].
@@ -90,7 +90,7 @@ impl Links {
         net: Option<Arc<NetPath>>,
     ) -> Links {
         let mut links = Links {
-            ledger: Arc::new(super::suspend::Ledger::new()),
+            suspendable: Arc::new(super::suspend::Suspendable::new()),
             rank,
             device,
             bootstrap,
@@ -113,10 +113,13 @@ impl Links {
         links
     }
 
-    /// Lists our suspendable blocks in `ledger`, the communicator's (a ledger of their own
-    /// otherwise, which no suspend reaches).
-    pub(crate) fn with_ledger(mut self, ledger: Arc<super::suspend::Ledger>) -> Links {
-        self.ledger = ledger;
+    /// Lists our suspendable blocks in `suspendable`, the communicator's (else in a set of
+    /// their own, which no suspend reaches).
+    pub(crate) fn with_suspendable(
+        mut self,
+        suspendable: Arc<super::suspend::Suspendable>,
+    ) -> Links {
+        self.suspendable = suspendable;
         self
     }
 
@@ -498,7 +501,7 @@ impl Links {
             bootstrap: &self.bootstrap,
             peers: &self.peers,
             net: self.net.as_deref(),
-            ledger: &self.ledger,
+            suspendable: &self.suspendable,
         }
     }
 

@@ -98,7 +98,7 @@ pub(crate) struct Ctx<'a> {
     pub peers: &'a [PeerAddr],
     pub net: Option<&'a net::NetPath>,
     /// This rank's suspendable connection memory.
-    pub ledger: &'a suspend::Ledger,
+    pub suspendable: &'a Arc<suspend::Suspendable>,
 }
 
 /// The memory behind connections (blocks, mappings, segments), whichever transports made it:

@@ -10,15 +10,16 @@
 //! receiving side's holds its tail lines and FIFOs, the sending side's its head lines, each
 //! published to that peer alone.
 
-use super::suspend::{any_other_process, Ledger};
+use super::suspend::{any_other_process, OwnBlock, Suspendable};
 use super::{Conn, Ctx, Dir, Made, Resources, Set, Setup, Transport, Want};
 use crate::cuda::fdpass::{Ticket, TICKET_BYTES};
-use crate::cuda::{DevBuffer, DevPtr, Device};
+use crate::cuda::{DevPtr, Device};
 use crate::error::{Error, Result};
 use crate::graph::Transport as Kind;
 use nccl_device::abi::{
     ConnRecv, ConnSend, CTRL_LINE, LL128_SLOT_BYTES, LL_SLOT_BYTES, NCCL_STEPS,
 };
+use std::sync::Arc;
 
 /// Where things sit inside a rank's block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,31 +122,35 @@ const REC_LOCAL: u8 = 2;
 /// A peer's block mapped into this process: held as long as the connections using it.
 pub type PeerMapping = Box<dyn std::any::Any + Send + Sync>;
 
-/// The record that lets a peer reach `buf`, a block `ledger` made.
-pub(crate) fn export(device: &Device, ledger: &Ledger, buf: &DevBuffer) -> Result<Vec<u8>> {
+/// The record that lets a peer reach `own`, a block `suspendable` made.
+pub(crate) fn export(
+    device: &Device,
+    suspendable: &Suspendable,
+    own: &OwnBlock,
+) -> Result<Vec<u8>> {
     let mut e = vec![0u8; EXPORT_BYTES];
-    if let Some((ticket, bytes)) = ledger.ticket(buf.ptr) {
+    if let Some((ticket, bytes)) = suspendable.ticket(own.buf.ptr) {
         e[0] = REC_VMM;
         e[1..1 + TICKET_BYTES].copy_from_slice(&ticket.encode());
         e[73..81].copy_from_slice(&(bytes as u64).to_le_bytes());
-    } else if ledger.owns(buf.ptr) {
+    } else if own.is_listed() {
         e[0] = REC_LOCAL;
     } else {
         e[0] = REC_IPC;
-        e[1..65].copy_from_slice(&device.ipc_handle(buf)?);
+        e[1..65].copy_from_slice(&device.ipc_handle(&own.buf)?);
     }
-    e[65..73].copy_from_slice(&buf.ptr.to_le_bytes());
+    e[65..73].copy_from_slice(&own.buf.ptr.to_le_bytes());
     Ok(e)
 }
 
 /// Makes rank `owner`'s exported block addressable from `device`: peer access in this
 /// process; across processes an IPC mapping, or the block's descriptor mapped (and listed in
-/// `ledger`, to be remapped on resume). The block must hold the `needed` bytes our layout
+/// `suspendable`, to be remapped on resume). The block must hold the `needed` bytes our layout
 /// addresses in it (the kernels address it from our layout, not from the record): a shorter one
 /// is `ncclRemoteError` and nothing is kept mapped.
 pub(crate) fn import(
     device: &Device,
-    ledger: &Ledger,
+    suspendable: &Arc<Suspendable>,
     owner: usize,
     peer: &PeerAddr,
     record: &[u8],
@@ -196,8 +201,8 @@ pub(crate) fn import(
             if bytes < needed {
                 return Err(check_block(addr, bytes, needed).unwrap_err());
             }
-            let m = ledger.map_peer(device, owner, addr, &Ticket::decode(&t), bytes)?;
-            (m.ptr, Box::new(m))
+            let m = suspendable.map_peer(device, owner, addr, &Ticket::decode(&t), bytes)?;
+            (m.mapping.ptr, Box::new(m))
         }
         k => {
             return Err(Error::remote(format!(
@@ -274,7 +279,7 @@ impl Transport for P2pTransport {
 /// neighbours' transports.
 struct RingSetup {
     layout: Layout,
-    own: DevBuffer,
+    own: OwnBlock,
     /// Every rank's record of its block, by rank.
     all: Vec<Vec<u8>>,
     wants: Vec<Want>,
@@ -288,11 +293,11 @@ impl RingSetup {
                 w.key, layout.nchannels
             )));
         }
-        let exported = any_other_process(cx.peers);
-        let own = cx.ledger.alloc(cx.device, layout.total(), exported)?;
+        let exported = any_other_process(wants.iter().filter_map(|w| cx.peers.get(w.peer)));
+        let own = cx.suspendable.alloc(cx.device, layout.total(), exported)?;
         let all = cx
             .bootstrap
-            .allgather(&export(cx.device, cx.ledger, &own)?)?;
+            .allgather(&export(cx.device, cx.suspendable, &own)?)?;
         Ok(RingSetup {
             layout,
             own,
@@ -324,7 +329,7 @@ impl Setup for RingSetup {
                 .get(r)
                 .filter(|_| r < peers.len())
                 .ok_or_else(|| Error::remote(format!("no p2p connection record from rank {r}")))?;
-            let (p, m) = import(cx.device, cx.ledger, r, &peers[r], e, l.total())
+            let (p, m) = import(cx.device, cx.suspendable, r, &peers[r], e, l.total())
                 .map_err(|err| err.context(format!("rank {r}'s buffers")))?;
             mappings.extend(m);
             mapped[r] = Some(p);
@@ -334,8 +339,8 @@ impl Setup for RingSetup {
         for w in wants {
             let (ch, base) = (w.key as usize, base_of(w.peer)?);
             let conn = match w.dir {
-                Dir::Send => Conn::Send(l.send(base, own.ptr, ch)),
-                Dir::Recv => Conn::Recv(l.recv(own.ptr, base, ch)),
+                Dir::Send => Conn::Send(l.send(base, own.buf.ptr, ch)),
+                Dir::Recv => Conn::Recv(l.recv(own.buf.ptr, base, ch)),
             };
             if w.dir == Dir::Send {
                 log::info!(
@@ -437,7 +442,7 @@ impl LinkBlock {
 /// The links' p2p sides: per (peer, direction), our block, published to that peer.
 struct LinkSetup {
     block: LinkBlock,
-    sides: Vec<(usize, Dir, Vec<Want>, DevBuffer)>,
+    sides: Vec<(usize, Dir, Vec<Want>, OwnBlock)>,
 }
 
 impl LinkSetup {
@@ -449,9 +454,11 @@ impl LinkSetup {
                 Dir::Send => TAG_SEND_CTRL,
             };
             let exported = any_other_process([&cx.peers[peer]]);
-            let own = cx.ledger.alloc(cx.device, block.bytes(dir), exported)?;
+            let own = cx
+                .suspendable
+                .alloc(cx.device, block.bytes(dir), exported)?;
             cx.bootstrap
-                .send(peer, tag, &export(cx.device, cx.ledger, &own)?)?;
+                .send(peer, tag, &export(cx.device, cx.suspendable, &own)?)?;
             sides.push((peer, dir, ws, own));
         }
         Ok(LinkSetup { block, sides })
@@ -473,11 +480,18 @@ impl Setup for LinkSetup {
                 .recv(peer, tag)
                 .map_err(|e| e.context(format!("connecting to rank {peer}")))?;
             let needed = self.block.needed(dir);
-            let (theirs, mapping) =
-                import(cx.device, cx.ledger, peer, &cx.peers[peer], &record, needed)
-                    .map_err(|e| e.context(format!("rank {peer}'s connection")))?;
+            let (theirs, mapping) = import(
+                cx.device,
+                cx.suspendable,
+                peer,
+                &cx.peers[peer],
+                &record,
+                needed,
+            )
+            .map_err(|e| e.context(format!("rank {peer}'s connection")))?;
             for w in ws {
-                made.conns.push((w, self.block.conn(&w, own.ptr, theirs)?));
+                made.conns
+                    .push((w, self.block.conn(&w, own.buf.ptr, theirs)?));
             }
             made.resources.hold((own, mapping));
         }
@@ -496,9 +510,9 @@ mod tests {
     fn a_block_smaller_than_its_connections_is_refused() {
         let _ = crate::cuda::set_backend(crate::cuda::Backend::Sim);
         let dev = Device::open(0).expect("device 0");
-        let ledger = Ledger::new();
-        let block = dev.alloc(4096).expect("alloc");
-        let record = export(&dev, &ledger, &block).expect("export");
+        let suspendable = Arc::new(Suspendable::new());
+        let block = suspendable.alloc(&dev, 4096, true).expect("alloc");
+        let record = export(&dev, &suspendable, &block).expect("export");
         for same_process in [false, true] {
             let peer = PeerAddr {
                 device: 0,
@@ -506,7 +520,7 @@ mod tests {
                 transport: crate::graph::Transport::P2p,
             };
             for needed in [4097, 1 << 30] {
-                let e = match import(&dev, &ledger, 1, &peer, &record, needed) {
+                let e = match import(&dev, &suspendable, 1, &peer, &record, needed) {
                     Err(e) => e,
                     Ok(_) => panic!("a 4096-byte block imported for {needed} bytes"),
                 };
@@ -517,8 +531,9 @@ mod tests {
                     "{e}"
                 );
             }
-            let (p, m) = import(&dev, &ledger, 1, &peer, &record, 4096).expect("what it holds");
-            assert_eq!(p == block.ptr, same_process);
+            let (p, m) =
+                import(&dev, &suspendable, 1, &peer, &record, 4096).expect("what it holds");
+            assert_eq!(p == block.buf.ptr, same_process);
             drop(m);
         }
         let mut forged = record.clone();
@@ -528,7 +543,7 @@ mod tests {
             same_process: true,
             transport: crate::graph::Transport::P2p,
         };
-        let e = match import(&dev, &ledger, 1, &peer, &forged, 8) {
+        let e = match import(&dev, &suspendable, 1, &peer, &forged, 8) {
             Err(e) => e,
             Ok(_) => panic!("an address that is no device memory was taken"),
         };

@@ -4,27 +4,30 @@
 //!
 //! The p2p transport's blocks of at least [`MIN_BYTES`] come from CUDA's virtual memory API
 //! (the smaller ones, a few control lines, stay plain and are not worth a granule). Each rank's
-//! [`Ledger`] lists the blocks it owns and the blocks of ranks in other processes it maps (a
-//! peer of this process reaches ours at our own address, so it lists nothing). Suspending
-//! copies each owned block to host memory and releases its physical memory, and unmaps every
-//! listed peer block, all ranges staying reserved; resuming creates new memory at each owned
-//! block's address, restores its bytes, exports it anew, and maps each peer block's new export
-//! where the old one was. The communicator runs the exchange between ranks (`comm/suspend.rs`).
+//! [`Suspendable`] lists the blocks it owns ([`OwnBlock`]) and the blocks of ranks in other
+//! processes it maps ([`PeerBlock`]; a peer of this process reaches ours at our own address,
+//! so it lists nothing); each is listed while it lives. Suspending copies each owned block to
+//! host memory and releases its physical memory, and unmaps every listed peer block, all
+//! ranges staying reserved; resuming creates new memory at each owned block's address,
+//! restores its bytes, exports it anew, and maps each peer block's new export where the old
+//! one was. The communicator runs the exchange between ranks (`comm/suspend.rs`).
 //!
-//! `NCCL_CUMEM_ENABLE=0` (or `NCCL_RS_VMM_IPC=0`, which leaves no way to hand VMM memory to
-//! another process) keeps every block plain: nothing can be suspended then.
+//! Where CUDA's virtual memory API is missing, or its memory cannot be exported as a POSIX
+//! descriptor (some containers), a block stays plain, as with `NCCL_CUMEM_ENABLE=0` (or
+//! `NCCL_RS_VMM_IPC=0`, which leaves no way to hand VMM memory to another process): it is
+//! not listed, and persists through a suspend.
 
 use super::p2p::PeerAddr;
 use crate::cuda::fdpass::{self, Ticket, TICKET_BYTES};
 use crate::cuda::{DevBuffer, DevPtr, Device, VmmExport, VmmMapping};
 use crate::error::{Error, Result};
 use std::os::fd::AsFd;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Blocks smaller than this stay plain device memory (persistent).
 pub const MIN_BYTES: usize = 1 << 20;
 
-/// A block of ours in the virtual memory API.
+/// A block of ours in the virtual memory API, as listed.
 struct Owned {
     ptr: DevPtr,
     /// What the connections use of it (the mapping may be larger).
@@ -37,7 +40,7 @@ struct Owned {
     backup: Option<Vec<u8>>,
 }
 
-/// A block of a rank in another process, mapped here.
+/// A block of a rank in another process mapped here, as listed.
 struct Mapped {
     owner: usize,
     /// The block's address in its owner's process: how its new export is found on resume.
@@ -46,26 +49,73 @@ struct Mapped {
     bytes: usize,
 }
 
+/// Where a communicator's connection memory stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Phase {
+    #[default]
+    Active,
+    Suspended,
+    /// A suspend or resume failed part-way on some rank: some memory may be unmapped, so
+    /// the communicator is good only for destroy or abort.
+    Broken,
+}
+
 #[derive(Default)]
 struct State {
     owned: Vec<Owned>,
     mapped: Vec<Mapped>,
-    suspended: bool,
+    phase: Phase,
 }
 
 /// One communicator rank's suspendable connection memory.
-pub(crate) struct Ledger {
+pub(crate) struct Suspendable {
     enabled: bool,
     state: Mutex<State>,
+}
+
+/// A connection block of ours: listed (where it is suspendable) while it lives.
+pub(crate) struct OwnBlock {
+    pub(crate) buf: DevBuffer,
+    listed_in: Option<Arc<Suspendable>>,
+}
+
+impl OwnBlock {
+    /// Whether it is suspendable (listed).
+    pub(crate) fn is_listed(&self) -> bool {
+        self.listed_in.is_some()
+    }
+}
+
+impl Drop for OwnBlock {
+    fn drop(&mut self) {
+        if let Some(s) = &self.listed_in {
+            // Its export goes with the entry (a retained handle, a descriptor on offer), before
+            // the memory itself.
+            s.lock().owned.retain(|o| o.ptr != self.buf.ptr);
+        }
+    }
+}
+
+/// A peer process's block mapped here, listed while it lives.
+pub(crate) struct PeerBlock {
+    pub(crate) mapping: VmmMapping,
+    listed_in: Arc<Suspendable>,
+}
+
+impl Drop for PeerBlock {
+    fn drop(&mut self) {
+        let p = self.mapping.ptr;
+        self.listed_in.lock().mapped.retain(|m| m.ptr != p);
+    }
 }
 
 /// What a resumed block's owner tells its peers: (its address, its new export's ticket, the
 /// bytes mapped).
 pub(crate) type Reissue = (DevPtr, Ticket, usize);
 
-impl Ledger {
-    pub(crate) fn new() -> Ledger {
-        Ledger {
+impl Suspendable {
+    pub(crate) fn new() -> Suspendable {
+        Suspendable {
             enabled: crate::env::CUMEM_ENABLE.int() != 0 && crate::env::RS_VMM_IPC.int() != 0,
             state: Mutex::new(State::default()),
         }
@@ -81,27 +131,57 @@ impl Ledger {
     }
 
     /// Bytes of owned blocks a suspend releases (`ncclCommMemStats`' `ncclStatGpuMemSuspend`).
-    pub(crate) fn suspendable_bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.lock().owned.iter().map(|o| o.bytes).sum()
     }
 
-    pub(crate) fn is_suspended(&self) -> bool {
-        self.lock().suspended
+    pub(crate) fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+
+    /// Marks the memory as given up on (see [`Phase::Broken`]).
+    pub(crate) fn break_down(&self) {
+        self.lock().phase = Phase::Broken;
     }
 
     /// A zeroed block of `bytes` for connections; `exported`: a peer in another process will
-    /// map it. Suspendable where enabled and large enough.
-    pub(crate) fn alloc(&self, device: &Device, bytes: usize, exported: bool) -> Result<DevBuffer> {
+    /// map it. Suspendable where enabled, large enough and exportable; plain otherwise.
+    pub(crate) fn alloc(
+        self: &Arc<Self>,
+        device: &Device,
+        bytes: usize,
+        exported: bool,
+    ) -> Result<OwnBlock> {
+        let plain = |device: &Device| -> Result<OwnBlock> {
+            Ok(OwnBlock {
+                buf: device.alloc(bytes)?,
+                listed_in: None,
+            })
+        };
         if !self.enabled || bytes < MIN_BYTES {
-            return device.alloc(bytes);
+            return plain(device);
         }
-        let buf = device.alloc_vmm(bytes)?;
-        let export = if exported {
-            Some(device.vmm_export_at(buf.ptr)?.ok_or_else(|| {
-                Error::internal("a connection block of the virtual memory API has no descriptor")
-            })?)
-        } else {
-            None
+        let made = device.alloc_vmm_unicast(bytes).and_then(|buf| {
+            let export = match exported {
+                true => Some(device.vmm_export_at(buf.ptr)?.ok_or_else(|| {
+                    Error::internal(
+                        "a connection block of the virtual memory API has no descriptor",
+                    )
+                })?),
+                false => None,
+            };
+            Ok((buf, export))
+        });
+        let (buf, export) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                log::info!(
+                    target: crate::debug::INIT,
+                    "connection block of {bytes} bytes: plain memory, not suspendable (the \
+                     virtual memory API: {e})"
+                );
+                return plain(device);
+            }
         };
         self.lock().owned.push(Owned {
             ptr: buf.ptr,
@@ -110,12 +190,10 @@ impl Ledger {
             exported,
             backup: None,
         });
-        Ok(buf)
-    }
-
-    /// Whether the block at `ptr` is one of ours in the virtual memory API.
-    pub(crate) fn owns(&self, ptr: DevPtr) -> bool {
-        self.lock().owned.iter().any(|o| o.ptr == ptr)
+        Ok(OwnBlock {
+            buf,
+            listed_in: Some(self.clone()),
+        })
     }
 
     /// The export of our block at `ptr` where it has one: (its ticket, the bytes a peer maps).
@@ -126,35 +204,38 @@ impl Ledger {
     }
 
     /// Maps `owner`'s block (at `owner_ptr` there) from its export's `ticket`, `bytes` of it,
-    /// and lists it.
+    /// and lists it while the mapping lives.
     pub(crate) fn map_peer(
-        &self,
+        self: &Arc<Self>,
         device: &Device,
         owner: usize,
         owner_ptr: DevPtr,
         ticket: &Ticket,
         bytes: usize,
-    ) -> Result<VmmMapping> {
+    ) -> Result<PeerBlock> {
         let fd = fdpass::take(ticket)?;
-        let m = device.vmm_import(fd.as_fd(), bytes)?;
+        let mapping = device.vmm_import(fd.as_fd(), bytes)?;
         self.lock().mapped.push(Mapped {
             owner,
             owner_ptr,
-            ptr: m.ptr,
+            ptr: mapping.ptr,
             bytes,
         });
-        Ok(m)
+        Ok(PeerBlock {
+            mapping,
+            listed_in: self.clone(),
+        })
     }
 
     /// Gives back the memory: unmaps every peer block, then saves and releases each owned
-    /// one. The communicator's work must have ended on every rank.
+    /// one. The communicator's work must have ended on every rank. A failure leaves the
+    /// memory [`Phase::Broken`].
     pub(crate) fn suspend(&self, device: &Device) -> Result<()> {
         let mut st = self.lock();
-        if st.suspended {
-            return Err(Error::invalid_usage(
-                "the communicator is suspended already",
-            ));
+        if st.phase != Phase::Active {
+            return Err(Error::internal(format!("suspend from {:?}", st.phase)));
         }
+        st.phase = Phase::Broken;
         for m in &st.mapped {
             device.vmm_detach(m.ptr, m.bytes)?;
         }
@@ -166,27 +247,27 @@ impl Ledger {
             o.export = None;
             device.vmm_evict(o.ptr)?;
         }
-        st.suspended = true;
+        st.phase = Phase::Suspended;
         Ok(())
     }
 
     /// Takes memory again for each owned block, restores its bytes and exports it anew: what
-    /// the peers that map them need ([`Ledger::remap_peers`]).
+    /// the peers that map them need ([`Suspendable::remap_peers`]). A failure leaves the
+    /// memory [`Phase::Broken`].
     pub(crate) fn restore_own(&self, device: &Device) -> Result<Vec<Reissue>> {
         let mut st = self.lock();
-        if !st.suspended {
-            return Err(Error::invalid_usage(
-                "the communicator is not suspended (ncclCommSuspend first)",
-            ));
+        if st.phase != Phase::Suspended {
+            return Err(Error::internal(format!("resume from {:?}", st.phase)));
         }
+        st.phase = Phase::Broken;
         let mut reissued = Vec::new();
         for o in st.owned.iter_mut() {
-            if let Some(saved) = o.backup.as_ref() {
-                device.vmm_restore(o.ptr)?;
-                device.copy_htod(o.ptr, saved)?;
-                o.backup = None;
-            }
-            if o.exported && o.export.is_none() {
+            let saved = o.backup.take().ok_or_else(|| {
+                Error::internal("a suspended connection block without its saved bytes")
+            })?;
+            device.vmm_restore(o.ptr)?;
+            device.copy_htod(o.ptr, &saved)?;
+            if o.exported {
                 let e = device.vmm_export_at(o.ptr)?.ok_or_else(|| {
                     Error::internal("a resumed connection block has no descriptor")
                 })?;
@@ -201,7 +282,7 @@ impl Ledger {
     }
 
     /// Maps each listed peer block where it was, from its owner's new export (`by_rank[r]`:
-    /// what rank r reissued); then the communicator is whole again.
+    /// what rank r reissued); then the memory is [`Phase::Active`] again.
     pub(crate) fn remap_peers(&self, device: &Device, by_rank: &[Vec<Reissue>]) -> Result<()> {
         let mut st = self.lock();
         for m in &st.mapped {
@@ -223,7 +304,7 @@ impl Ledger {
             let fd = fdpass::take(ticket)?;
             device.vmm_reattach(fd.as_fd(), m.ptr, m.bytes)?;
         }
-        st.suspended = false;
+        st.phase = Phase::Active;
         Ok(())
     }
 }

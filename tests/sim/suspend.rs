@@ -21,6 +21,14 @@ fn threads_suspend_and_resume_between_collectives() {
     }
     every_collective(&ranks, 11);
     check_all_to_all(&ranks, 3000, Drive::Group).unwrap();
+    // Inside a group the calls queued before would launch after the release: refused.
+    nccl::group_start();
+    let e = ranks.comms[0]
+        .suspend(SUSPEND_MEM)
+        .expect_err("a suspend inside a group");
+    nccl::group_end().unwrap();
+    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+    assert!(e.message.contains("group"), "{e}");
     for round in 0..2 {
         suspend_and_resume(&ranks).unwrap_or_else(|e| panic!("round {round}: {e}"));
         every_collective(&ranks, 12 + round);
@@ -78,22 +86,34 @@ fn processes_suspend_and_resume() {
 }
 
 /// With `NCCL_CUMEM_ENABLE=0` the connections' memory is plain: nothing is suspendable, and a
-/// suspend is refused (the communicator stays usable).
+/// suspend is refused (the communicator stays usable). With it on one rank only, the other
+/// ranks are refused too (a remote error naming that rank), rather than left waiting.
 #[test]
 fn plain_memory_refuses_a_suspend() {
     let Some((rank, nranks, id)) = procs::child() else {
         common::sim();
         procs::run(2, &[("NCCL_CUMEM_ENABLE", "0")]);
+        procs::run_each(3, &[], |r| match r {
+            1 => vec![("NCCL_CUMEM_ENABLE".into(), "0".into())],
+            _ => Vec::new(),
+        });
         return;
     };
     common::sim();
     let comm = Comm::init_rank_on(common::sim_dev(rank), nranks, &id, rank).expect("init");
-    assert_eq!(comm.suspendable_memory(), 0);
+    let plain = std::env::var("NCCL_CUMEM_ENABLE").is_ok_and(|v| v == "0");
+    assert_eq!(comm.suspendable_memory() == 0, plain, "rank {rank}");
     let e = comm
         .suspend(SUSPEND_MEM)
-        .expect_err("a suspend of plain memory");
-    assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
-    assert!(e.message.contains("NCCL_CUMEM_ENABLE"), "{e}");
+        .expect_err("a suspend where some memory is plain");
+    if plain {
+        assert_eq!(e.code, NcclResult::InvalidUsage, "{e}");
+        assert!(e.message.contains("NCCL_CUMEM_ENABLE"), "{e}");
+    } else {
+        assert_eq!(e.code, NcclResult::RemoteError, "{e}");
+        assert!(e.message.contains("rank 1 could not go on"), "{e}");
+    }
+    assert!(!comm.is_suspended());
     let ranks = Ranks::new(vec![comm]);
     let (f, sum) = (DataType::Float32, ReduceOp::SUM);
     check_all_reduce(&ranks, 4099, f, sum, false, 5, Drive::OneThread).unwrap();

@@ -17,6 +17,8 @@ pub(super) struct Mapping {
     pub(super) size: usize,
     /// 0 while evicted (`suspend.rs`): the range is reserved and mapped to nothing.
     pub(super) handle: sys::CUmemGenericAllocationHandle,
+    /// The shareable handle type it was created with (a restore creates its memory alike).
+    pub(super) handles: sys::CUmemAllocationHandleType,
 }
 
 pub(super) fn mappings() -> MutexGuard<'static, HashMap<DevPtr, Mapping>> {
@@ -61,7 +63,7 @@ impl Device {
     /// The granularity sizes are rounded to: the driver's recommended one, and the multicast
     /// one where NVLS may be used (the user set NCCL_NVLS_ENABLE to 1 and the device supports multicast;
     /// the query creates no multicast object, and is skipped otherwise all the same).
-    fn vmm_granularity(&self, prop: &sys::CUmemAllocationProp) -> Result<usize> {
+    fn vmm_granularity(&self, prop: &sys::CUmemAllocationProp, multicast: bool) -> Result<usize> {
         use sys::CUdevice_attribute::*;
         let mut gran = 0usize;
         // SAFETY: out-parameter; prop is a valid property structure.
@@ -75,7 +77,8 @@ impl Device {
             },
             "cuMemGetAllocationGranularity",
         )?;
-        if crate::cuda::multicast::allowed_by_env()
+        if multicast
+            && crate::cuda::multicast::allowed_by_env()
             && self.attr(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 0
         {
             // SAFETY: a plain C structure, zero where not set.
@@ -146,7 +149,7 @@ impl Device {
 // ---- Registered VMM buffers across processes (`regmap`): the owner exports the allocation
 // behind a registered buffer as a POSIX descriptor, a peer process imports it and maps it.
 
-pub(super) const FD_HANDLE: sys::CUmemAllocationHandleType =
+const FD_HANDLE: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
 impl Device {}
@@ -195,7 +198,7 @@ impl Sharing for Device {
 
     /// `bytes` of device memory (at least 1) through the virtual memory API, rounded up to
     /// the granularity: (address, mapped size). Freed by [`Device::free`].
-    fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+    fn alloc_vmm(&self, bytes: usize, multicast: bool) -> Result<(DevPtr, usize)> {
         use sys::CUdevice_attribute::*;
         self.make_current()?;
         if self.attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? == 0 {
@@ -206,7 +209,7 @@ impl Sharing for Device {
         }
         let fd = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         let mut prop = self.vmm_prop(fd)?;
-        let gran = self.vmm_granularity(&prop)?;
+        let gran = self.vmm_granularity(&prop, multicast)?;
         let size = round_up(bytes.max(1), gran);
         let mut handle = 0;
         // SAFETY: out-parameter; prop is valid; size is a multiple of the granularity.
@@ -244,7 +247,15 @@ impl Sharing for Device {
                 return Err(e);
             }
         };
-        mappings().insert(ptr, Mapping { size, handle });
+        let handles = prop.requestedHandleTypes;
+        mappings().insert(
+            ptr,
+            Mapping {
+                size,
+                handle,
+                handles,
+            },
+        );
         Ok((ptr, size))
     }
 

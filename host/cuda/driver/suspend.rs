@@ -2,7 +2,7 @@
 //! `ncclCommResume`): `cuMemUnmap` + `cuMemRelease` leave the range reserved; a new
 //! `cuMemCreate` (or a peer's new descriptor) is mapped at the same address again.
 
-use super::sharing::{import_fd, imports, mappings, FD_HANDLE};
+use super::sharing::{import_fd, imports, mappings};
 use super::*;
 use crate::cuda::backend::Suspending;
 use std::os::fd::BorrowedFd;
@@ -43,13 +43,12 @@ impl Suspending for Device {
             .ok_or_else(|| Error::internal(format!("{p:#x} is no mapped VMM allocation")))?;
         extent_cache::forget(p);
         // SAFETY: a live mapping of m.size bytes of m.handle made by alloc_vmm; the range
-        // stays reserved (freed by free_vmm, which skips the unmap while evicted).
-        unsafe {
-            check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")?;
-            check(sys::cuMemRelease(m.handle), "cuMemRelease")?;
-        }
-        m.handle = 0;
-        Ok(())
+        // stays reserved (freed by free_vmm, which skips the unmap while evicted). Once
+        // unmapped, the entry says so whatever the release answers.
+        unsafe { check(sys::cuMemUnmap(p, m.size), "cuMemUnmap")? };
+        let handle = std::mem::take(&mut m.handle);
+        // SAFETY: the handle alloc_vmm created (or a restore), mapped nowhere now.
+        check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
     }
 
     fn vmm_restore(&self, p: DevPtr) -> Result<()> {
@@ -59,7 +58,7 @@ impl Suspending for Device {
             .get_mut(&p)
             .filter(|m| m.handle == 0)
             .ok_or_else(|| Error::internal(format!("{p:#x} is no evicted VMM allocation")))?;
-        let prop = self.vmm_prop(FD_HANDLE)?;
+        let prop = self.vmm_prop(m.handles)?;
         let mut handle = 0;
         // SAFETY: out-parameter; prop is valid; m.size is what alloc_vmm created (a multiple
         // of the granularity).
@@ -85,13 +84,12 @@ impl Suspending for Device {
             .ok_or_else(|| Error::internal(format!("{p:#x} is no mapped peer allocation")))?;
         extent_cache::forget(p);
         // SAFETY: a live mapping of `bytes` of `handle` made by vmm_import; the range stays
-        // reserved (freed by vmm_unmap, which skips the unmap while detached).
-        unsafe {
-            check(sys::cuMemUnmap(p, bytes), "cuMemUnmap")?;
-            check(sys::cuMemRelease(*handle), "cuMemRelease")?;
-        }
-        *handle = 0;
-        Ok(())
+        // reserved (freed by vmm_unmap, which skips the unmap while detached). Once unmapped,
+        // the entry says so whatever the release answers.
+        unsafe { check(sys::cuMemUnmap(p, bytes), "cuMemUnmap")? };
+        let old = std::mem::take(handle);
+        // SAFETY: the imported handle, mapped nowhere now.
+        check(unsafe { sys::cuMemRelease(old) }, "cuMemRelease")
     }
 
     fn vmm_reattach(&self, fd: BorrowedFd<'_>, p: DevPtr, bytes: usize) -> Result<()> {

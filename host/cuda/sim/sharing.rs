@@ -73,7 +73,7 @@ impl Sharing for Device {
     /// [`SIM_VMM_GRANULARITY`], and shareable only through its descriptor (a memfd, kept with
     /// the region), like `cuMemCreate` with a POSIX descriptor handle: `ipc_handle` refuses it
     /// as `cuIpcGetMemHandle` does. (address, size).
-    fn alloc_vmm(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+    fn alloc_vmm(&self, bytes: usize, _multicast: bool) -> Result<(DevPtr, usize)> {
         use std::os::fd::AsRawFd;
         let size = bytes.max(1).div_ceil(SIM_VMM_GRANULARITY) * SIM_VMM_GRANULARITY;
         let fd = vmm_memfd(size)?;

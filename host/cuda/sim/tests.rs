@@ -63,7 +63,7 @@ fn an_ipc_handle_naming_another_object_is_refused() {
 fn vmm_memory_is_shared_by_its_descriptor_only() {
     use std::os::fd::AsFd;
     let dev = Device::open(0).expect("simulated device");
-    let (p, size) = dev.alloc_vmm(1000).expect("alloc_vmm");
+    let (p, size) = dev.alloc_vmm(1000, true).expect("alloc_vmm");
     assert_eq!(size, SIM_VMM_GRANULARITY);
     assert!(dev.ipc_handle(p).is_err());
     dev.copy_htod(p + 100, &[1, 2, 3]).unwrap();
