@@ -27,8 +27,8 @@ use crate::cuda::StreamHandle;
 use crate::cuda::{DevBuffer, DevPtr};
 use crate::error::{Error, Result};
 use nccl_device::abi::{
-    Coll, SymDev, MAX_CHANNELS, PROTO_LL, PROTO_SIMPLE, SYM_FLAG_BYTES, SYM_LL_BYTES,
-    SYM_LL_MAX_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS, SYM_SRC_STAGED,
+    sym_src_window, Coll, SymDev, MAX_CHANNELS, PROTO_LL, PROTO_SIMPLE, SYM_FLAG_BYTES,
+    SYM_LL_BYTES, SYM_LL_MAX_BYTES, SYM_MAX_RANKS, SYM_MAX_WINDOWS, SYM_SRC_STAGED,
 };
 use nccl_device::ops::RedOpKind;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -469,7 +469,7 @@ impl Comm {
                 if proto != PROTO_LL {
                     self.tie_to_graph(&w.graphs, c.stream)?;
                 }
-                nccl_device::abi::sym_src_window(slot, send - w.base)
+                sym_src_window(slot, send - w.base)
             }
             None => SYM_SRC_STAGED,
         };
@@ -491,13 +491,19 @@ impl Comm {
         }))
     }
 
-    /// The multimem form of an AllReduce of the loads form (NVLS on windows): where the
-    /// input's window and a window holding the whole output have multicast objects (all ranks
-    /// or none do), the switch reduces the (type, reduction) without `pre` (sum, min, max, an
-    /// integer average, where `multimem_op` has it), both lie 16-byte aligned in their
-    /// windows, and the count splits into whole packs per rank. These are this rank's facts:
-    /// the kernel takes the form only where every rank's buffers lie at the same places (its
-    /// arrival publishes them), one-shot or inside the two-shot's phases alike.
+    /// The multimem form of a call of the loads form (NVLS on windows): the multicast
+    /// addresses of its input and its output (0 where the form does not use one), and what
+    /// this rank publishes at its arrival ([`nccl_device::abi::CollArgs::sym_dst`]: nonzero only
+    /// with the form, so that a rank without it keeps every rank from it). Where the count
+    /// splits into blocks of whole packs per rank and the buffers the form reaches through
+    /// the switch lie 16-byte aligned in windows with multicast objects (all ranks or none
+    /// have them): AllReduce both (its input reduced and its output stored through the
+    /// switch), AllGather its output (every rank's block stored into every output at once),
+    /// ReduceScatter its input (each rank's block reduced from every input at once, its output
+    /// plain); a reduction only where the switch has the (type, reduction) without `pre` (sum,
+    /// min, max, an integer average). These are this rank's facts: the kernel takes the form
+    /// only where every rank's buffers lie at the same places (its arrival publishes them),
+    /// one-shot or inside the two-shot's phases alike.
     fn multimem_launch(
         &self,
         c: &CollCall,
@@ -510,38 +516,40 @@ impl Comm {
             RedOpKind::Sum | RedOpKind::Min | RedOpKind::Max => true,
             RedOpKind::Avg => !c.dt.is_float(),
             _ => false,
+        } && nccl_device::arch::multimem_op(c.dt, c.op.kind()).is_some();
+        // One rank's block of whole packs: AllReduce's buffer splits in `nranks`.
+        let block = match c.coll {
+            Coll::AllReduce => sizes.bytes / self.nranks,
+            _ => sizes.bytes,
         };
-        let whole = sizes.bytes.is_multiple_of(16 * self.nranks);
-        if c.coll != Coll::AllReduce || !reduces || !whole {
-            return Ok(None);
-        }
-        if nccl_device::arch::multimem_op(c.dt, c.op.kind()).is_none() {
+        let whole = match c.coll {
+            Coll::AllReduce => sizes.bytes.is_multiple_of(16 * self.nranks),
+            _ => block.is_multiple_of(16),
+        };
+        let at_in = c.send - input.base;
+        if !whole || block == 0 || !at_in.is_multiple_of(16) || !c.recv.is_multiple_of(16) {
             return Ok(None);
         }
         let end = c.recv + sizes.recv_bytes as u64;
         let output = windows
             .iter()
             .find(|w| w.slot.is_some() && c.recv >= w.base && end <= w.base + w.bytes as u64);
-        let (Some(in_mc), Some(out), Some(out_mc)) = (
-            input.mc.as_ref(),
-            output,
-            output.and_then(|w| w.mc.as_ref()),
-        ) else {
-            return Ok(None);
+        let in_mc = input.mc.as_ref().map(|m| m.addr + at_in);
+        let out_mc = output.and_then(|w| Some((w, w.mc.as_ref()?.addr + (c.recv - w.base))));
+        let (src, dst, published) = match (c.coll, in_mc, out_mc) {
+            (Coll::AllReduce, Some(i), Some((w, o))) if reduces => (i, o, at_out(w, c.recv)),
+            (Coll::AllGather, _, Some((w, o))) => (0, o, at_out(w, c.recv)),
+            (Coll::ReduceScatter, Some(i), _) if reduces => {
+                (i, 0, sym_src_window(input.slot.unwrap_or_default(), at_in))
+            }
+            _ => return Ok(None),
         };
-        let (at_in, at_out) = (c.send - input.base, c.recv - out.base);
-        if !at_in.is_multiple_of(16) || !at_out.is_multiple_of(16) {
-            return Ok(None);
+        if let Some((w, _)) =
+            out_mc.filter(|_| dst != 0 && output.map(|w| w.base) != Some(input.base))
+        {
+            self.tie_to_graph(&w.graphs, c.stream)?;
         }
-        if out.base != input.base {
-            self.tie_to_graph(&out.graphs, c.stream)?;
-        }
-        let slot = out.slot.unwrap_or_default();
-        Ok(Some((
-            in_mc.addr + at_in,
-            out_mc.addr + at_out,
-            nccl_device::abi::sym_src_window(slot, at_out),
-        )))
+        Ok(Some((src, dst, published)))
     }
 
     /// Where `stream` is capturing: counts the graph in `graphs` until CUDA destroys it.
@@ -695,6 +703,11 @@ fn check_symmetric(offers: &[Offer]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// What a rank whose output lies at `recv` in window `w` publishes at its arrival.
+fn at_out(w: &Window, recv: DevPtr) -> u64 {
+    sym_src_window(w.slot.unwrap_or_default(), recv - w.base)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The symmetric path's multimem AllReduce (NVLS on windows, `comm/window.rs`
-//! `multimem_launch`, `coll/symmetric.rs` `switch_slice`) on the simulator's switch
+//! The symmetric path's multimem AllReduce, AllGather and ReduceScatter (NVLS on windows,
+//! `comm/window.rs` `multimem_launch`, `coll/symmetric.rs` `switch_*`) on the simulator's switch
 //! (NCCL_RS_SIM_NVLS=1, in a child of its own): with both buffers in windows of `ncclMemAlloc`
 //! memory, each rank reduces its block through the input's multicast address and stores it
 //! through the output's. Checked with exact sums and poisoned guards around the outputs; the
@@ -16,6 +16,10 @@ const WINDOW: usize = 16 << 10;
 
 fn stores() -> u64 {
     nccl_device::arch::multimem_stores()
+}
+
+fn loads() -> u64 {
+    nccl_device::arch::multimem_loads()
 }
 
 fn case(ranks: &Ranks) {
@@ -62,6 +66,36 @@ fn case(ranks: &Ranks) {
         before,
         "{n} ranks: a multimem store where buffers differ"
     );
+    // AllGather: each rank's block stored once through the output's multicast address;
+    // ReduceScatter: each rank's block reduced once through the input's. A block that is no
+    // whole number of packs, or inputs at different offsets, take the loads form.
+    for (count, seed) in [(1024, 6), (28, 7)] {
+        let packs = (n * count * 4 / 16) as u64;
+        let before = stores();
+        collective_at(ranks, Coll::AllGather, &send, &recv, count, seed);
+        assert_eq!(
+            stores() - before,
+            packs,
+            "{n} ranks: AllGather of {count} floats"
+        );
+        let before = loads();
+        collective_at(ranks, Coll::ReduceScatter, &send, &recv, count, seed + 10);
+        assert_eq!(
+            loads() - before,
+            packs,
+            "{n} ranks: ReduceScatter of {count} floats"
+        );
+    }
+    let (before_st, before_ld) = (stores(), loads());
+    for (coll, seed) in [(Coll::AllGather, 20), (Coll::ReduceScatter, 21)] {
+        collective_at(ranks, coll, &send, &recv, 1023, seed);
+        collective_at(ranks, coll, &skewed, &recv, 1024, seed + 2);
+    }
+    assert_eq!(
+        (stores(), loads()),
+        (before_st, before_ld),
+        "{n} ranks: the switch used where blocks or offsets differ"
+    );
     let lent = common::lend(&ranks.comms);
     for (i, h) in handles.into_iter().enumerate() {
         lent[i % n].window_deregister_raw(h).unwrap();
@@ -69,7 +103,7 @@ fn case(ranks: &Ranks) {
 }
 
 #[test]
-fn all_reduce_through_the_windows_multicast_objects() {
+fn collectives_through_the_windows_multicast_objects() {
     let env = [
         ("NCCL_RS_SIM_NVLS", "1"),
         ("NCCL_RS_SYMMETRIC_MAX_BYTES", "1048576"),

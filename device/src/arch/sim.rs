@@ -470,6 +470,7 @@ pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
     {
         trap();
     }
+    MULTIMEM_LOADS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
     with_members(p as u64, 16, |members| {
         let mut acc: Option<Pack16> = None;
         for m in members {
@@ -487,6 +488,14 @@ pub unsafe fn multimem_ld_reduce<T: crate::types::Elem>(
         }
         acc.unwrap_or_default()
     })
+}
+
+/// Packs `multimem_ld_reduce` reduced in this process (the tests see which path a call took).
+static MULTIMEM_LOADS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many packs [`multimem_ld_reduce`] has reduced in this process.
+pub fn multimem_loads() -> u64 {
+    MULTIMEM_LOADS.load(core::sync::atomic::Ordering::Relaxed)
 }
 
 /// Packs `multimem_st` wrote in this process (the tests see which path a call took).

@@ -120,6 +120,12 @@ pub unsafe fn run<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
             Coll::AllReduce if args.mc_dst != 0 && k.all_alike(args.sym_src, args.sym_dst) => {
                 k.switch_slice::<T, O>(&op, args, grid)
             }
+            Coll::AllGather if args.mc_dst != 0 && k.all_alike(args.sym_src, args.sym_dst) => {
+                k.switch_gather::<T>(args, grid)
+            }
+            Coll::ReduceScatter if args.mc_src != 0 && k.all_alike(args.sym_src, args.sym_dst) => {
+                k.switch_scatter::<T, O>(&op, args, grid)
+            }
             Coll::AllGather => k.gather_slice::<T>(output, count, start, end),
             Coll::ReduceScatter => k.reduce_slice::<T, O>(&op, output, rank * count, start, end),
             _ => k.reduce_slice::<T, O>(&op, output, 0, start, end),
@@ -224,6 +230,48 @@ impl Cta {
                 v = map1::<T>(v, |a| op.post(a));
             }
             arch::multimem_st(dst.add(j), v);
+            j += self.nthreads;
+        }
+    }
+
+    /// The multimem AllGather (NVLS on windows): this rank stores its input (this CTA's slice
+    /// of it) into its block of every rank's output at once, through the output's multicast
+    /// address. The host asks only for blocks of whole packs, 16-byte aligned.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn switch_gather<T: Elem>(&self, args: &CollArgs, grid: usize) {
+        let pe = pack_elems::<T>();
+        let count = args.count as usize;
+        let (start, end) = channel_range::<T>(count, self.cta, grid);
+        let src = args.sendbuff as *const Pack16;
+        let dst = (args.mc_dst as *mut Pack16).add(self.rank * count / pe);
+        let mut j = start / pe + self.tid;
+        while j < end / pe {
+            arch::multimem_st(dst.add(j), arch::ld_pack(src.add(j)));
+            j += self.nthreads;
+        }
+    }
+
+    /// The multimem ReduceScatter (NVLS on windows): this rank reduces its block of every
+    /// rank's input (this CTA's slice of it) through the switch, from the input's multicast
+    /// address, and stores it into its own output. The host asks only for (type, reduction)
+    /// pairs the switch has, without `pre`, and for blocks of whole packs, 16-byte aligned.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn switch_scatter<T: Elem, O: RedOp<T>>(&self, op: &O, args: &CollArgs, grid: usize) {
+        let Some(mc) = arch::multimem_op(T::DTYPE, O::KIND).filter(|_| !O::HAS_PRE) else {
+            arch::trap();
+        };
+        let pe = pack_elems::<T>();
+        let count = args.count as usize;
+        let (start, end) = channel_range::<T>(count, self.cta, grid);
+        let src = (args.mc_src as *const Pack16).add(self.rank * count / pe);
+        let dst = args.recvbuff as *mut Pack16;
+        let mut j = start / pe + self.tid;
+        while j < end / pe {
+            let mut v = arch::multimem_ld_reduce::<T>(mc, src.add(j));
+            if O::HAS_POST {
+                v = map1::<T>(v, |a| op.post(a));
+            }
+            arch::st_pack(dst.add(j), v);
             j += self.nthreads;
         }
     }
