@@ -51,6 +51,16 @@ pub(crate) enum CopyColl {
 }
 
 impl CopyColl {
+    /// Its name in profiler events (NCCL's function names).
+    pub(crate) fn name(self) -> &'static std::ffi::CStr {
+        match self {
+            CopyColl::AllGather => c"AllGather",
+            CopyColl::AllToAll => c"AlltoAll",
+            CopyColl::Gather { .. } => c"Gather",
+            CopyColl::Scatter { .. } => c"Scatter",
+        }
+    }
+
     /// The buffer that must lie in a symmetric window for the copy engines to take the call,
     /// and its bytes on every rank.
     fn windowed(self, send: DevPtr, recv: DevPtr, block: usize, n: usize) -> (DevPtr, usize) {
@@ -65,6 +75,8 @@ impl CopyColl {
 impl Comm {
     /// The copy-engine form of `coll` from `send` into `recv` (blocks of `block` bytes on
     /// `stream`): a job for the group to issue, or None where the call keeps its kernels.
+    /// `task` gives the call's profiling, asked only once the copy engines take the call (a
+    /// call that keeps its kernels profiles as they do).
     pub(crate) fn copy_engine_job(
         &self,
         coll: CopyColl,
@@ -72,7 +84,7 @@ impl Comm {
         recv: DevPtr,
         block: usize,
         stream: StreamHandle,
-        task: Option<Task>,
+        task: impl FnOnce() -> Option<Task>,
     ) -> Result<Option<Job>> {
         let n = self.nranks;
         if self.config().cta_policy != CTA_POLICY_ZERO || n < 2 || block == 0 {
@@ -145,17 +157,12 @@ impl Comm {
                 })
             }),
         };
-        let Some(task) = task else {
+        let Some(task) = task() else {
             return Ok(Some(job));
         };
         // Profiled: the copies inside a CeColl event (AllGather and AlltoAll copy to every
         // peer; Gather and Scatter only at the root).
-        let func = match coll {
-            CopyColl::AllGather => c"AllGather",
-            CopyColl::AllToAll => c"AlltoAll",
-            CopyColl::Gather { .. } => c"Gather",
-            CopyColl::Scatter { .. } => c"Scatter",
-        };
+        let func = coll.name();
         let ops = match coll {
             CopyColl::Gather { root } | CopyColl::Scatter { root } if root != me => 0,
             _ => n,

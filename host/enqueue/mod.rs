@@ -137,7 +137,9 @@ fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Res
     }
     if call.coll == Coll::AllGather {
         let (s, r, b, st) = (call.send, call.recv, sizes.bytes, call.stream);
-        if let Some(job) = comm.copy_engine_job(CopyColl::AllGather, s, r, b, st, task.clone())? {
+        if let Some(job) =
+            comm.copy_engine_job(CopyColl::AllGather, s, r, b, st, || task.clone())?
+        {
             return group::ordered(job);
         }
     }

@@ -51,7 +51,10 @@ fn in_group(issue: impl FnOnce() -> Result<()>) -> Result<()> {
 
 impl Comm {
     /// Issues `coll` on the copy engines where it may run there (`comm/copy_engine.rs`):
-    /// whether it did. An error is the group's, in `what`'s name.
+    /// whether it did. An error is the group's, in `what`'s name. Where a profiler listens, a
+    /// call the copy engines take is a `CollApi` event (`api`: its count, type and root) with
+    /// its `CeColl`, in a group of its own outside any.
+    #[allow(clippy::too_many_arguments)]
     fn copy_engine(
         &self,
         what: &str,
@@ -60,17 +63,32 @@ impl Comm {
         recv: DevPtr,
         block: u64,
         stream: StreamHandle,
+        (count, dt, root): (usize, DataType, usize),
     ) -> Result<bool> {
-        let issue = || -> Result<bool> {
-            let Some(job) = self.copy_engine_job(coll, send, recv, block as usize, stream, None)?
+        let mut took = false;
+        let issue = || -> Result<()> {
+            let mut task = None;
+            let profile = || {
+                task = self.profile_call(false, || {
+                    self.api_call(coll.name(), count, dt, root, stream)
+                });
+                task.clone()
+            };
+            let Some(job) =
+                self.copy_engine_job(coll, send, recv, block as usize, stream, profile)?
             else {
-                return Ok(false);
+                return Ok(());
             };
             self.enter_call(what.trim_start_matches("nccl"))?;
-            group::ordered(job)?;
-            Ok(true)
+            let queued = group::ordered(job);
+            if let Some(t) = &task {
+                t.queued();
+            }
+            took = queued.is_ok();
+            queued
         };
-        issue().map_err(|e| group::record_error(e.context(what)))
+        group::own_if_profiled(self, issue).map_err(|e| group::record_error(e.context(what)))?;
+        Ok(took)
     }
 
     /// `ncclAlltoAll`: block `j` (`count` elements) of `send` goes to rank `j`, and rank `i`'s
@@ -97,7 +115,8 @@ impl Comm {
             ))));
         }
         // With CTAPolicy zero into a symmetric window: the copy engines (`comm/copy_engine.rs`).
-        if self.copy_engine(what, CopyColl::AllToAll, send, recv, block, stream)? {
+        let api = (count, dtype, 0);
+        if self.copy_engine(what, CopyColl::AllToAll, send, recv, block, stream, api)? {
             return Ok(());
         }
         in_group(|| {
@@ -187,7 +206,7 @@ impl Comm {
         } else {
             (blocks, mine)
         };
-        if self.copy_engine(what, coll, send, recv, block, stream)? {
+        if self.copy_engine(what, coll, send, recv, block, stream, (count, dtype, root))? {
             return Ok(());
         }
         let (root_side, rank_side) = match to_root {

@@ -484,20 +484,36 @@ fn copy_engine_collectives_are_ce_events() {
     for (r, lines) in all {
         stopped_once(&lines);
         let by_handle = starts(&lines);
-        let ce: Vec<&Line> = of_type(&lines, "CeColl")
-            .into_iter()
-            .filter(|c| c.get("func") == "AllGather")
-            .collect();
-        assert!(!ce.is_empty(), "rank {r}: no AllGather on the copy engines");
-        for c in ce {
-            assert_eq!(by_handle[c.get("parent")].get("type"), "CollApi", "{c:?}");
-            let batch = of_type(&lines, "CeBatch")
+        // Every copy-engine collective is a CeColl under a CollApi of its own name, with one
+        // CeBatch: AllGather and AlltoAll copy to both ranks, Gather and Scatter only at the
+        // root (each rank is the root once).
+        for func in ["AllGather", "AlltoAll", "Gather", "Scatter"] {
+            let ce: Vec<&Line> = of_type(&lines, "CeColl")
                 .into_iter()
-                .find(|b| b.get("parent") == c.get("h"))
-                .unwrap_or_else(|| panic!("rank {r}: no CeBatch under {c:?}"));
-            let block: usize = c.get("count").parse().unwrap();
-            assert_eq!(batch.get("ops"), "2");
-            assert_eq!(batch.get("bytes"), (2 * block).to_string());
+                .filter(|c| c.get("func") == func)
+                .collect();
+            assert!(!ce.is_empty(), "rank {r}: no {func} on the copy engines");
+            let mut ops_seen = Vec::new();
+            for c in ce {
+                let api = &by_handle[c.get("parent")];
+                assert_eq!(api.get("type"), "CollApi", "{c:?}");
+                assert_eq!(api.get("func"), func, "{c:?} under {api:?}");
+                let batch = of_type(&lines, "CeBatch")
+                    .into_iter()
+                    .find(|b| b.get("parent") == c.get("h"))
+                    .unwrap_or_else(|| panic!("rank {r}: no CeBatch under {c:?}"));
+                let block: usize = c.get("count").parse().unwrap();
+                let ops: usize = batch.get("ops").parse().unwrap();
+                assert_eq!(batch.get("bytes"), (ops * block).to_string(), "{batch:?}");
+                ops_seen.push(ops);
+            }
+            match func {
+                "AllGather" | "AlltoAll" => assert!(ops_seen.iter().all(|&o| o == 2), "{func}"),
+                _ => assert!(
+                    ops_seen.contains(&0) && ops_seen.contains(&2),
+                    "rank {r}: {func} batches {ops_seen:?}"
+                ),
+            }
         }
     }
 }
