@@ -527,7 +527,10 @@ impl Comm {
             _ => block.is_multiple_of(16),
         };
         let at_in = c.send - input.base;
-        if !whole || block == 0 || !at_in.is_multiple_of(16) || !c.recv.is_multiple_of(16) {
+        // Both buffers' own addresses aligned: an AllGather loads its input by packs, and an
+        // input window without a multicast object may start anywhere.
+        let aligned = (c.send | c.recv).is_multiple_of(16);
+        if !whole || block == 0 || !at_in.is_multiple_of(16) || !aligned {
             return Ok(None);
         }
         let end = c.recv + sizes.recv_bytes as u64;

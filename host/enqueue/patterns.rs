@@ -79,8 +79,10 @@ impl Comm {
             else {
                 return Ok(());
             };
-            self.enter_call(what.trim_start_matches("nccl"))?;
-            let queued = group::ordered(job);
+            let queued = self
+                .enter_call(what.trim_start_matches("nccl"))
+                .and_then(|()| group::ordered(job));
+            // The API event ends whatever became of the call.
             if let Some(t) = &task {
                 t.queued();
             }

@@ -86,10 +86,18 @@ fn case(ranks: &Ranks) {
             "{n} ranks: ReduceScatter of {count} floats"
         );
     }
+    // An input window 8 bytes into its allocation (so without a multicast object), the
+    // input at its start: an AllGather's packs of it would be misaligned.
+    let odd_bufs: Vec<DevBuffer> = ranks.comms.iter().map(alloc).collect();
+    let odd = at(&odd_bufs, &|_| 8);
+    for h in register_all(&ranks.comms, &odd, &vec![4 * WINDOW - 8; n], &vec![1; n]) {
+        handles.push(h.expect("a symmetric window 8 bytes in"));
+    }
     let (before_st, before_ld) = (stores(), loads());
     for (coll, seed) in [(Coll::AllGather, 20), (Coll::ReduceScatter, 21)] {
         collective_at(ranks, coll, &send, &recv, 1023, seed);
         collective_at(ranks, coll, &skewed, &recv, 1024, seed + 2);
+        collective_at(ranks, coll, &odd, &recv, 1024, seed + 4);
     }
     assert_eq!(
         (stores(), loads()),
