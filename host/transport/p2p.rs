@@ -122,14 +122,10 @@ const REC_LOCAL: u8 = 2;
 /// A peer's block mapped into this process: held as long as the connections using it.
 pub type PeerMapping = Box<dyn std::any::Any + Send + Sync>;
 
-/// The record that lets a peer reach `own`, a block `suspendable` made.
-pub(crate) fn export(
-    device: &Device,
-    suspendable: &Suspendable,
-    own: &OwnBlock,
-) -> Result<Vec<u8>> {
+/// The record that lets a peer reach `own`.
+pub(crate) fn export(device: &Device, own: &OwnBlock) -> Result<Vec<u8>> {
     let mut e = vec![0u8; EXPORT_BYTES];
-    if let Some((ticket, bytes)) = suspendable.ticket(own.buf.ptr) {
+    if let Some((ticket, bytes)) = own.ticket() {
         e[0] = REC_VMM;
         e[1..1 + TICKET_BYTES].copy_from_slice(&ticket.encode());
         e[73..81].copy_from_slice(&(bytes as u64).to_le_bytes());
@@ -198,9 +194,7 @@ pub(crate) fn import(
             let mut t = [0u8; TICKET_BYTES];
             t.copy_from_slice(&record[1..1 + TICKET_BYTES]);
             let bytes = word(73) as usize;
-            if bytes < needed {
-                return Err(check_block(addr, bytes, needed).unwrap_err());
-            }
+            check_block(addr, bytes, needed)?;
             let m = suspendable.map_peer(device, owner, addr, &Ticket::decode(&t), bytes)?;
             (m.mapping.ptr, Box::new(m))
         }
@@ -295,9 +289,7 @@ impl RingSetup {
         }
         let exported = any_other_process(wants.iter().filter_map(|w| cx.peers.get(w.peer)));
         let own = cx.suspendable.alloc(cx.device, layout.total(), exported)?;
-        let all = cx
-            .bootstrap
-            .allgather(&export(cx.device, cx.suspendable, &own)?)?;
+        let all = cx.bootstrap.allgather(&export(cx.device, &own)?)?;
         Ok(RingSetup {
             layout,
             own,
@@ -457,8 +449,7 @@ impl LinkSetup {
             let own = cx
                 .suspendable
                 .alloc(cx.device, block.bytes(dir), exported)?;
-            cx.bootstrap
-                .send(peer, tag, &export(cx.device, cx.suspendable, &own)?)?;
+            cx.bootstrap.send(peer, tag, &export(cx.device, &own)?)?;
             sides.push((peer, dir, ws, own));
         }
         Ok(LinkSetup { block, sides })
@@ -512,7 +503,7 @@ mod tests {
         let dev = Device::open(0).expect("device 0");
         let suspendable = Arc::new(Suspendable::new());
         let block = suspendable.alloc(&dev, 4096, true).expect("alloc");
-        let record = export(&dev, &suspendable, &block).expect("export");
+        let record = export(&dev, &block).expect("export");
         for same_process in [false, true] {
             let peer = PeerAddr {
                 device: 0,

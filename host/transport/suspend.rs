@@ -84,6 +84,11 @@ impl OwnBlock {
     pub(crate) fn is_listed(&self) -> bool {
         self.listed_in.is_some()
     }
+
+    /// Its export where peer processes map it: (its ticket, the bytes a peer maps).
+    pub(crate) fn ticket(&self) -> Option<(Ticket, usize)> {
+        self.listed_in.as_ref()?.ticket(self.buf.ptr)
+    }
 }
 
 impl Drop for OwnBlock {
@@ -197,7 +202,7 @@ impl Suspendable {
     }
 
     /// The export of our block at `ptr` where it has one: (its ticket, the bytes a peer maps).
-    pub(crate) fn ticket(&self, ptr: DevPtr) -> Option<(Ticket, usize)> {
+    fn ticket(&self, ptr: DevPtr) -> Option<(Ticket, usize)> {
         let st = self.lock();
         let e = st.owned.iter().find(|o| o.ptr == ptr)?.export.as_ref()?;
         Some((e.ticket()?, e.bytes))
