@@ -46,6 +46,9 @@ params! {
     NVLS_ENABLE = "0",
         "exactly 1: NVLink SHARP (NVLS) where every rank's GPU supports multicast; \
               anything else: no multicast object is ever created (the shared GPU hosts set 0)";
+    PAT_ENABLE = "2",
+        "0: no PAT (AllGather and ReduceScatter on binomial trees); 1 or 2 (automatic): PAT \
+              where every node holds one rank, chosen by the tuner (rank 0's value counts)";
     NVLS_NCHANNELS = "16",
         "most channels (CTAs) of an NVLS collective, each with its own scratch region";
     NVLS_CHUNKSIZE = "131072",

@@ -180,6 +180,20 @@ impl Comm {
         };
         let (mut ring_tables, mut tree_tables) = (Vec::new(), Vec::new());
         let (tree_up, dbt) = connect_trees(&j, &plan, &links, &maker, &reach, &mut tree_tables)?;
+        let slot = plan.shape.slot_bytes as usize;
+        let pat_ctas = (plan.shape.nchannels as usize).min(pat::PAT_MAX_CTAS);
+        let pat = match pat::wanted(nranks, plan.nodes.len(), plan.shape.algo_mask) {
+            true => Some(pat::connect(
+                rank,
+                nranks,
+                &j.device,
+                pat_ctas,
+                slot,
+                |c| maker.make(1, slot).keyed(c as u32),
+            )?),
+            false => None,
+        };
+        plan.tuner.set_pat(pat.is_some());
         let deterministic =
             deterministic::setup(&j.bootstrap, &j.device, &links, config.deterministic)?;
 
@@ -260,6 +274,7 @@ impl Comm {
             links,
             tree_up,
             dbt,
+            pat,
             nvls,
             rings: plan.rings,
             order,

@@ -29,6 +29,7 @@ pub mod onesided;
 mod onesided_net;
 pub mod op;
 pub mod order;
+mod pat;
 mod peer;
 mod pending;
 mod plan;
@@ -102,6 +103,8 @@ pub struct Comm {
     /// Across nodes, the double binary tree's connections when NCCL_ALGO allows the tree
     /// (then `tree_up` is None): see [`tree`].
     dbt: Option<tree::Dbt>,
+    /// PAT's connections (AllGather and ReduceScatter with one rank per node), where made.
+    pat: Option<pat::Pat>,
     /// NVLS's multicast scratch, where the user set NCCL_NVLS_ENABLE to 1 and the GPUs allow it.
     nvls: Option<nvls::Nvls>,
     /// Every channel's ring, alike on every rank (rank 0's).
@@ -578,6 +581,9 @@ impl Drop for Comm {
         }
         if let Some(t) = self.dbt.take() {
             self.keep.leave(t);
+        }
+        if let Some(p) = self.pat.take() {
+            self.keep.leave(p);
         }
         // Peers' NVLS kernels may still reach our scratch through the multicast mapping.
         if let Some(n) = self.nvls.take() {

@@ -18,8 +18,8 @@ use crate::transport::net::NetPath;
 use crate::transport::regmap::Mark as RegMark;
 use crate::tune::{Algo, Choice};
 use nccl_device::abi::{
-    Coll, CollArgs, ALGO_FOLD, ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE, FLAG_LAB_STAMPS,
-    FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_SYM_TWO_SHOT,
+    Coll, CollArgs, ALGO_FOLD, ALGO_NVLS, ALGO_PAT, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE,
+    FLAG_LAB_STAMPS, FLAG_RING_DIRECT, FLAG_RING_EXCHANGE, FLAG_RING_REGISTERED, FLAG_SYM_TWO_SHOT,
     FLAG_TREE_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
     SYM_LL_CTA_BYTES, SYM_MAX_CTAS, SYM_SRC_STAGED,
 };
@@ -380,6 +380,17 @@ fn collective_args(comm: &Comm, c: &CollCall, bytes: usize) -> Result<Planned> {
         args.proto = PROTO_SIMPLE;
         // One CTA per NVLS channel region.
         grid = grid.min(nvls.nchannels as u32).max(1);
+    }
+    if choice.algo == Algo::Pat {
+        let pat = comm.pat.as_ref().ok_or_else(|| {
+            Error::internal("the tuner chose PAT, whose connections were not made")
+        })?;
+        args.algo = ALGO_PAT;
+        args.pat = pat.array.ptr;
+        // One FIFO slot per step, on every dimension's connections.
+        args.slice_steps = 1;
+        args.chunk_elems = shape.slot_bytes / dt.size() as u32;
+        grid = grid.min(pat.ctas as u32);
     }
     if args.algo == ALGO_RING
         && proto == PROTO_LL

@@ -11,7 +11,7 @@ use crate::profiler::{ApiCall, CeLaunch, CollLaunch, CommProfiler, Event, P2pLau
 use crate::transport::Dir;
 use crate::tune::Coll;
 use nccl_device::abi::{ChannelStamp, MAX_CHANNELS, PROFILE_LAUNCHES, PROTO_LL, PROTO_LL128};
-use nccl_device::abi::{ALGO_NVLS, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE};
+use nccl_device::abi::{ALGO_NVLS, ALGO_PAT, ALGO_RING, ALGO_SYMMETRIC, ALGO_TREE};
 use nccl_device::types::DataType;
 use std::collections::VecDeque;
 use std::ffi::{c_void, CStr};
@@ -348,6 +348,7 @@ pub(crate) fn datatype_name(dt: DataType) -> &'static CStr {
 pub(crate) fn algo_name(algo: u32) -> &'static CStr {
     match algo {
         ALGO_TREE => c"TREE",
+        ALGO_PAT => c"PAT",
         ALGO_RING => c"RING",
         ALGO_NVLS => c"NVLS",
         ALGO_SYMMETRIC => c"SYMMETRIC",

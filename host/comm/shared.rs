@@ -62,6 +62,7 @@ fn fields_are_thread_safe(c: &Comm) {
         links,
         tree_up,
         dbt,
+        pat,
         nvls,
         rings,
         order,
@@ -103,6 +104,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(links);
     both(tree_up);
     both(dbt);
+    both(pat);
     both(nvls);
     both(rings);
     both(order);

@@ -25,6 +25,8 @@ pub const BUILT: &[(Algo, Proto)] = &[
     (Algo::Tree, Proto::Simple),
     // Only across nodes (the double binary tree; the chain inside one node steps Simple).
     (Algo::Tree, Proto::Ll),
+    // Offered only where the communicator connected it (`Tuner::set_pat`).
+    (Algo::Pat, Proto::Simple),
     // Offered only where the communicator set NVLS up (`Tuner::set_nvls`).
     (Algo::Nvls, Proto::Simple),
 ];

@@ -96,6 +96,11 @@ impl TuneParams {
             p.nthreads = Some(n as u32);
         }
         p.plugin = crate::env::TUNER_PLUGIN.raw();
+        if crate::env::PAT_ENABLE.int() == 0 {
+            for row in p.algo.allowed.iter_mut() {
+                row[Algo::Pat as usize] = false;
+            }
+        }
         Ok(p)
     }
 }
@@ -141,6 +146,8 @@ pub struct Tuner {
     /// The double binary tree's depth over the nodes (`graph::dbt_depth`), kept: the tuner
     /// runs on every call, and the depth builds both trees.
     tree_depth: usize,
+    /// PAT is connected (one rank per node: `comm/pat.rs`).
+    pat: bool,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -179,6 +186,7 @@ impl Tuner {
             net_handoff_from: None,
             tree_exchange: false,
             tree_depth: crate::graph::dbt_depth(graphs.nnodes),
+            pat: false,
             params: params.clone(),
             plugin,
         };
@@ -201,6 +209,11 @@ impl Tuner {
     /// agreed flags and trees); only then is the tree offered with LL.
     pub(crate) fn set_tree_exchange(&mut self, on: bool) {
         self.tree_exchange = on;
+    }
+
+    /// Offers PAT (AllGather, ReduceScatter) once the communicator connected it.
+    pub(crate) fn set_pat(&mut self, on: bool) {
+        self.pat = on;
     }
 
     /// Offers NVLS (AllReduce, ReduceScatter, AllGather) once the communicator set it up.
@@ -227,7 +240,8 @@ impl Tuner {
                         Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather
                     )
             }
-            _ => false, // CollNet, NVLS tree, PAT: not built
+            Algo::Pat => self.pat && matches!(coll, Coll::AllGather | Coll::ReduceScatter),
+            _ => false, // CollNet, NVLS tree: not built
         };
         // LL trees: across nodes (the double binary tree, whose links all carry LL); the chain
         // inside one node has Simple FIFOs on its way up.
@@ -264,6 +278,7 @@ impl Tuner {
                 };
                 alg * 2.0 * (n - 1.0) / n
             }
+            Algo::Pat => ring * PAT_BW_EFF,
             _ => ring,
         } * proto_eff(proto);
         if self.nnodes > 1 && proto == Proto::Ll {
@@ -299,6 +314,13 @@ impl Tuner {
                     Coll::AllReduce => 2.0 * intra,
                     _ => intra,
                 }
+            }
+            // One network step per dimension in a row, each a turn of the proxies as the
+            // tree's levels; the other n - 1 - dims steps follow on a dimension in flight.
+            Algo::Pat => {
+                let dims = nccl_device::abi::pat_dims(self.nranks) as f64;
+                let rest = (self.nranks as f64 - 1.0 - dims).max(0.0);
+                base + dims * net + (dims - 1.0).max(0.0) * NET_TURN_US + rest * PAT_STEP_US
             }
             Algo::Tree => {
                 // Up and down the chain inside a node and the double binary tree's hops

@@ -34,6 +34,7 @@ mod one_rank;
 mod onesided;
 mod p2p_large;
 mod p2p_patterns;
+mod pat;
 mod profiler;
 mod publisher;
 mod register;

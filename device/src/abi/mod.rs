@@ -7,7 +7,9 @@ pub const NCCL_STEPS: u32 = 8;
 /// Most channels a communicator may have.
 pub const MAX_CHANNELS: usize = 32;
 
+mod pat;
 mod sym;
+pub use pat::*;
 pub use sym::*;
 
 pub mod gin;
@@ -46,7 +48,7 @@ pub enum Algo {
     Nvls = 4,
     /// NVLink SHARP with a tree (not available here).
     NvlsTree = 5,
-    /// PAT (not available here).
+    /// PAT: parallel aggregated trees (AllGather and ReduceScatter, Simple).
     Pat = 6,
 }
 
@@ -466,6 +468,8 @@ pub struct CollArgs {
     pub mc_src: u64,
     pub mc_dst: u64,
     pub sym_dst: u64,
+    /// [`ALGO_PAT`]: an array of [`PatDev`] in device memory, entry `c` for CTA `c`.
+    pub pat: u64,
 }
 
 /// One CTA's place in a tree across nodes (see [`CollArgs::tree`]): device addresses of the
@@ -761,7 +765,7 @@ const _: () = {
     assert!(core::mem::size_of::<ChannelStamp>() == 32);
     assert!(core::mem::size_of::<LabStamp>() == 32);
     assert!(core::mem::size_of::<NvlsChannel>() == 40);
-    assert!(core::mem::size_of::<CollArgs>() == 160);
+    assert!(core::mem::size_of::<CollArgs>() == 168);
     assert!(core::mem::size_of::<SymSlot>() == 32);
     assert!(core::mem::size_of::<SymDev>() == 24 + 8 * SYM_MAX_RANKS + 8 * MAX_CHANNELS);
     assert!(core::mem::size_of::<TreeDev>() == 32 + 24 * TREE_MAX_CHILDREN);

@@ -8,13 +8,14 @@ pub mod all_reduce;
 pub mod broadcast;
 pub mod fold;
 pub mod nvls;
+pub mod pat;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 pub mod symmetric;
 
 use crate::abi::{
-    ChannelDev, ChannelStamp, Coll, CollArgs, DevComm, LabStamp, ALGO_FOLD, ALGO_NVLS,
+    ChannelDev, ChannelStamp, Coll, CollArgs, DevComm, LabStamp, ALGO_FOLD, ALGO_NVLS, ALGO_PAT,
     ALGO_SYMMETRIC, ALGO_TREE, DIRECT_DECLINE, DIRECT_OFF, FLAG_LAB_STAMPS, FLAG_RING_DIRECT,
     FLAG_RING_REGISTERED, LAB_STAMPS, LL128_STEP_BYTES, LL_STEP_BYTES, MAX_CHANNELS,
     PROFILE_LAUNCHES, PROTO_LL, PROTO_LL128, PROTO_SIMPLE,
@@ -118,6 +119,7 @@ unsafe fn run_body<T: Elem, O: RedOp<T>, const C: u32>(args: &CollArgs) {
     match args.proto {
         _ if args.algo == ALGO_NVLS => nvls::run::<T, O, C>(args),
         _ if args.algo == ALGO_SYMMETRIC => symmetric::run::<T, O, C>(args),
+        _ if args.algo == ALGO_PAT => pat::run::<T, O, C>(args),
         // Only the ReduceScatter kernel folds (one entry per type and reduction is enough).
         _ if C == Coll::ReduceScatter as u32 && args.algo == ALGO_FOLD => fold::run::<T, O>(args),
         PROTO_LL if args.algo == ALGO_TREE => run_with::<T, O, C, PROTO_LL>(args),
