@@ -315,12 +315,11 @@ impl Tuner {
                     _ => intra,
                 }
             }
-            // One network step per dimension in a row, each a turn of the proxies as the
-            // tree's levels; the other n - 1 - dims steps follow on a dimension in flight.
+            // One network message per dimension in a row (small calls pack a dimension's
+            // offsets into one), each a turn of the proxies as the tree's levels.
             Algo::Pat => {
                 let dims = nccl_device::abi::pat_dims(self.nranks) as f64;
-                let rest = (self.nranks as f64 - 1.0 - dims).max(0.0);
-                base + dims * net + (dims - 1.0).max(0.0) * NET_TURN_US + rest * PAT_STEP_US
+                base + dims * net + (dims - 1.0).max(0.0) * NET_TURN_US
             }
             Algo::Tree => {
                 // Up and down the chain inside a node and the double binary tree's hops

@@ -133,7 +133,3 @@ pub(super) const TREE_LEVEL_HANDOFF_US: f64 = 60.0;
 /// PAT's share of the ring's bandwidth: NCCL's model (0.75): its dimensions run one after
 /// another on each piece, without the ring's pipeline. Not fitted on ours.
 pub(super) const PAT_BW_EFF: f64 = 0.75;
-
-/// What each PAT step past the first of its dimension adds (µs): it follows on a connection
-/// already in flight, pipelined up to NCCL_STEPS deep. Not fitted yet.
-pub(super) const PAT_STEP_US: f64 = 2.0;

@@ -23,11 +23,16 @@
 //! waits only for its peer's (i − NCCL_STEPS)-th receive, and its i-th receive for its other
 //! peer's i-th send, so no cycle of waits can form. Each piece of a channel's slice runs
 //! every dimension before the next piece starts (ReduceScatter's scratch holds one piece).
+//!
+//! A slice small enough for dimension 0's `n / 2` offsets to share one FIFO slot goes as one
+//! piece, and each dimension as two steps: one send packing all its offsets' parts, then one
+//! receive (NCCL's aggregation): ceil(log2 n) network messages each way instead of n − 1.
 
 use super::Kernel;
 use crate::abi::{pat_dims, Coll, CollArgs, ConnRecv, ConnSend, DevComm, PatDev, PROTO_SIMPLE};
 use crate::arch;
 use crate::ops::{pack_elems, RedOp, Reduced};
+use crate::prims::copy::Move;
 use crate::prims::{Dst, Prims, Src};
 use crate::types::Elem;
 
@@ -75,6 +80,21 @@ unsafe fn end_dim(p: Prims) {
     arch::sync_threads();
 }
 
+/// Offsets a rank sends (and receives) on the dimension of distance `d`: the multiples of
+/// `2d` below `n - d`.
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+fn offsets(n: usize, d: usize) -> usize {
+    (n - d - 1) / (2 * d) + 1
+}
+
+/// Largest slice a CTA moves in one aggregated piece: dimension 0's `n / 2` parts share a
+/// step of `chunk` elements, each part a whole number of packs. Both ends of every
+/// connection decide alike from the slice (the same on every rank).
+#[cfg_attr(target_arch = "nvptx64", inline(always))]
+fn aggregate_piece<T>(chunk: usize, n: usize) -> usize {
+    chunk / (n / 2) / pack_elems::<T>() * pack_elems::<T>()
+}
+
 /// AllGather (see the module's text). `count` is the per-rank count.
 ///
 /// # Safety
@@ -94,6 +114,43 @@ pub unsafe fn all_gather<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SIMPLE
     let op = k.op;
     let at = |s: usize| output.add(((me + s) % n) * count);
     let (top, chunk) = (pat_dims(n), k.max_chunk());
+    if k.start < k.end && k.end - k.start <= aggregate_piece::<T>(chunk, n) {
+        // The whole slice in one piece, each dimension one step of its offsets' parts.
+        let (m, off, tid, nt) = (k.end - k.start, k.start, k.tid, k.nthreads);
+        for dim in (0..top).rev() {
+            let d = 1usize << dim;
+            let mut p = dim_prims(k, pd, pd.down_send[dim], pd.down_recv[dim]);
+            let parts = offsets(n, d);
+            // A step of sends, then one of receives: a step that did both would wait for its
+            // receive before sending, and so would its peer.
+            p.step_parts(&op, parts, m, false, true, |i, _, to| {
+                let u = 2 * d * i;
+                let (src, copy) = match u {
+                    0 if dim == top - 1 && !in_place => (input.add(off), own.add(off)),
+                    0 => (input.add(off), core::ptr::null_mut()),
+                    _ => (at(u).add(off) as *const T, core::ptr::null_mut()),
+                };
+                let send = Move {
+                    input: src,
+                    output: copy,
+                    send: to,
+                    ..Move::none()
+                };
+                send.run(op, m, tid, nt);
+            });
+            p.step_parts(&op, parts, m, true, false, |i, from, _| {
+                let u = 2 * d * i;
+                let recv = Move {
+                    recv: from,
+                    output: at(u + d).add(off),
+                    ..Move::none()
+                };
+                recv.run(op, m, tid, nt);
+            });
+            end_dim(p);
+        }
+        return;
+    }
     let mut off = k.start;
     while off < k.end {
         let m = core::cmp::min(chunk, k.end - off);
@@ -147,9 +204,62 @@ pub unsafe fn reduce_scatter<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SI
         arch::trap();
     }
     let scratch = pd.scratch as *mut T;
-    let kept = |t: usize| scratch.add((t / 2 - 1) * chunk);
     let mine = |t: usize| input.add(((me + t) % n) * count);
     let top = pat_dims(n);
+    if k.start < k.end && k.end - k.start <= aggregate_piece::<T>(chunk, n) {
+        // The whole slice in one piece, each dimension one step of its offsets' parts (the
+        // same choices as the steps below, as moves: a partial read back is a `recv` of the
+        // move, which no `pre` touches).
+        let (m, off, tid, nt) = (k.end - k.start, k.start, k.tid, k.nthreads);
+        let kept = |t: usize| scratch.add((t / 2 - 1) * m);
+        for dim in 0..top {
+            let d = 1usize << dim;
+            let last = dim == top - 1;
+            let mut p = dim_prims(k, pd, pd.up_send[dim], pd.up_recv[dim]);
+            let parts = offsets(n, d);
+            // Sends, then receives, in steps of their own (as AllGather's).
+            p.step_parts(&op, parts, m, false, true, |i, _, to| {
+                let t = 2 * d * i + d;
+                let send = match dim == 0 || t + 1 >= n {
+                    true => Move {
+                        input: mine(t).add(off),
+                        send: to,
+                        ..Move::none()
+                    },
+                    false => Move {
+                        recv: kept(t),
+                        send: to,
+                        ..Move::none()
+                    },
+                };
+                send.run(op, m, tid, nt);
+            });
+            p.step_parts(&op, parts, m, true, false, |i, from, _| {
+                let u = 2 * d * i;
+                let dst = match u {
+                    0 => output.add(off),
+                    _ => kept(u),
+                };
+                let recv = Move {
+                    recv: from,
+                    output: dst,
+                    post: last,
+                    ..Move::none()
+                };
+                match dim {
+                    0 => Move {
+                        input: mine(u).add(off),
+                        ..recv
+                    }
+                    .run(op, m, tid, nt),
+                    _ => Move { input: dst, ..recv }.run(summed, m, tid, nt),
+                }
+            });
+            end_dim(p);
+        }
+        return;
+    }
+    let kept = |t: usize| scratch.add((t / 2 - 1) * chunk);
     let mut off = k.start;
     while off < k.end {
         let m = core::cmp::min(chunk, k.end - off);

@@ -98,6 +98,90 @@ impl Prims {
         fifo + (step % NCCL_STEPS as u64) * slot_bytes as u64
     }
 
+    /// Thread 0 waits until the step's receive slot is filled (`recv`) and a slot is free for
+    /// its send (`send`); the caller's barrier then passes that on to the group.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    unsafe fn wait_slots(&mut self, recv: bool, send: bool) {
+        if self.tid != 0 {
+            return;
+        }
+        let (sc, rc, slice) = (self.send, self.recv, self.slice);
+        if recv && self.tail_seen < self.recv_step + slice {
+            let (tail, need) = ((*rc).tail as *const u64, self.recv_step + slice);
+            if need > self.promised {
+                announce_recv(rc, need, PROTO_SIMPLE);
+            }
+            let mut seen = self.tail_seen;
+            self.wait(|| {
+                seen = arch::ld_acquire_sys(tail);
+                seen >= need
+            });
+            self.tail_seen = seen;
+        }
+        // A free slot for every step of the slice: the peer consumed up to `head`.
+        let need = (self.send_step + slice).saturating_sub(NCCL_STEPS as u64);
+        if send && self.head_seen < need {
+            let head = (*sc).head as *const u64;
+            let mut seen = self.head_seen;
+            self.wait(|| {
+                seen = arch::ld_acquire_sys(head);
+                seen >= need
+            });
+            self.head_seen = seen;
+        }
+    }
+
+    /// One Simple step of `parts` parts of `n` elements each, packed one after another in the
+    /// FIFO slot of each connection it uses (`recv`, `send`: absent connections count as
+    /// false), the step's size the parts' sum: waits as a step does, then
+    /// `part(i, from, to)` moves part `i` from its place in the receive slot (`from`, null
+    /// without a receive) and to its place in the send slot (`to`, likewise) with every
+    /// thread of the group ([`Move::run`]), then the group meets and one thread publishes.
+    /// Several small pieces so cross the network as one message (PAT's aggregation).
+    ///
+    /// # Safety
+    /// As [`Prims::step`]; `parts * n` elements fit a slot; `part` only moves data.
+    #[cfg_attr(target_arch = "nvptx64", inline(always))]
+    pub unsafe fn step_parts<T: Elem, O: RedOp<T>>(
+        &mut self,
+        op: &O,
+        parts: usize,
+        n: usize,
+        recv: bool,
+        send: bool,
+        mut part: impl FnMut(usize, *const T, *mut T),
+    ) {
+        let recv = recv && !self.recv.is_null();
+        let send = send && !self.send.is_null();
+        self.wait_slots(recv, send);
+        self.sync();
+        let from = match recv {
+            true => {
+                Prims::slot((*self.recv).fifo, self.recv_step, self.recv_slot_bytes) as *const T
+            }
+            false => core::ptr::null(),
+        };
+        let to = match send {
+            true => Prims::slot((*self.send).fifo, self.send_step, self.send_slot_bytes) as *mut T,
+            false => core::ptr::null_mut(),
+        };
+        for i in 0..parts {
+            let at = i * n;
+            part(
+                i,
+                if recv { from.add(at) } else { from },
+                if send { to.add(at) } else { to },
+            );
+        }
+        // The barrier inside a mover's body (see `Move::run_then_meet`), after the parts'.
+        let (tid, nthreads) = (self.tid, self.nthreads);
+        Move::<T>::none().run_then_meet(*op, 0, tid, nthreads, self.bar, nthreads as u32);
+        if self.tid == 0 {
+            self.publish(recv, send, parts * n * core::mem::size_of::<T>());
+        }
+        self.advance(recv, send);
+    }
+
     /// One Simple step: waits for the receive slot and a free send slot, moves the data,
     /// publishes ([`Prims::step`] says what the arguments hold). A receive that [`Src::Landed`]
     /// reads no FIFO slot, and a send to [`Dst::Peer`] writes the peer's buffer instead of a
@@ -114,7 +198,6 @@ impl Prims {
     ) {
         let (recv, send) = (from.is_some(), to.is_some());
         let (sc, rc) = (self.send, self.recv);
-        let slice = self.slice;
         let workers = self.workers(send);
         if self.tid >= workers {
             // The publisher: once the workers are past a step's data, it publishes the step
@@ -126,31 +209,7 @@ impl Prims {
             self.advance(recv, send);
             return;
         }
-        if self.tid == 0 {
-            if recv && self.tail_seen < self.recv_step + slice {
-                let (tail, need) = ((*rc).tail as *const u64, self.recv_step + slice);
-                if need > self.promised {
-                    announce_recv(rc, need, PROTO_SIMPLE);
-                }
-                let mut seen = self.tail_seen;
-                self.wait(|| {
-                    seen = arch::ld_acquire_sys(tail);
-                    seen >= need
-                });
-                self.tail_seen = seen;
-            }
-            // A free slot for every step of the slice: the peer consumed up to `head`.
-            let need = (self.send_step + slice).saturating_sub(NCCL_STEPS as u64);
-            if send && self.head_seen < need {
-                let head = (*sc).head as *const u64;
-                let mut seen = self.head_seen;
-                self.wait(|| {
-                    seen = arch::ld_acquire_sys(head);
-                    seen >= need
-                });
-                self.head_seen = seen;
-            }
-        }
+        self.wait_slots(recv, send);
         self.sync_workers(workers);
         match from {
             Some(Src::Fifo) => {
