@@ -140,7 +140,7 @@ impl Prims {
     /// Several small pieces so cross the network as one message (PAT's aggregation).
     ///
     /// # Safety
-    /// As [`Prims::step`]; `parts * n` elements fit a slot; `part` only moves data.
+    /// As [`Prims::send`]; `parts * n` elements fit a slot; `part` only moves data.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
     pub unsafe fn step_parts<T: Elem, O: RedOp<T>>(
         &mut self,
