@@ -1,6 +1,6 @@
 //! The deterministic mode's resources (NCCL_RS_DETERMINISTIC, [`Config::deterministic`]): the
-//! staging memory each piece of a call lands in, and a connection to every other rank, made at
-//! creation. Made here, where every rank runs on its own thread: a thread that drives several
+//! staging memory each piece of a ReduceScatter or Reduce lands in, a connection to every
+//! other rank, made at creation, and the AllReduce's chain in rank order over them. Made here, where every rank runs on its own thread: a thread that drives several
 //! ranks could not connect them later, one call after the other. The calls themselves are
 //! composed in `enqueue/deterministic.rs`.
 //!
@@ -11,11 +11,18 @@ use crate::cuda::{DevBuffer, Device};
 use crate::error::{Error, Result};
 use crate::transport::links::Links;
 use crate::transport::Dir;
+use nccl_device::abi::{TreeDev, MAX_CHANNELS};
 
-/// A deterministic communicator's staging memory: a piece's blocks from every rank, then
-/// its folded block.
+/// A deterministic communicator's staging memory (a piece's blocks from every rank, then its
+/// folded block) and its AllReduce chain.
 pub(crate) struct Deterministic {
     pub scratch: DevBuffer,
+    /// The chain in rank order as the tree kernel takes it: a [`TreeDev`] per CTA, each on
+    /// its own connection of the links to the neighbours (`CollArgs::tree`).
+    pub chain: DevBuffer,
+    pub chain_ctas: usize,
+    /// Bytes of one FIFO slot of those connections.
+    pub chain_slot_bytes: usize,
 }
 
 /// Agrees that every rank asked alike (`scratch`: this rank's staging bytes, None when off),
@@ -53,9 +60,38 @@ pub(super) fn setup(
     links.finish(started)?;
     // At least a 16-byte pack for each rank's staged block and the folded one.
     let bytes = bytes.max((all.len() + 1) * 16);
+    let (chain, chain_ctas) = chain(links, device, all.len())?;
     Ok(Some(Deterministic {
         scratch: device.alloc(bytes)?,
+        chain,
+        chain_ctas,
+        chain_slot_bytes: links.slot_bytes,
     }))
+}
+
+/// The AllReduce's chain in rank order, one CTA per connection of the links to each
+/// neighbour: rank `r`'s parent is `r + 1` (rank `n - 1` the root), its child `r - 1`. Up the
+/// chain rank 0 sends its input and every rank adds its own to what arrives, so each element
+/// is `post(((pre(x0) + pre(x1)) + pre(x2)) + …)`, the fold's order, in one fused pass; the
+/// result comes back down. The tree kernel runs it (one child, one parent per place).
+fn chain(links: &Links, device: &Device, n: usize) -> Result<(DevBuffer, usize)> {
+    let me = links.rank();
+    let ctas = links.nconns.clamp(1, MAX_CHANNELS);
+    let mut places = vec![TreeDev::default(); ctas];
+    for (c, t) in places.iter_mut().enumerate() {
+        if me + 1 < n {
+            t.up_send = links.conn(me + 1, Dir::Send, c)?;
+            t.down_recv = links.conn(me + 1, Dir::Recv, c)?;
+        }
+        if me > 0 {
+            t.nchildren = 1;
+            t.up_recv[0] = links.conn(me - 1, Dir::Recv, c)?;
+            t.down_send[0] = links.conn(me - 1, Dir::Send, c)?;
+        }
+    }
+    let array = device.alloc(std::mem::size_of_val(places.as_slice()))?;
+    array.write(0, super::as_bytes(&places))?;
+    Ok((array, ctas))
 }
 
 impl super::Comm {
@@ -66,14 +102,14 @@ impl super::Comm {
         bytes: usize,
         steps: usize,
     ) {
-        let gather = match coll {
-            nccl_device::abi::Coll::ReduceScatter => "",
-            _ => ", gather",
+        let how = match coll {
+            nccl_device::abi::Coll::AllReduce => "chain in rank order",
+            nccl_device::abi::Coll::ReduceScatter => "exchange, fold in rank order",
+            _ => "exchange, fold in rank order, gather",
         };
         log::info!(
             target: crate::debug::TUNING,
-            "{}: {bytes} bytes per rank -> deterministic: exchange, fold in rank order{gather}, \
-             {steps} steps",
+            "{}: {bytes} bytes per rank -> deterministic: {how}, {steps} steps",
             coll.name()
         );
     }
@@ -88,6 +124,14 @@ impl super::Comm {
             self.register_ptr(d.scratch.ptr, d.scratch.bytes())?;
         }
         Ok(())
+    }
+
+    /// The deterministic AllReduce's chain (its [`TreeDev`] array, CTAs, slot bytes), where
+    /// the mode is on.
+    pub(crate) fn deterministic_chain(&self) -> Option<(crate::cuda::DevPtr, usize, usize)> {
+        self.deterministic
+            .as_ref()
+            .map(|d| (d.chain.ptr, d.chain_ctas, d.chain_slot_bytes))
     }
 
     /// The deterministic mode's staging memory (address, bytes), where the mode is on.

@@ -241,6 +241,47 @@ impl Comm {
         })
     }
 
+    /// The deterministic AllReduce of `count` elements from `send` to `recv`: the tree kernel
+    /// on the chain in rank order (`comm/deterministic.rs`), Simple steps, a CTA per 64 KiB
+    /// up to the chain's connections.
+    pub(crate) fn chain_plan(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+    ) -> Result<LaunchPlan> {
+        let (tree, ctas, slot) = self
+            .deterministic_chain()
+            .ok_or_else(|| Error::internal("a deterministic AllReduce without its chain"))?;
+        let (redop_arg, redop_arg_ptr) = redop_args(self.nranks, op);
+        let args = CollArgs {
+            comm: self.dev_comm.ptr,
+            sendbuff: send,
+            recvbuff: recv,
+            count: count as u64,
+            redop_arg,
+            redop_arg_ptr,
+            chunk_elems: (slot / dt.size()) as u32,
+            coll: Coll::AllReduce as u32,
+            proto: PROTO_SIMPLE,
+            algo: ALGO_TREE,
+            tree,
+            tree_slot_bytes: slot as u32,
+            slice_steps: 1,
+            ..CollArgs::default()
+        };
+        let grid = (count * dt.size()).div_ceil(64 << 10).clamp(1, ctas) as u32;
+        Ok(LaunchPlan {
+            kernel: self.kernel(Coll::AllReduce, dt, op.kind())?,
+            block: block_size(self, &args, PROTO_SIMPLE),
+            args,
+            grid,
+            graph_wait: None,
+        })
+    }
+
     /// What the tuner runs for `call` on `comm`: algorithm, protocol, channels, estimated time.
     pub(crate) fn choose(&self, call: &CollCall) -> Result<Choice> {
         let bytes = call_bytes(self.nranks, call).ok_or_else(|| {

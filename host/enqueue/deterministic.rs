@@ -3,6 +3,10 @@
 //! of a ring's or a tree's additions depends on the algorithm, the channels and the node
 //! layout; here every element is reduced by one rank, in rank order, from every rank's value:
 //!
+//! An AllReduce is one fused launch instead: the tree kernel on a chain in rank order (rank 0
+//! a leaf, rank n − 1 the root: `comm/deterministic.rs`), which adds in that same order on
+//! its way up and brings the result back down. ReduceScatter and Reduce go in three steps:
+//!
 //! 1. **exchange**: each rank sends block `q` of its input to rank `q` (sends and receives,
 //!    the communicator's connections to every rank), which stages the blocks in rank order;
 //! 2. **fold**: each rank reduces its staged blocks in rank order into its block of the output
@@ -40,7 +44,8 @@ pub(crate) fn applies(comm: &Comm, call: &CollCall) -> bool {
         && !matches!(call.op.kind(), RedOpKind::Max | RedOpKind::Min)
 }
 
-/// One step of a call: sends and receives launched together, or a fold.
+/// One step of a call: sends and receives launched together, or a launch (a fold, or the
+/// AllReduce's chain).
 enum Step {
     Exchange(Vec<P2pOp>),
     Fold(crate::comm::LaunchPlan),
@@ -63,9 +68,14 @@ pub(crate) fn enqueue(comm: &Comm, call: &CollCall) -> Result<()> {
     }))
 }
 
-/// The steps of `call`, piece by piece.
+/// The steps of `call`, piece by piece (an AllReduce: one launch on the chain in rank order).
 fn steps(comm: &Comm, c: &CollCall) -> Result<Vec<Step>> {
     let (n, size) = (comm.count(), c.dt.size());
+    if c.coll == Coll::AllReduce {
+        let plan = comm.chain_plan(c.dt, c.op, c.send, c.recv, c.count)?;
+        comm.log_deterministic(c.coll, c.count * size, 1);
+        return Ok(vec![Step::Fold(plan)]);
+    }
     let (scratch, bytes) = comm
         .deterministic_scratch()
         .ok_or_else(|| crate::error::Error::internal("deterministic mode without its scratch"))?;
