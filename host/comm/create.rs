@@ -193,7 +193,7 @@ impl Comm {
             )?),
             false => None,
         };
-        plan.tuner.set_pat(pat.is_some());
+        plan.tuner.set_pat(pat.as_ref().map_or(0, |p| p.ctas));
         let deterministic =
             deterministic::setup(&j.bootstrap, &j.device, &links, config.deterministic)?;
 

@@ -270,6 +270,7 @@ impl Comm {
             tree,
             tree_slot_bytes: slot as u32,
             slice_steps: 1,
+            flags: self.shape.kernel_flags & FLAG_LAB_STAMPS,
             ..CollArgs::default()
         };
         let grid = (count * dt.size()).div_ceil(64 << 10).clamp(1, ctas) as u32;

@@ -146,8 +146,8 @@ pub struct Tuner {
     /// The double binary tree's depth over the nodes (`graph::dbt_depth`), kept: the tuner
     /// runs on every call, and the depth builds both trees.
     tree_depth: usize,
-    /// PAT is connected (one rank per node: `comm/pat.rs`).
-    pat: bool,
+    /// CTAs PAT is connected on (one rank per node: `comm/pat.rs`); 0: not connected.
+    pat_ctas: usize,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -186,7 +186,7 @@ impl Tuner {
             net_handoff_from: None,
             tree_exchange: false,
             tree_depth: crate::graph::dbt_depth(graphs.nnodes),
-            pat: false,
+            pat_ctas: 0,
             params: params.clone(),
             plugin,
         };
@@ -211,9 +211,10 @@ impl Tuner {
         self.tree_exchange = on;
     }
 
-    /// Offers PAT (AllGather, ReduceScatter) once the communicator connected it.
-    pub(crate) fn set_pat(&mut self, on: bool) {
-        self.pat = on;
+    /// Offers PAT (AllGather, ReduceScatter) once the communicator connected it, on `ctas`
+    /// channels (0: not connected).
+    pub(crate) fn set_pat(&mut self, ctas: usize) {
+        self.pat_ctas = ctas;
     }
 
     /// Offers NVLS (AllReduce, ReduceScatter, AllGather) once the communicator set it up.
@@ -240,7 +241,7 @@ impl Tuner {
                         Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather
                     )
             }
-            Algo::Pat => self.pat && matches!(coll, Coll::AllGather | Coll::ReduceScatter),
+            Algo::Pat => self.pat_ctas > 0 && matches!(coll, Coll::AllGather | Coll::ReduceScatter),
             _ => false, // CollNet, NVLS tree: not built
         };
         // LL trees: across nodes (the double binary tree, whose links all carry LL); the chain
@@ -377,6 +378,14 @@ impl Tuner {
             .clamp(1, self.nchannels.max(1))
     }
 
+    /// `nch` channels, within what `algo` has: PAT runs on the CTAs it connected.
+    fn algo_channels(&self, algo: Algo, nch: usize) -> usize {
+        match algo {
+            Algo::Pat => nch.min(self.pat_ctas).max(1),
+            _ => nch,
+        }
+    }
+
     /// Channels a call of `bytes` with `proto` runs on: the model's, except that across nodes
     /// mid-sized Simple and LL128 calls keep to [`NET_MID_CHANNELS`]. The model's estimates
     /// keep its own count, which its ring/tree fits were made with (4 x 1's choices included,
@@ -400,7 +409,7 @@ impl Tuner {
         if self.nranks == 1 {
             return Some(base_lat(algo, proto));
         }
-        let nch = self.channels_for(proto, bytes);
+        let nch = self.algo_channels(algo, self.channels_for(proto, bytes));
         let all = self.bw(coll, algo, proto);
         let bw = match self.nnodes > 1 {
             // Across nodes a channel is bound by its proxies' steps, not by a share of the
@@ -649,6 +658,7 @@ impl Tuner {
             return Err(self.nothing_left(coll));
         };
         let nchannels = nch_override.unwrap_or_else(|| self.launch_channels(proto, bytes));
+        let nchannels = self.algo_channels(algo, nchannels);
         let est = self.estimate(coll, algo, proto, bytes).unwrap_or(0.0);
         Ok(Choice {
             algo,

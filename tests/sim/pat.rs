@@ -68,7 +68,9 @@ fn pat_forced_every_type_and_reduction_across_nodes() {
         }
         return;
     }
-    for nodes in [2, 3, 4, 5, 8] {
+    // 6: an AllGather dimension and a ReduceScatter one share a connection (2 + 4 = 6); 7:
+    // offset n - 1 leaves from its input on dimension 1.
+    for nodes in [2, 3, 4, 5, 6, 7, 8] {
         procs::run_nodes(nodes, 1, &[LOOPBACK, FORCED]);
     }
 }

@@ -123,7 +123,7 @@ pub unsafe fn all_gather<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SIMPLE
             let parts = offsets(n, d);
             // A step of sends, then one of receives: a step that did both would wait for its
             // receive before sending, and so would its peer.
-            p.step_parts(&op, parts, m, false, true, |i, _, to| {
+            p.step_parts::<T>(parts, m, false, true, |i, _, to| {
                 let u = 2 * d * i;
                 let (src, copy) = match u {
                     0 if dim == top - 1 && !in_place => (input.add(off), own.add(off)),
@@ -136,16 +136,16 @@ pub unsafe fn all_gather<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SIMPLE
                     send: to,
                     ..Move::none()
                 };
-                send.run(op, m, tid, nt);
+                send.run_inline(&op, m, tid, nt);
             });
-            p.step_parts(&op, parts, m, true, false, |i, from, _| {
+            p.step_parts::<T>(parts, m, true, false, |i, from, _| {
                 let u = 2 * d * i;
                 let recv = Move {
                     recv: from,
                     output: at(u + d).add(off),
                     ..Move::none()
                 };
-                recv.run(op, m, tid, nt);
+                recv.run_inline(&op, m, tid, nt);
             });
             end_dim(p);
         }
@@ -218,7 +218,7 @@ pub unsafe fn reduce_scatter<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SI
             let mut p = dim_prims(k, pd, pd.up_send[dim], pd.up_recv[dim]);
             let parts = offsets(n, d);
             // Sends, then receives, in steps of their own (as AllGather's).
-            p.step_parts(&op, parts, m, false, true, |i, _, to| {
+            p.step_parts::<T>(parts, m, false, true, |i, _, to| {
                 let t = 2 * d * i + d;
                 let send = match dim == 0 || t + 1 >= n {
                     true => Move {
@@ -232,9 +232,9 @@ pub unsafe fn reduce_scatter<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SI
                         ..Move::none()
                     },
                 };
-                send.run(op, m, tid, nt);
+                send.run_inline(&op, m, tid, nt);
             });
-            p.step_parts(&op, parts, m, true, false, |i, from, _| {
+            p.step_parts::<T>(parts, m, true, false, |i, from, _| {
                 let u = 2 * d * i;
                 let dst = match u {
                     0 => output.add(off),
@@ -251,8 +251,8 @@ pub unsafe fn reduce_scatter<T: Elem, O: RedOp<T>>(k: &mut Kernel<T, O, PROTO_SI
                         input: mine(u).add(off),
                         ..recv
                     }
-                    .run(op, m, tid, nt),
-                    _ => Move { input: dst, ..recv }.run(summed, m, tid, nt),
+                    .run_inline(&op, m, tid, nt),
+                    _ => Move { input: dst, ..recv }.run_inline(&summed, m, tid, nt),
                 }
             });
             end_dim(p);

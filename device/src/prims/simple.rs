@@ -136,15 +136,15 @@ impl Prims {
     /// false), the step's size the parts' sum: waits as a step does, then
     /// `part(i, from, to)` moves part `i` from its place in the receive slot (`from`, null
     /// without a receive) and to its place in the send slot (`to`, likewise) with every
-    /// thread of the group ([`Move::run`]), then the group meets and one thread publishes.
+    /// thread of the group, inlined ([`Move::run_inline`]: the group's barrier follows), then
+    /// the group meets and one thread publishes.
     /// Several small pieces so cross the network as one message (PAT's aggregation).
     ///
     /// # Safety
     /// As [`Prims::send`]; `parts * n` elements fit a slot; `part` only moves data.
     #[cfg_attr(target_arch = "nvptx64", inline(always))]
-    pub unsafe fn step_parts<T: Elem, O: RedOp<T>>(
+    pub unsafe fn step_parts<T: Elem>(
         &mut self,
-        op: &O,
         parts: usize,
         n: usize,
         recv: bool,
@@ -173,9 +173,9 @@ impl Prims {
                 if send { to.add(at) } else { to },
             );
         }
-        // The barrier inside a mover's body (see `Move::run_then_meet`), after the parts'.
-        let (tid, nthreads) = (self.tid, self.nthreads);
-        Move::<T>::none().run_then_meet(*op, 0, tid, nthreads, self.bar, nthreads as u32);
+        // The parts' moves are inlined here (`Move::run_inline`): a barrier right after a
+        // mover's call return is what the JIT mishandles (`Move::run_then_meet`).
+        self.sync();
         if self.tid == 0 {
             self.publish(recv, send, parts * n * core::mem::size_of::<T>());
         }
