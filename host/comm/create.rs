@@ -193,7 +193,9 @@ impl Comm {
             )?),
             false => None,
         };
-        plan.tuner.set_pat(pat.as_ref().map_or(0, |p| p.ctas));
+        let pat_packed = pat::packed_bytes(nranks, slot);
+        plan.tuner
+            .set_pat(pat.as_ref().map_or(0, |p| p.ctas), pat_packed);
         let deterministic =
             deterministic::setup(&j.bootstrap, &j.device, &links, config.deterministic)?;
 

@@ -42,6 +42,13 @@ pub(crate) fn wanted(nranks: usize, nnodes: usize, algo_mask: u64) -> bool {
     nranks > 1 && nnodes == nranks && pat_dims(nranks) <= PAT_MAX_DIMS && allowed
 }
 
+/// The largest call (bytes of one rank's AllGather output or ReduceScatter input) that
+/// `coll::pat` moves as one packed piece on one CTA: dimension 0's `n / 2` parts of a rank's
+/// block share a slot of `slot_bytes`.
+pub(crate) fn packed_bytes(nranks: usize, slot_bytes: usize) -> usize {
+    nranks * (slot_bytes / (nranks / 2).max(1))
+}
+
 /// Connects `ctas` channels of PAT for `rank` of `nranks`, channel `c` on links from
 /// `make_links(c)` whose slots are `slot_bytes`.
 pub(crate) fn connect(

@@ -148,6 +148,9 @@ pub struct Tuner {
     tree_depth: usize,
     /// CTAs PAT is connected on (one rank per node: `comm/pat.rs`); 0: not connected.
     pat_ctas: usize,
+    /// Largest call PAT moves as one packed piece per CTA (`comm/pat.rs`): the only calls
+    /// its model describes, and the only ones it is chosen for unless a filter leaves it alone.
+    pat_packed_bytes: usize,
     params: TuneParams,
     plugin: Option<plugin::Plugin>,
 }
@@ -187,6 +190,7 @@ impl Tuner {
             tree_exchange: false,
             tree_depth: crate::graph::dbt_depth(graphs.nnodes),
             pat_ctas: 0,
+            pat_packed_bytes: 0,
             params: params.clone(),
             plugin,
         };
@@ -212,9 +216,11 @@ impl Tuner {
     }
 
     /// Offers PAT (AllGather, ReduceScatter) once the communicator connected it, on `ctas`
-    /// channels (0: not connected).
-    pub(crate) fn set_pat(&mut self, ctas: usize) {
+    /// channels (0: not connected), for calls up to `packed_bytes` unless a filter leaves it
+    /// alone.
+    pub(crate) fn set_pat(&mut self, ctas: usize, packed_bytes: usize) {
         self.pat_ctas = ctas;
+        self.pat_packed_bytes = packed_bytes;
     }
 
     /// Offers NVLS (AllReduce, ReduceScatter, AllGather) once the communicator set it up.
@@ -644,7 +650,12 @@ impl Tuner {
             for a in Algo::ALL {
                 for p in Proto::ALL {
                     let t = table[a as usize][p as usize];
-                    let fits = !bounded || bytes <= self.params.auto_max_bytes[p as usize];
+                    // Past its packed calls PAT runs its dimensions piece by piece, unpipelined:
+                    // on the simulator as 4 nodes, 1.3-1.7x the ring's time from 32 KiB
+                    // (results/sim-pat-4nodes-s38.txt).
+                    let pat_fits = a != Algo::Pat || bytes <= self.pat_packed_bytes;
+                    let fits =
+                        !bounded || (bytes <= self.params.auto_max_bytes[p as usize] && pat_fits);
                     if t >= 0.0 && fits && self.enabled(coll, a, p) && best.is_none_or(|b| t < b.2)
                     {
                         best = Some((a, p, t));

@@ -92,6 +92,10 @@ fn pat_is_offered_only_with_one_rank_per_node() {
             let (small, large) = (ag(64).unwrap(), ag(256 << 20).unwrap());
             assert_eq!(small.algo, Algo::Pat, "{small:?}");
             assert_eq!(large.algo, Algo::Ring, "{large:?}");
+            // Past what packs into a slot (8 KiB on the simulator: 16 KiB on 8 ranks), the
+            // ring, whatever the model says.
+            let mid = ag(64 << 10).unwrap();
+            assert_eq!(mid.algo, Algo::Ring, "{mid:?}");
         } else {
             let small = ag(64).unwrap();
             assert_ne!(small.algo, Algo::Pat, "{small:?}");
