@@ -651,7 +651,7 @@ impl Tuner {
                 for p in Proto::ALL {
                     let t = table[a as usize][p as usize];
                     // Past its packed calls PAT runs its dimensions piece by piece, unpipelined:
-                    // on the simulator as 4 nodes, 1.3-1.7x the ring's time from 32 KiB
+                    // on the simulator as 4 nodes, 1.2-2.0x the ring's time from 32 KiB
                     // (results/sim-pat-4nodes-s38.txt).
                     let pat_fits = a != Algo::Pat || bytes <= self.pat_packed_bytes;
                     let fits =
