@@ -186,6 +186,13 @@ params! {
     RS_DETERMINISTIC_SCRATCH = "33554432",
         "nccl-rs: bytes of device memory a deterministic communicator stages each piece of a \
          call in (at least 4096; larger: fewer, longer pieces)";
+    RS_DETERMINISTIC_CHAIN_CTAS = "0",
+        "nccl-rs: CTAs (connections to each neighbour) of the deterministic AllReduce's chain \
+         in rank order; 0: as many as the ring's channels; every rank must set it alike";
+    RS_DETERMINISTIC_CHAIN_SLOT = "0",
+        "nccl-rs: bytes of one FIFO slot (one step) of the deterministic AllReduce's chain, a \
+         multiple of 128 from 4 KiB to 16 MiB; 0: the ring's slot (NCCL_BUFFSIZE / 8); every \
+         rank must set it alike";
     RS_SYMMETRIC_TWO_SHOT = "1",
         "nccl-rs: 1: the symmetric path's AllReduces above 64 KiB run two-shot on 3 ranks or \
          more (each rank reduces its block, then gathers the others'); 0: one-shot";

@@ -46,6 +46,7 @@ mod stamps;
 pub mod suspend;
 mod transports;
 mod tree;
+mod tree_up;
 pub mod tuning;
 mod turns;
 pub mod window;
@@ -584,6 +585,9 @@ impl Drop for Comm {
         }
         if let Some(p) = self.pat.take() {
             self.keep.leave(p);
+        }
+        if let Some(d) = self.deterministic.take() {
+            self.keep.leave(d);
         }
         // Peers' NVLS kernels may still reach our scratch through the multicast mapping.
         if let Some(n) = self.nvls.take() {
