@@ -407,3 +407,60 @@ fn blocks_past_a_fifo_fold_exactly_in_one_or_two_pieces() {
         }
     }
 }
+
+/// The chain's shape from NCCL_RS_DETERMINISTIC_CHAIN_CTAS / _SLOT: an odd CTA count on the
+/// smallest slots (many steps per CTA) gives the fold's bits; a value out of range is an
+/// invalid argument naming the variable; ranks that set it differently are refused alike.
+#[test]
+fn the_chain_takes_its_shape_from_the_environment() {
+    const CTAS: &str = "NCCL_RS_DETERMINISTIC_CHAIN_CTAS";
+    const SLOT: &str = "NCCL_RS_DETERMINISTIC_CHAIN_SLOT";
+    if let Some((rank, nranks, id)) = procs::child() {
+        if std::env::var("SHAPES_DIFFER").is_ok() {
+            let e = Comm::init_rank_on(common::sim_dev(rank), nranks, &id, rank).unwrap_err();
+            assert_eq!(e.code, nccl::NcclResult::InvalidUsage, "{e}");
+            assert!(e.message.contains("a chain of"), "{e}");
+            return;
+        }
+        assert!(child_check());
+        return;
+    }
+    let on = ("NCCL_RS_DETERMINISTIC", "1");
+    procs::run_nodes(1, 3, &[LOOPBACK, on, (CTAS, "3"), (SLOT, "4096")]);
+    procs::run_each(2, &[LOOPBACK, on, ("SHAPES_DIFFER", "1")], |r| {
+        vec![(CTAS.to_string(), (r + 1).to_string())]
+    });
+}
+
+/// A chain shape out of range (NCCL_RS_DETERMINISTIC_CHAIN_CTAS / _SLOT) is an invalid
+/// argument naming the variable.
+#[test]
+fn a_chain_shape_out_of_range_is_refused() {
+    let cases: [(&str, &[(&str, &str)]); 3] = [
+        ("33 CTAs", &[("NCCL_RS_DETERMINISTIC_CHAIN_CTAS", "33")]),
+        (
+            "slot not of 128",
+            &[("NCCL_RS_DETERMINISTIC_CHAIN_SLOT", "4000")],
+        ),
+        (
+            "slot below 4 KiB",
+            &[("NCCL_RS_DETERMINISTIC_CHAIN_SLOT", "2048")],
+        ),
+    ];
+    procs::isolated_cases(&cases, |case| {
+        common::sim();
+        let e = Comm::init_rank_config_on(
+            common::sim_dev(0),
+            1,
+            &common::loopback_id(),
+            0,
+            &deterministic(None),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, nccl::NcclResult::InvalidArgument, "{case}: {e}");
+        assert!(
+            e.message.contains("NCCL_RS_DETERMINISTIC_CHAIN_"),
+            "{case}: {e}"
+        );
+    });
+}
