@@ -154,6 +154,13 @@ impl Comm {
             stamps: stamps.as_ref(),
             profile_stamps: profiler.as_ref().map_or(0, |p| p.stamps.device_ptr()),
         })?;
+        let ring_ops = proxy_ops::RingQueues::of(
+            &rings_made,
+            &plan.rings,
+            rank,
+            shape.nchannels as usize,
+            shape.slot_bytes as usize,
+        );
         j.bootstrap.barrier()?;
         let (free_after, _) = j.device.mem_info()?;
         abort.check()?;
@@ -192,6 +199,7 @@ impl Comm {
             order,
             dev_comm,
             ring_resources: rings_made.resources,
+            ring_ops,
             suspendable,
             kernels: Mutex::new(HashMap::new()),
             aborted: Arc::new(AtomicBool::new(false)),

@@ -49,6 +49,17 @@ impl Comm {
         }
     }
     crate::internal! {
+        /// The step counters of the send/recv connections to (`send`) or from `peer` after the
+        /// messages so far, as the host predicted them for the profiler's proxy events, one
+        /// per connection (None where a connection has no op queue).
+        fn p2p_steps_predicted(&self, peer: usize, send: bool) -> Vec<Option<u64>> {
+            let dir = if send { Dir::Send } else { Dir::Recv };
+            (0..self.links.nconns)
+                .map(|c| self.links.op_queue(peer, dir, c).map(|q| q.end()))
+                .collect()
+        }
+    }
+    crate::internal! {
         /// Per channel, the ring steps whose data the predecessor wrote straight into this
         /// rank's output buffer (zero-copy ring collectives), counted by the kernels since init.
         fn ring_direct_steps(&self) -> Result<Vec<u64>> {
@@ -76,6 +87,17 @@ impl Comm {
                 std::mem::offset_of!(ChannelDev, send)
                     + std::mem::offset_of!(nccl_device::abi::ConnSend, step),
             )
+        }
+    }
+    crate::internal! {
+        /// Per channel, the step counter of the ring's send connection after the launches so
+        /// far, as the host predicted it for the profiler's proxy events (None where the
+        /// connection has no op queue: no plugin, or not a network connection).
+        fn ring_send_steps_predicted(&self) -> Vec<Option<u64>> {
+            match &self.ring_ops {
+                Some(q) => q.send_ends(),
+                None => vec![None; self.shape.nchannels as usize],
+            }
         }
     }
     /// Per channel, the u64 at byte `at` of its `ChannelDev` in device memory.

@@ -35,6 +35,7 @@ mod pending;
 mod plan;
 pub(crate) mod profile;
 mod properties;
+mod proxy_ops;
 pub mod register;
 mod revoke;
 pub mod rings;
@@ -117,6 +118,9 @@ pub struct Comm {
     /// The memory behind the rings' connections, whichever transports made them (p2p blocks
     /// and mappings, SHM segments; the network's live with the proxy).
     ring_resources: Resources,
+    /// The op queues of the rings' network connections, where a profiler plugin is loaded
+    /// (the proxy's profiler events: [`proxy_ops`]).
+    ring_ops: Option<Arc<proxy_ops::RingQueues>>,
     /// The connection memory `ncclCommSuspend` releases (see [`suspend`]).
     suspendable: Arc<Suspendable>,
     kernels: Mutex<HashMap<(Coll, DataType, RedOpKind), Kernel>>,

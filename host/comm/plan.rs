@@ -35,6 +35,8 @@ pub(crate) struct LaunchPlan {
     pub grid: u32,
     pub block: u32,
     pub graph_wait: Option<(Vec<usize>, u64)>,
+    /// Bytes of one element as the kernel moves them (1 for the copies).
+    pub elem_bytes: usize,
 }
 
 /// The parts of a communicator a launch uses.
@@ -44,6 +46,7 @@ pub(crate) struct Launcher {
     net: Option<Arc<NetPath>>,
     links: Arc<Links>,
     graph_regs: Arc<GraphRegs>,
+    ring_ops: Option<Arc<super::proxy_ops::RingQueues>>,
 }
 
 impl Comm {
@@ -55,6 +58,7 @@ impl Comm {
             net: self.net.clone(),
             links: self.links.clone(),
             graph_regs: self.graph_regs.clone(),
+            ring_ops: self.ring_ops.clone(),
         }
     }
 }
@@ -90,6 +94,16 @@ impl Launcher {
         }
         r
     }
+
+    /// Tells the proxy what ring launch `plan`, just launched, moves on the network (its
+    /// profiler events; nothing without a plugin): `profiled` is the call's `Coll` event.
+    pub(crate) fn proxy_ops(&self, plan: &LaunchPlan, profiled: super::proxy_ops::Profiled) {
+        if let Some(q) = &self.ring_ops {
+            if plan.args.algo == ALGO_RING {
+                q.append(plan, plan.elem_bytes, self.order.captured(), profiled);
+            }
+        }
+    }
 }
 
 impl Comm {
@@ -119,6 +133,7 @@ impl Comm {
             args,
             grid,
             graph_wait,
+            elem_bytes: dt.size(),
         })
     }
 
@@ -202,6 +217,7 @@ impl Comm {
             args,
             grid,
             graph_wait: None,
+            elem_bytes: c.dt.size(),
         })
     }
 
@@ -238,6 +254,7 @@ impl Comm {
             args,
             grid,
             graph_wait: None,
+            elem_bytes: dt.size(),
         })
     }
 
@@ -280,6 +297,7 @@ impl Comm {
             args,
             grid,
             graph_wait: None,
+            elem_bytes: dt.size(),
         })
     }
 

@@ -167,6 +167,7 @@ impl Task {
         stream: StreamHandle,
         c: &CollLaunch,
         launch: impl FnOnce(&LaunchPlan) -> Result<()>,
+        proxy_ops: impl FnOnce(&LaunchPlan, super::proxy_ops::Profiled),
     ) -> Result<()> {
         let timed = self.mask & KERNEL_CH != 0 && !self.captured;
         if timed {
@@ -175,6 +176,7 @@ impl Task {
         self.launch(stream, || launch(plan))?;
         let g = self.prof.group(self.mask);
         let e = self.prof.coll(self.mask, self.api, g, c);
+        proxy_ops(plan, Some((self.prof.clone(), self.mask, e)));
         if timed {
             self.stamps.launched(plan.args.profile_slot, plan.grid, e);
         }
@@ -185,16 +187,21 @@ impl Task {
 
     /// Sends and receives of one communicator were launched together: a `Group` event with
     /// a `P2p` event per operation (`ops`: each one's task and what it moved).
-    pub(crate) fn launched_p2p(ops: &[(&Task, P2pLaunch)]) {
+    /// Returns, per operation, what its proxy events hang from (`super::proxy_ops::Profiled`:
+    /// its `P2p` event).
+    pub(crate) fn launched_p2p(ops: &[(&Task, P2pLaunch)]) -> Vec<super::proxy_ops::Profiled> {
         let Some((first, _)) = ops.first() else {
-            return;
+            return Vec::new();
         };
         let g = first.prof.group(first.mask);
+        let mut parents = Vec::with_capacity(ops.len());
         for (t, p) in ops {
             let e = t.prof.p2p(t.mask, t.api, g, p);
             t.prof.stop(e);
+            parents.push(Some((t.prof.clone(), t.mask, e)));
         }
         first.prof.stop(g);
+        parents
     }
 
     /// Runs `copies` (`ops` copy-engine copies of `bytes` in all) inside a `CeColl` event

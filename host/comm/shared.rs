@@ -68,6 +68,7 @@ fn fields_are_thread_safe(c: &Comm) {
         order,
         dev_comm,
         ring_resources,
+        ring_ops,
         suspendable,
         kernels,
         aborted,
@@ -110,6 +111,7 @@ fn fields_are_thread_safe(c: &Comm) {
     both(order);
     both(dev_comm);
     both(ring_resources);
+    both(ring_ops);
     both(suspendable);
     both(kernels);
     both(aborted);

@@ -15,7 +15,7 @@ pub use crate::comm::order;
 
 use crate::comm::copy_engine::CopyColl;
 use crate::comm::profile::{coll_launch, coll_name, Task};
-use crate::comm::{call_bytes, Comm, Sizes};
+use crate::comm::{call_bytes, Comm, LaunchPlan, Sizes};
 use crate::comm::{CollCall, Scalar};
 use crate::cuda::DevPtr;
 use crate::error::{Error, Result};
@@ -147,12 +147,18 @@ fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Res
     let launcher = comm.launcher();
     let stream = call.stream;
     let Some(task) = task else {
-        return group::ordered(Box::new(move || launcher.launch(&plan, stream)));
+        return group::ordered(Box::new(move || {
+            launcher.launch(&plan, stream)?;
+            launcher.proxy_ops(&plan, None);
+            Ok(())
+        }));
     };
     let launched = coll_launch(call, &plan);
     group::ordered(Box::new(move || {
         let mut plan = plan;
-        task.launch_coll(&mut plan, stream, &launched, |p| launcher.launch(p, stream))
+        let launch = |p: &LaunchPlan| launcher.launch(p, stream);
+        let ops = |p: &LaunchPlan, parent| launcher.proxy_ops(p, parent);
+        task.launch_coll(&mut plan, stream, &launched, launch, ops)
     }))
 }
 

@@ -19,6 +19,7 @@ use crate::comm::graph_reg;
 use crate::comm::profile::{p2p_launch, p2p_name, Task};
 use crate::cuda::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
+use crate::profiler::ProxyOpDescr;
 use crate::proxy::timeline::{self, Mark};
 use crate::transport::links::Links;
 use crate::transport::regmap::Mark as RegMark;
@@ -257,6 +258,9 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
     let desc: Vec<(usize, Dir, usize)> = batch.iter().map(|o| (o.peer, o.dir, o.bytes)).collect();
     let plan = plan(links.rank(), batch[0].nranks, nconns, &desc)?;
     let mut all: Vec<P2pArgs> = Vec::with_capacity(plan.len());
+    // The network connections' steps, for the profiler's proxy events: (message, connection,
+    // queue, steps); empty without a plugin.
+    let mut net_steps = Vec::new();
     for (_, works) in &plan {
         let mut args = P2pArgs {
             abort_flag: batch[0].abort_flag,
@@ -283,6 +287,11 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                         let (off, len) = part(op.bytes, nconns, c, min);
                         if len == 0 && op.bytes > 0 && min > 0 {
                             continue; // nothing for this connection: it stays idle
+                        }
+                        if let Some(q) = links.op_queue(op.peer, op.dir, c) {
+                            // `send_recv::run`'s steps: a slot at a time, at least one.
+                            let steps = len.div_ceil(links.slot_bytes.max(1)).max(1);
+                            net_steps.push((i, c, q, steps as u64));
                         }
                         push(
                             &mut args,
@@ -352,19 +361,43 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
                 .try_for_each(|args| device.launch(k, args.nitems, threads, main, args))
         })
     };
-    let profiled: Vec<_> = batch
+    let (profiled, which): (Vec<_>, Vec<usize>) = batch
         .iter()
-        .filter_map(|o| {
+        .enumerate()
+        .filter_map(|(i, o)| {
             let (t, count, dt) = o.profile.as_ref()?;
-            Some((t, p2p_launch(o, *count, *dt, nconns)))
+            Some(((t, p2p_launch(o, *count, *dt, nconns)), i))
         })
-        .collect();
+        .unzip();
     let r = match profiled.first() {
         None => launch(),
         Some((t, _)) => t.launch(main, launch),
     };
     if r.is_ok() {
-        Task::launched_p2p(&profiled);
+        let parents = Task::launched_p2p(&profiled);
+        let captured = batch[0].order.captured();
+        for (i, c, q, steps) in net_steps {
+            if captured {
+                q.lose();
+                continue;
+            }
+            let op = &batch[i];
+            let parent = which
+                .iter()
+                .position(|&w| w == i)
+                .and_then(|k| parents[k].clone());
+            let profiled = parent.map(|(prof, mask, e)| {
+                let descr = ProxyOpDescr {
+                    channel: c,
+                    peer: op.peer,
+                    steps,
+                    chunk_bytes: links.slot_bytes,
+                    send: op.dir == Dir::Send,
+                };
+                (prof, mask, e, descr)
+            });
+            q.append(steps, 1, profiled);
+        }
     }
     timeline::mark(Mark::Launched, 0, 0);
     if batch[0].order.captured() {

@@ -44,6 +44,15 @@ pub const STATE_KERNEL_CH_STOP: c_int = 22;
 /// Version 5 on: the group's `ncclGroupStart` returned, its `ncclGroupEnd` began.
 pub const STATE_GROUP_START_API_STOP: c_int = 23;
 pub const STATE_GROUP_END_API_START: c_int = 24;
+/// A proxy step (`ncclProfileProxyStep`, version 4's states): a send waits for its kernel to
+/// fill the slot, then for the network; a receive waits for the network, then for its kernel
+/// to consume the slot.
+pub const STATE_STEP_SEND_GPU_WAIT: c_int = 8;
+pub const STATE_STEP_SEND_WAIT: c_int = 9;
+pub const STATE_STEP_RECV_WAIT: c_int = 10;
+pub const STATE_STEP_RECV_GPU_WAIT: c_int = 12;
+/// A proxy operation moved from appended to progressing (version 4's only `ProxyOp` state).
+pub const STATE_PROXY_OP_IN_PROGRESS: c_int = 19;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

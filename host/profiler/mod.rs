@@ -19,9 +19,12 @@
 //!
 //! - `KernelCh`: a collective's CTAs, from the GPU's timer stamps (`comm/profile.rs`).
 //!
+//! - `ProxyOp` and `ProxyStep`: a ring launch's or a send/recv batch's steps on each network
+//!   connection, emitted by the proxy thread (`proxy/ops.rs`).
+//!
 //! Like NCCL, a stopped event's handle may still be another's parent: plugins keep handles valid
-//! after `stopEvent`. Not emitted yet: proxy operations and steps (the proxy follows connection
-//! counters, not per-call operations), proxy control.
+//! after `stopEvent`. Not emitted yet: proxy control, and proxy events of the double binary tree
+//! and PAT.
 
 mod abi;
 mod load;
@@ -31,12 +34,20 @@ pub(crate) use abi::{
     CE_BATCH, CE_COLL, COLL, COLL_API, GROUP, GROUP_API, KERNEL_CH, KERNEL_LAUNCH,
 };
 pub(crate) use abi::{P2P_API, STATE_GROUP_END_API_START, STATE_GROUP_START_API_STOP};
+pub(crate) use abi::{
+    STATE_STEP_RECV_GPU_WAIT, STATE_STEP_RECV_WAIT, STATE_STEP_SEND_GPU_WAIT, STATE_STEP_SEND_WAIT,
+};
 
 use abi::{Descr, CE_SYNC, NET_PLUGIN, PROXY_CTRL, PROXY_OP, PROXY_STEP};
 use load::{Init, Plugin};
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Whether a profiler plugin is loaded in this process (loading it on first ask).
+pub(crate) fn loaded() -> bool {
+    load::plugin().is_some()
+}
 
 /// The activation mask all contexts share (NCCL's `ncclProfilerEventMask`).
 static MASK: AtomicI32 = AtomicI32::new(0);
@@ -97,6 +108,17 @@ pub(crate) struct P2pLaunch {
     pub count: usize,
     pub peer: c_int,
     pub channels: u32,
+}
+
+/// What a `ProxyOp` event says of one launch's steps on one network connection.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProxyOpDescr {
+    pub channel: usize,
+    pub peer: usize,
+    /// FIFO steps (slots) of the launch on the connection.
+    pub steps: u64,
+    pub chunk_bytes: usize,
+    pub send: bool,
 }
 
 /// What a `CeColl` event says of a copy-engine collective.
@@ -330,6 +352,38 @@ impl CommProfiler {
             algo: c.algo.as_ptr(),
             proto: c.proto.as_ptr(),
             parent_group: group.ptr(),
+        };
+        self.start(d)
+    }
+
+    /// Starts a `ProxyOp` event under the `Coll` or `P2p` event `parent`: the steps of one
+    /// launch on one network connection, as the proxy thread moves them (`proxy/ops.rs`).
+    pub(crate) fn proxy_op(&self, mask: u64, parent: Event, op: &ProxyOpDescr) -> Event {
+        if mask & (PROXY_OP | PROXY_STEP) == 0 {
+            return Event::NONE;
+        }
+        let mut d = Descr::new(PROXY_OP, parent.ptr(), self.rank);
+        d.body.proxy_op = abi::ProxyOp {
+            pid: std::process::id() as c_int,
+            channel_id: op.channel.min(255) as u8,
+            peer: op.peer as c_int,
+            n_steps: op.steps.min(c_int::MAX as u64) as c_int,
+            chunk_size: op.chunk_bytes.min(c_int::MAX as usize) as c_int,
+            is_send: op.send as c_int,
+        };
+        let e = self.start(d);
+        self.record(e, abi::STATE_PROXY_OP_IN_PROGRESS, None);
+        e
+    }
+
+    /// Starts a `ProxyStep` event, step `step` of the `ProxyOp` event `op`.
+    pub(crate) fn proxy_step(&self, mask: u64, op: Event, step: u64) -> Event {
+        if mask & PROXY_STEP == 0 {
+            return Event::NONE;
+        }
+        let mut d = Descr::new(PROXY_STEP, op.ptr(), self.rank);
+        d.body.proxy_step = abi::ProxyStep {
+            step: step.min(c_int::MAX as u64) as c_int,
         };
         self.start(d)
     }

@@ -1,21 +1,24 @@
 //! One proxied connection: its host-mapped memory (counters, slot sizes, FIFO) and its network
 //! endpoint, and the step machine that moves slots between them.
 
+use super::ops::OpTrack;
 use super::timeline::{self, Mark};
-use crate::cuda::{DevBuffer, DevPtr, Device, HostMem};
+use crate::cuda::{DevBuffer, HostMem};
 use crate::error::{Error, Result};
 use crate::net::{Mr, RecvBuf, RecvComm, Request, SendComm, Waker, PTR_CUDA, PTR_HOST};
 use nccl_device::abi::{proxy_proto_parts, CTRL_LINE, NCCL_STEPS, PROTO_SIMPLE, SIZE_LL_LINES};
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod layout;
+mod mem;
 
 pub(crate) use layout::ConnLayout;
 use layout::{counter, slot_words};
+pub(crate) use mem::ConnMem;
 
 const STEPS: u64 = NCCL_STEPS as u64;
 
@@ -47,9 +50,6 @@ enum Front {
     /// Its flush is posted (the front request is the flush's).
     Flushing,
 }
-
-/// Host pages: a GPU FIFO is sized and aligned to them, as a dmabuf range must be.
-const PAGE: usize = 4096;
 
 /// A connection the proxy thread drives.
 pub(crate) struct NetConn {
@@ -102,6 +102,8 @@ pub(crate) struct NetConn {
     last_active: Option<Instant>,
     /// The last awaited-step word put on the timeline ([`super::timeline`]).
     marked_awaited: u64,
+    /// The profiler's proxy events of its steps, where a plugin is loaded.
+    track: Option<OpTrack>,
 }
 
 /// How hard a pass of the proxy looks at a connection.
@@ -197,106 +199,12 @@ fn retire(
     Ok(any)
 }
 
-/// A connection's memory, made before its network endpoint is up: counters and slot sizes in
-/// pinned host memory mapped into the GPU, the FIFO there too or in GPU memory
-/// ([`FifoPlace::Gpu`]). Its addresses go into the kernel's structures at once; the FIFO is
-/// registered with the network once the endpoint exists ([`NetConn::attach`]).
-pub(crate) struct ConnMem {
-    mem: Arc<HostMem>,
-    /// The FIFO in GPU memory, whether its received steps are flushed, and its dmabuf (where
-    /// the network registers through one), open until the registration.
-    gpu: Option<(DevBuffer, bool, Option<OwnedFd>)>,
-    layout: ConnLayout,
-}
-
-impl ConnMem {
-    /// The memory of a connection moving data `sending` (or receiving), laid out as `layout`,
-    /// its FIFO where `place` says (GPU memory falls back to host memory, with a warning, where
-    /// it cannot be allocated).
-    pub(crate) fn new(
-        device: &Device,
-        layout: ConnLayout,
-        place: FifoPlace,
-        sending: bool,
-        peer: &str,
-    ) -> Result<ConnMem> {
-        let gpu = match place {
-            FifoPlace::Host => None,
-            FifoPlace::Gpu { dmabuf, flush } => {
-                match Self::gpu_fifo(device, layout.fifo_bytes(), dmabuf) {
-                    Ok((buf, fd)) => Some((buf, flush, fd)),
-                    Err(e) => {
-                        log::warn!(
-                            "network connection with {peer}: GPU memory for its FIFO failed \
-                             ({e}); using host memory"
-                        );
-                        None
-                    }
-                }
-            }
-        };
-        let bytes = match gpu {
-            Some(_) => ConnLayout::FIFO,
-            None => layout.total(),
-        };
-        let mem = Arc::new(device.alloc_host_mem(bytes)?);
-        if sending {
-            for k in 0..NCCL_STEPS as usize {
-                counter(&mem, ConnLayout::SIZES + 8 * k)?.store(SIZE_EMPTY, Ordering::Relaxed);
-            }
-        }
-        Ok(ConnMem { mem, gpu, layout })
-    }
-
-    /// A FIFO of `len` bytes in `device`'s memory, with its dmabuf where `dmabuf` and the
-    /// device gives one.
-    fn gpu_fifo(device: &Device, len: usize, dmabuf: bool) -> Result<(DevBuffer, Option<OwnedFd>)> {
-        let buf = device.alloc(len.next_multiple_of(PAGE))?;
-        let fd = if dmabuf && (buf.ptr() as usize).is_multiple_of(PAGE) {
-            device.dmabuf_fd(buf.ptr(), buf.bytes())?
-        } else {
-            None
-        };
-        Ok((buf, fd))
-    }
-
-    /// The device address of the counter at `offset` ([`ConnLayout`]'s TAIL, HEAD, SIZES).
-    pub(crate) fn ctrl_addr(&self, offset: usize) -> DevPtr {
-        self.mem.ptr + offset as u64
-    }
-
-    /// The device address of the FIFO's first slot.
-    pub(crate) fn fifo_addr(&self) -> DevPtr {
-        match &self.gpu {
-            Some((b, _, _)) => b.ptr(),
-            None => self.mem.ptr + ConnLayout::FIFO as u64,
-        }
-    }
-
-    /// Whether the FIFO is in GPU memory (GPU Direct RDMA).
-    pub(crate) fn on_gpu(&self) -> bool {
-        self.gpu.is_some()
-    }
-
-    /// Publishes step `step` of a send side as a Simple one of `bytes`, as its kernel would.
-    #[cfg(test)]
-    pub(crate) fn publish_simple(&self, step: u64, bytes: u64) {
-        let size = ConnLayout::SIZES + 8 * (step % STEPS) as usize;
-        counter(&self.mem, size)
-            .unwrap()
-            .store(bytes, Ordering::Release);
-        counter(&self.mem, ConnLayout::TAIL)
-            .unwrap()
-            .store(step + 1, Ordering::Release);
-    }
-}
-
 impl NetConn {
     /// [`ConnMem::new`] and [`NetConn::attach`] at once (a connection whose endpoint is up).
     #[cfg(test)]
     pub(crate) fn new(
         side: Side,
-        device: &Device,
+        device: &crate::cuda::Device,
         layout: ConnLayout,
         place: FifoPlace,
         peer_rank: usize,
@@ -316,7 +224,12 @@ impl NetConn {
         peer_rank: usize,
         peer: String,
     ) -> Result<NetConn> {
-        let ConnMem { mem, gpu, layout } = mem;
+        let ConnMem {
+            mem,
+            gpu,
+            layout,
+            track,
+        } = mem;
         let len = layout.fifo_bytes();
         let (ptr, kind) = match &gpu {
             Some((buf, _, _)) => (buf.ptr() as *mut u8, PTR_CUDA),
@@ -350,7 +263,9 @@ impl NetConn {
         })?;
         // The dmabuf descriptor closes here: the registration holds what it needs.
         let gpu = gpu.map(|(buf, flush, _)| (buf, flush));
-        Ok(NetConn::with(side, mem, gpu, layout, mr, peer_rank, peer))
+        let mut conn = NetConn::with(side, mem, gpu, layout, mr, peer_rank, peer);
+        conn.track = track;
+        Ok(conn)
     }
 
     /// `gpu`: the FIFO in GPU memory, and whether its received steps are flushed.
@@ -388,6 +303,7 @@ impl NetConn {
             seen_head: 0,
             last_active: None,
             marked_awaited: 0,
+            track: None,
         }
     }
 
@@ -436,10 +352,32 @@ impl NetConn {
             Side::Send(_) => self.progress_send(),
             Side::Recv(_) => self.progress_recv(poll),
         };
+        if r.is_ok() {
+            self.sync_events();
+        }
         r.map_err(|e| {
             self.failed = true;
             e.context(format!("network connection with {}", self.peer))
         })
+    }
+
+    /// Moves the profiler's proxy events up to the counters ([`OpTrack::sync`]): a send's
+    /// steps start when their slot is free for the kernel, are posted, then complete; a
+    /// receive's are posted, land (handed to the kernel), then are consumed.
+    fn sync_events(&mut self) {
+        let Some(track) = &mut self.track else {
+            return;
+        };
+        let marks = match self.side {
+            Side::Send(_) => [self.done + STEPS, self.posted, self.done],
+            Side::Recv(_) => {
+                let head = counter(&self.mem, ConnLayout::HEAD)
+                    .map(|h| h.load(Ordering::Acquire))
+                    .unwrap_or(0);
+                [self.posted, self.done, head.min(self.done)]
+            }
+        };
+        track.sync(marks);
     }
 
     fn progress_send(&mut self) -> Result<bool> {

@@ -19,6 +19,7 @@
 
 mod conn;
 pub(crate) mod establish;
+pub(crate) mod ops;
 pub(crate) mod shared;
 pub(crate) mod timeline;
 

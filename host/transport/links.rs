@@ -74,6 +74,9 @@ pub struct Links {
     fences: Option<Fences>,
     /// The communicator's suspendable connection memory, which our blocks join.
     suspendable: Arc<super::suspend::Suspendable>,
+    /// The op queues of our network connections (`proxy/ops.rs`: the profiler's proxy
+    /// events), by (peer, direction, connection); empty without a profiler plugin.
+    op_queues: Mutex<HashMap<(usize, Dir, usize), Arc<crate::proxy::ops::OpQueue>>>,
 }
 
 /// See [`Links::with_fences`].
@@ -91,6 +94,7 @@ impl Links {
     ) -> Links {
         let mut links = Links {
             suspendable: Arc::new(super::suspend::Suspendable::new()),
+            op_queues: Mutex::new(HashMap::new()),
             rank,
             device,
             bootstrap,
@@ -145,6 +149,17 @@ impl Links {
     pub(crate) fn keyed(mut self, base: u32) -> Links {
         self.key_base = base;
         self
+    }
+
+    /// The op queue of connection `c` for (`peer`, `dir`), where it has one (a network
+    /// connection, a profiler plugin loaded).
+    pub(crate) fn op_queue(
+        &self,
+        peer: usize,
+        dir: Dir,
+        c: usize,
+    ) -> Option<Arc<crate::proxy::ops::OpQueue>> {
+        self.op_queues.lock().ok()?.get(&(peer, dir, c)).cloned()
     }
 
     /// Is `peer` on another node (its connections go through the network and the proxy)?
@@ -570,6 +585,15 @@ impl Links {
                 let conn = by_want.get(&want).ok_or_else(|| {
                     Error::internal(format!("connection {c} of {dir:?} rank {peer} not made"))
                 })?;
+                let tail = match conn {
+                    Conn::Send(s) => s.tail,
+                    Conn::Recv(r) => r.tail,
+                };
+                if let Some(q) = crate::proxy::ops::queue_of(tail) {
+                    if let Ok(mut qs) = self.op_queues.lock() {
+                        qs.insert((peer, dir, c), q);
+                    }
+                }
                 conn.words()
                     .iter()
                     .for_each(|w| raw.extend_from_slice(&w.to_le_bytes()));

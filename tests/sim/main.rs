@@ -36,6 +36,7 @@ mod p2p_large;
 mod p2p_patterns;
 mod pat;
 mod profiler;
+mod profiler_proxy;
 mod publisher;
 mod register;
 mod register_coll;

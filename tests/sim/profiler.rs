@@ -15,7 +15,7 @@ const ALL: &str = "0x7fff";
 
 /// The test plugin of ABI version `v`, built for the calling test (tests running side by side
 /// must not rewrite a library another one's child has loaded).
-fn plugin(v: u32) -> PathBuf {
+pub(crate) fn plugin(v: u32) -> PathBuf {
     let test = common::procs::current_test().replace("::", "-");
     let out =
         common::plugins::scratch("profiler").join(format!("{test}/v{v}/libnccl-profiler-rec.so"));
@@ -29,19 +29,19 @@ fn plugin(v: u32) -> PathBuf {
 /// One line of a plugin log: its kind (`init`, `start`, `stop`, `record`, `finalize`) and its
 /// `key=value` fields.
 #[derive(Clone, Debug)]
-struct Line {
-    kind: String,
-    f: HashMap<String, String>,
+pub(crate) struct Line {
+    pub(crate) kind: String,
+    pub(crate) f: HashMap<String, String>,
 }
 
 impl Line {
-    fn get(&self, k: &str) -> &str {
+    pub(crate) fn get(&self, k: &str) -> &str {
         self.f.get(k).map_or("", |v| v.as_str())
     }
 }
 
 /// The lines of every log under `prefix` (one per communicator), by rank.
-fn logs(prefix: &Path) -> HashMap<usize, Vec<Line>> {
+pub(crate) fn logs(prefix: &Path) -> HashMap<usize, Vec<Line>> {
     let dir = prefix.parent().expect("a folder");
     let stem = prefix.file_name().unwrap().to_string_lossy().into_owned();
     let mut out = HashMap::new();
@@ -71,7 +71,7 @@ fn logs(prefix: &Path) -> HashMap<usize, Vec<Line>> {
 }
 
 /// The started events of `lines`: by handle, the start line.
-fn starts(lines: &[Line]) -> HashMap<String, Line> {
+pub(crate) fn starts(lines: &[Line]) -> HashMap<String, Line> {
     lines
         .iter()
         .filter(|l| l.kind == "start")
@@ -80,7 +80,7 @@ fn starts(lines: &[Line]) -> HashMap<String, Line> {
 }
 
 /// The start lines of type `ty`, in order.
-fn of_type<'a>(lines: &'a [Line], ty: &str) -> Vec<&'a Line> {
+pub(crate) fn of_type<'a>(lines: &'a [Line], ty: &str) -> Vec<&'a Line> {
     lines
         .iter()
         .filter(|l| l.kind == "start" && l.get("type") == ty)
@@ -88,7 +88,7 @@ fn of_type<'a>(lines: &'a [Line], ty: &str) -> Vec<&'a Line> {
 }
 
 /// Every event started is stopped exactly once, after its start.
-fn stopped_once(lines: &[Line]) {
+pub(crate) fn stopped_once(lines: &[Line]) {
     let mut open: HashMap<&str, usize> = HashMap::new();
     for l in lines {
         match l.kind.as_str() {
@@ -170,7 +170,7 @@ fn traffic(ranks: &Ranks) {
 }
 
 /// A child's environment: the plugin of version `v`, the mask, the logs' prefix.
-fn env(v: u32, mask: &str, prefix: &Path) -> Vec<(String, String)> {
+pub(crate) fn env(v: u32, mask: &str, prefix: &Path) -> Vec<(String, String)> {
     std::fs::create_dir_all(prefix.parent().unwrap()).expect("the logs' folder");
     vec![
         (

@@ -12,6 +12,7 @@ pub mod pat;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
+pub mod steps;
 pub mod symmetric;
 
 use crate::abi::{

@@ -1,6 +1,7 @@
 //! Tests of one proxied connection's step machine.
 
 use super::*;
+use crate::cuda::Device;
 use nccl_device::abi::{proxy_proto_word, PROTO_LL};
 use std::sync::atomic::AtomicUsize;
 

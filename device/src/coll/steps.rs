@@ -1,0 +1,128 @@
+//! How many steps a ring CTA takes on its two connections in one launch, from the launch's
+//! arguments alone: the walk of the ring kernels of this module (`all_reduce::ring`,
+//! `all_gather::ring`, `reduce_scatter::ring`, `broadcast::ring`, `reduce::ring`), counting
+//! instead of moving. The host needs the counts before the kernel runs: the profiler's proxy
+//! events name each connection's steps of a call ahead (NCCL's `ncclProxyOp::nsteps`).
+//!
+//! The unit is a Prims operation (one step of the launch's protocol; a Simple operation fills
+//! `slice` FIFO slots, [`RingSteps::slots`]). Any change to those walks must change this
+//! too: the simulator's tests compare both with the step counters the kernels leave.
+
+use super::{align_up, div_ceil};
+use crate::abi::{Coll, FLAG_RING_EXCHANGE, LL128_STEP_BYTES, LL_STEP_BYTES, PROTO_SIMPLE};
+use crate::prims::slice_steps;
+
+/// What a ring launch is, as one CTA of one rank sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct RingLaunch {
+    pub coll: Coll,
+    /// `CollArgs::count`: elements (AllGather and ReduceScatter: per rank).
+    pub count: usize,
+    pub elem_bytes: usize,
+    pub nranks: usize,
+    pub cta: usize,
+    pub grid: usize,
+    /// The communicator's Simple slot (`DevComm::slot_bytes`).
+    pub slot_bytes: usize,
+    /// `CollArgs::chunk_elems`, `slice_steps`, `proto`, `flags`.
+    pub chunk_elems: usize,
+    pub slice_steps: u32,
+    pub proto: u32,
+    pub flags: u32,
+    /// Broadcast and Reduce: how many hops downstream of the root this rank is on the CTA's
+    /// ring (0: the root).
+    pub root_distance: usize,
+}
+
+/// Prims operations on the CTA's send and receive connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingSteps {
+    pub send: u64,
+    pub recv: u64,
+}
+
+impl RingSteps {
+    /// FIFO slots one operation of `l` fills: `slice` for Simple, 1 for LL and LL128.
+    pub fn slots(l: &RingLaunch) -> u64 {
+        match l.proto {
+            PROTO_SIMPLE => slice_steps(l.slice_steps) as u64,
+            _ => 1,
+        }
+    }
+}
+
+/// The CTA's slice of the launch (`channel_range`).
+fn range(l: &RingLaunch, pack: usize) -> (usize, usize) {
+    let per = align_up(div_ceil(l.count, l.grid.max(1)), pack);
+    let start = core::cmp::min(l.cta * per, l.count);
+    (start, core::cmp::min(start + per, l.count))
+}
+
+/// Elements per step (`Kernel::max_chunk`).
+fn max_chunk(l: &RingLaunch) -> usize {
+    let bytes = match l.proto {
+        PROTO_SIMPLE => l.slot_bytes * slice_steps(l.slice_steps) as usize,
+        p if p == crate::abi::PROTO_LL => LL_STEP_BYTES as usize,
+        _ => LL128_STEP_BYTES as usize,
+    };
+    core::cmp::min(l.chunk_elems, bytes / l.elem_bytes.max(1))
+}
+
+/// Pieces of `[start, end)` taken `chunk` at a time.
+fn pieces(start: usize, end: usize, chunk: usize) -> u64 {
+    match end > start {
+        true => div_ceil(end - start, chunk.max(1)) as u64,
+        false => 0,
+    }
+}
+
+/// The operations one CTA of a ring launch takes on each connection (see the module's text).
+/// A rank alone on its ring takes none.
+pub fn ring_steps(l: &RingLaunch) -> RingSteps {
+    let n = l.nranks;
+    if n < 2 {
+        return RingSteps::default();
+    }
+    let pack = 16 / l.elem_bytes.max(1);
+    let (start, end) = range(l, pack.max(1));
+    let chunk = max_chunk(l);
+    let each = |ops: u64| RingSteps {
+        send: ops,
+        recv: ops,
+    };
+    match l.coll {
+        Coll::AllReduce if n == 2 && l.flags & FLAG_RING_EXCHANGE != 0 => {
+            each(pieces(start, end, chunk))
+        }
+        Coll::AllReduce => {
+            // Pieces of up to n chunks (`piece_chunk`), 2 (n - 1) operations each way.
+            let (mut off, mut count) = (start, 0u64);
+            while off < end {
+                let c = core::cmp::min(chunk, align_up(div_ceil(end - off, n), pack.max(1)));
+                off += core::cmp::min(end - off, c * n);
+                count += 1;
+            }
+            each(count * 2 * (n as u64 - 1))
+        }
+        Coll::AllGather | Coll::ReduceScatter => each(pieces(start, end, chunk) * (n as u64 - 1)),
+        Coll::Broadcast => {
+            // A chain from the root: it only sends, the last rank only receives.
+            let p = pieces(start, end, chunk);
+            let d = l.root_distance;
+            RingSteps {
+                send: if d < n - 1 { p } else { 0 },
+                recv: if d > 0 { p } else { 0 },
+            }
+        }
+        Coll::Reduce => {
+            // A chain into the root from its successor (d = 1), which only sends; the root
+            // (d = 0) only receives.
+            let p = pieces(start, end, chunk);
+            let d = l.root_distance;
+            RingSteps {
+                send: if d != 0 { p } else { 0 },
+                recv: if d != 1 { p } else { 0 },
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The ring collectives' share of the profiler's proxy events (`proxy/ops.rs`): where a
+//! profiler plugin is loaded, each ring launch appends to the op queue of every network
+//! connection its CTAs use the steps it will take there (`nccl_device::coll::steps`), so that
+//! the proxy thread can report them as `ProxyOp` and `ProxyStep` events under the call's
+//! `Coll` event.
+
+use super::plan::LaunchPlan;
+use super::Rings;
+use crate::profiler::{CommProfiler, Event, ProxyOpDescr};
+use crate::proxy::ops::{queue_of, OpQueue};
+use crate::transport::Dir;
+use crate::transport::{Conn, Made};
+use nccl_device::abi::{Coll, PROTO_SIMPLE};
+use nccl_device::coll::steps::{ring_steps, RingLaunch, RingSteps};
+use std::sync::Arc;
+
+/// One channel's network connections of the ring: (peer, queue) for its send and its receive.
+#[derive(Default)]
+struct Channel {
+    send: Option<(usize, Arc<OpQueue>)>,
+    recv: Option<(usize, Arc<OpQueue>)>,
+    /// This rank's position on the channel's ring, and the ring (ranks in ring order).
+    pos: usize,
+    ring: Vec<usize>,
+}
+
+/// The ring's network connections that have op queues, per channel.
+pub(crate) struct RingQueues {
+    channels: Vec<Channel>,
+    slot_bytes: usize,
+}
+
+/// What the launch's `Coll` event is, where the call is profiled: the plugin's context, the
+/// activation mask at the call, and the event.
+pub(crate) type Profiled = Option<(Arc<CommProfiler>, u64, Event)>;
+
+impl RingQueues {
+    /// The queues of the ring connections `made` (None where none of them has one: no
+    /// profiler plugin, or no network connection on the rings).
+    pub(crate) fn of(
+        made: &Made,
+        rings: &Rings,
+        rank: usize,
+        nchannels: usize,
+        slot_bytes: usize,
+    ) -> Option<Arc<RingQueues>> {
+        let mut channels: Vec<Channel> = (0..nchannels)
+            .map(|c| Channel {
+                pos: rings.position(c, rank),
+                ring: rings.ring(c).to_vec(),
+                ..Channel::default()
+            })
+            .collect();
+        let mut any = false;
+        for (want, conn) in &made.conns {
+            let Some(ch) = channels.get_mut(want.key as usize) else {
+                continue;
+            };
+            let (tail, side) = match (want.dir, conn) {
+                (Dir::Send, Conn::Send(s)) => (s.tail, &mut ch.send),
+                (Dir::Recv, Conn::Recv(r)) => (r.tail, &mut ch.recv),
+                _ => continue,
+            };
+            if let Some(q) = queue_of(tail) {
+                *side = Some((want.peer, q));
+                any = true;
+            }
+        }
+        any.then(|| {
+            Arc::new(RingQueues {
+                channels,
+                slot_bytes,
+            })
+        })
+    }
+
+    /// Per channel, the send connection's step counter once the launches appended so far
+    /// ran, as predicted (None where that connection has no queue).
+    pub(crate) fn send_ends(&self) -> Vec<Option<u64>> {
+        self.channels
+            .iter()
+            .map(|c| c.send.as_ref().map(|(_, q)| q.end()))
+            .collect()
+    }
+
+    /// Appends ring launch `plan` (elements of `elem_bytes`) to the queues of the
+    /// connections its CTAs use; a launch captured into a graph loses them instead.
+    pub(crate) fn append(&self, plan: &LaunchPlan, elem_bytes: usize, captured: bool, p: Profiled) {
+        let a = &plan.args;
+        let Some(coll) = Coll::from_raw(a.coll) else {
+            return;
+        };
+        for (cta, ch) in self.channels.iter().enumerate().take(plan.grid as usize) {
+            if ch.send.is_none() && ch.recv.is_none() {
+                continue;
+            }
+            if captured {
+                for (_, q) in ch.send.iter().chain(&ch.recv) {
+                    q.lose();
+                }
+                continue;
+            }
+            let n = ch.ring.len();
+            let root_pos = ch
+                .ring
+                .iter()
+                .position(|&r| r == a.root as usize)
+                .unwrap_or(0);
+            let launch = RingLaunch {
+                coll,
+                count: a.count as usize,
+                elem_bytes,
+                nranks: n,
+                cta,
+                grid: plan.grid as usize,
+                slot_bytes: self.slot_bytes,
+                chunk_elems: a.chunk_elems as usize,
+                slice_steps: a.slice_steps,
+                proto: a.proto,
+                flags: a.flags,
+                root_distance: (ch.pos + n - root_pos) % n,
+            };
+            let steps = ring_steps(&launch);
+            let slots = RingSteps::slots(&launch);
+            let chunk_bytes = match a.proto {
+                PROTO_SIMPLE => self.slot_bytes,
+                _ => a.chunk_elems as usize * elem_bytes,
+            };
+            for (side, ops, send) in [(&ch.send, steps.send, true), (&ch.recv, steps.recv, false)] {
+                let Some((peer, q)) = side else { continue };
+                let profiled = p.as_ref().map(|(prof, mask, parent)| {
+                    let descr = ProxyOpDescr {
+                        channel: cta,
+                        peer: *peer,
+                        steps: ops * slots,
+                        chunk_bytes,
+                        send,
+                    };
+                    (prof.clone(), *mask, *parent, descr)
+                });
+                q.append(ops, slots, profiled);
+            }
+        }
+    }
+}
