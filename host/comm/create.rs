@@ -157,6 +157,8 @@ impl Comm {
         let ring_ops = proxy_ops::RingQueues::of(
             &rings_made,
             &plan.rings,
+            dbt.as_ref(),
+            pat.as_ref(),
             rank,
             shape.nchannels as usize,
             shape.slot_bytes as usize,

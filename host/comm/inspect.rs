@@ -60,6 +60,36 @@ impl Comm {
         }
     }
     crate::internal! {
+        /// The double binary tree's network connections that have op queues: per connection,
+        /// (channel, peer, send, the step counter the host predicted, the kernels' counter).
+        fn dbt_steps_predicted(&self) -> Result<Vec<crate::proxy::ops::StepCount>> {
+            let Some(d) = &self.dbt else {
+                return Ok(Vec::new());
+            };
+            let mut out = Vec::new();
+            for c in 0..d.ctas {
+                for (peer, dir, q) in d.op_queues(c) {
+                    let taken = d.link_steps(c, peer, dir)?;
+                    out.push(crate::proxy::ops::StepCount {
+                        channel: c,
+                        peer,
+                        send: dir == Dir::Send,
+                        predicted: q.end(),
+                        taken,
+                    });
+                }
+            }
+            Ok(out)
+        }
+    }
+    crate::internal! {
+        /// PAT's network connections that have op queues: per connection, (CTA, peer, send,
+        /// the step counter the host predicted, the kernels' counter).
+        fn pat_steps_predicted(&self) -> Result<Vec<crate::proxy::ops::StepCount>> {
+            self.pat.as_ref().map_or(Ok(Vec::new()), |p| p.steps_predicted())
+        }
+    }
+    crate::internal! {
         /// Per channel, the ring steps whose data the predecessor wrote straight into this
         /// rank's output buffer (zero-copy ring collectives), counted by the kernels since init.
         fn ring_direct_steps(&self) -> Result<Vec<u64>> {

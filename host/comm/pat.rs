@@ -26,9 +26,78 @@ pub(crate) struct Pat {
     pub array: DevBuffer,
     /// CTAs (channels) connected.
     pub ctas: usize,
+    /// Bytes of each CTA's scratch (`PatDev::scratch_bytes`).
+    pub scratch_each: usize,
     _scratch: DevBuffer,
-    _links: Vec<Links>,
+    /// Per CTA, its connections; per dimension, the ranks `2^k` above and below.
+    links: Vec<Links>,
+    peers: Vec<(usize, usize)>,
 }
+
+impl Pat {
+    /// CTA `c`'s network connections of dimension `k` that have op queues (the profiler's
+    /// proxy events, `proxy/ops.rs`), for collective `coll`: (peer, queue) of its send and
+    /// of its receive. AllGather sends down and receives from above; ReduceScatter the
+    /// other way.
+    pub(crate) fn op_queues(&self, c: usize, k: usize, coll: Coll) -> [Option<PeerQueue>; 2] {
+        let (Some(l), Some(&(up, down))) = (self.links.get(c), self.peers.get(k)) else {
+            return [None, None];
+        };
+        let (to, from) = match coll {
+            Coll::AllGather => (down, up),
+            _ => (up, down),
+        };
+        [
+            l.op_queue(to, Dir::Send, 0).map(|q| (to, q)),
+            l.op_queue(from, Dir::Recv, 0).map(|q| (from, q)),
+        ]
+    }
+}
+
+impl Pat {
+    /// Every connection with an op queue: (CTA, peer, send, the step counter the host
+    /// predicted, the kernels' counter).
+    #[cfg(feature = "internals")]
+    pub(crate) fn steps_predicted(&self) -> Result<Vec<crate::proxy::ops::StepCount>> {
+        let mut out: Vec<crate::proxy::ops::StepCount> = Vec::new();
+        for (c, l) in self.links.iter().enumerate() {
+            for &(up, down) in &self.peers {
+                for (peer, dir) in [
+                    (up, Dir::Send),
+                    (down, Dir::Recv),
+                    (down, Dir::Send),
+                    (up, Dir::Recv),
+                ] {
+                    let send = dir == Dir::Send;
+                    if out
+                        .iter()
+                        .any(|o| o.channel == c && o.peer == peer && o.send == send)
+                    {
+                        continue;
+                    }
+                    let Some(q) = l.op_queue(peer, dir, 0) else {
+                        continue;
+                    };
+                    let taken = l
+                        .steps(peer, dir)?
+                        .and_then(|v| v.first().copied())
+                        .unwrap_or(0);
+                    out.push(crate::proxy::ops::StepCount {
+                        channel: c,
+                        peer,
+                        send,
+                        predicted: q.end(),
+                        taken,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A connection's peer and op queue.
+pub(crate) type PeerQueue = (usize, std::sync::Arc<crate::proxy::ops::OpQueue>);
 
 /// Whether a communicator connects PAT, from facts every rank shares: more than one rank,
 /// each node one of them (NCCL's condition), no more than `2^PAT_MAX_DIMS`, and rank 0's
@@ -72,14 +141,14 @@ pub(crate) fn connect(
     let scratch = device.alloc(scratch_each * ctas)?;
     let mut links = Vec::with_capacity(ctas);
     let mut devs = Vec::with_capacity(ctas);
+    let peers: Vec<(usize, usize)> = (0..dims)
+        .map(|k| {
+            let d = (1usize << k) % nranks;
+            ((rank + d) % nranks, (rank + nranks - d) % nranks)
+        })
+        .collect();
     for c in 0..ctas {
         let l = make_links(c);
-        let peers: Vec<(usize, usize)> = (0..dims)
-            .map(|k| {
-                let d = (1usize << k) % nranks;
-                ((rank + d) % nranks, (rank + nranks - d) % nranks)
-            })
-            .collect();
         let needs: Vec<(usize, Dir)> = peers
             .iter()
             .flat_map(|&(up, down)| {
@@ -116,6 +185,8 @@ pub(crate) fn connect(
         array,
         ctas,
         _scratch: scratch,
-        _links: links,
+        scratch_each,
+        links,
+        peers,
     })
 }

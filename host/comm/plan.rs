@@ -95,13 +95,11 @@ impl Launcher {
         r
     }
 
-    /// Tells the proxy what ring launch `plan`, just launched, moves on the network (its
+    /// Tells the proxy what ring or tree launch `plan`, just launched, moves on the network (its
     /// profiler events; nothing without a plugin): `profiled` is the call's `Coll` event.
     pub(crate) fn proxy_ops(&self, plan: &LaunchPlan, profiled: super::proxy_ops::Profiled) {
         if let Some(q) = &self.ring_ops {
-            if plan.args.algo == ALGO_RING {
-                q.append(plan, plan.elem_bytes, self.order.captured(), profiled);
-            }
+            q.append(plan, plan.elem_bytes, self.order.captured(), profiled);
         }
     }
 }

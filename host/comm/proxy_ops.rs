@@ -1,17 +1,18 @@
-//! The ring collectives' share of the profiler's proxy events (`proxy/ops.rs`): where a
-//! profiler plugin is loaded, each ring launch appends to the op queue of every network
-//! connection its CTAs use the steps it will take there (`nccl_device::coll::steps`), so that
-//! the proxy thread can report them as `ProxyOp` and `ProxyStep` events under the call's
-//! `Coll` event.
+//! The collectives' share of the profiler's proxy events (`proxy/ops.rs`): where a profiler
+//! plugin is loaded, each ring or double-binary-tree launch appends to the op queue of every
+//! network connection its CTAs use the steps it will take there (`nccl_device::coll::steps`),
+//! so that the proxy thread can report them as `ProxyOp` and `ProxyStep` events under the
+//! call's `Coll` event.
 
+use super::pat::{Pat, PeerQueue};
 use super::plan::LaunchPlan;
 use super::Rings;
 use crate::profiler::{CommProfiler, Event, ProxyOpDescr};
 use crate::proxy::ops::{queue_of, OpQueue};
 use crate::transport::Dir;
 use crate::transport::{Conn, Made};
-use nccl_device::abi::{Coll, PROTO_SIMPLE};
-use nccl_device::coll::steps::{ring_steps, RingLaunch, RingSteps};
+use nccl_device::abi::{pat_dims, Coll, ALGO_PAT, ALGO_RING, ALGO_TREE, PROTO_SIMPLE};
+use nccl_device::coll::steps::{pat_steps, ring_steps, tree_steps, RingLaunch, RingSteps};
 use std::sync::Arc;
 
 /// One channel's network connections of the ring: (peer, queue) for its send and its receive.
@@ -24,10 +25,18 @@ struct Channel {
     ring: Vec<usize>,
 }
 
-/// The ring's network connections that have op queues, per channel.
+/// The network connections of the rings and of the double binary tree that have op queues,
+/// per channel.
 pub(crate) struct RingQueues {
     channels: Vec<Channel>,
     slot_bytes: usize,
+    /// Per channel, the tree's: (peer, direction, queue).
+    tree: Vec<Vec<(usize, Dir, Arc<OpQueue>)>>,
+    /// PAT's: per CTA, per dimension, AllGather's and ReduceScatter's (send, receive); and
+    /// each CTA's scratch bytes.
+    pat: Vec<Vec<[[Option<PeerQueue>; 2]; 2]>>,
+    pat_scratch: usize,
+    nranks: usize,
 }
 
 /// What the launch's `Coll` event is, where the call is profiled: the plugin's context, the
@@ -35,11 +44,13 @@ pub(crate) struct RingQueues {
 pub(crate) type Profiled = Option<(Arc<CommProfiler>, u64, Event)>;
 
 impl RingQueues {
-    /// The queues of the ring connections `made` (None where none of them has one: no
-    /// profiler plugin, or no network connection on the rings).
+    /// The queues of the ring connections `made` and of the tree's (None where none of them
+    /// has one: no profiler plugin, or no network connection).
     pub(crate) fn of(
         made: &Made,
         rings: &Rings,
+        dbt: Option<&super::tree::Dbt>,
+        pat: Option<&Pat>,
         rank: usize,
         nchannels: usize,
         slot_bytes: usize,
@@ -66,10 +77,38 @@ impl RingQueues {
                 any = true;
             }
         }
+        let tree: Vec<_> = match dbt {
+            Some(d) => (0..d.ctas).map(|c| d.op_queues(c)).collect(),
+            None => Vec::new(),
+        };
+        any |= tree.iter().any(|t| !t.is_empty());
+        let nranks = rings.nranks();
+        let pat_queues: Vec<Vec<_>> = match pat {
+            Some(p) => (0..p.ctas)
+                .map(|c| {
+                    (0..pat_dims(nranks))
+                        .map(|k| {
+                            [Coll::AllGather, Coll::ReduceScatter].map(|x| p.op_queues(c, k, x))
+                        })
+                        .collect()
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        any |= pat_queues
+            .iter()
+            .flatten()
+            .flatten()
+            .flatten()
+            .any(Option::is_some);
         any.then(|| {
             Arc::new(RingQueues {
                 channels,
                 slot_bytes,
+                tree,
+                pat: pat_queues,
+                pat_scratch: pat.map_or(0, |p| p.scratch_each),
+                nranks,
             })
         })
     }
@@ -83,9 +122,88 @@ impl RingQueues {
             .collect()
     }
 
-    /// Appends ring launch `plan` (elements of `elem_bytes`) to the queues of the
+    /// Appends ring or tree launch `plan` (elements of `elem_bytes`) to the queues of the
     /// connections its CTAs use; a launch captured into a graph loses them instead.
     pub(crate) fn append(&self, plan: &LaunchPlan, elem_bytes: usize, captured: bool, p: Profiled) {
+        match plan.args.algo {
+            ALGO_RING => self.append_ring(plan, elem_bytes, captured, p),
+            ALGO_TREE if plan.args.tree != 0 => self.append_tree(plan, elem_bytes, captured, p),
+            ALGO_PAT => self.append_pat(plan, elem_bytes, captured, p),
+            _ => {}
+        }
+    }
+
+    /// PAT's launch: each dimension's connections, in the kernel's order of dimensions.
+    fn append_pat(&self, plan: &LaunchPlan, elem_bytes: usize, captured: bool, p: Profiled) {
+        let a = &plan.args;
+        let Some(coll) = Coll::from_raw(a.coll) else {
+            return;
+        };
+        let which = usize::from(coll != Coll::AllGather);
+        for (cta, dims) in self.pat.iter().enumerate().take(plan.grid as usize) {
+            let grid = (cta, plan.grid as usize);
+            let (count, chunk) = (a.count as usize, a.chunk_elems as usize);
+            let each = |k: usize, send: u64, recv: u64| {
+                let Some(conns) = dims.get(k) else { return };
+                for (i, steps) in [send, recv].into_iter().enumerate() {
+                    let Some((peer, q)) = &conns[which][i] else {
+                        continue;
+                    };
+                    if captured {
+                        q.lose();
+                        continue;
+                    }
+                    let profiled = p.as_ref().map(|(prof, mask, parent)| {
+                        let descr = ProxyOpDescr {
+                            channel: cta,
+                            peer: *peer,
+                            steps,
+                            chunk_bytes: self.slot_bytes,
+                            send: i == 0,
+                        };
+                        (prof.clone(), *mask, *parent, descr)
+                    });
+                    q.append(steps, 1, profiled);
+                }
+            };
+            let (n, slot, scratch) = (self.nranks, self.slot_bytes, self.pat_scratch);
+            pat_steps(coll, count, elem_bytes, n, grid, chunk, slot, scratch, each);
+        }
+    }
+
+    /// The double binary tree's launch: every connection a CTA uses takes one step per chunk.
+    fn append_tree(&self, plan: &LaunchPlan, elem_bytes: usize, captured: bool, p: Profiled) {
+        let a = &plan.args;
+        for (cta, conns) in self.tree.iter().enumerate().take(plan.grid as usize) {
+            let steps = tree_steps(
+                a.count as usize,
+                elem_bytes,
+                cta,
+                plan.grid as usize,
+                a.chunk_elems as usize,
+                a.tree_slot_bytes as usize,
+            );
+            for (peer, dir, q) in conns {
+                if captured {
+                    q.lose();
+                    continue;
+                }
+                let profiled = p.as_ref().map(|(prof, mask, parent)| {
+                    let descr = ProxyOpDescr {
+                        channel: cta,
+                        peer: *peer,
+                        steps,
+                        chunk_bytes: a.tree_slot_bytes as usize,
+                        send: *dir == Dir::Send,
+                    };
+                    (prof.clone(), *mask, *parent, descr)
+                });
+                q.append(steps, 1, profiled);
+            }
+        }
+    }
+
+    fn append_ring(&self, plan: &LaunchPlan, elem_bytes: usize, captured: bool, p: Profiled) {
         let a = &plan.args;
         let Some(coll) = Coll::from_raw(a.coll) else {
             return;

@@ -31,7 +31,39 @@ pub(crate) struct Dbt {
     /// The trees span exactly two nodes: their heads can exchange ([`TreeDev::remote`]).
     pub two_nodes: bool,
     /// Per channel, the connections.
-    _links: Vec<Links>,
+    links: Vec<Links>,
+}
+
+impl Dbt {
+    /// Channel `c`'s network connections that have op queues (the profiler's proxy events,
+    /// `proxy/ops.rs`): (peer, direction, queue), to the parent and each child both ways.
+    pub(crate) fn op_queues(
+        &self,
+        c: usize,
+    ) -> Vec<(usize, Dir, std::sync::Arc<crate::proxy::ops::OpQueue>)> {
+        let (Some((parent, children)), Some(links)) = (self.places.get(c), self.links.get(c))
+        else {
+            return Vec::new();
+        };
+        parent
+            .iter()
+            .chain(children)
+            .flat_map(|&p| [(p, Dir::Send), (p, Dir::Recv)])
+            .filter_map(|(p, d)| links.op_queue(p, d, 0).map(|q| (p, d, q)))
+            .collect()
+    }
+
+    /// The step counter of channel `c`'s connection with `peer` in direction `dir`, as the
+    /// kernels left it (0 where there is none).
+    #[cfg(feature = "internals")]
+    pub(crate) fn link_steps(&self, c: usize, peer: usize, dir: Dir) -> crate::error::Result<u64> {
+        let Some(l) = self.links.get(c) else {
+            return Ok(0);
+        };
+        Ok(l.steps(peer, dir)?
+            .and_then(|v| v.first().copied())
+            .unwrap_or(0))
+    }
 }
 
 /// What a connection log line says of the path to `peer` in direction `dir` (as NCCL prints
@@ -172,7 +204,7 @@ pub(crate) fn connect_dbt(
         slot_bytes,
         places,
         two_nodes,
-        _links: links,
+        links,
     })
 }
 

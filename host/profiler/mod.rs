@@ -19,12 +19,11 @@
 //!
 //! - `KernelCh`: a collective's CTAs, from the GPU's timer stamps (`comm/profile.rs`).
 //!
-//! - `ProxyOp` and `ProxyStep`: a ring launch's or a send/recv batch's steps on each network
-//!   connection, emitted by the proxy thread (`proxy/ops.rs`).
+//! - `ProxyOp` and `ProxyStep`: a collective's (ring, double binary tree, PAT) or a send/recv
+//!   batch's steps on each network connection, emitted by the proxy thread (`proxy/ops.rs`).
 //!
 //! Like NCCL, a stopped event's handle may still be another's parent: plugins keep handles valid
-//! after `stopEvent`. Not emitted yet: proxy control, and proxy events of the double binary tree
-//! and PAT.
+//! after `stopEvent`. Not emitted yet: proxy control.
 
 mod abi;
 mod load;

@@ -20,6 +20,17 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+/// A network connection's step counter as the host predicted it and as the kernels left it
+/// (what the tests compare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCount {
+    pub channel: usize,
+    pub peer: usize,
+    pub send: bool,
+    pub predicted: u64,
+    pub taken: u64,
+}
+
 /// One launch's steps on a connection, as the host appends them.
 pub(crate) struct Op {
     /// The connection's step counter where the launch's steps begin (Simple slices round it

@@ -85,12 +85,19 @@ fn rank_child() -> bool {
         drop(comm);
         return true;
     }
+    let pat = comm.pat_steps_predicted().unwrap();
+    for s in comm.dbt_steps_predicted().unwrap().into_iter().chain(pat) {
+        assert_eq!(
+            s.predicted,
+            s.taken,
+            "rank {rank}, tree or PAT channel {}, {} rank {}: predicted, taken",
+            s.channel,
+            if s.send { "to" } else { "from" },
+            s.peer
+        );
+    }
     let predicted = comm.ring_send_steps_predicted();
     let actual = comm.ring_send_steps().unwrap();
-    assert!(
-        predicted.iter().any(Option::is_some),
-        "rank {rank}: no ring connection with an op queue"
-    );
     for (c, (p, a)) in predicted.iter().zip(&actual).enumerate() {
         if let Some(p) = p {
             assert_eq!(
@@ -221,6 +228,51 @@ fn predicted_proxy_steps_are_the_kernels_steps() {
         &[("NCCL_RS_SLICE_STEPS", "4")],
     );
     run((2, 1), "0x7fff", "ll128", &[("NCCL_PROTO", "LL128")]);
+    // PAT on 3, 4 and 5 nodes of one rank: packed pieces and a step per offset.
+    let pat = [(
+        "NCCL_ALGO",
+        "allgather:pat;reducescatter:pat;allreduce:ring;broadcast:ring;reduce:ring",
+    )];
+    for nodes in [3, 4, 5] {
+        let tag = format!("pat{nodes}");
+        for (r, lines) in &run((nodes, 1), "0x7fff", &tag, &pat) {
+            stopped_once(lines);
+            let by_handle = starts(lines);
+            let pat_ops = of_type(lines, "ProxyOp")
+                .into_iter()
+                .filter(|o| {
+                    by_handle
+                        .get(o.get("parent"))
+                        .is_some_and(|p| p.get("algo") == "PAT")
+                })
+                .count();
+            assert!(pat_ops > 0, "rank {r} of {tag}: no ProxyOp of a PAT call");
+        }
+    }
+    // The double binary tree: on 4 nodes (its fan, Simple and LL), and on 2 nodes of 2 ranks
+    // (the heads' exchange).
+    for (nodes, per_node, tag) in [(4, 1, "tree4"), (2, 2, "tree2x2")] {
+        let tree = [(
+            "NCCL_ALGO",
+            "allreduce:tree;allgather:ring;reducescatter:ring;broadcast:ring;reduce:ring",
+        )];
+        for (r, lines) in &run((nodes, per_node), "0x7fff", tag, &tree) {
+            stopped_once(lines);
+            let by_handle = starts(lines);
+            let tree_ops = of_type(lines, "ProxyOp")
+                .into_iter()
+                .filter(|o| {
+                    by_handle
+                        .get(o.get("parent"))
+                        .is_some_and(|p| p.get("algo") == "TREE")
+                })
+                .count();
+            assert!(
+                tree_ops > 0,
+                "rank {r} of {tag}: no ProxyOp of a tree AllReduce"
+            );
+        }
+    }
     // A launch captured into a graph: the connections' events stop, each started one ends.
     for (r, lines) in &run((2, 1), "0x7fff", "graph", &[("PROXY_TEST_GRAPH", "1")]) {
         stopped_once(lines);

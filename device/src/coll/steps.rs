@@ -1,7 +1,7 @@
-//! How many steps a ring CTA takes on its two connections in one launch, from the launch's
-//! arguments alone: the walk of the ring kernels of this module (`all_reduce::ring`,
-//! `all_gather::ring`, `reduce_scatter::ring`, `broadcast::ring`, `reduce::ring`), counting
-//! instead of moving. The host needs the counts before the kernel runs: the profiler's proxy
+//! How many steps a CTA takes on each of its connections in one launch, from the launch's
+//! arguments alone: the walks of the ring kernels of this module (`all_reduce::ring`,
+//! `all_gather::ring`, `reduce_scatter::ring`, `broadcast::ring`, `reduce::ring`), of the tree
+//! across nodes (`all_reduce::dbt`) and of PAT (`pat`), counting instead of moving. The host needs the counts before the kernel runs: the profiler's proxy
 //! events name each connection's steps of a call ahead (NCCL's `ncclProxyOp::nsteps`).
 //!
 //! The unit is a Prims operation (one step of the launch's protocol; a Simple operation fills
@@ -124,5 +124,105 @@ pub fn ring_steps(l: &RingLaunch) -> RingSteps {
                 recv: if d != 1 { p } else { 0 },
             }
         }
+    }
+}
+
+/// The steps one CTA of the tree AllReduce across nodes (`all_reduce::dbt`, every variant)
+/// takes on each connection it uses (to its parent, from and to each child): one per chunk,
+/// whichever protocol and whether or not the heads exchange. `count` elements of
+/// `elem_bytes` over `grid` CTAs; `chunk_elems` and `slot_bytes` are `CollArgs::chunk_elems`
+/// and `tree_slot_bytes`. A step is one FIFO slot.
+pub fn tree_steps(
+    count: usize,
+    elem_bytes: usize,
+    cta: usize,
+    grid: usize,
+    chunk_elems: usize,
+    slot_bytes: usize,
+) -> u64 {
+    let pack = (16 / elem_bytes.max(1)).max(1);
+    let l = RingLaunch {
+        coll: Coll::AllReduce,
+        count,
+        elem_bytes,
+        nranks: 2,
+        cta,
+        grid,
+        slot_bytes,
+        chunk_elems,
+        slice_steps: 1,
+        proto: PROTO_SIMPLE,
+        flags: 0,
+        root_distance: 0,
+    };
+    let (start, end) = range(&l, pack);
+    // `tree_chunk`: the host's chunk within a slot, in whole packs, at least one.
+    let fits = core::cmp::min(chunk_elems, slot_bytes / elem_bytes.max(1));
+    let chunk = core::cmp::max(pack, fits / pack * pack);
+    pieces(start, end, chunk)
+}
+
+/// The steps one CTA of PAT (`coll::pat`) takes on each dimension's connections: per
+/// dimension `k` (ranks `2^k` apart), on its send and on its receive connection. A slice
+/// that fits one aggregated piece takes one step each way per dimension; a larger one a step
+/// per offset per piece. `chunk_elems` and `slot_bytes` as for the ring; `scratch_bytes` is
+/// the CTA's `PatDev::scratch_bytes` (ReduceScatter's partial sums bound its pieces). A step
+/// is one FIFO slot. Calls `each(k, send_steps, recv_steps)` for every dimension, in the
+/// order the kernel runs them.
+#[allow(clippy::too_many_arguments)]
+pub fn pat_steps(
+    coll: Coll,
+    count: usize,
+    elem_bytes: usize,
+    nranks: usize,
+    (cta, grid): (usize, usize),
+    chunk_elems: usize,
+    slot_bytes: usize,
+    scratch_bytes: usize,
+    mut each: impl FnMut(usize, u64, u64),
+) {
+    let n = nranks;
+    if n < 2 {
+        return;
+    }
+    let pack = (16 / elem_bytes.max(1)).max(1);
+    let l = RingLaunch {
+        coll,
+        count,
+        elem_bytes,
+        nranks: n,
+        cta,
+        grid,
+        slot_bytes,
+        chunk_elems,
+        slice_steps: 1,
+        proto: PROTO_SIMPLE,
+        flags: 0,
+        root_distance: 0,
+    };
+    let (start, end) = range(&l, pack);
+    let mut chunk = max_chunk(&l);
+    let kept_slots = (n - 1) / 2;
+    if coll == Coll::ReduceScatter && kept_slots > 0 {
+        let room = scratch_bytes / elem_bytes.max(1) / kept_slots;
+        chunk = core::cmp::min(chunk, room / pack * pack);
+    }
+    // `pat::aggregate_piece`.
+    let piece = chunk / (n / 2) / pack * pack;
+    let packed = start < end && end - start <= piece;
+    let dims = crate::abi::pat_dims(n);
+    // In the kernel's order: AllGather from the highest dimension down, ReduceScatter up.
+    for i in 0..dims {
+        let k = match coll {
+            Coll::AllGather => dims - 1 - i,
+            _ => i,
+        };
+        let d = 1usize << k;
+        let steps = match packed {
+            true => 1,
+            // `pat::offsets`: the multiples of 2d below n - d.
+            false => pieces(start, end, chunk) * ((n - d - 1) / (2 * d) + 1) as u64,
+        };
+        each(k, steps, steps);
     }
 }
