@@ -43,6 +43,19 @@ pub(crate) struct RingQueues {
 /// activation mask at the call, and the event.
 pub(crate) type Profiled = Option<(Arc<CommProfiler>, u64, Event)>;
 
+/// Appends to `q` a launch of `descr.steps` FIFO steps in operations of `slots` slots (its
+/// `ProxyOp` event hangs from `p`'s where the call is profiled); a launch `captured` into a
+/// graph loses the queue instead.
+fn put(q: &OpQueue, captured: bool, p: &Profiled, slots: u64, descr: ProxyOpDescr) {
+    if captured {
+        return q.lose();
+    }
+    let profiled = p
+        .as_ref()
+        .map(|(prof, mask, parent)| (prof.clone(), *mask, *parent, descr));
+    q.append(descr.steps / slots.max(1), slots, profiled);
+}
+
 impl RingQueues {
     /// The queues of the ring connections `made` and of the tree's (None where none of them
     /// has one: no profiler plugin, or no network connection).
@@ -149,21 +162,14 @@ impl RingQueues {
                     let Some((peer, q)) = &conns[which][i] else {
                         continue;
                     };
-                    if captured {
-                        q.lose();
-                        continue;
-                    }
-                    let profiled = p.as_ref().map(|(prof, mask, parent)| {
-                        let descr = ProxyOpDescr {
-                            channel: cta,
-                            peer: *peer,
-                            steps,
-                            chunk_bytes: self.slot_bytes,
-                            send: i == 0,
-                        };
-                        (prof.clone(), *mask, *parent, descr)
-                    });
-                    q.append(steps, 1, profiled);
+                    let descr = ProxyOpDescr {
+                        channel: cta,
+                        peer: *peer,
+                        steps,
+                        chunk_bytes: self.slot_bytes,
+                        send: i == 0,
+                    };
+                    put(q, captured, &p, 1, descr);
                 }
             };
             let (n, slot, scratch) = (self.nranks, self.slot_bytes, self.pat_scratch);
@@ -184,21 +190,14 @@ impl RingQueues {
                 a.tree_slot_bytes as usize,
             );
             for (peer, dir, q) in conns {
-                if captured {
-                    q.lose();
-                    continue;
-                }
-                let profiled = p.as_ref().map(|(prof, mask, parent)| {
-                    let descr = ProxyOpDescr {
-                        channel: cta,
-                        peer: *peer,
-                        steps,
-                        chunk_bytes: a.tree_slot_bytes as usize,
-                        send: *dir == Dir::Send,
-                    };
-                    (prof.clone(), *mask, *parent, descr)
-                });
-                q.append(steps, 1, profiled);
+                let descr = ProxyOpDescr {
+                    channel: cta,
+                    peer: *peer,
+                    steps,
+                    chunk_bytes: a.tree_slot_bytes as usize,
+                    send: *dir == Dir::Send,
+                };
+                put(q, captured, &p, 1, descr);
             }
         }
     }
@@ -210,12 +209,6 @@ impl RingQueues {
         };
         for (cta, ch) in self.channels.iter().enumerate().take(plan.grid as usize) {
             if ch.send.is_none() && ch.recv.is_none() {
-                continue;
-            }
-            if captured {
-                for (_, q) in ch.send.iter().chain(&ch.recv) {
-                    q.lose();
-                }
                 continue;
             }
             let n = ch.ring.len();
@@ -246,17 +239,14 @@ impl RingQueues {
             };
             for (side, ops, send) in [(&ch.send, steps.send, true), (&ch.recv, steps.recv, false)] {
                 let Some((peer, q)) = side else { continue };
-                let profiled = p.as_ref().map(|(prof, mask, parent)| {
-                    let descr = ProxyOpDescr {
-                        channel: cta,
-                        peer: *peer,
-                        steps: ops * slots,
-                        chunk_bytes,
-                        send,
-                    };
-                    (prof.clone(), *mask, *parent, descr)
-                });
-                q.append(ops, slots, profiled);
+                let descr = ProxyOpDescr {
+                    channel: cta,
+                    peer: *peer,
+                    steps: ops * slots,
+                    chunk_bytes,
+                    send,
+                };
+                put(q, captured, &p, slots, descr);
             }
         }
     }

@@ -120,6 +120,19 @@ fn states(lines: &[Line], h: &str) -> Vec<String> {
         .collect()
 }
 
+/// How many `ProxyOp` events hang from a `Coll` event of algorithm `algo`.
+fn ops_under(lines: &[Line], algo: &str) -> usize {
+    let by_handle = starts(lines);
+    of_type(lines, "ProxyOp")
+        .into_iter()
+        .filter(|o| {
+            by_handle
+                .get(o.get("parent"))
+                .is_some_and(|p| p.get("algo") == algo)
+        })
+        .count()
+}
+
 /// Runs `nodes` x `per_node` ranks with `mask` and `extra` in their environment; returns
 /// each rank's log.
 fn run(
@@ -237,15 +250,7 @@ fn predicted_proxy_steps_are_the_kernels_steps() {
         let tag = format!("pat{nodes}");
         for (r, lines) in &run((nodes, 1), "0x7fff", &tag, &pat) {
             stopped_once(lines);
-            let by_handle = starts(lines);
-            let pat_ops = of_type(lines, "ProxyOp")
-                .into_iter()
-                .filter(|o| {
-                    by_handle
-                        .get(o.get("parent"))
-                        .is_some_and(|p| p.get("algo") == "PAT")
-                })
-                .count();
+            let pat_ops = ops_under(lines, "PAT");
             assert!(pat_ops > 0, "rank {r} of {tag}: no ProxyOp of a PAT call");
         }
     }
@@ -258,15 +263,7 @@ fn predicted_proxy_steps_are_the_kernels_steps() {
         )];
         for (r, lines) in &run((nodes, per_node), "0x7fff", tag, &tree) {
             stopped_once(lines);
-            let by_handle = starts(lines);
-            let tree_ops = of_type(lines, "ProxyOp")
-                .into_iter()
-                .filter(|o| {
-                    by_handle
-                        .get(o.get("parent"))
-                        .is_some_and(|p| p.get("algo") == "TREE")
-                })
-                .count();
+            let tree_ops = ops_under(lines, "TREE");
             assert!(
                 tree_ops > 0,
                 "rank {r} of {tag}: no ProxyOp of a tree AllReduce"

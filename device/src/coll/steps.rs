@@ -127,6 +127,32 @@ pub fn ring_steps(l: &RingLaunch) -> RingSteps {
     }
 }
 
+/// A launch of Simple steps of one slot each (the tree's and PAT's), for [`range`] and
+/// [`max_chunk`].
+fn one_slot(
+    coll: Coll,
+    count: usize,
+    elem_bytes: usize,
+    (cta, grid): (usize, usize),
+    chunk_elems: usize,
+    slot_bytes: usize,
+) -> RingLaunch {
+    RingLaunch {
+        coll,
+        count,
+        elem_bytes,
+        nranks: 2,
+        cta,
+        grid,
+        slot_bytes,
+        chunk_elems,
+        slice_steps: 1,
+        proto: PROTO_SIMPLE,
+        flags: 0,
+        root_distance: 0,
+    }
+}
+
 /// The steps one CTA of the tree AllReduce across nodes (`all_reduce::dbt`, every variant)
 /// takes on each connection it uses (to its parent, from and to each child): one per chunk,
 /// whichever protocol and whether or not the heads exchange. `count` elements of
@@ -141,20 +167,14 @@ pub fn tree_steps(
     slot_bytes: usize,
 ) -> u64 {
     let pack = (16 / elem_bytes.max(1)).max(1);
-    let l = RingLaunch {
-        coll: Coll::AllReduce,
+    let l = one_slot(
+        Coll::AllReduce,
         count,
         elem_bytes,
-        nranks: 2,
-        cta,
-        grid,
-        slot_bytes,
+        (cta, grid),
         chunk_elems,
-        slice_steps: 1,
-        proto: PROTO_SIMPLE,
-        flags: 0,
-        root_distance: 0,
-    };
+        slot_bytes,
+    );
     let (start, end) = range(&l, pack);
     // `tree_chunk`: the host's chunk within a slot, in whole packs, at least one.
     let fits = core::cmp::min(chunk_elems, slot_bytes / elem_bytes.max(1));
@@ -186,20 +206,14 @@ pub fn pat_steps(
         return;
     }
     let pack = (16 / elem_bytes.max(1)).max(1);
-    let l = RingLaunch {
+    let l = one_slot(
         coll,
         count,
         elem_bytes,
-        nranks: n,
-        cta,
-        grid,
-        slot_bytes,
+        (cta, grid),
         chunk_elems,
-        slice_steps: 1,
-        proto: PROTO_SIMPLE,
-        flags: 0,
-        root_distance: 0,
-    };
+        slot_bytes,
+    );
     let (start, end) = range(&l, pack);
     let mut chunk = max_chunk(&l);
     let kept_slots = (n - 1) / 2;
