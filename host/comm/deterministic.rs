@@ -96,14 +96,18 @@ pub(super) fn setup(
     ring: (usize, usize),
     make_links: impl FnOnce(usize, usize) -> Links,
 ) -> Result<Option<Deterministic>> {
-    let (ctas, slot) = match scratch {
-        Some(_) => chain_shape(ring.0, ring.1)?,
-        None => (0, 0),
+    // A shape out of range still takes part in the agreement (as no shape), so that the
+    // other ranks are not left waiting for this one; it then fails here with its own error.
+    let shape = match scratch {
+        Some(_) => chain_shape(ring.0, ring.1),
+        None => Ok((0, 0)),
     };
-    agreed(
-        bootstrap,
-        [scratch.map_or(0, |b| b as u64), ctas as u64, slot as u64],
-    )?;
+    let (ctas, slot) = shape
+        .as_ref()
+        .map_or((u64::MAX, 0), |&(c, s)| (c as u64, s as u64));
+    let agreement = agreed(bootstrap, [scratch.map_or(0, |b| b as u64), ctas, slot]);
+    let (ctas, slot) = shape?;
+    agreement?;
     let Some(bytes) = scratch else {
         return Ok(None);
     };

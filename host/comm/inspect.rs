@@ -55,7 +55,7 @@ impl Comm {
         fn p2p_steps_predicted(&self, peer: usize, send: bool) -> Vec<Option<u64>> {
             let dir = if send { Dir::Send } else { Dir::Recv };
             (0..self.links.nconns)
-                .map(|c| self.links.op_queue(peer, dir, c).map(|q| q.end()))
+                .map(|c| self.links.op_queue(peer, dir, c).and_then(|q| q.end()))
                 .collect()
         }
     }
@@ -69,12 +69,13 @@ impl Comm {
             let mut out = Vec::new();
             for c in 0..d.ctas {
                 for (peer, dir, q) in d.op_queues(c) {
+                    let Some(predicted) = q.end() else { continue };
                     let taken = d.link_steps(c, peer, dir)?;
                     out.push(crate::proxy::ops::StepCount {
                         channel: c,
                         peer,
                         send: dir == Dir::Send,
-                        predicted: q.end(),
+                        predicted,
                         taken,
                     });
                 }

@@ -57,7 +57,6 @@ impl Pat {
 impl Pat {
     /// Every connection with an op queue: (CTA, peer, send, the step counter the host
     /// predicted, the kernels' counter).
-    #[cfg(feature = "internals")]
     pub(crate) fn steps_predicted(&self) -> Result<Vec<crate::proxy::ops::StepCount>> {
         let mut out: Vec<crate::proxy::ops::StepCount> = Vec::new();
         for (c, l) in self.links.iter().enumerate() {
@@ -75,7 +74,7 @@ impl Pat {
                     {
                         continue;
                     }
-                    let Some(q) = l.op_queue(peer, dir, 0) else {
+                    let Some(predicted) = l.op_queue(peer, dir, 0).and_then(|q| q.end()) else {
                         continue;
                     };
                     let taken = l
@@ -86,7 +85,7 @@ impl Pat {
                         channel: c,
                         peer,
                         send,
-                        predicted: q.end(),
+                        predicted,
                         taken,
                     });
                 }

@@ -98,8 +98,22 @@ impl Launcher {
     /// Tells the proxy what ring or tree launch `plan`, just launched, moves on the network (its
     /// profiler events; nothing without a plugin): `profiled` is the call's `Coll` event.
     pub(crate) fn proxy_ops(&self, plan: &LaunchPlan, profiled: super::proxy_ops::Profiled) {
+        self.append_ops(plan, self.order.captured(), profiled);
+    }
+
+    /// A launch of `plan` failed, perhaps after its kernel was issued: the counters of the
+    /// connections it uses can no longer be predicted.
+    pub(crate) fn proxy_ops_lost(&self, plan: &LaunchPlan) {
+        self.append_ops(plan, true, None);
+    }
+
+    fn append_ops(&self, plan: &LaunchPlan, lost: bool, profiled: super::proxy_ops::Profiled) {
         if let Some(q) = &self.ring_ops {
-            q.append(plan, plan.elem_bytes, self.order.captured(), profiled);
+            q.append(plan, plan.elem_bytes, lost, profiled);
+        }
+        if plan.args.algo == ALGO_TREE && plan.args.tree == 0 {
+            // The one-node tree's way up may run on the send/recv links' connections.
+            self.links.lose_op_queues();
         }
     }
 }

@@ -131,7 +131,7 @@ impl RingQueues {
     pub(crate) fn send_ends(&self) -> Vec<Option<u64>> {
         self.channels
             .iter()
-            .map(|c| c.send.as_ref().map(|(_, q)| q.end()))
+            .map(|c| c.send.as_ref().and_then(|(_, q)| q.end()))
             .collect()
     }
 
@@ -142,6 +142,15 @@ impl RingQueues {
             ALGO_RING => self.append_ring(plan, elem_bytes, captured, p),
             ALGO_TREE if plan.args.tree != 0 => self.append_tree(plan, elem_bytes, captured, p),
             ALGO_PAT => self.append_pat(plan, elem_bytes, captured, p),
+            // The tree on one node (a rank with network transport there: p2p and SHM off) runs
+            // its way down on the rings' connections; its steps are not counted.
+            ALGO_TREE => {
+                for ch in self.channels.iter().take(plan.grid as usize) {
+                    for (_, q) in ch.send.iter().chain(&ch.recv) {
+                        q.lose();
+                    }
+                }
+            }
             _ => {}
         }
     }

@@ -55,7 +55,6 @@ impl Dbt {
 
     /// The step counter of channel `c`'s connection with `peer` in direction `dir`, as the
     /// kernels left it (0 where there is none).
-    #[cfg(feature = "internals")]
     pub(crate) fn link_steps(&self, c: usize, peer: usize, dir: Dir) -> crate::error::Result<u64> {
         let Some(l) = self.links.get(c) else {
             return Ok(0);

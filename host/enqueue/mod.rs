@@ -148,7 +148,10 @@ fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Res
     let stream = call.stream;
     let Some(task) = task else {
         return group::ordered(Box::new(move || {
-            launcher.launch(&plan, stream)?;
+            if let Err(e) = launcher.launch(&plan, stream) {
+                launcher.proxy_ops_lost(&plan);
+                return Err(e);
+            }
             launcher.proxy_ops(&plan, None);
             Ok(())
         }));
@@ -158,7 +161,11 @@ fn queue(comm: &Comm, call: &CollCall, sizes: &Sizes, task: Option<Task>) -> Res
         let mut plan = plan;
         let launch = |p: &LaunchPlan| launcher.launch(p, stream);
         let ops = |p: &LaunchPlan, parent| launcher.proxy_ops(p, parent);
-        task.launch_coll(&mut plan, stream, &launched, launch, ops)
+        let r = task.launch_coll(&mut plan, stream, &launched, launch, ops);
+        if r.is_err() {
+            launcher.proxy_ops_lost(&plan);
+        }
+        r
     }))
 }
 

@@ -373,7 +373,10 @@ fn launch_comm(batch: &[P2pOp]) -> Result<()> {
         None => launch(),
         Some((t, _)) => t.launch(main, launch),
     };
-    if r.is_ok() {
+    if r.is_err() {
+        // Some of its kernels may have been issued: these counters are unknown now.
+        net_steps.iter().for_each(|(_, _, q, _)| q.lose());
+    } else {
         let parents = Task::launched_p2p(&profiled);
         let captured = batch[0].order.captured();
         for (i, c, q, steps) in net_steps {

@@ -53,6 +53,9 @@ enum Front {
 
 /// A connection the proxy thread drives.
 pub(crate) struct NetConn {
+    /// The profiler's proxy events of its steps, where a plugin is loaded (dropped before
+    /// the memory whose address names it: field order).
+    track: Option<OpTrack>,
     side: Side,
     /// The counters and slot sizes, and the FIFO unless it is in GPU memory.
     mem: Arc<HostMem>,
@@ -102,8 +105,6 @@ pub(crate) struct NetConn {
     last_active: Option<Instant>,
     /// The last awaited-step word put on the timeline ([`super::timeline`]).
     marked_awaited: u64,
-    /// The profiler's proxy events of its steps, where a plugin is loaded.
-    track: Option<OpTrack>,
 }
 
 /// How hard a pass of the proxy looks at a connection.

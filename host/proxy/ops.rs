@@ -82,20 +82,26 @@ impl OpQueue {
         }
     }
 
-    /// The counters can no longer be predicted (a launch was captured into a graph): no more
-    /// events on this connection.
+    /// The counters can no longer be predicted (a launch was captured into a graph, or one
+    /// failed after some of its kernels may have been issued, or ran steps nothing counts):
+    /// no more events on this connection.
     pub(crate) fn lose(&self) {
         if !self.lost.swap(true, Ordering::Relaxed) {
             log::info!(
-                "PROFILER/Plugin: a launch on a network connection was captured into a CUDA \
-                 graph; its proxy events stop (the replays' steps are not known ahead)"
+                "PROFILER/Plugin: the steps of a network connection can no longer be \
+                 predicted (a launch captured into a CUDA graph, a failed launch, or the \
+                 one-node tree): its proxy events stop"
             );
         }
     }
 
-    /// The step counter the kernels reach once every launch appended has run.
-    pub(crate) fn end(&self) -> u64 {
-        self.inner.lock().map_or(0, |q| q.end)
+    /// The step counter the kernels reach once every launch appended has run (None once
+    /// the queue is lost).
+    pub(crate) fn end(&self) -> Option<u64> {
+        if self.lost.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.inner.lock().ok().map(|q| q.end)
     }
 
     fn pop(&self) -> Option<Op> {
@@ -159,6 +165,12 @@ impl OpTrack {
             return;
         }
         for (phase, &mark) in marks.iter().enumerate() {
+            // A step passes a mark only after the ones before it: the counters may have run
+            // ahead while the walk waited for the host's op.
+            let mark = match phase {
+                0 => mark,
+                _ => mark.min(self.at[phase - 1]),
+            };
             while self.at[phase] < mark {
                 let s = self.at[phase];
                 if !self.reach(s) {
@@ -263,8 +275,13 @@ impl OpTrack {
 impl Drop for OpTrack {
     fn drop(&mut self) {
         self.stop_all();
+        // Only our own entry: the address may already serve a connection made since.
         if let Ok(mut r) = registry().lock() {
-            r.remove(&self.tail);
+            if r.get(&self.tail)
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.queue)))
+            {
+                r.remove(&self.tail);
+            }
         }
     }
 }

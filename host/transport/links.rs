@@ -162,6 +162,14 @@ impl Links {
         self.op_queues.lock().ok()?.get(&(peer, dir, c)).cloned()
     }
 
+    /// Every op queue of these links is lost (`OpQueue::lose`): some kernel took steps on
+    /// them that nothing counted.
+    pub(crate) fn lose_op_queues(&self) {
+        if let Ok(qs) = self.op_queues.lock() {
+            qs.values().for_each(|q| q.lose());
+        }
+    }
+
     /// Is `peer` on another node (its connections go through the network and the proxy)?
     pub(crate) fn remote(&self, peer: usize) -> bool {
         self.net.as_ref().is_some_and(|n| n.remote[peer])

@@ -219,8 +219,8 @@ fn proxy_ops_and_steps_of_ring_collectives_across_nodes() {
 }
 
 /// The predicted steps match the kernels' (each rank process checks) on more ranks and
-/// channels, with rings that cross nodes between ranks of a node, with Simple steps of four
-/// slots (the counters rounded between calls), and with LL128.
+/// channels, with rings that cross nodes between ranks of a node, with LL128, the trees and
+/// PAT; and a kernel that takes uncounted steps ends its connections' events.
 #[test]
 fn predicted_proxy_steps_are_the_kernels_steps() {
     if rank_child() {
@@ -234,12 +234,22 @@ fn predicted_proxy_steps_are_the_kernels_steps() {
             "rank {r}: no ProxyOp"
         );
     }
-    run(
-        (2, 2),
-        "0x7fff",
-        "two-by-two",
-        &[("NCCL_RS_SLICE_STEPS", "4")],
-    );
+    run((2, 2), "0x7fff", "two-by-two", &[]);
+    // One node whose ranks reach each other over the network (p2p and SHM off), with the
+    // one-node tree, whose steps nothing counts: its connections' queues are lost, every
+    // event started ends, the ring's predictions held until then.
+    let one_node = [
+        ("NCCL_P2P_DISABLE", "1"),
+        ("NCCL_SHM_DISABLE", "1"),
+        (
+            "NCCL_ALGO",
+            "allreduce:tree;allgather:ring;reducescatter:ring;broadcast:ring;reduce:ring",
+        ),
+    ];
+    for (r, lines) in &run((1, 2), "0x7fff", "one-node-net", &one_node) {
+        stopped_once(lines);
+        assert!(!of_type(lines, "Coll").is_empty(), "rank {r}: no Coll");
+    }
     run((2, 1), "0x7fff", "ll128", &[("NCCL_PROTO", "LL128")]);
     // PAT on 3, 4 and 5 nodes of one rank: packed pieces and a step per offset.
     let pat = [(

@@ -18,14 +18,14 @@ const PAGE: usize = 4096;
 /// ([`FifoPlace::Gpu`]). Its addresses go into the kernel's structures at once; the FIFO is
 /// registered with the network once the endpoint exists ([`NetConn::attach`]).
 pub(crate) struct ConnMem {
+    /// Made with the memory, so that the host finds the queue as soon as the kernel's
+    /// structure exists (dropped before the memory whose address names it).
+    pub(super) track: Option<OpTrack>,
     pub(super) mem: Arc<HostMem>,
     /// The FIFO in GPU memory, whether its received steps are flushed, and its dmabuf (where
     /// the network registers through one), open until the registration.
     pub(super) gpu: Option<(DevBuffer, bool, Option<OwnedFd>)>,
     pub(super) layout: ConnLayout,
-    /// Made with the memory, so that the host finds the queue as soon as the kernel's
-    /// structure exists.
-    pub(super) track: Option<OpTrack>,
 }
 
 impl ConnMem {
