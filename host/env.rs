@@ -188,7 +188,8 @@ params! {
          call in (at least 4096; larger: fewer, longer pieces)";
     RS_DETERMINISTIC_CHAIN_CTAS = "0",
         "nccl-rs: CTAs (connections to each neighbour) of the deterministic AllReduce's chain \
-         in rank order; 0: as many as the ring's channels; every rank must set it alike";
+         in rank order, each with FIFOs of 8 slots both ways; 0: as many as the ring's \
+         channels; every rank must set it alike";
     RS_DETERMINISTIC_CHAIN_SLOT = "0",
         "nccl-rs: bytes of one FIFO slot (one step) of the deterministic AllReduce's chain, a \
          multiple of 128 from 4 KiB to 16 MiB; 0: the ring's slot (NCCL_BUFFSIZE / 8); every \
