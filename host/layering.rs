@@ -45,7 +45,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("debug", &["env"]),
     (
         "enqueue",
-        &["comm", "cuda", "env", "error", "proxy", "transport"],
+        &[
+            "comm",
+            "cuda",
+            "env",
+            "error",
+            "profiler",
+            "proxy",
+            "transport",
+        ],
     ),
     ("env", &[]),
     ("error", &[]),
@@ -65,7 +73,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("plugin_log", &["debug"]),
     ("profiler", &["env", "plugin_log"]),
-    ("proxy", &["clock", "cuda", "debug", "env", "error", "net"]),
+    (
+        "proxy",
+        &["clock", "cuda", "debug", "env", "error", "net", "profiler"],
+    ),
     (
         "ras",
         &["bootstrap", "clock", "env", "sockets", "test_aids"],
