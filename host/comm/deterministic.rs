@@ -81,7 +81,7 @@ fn chain_shape(ring_channels: usize, ring_slot: usize) -> Result<(usize, usize)>
             )))
         }
     };
-    Ok((ctas.clamp(1, MAX_CHANNELS), slot))
+    Ok((ctas, slot))
 }
 
 /// Agrees that every rank asked alike (`scratch`: this rank's staging bytes, None when off),

@@ -108,9 +108,9 @@ impl Launcher {
     }
 
     fn append_ops(&self, plan: &LaunchPlan, lost: bool, profiled: super::proxy_ops::Profiled) {
-        if let Some(q) = &self.ring_ops {
-            q.append(plan, plan.elem_bytes, lost, profiled);
-        }
+        // Without queues on the rings' connections there are none on the node's links.
+        let Some(q) = &self.ring_ops else { return };
+        q.append(plan, plan.elem_bytes, lost, profiled);
         if plan.args.algo == ALGO_TREE && plan.args.tree == 0 {
             // The one-node tree's way up may run on the send/recv links' connections.
             self.links.lose_op_queues();

@@ -12,7 +12,7 @@ use crate::proxy::ops::{queue_of, OpQueue};
 use crate::transport::Dir;
 use crate::transport::{Conn, Made};
 use nccl_device::abi::{pat_dims, Coll, ALGO_PAT, ALGO_RING, ALGO_TREE, PROTO_SIMPLE};
-use nccl_device::coll::steps::{pat_steps, ring_steps, tree_steps, RingLaunch, RingSteps};
+use nccl_device::coll::steps::{ring_steps, RingLaunch, RingSteps, SlotLaunch};
 use std::sync::Arc;
 
 /// One channel's network connections of the ring: (peer, queue) for its send and its receive.
@@ -163,8 +163,15 @@ impl RingQueues {
         };
         let which = usize::from(coll != Coll::AllGather);
         for (cta, dims) in self.pat.iter().enumerate().take(plan.grid as usize) {
-            let grid = (cta, plan.grid as usize);
-            let (count, chunk) = (a.count as usize, a.chunk_elems as usize);
+            let launch = SlotLaunch {
+                coll,
+                count: a.count as usize,
+                elem_bytes,
+                cta,
+                grid: plan.grid as usize,
+                chunk_elems: a.chunk_elems as usize,
+                slot_bytes: self.slot_bytes,
+            };
             let each = |k: usize, send: u64, recv: u64| {
                 let Some(conns) = dims.get(k) else { return };
                 for (i, steps) in [send, recv].into_iter().enumerate() {
@@ -181,8 +188,7 @@ impl RingQueues {
                     put(q, captured, &p, 1, descr);
                 }
             };
-            let (n, slot, scratch) = (self.nranks, self.slot_bytes, self.pat_scratch);
-            pat_steps(coll, count, elem_bytes, n, grid, chunk, slot, scratch, each);
+            launch.pat_steps(self.nranks, self.pat_scratch, each);
         }
     }
 
@@ -190,14 +196,16 @@ impl RingQueues {
     fn append_tree(&self, plan: &LaunchPlan, elem_bytes: usize, captured: bool, p: Profiled) {
         let a = &plan.args;
         for (cta, conns) in self.tree.iter().enumerate().take(plan.grid as usize) {
-            let steps = tree_steps(
-                a.count as usize,
+            let steps = SlotLaunch {
+                coll: Coll::AllReduce,
+                count: a.count as usize,
                 elem_bytes,
                 cta,
-                plan.grid as usize,
-                a.chunk_elems as usize,
-                a.tree_slot_bytes as usize,
-            );
+                grid: plan.grid as usize,
+                chunk_elems: a.chunk_elems as usize,
+                slot_bytes: a.tree_slot_bytes as usize,
+            }
+            .tree_steps();
             for (peer, dir, q) in conns {
                 let descr = ProxyOpDescr {
                     channel: cta,

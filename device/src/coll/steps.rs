@@ -127,116 +127,97 @@ pub fn ring_steps(l: &RingLaunch) -> RingSteps {
     }
 }
 
-/// A launch of Simple steps of one slot each (the tree's and PAT's), for [`range`] and
-/// [`max_chunk`].
-fn one_slot(
-    coll: Coll,
-    count: usize,
-    elem_bytes: usize,
-    (cta, grid): (usize, usize),
-    chunk_elems: usize,
-    slot_bytes: usize,
-) -> RingLaunch {
-    RingLaunch {
-        coll,
-        count,
-        elem_bytes,
-        nranks: 2,
-        cta,
-        grid,
-        slot_bytes,
-        chunk_elems,
-        slice_steps: 1,
-        proto: PROTO_SIMPLE,
-        flags: 0,
-        root_distance: 0,
-    }
+/// One CTA's share of a launch whose steps fill one Simple slot each (the tree's and PAT's):
+/// `count` elements of `elem_bytes` over `grid` CTAs; `chunk_elems` and `slot_bytes` are the
+/// launch's `CollArgs::chunk_elems` and its connections' slot (the tree's `tree_slot_bytes`).
+#[derive(Clone, Copy, Debug)]
+pub struct SlotLaunch {
+    pub coll: Coll,
+    pub count: usize,
+    pub elem_bytes: usize,
+    pub cta: usize,
+    pub grid: usize,
+    pub chunk_elems: usize,
+    pub slot_bytes: usize,
 }
 
-/// The steps one CTA of the tree AllReduce across nodes (`all_reduce::dbt`, every variant)
-/// takes on each connection it uses (to its parent, from and to each child): one per chunk,
-/// whichever protocol and whether or not the heads exchange. `count` elements of
-/// `elem_bytes` over `grid` CTAs; `chunk_elems` and `slot_bytes` are `CollArgs::chunk_elems`
-/// and `tree_slot_bytes`. A step is one FIFO slot.
-pub fn tree_steps(
-    count: usize,
-    elem_bytes: usize,
-    cta: usize,
-    grid: usize,
-    chunk_elems: usize,
-    slot_bytes: usize,
-) -> u64 {
-    let pack = (16 / elem_bytes.max(1)).max(1);
-    let l = one_slot(
-        Coll::AllReduce,
-        count,
-        elem_bytes,
-        (cta, grid),
-        chunk_elems,
-        slot_bytes,
-    );
-    let (start, end) = range(&l, pack);
-    // `tree_chunk`: the host's chunk within a slot, in whole packs, at least one.
-    let fits = core::cmp::min(chunk_elems, slot_bytes / elem_bytes.max(1));
-    let chunk = core::cmp::max(pack, fits / pack * pack);
-    pieces(start, end, chunk)
-}
+impl SlotLaunch {
+    /// The same launch as the ring's walk takes it, for [`range`] and [`max_chunk`].
+    fn as_ring(&self) -> RingLaunch {
+        RingLaunch {
+            coll: self.coll,
+            count: self.count,
+            elem_bytes: self.elem_bytes,
+            nranks: 2,
+            cta: self.cta,
+            grid: self.grid,
+            slot_bytes: self.slot_bytes,
+            chunk_elems: self.chunk_elems,
+            slice_steps: 1,
+            proto: PROTO_SIMPLE,
+            flags: 0,
+            root_distance: 0,
+        }
+    }
 
-/// The steps one CTA of PAT (`coll::pat`) takes on each dimension's connections: per
-/// dimension `k` (ranks `2^k` apart), on its send and on its receive connection. A slice
-/// that fits one aggregated piece takes one step each way per dimension; a larger one a step
-/// per offset per piece. `chunk_elems` and `slot_bytes` as for the ring; `scratch_bytes` is
-/// the CTA's `PatDev::scratch_bytes` (ReduceScatter's partial sums bound its pieces). A step
-/// is one FIFO slot. Calls `each(k, send_steps, recv_steps)` for every dimension, in the
-/// order the kernel runs them.
-#[allow(clippy::too_many_arguments)]
-pub fn pat_steps(
-    coll: Coll,
-    count: usize,
-    elem_bytes: usize,
-    nranks: usize,
-    (cta, grid): (usize, usize),
-    chunk_elems: usize,
-    slot_bytes: usize,
-    scratch_bytes: usize,
-    mut each: impl FnMut(usize, u64, u64),
-) {
-    let n = nranks;
-    if n < 2 {
-        return;
+    /// Elements per pack, and the CTA's slice.
+    fn slice(&self) -> (usize, (usize, usize)) {
+        let pack = (16 / self.elem_bytes.max(1)).max(1);
+        (pack, range(&self.as_ring(), pack))
     }
-    let pack = (16 / elem_bytes.max(1)).max(1);
-    let l = one_slot(
-        coll,
-        count,
-        elem_bytes,
-        (cta, grid),
-        chunk_elems,
-        slot_bytes,
-    );
-    let (start, end) = range(&l, pack);
-    let mut chunk = max_chunk(&l);
-    let kept_slots = (n - 1) / 2;
-    if coll == Coll::ReduceScatter && kept_slots > 0 {
-        let room = scratch_bytes / elem_bytes.max(1) / kept_slots;
-        chunk = core::cmp::min(chunk, room / pack * pack);
+
+    /// The steps one CTA of the tree AllReduce across nodes (`all_reduce::dbt`, every
+    /// variant) takes on each connection it uses (to its parent, from and to each child): one
+    /// per chunk, whichever protocol and whether or not the heads exchange.
+    pub fn tree_steps(&self) -> u64 {
+        let (pack, (start, end)) = self.slice();
+        // `tree_chunk`: the host's chunk within a slot, in whole packs, at least one.
+        let fits = core::cmp::min(self.chunk_elems, self.slot_bytes / self.elem_bytes.max(1));
+        let chunk = core::cmp::max(pack, fits / pack * pack);
+        pieces(start, end, chunk)
     }
-    // `pat::aggregate_piece`.
-    let piece = chunk / (n / 2) / pack * pack;
-    let packed = start < end && end - start <= piece;
-    let dims = crate::abi::pat_dims(n);
-    // In the kernel's order: AllGather from the highest dimension down, ReduceScatter up.
-    for i in 0..dims {
-        let k = match coll {
-            Coll::AllGather => dims - 1 - i,
-            _ => i,
-        };
-        let d = 1usize << k;
-        let steps = match packed {
-            true => 1,
-            // `pat::offsets`: the multiples of 2d below n - d.
-            false => pieces(start, end, chunk) * ((n - d - 1) / (2 * d) + 1) as u64,
-        };
-        each(k, steps, steps);
+
+    /// The steps one CTA of PAT (`coll::pat`) on `nranks` takes on each dimension's
+    /// connections: per dimension `k` (ranks `2^k` apart), on its send and on its receive
+    /// connection. A slice that fits one aggregated piece takes one step each way per
+    /// dimension; a larger one a step per offset per piece. `scratch_bytes` is the CTA's
+    /// `PatDev::scratch_bytes` (ReduceScatter's partial sums bound its pieces). Calls
+    /// `each(k, send_steps, recv_steps)` for every dimension, in the order the kernel runs
+    /// them.
+    pub fn pat_steps(
+        &self,
+        nranks: usize,
+        scratch_bytes: usize,
+        mut each: impl FnMut(usize, u64, u64),
+    ) {
+        let n = nranks;
+        if n < 2 {
+            return;
+        }
+        let (pack, (start, end)) = self.slice();
+        let mut chunk = max_chunk(&self.as_ring());
+        let kept_slots = (n - 1) / 2;
+        if self.coll == Coll::ReduceScatter && kept_slots > 0 {
+            let room = scratch_bytes / self.elem_bytes.max(1) / kept_slots;
+            chunk = core::cmp::min(chunk, room / pack * pack);
+        }
+        // `pat::aggregate_piece`.
+        let piece = chunk / (n / 2) / pack * pack;
+        let packed = start < end && end - start <= piece;
+        let dims = crate::abi::pat_dims(n);
+        // In the kernel's order: AllGather from the highest dimension down, ReduceScatter up.
+        for i in 0..dims {
+            let k = match self.coll {
+                Coll::AllGather => dims - 1 - i,
+                _ => i,
+            };
+            let d = 1usize << k;
+            let steps = match packed {
+                true => 1,
+                // `pat::offsets`: the multiples of 2d below n - d.
+                false => pieces(start, end, chunk) * ((n - d - 1) / (2 * d) + 1) as u64,
+            };
+            each(k, steps, steps);
+        }
     }
 }
